@@ -1,0 +1,66 @@
+# cpgen: one binary, build/cpgen. `make run` trains the default spec (or prints its plan without a GPU);
+# `make test` runs every CPU test; `make test-gpu` and `make bench` need an NVIDIA GPU.
+
+CUDA    ?= /usr/local/cuda
+LUA_INC ?= /usr/include/lua5.4
+LUA_LIB ?= /usr/lib/x86_64-linux-gnu/liblua5.4.a
+CC      ?= gcc
+SAN     ?=
+
+CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -MMD -MP \
+           -I. -Igen -Iruntime -Ibuild -I$(LUA_INC) -I$(CUDA)/include $(SAN)
+LDFLAGS := -pthread -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 $(SAN)
+LDLIBS  := $(LUA_LIB) -lnvrtc -lcublasLt -lcudart_static -ldl -lrt -lm
+
+EMBED_FILES := $(sort $(wildcard templates/*.cu templates/*.cuh)) $(sort $(wildcard specs/*.lua))
+LIB_SRC     := $(sort $(filter-out gen/main.c,$(wildcard gen/*.c runtime/*.c)))
+LIB_OBJ     := $(LIB_SRC:%.c=build/%.o) build/embedded.o
+REF_OBJ     := $(patsubst %.c,build/%.o,$(sort $(wildcard tests/ref/*.c)))
+TESTS       := $(patsubst tests/%.c,build/tests/%,$(sort $(wildcard tests/test_*.c)))
+GPU_TESTS   := $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(sort $(wildcard tests/gpu/test_*.c)))
+BENCHES     := $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(sort $(wildcard tests/gpu/bench_*.c)))
+
+.PHONY: all run test test-gpu bench deps clean
+all: deps build/cpgen
+
+# Installs missing system packages (Lua 5.4, cmocka) with apt when run as root; see tools/install-deps.sh.
+deps:
+	@tools/install-deps.sh --check-only >/dev/null 2>&1 || tools/install-deps.sh
+
+build/cpgen: build/gen/main.o $(LIB_OBJ)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+build/%.o: %.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+build/tools/embed: tools/embed.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -o $@ $<
+
+build/embedded.c: build/tools/embed $(EMBED_FILES)
+	build/tools/embed $@ $(EMBED_FILES)
+
+build/embedded.o: build/embedded.c
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+build/tests/%: tests/%.c $(LIB_OBJ) $(REF_OBJ) | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB_OBJ) $(REF_OBJ) $(LDFLAGS) $(LDLIBS) -lcmocka
+
+run: all
+	build/cpgen run specs/tiny.lua
+
+test: all $(TESTS)
+	@tools/run-tests.sh $(TESTS)
+
+test-gpu: all $(GPU_TESTS)
+	@tools/run-tests.sh $(GPU_TESTS)
+
+bench: all $(BENCHES)
+	@tools/run-bench.sh $(BENCHES)
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,0 +1,159 @@
+/* plan.h: the plan of one training step for one rank: a flat program of steps over named buffers, with every
+ * buffer's size, lifetime and arena offset. The runtime executes it; `cpgen plan` prints it. */
+#ifndef CP_PLAN_H
+#define CP_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "emit.h"
+#include "spec.h"
+
+#define CP_ARENA_ALIGN 256
+#define CP_MAX_OPERANDS 10
+
+typedef enum { CP_SPACE_GPU, CP_SPACE_HOST } cp_space;
+
+/* What a buffer holds, for the memory breakdown. */
+typedef enum {
+    CP_CAT_PARAMS,      /* bf16 parameter shard */
+    CP_CAT_MASTER,      /* fp32 master weights shard */
+    CP_CAT_OPTIM,       /* AdamW moments shard */
+    CP_CAT_GRADS,       /* fp32 gradient shard */
+    CP_CAT_GATHERED,    /* all-gathered bf16 weights of the layer in use (and the next, prefetched) */
+    CP_CAT_UNIT_GRADS,  /* full fp32 gradients of the layer in backward, before reduce-scatter */
+    CP_CAT_CKPT,        /* checkpointed layer inputs */
+    CP_CAT_ACT,         /* per-layer activations: norms, residual, projection outputs */
+    CP_CAT_ATTN,        /* attention working set of one UPipe stage */
+    CP_CAT_ATTN_KEPT,   /* attention output, log-sum-exp and delta of the layer being recomputed */
+    CP_CAT_MLP,         /* MLP tile */
+    CP_CAT_LOSS,        /* LM-head / loss tile */
+    CP_CAT_COMM,        /* all-to-all send/receive staging */
+    CP_CAT_WORKSPACE,   /* tokens, targets, scalars, GEMM workspace */
+    CP_CAT_COUNT
+} cp_cat;
+
+typedef struct {
+    int start, end; /* step indices, inclusive */
+} cp_interval;
+
+typedef struct {
+    char name[48];
+    cp_space space;
+    cp_cat cat;
+    int64_t bytes;
+    bool persistent;   /* live for the whole step (parameters, optimizer state, host checkpoints) */
+    int64_t offset;    /* in its arena, assigned by the memory planner */
+    int nlive, caplive;
+    cp_interval *live; /* disjoint, sorted */
+} cp_buffer;
+
+typedef enum {
+    CP_OP_KERNEL,         /* launch module.entry */
+    CP_OP_GEMM,           /* cuBLASLt: D = alpha * op(A) op(B) + beta * C */
+    CP_OP_ALLTOALL,       /* equal blocks to every rank */
+    CP_OP_ALLGATHER,
+    CP_OP_REDUCE_SCATTER,
+    CP_OP_ALLREDUCE,
+    CP_OP_COPY_D2H,
+    CP_OP_COPY_H2D,
+    CP_OP_MEMSET,
+    CP_OP_COUNT
+} cp_opkind;
+
+typedef enum { CP_PHASE_FWD, CP_PHASE_RECOMPUTE, CP_PHASE_BWD, CP_PHASE_OPTIM, CP_PHASE_COUNT } cp_phase;
+typedef enum { CP_STREAM_COMPUTE, CP_STREAM_COMM, CP_STREAM_COPY, CP_STREAM_COUNT } cp_stream;
+enum { CP_READ = 1, CP_WRITE = 2, CP_RW = 3 };
+
+typedef struct {
+    int buf;
+    int64_t offset; /* bytes into the buffer (a stage's columns, a tile's rows) */
+    int64_t bytes;  /* extent touched */
+    int access;     /* CP_READ, CP_WRITE (whole extent overwritten), CP_RW */
+} cp_operand;
+
+typedef struct {
+    int m, n, k;          /* column-major cuBLASLt convention is the runtime's business; here: rows x cols of D */
+    bool trans_a, trans_b;
+    float beta;           /* 0 or 1 (accumulate) */
+    bool out_f32;         /* D in fp32 (weight gradients), else bf16 */
+} cp_gemm;
+
+typedef struct {
+    cp_opkind kind;
+    cp_phase phase;
+    cp_stream stream;
+    int layer;            /* -1 outside layers */
+    int stage, tile;      /* -1 when not applicable */
+    int module;           /* CP_OP_KERNEL: index into plan->modules */
+    char role[24];        /* CP_OP_KERNEL: entry role, e.g. "fwd" */
+    char what[40];        /* short label: "q_proj", "attn_fwd", "a2a_q" */
+    int nops;
+    cp_operand ops[CP_MAX_OPERANDS];
+    cp_gemm gemm;
+    int64_t count;        /* elements / rows / bytes, per op kind */
+    double flops, bytes;  /* work done, for the cost model */
+    double seconds;       /* predicted by the cost model */
+} cp_step;
+
+/* One UPipe stage for one rank. */
+typedef struct {
+    int q_first;      /* first query head (in model numbering) held by this rank in this stage; q_count follow
+                         contiguously in the planner's storage order, see q_heads */
+    int q_heads[16];  /* model query-head numbers, up to u per rank */
+    int kv_heads[8];  /* model KV-head numbers held by this rank */
+    int nq, nkv;
+    bool kv_fresh;    /* K and V are projected and sent in this stage (first stage of a GQA group) */
+    bool kv_last;     /* dK and dV are sent back after this stage (last stage of the group) */
+} cp_stage_rank;
+
+typedef struct {
+    cp_spec spec;
+    int C;                 /* ranks */
+    int64_t S, T;          /* tokens in all / per rank */
+    int U, nstages;        /* heads per stage, stages per layer */
+    int u;                 /* query heads per rank per stage */
+    int kvr;               /* KV heads per rank per stage */
+    int repl;              /* ranks holding each KV head (KV heads < GPUs), else 1 */
+    int group_len;         /* consecutive stages sharing one K,V */
+    int64_t mlp_tile, loss_tile;
+    int ckpt_host_layers;  /* layers whose checkpoint lives in host memory (the first ones) */
+    bool opt_on_host;
+    cp_stage_rank *stages; /* [nstages * C], index s * C + r */
+
+    int nbufs, capbufs;
+    cp_buffer *bufs;
+    int nsteps, capsteps;
+    cp_step *steps;
+    int nmodules, capmodules;
+    cp_kernel_spec *modules;
+
+    /* results */
+    int64_t params_total, params_layer, params_shard; /* shard: elements held by one rank */
+    int64_t gpu_arena, host_arena;                    /* bytes, after lifetime-aware packing */
+    int64_t gpu_peak;                                 /* gpu_arena + machine.reserve */
+    int64_t cat_bytes[CP_CAT_COUNT];                  /* sum of buffer sizes per category, GPU */
+    int64_t cat_host_bytes[CP_CAT_COUNT];
+    double flops_attn, flops_other;                   /* one optimizer step, this rank */
+    double t_compute, t_attn, t_comm, t_comm_exposed, t_copy, t_step; /* seconds */
+    bool fits;
+    char why[512];         /* when !fits: what does not fit and by how much */
+} cp_plan;
+
+/* Build the plan for a validated spec. Returns 0, or -1 with a message (a spec the planner cannot lay out). */
+int cp_plan_build(const cp_spec *spec, cp_plan *plan, char *err, int errlen);
+void cp_plan_free(cp_plan *plan);
+
+/* The largest seq_len (a multiple of the required granularity) whose plan fits the spec's machine; 0 if none. */
+int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errlen);
+
+/* Text and JSON renderings (gen/plan_print.c). */
+void cp_plan_print(const cp_plan *plan, FILE *out, bool verbose);
+void cp_plan_print_json(const cp_plan *plan, FILE *out);
+
+const char *cp_cat_name(cp_cat c);
+const char *cp_opkind_name(cp_opkind k);
+const char *cp_phase_name(cp_phase p);
+
+#endif

@@ -1,0 +1,114 @@
+/* spec.h: the validated model spec, loaded from a Lua file (gen/spec.c). Every later stage reads only this. */
+#ifndef CP_SPEC_H
+#define CP_SPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define CP_NAME_MAX 64
+#define CP_PATH_MAX 1024
+#define CP_ERR_MAX 2048
+
+typedef enum { CP_FAMILY_LLAMA, CP_FAMILY_QWEN3 } cp_family;
+typedef enum { CP_CKPT_LAYER, CP_CKPT_NONE } cp_checkpoint;
+/* Where checkpointed layer inputs live. AUTO lets the planner choose per layer. */
+typedef enum { CP_OFFLOAD_AUTO, CP_OFFLOAD_NONE, CP_OFFLOAD_ALL } cp_offload;
+/* Where fp32 master weights and AdamW moments live. */
+typedef enum { CP_OPT_AUTO, CP_OPT_GPU, CP_OPT_HOST } cp_opt_place;
+typedef enum { CP_INIT_RANDOM, CP_INIT_HF } cp_init_from;
+
+typedef struct {
+    bool enabled;       /* Llama-3 frequency scaling */
+    double factor;      /* 8 */
+    double low_freq;    /* low_freq_factor, 1 */
+    double high_freq;   /* high_freq_factor, 4 */
+    int64_t original_max; /* original_max_position_embeddings, 8192 */
+} cp_rope_scaling;
+
+typedef struct {
+    cp_family family;
+    int64_t vocab, hidden, layers, heads, kv_heads, head_dim, ffn;
+    double norm_eps;
+    bool tie_embeddings;
+    bool qk_norm;       /* RMSNorm over head_dim on q and k (Qwen3) */
+    double rope_theta;
+    cp_rope_scaling rope_scaling;
+} cp_model;
+
+typedef struct {
+    int gpus;           /* C: context-parallel and FSDP group size */
+    int upipe_heads;    /* U: query heads per UPipe stage; U = heads is plain Ulysses */
+    cp_checkpoint checkpoint;
+    cp_offload offload;
+    cp_opt_place optimizer;
+    int64_t mlp_tile;   /* tokens per MLP tile; 0 = auto */
+    int64_t loss_tile;  /* tokens per LM-head/loss tile; 0 = auto */
+} cp_parallel;
+
+typedef struct {
+    int64_t seq_len;    /* tokens per sequence (all ranks together) */
+    int micro_batches;  /* sequences accumulated per optimizer step */
+    int steps;
+    double lr, min_lr;
+    int warmup;
+    double weight_decay, clip, beta1, beta2, eps;
+    int log_every, save_every;
+    char out_dir[CP_PATH_MAX];
+} cp_train;
+
+typedef struct {
+    char source[CP_PATH_MAX]; /* "synthetic:recall" or "tokens:<glob>" */
+} cp_data;
+
+typedef struct {
+    cp_init_from from;
+    char path[CP_PATH_MAX];
+    uint64_t seed;
+    double std;
+} cp_init;
+
+/* Ceilings of the cost model and the memory of the machine the plan must fit (defaults: one H200). */
+typedef struct {
+    int64_t gpu_mem, host_mem;  /* bytes */
+    int64_t reserve;            /* bytes per GPU outside the arena: CUDA context, modules, library workspaces */
+    double gemm_tflops;         /* bf16 dense GEMM */
+    double attn_tflops;         /* causal flash attention, fwd and bwd */
+    double hbm_gbps;            /* device copy, read + write */
+    double host_gbps;           /* pinned host <-> device, each way */
+    double a2a_gbps;            /* all-to-all bus bandwidth */
+    double allgather_gbps;      /* all-gather / reduce-scatter bus bandwidth */
+} cp_machine;
+
+typedef struct {
+    char path[CP_PATH_MAX];     /* file it came from, or "<embedded>/tiny.lua" */
+    char name[CP_NAME_MAX];     /* file name without folder and .lua */
+    cp_model model;
+    cp_parallel parallel;
+    cp_train train;
+    cp_data data;
+    cp_init init;
+    cp_machine machine;
+} cp_spec;
+
+/* Load and validate a spec. `path` is a file, or the name of a shipped spec ("tiny", "llama8b") which is
+ * read from the copy embedded in the binary when no such file exists. `sets` are "key.path=value" overrides
+ * applied after the file ran. On error returns -1 and writes one message into err, naming the file, the key
+ * path, what was wrong and how to fix it; on success returns 0. */
+int cp_spec_load(const char *path, const char *const *sets, int nsets, cp_spec *out, char *err, int errlen);
+
+/* The same from source text already in memory (tests, embedded specs). `chunkname` is used in messages. */
+int cp_spec_load_string(const char *chunkname, const char *source, const char *const *sets, int nsets,
+                        cp_spec *out, char *err, int errlen);
+
+/* Re-run the cross-field rules on a spec changed in C (the planner's --max-seq search). Same contract. */
+int cp_spec_check(const cp_spec *spec, char *err, int errlen);
+
+const char *cp_family_name(cp_family f);
+const char *cp_offload_name(cp_offload o);
+const char *cp_opt_place_name(cp_opt_place o);
+
+/* Parameters of the model (all of them, not per rank). */
+int64_t cp_model_layer_params(const cp_model *m);
+int64_t cp_model_params(const cp_model *m);
+
+#endif

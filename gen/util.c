@@ -1,0 +1,248 @@
+/* util.c: small helpers shared by the generator (see util.h). */
+#include "util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+void cp_fatal(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("cpgen: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
+void *cp_xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) cp_fatal(CP_EXIT_FAIL, "out of host memory allocating %zu bytes", n);
+    return p;
+}
+
+void *cp_xcalloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) cp_fatal(CP_EXIT_FAIL, "out of host memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
+
+void *cp_xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) cp_fatal(CP_EXIT_FAIL, "out of host memory growing a buffer to %zu bytes", n);
+    return q;
+}
+
+char *cp_xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = cp_xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+/* Parses "<number><suffix>" where suffix scales by powers of 1024; `units` lists accepted suffix letters. */
+static bool parse_scaled(const char *s, int64_t *out, bool allow_b) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0) || isinf(v)) return false;
+    while (*end == ' ') end++;
+    double scale = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': scale = 1024.0; end++; break;
+    case 'M': scale = 1024.0 * 1024; end++; break;
+    case 'G': scale = 1024.0 * 1024 * 1024; end++; break;
+    case 'T': scale = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (allow_b) {
+        if (*end == 'i' && scale > 1) end++;
+        if (toupper((unsigned char)*end) == 'B') end++;
+    }
+    if (*end) return false;
+    double r = v * scale;
+    if (r > 9.0e18 || r != floor(r)) return false;
+    *out = (int64_t)r;
+    return true;
+}
+
+bool cp_parse_bytes(const char *s, int64_t *out) { return parse_scaled(s, out, true); }
+bool cp_parse_length(const char *s, int64_t *out) { return parse_scaled(s, out, false); }
+
+const char *cp_fmt_bytes(int64_t bytes, char *buf, size_t n) {
+    double b = (double)bytes;
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (fabs(b) >= 1024 && u < 4) {
+        b /= 1024;
+        u++;
+    }
+    if (u == 0) snprintf(buf, n, "%lld B", (long long)bytes);
+    else snprintf(buf, n, "%.2f %s", b, unit[u]);
+    return buf;
+}
+
+const char *cp_fmt_length(int64_t v, char *buf, size_t len) {
+    if (v >= 1024 * 1024 && v % (1024 * 1024) == 0) snprintf(buf, len, "%lldM", (long long)(v >> 20));
+    else if (v >= 1024 && v % 1024 == 0) snprintf(buf, len, "%lldK", (long long)(v >> 10));
+    else snprintf(buf, len, "%lld", (long long)v);
+    return buf;
+}
+
+const char *cp_fmt_count(double v, char *buf, size_t n) {
+    char digits[64];
+    snprintf(digits, sizeof digits, "%.0f", fabs(v));
+    size_t nd = strlen(digits), o = 0;
+    if (v < 0 && o + 1 < n) buf[o++] = '-';
+    for (size_t i = 0; i < nd && o + 2 < n; i++) {
+        if (i && (nd - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+int cp_edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 64;
+    int d[64][64];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int cost = a[i - 1] != b[j - 1];
+            int best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < best) best = d[i - 1][j - 1] + cost;
+            d[i][j] = best;
+        }
+    return d[la][lb];
+}
+
+void cp_str_append(cp_str *s, const char *text, size_t n) {
+    if (s->len + n + 1 > s->cap) {
+        s->cap = CP_MAX(s->cap * 2, s->len + n + 1);
+        if (s->cap < 256) s->cap = 256;
+        s->data = cp_xrealloc(s->data, s->cap);
+    }
+    memcpy(s->data + s->len, text, n);
+    s->len += n;
+    s->data[s->len] = 0;
+}
+
+void cp_str_printf(cp_str *s, const char *fmt, ...) {
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof small) {
+        cp_str_append(s, small, (size_t)n);
+        return;
+    }
+    char *big = cp_xmalloc((size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    cp_str_append(s, big, (size_t)n);
+    free(big);
+}
+
+void cp_str_free(cp_str *s) {
+    free(s->data);
+    s->data = NULL;
+    s->len = s->cap = 0;
+}
+
+char *cp_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    cp_str s = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) cp_str_append(&s, chunk, n);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        cp_str_free(&s);
+        errno = EIO;
+        return NULL;
+    }
+    if (!s.data) cp_str_append(&s, "", 0);
+    if (len) *len = s.len;
+    return s.data;
+}
+
+int cp_write_file_atomic(const char *path, const void *data, size_t len) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return -1;
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            goto fail;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0) goto fail;
+    if (close(fd) != 0) {
+        fd = -1;
+        goto fail;
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        errno = e;
+        return -1;
+    }
+    return 0;
+fail: {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    errno = e;
+    return -1;
+}
+}
+
+int cp_mkdir_p(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+uint64_t cp_hash64(const void *data, size_t n, uint64_t h) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+double cp_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,65 @@
+/* util.h: small helpers shared by the generator: error reporting, sizes and lengths, string buffers. */
+#ifndef CP_UTIL_H
+#define CP_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CP_VERSION "0.1.0"
+
+#define CP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define CP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define CP_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Exit codes: 0 ok, 1 runtime failure, 2 bad input (spec, flags, files). */
+enum { CP_EXIT_OK = 0, CP_EXIT_FAIL = 1, CP_EXIT_USAGE = 2 };
+
+/* Print "cpgen: <message>" to stderr and exit with code. */
+void cp_fatal(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+
+/* Allocation that never returns NULL: on failure it stops the program with a message. */
+void *cp_xmalloc(size_t n);
+void *cp_xcalloc(size_t count, size_t size);
+void *cp_xrealloc(void *p, size_t n);
+char *cp_xstrdup(const char *s);
+
+/* Parse "141G", "128GiB", "80G", "512M", "1024" into bytes (powers of 1024). Returns false if malformed. */
+bool cp_parse_bytes(const char *s, int64_t *out);
+/* Parse "128K", "1M", "5M", "4096" into a token count (1K = 1024). Returns false if malformed. */
+bool cp_parse_length(const char *s, int64_t *out);
+/* Format bytes as "61.20 GiB" / "512.0 MiB" into buf. Returns buf. */
+const char *cp_fmt_bytes(int64_t bytes, char *buf, size_t n);
+/* Format a token count as "128K", "1M", or "1000" when not a multiple of 1K. */
+const char *cp_fmt_length(int64_t n, char *buf, size_t len);
+/* Format a number with thousands separators: 3140 -> "3,140". */
+const char *cp_fmt_count(double v, char *buf, size_t n);
+
+/* Levenshtein distance, for did-you-mean suggestions. */
+int cp_edit_distance(const char *a, const char *b);
+
+/* A growable string. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+} cp_str;
+void cp_str_append(cp_str *s, const char *text, size_t n);
+void cp_str_printf(cp_str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cp_str_free(cp_str *s);
+
+/* Read a whole file; NULL with errno set on failure. */
+char *cp_read_file(const char *path, size_t *len);
+/* Write a file atomically: write to "<path>.tmp.<pid>", fsync, rename. Returns 0 or -1 with errno. */
+int cp_write_file_atomic(const char *path, const void *data, size_t len);
+/* mkdir -p. Returns 0 or -1 with errno. */
+int cp_mkdir_p(const char *path);
+
+/* FNV-1a 64-bit hash, chainable. */
+uint64_t cp_hash64(const void *data, size_t n, uint64_t seed);
+#define CP_HASH_SEED 0xcbf29ce484222325ULL
+
+/* Monotonic wall clock in seconds. */
+double cp_now(void);
+
+#endif
