@@ -1,4 +1,4 @@
-/* embedded.h: files compiled into the binary (templates/*.cu, specs/*.lua) so cpgen runs from any folder.
+/* embedded.h: files compiled into the binary (the kernel templates and shipped specs) so cpgen runs from any folder.
  * The table is generated at build time by tools/embed.c. */
 #ifndef CP_EMBEDDED_H
 #define CP_EMBEDDED_H

@@ -1,0 +1,174 @@
+/* emit.c: fill a kernel template's {{KEY}} placeholders and check the result names its module and entries
+ * by the conventions in emit.h. */
+#include "emit.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "embedded.h"
+#include "util.h"
+
+void cp_kspec_init(cp_kernel_spec *k, const char *family) {
+    memset(k, 0, sizeof *k);
+    snprintf(k->family, sizeof k->family, "%s", family);
+}
+
+void cp_kspec_set_str(cp_kernel_spec *k, const char *key, const char *v) {
+    for (int i = 0; i < k->nparams; i++)
+        if (strcmp(k->params[i].key, key) == 0) {
+            free(k->params[i].value);
+            k->params[i].value = cp_xstrdup(v);
+            return;
+        }
+    if (k->nparams == CP_MAX_PARAMS) cp_fatal(CP_EXIT_FAIL, "kernel %s: more than %d parameters", k->family, CP_MAX_PARAMS);
+    cp_param *p = &k->params[k->nparams++];
+    snprintf(p->key, sizeof p->key, "%s", key);
+    p->value = cp_xstrdup(v);
+}
+
+void cp_kspec_set_int(cp_kernel_spec *k, const char *key, int64_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
+    cp_kspec_set_str(k, key, buf);
+}
+
+void cp_kspec_set_double(cp_kernel_spec *k, const char *key, double v) {
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.17g", v);
+    cp_kspec_set_str(k, key, buf);
+}
+
+void cp_kspec_copy(cp_kernel_spec *dst, const cp_kernel_spec *src) {
+    cp_kspec_init(dst, src->family);
+    for (int i = 0; i < src->nparams; i++) cp_kspec_set_str(dst, src->params[i].key, src->params[i].value);
+}
+
+void cp_kspec_free(cp_kernel_spec *k) {
+    for (int i = 0; i < k->nparams; i++) free(k->params[i].value);
+    k->nparams = 0;
+}
+
+void cp_module_src_free(cp_module_src *m) {
+    free(m->source);
+    m->source = NULL;
+}
+
+void cp_entry_name(const char *family, const char *module_name, const char *role, char *out) {
+    size_t fl = strlen(family);
+    const char *suffix = strncmp(module_name, family, fl) == 0 ? module_name + fl : "";
+    snprintf(out, CP_KNAME_MAX, "%s_%s%s", family, role, suffix);
+}
+
+static bool is_key_char(char c) { return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
+
+int cp_emit_text(const char *family, const char *tmpl, const cp_kernel_spec *k, cp_module_src *out, char *err,
+                 int errlen) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->family, sizeof out->family, "%s", family);
+    bool used[CP_MAX_PARAMS] = {0};
+    cp_str s = {0};
+    const char *p = tmpl;
+    int line = 1;
+    while (*p) {
+        const char *open = strstr(p, "{{");
+        const char *upto = open ? open : p + strlen(p);
+        for (const char *q = p; q < upto; q++) line += *q == '\n';
+        cp_str_append(&s, p, (size_t)(upto - p));
+        if (!open) break;
+        const char *close = strstr(open + 2, "}}");
+        char key[64];
+        size_t kl = close ? (size_t)(close - open - 2) : 0;
+        if (!close || kl == 0 || kl >= sizeof key) {
+            snprintf(err, errlen, "templates/%s.cu:%d: unterminated or malformed placeholder", family, line);
+            goto fail;
+        }
+        memcpy(key, open + 2, kl);
+        key[kl] = 0;
+        for (size_t i = 0; i < kl; i++)
+            if (!is_key_char(key[i])) {
+                snprintf(err, errlen, "templates/%s.cu:%d: placeholder {{%s}} is not UPPER_CASE", family, line, key);
+                goto fail;
+            }
+        int found = -1;
+        for (int i = 0; i < k->nparams; i++)
+            if (strcmp(k->params[i].key, key) == 0) found = i;
+        if (found < 0) {
+            snprintf(err, errlen, "templates/%s.cu:%d: placeholder {{%s}} has no value; the kernel constructor in "
+                     "gen/kernels.c must set it", family, line, key);
+            goto fail;
+        }
+        used[found] = true;
+        cp_str_append(&s, k->params[found].value, strlen(k->params[found].value));
+        p = close + 2;
+    }
+    for (int i = 0; i < k->nparams; i++)
+        if (!used[i]) {
+            snprintf(err, errlen, "templates/%s.cu: value %s=%s is never used; remove it from the constructor or "
+                     "use {{%s}} in the template", family, k->params[i].key, k->params[i].value, k->params[i].key);
+            goto fail;
+        }
+    /* module name: first "module:" line */
+    const char *mod = s.data ? strstr(s.data, "module:") : NULL;
+    if (!mod) {
+        snprintf(err, errlen, "templates/%s.cu: no \"// module: %s_...\" line naming the module", family, family);
+        goto fail;
+    }
+    mod += strlen("module:");
+    while (*mod == ' ') mod++;
+    size_t ml = 0;
+    while (mod[ml] && (is_key_char(mod[ml]) || (mod[ml] >= 'a' && mod[ml] <= 'z'))) ml++;
+    if (ml == 0 || ml >= CP_KNAME_MAX || strncmp(mod, family, strlen(family)) != 0) {
+        snprintf(err, errlen, "templates/%s.cu: module name must start with \"%s\"", family, family);
+        goto fail;
+    }
+    memcpy(out->name, mod, ml);
+    out->name[ml] = 0;
+    /* entries */
+    const char *suffix = out->name + strlen(family);
+    const char *decl = "extern \"C\" __global__";
+    for (const char *q = strstr(s.data, decl); q; q = strstr(q + 1, decl)) {
+        const char *e = strchr(q, '(');
+        if (!e) break;
+        const char *b = e;
+        while (b > q && b[-1] == ' ') b--;
+        const char *a = b;
+        while (a > q && (is_key_char(a[-1]) || (a[-1] >= 'a' && a[-1] <= 'z'))) a--;
+        char name[CP_KNAME_MAX];
+        size_t nl = (size_t)(b - a);
+        if (nl == 0 || nl >= sizeof name) continue;
+        memcpy(name, a, nl);
+        name[nl] = 0;
+        size_t fl = strlen(family), sl = strlen(suffix);
+        if (strncmp(name, family, fl) != 0 || name[fl] != '_' || nl <= fl + 1 + sl || strcmp(name + nl - sl, suffix) != 0) {
+            snprintf(err, errlen, "templates/%s.cu: kernel %s does not follow the naming rule %s_<role>%s", family,
+                     name, family, suffix);
+            goto fail;
+        }
+        if (out->nentries == CP_MAX_ENTRIES) {
+            snprintf(err, errlen, "templates/%s.cu: more than %d kernels in one module", family, CP_MAX_ENTRIES);
+            goto fail;
+        }
+        snprintf(out->entries[out->nentries++], CP_KNAME_MAX, "%s", name);
+    }
+    if (out->nentries == 0) {
+        snprintf(err, errlen, "templates/%s.cu: no extern \"C\" __global__ kernel", family);
+        goto fail;
+    }
+    out->source = s.data;
+    return 0;
+fail:
+    cp_str_free(&s);
+    return -1;
+}
+
+int cp_emit(const cp_kernel_spec *k, cp_module_src *out, char *err, int errlen) {
+    char name[96];
+    snprintf(name, sizeof name, "templates/%s.cu", k->family);
+    const cp_embedded_file *f = cp_embedded_find(name);
+    if (!f) {
+        snprintf(err, errlen, "no kernel template %s in this build; rebuild cpgen after adding it", name);
+        return -1;
+    }
+    return cp_emit_text(k->family, f->text, k, out, err, errlen);
+}
