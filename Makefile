@@ -19,6 +19,7 @@ REF_OBJ     := $(patsubst %.c,build/%.o,$(sort $(wildcard tests/ref/*.c)))
 TESTS       := $(patsubst tests/%.c,build/tests/%,$(sort $(wildcard tests/test_*.c)))
 GPU_TESTS   := $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(sort $(wildcard tests/gpu/test_*.c)))
 BENCHES     := $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(sort $(wildcard tests/gpu/bench_*.c)))
+GPU_UTIL_OBJ:= $(patsubst %.c,build/%.o,$(sort $(filter-out tests/gpu/test_% tests/gpu/bench_%,$(wildcard tests/gpu/*.c))))
 
 .PHONY: all run test test-gpu bench deps clean
 all: deps build/cpgen
@@ -47,6 +48,10 @@ build/embedded.o: build/embedded.c
 build/tests/%: tests/%.c $(LIB_OBJ) $(REF_OBJ) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB_OBJ) $(REF_OBJ) $(LDFLAGS) $(LDLIBS) -lcmocka
+
+build/tests/gpu/%: tests/gpu/%.c $(LIB_OBJ) $(REF_OBJ) $(GPU_UTIL_OBJ) | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -Itests/gpu -o $@ $< $(LIB_OBJ) $(REF_OBJ) $(GPU_UTIL_OBJ) $(LDFLAGS) $(LDLIBS)
 
 run: all
 	build/cpgen run specs/tiny.lua

@@ -1,0 +1,46 @@
+/* jit.h: compile emitted modules to CUBIN with NVRTC, on several threads, through an on-disk cache. */
+#ifndef CP_JIT_H
+#define CP_JIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "emit.h"
+
+typedef struct {
+    char name[CP_KNAME_MAX];
+    int registers;
+    int shared_bytes;      /* static shared memory */
+    int stack_bytes;
+    int spill_stores, spill_loads; /* bytes */
+} cp_entry_info;
+
+typedef struct {
+    char name[CP_KNAME_MAX];   /* module name */
+    void *cubin;               /* owned */
+    size_t cubin_len;
+    bool from_cache;
+    double seconds;            /* compile (or cache load) time */
+    char source_path[1024];    /* the .cu kept beside the cubin in the cache */
+    int nentries;
+    cp_entry_info entries[CP_MAX_ENTRIES];
+} cp_jit_module;
+
+typedef struct {
+    char arch[16];        /* "sm_90a", "sm_80"; from the device or --arch */
+    int threads;          /* parallel compiles; 0 = number of cores */
+    bool no_cache;        /* compile even when cached (still writes the cache) */
+    char cache_dir[1024]; /* empty: $XDG_CACHE_HOME/cpgen or ~/.cache/cpgen */
+    bool line_info;       /* -lineinfo */
+} cp_jit_opts;
+
+/* Compile n modules. out[i] matches mods[i]. Returns 0, or -1 with the first failure in err: the NVRTC log
+ * and the path where the emitted source was written. */
+int cp_jit_compile(const cp_module_src *mods, int n, const cp_jit_opts *opts, cp_jit_module *out, char *err,
+                   int errlen);
+void cp_jit_module_free(cp_jit_module *m);
+
+/* The cache folder in use for these options (creating nothing). */
+void cp_jit_cache_dir(const cp_jit_opts *opts, char *out, size_t n);
+
+#endif
