@@ -24,6 +24,7 @@ typedef struct {
     char source_path[1024];    /* the .cu kept beside the cubin in the cache */
     int nentries;
     cp_entry_info entries[CP_MAX_ENTRIES];
+    char *warnings;            /* owned; compiler warnings and ptxas performance notes, one per line; NULL if none */
 } cp_jit_module;
 
 typedef struct {
@@ -32,15 +33,20 @@ typedef struct {
     bool no_cache;        /* compile even when cached (still writes the cache) */
     char cache_dir[1024]; /* empty: $XDG_CACHE_HOME/cpgen or ~/.cache/cpgen */
     bool line_info;       /* -lineinfo */
+    bool fail_on_spill;   /* `cpgen build`: fail when any entry spills registers to local memory */
 } cp_jit_opts;
 
 /* Compile n modules. out[i] matches mods[i]. Returns 0, or -1 with the first failure in err: the NVRTC log
- * and the path where the emitted source was written. */
+ * and the path where the emitted source was written. On failure every out[i] is already freed. */
 int cp_jit_compile(const cp_module_src *mods, int n, const cp_jit_opts *opts, cp_jit_module *out, char *err,
                    int errlen);
 void cp_jit_module_free(cp_jit_module *m);
 
 /* The cache folder in use for these options (creating nothing). */
 void cp_jit_cache_dir(const cp_jit_opts *opts, char *out, size_t n);
+
+/* Per-entry resource use from a `--ptxas-options=-v` log, for the entries of m, into out[0..m->nentries).
+ * Fields of an entry the log does not mention stay -1 (registers) or 0. Returns how many entries were found. */
+int cp_jit_parse_ptxas_log(const char *log, const cp_module_src *m, cp_entry_info *out);
 
 #endif

@@ -1,0 +1,159 @@
+/* test_emit.c: the emitter fills {{KEY}} placeholders and rejects templates that break its conventions, with a
+ * message naming the template and what is wrong. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "emit.h"
+
+static const char *GOOD =
+    "// module: fam_h{{H}}\n"
+    "#include <cuda_bf16.h>\n"
+    "extern \"C\" __global__ void fam_fwd_h{{H}}(float *x) { x[0] = {{EPS}}; }\n"
+    "extern \"C\" __global__ void fam_bwd_h{{H}} (float *x) { x[0] = {{H}}; }\n";
+
+static void spec_h_eps(cp_kernel_spec *k) {
+    cp_kspec_init(k, "fam");
+    cp_kspec_set_int(k, "H", 4096);
+    cp_kspec_set_double(k, "EPS", 1e-5);
+}
+
+static void test_fills_and_finds_entries(void **state) {
+    (void)state;
+    cp_kernel_spec k;
+    spec_h_eps(&k);
+    cp_module_src m;
+    char err[1024];
+    assert_int_equal(cp_emit_text("fam", GOOD, &k, &m, err, sizeof err), 0);
+    assert_string_equal(m.name, "fam_h4096");
+    assert_string_equal(m.family, "fam");
+    assert_int_equal(m.nentries, 2);
+    assert_string_equal(m.entries[0], "fam_fwd_h4096");
+    assert_string_equal(m.entries[1], "fam_bwd_h4096");
+    assert_null(strstr(m.source, "{{"));
+    assert_non_null(strstr(m.source, "x[0] = 1.0000000000000001e-05;"));
+    char name[CP_KNAME_MAX];
+    cp_entry_name("fam", m.name, "fwd", name);
+    assert_string_equal(name, "fam_fwd_h4096");
+    cp_module_src_free(&m);
+    cp_kspec_free(&k);
+}
+
+/* Emitting `text` with H and EPS set fails, and the message contains every one of `needles`. */
+static void expect_error(const char *text, const char *const *needles, int n) {
+    cp_kernel_spec k;
+    spec_h_eps(&k);
+    cp_module_src m;
+    char err[1024] = "";
+    int rc = cp_emit_text("fam", text, &k, &m, err, sizeof err);
+    cp_kspec_free(&k);
+    if (rc == 0) {
+        cp_module_src_free(&m);
+        fail_msg("emitting succeeded for:\n%s", text);
+    }
+    assert_int_equal(rc, -1);
+    for (int i = 0; i < n; i++)
+        if (!strstr(err, needles[i])) fail_msg("message \"%s\" does not mention \"%s\"", err, needles[i]);
+}
+
+static void test_unknown_placeholder(void **state) {
+    (void)state;
+    const char *t = "// module: fam_h{{H}}\n"
+                    "extern \"C\" __global__ void fam_fwd_h{{H}}(float *x) { x[0] = {{EPS}} * {{WIDTH}}; }\n";
+    const char *n[] = {"templates/fam.cu:2", "{{WIDTH}}"};
+    expect_error(t, n, 2);
+}
+
+static void test_unused_value(void **state) {
+    (void)state;
+    const char *t = "// module: fam_h{{H}}\n"
+                    "extern \"C\" __global__ void fam_fwd_h{{H}}(float *x) { x[0] = 1; }\n";
+    const char *n[] = {"templates/fam.cu", "EPS", "never used"};
+    expect_error(t, n, 3);
+}
+
+static void test_missing_module_line(void **state) {
+    (void)state;
+    const char *t = "// fam kernels for {{H}}\n"
+                    "extern \"C\" __global__ void fam_fwd_h{{H}}(float *x) { x[0] = {{EPS}}; }\n";
+    const char *n[] = {"templates/fam.cu", "module:"};
+    expect_error(t, n, 2);
+}
+
+static void test_module_name_without_family(void **state) {
+    (void)state;
+    const char *t = "// module: other_h{{H}}\n"
+                    "extern \"C\" __global__ void fam_fwd_h{{H}}(float *x) { x[0] = {{EPS}}; }\n";
+    const char *n[] = {"templates/fam.cu", "must start with \"fam\""};
+    expect_error(t, n, 2);
+}
+
+static void test_entry_breaks_naming_rule(void **state) {
+    (void)state;
+    const char *wrong_suffix = "// module: fam_h{{H}}\n"
+                               "extern \"C\" __global__ void fam_fwd(float *x) { x[0] = {{EPS}} + {{H}}; }\n";
+    const char *n1[] = {"templates/fam.cu", "fam_fwd", "fam_<role>_h4096"};
+    expect_error(wrong_suffix, n1, 3);
+    const char *wrong_family = "// module: fam_h{{H}}\n"
+                               "extern \"C\" __global__ void other_fwd_h{{H}}(float *x) { x[0] = {{EPS}}; }\n";
+    const char *n2[] = {"templates/fam.cu", "other_fwd_h4096"};
+    expect_error(wrong_family, n2, 2);
+    const char *no_role = "// module: fam_h{{H}}\n"
+                          "extern \"C\" __global__ void fam_h{{H}}(float *x) { x[0] = {{EPS}}; }\n";
+    const char *n3[] = {"templates/fam.cu", "fam_h4096"};
+    expect_error(no_role, n3, 2);
+}
+
+static void test_no_kernel(void **state) {
+    (void)state;
+    const char *t = "// module: fam_h{{H}}\n"
+                    "__device__ float fam_helper(float x) { return x * {{EPS}}; }\n";
+    const char *n[] = {"templates/fam.cu", "no extern \"C\" __global__ kernel"};
+    expect_error(t, n, 2);
+}
+
+static void test_malformed_placeholders(void **state) {
+    (void)state;
+    const char *lower = "// module: fam_h{{H}}\n"
+                        "extern \"C\" __global__ void fam_fwd_h{{H}}(float *x) { x[0] = {{EPS}} * {{width}}; }\n";
+    const char *n1[] = {"templates/fam.cu:2", "{{width}}"};
+    expect_error(lower, n1, 2);
+    const char *unterminated = "// module: fam_h{{H}}\n"
+                               "\n"
+                               "extern \"C\" __global__ void fam_fwd_h{{H}}(float *x) { x[0] = {{EPS; }\n";
+    const char *n2[] = {"templates/fam.cu:3", "malformed placeholder"};
+    expect_error(unterminated, n2, 2);
+    const char *empty = "// module: fam_h{{H}}\n"
+                        "extern \"C\" __global__ void fam_fwd_h{{H}}(float *x) { x[0] = {{EPS}} + {{}}; }\n";
+    const char *n3[] = {"templates/fam.cu:2", "malformed placeholder"};
+    expect_error(empty, n3, 2);
+}
+
+static void test_unknown_template(void **state) {
+    (void)state;
+    cp_kernel_spec k;
+    cp_kspec_init(&k, "no_such_family");
+    cp_module_src m;
+    char err[1024];
+    assert_int_equal(cp_emit(&k, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "templates/no_such_family.cu"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fills_and_finds_entries),
+        cmocka_unit_test(test_unknown_placeholder),
+        cmocka_unit_test(test_unused_value),
+        cmocka_unit_test(test_missing_module_line),
+        cmocka_unit_test(test_module_name_without_family),
+        cmocka_unit_test(test_entry_breaks_naming_rule),
+        cmocka_unit_test(test_no_kernel),
+        cmocka_unit_test(test_malformed_placeholders),
+        cmocka_unit_test(test_unknown_template),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
