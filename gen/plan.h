@@ -12,6 +12,7 @@
 
 #define CP_ARENA_ALIGN 256
 #define CP_MAX_OPERANDS 10
+#define CP_GEMM_WORKSPACE (32 << 20) /* cuBLASLt workspace, bytes */
 
 typedef enum { CP_SPACE_GPU, CP_SPACE_HOST } cp_space;
 
@@ -64,7 +65,9 @@ typedef enum {
 
 typedef enum { CP_PHASE_FWD, CP_PHASE_RECOMPUTE, CP_PHASE_BWD, CP_PHASE_OPTIM, CP_PHASE_COUNT } cp_phase;
 typedef enum { CP_STREAM_COMPUTE, CP_STREAM_COMM, CP_STREAM_COPY, CP_STREAM_COUNT } cp_stream;
-enum { CP_READ = 1, CP_WRITE = 2, CP_RW = 3 };
+/* CP_WRITE on the whole extent of a buffer starts a new lifetime; CP_DEF marks a partial write (a stage's
+ * columns, a tile's rows) whose buffer held nothing live before it. A read with nothing live is a planner bug. */
+enum { CP_READ = 1, CP_WRITE = 2, CP_RW = 3, CP_DEF = 6 };
 
 typedef struct {
     int buf;
@@ -73,12 +76,26 @@ typedef struct {
     int access;     /* CP_READ, CP_WRITE (whole extent overwritten), CP_RW */
 } cp_operand;
 
+/* Row-major: D[m][n] = op(A)[m][k] op(B)[k][n] (+ C). A is stored [m][k], or [k][m] when trans_a; B is stored
+ * [k][n], or [n][k] when trans_b (a weight W[out][in] used as x W^T). ld* are row strides in elements.
+ * Operands in the step: A, B, then C when has_c, then D. With accumulate, D += op(A) op(B) (C is D). */
 typedef struct {
-    int m, n, k;          /* column-major cuBLASLt convention is the runtime's business; here: rows x cols of D */
+    int64_t m, n, k;
+    int64_t lda, ldb, ldd;
     bool trans_a, trans_b;
-    float beta;           /* 0 or 1 (accumulate) */
+    bool has_c;           /* D = AB + C with C a separate bf16 input (residual add in the epilogue) */
+    bool accumulate;      /* D += AB */
     bool out_f32;         /* D in fp32 (weight gradients), else bf16 */
 } cp_gemm;
+
+/* Element offsets of one layer's weights inside its flat unit (the layout FSDP shards and gathers). */
+typedef enum { CP_W_Q, CP_W_K, CP_W_V, CP_W_O, CP_W_GATE, CP_W_UP, CP_W_DOWN, CP_W_NORM1, CP_W_NORM2, CP_W_QNORM,
+               CP_W_KNORM, CP_W_COUNT } cp_weight;
+typedef struct {
+    int64_t off[CP_W_COUNT], size[CP_W_COUNT];
+    int64_t total;   /* elements */
+    int64_t padded;  /* rounded up so each rank's shard is a whole number of 128-byte lines */
+} cp_layer_layout;
 
 typedef struct {
     cp_opkind kind;
@@ -125,21 +142,32 @@ typedef struct {
     int nbufs, capbufs;
     cp_buffer *bufs;
     int nsteps, capsteps;
-    cp_step *steps;
+    cp_step *steps;        /* one micro-batch: steps [0, micro_steps), repeated micro_batches times; then the
+                              optimizer */
+    int micro_steps;
     int nmodules, capmodules;
     cp_kernel_spec *modules;
 
     /* results */
+    cp_layer_layout layout;                           /* of every transformer layer */
+    int nunits;                                       /* 0 embedding, 1..L layers, L+1 final norm (+ LM head) */
+    int64_t *unit_elems, *unit_padded, *unit_shard_off; /* elements; shard_off: into this rank's shard */
     int64_t params_total, params_layer, params_shard; /* shard: elements held by one rank */
     int64_t gpu_arena, host_arena;                    /* bytes, after lifetime-aware packing */
     int64_t gpu_peak;                                 /* gpu_arena + machine.reserve */
     int64_t cat_bytes[CP_CAT_COUNT];                  /* sum of buffer sizes per category, GPU */
     int64_t cat_host_bytes[CP_CAT_COUNT];
+    int64_t gpu_live_peak;                            /* most bytes live at one step (arena >= this) */
+    int peak_step;                                    /* where it happens */
+    int64_t cat_at_peak[CP_CAT_COUNT];                /* what is live there, GPU */
     double flops_attn, flops_other;                   /* one optimizer step, this rank */
     double t_compute, t_attn, t_comm, t_comm_exposed, t_copy, t_step; /* seconds */
     bool fits;
     char why[512];         /* when !fits: what does not fit and by how much */
 } cp_plan;
+
+/* The flat layout of one transformer layer's weights for C ranks. */
+void cp_layer_layout_of(const cp_model *m, int C, cp_layer_layout *L);
 
 /* Build the plan for a validated spec. Returns 0, or -1 with a message (a spec the planner cannot lay out). */
 int cp_plan_build(const cp_spec *spec, cp_plan *plan, char *err, int errlen);

@@ -69,6 +69,7 @@ static bool parse_scaled(const char *s, int64_t *out, bool allow_b) {
     }
     if (*end) return false;
     double r = v * scale;
+    if (scale > 1) r = floor(r + 0.5); /* "1.05G" means the nearest whole byte or token */
     if (r > 9.0e18 || r != floor(r)) return false;
     *out = (int64_t)r;
     return true;

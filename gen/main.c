@@ -1,0 +1,234 @@
+/* main.c: the cpgen command line. Parses flags, loads the spec, builds the plan and hands over to a command. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "module.h"
+#include "plan.h"
+#include "spec.h"
+#include "util.h"
+
+#define MAX_SETS 128
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: cpgen [COMMAND] SPEC [options]\n"
+            "\n"
+            "SPEC is a Lua spec file, or the name of a shipped spec: tiny, llama1b, llama3b, llama8b, qwen32b.\n"
+            "\n"
+            "commands:\n"
+            "  run     plan, generate, compile and train (the default when COMMAND is left out)\n"
+            "  plan    print the plan of one training step: stages, memory per GPU and host, FLOPs, time\n"
+            "  gen     write every emitted kernel source of the spec into a folder (-o DIR)\n"
+            "  build   compile every kernel of the spec and report registers, shared memory and spills\n"
+            "\n"
+            "options:\n"
+            "  --set KEY=VALUE   override any spec key, e.g. --set train.seq_len=1M --set parallel.gpus=8\n"
+            "  --gpus N          same as --set parallel.gpus=N\n"
+            "  --seq LEN         same as --set train.seq_len=LEN\n"
+            "  --gpu-mem SIZE    GPU memory to plan for (default 140G, an H200); --set machine.gpu_mem=SIZE\n"
+            "  --host-mem SIZE   host memory to plan for (default 128G); --set machine.host_mem=SIZE\n"
+            "  --max-seq         (plan) find the longest sequence that fits\n"
+            "  --json            (plan) print JSON\n"
+            "  --steps           (plan) also print every step and buffer\n"
+            "  -o DIR            (gen) output folder\n"
+            "  --arch ARCH       (build) target, e.g. sm_90a or sm_80 (default: the GPU's, else sm_90a)\n"
+            "  --no-cache        (build) compile even when the kernel cache has the result\n"
+            "  --version         print the version\n");
+}
+
+typedef struct {
+    const char *command, *spec, *outdir, *arch;
+    const char *sets[MAX_SETS];
+    int nsets;
+    bool json, steps, max_seq, no_cache;
+} cli;
+
+static void add_set(cli *c, const char *key, const char *value) {
+    if (c->nsets == MAX_SETS) cp_fatal(CP_EXIT_USAGE, "more than %d overrides", MAX_SETS);
+    if (!value) {
+        c->sets[c->nsets++] = key;
+        return;
+    }
+    size_t n = strlen(key) + strlen(value) + 2;
+    char *s = cp_xmalloc(n);
+    snprintf(s, n, "%s=%s", key, value);
+    c->sets[c->nsets++] = s;
+}
+
+static const char *need_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) cp_fatal(CP_EXIT_USAGE, "%s needs a value; see cpgen --help", argv[*i]);
+    return argv[++*i];
+}
+
+static void parse(int argc, char **argv, cli *c) {
+    static const char *commands[] = {"run", "plan", "gen", "build"};
+    memset(c, 0, sizeof *c);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h") || !strcmp(a, "help")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--version")) {
+            printf("cpgen %s\n", CP_VERSION);
+            exit(0);
+        } else if (!strcmp(a, "--set")) {
+            const char *v = need_value(argc, argv, &i);
+            if (!strchr(v, '=')) cp_fatal(CP_EXIT_USAGE, "--set %s: expected KEY=VALUE, e.g. --set train.seq_len=1M", v);
+            add_set(c, v, NULL);
+        } else if (!strncmp(a, "--set=", 6)) {
+            add_set(c, a + 6, NULL);
+        } else if (!strcmp(a, "--gpus")) {
+            add_set(c, "parallel.gpus", need_value(argc, argv, &i));
+        } else if (!strcmp(a, "--seq")) {
+            add_set(c, "train.seq_len", need_value(argc, argv, &i));
+        } else if (!strcmp(a, "--gpu-mem")) {
+            add_set(c, "machine.gpu_mem", need_value(argc, argv, &i));
+        } else if (!strcmp(a, "--host-mem")) {
+            add_set(c, "machine.host_mem", need_value(argc, argv, &i));
+        } else if (!strcmp(a, "--json")) {
+            c->json = true;
+        } else if (!strcmp(a, "--steps")) {
+            c->steps = true;
+        } else if (!strcmp(a, "--max-seq")) {
+            c->max_seq = true;
+        } else if (!strcmp(a, "--no-cache")) {
+            c->no_cache = true;
+        } else if (!strcmp(a, "-o")) {
+            c->outdir = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--arch")) {
+            c->arch = need_value(argc, argv, &i);
+        } else if (a[0] == '-') {
+            cp_fatal(CP_EXIT_USAGE, "unknown option %s; see cpgen --help", a);
+        } else if (!c->command && !c->spec) {
+            bool is_cmd = false;
+            for (size_t k = 0; k < CP_ARRAY_LEN(commands); k++) is_cmd |= !strcmp(a, commands[k]);
+            if (is_cmd) c->command = a;
+            else c->spec = a;
+        } else if (!c->spec) {
+            c->spec = a;
+        } else {
+            cp_fatal(CP_EXIT_USAGE, "unexpected argument %s (the spec is %s); see cpgen --help", a, c->spec);
+        }
+    }
+    if (!c->command) c->command = "run";
+    if (!c->spec) {
+        usage(stderr);
+        exit(CP_EXIT_USAGE);
+    }
+}
+
+static int cmd_plan(const cli *c, cp_spec *spec) {
+    cp_plan plan;
+    char err[CP_ERR_MAX];
+    if (c->max_seq) {
+        int64_t best = cp_plan_max_seq(spec, &plan, err, sizeof err);
+        if (!best) {
+            fprintf(stderr, "cpgen: %s\n", err);
+            return CP_EXIT_USAGE;
+        }
+        if (c->json) cp_plan_print_json(&plan, stdout);
+        else {
+            char a[32], g[32], h[32];
+            printf("max-seq: %s tokens (%lld) fit %d GPU%s of %s with %s host memory\n\n",
+                   cp_fmt_length(best, a, sizeof a), (long long)best, plan.C, plan.C > 1 ? "s" : "",
+                   cp_fmt_bytes(spec->machine.gpu_mem, g, sizeof g), cp_fmt_bytes(spec->machine.host_mem, h, sizeof h));
+            cp_plan_print(&plan, stdout, c->steps);
+        }
+        cp_plan_free(&plan);
+        return 0;
+    }
+    if (cp_plan_build(spec, &plan, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        return CP_EXIT_USAGE;
+    }
+    if (c->json) cp_plan_print_json(&plan, stdout);
+    else cp_plan_print(&plan, stdout, c->steps);
+    int rc = plan.fits ? 0 : CP_EXIT_USAGE;
+    if (!plan.fits)
+        fprintf(stderr, "cpgen: %s does not fit: %s; try a shorter train.seq_len (cpgen plan --max-seq), more GPUs, "
+                        "or parallel.offload = \"all\"\n", spec->path, plan.why);
+    cp_plan_free(&plan);
+    return rc;
+}
+
+static void jit_opts_for(const cli *c, cp_jit_opts *o) {
+    memset(o, 0, sizeof *o);
+    char why[256];
+    if (c->arch) snprintf(o->arch, sizeof o->arch, "%s", c->arch);
+    else if (cp_gpu_count(why, sizeof why) > 0 && cp_device_arch(0, o->arch, sizeof o->arch) == 0) {
+    } else snprintf(o->arch, sizeof o->arch, "sm_90a");
+    o->no_cache = c->no_cache;
+}
+
+static int cmd_gen_or_build(const cli *c, cp_spec *spec) {
+    cp_plan plan;
+    char err[CP_ERR_MAX];
+    if (cp_plan_build(spec, &plan, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        return CP_EXIT_USAGE;
+    }
+    int rc;
+    if (!strcmp(c->command, "gen")) {
+        if (!c->outdir) {
+            cp_plan_free(&plan);
+            cp_fatal(CP_EXIT_USAGE, "gen needs an output folder: cpgen gen %s -o DIR", c->spec);
+        }
+        rc = cp_cmd_gen(&plan, c->outdir, err, sizeof err);
+    } else {
+        cp_jit_opts o;
+        jit_opts_for(c, &o);
+        rc = cp_cmd_build(&plan, &o, stdout, err, sizeof err);
+    }
+    if (rc) fprintf(stderr, "cpgen: %s\n", err);
+    cp_plan_free(&plan);
+    return rc ? CP_EXIT_FAIL : 0;
+}
+
+static int cmd_run(const cli *c, cp_spec *spec) {
+    char why[512];
+    int gpus = cp_gpu_count(why, sizeof why);
+    if (gpus <= 0) {
+        printf("cpgen: no GPU found (%s): printing the plan of %s instead of training.\n\n", why, spec->path);
+        cli p = *c;
+        p.command = "plan";
+        int rc = cmd_plan(&p, spec);
+        return rc;
+    }
+    cp_plan plan;
+    char err[CP_ERR_MAX];
+    if (cp_plan_build(spec, &plan, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        return CP_EXIT_USAGE;
+    }
+    cp_plan_print(&plan, stdout, false);
+    if (!plan.fits) {
+        fprintf(stderr, "cpgen: refusing to start: %s\n", plan.why);
+        cp_plan_free(&plan);
+        return CP_EXIT_USAGE;
+    }
+    cp_jit_opts o;
+    jit_opts_for(c, &o);
+    int rc = cp_cmd_build(&plan, &o, stdout, err, sizeof err);
+    if (rc) fprintf(stderr, "cpgen: %s\n", err);
+    else fprintf(stderr, "cpgen: %d GPU%s found and every kernel compiled; this build has no step executor yet, so "
+                         "training stops here\n", gpus, gpus > 1 ? "s" : "");
+    cp_plan_free(&plan);
+    return rc ? CP_EXIT_FAIL : CP_EXIT_FAIL;
+}
+
+int main(int argc, char **argv) {
+    cli c;
+    parse(argc, argv, &c);
+    cp_spec spec;
+    char err[CP_ERR_MAX];
+    if (cp_spec_load(c.spec, c.sets, c.nsets, &spec, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        return CP_EXIT_USAGE;
+    }
+    if (!strcmp(c.command, "plan")) return cmd_plan(&c, &spec);
+    if (!strcmp(c.command, "gen") || !strcmp(c.command, "build")) return cmd_gen_or_build(&c, &spec);
+    return cmd_run(&c, &spec);
+}

@@ -1,0 +1,1266 @@
+/* plan.c: turn a validated spec into the program of one training step for one rank: the UPipe stage table,
+ * the ordered steps over named buffers (forward, recompute, backward, optimizer), and from them each buffer's
+ * lifetime and arena offset, the FLOPs and the predicted time. The runtime allocates exactly these arenas. */
+#include "plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "plan_internal.h"
+#include "util.h"
+
+/* ---------------------------------------------------------------- builder state */
+
+typedef struct {
+    cp_plan *P;
+    cp_phase phase;
+    int layer, stage, tile;
+} builder;
+
+static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+static int add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, int64_t bytes, bool persistent) {
+    if (P->nbufs == P->capbufs) {
+        P->capbufs = P->capbufs ? P->capbufs * 2 : 64;
+        P->bufs = cp_xrealloc(P->bufs, sizeof *P->bufs * (size_t)P->capbufs);
+    }
+    cp_buffer *b = &P->bufs[P->nbufs];
+    memset(b, 0, sizeof *b);
+    snprintf(b->name, sizeof b->name, "%s", name);
+    b->space = space;
+    b->cat = cat;
+    b->bytes = bytes;
+    b->persistent = persistent;
+    b->offset = -1;
+    return P->nbufs++;
+}
+
+static cp_step *add_step(builder *B, cp_opkind kind, const char *what) {
+    cp_plan *P = B->P;
+    if (P->nsteps == P->capsteps) {
+        P->capsteps = P->capsteps ? P->capsteps * 2 : 1024;
+        P->steps = cp_xrealloc(P->steps, sizeof *P->steps * (size_t)P->capsteps);
+    }
+    cp_step *s = &P->steps[P->nsteps++];
+    memset(s, 0, sizeof *s);
+    s->kind = kind;
+    s->phase = B->phase;
+    s->layer = B->layer;
+    s->stage = B->stage;
+    s->tile = B->tile;
+    s->module = -1;
+    s->stream = kind == CP_OP_COPY_D2H || kind == CP_OP_COPY_H2D ? CP_STREAM_COPY
+                : (kind >= CP_OP_ALLTOALL && kind <= CP_OP_ALLREDUCE) ? CP_STREAM_COMM
+                                                                       : CP_STREAM_COMPUTE;
+    snprintf(s->what, sizeof s->what, "%s", what);
+    return s;
+}
+
+/* Operand on bytes [off, off+bytes) of buffer buf; bytes < 0 means to the end of the buffer. */
+static void use(cp_step *s, const cp_plan *P, int buf, int64_t off, int64_t bytes, int access) {
+    if (s->nops == CP_MAX_OPERANDS) cp_fatal(CP_EXIT_FAIL, "plan: step %s has too many operands", s->what);
+    if (bytes < 0) bytes = P->bufs[buf].bytes - off;
+    s->ops[s->nops++] = (cp_operand){.buf = buf, .offset = off, .bytes = bytes, .access = access};
+}
+static void rd(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_READ); }
+static void wr(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_WRITE); }
+static void rw(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_RW); }
+
+static bool kspec_equal(const cp_kernel_spec *a, const cp_kernel_spec *b) {
+    if (strcmp(a->family, b->family) != 0 || a->nparams != b->nparams) return false;
+    for (int i = 0; i < a->nparams; i++)
+        if (strcmp(a->params[i].key, b->params[i].key) != 0 || strcmp(a->params[i].value, b->params[i].value) != 0)
+            return false;
+    return true;
+}
+
+/* Index of the module for k, adding it if new; takes ownership of k's values. */
+static int module_of(cp_plan *P, cp_kernel_spec *k) {
+    for (int i = 0; i < P->nmodules; i++)
+        if (kspec_equal(&P->modules[i], k)) {
+            cp_kspec_free(k);
+            return i;
+        }
+    if (P->nmodules == P->capmodules) {
+        P->capmodules = P->capmodules ? P->capmodules * 2 : 16;
+        P->modules = cp_xrealloc(P->modules, sizeof *P->modules * (size_t)P->capmodules);
+    }
+    P->modules[P->nmodules] = *k;
+    return P->nmodules++;
+}
+
+static cp_step *kernel(builder *B, int module, const char *role, const char *what, double bytes) {
+    cp_step *s = add_step(B, CP_OP_KERNEL, what);
+    s->module = module;
+    snprintf(s->role, sizeof s->role, "%s", role);
+    s->bytes = bytes;
+    return s;
+}
+
+/* D[m][n] = op(A) op(B): operands are added by the caller in the order A, B, (C), D. */
+static cp_step *gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+    cp_step *s = add_step(B, CP_OP_GEMM, what);
+    s->gemm = (cp_gemm){.m = m, .n = n, .k = k, .trans_a = ta, .trans_b = tb,
+                        .lda = ta ? m : k, .ldb = tb ? k : n, .ldd = n};
+    s->flops = 2.0 * (double)m * (double)n * (double)k;
+    return s;
+}
+
+static cp_step *collective(builder *B, cp_opkind kind, const char *what, int64_t bytes) {
+    cp_step *s = add_step(B, kind, what);
+    s->count = bytes;
+    s->bytes = (double)bytes;
+    return s;
+}
+
+/* ---------------------------------------------------------------- shapes */
+
+void cp_layer_layout_of(const cp_model *m, int C, cp_layer_layout *L) {
+    memset(L, 0, sizeof *L);
+    int64_t hid = m->hidden, qd = m->heads * m->head_dim, kvd = m->kv_heads * m->head_dim;
+    L->size[CP_W_Q] = qd * hid;
+    L->size[CP_W_K] = kvd * hid;
+    L->size[CP_W_V] = kvd * hid;
+    L->size[CP_W_O] = hid * qd;
+    L->size[CP_W_GATE] = m->ffn * hid;
+    L->size[CP_W_UP] = m->ffn * hid;
+    L->size[CP_W_DOWN] = hid * m->ffn;
+    L->size[CP_W_NORM1] = hid;
+    L->size[CP_W_NORM2] = hid;
+    L->size[CP_W_QNORM] = m->qk_norm ? m->head_dim : 0;
+    L->size[CP_W_KNORM] = m->qk_norm ? m->head_dim : 0;
+    int64_t off = 0;
+    for (int w = 0; w < CP_W_COUNT; w++) {
+        L->off[w] = off;
+        off += align_up(L->size[w], 64); /* every matrix starts on a 128-byte line in bf16 */
+    }
+    L->total = off;
+    L->padded = align_up(off, 64 * (int64_t)C);
+}
+
+/* Fills the UPipe stage table; see the brief's "UPipe GQA order". */
+static int stage_table(cp_plan *P, char *err, int errlen) {
+    const cp_model *m = &P->spec.model;
+    int C = P->C, H = (int)m->heads, KV = (int)m->kv_heads, g = H / KV;
+    P->U = P->spec.parallel.upipe_heads;
+    P->nstages = H / P->U;
+    P->u = P->U / C;
+    P->repl = KV < C ? C / KV : 1;
+    int u = P->u;
+    if (P->repl > 1) {
+        P->kvr = 1;
+        P->group_len = P->nstages;
+    } else if (u <= g) {
+        P->kvr = 1;
+        P->group_len = g / u;
+    } else {
+        P->kvr = u / g;
+        P->group_len = 1;
+    }
+    if (u > 16 || P->kvr > 8) {
+        snprintf(err, errlen, "%s: parallel.upipe_heads = %d gives %d query heads per GPU per stage; the stage table "
+                 "holds at most 16: use a smaller upipe_heads", P->spec.path, P->U, u);
+        return -1;
+    }
+    P->stages = cp_xcalloc((size_t)P->nstages * (size_t)C, sizeof *P->stages);
+    for (int s = 0; s < P->nstages; s++)
+        for (int r = 0; r < C; r++) {
+            cp_stage_rank *e = &P->stages[s * C + r];
+            int grp = s / P->group_len, in = s % P->group_len;
+            e->kv_fresh = in == 0;
+            e->kv_last = in == P->group_len - 1;
+            if (P->repl > 1) {
+                int kv = r / P->repl;
+                e->nkv = 1;
+                e->kv_heads[0] = kv;
+                for (int j = 0; j < u; j++) e->q_heads[j] = kv * g + s * P->repl * u + (r % P->repl) * u + j;
+            } else if (u <= g) {
+                int kv = grp * C + r;
+                e->nkv = 1;
+                e->kv_heads[0] = kv;
+                for (int j = 0; j < u; j++) e->q_heads[j] = kv * g + in * u + j;
+            } else {
+                e->nkv = P->kvr;
+                for (int j = 0; j < P->kvr; j++) {
+                    int kv = s * C * P->kvr + r * P->kvr + j;
+                    e->kv_heads[j] = kv;
+                    for (int q = 0; q < g; q++) e->q_heads[j * g + q] = kv * g + q;
+                }
+            }
+            e->nq = u;
+            e->q_first = e->q_heads[0];
+        }
+    return 0;
+}
+
+static int64_t gcd(int64_t a, int64_t b) { return b ? gcd(b, a % b) : a; }
+static int64_t lcm(int64_t a, int64_t b) { return a / gcd(a, b) * b; }
+
+static int64_t largest_divisor_at_most(int64_t n, int64_t cap) {
+    if (cap >= n) return n;
+    for (int64_t d = cap; d > 1; d--)
+        if (n % d == 0) return d;
+    return 1;
+}
+
+/* ---------------------------------------------------------------- the program */
+
+typedef struct {
+    /* weights and gradients of the unit in use: buffer and element base */
+    int wbuf, gbuf;
+    int64_t wbase, gbase;
+} unit_ref;
+
+typedef struct {
+    int params, master, adam_m, adam_v, grads;  /* shards */
+    int host_master, host_m, host_v, host_grads; /* optimizer offload */
+    int w_layer[2], g_layer, w_embed, g_embed, w_head, g_head; /* C > 1 */
+    int *ckpt;                                   /* [L] layer inputs (GPU or host) */
+    int xs[2];                                   /* GPU staging for host checkpoints */
+    int h_final, xf, rstdf, dxf, logits, loss_sum, tokens, targets;
+    int xn, rstd1, attn_out, h2, xn2, rstd2, dres, dh2, dxn, dattn, delta_tok;
+    int *attn_keep, *lse_keep;                   /* checkpoint = "none": per layer */
+    int lse_all;
+    int q_tok, k_tok, v_tok, q_raw, k_raw, q_rstd, k_rstd;
+    int a2a_send, a2a_recv, q_head, k_head, v_head, o_head;
+    int do_head, delta_head, dq_head, dk_head, dv_head, dkv_acc, dq_acc;
+    int mlp_gate, mlp_up, mlp_act;
+    int gemm_ws, norm_scratch;
+} bufset;
+
+#define BF16 2
+#define F32 4
+
+/* Where unit `u`'s weights and gradients are during its use (gathered buffer, or the shard itself when C = 1). */
+static unit_ref unit_at(const cp_plan *P, const bufset *b, int unit, int slot) {
+    unit_ref r;
+    if (P->C == 1) {
+        r.wbuf = b->params;
+        r.gbuf = b->grads;
+        r.wbase = r.gbase = P->unit_shard_off[unit];
+    } else {
+        r.wbuf = unit == 0 ? b->w_embed : unit == P->nunits - 1 ? b->w_head : b->w_layer[slot];
+        r.gbuf = unit == 0 ? b->g_embed : unit == P->nunits - 1 ? b->g_head : b->g_layer;
+        r.wbase = r.gbase = 0;
+    }
+    return r;
+}
+
+static void op_weight(cp_step *s, const cp_plan *P, const unit_ref *u, cp_weight w, int access) {
+    use(s, P, u->wbuf, (u->wbase + P->layout.off[w]) * BF16, P->layout.size[w] * BF16, access);
+}
+static void op_wgrad(cp_step *s, const cp_plan *P, const unit_ref *u, cp_weight w) {
+    use(s, P, u->gbuf, (u->gbase + P->layout.off[w]) * F32, P->layout.size[w] * F32, CP_RW);
+}
+
+/* Gather unit `unit` into its buffer before use (C > 1). */
+static void gather(builder *B, const bufset *b, int unit, int slot) {
+    cp_plan *P = B->P;
+    if (P->C == 1) return;
+    unit_ref r = unit_at(P, b, unit, slot);
+    int64_t shard = P->unit_padded[unit] / P->C;
+    cp_step *s = collective(B, CP_OP_ALLGATHER, "gather", P->unit_padded[unit] * BF16);
+    use(s, P, b->params, P->unit_shard_off[unit] * BF16, shard * BF16, CP_READ);
+    wr(s, P, r.wbuf);
+}
+
+/* Reduce-scatter unit `unit`'s full gradients into this rank's shard (C > 1). */
+static void reduce_scatter(builder *B, const bufset *b, int unit) {
+    cp_plan *P = B->P;
+    if (P->C == 1) return;
+    unit_ref r = unit_at(P, b, unit, 0);
+    int64_t shard = P->unit_padded[unit] / P->C;
+    cp_step *s = collective(B, CP_OP_REDUCE_SCATTER, "reduce_scatter", P->unit_padded[unit] * F32);
+    rd(s, P, r.gbuf);
+    use(s, P, b->grads, P->unit_shard_off[unit] * F32, shard * F32, CP_RW);
+}
+
+/* Zero a gradient buffer before a unit's backward accumulates into it. */
+static void zero(builder *B, int buf, int64_t bytes) {
+    cp_step *s = add_step(B, CP_OP_MEMSET, "zero");
+    use(s, B->P, buf, 0, bytes, CP_WRITE);
+    s->count = bytes;
+    s->bytes = (double)bytes;
+}
+
+typedef struct {
+    int norm_h, norm_d, rope, swiglu, loss, embed, adamw, cast, delta, attn;
+    int lay_q, lay_kv, lay_delta; /* ulysses layout modules */
+} modset;
+
+/* A stage's Q (and, at a group's first stage, K and V): projection, optional qk-norm, RoPE, all-to-all into head
+ * layout. Used by the forward, the recompute and the backward alike. */
+static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_ref *w, int s, bool fresh_kv) {
+    cp_plan *P = B->P;
+    const cp_model *m = &P->spec.model;
+    int64_t T = P->T, D = m->head_dim, hid = m->hidden, U = P->U;
+    int64_t nkv = P->repl > 1 ? m->kv_heads : (int64_t)P->C * P->kvr; /* KV heads projected per group */
+    bool qk = m->qk_norm;
+    /* Q for the U heads of stage s: rows [s*U*D, (s+1)*U*D) of Wq in stage order */
+    cp_step *g = gemm(B, "q_proj", T, U * D, hid, false, true);
+    rd(g, P, b->xn);
+    use(g, P, w->wbuf, (w->wbase + P->layout.off[CP_W_Q] + (int64_t)s * U * D * hid) * BF16, U * D * hid * BF16, CP_READ);
+    wr(g, P, qk ? b->q_raw : b->q_tok);
+    if (qk) {
+        cp_step *k = kernel(B, M->norm_d, "fwd", "q_norm", (double)T * U * D * 2 * BF16);
+        rd(k, P, b->q_raw);
+        op_weight(k, P, w, CP_W_QNORM, CP_READ);
+        wr(k, P, b->q_tok);
+        wr(k, P, b->q_rstd);
+        k->count = T * U;
+    }
+    cp_step *r = kernel(B, M->rope, "fwd", "rope_q", (double)T * U * D * 2 * BF16);
+    rw(r, P, b->q_tok);
+    r->count = T * U;
+    if (P->C > 1) {
+        cp_step *pk = kernel(B, M->lay_q, "pack", "pack_q", (double)T * U * D * 2 * BF16);
+        rd(pk, P, b->q_tok);
+        use(pk, P, b->a2a_send, 0, T * U * D * BF16, CP_DEF);
+        cp_step *a = collective(B, CP_OP_ALLTOALL, "a2a_q", T * U * D * BF16);
+        use(a, P, b->a2a_send, 0, T * U * D * BF16, CP_READ);
+        wr(a, P, b->q_head);
+    }
+    if (!fresh_kv) return;
+    const cp_weight kvw[2] = {CP_W_K, CP_W_V};
+    const int tok[2] = {b->k_tok, b->v_tok}, head[2] = {b->k_head, b->v_head};
+    int64_t grp = s / P->group_len;
+    int64_t row0 = P->repl > 1 ? 0 : grp * nkv * D; /* first row of Wk/Wv for this group */
+    for (int i = 0; i < 2; i++) {
+        bool key = i == 0;
+        cp_step *kg = gemm(B, key ? "k_proj" : "v_proj", T, nkv * D, hid, false, true);
+        rd(kg, P, b->xn);
+        use(kg, P, w->wbuf, (w->wbase + P->layout.off[kvw[i]] + row0 * hid) * BF16, nkv * D * hid * BF16, CP_READ);
+        wr(kg, P, key && qk ? b->k_raw : tok[i]);
+        if (key) {
+            if (qk) {
+                cp_step *k = kernel(B, M->norm_d, "fwd", "k_norm", (double)T * nkv * D * 2 * BF16);
+                rd(k, P, b->k_raw);
+                op_weight(k, P, w, CP_W_KNORM, CP_READ);
+                wr(k, P, b->k_tok);
+                wr(k, P, b->k_rstd);
+                k->count = T * nkv;
+            }
+            cp_step *kr = kernel(B, M->rope, "fwd", "rope_k", (double)T * nkv * D * 2 * BF16);
+            rw(kr, P, b->k_tok);
+            kr->count = T * nkv;
+        }
+        if (P->C > 1) {
+            int64_t sent = T * (int64_t)P->C * P->kvr * D * BF16; /* each rank receives kvr heads of T tokens */
+            cp_step *pk = kernel(B, M->lay_kv, "pack", key ? "pack_k" : "pack_v", 2.0 * (double)sent);
+            rd(pk, P, tok[i]);
+            use(pk, P, b->a2a_send, 0, sent, CP_DEF);
+            cp_step *a = collective(B, CP_OP_ALLTOALL, key ? "a2a_k" : "a2a_v", sent);
+            use(a, P, b->a2a_send, 0, sent, CP_READ);
+            wr(a, P, head[i]);
+        }
+    }
+}
+
+static double attn_fwd_flops(const cp_plan *P) {
+    const cp_model *m = &P->spec.model;
+    return 4.0 * (double)P->S * (double)P->S * (double)P->u * (double)m->head_dim / 2.0;
+}
+
+/* Attention of stage s, then (all-to-all back and) unpack into attn_out's columns of the stage. */
+static void stage_attention(builder *B, const bufset *b, const modset *M, int s, int lse_buf, int attn_buf) {
+    cp_plan *P = B->P;
+    const cp_model *m = &P->spec.model;
+    int64_t T = P->T, S = P->S, D = m->head_dim, U = P->U, u = P->u;
+    cp_step *a = kernel(B, M->attn, "fwd", "attn_fwd", 0);
+    rd(a, P, b->q_head);
+    rd(a, P, b->k_head);
+    rd(a, P, b->v_head);
+    wr(a, P, b->o_head);
+    use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, s == 0 ? CP_DEF : CP_WRITE);
+    a->flops = attn_fwd_flops(P);
+    int from = b->o_head;
+    if (P->C > 1) {
+        cp_step *c = collective(B, CP_OP_ALLTOALL, "a2a_o", T * U * D * BF16);
+        rd(c, P, b->o_head);
+        use(c, P, b->a2a_recv, 0, T * U * D * BF16, CP_DEF);
+        from = b->a2a_recv;
+    }
+    cp_step *k = kernel(B, M->lay_q, "unpack", "unpack_o", 2.0 * (double)T * U * D * BF16);
+    use(k, P, from, 0, T * U * D * BF16, CP_READ);
+    use(k, P, attn_buf, (int64_t)s * U * D * BF16, T * U * D * BF16, s == 0 ? CP_DEF : CP_WRITE);
+}
+
+/* One layer's forward (also the recompute): from its input x to attn_out, h2, xn2; with `mlp`, also the tiled MLP
+ * writing the layer output into `out`. */
+static void layer_forward(builder *B, const bufset *b, const modset *M, const unit_ref *w, int x, int out, bool mlp,
+                          bool attention) {
+    cp_plan *P = B->P;
+    const cp_model *m = &P->spec.model;
+    int64_t T = P->T, hid = m->hidden, D = m->head_dim, H = m->heads, F = m->ffn;
+    int l = B->layer;
+    int attn_buf = b->attn_keep ? b->attn_keep[l] : b->attn_out;
+    int lse_buf = b->lse_keep ? b->lse_keep[l] : b->lse_all;
+    cp_step *k = kernel(B, M->norm_h, "fwd", "norm1", (double)T * hid * 2 * BF16);
+    rd(k, P, x);
+    op_weight(k, P, w, CP_W_NORM1, CP_READ);
+    wr(k, P, b->xn);
+    wr(k, P, b->rstd1);
+    k->count = T;
+    if (attention) {
+        for (int s = 0; s < P->nstages; s++) {
+            B->stage = s;
+            stage_qkv(B, b, M, w, s, P->stages[s * P->C].kv_fresh);
+            stage_attention(B, b, M, s, lse_buf, attn_buf);
+        }
+        B->stage = -1;
+    }
+    cp_step *g = gemm(B, "o_proj", T, hid, H * D, false, true);
+    rd(g, P, attn_buf);
+    op_weight(g, P, w, CP_W_O, CP_READ);
+    rd(g, P, x);
+    wr(g, P, b->h2);
+    g->gemm.has_c = true;
+    k = kernel(B, M->norm_h, "fwd", "norm2", (double)T * hid * 2 * BF16);
+    rd(k, P, b->h2);
+    op_weight(k, P, w, CP_W_NORM2, CP_READ);
+    wr(k, P, b->xn2);
+    wr(k, P, b->rstd2);
+    k->count = T;
+    if (!mlp) return;
+    int64_t t = P->mlp_tile;
+    for (int64_t i = 0; i < T / t; i++) {
+        B->tile = (int)i;
+        const cp_weight gu[2] = {CP_W_GATE, CP_W_UP};
+        const int gub[2] = {b->mlp_gate, b->mlp_up};
+        for (int j = 0; j < 2; j++) {
+            g = gemm(B, j ? "up_proj" : "gate_proj", t, F, hid, false, true);
+            use(g, P, b->xn2, i * t * hid * BF16, t * hid * BF16, CP_READ);
+            op_weight(g, P, w, gu[j], CP_READ);
+            wr(g, P, gub[j]);
+        }
+        k = kernel(B, M->swiglu, "fwd", "swiglu", 3.0 * (double)t * F * BF16);
+        rd(k, P, b->mlp_gate);
+        rd(k, P, b->mlp_up);
+        wr(k, P, b->mlp_act);
+        k->count = t;
+        g = gemm(B, "down_proj", t, hid, F, false, true);
+        rd(g, P, b->mlp_act);
+        op_weight(g, P, w, CP_W_DOWN, CP_READ);
+        use(g, P, b->h2, i * t * hid * BF16, t * hid * BF16, CP_READ);
+        use(g, P, out, i * t * hid * BF16, t * hid * BF16, i == 0 ? CP_DEF : CP_WRITE);
+        g->gemm.has_c = true;
+    }
+    B->tile = -1;
+}
+
+/* The MLP backward over tiles: recompute gate/up/act per tile, then the gradients; dres is d(layer output). */
+static void mlp_backward(builder *B, const bufset *b, const modset *M, const unit_ref *w) {
+    cp_plan *P = B->P;
+    const cp_model *m = &P->spec.model;
+    int64_t T = P->T, hid = m->hidden, F = m->ffn, t = P->mlp_tile;
+    for (int64_t i = 0; i < T / t; i++) {
+        B->tile = (int)i;
+        int64_t rows = i * t * hid * BF16, rbytes = t * hid * BF16;
+        const cp_weight gu[2] = {CP_W_GATE, CP_W_UP};
+        const int gub[2] = {b->mlp_gate, b->mlp_up};
+        for (int j = 0; j < 2; j++) {
+            cp_step *g = gemm(B, j ? "up_proj" : "gate_proj", t, F, hid, false, true);
+            use(g, P, b->xn2, rows, rbytes, CP_READ);
+            op_weight(g, P, w, gu[j], CP_READ);
+            wr(g, P, gub[j]);
+        }
+        cp_step *k = kernel(B, M->swiglu, "fwd", "swiglu", 3.0 * (double)t * F * BF16);
+        rd(k, P, b->mlp_gate);
+        rd(k, P, b->mlp_up);
+        wr(k, P, b->mlp_act);
+        k->count = t;
+        /* dWdown += dres^T act */
+        cp_step *g = gemm(B, "d_wdown", hid, F, t, true, false);
+        use(g, P, b->dres, rows, rbytes, CP_READ);
+        rd(g, P, b->mlp_act);
+        op_wgrad(g, P, w, CP_W_DOWN);
+        g->gemm.accumulate = g->gemm.out_f32 = true;
+        /* dact = dres Wdown, into act's buffer */
+        g = gemm(B, "d_act", t, F, hid, false, false);
+        use(g, P, b->dres, rows, rbytes, CP_READ);
+        op_weight(g, P, w, CP_W_DOWN, CP_READ);
+        wr(g, P, b->mlp_act);
+        k = kernel(B, M->swiglu, "bwd", "swiglu_bwd", 5.0 * (double)t * F * BF16);
+        rd(k, P, b->mlp_act);
+        rw(k, P, b->mlp_gate);
+        rw(k, P, b->mlp_up);
+        k->count = t;
+        for (int j = 0; j < 2; j++) {
+            g = gemm(B, j ? "d_wup" : "d_wgate", F, hid, t, true, false);
+            rd(g, P, gub[j]);
+            use(g, P, b->xn2, rows, rbytes, CP_READ);
+            op_wgrad(g, P, w, gu[j]);
+            g->gemm.accumulate = g->gemm.out_f32 = true;
+            g = gemm(B, j ? "d_xn2_up" : "d_xn2_gate", t, hid, F, false, false);
+            rd(g, P, gub[j]);
+            op_weight(g, P, w, gu[j], CP_READ);
+            use(g, P, b->dxn, rows, rbytes, j ? CP_RW : (i == 0 ? CP_DEF : CP_WRITE));
+            g->gemm.accumulate = j == 1;
+        }
+    }
+    B->tile = -1;
+}
+
+/* d(projection) of `nh` heads in token layout -> dxn += d W, dW += d^T xn. */
+static void proj_backward(builder *B, const bufset *b, const unit_ref *w, cp_weight wt, int64_t row0, int64_t nh,
+                          int dbuf, bool first, const char *what_dw, const char *what_dx) {
+    cp_plan *P = B->P;
+    const cp_model *m = &P->spec.model;
+    int64_t T = P->T, hid = m->hidden, D = m->head_dim;
+    cp_step *g = gemm(B, what_dw, nh * D, hid, T, true, false);
+    use(g, P, dbuf, 0, T * nh * D * BF16, CP_READ);
+    rd(g, P, b->xn);
+    use(g, P, w->gbuf, (w->gbase + P->layout.off[wt] + row0 * hid) * F32, nh * D * hid * F32, CP_RW);
+    g->gemm.accumulate = g->gemm.out_f32 = true;
+    g = gemm(B, what_dx, T, hid, nh * D, false, false);
+    use(g, P, dbuf, 0, T * nh * D * BF16, CP_READ);
+    use(g, P, w->wbuf, (w->wbase + P->layout.off[wt] + row0 * hid) * BF16, nh * D * hid * BF16, CP_READ);
+    use(g, P, b->dxn, 0, -1, first ? CP_WRITE : CP_RW);
+    g->gemm.accumulate = !first;
+}
+
+/* RoPE backward and (qk-norm) backward of a projection's gradient in token layout. */
+static void rope_norm_backward(builder *B, const modset *M, const unit_ref *w, int dbuf, int raw,
+                               int rstd, cp_weight nw, int64_t nh, const char *what) {
+    cp_plan *P = B->P;
+    const cp_model *m = &P->spec.model;
+    int64_t T = P->T, D = m->head_dim;
+    cp_step *k = kernel(B, M->rope, "bwd", what, (double)T * nh * D * 2 * BF16);
+    use(k, P, dbuf, 0, T * nh * D * BF16, CP_RW);
+    k->count = T * nh;
+    if (!m->qk_norm) return;
+    k = kernel(B, M->norm_d, "bwd", "qk_norm_bwd", (double)T * nh * D * 3 * BF16);
+    use(k, P, dbuf, 0, T * nh * D * BF16, CP_RW);
+    rd(k, P, raw);
+    op_weight(k, P, w, nw, CP_READ);
+    rd(k, P, rstd);
+    op_wgrad(k, P, w, nw);
+    k->count = T * nh;
+}
+
+/* The attention backward of one layer, stage by stage (recomputing Q, K, V per stage). */
+static void attention_backward(builder *B, const bufset *b, const modset *M, const unit_ref *w, int lse_buf) {
+    cp_plan *P = B->P;
+    const cp_model *m = &P->spec.model;
+    int64_t T = P->T, S = P->S, D = m->head_dim, U = P->U, u = P->u, C = P->C;
+    int64_t nkv = P->repl > 1 ? m->kv_heads : C * P->kvr;
+    bool first_dx = true;
+    for (int s = 0; s < P->nstages; s++) {
+        B->stage = s;
+        const cp_stage_rank *e = &P->stages[s * C];
+        stage_qkv(B, b, M, w, s, e->kv_fresh);
+        /* dO and delta of the stage's heads, from token layout columns to head layout */
+        int64_t sz[2] = {T * U * D * BF16, T * U * F32};
+        const int src[2] = {b->dattn, b->delta_tok}, dst[2] = {b->do_head, b->delta_head};
+        for (int i = 0; i < 2; i++) {
+            cp_step *k = kernel(B, i ? M->lay_delta : M->lay_q, "pack", i ? "pack_delta" : "pack_do", 2.0 * (double)sz[i]);
+            use(k, P, src[i], (int64_t)s * U * (i ? F32 : D * BF16), sz[i], CP_READ);
+            if (C == 1) {
+                wr(k, P, dst[i]);
+                continue;
+            }
+            use(k, P, b->a2a_send, 0, sz[i], CP_DEF);
+            cp_step *a = collective(B, CP_OP_ALLTOALL, i ? "a2a_delta" : "a2a_do", sz[i]);
+            use(a, P, b->a2a_send, 0, sz[i], CP_READ);
+            wr(a, P, dst[i]);
+        }
+        bool accum = P->group_len > 1;
+        if (accum && e->kv_fresh) {
+            zero(B, b->dkv_acc, P->bufs[b->dkv_acc].bytes);
+        }
+        cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
+        rd(a, P, b->q_head);
+        rd(a, P, b->k_head);
+        rd(a, P, b->v_head);
+        rd(a, P, b->do_head);
+        use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, CP_READ);
+        rd(a, P, b->delta_head);
+        wr(a, P, b->dq_head);
+        if (accum) rw(a, P, b->dkv_acc);
+        else {
+            wr(a, P, b->dk_head);
+            wr(a, P, b->dv_head);
+        }
+        wr(a, P, b->dq_acc);
+        a->flops = 2.5 * attn_fwd_flops(P);
+        /* dq back to token layout, then RoPE/norm backward and the projection gradients */
+        int dq_tok = b->dq_head;
+        if (C > 1) {
+            cp_step *c = collective(B, CP_OP_ALLTOALL, "a2a_dq", T * U * D * BF16);
+            rd(c, P, b->dq_head);
+            use(c, P, b->a2a_recv, 0, T * U * D * BF16, CP_DEF);
+            cp_step *k = kernel(B, M->lay_q, "unpack", "unpack_dq", 2.0 * (double)T * U * D * BF16);
+            use(k, P, b->a2a_recv, 0, T * U * D * BF16, CP_READ);
+            use(k, P, b->q_tok, 0, T * U * D * BF16, CP_WRITE); /* q_tok is free again: reuse for dq */
+            dq_tok = b->q_tok;
+        }
+        rope_norm_backward(B, M, w, dq_tok, b->q_raw, b->q_rstd, CP_W_QNORM, U, "rope_dq");
+        proj_backward(B, b, w, CP_W_Q, (int64_t)s * U, U, dq_tok, first_dx, "d_wq", "d_xn_q");
+        first_dx = false;
+        if (!e->kv_last) continue;
+        /* dK, dV of the group: back to token layout once */
+        int dk = accum ? b->dkv_acc : b->dk_head;
+        const int dtok[2] = {b->k_tok, b->v_tok};
+        for (int i = 0; i < 2; i++) {
+            int64_t head_bytes = S * P->kvr * D * BF16;
+            int src = accum ? b->dk_head : (i ? b->dv_head : b->dk_head);
+            if (accum) {
+                cp_step *k = kernel(B, M->cast, "f32_to_bf16", i ? "cast_dv" : "cast_dk", 3.0 * (double)head_bytes);
+                use(k, P, dk, (int64_t)i * S * P->kvr * D * F32, S * P->kvr * D * F32, CP_READ);
+                use(k, P, b->dk_head, 0, head_bytes, CP_WRITE);
+                k->count = S * P->kvr * D;
+                src = b->dk_head;
+            }
+            if (C > 1) {
+                int64_t sent = T * C * P->kvr * D * BF16;
+                cp_step *c = collective(B, CP_OP_ALLTOALL, i ? "a2a_dv" : "a2a_dk", sent);
+                use(c, P, src, 0, head_bytes, CP_READ);
+                use(c, P, b->a2a_recv, 0, sent, CP_DEF);
+                cp_step *k = kernel(B, M->lay_kv, P->repl > 1 ? "unpack_add" : "unpack", i ? "unpack_dv" : "unpack_dk",
+                                    2.0 * (double)sent);
+                use(k, P, b->a2a_recv, 0, sent, CP_READ);
+                if (P->repl > 1) {
+                    zero(B, dtok[i], T * nkv * D * BF16);
+                    use(k, P, dtok[i], 0, T * nkv * D * BF16, CP_RW);
+                } else {
+                    use(k, P, dtok[i], 0, T * nkv * D * BF16, CP_WRITE);
+                }
+                src = dtok[i];
+            } else if (!accum) {
+                src = i ? b->dv_head : b->dk_head;
+            } else {
+                /* one rank, accumulated: the cast wrote dk_head; copy into the token buffer is the same layout */
+                src = b->dk_head;
+            }
+            int64_t grp = s / P->group_len;
+            int64_t row0 = P->repl > 1 ? 0 : grp * nkv;
+            if (i == 0) rope_norm_backward(B, M, w, src, b->k_raw, b->k_rstd, CP_W_KNORM, nkv, "rope_dk");
+            proj_backward(B, b, w, i ? CP_W_V : CP_W_K, row0, nkv, src, false, i ? "d_wv" : "d_wk",
+                          i ? "d_xn_v" : "d_xn_k");
+        }
+    }
+    B->stage = -1;
+}
+
+/* The backward of layer l: recompute, MLP backward, norms, output projection, attention stages. */
+static void layer_backward(builder *B, const bufset *b, const modset *M, const unit_ref *w, int x) {
+    cp_plan *P = B->P;
+    const cp_model *m = &P->spec.model;
+    int64_t T = P->T, hid = m->hidden, D = m->head_dim, H = m->heads;
+    int l = B->layer;
+    bool keep = b->attn_keep != NULL;
+    int attn_buf = keep ? b->attn_keep[l] : b->attn_out;
+    int lse_buf = keep ? b->lse_keep[l] : b->lse_all;
+    B->phase = CP_PHASE_RECOMPUTE;
+    layer_forward(B, b, M, w, x, -1, false, !keep);
+    B->phase = CP_PHASE_BWD;
+    mlp_backward(B, b, M, w);
+    /* dh2 = dres + norm2_bwd(dxn2) */
+    cp_step *k = kernel(B, M->norm_h, "bwd", "norm2_bwd", (double)T * hid * 4 * BF16);
+    rd(k, P, b->dxn);
+    rd(k, P, b->h2);
+    op_weight(k, P, w, CP_W_NORM2, CP_READ);
+    rd(k, P, b->rstd2);
+    rd(k, P, b->dres);
+    wr(k, P, b->dh2);
+    op_wgrad(k, P, w, CP_W_NORM2);
+    k->count = T;
+    /* output projection */
+    cp_step *g = gemm(B, "d_wo", hid, H * D, T, true, false);
+    rd(g, P, b->dh2);
+    rd(g, P, attn_buf);
+    op_wgrad(g, P, w, CP_W_O);
+    g->gemm.accumulate = g->gemm.out_f32 = true;
+    g = gemm(B, "d_attn", T, H * D, hid, false, false);
+    rd(g, P, b->dh2);
+    op_weight(g, P, w, CP_W_O, CP_READ);
+    wr(g, P, b->dattn);
+    k = kernel(B, M->delta, "fwd", "attn_delta", (double)T * H * D * 2 * BF16);
+    rd(k, P, b->dattn);
+    rd(k, P, attn_buf);
+    wr(k, P, b->delta_tok);
+    k->count = T;
+    attention_backward(B, b, M, w, lse_buf);
+    /* dres = dh2 + norm1_bwd(dxn) */
+    k = kernel(B, M->norm_h, "bwd", "norm1_bwd", (double)T * hid * 4 * BF16);
+    rd(k, P, b->dxn);
+    rd(k, P, x);
+    op_weight(k, P, w, CP_W_NORM1, CP_READ);
+    rd(k, P, b->rstd1);
+    rd(k, P, b->dh2);
+    wr(k, P, b->dres);
+    op_wgrad(k, P, w, CP_W_NORM1);
+    k->count = T;
+}
+
+static void make_modules(cp_plan *P, modset *M) {
+    const cp_model *m = &P->spec.model;
+    cp_kernel_spec k;
+    int64_t T = P->T, D = m->head_dim;
+    cp_k_rmsnorm(&k, m->hidden, m->norm_eps);
+    M->norm_h = module_of(P, &k);
+    M->norm_d = -1;
+    if (m->qk_norm) {
+        cp_k_rmsnorm(&k, D, m->norm_eps);
+        M->norm_d = module_of(P, &k);
+    }
+    cp_k_rope(&k, m);
+    M->rope = module_of(P, &k);
+    cp_k_swiglu(&k, m->ffn);
+    M->swiglu = module_of(P, &k);
+    cp_k_loss(&k, m->vocab);
+    M->loss = module_of(P, &k);
+    cp_k_embedding(&k, m->vocab, m->hidden);
+    M->embed = module_of(P, &k);
+    cp_k_adamw(&k);
+    M->adamw = module_of(P, &k);
+    cp_k_attn_delta(&k, D);
+    M->delta = module_of(P, &k);
+    cp_k_attention(&k, D, P->u, P->kvr, P->S, true, P->group_len > 1);
+    M->attn = module_of(P, &k);
+    M->cast = -1;
+    if (P->group_len > 1) {
+        cp_k_cast(&k);
+        M->cast = module_of(P, &k);
+    }
+    /* layout kernels: all-to-all packing, and with one rank the strided copies between a stage's columns and
+     * the attention kernels' contiguous head layout */
+    cp_k_ulysses(&k, P->C, 1, T, P->u, D * BF16);
+    M->lay_q = module_of(P, &k);
+    cp_k_ulysses(&k, P->C, 1, T, P->u, F32);
+    M->lay_delta = module_of(P, &k);
+    M->lay_kv = -1;
+    if (P->C > 1) {
+        cp_k_ulysses(&k, P->C, P->repl, T, P->kvr, D * BF16);
+        M->lay_kv = module_of(P, &k);
+    }
+}
+
+static void make_buffers(cp_plan *P, bufset *b) {
+    const cp_model *m = &P->spec.model;
+    int64_t T = P->T, S = P->S, hid = m->hidden, D = m->head_dim, H = m->heads, F = m->ffn, V = m->vocab;
+    int64_t U = P->U, u = P->u, C = P->C, L = m->layers, shard = P->params_shard;
+    int64_t nkv = P->repl > 1 ? m->kv_heads : C * P->kvr;
+    cp_space opt = P->opt_on_host ? CP_SPACE_HOST : CP_SPACE_GPU;
+    char name[48];
+
+    b->params = add_buf(P, "params.bf16", CP_SPACE_GPU, CP_CAT_PARAMS, shard * BF16, true);
+    b->grads = add_buf(P, "grads.f32", CP_SPACE_GPU, CP_CAT_GRADS, shard * F32, true);
+    b->master = add_buf(P, "master.f32", opt, CP_CAT_MASTER, shard * F32, true);
+    b->adam_m = add_buf(P, "adam_m.f32", opt, CP_CAT_OPTIM, shard * F32, true);
+    b->adam_v = add_buf(P, "adam_v.f32", opt, CP_CAT_OPTIM, shard * F32, true);
+    b->host_grads = -1;
+    if (P->opt_on_host) b->host_grads = add_buf(P, "grads_host.f32", CP_SPACE_HOST, CP_CAT_GRADS, shard * F32, true);
+    b->w_layer[0] = b->w_layer[1] = b->g_layer = b->w_embed = b->g_embed = b->w_head = b->g_head = -1;
+    if (C > 1) {
+        /* gathered weights and full gradients of the unit in use; the memory planner overlaps those whose
+         * lifetimes do not (the embedding's and the LM head's) */
+        int64_t lp = P->layout.padded, e = P->unit_padded[0], h = P->unit_padded[P->nunits - 1];
+        b->w_layer[0] = add_buf(P, "layer_weights.0", CP_SPACE_GPU, CP_CAT_GATHERED, lp * BF16, false);
+        b->w_layer[1] = add_buf(P, "layer_weights.1", CP_SPACE_GPU, CP_CAT_GATHERED, lp * BF16, false);
+        b->w_embed = add_buf(P, "embed_weights", CP_SPACE_GPU, CP_CAT_GATHERED, e * BF16, false);
+        b->w_head = add_buf(P, "head_weights", CP_SPACE_GPU, CP_CAT_GATHERED, h * BF16, false);
+        b->g_layer = add_buf(P, "layer_grads.f32", CP_SPACE_GPU, CP_CAT_UNIT_GRADS, lp * F32, false);
+        b->g_embed = add_buf(P, "embed_grads.f32", CP_SPACE_GPU, CP_CAT_UNIT_GRADS, e * F32, false);
+        b->g_head = add_buf(P, "head_grads.f32", CP_SPACE_GPU, CP_CAT_UNIT_GRADS, h * F32, false);
+    }
+    b->ckpt = cp_xcalloc((size_t)L, sizeof *b->ckpt);
+    for (int l = 0; l < L; l++) {
+        bool host = l < P->ckpt_host_layers;
+        snprintf(name, sizeof name, "ckpt.%d", l);
+        b->ckpt[l] = add_buf(P, name, host ? CP_SPACE_HOST : CP_SPACE_GPU, CP_CAT_CKPT, T * hid * BF16, false);
+    }
+    b->xs[0] = b->xs[1] = -1;
+    if (P->ckpt_host_layers > 0) {
+        b->xs[0] = add_buf(P, "ckpt_stage.0", CP_SPACE_GPU, CP_CAT_CKPT, T * hid * BF16, false);
+        b->xs[1] = add_buf(P, "ckpt_stage.1", CP_SPACE_GPU, CP_CAT_CKPT, T * hid * BF16, false);
+    }
+    b->attn_keep = b->lse_keep = NULL;
+    if (P->spec.parallel.checkpoint == CP_CKPT_NONE) {
+        b->attn_keep = cp_xcalloc((size_t)L, sizeof *b->attn_keep);
+        b->lse_keep = cp_xcalloc((size_t)L, sizeof *b->lse_keep);
+        for (int l = 0; l < L; l++) {
+            snprintf(name, sizeof name, "attn_out.%d", l);
+            b->attn_keep[l] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_ATTN_KEPT, T * H * D * BF16, false);
+            snprintf(name, sizeof name, "lse.%d", l);
+            b->lse_keep[l] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_ATTN_KEPT, (H / C) * S * F32, false);
+        }
+    }
+    b->h_final = add_buf(P, "h_final", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
+    b->xn = add_buf(P, "xn", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
+    b->rstd1 = add_buf(P, "rstd1", CP_SPACE_GPU, CP_CAT_ACT, T * F32, false);
+    b->h2 = add_buf(P, "h2", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
+    b->xn2 = add_buf(P, "xn2", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
+    b->rstd2 = add_buf(P, "rstd2", CP_SPACE_GPU, CP_CAT_ACT, T * F32, false);
+    b->dres = add_buf(P, "d_resid", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
+    b->dh2 = add_buf(P, "d_h2", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
+    b->dxn = add_buf(P, "d_xn", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
+    b->xf = add_buf(P, "x_final_norm", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
+    b->rstdf = add_buf(P, "rstd_final", CP_SPACE_GPU, CP_CAT_ACT, T * F32, false);
+    b->dxf = add_buf(P, "d_x_final_norm", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
+    b->attn_out = add_buf(P, "attn_out", CP_SPACE_GPU, CP_CAT_ATTN_KEPT, T * H * D * BF16, false);
+    b->lse_all = add_buf(P, "lse", CP_SPACE_GPU, CP_CAT_ATTN_KEPT, (H / C) * S * F32, false);
+    b->dattn = add_buf(P, "d_attn_out", CP_SPACE_GPU, CP_CAT_ATTN_KEPT, T * H * D * BF16, false);
+    b->delta_tok = add_buf(P, "delta", CP_SPACE_GPU, CP_CAT_ATTN_KEPT, T * H * F32, false);
+    /* one stage */
+    b->q_tok = add_buf(P, "q_stage", CP_SPACE_GPU, CP_CAT_ATTN, T * U * D * BF16, false);
+    b->k_tok = add_buf(P, "k_stage", CP_SPACE_GPU, CP_CAT_ATTN, T * nkv * D * BF16, false);
+    b->v_tok = add_buf(P, "v_stage", CP_SPACE_GPU, CP_CAT_ATTN, T * nkv * D * BF16, false);
+    b->q_raw = b->k_raw = b->q_rstd = b->k_rstd = -1;
+    if (m->qk_norm) {
+        b->q_raw = add_buf(P, "q_prenorm", CP_SPACE_GPU, CP_CAT_ATTN, T * U * D * BF16, false);
+        b->k_raw = add_buf(P, "k_prenorm", CP_SPACE_GPU, CP_CAT_ATTN, T * nkv * D * BF16, false);
+        b->q_rstd = add_buf(P, "q_rstd", CP_SPACE_GPU, CP_CAT_ATTN, T * U * F32, false);
+        b->k_rstd = add_buf(P, "k_rstd", CP_SPACE_GPU, CP_CAT_ATTN, T * nkv * F32, false);
+    }
+    b->a2a_send = b->a2a_recv = -1;
+    b->q_head = b->q_tok; /* one rank: token layout is head layout */
+    b->k_head = b->k_tok;
+    b->v_head = b->v_tok;
+    if (C > 1) {
+        int64_t most = CP_MAX(T * U * D * BF16, T * C * P->kvr * D * BF16);
+        b->a2a_send = add_buf(P, "a2a_send", CP_SPACE_GPU, CP_CAT_COMM, most, false);
+        b->a2a_recv = add_buf(P, "a2a_recv", CP_SPACE_GPU, CP_CAT_COMM, most, false);
+        b->q_head = add_buf(P, "q_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * u * D * BF16, false);
+        b->k_head = add_buf(P, "k_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * P->kvr * D * BF16, false);
+        b->v_head = add_buf(P, "v_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * P->kvr * D * BF16, false);
+    }
+    b->o_head = add_buf(P, "o_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * u * D * BF16, false);
+    b->do_head = add_buf(P, "do_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * u * D * BF16, false);
+    b->delta_head = add_buf(P, "delta_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * u * F32, false);
+    b->dq_head = add_buf(P, "dq_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * u * D * BF16, false);
+    b->dk_head = add_buf(P, "dk_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * P->kvr * D * BF16, false);
+    b->dv_head = add_buf(P, "dv_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * P->kvr * D * BF16, false);
+    b->dq_acc = add_buf(P, "dq_accum.f32", CP_SPACE_GPU, CP_CAT_ATTN, S * u * D * F32, false);
+    b->dkv_acc = -1;
+    if (P->group_len > 1)
+        b->dkv_acc = add_buf(P, "dkv_accum.f32", CP_SPACE_GPU, CP_CAT_ATTN, 2 * S * P->kvr * D * F32, false);
+    b->mlp_gate = add_buf(P, "mlp_gate", CP_SPACE_GPU, CP_CAT_MLP, P->mlp_tile * F * BF16, false);
+    b->mlp_up = add_buf(P, "mlp_up", CP_SPACE_GPU, CP_CAT_MLP, P->mlp_tile * F * BF16, false);
+    b->mlp_act = add_buf(P, "mlp_act", CP_SPACE_GPU, CP_CAT_MLP, P->mlp_tile * F * BF16, false);
+    b->logits = add_buf(P, "logits", CP_SPACE_GPU, CP_CAT_LOSS, P->loss_tile * V * BF16, false);
+    b->loss_sum = add_buf(P, "loss_sum", CP_SPACE_GPU, CP_CAT_WORKSPACE, 256, true);
+    b->tokens = add_buf(P, "tokens", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
+    b->targets = add_buf(P, "targets", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
+    b->gemm_ws = add_buf(P, "gemm_workspace", CP_SPACE_GPU, CP_CAT_WORKSPACE, CP_GEMM_WORKSPACE, true);
+}
+
+/* The program of one micro-batch (forward, loss, backward), then the optimizer step. */
+static void make_program(cp_plan *P, const bufset *b, const modset *M) {
+    const cp_model *m = &P->spec.model;
+    int64_t T = P->T, hid = m->hidden, V = m->vocab, L = m->layers, C = P->C;
+    builder B = {.P = P, .phase = CP_PHASE_FWD, .layer = -1, .stage = -1, .tile = -1};
+    int head_unit = P->nunits - 1;
+    bool tied = m->tie_embeddings;
+    cp_step *s;
+
+    /* inputs arrive from the host (data loader) */
+    s = collective(&B, CP_OP_COPY_H2D, "load_tokens", 2 * T * 4);
+    s->kind = CP_OP_COPY_H2D;
+    s->stream = CP_STREAM_COMPUTE;
+    wr(s, P, b->tokens);
+    wr(s, P, b->targets);
+
+    /* embedding */
+    gather(&B, b, 0, 0);
+    unit_ref emb = unit_at(P, b, 0, 0);
+    int x0 = P->ckpt_host_layers > 0 ? b->xs[0] : b->ckpt[0];
+    s = kernel(&B, M->embed, "fwd", "embed", 2.0 * (double)T * hid * BF16);
+    rd(s, P, b->tokens);
+    use(s, P, emb.wbuf, emb.wbase * BF16, V * hid * BF16, CP_READ);
+    wr(s, P, x0);
+    s->count = T;
+
+    /* layers: forward, keeping each layer's input */
+    for (int l = 0; l < L; l++) {
+        B.layer = l;
+        if (l + 1 < L) gather(&B, b, l + 2, (l + 1) % 2); /* prefetch next layer's weights */
+        if (l == 0) gather(&B, b, 1, 0);
+        bool host = l < P->ckpt_host_layers, next_host = l + 1 < P->ckpt_host_layers;
+        int x = host ? b->xs[l % 2] : b->ckpt[l];
+        if (host) {
+            s = collective(&B, CP_OP_COPY_D2H, "offload", T * hid * BF16);
+            rd(s, P, x);
+            wr(s, P, b->ckpt[l]);
+        }
+        int out = l + 1 == L ? b->h_final : next_host ? b->xs[(l + 1) % 2] : b->ckpt[l + 1];
+        unit_ref w = unit_at(P, b, l + 1, l % 2);
+        layer_forward(&B, b, M, &w, x, out, true, true);
+    }
+    B.layer = -1;
+
+    /* final norm, LM head and loss over tiles; the backward of each tile follows at once */
+    gather(&B, b, head_unit, 0);
+    unit_ref hd = unit_at(P, b, head_unit, 0);
+    int64_t norm_off = hd.wbase; /* the head unit holds the final norm, then the untied LM head */
+    unit_ref lm = tied ? emb : hd;
+    int64_t lm_off = tied ? emb.wbase : hd.wbase + align_up(hid, 64);
+    if (tied) gather(&B, b, 0, 0); /* the tied LM head is the embedding */
+    s = kernel(&B, M->norm_h, "fwd", "final_norm", (double)T * hid * 2 * BF16);
+    rd(s, P, b->h_final);
+    use(s, P, hd.wbuf, norm_off * BF16, hid * BF16, CP_READ);
+    wr(s, P, b->xf);
+    wr(s, P, b->rstdf);
+    s->count = T;
+    if (C > 1) {
+        zero(&B, b->g_head, P->bufs[b->g_head].bytes);
+        if (tied) zero(&B, b->g_embed, P->bufs[b->g_embed].bytes);
+    }
+    int64_t t = P->loss_tile;
+    for (int64_t i = 0; i < T / t; i++) {
+        B.tile = (int)i;
+        int64_t rows = i * t * hid * BF16, rbytes = t * hid * BF16;
+        cp_step *g = gemm(&B, "lm_head", t, V, hid, false, true);
+        use(g, P, b->xf, rows, rbytes, CP_READ);
+        use(g, P, lm.wbuf, lm_off * BF16, V * hid * BF16, CP_READ);
+        wr(g, P, b->logits);
+        s = kernel(&B, M->loss, "fwdbwd", "loss", 2.0 * (double)t * V * BF16);
+        rw(s, P, b->logits);
+        use(s, P, b->targets, i * t * 4, t * 4, CP_READ);
+        rw(s, P, b->loss_sum);
+        s->count = t;
+        B.phase = CP_PHASE_BWD;
+        g = gemm(&B, "d_lm_head", V, hid, t, true, false);
+        rd(g, P, b->logits);
+        use(g, P, b->xf, rows, rbytes, CP_READ);
+        use(g, P, lm.gbuf, lm_off * F32, V * hid * F32, CP_RW);
+        g->gemm.accumulate = g->gemm.out_f32 = true;
+        g = gemm(&B, "d_x_final", t, hid, V, false, false);
+        rd(g, P, b->logits);
+        use(g, P, lm.wbuf, lm_off * BF16, V * hid * BF16, CP_READ);
+        use(g, P, b->dxf, rows, rbytes, i == 0 ? CP_DEF : CP_WRITE);
+        B.phase = CP_PHASE_FWD;
+    }
+    B.tile = -1;
+    B.phase = CP_PHASE_BWD;
+    s = kernel(&B, M->norm_h, "bwd", "final_norm_bwd", (double)T * hid * 3 * BF16);
+    rd(s, P, b->dxf);
+    rd(s, P, b->h_final);
+    use(s, P, hd.wbuf, norm_off * BF16, hid * BF16, CP_READ);
+    rd(s, P, b->rstdf);
+    wr(s, P, b->dres);
+    use(s, P, hd.gbuf, norm_off * F32, hid * F32, CP_RW);
+    s->count = T;
+    reduce_scatter(&B, b, head_unit);
+    if (tied) reduce_scatter(&B, b, 0); /* free the tied gradient now; the embedding's backward sends its own */
+
+    /* layers backward, last first */
+    if (L > 0) gather(&B, b, L, (L - 1) % 2);
+    for (int l = (int)L - 1; l >= 0; l--) {
+        B.layer = l;
+        B.phase = CP_PHASE_BWD;
+        bool host = l < P->ckpt_host_layers;
+        int x = host ? b->xs[l % 2] : b->ckpt[l];
+        if (l > 0) {
+            gather(&B, b, l, (l - 1) % 2); /* prefetch the layer below */
+            if (l - 1 < P->ckpt_host_layers) {
+                s = collective(&B, CP_OP_COPY_H2D, "prefetch", T * hid * BF16);
+                rd(s, P, b->ckpt[l - 1]);
+                wr(s, P, b->xs[(l - 1) % 2]);
+            }
+        }
+        if (host && l == (int)L - 1) {
+            s = collective(&B, CP_OP_COPY_H2D, "prefetch", T * hid * BF16);
+            rd(s, P, b->ckpt[l]);
+            wr(s, P, x);
+        }
+        unit_ref w = unit_at(P, b, l + 1, l % 2);
+        if (C > 1) zero(&B, b->g_layer, P->bufs[b->g_layer].bytes);
+        layer_backward(&B, b, M, &w, x);
+        reduce_scatter(&B, b, l + 1);
+    }
+    B.layer = -1;
+
+    /* embedding backward: scatter-add of token gradients */
+    if (C > 1) zero(&B, b->g_embed, P->bufs[b->g_embed].bytes);
+    s = kernel(&B, M->embed, "bwd", "embed_bwd", (double)T * hid * (BF16 + 2 * F32));
+    rd(s, P, b->tokens);
+    rd(s, P, b->dres);
+    use(s, P, emb.gbuf, emb.gbase * F32, V * hid * F32, CP_RW);
+    s->count = T;
+    reduce_scatter(&B, b, 0);
+
+    P->micro_steps = P->nsteps;
+
+    /* optimizer: global norm (across ranks), then AdamW on the shard */
+    B.phase = CP_PHASE_OPTIM;
+    int64_t shard = P->params_shard;
+    if (P->opt_on_host) {
+        s = collective(&B, CP_OP_COPY_D2H, "grads_to_host", shard * F32);
+        rd(s, P, b->grads);
+        wr(s, P, b->host_grads);
+        s->stream = CP_STREAM_COMPUTE;
+        s = add_step(&B, CP_OP_KERNEL, "adamw_host");
+        s->stream = CP_STREAM_COMPUTE;
+        rd(s, P, b->host_grads);
+        rw(s, P, b->master);
+        rw(s, P, b->adam_m);
+        rw(s, P, b->adam_v);
+        s->count = shard;
+        s->bytes = (double)shard * 16 * 2;
+        s = collective(&B, CP_OP_COPY_H2D, "params_to_gpu", shard * F32);
+        rd(s, P, b->master);
+        wr(s, P, b->params);
+        s->stream = CP_STREAM_COMPUTE;
+    } else {
+        s = kernel(&B, M->adamw, "sumsq", "grad_norm", (double)shard * F32);
+        rd(s, P, b->grads);
+        rw(s, P, b->loss_sum);
+        s->count = shard;
+        if (C > 1) {
+            s = collective(&B, CP_OP_ALLREDUCE, "norm_allreduce", 8);
+            rw(s, P, b->loss_sum);
+        }
+        s = kernel(&B, M->adamw, "update", "adamw", (double)shard * (4 * F32 + 3 * F32 + BF16));
+        rw(s, P, b->master);
+        rw(s, P, b->adam_m);
+        rw(s, P, b->adam_v);
+        rd(s, P, b->grads);
+        wr(s, P, b->params);
+        s->count = shard;
+    }
+    zero(&B, b->grads, shard * F32);
+}
+
+/* ---------------------------------------------------------------- cost model */
+
+static void cost_model(cp_plan *P) {
+    const cp_machine *mc = &P->spec.machine;
+    const int mb = P->spec.train.micro_batches;
+    double C = P->C, frac = (C - 1) / C;
+    P->flops_attn = P->flops_other = 0;
+    P->t_compute = P->t_attn = P->t_comm = P->t_copy = 0;
+    double layer_compute = 0, layer_hidden = 0, exposed = 0;
+    int cur_layer = -2;
+    for (int i = 0; i < P->nsteps; i++) {
+        cp_step *s = &P->steps[i];
+        double reps = i < P->micro_steps ? mb : 1;
+        double t = 0;
+        switch (s->kind) {
+        case CP_OP_KERNEL:
+            if (s->flops > 0) t = s->flops / (mc->attn_tflops * 1e12);
+            else t = s->bytes / (mc->hbm_gbps * 1e9);
+            t += 2e-6;
+            break;
+        case CP_OP_GEMM: {
+            double bytes = 2.0 * ((double)s->gemm.m * s->gemm.k + (double)s->gemm.k * s->gemm.n) +
+                           (s->gemm.out_f32 ? 8.0 : 2.0) * (double)s->gemm.m * s->gemm.n;
+            t = CP_MAX(s->flops / (mc->gemm_tflops * 1e12), bytes / (mc->hbm_gbps * 1e9)) + 4e-6;
+            s->bytes = bytes;
+            break;
+        }
+        case CP_OP_MEMSET: t = s->bytes / (mc->hbm_gbps * 1e9 / 2) + 2e-6; break;
+        case CP_OP_ALLTOALL: t = s->bytes * frac / (mc->a2a_gbps * 1e9) + 10e-6; break;
+        case CP_OP_ALLGATHER:
+        case CP_OP_REDUCE_SCATTER: t = s->bytes * frac / (mc->allgather_gbps * 1e9) + 10e-6; break;
+        case CP_OP_ALLREDUCE: t = 20e-6; break;
+        case CP_OP_COPY_D2H:
+        case CP_OP_COPY_H2D: t = s->bytes / (mc->host_gbps * 1e9); break;
+        default: break;
+        }
+        if (strcmp(s->what, "adamw_host") == 0) t = s->bytes / 40e9; /* CPU memory bandwidth, all cores */
+        s->seconds = t;
+        t *= reps;
+        if (s->kind == CP_OP_KERNEL && s->module >= 0 && strcmp(P->modules[s->module].family, "attention") == 0) {
+            P->flops_attn += s->flops * reps;
+            P->t_attn += t;
+        } else {
+            P->flops_other += s->flops * reps;
+        }
+        /* Per layer (phase block), prefetched gathers, reduce-scatters and host copies hide behind compute;
+         * all-to-alls sit on the critical path between projection and attention. */
+        int key = s->layer * 4 + (int)s->phase;
+        if (key != cur_layer) {
+            exposed += CP_MAX(0.0, layer_hidden - layer_compute);
+            layer_compute = layer_hidden = 0;
+            cur_layer = key;
+        }
+        if (s->stream == CP_STREAM_COMPUTE) {
+            P->t_compute += t;
+            layer_compute += t;
+        } else if (s->kind == CP_OP_ALLTOALL || s->kind == CP_OP_ALLREDUCE) {
+            P->t_comm += t;
+            exposed += t;
+        } else if (s->stream == CP_STREAM_COMM) {
+            P->t_comm += t;
+            layer_hidden += t;
+        } else {
+            P->t_copy += t;
+            layer_hidden += t;
+        }
+    }
+    exposed += CP_MAX(0.0, layer_hidden - layer_compute);
+    P->t_comm_exposed = exposed;
+    P->t_step = P->t_compute + exposed;
+}
+
+/* ---------------------------------------------------------------- driver */
+
+static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, char *err, int errlen) {
+    memset(P, 0, sizeof *P);
+    P->spec = *spec;
+    const cp_model *m = &spec->model;
+    const cp_parallel *par = &spec->parallel;
+    P->C = par->gpus;
+    P->S = spec->train.seq_len;
+    P->T = P->S / P->C;
+    if (stage_table(P, err, errlen)) return -1;
+    P->mlp_tile = par->mlp_tile ? par->mlp_tile : largest_divisor_at_most(P->T, 4096);
+    int64_t loss_cap = CP_MAX((int64_t)1, ((int64_t)512 << 20) / (m->vocab * BF16));
+    P->loss_tile = par->loss_tile ? par->loss_tile : largest_divisor_at_most(P->T, CP_MIN(loss_cap, (int64_t)4096));
+    P->ckpt_host_layers = host_layers;
+
+    /* FSDP units: embedding, layers, final norm (+ untied LM head) */
+    cp_layer_layout_of(m, P->C, &P->layout);
+    P->nunits = (int)m->layers + 2;
+    P->unit_elems = cp_xcalloc((size_t)P->nunits, sizeof(int64_t));
+    P->unit_padded = cp_xcalloc((size_t)P->nunits, sizeof(int64_t));
+    P->unit_shard_off = cp_xcalloc((size_t)P->nunits, sizeof(int64_t));
+    int64_t lines = 64 * (int64_t)P->C;
+    P->unit_elems[0] = m->vocab * m->hidden;
+    for (int l = 1; l <= m->layers; l++) P->unit_elems[l] = P->layout.total;
+    P->unit_elems[P->nunits - 1] = align_up(m->hidden, 64) + (m->tie_embeddings ? 0 : m->vocab * m->hidden);
+    int64_t off = 0;
+    for (int u = 0; u < P->nunits; u++) {
+        P->unit_padded[u] = u >= 1 && u <= m->layers ? P->layout.padded : align_up(P->unit_elems[u], lines);
+        P->unit_shard_off[u] = off;
+        off += P->C == 1 ? P->unit_padded[u] : P->unit_padded[u] / P->C;
+    }
+    P->params_shard = off;
+    P->params_layer = cp_model_layer_params(m);
+    P->params_total = cp_model_params(m);
+    P->opt_on_host = par->optimizer == CP_OPT_HOST;
+
+    bufset b;
+    modset M;
+    make_modules(P, &M);
+    make_buffers(P, &b);
+    make_program(P, &b, &M);
+    free(b.ckpt);
+    free(b.attn_keep);
+    free(b.lse_keep);
+    if (cp_plan_liveness(P, err, errlen)) return -1;
+    cp_plan_assign_offsets(P);
+    cost_model(P);
+    return 0;
+}
+
+/* Fill fits/why from the arenas against the machine. */
+static void judge(cp_plan *P) {
+    const cp_machine *mc = &P->spec.machine;
+    char a[32], b[32];
+    P->gpu_peak = P->gpu_arena + mc->reserve;
+    P->fits = true;
+    P->why[0] = 0;
+    if (P->gpu_peak > mc->gpu_mem) {
+        P->fits = false;
+        snprintf(P->why, sizeof P->why, "GPU memory: needs %s per GPU, the machine has %s",
+                 cp_fmt_bytes(P->gpu_peak, a, sizeof a), cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
+    } else if (P->host_arena * (int64_t)CP_MIN(P->C, 8) > mc->host_mem) {
+        /* the host arena of every rank on the node is pinned in the node's memory */
+        P->fits = false;
+        snprintf(P->why, sizeof P->why, "host memory: needs %s pinned (%d ranks on the node), the machine has %s",
+                 cp_fmt_bytes(P->host_arena * CP_MIN(P->C, 8), a, sizeof a), CP_MIN(P->C, 8),
+                 cp_fmt_bytes(mc->host_mem, b, sizeof b));
+    }
+}
+
+int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+    cp_spec s = *spec;
+    if (s.parallel.optimizer == CP_OPT_AUTO) {
+        /* model states (18 bytes per parameter per rank share) on the GPU unless they alone take over 60% */
+        int64_t states = cp_model_params(&s.model) * 18 / s.parallel.gpus;
+        s.parallel.optimizer = states > s.machine.gpu_mem * 6 / 10 ? CP_OPT_HOST : CP_OPT_GPU;
+    }
+    int L = (int)s.model.layers;
+    int host = s.parallel.offload == CP_OFFLOAD_ALL ? L : 0;
+    if (build_once(&s, P, host, err, errlen)) return -1;
+    judge(P);
+    if (s.parallel.offload != CP_OFFLOAD_AUTO || P->fits) return 0;
+    /* auto: offload the fewest checkpoints that make it fit (each moved layer saves one GPU checkpoint;
+     * moving any costs two staging buffers), searched by bisection since memory falls as more move */
+    int lo = 1, hi = L;
+    cp_plan trial;
+    bool any = false;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (build_once(&s, &trial, mid, err, errlen)) return -1;
+        judge(&trial);
+        if (trial.fits) {
+            cp_plan_free(P);
+            *P = trial;
+            any = true;
+            hi = mid - 1;
+        } else {
+            cp_plan_free(&trial);
+            lo = mid + 1;
+        }
+    }
+    if (!any) {
+        cp_plan_free(P);
+        if (build_once(&s, P, L, err, errlen)) return -1;
+        judge(P);
+    }
+    return 0;
+}
+
+void cp_plan_free(cp_plan *P) {
+    for (int i = 0; i < P->nbufs; i++) free(P->bufs[i].live);
+    for (int i = 0; i < P->nmodules; i++) cp_kspec_free(&P->modules[i]);
+    free(P->bufs);
+    free(P->steps);
+    free(P->modules);
+    free(P->stages);
+    free(P->unit_elems);
+    free(P->unit_padded);
+    free(P->unit_shard_off);
+    memset(P, 0, sizeof *P);
+}
+
+int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errlen) {
+    cp_spec s = *spec;
+    /* answers are multiples of 1K tokens per GPU (and of the explicit tile sizes) */
+    int64_t gran = 1024;
+    if (s.parallel.mlp_tile) gran = lcm(gran, s.parallel.mlp_tile);
+    if (s.parallel.loss_tile) gran = lcm(gran, s.parallel.loss_tile);
+    gran *= s.parallel.gpus;
+    int64_t lo = 1, hi = ((int64_t)1 << 40) / gran, found = 0;
+    memset(best, 0, sizeof *best);
+    char e2[CP_ERR_MAX];
+    /* find a failing upper bound first, doubling */
+    int64_t probe = CP_MAX((int64_t)1, s.train.seq_len / gran);
+    cp_plan p;
+    for (;;) {
+        s.train.seq_len = probe * gran;
+        if (cp_spec_check(&s, e2, sizeof e2) || cp_plan_build(&s, &p, e2, sizeof e2)) break;
+        bool fits = p.fits;
+        cp_plan_free(&p);
+        if (!fits) break;
+        lo = probe;
+        if (probe >= hi) break;
+        probe *= 2;
+    }
+    hi = CP_MIN(hi, probe);
+    /* bisection on multiples of gran in [lo, hi] */
+    while (lo <= hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        s.train.seq_len = mid * gran;
+        if (cp_spec_check(&s, e2, sizeof e2) || cp_plan_build(&s, &p, e2, sizeof e2)) {
+            hi = mid - 1;
+            continue;
+        }
+        if (p.fits) {
+            found = mid * gran;
+            if (best->steps) cp_plan_free(best);
+            *best = p;
+            lo = mid + 1;
+        } else {
+            cp_plan_free(&p);
+            hi = mid - 1;
+        }
+    }
+    if (!found) snprintf(err, errlen, "%s: no sequence length fits: %s", spec->path, e2);
+    return found;
+}

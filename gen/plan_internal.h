@@ -1,0 +1,18 @@
+/* plan_internal.h: the passes over a built program that plan.c runs (gen/plan_mem.c). */
+#ifndef CP_PLAN_INTERNAL_H
+#define CP_PLAN_INTERNAL_H
+
+#include "plan.h"
+
+/* Each buffer's live intervals from the steps' operands. -1 with a message if a step reads a buffer that
+ * nothing live was written to (a planner bug, reported rather than hidden). */
+int cp_plan_liveness(cp_plan *P, char *err, int errlen);
+
+/* Offsets in the GPU and host arenas: buffers whose lifetimes overlap never overlap in memory. Sets
+ * gpu_arena, host_arena, cat_bytes, cat_host_bytes. */
+void cp_plan_assign_offsets(cp_plan *P);
+
+/* True if two buffers' lifetimes share a step. */
+bool cp_plan_lifetimes_overlap(const cp_buffer *a, const cp_buffer *b);
+
+#endif

@@ -1,0 +1,232 @@
+/* plan_print.c: the plan as text (the startup table and `cpgen plan`) and as JSON for tools. */
+#include <string.h>
+
+#include "plan.h"
+#include "util.h"
+
+static const char *cat_names[CP_CAT_COUNT] = {
+    "parameters (bf16 shard)", "master weights (fp32 shard)", "AdamW moments (fp32 shard)", "gradients (fp32 shard)",
+    "gathered layer weights", "full gradients before reduce-scatter", "checkpoints (layer inputs)",
+    "layer activations", "attention working set (one stage)", "attention output, LSE, delta", "MLP tile",
+    "loss tile (logits)", "all-to-all buffers", "tokens, scalars, GEMM workspace"};
+static const char *cat_keys[CP_CAT_COUNT] = {"params", "master", "optim", "grads", "gathered", "unit_grads", "ckpt",
+                                             "act", "attn", "attn_kept", "mlp", "loss", "comm", "workspace"};
+
+const char *cp_cat_name(cp_cat c) { return c < CP_CAT_COUNT ? cat_names[c] : "?"; }
+
+const char *cp_opkind_name(cp_opkind k) {
+    static const char *n[CP_OP_COUNT] = {"kernel", "gemm", "all_to_all", "all_gather", "reduce_scatter", "all_reduce",
+                                         "copy_d2h", "copy_h2d", "memset"};
+    return k < CP_OP_COUNT ? n[k] : "?";
+}
+
+const char *cp_phase_name(cp_phase p) {
+    static const char *n[CP_PHASE_COUNT] = {"fwd", "recompute", "bwd", "optim"};
+    return p < CP_PHASE_COUNT ? n[p] : "?";
+}
+
+static double tokens_per_step(const cp_plan *P) { return (double)P->S * P->spec.train.micro_batches; }
+
+static void print_stage_table(const cp_plan *P, FILE *out) {
+    int C = P->C, shown = 0;
+    fprintf(out, "\nUPipe stages: %d per layer, %d query head%s per GPU each; K,V projected and sent once per %d "
+                 "stage%s%s\n",
+            P->nstages, P->u, P->u > 1 ? "s" : "", P->group_len, P->group_len > 1 ? "s" : "",
+            P->repl > 1 ? " (KV heads replicated on several GPUs, their gradients summed)" : "");
+    int cols = CP_MIN(C, 8);
+    fprintf(out, "  stage  K,V ");
+    for (int r = 0; r < cols; r++) fprintf(out, " rank %-11d", r);
+    fprintf(out, "%s\n", C > cols ? " ..." : "");
+    for (int s = 0; s < P->nstages; s++) {
+        if (P->nstages > 12 && s >= 6 && s < P->nstages - 4) {
+            if (!shown++) fprintf(out, "  ...\n");
+            continue;
+        }
+        const cp_stage_rank *e0 = &P->stages[s * C];
+        fprintf(out, "  %5d  %-4s", s, e0->kv_fresh ? "new" : "kept");
+        for (int r = 0; r < cols; r++) {
+            const cp_stage_rank *e = &P->stages[s * C + r];
+            char cell[64];
+            if (e->nq == 1) snprintf(cell, sizeof cell, "q%d", e->q_heads[0]);
+            else snprintf(cell, sizeof cell, "q%d-%d", e->q_heads[0], e->q_heads[e->nq - 1]);
+            size_t n = strlen(cell);
+            if (e->nkv == 1) snprintf(cell + n, sizeof cell - n, " kv%d", e->kv_heads[0]);
+            else snprintf(cell + n, sizeof cell - n, " kv%d-%d", e->kv_heads[0], e->kv_heads[e->nkv - 1]);
+            fprintf(out, " %-16s", cell);
+        }
+        fprintf(out, "\n");
+    }
+}
+
+void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
+    const cp_spec *sp = &P->spec;
+    const cp_model *m = &sp->model;
+    const cp_parallel *par = &sp->parallel;
+    const cp_machine *mc = &sp->machine;
+    char a[32], b[32], c[32], d[32];
+    fprintf(out, "cpgen %s plan: %s\n", CP_VERSION, sp->path);
+    fprintf(out, "  model     %s | %s parameters | hidden %lld | layers %lld | heads %lld (%lld KV, GQA %lld) | "
+                 "head_dim %lld | ffn %lld | vocab %lld | %s%s\n",
+            cp_family_name(m->family), cp_fmt_count((double)P->params_total, a, sizeof a), (long long)m->hidden,
+            (long long)m->layers, (long long)m->heads, (long long)m->kv_heads, (long long)(m->heads / m->kv_heads),
+            (long long)m->head_dim, (long long)m->ffn, (long long)m->vocab, m->tie_embeddings ? "tied" : "untied",
+            m->qk_norm ? " | qk-norm" : "");
+    fprintf(out, "  parallel  %d GPU%s | seq %s (%s per GPU) x %d micro-batch%s | UPipe U=%d%s | checkpoint %s | "
+                 "checkpoints on host: %d of %lld layers | optimizer on %s\n",
+            P->C, P->C > 1 ? "s" : "", cp_fmt_length(P->S, a, sizeof a), cp_fmt_length(P->T, b, sizeof b),
+            sp->train.micro_batches, sp->train.micro_batches > 1 ? "es" : "", P->U,
+            P->U == m->heads ? " (plain Ulysses)" : "", par->checkpoint == CP_CKPT_LAYER ? "layer" : "none",
+            P->ckpt_host_layers, (long long)m->layers, P->opt_on_host ? "host" : "GPU");
+    fprintf(out, "  tiles     MLP %s tokens (%lld tiles) | loss %s tokens (%lld tiles)\n",
+            cp_fmt_length(P->mlp_tile, a, sizeof a), (long long)(P->T / P->mlp_tile),
+            cp_fmt_length(P->loss_tile, b, sizeof b), (long long)(P->T / P->loss_tile));
+    fprintf(out, "  machine   GPU %s | host %s | bf16 GEMM %.0f TF/s | attention %.0f TF/s | HBM %.0f GB/s | "
+                 "host link %.0f GB/s | all-to-all %.0f GB/s | all-gather %.0f GB/s\n",
+            cp_fmt_bytes(mc->gpu_mem, a, sizeof a), cp_fmt_bytes(mc->host_mem, b, sizeof b), mc->gemm_tflops,
+            mc->attn_tflops, mc->hbm_gbps, mc->host_gbps, mc->a2a_gbps, mc->allgather_gbps);
+    print_stage_table(P, out);
+
+    fprintf(out, "\nGPU memory per GPU                         %14s %14s\n", "all buffers", "live at peak");
+    for (int k = 0; k < CP_CAT_COUNT; k++) {
+        if (!P->cat_bytes[k]) continue;
+        fprintf(out, "  %-40s %14s %14s\n", cat_names[k], cp_fmt_bytes(P->cat_bytes[k], a, sizeof a),
+                cp_fmt_bytes(P->cat_at_peak[k], b, sizeof b));
+    }
+    int64_t total = 0;
+    for (int k = 0; k < CP_CAT_COUNT; k++) total += P->cat_bytes[k];
+    const cp_step *ps = &P->steps[P->peak_step < P->nsteps ? P->peak_step : 0];
+    fprintf(out, "  %-40s %14s %14s   (at step %d: %s %s, layer %d)\n", "sum", cp_fmt_bytes(total, a, sizeof a),
+            cp_fmt_bytes(P->gpu_live_peak, b, sizeof b), P->peak_step, cp_phase_name(ps->phase), ps->what, ps->layer);
+    fprintf(out, "  %-40s %14s   (buffers whose lifetimes do not overlap share bytes)\n", "arena",
+            cp_fmt_bytes(P->gpu_arena, a, sizeof a));
+    fprintf(out, "  %-40s %14s\n", "reserve: CUDA context, modules, libraries", cp_fmt_bytes(mc->reserve, a, sizeof a));
+    fprintf(out, "  %-40s %14s   of %s\n", "peak", cp_fmt_bytes(P->gpu_peak, a, sizeof a),
+            cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
+    if (P->host_arena) {
+        fprintf(out, "pinned host memory per GPU\n");
+        for (int k = 0; k < CP_CAT_COUNT; k++)
+            if (P->cat_host_bytes[k])
+                fprintf(out, "  %-40s %14s\n", cat_names[k], cp_fmt_bytes(P->cat_host_bytes[k], a, sizeof a));
+        fprintf(out, "  %-40s %14s   x %d GPUs of a node = %s of %s\n", "arena", cp_fmt_bytes(P->host_arena, a, sizeof a),
+                CP_MIN(P->C, 8), cp_fmt_bytes(P->host_arena * CP_MIN(P->C, 8), b, sizeof b),
+                cp_fmt_bytes(mc->host_mem, c, sizeof c));
+    }
+
+    double flops = P->flops_attn + P->flops_other;
+    double tok = tokens_per_step(P) / P->C;
+    fprintf(out, "\nwork per optimizer step, per GPU: %.4g TFLOP (attention %.4g, other %.4g); %lld steps, %d kernel "
+                 "modules\n",
+            flops / 1e12, P->flops_attn / 1e12, P->flops_other / 1e12, (long long)P->nsteps, P->nmodules);
+    char t[6][24];
+    const double ts[6] = {P->t_step, P->t_compute, P->t_attn, P->t_comm_exposed, P->t_comm, P->t_copy};
+    for (int k = 0; k < 6; k++) {
+        if (ts[k] >= 1) snprintf(t[k], sizeof t[k], "%.2f s", ts[k]);
+        else snprintf(t[k], sizeof t[k], "%.2f ms", ts[k] * 1e3);
+    }
+    fprintf(out, "predicted step: %s = compute %s (attention %s) + exposed communication %s (all communication %s, "
+                 "host copies %s)\n",
+            t[0], t[1], t[2], t[3], t[4], t[5]);
+    fprintf(out, "predicted rate: %s tokens/s per GPU | %.0f TF/s per GPU | %.0f%% MFU of %.0f TF/s\n",
+            cp_fmt_count(tok / P->t_step, d, sizeof d), flops / P->t_step / 1e12,
+            100.0 * flops / P->t_step / (mc->gemm_tflops * 1e12), mc->gemm_tflops);
+    if (P->fits) fprintf(out, "fits: yes (%s free per GPU)\n", cp_fmt_bytes(mc->gpu_mem - P->gpu_peak, a, sizeof a));
+    else fprintf(out, "fits: NO: %s\n", P->why);
+
+    if (!verbose) return;
+    fprintf(out, "\nsteps (one micro-batch, then the optimizer)\n");
+    for (int i = 0; i < P->nsteps; i++) {
+        const cp_step *s = &P->steps[i];
+        fprintf(out, "  %6d %-9s L%-3d", i, cp_phase_name(s->phase), s->layer);
+        if (s->stage >= 0) fprintf(out, " s%-3d", s->stage);
+        else fprintf(out, "     ");
+        if (s->tile >= 0) fprintf(out, " t%-4d", s->tile);
+        else fprintf(out, "      ");
+        fprintf(out, " %-14s %-16s", cp_opkind_name(s->kind), s->what);
+        if (s->kind == CP_OP_GEMM)
+            fprintf(out, " %lldx%lldx%lld", (long long)s->gemm.m, (long long)s->gemm.n, (long long)s->gemm.k);
+        for (int j = 0; j < s->nops; j++) {
+            const cp_operand *o = &s->ops[j];
+            fprintf(out, " %s%s", o->access == CP_READ ? "" : o->access == CP_RW ? "~" : ">", P->bufs[o->buf].name);
+        }
+        fprintf(out, "  %.0f us\n", s->seconds * 1e6);
+    }
+    fprintf(out, "\nbuffers\n");
+    for (int i = 0; i < P->nbufs; i++) {
+        const cp_buffer *b = &P->bufs[i];
+        fprintf(out, "  %-22s %-4s %14s at %14lld  %s, %d lifetime%s\n", b->name,
+                b->space == CP_SPACE_GPU ? "gpu" : "host", cp_fmt_bytes(b->bytes, a, sizeof a), (long long)b->offset,
+                cat_keys[b->cat], b->nlive, b->nlive == 1 ? "" : "s");
+    }
+}
+
+static void json_str(FILE *out, const char *s) {
+    fputc('"', out);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fprintf(out, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20) fprintf(out, "\\u%04x", *s);
+        else fputc(*s, out);
+    }
+    fputc('"', out);
+}
+
+void cp_plan_print_json(const cp_plan *P, FILE *out) {
+    const cp_spec *sp = &P->spec;
+    const cp_model *m = &sp->model;
+    fprintf(out, "{\n  \"version\": \"%s\",\n  \"spec\": ", CP_VERSION);
+    json_str(out, sp->path);
+    fprintf(out, ",\n  \"model\": {\"family\": \"%s\", \"params\": %lld, \"hidden\": %lld, \"layers\": %lld, "
+                 "\"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"ffn\": %lld, \"vocab\": %lld, "
+                 "\"tie_embeddings\": %s, \"qk_norm\": %s},\n",
+            cp_family_name(m->family), (long long)P->params_total, (long long)m->hidden, (long long)m->layers,
+            (long long)m->heads, (long long)m->kv_heads, (long long)m->head_dim, (long long)m->ffn,
+            (long long)m->vocab, m->tie_embeddings ? "true" : "false", m->qk_norm ? "true" : "false");
+    fprintf(out, "  \"parallel\": {\"gpus\": %d, \"seq_len\": %lld, \"tokens_per_gpu\": %lld, \"micro_batches\": %d, "
+                 "\"upipe_heads\": %d, \"stages\": %d, \"q_heads_per_gpu_stage\": %d, \"kv_heads_per_gpu_stage\": %d, "
+                 "\"kv_replication\": %d, \"gqa_group_stages\": %d, \"mlp_tile\": %lld, \"loss_tile\": %lld, "
+                 "\"ckpt_host_layers\": %d, \"optimizer_on_host\": %s},\n",
+            P->C, (long long)P->S, (long long)P->T, sp->train.micro_batches, P->U, P->nstages, P->u, P->kvr, P->repl,
+            P->group_len, (long long)P->mlp_tile, (long long)P->loss_tile, P->ckpt_host_layers,
+            P->opt_on_host ? "true" : "false");
+    fprintf(out, "  \"stages\": [");
+    for (int s = 0; s < P->nstages; s++) {
+        fprintf(out, "%s\n    {\"stage\": %d, \"kv_fresh\": %s, \"ranks\": [", s ? "," : "", s,
+                P->stages[s * P->C].kv_fresh ? "true" : "false");
+        for (int r = 0; r < P->C; r++) {
+            const cp_stage_rank *e = &P->stages[s * P->C + r];
+            fprintf(out, "%s{\"q\": [", r ? ", " : "");
+            for (int j = 0; j < e->nq; j++) fprintf(out, "%s%d", j ? ", " : "", e->q_heads[j]);
+            fprintf(out, "], \"kv\": [");
+            for (int j = 0; j < e->nkv; j++) fprintf(out, "%s%d", j ? ", " : "", e->kv_heads[j]);
+            fprintf(out, "]}");
+        }
+        fprintf(out, "]}");
+    }
+    fprintf(out, "\n  ],\n  \"memory\": {\n    \"gpu\": {");
+    for (int k = 0; k < CP_CAT_COUNT; k++) fprintf(out, "%s\"%s\": %lld", k ? ", " : "", cat_keys[k], (long long)P->cat_bytes[k]);
+    fprintf(out, "},\n    \"gpu_at_peak\": {");
+    for (int k = 0; k < CP_CAT_COUNT; k++)
+        fprintf(out, "%s\"%s\": %lld", k ? ", " : "", cat_keys[k], (long long)P->cat_at_peak[k]);
+    fprintf(out, "},\n    \"host\": {");
+    for (int k = 0; k < CP_CAT_COUNT; k++)
+        fprintf(out, "%s\"%s\": %lld", k ? ", " : "", cat_keys[k], (long long)P->cat_host_bytes[k]);
+    fprintf(out, "},\n    \"gpu_live_peak\": %lld, \"gpu_arena\": %lld, \"reserve\": %lld, \"gpu_peak\": %lld, "
+                 "\"gpu_mem\": %lld, \"host_arena\": %lld, \"host_mem\": %lld\n  },\n",
+            (long long)P->gpu_live_peak, (long long)P->gpu_arena, (long long)sp->machine.reserve,
+            (long long)P->gpu_peak, (long long)sp->machine.gpu_mem, (long long)P->host_arena,
+            (long long)sp->machine.host_mem);
+    double flops = P->flops_attn + P->flops_other;
+    fprintf(out, "  \"flops\": {\"attention\": %.6g, \"other\": %.6g, \"total\": %.6g},\n", P->flops_attn,
+            P->flops_other, flops);
+    fprintf(out, "  \"time\": {\"step\": %.6g, \"compute\": %.6g, \"attention\": %.6g, \"comm\": %.6g, "
+                 "\"comm_exposed\": %.6g, \"host_copies\": %.6g, \"tokens_per_s_per_gpu\": %.6g},\n",
+            P->t_step, P->t_compute, P->t_attn, P->t_comm, P->t_comm_exposed, P->t_copy,
+            tokens_per_step(P) / P->C / P->t_step);
+    fprintf(out, "  \"steps\": %d,\n  \"modules\": [", P->nsteps);
+    for (int i = 0; i < P->nmodules; i++) {
+        fprintf(out, "%s", i ? ", " : "");
+        json_str(out, P->modules[i].family);
+    }
+    fprintf(out, "],\n  \"fits\": %s,\n  \"why\": ", P->fits ? "true" : "false");
+    json_str(out, P->why);
+    fprintf(out, "\n}\n");
+}

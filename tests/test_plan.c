@@ -1,0 +1,387 @@
+/* test_plan.c: the plan's memory model against arithmetic written out term by term, the UPipe stage tables,
+ * the arena packing (no two buffers alive at once share a byte), --max-seq and the JSON output. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "plan.h"
+#include "plan_internal.h"
+#include "spec.h"
+
+static void load(const char *name, cp_spec *s, int nsets, ...) {
+    const char *sets[32];
+    va_list ap;
+    va_start(ap, nsets);
+    for (int i = 0; i < nsets; i++) sets[i] = va_arg(ap, const char *);
+    va_end(ap);
+    char err[CP_ERR_MAX];
+    int rc = cp_spec_load(name, sets, nsets, s, err, sizeof err);
+    if (rc) fprintf(stderr, "%s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static void build(const cp_spec *s, cp_plan *p) {
+    char err[CP_ERR_MAX];
+    int rc = cp_plan_build(s, p, err, sizeof err);
+    if (rc) fprintf(stderr, "%s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static const cp_buffer *buf(const cp_plan *p, const char *name) {
+    for (int i = 0; i < p->nbufs; i++)
+        if (!strcmp(p->bufs[i].name, name)) return &p->bufs[i];
+    fail_msg("no buffer %s", name);
+    return NULL;
+}
+
+static int64_t up64(int64_t v) { return (v + 63) / 64 * 64; }
+
+/* tiny: vocab 512, hidden 256, 2 layers, 4 heads, 2 KV, head_dim 64, ffn 768, seq 2K, one GPU, untied. */
+static void test_tiny_arithmetic(void **state) {
+    (void)state;
+    cp_spec s;
+    load("tiny", &s, 0);
+    cp_plan p;
+    build(&s, &p);
+    const int64_t V = 512, h = 256, L = 2, H = 4, KV = 2, D = 64, F = 768, S = 2048;
+    /* one layer: q, k, v, o, gate, up, down, two norms, each padded to 64 elements */
+    int64_t layer = up64(H * D * h) + up64(KV * D * h) * 2 + up64(h * H * D) + up64(F * h) * 3 + up64(h) * 2;
+    assert_int_equal(layer, 65536 + 32768 * 2 + 65536 + 196608 * 3 + 256 * 2);
+    int64_t shard = V * h + L * layer + (up64(h) + V * h); /* embedding, layers, final norm + LM head */
+    assert_int_equal(p.params_shard, shard);
+    assert_int_equal(p.params_total, shard); /* nothing padded at these shapes */
+    assert_int_equal(buf(&p, "params.bf16")->bytes, shard * 2);
+    assert_int_equal(buf(&p, "grads.f32")->bytes, shard * 4);
+    assert_int_equal(buf(&p, "master.f32")->bytes, shard * 4);
+    assert_int_equal(buf(&p, "adam_m.f32")->bytes + buf(&p, "adam_v.f32")->bytes, shard * 8);
+    assert_int_equal(p.cat_bytes[CP_CAT_PARAMS] + p.cat_bytes[CP_CAT_MASTER] + p.cat_bytes[CP_CAT_OPTIM] +
+                         p.cat_bytes[CP_CAT_GRADS],
+                     shard * 18);
+    /* checkpoints: one layer input per layer, S x hidden bf16, on the GPU */
+    assert_int_equal(buf(&p, "ckpt.0")->bytes, S * h * 2);
+    assert_int_equal(p.cat_bytes[CP_CAT_CKPT], L * S * h * 2);
+    assert_int_equal(p.ckpt_host_layers, 0);
+    assert_int_equal(p.host_arena, 0);
+    /* tiles: the whole 2K tokens fit one tile of each */
+    assert_int_equal(p.mlp_tile, 2048);
+    assert_int_equal(buf(&p, "mlp_gate")->bytes, 2048 * F * 2);
+    assert_int_equal(p.cat_bytes[CP_CAT_MLP], 3 * 2048 * F * 2);
+    assert_int_equal(buf(&p, "logits")->bytes, p.loss_tile * V * 2);
+    /* UPipe on one GPU, U = 1: four stages of one head, K/V once per two stages */
+    assert_int_equal(p.U, 1);
+    assert_int_equal(p.nstages, 4);
+    assert_int_equal(p.group_len, 2);
+    assert_int_equal(buf(&p, "q_stage")->bytes, S * 1 * D * 2);
+    assert_int_equal(buf(&p, "dkv_accum.f32")->bytes, 2 * S * 1 * D * 4);
+    assert_int_equal(buf(&p, "lse")->bytes, H * S * 4);
+    assert_int_equal(buf(&p, "attn_out")->bytes, S * H * D * 2);
+    /* arena: at least what is live at the peak step, at most every buffer side by side */
+    int64_t all = 0;
+    for (int k = 0; k < CP_CAT_COUNT; k++) all += p.cat_bytes[k];
+    assert_true(p.gpu_arena >= p.gpu_live_peak);
+    assert_true(p.gpu_arena <= all + p.nbufs * CP_ARENA_ALIGN);
+    assert_true(p.gpu_arena < all); /* lifetimes let buffers share */
+    assert_int_equal(p.gpu_peak, p.gpu_arena + s.machine.reserve);
+    assert_true(p.fits);
+    cp_plan_free(&p);
+}
+
+/* The Llama-3.1-8B shape on 8 GPUs at 5M tokens with 80 GB GPUs, every checkpoint on the host. */
+static void test_8b_arithmetic(void **state) {
+    (void)state;
+    cp_spec s;
+    load("llama8b", &s, 5, "parallel.gpus=8", "train.seq_len=5M", "machine.gpu_mem=80G", "parallel.offload=all",
+         "machine.host_mem=2T");
+    cp_plan p;
+    build(&s, &p);
+    const int64_t V = 128256, h = 4096, L = 32, H = 32, KV = 8, D = 128, F = 14336, C = 8;
+    const int64_t S = 5 * 1024 * 1024, T = S / C;
+    assert_int_equal(T, 655360);
+    int64_t layer = 4096 * 4096      /* q */
+                    + 1024 * 4096 * 2 /* k, v */
+                    + 4096 * 4096    /* o */
+                    + 14336 * 4096 * 3 /* gate, up, down */
+                    + 4096 * 2;      /* norms */
+    assert_int_equal(layer, 218112000);
+    assert_int_equal(p.layout.padded, layer); /* already a multiple of 64 x 8 elements */
+    int64_t embed = V * h, head = 4096 + V * h;
+    assert_int_equal(embed % (64 * C), 0);
+    assert_int_equal(head % (64 * C), 0);
+    int64_t shard = (embed + L * layer + head) / C;
+    assert_int_equal(p.params_shard, shard);
+    assert_int_equal(p.params_total, 8030261248LL);
+    /* model states per GPU: bf16 params 2 + fp32 master 4 + moments 8 + fp32 grads 4 bytes per element */
+    assert_int_equal(p.cat_bytes[CP_CAT_PARAMS], shard * 2);
+    assert_int_equal(p.cat_bytes[CP_CAT_MASTER], shard * 4);
+    assert_int_equal(p.cat_bytes[CP_CAT_OPTIM], shard * 8);
+    assert_int_equal(p.cat_bytes[CP_CAT_GRADS], shard * 4);
+    /* FSDP: two gathered layers (in use, prefetched) + gathered embedding and head; full fp32 grads likewise */
+    assert_int_equal(p.cat_bytes[CP_CAT_GATHERED], 2 * layer * 2 + embed * 2 + head * 2);
+    assert_int_equal(p.cat_bytes[CP_CAT_UNIT_GRADS], layer * 4 + embed * 4 + head * 4);
+    /* every checkpoint on the host, two GPU staging buffers for the copies */
+    assert_int_equal(p.ckpt_host_layers, L);
+    assert_int_equal(p.cat_host_bytes[CP_CAT_CKPT], L * T * h * 2);
+    assert_int_equal(p.cat_bytes[CP_CAT_CKPT], 2 * T * h * 2);
+    assert_int_equal(p.host_arena, L * T * h * 2);
+    /* UPipe U = 8 on 8 GPUs: 4 stages of one query head per GPU, K/V of one head per GPU once per 4 stages */
+    assert_int_equal(p.nstages, 4);
+    assert_int_equal(p.u, 1);
+    assert_int_equal(p.kvr, 1);
+    assert_int_equal(p.group_len, 4);
+    assert_int_equal(buf(&p, "q_stage")->bytes, T * 8 * D * 2);  /* this rank's tokens, the stage's 8 heads */
+    assert_int_equal(buf(&p, "k_stage")->bytes, T * KV * D * 2); /* the group's 8 KV heads */
+    assert_int_equal(buf(&p, "q_heads")->bytes, S * 1 * D * 2);  /* all tokens, one head */
+    assert_int_equal(buf(&p, "dkv_accum.f32")->bytes, 2 * S * 1 * D * 4);
+    assert_int_equal(buf(&p, "a2a_send")->bytes, T * 8 * D * 2);
+    assert_int_equal(buf(&p, "attn_out")->bytes, T * H * D * 2);
+    assert_int_equal(buf(&p, "lse")->bytes, (H / C) * S * 4);
+    assert_int_equal(buf(&p, "delta")->bytes, T * H * 4);
+    /* tiles: 4K-token MLP tiles, loss tiles of at most 512 MiB of logits */
+    assert_int_equal(p.mlp_tile, 4096);
+    assert_int_equal(p.cat_bytes[CP_CAT_MLP], 3 * 4096 * F * 2);
+    assert_true(p.loss_tile * V * 2 <= (512LL << 20));
+    assert_int_equal(T % p.loss_tile, 0);
+    /* what is live at the peak sums to the live peak; the arena holds it */
+    int64_t at_peak = 0;
+    for (int k = 0; k < CP_CAT_COUNT; k++) at_peak += p.cat_at_peak[k];
+    assert_int_equal(at_peak, p.gpu_live_peak);
+    assert_true(p.gpu_arena >= p.gpu_live_peak);
+    assert_true(p.gpu_peak <= 80LL << 30);
+    assert_true(p.fits);
+    /* attention FLOPs per GPU: forward 4 S^2 (H/C) D / 2 per layer, recomputed once, backward 2.5x */
+    double fwd = 4.0 * (double)S * S * (H / C) * D / 2 * L;
+    assert_true(p.flops_attn > fwd * 4.5 * (1 - 1e-9) && p.flops_attn < fwd * 4.5 * (1 + 1e-9));
+    cp_plan_free(&p);
+}
+
+/* Every query head once per layer; each rank holds the KV head of each of its query heads; K,V fresh exactly at
+ * the first stage of each group. */
+static void check_stage_table(const cp_plan *p, int H, int KV) {
+    int g = H / KV, C = p->C;
+    int *seen = calloc((size_t)H, sizeof(int));
+    for (int s = 0; s < p->nstages; s++) {
+        for (int r = 0; r < C; r++) {
+            const cp_stage_rank *e = &p->stages[s * C + r];
+            assert_int_equal(e->nq, p->u);
+            assert_int_equal(e->kv_fresh, s % p->group_len == 0);
+            assert_int_equal(e->kv_last, s % p->group_len == p->group_len - 1);
+            for (int j = 0; j < e->nq; j++) {
+                int q = e->q_heads[j];
+                assert_true(q >= 0 && q < H);
+                seen[q]++;
+                bool held = false;
+                for (int k = 0; k < e->nkv; k++) held |= e->kv_heads[k] == q / g;
+                assert_true(held);
+            }
+            if (!e->kv_fresh) { /* same KV heads as the stage before */
+                const cp_stage_rank *prev = &p->stages[(s - 1) * C + r];
+                assert_int_equal(prev->nkv, e->nkv);
+                for (int k = 0; k < e->nkv; k++) assert_int_equal(prev->kv_heads[k], e->kv_heads[k]);
+            }
+        }
+    }
+    for (int q = 0; q < H; q++) assert_int_equal(seen[q], 1);
+    free(seen);
+}
+
+static void stage_case(const char *heads, const char *kv, const char *gpus, const char *U, int H, int KV,
+                       int expect_group, int expect_repl) {
+    cp_spec s;
+    char a[64], b[64], c[64], d[64];
+    snprintf(a, sizeof a, "model.heads=%s", heads);
+    snprintf(b, sizeof b, "model.kv_heads=%s", kv);
+    snprintf(c, sizeof c, "parallel.gpus=%s", gpus);
+    snprintf(d, sizeof d, "parallel.upipe_heads=%s", U);
+    load("tiny", &s, 6, a, b, c, d, "model.hidden=512", "model.head_dim=64");
+    cp_plan p;
+    build(&s, &p);
+    check_stage_table(&p, H, KV);
+    assert_int_equal(p.group_len, expect_group);
+    assert_int_equal(p.repl, expect_repl);
+    cp_plan_free(&p);
+}
+
+static void test_stage_tables(void **state) {
+    (void)state;
+    stage_case("8", "8", "2", "2", 8, 8, 1, 1);   /* GQA 1: every stage projects its own K,V */
+    stage_case("24", "8", "2", "2", 24, 8, 3, 1); /* GQA 3 (the 3B shape): K,V kept over 3 stages */
+    stage_case("32", "8", "8", "8", 32, 8, 4, 1); /* GQA 4 (the 8B shape), U = C */
+    stage_case("8", "2", "4", "4", 8, 2, 2, 2);   /* KV heads < GPUs: each KV head on 2 GPUs */
+    stage_case("8", "1", "2", "2", 8, 1, 4, 2);   /* one KV head (MQA) on 2 GPUs */
+    stage_case("8", "8", "2", "8", 8, 8, 1, 1);   /* plain Ulysses (U = H), 4 heads per GPU */
+    stage_case("8", "2", "2", "8", 8, 2, 1, 1);   /* U = H with GQA 4: 4 query heads, 1 KV head per GPU */
+}
+
+/* The layout of the 3B shape's stages on 2 GPUs, written out. */
+static void test_stage_table_3b(void **state) {
+    (void)state;
+    cp_spec s;
+    load("llama3b", &s, 3, "parallel.gpus=2", "parallel.upipe_heads=2", "train.seq_len=64K");
+    cp_plan p;
+    build(&s, &p);
+    assert_int_equal(p.nstages, 12);
+    /* stage s, rank r: KV head (s div 3)*2 + r, query head kv*3 + s mod 3 */
+    for (int st = 0; st < 12; st++)
+        for (int r = 0; r < 2; r++) {
+            int kv = (st / 3) * 2 + r;
+            assert_int_equal(p.stages[st * 2 + r].kv_heads[0], kv);
+            assert_int_equal(p.stages[st * 2 + r].q_heads[0], kv * 3 + st % 3);
+        }
+    cp_plan_free(&p);
+}
+
+/* Property: over many random small specs, buffers alive at the same step never share bytes, every buffer lies
+ * inside its arena, and nothing is read before it is written (liveness succeeded). */
+static void test_arena_property(void **state) {
+    (void)state;
+    srand(12345);
+    const int heads_kv[][2] = {{4, 4}, {4, 2}, {4, 1}, {8, 2}, {6, 2}, {8, 8}, {12, 4}};
+    int checked = 0;
+    for (int iter = 0; iter < 60; iter++) {
+        int hk = rand() % (int)(sizeof heads_kv / sizeof heads_kv[0]);
+        int H = heads_kv[hk][0], KV = heads_kv[hk][1];
+        int gpus_opts[] = {1, 2, 4};
+        int C = gpus_opts[rand() % 3];
+        if (H % C) C = 1;
+        int g = H / KV;
+        /* a valid U: a multiple of C dividing H, with u | g or g | u, and the replication rule */
+        int cand[16], nc = 0;
+        for (int U = C; U <= H; U += C) {
+            if (H % U) continue;
+            int u = U / C;
+            if (KV < C) {
+                if (C % KV || g % (u * (C / KV))) continue;
+            } else if (KV % C) continue;
+            if (u % g && g % u) continue;
+            cand[nc++] = U;
+        }
+        if (!nc) continue;
+        int U = cand[rand() % nc];
+        int64_t T = 64 * (1 + rand() % 8);
+        const char *offload[] = {"none", "all", "auto"};
+        char sets[10][64];
+        snprintf(sets[0], 64, "model.heads=%d", H);
+        snprintf(sets[1], 64, "model.kv_heads=%d", KV);
+        snprintf(sets[2], 64, "model.hidden=%d", H * 32);
+        snprintf(sets[3], 64, "model.head_dim=64");
+        snprintf(sets[4], 64, "parallel.gpus=%d", C);
+        snprintf(sets[5], 64, "parallel.upipe_heads=%d", U);
+        snprintf(sets[6], 64, "train.seq_len=%lld", (long long)(T * C));
+        snprintf(sets[7], 64, "parallel.offload=%s", offload[rand() % 3]);
+        snprintf(sets[8], 64, "model.layers=%d", 1 + rand() % 4);
+        snprintf(sets[9], 64, "model.tie_embeddings=%s", rand() % 2 ? "true" : "false");
+        const char *sp[10];
+        for (int i = 0; i < 10; i++) sp[i] = sets[i];
+        cp_spec s;
+        char err[CP_ERR_MAX];
+        if (cp_spec_load("tiny", sp, 10, &s, err, sizeof err)) fail_msg("spec: %s", err);
+        cp_plan p;
+        if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("plan: %s", err);
+        for (int i = 0; i < p.nbufs; i++) {
+            const cp_buffer *a = &p.bufs[i];
+            if (a->offset < 0) continue;
+            int64_t arena = a->space == CP_SPACE_GPU ? p.gpu_arena : p.host_arena;
+            assert_true(a->offset % CP_ARENA_ALIGN == 0);
+            assert_true(a->offset + a->bytes <= arena);
+            for (int j = i + 1; j < p.nbufs; j++) {
+                const cp_buffer *b = &p.bufs[j];
+                if (b->offset < 0 || b->space != a->space || !cp_plan_lifetimes_overlap(a, b)) continue;
+                bool disjoint = a->offset + a->bytes <= b->offset || b->offset + b->bytes <= a->offset;
+                if (!disjoint) fail_msg("%s and %s are alive together and overlap", a->name, b->name);
+            }
+        }
+        checked++;
+        cp_plan_free(&p);
+    }
+    assert_true(checked >= 40);
+}
+
+/* Every step's operands lie inside their buffers and refer to live bytes (liveness would have failed). */
+static void test_every_shipped_spec_plans(void **state) {
+    (void)state;
+    const char *names[] = {"tiny", "llama1b", "llama3b", "llama8b", "qwen32b"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        cp_spec s;
+        load(names[i], &s, 1, "machine.host_mem=2T");
+        cp_plan p;
+        build(&s, &p);
+        assert_true(p.nsteps > 0);
+        assert_true(p.gpu_arena > 0);
+        assert_true(p.t_step > 0);
+        cp_plan_free(&p);
+    }
+}
+
+static void test_refuses_when_too_small(void **state) {
+    (void)state;
+    cp_spec s;
+    load("tiny", &s, 1, "machine.gpu_mem=1.05G");
+    cp_plan p;
+    build(&s, &p);
+    assert_false(p.fits);
+    assert_non_null(strstr(p.why, "GPU memory"));
+    cp_plan_free(&p);
+}
+
+static void test_max_seq(void **state) {
+    (void)state;
+    cp_spec s;
+    load("llama1b", &s, 3, "parallel.gpus=1", "parallel.upipe_heads=1", "machine.gpu_mem=40G");
+    cp_plan best;
+    char err[CP_ERR_MAX];
+    int64_t n = cp_plan_max_seq(&s, &best, err, sizeof err);
+    assert_true(n > 0);
+    assert_true(best.fits);
+    assert_int_equal(best.S, n);
+    assert_int_equal(n % 1024, 0);
+    cp_plan_free(&best);
+    /* one step of the granularity longer does not fit */
+    char set[64];
+    snprintf(set, sizeof set, "train.seq_len=%lld", (long long)(n + 1024));
+    cp_spec s2;
+    load("llama1b", &s2, 4, "parallel.gpus=1", "parallel.upipe_heads=1", "machine.gpu_mem=40G", set);
+    cp_plan p;
+    build(&s2, &p);
+    assert_false(p.fits);
+    cp_plan_free(&p);
+}
+
+static void test_json_parses(void **state) {
+    (void)state;
+    cp_spec s;
+    load("llama3b", &s, 1, "parallel.gpus=2");
+    cp_plan p;
+    build(&s, &p);
+    char path[] = "/tmp/cpgen_plan_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    cp_plan_print_json(&p, f);
+    fclose(f);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+             "assert d[\"parallel\"][\"gpus\"]==2 and d[\"memory\"][\"gpu_arena\"]>0 and len(d[\"stages\"])==%d' %s",
+             p.nstages, path);
+    assert_int_equal(system(cmd), 0);
+    unlink(path);
+    cp_plan_free(&p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiny_arithmetic),  cmocka_unit_test(test_8b_arithmetic),
+        cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
+        cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
+        cmocka_unit_test(test_refuses_when_too_small), cmocka_unit_test(test_max_seq),
+        cmocka_unit_test(test_json_parses),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
