@@ -3,42 +3,82 @@
  * Layout conventions (row-major, bf16 unless stated):
  *   token layout  [T][heads][head_dim]   (a projection's output, T = tokens of this rank)
  *   head layout   [S][heads][head_dim]   (after the all-to-all, S = all tokens, heads = this rank's share)
- *   lse           [heads][S] fp32;  delta (rowsum dO*O) [S][heads] fp32 */
+ *   lse           [heads][S] fp32;  delta (rowsum dO*O) [S][heads] fp32
+ *
+ * Argument C types of the entries (all but attention, see kernels_attn.c): pointers are device pointers, bf16 is
+ * __nv_bfloat16 (uint16_t on the host), i64 is long long (int64_t), n is i64, heads is int, step is int,
+ * pos0 is i64, scalars (eps, lr, scale, ...) are float. Pointers must be 16-byte aligned (adamw, cast and sumsq
+ * also accept any alignment, more slowly) and row strides a multiple of the row unit (16 bytes, or 4 for rows of
+ * 4 bytes); the runtime checks these, the kernels do not. Outputs marked += accumulate into what is there.
+ * Launch geometry of every entry: cp_k_dims below; entries use no dynamic shared memory. */
 #ifndef CP_KERNELS_H
 #define CP_KERNELS_H
 
 #include "emit.h"
 #include "spec.h"
 
-/* embedding: fwd(tokens i32[n], table[V][H], out[n][H]); bwd(tokens, dout[n][H], dtable f32[V][H] +=). */
+/* embedding: fwd(tokens i32[n], table[V][H], out[n][H], n); bwd(tokens, dout[n][H], dtable f32[V][H] +=, n).
+ * A token outside [0, V) gives a row of NaN in fwd and is skipped in bwd. */
 void cp_k_embedding(cp_kernel_spec *k, int64_t vocab, int64_t hidden);
-/* rmsnorm over rows of HIDDEN: fwd(x, resid|NULL, sum_out|NULL, weight, out, rstd f32[n], n): if resid, x+resid is
- * normalised and written to sum_out. bwd(dout, x, weight, rstd, dresid|NULL, dx, dweight f32 +=, n): dx = dnorm (+ dresid). */
+/* rmsnorm over rows of HIDDEN, as HF: out = bf16(weight * bf16(s * rstd)), rstd = 1/sqrt(mean(s^2) + eps), where
+ * s = x, or with resid s = bf16(x + resid) (written to sum_out; both non-NULL or both NULL).
+ * fwd(x, resid|NULL, sum_out|NULL, weight, out, rstd f32[n], n);
+ * bwd(dout, x, weight, rstd, dresid|NULL, dx, dweight f32[HIDDEN] +=, n): x is the normalised input (sum_out when
+ * resid was used); dx = d(input) (+ dresid); dresid may be the same buffer as dx. */
 void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps);
-/* rope in place on [n][heads][D] with positions pos0 + row: fwd(x, n, heads, pos0); bwd(dx, n, heads, pos0). */
+/* rope in place on [n][heads][D] (rotate_half pairs (i, i + D/2)), token row r at position pos0 + r:
+ * fwd(x, n, heads, pos0); bwd(dx, n, heads, pos0) (the transpose: rotation by the negative angle).
+ * Frequencies: theta with the Llama-3 scaling when enabled, computed on the host in double (cp_rope_inv_freq). */
 void cp_k_rope(cp_kernel_spec *k, const cp_model *m);
-/* swiglu on a tile: fwd(gate[n][F], up[n][F], out[n][F], n); bwd(dout, gate, up, n): gate,up <- dgate,dup in place. */
+/* The D/2 inverse frequencies rope bakes in for this model. */
+void cp_rope_inv_freq(const cp_model *m, double *inv_freq);
+/* swiglu on a tile, as HF: out = bf16(bf16(silu(gate)) * up).
+ * fwd(gate[n][F], up[n][F], out[n][F], n); bwd(dout, gate, up, n): gate,up <- dgate,dup in place. */
 void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn);
-/* loss on a tile of logits [n][V] (bf16, in place -> dlogits*scale): fwdbwd(logits, targets i32[n] (-1 ignored),
- * loss_sum f32[1] +=, scale, n). */
+/* loss on a tile of logits [n][V] (bf16, in place -> dlogits*scale): fwdbwd(logits, targets i32[n], loss_sum f32[1] +=,
+ * scale, n). loss_sum gets the unscaled sum of the rows' losses logsumexp - logit[target]; the gradient row is
+ * (softmax - onehot(target)) * scale. target < 0 (-1, or HF's -100) is ignored: zero gradient row, no loss;
+ * target >= V adds NaN to loss_sum and writes a NaN row. */
 void cp_k_loss(cp_kernel_spec *k, int64_t vocab);
-/* adamw: update(master f32, m, v, grad f32, param bf16 out, n, lr, beta1, beta2, eps, wd, grad_scale, step);
- * sumsq(grad f32, n, out f32[1] +=). */
+/* adamw (PyTorch AdamW): update(master f32[n], m f32[n], v f32[n], grad f32[n], param bf16[n] out, n, lr, beta1, beta2,
+ * eps, wd, grad_scale, step): g = grad*grad_scale; p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * p -= lr/(1-b1^step) * m / (sqrt(v)/sqrt(1-b2^step) + eps); master = p; param = bf16(p). step counts from 1.
+ * sumsq(grad f32[n], n, out f32[1] +=): sum of squares, accumulated in double within a block, one fp32
+ * atomicAdd per block. */
 void cp_k_adamw(cp_kernel_spec *k);
 /* Ulysses layout for one stage. C ranks; each destination rank r gets NOUT heads, head (r / R) * NOUT + j of the
- * source [T][NIN = C/R*NOUT][ROW_BYTES]; R > 1 replicates heads over R ranks (KV heads < GPUs).
- * pack(src, src_row_stride_bytes, dst[C][T][NOUT][ROW_BYTES]);
- * unpack(src[C][T][NOUT][ROW_BYTES], dst, dst_row_stride_bytes) (R must be 1);
- * unpack_add(src, dst, dst_row_stride_bytes): dst += sum over replicas (bf16 rows of ROW_BYTES/2 elements). */
+ * source [T][NIN = C/R*NOUT][ROW_BYTES]; R > 1 replicates heads over R ranks (KV heads < GPUs). With C = 1 these
+ * are strided copies between a stage's columns and a contiguous head layout.
+ * pack(src, src_row_stride_bytes i64, dst[C][T][NOUT][ROW_BYTES]);
+ * unpack(src[C][T][NOUT][ROW_BYTES], dst, dst_row_stride_bytes i64) (R must be 1; with R > 1 it traps);
+ * unpack_add(src, dst, dst_row_stride_bytes i64): dst += sum over replicas (bf16 rows of ROW_BYTES/2 elements,
+ * summed in fp32, rounded once). ROW_BYTES must be a multiple of 4. */
 void cp_k_ulysses(cp_kernel_spec *k, int gpus, int repl, int64_t tokens, int nout, int64_t row_bytes);
 /* attention on head layout: q[S][QH][D], k,v[S][KVH][D], o[S][QH][D], lse[QH][S]; query head j uses KV head j/(QH/KVH).
  * fwd(q, k, v, o, lse); bwd(q, k, v, dout, lse, delta[S][QH], dq, dk, dv): dq bf16 is written; dk, dv are bf16
  * written when dkv_accum is false, else f32 [S][KVH][D] accumulated (+=) over the stages of a GQA group. */
 void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_heads, int64_t seq, bool causal,
                     bool dkv_accum);
-/* cast: f32_to_bf16(src f32, dst bf16, n). */
+/* cast: f32_to_bf16(src f32[n], dst bf16[n], n). */
 void cp_k_cast(cp_kernel_spec *k);
-/* delta for the attention backward in token layout: fwd(dout[n][heads][D], out[n][heads][D], delta f32[n][heads], n, heads). */
+/* delta for the attention backward in token layout: fwd(dout[n][heads][D], out[n][heads][D], delta f32[n][heads], n,
+ * heads): delta = sum over D of dout*out in fp32. */
 void cp_k_attn_delta(cp_kernel_spec *k, int64_t head_dim);
+
+/* Launch geometry: grid.x * grid.y * grid.z blocks of block threads, smem bytes of dynamic shared memory. */
+typedef struct {
+    unsigned grid[3];
+    unsigned block;
+    unsigned smem;
+} cp_kdims;
+
+/* Geometry of entry `role` of a module made by one of the constructors above (not attention: its geometry is the
+ * attention engineer's, in kernels_attn.c). n and heads are the entry's own arguments (heads is used by rope and
+ * attn_delta; pass 0 elsewhere; ulysses ignores n too); sms is the device's multiprocessor count.
+ * Returns 0, or -1 for a family or role this function does not know. n = 0 gives a zero grid: skip the launch. */
+int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t heads, int sms, cp_kdims *d);
+
+/* The value of a compile-time parameter of a kernel spec, or NULL. */
+const char *cp_kspec_get(const cp_kernel_spec *k, const char *key);
 
 #endif

@@ -1,0 +1,315 @@
+/* kernels.c: the kernel family constructors of kernels.h (all but attention, in kernels_attn.c): the compile-time
+ * values each template needs, chosen from the shapes, and the launch geometry of each entry. */
+#include "kernels.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+/* Threads per block of the element-wise kernels, and how many units (16-byte vectors) each thread moves per loop
+ * iteration: all loads of an iteration are issued before any store, so this is the bytes in flight per thread. */
+#define EW_BLOCK 256
+#define EW_UNROLL 4
+
+const char *cp_kspec_get(const cp_kernel_spec *k, const char *key) {
+    for (int i = 0; i < k->nparams; i++)
+        if (strcmp(k->params[i].key, key) == 0) return k->params[i].value;
+    return NULL;
+}
+
+static int64_t get_int(const cp_kernel_spec *k, const char *key) {
+    const char *v = cp_kspec_get(k, key);
+    if (!v) cp_fatal(CP_EXIT_FAIL, "kernel %s: no parameter %s (a spec not made by gen/kernels.c?)", k->family, key);
+    return strtoll(v, NULL, 10);
+}
+
+/* Largest of 8, 4, 2, 1 bf16 values (16 bytes down to 2) dividing n: the vector width rows of n values allow. */
+static int bf16_vec(int64_t n) {
+    int v = 8;
+    while (v > 1 && n % v) v /= 2;
+    return v;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static unsigned grid_of(int64_t blocks) {
+    if (blocks < 0) blocks = 0;
+    return (unsigned)CP_MIN(blocks, (int64_t)0x7fffffff);
+}
+
+/* "1e-05" -> "1em05", "1.5e-06" -> "1p5em06": a number as it may appear in a kernel name. */
+static void num_tag(double v, char *out, size_t n) {
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.3g", v);
+    size_t j = 0;
+    for (const char *p = buf; *p && j + 1 < n; p++) {
+        if (*p == '-') out[j++] = 'm';
+        else if (*p == '.') out[j++] = 'p';
+        else if (*p != '+') out[j++] = *p;
+    }
+    out[j] = 0;
+}
+
+void cp_k_embedding(cp_kernel_spec *k, int64_t vocab, int64_t hidden) {
+    cp_kspec_init(k, "embedding");
+    cp_kspec_set_int(k, "VOCAB", vocab);
+    cp_kspec_set_int(k, "HIDDEN", hidden);
+    cp_kspec_set_int(k, "VEC", bf16_vec(hidden));
+    cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+    cp_kspec_set_int(k, "UNROLL", EW_UNROLL);
+}
+
+/* Threads per row for rows of nvec vectors, about `target` vectors per thread: short rows go to a power-of-two group
+ * of at most a warp (several rows per block); longer rows to whole warps, preferring a thread count that divides
+ * the row (target 4: 4096 -> 128 threads, 5120 -> 160, 3072 -> 96). */
+static void rows_split(int64_t nvec, int target, int *tpr, int *nv) {
+    if (nvec <= 32 * target) {
+        int t = 1;
+        while (t < 32 && t * target < nvec) t *= 2;
+        *tpr = t;
+        *nv = (int)ceil_div(nvec, t);
+        return;
+    }
+    int best = 0, bestnv = 0;
+    for (int t = 32; t <= 1024; t += 32) {
+        if (nvec % t || nvec / t > 2 * target) continue;
+        int nvt = (int)(nvec / t);
+        if (!best || abs(nvt - target) < abs(bestnv - target) ||
+            (abs(nvt - target) == abs(bestnv - target) && nvt > bestnv)) {
+            best = t;
+            bestnv = nvt;
+        }
+    }
+    if (!best) {
+        best = (int)CP_MIN(1024, ceil_div(ceil_div(nvec, target), 32) * 32);
+        bestnv = (int)ceil_div(nvec, best);
+    }
+    *tpr = best;
+    *nv = bestnv;
+}
+
+void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps) {
+    cp_kspec_init(k, "rmsnorm");
+    int vec = bf16_vec(hidden), tpr, nv, tprb, nvb;
+    rows_split(hidden / vec, 4, &tpr, &nv);
+    rows_split(hidden / vec, 2, &tprb, &nvb);
+    if (nv > 16 || nvb > 8)
+        cp_fatal(CP_EXIT_USAGE, "rmsnorm: hidden size %lld is too large for one block per row", (long long)hidden);
+    int rpb = tpr < 32 ? 128 / tpr : 1, rpbb = tprb < 32 ? 128 / tprb : 1;
+    char tag[40];
+    num_tag(eps, tag, sizeof tag);
+    cp_kspec_set_int(k, "HIDDEN", hidden);
+    cp_kspec_set_double(k, "EPS", eps);
+    cp_kspec_set_str(k, "EPS_TAG", tag);
+    cp_kspec_set_int(k, "VEC", vec);
+    cp_kspec_set_int(k, "TPR", tpr);
+    cp_kspec_set_int(k, "NV", nv);
+    cp_kspec_set_int(k, "RPB", rpb);
+    cp_kspec_set_int(k, "MIN_BLOCKS", CP_MAX(1, 512 / (tpr * rpb)));
+    cp_kspec_set_int(k, "TPR_B", tprb);
+    cp_kspec_set_int(k, "NV_B", nvb);
+    cp_kspec_set_int(k, "RPB_B", rpbb);
+    cp_kspec_set_int(k, "MIN_BLOCKS_B", CP_MAX(1, 512 / (tprb * rpbb)));
+}
+
+/* Hugging Face's rope initialisation, in double: default frequencies theta^(-2i/D), then Llama-3 scaling
+ * (transformers' _compute_llama3_parameters). */
+void cp_rope_inv_freq(const cp_model *m, double *inv) {
+    int64_t D = m->head_dim;
+    for (int64_t i = 0; i < D / 2; i++) inv[i] = 1.0 / pow(m->rope_theta, (double)(2 * i) / (double)D);
+    const cp_rope_scaling *s = &m->rope_scaling;
+    if (!s->enabled) return;
+    double low_wavelen = (double)s->original_max / s->low_freq;
+    double high_wavelen = (double)s->original_max / s->high_freq;
+    for (int64_t i = 0; i < D / 2; i++) {
+        double wavelen = 2.0 * M_PI / inv[i];
+        if (wavelen < high_wavelen) continue;
+        if (wavelen > low_wavelen) {
+            inv[i] /= s->factor;
+            continue;
+        }
+        double smooth = ((double)s->original_max / wavelen - s->low_freq) / (s->high_freq - s->low_freq);
+        inv[i] = (1.0 - smooth) * inv[i] / s->factor + smooth * inv[i];
+    }
+}
+
+void cp_k_rope(cp_kernel_spec *k, const cp_model *m) {
+    cp_kspec_init(k, "rope");
+    int64_t D = m->head_dim;
+    if (D < 2 || D % 2) cp_fatal(CP_EXIT_USAGE, "rope: head_dim %lld must be even", (long long)D);
+    double *inv = cp_xmalloc((size_t)(D / 2) * sizeof *inv);
+    cp_rope_inv_freq(m, inv);
+    cp_str s = {0};
+    for (int64_t i = 0; i < D / 2; i++) cp_str_printf(&s, "%s%.17g", i ? (i % 4 ? ", " : ",\n    ") : "", inv[i]);
+    char tag[16];
+    snprintf(tag, sizeof tag, "%08x", (unsigned)(cp_hash64(inv, (size_t)(D / 2) * sizeof *inv, CP_HASH_SEED) & 0xffffffffu));
+    free(inv);
+    int vec = bf16_vec(D / 2);
+    cp_kspec_set_int(k, "D", D);
+    cp_kspec_set_str(k, "FREQ_TAG", tag);
+    cp_kspec_set_str(k, "INV_FREQ", s.data);
+    cp_kspec_set_int(k, "VEC", vec);
+    cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+    cp_str_free(&s);
+}
+
+void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn) {
+    cp_kspec_init(k, "swiglu");
+    cp_kspec_set_int(k, "FFN", ffn);
+    cp_kspec_set_int(k, "VEC", bf16_vec(ffn));
+    cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+    cp_kspec_set_int(k, "UNROLL", 2);
+}
+
+void cp_k_loss(cp_kernel_spec *k, int64_t vocab) {
+    cp_kspec_init(k, "loss");
+    int vec = bf16_vec(vocab);
+    /* one block per row, up to 1024 threads with about 8 or more vectors each */
+    int64_t nvec = vocab / vec;
+    int block = 32;
+    while (block < 1024 && block * 8 < nvec) block *= 2;
+    cp_kspec_set_int(k, "VOCAB", vocab);
+    cp_kspec_set_int(k, "VEC", vec);
+    cp_kspec_set_int(k, "BLOCK", block);
+    cp_kspec_set_int(k, "UNROLL", 4);
+}
+
+void cp_k_adamw(cp_kernel_spec *k) {
+    cp_kspec_init(k, "adamw");
+    cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+    cp_kspec_set_int(k, "UNROLL", 2);
+}
+
+void cp_k_ulysses(cp_kernel_spec *k, int gpus, int repl, int64_t tokens, int nout, int64_t row_bytes) {
+    cp_kspec_init(k, "ulysses");
+    if (gpus < 1 || repl < 1 || gpus % repl || nout < 1 || tokens < 1)
+        cp_fatal(CP_EXIT_FAIL, "ulysses: bad layout C=%d R=%d T=%lld NOUT=%d", gpus, repl, (long long)tokens, nout);
+    if (row_bytes < 4 || row_bytes % 4)
+        cp_fatal(CP_EXIT_FAIL, "ulysses: rows of %lld bytes; the layout kernels move rows of a multiple of 4 bytes",
+                 (long long)row_bytes);
+    int unit = row_bytes % 16 == 0 ? 16 : 4;
+    int64_t total = (int64_t)gpus * tokens * nout * (row_bytes / unit);
+    cp_kspec_set_int(k, "C", gpus);
+    cp_kspec_set_int(k, "R", repl);
+    cp_kspec_set_int(k, "T", tokens);
+    cp_kspec_set_int(k, "NOUT", nout);
+    cp_kspec_set_int(k, "ROW_BYTES", row_bytes);
+    cp_kspec_set_int(k, "UNIT", unit);
+    /* 32-bit unit indices when the grid-stride loop cannot overflow them */
+    cp_kspec_set_str(k, "IDX", total < (1LL << 30) ? "unsigned" : "unsigned long long");
+    cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+    cp_kspec_set_int(k, "UNROLL", EW_UNROLL);
+}
+
+void cp_k_cast(cp_kernel_spec *k) {
+    cp_kspec_init(k, "cast");
+    cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+    cp_kspec_set_int(k, "UNROLL", EW_UNROLL);
+}
+
+void cp_k_attn_delta(cp_kernel_spec *k, int64_t head_dim) {
+    cp_kspec_init(k, "attn_delta");
+    int vec = bf16_vec(head_dim);
+    int64_t nvec = head_dim / vec;
+    /* a power-of-two group of threads per (token, head) row, 2 vectors of each input per thread */
+    int tpr = 1;
+    while (tpr < 32 && tpr * 2 < nvec) tpr *= 2;
+    cp_kspec_set_int(k, "D", head_dim);
+    cp_kspec_set_int(k, "VEC", vec);
+    cp_kspec_set_int(k, "TPR", tpr);
+    cp_kspec_set_int(k, "NV", ceil_div(nvec, tpr));
+    cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+}
+
+/* Blocks for `units` work items of `per_block` each, capped at `cap` (0: no cap) for grid-stride kernels. */
+static unsigned blocks_for(int64_t units, int64_t per_block, int64_t cap) {
+    int64_t b = ceil_div(units, per_block);
+    if (cap > 0) b = CP_MIN(b, cap);
+    return grid_of(b);
+}
+
+int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t heads, int sms, cp_kdims *d) {
+    memset(d, 0, sizeof *d);
+    d->grid[1] = d->grid[2] = 1;
+    if (sms < 1) sms = 1;
+    const char *f = k->family;
+    if (n < 0) n = 0;
+    if (strcmp(f, "rmsnorm") == 0) {
+        if (strcmp(role, "fwd") == 0) {
+            int64_t rpb = get_int(k, "RPB");
+            d->block = (unsigned)(get_int(k, "TPR") * rpb);
+            d->grid[0] = blocks_for(n, rpb, 0);
+        } else if (strcmp(role, "bwd") == 0) {
+            /* persistent: about two rounds of the blocks that fit at once */
+            int64_t rpb = get_int(k, "RPB_B");
+            d->block = (unsigned)(get_int(k, "TPR_B") * rpb);
+            d->grid[0] = blocks_for(n, rpb, (int64_t)sms * 2 * get_int(k, "MIN_BLOCKS_B"));
+        } else {
+            return -1;
+        }
+        return 0;
+    }
+    if (strcmp(f, "embedding") == 0) {
+        if (strcmp(role, "fwd") && strcmp(role, "bwd")) return -1;
+        int64_t units = n * (get_int(k, "HIDDEN") / get_int(k, "VEC"));
+        d->block = (unsigned)get_int(k, "BLOCK");
+        d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), 0);
+        return 0;
+    }
+    if (strcmp(f, "rope") == 0) {
+        if (strcmp(role, "fwd") && strcmp(role, "bwd")) return -1;
+        int64_t threads = n * (get_int(k, "D") / 2 / get_int(k, "VEC"));
+        d->block = (unsigned)get_int(k, "BLOCK");
+        d->grid[0] = heads > 0 ? blocks_for(threads, d->block, 0) : 0;
+        return 0;
+    }
+    if (strcmp(f, "swiglu") == 0) {
+        if (strcmp(role, "fwd") && strcmp(role, "bwd")) return -1;
+        int64_t units = n * (get_int(k, "FFN") / get_int(k, "VEC"));
+        d->block = (unsigned)get_int(k, "BLOCK");
+        d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), 0);
+        return 0;
+    }
+    if (strcmp(f, "loss") == 0) {
+        if (strcmp(role, "fwdbwd")) return -1;
+        d->block = (unsigned)get_int(k, "BLOCK");
+        d->grid[0] = grid_of(n);
+        return 0;
+    }
+    if (strcmp(f, "adamw") == 0) {
+        d->block = (unsigned)get_int(k, "BLOCK");
+        int64_t per = d->block * get_int(k, "UNROLL") * 4; /* float4 units */
+        if (strcmp(role, "update") == 0) d->grid[0] = blocks_for(n, per, 0);
+        else if (strcmp(role, "sumsq") == 0) d->grid[0] = blocks_for(n, per, (int64_t)sms * (2048 / d->block));
+        else return -1;
+        return 0;
+    }
+    if (strcmp(f, "cast") == 0) {
+        if (strcmp(role, "f32_to_bf16")) return -1;
+        d->block = (unsigned)get_int(k, "BLOCK");
+        d->grid[0] = blocks_for(n, d->block * get_int(k, "UNROLL") * 4, 0);
+        return 0;
+    }
+    if (strcmp(f, "ulysses") == 0) {
+        int64_t C = get_int(k, "C"), R = get_int(k, "R"), T = get_int(k, "T"), nout = get_int(k, "NOUT");
+        int64_t per_row = get_int(k, "ROW_BYTES") / get_int(k, "UNIT");
+        int64_t units;
+        if (strcmp(role, "pack") == 0 || strcmp(role, "unpack") == 0) units = C * T * nout * per_row;
+        else if (strcmp(role, "unpack_add") == 0) units = C / R * T * nout * per_row;
+        else return -1;
+        d->block = (unsigned)get_int(k, "BLOCK");
+        d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), 0);
+        return 0;
+    }
+    if (strcmp(f, "attn_delta") == 0) {
+        if (strcmp(role, "fwd")) return -1;
+        int64_t tpr = get_int(k, "TPR");
+        d->block = (unsigned)get_int(k, "BLOCK");
+        d->grid[0] = heads > 0 ? blocks_for(n * heads, d->block / tpr, 0) : 0;
+        return 0;
+    }
+    return -1;
+}

@@ -1,0 +1,215 @@
+// module: rmsnorm_h{{HIDDEN}}_e{{EPS_TAG}}
+// RMSNorm over rows of HIDDEN bf16 values, as Hugging Face's LlamaRMSNorm (arguments: gen/kernels.h):
+//   s = x, or bf16(x + resid);  rstd = 1 / sqrt(mean(s^2) + eps);  out = bf16(weight * bf16(s * rstd)).
+// TPR threads share a row; thread `lane` holds vectors lane, lane + TPR, ... (NV of them, VEC values each) in
+// registers, so the row is read once. A block holds RPB rows (RPB > 1 only when TPR < 32).
+// fwd: one group of RPB rows per block. bwd: persistent blocks loop over rows; each thread keeps the dweight
+// partial sums of its columns in registers and adds them to dweight once, at the end.
+#include <cuda_bf16.h>
+
+typedef long long i64;
+typedef __nv_bfloat16 bf16;
+
+#define HIDDEN {{HIDDEN}}
+#define VEC {{VEC}}
+#define NVEC (HIDDEN / VEC)
+// forward split: TPR threads per row, NV vectors per thread, RPB rows per block
+#define TPR {{TPR}}
+#define NV {{NV}}
+#define RPB {{RPB}}
+#define BLOCK (TPR * RPB)
+// backward split: more threads per row, fewer vectors each (it holds more per vector: dweight sums, dout, x)
+#define TPR_B {{TPR_B}}
+#define NV_B {{NV_B}}
+#define RPB_B {{RPB_B}}
+#define BLOCK_B (TPR_B * RPB_B)
+#define MIN_BLOCKS {{MIN_BLOCKS}}
+#define MIN_BLOCKS_B {{MIN_BLOCKS_B}}
+static constexpr float EPS = (float)({{EPS}});
+
+static_assert(HIDDEN % VEC == 0, "VEC must divide HIDDEN");
+static_assert(TPR <= 32 ? (32 % TPR == 0) : (TPR % 32 == 0 && RPB == 1), "TPR: power of two up to 32, or whole warps");
+static_assert(TPR_B <= 32 ? (32 % TPR_B == 0) : (TPR_B % 32 == 0 && RPB_B == 1), "TPR_B: as TPR");
+static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && BLOCK_B % 32 == 0 && BLOCK_B <= 1024, "whole warps");
+static_assert(NV * TPR >= NVEC && (NV - 1) * TPR < NVEC, "NV vectors per thread cover the row");
+static_assert(NV_B * TPR_B >= NVEC && (NV_B - 1) * TPR_B < NVEC, "NV_B vectors per thread cover the row");
+
+template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
+typedef bvec<VEC> vec_t;
+
+extern "C" __global__ void rmsnorm_fwd_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *x, const bf16 *resid, bf16 *sum_out,
+    const bf16 *weight, bf16 *out, float *rstd, i64 n);
+extern "C" __global__ void rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *dout, const bf16 *x, const bf16 *weight,
+    const float *rstd, const bf16 *dresid, bf16 *dx, float *dweight, i64 n);
+
+static __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
+
+// Whether vector k of thread `lane` lies in the row (vector number lane + k * P).
+template <int P, int N> static __device__ __forceinline__ bool in_row(int k, int lane) {
+    return N * P == NVEC || lane + k * P < NVEC;
+}
+
+// Sum of v over the P threads of a row. With P > 32 (one row per block) it goes through shared memory and ends
+// with a barrier, so it may be called again right away.
+template <int P> static __device__ __forceinline__ float row_sum(float v) {
+#pragma unroll
+    for (int o = (P < 32 ? P : 32) / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (P > 32) {
+        __shared__ float part[P > 32 ? P / 32 : 1];
+        if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+        __syncthreads();
+        v = 0.f;
+#pragma unroll
+        for (int w = 0; w < P / 32; w++) v += part[w];
+        __syncthreads();
+    }
+    return v;
+}
+
+__global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_h{{HIDDEN}}_e{{EPS_TAG}}(
+    const bf16 *__restrict__ x, const bf16 *__restrict__ resid, bf16 *__restrict__ sum_out,
+    const bf16 *__restrict__ weight, bf16 *__restrict__ out, float *__restrict__ rstd, i64 n) {
+    const int lane = threadIdx.x % TPR;
+    const i64 row = (i64)blockIdx.x * RPB + threadIdx.x / TPR;
+    const bool valid = row < n;             // rows past n compute on row n-1 (for the shuffles) and store nothing
+    const i64 base = (valid ? row : n - 1) * HIDDEN;
+    vec_t xv[NV], wv[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if (in_row<TPR, NV>(k, lane)) xv[k] = *reinterpret_cast<const vec_t *>(x + base + (lane + k * TPR) * VEC);
+    float s[NV][VEC];
+    if (resid) {
+        vec_t rv[NV];
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+            if (in_row<TPR, NV>(k, lane)) rv[k] = *reinterpret_cast<const vec_t *>(resid + base + (lane + k * TPR) * VEC);
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                s[k][i] = in_row<TPR, NV>(k, lane) ? bf16_round(__bfloat162float(xv[k].h[i]) + __bfloat162float(rv[k].h[i])) : 0.f;
+    } else {
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+#pragma unroll
+            for (int i = 0; i < VEC; i++) s[k][i] = in_row<TPR, NV>(k, lane) ? __bfloat162float(xv[k].h[i]) : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if (in_row<TPR, NV>(k, lane)) wv[k] = *reinterpret_cast<const vec_t *>(weight + (lane + k * TPR) * VEC);
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+#pragma unroll
+        for (int i = 0; i < VEC; i++) ss = fmaf(s[k][i], s[k][i], ss);
+    ss = row_sum<TPR>(ss);
+    const float r = rsqrtf(ss / (float)HIDDEN + EPS);
+    if (!valid) return;
+    if (lane == 0) rstd[row] = r;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        if (!in_row<TPR, NV>(k, lane)) continue;
+        const i64 off = base + (lane + k * TPR) * VEC;
+        vec_t o;
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            o.h[i] = __float2bfloat16_rn(__bfloat162float(wv[k].h[i]) * bf16_round(s[k][i] * r));
+        *reinterpret_cast<vec_t *>(out + off) = o;
+        if (resid) {
+            vec_t so;
+#pragma unroll
+            for (int i = 0; i < VEC; i++) so.h[i] = __float2bfloat16_rn(s[k][i]); // exact: s is bf16-valued
+            *reinterpret_cast<vec_t *>(sum_out + off) = so;
+        }
+    }
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)) (+ dresid), g = dout * weight, xhat = x * rstd;
+// dweight += dout * bf16(xhat) (the product HF's weight multiplies).
+__global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(
+    const bf16 *__restrict__ dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight,
+    const float *__restrict__ rstd, const bf16 *dresid, bf16 *dx, float *__restrict__ dweight, i64 n) {
+    const int lane = threadIdx.x % TPR_B;
+    const int sub = threadIdx.x / TPR_B;
+    float dw[NV_B][VEC];
+#pragma unroll
+    for (int k = 0; k < NV_B; k++)
+#pragma unroll
+        for (int i = 0; i < VEC; i++) dw[k][i] = 0.f;
+    // every thread of the block runs the same number of iterations (the shuffles and barriers need that)
+    for (i64 first = (i64)blockIdx.x * RPB_B; first < n; first += (i64)gridDim.x * RPB_B) {
+        const i64 row = first + sub;
+        const bool valid = row < n;
+        const i64 base = (valid ? row : n - 1) * HIDDEN;
+        vec_t dv[NV_B], xv[NV_B], wv[NV_B];
+#pragma unroll
+        for (int k = 0; k < NV_B; k++)
+            if (in_row<TPR_B, NV_B>(k, lane)) {
+                dv[k] = *reinterpret_cast<const vec_t *>(dout + base + (lane + k * TPR_B) * VEC);
+                xv[k] = *reinterpret_cast<const vec_t *>(x + base + (lane + k * TPR_B) * VEC);
+                wv[k] = *reinterpret_cast<const vec_t *>(weight + (lane + k * TPR_B) * VEC);
+            }
+        vec_t rv[NV_B];
+        if (dresid) {
+#pragma unroll
+            for (int k = 0; k < NV_B; k++)
+                if (in_row<TPR_B, NV_B>(k, lane)) rv[k] = *reinterpret_cast<const vec_t *>(dresid + base + (lane + k * TPR_B) * VEC);
+        }
+        const float r = rstd[valid ? row : n - 1];
+        float dot = 0.f;
+#pragma unroll
+        for (int k = 0; k < NV_B; k++)
+            if (in_row<TPR_B, NV_B>(k, lane))
+#pragma unroll
+                for (int i = 0; i < VEC; i++)
+                    dot = fmaf(__bfloat162float(dv[k].h[i]) * __bfloat162float(wv[k].h[i]), __bfloat162float(xv[k].h[i]) * r, dot);
+        dot = row_sum<TPR_B>(dot);
+        const float mean = dot / (float)HIDDEN;
+        if (!valid) continue;
+#pragma unroll
+        for (int k = 0; k < NV_B; k++) {
+            if (!in_row<TPR_B, NV_B>(k, lane)) continue;
+            vec_t o;
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                const float d = __bfloat162float(dv[k].h[i]);
+                const float xh = __bfloat162float(xv[k].h[i]) * r;
+                float v = r * fmaf(-xh, mean, d * __bfloat162float(wv[k].h[i]));
+                if (dresid) v += __bfloat162float(rv[k].h[i]);
+                o.h[i] = __float2bfloat16_rn(v);
+                dw[k][i] = fmaf(d, bf16_round(xh), dw[k][i]);
+            }
+            *reinterpret_cast<vec_t *>(dx + base + (lane + k * TPR_B) * VEC) = o;
+        }
+    }
+#if RPB_B > 1
+    // several rows per block share columns: sum the RPB_B partials in shared memory first (HIDDEN <= 512 here)
+    __shared__ float sdw[RPB_B][HIDDEN];
+#pragma unroll
+    for (int k = 0; k < NV_B; k++)
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            if (in_row<TPR_B, NV_B>(k, lane)) sdw[sub][(lane + k * TPR_B) * VEC + i] = dw[k][i];
+    __syncthreads();
+    for (int c = threadIdx.x; c < HIDDEN; c += BLOCK_B) {
+        float t = 0.f;
+#pragma unroll
+        for (int j = 0; j < RPB_B; j++) t += sdw[j][c];
+        atomicAdd(&dweight[c], t);
+    }
+#else
+#pragma unroll
+    for (int k = 0; k < NV_B; k++) {
+        if (!in_row<TPR_B, NV_B>(k, lane)) continue;
+        float *p = dweight + (lane + k * TPR_B) * VEC;
+#if __CUDA_ARCH__ >= 900 && VEC % 4 == 0
+#pragma unroll
+        for (int i = 0; i < VEC; i += 4)
+            atomicAdd(reinterpret_cast<float4 *>(p + i), make_float4(dw[k][i], dw[k][i + 1], dw[k][i + 2], dw[k][i + 3]));
+#else
+#pragma unroll
+        for (int i = 0; i < VEC; i++) atomicAdd(p + i, dw[k][i]);
+#endif
+    }
+#endif
+}
