@@ -1,0 +1,211 @@
+/* ref_kernels.c: plain C references of the kernel families (see ref.h). Straight from the definitions, in double;
+ * speed does not matter, being obviously right does. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref.h"
+
+static double bf(uint16_t h) { return bf16_to_f32(h); }
+
+void ref_embedding_fwd(const int32_t *tokens, int64_t n, const uint16_t *table, int64_t vocab, int64_t hidden,
+                       uint16_t *out) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < hidden; j++)
+            out[i * hidden + j] = tokens[i] >= 0 && tokens[i] < vocab ? table[tokens[i] * hidden + j] : 0x7fc0;
+}
+
+void ref_embedding_bwd(const int32_t *tokens, int64_t n, const uint16_t *dout, int64_t vocab, int64_t hidden,
+                       float *dtable) {
+    for (int64_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= vocab) continue;
+        for (int64_t j = 0; j < hidden; j++)
+            dtable[tokens[i] * hidden + j] = (float)((double)dtable[tokens[i] * hidden + j] + bf(dout[i * hidden + j]));
+    }
+}
+
+void ref_rmsnorm_fwd(const uint16_t *x, const uint16_t *resid, uint16_t *sum_out, const uint16_t *weight,
+                     uint16_t *out, float *rstd, int64_t n, int64_t hidden, double eps) {
+    double *s = malloc(sizeof(double) * (size_t)hidden);
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t o = r * hidden;
+        double ss = 0;
+        for (int64_t j = 0; j < hidden; j++) {
+            s[j] = resid ? bf16_round(bf(x[o + j]) + bf(resid[o + j])) : bf(x[o + j]);
+            if (resid) sum_out[o + j] = f64_to_bf16(s[j]);
+            ss += s[j] * s[j];
+        }
+        double rs = 1.0 / sqrt(ss / (double)hidden + eps);
+        rstd[r] = (float)rs;
+        for (int64_t j = 0; j < hidden; j++) out[o + j] = f64_to_bf16(bf(weight[j]) * bf16_round(s[j] * rs));
+    }
+    free(s);
+}
+
+void ref_rmsnorm_bwd(const uint16_t *dout, const uint16_t *x, const uint16_t *weight, const float *rstd,
+                     const uint16_t *dresid, uint16_t *dx, float *dweight, int64_t n, int64_t hidden) {
+    double *dw = calloc((size_t)hidden, sizeof(double));
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t o = r * hidden;
+        const double rs = rstd[r];
+        double dot = 0;
+        for (int64_t j = 0; j < hidden; j++) dot += bf(dout[o + j]) * bf(weight[j]) * bf(x[o + j]) * rs;
+        const double mean = dot / (double)hidden;
+        for (int64_t j = 0; j < hidden; j++) {
+            const double xh = bf(x[o + j]) * rs, g = bf(dout[o + j]) * bf(weight[j]);
+            double d = rs * (g - xh * mean);
+            if (dresid) d += bf(dresid[o + j]);
+            dx[o + j] = f64_to_bf16(d);
+            dw[j] += bf(dout[o + j]) * bf16_round(xh);
+        }
+    }
+    for (int64_t j = 0; j < hidden; j++) dweight[j] = (float)((double)dweight[j] + dw[j]);
+    free(dw);
+}
+
+void ref_rope_inv_freq(int64_t head_dim, double theta, const ref_rope_scaling *s, double *inv_freq) {
+    for (int64_t i = 0; i < head_dim / 2; i++) {
+        double f = 1.0 / pow(theta, (double)(2 * i) / (double)head_dim);
+        if (s && s->enabled) {
+            double wavelen = 2 * M_PI / f;
+            double low_wavelen = s->original_max / s->low_freq, high_wavelen = s->original_max / s->high_freq;
+            if (wavelen > low_wavelen) {
+                f = f / s->factor; /* low frequencies: scaled down */
+            } else if (wavelen >= high_wavelen) {
+                double smooth = (s->original_max / wavelen - s->low_freq) / (s->high_freq - s->low_freq);
+                f = (1 - smooth) * f / s->factor + smooth * f; /* between: interpolated */
+            }                                                  /* high frequencies: kept */
+        }
+        inv_freq[i] = f;
+    }
+}
+
+void ref_rope(uint16_t *x, int64_t n, int64_t heads, int64_t head_dim, int64_t pos0, const double *inv_freq,
+              bool backward) {
+    const int64_t half = head_dim / 2;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < half; i++) {
+            double a = (double)(pos0 + r) * inv_freq[i];
+            double c = cos(a), s = backward ? -sin(a) : sin(a);
+            for (int64_t h = 0; h < heads; h++) {
+                uint16_t *p = x + (r * heads + h) * head_dim;
+                double x0 = bf(p[i]), x1 = bf(p[i + half]);
+                p[i] = f64_to_bf16(x0 * c - x1 * s);
+                p[i + half] = f64_to_bf16(x1 * c + x0 * s);
+            }
+        }
+}
+
+static double sigmoid(double g) { return 1.0 / (1.0 + exp(-g)); }
+
+void ref_swiglu_fwd(const uint16_t *gate, const uint16_t *up, uint16_t *out, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        double g = bf(gate[i]);
+        out[i] = f64_to_bf16(bf16_round(g * sigmoid(g)) * bf(up[i]));
+    }
+}
+
+void ref_swiglu_bwd(const uint16_t *dout, uint16_t *gate, uint16_t *up, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        double g = bf(gate[i]), u = bf(up[i]), d = bf(dout[i]), s = sigmoid(g);
+        gate[i] = f64_to_bf16(d * u * s * (1 + g * (1 - s)));
+        up[i] = f64_to_bf16(d * bf16_round(g * s));
+    }
+}
+
+double ref_loss(uint16_t *logits, const int32_t *targets, int64_t n, int64_t vocab, double scale) {
+    double total = 0;
+    for (int64_t r = 0; r < n; r++) {
+        uint16_t *row = logits + r * vocab;
+        const int32_t t = targets[r];
+        if (t < 0) {
+            memset(row, 0, sizeof(uint16_t) * (size_t)vocab);
+            continue;
+        }
+        if (t >= vocab) {
+            total = NAN;
+            for (int64_t j = 0; j < vocab; j++) row[j] = 0x7fc0;
+            continue;
+        }
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < vocab; j++) mx = fmax(mx, bf(row[j]));
+        for (int64_t j = 0; j < vocab; j++) sum += exp(bf(row[j]) - mx);
+        const double lse = mx + log(sum);
+        total += lse - bf(row[t]);
+        for (int64_t j = 0; j < vocab; j++) row[j] = f64_to_bf16((exp(bf(row[j]) - lse) - (j == t)) * scale);
+    }
+    return total;
+}
+
+void ref_adamw(float *master, float *m, float *v, const float *grad, uint16_t *param, int64_t n, double lr,
+               double beta1, double beta2, double eps, double wd, double grad_scale, int step) {
+    const double bc1 = 1 - pow(beta1, step), bc2 = 1 - pow(beta2, step);
+    for (int64_t i = 0; i < n; i++) {
+        const double g = (double)grad[i] * grad_scale;
+        double p = (double)master[i] * (1 - lr * wd);
+        const double mm = beta1 * m[i] + (1 - beta1) * g;
+        const double vv = beta2 * v[i] + (1 - beta2) * g * g;
+        p -= lr / bc1 * mm / (sqrt(vv) / sqrt(bc2) + eps);
+        master[i] = (float)p;
+        m[i] = (float)mm;
+        v[i] = (float)vv;
+        param[i] = f32_to_bf16((float)p);
+    }
+}
+
+double ref_sumsq(const float *grad, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)grad[i] * grad[i];
+    return s;
+}
+
+void ref_ulysses_pack(const void *src, int64_t src_stride, void *dst, int C, int R, int64_t T, int nout,
+                      int64_t row_bytes) {
+    const char *s = src;
+    char *d = dst;
+    for (int r = 0; r < C; r++)
+        for (int64_t t = 0; t < T; t++)
+            for (int j = 0; j < nout; j++)
+                memcpy(d + (((int64_t)r * T + t) * nout + j) * row_bytes,
+                       s + t * src_stride + ((int64_t)(r / R) * nout + j) * row_bytes, (size_t)row_bytes);
+}
+
+void ref_ulysses_unpack(const void *src, void *dst, int64_t dst_stride, int C, int64_t T, int nout,
+                        int64_t row_bytes) {
+    const char *s = src;
+    char *d = dst;
+    for (int r = 0; r < C; r++)
+        for (int64_t t = 0; t < T; t++)
+            for (int j = 0; j < nout; j++)
+                memcpy(d + t * dst_stride + ((int64_t)r * nout + j) * row_bytes,
+                       s + (((int64_t)r * T + t) * nout + j) * row_bytes, (size_t)row_bytes);
+}
+
+void ref_ulysses_unpack_add(const void *src, void *dst, int64_t dst_stride, int C, int R, int64_t T, int nout,
+                            int64_t row_bytes) {
+    const uint16_t *s = src;
+    const int64_t e = row_bytes / 2; /* bf16 values per row */
+    for (int k = 0; k < C / R; k++)
+        for (int64_t t = 0; t < T; t++)
+            for (int j = 0; j < nout; j++) {
+                uint16_t *d = (uint16_t *)((char *)dst + t * dst_stride + ((int64_t)k * nout + j) * row_bytes);
+                for (int64_t x = 0; x < e; x++) {
+                    double acc = bf(d[x]);
+                    for (int i = 0; i < R; i++) acc += bf(s[((((int64_t)k * R + i) * T + t) * nout + j) * e + x]);
+                    d[x] = f64_to_bf16(acc);
+                }
+            }
+}
+
+void ref_cast_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
+}
+
+void ref_attn_delta(const uint16_t *dout, const uint16_t *out, float *delta, int64_t n, int64_t heads,
+                    int64_t head_dim) {
+    for (int64_t r = 0; r < n * heads; r++) {
+        double s = 0;
+        for (int64_t d = 0; d < head_dim; d++) s += bf(dout[r * head_dim + d]) * bf(out[r * head_dim + d]);
+        delta[r] = (float)s;
+    }
+}
