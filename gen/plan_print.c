@@ -150,6 +150,14 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
         }
         fprintf(out, "  %.0f us\n", s->seconds * 1e6);
     }
+    fprintf(out, "\nbuffers live at the peak (step %d)\n", P->peak_step);
+    for (int i = 0; i < P->nbufs; i++) {
+        const cp_buffer *b = &P->bufs[i];
+        if (b->space != CP_SPACE_GPU) continue;
+        for (int k = 0; k < b->nlive; k++)
+            if (b->live[k].start <= P->peak_step && P->peak_step <= b->live[k].end)
+                fprintf(out, "  %-22s %14s  %s\n", b->name, cp_fmt_bytes(b->bytes, a, sizeof a), cat_keys[b->cat]);
+    }
     fprintf(out, "\nbuffers\n");
     for (int i = 0; i < P->nbufs; i++) {
         const cp_buffer *b = &P->bufs[i];
