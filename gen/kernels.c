@@ -180,7 +180,8 @@ void cp_k_loss(cp_kernel_spec *k, int64_t vocab) {
 void cp_k_adamw(cp_kernel_spec *k) {
     cp_kspec_init(k, "adamw");
     cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
-    cp_kspec_set_int(k, "UNROLL", 2);
+    cp_kspec_set_int(k, "UNROLL", 2);        /* update: 4 float4 loads per unit, 8 per thread in flight */
+    cp_kspec_set_int(k, "SUMSQ_UNROLL", 8);  /* sumsq: few blocks (few atomics), so more loads per thread */
 }
 
 void cp_k_ulysses(cp_kernel_spec *k, int gpus, int repl, int64_t tokens, int nout, int64_t row_bytes) {
@@ -281,10 +282,12 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
     }
     if (strcmp(f, "adamw") == 0) {
         d->block = (unsigned)get_int(k, "BLOCK");
-        int64_t per = d->block * get_int(k, "UNROLL") * 4; /* float4 units */
-        if (strcmp(role, "update") == 0) d->grid[0] = blocks_for(n, per, 0);
-        else if (strcmp(role, "sumsq") == 0) d->grid[0] = blocks_for(n, per, (int64_t)sms * (2048 / d->block));
-        else return -1;
+        if (strcmp(role, "update") == 0)
+            d->grid[0] = blocks_for(n, d->block * get_int(k, "UNROLL") * 4, 0); /* float4 units */
+        else if (strcmp(role, "sumsq") == 0) /* persistent: one full SM of threads, one atomicAdd per block */
+            d->grid[0] = blocks_for(n, d->block * get_int(k, "SUMSQ_UNROLL") * 4, (int64_t)sms * (1024 / d->block));
+        else
+            return -1;
         return 0;
     }
     if (strcmp(f, "cast") == 0) {

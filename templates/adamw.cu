@@ -7,7 +7,8 @@
 // Both kernels move float4 vectors, UNROLL per thread per iteration, when every pointer is 16-byte aligned (param:
 // 8-byte), else element by element.
 // sumsq: out += sum of grad^2: squares summed in fp32 per float4, in double per thread and block, then one fp32
-// atomicAdd per block (persistent grid: a few blocks per SM, see cp_k_dims).
+// atomicAdd per block (persistent grid of one SM's worth of threads per SM, see cp_k_dims, so few atomics;
+// SUMSQ_UNROLL float4 loads in flight per thread make up for the small grid).
 #include <cuda_bf16.h>
 
 typedef long long i64;
@@ -15,6 +16,7 @@ typedef __nv_bfloat16 bf16;
 
 #define BLOCK {{BLOCK}}
 #define UNROLL {{UNROLL}}
+#define SUMSQ_UNROLL {{SUMSQ_UNROLL}}
 
 extern "C" __global__ void adamw_update(float *master, float *m, float *v, const float *grad, bf16 *param, i64 n,
                                         float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
@@ -114,15 +116,15 @@ __global__ void __launch_bounds__(BLOCK) adamw_sumsq(const float *__restrict__ g
     if ((reinterpret_cast<unsigned long long>(grad) & 15) == 0) {
         const i64 n4 = n / 4;
         const float4 *G = reinterpret_cast<const float4 *>(grad);
-        for (i64 base = (i64)blockIdx.x * (BLOCK * UNROLL); base < n4; base += (i64)gridDim.x * (BLOCK * UNROLL)) {
-            float4 g[UNROLL];
+        for (i64 base = (i64)blockIdx.x * (BLOCK * SUMSQ_UNROLL); base < n4; base += (i64)gridDim.x * (BLOCK * SUMSQ_UNROLL)) {
+            float4 g[SUMSQ_UNROLL];
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++) {
+            for (int u = 0; u < SUMSQ_UNROLL; u++) {
                 const i64 i = base + u * BLOCK + threadIdx.x;
                 if (i < n4) g[u] = G[i];
             }
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++) {
+            for (int u = 0; u < SUMSQ_UNROLL; u++) {
                 const i64 i = base + u * BLOCK + threadIdx.x;
                 if (i < n4) acc += (double)fmaf(g[u].x, g[u].x, fmaf(g[u].y, g[u].y, fmaf(g[u].z, g[u].z, g[u].w * g[u].w)));
             }

@@ -1,0 +1,289 @@
+/* bench_kernels.c: bandwidth of the memory-bound kernels at large sizes. Each kernel: warm-up launches, then REPS
+ * launches timed one by one with CUDA events; the median time gives GB/s from the bytes the kernel must move (each
+ * input read once, each output written once) and the percentage of 4300 GB/s, the H200's measured copy ceiling.
+ * A device-to-device cudaMemcpy of 1 GiB is timed the same way as this run's own ceiling. The table comes last.
+ * Inputs are filled with a byte pattern (0x3C: bf16 0.0115, fp32 0.0115), tokens and targets are in range. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_util.h"
+
+#define REPS 60
+#define WARM 5
+#define CEILING_GBPS 4300.0
+#define GOAL 0.70
+
+typedef struct {
+    char name[40], shape[48];
+    double us, gbps;
+    bool goal; /* the >= 70% goal applies */
+} result;
+
+static result res[64];
+static int nres;
+static double memcpy_gbps;
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void check(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) {
+        char m[1024];
+        cp_cuda_errmsg(e, what, m, sizeof m);
+        gu_fail("%s", m);
+    }
+}
+
+/* Median microseconds of REPS launches of k (geometry d) with args, after WARM launches. */
+static double time_kernel(cudaKernel_t k, const cp_kdims *d, void **args) {
+    cudaEvent_t e0[REPS], e1[REPS];
+    for (int i = 0; i < REPS; i++) {
+        check(cudaEventCreate(&e0[i]), "cudaEventCreate");
+        check(cudaEventCreate(&e1[i]), "cudaEventCreate");
+    }
+    for (int i = 0; i < WARM; i++) check(cp_launch(k, d, args, 0), "launch");
+    check(cudaDeviceSynchronize(), "warm-up");
+    for (int i = 0; i < REPS; i++) {
+        check(cudaEventRecord(e0[i], 0), "cudaEventRecord");
+        check(cp_launch(k, d, args, 0), "launch");
+        check(cudaEventRecord(e1[i], 0), "cudaEventRecord");
+    }
+    check(cudaDeviceSynchronize(), "timed launches");
+    float ms[REPS];
+    for (int i = 0; i < REPS; i++) {
+        check(cudaEventElapsedTime(&ms[i], e0[i], e1[i]), "cudaEventElapsedTime");
+        cudaEventDestroy(e0[i]);
+        cudaEventDestroy(e1[i]);
+    }
+    qsort(ms, REPS, sizeof ms[0], cmp_float);
+    return 1000.0 * (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2;
+}
+
+static void report(const char *name, const char *shape, double us, double bytes, bool goal) {
+    result *r = &res[nres++];
+    snprintf(r->name, sizeof r->name, "%s", name);
+    snprintf(r->shape, sizeof r->shape, "%s", shape);
+    r->us = us;
+    r->gbps = bytes / (us * 1e-6) / 1e9;
+    r->goal = goal;
+    printf("%-22s %-26s %10.1f us %8.0f GB/s %6.1f%% of %.0f\n", name, shape, us, r->gbps,
+           100 * r->gbps / CEILING_GBPS, CEILING_GBPS);
+    fflush(stdout);
+}
+
+static void bench(gu_module *m, const char *role, int64_t n, int64_t heads, void **args, const char *name,
+                  const char *shape, double bytes, bool goal) {
+    cp_kdims d = gu_dims(m, role, n, heads);
+    report(name, shape, time_kernel(gu_kernel(m, role), &d, args), bytes, goal);
+}
+
+static void *filled(size_t bytes) {
+    void *p = gu_malloc(bytes);
+    check(cudaMemset(p, 0x3C, bytes), "cudaMemset");
+    return p;
+}
+
+static gu_module *build(cp_kernel_spec *k) {
+    gu_module *m = gu_build(k);
+    cp_kspec_free(k);
+    return m;
+}
+
+static void bench_memcpy(void) {
+    const size_t bytes = (size_t)1 << 30;
+    void *a = filled(bytes), *b = gu_malloc(bytes);
+    cudaEvent_t e0[REPS], e1[REPS];
+    for (int i = 0; i < WARM; i++) check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0), "memcpy");
+    for (int i = 0; i < REPS; i++) {
+        check(cudaEventCreate(&e0[i]), "cudaEventCreate");
+        check(cudaEventCreate(&e1[i]), "cudaEventCreate");
+        check(cudaEventRecord(e0[i], 0), "cudaEventRecord");
+        check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0), "memcpy");
+        check(cudaEventRecord(e1[i], 0), "cudaEventRecord");
+    }
+    check(cudaDeviceSynchronize(), "memcpy");
+    float ms[REPS];
+    for (int i = 0; i < REPS; i++) {
+        check(cudaEventElapsedTime(&ms[i], e0[i], e1[i]), "cudaEventElapsedTime");
+        cudaEventDestroy(e0[i]);
+        cudaEventDestroy(e1[i]);
+    }
+    qsort(ms, REPS, sizeof ms[0], cmp_float);
+    double us = 1000.0 * (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2;
+    report("cudaMemcpy D2D", "1 GiB", us, 2.0 * (double)bytes, false);
+    memcpy_gbps = res[nres - 1].gbps;
+    gu_free_dev(a);
+    gu_free_dev(b);
+}
+
+int main(void) {
+    if (gu_init() != 0) return 1;
+    gu_cmocka = false;
+    cp_kernel_spec k;
+    printf("\n%-22s %-26s %13s %13s\n", "kernel", "shape", "median", "bandwidth");
+    bench_memcpy();
+
+    { /* rmsnorm 65536 x 4096 */
+        int64_t n = 65536, H = 4096;
+        cp_k_rmsnorm(&k, H, 1e-5);
+        gu_module *m = build(&k);
+        size_t nb = 2 * (size_t)(n * H);
+        void *x = filled(nb), *r = filled(nb), *s = gu_malloc(nb), *w = filled(2 * (size_t)H), *o = gu_malloc(nb);
+        void *rs = gu_malloc(4 * (size_t)n), *dw = filled(4 * (size_t)H), *null = NULL;
+        void *a[] = {&x, &null, &null, &w, &o, &rs, &n};
+        bench(m, "fwd", n, 0, a, "rmsnorm_fwd", "65536x4096", 2.0 * nb + 4.0 * n, true);
+        void *b[] = {&x, &r, &s, &w, &o, &rs, &n};
+        bench(m, "fwd", n, 0, b, "rmsnorm_fwd resid", "65536x4096", 4.0 * nb + 4.0 * n, true);
+        void *c[] = {&r, &x, &w, &rs, &null, &o, &dw, &n};
+        bench(m, "bwd", n, 0, c, "rmsnorm_bwd", "65536x4096", 3.0 * nb + 4.0 * n, true);
+        void *e[] = {&r, &x, &w, &rs, &s, &o, &dw, &n};
+        bench(m, "bwd", n, 0, e, "rmsnorm_bwd dresid", "65536x4096", 4.0 * nb + 4.0 * n, true);
+        gu_free_dev(x), gu_free_dev(r), gu_free_dev(s), gu_free_dev(w), gu_free_dev(o), gu_free_dev(rs), gu_free_dev(dw);
+        gu_free(m);
+    }
+    { /* rope 65536 tokens x 32 heads x 128 */
+        cp_model md;
+        memset(&md, 0, sizeof md);
+        md.head_dim = 128;
+        md.rope_theta = 500000;
+        md.rope_scaling = (cp_rope_scaling){true, 8, 1, 4, 8192};
+        cp_k_rope(&k, &md);
+        gu_module *m = build(&k);
+        int64_t n = 65536, pos0 = 0;
+        int heads = 32;
+        size_t nb = 2 * (size_t)(n * heads * 128);
+        void *x = filled(nb);
+        void *a[] = {&x, &n, &heads, &pos0};
+        bench(m, "fwd", n, heads, a, "rope_fwd", "65536x32x128", 2.0 * nb, true);
+        int kvh = 8;
+        void *b[] = {&x, &n, &kvh, &pos0};
+        bench(m, "bwd", n, kvh, b, "rope_bwd (8 kv heads)", "65536x8x128", 2.0 * nb / 4, true);
+        gu_free_dev(x);
+        gu_free(m);
+    }
+    { /* swiglu 16384 x 14336 */
+        int64_t n = 16384, F = 14336;
+        cp_k_swiglu(&k, F);
+        gu_module *m = build(&k);
+        size_t nb = 2 * (size_t)(n * F);
+        void *g = filled(nb), *u = filled(nb), *o = filled(nb);
+        void *a[] = {&g, &u, &o, &n};
+        bench(m, "fwd", n, 0, a, "swiglu_fwd", "16384x14336", 3.0 * nb, true);
+        void *b[] = {&o, &g, &u, &n};
+        bench(m, "bwd", n, 0, b, "swiglu_bwd", "16384x14336", 5.0 * nb, true);
+        gu_free_dev(g), gu_free_dev(u), gu_free_dev(o);
+        gu_free(m);
+    }
+    { /* embedding: 65536 tokens of a 128256 x 4096 table */
+        int64_t V = 128256, H = 4096, n = 65536;
+        cp_k_embedding(&k, V, H);
+        gu_module *m = build(&k);
+        gu_rng r;
+        gu_seed(&r, 7);
+        int32_t *tok = malloc(4 * (size_t)n);
+        for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)(gu_next(&r) % (uint64_t)V);
+        void *dt = gu_malloc(4 * (size_t)n);
+        gu_upload(dt, tok, 4 * (size_t)n);
+        free(tok);
+        size_t nb = 2 * (size_t)(n * H);
+        void *table = filled(2 * (size_t)(V * H)), *o = gu_malloc(nb), *dtab = filled(4 * (size_t)(V * H));
+        void *a[] = {&dt, &table, &o, &n};
+        bench(m, "fwd", n, 0, a, "embedding_fwd", "65536 of 128256x4096", 2.0 * nb + 4.0 * n, true);
+        void *b[] = {&dt, &o, &dtab, &n};
+        bench(m, "bwd", n, 0, b, "embedding_bwd (atomic)", "65536 of 128256x4096", 5.0 * nb + 4.0 * n, false);
+        gu_free_dev(dt), gu_free_dev(table), gu_free_dev(o), gu_free_dev(dtab);
+        gu_free(m);
+    }
+    { /* adamw over 256M parameters */
+        int64_t n = (int64_t)1 << 28;
+        cp_k_adamw(&k);
+        gu_module *m = build(&k);
+        size_t fb = 4 * (size_t)n;
+        void *p = filled(fb), *mm = filled(fb), *v = filled(fb), *g = filled(fb), *pb = gu_malloc(2 * (size_t)n);
+        void *out = filled(4);
+        float lr = 1e-5f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 1.0f;
+        int step = 10;
+        void *a[] = {&p, &mm, &v, &g, &pb, &n, &lr, &b1, &b2, &eps, &wd, &gs, &step};
+        bench(m, "update", n, 0, a, "adamw_update", "256M params", 30.0 * (double)n, true);
+        void *b[] = {&g, &n, &out};
+        bench(m, "sumsq", n, 0, b, "adamw_sumsq", "256M params", 4.0 * (double)n, true);
+        gu_free_dev(p), gu_free_dev(mm), gu_free_dev(v), gu_free_dev(g), gu_free_dev(pb), gu_free_dev(out);
+        gu_free(m);
+    }
+    { /* ulysses: 65536 tokens x 32 heads x 128 bf16 over 8 ranks (4 heads each), and the 1-rank strided copy */
+        int64_t T = 65536, rb = 256;
+        cp_k_ulysses(&k, 8, 1, T, 4, rb);
+        gu_module *m = build(&k);
+        size_t nb = (size_t)(T * 32 * rb);
+        int64_t stride = 32 * rb;
+        void *src = filled(nb), *dst = gu_malloc(nb);
+        void *a[] = {&src, &stride, &dst};
+        bench(m, "pack", 0, 0, a, "ulysses_pack", "65536x32x128 c8", 2.0 * nb, true);
+        void *b[] = {&dst, &src, &stride};
+        bench(m, "unpack", 0, 0, b, "ulysses_unpack", "65536x32x128 c8", 2.0 * nb, true);
+        bench(m, "unpack_add", 0, 0, b, "ulysses_unpack_add", "65536x32x128 c8", 3.0 * nb, true);
+        gu_free(m);
+        cp_k_ulysses(&k, 1, 1, T, 8, rb); /* one stage's 8 of 64 heads: columns of a wider buffer */
+        m = build(&k);
+        int64_t wide = 64 * rb;
+        void *w = filled((size_t)(T * wide));
+        void *c[] = {&w, &wide, &dst};
+        bench(m, "pack", 0, 0, c, "ulysses_pack c1 stage", "65536x8of64x128", 2.0 * (double)(T * 8 * rb), true);
+        gu_free_dev(src), gu_free_dev(dst), gu_free_dev(w);
+        gu_free(m);
+    }
+    { /* loss on a tile of 2048 x 128256 */
+        int64_t n = 2048, V = 128256;
+        cp_k_loss(&k, V);
+        gu_module *m = build(&k);
+        size_t nb = 2 * (size_t)(n * V);
+        int32_t *t = malloc(4 * (size_t)n);
+        for (int64_t i = 0; i < n; i++) t[i] = (int32_t)((i * 7919) % V);
+        void *dtg = gu_malloc(4 * (size_t)n), *x = filled(nb), *ls = filled(4);
+        gu_upload(dtg, t, 4 * (size_t)n);
+        free(t);
+        float scale = 1.0f / 2048;
+        void *a[] = {&x, &dtg, &ls, &scale, &n};
+        bench(m, "fwdbwd", n, 0, a, "loss_fwdbwd", "2048x128256", 2.0 * nb, false);
+        gu_free_dev(dtg), gu_free_dev(x), gu_free_dev(ls);
+        gu_free(m);
+    }
+    { /* cast and attn_delta */
+        int64_t n = (int64_t)1 << 28;
+        cp_k_cast(&k);
+        gu_module *m = build(&k);
+        void *s = filled(4 * (size_t)n), *d = gu_malloc(2 * (size_t)n);
+        void *a[] = {&s, &d, &n};
+        bench(m, "f32_to_bf16", n, 0, a, "cast_f32_to_bf16", "256M", 6.0 * (double)n, true);
+        gu_free_dev(s), gu_free_dev(d);
+        gu_free(m);
+        cp_k_attn_delta(&k, 128);
+        m = build(&k);
+        int64_t T = 65536;
+        int heads = 32;
+        size_t nb = 2 * (size_t)(T * heads * 128);
+        void *go = filled(nb), *o = filled(nb), *dl = gu_malloc(4 * (size_t)(T * heads));
+        void *b[] = {&go, &o, &dl, &T, &heads};
+        bench(m, "fwd", T, heads, b, "attn_delta", "65536x32x128", 2.0 * nb + 4.0 * T * heads, true);
+        gu_free_dev(go), gu_free_dev(o), gu_free_dev(dl);
+        gu_free(m);
+    }
+
+    printf("\n%-22s %-26s %10s %9s %8s %10s  %s\n", "kernel", "shape", "median us", "GB/s", "%4300", "%memcpy",
+           "goal >= 70% of 4300");
+    int below = 0;
+    for (int i = 0; i < nres; i++) {
+        double pct = 100 * res[i].gbps / CEILING_GBPS;
+        const char *g = !res[i].goal ? "-" : pct >= 100 * GOAL ? "ok" : "BELOW";
+        below += res[i].goal && pct < 100 * GOAL;
+        printf("%-22s %-26s %10.1f %9.0f %7.1f%% %9.1f%%  %s\n", res[i].name, res[i].shape, res[i].us, res[i].gbps,
+               pct, 100 * res[i].gbps / memcpy_gbps, g);
+    }
+    printf("%d kernels timed, %d below the goal; this run's cudaMemcpy ceiling %.0f GB/s\n", nres - 1, below,
+           memcpy_gbps);
+    return 0;
+}

@@ -1,0 +1,82 @@
+/* gpu_util.h: helpers of the GPU tests and benchmarks: the device, modules emitted from the templates and compiled
+ * with the JIT, device buffers, seeded random inputs, NaN poisoning, error measures and the closing table. */
+#ifndef GPU_UTIL_H
+#define GPU_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_check.h"
+#include "emit.h"
+#include "jit.h"
+#include "kernels.h"
+#include "module.h"
+
+typedef struct {
+    int dev, sms;
+    char arch[16];
+    char name[256];
+    size_t mem;
+} gu_device;
+extern gu_device gu_dev;
+
+/* Use GPU 0 and print what it is. Returns 0, or -1 after printing why there is no usable GPU. */
+int gu_init(void);
+
+/* Inside a cmocka test, failures fail the test (fail_msg); outside (benchmarks), they exit(1). */
+extern bool gu_cmocka;
+void gu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+typedef struct {
+    cp_kernel_spec spec;
+    cp_module_src src;
+    cp_jit_module jit;
+    cp_module mod;
+} gu_module;
+
+/* Emit the module for k, compile it for gu_dev.arch through the JIT cache, load it. Prints each entry's registers
+ * and spills once. Fails on any error or spill. */
+gu_module *gu_build(const cp_kernel_spec *k);
+void gu_free(gu_module *m);
+cudaKernel_t gu_kernel(gu_module *m, const char *role);
+/* Geometry of role for (n, heads) from cp_k_dims. */
+cp_kdims gu_dims(gu_module *m, const char *role, int64_t n, int64_t heads);
+/* Launch role with cp_k_dims(n, heads) geometry, wait for it and check for errors. */
+void gu_run(gu_module *m, const char *role, int64_t n, int64_t heads, void **args);
+
+/* Device memory (failures fail). */
+void *gu_malloc(size_t bytes);
+void gu_free_dev(void *p);
+void gu_upload(void *dst, const void *src, size_t bytes);
+void gu_download(void *dst, const void *src, size_t bytes);
+/* Fill with 0xFF bytes: NaN as bf16 (0xFFFF) and as fp32 (0xFFFFFFFF), so unwritten outputs show up. */
+void gu_poison(void *dev, size_t bytes);
+
+/* Seeded generator: xoshiro256** seeded by splitmix64. */
+typedef struct {
+    uint64_t s[4];
+} gu_rng;
+void gu_seed(gu_rng *r, uint64_t seed);
+uint64_t gu_next(gu_rng *r);
+double gu_uniform(gu_rng *r); /* [-1, 1) */
+double gu_normal(gu_rng *r);
+/* Arrays of normal(0, scale) values, never exactly zero; caller frees. */
+uint16_t *gu_rand_bf16(gu_rng *r, int64_t n, double scale);
+float *gu_rand_f32(gu_rng *r, int64_t n, double scale);
+
+/* Relative error ||out - ref|| / ||ref|| in double (||out|| when ref is all zero); NaN if out or ref holds a NaN. */
+double gu_rel_err_bf16(const uint16_t *out, const uint16_t *ref, int64_t n);
+double gu_rel_err_f32(const float *out, const float *ref, int64_t n);
+int64_t gu_nan_bf16(const uint16_t *p, int64_t n);
+int64_t gu_nan_f32(const float *p, int64_t n);
+
+/* Print "compare <what> <shape>: rel err E (bound B)" and record it for the table (worst per kernel and shape);
+ * fail if E is NaN or above B. */
+void gu_check(const char *what, const char *shape, double err, double bound);
+/* The table of the worst relative error of every kernel and shape checked, with its bound. */
+void gu_print_table(void);
+
+#endif

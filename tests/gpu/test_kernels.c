@@ -1,0 +1,560 @@
+/* test_kernels.c: every kernel family of gen/kernels.h (attention aside) emitted, JIT-compiled for this GPU and run
+ * against the CPU references of tests/ref at several shapes: row counts that are not powers of two (1, 7, 1000,
+ * 4097) and the shipped specs' sizes. Outputs are poisoned with NaN before each launch (so an element left unwritten
+ * fails), inputs are fresh seeded random values. Each comparison prints what it compared and its relative error
+ * ||gpu - ref|| / ||ref||; the table at the end lists the worst per kernel and shape with its bound. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpu_util.h"
+#include "ref/ref.h"
+
+/* Bounds: fp32 results against float64 references, and bf16 outputs (one rounding is 2^-9 relative). */
+#define TOL_F32 1e-5
+#define TOL_F32_SUM 1e-4 /* fp32 sums of many terms in another order: dweight, dtable, adamw update */
+#define TOL_BF16 1e-2
+
+static const int64_t ROWS[] = {1, 7, 1000, 4097};
+#define NROWS (int)(sizeof ROWS / sizeof ROWS[0])
+
+static gu_rng rng;
+
+static void *dev_copy(const void *host, size_t bytes) {
+    void *d = gu_malloc(bytes);
+    gu_upload(d, host, bytes);
+    return d;
+}
+
+static void *host_copy(const void *p, size_t bytes) {
+    void *h = malloc(bytes ? bytes : 1);
+    memcpy(h, p, bytes);
+    return h;
+}
+
+/* ---- embedding ---- */
+
+/* One (vocab, hidden) module and table, several row counts. */
+static void embedding_shape(int64_t V, int64_t H, const int64_t *rows, int nrows) {
+    cp_kernel_spec k;
+    cp_k_embedding(&k, V, H);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    uint16_t *table = gu_rand_bf16(&rng, V * H, 1.0);
+    float *dt0 = malloc(4 * (size_t)(V * H)), *dtgpu = malloc(4 * (size_t)(V * H));
+    for (int64_t i = 0; i < V * H; i++) dt0[i] = (float)(0.1 * gu_uniform(&rng));
+    uint16_t *dtable = dev_copy(table, 2 * (size_t)(V * H));
+    float *ddt = gu_malloc(4 * (size_t)(V * H));
+    for (int c = 0; c < nrows; c++) {
+        int64_t n = rows[c];
+        char shape[96];
+        snprintf(shape, sizeof shape, "v%lld h%lld n%lld", (long long)V, (long long)H, (long long)n);
+        int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)(gu_next(&rng) % (uint64_t)V);
+        if (n > 2) tok[n - 1] = tok[0]; /* a repeated token: bwd must add both rows */
+        if (n > 3) tok[1] = (int32_t)(V - 1);
+        uint16_t *out = malloc(2 * (size_t)(n * H)), *ref = malloc(2 * (size_t)(n * H));
+        ref_embedding_fwd(tok, n, table, V, H, ref);
+        int32_t *dtok = dev_copy(tok, 4 * (size_t)n);
+        uint16_t *dout = gu_malloc(2 * (size_t)(n * H));
+        gu_poison(dout, 2 * (size_t)(n * H));
+        void *a[] = {&dtok, &dtable, &dout, &n};
+        gu_run(m, "fwd", n, 0, a);
+        gu_download(out, dout, 2 * (size_t)(n * H));
+        gu_check("embedding_fwd", shape, gu_rel_err_bf16(out, ref, n * H), 0);
+
+        /* bwd: dtable += dout rows; compare the rows the tokens touch, the others must be left as they were */
+        uint16_t *g = gu_rand_bf16(&rng, n * H, 1.0);
+        float *dtref = host_copy(dt0, 4 * (size_t)(V * H));
+        ref_embedding_bwd(tok, n, g, V, H, dtref);
+        gu_upload(ddt, dt0, 4 * (size_t)(V * H));
+        uint16_t *dg = dev_copy(g, 2 * (size_t)(n * H));
+        void *b[] = {&dtok, &dg, &ddt, &n};
+        gu_run(m, "bwd", n, 0, b);
+        gu_download(dtgpu, ddt, 4 * (size_t)(V * H));
+        char *touched = calloc((size_t)V, 1);
+        for (int64_t i = 0; i < n; i++) touched[tok[i]] = 1;
+        double num = 0, den = 0;
+        int64_t changed = 0;
+        for (int64_t v = 0; v < V; v++) {
+            if (!touched[v]) {
+                changed += memcmp(dtgpu + v * H, dt0 + v * H, 4 * (size_t)H) != 0;
+                continue;
+            }
+            for (int64_t j = 0; j < H; j++) {
+                double o = dtgpu[v * H + j], r = dtref[v * H + j], i0 = dt0[v * H + j];
+                num += (o - r) * (o - r);
+                den += (r - i0) * (r - i0); /* relative to the added gradient, not to the initial values */
+            }
+        }
+        double err = isnan(num) ? NAN : sqrt(num / den);
+        if (changed) {
+            printf("  %lld rows that no token names were changed\n", (long long)changed);
+            err = INFINITY;
+        }
+        gu_check("embedding_bwd.dtable", shape, err, TOL_F32_SUM);
+        free(touched), free(tok), free(out), free(ref), free(g), free(dtref);
+        gu_free_dev(dtok), gu_free_dev(dout), gu_free_dev(dg);
+    }
+    free(table), free(dt0), free(dtgpu);
+    gu_free_dev(dtable), gu_free_dev(ddt);
+    gu_free(m);
+}
+
+static void test_embedding(void **state) {
+    (void)state;
+    embedding_shape(512, 256, ROWS, NROWS);
+    embedding_shape(128256, 2048, ROWS, NROWS);
+    embedding_shape(1000, 3072, ROWS + 2, 1);
+    embedding_shape(1000, 4096, ROWS + 3, 1);
+    embedding_shape(1000, 5120, ROWS + 1, 1);
+}
+
+/* ---- rmsnorm ---- */
+
+static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool resid) {
+    char shape[96];
+    snprintf(shape, sizeof shape, "h%lld n%lld%s", (long long)H, (long long)n, resid ? " resid" : "");
+    const size_t nb = 2 * (size_t)(n * H);
+    uint16_t *x = gu_rand_bf16(&rng, n * H, 1.0), *res = resid ? gu_rand_bf16(&rng, n * H, 1.0) : NULL;
+    uint16_t *w = gu_rand_bf16(&rng, H, 1.0);
+    uint16_t *out = malloc(nb), *sum = malloc(nb), *rout = malloc(nb), *rsum = malloc(nb);
+    float *rstd = malloc(4 * (size_t)n), *rrstd = malloc(4 * (size_t)n);
+    ref_rmsnorm_fwd(x, res, rsum, w, rout, rrstd, n, H, eps);
+    uint16_t *dx = dev_copy(x, nb), *dres = resid ? dev_copy(res, nb) : NULL, *dw = dev_copy(w, 2 * (size_t)H);
+    uint16_t *dsum = resid ? gu_malloc(nb) : NULL, *dout = gu_malloc(nb);
+    float *drstd = gu_malloc(4 * (size_t)n);
+    gu_poison(dout, nb);
+    gu_poison(drstd, 4 * (size_t)n);
+    if (resid) gu_poison(dsum, nb);
+    void *a[] = {&dx, &dres, &dsum, &dw, &dout, &drstd, &n};
+    gu_run(m, "fwd", n, 0, a);
+    gu_download(out, dout, nb);
+    gu_download(rstd, drstd, 4 * (size_t)n);
+    gu_check("rmsnorm_fwd.out", shape, gu_rel_err_bf16(out, rout, n * H), TOL_BF16);
+    gu_check("rmsnorm_fwd.rstd", shape, gu_rel_err_f32(rstd, rrstd, n), TOL_F32);
+    if (resid) {
+        gu_download(sum, dsum, nb);
+        gu_check("rmsnorm_fwd.sum", shape, gu_rel_err_bf16(sum, rsum, n * H), 1e-6);
+    }
+
+    /* bwd on the normalised input (the sum with resid), with the reference rstd; with resid, dresid is added and
+     * is passed as the same buffer as dx (in place), as the planner may */
+    const uint16_t *xin = resid ? rsum : x;
+    uint16_t *go = gu_rand_bf16(&rng, n * H, 1.0), *gres = resid ? gu_rand_bf16(&rng, n * H, 1.0) : NULL;
+    float *dw0 = gu_rand_f32(&rng, H, 1.0), *dwref = host_copy(dw0, 4 * (size_t)H), *dwgpu = malloc(4 * (size_t)H);
+    uint16_t *rdx = malloc(nb), *gdx = malloc(nb);
+    ref_rmsnorm_bwd(go, xin, w, rrstd, gres, rdx, dwref, n, H);
+    uint16_t *dgo = dev_copy(go, nb), *dxin = dev_copy(xin, nb), *ddx = resid ? dev_copy(gres, nb) : gu_malloc(nb);
+    uint16_t *ddres = resid ? ddx : NULL;
+    float *ddw = dev_copy(dw0, 4 * (size_t)H), *drs = dev_copy(rrstd, 4 * (size_t)n);
+    if (!resid) gu_poison(ddx, nb);
+    void *b[] = {&dgo, &dxin, &dw, &drs, &ddres, &ddx, &ddw, &n};
+    gu_run(m, "bwd", n, 0, b);
+    gu_download(gdx, ddx, nb);
+    gu_download(dwgpu, ddw, 4 * (size_t)H);
+    gu_check("rmsnorm_bwd.dx", shape, gu_rel_err_bf16(gdx, rdx, n * H), TOL_BF16);
+    for (int64_t j = 0; j < H; j++) { /* compare what was added */
+        dwgpu[j] = (float)((double)dwgpu[j] - dw0[j]);
+        dwref[j] = (float)((double)dwref[j] - dw0[j]);
+    }
+    gu_check("rmsnorm_bwd.dweight", shape, gu_rel_err_f32(dwgpu, dwref, H), TOL_F32_SUM);
+
+    free(x), free(res), free(w), free(out), free(sum), free(rout), free(rsum), free(rstd), free(rrstd);
+    free(go), free(gres), free(dw0), free(dwref), free(dwgpu), free(rdx), free(gdx);
+    gu_free_dev(dx), gu_free_dev(dw), gu_free_dev(dout), gu_free_dev(drstd), gu_free_dev(dgo), gu_free_dev(dxin);
+    gu_free_dev(ddx), gu_free_dev(ddw), gu_free_dev(drs);
+    if (resid) gu_free_dev(dres), gu_free_dev(dsum);
+}
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    const int64_t H[] = {128, 256, 2048, 3072, 4096, 5120};
+    for (size_t h = 0; h < sizeof H / sizeof H[0]; h++) {
+        double eps = H[h] == 5120 || H[h] == 128 ? 1e-6 : 1e-5;
+        cp_kernel_spec k;
+        cp_k_rmsnorm(&k, H[h], eps);
+        gu_module *m = gu_build(&k);
+        cp_kspec_free(&k);
+        for (int i = 0; i < NROWS; i++) {
+            rmsnorm_case(m, H[h], eps, ROWS[i], false);
+            rmsnorm_case(m, H[h], eps, ROWS[i], true);
+        }
+        gu_free(m);
+    }
+}
+
+/* ---- rope ---- */
+
+static void rope_model(const char *name, int64_t D, double theta, bool scaled, double factor) {
+    cp_model md;
+    memset(&md, 0, sizeof md);
+    md.head_dim = D;
+    md.rope_theta = theta;
+    md.rope_scaling = (cp_rope_scaling){scaled, factor, 1, 4, 8192};
+    cp_kernel_spec k;
+    cp_k_rope(&k, &md);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    double *inv = malloc(sizeof(double) * (size_t)(D / 2));
+    ref_rope_scaling sc = {scaled, factor, 1, 4, 8192};
+    ref_rope_inv_freq(D, theta, &sc, inv); /* the reference's own table, not the generator's */
+    const int64_t heads[] = {8, 32, 3};
+    const int64_t pos0s[] = {0, 1000000};
+    for (int i = 0; i < NROWS; i++)
+        for (int h = 0; h < 3; h++)
+            for (int p = 0; p < 2; p++) {
+                int64_t n = ROWS[i], nh = heads[h], pos0 = pos0s[p] ? pos0s[p] - n / 2 : 0;
+                if (n == 4097 && nh != 32) continue;
+                char shape[96];
+                snprintf(shape, sizeof shape, "%s d%lld n%lld h%lld pos%lld", name, (long long)D, (long long)n,
+                         (long long)nh, (long long)pos0);
+                const int64_t cnt = n * nh * D;
+                for (int dir = 0; dir < 2; dir++) {
+                    uint16_t *x = gu_rand_bf16(&rng, cnt, 1.0), *ref = host_copy(x, 2 * (size_t)cnt), *out = malloc(2 * (size_t)cnt);
+                    ref_rope(ref, n, nh, D, pos0, inv, dir == 1);
+                    uint16_t *dx = dev_copy(x, 2 * (size_t)cnt);
+                    int heads_arg = (int)nh;
+                    void *a[] = {&dx, &n, &heads_arg, &pos0};
+                    gu_run(m, dir ? "bwd" : "fwd", n, nh, a);
+                    gu_download(out, dx, 2 * (size_t)cnt);
+                    gu_check(dir ? "rope_bwd" : "rope_fwd", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
+                    free(x), free(ref), free(out);
+                    gu_free_dev(dx);
+                }
+            }
+    free(inv);
+    gu_free(m);
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    rope_model("llama8b", 128, 500000, true, 8);
+    rope_model("llama1b", 64, 500000, true, 32);
+    rope_model("qwen32b", 128, 1e6, false, 1);
+}
+
+/* ---- swiglu ---- */
+
+static void swiglu_case(gu_module *m, int64_t F, int64_t n) {
+    char shape[96];
+    snprintf(shape, sizeof shape, "f%lld n%lld", (long long)F, (long long)n);
+    const int64_t cnt = n * F;
+    const size_t nb = 2 * (size_t)cnt;
+    uint16_t *g = gu_rand_bf16(&rng, cnt, 2.0), *u = gu_rand_bf16(&rng, cnt, 1.0), *ref = malloc(nb), *out = malloc(nb);
+    ref_swiglu_fwd(g, u, ref, cnt);
+    uint16_t *dg = dev_copy(g, nb), *du = dev_copy(u, nb), *dout = gu_malloc(nb);
+    gu_poison(dout, nb);
+    void *a[] = {&dg, &du, &dout, &n};
+    gu_run(m, "fwd", n, 0, a);
+    gu_download(out, dout, nb);
+    gu_check("swiglu_fwd", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
+    uint16_t *dy = gu_rand_bf16(&rng, cnt, 1.0), *rg = host_copy(g, nb), *ru = host_copy(u, nb);
+    ref_swiglu_bwd(dy, rg, ru, cnt);
+    uint16_t *ddy = dev_copy(dy, nb);
+    void *b[] = {&ddy, &dg, &du, &n};
+    gu_run(m, "bwd", n, 0, b);
+    gu_download(out, dg, nb);
+    gu_check("swiglu_bwd.dgate", shape, gu_rel_err_bf16(out, rg, cnt), TOL_BF16);
+    gu_download(out, du, nb);
+    gu_check("swiglu_bwd.dup", shape, gu_rel_err_bf16(out, ru, cnt), TOL_BF16);
+    free(g), free(u), free(ref), free(out), free(dy), free(rg), free(ru);
+    gu_free_dev(dg), gu_free_dev(du), gu_free_dev(dout), gu_free_dev(ddy);
+}
+
+static void test_swiglu(void **state) {
+    (void)state;
+    const int64_t F[] = {8192, 14336, 25600};
+    for (int f = 0; f < 3; f++) {
+        cp_kernel_spec k;
+        cp_k_swiglu(&k, F[f]);
+        gu_module *m = gu_build(&k);
+        cp_kspec_free(&k);
+        for (int i = 0; i < NROWS; i++)
+            if (ROWS[i] < 4097 || F[f] == 8192) swiglu_case(m, F[f], ROWS[i]);
+        gu_free(m);
+    }
+}
+
+/* ---- loss ---- */
+
+static void loss_case(gu_module *m, int64_t V, int64_t n) {
+    char shape[96];
+    snprintf(shape, sizeof shape, "v%lld n%lld", (long long)V, (long long)n);
+    const int64_t cnt = n * V;
+    const size_t nb = 2 * (size_t)cnt;
+    uint16_t *x = gu_rand_bf16(&rng, cnt, 3.0), *ref = host_copy(x, nb), *out = malloc(nb);
+    int32_t *t = malloc(4 * (size_t)n);
+    int64_t counted = 0;
+    for (int64_t i = 0; i < n; i++) {
+        t[i] = (int32_t)(gu_next(&rng) % (uint64_t)V);
+        if (i == 1) t[i] = -1;   /* ignored */
+        if (i == 3) t[i] = -100; /* ignored, HF's ignore_index */
+        if (i == 2) t[i] = (int32_t)(V - 1);
+        if (i == 4) t[i] = 0;
+        counted += t[i] >= 0;
+    }
+    float scale = 1.0f / (float)(counted ? counted : 1);
+    double lref = ref_loss(ref, t, n, V, scale);
+    const float l0 = 1.25f;
+    uint16_t *dx = dev_copy(x, nb);
+    int32_t *dt = dev_copy(t, 4 * (size_t)n);
+    float *dl = dev_copy(&l0, 4), lg;
+    void *a[] = {&dx, &dt, &dl, &scale, &n};
+    gu_run(m, "fwdbwd", n, 0, a);
+    gu_download(out, dx, nb);
+    gu_download(&lg, dl, 4);
+    float lgot = (float)((double)lg - l0), lwant = (float)lref;
+    gu_check("loss.loss_sum", shape, counted ? gu_rel_err_f32(&lgot, &lwant, 1) : fabs(lgot), TOL_F32);
+    gu_check("loss.dlogits", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
+    /* the small entries alone (the targets' -1 dominate the norm above) */
+    for (int64_t i = 0; i < n; i++)
+        if (t[i] >= 0) out[i * V + t[i]] = ref[i * V + t[i]] = 0;
+    gu_check("loss.dlogits_nontarget", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
+    free(x), free(ref), free(out), free(t);
+    gu_free_dev(dx), gu_free_dev(dt), gu_free_dev(dl);
+}
+
+static void test_loss(void **state) {
+    (void)state;
+    const int64_t V[] = {512, 128256, 151936};
+    const int64_t N[] = {1, 7, 33};
+    for (int v = 0; v < 3; v++) {
+        cp_kernel_spec k;
+        cp_k_loss(&k, V[v]);
+        gu_module *m = gu_build(&k);
+        cp_kspec_free(&k);
+        for (int i = 0; i < 3; i++) loss_case(m, V[v], N[i]);
+        if (V[v] == 512) loss_case(m, V[v], 4097);
+        gu_free(m);
+    }
+}
+
+/* ---- adamw ---- */
+
+static void adamw_case(gu_module *m, int64_t n, int off, int step) {
+    char shape[96];
+    snprintf(shape, sizeof shape, "n%lld step%d%s", (long long)n, step, off ? " unaligned" : "");
+    const int64_t N = n + off;
+    float *p = gu_rand_f32(&rng, N, 0.02), *mm = gu_rand_f32(&rng, N, 1e-4), *v = gu_rand_f32(&rng, N, 1e-6);
+    float *g = gu_rand_f32(&rng, N, 1e-3);
+    for (int64_t i = 0; i < N; i++) v[i] = v[i] * v[i] * 1e6f; /* second moments are positive */
+    float *rp = host_copy(p, 4 * (size_t)N), *rm = host_copy(mm, 4 * (size_t)N), *rv = host_copy(v, 4 * (size_t)N);
+    uint16_t *rb = malloc(2 * (size_t)N), *gb = malloc(2 * (size_t)N);
+    const float lr = 3e-4f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.7f;
+    ref_adamw(rp + off, rm + off, rv + off, g + off, rb + off, n, lr, b1, b2, eps, wd, gs, step);
+    float *dp = dev_copy(p, 4 * (size_t)N), *dm = dev_copy(mm, 4 * (size_t)N), *dv = dev_copy(v, 4 * (size_t)N);
+    float *dg = dev_copy(g, 4 * (size_t)N);
+    uint16_t *db = gu_malloc(2 * (size_t)N);
+    gu_poison(db, 2 * (size_t)N);
+    float *ap = dp + off, *am = dm + off, *av = dv + off, *ag = dg + off;
+    uint16_t *abf = db + off;
+    void *a[] = {&ap, &am, &av, &ag, &abf, &n, (void *)&lr, (void *)&b1, (void *)&b2, (void *)&eps, (void *)&wd,
+                 (void *)&gs, &step};
+    gu_run(m, "update", n, 0, a);
+    float *gp = malloc(4 * (size_t)N), *gm = malloc(4 * (size_t)N), *gv = malloc(4 * (size_t)N);
+    gu_download(gp, dp, 4 * (size_t)N);
+    gu_download(gm, dm, 4 * (size_t)N);
+    gu_download(gv, dv, 4 * (size_t)N);
+    gu_download(gb, db, 2 * (size_t)N);
+    gu_check("adamw.master", shape, gu_rel_err_f32(gp + off, rp + off, n), TOL_F32);
+    gu_check("adamw.m", shape, gu_rel_err_f32(gm + off, rm + off, n), TOL_F32);
+    gu_check("adamw.v", shape, gu_rel_err_f32(gv + off, rv + off, n), TOL_F32);
+    gu_check("adamw.param_bf16", shape, gu_rel_err_bf16(gb + off, rb + off, n), TOL_BF16);
+    for (int64_t i = off; i < N; i++) { /* the step itself: new - old */
+        gp[i] = (float)((double)gp[i] - p[i]);
+        rp[i] = (float)((double)rp[i] - p[i]);
+    }
+    gu_check("adamw.update", shape, gu_rel_err_f32(gp + off, rp + off, n), TOL_F32_SUM);
+    if (off && (memcmp(&gp[0], &p[0], 4) || gb[0] != 0xFFFF)) gu_fail("adamw %s wrote before its arrays", shape);
+    free(p), free(mm), free(v), free(g), free(rp), free(rm), free(rv), free(rb), free(gb), free(gp), free(gm), free(gv);
+    gu_free_dev(dp), gu_free_dev(dm), gu_free_dev(dv), gu_free_dev(dg), gu_free_dev(db);
+}
+
+static void sumsq_case(gu_module *m, int64_t n, int off) {
+    char shape[96];
+    snprintf(shape, sizeof shape, "n%lld%s", (long long)n, off ? " unaligned" : "");
+    float *g = gu_rand_f32(&rng, n + off, 1e-2);
+    const float o0 = 0.25f;
+    float want = (float)ref_sumsq(g + off, n), got;
+    float *dg = dev_copy(g, 4 * (size_t)(n + off)), *dout = dev_copy(&o0, 4), *ag = dg + off;
+    void *a[] = {&ag, &n, &dout};
+    gu_run(m, "sumsq", n, 0, a);
+    gu_download(&got, dout, 4);
+    got = (float)((double)got - o0);
+    gu_check("adamw_sumsq", shape, gu_rel_err_f32(&got, &want, 1), TOL_F32);
+    free(g);
+    gu_free_dev(dg), gu_free_dev(dout);
+}
+
+static void test_adamw(void **state) {
+    (void)state;
+    cp_kernel_spec k;
+    cp_k_adamw(&k);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    const int64_t N[] = {1, 7, 1000, 4097, (1 << 20) + 3};
+    for (int i = 0; i < 5; i++) {
+        adamw_case(m, N[i], 0, 1);
+        adamw_case(m, N[i], 0, 1000);
+        adamw_case(m, N[i], 1, 7);
+        sumsq_case(m, N[i], 0);
+        sumsq_case(m, N[i], 1);
+    }
+    sumsq_case(m, (1 << 26) + 5, 0);
+    gu_free(m);
+}
+
+/* ---- ulysses ---- */
+
+static void ulysses_case(int C, int R, int64_t T, int nout, int64_t rb, int64_t extra_heads) {
+    cp_kernel_spec k;
+    cp_k_ulysses(&k, C, R, T, nout, rb);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    char shape[96];
+    snprintf(shape, sizeof shape, "c%d r%d t%lld n%d b%lld stride+%lld", C, R, (long long)T, nout, (long long)rb,
+             (long long)extra_heads);
+    /* the source rows hold NIN heads plus extra_heads more (a stage's columns inside a wider buffer) */
+    const int64_t nin = (int64_t)C / R * nout, stride = (nin + extra_heads) * rb;
+    const size_t sb = (size_t)(T * stride), pb = (size_t)((int64_t)C * T * nout * rb);
+    uint16_t *src = gu_rand_bf16(&rng, (int64_t)sb / 2, 1.0);
+    uint8_t *ref = malloc(pb), *out = malloc(pb);
+    ref_ulysses_pack(src, stride, ref, C, R, T, nout, rb);
+    uint8_t *dsrc = dev_copy(src, sb), *dpk = gu_malloc(pb);
+    gu_poison(dpk, pb);
+    void *a[] = {&dsrc, (void *)&stride, &dpk};
+    gu_run(m, "pack", 0, 0, a);
+    gu_download(out, dpk, pb);
+    gu_check("ulysses_pack", shape, memcmp(out, ref, pb) ? 1.0 : 0.0, 0);
+
+    /* unpack (R = 1): from a packed receive buffer back into the stage's columns of a poisoned wide buffer */
+    uint16_t *recv = gu_rand_bf16(&rng, (int64_t)pb / 2, 1.0);
+    uint8_t *dst = malloc(sb), *gdst = malloc(sb);
+    uint8_t *drecv = dev_copy(recv, pb), *ddst = gu_malloc(sb);
+    if (R == 1) {
+        memset(dst, 0xFF, sb);
+        ref_ulysses_unpack(recv, dst, stride, C, T, nout, rb);
+        gu_poison(ddst, sb);
+        void *b[] = {&drecv, &ddst, (void *)&stride};
+        gu_run(m, "unpack", 0, 0, b);
+        gu_download(gdst, ddst, sb);
+        gu_check("ulysses_unpack", shape, memcmp(gdst, dst, sb) ? 1.0 : 0.0, 0);
+    }
+    /* unpack_add: dst += the replicas' sum (bf16) */
+    uint16_t *d0 = gu_rand_bf16(&rng, (int64_t)sb / 2, 1.0);
+    memcpy(dst, d0, sb);
+    ref_ulysses_unpack_add(recv, dst, stride, C, R, T, nout, rb);
+    gu_upload(ddst, d0, sb);
+    void *c[] = {&drecv, &ddst, (void *)&stride};
+    gu_run(m, "unpack_add", 0, 0, c);
+    gu_download(gdst, ddst, sb);
+    gu_check("ulysses_unpack_add", shape, gu_rel_err_bf16((uint16_t *)gdst, (uint16_t *)dst, (int64_t)sb / 2), TOL_BF16);
+    free(src), free(ref), free(out), free(recv), free(dst), free(gdst), free(d0);
+    gu_free_dev(dsrc), gu_free_dev(dpk), gu_free_dev(drecv), gu_free_dev(ddst);
+    gu_free(m);
+}
+
+static void test_ulysses(void **state) {
+    (void)state;
+    ulysses_case(8, 1, 1000, 4, 256, 0);   /* q, d128 bf16, 8 ranks */
+    ulysses_case(8, 1, 7, 4, 4, 28);       /* delta rows of 4 bytes inside [T][32 heads] fp32 */
+    ulysses_case(8, 2, 1000, 1, 256, 0);   /* KV heads replicated over 2 ranks */
+    ulysses_case(1, 1, 4097, 8, 256, 24);  /* one rank: a stage's 8 heads out of 32 */
+    ulysses_case(2, 1, 1, 3, 128, 2);      /* d64, odd head counts */
+    ulysses_case(4, 4, 33, 2, 128, 0);     /* every rank a replica */
+}
+
+/* ---- cast ---- */
+
+static void test_cast(void **state) {
+    (void)state;
+    cp_kernel_spec k;
+    cp_k_cast(&k);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    const int64_t N[] = {1, 7, 1000, 4097, (1 << 22) + 1};
+    for (int i = 0; i < 5; i++)
+        for (int off = 0; off < 2; off++) {
+            int64_t n = N[i];
+            char shape[96];
+            snprintf(shape, sizeof shape, "n%lld%s", (long long)n, off ? " unaligned" : "");
+            float *s = gu_rand_f32(&rng, n + off, 10.0);
+            uint16_t *ref = malloc(2 * (size_t)(n + off)), *out = malloc(2 * (size_t)(n + off));
+            ref_cast_f32_to_bf16(s + off, ref + off, n);
+            float *ds = dev_copy(s, 4 * (size_t)(n + off)), *as = ds + off;
+            uint16_t *dd = gu_malloc(2 * (size_t)(n + off)), *ad = dd + off;
+            gu_poison(dd, 2 * (size_t)(n + off));
+            void *a[] = {&as, &ad, &n};
+            gu_run(m, "f32_to_bf16", n, 0, a);
+            gu_download(out, dd, 2 * (size_t)(n + off));
+            gu_check("cast_f32_to_bf16", shape, memcmp(out + off, ref + off, 2 * (size_t)n) ? 1.0 : 0.0, 0);
+            free(s), free(ref), free(out);
+            gu_free_dev(ds), gu_free_dev(dd);
+        }
+    gu_free(m);
+}
+
+/* ---- attn_delta ---- */
+
+static void test_attn_delta(void **state) {
+    (void)state;
+    const int64_t D[] = {128, 64};
+    const int heads[] = {8, 32, 3};
+    for (int d = 0; d < 2; d++) {
+        cp_kernel_spec k;
+        cp_k_attn_delta(&k, D[d]);
+        gu_module *m = gu_build(&k);
+        cp_kspec_free(&k);
+        for (int i = 0; i < NROWS; i++)
+            for (int h = 0; h < 3; h++) {
+                int64_t n = ROWS[i];
+                int nh = heads[h];
+                char shape[96];
+                snprintf(shape, sizeof shape, "d%lld n%lld h%d", (long long)D[d], (long long)n, nh);
+                const int64_t cnt = n * nh * D[d];
+                uint16_t *go = gu_rand_bf16(&rng, cnt, 1.0), *o = gu_rand_bf16(&rng, cnt, 1.0);
+                float *ref = malloc(4 * (size_t)(n * nh)), *out = malloc(4 * (size_t)(n * nh));
+                ref_attn_delta(go, o, ref, n, nh, D[d]);
+                uint16_t *dgo = dev_copy(go, 2 * (size_t)cnt), *dO = dev_copy(o, 2 * (size_t)cnt);
+                float *dd = gu_malloc(4 * (size_t)(n * nh));
+                gu_poison(dd, 4 * (size_t)(n * nh));
+                void *a[] = {&dgo, &dO, &dd, &n, &nh};
+                gu_run(m, "fwd", n, nh, a);
+                gu_download(out, dd, 4 * (size_t)(n * nh));
+                gu_check("attn_delta", shape, gu_rel_err_f32(out, ref, n * nh), TOL_F32);
+                free(go), free(o), free(ref), free(out);
+                gu_free_dev(dgo), gu_free_dev(dO), gu_free_dev(dd);
+            }
+        gu_free(m);
+    }
+}
+
+static int group_setup(void **state) {
+    (void)state;
+    gu_cmocka = true;
+    gu_seed(&rng, 20261129);
+    return gu_init();
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    gu_print_table();
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_embedding), cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_loss),    cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_ulysses),   cmocka_unit_test(test_cast),    cmocka_unit_test(test_attn_delta),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
