@@ -70,8 +70,8 @@ int cp_cmd_gen(const cp_plan *plan, const char *outdir, char *err, int errlen) {
         printf(")\n");
     }
     /* Each file stands alone (templates include only cuda_bf16.h), so one line reproduces any compile. */
-    printf("%d modules; compile one with: nvcc -cubin -arch=sm_90a -std=c++17 -default-device "
-           "-Xptxas -v %s/<module>.cu\n", n, outdir);
+    printf("%d modules; compile one with: nvcc -cubin -arch=sm_90a -std=c++17 -Xptxas -v %s/<module>.cu\n", n,
+           outdir);
     free_mods(mods, n);
     return 0;
 }
@@ -118,9 +118,10 @@ int cp_cmd_build(const cp_plan *plan, const cp_jit_opts *opts, FILE *out, char *
             char sp[48], secs[24];
             snprintf(sp, sizeof sp, "%d/%d", x->spill_stores, x->spill_loads);
             snprintf(secs, sizeof secs, "%.2f s", jm[i].seconds);
-            fprintf(out, "%-*s  %-*s  %*d  %*d  %*d  %*s  %9s  %s\n", wmod, e ? "" : jm[i].name, went, x->name, wreg,
-                    x->registers, wsh, x->shared_bytes, wst, x->stack_bytes, wsp, sp, e ? "" : secs,
-                    e ? "" : (jm[i].from_cache ? "yes" : "no"));
+            fprintf(out, "%-*s  %-*s  %*d  %*d  %*d  %*s", wmod, e ? "" : jm[i].name, went, x->name, wreg,
+                    x->registers, wsh, x->shared_bytes, wst, x->stack_bytes, wsp, sp);
+            if (e == 0) fprintf(out, "  %9s  %s", secs, jm[i].from_cache ? "yes" : "no");
+            fputc('\n', out);
             nentries++;
             if (x->spill_stores > 0 || x->spill_loads > 0) {
                 nspill++;
