@@ -130,6 +130,14 @@ int cp_emit_text(const char *family, const char *tmpl, const cp_kernel_spec *k, 
     for (const char *q = strstr(s.data, decl); q; q = strstr(q + 1, decl)) {
         const char *e = strchr(q, '(');
         if (!e) break;
+        /* `__launch_bounds__(...)` may stand between the qualifiers and the name: skip its parentheses */
+        const char *lb = strstr(q, "__launch_bounds__");
+        if (lb && lb < e) {
+            const char *close = strchr(lb, ')');
+            if (!close) break;
+            e = strchr(close + 1, '(');
+            if (!e) break;
+        }
         const char *b = e;
         while (b > q && b[-1] == ' ') b--;
         const char *a = b;

@@ -60,6 +60,22 @@ static void expect_error(const char *text, const char *const *needles, int n) {
         if (!strstr(err, needles[i])) fail_msg("message \"%s\" does not mention \"%s\"", err, needles[i]);
 }
 
+/* __launch_bounds__ between the qualifiers and the name is not taken for the name. */
+static void test_launch_bounds(void **state) {
+    (void)state;
+    cp_kernel_spec k;
+    spec_h_eps(&k);
+    const char *t = "// module: fam_h{{H}}\n"
+                    "extern \"C\" __global__ void __launch_bounds__(256, 1) fam_fwd_h{{H}}(float *x) { x[0] = {{EPS}}; }\n";
+    cp_module_src m;
+    char err[1024];
+    assert_int_equal(cp_emit_text("fam", t, &k, &m, err, sizeof err), 0);
+    assert_int_equal(m.nentries, 1);
+    assert_string_equal(m.entries[0], "fam_fwd_h4096");
+    cp_module_src_free(&m);
+    cp_kspec_free(&k);
+}
+
 static void test_unknown_placeholder(void **state) {
     (void)state;
     const char *t = "// module: fam_h{{H}}\n"
@@ -146,6 +162,7 @@ static void test_unknown_template(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fills_and_finds_entries),
+        cmocka_unit_test(test_launch_bounds),
         cmocka_unit_test(test_unknown_placeholder),
         cmocka_unit_test(test_unused_value),
         cmocka_unit_test(test_missing_module_line),
