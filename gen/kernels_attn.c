@@ -1,0 +1,72 @@
+/* kernels_attn.c: the attention constructor of kernels.h (templates/attention.cu), with its launch geometry and
+ * workspace size (kernels_attn.h). The tile sizes here must match the template's FWD_ and BWD_ constants. */
+#include "kernels_attn.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+enum { FWD_BM = 128, FWD_BN = 64, FWD_THREADS = 128, BWD_BM = 64, BWD_BN = 128, BWD_THREADS = 256,
+       DQ_THREADS = 256, DQ_MAX_BLOCKS = 65536 };
+
+void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_heads, int64_t seq, bool causal,
+                    bool dkv_accum) {
+    if (head_dim != 64 && head_dim != 128)
+        cp_fatal(CP_EXIT_USAGE, "attention: head_dim %lld is not supported (the kernels are built for 64 and 128)",
+                 (long long)head_dim);
+    if (q_heads < 1 || kv_heads < 1 || q_heads % kv_heads)
+        cp_fatal(CP_EXIT_USAGE, "attention: %d query heads on %d KV heads; query heads must be a multiple", q_heads,
+                 kv_heads);
+    /* row indices are 32-bit in the kernels (offsets are 64-bit) */
+    if (seq < 1 || seq > (1LL << 30))
+        cp_fatal(CP_EXIT_USAGE, "attention: sequence of %lld tokens is outside 1 .. 2^30", (long long)seq);
+    cp_kspec_init(k, "attention");
+    cp_kspec_set_int(k, "HEAD_DIM", head_dim);
+    cp_kspec_set_int(k, "Q_HEADS", q_heads);
+    cp_kspec_set_int(k, "KV_HEADS", kv_heads);
+    cp_kspec_set_int(k, "SEQ", seq);
+    cp_kspec_set_int(k, "CAUSAL", causal);
+    cp_kspec_set_int(k, "DKV_ACCUM", dkv_accum);
+    cp_kspec_set_double(k, "SCALE", 1.0 / sqrt((double)head_dim));
+}
+
+static int64_t param(const cp_kernel_spec *k, const char *key) {
+    for (int i = 0; i < k->nparams; i++)
+        if (strcmp(k->params[i].key, key) == 0) return strtoll(k->params[i].value, NULL, 10);
+    return -1;
+}
+
+int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) {
+    memset(d, 0, sizeof *d);
+    if (strcmp(k->family, "attention") != 0) return -1;
+    const int64_t D = param(k, "HEAD_DIM"), QH = param(k, "Q_HEADS"), KVH = param(k, "KV_HEADS"),
+                  S = param(k, "SEQ");
+    if (D < 1 || QH < 1 || KVH < 1 || S < 1) return -1;
+    d->grid[1] = d->grid[2] = 1;
+    if (strcmp(role, "fwd") == 0) {
+        d->grid[0] = (unsigned)QH;
+        d->grid[1] = (unsigned)((S + FWD_BM - 1) / FWD_BM);
+        d->block = FWD_THREADS;
+        d->smem = (unsigned)((FWD_BM + 4 * FWD_BN) * D * 2 + FWD_THREADS * 32); /* Q; K, V double-buffered; row stats */
+    } else if (strcmp(role, "bwd") == 0) {
+        d->grid[0] = (unsigned)KVH;
+        d->grid[1] = (unsigned)((S + BWD_BN - 1) / BWD_BN);
+        d->block = BWD_THREADS;
+        /* K, V; Q, dO double-buffered; P, dS; lse, delta double-buffered */
+        d->smem = (unsigned)((2 * BWD_BN + 4 * BWD_BM) * D * 2 + 2 * BWD_BM * BWD_BN * 2 + 4 * BWD_BM * 4);
+    } else if (strcmp(role, "bwd_dq") == 0) {
+        int64_t blocks = (S * QH * D / 8 + DQ_THREADS - 1) / DQ_THREADS;
+        d->grid[0] = (unsigned)CP_MIN(blocks, DQ_MAX_BLOCKS);
+        d->block = DQ_THREADS;
+        d->smem = 0;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+int64_t cp_k_attention_workspace_bytes(const cp_kernel_spec *k) {
+    return param(k, "SEQ") * param(k, "Q_HEADS") * param(k, "HEAD_DIM") * 4;
+}

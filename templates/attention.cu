@@ -1,0 +1,668 @@
+// attention.cu: flash attention (the FlashAttention-2 algorithm) for one UPipe stage, on bf16 tensor cores through
+// mma.sync m16n8k16 and ldmatrix, with cp.async double-buffered tiles in shared memory. Shapes are baked in:
+// head dim, query and KV heads (GQA: query head h reads KV head h / (Q_HEADS / KV_HEADS)), sequence length,
+// causal or not, and whether dK, dV are written as bf16 or accumulated into fp32.
+// module: attention_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}
+//
+// Layouts (row-major): q, o, dout [SEQ][Q_HEADS][HEAD_DIM] bf16; k, v [SEQ][KV_HEADS][HEAD_DIM] bf16;
+// lse [Q_HEADS][SEQ] fp32, natural log of the softmax denominator of the scaled scores (as PyTorch reports it);
+// delta [SEQ][Q_HEADS] fp32 = rowsum(dout * o); dq_ws [SEQ][Q_HEADS][HEAD_DIM] fp32, zeroed before bwd.
+// Entries (geometry in gen/kernels_attn.c):
+//   fwd(q, k, v, o, lse)                                  grid (Q_HEADS, ceil(SEQ/128)), 128 threads
+//   bwd(q, k, v, dout, lse, delta, dq_ws, dk, dv)         grid (KV_HEADS, ceil(SEQ/128)), 256 threads;
+//       dq_ws += dS K (unscaled); dk, dv written (bf16) or added to (fp32 when DKV_ACCUM)
+//   bwd_dq(dq_ws, dq)                                     dq = bf16(scale * dq_ws)
+
+#define HEAD_DIM {{HEAD_DIM}}
+#define Q_HEADS {{Q_HEADS}}
+#define KV_HEADS {{KV_HEADS}}
+#define SEQ {{SEQ}}
+#define CAUSAL {{CAUSAL}}
+#define DKV_ACCUM {{DKV_ACCUM}}
+#define SOFTMAX_SCALE ((float)({{SCALE}}))
+// exp(x * scale) = exp2(x * scale * log2(e)): one FFMA and one EX2 per score
+#define SCALE_LOG2 ((float)({{SCALE}} * 1.4426950408889634))
+#define LOG2E 1.4426950408889634f
+
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "head_dim must be 64 or 128");
+static_assert(Q_HEADS % KV_HEADS == 0, "query heads must be a multiple of KV heads");
+#define GROUP (Q_HEADS / KV_HEADS)
+
+typedef unsigned short bf16;
+template <bool B> struct BoolTag { static constexpr bool value = B; };
+typedef unsigned int u32;
+#if DKV_ACCUM
+typedef float dkv_t;
+#else
+typedef bf16 dkv_t;
+#endif
+
+// row strides (elements) of the head-layout tensors
+constexpr long long QS = (long long)Q_HEADS * HEAD_DIM, KS = (long long)KV_HEADS * HEAD_DIM;
+
+#define NEG_INF __int_as_float(0xff800000)
+#define ROWB (HEAD_DIM * 2)    // bytes of one row of a Q, K, V or dO tile
+#define CHUNKS (HEAD_DIM / 8)  // 16-byte chunks in such a row
+#define KSTEPS (HEAD_DIM / 16) // mma k-steps over the head dimension
+
+// ---- small PTX wrappers ----
+
+__device__ __forceinline__ u32 smem_addr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+// The same value, opaque to the compiler: keeps it from hoisting the per-step addresses derived from a lane base out
+// of the loop, where they would each hold a register for the whole loop.
+__device__ __forceinline__ u32 opaque(u32 x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
+// 16-byte async copy; when !ok nothing is read and the destination is zero-filled (ragged tiles).
+__device__ __forceinline__ void cp_async16(u32 dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(u32 dst, const void *src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldsm4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm4t(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void sts32(u32 addr, u32 v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v)); }
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ u32 lds32(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ float lds_f32(u32 addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+    return v;
+}
+
+// c += a b for one 16x8x16 tile: a is 4 registers of bf16 pairs (row-major 16x16), b 2 registers (16x8, k-major).
+__device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as a bf16 pair, lo at the lower address (round to nearest even).
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void red_add2(float *p, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
+
+// Tiles in shared memory are row-major with 16-byte chunks swizzled: chunk c of row r sits at chunk c ^ (r & 7), so
+// the eight rows that one ldmatrix phase (or one quad-row store) touches fall in eight different bank groups.
+__device__ __forceinline__ u32 swz(int rowb, int row, int ch) { return (u32)(row * rowb + ((ch ^ (row & 7)) << 4)); }
+// This lane's address of row lrow, chunk lch (0 or 1) of a tile whose base is a multiple of rowb.
+__device__ __forceinline__ u32 lane_base(u32 tile, int rowb, int lrow, int lch) {
+    return tile + (u32)(lrow * rowb + ((lch ^ (lrow & 7)) << 4));
+}
+// Row R + lrow, chunk C + lch from such a base, for R a multiple of 8 and C even and below rowb / 16: the row's
+// swizzle is then the lane's own and C only flips chunk bits, so an address costs one XOR (and an immediate add)
+// with no per-step registers.
+__device__ __forceinline__ u32 at(u32 base, int rowb, int R, int C) { return (base ^ (u32)(C << 4)) + (u32)(R * rowb); }
+
+// Async copy of ROWS rows of HEAD_DIM bf16 from global (row stride GS elements) into a swizzled tile; rows at or
+// past `valid` are zero-filled. Consecutive threads take consecutive chunks of a row, so the reads coalesce. Whole
+// tiles take the unpredicated path, whose per-step offsets are immediates (no per-step pointer registers).
+template <int ROWS, int NTHREADS, long long GS>
+__device__ __forceinline__ void load_rows(u32 tile, const bf16 *g, int valid, int tid) {
+    static_assert(NTHREADS % CHUNKS == 0 && ROWS % (NTHREADS / CHUNKS) == 0, "tile does not divide among threads");
+    constexpr int RPS = NTHREADS / CHUNKS; // rows per step, a multiple of 8: the swizzle is the same every step
+    const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
+    const u32 dst = tile + swz(ROWB, r0, ch);
+    const bf16 *src = g + r0 * GS + ch * 8;
+    if (valid >= ROWS) {
+#pragma unroll
+        for (int i = 0; i < ROWS / RPS; i++)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + i * RPS * ROWB), "l"(src + i * RPS * GS));
+    } else {
+#pragma unroll
+        for (int i = 0; i < ROWS / RPS; i++) {
+            const bool ok = r0 + i * RPS < valid;
+            cp_async16(dst + i * RPS * ROWB, ok ? src + i * RPS * GS : g, ok);
+        }
+    }
+}
+
+// ================================ forward ================================
+// One block: 128 query rows of one head, 4 warps of 32 rows each. It walks the key blocks of 64 from the last
+// (masked ones first) to the first, with K and V double-buffered so the next block loads during the math.
+// Shared memory: Q [128][D], K [2][64][D], V [2][64][D], row statistics [128][8] (100 KiB at D = 128: two blocks
+// per SM).
+#define FWD_BM 128
+#define FWD_BN 64
+#define FWD_THREADS 128
+#define FWD_NT (FWD_BN / 8)   // score n-tiles per warp
+#define FWD_DT (HEAD_DIM / 8) // output n-tiles per warp
+#define FWD_BOUNDS __launch_bounds__(FWD_THREADS, 2)
+
+// One key block of the forward for one warp: S = Q K^T, mask (MASK: the block crosses the diagonal or the end of
+// the sequence), online softmax, O += P V. qb, kt, vt are this lane's ldmatrix bases for Q and the block's K, V.
+// The running row max and sum live in shared memory (rstat: this thread's four rows): with 192 accumulator
+// registers, keeping them in registers as well makes ptxas spill.
+template <bool MASK>
+__device__ __forceinline__ void fwd_block(float (&acc)[2][FWD_DT][4], u32 rstat,
+                                          u32 qb, u32 kt, u32 vt, int n0, int m0, int warp, int g, int t) {
+    qb = opaque(qb), kt = opaque(kt), vt = opaque(vt);
+    // S = Q K^T for this warp's 32 rows and the 64 keys
+    float s[2][FWD_NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int j = 0; j < FWD_NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[mt][j][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ks++) {
+        u32 a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) ldsm4(a[mt], at(qb, ROWB, mt * 16, ks * 2));
+#pragma unroll
+        for (int np = 0; np < FWD_NT / 2; np++) {
+            u32 b[4];
+            ldsm4(b, at(kt, ROWB, np * 16, ks * 2));
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                mma(s[mt][2 * np], a[mt], b[0], b[1]);
+                mma(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+
+    if (MASK) {
+        // element (j, e) is key n0 + 2t + j*8 + e: compare the compile-time j*8 + e with one limit per row
+        const int kmax = SEQ - 1 - n0 - 2 * t, diag = m0 + warp * 32 + g - n0 - 2 * t;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int lim = CAUSAL ? min(kmax, diag + mt * 16 + hf * 8) : kmax;
+#pragma unroll
+                for (int j = 0; j < FWD_NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        if (j * 8 + e > lim) s[mt][j][2 * hf + e] = NEG_INF;
+            }
+    }
+
+    // online softmax: new running max, rescale what was accumulated, p = exp(scale * (s - max))
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const u32 rm = rstat + (mt * 2 + hf) * 8, rs = rm + 4;
+            const float old = lds_f32(rm);
+            float mx = old;
+#pragma unroll
+            for (int j = 0; j < FWD_NT; j++) mx = fmaxf(mx, fmaxf(s[mt][j][2 * hf], s[mt][j][2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // a row with every key so far masked keeps max -inf; subtracting 0 then keeps exp2(-inf) = 0
+            const float msc = mx == NEG_INF ? 0.f : mx * SCALE_LOG2;
+            const float corr = ex2(old * SCALE_LOG2 - msc);
+            sts32(rm, __float_as_uint(mx));
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < FWD_NT; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p = ex2(fmaf(s[mt][j][2 * hf + e], SCALE_LOG2, -msc));
+                    s[mt][j][2 * hf + e] = p;
+                    sum += p;
+                }
+            sts32(rs, __float_as_uint(lds_f32(rs) * corr + sum));
+#pragma unroll
+            for (int j = 0; j < FWD_DT; j++) acc[mt][j][2 * hf] *= corr, acc[mt][j][2 * hf + 1] *= corr;
+        }
+
+    // O += P V: the score accumulators are already in the A-operand layout, two n-tiles per k-step
+#pragma unroll
+    for (int kk = 0; kk < FWD_BN / 16; kk++) {
+        u32 a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            a[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            a[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            a[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            a[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < FWD_DT / 2; dp++) {
+            u32 b[4];
+            ldsm4t(b, at(vt, ROWB, kk * 16, dp * 2));
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                mma(acc[mt][2 * dp], a[mt], b[0], b[1]);
+                mma(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void FWD_BOUNDS
+attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
+    const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v, bf16 *__restrict__ o,
+    float *__restrict__ lse) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int h = blockIdx.x, kvh = h / GROUP;
+    // the blocks with the most key blocks (largest m0 when causal) start first
+    const int m0 = (gridDim.y - 1 - blockIdx.y) * FWD_BM;
+    const u32 sQ = smem_addr(smem), sK = sQ + FWD_BM * ROWB, sV = sK + 2 * FWD_BN * ROWB;
+    const bf16 *kh = k + (long long)kvh * HEAD_DIM, *vh = v + (long long)kvh * HEAD_DIM;
+
+    const int n_end = CAUSAL ? min(SEQ, m0 + FWD_BM) : SEQ;
+    const int nblocks = (n_end + FWD_BN - 1) / FWD_BN;
+
+    load_rows<FWD_BM, FWD_THREADS, QS>(sQ, q + ((long long)m0 * Q_HEADS + h) * HEAD_DIM, SEQ - m0, tid);
+    {
+        const int n0 = (nblocks - 1) * FWD_BN;
+        load_rows<FWD_BN, FWD_THREADS, KS>(sK, kh + n0 * KS, SEQ - n0, tid);
+        load_rows<FWD_BN, FWD_THREADS, KS>(sV, vh + n0 * KS, SEQ - n0, tid);
+    }
+    cp_async_commit();
+
+    float acc[2][FWD_DT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int j = 0; j < FWD_DT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.f;
+    // running max and (this thread's partial) sum of each of its rows (m-tile, row g or g + 8)
+    const u32 rstat = sV + 2 * FWD_BN * ROWB + tid * 32; // per row (mt, hf): max at +0, sum at +4
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+            sts32(rstat + (mt * 2 + hf) * 8, __float_as_uint(NEG_INF)), sts32(rstat + (mt * 2 + hf) * 8 + 4, 0u);
+
+    // ldmatrix row and chunk of this lane: Q as the A operand; K as B (rows = keys); V as B through .trans
+    const u32 qb = lane_base(sQ, ROWB, warp * 32 + (lane & 15), lane >> 4);
+    const u32 kb = lane_base(sK, ROWB, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    const u32 vb = lane_base(sV, ROWB, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+
+    auto begin_block = [&](int nb, int st) {
+        cp_async_wait_all();
+        // block nb has landed for every thread, and every warp is done with the buffers of block nb + 1
+        __syncthreads();
+        if (nb > 0) {
+            const int n1 = (nb - 1) * FWD_BN;
+            load_rows<FWD_BN, FWD_THREADS, KS>(sK + (st ^ 1) * FWD_BN * ROWB, kh + n1 * KS, SEQ - n1, tid);
+            load_rows<FWD_BN, FWD_THREADS, KS>(sV + (st ^ 1) * FWD_BN * ROWB, vh + n1 * KS, SEQ - n1, tid);
+            cp_async_commit();
+        }
+    };
+    int nb = nblocks - 1, st = 0;
+    for (; nb >= 0; nb--, st ^= 1) {
+        begin_block(nb, st);
+        const u32 kt = kb + st * FWD_BN * ROWB, vt = vb + st * FWD_BN * ROWB;
+        const int n0 = nb * FWD_BN;
+        if (n0 + FWD_BN > SEQ || (CAUSAL && n0 + FWD_BN - 1 > m0))
+            fwd_block<true>(acc, rstat, qb, kt, vt, n0, m0, warp, g, t);
+        else
+            fwd_block<false>(acc, rstat, qb, kt, vt, n0, m0, warp, g, t);
+    }
+
+    // normalise, write lse, and stage this warp's rows of O in its own (now unused) rows of the Q tile so that the
+    // global stores are whole 16-byte chunks of contiguous rows
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float l = lds_f32(rstat + (mt * 2 + hf) * 8 + 4);
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+            for (int j = 0; j < FWD_DT; j++) acc[mt][j][2 * hf] *= inv, acc[mt][j][2 * hf + 1] *= inv;
+            const int row = m0 + warp * 32 + mt * 16 + g + hf * 8;
+            if (t == 0 && row < SEQ) lse[(long long)h * SEQ + row] = lds_f32(rstat + (mt * 2 + hf) * 8) * SOFTMAX_SCALE + logf(l);
+        }
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int j = 0; j < FWD_DT; j++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+                sts32(sQ + swz(ROWB, warp * 32 + mt * 16 + g + hf * 8, j) + t * 4,
+                      pack_bf16(acc[mt][j][2 * hf], acc[mt][j][2 * hf + 1]));
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < CHUNKS; i++) {
+        const int idx = i * 32 + lane, r = idx / CHUNKS, ch = idx % CHUNKS, row = m0 + warp * 32 + r;
+        if (row < SEQ)
+            *(uint4 *)(o + ((long long)row * Q_HEADS + h) * HEAD_DIM + ch * 8) = lds128(sQ + swz(ROWB, warp * 32 + r, ch));
+    }
+}
+
+// ================================ backward ================================
+// One block: 128 keys of one KV head, 8 warps. It loops over the query heads of the GQA group and over the query
+// blocks of 64 rows that can see these keys, keeping dK and dV for its keys in registers for the whole loop, and
+// adds each block's dQ = dS K into the fp32 workspace with atomics. Per query block:
+//   A  (warps 2 x 4 over 64 rows x 128 keys): S = Q K^T, P = exp(scale S - lse), dP = dO V^T, dS = P (dP - delta);
+//      P and dS go to shared memory as bf16
+//   B  (warps 4 x 2 over 128 keys x D): dV += P^T dO, dK += dS^T Q
+//   C  (warps 2 x 4 over 64 rows x D): dQ += dS K (atomics)
+// Shared memory: K, V [128][D]; Q, dO [2][64][D]; P, dS [64][128]; lse, delta [2][64] (161 KiB at D = 128).
+#define BWD_BM 64
+#define BWD_BN 128
+#define BWD_THREADS 256
+#define PROWB (BWD_BN * 2)          // bytes of one row of the P and dS tiles
+#define BWD_BT (HEAD_DIM / 16)      // dK, dV n-tiles per warp (D/2 columns)
+#define BWD_CT (HEAD_DIM / 32)      // dQ n-tiles per warp (D/4 columns)
+#define BWD_BOUNDS __launch_bounds__(BWD_THREADS, 1)
+
+extern "C" __global__ void BWD_BOUNDS
+attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
+    const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+    const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta,
+    float *__restrict__ dq_ws, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int kvh = blockIdx.x, n0 = blockIdx.y * BWD_BN; // the key blocks with the most query blocks start first
+    const u32 sK = smem_addr(smem), sV = sK + BWD_BN * ROWB, sQ = sV + BWD_BN * ROWB, sdO = sQ + 2 * BWD_BM * ROWB,
+              sP = sdO + 2 * BWD_BM * ROWB, sdS = sP + BWD_BM * PROWB, sL = sdS + BWD_BM * PROWB,
+              sD = sL + 2 * BWD_BM * 4;
+
+    // query blocks before n0 see none of these keys when causal
+    const int m_first = CAUSAL ? n0 / BWD_BM : 0;
+    const int nm = (SEQ + BWD_BM - 1) / BWD_BM - m_first;
+    const int niters = GROUP * nm;
+
+    load_rows<BWD_BN, BWD_THREADS, KS>(sK, k + ((long long)n0 * KV_HEADS + kvh) * HEAD_DIM, SEQ - n0, tid);
+    load_rows<BWD_BN, BWD_THREADS, KS>(sV, v + ((long long)n0 * KV_HEADS + kvh) * HEAD_DIM, SEQ - n0, tid);
+
+    // iteration it: query head kvh * GROUP + it / nm, query block m_first + it % nm
+    auto load_q_block = [&](int it, int stage) {
+        const int hi = it / nm, m0 = (m_first + it - hi * nm) * BWD_BM, h = kvh * GROUP + hi;
+        const long long off = ((long long)m0 * Q_HEADS + h) * HEAD_DIM;
+        load_rows<BWD_BM, BWD_THREADS, QS>(sQ + stage * BWD_BM * ROWB, q + off, SEQ - m0, tid);
+        load_rows<BWD_BM, BWD_THREADS, QS>(sdO + stage * BWD_BM * ROWB, dout + off, SEQ - m0, tid);
+        if (tid < BWD_BM) {
+            const bool ok = m0 + tid < SEQ;
+            cp_async4(sL + (stage * BWD_BM + tid) * 4, lse + (long long)h * SEQ + (ok ? m0 + tid : 0), ok);
+        } else if (tid < 2 * BWD_BM) {
+            const int r = tid - BWD_BM;
+            const bool ok = m0 + r < SEQ;
+            cp_async4(sD + (stage * BWD_BM + r) * 4, delta + (long long)(ok ? m0 + r : 0) * Q_HEADS + h, ok);
+        }
+    };
+    load_q_block(0, 0);
+    cp_async_commit();
+
+    float dv_acc[2][BWD_BT][4], dk_acc[2][BWD_BT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int j = 0; j < BWD_BT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dv_acc[mt][j][e] = 0.f, dk_acc[mt][j][e] = 0.f;
+
+    // warp tiles of the three phases
+    const int a_wm = warp & 1, a_wn = warp >> 1; // A: rows a_wm*32, keys a_wn*32
+    const int b_wk = warp >> 1, b_wd = warp & 1; // B: keys b_wk*32, columns b_wd*D/2
+    const int c_wm = warp & 1, c_wd = warp >> 1; // C: rows c_wm*32, columns c_wd*D/4
+    // ldmatrix lane bases: an A operand (rows = m); a B operand with rows = n; operands read through .trans
+    const int a_row = lane & 15, a_ch = lane >> 4;
+    const int n_row = (lane & 7) + ((lane >> 4) << 3), n_ch = (lane >> 3) & 1;
+    const int t_row = (lane & 7) + (((lane >> 3) & 1) << 3), t_ch = lane >> 4;
+    // Lane offsets within a tile; a tile's address (smem base + tile offset, a multiple of 1024) is added after the
+    // swizzle XOR of at(), so one offset serves every tile read the same way.
+    const u32 offA = lane_base(0, ROWB, a_wm * 32 + a_row, a_ch);   // Q, dO as A operands (phase A)
+    const u32 offN = lane_base(0, ROWB, a_wn * 32 + n_row, n_ch);   // K, V as B operands (phase A)
+    const u32 offPT = lane_base(0, PROWB, n_row, n_ch);             // P^T, dS^T as A operands (phase B)
+    const u32 offT = lane_base(0, ROWB, t_row, t_ch);               // dO, Q (phase B), K (phase C) through .trans
+    const u32 offS = lane_base(0, PROWB, c_wm * 32 + a_row, a_ch);  // dS as the A operand (phase C)
+    const u32 base = sK; // K, V, Q, dO, P, dS tiles follow at constant offsets
+    constexpr u32 oV = BWD_BN * ROWB, oQ = 2 * BWD_BN * ROWB, oDO = oQ + 2 * BWD_BM * ROWB,
+                  oP = oDO + 2 * BWD_BM * ROWB, oDS = oP + BWD_BM * PROWB;
+
+    for (int it = 0; it < niters; it++) {
+        const int st = it & 1;
+        cp_async_wait_all();
+        // this block's Q, dO, lse, delta have landed; every warp is done with the previous iteration
+        __syncthreads();
+        if (it + 1 < niters) {
+            load_q_block(it + 1, st ^ 1);
+            cp_async_commit();
+        }
+        const int hi = it / nm, m0 = (m_first + it - hi * nm) * BWD_BM, h = kvh * GROUP + hi;
+        const u32 sbase = base + st * BWD_BM * ROWB; // Q and dO tiles of this stage
+
+        // ---- A: S, P, dP, dS; EDGE: the block crosses the diagonal or the end of the sequence ----
+        auto phase_a = [&](auto edge_tag) {
+            constexpr bool EDGE = decltype(edge_tag)::value;
+            // ---- A: S and P ----
+            float pa[2][4][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) pa[mt][j][e] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                u32 a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) ldsm4(a[mt], at(offA, ROWB, mt * 16, ks * 2) + sbase + oQ);
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    u32 b[4];
+                    ldsm4(b, at(offN, ROWB, np * 16, ks * 2) + base);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma(pa[mt][2 * np], a[mt], b[0], b[1]);
+                        mma(pa[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    }
+                }
+            }
+            const int key0 = n0 + a_wn * 32 + 2 * t; // element (j, e) is key key0 + j*8 + e
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int rl = a_wm * 32 + mt * 16 + g + hf * 8, row = m0 + rl;
+                    const float l2 = lds_f32(sL + (st * BWD_BM + rl) * 4) * LOG2E;
+                    // keys past the end, and past the row when causal, get p = 0; rows past the end get no keys
+                    int lim = SEQ - 1 - key0;
+                    if (CAUSAL) lim = min(lim, row - key0);
+                    if (row >= SEQ) lim = -1;
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            float p = ex2(fmaf(pa[mt][j][2 * hf + e], SCALE_LOG2, -l2));
+                            if (EDGE && j * 8 + e > lim) p = 0.f;
+                            pa[mt][j][2 * hf + e] = p;
+                        }
+                }
+            // ---- A: dP and dS ----
+            float ds[2][4][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) ds[mt][j][e] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                u32 a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) ldsm4(a[mt], at(offA, ROWB, mt * 16, ks * 2) + sbase + oDO);
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    u32 b[4];
+                    ldsm4(b, at(offN, ROWB, np * 16, ks * 2) + base + oV);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma(ds[mt][2 * np], a[mt], b[0], b[1]);
+                        mma(ds[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int rl = a_wm * 32 + mt * 16 + g + hf * 8;
+                    const float dl = lds_f32(sD + (st * BWD_BM + rl) * 4);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const float p0 = pa[mt][j][2 * hf], p1 = pa[mt][j][2 * hf + 1];
+                        const u32 off = swz(PROWB, rl, a_wn * 4 + j) + t * 4;
+                        sts32(base + oP + off, pack_bf16(p0, p1));
+                        sts32(base + oDS + off,
+                              pack_bf16(p0 * (ds[mt][j][2 * hf] - dl), p1 * (ds[mt][j][2 * hf + 1] - dl)));
+                    }
+                }
+        };
+        if (m0 + BWD_BM > SEQ || n0 + BWD_BN > SEQ || (CAUSAL && n0 + BWD_BN - 1 > m0))
+            phase_a(BoolTag<true>());
+        else
+            phase_a(BoolTag<false>());
+        __syncthreads();
+
+        // ---- B: dV += P^T dO, dK += dS^T Q (A operands read transposed from the [row][key] tiles) ----
+#pragma unroll
+        for (int kk = 0; kk < BWD_BM / 16; kk++) {
+            u32 a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) ldsm4t(a[mt], at(offPT, PROWB, kk * 16, b_wk * 4 + mt * 2) + base + oP);
+#pragma unroll
+            for (int dp = 0; dp < BWD_BT / 2; dp++) {
+                u32 b[4];
+                ldsm4t(b, at(offT, ROWB, kk * 16, b_wd * (CHUNKS / 2) + dp * 2) + sbase + oDO);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma(dv_acc[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma(dv_acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) ldsm4t(a[mt], at(offPT, PROWB, kk * 16, b_wk * 4 + mt * 2) + base + oDS);
+#pragma unroll
+            for (int dp = 0; dp < BWD_BT / 2; dp++) {
+                u32 b[4];
+                ldsm4t(b, at(offT, ROWB, kk * 16, b_wd * (CHUNKS / 2) + dp * 2) + sbase + oQ);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma(dk_acc[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma(dk_acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+
+        // ---- C: dQ += dS K ----
+        float dq[2][BWD_CT][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int j = 0; j < BWD_CT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dq[mt][j][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < BWD_BN / 16; kk++) {
+            u32 a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) ldsm4(a[mt], at(offS, PROWB, mt * 16, kk * 2) + base + oDS);
+#pragma unroll
+            for (int dp = 0; dp < BWD_CT / 2; dp++) {
+                u32 b[4];
+                ldsm4t(b, at(offT, ROWB, kk * 16, c_wd * (CHUNKS / 4) + dp * 2) + base);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma(dq[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma(dq[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int row = m0 + c_wm * 32 + mt * 16 + g + hf * 8;
+                if (row < SEQ) {
+                    float *p = dq_ws + ((long long)row * Q_HEADS + h) * HEAD_DIM + c_wd * (HEAD_DIM / 4) + 2 * t;
+#pragma unroll
+                    for (int j = 0; j < BWD_CT; j++) red_add2(p + j * 8, dq[mt][j][2 * hf], dq[mt][j][2 * hf + 1]);
+                }
+            }
+    }
+
+    // dK carries the softmax scale that S = scale q k^T puts on it; dV does not
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int key = n0 + b_wk * 32 + mt * 16 + g + hf * 8;
+            if (key >= SEQ) continue;
+            const long long base = ((long long)key * KV_HEADS + kvh) * HEAD_DIM + b_wd * (HEAD_DIM / 2) + 2 * t;
+#pragma unroll
+            for (int j = 0; j < BWD_BT; j++) {
+                const float k0 = dk_acc[mt][j][2 * hf] * SOFTMAX_SCALE, k1 = dk_acc[mt][j][2 * hf + 1] * SOFTMAX_SCALE;
+                const float v0 = dv_acc[mt][j][2 * hf], v1 = dv_acc[mt][j][2 * hf + 1];
+#if DKV_ACCUM
+                float2 *pk = (float2 *)(dk + base + j * 8), *pv = (float2 *)(dv + base + j * 8);
+                float2 x = *pk, y = *pv;
+                x.x += k0, x.y += k1, y.x += v0, y.y += v1;
+                *pk = x, *pv = y;
+#else
+                *(u32 *)(dk + base + j * 8) = pack_bf16(k0, k1);
+                *(u32 *)(dv + base + j * 8) = pack_bf16(v0, v1);
+#endif
+            }
+        }
+}
+
+// dq = bf16(scale * dq_ws), eight elements per thread per step.
+#define DQ_BOUNDS __launch_bounds__(256)
+extern "C" __global__ void DQ_BOUNDS
+attention_bwd_dq_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
+    const float *__restrict__ dq_ws, bf16 *__restrict__ dq) {
+    const long long n8 = (long long)SEQ * Q_HEADS * HEAD_DIM / 8;
+    for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n8; i += (long long)gridDim.x * 256) {
+        const float4 a = ((const float4 *)dq_ws)[2 * i], b = ((const float4 *)dq_ws)[2 * i + 1];
+        const float s = SOFTMAX_SCALE;
+        uint4 r;
+        r.x = pack_bf16(a.x * s, a.y * s);
+        r.y = pack_bf16(a.z * s, a.w * s);
+        r.z = pack_bf16(b.x * s, b.y * s);
+        r.w = pack_bf16(b.z * s, b.w * s);
+        ((uint4 *)dq)[i] = r;
+    }
+}

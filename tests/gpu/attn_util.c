@@ -1,0 +1,90 @@
+/* attn_util.c: see attn_util.h. */
+#include "attn_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "gpu_util.h"
+#include "util.h"
+
+#define AU_CUDA(call)                                                                                         \
+    do {                                                                                                      \
+        cudaError_t e_ = (call);                                                                              \
+        if (e_ != cudaSuccess) {                                                                              \
+            char m_[1024];                                                                                    \
+            cp_cuda_errmsg(e_, #call, m_, sizeof m_);                                                         \
+            gu_fail("%s:%d: %s", __FILE__, __LINE__, m_);                                                     \
+        }                                                                                                     \
+    } while (0)
+
+const char *attn_shape_str(const attn_shape *s, char *buf, int n) {
+    snprintf(buf, (size_t)n, "S=%lld QH=%d KVH=%d D=%lld %s%s", (long long)s->seq, s->q_heads, s->kv_heads,
+             (long long)s->head_dim, s->causal ? "causal" : "full", s->dkv_accum ? " acc" : "");
+    return buf;
+}
+
+void attn_build(attn_mod *m, int n) {
+    char err[8192];
+    cp_module_src *srcs = calloc((size_t)n, sizeof *srcs);
+    cp_jit_module *jits = calloc((size_t)n, sizeof *jits);
+    for (int i = 0; i < n; i++) {
+        const attn_shape *s = &m[i].sh;
+        cp_k_attention(&m[i].spec, s->head_dim, s->q_heads, s->kv_heads, s->seq, s->causal, s->dkv_accum);
+        if (cp_emit(&m[i].spec, &m[i].src, err, sizeof err) != 0) gu_fail("emit attention: %s", err);
+        srcs[i] = m[i].src;
+    }
+    cp_jit_opts o;
+    memset(&o, 0, sizeof o);
+    snprintf(o.arch, sizeof o.arch, "%s", gu_dev.arch);
+    double t0 = cp_now();
+    if (cp_jit_compile(srcs, n, &o, jits, err, sizeof err) != 0) gu_fail("compile: %s", err);
+    printf("compiled %d attention modules for %s in %.1f s\n", n, o.arch, cp_now() - t0);
+    for (int i = 0; i < n; i++) {
+        attn_mod *a = &m[i];
+        a->jit = jits[i];
+        if (cp_module_load(&a->mod, a->src.name, a->jit.cubin, a->jit.cubin_len, err, sizeof err) != 0)
+            gu_fail("%s", err);
+        const char *roles[3] = {"fwd", "bwd", "bwd_dq"};
+        cudaKernel_t *ks[3] = {&a->fwd, &a->bwd, &a->bwd_dq};
+        cp_kdims *ds[3] = {&a->d_fwd, &a->d_bwd, &a->d_dq};
+        for (int r = 0; r < 3; r++) {
+            if (cp_module_role(&a->mod, "attention", roles[r], ks[r], err, sizeof err) != 0) gu_fail("%s", err);
+            if (cp_k_attention_dims(&a->spec, roles[r], ds[r]) != 0) gu_fail("no geometry for attention %s", roles[r]);
+            if (ds[r]->smem > 48 * 1024 && cp_kernel_set_max_smem(*ks[r], ds[r]->smem, err, sizeof err) != 0)
+                gu_fail("%s", err);
+        }
+        a->spill_bytes = 0;
+        for (int e = 0; e < a->jit.nentries; e++) {
+            const cp_entry_info *x = &a->jit.entries[e];
+            const cp_kdims *d = strstr(x->name, "_bwd_dq_") ? &a->d_dq : strstr(x->name, "_bwd_") ? &a->d_bwd : &a->d_fwd;
+            printf("  %-50s %3d regs, %6u B smem, %4u threads, spills %d/%d%s\n", x->name, x->registers, d->smem,
+                   d->block, x->spill_stores, x->spill_loads, a->jit.from_cache ? " (cached)" : "");
+            a->spill_bytes += x->spill_stores + x->spill_loads;
+        }
+    }
+    free(srcs);
+    free(jits);
+}
+
+void attn_free(attn_mod *m) {
+    cp_module_unload(&m->mod);
+    cp_jit_module_free(&m->jit);
+    cp_module_src_free(&m->src);
+    cp_kspec_free(&m->spec);
+}
+
+void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o, float *lse, cudaStream_t s) {
+    void *args[] = {&q, &k, &v, &o, &lse};
+    AU_CUDA(cp_launch(m->fwd, &m->d_fwd, args, s));
+}
+
+void attn_bwd(attn_mod *m, const void *q, const void *k, const void *v, const void *dout, const float *lse,
+              const float *delta, float *dq_ws, void *dq, void *dk, void *dv, cudaStream_t s) {
+    AU_CUDA(cudaMemsetAsync(dq_ws, 0, (size_t)cp_k_attention_workspace_bytes(&m->spec), s));
+    void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq_ws, &dk, &dv};
+    AU_CUDA(cp_launch(m->bwd, &m->d_bwd, args, s));
+    void *args2[] = {&dq_ws, &dq};
+    AU_CUDA(cp_launch(m->bwd_dq, &m->d_dq, args2, s));
+}

@@ -1,0 +1,47 @@
+/* attn_util.h: the attention GPU test and benchmark's own helpers: build several attention modules in one parallel
+ * JIT call (reporting registers and spills without failing on them: gu_build fails on any spill), and run the
+ * forward and the whole backward (workspace zeroing, bwd, dq conversion) with the geometry of kernels_attn.h. */
+#ifndef ATTN_UTIL_H
+#define ATTN_UTIL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "emit.h"
+#include "jit.h"
+#include "kernels.h"
+#include "kernels_attn.h"
+#include "module.h"
+
+typedef struct {
+    int64_t seq, head_dim;
+    int q_heads, kv_heads;
+    bool causal, dkv_accum;
+} attn_shape;
+
+typedef struct {
+    attn_shape sh;
+    cp_kernel_spec spec;
+    cp_module_src src;
+    cp_jit_module jit;
+    cp_module mod;
+    cudaKernel_t fwd, bwd, bwd_dq;
+    cp_kdims d_fwd, d_bwd, d_dq;
+    int spill_bytes; /* spill stores + loads over the module's entries */
+} attn_mod;
+
+/* "S=4097 QH=4 KVH=1 D=128 causal" into buf. */
+const char *attn_shape_str(const attn_shape *s, char *buf, int n);
+/* Emit, compile (all at once, on every core), load n modules; prints each entry's registers, shared memory and
+ * spills. Fails (gu_fail) on any error. */
+void attn_build(attn_mod *m, int n);
+void attn_free(attn_mod *m);
+/* Queue the forward: o, lse from q, k, v. */
+void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o, float *lse, cudaStream_t s);
+/* Queue the backward: zero dq_ws, bwd, dq from dq_ws. dk, dv are bf16, or fp32 added to when dkv_accum. */
+void attn_bwd(attn_mod *m, const void *q, const void *k, const void *v, const void *dout, const float *lse,
+              const float *delta, float *dq_ws, void *dq, void *dk, void *dv, cudaStream_t s);
+
+#endif

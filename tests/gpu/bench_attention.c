@@ -1,0 +1,190 @@
+/* bench_attention.c: causal attention forward and backward at head_dim 128, 32 query heads, 32K tokens, with 32 and
+ * with 8 KV heads: median time of many runs (CUDA events) and TF/s by the brief's count (forward 4 S^2 H D / 2 when
+ * causal, backward 2.5 times that). The backward time covers zeroing the dQ workspace, bwd and the dQ conversion.
+ * Then it runs tests/gpu/bench_attention_sdpa.py (PyTorch SDPA, FLASH_ATTENTION and CUDNN_ATTENTION backends) on the
+ * same shapes, when python3 with torch is there, and prints both side by side.
+ * Options: --seq N (default 32768), --reps N (default 10), --no-sdpa. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "attn_util.h"
+#include "gpu_util.h"
+#include "ref/bf16.h"
+
+typedef struct {
+    const char *name;
+    int qh, kvh;
+    double fwd_ms, bwd_ms;
+    double sdpa_fwd_ms[2], sdpa_bwd_ms[2]; /* flash, cudnn; < 0: not run */
+} bench_row;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Uniform bf16 values in [-1, 1): a fast generator, since the inputs are hundreds of millions of elements. */
+static uint16_t *rand_bf16(int64_t n, uint64_t seed) {
+    uint16_t *p = malloc(sizeof(uint16_t) * (size_t)n);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
+    for (int64_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        float f = (float)((double)(x >> 11) / (double)(1ULL << 53) * 2.0 - 1.0);
+        p[i] = f32_to_bf16(f == 0.0f ? 1e-3f : f);
+    }
+    return p;
+}
+
+static double flops_fwd(int64_t S, int H, int64_t D) { return 4.0 * (double)S * (double)S * H * (double)D / 2; }
+
+static void bench(bench_row *r, int64_t S, int reps) {
+    attn_mod m;
+    memset(&m, 0, sizeof m);
+    m.sh = (attn_shape){S, 128, r->qh, r->kvh, true, false};
+    attn_build(&m, 1);
+    const int64_t D = 128, nq = S * r->qh * D, nkv = S * r->kvh * D, nlse = S * r->qh;
+    uint16_t *hq = rand_bf16(nq, 1), *hk = rand_bf16(nkv, 2), *hv = rand_bf16(nkv, 3), *hdo = rand_bf16(nq, 4);
+    void *q = gu_malloc(nq * 2), *k = gu_malloc(nkv * 2), *v = gu_malloc(nkv * 2), *dout = gu_malloc(nq * 2),
+         *o = gu_malloc(nq * 2), *dq = gu_malloc(nq * 2), *dk = gu_malloc(nkv * 2), *dv = gu_malloc(nkv * 2);
+    float *lse = gu_malloc(nlse * 4), *delta = gu_malloc(nlse * 4),
+          *ws = gu_malloc((size_t)cp_k_attention_workspace_bytes(&m.spec));
+    gu_upload(q, hq, nq * 2);
+    gu_upload(k, hk, nkv * 2);
+    gu_upload(v, hv, nkv * 2);
+    gu_upload(dout, hdo, nq * 2);
+    /* delta = rowsum(dout * o) from the forward's output, computed once on the host (a memory-bound pass of
+     * well under a millisecond on the GPU, not part of either kernel) */
+    attn_fwd(&m, q, k, v, o, lse, 0);
+    if (cudaDeviceSynchronize() != cudaSuccess) gu_fail("fwd: %s", cudaGetErrorString(cudaGetLastError()));
+    uint16_t *ho = malloc(nq * 2);
+    gu_download(ho, o, nq * 2);
+    float *hdelta = malloc(nlse * 4);
+    for (int64_t row = 0; row < nlse; row++) {
+        float s = 0;
+        for (int64_t x = 0; x < D; x++) s += bf16_to_f32(hdo[row * D + x]) * bf16_to_f32(ho[row * D + x]);
+        hdelta[row] = s;
+    }
+    gu_upload(delta, hdelta, nlse * 4);
+
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    double *t = malloc(sizeof(double) * (size_t)reps);
+    for (int phase = 0; phase < 2; phase++) {
+        for (int i = -2; i < reps; i++) { /* two warm-up runs */
+            cudaEventRecord(e0, 0);
+            if (phase == 0) attn_fwd(&m, q, k, v, o, lse, 0);
+            else attn_bwd(&m, q, k, v, dout, lse, delta, ws, dq, dk, dv, 0);
+            cudaEventRecord(e1, 0);
+            if (cudaEventSynchronize(e1) != cudaSuccess) gu_fail("%s: %s", phase ? "bwd" : "fwd",
+                                                                  cudaGetErrorString(cudaGetLastError()));
+            float ms;
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (i >= 0) t[i] = ms;
+        }
+        qsort(t, (size_t)reps, sizeof *t, cmp_double);
+        double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+        if (phase == 0) r->fwd_ms = med;
+        else r->bwd_ms = med;
+        printf("  %s %s: median %.3f ms, min %.3f, max %.3f over %d runs\n", r->name, phase ? "bwd" : "fwd", med, t[0],
+               t[reps - 1], reps);
+    }
+    /* a sanity look at the outputs: no NaN in o, dq */
+    gu_download(ho, o, nq * 2);
+    int64_t nan_o = gu_nan_bf16(ho, nq);
+    gu_download(ho, dq, nq * 2);
+    int64_t nan_dq = gu_nan_bf16(ho, nq);
+    if (nan_o || nan_dq) gu_fail("%s: NaN in the outputs (o %lld, dq %lld)", r->name, (long long)nan_o, (long long)nan_dq);
+    free(t), free(hq), free(hk), free(hv), free(hdo), free(ho), free(hdelta);
+    void *bufs[] = {q, k, v, dout, o, dq, dk, dv, lse, delta, ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gu_free_dev(bufs[i]);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    attn_free(&m);
+}
+
+/* The SDPA script beside this source: from the binary's folder build/tests/gpu up to the source tree. */
+static void sdpa_script(char *out, size_t n) {
+    char exe[PATH_MAX];
+    ssize_t l = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[l > 0 ? l : 0] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    snprintf(out, n, "%s/../../../tests/gpu/bench_attention_sdpa.py", exe);
+}
+
+static void run_sdpa(bench_row *rows, int nrows, int64_t S, int reps) {
+    char script[PATH_MAX + 64], cmd[PATH_MAX + 256];
+    sdpa_script(script, sizeof script);
+    if (access(script, R_OK) != 0) {
+        printf("(no %s: SDPA comparison skipped)\n", script);
+        return;
+    }
+    snprintf(cmd, sizeof cmd, "python3 '%s' --seq %lld --reps %d 2>&1", script, (long long)S, reps);
+    printf("\n$ %s\n", cmd);
+    fflush(stdout);
+    FILE *p = popen(cmd, "r");
+    if (!p) return;
+    char line[1024];
+    while (fgets(line, sizeof line, p)) {
+        fputs(line, stdout);
+        /* machine-readable lines: "SDPA <backend> <qh> <kvh> <fwd_ms> <bwd_ms>" */
+        char be[32];
+        int qh, kvh;
+        double f, b;
+        if (sscanf(line, "SDPA %31s %d %d %lf %lf", be, &qh, &kvh, &f, &b) == 5)
+            for (int i = 0; i < nrows; i++)
+                if (rows[i].qh == qh && rows[i].kvh == kvh) {
+                    int j = strcmp(be, "FLASH_ATTENTION") == 0 ? 0 : strcmp(be, "CUDNN_ATTENTION") == 0 ? 1 : -1;
+                    if (j >= 0) rows[i].sdpa_fwd_ms[j] = f, rows[i].sdpa_bwd_ms[j] = b;
+                }
+    }
+    pclose(p);
+}
+
+static void tfs(char *buf, size_t n, double flops, double ms) {
+    if (ms > 0) snprintf(buf, n, "%7.1f", flops / (ms * 1e-3) / 1e12);
+    else snprintf(buf, n, "%7s", "-");
+}
+
+int main(int argc, char **argv) {
+    int64_t S = 32768;
+    int reps = 10;
+    bool sdpa = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--seq") && i + 1 < argc) S = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-sdpa")) sdpa = false;
+        else {
+            fprintf(stderr, "usage: bench_attention [--seq N] [--reps N] [--no-sdpa]\n");
+            return 2;
+        }
+    }
+    if (reps < 1) reps = 1;
+    if (gu_init() != 0) return 0;
+    bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, {-1, -1}, {-1, -1}}, {"GQA 32/8", 32, 8, 0, 0, {-1, -1}, {-1, -1}}};
+    const int nrows = 2;
+    for (int i = 0; i < nrows; i++) bench(&rows[i], S, reps);
+    if (sdpa) run_sdpa(rows, nrows, S, reps);
+
+    printf("\ncausal attention, S=%lld, D=128, 32 query heads; TF/s = fwd 4*S^2*H*D/2, bwd 2.5x fwd\n", (long long)S);
+    printf("%-10s %-18s %9s %9s %9s %8s %8s %8s\n", "shape", "kernel", "fwd ms", "bwd ms", "total ms", "fwd TF/s",
+           "bwd TF/s", "f+b TF/s");
+    for (int i = 0; i < nrows; i++) {
+        const double F = flops_fwd(S, rows[i].qh, 128);
+        const char *names[3] = {"cpgen", "sdpa FLASH", "sdpa CUDNN"};
+        for (int j = 0; j < 3; j++) {
+            double f = j ? rows[i].sdpa_fwd_ms[j - 1] : rows[i].fwd_ms, b = j ? rows[i].sdpa_bwd_ms[j - 1] : rows[i].bwd_ms;
+            if (f < 0) continue;
+            char a[16], c[16], d[16];
+            tfs(a, sizeof a, F, f);
+            tfs(c, sizeof c, 2.5 * F, b);
+            tfs(d, sizeof d, 3.5 * F, f + b);
+            printf("%-10s %-18s %9.3f %9.3f %9.3f %8s %8s %8s\n", j ? "" : rows[i].name, names[j], f, b, f + b, a, c, d);
+        }
+    }
+    return 0;
+}
