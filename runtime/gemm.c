@@ -1,0 +1,265 @@
+/* gemm.c: the plan's row-major GEMMs on cuBLASLt (see gemm.h).
+ *
+ * cuBLASLt is column-major. A row-major matrix X[r][c] with row stride ld is, read column-major, the matrix X^T
+ * (c rows, r columns, same ld). So the row-major D = op(A) op(B) is computed as the column-major
+ * D^T = op(B)^T op(A)^T: cuBLASLt's first operand is our B, its second our A, and the transpose flags carry over
+ * unchanged (B stored [k][n] reads as the n x k matrix op(B)^T with no transpose; stored [n][k] it reads as k x n
+ * and needs one). D^T is n x m with leading dimension ldd; a residual C has D's layout. */
+#include "gemm.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+
+#include "cuda_check.h"
+#include "util.h"
+
+typedef struct {
+    cp_gemm p;
+    unsigned align[4]; /* A, B, C, D pointer alignment in bytes, capped at 256 */
+} gemm_key;
+
+typedef struct {
+    gemm_key key;
+    char what[40];
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc, ld; /* cuBLASLt's A (our B), B (our A), C, D */
+    cublasLtMatmulAlgo_t algo;
+    size_t ws_needed;
+} gemm_entry;
+
+struct cp_gemm_lib {
+    cublasLtHandle_t handle;
+    void *ws;
+    size_t ws_bytes;
+    int n, cap;
+    gemm_entry *e;
+};
+
+/* What to do about a failed cuBLASLt call, in one sentence. */
+static const char *lt_hint(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+        return "cuBLASLt could not start: check that the driver supports CUDA 13 and that the GPU has free memory";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+        return "cuBLASLt ran out of host or GPU memory for its descriptors: free memory, or plan with a larger "
+               "machine.reserve";
+    case CUBLAS_STATUS_INVALID_VALUE:
+        return "the shape, leading dimensions or pointers are not valid for cuBLASLt (a leading dimension shorter "
+               "than a row, or a NULL pointer): the plan's cp_gemm for this step is wrong";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+        return "this GPU has no bf16 tensor cores: cpgen needs compute capability 8.0 or newer";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+        return "no cuBLASLt kernel for this shape, type and alignment: operands should start on 16-byte boundaries "
+               "and have leading dimensions that are multiples of 8 elements";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+        return "the GEMM kernel failed to run, often because an earlier kernel faulted: rerun with "
+               "CUDA_LAUNCH_BLOCKING=1 to find the first failing step";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+        return "cuBLASLt failed inside (often a CUDA error from an earlier step): rerun with CUDA_LAUNCH_BLOCKING=1";
+    default:
+        return "";
+    }
+}
+
+static void describe(const cp_gemm *p, const char *what, char *buf, size_t n) {
+    snprintf(buf, n, "GEMM %s (%lldx%lldx%lld, A %s lda %lld, B %s ldb %lld, ldd %lld%s%s, %s out)", what,
+             (long long)p->m, (long long)p->n, (long long)p->k, p->trans_a ? "T" : "N", (long long)p->lda,
+             p->trans_b ? "T" : "N", (long long)p->ldb, (long long)p->ldd, p->has_c ? ", + residual C" : "",
+             p->accumulate ? ", accumulate" : "", p->out_f32 ? "fp32" : "bf16");
+}
+
+static int lt_fail(cublasStatus_t s, const char *call, const cp_gemm *p, const char *what, char *err, int errlen) {
+    char d[256];
+    describe(p, what, d, sizeof d);
+    const char *hint = lt_hint(s);
+    snprintf(err, (size_t)errlen, "%s: %s failed: %s (%s)%s%s", d, call, cublasLtGetStatusName(s),
+             cublasLtGetStatusString(s), *hint ? "; " : "", hint);
+    return -1;
+}
+
+#define LT(call, p, what)                                                          \
+    do {                                                                           \
+        cublasStatus_t st_ = (call);                                               \
+        if (st_ != CUBLAS_STATUS_SUCCESS) return lt_fail(st_, #call, p, what, err, errlen); \
+    } while (0)
+
+int cp_gemm_lib_create(cp_gemm_lib **out, void *ws, size_t ws_bytes, char *err, int errlen) {
+    cp_gemm_lib *g = cp_xcalloc(1, sizeof *g);
+    cublasStatus_t s = cublasLtCreate(&g->handle);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        const char *hint = lt_hint(s);
+        snprintf(err, (size_t)errlen, "cublasLtCreate: %s (%s)%s%s", cublasLtGetStatusName(s),
+                 cublasLtGetStatusString(s), *hint ? "; " : "", hint);
+        free(g);
+        return -1;
+    }
+    g->ws = ws;
+    g->ws_bytes = ws ? ws_bytes : 0;
+    *out = g;
+    return 0;
+}
+
+static void entry_free(gemm_entry *e) {
+    if (e->desc) cublasLtMatmulDescDestroy(e->desc);
+    if (e->la) cublasLtMatrixLayoutDestroy(e->la);
+    if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
+    if (e->lc) cublasLtMatrixLayoutDestroy(e->lc);
+    if (e->ld) cublasLtMatrixLayoutDestroy(e->ld);
+    memset(e, 0, sizeof *e);
+}
+
+void cp_gemm_lib_destroy(cp_gemm_lib *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n; i++) entry_free(&g->e[i]);
+    free(g->e);
+    if (g->handle) cublasLtDestroy(g->handle);
+    free(g);
+}
+
+int cp_gemm_entries(const cp_gemm_lib *g) { return g->n; }
+
+static unsigned align_of(const void *ptr) {
+    uintptr_t a = (uintptr_t)ptr;
+    unsigned al = 256;
+    while (al > 1 && a % al) al /= 2;
+    return al;
+}
+
+/* The plan's conventions, checked before cuBLASLt sees them, so a wrong cp_gemm is named as such. */
+static int check_shape(const cp_gemm *p, const char *what, const void *A, const void *B, const void *C,
+                       const void *D, char *err, int errlen) {
+    char d[256];
+    const char *bad = NULL;
+    if (p->m < 1 || p->n < 1 || p->k < 1) bad = "m, n and k must be at least 1";
+    else if (p->lda < (p->trans_a ? p->m : p->k)) bad = "lda is shorter than a row of A as stored";
+    else if (p->ldb < (p->trans_b ? p->k : p->n)) bad = "ldb is shorter than a row of B as stored";
+    else if (p->ldd < p->n) bad = "ldd is shorter than a row of D";
+    else if (p->has_c && p->accumulate) bad = "has_c and accumulate together (the residual C would be ignored)";
+    else if (!A || !B || !D || (p->has_c && !C)) bad = "a NULL operand";
+    if (!bad) return 0;
+    describe(p, what, d, sizeof d);
+    snprintf(err, (size_t)errlen, "%s: %s: the plan's GEMM description is inconsistent", d, bad);
+    return -1;
+}
+
+static bool key_equal(const gemm_key *a, const gemm_key *b) {
+    const cp_gemm *x = &a->p, *y = &b->p;
+    return x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda && x->ldb == y->ldb && x->ldd == y->ldd &&
+           x->trans_a == y->trans_a && x->trans_b == y->trans_b && x->has_c == y->has_c &&
+           x->accumulate == y->accumulate && x->out_f32 == y->out_f32 && !memcmp(a->align, b->align, sizeof a->align);
+}
+
+static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
+    const cp_gemm *p = &e->key.p;
+    const char *w = e->what;
+    cudaDataType_t dt = p->out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    LT(cublasLtMatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), p, w);
+    cublasOperation_t ta = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A is our B */
+    cublasOperation_t tb = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), p, w);
+    LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), p, w);
+    /* column-major shapes as stored: our B is [k][n] (n x k col-major) or [n][k] (k x n); our A is [m][k]
+     * (k x m) or [k][m] (m x k); D^T is n x m */
+    uint64_t br = (uint64_t)(p->trans_b ? p->k : p->n), bc = (uint64_t)(p->trans_b ? p->n : p->k);
+    uint64_t ar = (uint64_t)(p->trans_a ? p->m : p->k), ac = (uint64_t)(p->trans_a ? p->k : p->m);
+    LT(cublasLtMatrixLayoutCreate(&e->la, CUDA_R_16BF, br, bc, p->ldb), p, w);
+    LT(cublasLtMatrixLayoutCreate(&e->lb, CUDA_R_16BF, ar, ac, p->lda), p, w);
+    LT(cublasLtMatrixLayoutCreate(&e->lc, dt, (uint64_t)p->n, (uint64_t)p->m, p->ldd), p, w);
+    LT(cublasLtMatrixLayoutCreate(&e->ld, dt, (uint64_t)p->n, (uint64_t)p->m, p->ldd), p, w);
+
+    cublasLtMatmulPreference_t pref;
+    LT(cublasLtMatmulPreferenceCreate(&pref), p, w);
+    uint64_t ws = g->ws_bytes;
+    uint32_t al[4] = {e->key.align[1], e->key.align[0], e->key.align[2], e->key.align[3]}; /* Lt's A is our B */
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                             sizeof ws);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(g->handle, e->desc, e->la, e->lb, e->lc, e->ld, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS) return lt_fail(st, "cublasLtMatmulAlgoGetHeuristic", p, w, err, errlen);
+    if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
+        char d[256];
+        describe(p, w, d, sizeof d);
+        snprintf(err, (size_t)errlen,
+                 "%s: cuBLASLt has no algorithm for it (pointer alignment A %u, B %u, C %u, D %u bytes; workspace "
+                 "%llu bytes): operands should start on 16-byte boundaries with leading dimensions a multiple of 8 "
+                 "elements",
+                 d, e->key.align[0], e->key.align[1], e->key.align[2], e->key.align[3], (unsigned long long)ws);
+        return -1;
+    }
+    e->algo = res.algo;
+    e->ws_needed = res.workspaceSize;
+    return 0;
+}
+
+int cp_gemm_prepare(cp_gemm_lib *g, const cp_gemm *p, const char *what, const void *A, const void *B, const void *C,
+                    const void *D, char *err, int errlen) {
+    if (check_shape(p, what, A, B, C, D, err, errlen)) return -1;
+    gemm_key key;
+    memset(&key, 0, sizeof key);
+    key.p = *p;
+    key.align[0] = align_of(A);
+    key.align[1] = align_of(B);
+    key.align[2] = align_of(p->has_c ? C : D);
+    key.align[3] = align_of(D);
+    for (int i = 0; i < g->n; i++)
+        if (key_equal(&g->e[i].key, &key)) return i;
+    if (g->n == g->cap) {
+        g->cap = g->cap ? 2 * g->cap : 32;
+        g->e = cp_xrealloc(g->e, sizeof *g->e * (size_t)g->cap);
+    }
+    gemm_entry *e = &g->e[g->n];
+    memset(e, 0, sizeof *e);
+    e->key = key;
+    snprintf(e->what, sizeof e->what, "%s", what);
+    if (make_entry(g, e, err, errlen)) {
+        entry_free(e);
+        return -1;
+    }
+    return g->n++;
+}
+
+int cp_gemm_launch(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D, cudaStream_t s,
+                   char *err, int errlen) {
+    if (id < 0 || id >= g->n) {
+        snprintf(err, (size_t)errlen, "GEMM entry %d was never prepared (%d entries): a runtime bug", id, g->n);
+        return -1;
+    }
+    const gemm_entry *e = &g->e[id];
+    const cp_gemm *p = &e->key.p;
+    const char *w = e->what;
+    if (align_of(A) < e->key.align[0] || align_of(B) < e->key.align[1] || align_of(D) < e->key.align[3] ||
+        (p->has_c && align_of(C) < e->key.align[2])) {
+        char d[256];
+        describe(p, w, d, sizeof d);
+        snprintf(err, (size_t)errlen, "%s: launched with pointers less aligned than prepared: a runtime bug", d);
+        return -1;
+    }
+    const float alpha = 1.0f, beta = (p->has_c || p->accumulate) ? 1.0f : 0.0f;
+    const void *c = p->has_c ? C : D; /* beta = 0 never reads C */
+    LT(cublasLtMatmul(g->handle, e->desc, &alpha, B, e->la, A, e->lb, &beta, c, e->lc, D, e->ld, &e->algo, g->ws,
+                      e->ws_needed, s),
+       p, w);
+    return 0;
+}
+
+int cp_gemm_run(cp_gemm_lib *g, const cp_gemm *p, const char *what, const void *A, const void *B, const void *C,
+                void *D, cudaStream_t s, char *err, int errlen) {
+    int id = cp_gemm_prepare(g, p, what, A, B, C, D, err, errlen);
+    if (id < 0) return -1;
+    return cp_gemm_launch(g, id, A, B, C, D, s, err, errlen);
+}

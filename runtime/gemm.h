@@ -1,0 +1,42 @@
+/* gemm.h: the plan's GEMMs (cp_gemm in gen/plan.h) on cuBLASLt. Row-major D[m][n] = op(A) op(B) (+ C), bf16
+ * inputs, fp32 compute, bf16 or fp32 output, optionally accumulating into D (D += AB) or adding a separate bf16
+ * residual C (D = AB + C, C laid out as D). The algorithm of each shape (and pointer alignment) is chosen once with
+ * cuBLASLt's heuristic and kept, so a training step only looks up a prepared entry and launches. */
+#ifndef CP_GEMM_H
+#define CP_GEMM_H
+
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+
+#include "plan.h"
+
+typedef struct cp_gemm_lib cp_gemm_lib;
+
+/* A cuBLASLt handle with a workspace of ws_bytes at ws (the plan's gemm_workspace buffer, CP_GEMM_WORKSPACE bytes).
+ * GEMMs launched through one library share the workspace, so they must run on one stream. Returns 0, or -1 with a
+ * message. */
+int cp_gemm_lib_create(cp_gemm_lib **out, void *ws, size_t ws_bytes, char *err, int errlen);
+void cp_gemm_lib_destroy(cp_gemm_lib *g);
+
+/* Find or make the prepared entry for this GEMM: its descriptors and the heuristic's algorithm for these shapes and
+ * the alignment of these pointers (C may be NULL unless p->has_c). `what` names the GEMM in messages. Returns the
+ * entry's id (>= 0), or -1 with a message naming the GEMM, its shape and what to do. Allocates on first use of a
+ * shape; call it before the training loop for every GEMM of the plan. */
+int cp_gemm_prepare(cp_gemm_lib *g, const cp_gemm *p, const char *what, const void *A, const void *B, const void *C,
+                    const void *D, char *err, int errlen);
+
+/* Launch prepared entry id on stream s. The pointers must be at least as aligned as those it was prepared with.
+ * C is the residual (has_c) and ignored otherwise; with accumulate, D is read and written. No allocation. Returns 0,
+ * or -1 with a message. */
+int cp_gemm_launch(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D, cudaStream_t s,
+                   char *err, int errlen);
+
+/* prepare + launch, for tests and one-off GEMMs. */
+int cp_gemm_run(cp_gemm_lib *g, const cp_gemm *p, const char *what, const void *A, const void *B, const void *C,
+                void *D, cudaStream_t s, char *err, int errlen);
+
+/* Number of prepared entries (distinct shapes and alignments). */
+int cp_gemm_entries(const cp_gemm_lib *g);
+
+#endif
