@@ -309,11 +309,12 @@ static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_r
         op_weight(k, P, w, CP_W_QNORM, CP_READ);
         wr(k, P, b->q_tok);
         wr(k, P, b->q_rstd);
-        k->count = T * U;
+        k->count = T * U; /* qk-norm: one row per head */
     }
     cp_step *r = kernel(B, M->rope, "fwd", "rope_q", (double)T * U * D * 2 * BF16);
     rw(r, P, b->q_tok);
-    r->count = T * U;
+    r->count = T;
+    r->heads = U;
     if (P->C > 1) {
         cp_step *pk = kernel(B, M->lay_q, "pack", "pack_q", (double)T * U * D * 2 * BF16);
         rd(pk, P, b->q_tok);
@@ -344,7 +345,8 @@ static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_r
             }
             cp_step *kr = kernel(B, M->rope, "fwd", "rope_k", (double)T * nkv * D * 2 * BF16);
             rw(kr, P, b->k_tok);
-            kr->count = T * nkv;
+            kr->count = T;
+            kr->heads = nkv;
         }
         if (P->C > 1) {
             int64_t sent = T * (int64_t)P->C * P->kvr * D * BF16; /* each rank receives kvr heads of T tokens */
@@ -529,7 +531,8 @@ static void rope_norm_backward(builder *B, const modset *M, const unit_ref *w, i
     int64_t T = P->T, D = m->head_dim;
     cp_step *k = kernel(B, M->rope, "bwd", what, (double)T * nh * D * 2 * BF16);
     use(k, P, dbuf, 0, T * nh * D * BF16, CP_RW);
-    k->count = T * nh;
+    k->count = T;
+    k->heads = nh;
     if (!m->qk_norm) return;
     k = kernel(B, M->norm_d, "bwd", "qk_norm_bwd", (double)T * nh * D * 3 * BF16);
     use(k, P, dbuf, 0, T * nh * D * BF16, CP_RW);
@@ -682,6 +685,7 @@ static void layer_backward(builder *B, const bufset *b, const modset *M, const u
     rd(k, P, attn_buf);
     wr(k, P, b->delta_tok);
     k->count = T;
+    k->heads = H;
     attention_backward(B, b, M, w, lse_buf);
     /* dres = dh2 + norm1_bwd(dxn) */
     k = kernel(B, M->norm_h, "bwd", "norm1_bwd", (double)T * hid * 4 * BF16);

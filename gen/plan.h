@@ -109,7 +109,8 @@ typedef struct {
     int nops;
     cp_operand ops[CP_MAX_OPERANDS];
     cp_gemm gemm;
-    int64_t count;        /* elements / rows / bytes, per op kind */
+    int64_t count;        /* kernels: rows (tokens) or elements; copies and collectives: bytes */
+    int64_t heads;        /* kernels over [rows][heads][head_dim] (rope, qk-norm, attn_delta): heads per row */
     double flops, bytes;  /* work done, for the cost model */
     double seconds;       /* predicted by the cost model */
 } cp_step;
