@@ -21,17 +21,22 @@ GPU_TESTS   := $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(sort $(wildcard test
 BENCHES     := $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(sort $(wildcard tests/gpu/bench_*.c)))
 GPU_UTIL_OBJ:= $(patsubst %.c,build/%.o,$(sort $(filter-out tests/gpu/test_% tests/gpu/bench_%,$(wildcard tests/gpu/*.c))))
 
-.PHONY: all run test test-gpu bench deps clean
-all: deps build/cpgen
+.PHONY: all run test test-gpu bench clean
+.SECONDARY:
+all: build/cpgen
 
 # Installs missing system packages (Lua 5.4, cmocka) with apt when run as root; see tools/install-deps.sh.
-deps:
+# A stamp, so a build tree carried to a machine without them (the GPU machine) runs as it is.
+deps: build/.deps
+build/.deps: tools/install-deps.sh
+	@mkdir -p build
 	@tools/install-deps.sh --check-only >/dev/null 2>&1 || tools/install-deps.sh
+	@touch $@
 
 build/cpgen: build/gen/main.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-build/%.o: %.c | deps
+build/%.o: %.c | build/.deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
@@ -45,16 +50,16 @@ build/embedded.c: build/tools/embed $(EMBED_FILES)
 build/embedded.o: build/embedded.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-build/tests/%: tests/%.c $(LIB_OBJ) $(REF_OBJ) | deps
+build/tests/%: tests/%.c $(LIB_OBJ) $(REF_OBJ) | build/.deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB_OBJ) $(REF_OBJ) $(LDFLAGS) $(LDLIBS) -lcmocka
 
 # GPU tests run on a machine without cmocka installed: they carry the library in build/lib.
-build/lib/libcmocka.so.0: | deps
+build/lib/libcmocka.so.0: | build/.deps
 	@mkdir -p $(dir $@)
 	cp -L /usr/lib/x86_64-linux-gnu/libcmocka.so.0 $@
 
-build/tests/gpu/%: tests/gpu/%.c $(LIB_OBJ) $(REF_OBJ) $(GPU_UTIL_OBJ) build/lib/libcmocka.so.0 | deps
+build/tests/gpu/%: tests/gpu/%.c $(LIB_OBJ) $(REF_OBJ) $(GPU_UTIL_OBJ) build/lib/libcmocka.so.0 | build/.deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -Itests/gpu -o $@ $< $(LIB_OBJ) $(REF_OBJ) $(GPU_UTIL_OBJ) $(LDFLAGS) $(LDLIBS) \
 	    build/lib/libcmocka.so.0 -Wl,-rpath,'$$ORIGIN/../../lib'
