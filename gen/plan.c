@@ -573,6 +573,7 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
         if (accum && e->kv_fresh) {
             zero(B, b->dkv_acc, P->bufs[b->dkv_acc].bytes);
         }
+        zero(B, b->dq_acc, P->bufs[b->dq_acc].bytes);
         cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
         rd(a, P, b->q_head);
         rd(a, P, b->k_head);
@@ -580,14 +581,16 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
         rd(a, P, b->do_head);
         use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, CP_READ);
         rd(a, P, b->delta_head);
-        wr(a, P, b->dq_head);
+        rw(a, P, b->dq_acc);
         if (accum) rw(a, P, b->dkv_acc);
         else {
             wr(a, P, b->dk_head);
             wr(a, P, b->dv_head);
         }
-        wr(a, P, b->dq_acc);
         a->flops = 2.5 * attn_fwd_flops(P);
+        cp_step *cv = kernel(B, M->attn, "bwd_dq", "attn_bwd_dq", (double)S * u * D * (F32 + BF16));
+        rd(cv, P, b->dq_acc);
+        wr(cv, P, b->dq_head);
         /* dq back to token layout, then RoPE/norm backward and the projection gradients */
         int dq_tok = b->dq_head;
         if (C > 1) {
