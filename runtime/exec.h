@@ -1,0 +1,98 @@
+/* exec.h: the one-GPU step executor. It allocates exactly the plan's arenas (one cudaMalloc of the GPU arena, the
+ * pinned host arena in parallel pieces), compiles and loads every kernel module, turns each step of the plan into a
+ * prepared launch (kernel arguments, GEMM entry, copy, memset) with the cross-stream waits it needs, and then runs
+ * training steps: the micro-batches, one sync to read the loss and gradient norm, and the optimizer. Nothing is
+ * allocated while a step runs. Parallel plans (collectives) are refused: they need the NCCL runtime. */
+#ifndef CP_EXEC_H
+#define CP_EXEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "plan.h"
+
+typedef struct {
+    char arch[16];  /* NVRTC target; empty: the device's */
+    bool no_cache;  /* compile kernels even when the JIT cache has them */
+    FILE *out;      /* start-up report, NULL for none */
+} cp_exec_opts;
+
+/* The optimizer's numbers for one step (the learning rate comes from the schedule, see train.h). */
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    double clip;    /* global gradient-norm clip; <= 0: none */
+} cp_optim_hp;
+
+typedef struct {
+    double loss;        /* mean cross-entropy over the target tokens of all micro-batches (loss_sum x scale) */
+    double norm;        /* global gradient norm before clipping */
+    double clip_scale;  /* min(1, clip / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_ */
+    int64_t targets;    /* target tokens (not ignored) in the step */
+    bool skipped;       /* NaN or Inf loss or norm: the update was skipped */
+    double seconds;     /* wall time of the step */
+    int64_t mem_used;   /* measured GPU memory of this process at the step's end (cp_exec_mem_used) */
+} cp_step_result;
+
+/* What start-up did and measured (bytes from the driver, seconds of wall time). */
+typedef struct {
+    double compile_seconds, pin_seconds, total_seconds;
+    int64_t host_pinned;          /* bytes pinned (the host arena's pieces) */
+    int pin_pieces;
+    int64_t mem_context;          /* CUDA context (from NVML; 0 when NVML is not available) */
+    int64_t mem_modules;          /* kernel modules and the cuBLASLt handle */
+    int64_t mem_arena;            /* the arena's cudaMalloc as the driver saw it */
+    bool nvml;                    /* the context's memory was measured (NVML found) */
+    int gemm_entries;             /* distinct GEMM shapes prepared */
+    int events, cross_waits;      /* events recorded per micro-batch for cross-stream waits, and the waits */
+    int sms;
+    char device[256];
+} cp_exec_startup;
+
+typedef struct cp_exec cp_exec;
+
+/* Set up the executor for plan on GPU 0. The plan must outlive the executor. Returns 0, or -1 with a message
+ * (no GPU, a parallel plan, a compile error, out of memory, a step whose operands do not fit its kernel). Call it
+ * before anything else in the process creates a CUDA context, so that the context's memory is measured too. */
+int cp_exec_create(cp_exec **out, const cp_plan *plan, const cp_exec_opts *o, char *err, int errlen);
+void cp_exec_destroy(cp_exec *ex);
+const cp_exec_startup *cp_exec_startup_info(const cp_exec *ex);
+
+/* Model weights as a flat fp32 array of plan->params_shard elements in the plan's unit layout (embedding, layers,
+ * final norm and LM head; cp_layer_layout_of): uploaded into the fp32 master weights and the bf16 parameters; the
+ * AdamW moments, gradients and step count are zeroed. Returns 0, or -1 with a message. */
+int cp_exec_load_weights(cp_exec *ex, const float *flat, char *err, int errlen);
+/* The fp32 master weights back into flat (plan->params_shard elements). */
+int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen);
+
+/* One optimizer step: tokens and targets are [micro_batches][T] int32 (targets < 0 are ignored). Runs every
+ * micro-batch's program, reads the loss and the gradient norm (one sync), then clips and applies AdamW unless the
+ * loss or the norm is NaN or Inf. `label` (e.g. "step 3/10") prefixes progress lines, printed to stderr when a step
+ * runs longer than a few seconds. Returns 0, or -1 with a message naming the failing step. */
+int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, const cp_optim_hp *hp, const char *label,
+                 cp_step_result *r, char *err, int errlen);
+
+/* Updates done so far (steps not skipped). */
+int cp_exec_updates(const cp_exec *ex);
+
+/* GPU memory this process uses now, as the driver reports it: total - free, minus what other processes used before
+ * cp_exec_create (the CUDA context included when NVML could measure it). */
+int64_t cp_exec_mem_used(const cp_exec *ex);
+
+/* Address of a buffer of the plan by name (device or pinned host), or NULL. For tests. */
+void *cp_exec_buffer(const cp_exec *ex, const char *name);
+
+/* What cp_exec_check found. */
+typedef struct {
+    int steps, kernels, launches, gemms, copies, memsets;
+    int waits, events, markers, pin_pieces;
+    int64_t ordered_pairs; /* pairs of steps on different streams touching the same bytes, each found ordered */
+} cp_exec_check_report;
+
+/* Everything cp_exec_create derives from the plan, without a GPU: each step's argument list and launch geometry
+ * (operand counts, sizes and alignment against the kernels' contracts), the GEMM extents, the cross-stream waits,
+ * and a proof that every pair of steps on different streams touching the same bytes is ordered by them. Returns 0,
+ * or -1 with a message naming the step. */
+int cp_exec_check(const cp_plan *plan, cp_exec_check_report *rep, char *err, int errlen);
+
+#endif

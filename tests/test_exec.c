@@ -1,0 +1,100 @@
+/* test_exec.c: the step executor's reading of plans, without a GPU (cp_exec_check): every step of the shipped specs'
+ * one-GPU plans (and tiny's variants: offload, host optimizer, plain Ulysses, micro-batches, no checkpointing,
+ * Qwen3's qk-norm, tied embeddings) gets an argument list whose operand sizes and alignment satisfy its kernel's
+ * contract, GEMM extents that fit their buffers, and cross-stream waits under which every pair of steps on different
+ * streams touching the same bytes is ordered. Parallel plans are refused with the NCCL message. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "exec.h"
+#include "plan.h"
+#include "spec.h"
+
+/* Plan `name` with overrides, check it, print what the executor derived; returns the report. */
+static cp_exec_check_report check(const char *name, int nsets, ...) {
+    const char *sets[16];
+    va_list ap;
+    va_start(ap, nsets);
+    for (int i = 0; i < nsets; i++) sets[i] = va_arg(ap, const char *);
+    va_end(ap);
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    if (cp_spec_load(name, sets, nsets, &s, err, sizeof err)) fail_msg("spec %s: %s", name, err);
+    cp_plan p;
+    if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("plan %s: %s", name, err);
+    cp_exec_check_report r;
+    int rc = cp_exec_check(&p, &r, err, sizeof err);
+    printf("  %-8s", name);
+    for (int i = 0; i < nsets; i++) printf(" %s", sets[i]);
+    printf("\n    %d steps: %d kernel steps (%d launches), %d GEMMs, %d copies, %d memsets; %d cross-stream waits on "
+           "%d events, %lld ordered pairs; %d progress markers; host arena in %d pieces\n",
+           r.steps, r.kernels, r.launches, r.gemms, r.copies, r.memsets, r.waits, r.events, (long long)r.ordered_pairs,
+           r.markers, r.pin_pieces);
+    if (rc) fail_msg("%s: %s", name, err);
+    cp_plan_free(&p);
+    return r;
+}
+
+static void test_tiny(void **state) {
+    (void)state;
+    cp_exec_check_report r = check("tiny", 0);
+    assert_int_equal(r.waits, 0); /* one stream: nothing to wait for */
+    assert_true(r.gemms > 0 && r.kernels > 0);
+    check("tiny", 1, "parallel.upipe_heads=4");          /* plain Ulysses: dK, dV written in bf16 */
+    check("tiny", 1, "parallel.upipe_heads=2");
+    check("tiny", 1, "train.micro_batches=3");
+    check("tiny", 1, "parallel.checkpoint=none");
+    check("tiny", 2, "parallel.mlp_tile=512", "parallel.loss_tile=256");
+}
+
+/* Checkpoints on the host: offload on the copy stream, prefetch back; the waits must order them with compute. */
+static void test_offload_and_host_optimizer(void **state) {
+    (void)state;
+    cp_exec_check_report r = check("tiny", 1, "parallel.offload=all");
+    assert_true(r.waits > 0);
+    assert_true(r.ordered_pairs > 0);
+    r = check("tiny", 2, "parallel.offload=all", "parallel.optimizer=host");
+    assert_true(r.pin_pieces >= 1);
+    check("tiny", 3, "parallel.offload=all", "train.micro_batches=2", "parallel.upipe_heads=4");
+}
+
+/* The shipped model shapes on one GPU, truncated to two layers and a short sequence. */
+static void test_shipped_shapes(void **state) {
+    (void)state;
+    check("llama1b", 4, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K", "parallel.upipe_heads=8");
+    check("llama3b", 3, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
+    check("llama8b", 4, "parallel.gpus=1", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
+    check("qwen32b", 3, "parallel.gpus=1", "model.layers=1", "train.seq_len=4K");
+}
+
+static void test_parallel_refused(void **state) {
+    (void)state;
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    const char *sets[] = {"parallel.gpus=2", "model.layers=2", "train.seq_len=8K"};
+    assert_int_equal(cp_spec_load("llama8b", sets, 3, &s, err, sizeof err), 0);
+    cp_plan p;
+    assert_int_equal(cp_plan_build(&s, &p, err, sizeof err), 0);
+    cp_exec_check_report r;
+    assert_int_equal(cp_exec_check(&p, &r, err, sizeof err), -1);
+    printf("  refused: %s\n", err);
+    assert_non_null(strstr(err, "parallel.gpus > 1 needs the NCCL runtime, not in this build"));
+    cp_plan_free(&p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiny),
+        cmocka_unit_test(test_offload_and_host_optimizer),
+        cmocka_unit_test(test_shipped_shapes),
+        cmocka_unit_test(test_parallel_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
