@@ -10,13 +10,13 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$out/gpu.txt"
 rc=0
 if [ "$what" != bench ]; then
-  tools/run-tests.sh "$B"/tests/gpu/test_* 2>&1 | tee "$out/tests.log"
+  tools/run-tests.sh $(find "$B/tests/gpu" -name 'test_*' -type f -executable | sort) 2>&1 | tee "$out/tests.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   python3 tests/gpu/attention_sdpa.py --bin "$B/tests/gpu/test_attention" 2>&1 | tee "$out/sdpa.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [ "$what" != tests ]; then
-  tools/run-bench.sh "$B"/tests/gpu/bench_* 2>&1 | tee "$out/bench.log"
+  tools/run-bench.sh $(find "$B/tests/gpu" -name 'bench_*' -type f -executable | sort) 2>&1 | tee "$out/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 exit $rc
