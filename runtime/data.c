@@ -1,0 +1,446 @@
+/* data.c: token shard reader and writer, the synthetic recall task, and the spec's data source (see data.h and
+ * docs/DATA.md). */
+#include "data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "data.c assumes a little-endian host"
+#endif
+
+__attribute__((format(printf, 3, 4))) static int fail(char *err, int errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, (size_t)errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static uint64_t get_u64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int k = 7; k >= 0; k--) v = v << 8 | p[k];
+    return v;
+}
+static uint32_t get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void put_u64(unsigned char *p, uint64_t v) {
+    for (int k = 0; k < 8; k++) p[k] = (unsigned char)(v >> (8 * k));
+}
+static void put_u32(unsigned char *p, uint32_t v) {
+    for (int k = 0; k < 4; k++) p[k] = (unsigned char)(v >> (8 * k));
+}
+
+static int read_at(int fd, void *buf, int64_t len, int64_t off, const char *path, char *err, int errlen) {
+    char *p = buf;
+    while (len > 0) {
+        ssize_t r = pread(fd, p, (size_t)CP_MIN(len, (int64_t)1 << 30), (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return fail(err, errlen, "%s: reading at byte %lld failed: %s", path, (long long)off, strerror(errno));
+        }
+        if (r == 0)
+            return fail(err, errlen, "%s: the file ends at byte %lld: it was truncated while in use; regenerate it",
+                        path, (long long)off);
+        p += r;
+        len -= r;
+        off += r;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * token shards */
+
+/* Check one shard's header against its size. */
+static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *tb, char *err, int errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    int rc = 0;
+    if (fstat(fd, &sb) != 0) {
+        rc = fail(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        rc = fail(err, errlen, "%s: not a regular file", path);
+        goto out;
+    }
+    if (sb.st_size < CP_TOK_HEADER) {
+        rc = fail(err, errlen,
+                  "%s: %lld bytes, shorter than the %d-byte token shard header: truncated or not a token "
+                  "shard (docs/DATA.md)",
+                  path, (long long)sb.st_size, CP_TOK_HEADER);
+        goto out;
+    }
+    unsigned char h[CP_TOK_HEADER];
+    if ((rc = read_at(fd, h, CP_TOK_HEADER, 0, path, err, errlen))) goto out;
+    if (memcmp(h, CP_TOK_MAGIC, 8) != 0) {
+        char shown[40];
+        size_t at = 0;
+        for (int k = 0; k < 8; k++)
+            at += (size_t)snprintf(shown + at, sizeof shown - at, h[k] >= 0x20 && h[k] < 0x7f ? "%c" : "\\x%02x", h[k]);
+        rc = fail(err, errlen,
+                  "%s: starts with \"%s\", not the token shard magic \"%s\": not a cpgen token shard "
+                  "(convert it as docs/DATA.md shows)",
+                  path, shown, CP_TOK_MAGIC);
+        goto out;
+    }
+    uint32_t version = get_u32(h + 8), bytes = get_u32(h + 12);
+    uint64_t n = get_u64(h + 16), reserved = get_u64(h + 24);
+    if (version != CP_TOK_VERSION) {
+        rc =
+            fail(err, errlen, "%s: token shard version %u; this cpgen reads version %d", path, version, CP_TOK_VERSION);
+        goto out;
+    }
+    if (bytes != 2 && bytes != 4) {
+        rc = fail(err, errlen, "%s: token size %u bytes; it must be 2 or 4: the header is corrupt", path, bytes);
+        goto out;
+    }
+    if (reserved != 0) {
+        rc = fail(err, errlen, "%s: the reserved header field is %llu, not 0: the header is corrupt", path,
+                  (unsigned long long)reserved);
+        goto out;
+    }
+    uint64_t payload = (uint64_t)sb.st_size - CP_TOK_HEADER;
+    if (n > payload / bytes) {
+        rc = fail(err, errlen,
+                  "%s: the header says %llu tokens (%llu bytes) but the file holds %llu bytes after the "
+                  "header: it is truncated; regenerate it",
+                  path, (unsigned long long)n, (unsigned long long)(n > UINT64_MAX / bytes ? UINT64_MAX : n * bytes),
+                  (unsigned long long)payload);
+        goto out;
+    }
+    if (n * bytes != payload) {
+        rc = fail(err, errlen,
+                  "%s: the header says %llu tokens but %llu bytes follow it (%llu too many): the file is "
+                  "corrupt",
+                  path, (unsigned long long)n, (unsigned long long)payload, (unsigned long long)(payload - n * bytes));
+        goto out;
+    }
+    if ((int64_t)n < seq_len + 1) {
+        rc = fail(err, errlen,
+                  "%s: %llu tokens, fewer than one sequence of train.seq_len + 1 = %lld: merge small "
+                  "shards or use a shorter seq_len",
+                  path, (unsigned long long)n, (long long)(seq_len + 1));
+        goto out;
+    }
+    *count = (int64_t)n;
+    *tb = (int)bytes;
+out:
+    close(fd);
+    return rc;
+}
+
+int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq_len, char *err, int errlen) {
+    memset(r, 0, sizeof *r);
+    r->fd = r->fd_shard = -1;
+    if (vocab < 1 || vocab > INT32_MAX || seq_len < 1)
+        return fail(err, errlen, "token shards: vocab %lld or seq_len %lld out of range (a cpgen bug)",
+                    (long long)vocab, (long long)seq_len);
+    r->vocab = vocab;
+    r->seq_len = seq_len;
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    int grc = glob(pattern, 0, NULL, &g); /* a folder that is missing or unreadable matches nothing */
+    if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
+        globfree(&g);
+        return fail(err, errlen,
+                    "data.source tokens:%s: no file matches; check the path (a glob such as "
+                    "\"data/shards/*.bin\" is expanded by cpgen, quote it in the shell)",
+                    pattern);
+    }
+    if (grc != 0) {
+        globfree(&g);
+        return fail(err, errlen, "data.source tokens:%s: listing the files failed (%s)", pattern,
+                    grc == GLOB_NOSPACE ? "out of memory" : "a folder could not be read");
+    }
+    r->nshards = (int)g.gl_pathc;
+    r->paths = cp_xcalloc((size_t)r->nshards, sizeof *r->paths);
+    r->counts = cp_xcalloc((size_t)r->nshards, sizeof *r->counts);
+    r->token_bytes = cp_xcalloc((size_t)r->nshards, sizeof *r->token_bytes);
+    for (int k = 0; k < r->nshards; k++) r->paths[k] = cp_xstrdup(g.gl_pathv[k]); /* glob sorts them */
+    globfree(&g);
+    for (int k = 0; k < r->nshards; k++)
+        if (check_shard(r->paths[k], seq_len, &r->counts[k], &r->token_bytes[k], err, errlen)) {
+            cp_tokens_close(r);
+            return -1;
+        }
+    r->buf = cp_xmalloc((size_t)(seq_len + 1) * 4);
+    return 0;
+}
+
+void cp_tokens_close(cp_tokens *r) {
+    if (!r) return;
+    if (r->fd >= 0) close(r->fd);
+    for (int k = 0; k < r->nshards; k++) free(r->paths[k]);
+    free(r->paths);
+    free(r->counts);
+    free(r->token_bytes);
+    free(r->buf);
+    memset(r, 0, sizeof *r);
+    r->fd = r->fd_shard = -1;
+}
+
+int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool advance, char *err, int errlen) {
+    if (first < 0 || n < 0 || first + n > r->seq_len + 1)
+        return fail(err, errlen, "token shards: tokens [%lld, %lld) of a sequence of %lld asked (a cpgen bug)",
+                    (long long)first, (long long)(first + n), (long long)(r->seq_len + 1));
+    int s = (int)r->pos.shard;
+    const char *path = r->paths[s];
+    if (r->fd_shard != s) {
+        if (r->fd >= 0) close(r->fd);
+        r->fd_shard = -1;
+        r->fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (r->fd < 0) return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        r->fd_shard = s;
+    }
+    int tb = r->token_bytes[s];
+    int64_t at = r->pos.offset + first;
+    if (read_at(r->fd, r->buf, n * tb, CP_TOK_HEADER + at * tb, path, err, errlen)) return -1;
+    for (int64_t k = 0; k < n; k++) {
+        uint32_t v = tb == 2 ? ((const uint16_t *)r->buf)[k] : ((const uint32_t *)r->buf)[k];
+        if ((int64_t)v >= r->vocab)
+            return fail(err, errlen,
+                        "%s: token %lld is %u, not below the vocabulary size model.vocab = %lld: the "
+                        "shard was made with another tokenizer, or is corrupt",
+                        path, (long long)(at + k), v, (long long)r->vocab);
+        out[k] = (int32_t)v;
+    }
+    if (advance) {
+        r->pos.sequence++;
+        r->pos.offset += r->seq_len;
+        if (r->pos.offset + r->seq_len + 1 > r->counts[s]) {
+            r->pos.offset = 0;
+            if (++r->pos.shard == r->nshards) {
+                r->pos.shard = 0;
+                r->pos.epoch++;
+            }
+        }
+    }
+    return 0;
+}
+
+int cp_tokens_seek(cp_tokens *r, const cp_data_pos *pos, char *err, int errlen) {
+    if (pos->shard < 0 || pos->shard >= r->nshards)
+        return fail(err, errlen,
+                    "resuming the data: the saved position is in shard %lld, but the source has %d "
+                    "shards: the shards changed since the checkpoint",
+                    (long long)pos->shard, r->nshards);
+    if (pos->offset < 0 || pos->offset % r->seq_len != 0 || pos->offset + r->seq_len + 1 > r->counts[pos->shard])
+        return fail(err, errlen,
+                    "resuming the data: the saved position (token %lld of %s) is not a sequence start of "
+                    "that shard (%lld tokens, seq_len %lld): the shards or seq_len changed since the checkpoint",
+                    (long long)pos->offset, r->paths[pos->shard], (long long)r->counts[pos->shard],
+                    (long long)r->seq_len);
+    if (pos->sequence < 0 || pos->epoch < 0)
+        return fail(err, errlen, "resuming the data: the saved position has a negative count");
+    r->pos = *pos;
+    return 0;
+}
+
+int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, char *err, int errlen) {
+    if (token_bytes != 2 && token_bytes != 4)
+        return fail(err, errlen, "%s: token bytes must be 2 or 4, not %d", path, token_bytes);
+    if (n < 0) return fail(err, errlen, "%s: negative token count", path);
+    for (int64_t k = 0; k < n; k++)
+        if (tokens[k] < 0 || (token_bytes == 2 && tokens[k] > 0xffff))
+            return fail(err, errlen, "%s: token %lld is %d, which does not fit %d unsigned bytes%s", path, (long long)k,
+                        tokens[k], token_bytes, token_bytes == 2 ? " (use 4-byte tokens)" : "");
+    size_t len = CP_TOK_HEADER + (size_t)n * (size_t)token_bytes;
+    unsigned char *b = cp_xcalloc(len, 1);
+    memcpy(b, CP_TOK_MAGIC, 8);
+    put_u32(b + 8, CP_TOK_VERSION);
+    put_u32(b + 12, (uint32_t)token_bytes);
+    put_u64(b + 16, (uint64_t)n);
+    put_u64(b + 24, 0);
+    for (int64_t k = 0; k < n; k++) {
+        unsigned char *p = b + CP_TOK_HEADER + k * token_bytes;
+        p[0] = (unsigned char)tokens[k];
+        p[1] = (unsigned char)(tokens[k] >> 8);
+        if (token_bytes == 4) {
+            p[2] = (unsigned char)(tokens[k] >> 16);
+            p[3] = (unsigned char)(tokens[k] >> 24);
+        }
+    }
+    int rc = 0;
+    if (cp_write_file_atomic(path, b, len) != 0)
+        rc = fail(err, errlen, "%s: writing failed: %s", path, strerror(errno));
+    free(b);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * synthetic:recall */
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    uint64_t s;
+} rng;
+static uint64_t next64(rng *g) { return mix64(g->s += 0x9e3779b97f4a7c15ULL); } /* SplitMix64 */
+/* Uniform in [0, n), n > 0, without bias (rejection). */
+static uint64_t below(rng *g, uint64_t n) {
+    uint64_t lim = -n % n, x;
+    do x = next64(g);
+    while (x < lim);
+    return x % n;
+}
+
+int cp_recall_init(cp_recall *r, int64_t vocab, int64_t seq_len, uint64_t seed, char *err, int errlen) {
+    memset(r, 0, sizeof *r);
+    if (vocab < CP_RECALL_MIN_VOCAB)
+        return fail(err, errlen,
+                    "data.source synthetic:recall needs model.vocab >= %d (filler, key and value token "
+                    "ranges), not %lld",
+                    CP_RECALL_MIN_VOCAB, (long long)vocab);
+    if (vocab > INT32_MAX)
+        return fail(err, errlen, "synthetic:recall: model.vocab %lld is too large", (long long)vocab);
+    if (seq_len < CP_RECALL_MIN_SEQ)
+        return fail(err, errlen, "data.source synthetic:recall needs train.seq_len >= %d, not %lld", CP_RECALL_MIN_SEQ,
+                    (long long)seq_len);
+    r->vocab = vocab;
+    r->seq_len = seq_len;
+    r->seed = seed;
+    r->filler_lo = 1;
+    r->filler_hi = vocab / 2;
+    r->key_lo = vocab / 2;
+    r->key_hi = vocab / 2 + vocab / 4;
+    r->val_lo = r->key_hi;
+    r->val_hi = vocab;
+    r->pairs = CP_MIN(r->key_hi - r->key_lo, seq_len / 16);
+    return 0;
+}
+
+double cp_recall_chance_loss(const cp_recall *r) { return log((double)(r->val_hi - r->val_lo)); }
+
+void cp_recall_sequence(const cp_recall *r, int64_t index, int32_t *tokens, int32_t *targets) {
+    int64_t S = r->seq_len, P = r->pairs, nk = r->key_hi - r->key_lo;
+    rng g = {mix64(mix64(r->seed) ^ (uint64_t)index)};
+    /* P distinct keys (partial Fisher-Yates), each with a value */
+    int32_t *keys = cp_xmalloc((size_t)nk * sizeof *keys), *vals = cp_xmalloc((size_t)P * sizeof *vals);
+    for (int64_t k = 0; k < nk; k++) keys[k] = (int32_t)(r->key_lo + k);
+    for (int64_t k = 0; k < P; k++) {
+        int64_t j = k + (int64_t)below(&g, (uint64_t)(nk - k));
+        int32_t t = keys[k];
+        keys[k] = keys[j];
+        keys[j] = t;
+        vals[k] = (int32_t)(r->val_lo + (int64_t)below(&g, (uint64_t)(r->val_hi - r->val_lo)));
+    }
+    for (int64_t i = 0; i < S; i++) targets[i] = -1;
+    /* context [1, S - 2P): P pair slots among f filler slots, chosen by selection sampling (Knuth's Algorithm S) */
+    tokens[0] = 0;
+    int64_t f = S - 4 * P - 1, slots = P + f, need = P, pos = 1, next = 0;
+    for (int64_t s = 0; s < slots; s++) {
+        if ((int64_t)below(&g, (uint64_t)(slots - s)) < need) {
+            tokens[pos] = keys[next];
+            tokens[pos + 1] = vals[next];
+            pos += 2;
+            next++;
+            need--;
+        } else {
+            tokens[pos++] = (int32_t)(r->filler_lo + (int64_t)below(&g, (uint64_t)(r->filler_hi - r->filler_lo)));
+        }
+    }
+    /* query section: the pairs again in a random order; a key's target is its value */
+    int64_t *perm = cp_xmalloc((size_t)P * sizeof *perm);
+    for (int64_t k = 0; k < P; k++) perm[k] = k;
+    for (int64_t k = P - 1; k > 0; k--) {
+        int64_t j = (int64_t)below(&g, (uint64_t)(k + 1)), t = perm[k];
+        perm[k] = perm[j];
+        perm[j] = t;
+    }
+    for (int64_t k = 0; k < P; k++) {
+        tokens[pos] = keys[perm[k]];
+        tokens[pos + 1] = vals[perm[k]];
+        targets[pos] = vals[perm[k]];
+        pos += 2;
+    }
+    free(perm);
+    free(keys);
+    free(vals);
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * the spec's source */
+
+int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen) {
+    memset(d, 0, sizeof *d);
+    d->tokens.fd = d->tokens.fd_shard = -1;
+    d->seq_len = spec->train.seq_len;
+    const char *src = spec->data.source;
+    if (!strcmp(src, "synthetic:recall")) {
+        d->synthetic = true;
+        if (cp_recall_init(&d->recall, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen)) return -1;
+        d->scratch = cp_xmalloc((size_t)d->seq_len * 2 * sizeof *d->scratch);
+        return 0;
+    }
+    if (!strncmp(src, "tokens:", 7))
+        return cp_tokens_open(&d->tokens, src + 7, spec->model.vocab, d->seq_len, err, errlen);
+    return fail(err, errlen, "data.source = \"%s\": unknown source; use \"synthetic:recall\" or \"tokens:<glob>\"",
+                src);
+}
+
+int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *targets, char *err, int errlen) {
+    if (C < 1 || rank < 0 || rank >= C || d->seq_len % C)
+        return fail(err, errlen, "data: rank %d of %d GPUs cannot split seq_len %lld (a cpgen bug)", rank, C,
+                    (long long)d->seq_len);
+    int64_t T = d->seq_len / C, first = (int64_t)rank * T;
+    if (d->synthetic) {
+        int32_t *tok = d->scratch, *tgt = d->scratch + d->seq_len;
+        cp_recall_sequence(&d->recall, d->sequence, tok, tgt);
+        memcpy(tokens, tok + first, (size_t)T * sizeof *tokens);
+        memcpy(targets, tgt + first, (size_t)T * sizeof *targets);
+        d->sequence++;
+        return 0;
+    }
+    /* T + 1 tokens: the slice and, shifted by one, its targets */
+    int32_t *tmp = cp_xmalloc((size_t)(T + 1) * sizeof *tmp);
+    int rc = cp_tokens_read(&d->tokens, first, T + 1, tmp, true, err, errlen);
+    if (!rc) {
+        memcpy(tokens, tmp, (size_t)T * sizeof *tokens);
+        memcpy(targets, tmp + 1, (size_t)T * sizeof *targets);
+    }
+    free(tmp);
+    return rc;
+}
+
+void cp_dataset_tell(const cp_dataset *d, cp_data_pos *pos) {
+    if (d->synthetic) {
+        memset(pos, 0, sizeof *pos);
+        pos->sequence = d->sequence;
+    } else {
+        *pos = d->tokens.pos;
+    }
+}
+
+int cp_dataset_seek(cp_dataset *d, const cp_data_pos *pos, char *err, int errlen) {
+    if (d->synthetic) {
+        if (pos->sequence < 0) return fail(err, errlen, "resuming the data: negative sequence index");
+        d->sequence = pos->sequence;
+        return 0;
+    }
+    return cp_tokens_seek(&d->tokens, pos, err, errlen);
+}
+
+void cp_dataset_close(cp_dataset *d) {
+    if (!d) return;
+    cp_tokens_close(&d->tokens);
+    free(d->scratch);
+    memset(d, 0, sizeof *d);
+}

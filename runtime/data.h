@@ -1,0 +1,111 @@
+/* data.h: training sequences. Two sources, chosen by the spec's data.source (docs/DATA.md):
+ *   "tokens:<glob>"     pre-tokenised shards (format below), read in order, position saveable;
+ *   "synthetic:recall"  a long-range key/value recall task, a pure function of (seed, sequence index).
+ * Both give, for sequence n, tokens[S] and targets[S] (S = train.seq_len; target -1 = no loss there), and for rank
+ * r of C the slice tokens[r*T, (r+1)*T) with the targets of those positions (T = S / C), so target r*T + T - 1 is
+ * the first token of the next rank's slice.
+ *
+ * Token shard format (little-endian): a 32-byte header
+ *   magic "CPGTOK01" (8 bytes) | u32 version = 1 | u32 token bytes (2 or 4) | u64 token count | u64 reserved = 0
+ * then count tokens of 2 or 4 bytes. The file is exactly 32 + count * token_bytes bytes. */
+#ifndef CP_DATA_H
+#define CP_DATA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "spec.h"
+
+#define CP_TOK_MAGIC "CPGTOK01"
+#define CP_TOK_VERSION 1
+#define CP_TOK_HEADER 32
+#define CP_RECALL_MIN_VOCAB 64
+#define CP_RECALL_MIN_SEQ 16
+
+/* Where a source is: enough to continue exactly where it stopped (store it in a checkpoint). */
+typedef struct {
+    int64_t sequence; /* sequences handed out so far */
+    int64_t epoch;    /* token shards: completed passes over all shards */
+    int64_t shard;    /* token shards: index in the sorted shard list */
+    int64_t offset;   /* token shards: token index in that shard where the next sequence starts */
+} cp_data_pos;
+
+/* ------------------------------------------------------------------------------------------------------------
+ * token shards */
+
+typedef struct {
+    int nshards;
+    char **paths;     /* sorted by name */
+    int64_t *counts;  /* tokens per shard */
+    int *token_bytes; /* 2 or 4 per shard */
+    int64_t vocab, seq_len;
+    cp_data_pos pos;
+    int fd, fd_shard; /* the open shard (-1: none) */
+    void *buf;        /* raw tokens of one read */
+} cp_tokens;
+
+/* Open every file matching `pattern` (a glob, or one path), sorted by name, and check each header: magic, version,
+ * token bytes, size = header + count x bytes (a truncated or padded file is rejected), count >= seq_len + 1. Token
+ * values are checked against vocab as they are read. Returns 0, or -1 with a message naming the file. */
+int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq_len, char *err, int errlen);
+void cp_tokens_close(cp_tokens *r);
+
+/* Read the next sequence's tokens [first, first + n) (first + n <= seq_len + 1) into out, then, when advance,
+ * move to the next sequence. Sequences start every seq_len tokens within a shard (each token is a target once);
+ * a shard's tail shorter than seq_len + 1 is skipped, and after the last shard the reader starts the first again
+ * (epoch + 1). Fails on a token >= vocab with the file, the token's index in it and its value. */
+int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool advance, char *err, int errlen);
+
+/* Continue from a saved position; fails when it does not fit these shards. */
+int cp_tokens_seek(cp_tokens *r, const cp_data_pos *pos, char *err, int errlen);
+
+/* Write a shard: tokens must be in [0, 2^(8 token_bytes)). Atomic (temporary name, then rename). */
+int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, char *err, int errlen);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * synthetic:recall
+ *
+ * Token ranges from the vocabulary V (>= 64): 0 = BOS, filler [1, V/2), keys [V/2, V/2 + V/4), values
+ * [V/2 + V/4, V). Sequence n of length S (>= 16): position 0 is BOS; the context [1, S - 2P) is filler tokens with
+ * P = min(V/4, S/16) "key value" pairs at random places (distinct keys, random values); the last 2P positions are
+ * the query section: the same P pairs again, in a new random order. The target of a query key is its value (the
+ * next token); every other target is -1 (ignored): filler is random, so its loss would only add noise, and the
+ * loss then measures recall alone. The value of a query can only be known by finding its key earlier in the
+ * context, far back on average (S/2 positions). An untrained model that learned "the answer is a value token"
+ * scores the chance loss ln(V - V/2 - V/4). Everything is drawn from a SplitMix64 stream started at
+ * mix(mix(seed) ^ n), so sequence n is the same whatever was generated before, on any rank. */
+typedef struct {
+    int64_t vocab, seq_len;
+    int64_t filler_lo, filler_hi, key_lo, key_hi, val_lo, val_hi; /* half-open ranges */
+    int64_t pairs;
+    uint64_t seed;
+} cp_recall;
+
+int cp_recall_init(cp_recall *r, int64_t vocab, int64_t seq_len, uint64_t seed, char *err, int errlen);
+/* Sequence `index`: tokens[seq_len], targets[seq_len]. */
+void cp_recall_sequence(const cp_recall *r, int64_t index, int32_t *tokens, int32_t *targets);
+/* ln(number of values): the loss on recall positions of a model that knows only the value range. */
+double cp_recall_chance_loss(const cp_recall *r);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * the spec's source */
+
+typedef struct {
+    bool synthetic;
+    cp_recall recall;
+    cp_tokens tokens;
+    int64_t seq_len;
+    int64_t sequence; /* synthetic: next sequence index */
+    int32_t *scratch; /* synthetic: one full sequence of tokens and targets */
+} cp_dataset;
+
+/* Open spec->data.source for spec->train.seq_len and spec->model.vocab. The synthetic seed is spec->init.seed. */
+int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen);
+/* The next sequence, rank's slice of C: tokens[T], targets[T], T = seq_len / C. Every rank calls it once per
+ * sequence and all see the same sequence. Returns 0, or -1 with a message (bad token in a shard, I/O error). */
+int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *targets, char *err, int errlen);
+void cp_dataset_tell(const cp_dataset *d, cp_data_pos *pos);
+int cp_dataset_seek(cp_dataset *d, const cp_data_pos *pos, char *err, int errlen);
+void cp_dataset_close(cp_dataset *d);
+
+#endif

@@ -1,0 +1,430 @@
+/* test_data.c: token shards (write -> read round trip in 2- and 4-byte tokens, sequence stepping across shards and
+ * epochs, rank slices, bad files rejected with the file and the reason, tokens >= vocab reported with file, index
+ * and value, position save/restore continuing identically) and the synthetic recall task (deterministic, token
+ * ranges, every recall target answerable only from earlier context). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "spec.h"
+#include "util.h"
+
+static char err[CP_ERR_MAX];
+static char root[256];
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static char *path_in(const char *name) {
+    static char buf[64][512];
+    static int k;
+    char *b = buf[k++ % 64];
+    snprintf(b, sizeof buf[0], "%s/%s", root, name);
+    return b;
+}
+
+static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+/* Shard k of a corpus holds tokens base + i (mod vocab), so every position is recognisable. */
+static int32_t *corpus(int64_t n, int32_t base, int32_t vocab) {
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)((base + i) % vocab);
+    return t;
+}
+
+static void write_shard(const char *name, int64_t n, int32_t base, int32_t vocab, int bytes) {
+    int32_t *t = corpus(n, base, vocab);
+    if (cp_tokens_write(path_in(name), t, n, bytes, err, sizeof err)) fail_msg("%s", err);
+    free(t);
+}
+
+static void expect_open_fails(const char *pattern, int64_t vocab, int64_t seq, int nfrag, ...) {
+    cp_tokens r;
+    if (cp_tokens_open(&r, pattern, vocab, seq, err, sizeof err) == 0) {
+        cp_tokens_close(&r);
+        fail_msg("%s opened", pattern);
+    }
+    va_list ap;
+    va_start(ap, nfrag);
+    for (int k = 0; k < nfrag; k++) {
+        const char *f = va_arg(ap, const char *);
+        if (!contains(err, f)) fail_msg("message lacks \"%s\": %s", f, err);
+    }
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+
+static void test_shard_format(void **state) {
+    (void)state;
+    int32_t t[5] = {1, 2, 65535, 0, 300};
+    char *p = path_in("fmt.bin");
+    assert_int_equal(cp_tokens_write(p, t, 5, 2, err, sizeof err), 0);
+    size_t len;
+    unsigned char *b = (unsigned char *)cp_read_file(p, &len);
+    assert_int_equal(len, 32 + 10);
+    assert_memory_equal(b, "CPGTOK01", 8);
+    unsigned char want_hdr[24] = {1, 0, 0, 0, 2, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    assert_memory_equal(b + 8, want_hdr, 24);
+    unsigned char want_tok[10] = {1, 0, 2, 0, 0xff, 0xff, 0, 0, 0x2c, 0x01};
+    assert_memory_equal(b + 32, want_tok, 10);
+    free(b);
+    /* tokens that do not fit are refused */
+    int32_t big[2] = {1, 70000};
+    assert_int_equal(cp_tokens_write(p, big, 2, 2, err, sizeof err), -1);
+    assert_true(contains(err, "token 1 is 70000") && contains(err, "4-byte"));
+    int32_t neg[1] = {-1};
+    assert_int_equal(cp_tokens_write(p, neg, 1, 4, err, sizeof err), -1);
+    assert_int_equal(cp_tokens_write(p, t, 5, 3, err, sizeof err), -1);
+}
+
+static void test_roundtrip_and_stepping(void **state) {
+    (void)state;
+    const int64_t S = 16, V = 1000;
+    cp_mkdir_p(path_in("rt"));
+    /* three shards (sorted by name, not by creation): 50 tokens (3 sequences: 0, 16, 32; the tail 48.. dropped),
+     * 17 tokens (exactly one), 40 (two: 0, 16) */
+    write_shard("rt/b.bin", 17, 500, (int32_t)V, 4);
+    write_shard("rt/a.bin", 50, 0, (int32_t)V, 2);
+    write_shard("rt/c.bin", 40, 900, (int32_t)V, 2);
+    cp_tokens r;
+    if (cp_tokens_open(&r, path_in("rt/*.bin"), V, S, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(r.nshards, 3);
+    assert_true(contains(r.paths[0], "a.bin") && contains(r.paths[2], "c.bin"));
+    struct {
+        int shard;
+        int32_t base;
+        int64_t off;
+    } want[] = {{0, 0, 0}, {0, 0, 16}, {0, 0, 32}, {1, 500, 0}, {2, 900, 0}, {2, 900, 16}, {0, 0, 0}};
+    int32_t seq[17];
+    for (size_t k = 0; k < CP_ARRAY_LEN(want); k++) {
+        assert_int_equal(r.pos.shard, want[k].shard);
+        assert_int_equal(r.pos.offset, want[k].off);
+        assert_int_equal(r.pos.sequence, (int64_t)k);
+        if (cp_tokens_read(&r, 0, S + 1, seq, true, err, sizeof err)) fail_msg("%s", err);
+        for (int i = 0; i <= S; i++) assert_int_equal(seq[i], (want[k].base + want[k].off + i) % V);
+    }
+    assert_int_equal(r.pos.epoch, 1);
+    /* a part of the current sequence, without advancing */
+    assert_int_equal(cp_tokens_read(&r, 5, 4, seq, false, err, sizeof err), 0);
+    assert_int_equal(seq[0], 16 + 5);
+    assert_int_equal(r.pos.offset, 16);
+    assert_int_equal(cp_tokens_read(&r, 10, 8, seq, false, err, sizeof err), -1); /* past seq_len + 1 */
+    cp_tokens_close(&r);
+    /* one file by its name, no glob */
+    if (cp_tokens_open(&r, path_in("rt/b.bin"), V, S, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(r.nshards, 1);
+    assert_int_equal(r.token_bytes[0], 4);
+    cp_tokens_close(&r);
+}
+
+static void test_bad_shards(void **state) {
+    (void)state;
+    cp_mkdir_p(path_in("bad"));
+    write_shard("bad/ok.bin", 40, 0, 100, 2);
+    size_t len;
+    unsigned char *good = (unsigned char *)cp_read_file(path_in("bad/ok.bin"), &len);
+    unsigned char *m = malloc(len + 8);
+    char *p = path_in("bad/x.bin");
+
+    memcpy(m, good, len);
+    memcpy(m, "CPGTOK02", 8);
+    write_bytes(p, m, len);
+    expect_open_fails(p, 100, 16, 3, "x.bin", "starts with \"CPGTOK02\"", "not a cpgen token shard");
+    memcpy(m, good, len);
+    m[0] = 0x93; /* e.g. a numpy file */
+    write_bytes(p, m, len);
+    expect_open_fails(p, 100, 16, 1, "starts with \"\\x93PGTOK01\"");
+    memcpy(m, good, len);
+    m[8] = 2;
+    write_bytes(p, m, len);
+    expect_open_fails(p, 100, 16, 1, "token shard version 2; this cpgen reads version 1");
+    memcpy(m, good, len);
+    m[12] = 3;
+    write_bytes(p, m, len);
+    expect_open_fails(p, 100, 16, 1, "token size 3 bytes");
+    memcpy(m, good, len);
+    m[24] = 1;
+    write_bytes(p, m, len);
+    expect_open_fails(p, 100, 16, 1, "reserved header field is 1");
+    write_bytes(p, good, len - 3); /* truncated */
+    expect_open_fails(p, 100, 16, 3, "x.bin", "says 40 tokens (80 bytes)",
+                      "holds 77 bytes after the header: it is truncated");
+    write_bytes(p, good, 20);
+    expect_open_fails(p, 100, 16, 1, "20 bytes, shorter than the 32-byte token shard header");
+    memcpy(m, good, len);
+    memset(m + len, 0, 8);
+    write_bytes(p, m, len + 2);
+    expect_open_fails(p, 100, 16, 1, "2 too many");
+    memcpy(m, good, len);
+    m[16] = 0xff, m[17] = 0xff, m[18] = 0xff, m[19] = 0xff, m[20] = 0xff, m[21] = 0xff, m[22] = 0xff, m[23] = 0xff;
+    write_bytes(p, m, len); /* a count whose byte size overflows */
+    expect_open_fails(p, 100, 16, 1, "truncated");
+    write_bytes(p, good, len);
+    expect_open_fails(p, 100, 40, 2, "40 tokens, fewer than one sequence of train.seq_len + 1 = 41", "x.bin");
+    expect_open_fails(path_in("bad/nothing*.bin"), 100, 16, 2, "nothing*.bin", "no file matches");
+    free(m);
+    free(good);
+
+    /* a token >= vocab: reported when read, with the file, the index and the value */
+    int32_t *t = corpus(40, 0, 100);
+    t[21] = 77;
+    assert_int_equal(cp_tokens_write(p, t, 40, 2, err, sizeof err), 0);
+    cp_tokens r;
+    if (cp_tokens_open(&r, p, 50, 16, err, sizeof err)) fail_msg("%s", err);
+    int32_t seq[17];
+    assert_int_equal(cp_tokens_read(&r, 0, 17, seq, true, err, sizeof err), 0); /* tokens 0..16 are fine */
+    assert_int_equal(cp_tokens_read(&r, 0, 17, seq, true, err, sizeof err), -1);
+    if (!contains(err, "x.bin: token 21 is 77, not below the vocabulary size model.vocab = 50")) fail_msg("%s", err);
+    cp_tokens_close(&r);
+    free(t);
+}
+
+static void test_position_restore(void **state) {
+    (void)state;
+    const int64_t S = 32, V = 5000;
+    cp_mkdir_p(path_in("pos"));
+    for (int k = 0; k < 4; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "pos/shard_%02d.bin", k);
+        write_shard(name, 100 + 37 * k, 1000 * k, (int32_t)V, k % 2 ? 4 : 2);
+    }
+    cp_tokens a, b;
+    if (cp_tokens_open(&a, path_in("pos/shard_*.bin"), V, S, err, sizeof err)) fail_msg("%s", err);
+    int32_t x[33], y[33];
+    for (int k = 0; k < 7; k++) assert_int_equal(cp_tokens_read(&a, 0, S + 1, x, true, err, sizeof err), 0);
+    cp_data_pos saved = a.pos;
+    int32_t after[40][33];
+    for (int k = 0; k < 40; k++) assert_int_equal(cp_tokens_read(&a, 0, S + 1, after[k], true, err, sizeof err), 0);
+    if (cp_tokens_open(&b, path_in("pos/shard_*.bin"), V, S, err, sizeof err)) fail_msg("%s", err);
+    if (cp_tokens_seek(&b, &saved, err, sizeof err)) fail_msg("%s", err);
+    for (int k = 0; k < 40; k++) {
+        assert_int_equal(cp_tokens_read(&b, 0, S + 1, y, true, err, sizeof err), 0);
+        assert_memory_equal(y, after[k], sizeof y);
+    }
+    assert_memory_equal(&a.pos, &b.pos, sizeof a.pos);
+    assert_true(a.pos.epoch >= 2);
+    /* positions that do not fit these shards */
+    cp_data_pos bad = saved;
+    bad.shard = 9;
+    assert_int_equal(cp_tokens_seek(&b, &bad, err, sizeof err), -1);
+    assert_true(contains(err, "shard 9") && contains(err, "4 shards"));
+    bad = saved;
+    bad.offset = 5;
+    assert_int_equal(cp_tokens_seek(&b, &bad, err, sizeof err), -1);
+    assert_true(contains(err, "not a sequence start"));
+    bad.offset = 1000 * S;
+    assert_int_equal(cp_tokens_seek(&b, &bad, err, sizeof err), -1);
+    (void)x;
+    cp_tokens_close(&a);
+    cp_tokens_close(&b);
+}
+
+/* The spec's source over token shards: rank slices tile the sequence, targets are the next tokens. */
+static void test_dataset_tokens(void **state) {
+    (void)state;
+    cp_mkdir_p(path_in("ds"));
+    write_shard("ds/0.bin", 5 * 2048 + 1, 0, 512, 2);
+    char set[600];
+    snprintf(set, sizeof set, "data.source=tokens:%s", path_in("ds/*.bin"));
+    const char *sets[] = {set};
+    cp_spec spec;
+    if (cp_spec_load("tiny", sets, 1, &spec, err, sizeof err)) fail_msg("%s", err);
+    const int64_t S = spec.train.seq_len;
+    assert_int_equal(S, 2048);
+    int32_t *tok = malloc(S * sizeof *tok), *tgt = malloc(S * sizeof *tgt);
+    for (int C = 1; C <= 4; C *= 2) {
+        cp_dataset d[4];
+        for (int r = 0; r < C; r++)
+            if (cp_dataset_open(&d[r], &spec, err, sizeof err)) fail_msg("%s", err);
+        for (int seq = 0; seq < 3; seq++) {
+            int64_t T = S / C;
+            for (int r = 0; r < C; r++) {
+                if (cp_dataset_next(&d[r], r, C, tok + r * T, tgt + r * T, err, sizeof err)) fail_msg("%s", err);
+            }
+            for (int64_t i = 0; i < S; i++) {
+                assert_int_equal(tok[i], (seq * S + i) % 512);
+                assert_int_equal(tgt[i], (seq * S + i + 1) % 512);
+            }
+        }
+        cp_data_pos p;
+        cp_dataset_tell(&d[0], &p);
+        assert_int_equal(p.sequence, 3);
+        assert_int_equal(p.offset, 3 * S);
+        for (int r = 0; r < C; r++) cp_dataset_close(&d[r]);
+    }
+    free(tok), free(tgt);
+    /* a missing folder */
+    snprintf(set, sizeof set, "data.source=tokens:%s", path_in("nope/*.bin"));
+    if (cp_spec_load("tiny", sets, 1, &spec, err, sizeof err)) fail_msg("%s", err);
+    cp_dataset d;
+    assert_int_equal(cp_dataset_open(&d, &spec, err, sizeof err), -1);
+    assert_true(contains(err, "no file matches"));
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * synthetic:recall */
+
+static void check_recall_sequence(const cp_recall *r, const int32_t *tok, const int32_t *tgt) {
+    int64_t S = r->seq_len, P = r->pairs, qstart = S - 2 * P;
+    assert_int_equal(tok[0], 0);
+    int *seen_at = malloc(sizeof(int) * (size_t)r->vocab); /* context position of each key */
+    for (int64_t v = 0; v < r->vocab; v++) seen_at[v] = -1;
+    int64_t pairs = 0;
+    for (int64_t i = 1; i < qstart; i++) {
+        int32_t t = tok[i];
+        assert_int_equal(tgt[i], -1);
+        if (t >= r->key_lo && t < r->key_hi) {
+            assert_int_equal(seen_at[t], -1); /* distinct keys */
+            seen_at[t] = (int)i;
+            assert_true(i + 1 < qstart);
+            assert_true(tok[i + 1] >= r->val_lo && tok[i + 1] < r->val_hi);
+            assert_int_equal(tgt[i + 1], -1);
+            i++;
+            pairs++;
+        } else {
+            assert_true(t >= r->filler_lo && t < r->filler_hi); /* filler: never a key or value */
+        }
+    }
+    assert_int_equal(pairs, P);
+    int64_t queries = 0;
+    for (int64_t i = qstart; i < S; i += 2) {
+        int32_t k = tok[i];
+        assert_true(k >= r->key_lo && k < r->key_hi);
+        assert_true(seen_at[k] > 0);                   /* the key appeared earlier ... */
+        assert_int_equal(tgt[i], tok[i + 1]);          /* its target is the next token ... */
+        assert_int_equal(tgt[i], tok[seen_at[k] + 1]); /* ... which is the value paired with it in the context */
+        assert_int_equal(tgt[i + 1], -1);
+        seen_at[k] = 0; /* each key asked once */
+        queries++;
+    }
+    assert_int_equal(queries, P);
+    free(seen_at);
+}
+
+static void test_recall(void **state) {
+    (void)state;
+    cp_recall r;
+    assert_int_equal(cp_recall_init(&r, 512, 2048, 7, err, sizeof err), 0);
+    assert_int_equal(r.filler_lo, 1);
+    assert_int_equal(r.filler_hi, 256);
+    assert_int_equal(r.key_lo, 256);
+    assert_int_equal(r.key_hi, 384);
+    assert_int_equal(r.val_lo, 384);
+    assert_int_equal(r.val_hi, 512);
+    assert_int_equal(r.pairs, 128);
+    assert_true(fabs(cp_recall_chance_loss(&r) - log(128.0)) < 1e-12);
+    int32_t *a = malloc(2048 * 4), *at = malloc(2048 * 4), *b = malloc(2048 * 4), *bt = malloc(2048 * 4);
+    for (int64_t n = 0; n < 20; n++) {
+        cp_recall_sequence(&r, n, a, at);
+        check_recall_sequence(&r, a, at);
+        cp_recall_sequence(&r, n, b, bt);
+        assert_memory_equal(a, b, 2048 * 4); /* deterministic */
+        assert_memory_equal(at, bt, 2048 * 4);
+    }
+    cp_recall_sequence(&r, 3, a, at);
+    cp_recall_sequence(&r, 4, b, bt);
+    assert_memory_not_equal(a, b, 2048 * 4);
+    cp_recall r2;
+    assert_int_equal(cp_recall_init(&r2, 512, 2048, 8, err, sizeof err), 0);
+    cp_recall_sequence(&r2, 3, b, bt);
+    assert_memory_not_equal(a, b, 2048 * 4); /* the seed matters */
+    /* recall reaches far back: the average distance from a key in the context to its query is long */
+    cp_recall_sequence(&r, 0, a, at);
+    double dist = 0;
+    for (int64_t i = 2048 - 256; i < 2048; i += 2)
+        for (int64_t j = 1; j < 2048 - 256; j++)
+            if (a[j] == a[i]) dist += (double)(i - j);
+    assert_true(dist / 128 > 500);
+    free(a), free(at), free(b), free(bt);
+
+    /* other sizes: the smallest vocab and length, a large vocab */
+    static const int64_t sizes[][2] = {{64, 16}, {64, 1000}, {100, 4096}, {128256, 65536}, {151936, 16384}};
+    for (size_t k = 0; k < CP_ARRAY_LEN(sizes); k++) {
+        assert_int_equal(cp_recall_init(&r, sizes[k][0], sizes[k][1], 1, err, sizeof err), 0);
+        int32_t *t = malloc((size_t)sizes[k][1] * 4), *g = malloc((size_t)sizes[k][1] * 4);
+        cp_recall_sequence(&r, 11, t, g);
+        check_recall_sequence(&r, t, g);
+        free(t), free(g);
+    }
+    assert_int_equal(cp_recall_init(&r, 63, 2048, 1, err, sizeof err), -1);
+    assert_true(contains(err, "model.vocab >= 64"));
+    assert_int_equal(cp_recall_init(&r, 512, 15, 1, err, sizeof err), -1);
+    assert_true(contains(err, "train.seq_len >= 16"));
+}
+
+/* The synthetic source through the dataset: slices tile the sequence, a seek reproduces the stream. */
+static void test_dataset_recall(void **state) {
+    (void)state;
+    cp_spec spec;
+    if (cp_spec_load("tiny", NULL, 0, &spec, err, sizeof err)) fail_msg("%s", err);
+    const int64_t S = spec.train.seq_len;
+    cp_recall r;
+    assert_int_equal(cp_recall_init(&r, spec.model.vocab, S, spec.init.seed, err, sizeof err), 0);
+    int32_t *full = malloc(S * 4), *fullt = malloc(S * 4), *tok = malloc(S * 4), *tgt = malloc(S * 4);
+    cp_dataset d;
+    if (cp_dataset_open(&d, &spec, err, sizeof err)) fail_msg("%s", err);
+    for (int n = 0; n < 3; n++) {
+        for (int r4 = 0; r4 < 4; r4++) {
+            if (r4) d.sequence--; /* the same sequence, another rank */
+            assert_int_equal(cp_dataset_next(&d, r4, 4, tok + r4 * S / 4, tgt + r4 * S / 4, err, sizeof err), 0);
+        }
+        cp_recall_sequence(&r, n, full, fullt);
+        assert_memory_equal(tok, full, S * 4);
+        assert_memory_equal(tgt, fullt, S * 4);
+    }
+    cp_data_pos p;
+    cp_dataset_tell(&d, &p);
+    assert_int_equal(p.sequence, 3);
+    p.sequence = 10;
+    assert_int_equal(cp_dataset_seek(&d, &p, err, sizeof err), 0);
+    assert_int_equal(cp_dataset_next(&d, 0, 1, tok, tgt, err, sizeof err), 0);
+    cp_recall_sequence(&r, 10, full, fullt);
+    assert_memory_equal(tok, full, S * 4);
+    assert_int_equal(cp_dataset_next(&d, 0, 3, tok, tgt, err, sizeof err), -1); /* 2048 is not a multiple of 3 */
+    cp_dataset_close(&d);
+    free(full), free(fullt), free(tok), free(tgt);
+}
+
+static int setup(void **state) {
+    (void)state;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(root, sizeof root, "%s/cpgen_data_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    return mkdtemp(root) ? 0 : -1;
+}
+static int teardown(void **state) {
+    (void)state;
+    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shard_format),   cmocka_unit_test(test_roundtrip_and_stepping),
+        cmocka_unit_test(test_bad_shards),     cmocka_unit_test(test_position_restore),
+        cmocka_unit_test(test_dataset_tokens), cmocka_unit_test(test_recall),
+        cmocka_unit_test(test_dataset_recall),
+    };
+    return cmocka_run_group_tests_name("data", tests, setup, teardown) ? 1 : 0;
+}
