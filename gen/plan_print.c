@@ -184,10 +184,17 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
     json_str(out, sp->path);
     fprintf(out, ",\n  \"model\": {\"family\": \"%s\", \"params\": %lld, \"hidden\": %lld, \"layers\": %lld, "
                  "\"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"ffn\": %lld, \"vocab\": %lld, "
-                 "\"tie_embeddings\": %s, \"qk_norm\": %s},\n",
+                 "\"tie_embeddings\": %s, \"qk_norm\": %s, \"norm_eps\": %.17g, \"rope_theta\": %.17g",
             cp_family_name(m->family), (long long)P->params_total, (long long)m->hidden, (long long)m->layers,
             (long long)m->heads, (long long)m->kv_heads, (long long)m->head_dim, (long long)m->ffn,
-            (long long)m->vocab, m->tie_embeddings ? "true" : "false", m->qk_norm ? "true" : "false");
+            (long long)m->vocab, m->tie_embeddings ? "true" : "false", m->qk_norm ? "true" : "false", m->norm_eps,
+            m->rope_theta);
+    const cp_rope_scaling *rs = &m->rope_scaling;
+    if (rs->enabled)
+        fprintf(out, ", \"rope_scaling\": {\"factor\": %.17g, \"low_freq\": %.17g, \"high_freq\": %.17g, "
+                     "\"original_max\": %lld}",
+                rs->factor, rs->low_freq, rs->high_freq, (long long)rs->original_max);
+    fprintf(out, "},\n");
     fprintf(out, "  \"parallel\": {\"gpus\": %d, \"seq_len\": %lld, \"tokens_per_gpu\": %lld, \"micro_batches\": %d, "
                  "\"upipe_heads\": %d, \"stages\": %d, \"q_heads_per_gpu_stage\": %d, \"kv_heads_per_gpu_stage\": %d, "
                  "\"kv_replication\": %d, \"gqa_group_stages\": %d, \"mlp_tile\": %lld, \"loss_tile\": %lld, "
