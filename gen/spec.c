@@ -1,0 +1,1602 @@
+/* spec.c: runs a Lua spec (a file, a shipped spec embedded in the binary, or text in memory), applies --set
+ * overrides, and validates the result into a cp_spec. Every mistake becomes one message that names the file,
+ * the key path, what is wrong and how to fix it. */
+#include "spec.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+
+#include "embedded.h"
+#include "util.h"
+
+#define GIB (1024LL * 1024 * 1024)
+#define EMBEDDED_PREFIX "<embedded>/"
+
+/* ------------------------------------------------------------------------------------------------------------
+ * The schema: every section and key a spec may hold. It drives the unknown-key check (with did-you-mean) for the
+ * file and for --set paths; the values themselves are read field by field below. */
+
+/* clang-format off */
+typedef struct node {
+    const char *name;
+    const struct node *kids; /* NULL for a value */
+} node;
+
+#define LEAF(n) {n, NULL}
+#define END {NULL, NULL}
+static const node SCALING_KEYS[] = {LEAF("factor"), LEAF("low_freq"), LEAF("high_freq"), LEAF("original_max"), END};
+static const node ROPE_KEYS[] = {LEAF("theta"), {"scaling", SCALING_KEYS}, END};
+static const node MODEL_KEYS[] = {
+    LEAF("family"), LEAF("vocab"), LEAF("hidden"), LEAF("layers"), LEAF("heads"), LEAF("kv_heads"),
+    LEAF("head_dim"), LEAF("ffn"), LEAF("norm_eps"), LEAF("tie_embeddings"), LEAF("qk_norm"), {"rope", ROPE_KEYS},
+    END};
+static const node PARALLEL_KEYS[] = {
+    LEAF("gpus"), LEAF("upipe_heads"), LEAF("checkpoint"), LEAF("offload"), LEAF("optimizer"), LEAF("mlp_tile"),
+    LEAF("loss_tile"), END};
+static const node TRAIN_KEYS[] = {
+    LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
+    LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
+    LEAF("save_every"), LEAF("out_dir"), END};
+static const node DATA_KEYS[] = {LEAF("source"), END};
+static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
+static const node MACHINE_KEYS[] = {
+    LEAF("gpu_mem"), LEAF("host_mem"), LEAF("reserve"), LEAF("gemm_tflops"), LEAF("attn_tflops"), LEAF("hbm_gbps"),
+    LEAF("host_gbps"), LEAF("a2a_gbps"), LEAF("allgather_gbps"), END};
+static const node TOP_KEYS[] = {
+    {"model", MODEL_KEYS}, {"parallel", PARALLEL_KEYS}, {"train", TRAIN_KEYS}, {"data", DATA_KEYS},
+    {"init", INIT_KEYS}, {"machine", MACHINE_KEYS}, END};
+#undef LEAF
+#undef END
+/* clang-format on */
+
+static const char *const FAMILY_NAMES[] = {"llama", "qwen3", NULL};
+static const char *const CKPT_NAMES[] = {"layer", "none", NULL};
+static const char *const OFFLOAD_NAMES[] = {"auto", "none", "all", NULL};
+static const char *const OPT_NAMES[] = {"auto", "gpu", "host", NULL};
+static const char *const INIT_NAMES[] = {"random", "hf", NULL};
+/* Generators behind "synthetic:<kind>"; a new generator in the runtime is added here too. */
+static const char *const SYNTHETIC_KINDS[] = {"recall", NULL};
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Messages. */
+
+typedef struct {
+    lua_State *L;
+    const char *file;        /* shown at the start of every message */
+    const char *const *sets; /* --set overrides, to say when a bad value came from one */
+    int nsets;
+    char *err;
+    int errlen;
+    bool failed;
+} ctx;
+
+/* Copies msg into err as one line: messages from Lua may hold newlines or tabs. */
+static void put_err(char *err, int errlen, const char *msg) {
+    if (!err || errlen <= 0) return;
+    snprintf(err, (size_t)errlen, "%s", msg);
+    for (char *p = err; *p; p++)
+        if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
+}
+
+/* The --set override that produced (or created the table holding) the value at path, or NULL. */
+static const char *set_origin(const ctx *c, const char *path) {
+    if (!path) return NULL;
+    size_t pl = strlen(path);
+    for (int i = 0; i < c->nsets; i++) {
+        const char *s = c->sets[i];
+        const char *eq = strchr(s, '=');
+        if (!eq) continue;
+        size_t kl = (size_t)(eq - s);
+        size_t n = CP_MIN(kl, pl);
+        if (strncmp(s, path, n) != 0) continue;
+        if (kl == pl || (kl < pl && path[kl] == '.') || (pl < kl && s[pl] == '.')) return s;
+    }
+    return NULL;
+}
+
+/* Writes "<file>: <path><formatted text>[ (from --set k=v)]" into the error buffer. Returns -1. */
+static int __attribute__((format(printf, 3, 4))) fail(ctx *c, const char *path, const char *fmt, ...) {
+    cp_str s = {0};
+    cp_str_printf(&s, "%s: %s", c->file, path ? path : "");
+    char body[CP_ERR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(body, sizeof body, fmt, ap);
+    va_end(ap);
+    cp_str_append(&s, body, strlen(body));
+    const char *set = set_origin(c, path);
+    if (set) cp_str_printf(&s, " (from --set %s)", set);
+    put_err(c->err, c->errlen, s.data);
+    cp_str_free(&s);
+    c->failed = true;
+    return -1;
+}
+
+/* "1, 2, 4 or 8" from a list of values. */
+static void join_values(const int64_t *v, int n, char *buf, size_t len) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && o < len; i++) {
+        const char *sep = i == 0 ? "" : (i == n - 1 ? " or " : ", ");
+        int w = snprintf(buf + o, len - o, "%s%lld", sep, (long long)v[i]);
+        if (w < 0) break;
+        o += (size_t)w;
+    }
+}
+
+/* "\"a\", \"b\" or \"c\"" from a NULL-terminated list of names. */
+static void join_names(const char *const *names, char *buf, size_t len) {
+    int n = 0;
+    while (names[n]) n++;
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && o < len; i++) {
+        const char *sep = i == 0 ? "" : (i == n - 1 ? " or " : ", ");
+        int w = snprintf(buf + o, len - o, "%s\"%s\"", sep, names[i]);
+        if (w < 0) break;
+        o += (size_t)w;
+    }
+}
+
+/* Close enough to be a typo: at most 2 edits (and fewer edits than letters), or one name a prefix of the other. */
+static bool looks_like(const char *typed, const char *name) {
+    int d = cp_edit_distance(typed, name);
+    int lt = (int)strlen(typed), ln = (int)strlen(name);
+    if (d <= 2 && d < lt && d < ln) return true;
+    if (lt >= 2 && (strncmp(typed, name, (size_t)lt) == 0 || strncmp(typed, name, (size_t)ln) == 0)) return true;
+    return false;
+}
+
+static const char *suggest_node(const char *typed, const node *list) {
+    const char *best = NULL;
+    int bestd = INT_MAX;
+    for (const node *n = list; n->name; n++) {
+        if (!looks_like(typed, n->name)) continue;
+        int d = cp_edit_distance(typed, n->name);
+        if (d < bestd) {
+            bestd = d;
+            best = n->name;
+        }
+    }
+    return best;
+}
+
+static const char *suggest_name(const char *typed, const char *const *names) {
+    const char *best = NULL;
+    int bestd = INT_MAX;
+    for (int i = 0; names[i]; i++) {
+        if (!looks_like(typed, names[i])) continue;
+        int d = cp_edit_distance(typed, names[i]);
+        if (d < bestd) {
+            bestd = d;
+            best = names[i];
+        }
+    }
+    return best;
+}
+
+/* Where a key of this exact name lives elsewhere in the schema ("train.seq_len"), for keys put in the wrong
+ * section. Returns false if nowhere. */
+static bool find_elsewhere(const char *key, const node *list, const char *prefix, char *out, size_t len) {
+    for (const node *n = list; n->name; n++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", n->name);
+        if (!n->kids && strcmp(n->name, key) == 0) {
+            snprintf(out, len, "%s", path);
+            return true;
+        }
+        if (n->kids && find_elsewhere(key, n->kids, path, out, len)) return true;
+    }
+    return false;
+}
+
+static void list_keys(const node *list, char *buf, size_t len) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (const node *n = list; n->name && o < len; n++) {
+        int w = snprintf(buf + o, len - o, "%s%s", n == list ? "" : ", ", n->name);
+        if (w < 0) break;
+        o += (size_t)w;
+    }
+}
+
+/* Describes the Lua value at idx for messages: `string "abc"`, `number 2.5`, `a table`. */
+static void describe(lua_State *L, int idx, char *buf, size_t len) {
+    switch (lua_type(L, idx)) {
+    case LUA_TNIL: snprintf(buf, len, "nil"); break;
+    case LUA_TBOOLEAN: snprintf(buf, len, "boolean %s", lua_toboolean(L, idx) ? "true" : "false"); break;
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx))
+            snprintf(buf, len, "integer %lld", (long long)lua_tointeger(L, idx));
+        else
+            snprintf(buf, len, "number %.14g", (double)lua_tonumber(L, idx));
+        break;
+    case LUA_TSTRING: {
+        size_t n;
+        const char *s = lua_tolstring(L, idx, &n);
+        if (n > 60)
+            snprintf(buf, len, "string \"%.57s...\"", s);
+        else
+            snprintf(buf, len, "string \"%s\"", s);
+        break;
+    }
+    default: snprintf(buf, len, "a %s", lua_typename(L, lua_type(L, idx))); break;
+    }
+}
+
+/* The value alone, as it would be written in the spec: 5, 2.5, "abc". */
+static void value_text(lua_State *L, int idx, char *buf, size_t len) {
+    switch (lua_type(L, idx)) {
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx))
+            snprintf(buf, len, "%lld", (long long)lua_tointeger(L, idx));
+        else
+            snprintf(buf, len, "%.14g", (double)lua_tonumber(L, idx));
+        break;
+    case LUA_TSTRING: snprintf(buf, len, "\"%.60s\"", lua_tostring(L, idx)); break;
+    case LUA_TBOOLEAN: snprintf(buf, len, "%s", lua_toboolean(L, idx) ? "true" : "false"); break;
+    default: snprintf(buf, len, "(%s)", lua_typename(L, lua_type(L, idx))); break;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Finding spec source text: files, files next to the including spec, and the copies embedded in the binary. */
+
+typedef struct {
+    char *owned; /* text read from a file (freed by the caller), or NULL */
+    const char *text;
+    size_t len;
+    char shown[CP_PATH_MAX]; /* path for messages and chunk names: "examples/a.lua", "<embedded>/llama8b.lua" */
+} source;
+
+static bool embedded_source(const char *name, source *out) {
+    const cp_embedded_file *f = cp_embedded_find(name);
+    if (!f) return false;
+    out->owned = NULL;
+    out->text = f->text;
+    out->len = f->len;
+    const char *base = strncmp(name, "specs/", 6) == 0 ? name + 6 : name;
+    snprintf(out->shown, sizeof out->shown, EMBEDDED_PREFIX "%s", base);
+    return true;
+}
+
+static bool file_source(const char *path, source *out, int *err) {
+    size_t len;
+    char *text = cp_read_file(path, &len);
+    if (!text) {
+        *err = errno;
+        return false;
+    }
+    out->owned = text;
+    out->text = text;
+    out->len = len;
+    snprintf(out->shown, sizeof out->shown, "%s", path);
+    return true;
+}
+
+/* A shipped spec by name ("llama8b"), from the embedded copy. */
+static bool shipped_source(const char *name, source *out) {
+    char full[CP_PATH_MAX];
+    snprintf(full, sizeof full, "specs/%s.lua", name);
+    return embedded_source(full, out);
+}
+
+/* "tiny, llama1b, ..." and the shipped spec name closest to `typed`, for messages. */
+static void shipped_names(char *buf, size_t len, const char *typed, char *near, size_t nearlen) {
+    size_t o = 0;
+    int bestd = INT_MAX;
+    buf[0] = 0;
+    if (near) near[0] = 0;
+    for (int i = 0; i < cp_embedded_count; i++) {
+        const char *n = cp_embedded_files[i].name;
+        size_t nl = strlen(n);
+        if (strncmp(n, "specs/", 6) != 0 || nl < 10 || strcmp(n + nl - 4, ".lua") != 0) continue;
+        char base[CP_NAME_MAX];
+        snprintf(base, sizeof base, "%.*s", (int)(nl - 10), n + 6);
+        int w = snprintf(buf + o, o < len ? len - o : 0, "%s%s", o ? ", " : "", base);
+        if (w > 0) o = CP_MIN(o + (size_t)w, len);
+        if (typed && near && looks_like(typed, base)) {
+            int d = cp_edit_distance(typed, base);
+            if (d < bestd) {
+                bestd = d;
+                snprintf(near, nearlen, "%s", base);
+            }
+        }
+    }
+}
+
+static bool is_embedded_path(const char *p) { return strncmp(p, EMBEDDED_PREFIX, strlen(EMBEDDED_PREFIX)) == 0; }
+
+/* dir/name with leading "./" and "../" of name folded into dir, so messages show "tests/base.lua", not
+ * "tests/sub/../base.lua". */
+static void join_dir(const char *dir, const char *name, char *out, size_t len) {
+    char d[CP_PATH_MAX];
+    snprintf(d, sizeof d, "%s", dir);
+    for (;;) {
+        if (strncmp(name, "./", 2) == 0) {
+            name += 2;
+            continue;
+        }
+        char *slash = strrchr(d, '/');
+        const char *last = slash ? slash + 1 : d;
+        if (strncmp(name, "../", 3) != 0 || !*d || strcmp(last, "..") == 0 || strcmp(last, ".") == 0) break;
+        if (slash)
+            *slash = 0;
+        else
+            d[0] = 0;
+        name += 3;
+    }
+    if (*d)
+        snprintf(out, len, "%s/%s", d, name);
+    else
+        snprintf(out, len, "%s", name);
+}
+
+/* Finds what dofile(name) or cpgen.load(path) means when called from a chunk in folder `dir` (NULL if unknown):
+ * the name as given (relative to the working folder), then next to the including spec, then the embedded copy.
+ * On failure writes what was tried into why. */
+static bool find_source(const char *name, const char *dir, source *out, char *why, size_t whylen) {
+    int e = ENOENT;
+    bool relative = name[0] != '/';
+    if (dir && is_embedded_path(dir) && relative) {
+        /* A shipped spec including another: both live in the binary. */
+        char full[CP_PATH_MAX];
+        snprintf(full, sizeof full, "specs/%s", name);
+        if (embedded_source(full, out) || embedded_source(name, out)) return true;
+    }
+    if (file_source(name, out, &e)) return true;
+    int first_err = e;
+    char joined[CP_PATH_MAX] = "";
+    if (relative && dir && *dir && !is_embedded_path(dir)) {
+        join_dir(dir, name, joined, sizeof joined);
+        if (file_source(joined, out, &e)) return true;
+    }
+    if (relative) {
+        char full[CP_PATH_MAX];
+        snprintf(full, sizeof full, "specs/%s", name);
+        if (embedded_source(name, out) || embedded_source(full, out)) return true;
+    }
+    if (*joined)
+        snprintf(why, whylen, "cannot read '%s' (%s) nor '%s' (%s)", name, strerror(first_err), joined, strerror(e));
+    else
+        snprintf(why, whylen, "cannot read '%s' (%s)", name, strerror(first_err));
+    return false;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * The Lua side: dofile, cpgen.load, cpgen.extend, print, and the message handler for runtime errors. */
+
+/* Folder of the Lua function that called the running C function, for relative includes. */
+static void caller_dir(lua_State *L, char *dir, size_t len) {
+    lua_Debug ar;
+    dir[0] = 0;
+    if (!lua_getstack(L, 1, &ar) || !lua_getinfo(L, "S", &ar) || ar.source[0] != '@') return;
+    const char *src = ar.source + 1;
+    const char *slash = strrchr(src, '/');
+    if (slash) snprintf(dir, len, "%.*s", (int)(slash - src), src);
+}
+
+/* Loads the chunk of src onto the stack (text only); raises the Lua error on a syntax error. Frees src. */
+static void load_source(lua_State *L, source *src) {
+    char chunk[CP_PATH_MAX + 1];
+    snprintf(chunk, sizeof chunk, "@%s", src->shown);
+    int st = luaL_loadbufferx(L, src->text, src->len, chunk, "t");
+    free(src->owned);
+    src->owned = NULL;
+    if (st != LUA_OK) lua_error(L);
+}
+
+static int l_dofile(lua_State *L) {
+    const char *name = luaL_checkstring(L, 1);
+    char dir[CP_PATH_MAX], why[3 * CP_PATH_MAX];
+    caller_dir(L, dir, sizeof dir);
+    source src;
+    if (!find_source(name, dir, &src, why, sizeof why)) return luaL_error(L, "dofile: %s", why);
+    load_source(L, &src);
+    lua_call(L, 0, LUA_MULTRET);
+    return lua_gettop(L) - 1;
+}
+
+static int l_load(lua_State *L) {
+    const char *name = luaL_checkstring(L, 1);
+    source src;
+    size_t nl = strlen(name);
+    bool is_name = !strchr(name, '/') && !(nl > 4 && strcmp(name + nl - 4, ".lua") == 0);
+    if (is_name) {
+        if (!shipped_source(name, &src)) {
+            char names[512], near[CP_NAME_MAX];
+            shipped_names(names, sizeof names, name, near, sizeof near);
+            if (*near)
+                return luaL_error(L, "cpgen.load: no shipped spec named '%s'; did you mean '%s'? (shipped: %s)", name,
+                                  near, names);
+            return luaL_error(L, "cpgen.load: no shipped spec named '%s' (shipped: %s; or give a path ending in .lua)",
+                              name, names);
+        }
+    } else {
+        char dir[CP_PATH_MAX], why[3 * CP_PATH_MAX];
+        caller_dir(L, dir, sizeof dir);
+        if (!find_source(name, dir, &src, why, sizeof why)) return luaL_error(L, "cpgen.load: %s", why);
+    }
+    load_source(L, &src);
+    lua_call(L, 0, 1);
+    if (!lua_istable(L, -1))
+        return luaL_error(L, "cpgen.load('%s'): the spec returned %s, not a table", name, luaL_typename(L, -1));
+    return 1;
+}
+
+#define MAX_DEPTH 64
+
+/* Pushes a deep copy of the table at idx (keys are shared, table values are copied). */
+static void deep_copy(lua_State *L, int idx, int depth) {
+    if (depth > MAX_DEPTH)
+        luaL_error(L, "cpgen.extend: tables nested more than %d deep (does a table contain itself?)", MAX_DEPTH);
+    luaL_checkstack(L, 6, "cpgen.extend");
+    idx = lua_absindex(L, idx);
+    lua_newtable(L);
+    int dst = lua_gettop(L);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        if (lua_type(L, -1) == LUA_TTABLE) {
+            deep_copy(L, -1, depth + 1);
+            lua_replace(L, -2);
+        }
+        lua_pushvalue(L, -2);
+        lua_insert(L, -2);
+        lua_rawset(L, dst);
+    }
+}
+
+/* Merges the table at src into the table at dst (a private copy): tables merge key by key, anything else replaces. */
+static void merge_into(lua_State *L, int dst, int src, int depth) {
+    if (depth > MAX_DEPTH)
+        luaL_error(L, "cpgen.extend: tables nested more than %d deep (does a table contain itself?)", MAX_DEPTH);
+    luaL_checkstack(L, 6, "cpgen.extend");
+    dst = lua_absindex(L, dst);
+    src = lua_absindex(L, src);
+    lua_pushnil(L);
+    while (lua_next(L, src)) {
+        if (lua_type(L, -1) == LUA_TTABLE) {
+            lua_pushvalue(L, -2);
+            if (lua_rawget(L, dst) == LUA_TTABLE) {
+                merge_into(L, -1, -2, depth + 1);
+                lua_pop(L, 2);
+                continue;
+            }
+            lua_pop(L, 1);
+            deep_copy(L, -1, depth + 1);
+            lua_replace(L, -2);
+        }
+        lua_pushvalue(L, -2);
+        lua_insert(L, -2);
+        lua_rawset(L, dst);
+    }
+}
+
+/* cpgen.extend(base, overrides, ...): a new table, base deep-merged with each override in turn. Inputs are not
+ * changed, so one base can feed many variants. */
+static int l_extend(lua_State *L) {
+    int n = lua_gettop(L);
+    if (n < 1) return luaL_error(L, "cpgen.extend: expected cpgen.extend(base, overrides)");
+    for (int i = 1; i <= n; i++) {
+        if (!lua_istable(L, i))
+            return luaL_error(L, "cpgen.extend: argument %d is %s, expected a table%s", i, luaL_typename(L, i),
+                              i == 1 ? " (the base spec, e.g. cpgen.load(\"llama8b\"))" : " of overrides");
+    }
+    deep_copy(L, 1, 0);
+    int out = lua_gettop(L);
+    for (int i = 2; i <= n; i++) merge_into(L, out, i, 0);
+    lua_settop(L, out);
+    return 1;
+}
+
+/* print goes to stderr so that a spec's debugging output never mixes with a command's output (plan --json). */
+static int l_print(lua_State *L) {
+    int n = lua_gettop(L);
+    for (int i = 1; i <= n; i++) {
+        size_t len;
+        const char *s = luaL_tolstring(L, i, &len);
+        if (i > 1) fputc('\t', stderr);
+        fwrite(s, 1, len, stderr);
+        lua_pop(L, 1);
+    }
+    fputc('\n', stderr);
+    return 0;
+}
+
+/* Length of a leading "file:line:" in msg, or 0. */
+static size_t location_len(const char *msg) {
+    const char *colon = strchr(msg, ':');
+    while (colon) {
+        const char *p = colon + 1;
+        if (isdigit((unsigned char)*p)) {
+            while (isdigit((unsigned char)*p)) p++;
+            if (*p == ':') return (size_t)(p + 1 - msg);
+        }
+        colon = strchr(colon + 1, ':');
+    }
+    return 0;
+}
+
+/* Number of active frames. lua_getstack costs O(level), so after a stack overflow (hundreds of thousands of
+ * frames) a level-by-level walk would be quadratic; this search is O(depth log depth). */
+static int stack_depth(lua_State *L) {
+    lua_Debug ar;
+    if (!lua_getstack(L, 1, &ar)) return 0;
+    int lo = 1, hi = 2;
+    while (lua_getstack(L, hi, &ar)) {
+        lo = hi;
+        hi = hi > INT_MAX / 2 ? INT_MAX : hi * 2;
+    }
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        if (lua_getstack(L, mid, &ar))
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The file and line of a frame running a chunk loaded from a file (or embedded spec). */
+static bool spec_frame(lua_State *L, int level, char *src, size_t len, int *line) {
+    lua_Debug ar;
+    if (!lua_getstack(L, level, &ar) || !lua_getinfo(L, "Sl", &ar)) return false;
+    if (ar.currentline <= 0 || ar.source[0] != '@') return false;
+    snprintf(src, len, "%s", ar.short_src);
+    *line = ar.currentline;
+    return true;
+}
+
+/* Message handler for runtime errors: makes sure the message starts with the file and line of the innermost spec
+ * frame (errors raised from C carry none), and when that is an included file, names the top spec that loaded it. */
+static int msgh(lua_State *L) {
+    const char *msg = lua_tostring(L, 1);
+    if (!msg) msg = lua_pushfstring(L, "error object is a %s value, not a message", luaL_typename(L, 1));
+    char first[LUA_IDSIZE] = "", outer[LUA_IDSIZE] = "";
+    int first_line = -1, outer_line = -1;
+    int depth = stack_depth(L);
+    for (int level = 1; level <= depth; level++)
+        if (spec_frame(L, level, first, sizeof first, &first_line)) break;
+    for (int level = depth; level >= 1; level--)
+        if (spec_frame(L, level, outer, sizeof outer, &outer_line)) break;
+    size_t loc = location_len(msg);
+    if (!loc && first_line > 0) {
+        msg = lua_pushfstring(L, "%s:%d: %s", first, first_line, msg);
+        loc = location_len(msg);
+    }
+    if (loc && outer_line > 0) {
+        size_t flen = strlen(outer);
+        const char *digits = msg + loc - 2;
+        while (digits > msg && isdigit((unsigned char)digits[-1])) digits--;
+        size_t mlen = (size_t)(digits - 1 - msg);
+        if (mlen != flen || strncmp(msg, outer, flen) != 0)
+            msg = lua_pushfstring(L, "%s (loaded from %s:%d)", msg, outer, outer_line);
+    }
+    lua_pushstring(L, msg);
+    return 1;
+}
+
+/* A spec is a program and may loop forever; a load that runs this long is stopped with a message instead. */
+#define SPEC_TIME_LIMIT_S 10.0
+_Static_assert(LUA_EXTRASPACE >= sizeof(double), "the load deadline lives in the Lua state's extra space");
+
+static void time_hook(lua_State *L, lua_Debug *ar) {
+    (void)ar;
+    double deadline;
+    memcpy(&deadline, lua_getextraspace(L), sizeof deadline);
+    if (cp_now() > deadline)
+        luaL_error(L, "the spec ran for more than %d s; does it loop forever?", (int)SPEC_TIME_LIMIT_S);
+}
+
+static void open_libs(lua_State *L) {
+    /* No io, os or package: a spec computes a table; it has no business touching files except through dofile. */
+    static const luaL_Reg libs[] = {{LUA_GNAME, luaopen_base},       {LUA_STRLIBNAME, luaopen_string},
+                                    {LUA_TABLIBNAME, luaopen_table}, {LUA_MATHLIBNAME, luaopen_math},
+                                    {LUA_UTF8LIBNAME, luaopen_utf8}, {NULL, NULL}};
+    for (const luaL_Reg *l = libs; l->name; l++) {
+        luaL_requiref(L, l->name, l->func, 1);
+        lua_pop(L, 1);
+    }
+    lua_pushnil(L);
+    lua_setglobal(L, "loadfile");
+    lua_pushcfunction(L, l_dofile);
+    lua_setglobal(L, "dofile");
+    lua_pushcfunction(L, l_print);
+    lua_setglobal(L, "print");
+    lua_newtable(L);
+    lua_pushcfunction(L, l_extend);
+    lua_setfield(L, -2, "extend");
+    lua_pushcfunction(L, l_load);
+    lua_setfield(L, -2, "load");
+    lua_pushstring(L, CP_VERSION);
+    lua_setfield(L, -2, "version");
+    lua_setglobal(L, "cpgen");
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Structure check: unknown sections and keys, list entries, sections that are not tables. Runs before any value
+ * is read so that a typo is reported as a typo, not as the missing key it hides. */
+
+static int walk(ctx *c, int t, const node *schema, const char *path) {
+    lua_State *L = c->L;
+    luaL_checkstack(L, 8, "spec check");
+    t = lua_absindex(L, t);
+    char unknown[128] = "";
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        if (lua_type(L, -2) != LUA_TSTRING) {
+            char v[96], k[64];
+            describe(L, -1, v, sizeof v);
+            value_text(L, -2, k, sizeof k);
+            if (!*path)
+                return fail(c, NULL,
+                            "the spec table has an entry [%s] = %s; write named sections such as "
+                            "model = { ... }",
+                            k, v);
+            return fail(c, path, "[%s] = %s: unexpected list entry; write name = value pairs such as %s = ...", k, v,
+                        schema[0].name);
+        }
+        const char *key = lua_tostring(L, -2);
+        bool known = false;
+        for (const node *n = schema; n->name; n++)
+            if (strcmp(n->name, key) == 0) known = true;
+        if (!known && (!*unknown || strcmp(key, unknown) < 0)) snprintf(unknown, sizeof unknown, "%s", key);
+        lua_pop(L, 1);
+    }
+    if (*unknown) {
+        char full[256], keys[512], where[128];
+        snprintf(full, sizeof full, "%s%s%s", path, *path ? "." : "", unknown);
+        const char *near = suggest_node(unknown, schema);
+        list_keys(schema, keys, sizeof keys);
+        const char *what = *path ? "unknown key" : "unknown section";
+        if (near) return fail(c, full, ": %s; did you mean '%s'?", what, near);
+        if (*path && find_elsewhere(unknown, TOP_KEYS, "", where, sizeof where))
+            return fail(c, full, ": %s in %s; %s belongs elsewhere: write it as %s", what, path, unknown, where);
+        return fail(c, full, ": %s; %s are: %s", what, *path ? "the keys here" : "the sections", keys);
+    }
+    for (const node *n = schema; n->name; n++) {
+        if (!n->kids) continue;
+        char full[256];
+        snprintf(full, sizeof full, "%s%s%s", path, *path ? "." : "", n->name);
+        lua_pushstring(L, n->name);
+        int ty = lua_rawget(L, t);
+        bool optional_off = strcmp(n->name, "scaling") == 0 && ty == LUA_TBOOLEAN && !lua_toboolean(L, -1);
+        if (ty == LUA_TTABLE) {
+            if (walk(c, -1, n->kids, full) < 0) return -1;
+        } else if (ty != LUA_TNIL && !optional_off) {
+            char v[96];
+            describe(L, -1, v, sizeof v);
+            return fail(c, full, ": expected a table { ... }%s, got %s",
+                        strcmp(n->name, "scaling") == 0 ? " or false" : "", v);
+        }
+        lua_pop(L, 1);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * --set overrides. */
+
+static int apply_set(ctx *c, int top, const char *set) {
+    lua_State *L = c->L;
+    const char *eq = strchr(set, '=');
+    if (!eq || eq == set) return fail(c, NULL, "--set %s: expected key.path=value, e.g. --set train.seq_len=1M", set);
+    char key[256];
+    if ((size_t)(eq - set) >= sizeof key) return fail(c, NULL, "--set %s: key path too long", set);
+    snprintf(key, sizeof key, "%.*s", (int)(eq - set), set);
+    const char *value = eq + 1;
+
+    const node *schema = TOP_KEYS;
+    char done[sizeof key + 8] = ""; /* at most the key path itself */
+    lua_pushvalue(L, top);
+    char *seg = key;
+    while (seg) {
+        char *next = strchr(seg, '.');
+        if (next) *next++ = 0;
+        if (!*seg) return fail(c, NULL, "--set %s: empty name in the key path; write it as section.key=value", set);
+        const node *n = NULL;
+        for (const node *k = schema; k->name; k++)
+            if (strcmp(k->name, seg) == 0) n = k;
+        if (!n) {
+            const char *near = suggest_node(seg, schema);
+            char keys[512];
+            list_keys(schema, keys, sizeof keys);
+            const char *what = *done ? "unknown key" : "unknown section";
+            if (near)
+                return fail(c, NULL, "--set %s: %s '%s'%s%s; did you mean '%s'?", set, what, seg, *done ? " in " : "",
+                            done, near);
+            return fail(c, NULL, "--set %s: %s '%s'%s%s; valid names there: %s", set, what, seg, *done ? " in " : "",
+                        done, keys);
+        }
+        size_t dl = strlen(done);
+        snprintf(done + dl, sizeof done - dl, "%s%s", dl ? "." : "", seg);
+        if (!next) {
+            /* Raw sets, like the raw reads below: a metatable in the spec must not change what --set means. */
+            lua_pushstring(L, seg);
+            if (!strcmp(value, "true"))
+                lua_pushboolean(L, 1);
+            else if (!strcmp(value, "false"))
+                lua_pushboolean(L, 0);
+            else if (lua_stringtonumber(L, value) == 0)
+                lua_pushstring(L, value);
+            lua_rawset(L, -3);
+            lua_pop(L, 1);
+            return 0;
+        }
+        if (!n->kids) return fail(c, NULL, "--set %s: %s is a value, not a section; use --set %s=...", set, done, done);
+        lua_pushstring(L, seg);
+        int ty = lua_rawget(L, -2);
+        if (ty == LUA_TNIL || (ty == LUA_TBOOLEAN && !lua_toboolean(L, -1))) {
+            lua_pop(L, 1);
+            lua_newtable(L);
+            lua_pushstring(L, seg);
+            lua_pushvalue(L, -2);
+            lua_rawset(L, -4);
+        } else if (ty != LUA_TTABLE) {
+            char v[96];
+            describe(L, -1, v, sizeof v);
+            return fail(c, NULL, "--set %s: %s is %s in the spec, not a table", set, done, v);
+        }
+        lua_remove(L, -2);
+        schema = n->kids;
+        seg = next;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Reading values. Each getter returns 0 when the key was read, 1 when it is absent (nil), -1 on error. */
+
+enum { INT_PLAIN, INT_LEN, INT_BYTES };
+
+static int push_field(lua_State *L, int t, const char *key) {
+    lua_pushstring(L, key);
+    return lua_rawget(L, t);
+}
+
+static void join_path(char *buf, size_t len, const char *sec, const char *key) {
+    snprintf(buf, len, "%s.%s", sec, key);
+}
+
+/* Integers: Lua integers, floats with integral values (1e6), and for lengths/sizes strings like "128K"/"141G".
+ * With allow_auto, "auto" gives *is_auto = true. */
+static int get_int_ex(ctx *c, int t, const char *sec, const char *key, int kind, bool allow_auto, int64_t lo,
+                      int64_t hi, int64_t *out, bool *is_auto) {
+    lua_State *L = c->L;
+    char path[128], v[96];
+    join_path(path, sizeof path, sec, key);
+    if (is_auto) *is_auto = false;
+    int ty = push_field(L, t, key);
+    const char *want = kind == INT_LEN     ? (allow_auto ? "\"auto\" or a length such as 4096, \"128K\" or \"1M\""
+                                                         : "a length such as 4096, \"128K\" or \"1M\"")
+                       : kind == INT_BYTES ? "a size such as \"141G\" or \"80GiB\""
+                                           : (allow_auto ? "\"auto\" or an integer" : "an integer");
+    int64_t r = 0;
+    if (ty == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 1;
+    } else if (ty == LUA_TNUMBER) {
+        if (lua_isinteger(L, -1))
+            r = (int64_t)lua_tointeger(L, -1);
+        else {
+            double d = (double)lua_tonumber(L, -1);
+            if (!isfinite(d) || d != floor(d) || fabs(d) >= 9.2e18) {
+                describe(L, -1, v, sizeof v);
+                return fail(c, path, ": expected %s, got %s", want, v);
+            }
+            r = (int64_t)d;
+        }
+    } else if (ty == LUA_TSTRING) {
+        const char *s = lua_tostring(L, -1);
+        if (allow_auto && strcmp(s, "auto") == 0) {
+            if (is_auto) *is_auto = true;
+            lua_pop(L, 1);
+            *out = 0;
+            return 0;
+        }
+        bool ok = kind == INT_LEN ? cp_parse_length(s, &r) : kind == INT_BYTES ? cp_parse_bytes(s, &r) : false;
+        if (!ok) {
+            describe(L, -1, v, sizeof v);
+            return fail(c, path, ": expected %s%s, got %s", want,
+                        kind == INT_LEN     ? " (K = 1024, M = 1024K)"
+                        : kind == INT_BYTES ? " (powers of 1024)"
+                                            : "",
+                        v);
+        }
+    } else {
+        describe(L, -1, v, sizeof v);
+        return fail(c, path, ": expected %s, got %s", want, v);
+    }
+    lua_pop(L, 1);
+    if (r < lo) return fail(c, path, " = %lld: must be at least %lld", (long long)r, (long long)lo);
+    if (r > hi) return fail(c, path, " = %lld: too large (at most %lld)", (long long)r, (long long)hi);
+    *out = r;
+    return 0;
+}
+
+static int get_int(ctx *c, int t, const char *sec, const char *key, int kind, int64_t lo, int64_t hi, int64_t *out) {
+    return get_int_ex(c, t, sec, key, kind, false, lo, hi, out, NULL);
+}
+
+/* An int field of the struct: the range of int (semantic ranges are checked in validate). */
+static int get_cint(ctx *c, int t, const char *sec, const char *key, int *out) {
+    int64_t v;
+    int r = get_int(c, t, sec, key, INT_PLAIN, INT_MIN, INT_MAX, &v);
+    if (r == 0) *out = (int)v;
+    return r;
+}
+
+static int get_num(ctx *c, int t, const char *sec, const char *key, double *out) {
+    lua_State *L = c->L;
+    char path[128], v[96];
+    join_path(path, sizeof path, sec, key);
+    int ty = push_field(L, t, key);
+    if (ty == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 1;
+    }
+    if (ty != LUA_TNUMBER) {
+        describe(L, -1, v, sizeof v);
+        return fail(c, path, ": expected a number, got %s", v);
+    }
+    double d = (double)lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    if (!isfinite(d)) return fail(c, path, " = %g: must be a finite number", d);
+    *out = d;
+    return 0;
+}
+
+static int get_bool(ctx *c, int t, const char *sec, const char *key, bool *out) {
+    lua_State *L = c->L;
+    char path[128], v[96];
+    join_path(path, sizeof path, sec, key);
+    int ty = push_field(L, t, key);
+    if (ty == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 1;
+    }
+    if (ty != LUA_TBOOLEAN) {
+        describe(L, -1, v, sizeof v);
+        return fail(c, path, ": expected true or false, got %s", v);
+    }
+    *out = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return 0;
+}
+
+static int get_str(ctx *c, int t, const char *sec, const char *key, char *out, size_t len) {
+    lua_State *L = c->L;
+    char path[128], v[96];
+    join_path(path, sizeof path, sec, key);
+    int ty = push_field(L, t, key);
+    if (ty == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 1;
+    }
+    if (ty != LUA_TSTRING) {
+        describe(L, -1, v, sizeof v);
+        return fail(c, path, ": expected a string, got %s", v);
+    }
+    size_t n;
+    const char *s = lua_tolstring(L, -1, &n);
+    if (n >= len) return fail(c, path, ": too long (%zu bytes; at most %zu)", n, len - 1);
+    if (strlen(s) != n) return fail(c, path, ": contains a zero byte");
+    memcpy(out, s, n + 1);
+    lua_pop(L, 1);
+    return 0;
+}
+
+static int get_enum(ctx *c, int t, const char *sec, const char *key, const char *const *names, int *out) {
+    lua_State *L = c->L;
+    char path[128], v[96], list[256];
+    join_path(path, sizeof path, sec, key);
+    join_names(names, list, sizeof list);
+    int ty = push_field(L, t, key);
+    if (ty == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 1;
+    }
+    if (ty != LUA_TSTRING) {
+        describe(L, -1, v, sizeof v);
+        return fail(c, path, ": expected one of %s, got %s", list, v);
+    }
+    const char *s = lua_tostring(L, -1);
+    for (int i = 0; names[i]; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *out = i;
+            lua_pop(L, 1);
+            return 0;
+        }
+    }
+    const char *near = suggest_name(s, names);
+    if (near) return fail(c, path, " = \"%.60s\": not a valid choice; did you mean \"%s\"? (one of %s)", s, near, list);
+    return fail(c, path, " = \"%.60s\": not a valid choice; use one of %s", s, list);
+}
+
+static int missing(ctx *c, const char *sec, const char *key, const char *hint) {
+    char path[128];
+    join_path(path, sizeof path, sec, key);
+    return fail(c, path, " is missing; it is required (%s)", hint);
+}
+
+/* Pushes section `name` of the spec (a table, or nil when absent and optional) and returns its stack index. */
+static int section(ctx *c, int top, const char *name, bool required, const char *hint, int *idx) {
+    lua_State *L = c->L;
+    int ty = push_field(L, top, name);
+    if (ty == LUA_TNIL && required) return fail(c, name, " section is missing; every spec needs %s", hint);
+    if (ty == LUA_TNIL) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+    }
+    *idx = lua_gettop(L);
+    return 0;
+}
+
+#define TRY(x)                                                                                                         \
+    do {                                                                                                               \
+        if ((x) < 0) return -1;                                                                                        \
+    } while (0)
+
+static int read_model(ctx *c, int top, cp_model *m) {
+    lua_State *L = c->L;
+    int t, r, fam = CP_FAMILY_LLAMA;
+    TRY(section(c, top, "model", true,
+                "model = { family = \"llama\", vocab = ..., hidden = ..., layers = ..., heads = ..., ffn = ... }", &t));
+    TRY(get_enum(c, t, "model", "family", FAMILY_NAMES, &fam));
+    m->family = (cp_family)fam;
+    /* Upper bounds keep parameter counts far from int64 overflow; no real model comes near them. */
+    TRY(r = get_int(c, t, "model", "vocab", INT_PLAIN, INT64_MIN, 1LL << 24, &m->vocab));
+    if (r) return missing(c, "model", "vocab", "the vocabulary size, e.g. vocab = 128256");
+    TRY(r = get_int(c, t, "model", "hidden", INT_PLAIN, INT64_MIN, 1LL << 20, &m->hidden));
+    if (r) return missing(c, "model", "hidden", "the model width, e.g. hidden = 4096");
+    TRY(r = get_int(c, t, "model", "layers", INT_PLAIN, INT64_MIN, 1LL << 16, &m->layers));
+    if (r) return missing(c, "model", "layers", "the number of transformer layers, e.g. layers = 32");
+    TRY(r = get_int(c, t, "model", "heads", INT_PLAIN, INT64_MIN, 1LL << 12, &m->heads));
+    if (r) return missing(c, "model", "heads", "the number of query heads, e.g. heads = 32");
+    m->kv_heads = m->heads;
+    TRY(get_int(c, t, "model", "kv_heads", INT_PLAIN, INT64_MIN, 1LL << 12, &m->kv_heads));
+    TRY(r = get_int(c, t, "model", "head_dim", INT_PLAIN, INT64_MIN, 1LL << 12, &m->head_dim));
+    if (r) {
+        /* Without head_dim the width is split evenly over the heads. */
+        if (m->heads >= 1 && m->hidden >= 1 && m->hidden % m->heads != 0)
+            return fail(c, "model.hidden",
+                        " = %lld: must be divisible by heads (%lld) when model.head_dim is not given (head_dim "
+                        "defaults to hidden/heads); set head_dim = 64 or 128, or change hidden or heads",
+                        (long long)m->hidden, (long long)m->heads);
+        m->head_dim = m->heads >= 1 ? m->hidden / m->heads : 0;
+    }
+    TRY(r = get_int(c, t, "model", "ffn", INT_PLAIN, INT64_MIN, 1LL << 22, &m->ffn));
+    if (r) return missing(c, "model", "ffn", "the MLP inner size, e.g. ffn = 14336");
+    bool qwen = m->family == CP_FAMILY_QWEN3;
+    m->norm_eps = qwen ? 1e-6 : 1e-5;
+    TRY(get_num(c, t, "model", "norm_eps", &m->norm_eps));
+    m->tie_embeddings = false;
+    TRY(get_bool(c, t, "model", "tie_embeddings", &m->tie_embeddings));
+    m->qk_norm = qwen;
+    TRY(get_bool(c, t, "model", "qk_norm", &m->qk_norm));
+
+    m->rope_theta = qwen ? 1e6 : 500000;
+    memset(&m->rope_scaling, 0, sizeof m->rope_scaling);
+    if (push_field(L, t, "rope") == LUA_TTABLE) {
+        int rt = lua_gettop(L);
+        TRY(get_num(c, rt, "model.rope", "theta", &m->rope_theta));
+        if (push_field(L, rt, "scaling") == LUA_TTABLE) {
+            int st = lua_gettop(L);
+            cp_rope_scaling *sc = &m->rope_scaling;
+            sc->enabled = true;
+            sc->low_freq = 1;
+            sc->high_freq = 4;
+            sc->original_max = 8192;
+            TRY(r = get_num(c, st, "model.rope.scaling", "factor", &sc->factor));
+            if (r)
+                return missing(c, "model.rope.scaling", "factor",
+                               "the Llama-3 frequency scaling factor, e.g. factor = 8; or remove scaling");
+            TRY(get_num(c, st, "model.rope.scaling", "low_freq", &sc->low_freq));
+            TRY(get_num(c, st, "model.rope.scaling", "high_freq", &sc->high_freq));
+            TRY(get_int(c, st, "model.rope.scaling", "original_max", INT_LEN, INT64_MIN, INT64_MAX, &sc->original_max));
+        }
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    lua_pop(L, 1);
+    return 0;
+}
+
+static int read_parallel(ctx *c, int top, cp_parallel *p) {
+    int t;
+    int64_t v;
+    bool is_auto;
+    TRY(section(c, top, "parallel", false, "", &t));
+    p->gpus = 1;
+    TRY(get_cint(c, t, "parallel", "gpus", &p->gpus));
+    p->upipe_heads = 0;
+    int r = get_int_ex(c, t, "parallel", "upipe_heads", INT_PLAIN, true, INT64_MIN, INT_MAX, &v, &is_auto);
+    TRY(r);
+    if (r == 0 && !is_auto) {
+        /* 0 means "auto" inside the struct, so an explicit value must be a real head count. */
+        if (v < 1) return fail(c, "parallel.upipe_heads", " = %lld: must be at least 1, or \"auto\"", (long long)v);
+        p->upipe_heads = (int)v;
+    }
+    int e = CP_CKPT_LAYER;
+    TRY(get_enum(c, t, "parallel", "checkpoint", CKPT_NAMES, &e));
+    p->checkpoint = (cp_checkpoint)e;
+    e = CP_OFFLOAD_AUTO;
+    TRY(get_enum(c, t, "parallel", "offload", OFFLOAD_NAMES, &e));
+    p->offload = (cp_offload)e;
+    e = CP_OPT_AUTO;
+    TRY(get_enum(c, t, "parallel", "optimizer", OPT_NAMES, &e));
+    p->optimizer = (cp_opt_place)e;
+    const char *tiles[] = {"mlp_tile", "loss_tile"};
+    int64_t *dst[] = {&p->mlp_tile, &p->loss_tile};
+    for (int i = 0; i < 2; i++) {
+        *dst[i] = 0;
+        r = get_int_ex(c, t, "parallel", tiles[i], INT_LEN, true, INT64_MIN, INT64_MAX, &v, &is_auto);
+        TRY(r);
+        if (r == 0 && !is_auto) {
+            if (v < 1) {
+                char path[64];
+                join_path(path, sizeof path, "parallel", tiles[i]);
+                return fail(c, path, " = %lld: must be at least 1 token, or \"auto\"", (long long)v);
+            }
+            *dst[i] = v;
+        }
+    }
+    lua_pop(c->L, 1);
+    return 0;
+}
+
+static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
+    int t, r;
+    TRY(section(c, top, "train", true, "train = { seq_len = ..., steps = ..., lr = ... }", &t));
+    TRY(r = get_int(c, t, "train", "seq_len", INT_LEN, INT64_MIN, 1LL << 40, &tr->seq_len));
+    if (r) return missing(c, "train", "seq_len", "tokens per sequence, e.g. seq_len = \"128K\"");
+    tr->micro_batches = 1;
+    TRY(get_cint(c, t, "train", "micro_batches", &tr->micro_batches));
+    tr->steps = 10;
+    TRY(get_cint(c, t, "train", "steps", &tr->steps));
+    tr->lr = 3e-4;
+    TRY(get_num(c, t, "train", "lr", &tr->lr));
+    tr->min_lr = tr->lr / 10;
+    TRY(get_num(c, t, "train", "min_lr", &tr->min_lr));
+    tr->warmup = 0;
+    TRY(get_cint(c, t, "train", "warmup", &tr->warmup));
+    tr->weight_decay = 0.1;
+    TRY(get_num(c, t, "train", "weight_decay", &tr->weight_decay));
+    tr->clip = 1.0;
+    TRY(get_num(c, t, "train", "clip", &tr->clip));
+    tr->beta1 = 0.9;
+    TRY(get_num(c, t, "train", "beta1", &tr->beta1));
+    tr->beta2 = 0.95;
+    TRY(get_num(c, t, "train", "beta2", &tr->beta2));
+    tr->eps = 1e-8;
+    TRY(get_num(c, t, "train", "eps", &tr->eps));
+    tr->log_every = 1;
+    TRY(get_cint(c, t, "train", "log_every", &tr->log_every));
+    tr->save_every = 0;
+    TRY(get_cint(c, t, "train", "save_every", &tr->save_every));
+    snprintf(tr->out_dir, sizeof tr->out_dir, "runs/%s", name);
+    TRY(get_str(c, t, "train", "out_dir", tr->out_dir, sizeof tr->out_dir));
+    lua_pop(c->L, 1);
+    return 0;
+}
+
+static int read_rest(ctx *c, int top, cp_spec *s) {
+    int t, e;
+    TRY(section(c, top, "data", false, "", &t));
+    snprintf(s->data.source, sizeof s->data.source, "synthetic:recall");
+    TRY(get_str(c, t, "data", "source", s->data.source, sizeof s->data.source));
+    lua_pop(c->L, 1);
+
+    TRY(section(c, top, "init", false, "", &t));
+    e = CP_INIT_RANDOM;
+    TRY(get_enum(c, t, "init", "from", INIT_NAMES, &e));
+    s->init.from = (cp_init_from)e;
+    s->init.path[0] = 0;
+    TRY(get_str(c, t, "init", "path", s->init.path, sizeof s->init.path));
+    int64_t seed = 0;
+    TRY(get_int(c, t, "init", "seed", INT_PLAIN, 0, INT64_MAX, &seed));
+    s->init.seed = (uint64_t)seed;
+    s->init.std = 0.02;
+    TRY(get_num(c, t, "init", "std", &s->init.std));
+    lua_pop(c->L, 1);
+
+    cp_machine *m = &s->machine;
+    TRY(section(c, top, "machine", false, "", &t));
+    /* One H200 as cudaMemGetInfo reports it (about 140 GiB) on a host with 128 GiB; ceilings measured there. */
+    m->gpu_mem = 140 * GIB;
+    m->host_mem = 128 * GIB;
+    m->reserve = 1 * GIB;
+    m->gemm_tflops = 790;
+    m->attn_tflops = 320;
+    m->hbm_gbps = 4300;
+    m->host_gbps = 55;
+    m->a2a_gbps = 328;
+    m->allgather_gbps = 278;
+    TRY(get_int(c, t, "machine", "gpu_mem", INT_BYTES, INT64_MIN, INT64_MAX, &m->gpu_mem));
+    TRY(get_int(c, t, "machine", "host_mem", INT_BYTES, INT64_MIN, INT64_MAX, &m->host_mem));
+    TRY(get_int(c, t, "machine", "reserve", INT_BYTES, INT64_MIN, INT64_MAX, &m->reserve));
+    TRY(get_num(c, t, "machine", "gemm_tflops", &m->gemm_tflops));
+    TRY(get_num(c, t, "machine", "attn_tflops", &m->attn_tflops));
+    TRY(get_num(c, t, "machine", "hbm_gbps", &m->hbm_gbps));
+    TRY(get_num(c, t, "machine", "host_gbps", &m->host_gbps));
+    TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
+    TRY(get_num(c, t, "machine", "allgather_gbps", &m->allgather_gbps));
+    lua_pop(c->L, 1);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Validation on the struct: single-field ranges first (so a cross-field message never rests on a nonsense value),
+ * then the rules that tie fields together. */
+
+static bool kv_fits_gpus(int64_t kv, int64_t C) { return kv >= C ? kv % C == 0 : C % kv == 0; }
+
+/* Why U heads per stage cannot work for H query heads, KV heads and C GPUs; NULL when it can. */
+static const char *upipe_problem(int64_t H, int64_t KV, int64_t C, int64_t U, char *buf, size_t len) {
+    if (U % C != 0) {
+        snprintf(buf, len, "must be a multiple of gpus (%lld) so every GPU gets the same number of heads in a stage",
+                 (long long)C);
+        return buf;
+    }
+    if (U > H || H % U != 0) {
+        snprintf(buf, len, "must divide heads (%lld) so every stage has the same number of heads", (long long)H);
+        return buf;
+    }
+    int64_t u = U / C, g = H / KV;
+    if (u % g != 0 && g % u != 0) {
+        snprintf(buf, len,
+                 "gives u = upipe_heads/gpus = %lld query heads per GPU per stage, and the GQA group is g = "
+                 "heads/kv_heads = %lld: one must divide the other so stages hold whole KV heads",
+                 (long long)u, (long long)g);
+        return buf;
+    }
+    if (KV < C && g % (u * C / KV) != 0) {
+        snprintf(buf, len,
+                 "with kv_heads (%lld) < gpus (%lld) each KV head is replicated on %lld GPUs, whose %lld query heads "
+                 "per stage must divide the GQA group g = %lld",
+                 (long long)KV, (long long)C, (long long)(C / KV), (long long)(u * C / KV), (long long)g);
+        return buf;
+    }
+    return NULL;
+}
+
+static int valid_upipes(int64_t H, int64_t KV, int64_t C, int64_t *out, int max) {
+    int n = 0;
+    char why[256];
+    for (int64_t U = C; U <= H && n < max; U += C)
+        if (!upipe_problem(H, KV, C, U, why, sizeof why)) out[n++] = U;
+    return n;
+}
+
+static bool gpus_ok(const cp_spec *s, int64_t C) {
+    const cp_model *m = &s->model;
+    return m->heads % C == 0 && kv_fits_gpus(m->kv_heads, C) && s->train.seq_len % C == 0 && s->train.seq_len >= 2 * C;
+}
+
+/* The GPU counts this spec would work with, as text. */
+static void valid_gpus_text(const cp_spec *s, char *buf, size_t len) {
+    int64_t v[64];
+    int n = 0;
+    for (int64_t C = 1; C <= s->model.heads && C <= 4096 && n < 64; C++)
+        if (gpus_ok(s, C)) v[n++] = C;
+    join_values(v, n, buf, len);
+}
+
+/* Divisors of n near x: the largest not above x and the smallest above it. */
+static void near_divisors(int64_t n, int64_t x, int64_t *below, int64_t *above) {
+    *below = 1;
+    *above = n;
+    for (int64_t d = CP_MIN(x, n); d >= 1; d--)
+        if (n % d == 0) {
+            *below = d;
+            break;
+        }
+    for (int64_t d = x + 1; d <= n; d++)
+        if (n % d == 0) {
+            *above = d;
+            break;
+        }
+}
+
+static bool bad_pos(double v) { return !isfinite(v) || !(v > 0); }
+static bool bad_nonneg(double v) { return !isfinite(v) || v < 0; }
+
+static int validate(ctx *c, cp_spec *s) {
+    cp_model *m = &s->model;
+    cp_parallel *p = &s->parallel;
+    cp_train *tr = &s->train;
+    cp_machine *mc = &s->machine;
+    char buf[512], b1[64], b2[64];
+
+    /* model */
+    if (m->vocab < 2) return fail(c, "model.vocab", " = %lld: must be at least 2", (long long)m->vocab);
+    if (m->vocab % 8)
+        return fail(c, "model.vocab",
+                    " = %lld: must be a multiple of 8 so that bf16 rows are whole 16-byte vector loads; pad it to %lld "
+                    "(the extra rows are never targets)",
+                    (long long)m->vocab, (long long)((m->vocab + 7) / 8 * 8));
+    if (m->hidden < 8 || m->hidden % 8)
+        return fail(c, "model.hidden",
+                    " = %lld: must be a positive multiple of 8 so that bf16 rows are whole 16-byte vector loads",
+                    (long long)m->hidden);
+    if (m->layers < 1) return fail(c, "model.layers", " = %lld: must be at least 1", (long long)m->layers);
+    if (m->heads < 1) return fail(c, "model.heads", " = %lld: must be at least 1", (long long)m->heads);
+    if (m->kv_heads < 1) return fail(c, "model.kv_heads", " = %lld: must be at least 1", (long long)m->kv_heads);
+    if (m->ffn < 8 || m->ffn % 8)
+        return fail(c, "model.ffn",
+                    " = %lld: must be a positive multiple of 8 so that bf16 rows are whole 16-byte vector loads",
+                    (long long)m->ffn);
+    if (bad_pos(m->norm_eps))
+        return fail(c, "model.norm_eps", " = %g: must be a positive number such as 1e-5", m->norm_eps);
+    if (bad_pos(m->rope_theta))
+        return fail(c, "model.rope.theta", " = %g: must be a positive number such as 500000", m->rope_theta);
+    if (m->rope_scaling.enabled) {
+        const cp_rope_scaling *sc = &m->rope_scaling;
+        if (bad_pos(sc->factor))
+            return fail(c, "model.rope.scaling.factor", " = %g: must be a positive number such as 8", sc->factor);
+        if (bad_pos(sc->low_freq))
+            return fail(c, "model.rope.scaling.low_freq", " = %g: must be a positive number such as 1", sc->low_freq);
+        if (bad_pos(sc->high_freq))
+            return fail(c, "model.rope.scaling.high_freq", " = %g: must be a positive number such as 4", sc->high_freq);
+        if (sc->high_freq <= sc->low_freq)
+            return fail(c, "model.rope.scaling.high_freq",
+                        " = %g: must be greater than low_freq (%g); Llama-3 uses low_freq = 1, high_freq = 4",
+                        sc->high_freq, sc->low_freq);
+        if (sc->original_max < 1)
+            return fail(c, "model.rope.scaling.original_max", " = %lld: must be a positive length such as 8192",
+                        (long long)sc->original_max);
+    }
+
+    /* parallel */
+    if (p->gpus < 1 || p->gpus > 4096) return fail(c, "parallel.gpus", " = %d: must be between 1 and 4096", p->gpus);
+    if (p->upipe_heads < 0)
+        return fail(c, "parallel.upipe_heads", " = %d: must be at least 1, or \"auto\"", p->upipe_heads);
+    if (p->mlp_tile < 0)
+        return fail(c, "parallel.mlp_tile", " = %lld: must be at least 1, or \"auto\"", (long long)p->mlp_tile);
+    if (p->loss_tile < 0)
+        return fail(c, "parallel.loss_tile", " = %lld: must be at least 1, or \"auto\"", (long long)p->loss_tile);
+
+    /* train */
+    if (tr->seq_len < 2) return fail(c, "train.seq_len", " = %lld: must be at least 2 tokens", (long long)tr->seq_len);
+    if (tr->micro_batches < 1)
+        return fail(c, "train.micro_batches", " = %d: must be at least 1 (sequences per optimizer step)",
+                    tr->micro_batches);
+    if (tr->steps < 1) return fail(c, "train.steps", " = %d: must be at least 1", tr->steps);
+    if (bad_nonneg(tr->lr)) return fail(c, "train.lr", " = %g: must be a number >= 0, such as 3e-4", tr->lr);
+    if (bad_nonneg(tr->min_lr)) return fail(c, "train.min_lr", " = %g: must be a number >= 0", tr->min_lr);
+    if (tr->warmup < 0) return fail(c, "train.warmup", " = %d: must be at least 0 steps", tr->warmup);
+    if (bad_nonneg(tr->weight_decay))
+        return fail(c, "train.weight_decay", " = %g: must be a number >= 0, such as 0.1", tr->weight_decay);
+    if (bad_nonneg(tr->clip))
+        return fail(c, "train.clip", " = %g: must be a number >= 0 (0 turns gradient clipping off)", tr->clip);
+    if (!isfinite(tr->beta1) || tr->beta1 < 0 || tr->beta1 >= 1)
+        return fail(c, "train.beta1", " = %g: must be in [0, 1), such as 0.9", tr->beta1);
+    if (!isfinite(tr->beta2) || tr->beta2 < 0 || tr->beta2 >= 1)
+        return fail(c, "train.beta2", " = %g: must be in [0, 1), such as 0.95", tr->beta2);
+    if (bad_pos(tr->eps)) return fail(c, "train.eps", " = %g: must be a positive number such as 1e-8", tr->eps);
+    if (tr->log_every < 1) return fail(c, "train.log_every", " = %d: must be at least 1", tr->log_every);
+    if (tr->save_every < 0)
+        return fail(c, "train.save_every", " = %d: must be at least 0 (0 saves no periodic checkpoints)",
+                    tr->save_every);
+    if (!tr->out_dir[0]) return fail(c, "train.out_dir", " is empty: give a folder such as \"runs/%s\"", s->name);
+
+    /* data */
+    const char *src = s->data.source;
+    if (strncmp(src, "synthetic:", 10) == 0) {
+        bool known = false;
+        for (int i = 0; SYNTHETIC_KINDS[i]; i++)
+            if (strcmp(src + 10, SYNTHETIC_KINDS[i]) == 0) known = true;
+        if (!known) {
+            const char *near = suggest_name(src + 10, SYNTHETIC_KINDS);
+            return fail(c, "data.source", " = \"%.200s\": unknown synthetic data; %s\"synthetic:%s\"%s", src,
+                        near ? "did you mean " : "use ", near ? near : SYNTHETIC_KINDS[0], near ? "?" : "");
+        }
+    } else if (strncmp(src, "tokens:", 7) == 0) {
+        if (!src[7])
+            return fail(c, "data.source",
+                        " = \"%s\": give the token shards after the prefix, e.g. "
+                        "\"tokens:data/shards/*.bin\"",
+                        src);
+    } else {
+        return fail(c, "data.source",
+                    " = \"%.200s\": must start with \"synthetic:\" (\"synthetic:recall\") or \"tokens:\" "
+                    "(\"tokens:path/to/shards/*.bin\")",
+                    src);
+    }
+
+    /* init */
+    if (bad_pos(s->init.std)) return fail(c, "init.std", " = %g: must be a positive number such as 0.02", s->init.std);
+
+    /* machine */
+    if (mc->gpu_mem < GIB)
+        return fail(c, "machine.gpu_mem", " = %lld bytes: too small; write a size such as \"141G\" or \"80GiB\"",
+                    (long long)mc->gpu_mem);
+    if (mc->host_mem < 0) return fail(c, "machine.host_mem", " = %lld: must not be negative", (long long)mc->host_mem);
+    if (mc->reserve < 0) return fail(c, "machine.reserve", " = %lld: must not be negative", (long long)mc->reserve);
+    struct {
+        const char *path;
+        double v;
+    } rates[] = {{"machine.gemm_tflops", mc->gemm_tflops}, {"machine.attn_tflops", mc->attn_tflops},
+                 {"machine.hbm_gbps", mc->hbm_gbps},       {"machine.host_gbps", mc->host_gbps},
+                 {"machine.a2a_gbps", mc->a2a_gbps},       {"machine.allgather_gbps", mc->allgather_gbps}};
+    for (size_t i = 0; i < CP_ARRAY_LEN(rates); i++)
+        if (bad_pos(rates[i].v))
+            return fail(c, rates[i].path, " = %g: must be a positive rate (it divides work in the cost model)",
+                        rates[i].v);
+
+    /* Cross-field rules. */
+    int64_t H = m->heads, KV = m->kv_heads, C = p->gpus, S = tr->seq_len;
+    if (H % KV != 0) {
+        int64_t d[64];
+        int n = 0;
+        for (int64_t i = 1; i <= H && n < 64; i++)
+            if (H % i == 0) d[n++] = i;
+        join_values(d, n, buf, sizeof buf);
+        return fail(c, "model.kv_heads",
+                    " = %lld: heads (%lld) must be divisible by kv_heads; use a divisor of %lld: %s", (long long)KV,
+                    (long long)H, (long long)H, buf);
+    }
+    if (m->head_dim != 64 && m->head_dim != 128)
+        return fail(c, "model.head_dim",
+                    " = %lld: the attention kernels support head_dim 64 or 128; set head_dim to one of them (hidden "
+                    "need not equal heads * head_dim when head_dim is given)",
+                    (long long)m->head_dim);
+    if (H % C != 0) {
+        valid_gpus_text(s, buf, sizeof buf);
+        return fail(c, "parallel.gpus",
+                    " = %lld: heads (%lld) must be divisible by gpus, since Ulysses gives each GPU heads/gpus heads; "
+                    "use gpus = %s",
+                    (long long)C, (long long)H, buf);
+    }
+    if (!kv_fits_gpus(KV, C)) {
+        valid_gpus_text(s, buf, sizeof buf);
+        if (KV >= C)
+            return fail(c, "parallel.gpus",
+                        " = %lld: kv_heads (%lld) must be divisible by gpus so every GPU holds whole KV heads "
+                        "(or, with fewer KV heads than GPUs, gpus a multiple of kv_heads); use gpus = %s",
+                        (long long)C, (long long)KV, buf);
+        return fail(c, "parallel.gpus",
+                    " = %lld: with fewer KV heads (%lld) than GPUs, gpus must be a multiple of kv_heads so every KV "
+                    "head is replicated on the same number of GPUs; use gpus = %s",
+                    (long long)C, (long long)KV, buf);
+    }
+    if (S < 2 * C)
+        return fail(c, "train.seq_len", " = %lld: must be at least 2 * gpus (%lld) tokens", (long long)S,
+                    (long long)(2 * C));
+    if (S % C != 0)
+        return fail(c, "train.seq_len",
+                    " = %lld: must be a multiple of gpus (%lld) since each GPU holds seq_len/gpus tokens; use %lld or "
+                    "%lld",
+                    (long long)S, (long long)C, (long long)(S / C * C), (long long)((S / C + 1) * C));
+    int64_t U[256];
+    int nU = valid_upipes(H, KV, C, U, 256);
+    if (p->upipe_heads == 0) {
+        if (nU == 0) /* unreachable once the GPU rules hold (U = heads always works), kept as a guard */
+            return fail(c, "parallel.upipe_heads",
+                        " = \"auto\": no stage size works with heads %lld, kv_heads %lld "
+                        "and gpus %lld",
+                        (long long)H, (long long)KV, (long long)C);
+        p->upipe_heads = (int)U[0]; /* the smallest valid stage: least attention memory */
+    } else {
+        const char *why = upipe_problem(H, KV, C, p->upipe_heads, buf, sizeof buf);
+        if (why) {
+            char list[256];
+            join_values(U, nU, list, sizeof list);
+            return fail(c, "parallel.upipe_heads", " = %d: %s; valid values with gpus = %lld: %s, or \"auto\"",
+                        p->upipe_heads, why, (long long)C, list);
+        }
+    }
+    int64_t T = S / C;
+    const char *tname[] = {"parallel.mlp_tile", "parallel.loss_tile"};
+    int64_t tval[] = {p->mlp_tile, p->loss_tile};
+    for (int i = 0; i < 2; i++) {
+        int64_t tile = tval[i];
+        if (tile == 0) continue;
+        if (tile > T)
+            return fail(
+                c, tname[i],
+                " = %lld: more than the tokens per GPU (T = seq_len/gpus = %lld); use at most %lld, or \"auto\"",
+                (long long)tile, (long long)T, (long long)T);
+        if (T % tile != 0) {
+            int64_t lo, hi;
+            near_divisors(T, tile, &lo, &hi);
+            return fail(c, tname[i],
+                        " = %lld: the tokens per GPU (T = seq_len/gpus = %lld) must be a multiple of it; use a divisor "
+                        "of %lld such as %s or %s, or \"auto\"",
+                        (long long)tile, (long long)T, (long long)T, cp_fmt_length(lo, b1, sizeof b1),
+                        cp_fmt_length(hi, b2, sizeof b2));
+        }
+    }
+    if (tr->min_lr > tr->lr)
+        return fail(c, "train.min_lr",
+                    " = %g: must not exceed train.lr (%g); the schedule decays from lr down to min_lr", tr->min_lr,
+                    tr->lr);
+    if (tr->warmup > tr->steps)
+        return fail(c, "train.warmup", " = %d: must not exceed train.steps (%d); lower warmup or raise steps",
+                    tr->warmup, tr->steps);
+    if (mc->reserve >= mc->gpu_mem)
+        return fail(c, "machine.reserve", " = %s: must be less than machine.gpu_mem (%s)",
+                    cp_fmt_bytes(mc->reserve, b1, sizeof b1), cp_fmt_bytes(mc->gpu_mem, b2, sizeof b2));
+    if (s->init.from == CP_INIT_HF && !s->init.path[0])
+        return fail(c, "init.path",
+                    " is missing; init.from = \"hf\" needs path = the folder of a Hugging Face model (config.json "
+                    "and *.safetensors)");
+    if (s->init.from == CP_INIT_RANDOM && s->init.path[0])
+        return fail(c, "init.path",
+                    " = \"%.200s\": only used with init.from = \"hf\"; add from = \"hf\" to load those weights, or "
+                    "remove path",
+                    s->init.path);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Loading. The whole Lua part runs inside one protected call, so any Lua error (even out of memory) is caught. */
+
+typedef struct {
+    ctx *c;
+    const source *src;
+    cp_spec *spec;
+    int rc;
+} job;
+
+static int job_main(lua_State *L) {
+    job *j = lua_touserdata(L, 1);
+    ctx *c = j->c;
+    open_libs(L);
+    double deadline = cp_now() + SPEC_TIME_LIMIT_S;
+    memcpy(lua_getextraspace(L), &deadline, sizeof deadline);
+    lua_sethook(L, time_hook, LUA_MASKCOUNT, 1 << 20);
+    char chunk[CP_PATH_MAX + 1];
+    snprintf(chunk, sizeof chunk, "@%s", j->src->shown);
+    lua_pushcfunction(L, msgh);
+    int h = lua_gettop(L);
+    int st = luaL_loadbufferx(L, j->src->text, j->src->len, chunk, "t");
+    if (st == LUA_OK) st = lua_pcall(L, 0, LUA_MULTRET, h);
+    if (st != LUA_OK) {
+        const char *msg = lua_tostring(L, -1);
+        if (!msg) msg = "error object is not a message";
+        if (location_len(msg))
+            put_err(c->err, c->errlen, msg);
+        else
+            fail(c, NULL, "%s", msg);
+        c->failed = true;
+        return 0;
+    }
+    int nret = lua_gettop(L) - h;
+    if (nret == 0) {
+        fail(c, NULL, "the spec does not return a table; end it with return { model = { ... }, train = { ... } }");
+        return 0;
+    }
+    if (!lua_istable(L, h + 1)) {
+        char v[96];
+        describe(L, h + 1, v, sizeof v);
+        fail(c, NULL, "the spec returned %s, expected a table: return { model = { ... }, train = { ... } }", v);
+        return 0;
+    }
+    lua_settop(L, h + 1);
+    int top = h + 1;
+    for (int i = 0; i < c->nsets; i++)
+        if (apply_set(c, top, c->sets[i]) < 0) return 0;
+    if (walk(c, top, TOP_KEYS, "") < 0) return 0;
+    cp_spec *s = j->spec;
+    if (read_model(c, top, &s->model) < 0 || read_parallel(c, top, &s->parallel) < 0 ||
+        read_train(c, top, s->name, &s->train) < 0 || read_rest(c, top, s) < 0)
+        return 0;
+    if (validate(c, s) < 0) return 0;
+    j->rc = 0;
+    return 0;
+}
+
+static void name_from_path(const char *path, char *name, size_t len) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n > 4 && strcmp(base + n - 4, ".lua") == 0) n -= 4;
+    snprintf(name, len, "%.*s", (int)n, base);
+}
+
+static int load_source_spec(const source *src, const char *const *sets, int nsets, cp_spec *out, char *err,
+                            int errlen) {
+    ctx c = {.file = src->shown, .sets = sets, .nsets = nsets, .err = err, .errlen = errlen};
+    if (err && errlen > 0) err[0] = 0;
+    cp_spec *s = cp_xcalloc(1, sizeof *s);
+    snprintf(s->path, sizeof s->path, "%s", src->shown);
+    name_from_path(src->shown, s->name, sizeof s->name);
+    lua_State *L = luaL_newstate();
+    if (!L) {
+        free(s);
+        return fail(&c, NULL, "out of memory starting Lua");
+    }
+    c.L = L;
+    job j = {.c = &c, .src = src, .spec = s, .rc = -1};
+    lua_pushcfunction(L, job_main);
+    lua_pushlightuserdata(L, &j);
+    int st = lua_pcall(L, 1, 0, 0);
+    if (st != LUA_OK && !c.failed) {
+        const char *msg = lua_tostring(L, -1);
+        fail(&c, NULL, "Lua error: %s", msg ? msg : "(no message)");
+    }
+    lua_close(L);
+    int rc = st == LUA_OK && !c.failed ? j.rc : -1;
+    if (rc == 0) *out = *s;
+    free(s);
+    return rc;
+}
+
+int cp_spec_load_string(const char *chunkname, const char *text, const char *const *sets, int nsets, cp_spec *out,
+                        char *err, int errlen) {
+    source src = {.owned = NULL, .text = text, .len = strlen(text)};
+    snprintf(src.shown, sizeof src.shown, "%s", chunkname);
+    return load_source_spec(&src, sets, nsets, out, err, errlen);
+}
+
+int cp_spec_load(const char *path, const char *const *sets, int nsets, cp_spec *out, char *err, int errlen) {
+    source src;
+    int e = ENOENT;
+    bool found = file_source(path, &src, &e);
+    if (!found && e == ENOENT) {
+        /* Not a file here: a shipped spec, by its source path ("specs/tiny.lua") or name ("tiny", "tiny.lua"). */
+        char full[CP_PATH_MAX];
+        size_t n = strlen(path);
+        snprintf(full, sizeof full, "specs/%s%s", path, n > 4 && strcmp(path + n - 4, ".lua") == 0 ? "" : ".lua");
+        found = embedded_source(path, &src) || (!strchr(path, '/') && embedded_source(full, &src));
+    }
+    if (!found) {
+        char names[512], near[CP_NAME_MAX], typed[CP_NAME_MAX];
+        name_from_path(path, typed, sizeof typed);
+        shipped_names(names, sizeof names, typed, near, sizeof near);
+        ctx c = {.file = path, .err = err, .errlen = errlen};
+        if (*near && e == ENOENT)
+            return fail(&c, NULL, "cannot read spec: %s; did you mean the shipped spec '%s'? (shipped: %s)",
+                        strerror(e), near, names);
+        return fail(&c, NULL, "cannot read spec: %s; give a spec file or a shipped spec name (%s)", strerror(e), names);
+    }
+    int rc = load_source_spec(&src, sets, nsets, out, err, errlen);
+    free(src.owned);
+    return rc;
+}
+
+int cp_spec_check(const cp_spec *spec, char *err, int errlen) {
+    ctx c = {.file = spec->path, .err = err, .errlen = errlen};
+    if (err && errlen > 0) err[0] = 0;
+    cp_spec *copy = cp_xmalloc(sizeof *copy);
+    *copy = *spec;
+    int rc = validate(&c, copy);
+    free(copy);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Names and parameter counts. */
+
+const char *cp_family_name(cp_family f) { return (unsigned)f < CP_ARRAY_LEN(FAMILY_NAMES) - 1 ? FAMILY_NAMES[f] : "?"; }
+
+const char *cp_offload_name(cp_offload o) {
+    return (unsigned)o < CP_ARRAY_LEN(OFFLOAD_NAMES) - 1 ? OFFLOAD_NAMES[o] : "?";
+}
+
+const char *cp_opt_place_name(cp_opt_place o) { return (unsigned)o < CP_ARRAY_LEN(OPT_NAMES) - 1 ? OPT_NAMES[o] : "?"; }
+
+int64_t cp_model_layer_params(const cp_model *m) {
+    int64_t q = m->hidden * m->heads * m->head_dim;
+    int64_t kv = 2 * m->hidden * m->kv_heads * m->head_dim;
+    int64_t o = m->heads * m->head_dim * m->hidden;
+    int64_t mlp = 3 * m->hidden * m->ffn;
+    int64_t norms = 2 * m->hidden + (m->qk_norm ? 2 * m->head_dim : 0);
+    return q + kv + o + mlp + norms;
+}
+
+int64_t cp_model_params(const cp_model *m) {
+    int64_t emb = m->vocab * m->hidden;
+    return m->layers * cp_model_layer_params(m) + emb + (m->tie_embeddings ? 0 : emb) + m->hidden;
+}

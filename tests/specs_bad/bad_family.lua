@@ -1,0 +1,3 @@
+-- expect: model.family = "mistral"
+-- expect: "llama" or "qwen3"
+return cpgen.extend(cpgen.load("tiny"), { model = { family = "mistral" } })

@@ -1,0 +1,2 @@
+-- expect: model section is missing
+return { train = { seq_len = 2048 } }

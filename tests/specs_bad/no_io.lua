@@ -1,0 +1,4 @@
+-- expect: no_io.lua:3:
+-- expect: global 'io'
+local f = io.open("/etc/passwd")
+return cpgen.load("tiny")

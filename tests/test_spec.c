@@ -1,0 +1,522 @@
+/* test_spec.c: spec loading: the shipped specs and their parameter counts, lengths, --set overrides, inheritance
+ * (dofile, cpgen.load, cpgen.extend), defaults, the UPipe stage choice, cp_spec_check, and every bad spec in
+ * tests/specs_bad/ (each file names the message fragments it must produce). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "spec.h"
+#include "util.h"
+
+#define BAD_DIR "tests/specs_bad"
+
+static cp_spec spec;
+static char err[CP_ERR_MAX];
+
+static void load_ok(const char *path, const char *const *sets, int nsets) {
+    int rc = cp_spec_load(path, sets, nsets, &spec, err, sizeof err);
+    if (rc != 0) fail_msg("loading %s failed: %s", path, err);
+}
+
+static int load_bad(const char *path, const char *const *sets, int nsets) {
+    err[0] = 0;
+    return cp_spec_load(path, sets, nsets, &spec, err, sizeof err);
+}
+
+static void assert_contains(const char *text, const char *fragment) {
+    if (!strstr(text, fragment)) fail_msg("expected \"%s\" in: %s", fragment, text);
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+
+static void test_llama1b(void **state) {
+    (void)state;
+    load_ok("llama1b", NULL, 0);
+    const cp_model *m = &spec.model;
+    assert_int_equal(m->family, CP_FAMILY_LLAMA);
+    assert_int_equal(m->vocab, 128256);
+    assert_int_equal(m->hidden, 2048);
+    assert_int_equal(m->layers, 16);
+    assert_int_equal(m->heads, 32);
+    assert_int_equal(m->kv_heads, 8);
+    assert_int_equal(m->head_dim, 64);
+    assert_int_equal(m->ffn, 8192);
+    assert_true(m->tie_embeddings);
+    assert_false(m->qk_norm);
+    assert_true(m->rope_scaling.enabled);
+    assert_true(m->rope_scaling.factor == 32);
+    assert_int_equal(m->rope_scaling.original_max, 8192);
+    assert_int_equal(cp_model_params(m), 1235814400LL);
+    assert_string_equal(spec.path, "<embedded>/llama1b.lua");
+    assert_string_equal(spec.name, "llama1b");
+}
+
+static void test_llama3b(void **state) {
+    (void)state;
+    load_ok("llama3b", NULL, 0);
+    const cp_model *m = &spec.model;
+    assert_int_equal(m->hidden, 3072);
+    assert_int_equal(m->layers, 28);
+    assert_int_equal(m->heads, 24);
+    assert_int_equal(m->kv_heads, 8);
+    assert_int_equal(m->head_dim, 128);
+    assert_true(m->tie_embeddings);
+    assert_true(m->rope_scaling.factor == 32);
+    assert_int_equal(cp_model_params(m), 3212749824LL);
+}
+
+static void test_llama8b(void **state) {
+    (void)state;
+    load_ok("specs/llama8b.lua", NULL, 0);
+    const cp_model *m = &spec.model;
+    assert_int_equal(m->vocab, 128256);
+    assert_int_equal(m->hidden, 4096);
+    assert_int_equal(m->layers, 32);
+    assert_int_equal(m->ffn, 14336);
+    assert_false(m->tie_embeddings);
+    assert_true(m->rope_theta == 500000);
+    assert_true(m->rope_scaling.enabled);
+    assert_true(m->rope_scaling.factor == 8);
+    assert_true(m->rope_scaling.low_freq == 1);
+    assert_true(m->rope_scaling.high_freq == 4);
+    assert_true(m->norm_eps == 1e-5);
+    /* One layer: q 16.8M + k,v 8.4M + o 16.8M + MLP 176.2M + 2 norms. */
+    assert_int_equal(cp_model_layer_params(m), 218112000LL);
+    assert_int_equal(cp_model_params(m), 8030261248LL);
+    assert_int_equal(spec.parallel.gpus, 8);
+    assert_int_equal(spec.parallel.upipe_heads, 8);
+    assert_int_equal(spec.train.seq_len, 1048576);
+    assert_string_equal(spec.train.out_dir, "runs/llama8b");
+}
+
+static void test_qwen32b(void **state) {
+    (void)state;
+    load_ok("qwen32b", NULL, 0);
+    const cp_model *m = &spec.model;
+    assert_int_equal(m->family, CP_FAMILY_QWEN3);
+    assert_int_equal(m->vocab, 151936);
+    assert_int_equal(m->hidden, 5120);
+    assert_int_equal(m->layers, 64);
+    assert_int_equal(m->heads, 64);
+    assert_int_equal(m->kv_heads, 8);
+    assert_int_equal(m->head_dim, 128); /* q projects 5120 -> 8192 */
+    assert_int_equal(m->ffn, 25600);
+    assert_true(m->qk_norm);
+    assert_false(m->tie_embeddings);
+    assert_false(m->rope_scaling.enabled);
+    assert_true(m->rope_theta == 1e6);
+    assert_true(m->norm_eps == 1e-6);
+    assert_int_equal(cp_model_params(m), 32762123264LL);
+}
+
+static void test_tiny(void **state) {
+    (void)state;
+    load_ok("tiny", NULL, 0);
+    const cp_model *m = &spec.model;
+    assert_int_equal(m->vocab, 512);
+    assert_int_equal(m->hidden, 256);
+    assert_int_equal(m->layers, 2);
+    assert_int_equal(m->heads, 4);
+    assert_int_equal(m->kv_heads, 2);
+    assert_int_equal(m->head_dim, 64);
+    assert_int_equal(m->ffn, 768);
+    assert_false(m->tie_embeddings);
+    assert_int_equal(spec.parallel.gpus, 1);
+    assert_int_equal(spec.train.steps, 200);
+    assert_true(spec.train.lr == 3e-3);
+    assert_int_equal(spec.train.warmup, 10);
+    assert_string_equal(spec.data.source, "synthetic:recall");
+    /* The file and the embedded copy are the same spec. */
+    cp_spec embedded = spec;
+    load_ok("specs/tiny.lua", NULL, 0);
+    assert_string_equal(spec.path, "specs/tiny.lua");
+    assert_int_equal(cp_model_params(&spec.model), cp_model_params(&embedded.model));
+    assert_int_equal(spec.train.seq_len, embedded.train.seq_len);
+}
+
+static void test_every_shipped_spec_loads(void **state) {
+    (void)state;
+    const char *names[] = {"tiny", "llama1b", "llama3b", "llama8b", "qwen32b"};
+    for (size_t i = 0; i < CP_ARRAY_LEN(names); i++) {
+        char path[64];
+        snprintf(path, sizeof path, "specs/%s.lua", names[i]);
+        load_ok(path, NULL, 0);
+        assert_string_equal(spec.name, names[i]);
+        assert_int_equal(cp_spec_check(&spec, err, sizeof err), 0);
+        /* Every shipped spec begins with a header comment naming itself. */
+        size_t len;
+        char *text = cp_read_file(path, &len);
+        assert_non_null(text);
+        char head[80];
+        snprintf(head, sizeof head, "-- specs/%s.lua: ", names[i]);
+        assert_true(strncmp(text, head, strlen(head)) == 0);
+        free(text);
+    }
+}
+
+static void test_lengths(void **state) {
+    (void)state;
+    int64_t v;
+    assert_true(cp_parse_length("128K", &v));
+    assert_int_equal(v, 131072);
+    assert_true(cp_parse_length("1M", &v));
+    assert_int_equal(v, 1048576);
+    assert_true(cp_parse_length("5M", &v));
+    assert_int_equal(v, 5242880);
+    assert_true(cp_parse_length("4096", &v));
+    assert_int_equal(v, 4096);
+    assert_false(cp_parse_length("1Q", &v));
+    assert_true(cp_parse_bytes("141G", &v));
+    assert_int_equal(v, 141LL << 30);
+    assert_true(cp_parse_bytes("80GiB", &v));
+    assert_int_equal(v, 80LL << 30);
+
+    const char *s = "return { model = { vocab = 512, hidden = 256, layers = 1, heads = 4, ffn = 768,\n"
+                    "  rope = { scaling = { factor = 8, original_max = \"8K\" } } },\n"
+                    "  parallel = { gpus = 2, mlp_tile = \"64K\", loss_tile = 32768 },\n"
+                    "  train = { seq_len = \"128K\" }, machine = { gpu_mem = \"80GiB\", host_mem = \"1T\" } }\n";
+    assert_int_equal(cp_spec_load_string("lengths.lua", s, NULL, 0, &spec, err, sizeof err), 0);
+    assert_int_equal(spec.train.seq_len, 131072);
+    assert_int_equal(spec.parallel.mlp_tile, 65536);
+    assert_int_equal(spec.parallel.loss_tile, 32768);
+    assert_int_equal(spec.model.rope_scaling.original_max, 8192);
+    assert_int_equal(spec.machine.gpu_mem, 80LL << 30);
+    assert_int_equal(spec.machine.host_mem, 1LL << 40);
+
+    const char *sets[] = {"train.seq_len=5M", "parallel.gpus=1"};
+    load_ok("tiny", sets, 2);
+    assert_int_equal(spec.train.seq_len, 5242880);
+}
+
+static void test_defaults(void **state) {
+    (void)state;
+    const char *s = "return { model = { vocab = 1024, hidden = 512, layers = 2, heads = 8, ffn = 1536 },\n"
+                    "         train = { seq_len = 4096, lr = 1e-3 } }\n";
+    assert_int_equal(cp_spec_load_string("examples/minimal.lua", s, NULL, 0, &spec, err, sizeof err), 0);
+    assert_string_equal(spec.path, "examples/minimal.lua");
+    assert_string_equal(spec.name, "minimal");
+    const cp_model *m = &spec.model;
+    assert_int_equal(m->family, CP_FAMILY_LLAMA);
+    assert_int_equal(m->kv_heads, 8);
+    assert_int_equal(m->head_dim, 64);
+    assert_false(m->qk_norm);
+    assert_false(m->tie_embeddings);
+    assert_true(m->norm_eps == 1e-5);
+    assert_true(m->rope_theta == 500000);
+    assert_false(m->rope_scaling.enabled);
+    assert_int_equal(spec.parallel.gpus, 1);
+    assert_int_equal(spec.parallel.checkpoint, CP_CKPT_LAYER);
+    assert_int_equal(spec.parallel.offload, CP_OFFLOAD_AUTO);
+    assert_int_equal(spec.parallel.optimizer, CP_OPT_AUTO);
+    assert_int_equal(spec.parallel.mlp_tile, 0);
+    assert_int_equal(spec.parallel.loss_tile, 0);
+    assert_int_equal(spec.train.micro_batches, 1);
+    assert_true(spec.train.min_lr == 1e-4);
+    assert_true(spec.train.beta1 == 0.9);
+    assert_true(spec.train.beta2 == 0.95);
+    assert_true(spec.train.eps == 1e-8);
+    assert_int_equal(spec.train.log_every, 1);
+    assert_int_equal(spec.train.save_every, 0);
+    assert_string_equal(spec.train.out_dir, "runs/minimal");
+    assert_string_equal(spec.data.source, "synthetic:recall");
+    assert_int_equal(spec.init.from, CP_INIT_RANDOM);
+    assert_true(spec.init.std == 0.02);
+    assert_int_equal(spec.machine.gpu_mem, 140LL << 30);
+    assert_int_equal(spec.machine.host_mem, 128LL << 30);
+    assert_int_equal(spec.machine.reserve, 1LL << 30);
+    assert_true(spec.machine.gemm_tflops == 790);
+    assert_true(spec.machine.attn_tflops == 320);
+    assert_true(spec.machine.hbm_gbps == 4300);
+    assert_true(spec.machine.host_gbps == 55);
+    assert_true(spec.machine.a2a_gbps == 328);
+    assert_true(spec.machine.allgather_gbps == 278);
+
+    /* Qwen3 defaults differ: qk_norm on, norm_eps 1e-6, theta 1e6; head_dim need not be hidden/heads. */
+    s = "return { model = { family = 'qwen3', vocab = 1024, hidden = 640, layers = 2, heads = 8, kv_heads = 2,\n"
+        "  head_dim = 128, ffn = 1536 }, train = { seq_len = 4096 } }\n";
+    assert_int_equal(cp_spec_load_string("q.lua", s, NULL, 0, &spec, err, sizeof err), 0);
+    assert_true(spec.model.qk_norm);
+    assert_true(spec.model.norm_eps == 1e-6);
+    assert_true(spec.model.rope_theta == 1e6);
+    assert_int_equal(spec.model.head_dim, 128);
+    /* q 640*1024, k,v 640*256 each, o 1024*640, MLP 3*640*1536, norms 2*640 + qk 2*128. */
+    assert_int_equal(cp_model_layer_params(&spec.model),
+                     640 * 1024 + 2 * 640 * 256 + 1024 * 640 + 3 * 640 * 1536 + 2 * 640 + 2 * 128);
+}
+
+static void test_set_overrides(void **state) {
+    (void)state;
+    const char *sets[] = {"train.seq_len=1M",
+                          "train.lr=1e-3",
+                          "model.tie_embeddings=true",
+                          "parallel.upipe_heads=4",
+                          "data.source=tokens:/data/shards/*.bin",
+                          "train.out_dir=runs/x=y",
+                          "parallel.offload=all",
+                          "parallel.mlp_tile=16K",
+                          "machine.gpu_mem=80G",
+                          "model.rope.theta=1e6"};
+    load_ok("tiny", sets, (int)CP_ARRAY_LEN(sets));
+    assert_int_equal(spec.train.seq_len, 1048576);
+    assert_true(spec.train.lr == 1e-3);
+    assert_true(spec.train.min_lr == 1e-4); /* the default follows the overridden lr */
+    assert_true(spec.model.tie_embeddings);
+    assert_int_equal(spec.parallel.upipe_heads, 4);
+    assert_string_equal(spec.data.source, "tokens:/data/shards/*.bin");
+    assert_string_equal(spec.train.out_dir, "runs/x=y");
+    assert_int_equal(spec.parallel.offload, CP_OFFLOAD_ALL);
+    assert_int_equal(spec.parallel.mlp_tile, 16384);
+    assert_int_equal(spec.machine.gpu_mem, 80LL << 30);
+    assert_true(spec.model.rope_theta == 1e6);
+
+    /* --set creates missing tables: this turns on rope scaling with the Llama-3 defaults. */
+    const char *scale[] = {"model.rope.scaling.factor=8"};
+    load_ok("tiny", scale, 1);
+    assert_true(spec.model.rope_scaling.enabled);
+    assert_true(spec.model.rope_scaling.factor == 8);
+    assert_true(spec.model.rope_scaling.low_freq == 1);
+    assert_true(spec.model.rope_scaling.high_freq == 4);
+    assert_int_equal(spec.model.rope_scaling.original_max, 8192);
+
+    /* ...and false turns it off again. */
+    const char *off[] = {"model.rope.scaling=false"};
+    load_ok("llama8b", off, 1);
+    assert_false(spec.model.rope_scaling.enabled);
+
+    /* "auto" stays a string and resolves to the smallest valid stage. */
+    const char *autou[] = {"parallel.upipe_heads=auto", "parallel.gpus=2", "train.seq_len=1M"};
+    load_ok("llama8b", autou, 3);
+    assert_int_equal(spec.parallel.upipe_heads, 2);
+}
+
+static void test_inheritance(void **state) {
+    (void)state;
+    load_ok("examples/llama8b_2layers.lua", NULL, 0);
+    assert_int_equal(spec.model.layers, 2);
+    assert_int_equal(spec.model.hidden, 4096);
+    assert_int_equal(spec.model.vocab, 128256);
+    assert_int_equal(spec.train.seq_len, 1048576);
+    assert_int_equal(spec.train.steps, 2);
+    assert_string_equal(spec.name, "llama8b_2layers");
+    assert_string_equal(spec.train.out_dir, "runs/llama8b_2layers");
+    cp_model full = spec.model;
+    full.layers = 32;
+    assert_int_equal(cp_model_params(&full), 8030261248LL);
+
+    load_ok("tests/specs_ok/child.lua", NULL, 0);
+    assert_int_equal(spec.model.layers, 6);
+    assert_int_equal(spec.model.hidden, 512);
+    assert_int_equal(spec.train.seq_len, 16384);
+    assert_int_equal(spec.train.steps, 30);
+    assert_int_equal(spec.parallel.gpus, 2);
+
+    load_ok("tests/specs_ok/sub/grandchild.lua", NULL, 0);
+    assert_int_equal(spec.model.layers, 6);
+    assert_int_equal(spec.parallel.upipe_heads, 4);
+
+    load_ok("tests/specs_ok/computed.lua", NULL, 0);
+    assert_int_equal(spec.model.hidden, 384);
+    assert_int_equal(spec.model.heads, 6);
+    assert_int_equal(spec.model.ffn, 1024);
+    assert_int_equal(spec.model.layers, 3);
+    assert_int_equal(spec.train.seq_len, 3072);
+    assert_int_equal(spec.model.vocab, 512); /* from tiny */
+
+    /* From text in memory, shipped specs are reachable by name, by path and through dofile. */
+    const char *s = "local a = cpgen.load('llama3b')\n"
+                    "local b = dofile('specs/llama3b.lua')\n"
+                    "assert(a.model.hidden == b.model.hidden)\n"
+                    "return cpgen.extend(a, { model = { layers = 1 } })\n";
+    assert_int_equal(cp_spec_load_string("/nowhere/x.lua", s, NULL, 0, &spec, err, sizeof err), 0);
+    assert_int_equal(spec.model.layers, 1);
+    assert_int_equal(spec.model.hidden, 3072);
+}
+
+/* The smallest valid UPipe stage for a few head layouts. */
+static void test_upipe_auto(void **state) {
+    (void)state;
+    struct {
+        int heads, kv, gpus, want;
+    } cases[] = {
+        /* clang-format off */
+        {32, 8, 1, 1},  /* g = 4, u = 1 divides it */
+        {32, 8, 8, 8},  /* one head per GPU per stage */
+        {32, 8, 2, 2},
+        {64, 8, 8, 8},
+        {24, 8, 2, 2},
+        {4, 2, 4, 4},   /* KV heads replicated on 2 GPUs each */
+        {8, 1, 4, 4},
+        {12, 2, 4, 4},  /* g = 6 */
+        /* clang-format on */
+    };
+    for (size_t i = 0; i < CP_ARRAY_LEN(cases); i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "return { model = { vocab = 512, hidden = %d, layers = 1, heads = %d, kv_heads = %d, ffn = 512 },"
+                 " parallel = { gpus = %d }, train = { seq_len = 8192 } }",
+                 cases[i].heads * 64, cases[i].heads, cases[i].kv, cases[i].gpus);
+        if (cp_spec_load_string("u.lua", text, NULL, 0, &spec, err, sizeof err) != 0) fail_msg("case %zu: %s", i, err);
+        if (spec.parallel.upipe_heads != cases[i].want)
+            fail_msg("case %zu: U = %d, want %d", i, spec.parallel.upipe_heads, cases[i].want);
+    }
+}
+
+static void test_check(void **state) {
+    (void)state;
+    load_ok("llama8b", NULL, 0);
+    cp_spec s = spec;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), 0);
+    s.train.seq_len = 4 * 1048576;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), 0);
+    s.train.seq_len = 1000001;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), -1);
+    assert_contains(err, "<embedded>/llama8b.lua: train.seq_len = 1000001");
+    assert_contains(err, "multiple of gpus (8)");
+    s = spec;
+    s.parallel.mlp_tile = 3000;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), -1);
+    assert_contains(err, "parallel.mlp_tile = 3000");
+    s = spec;
+    s.parallel.upipe_heads = 12;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), -1);
+    assert_contains(err, "parallel.upipe_heads = 12");
+    assert_contains(err, "8, 16 or 32");
+    /* cp_spec_check leaves its argument alone. */
+    s = spec;
+    s.parallel.upipe_heads = 0;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), 0);
+    assert_int_equal(s.parallel.upipe_heads, 0);
+}
+
+static void test_names(void **state) {
+    (void)state;
+    assert_string_equal(cp_family_name(CP_FAMILY_LLAMA), "llama");
+    assert_string_equal(cp_family_name(CP_FAMILY_QWEN3), "qwen3");
+    assert_string_equal(cp_offload_name(CP_OFFLOAD_AUTO), "auto");
+    assert_string_equal(cp_offload_name(CP_OFFLOAD_NONE), "none");
+    assert_string_equal(cp_offload_name(CP_OFFLOAD_ALL), "all");
+    assert_string_equal(cp_opt_place_name(CP_OPT_AUTO), "auto");
+    assert_string_equal(cp_opt_place_name(CP_OPT_GPU), "gpu");
+    assert_string_equal(cp_opt_place_name(CP_OPT_HOST), "host");
+}
+
+static void test_missing_file(void **state) {
+    (void)state;
+    assert_int_equal(load_bad("no/such/spec.lua", NULL, 0), -1);
+    assert_contains(err, "no/such/spec.lua: cannot read spec");
+    assert_int_equal(load_bad("llama9b", NULL, 0), -1);
+    assert_contains(err, "llama9b");
+    assert_contains(err, "did you mean the shipped spec");
+    /* A small error buffer gets a truncated message, never an overflow. */
+    char small[16];
+    assert_int_equal(cp_spec_load("llama9b", NULL, 0, &spec, small, sizeof small), -1);
+    assert_int_equal(strlen(small), sizeof small - 1);
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * tests/specs_bad: one test per file. Header comment lines "-- expect: <fragment>" give fragments the message
+ * must contain; "-- set: key=value" lines are passed as --set overrides. */
+
+#define MAX_LINES 16
+
+static void test_bad_spec(void **state) {
+    const char *path = *state;
+    size_t len;
+    char *text = cp_read_file(path, &len);
+    assert_non_null(text);
+    char *expect[MAX_LINES], *sets[MAX_LINES];
+    int nexpect = 0, nsets = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "--", 2) != 0) break;
+        if (strncmp(line, "-- expect: ", 11) == 0 && nexpect < MAX_LINES) expect[nexpect++] = line + 11;
+        if (strncmp(line, "-- set: ", 8) == 0 && nsets < MAX_LINES) sets[nsets++] = line + 8;
+    }
+    if (nexpect == 0) fail_msg("%s has no '-- expect: ' line", path);
+    int rc = load_bad(path, (const char *const *)sets, nsets);
+    if (rc != -1) fail_msg("%s loaded without error", path);
+    print_message("%s\n    %s\n", path, err);
+    assert_contains(err, path);
+    for (int i = 0; i < nexpect; i++) assert_contains(err, expect[i]);
+    if (strchr(err, '\n')) fail_msg("message is not one line: %s", err);
+    free(text);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int run_bad_specs(void) {
+    DIR *d = opendir(BAD_DIR);
+    if (!d) {
+        fprintf(stderr, "cannot open %s\n", BAD_DIR);
+        return 1;
+    }
+    int n = 0, cap = 64;
+    char **paths = cp_xmalloc((size_t)cap * sizeof *paths);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 5 || strcmp(e->d_name + l - 4, ".lua") != 0) continue;
+        if (n == cap) paths = cp_xrealloc(paths, (size_t)(cap *= 2) * sizeof *paths);
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/%s", BAD_DIR, e->d_name);
+        paths[n++] = cp_xstrdup(p);
+    }
+    closedir(d);
+    qsort(paths, (size_t)n, sizeof *paths, cmp_str);
+    int failures = 0;
+    if (n < 30) {
+        fprintf(stderr, "%s holds %d bad specs; at least 30 expected\n", BAD_DIR, n);
+        failures++;
+    }
+    struct CMUnitTest *tests = cp_xcalloc((size_t)n, sizeof *tests);
+    for (int i = 0; i < n; i++) {
+        tests[i].name = strrchr(paths[i], '/') + 1;
+        tests[i].test_func = test_bad_spec;
+        tests[i].initial_state = paths[i];
+    }
+    failures += _cmocka_run_group_tests("bad_specs", tests, (size_t)n, NULL, NULL);
+    for (int i = 0; i < n; i++) free(paths[i]);
+    free(paths);
+    free(tests);
+    return failures;
+}
+
+/* The tests read files by paths relative to the source tree; run from anywhere by moving there first. */
+static void go_to_source_tree(const char *argv0) {
+    if (access(BAD_DIR, F_OK) == 0) return;
+    char exe[PATH_MAX];
+    if (!realpath(argv0, exe)) return;
+    for (int up = 0; up < 4; up++) {
+        char *slash = strrchr(exe, '/');
+        if (!slash) return;
+        *slash = 0;
+        if (chdir(exe) == 0 && access(BAD_DIR, F_OK) == 0) return;
+    }
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    go_to_source_tree(argv[0]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama1b),       cmocka_unit_test(test_llama3b),
+        cmocka_unit_test(test_llama8b),       cmocka_unit_test(test_qwen32b),
+        cmocka_unit_test(test_tiny),          cmocka_unit_test(test_every_shipped_spec_loads),
+        cmocka_unit_test(test_lengths),       cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_set_overrides), cmocka_unit_test(test_inheritance),
+        cmocka_unit_test(test_upipe_auto),    cmocka_unit_test(test_check),
+        cmocka_unit_test(test_names),         cmocka_unit_test(test_missing_file),
+    };
+    int failures = cmocka_run_group_tests_name("spec", tests, NULL, NULL);
+    failures += run_bad_specs();
+    return failures ? 1 : 0;
+}
