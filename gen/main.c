@@ -8,6 +8,7 @@
 #include "module.h"
 #include "plan.h"
 #include "spec.h"
+#include "train.h"
 #include "util.h"
 
 #define MAX_SETS 128
@@ -205,18 +206,21 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     }
     cp_plan_print(&plan, stdout, false);
     if (!plan.fits) {
-        fprintf(stderr, "cpgen: refusing to start: %s\n", plan.why);
+        fprintf(stderr, "cpgen: refusing to start: %s; try a shorter train.seq_len (cpgen plan --max-seq), more GPUs, "
+                        "or parallel.offload = \"all\"\n", plan.why);
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }
+    printf("\n");
+    fflush(stdout);
     cp_jit_opts o;
     jit_opts_for(c, &o);
-    int rc = cp_cmd_build(&plan, &o, stdout, err, sizeof err);
+    cp_train_opts t = {.no_cache = c->no_cache, .out = stdout};
+    snprintf(t.arch, sizeof t.arch, "%s", o.arch);
+    int rc = cp_train_run(&plan, &t, NULL, err, sizeof err);
     if (rc) fprintf(stderr, "cpgen: %s\n", err);
-    else fprintf(stderr, "cpgen: %d GPU%s found and every kernel compiled; this build has no step executor yet, so "
-                         "training stops here\n", gpus, gpus > 1 ? "s" : "");
     cp_plan_free(&plan);
-    return rc ? CP_EXIT_FAIL : CP_EXIT_FAIL;
+    return rc ? CP_EXIT_FAIL : 0;
 }
 
 int main(int argc, char **argv) {

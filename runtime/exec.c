@@ -681,6 +681,8 @@ static int prep_gemm(pctx *c) {
     return x->gemm < 0 ? -1 : 0;
 }
 
+static int buf_index(const cp_exec *ex, const char *name);
+
 static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
     const cp_plan *P = ex->P;
     const cp_step *s = &P->steps[i];
@@ -732,6 +734,10 @@ static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
              * first half of grads_host.f32 (free again after the update), and that is what is copied */
             x->special = S_PARAMS_TO_GPU;
             if (opbytes(&c, 0) != 2 * opbytes(&c, 1)) return pfail(&c, "params_to_gpu sizes");
+            int g = buf_index(ex, "grads_host.f32");
+            if (g < 0 || !ex->bufptr[g] || P->bufs[g].bytes < opbytes(&c, 1))
+                return pfail(&c, "no grads_host.f32 to stage the bf16 parameters in");
+            x->src = ex->bufptr[g];
             return 0;
         }
         if (opbytes(&c, 0) != opbytes(&c, 1))
@@ -1258,8 +1264,7 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
             break;
         case X_MEMSET: e = cudaMemsetAsync(x->dst, 0, x->bytes, st); break;
         case X_COPY: {
-            const void *src = x->special == S_PARAMS_TO_GPU ? cp_exec_buffer(ex, "grads_host.f32") : x->src;
-            e = cudaMemcpyAsync(x->dst, src, x->bytes, cudaMemcpyDefault, st);
+            e = cudaMemcpyAsync(x->dst, x->src, x->bytes, cudaMemcpyDefault, st);
             break;
         }
         case X_LOAD_TOKENS: {

@@ -1,0 +1,41 @@
+/* train.h: the training loop of `cpgen run` on one GPU: weights from the spec's init (random or Hugging Face),
+ * sequences from the spec's data source, the learning-rate schedule, one step line per logged step, metrics.jsonl in
+ * train.out_dir, and Hugging Face checkpoints every train.save_every steps. */
+#ifndef CP_TRAIN_H
+#define CP_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "plan.h"
+
+typedef struct {
+    char arch[16];  /* NVRTC target; empty: the device's */
+    bool no_cache;
+    FILE *out;      /* start-up report and step lines (stdout); NULL for none */
+} cp_train_opts;
+
+typedef struct {
+    int steps, skipped;
+    double first_loss, last_loss, min_loss;
+    double mean_last10;              /* mean loss of the last 10 steps (fewer if fewer ran) */
+    double chance_loss;              /* synthetic:recall: ln(values); else ln(vocab) */
+    double step_seconds;             /* median step time, first step excluded when there are more */
+    double tokens_per_s, tflops, mfu; /* per GPU, at the median step time */
+    int64_t mem_measured, mem_planned; /* largest measured at a step's end; the plan's peak (arena + reserve) */
+    int64_t mem_arena_measured, mem_arena_planned;
+    double *losses;                  /* [steps], owned: cp_train_result_free */
+} cp_train_result;
+
+/* The learning rate of optimizer step `step` (0-based), as transformers' cosine schedule with warmup and a
+ * minimum (get_cosine_with_min_lr_schedule_with_warmup): lr * step / warmup during warmup, then a cosine from lr to
+ * min_lr over the remaining steps. */
+double cp_lr_at(const cp_train *t, int step);
+
+/* Train the plan's model for plan->spec.train.steps steps on GPU 0. Returns 0, or -1 with a message. res may be
+ * NULL. */
+int cp_train_run(const cp_plan *plan, const cp_train_opts *o, cp_train_result *res, char *err, int errlen);
+void cp_train_result_free(cp_train_result *r);
+
+#endif

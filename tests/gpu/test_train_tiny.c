@@ -1,0 +1,207 @@
+/* test_train_tiny.c: `cpgen run` end to end on the tiny spec: the synthetic key/value recall task, train.steps
+ * steps (CPGEN_TINY_STEPS overrides; at least 30). Asserts the first loss is the uniform model's ln(vocab), no
+ * update is skipped, the loss ends well below the recall task's chance loss, the arena the driver saw is the plan's
+ * (to its 2 MiB granularity, within 3%) and the measured peak stays within the plan's peak (arena + reserve) + 3%.
+ * Then tiny's variants (checkpoints offloaded to the host, the optimizer on the host, plain Ulysses, two
+ * micro-batches) train 20 steps each; offload and host optimizer must follow the default run's losses.
+ * With CPGEN_HF_DIR set it also writes what tests/gpu/hf_compare.py needs to train the same model in PyTorch /
+ * transformers and compare: the initial weights as a Hugging Face checkpoint (fp32), the token sequences, and this
+ * run's metrics.jsonl. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "data.h"
+#include "plan.h"
+#include "spec.h"
+#include "train.h"
+#include "util.h"
+#include "weights.h"
+
+static char out_root[1024];
+
+static void load_plan(cp_plan *p, int nsets, const char **sets) {
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    if (cp_spec_load("tiny", sets, nsets, &s, err, sizeof err)) fail_msg("spec: %s", err);
+    if (cp_plan_build(&s, p, err, sizeof err)) fail_msg("plan: %s", err);
+    assert_true(p->fits);
+}
+
+/* Train tiny with overrides; the result's losses are kept. */
+static void train(cp_train_result *r, int nsets, const char **sets) {
+    cp_plan p;
+    load_plan(&p, nsets, sets);
+    printf("\n== tiny");
+    for (int i = 0; i < nsets; i++) printf(" %s", sets[i]);
+    printf("\n");
+    cp_train_opts o = {.out = stdout};
+    char err[CP_ERR_MAX];
+    int rc = cp_train_run(&p, &o, r, err, sizeof err);
+    if (rc) fail_msg("training: %s", err);
+    cp_plan_free(&p);
+}
+
+static int steps_wanted(void) {
+    const char *e = getenv("CPGEN_TINY_STEPS");
+    int n = e ? atoi(e) : 0;
+    return n >= 30 ? n : 0;
+}
+
+static cp_train_result base;
+
+static void test_recall(void **state) {
+    (void)state;
+    char steps[64], outdir[1200];
+    const char *sets[4];
+    int ns = 0;
+    snprintf(outdir, sizeof outdir, "train.out_dir=%s/tiny", out_root);
+    sets[ns++] = outdir;
+    if (steps_wanted()) {
+        snprintf(steps, sizeof steps, "train.steps=%d", steps_wanted());
+        sets[ns++] = steps;
+    }
+    train(&base, ns, sets);
+    const cp_train_result *r = &base;
+    double lnv = log(512.0);
+    printf("\nrecall: %d steps | first loss %.4f (ln V = %.4f) | min %.4f | mean of the last 10 %.4f | chance %.4f | "
+           "%d skipped\n",
+           r->steps, r->first_loss, lnv, r->min_loss, r->mean_last10, r->chance_loss, r->skipped);
+    printf("loss curve:");
+    for (int i = 0; i < r->steps; i += CP_MAX(1, r->steps / 20)) printf(" %d:%.3f", i + 1, r->losses[i]);
+    printf("\n");
+    printf("speed: median step %.3f ms, %.0f tok/s, %.2f TF/s, %.2f%% MFU\n", r->step_seconds * 1e3, r->tokens_per_s,
+           r->tflops, 100 * r->mfu);
+    printf("memory: arena %lld bytes planned, %lld seen by the driver | peak %.3f GiB measured, %.3f GiB planned "
+           "(arena + reserve)\n",
+           (long long)r->mem_arena_planned, (long long)r->mem_arena_measured, (double)r->mem_measured / (1 << 30),
+           (double)r->mem_planned / (1 << 30));
+    assert_true(r->steps >= 30);
+    assert_int_equal(r->skipped, 0);
+    assert_true(fabs(r->first_loss - lnv) < 0.1);
+    assert_true(r->mean_last10 < 0.7 * r->chance_loss);
+    int64_t gran = 2 << 20;
+    int64_t arena_rounded = (r->mem_arena_planned + gran - 1) / gran * gran;
+    assert_true(r->mem_arena_measured >= r->mem_arena_planned);
+    assert_true((double)r->mem_arena_measured <= 1.03 * (double)arena_rounded);
+    assert_true((double)r->mem_measured <= 1.03 * (double)r->mem_planned);
+}
+
+/* The largest difference between two runs' losses over their first n steps. */
+static double max_diff(const cp_train_result *a, const cp_train_result *b, int n) {
+    double d = 0;
+    for (int i = 0; i < n && i < a->steps && i < b->steps; i++) d = CP_MAX(d, fabs(a->losses[i] - b->losses[i]));
+    return d;
+}
+
+static void test_variants(void **state) {
+    (void)state;
+    const char *variants[][2] = {{"parallel.offload=all", NULL},
+                                 {"parallel.optimizer=host", NULL},
+                                 {"parallel.offload=all", "parallel.optimizer=host"},
+                                 {"parallel.upipe_heads=4", NULL},
+                                 {"train.micro_batches=2", NULL}};
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        char outdir[1200];
+        snprintf(outdir, sizeof outdir, "train.out_dir=%s/tiny_variant%zu", out_root, v);
+        const char *sets[5] = {"train.steps=20", "train.warmup=5", outdir, variants[v][0], variants[v][1]};
+        int ns = variants[v][1] ? 5 : 4;
+        cp_train_result r;
+        train(&r, ns, sets);
+        assert_int_equal(r.skipped, 0);
+        assert_true(isfinite(r.last_loss) && r.last_loss < r.first_loss);
+        /* the same model, data and schedule as a 20-step default run: offload and the host optimizer change where
+         * things are, not what is computed (beyond the order of fp32 sums) */
+        if (v < 3) {
+            static cp_train_result ref;
+            if (!ref.steps) {
+                char od[1200];
+                snprintf(od, sizeof od, "train.out_dir=%s/tiny_ref20", out_root);
+                const char *rs[3] = {"train.steps=20", "train.warmup=5", od};
+                train(&ref, 3, rs);
+            }
+            double d = max_diff(&r, &ref, 20);
+            printf("variant %s %s: largest loss difference to the default run over 20 steps %.2e\n", variants[v][0],
+                   variants[v][1] ? variants[v][1] : "", d);
+            assert_true(d < 0.05);
+        }
+        cp_train_result_free(&r);
+    }
+}
+
+/* What hf_compare.py needs: the initial weights (fp32 safetensors + config.json), the token sequences of `steps`
+ * steps, then a cpgen run of those steps writing metrics.jsonl. */
+static void test_hf_export(void **state) {
+    (void)state;
+    const char *dir = getenv("CPGEN_HF_DIR");
+    if (!dir) {
+        printf("CPGEN_HF_DIR not set: no export for hf_compare.py\n");
+        return;
+    }
+    const int steps = 30;
+    char outdir[1200], model[1200], path[1200];
+    snprintf(outdir, sizeof outdir, "train.out_dir=%s", dir);
+    const char *sets[3] = {"train.steps=30", "train.warmup=5", outdir};
+    cp_plan p;
+    load_plan(&p, 3, sets);
+    char err[CP_ERR_MAX];
+    float *flat = malloc(sizeof(float) * (size_t)cp_weights_elems(&p));
+    cp_weights_init_random(&p, p.spec.init.seed, p.spec.init.std, flat);
+    snprintf(model, sizeof model, "%s/model", dir);
+    if (cp_mkdir_p(dir) || cp_weights_save_hf(&p, flat, model, false, 0, err, sizeof err)) fail_msg("save: %s", err);
+    free(flat);
+    cp_dataset d;
+    if (cp_dataset_open(&d, &p.spec, err, sizeof err)) fail_msg("data: %s", err);
+    int64_t T = p.T, mb = p.spec.train.micro_batches;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)T), *tgt = malloc(sizeof(int32_t) * (size_t)T);
+    snprintf(path, sizeof path, "%s/tokens.bin", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (int s = 0; s < steps; s++)
+        for (int b = 0; b < mb; b++) {
+            if (cp_dataset_next(&d, 0, 1, tok, tgt, err, sizeof err)) fail_msg("data: %s", err);
+            fwrite(tok, sizeof(int32_t), (size_t)T, f);
+            fwrite(tgt, sizeof(int32_t), (size_t)T, f);
+        }
+    fclose(f);
+    cp_dataset_close(&d);
+    free(tok);
+    free(tgt);
+    const cp_train *t = &p.spec.train;
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"steps\":%d,\"micro_batches\":%lld,\"seq_len\":%lld,\"lr\":%.17g,\"min_lr\":%.17g,\"warmup\":%d,"
+               "\"beta1\":%.17g,\"beta2\":%.17g,\"eps\":%.17g,\"weight_decay\":%.17g,\"clip\":%.17g,\"lrs\":[",
+            steps, (long long)mb, (long long)T, t->lr, t->min_lr, t->warmup, t->beta1, t->beta2, t->eps,
+            t->weight_decay, t->clip);
+    for (int s = 0; s < steps; s++) fprintf(f, "%s%.17g", s ? "," : "", cp_lr_at(t, s));
+    fprintf(f, "]}\n");
+    fclose(f);
+    cp_train_opts o = {.out = stdout};
+    cp_train_result r;
+    printf("\n== tiny, %d steps for the Hugging Face comparison (%s)\n", steps, dir);
+    if (cp_train_run(&p, &o, &r, err, sizeof err)) fail_msg("training: %s", err);
+    cp_train_result_free(&r);
+    cp_plan_free(&p);
+}
+
+int main(void) {
+    const char *o = getenv("OUT");
+    snprintf(out_root, sizeof out_root, "%s/runs", o && *o ? o : "/tmp/cpgen-test");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_recall),
+        cmocka_unit_test(test_variants),
+        cmocka_unit_test(test_hf_export),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    cp_train_result_free(&base);
+    return rc;
+}
