@@ -159,9 +159,9 @@ static int stage_table(cp_plan *P, char *err, int errlen) {
         P->kvr = u / g;
         P->group_len = 1;
     }
-    if (u > 16 || P->kvr > 8) {
-        snprintf(err, errlen, "%s: parallel.upipe_heads = %d gives %d query heads per GPU per stage; the stage table "
-                 "holds at most 16: use a smaller upipe_heads", P->spec.path, P->U, u);
+    if (u > CP_MAX_STAGE_HEADS) {
+        snprintf(err, errlen, "%s: parallel.upipe_heads = %d gives %d query heads per GPU per stage; at most %d are "
+                 "supported: use a smaller upipe_heads", P->spec.path, P->U, u, CP_MAX_STAGE_HEADS);
         return -1;
     }
     P->stages = cp_xcalloc((size_t)P->nstages * (size_t)C, sizeof *P->stages);

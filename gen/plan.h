@@ -12,6 +12,7 @@
 
 #define CP_ARENA_ALIGN 256
 #define CP_MAX_OPERANDS 10
+#define CP_MAX_STAGE_HEADS 128 /* query heads per GPU in one stage (plain Ulysses of a 128-head model) */
 #define CP_GEMM_WORKSPACE (32 << 20) /* cuBLASLt workspace, bytes */
 
 typedef enum { CP_SPACE_GPU, CP_SPACE_HOST } cp_space;
@@ -119,8 +120,8 @@ typedef struct {
 typedef struct {
     int q_first;      /* first query head (in model numbering) held by this rank in this stage; q_count follow
                          contiguously in the planner's storage order, see q_heads */
-    int q_heads[16];  /* model query-head numbers, up to u per rank */
-    int kv_heads[8];  /* model KV-head numbers held by this rank */
+    int q_heads[CP_MAX_STAGE_HEADS];  /* model query-head numbers, u per rank */
+    int kv_heads[CP_MAX_STAGE_HEADS]; /* model KV-head numbers held by this rank */
     int nq, nkv;
     bool kv_fresh;    /* K and V are projected and sent in this stage (first stage of a GQA group) */
     bool kv_last;     /* dK and dV are sent back after this stage (last stage of the group) */
