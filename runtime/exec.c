@@ -1297,13 +1297,12 @@ static int read_scalars(cp_exec *ex, char *err, int errlen) {
     return 0;
 }
 
-int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, const cp_optim_hp *hp, const char *label,
-                 cp_step_result *r, char *err, int errlen) {
+/* Check and stage the tokens and targets of every micro-batch; set the loss scale. Returns the target count, or
+ * -1 with a message. */
+static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *targets, char *err, int errlen) {
     const cp_plan *P = ex->P;
     int mb = P->spec.train.micro_batches;
     int64_t T = P->T, V = P->spec.model.vocab, ntgt = 0;
-    memset(r, 0, sizeof *r);
-    double t0 = cp_now();
     for (int b = 0; b < mb; b++)
         for (int64_t t = 0; t < T; t++) {
             int32_t tok = tokens[b * T + t], tg = targets[b * T + t];
@@ -1317,8 +1316,46 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
             ex->staging[(size_t)b * 2 * T + t] = tok;
             ex->staging[(size_t)b * 2 * T + T + t] = tg;
         }
-    r->targets = ntgt;
     ex->sc.loss_scale = ntgt ? (float)(1.0 / (double)ntgt) : 0.f;
+    return ntgt;
+}
+
+int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets, double *loss, char *err,
+                      int errlen) {
+    const cp_plan *P = ex->P;
+    if (stage_inputs(ex, tokens, targets, err, errlen) < 0) return -1;
+    CK(cudaMemsetAsync(ex->loss_sum, 0, 2 * sizeof(float), ex->streams[CP_STREAM_COMPUTE]), "zeroing the loss");
+    int rc = 0;
+    for (int b = 0; b < P->spec.train.micro_batches && !rc; b++) {
+        rc = join_streams(ex, err, errlen);
+        for (int i = 0; i < P->micro_steps && !rc; i++) rc = run_step(ex, i, b, NULL, err, errlen);
+    }
+    if (!rc) rc = join_streams(ex, err, errlen);
+    if (!rc) rc = read_scalars(ex, err, errlen);
+    if (!rc) CK(cudaDeviceSynchronize(), "finishing the backward");
+    if (!rc) *loss = (double)ex->host_scalars[0] * ex->sc.loss_scale;
+    return rc;
+}
+
+int cp_exec_read_grads(cp_exec *ex, float *flat, bool zero, char *err, int errlen) {
+    void *g = cp_exec_buffer(ex, "grads.f32");
+    if (!g) return failf(err, errlen, "the plan has no grads.f32");
+    size_t n = sizeof(float) * (size_t)ex->P->params_shard;
+    CK(cudaDeviceSynchronize(), "finishing the step before reading the gradients");
+    CK(cudaMemcpy(flat, g, n, cudaMemcpyDeviceToHost), "reading the gradients");
+    if (zero) CK(cudaMemset(g, 0, n), "zeroing the gradients");
+    return 0;
+}
+
+int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, const cp_optim_hp *hp, const char *label,
+                 cp_step_result *r, char *err, int errlen) {
+    const cp_plan *P = ex->P;
+    int mb = P->spec.train.micro_batches;
+    memset(r, 0, sizeof *r);
+    double t0 = cp_now();
+    int64_t ntgt = stage_inputs(ex, tokens, targets, err, errlen);
+    if (ntgt < 0) return -1;
+    r->targets = ntgt;
     ex->sc.lr = (float)hp->lr;
     ex->sc.beta1 = (float)hp->beta1;
     ex->sc.beta2 = (float)hp->beta2;

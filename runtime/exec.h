@@ -72,6 +72,13 @@ int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen);
 int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, const cp_optim_hp *hp, const char *label,
                  cp_step_result *r, char *err, int errlen);
 
+/* Forward and backward of every micro-batch, without the optimizer: the fp32 gradients (of the mean loss over the
+ * target tokens) are added to grads.f32 and stay there; loss gets the mean loss. For gradient checks. */
+int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets, double *loss, char *err,
+                      int errlen);
+/* grads.f32 into flat (plan->params_shard elements, the layout of cp_exec_load_weights), then zero it if asked. */
+int cp_exec_read_grads(cp_exec *ex, float *flat, bool zero, char *err, int errlen);
+
 /* Updates done so far (steps not skipped). */
 int cp_exec_updates(const cp_exec *ex);
 

@@ -1,5 +1,5 @@
-/* test_train_tiny.c: `cpgen run` end to end on the tiny spec: the synthetic key/value recall task, train.steps
- * steps (CPGEN_TINY_STEPS overrides; at least 30). Asserts the first loss is the uniform model's ln(vocab), no
+/* test_train_tiny.c: `cpgen run` end to end on the tiny spec: the synthetic key/value recall task, 3000 steps with
+ * 100 of warmup (CPGEN_TINY_SETS="key=value ..." overrides). Asserts the first loss is the uniform model's ln(vocab), no
  * update is skipped, the loss ends well below the recall task's chance loss, the arena the driver saw is the plan's
  * (to its 2 MiB granularity, within 3%) and the measured peak stays within the plan's peak (arena + reserve) + 3%.
  * Then tiny's variants (checkpoints offloaded to the host, the optimizer on the host, plain Ulysses, two
@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "data.h"
+#include "exec.h"
 #include "plan.h"
 #include "spec.h"
 #include "train.h"
@@ -49,25 +50,25 @@ static void train(cp_train_result *r, int nsets, const char **sets) {
     cp_plan_free(&p);
 }
 
-static int steps_wanted(void) {
-    const char *e = getenv("CPGEN_TINY_STEPS");
-    int n = e ? atoi(e) : 0;
-    return n >= 30 ? n : 0;
+/* Overrides of the recall run: CPGEN_TINY_SETS ("key=value key=value"), else RECALL_SETS. */
+#define RECALL_SETS "train.steps=3000 train.warmup=100"
+static int recall_sets(char *buf, size_t n, const char **sets, int cap) {
+    const char *e = getenv("CPGEN_TINY_SETS");
+    snprintf(buf, n, "%s", e && *e ? e : RECALL_SETS);
+    int k = 0;
+    for (char *t = strtok(buf, " "); t && k < cap; t = strtok(NULL, " ")) sets[k++] = t;
+    return k;
 }
 
 static cp_train_result base;
 
 static void test_recall(void **state) {
     (void)state;
-    char steps[64], outdir[1200];
-    const char *sets[4];
-    int ns = 0;
+    char buf[1024], outdir[1200];
+    const char *sets[16];
+    int ns = recall_sets(buf, sizeof buf, sets, 15);
     snprintf(outdir, sizeof outdir, "train.out_dir=%s/tiny", out_root);
     sets[ns++] = outdir;
-    if (steps_wanted()) {
-        snprintf(steps, sizeof steps, "train.steps=%d", steps_wanted());
-        sets[ns++] = steps;
-    }
     train(&base, ns, sets);
     const cp_train_result *r = &base;
     double lnv = log(512.0);
@@ -145,10 +146,13 @@ static void test_hf_export(void **state) {
         printf("CPGEN_HF_DIR not set: no export for hf_compare.py\n");
         return;
     }
-    const int steps = 30;
+    const char *hs = getenv("CPGEN_HF_STEPS");
+    const int steps = hs && atoi(hs) >= 5 ? atoi(hs) : 30;
     char outdir[1200], model[1200], path[1200];
+    char st[64];
     snprintf(outdir, sizeof outdir, "train.out_dir=%s", dir);
-    const char *sets[3] = {"train.steps=30", "train.warmup=5", outdir};
+    snprintf(st, sizeof st, "train.steps=%d", steps);
+    const char *sets[3] = {st, "train.warmup=5", outdir};
     cp_plan p;
     load_plan(&p, 3, sets);
     char err[CP_ERR_MAX];
@@ -156,8 +160,28 @@ static void test_hf_export(void **state) {
     cp_weights_init_random(&p, p.spec.init.seed, p.spec.init.std, flat);
     snprintf(model, sizeof model, "%s/model", dir);
     if (cp_mkdir_p(dir) || cp_weights_save_hf(&p, flat, model, false, 0, err, sizeof err)) fail_msg("save: %s", err);
-    free(flat);
+    /* the gradients of the first sequence at the initial weights, saved with the weights' names and layout */
+    cp_exec *ex;
+    cp_exec_opts eo = {.out = NULL};
+    if (cp_exec_create(&ex, &p, &eo, err, sizeof err)) fail_msg("executor: %s", err);
+    if (cp_exec_load_weights(ex, flat, err, sizeof err)) fail_msg("weights: %s", err);
     cp_dataset d;
+    if (cp_dataset_open(&d, &p.spec, err, sizeof err)) fail_msg("data: %s", err);
+    int32_t *t0 = malloc(sizeof(int32_t) * (size_t)p.T * (size_t)p.spec.train.micro_batches);
+    int32_t *g0 = malloc(sizeof(int32_t) * (size_t)p.T * (size_t)p.spec.train.micro_batches);
+    for (int b = 0; b < p.spec.train.micro_batches; b++)
+        if (cp_dataset_next(&d, 0, 1, t0 + (size_t)b * p.T, g0 + (size_t)b * p.T, err, sizeof err)) fail_msg("%s", err);
+    cp_dataset_close(&d);
+    double loss;
+    if (cp_exec_gradients(ex, t0, g0, &loss, err, sizeof err) || cp_exec_read_grads(ex, flat, true, err, sizeof err))
+        fail_msg("gradients: %s", err);
+    cp_exec_destroy(ex);
+    free(t0);
+    free(g0);
+    printf("gradients of sequence 0: loss %.6f\n", loss);
+    snprintf(model, sizeof model, "%s/grads", dir);
+    if (cp_weights_save_hf(&p, flat, model, false, 0, err, sizeof err)) fail_msg("save: %s", err);
+    free(flat);
     if (cp_dataset_open(&d, &p.spec, err, sizeof err)) fail_msg("data: %s", err);
     int64_t T = p.T, mb = p.spec.train.micro_batches;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)T), *tgt = malloc(sizeof(int32_t) * (size_t)T);
