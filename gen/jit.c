@@ -312,6 +312,111 @@ int cp_jit_parse_ptxas_log(const char *log, const cp_module_src *m, cp_entry_inf
     return found;
 }
 
+/* When ptxas printed no report for some entries (seen on the GPU machine for modules it had compiled before in
+ * another process), read what the CUBIN itself says. An entry was compiled iff its .text.<name> section exists;
+ * the global .nv.info section holds, per function symbol, attribute records (format byte 4: u16 size + data)
+ * of which 0x2f is the register count and 0x11 the stack frame (spilling needs one); .nv.shared.<name> is the
+ * static shared memory. Returns the number of entries found. */
+typedef struct {
+    const unsigned char *b;
+    size_t len;
+    uint64_t shoff, stroff, strsize;
+    uint16_t shentsize, shnum;
+} elf_view;
+
+static bool elf_section(const elf_view *v, uint16_t i, uint32_t *type, uint64_t *off, uint64_t *size,
+                        uint32_t *link, const char **name) {
+    const unsigned char *h = v->b + v->shoff + (size_t)i * v->shentsize;
+    uint32_t nm;
+    memcpy(&nm, h, 4);
+    memcpy(type, h + 4, 4);
+    memcpy(off, h + 0x18, 8);
+    memcpy(size, h + 0x20, 8);
+    memcpy(link, h + 0x28, 4);
+    if (nm >= v->strsize || strnlen((const char *)v->b + v->stroff + nm, v->strsize - nm) == v->strsize - nm)
+        return false;
+    *name = (const char *)v->b + v->stroff + nm;
+    return *type == 8 /* NOBITS */ || (*off <= v->len && *size <= v->len - *off);
+}
+
+int cp_jit_entries_from_cubin(const void *cubin, size_t len, const cp_module_src *m, cp_entry_info *out) {
+    elf_view v = {.b = cubin, .len = len};
+    if (!cubin || len < 64 || memcmp(v.b, "\177ELF", 4) != 0 || v.b[4] != 2 /* 64-bit */) return 0;
+    uint16_t shstrndx;
+    memcpy(&v.shoff, v.b + 0x28, 8);
+    memcpy(&v.shentsize, v.b + 0x3a, 2);
+    memcpy(&v.shnum, v.b + 0x3c, 2);
+    memcpy(&shstrndx, v.b + 0x3e, 2);
+    if (v.shentsize < 64 || shstrndx >= v.shnum || v.shoff > len || (uint64_t)v.shnum * v.shentsize > len - v.shoff)
+        return 0;
+    const unsigned char *sh = v.b + v.shoff + (size_t)shstrndx * v.shentsize;
+    memcpy(&v.stroff, sh + 0x18, 8);
+    memcpy(&v.strsize, sh + 0x20, 8);
+    if (v.stroff > len || v.strsize > len - v.stroff) return 0;
+    int sym[CP_MAX_ENTRIES], found = 0;
+    const unsigned char *info = NULL;
+    uint64_t info_size = 0;
+    for (int e = 0; e < m->nentries; e++) sym[e] = -1;
+    for (uint16_t i = 0; i < v.shnum; i++) {
+        uint32_t type, link;
+        uint64_t off, size;
+        const char *name;
+        if (!elf_section(&v, i, &type, &off, &size, &link, &name)) continue;
+        if (!strcmp(name, ".nv.info")) {
+            info = v.b + off;
+            info_size = size;
+        }
+        for (int e = 0; e < m->nentries; e++) {
+            if (!strncmp(name, ".text.", 6) && !strcmp(name + 6, m->entries[e])) sym[e] = -2; /* compiled */
+            if (!strncmp(name, ".nv.shared.", 11) && !strcmp(name + 11, m->entries[e]) && out[e].shared_bytes == 0)
+                out[e].shared_bytes = (int)size;
+        }
+    }
+    for (uint16_t i = 0; i < v.shnum; i++) { /* after the pass above: symbols name the compiled entries */
+        uint32_t type, link;
+        uint64_t off, size;
+        const char *name;
+        if (!elf_section(&v, i, &type, &off, &size, &link, &name)) continue;
+        if (type != 2 /* SYMTAB */ || link >= v.shnum) continue;
+        uint32_t st, sl;
+        uint64_t soff, ssize;
+        const char *sname;
+        if (!elf_section(&v, (uint16_t)link, &st, &soff, &ssize, &sl, &sname)) continue;
+        for (uint64_t k = 0; k + 24 <= size; k += 24) { /* Elf64_Sym */
+            uint32_t nm;
+            memcpy(&nm, v.b + off + k, 4);
+            if (nm >= ssize) continue;
+            const char *symname = (const char *)v.b + soff + nm;
+            for (int e = 0; e < m->nentries; e++)
+                if (strnlen(symname, ssize - nm) < ssize - nm && !strcmp(symname, m->entries[e]) && sym[e] == -2)
+                    sym[e] = (int)(k / 24);
+        }
+    }
+    for (int e = 0; e < m->nentries; e++) {
+        if (sym[e] == -1) continue;
+        found++;
+        for (uint64_t p = 0; info && p + 4 <= info_size;) {
+            uint8_t fmt = info[p], attr = info[p + 1];
+            if (fmt != 4) { /* values without a size field: 2 bytes (none), 4 bytes (byte or half value) */
+                p += fmt == 1 ? 2 : 4;
+                continue;
+            }
+            uint16_t sz;
+            memcpy(&sz, info + p + 2, 2);
+            if (p + 4 + sz > info_size) break;
+            uint32_t s, val;
+            if (sz >= 8) {
+                memcpy(&s, info + p + 4, 4);
+                memcpy(&val, info + p + 8, 4);
+                if ((int)s == sym[e] && attr == 0x2f && out[e].registers < 0) out[e].registers = (int)val;
+                if ((int)s == sym[e] && attr == 0x11) out[e].stack_bytes = CP_MAX(out[e].stack_bytes, (int)val);
+            }
+            p += 4 + (uint64_t)sz;
+        }
+    }
+    return found;
+}
+
 /* Lines of an NVRTC log worth showing after a successful compile: front-end warnings and ptxas warnings or
  * performance notes (e.g. wgmma serialisation on sm_90a). NULL when there are none. */
 static char *log_warnings(const char *log) {
@@ -617,6 +722,8 @@ static void run_job(job *j, const pool *pl) {
     }
     int found = cp_jit_parse_ptxas_log(log, j->src, m->entries);
     m->nentries = j->src->nentries;
+    bool from_elf = found != j->src->nentries;
+    if (from_elf) found = cp_jit_entries_from_cubin(m->cubin, m->cubin_len, j->src, m->entries);
     if (found != j->src->nentries) {
         char what[512];
         int miss = 0;
@@ -628,6 +735,12 @@ static void run_job(job *j, const pool *pl) {
         goto destroy;
     }
     m->warnings = log_warnings(log);
+    if (from_elf) {
+        const char *note = "ptxas printed no resource report for some entries; registers and stack read from the CUBIN\n";
+        size_t have = m->warnings ? strlen(m->warnings) : 0;
+        m->warnings = cp_xrealloc(m->warnings, have + strlen(note) + 1);
+        memcpy(m->warnings + have, note, strlen(note) + 1);
+    }
     cp_str file = {0};
     serialize_entry(m, j->key, &file);
     if (cp_write_file_atomic(cubin_path, file.data, file.len) != 0) warn_write(cubin_path);

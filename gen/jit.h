@@ -48,5 +48,8 @@ void cp_jit_cache_dir(const cp_jit_opts *opts, char *out, size_t n);
 /* Per-entry resource use from a `--ptxas-options=-v` log, for the entries of m, into out[0..m->nentries).
  * Fields of an entry the log does not mention stay -1 (registers) or 0. Returns how many entries were found. */
 int cp_jit_parse_ptxas_log(const char *log, const cp_module_src *m, cp_entry_info *out);
+/* The same facts read from a CUBIN's ELF sections where ptxas printed none: which entries exist (the count is
+ * returned), registers and static shared memory. Entries keep what out already held for the rest. */
+int cp_jit_entries_from_cubin(const void *cubin, size_t len, const cp_module_src *m, cp_entry_info *out);
 
 #endif

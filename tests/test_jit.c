@@ -134,6 +134,13 @@ static void test_compile_both_archs_then_cache(void **state) {
         assert_memory_equal(second.cubin, first.cubin, first.cubin_len);
         assert_memory_equal(&second.entries[0], &first.entries[0], sizeof first.entries[0]);
         assert_string_equal(second.source_path, first.source_path);
+        /* the CUBIN's own sections say the same as ptxas's report */
+        cp_entry_info from_elf[CP_MAX_ENTRIES];
+        memset(from_elf, 0, sizeof from_elf);
+        from_elf[0].registers = -1;
+        assert_int_equal(cp_jit_entries_from_cubin(first.cubin, first.cubin_len, &m, from_elf), 1);
+        assert_int_equal(from_elf[0].registers, first.entries[0].registers);
+        assert_int_equal(cp_jit_entries_from_cubin(first.cubin, 63, &m, from_elf), 0);
         size_t len;
         char *kept = cp_read_file(first.source_path, &len);
         assert_non_null(kept);
