@@ -1,12 +1,20 @@
 /* module.c: GPU discovery and CUBIN modules through the CUDA runtime's library API (see module.h). */
 #include "module.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cuda_check.h"
 
 int cp_gpu_count(char *why, int n) {
+    /* cudart would call a missing driver "insufficient": say plainly that there is none */
+    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!driver) {
+        snprintf(why, (size_t)n, "no NVIDIA driver: libcuda.so.1 not found");
+        return 0;
+    }
+    dlclose(driver);
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
