@@ -749,6 +749,60 @@ static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
     }
 }
 
+/* ---------------------------------------------------------------- weights read by the backward */
+
+typedef struct {
+    int64_t off, len; /* elements */
+} erange;
+
+static int cmp_erange(const void *a, const void *b) {
+    const erange *x = a, *y = b;
+    return x->off != y->off ? (x->off < y->off ? -1 : 1) : (x->len > y->len) - (x->len < y->len);
+}
+
+static bool is_weights(cp_cat c) { return c == CP_CAT_PARAMS || c == CP_CAT_GATHERED; }
+static bool is_grads(cp_cat c) { return c == CP_CAT_GRADS || c == CP_CAT_UNIT_GRADS; }
+
+/* Every weight slice a backward GEMM reads, and every gradient slice it accumulates into, must be a slice some
+ * forward GEMM read as weights: otherwise the backward trains rows the forward never used, silently. */
+static int check_weight_ranges(const cp_exec *ex, char *err, int errlen) {
+    const cp_plan *P = ex->P;
+    int n = 0, cap = 64;
+    erange *fw = cp_xmalloc(sizeof *fw * (size_t)cap);
+    for (int i = 0; i < P->micro_steps; i++) {
+        const cp_step *s = &P->steps[i];
+        if (s->kind != CP_OP_GEMM || s->phase != CP_PHASE_FWD) continue;
+        for (int j = 0; j < s->nops; j++)
+            if (is_weights(P->bufs[s->ops[j].buf].cat)) {
+                if (n == cap) fw = cp_xrealloc(fw, sizeof *fw * (size_t)(cap *= 2));
+                fw[n++] = (erange){s->ops[j].offset / 2, s->ops[j].bytes / 2};
+            }
+    }
+    qsort(fw, (size_t)n, sizeof *fw, cmp_erange);
+    int rc = 0;
+    for (int i = 0; i < P->micro_steps && !rc; i++) {
+        const cp_step *s = &P->steps[i];
+        if (s->kind != CP_OP_GEMM || s->phase == CP_PHASE_FWD) continue;
+        for (int j = 0; j < s->nops && !rc; j++) {
+            const cp_operand *o = &s->ops[j];
+            cp_cat c = P->bufs[o->buf].cat;
+            if (!is_weights(c) && !is_grads(c)) continue;
+            int64_t es = is_weights(c) ? 2 : 4;
+            erange key = {o->offset / es, o->bytes / es};
+            if (bsearch(&key, fw, (size_t)n, sizeof *fw, cmp_erange)) continue;
+            char d[160];
+            rc = failf(err, errlen,
+                       "plan bug: %s %s elements [%lld, %lld) of %s, which no forward GEMM read as weights: the "
+                       "backward would use and train the wrong rows (in gen/plan.c, proj_backward's row0 counts "
+                       "heads; its offsets need row0 * head_dim * hidden)",
+                       step_desc(P, i, d, sizeof d), is_weights(c) ? "reads" : "accumulates into",
+                       (long long)key.off, (long long)(key.off + key.len), P->bufs[o->buf].name);
+        }
+    }
+    free(fw);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- cross-stream dependencies */
 
 typedef struct {
@@ -975,6 +1029,7 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     /* every step's launch, GEMM entry, copy; then the waits between streams and the progress markers */
     for (int i = 0; i < P->nsteps; i++)
         if (prep_step(ex, i, err, errlen)) return -1;
+    if (check_weight_ranges(ex, err, errlen)) return -1;
     build_deps(ex, 0, P->micro_steps);
     build_deps(ex, P->micro_steps, P->nsteps);
     ex->info.cross_waits = ex->nwaits;
@@ -1484,6 +1539,7 @@ int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int er
     }
     int rc = 0;
     for (int i = 0; i < P->nsteps && !rc; i++) rc = prep_step(ex, i, err, errlen);
+    if (!rc) rc = check_weight_ranges(ex, err, errlen);
     if (!rc) {
         build_deps(ex, 0, P->micro_steps);
         build_deps(ex, P->micro_steps, P->nsteps);

@@ -94,10 +94,12 @@ typedef struct {
     int steps, kernels, launches, gemms, copies, memsets;
     int waits, events, markers, pin_pieces;
     int64_t ordered_pairs; /* pairs of steps on different streams touching the same bytes, each found ordered */
+    bool plan_bug;         /* (tests) the check stopped at a plan bug */
 } cp_exec_check_report;
 
 /* Everything cp_exec_create derives from the plan, without a GPU: each step's argument list and launch geometry
- * (operand counts, sizes and alignment against the kernels' contracts), the GEMM extents, the cross-stream waits,
+ * (operand counts, sizes and alignment against the kernels' contracts), the GEMM extents, that every weight or
+ * gradient slice of a backward GEMM is a slice the forward read as weights, the cross-stream waits,
  * and a proof that every pair of steps on different streams touching the same bytes is ordered by them. Returns 0,
  * or -1 with a message naming the step. */
 int cp_exec_check(const cp_plan *plan, cp_exec_check_report *rep, char *err, int errlen);

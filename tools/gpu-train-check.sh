@@ -3,7 +3,7 @@
 # (recall task, variants, export for the PyTorch comparison), the comparison with transformers, a long tiny run, and
 # a two-layer Llama-3.1-8B-shaped model at 128K tokens (progress lines, speed, measured against planned memory),
 # with its checkpoints offloaded to the host. Logs under $OUT (default out/); a summary at the end.
-# usage: [PARTS="gemm tiny hf tiny1000 l8b l8b_off sweep"] tools/gpu-train-check.sh [BUILD_DIR]
+# usage: [PARTS="gemm tiny hf hf2 tiny1000 l8b l8b_off sweep"] tools/gpu-train-check.sh [BUILD_DIR]
 set -u
 B=${1:-build}
 out=${OUT:-out}
@@ -27,6 +27,10 @@ export CPGEN_HF_DIR=/tmp/cpgen-hf
 want tiny && run test_train_tiny 90 "$B/tests/gpu/test_train_tiny"
 cp /tmp/cpgen-hf/metrics.jsonl "$out/hf_metrics.jsonl" 2>/dev/null
 want hf && run hf_compare 60 python3 tests/gpu/hf_compare.py /tmp/cpgen-hf
+# the same comparison with two query heads per UPipe stage (2 stages, K and V fresh in each, dK/dV in bf16)
+want hf2 && CPGEN_HF_DIR=/tmp/cpgen-hf2 CPGEN_HF_ONLY=1 CPGEN_HF_STEPS=10 CPGEN_HF_SETS=parallel.upipe_heads=2 \
+  run hf2_export 40 "$B/tests/gpu/test_train_tiny"
+want hf2 && run hf2_compare 60 python3 tests/gpu/hf_compare.py /tmp/cpgen-hf2
 want tiny1000 && run tiny1000 25 "$B/cpgen" run tiny --set train.steps=1000 --set train.warmup=50 \
   --set train.log_every=50 --set "train.out_dir=$out/runs/tiny1000"
 L8="--gpus 1 --set model.layers=2 --set model.vocab=32768 --seq 128K"
@@ -46,6 +50,7 @@ echo "== gpu: $(cat "$out/gpu.txt")"
 [ -f "$out/test_train_tiny.log" ] && echo "== test_train_tiny" && grep -E "^recall|^loss curve|^speed|^memory|^variant|PASSED|FAILED|ERROR|error" \
   "$out/test_train_tiny.log" | head -20
 [ -f "$out/hf_compare.log" ] && echo "== hf_compare" && grep -v "Loading weights" "$out/hf_compare.log" | tail -45
+[ -f "$out/hf2_compare.log" ] && echo "== hf2_compare (upipe_heads=2)" && grep -E "err|global|^step 1:" "$out/hf2_compare.log" | tail -25
 for n in tiny1000 l8b_128k l8b_offload; do
   [ -f "$out/$n.log" ] || continue
   echo "== $n"; grep -E "^(device|host|executor|kernels|weights|done)|^step|^  step|cpgen:" "$out/$n.log" | tail -9

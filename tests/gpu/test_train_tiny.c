@@ -6,7 +6,8 @@
  * micro-batches) train 20 steps each; offload and host optimizer must follow the default run's losses.
  * With CPGEN_HF_DIR set it also writes what tests/gpu/hf_compare.py needs to train the same model in PyTorch /
  * transformers and compare: the initial weights as a Hugging Face checkpoint (fp32), the token sequences, and this
- * run's metrics.jsonl. */
+ * run's metrics.jsonl (CPGEN_HF_STEPS steps, default 30; CPGEN_HF_SETS more overrides; CPGEN_HF_ONLY=1 skips the
+ * other tests). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -62,8 +63,15 @@ static int recall_sets(char *buf, size_t n, const char **sets, int cap) {
 
 static cp_train_result base;
 
+/* CPGEN_HF_ONLY=1: only the export for hf_compare.py */
+static bool hf_only(void) {
+    const char *e = getenv("CPGEN_HF_ONLY");
+    return e && *e == '1';
+}
+
 static void test_recall(void **state) {
     (void)state;
+    if (hf_only()) skip();
     char buf[1024], outdir[1200];
     const char *sets[16];
     int ns = recall_sets(buf, sizeof buf, sets, 15);
@@ -104,6 +112,7 @@ static double max_diff(const cp_train_result *a, const cp_train_result *b, int n
 
 static void test_variants(void **state) {
     (void)state;
+    if (hf_only()) skip();
     const char *variants[][2] = {{"parallel.offload=all", NULL},
                                  {"parallel.optimizer=host", NULL},
                                  {"parallel.offload=all", "parallel.optimizer=host"},
@@ -149,12 +158,17 @@ static void test_hf_export(void **state) {
     const char *hs = getenv("CPGEN_HF_STEPS");
     const int steps = hs && atoi(hs) >= 5 ? atoi(hs) : 30;
     char outdir[1200], model[1200], path[1200];
-    char st[64];
+    char st[64], extra[512] = "";
     snprintf(outdir, sizeof outdir, "train.out_dir=%s", dir);
     snprintf(st, sizeof st, "train.steps=%d", steps);
-    const char *sets[3] = {st, "train.warmup=5", outdir};
+    const char *sets[12] = {st, "train.warmup=5", outdir};
+    int ns = 3;
+    /* CPGEN_HF_SETS: more overrides for the compared run, e.g. "parallel.upipe_heads=2" */
+    const char *hx = getenv("CPGEN_HF_SETS");
+    if (hx) snprintf(extra, sizeof extra, "%s", hx);
+    for (char *t = strtok(extra, " "); t && ns < 12; t = strtok(NULL, " ")) sets[ns++] = t;
     cp_plan p;
-    load_plan(&p, 3, sets);
+    load_plan(&p, ns, sets);
     char err[CP_ERR_MAX];
     float *flat = malloc(sizeof(float) * (size_t)cp_weights_elems(&p));
     cp_weights_init_random(&p, p.spec.init.seed, p.spec.init.std, flat);
