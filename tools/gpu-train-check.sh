@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu-train-check.sh: on a GPU machine, with a build tree made elsewhere: the GEMM test, the tiny training test
-# (recall task, variants, export for the PyTorch comparison), the comparison with transformers, a long tiny run, and
-# a two-layer Llama-3.1-8B-shaped model at 128K tokens (progress lines, speed, measured against planned memory),
-# with its checkpoints offloaded to the host. Logs under $OUT (default out/); a summary at the end.
+# (recall task, variants, export for the PyTorch comparison), the comparison with transformers (UPipe stages of one
+# and two heads), and a two-layer Llama-3.1-8B-shaped model at 128K tokens (progress lines, speed, measured against
+# planned memory), also with its checkpoints offloaded to the host; on request a long tiny run and a recall sweep.
+# Logs under $OUT (default out/); a summary at the end.
 # usage: [PARTS="gemm tiny hf hf2 tiny1000 l8b l8b_off sweep"] tools/gpu-train-check.sh [BUILD_DIR]
 set -u
 B=${1:-build}
@@ -21,7 +22,7 @@ run() { # name timeout command...
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
 want() { [[ " $PARTS " == *" $1 "* ]]; }
-PARTS=${PARTS:-gemm tiny hf tiny1000 l8b l8b_off}
+PARTS=${PARTS:-gemm tiny hf hf2 l8b l8b_off}
 want gemm && run test_gemm 45 "$B/tests/gpu/test_gemm"
 export CPGEN_HF_DIR=/tmp/cpgen-hf
 want tiny && run test_train_tiny 90 "$B/tests/gpu/test_train_tiny"
