@@ -24,7 +24,7 @@ void cp_k_embedding(cp_kernel_spec *k, int64_t vocab, int64_t hidden);
  * s = x, or with resid s = bf16(x + resid) (written to sum_out; both non-NULL or both NULL).
  * fwd(x, resid|NULL, sum_out|NULL, weight, out, rstd f32[n], n);
  * bwd(dout, x, weight, rstd, dresid|NULL, dx, dweight f32[HIDDEN] +=, n): x is the normalised input (sum_out when
- * resid was used); dx = d(input) (+ dresid); dresid may be the same buffer as dx. */
+ * resid was used); dx = d(input) (+ dresid); dout and dresid may be the same buffer as dx. */
 void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps);
 /* rope in place on [n][heads][D] (rotate_half pairs (i, i + D/2)), token row r at position pos0 + r:
  * fwd(x, n, heads, pos0); bwd(dx, n, heads, pos0) (the transpose: rotation by the negative angle).

@@ -215,7 +215,7 @@ typedef struct {
 
 typedef struct {
     int params, master, adam_m, adam_v, grads;  /* shards */
-    int host_master, host_m, host_v, host_grads; /* optimizer offload */
+    int host_grads, host_params;                 /* optimizer on the host: gradients in, bf16 parameters out */
     int w_layer[2], g_layer, w_embed, g_embed, w_head, g_head; /* C > 1 */
     int *ckpt;                                   /* [L] layer inputs (GPU or host) */
     int xs[2];                                   /* GPU staging for host checkpoints */
@@ -505,7 +505,7 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
     B->tile = -1;
 }
 
-/* d(projection) of `nh` heads in token layout -> dxn += d W, dW += d^T xn. */
+/* d(projection) of `nh` heads (the first is head row0 of the weight) in token layout -> dxn += d W, dW += d^T xn. */
 static void proj_backward(builder *B, const bufset *b, const unit_ref *w, cp_weight wt, int64_t row0, int64_t nh,
                           int dbuf, bool first, const char *what_dw, const char *what_dx) {
     cp_plan *P = B->P;
@@ -514,11 +514,11 @@ static void proj_backward(builder *B, const bufset *b, const unit_ref *w, cp_wei
     cp_step *g = gemm(B, what_dw, nh * D, hid, T, true, false);
     use(g, P, dbuf, 0, T * nh * D * BF16, CP_READ);
     rd(g, P, b->xn);
-    use(g, P, w->gbuf, (w->gbase + P->layout.off[wt] + row0 * hid) * F32, nh * D * hid * F32, CP_RW);
+    use(g, P, w->gbuf, (w->gbase + P->layout.off[wt] + row0 * D * hid) * F32, nh * D * hid * F32, CP_RW);
     g->gemm.accumulate = g->gemm.out_f32 = true;
     g = gemm(B, what_dx, T, hid, nh * D, false, false);
     use(g, P, dbuf, 0, T * nh * D * BF16, CP_READ);
-    use(g, P, w->wbuf, (w->wbase + P->layout.off[wt] + row0 * hid) * BF16, nh * D * hid * BF16, CP_READ);
+    use(g, P, w->wbuf, (w->wbase + P->layout.off[wt] + row0 * D * hid) * BF16, nh * D * hid * BF16, CP_READ);
     use(g, P, b->dxn, 0, -1, first ? CP_WRITE : CP_RW);
     g->gemm.accumulate = !first;
 }
@@ -758,8 +758,11 @@ static void make_buffers(cp_plan *P, bufset *b) {
     b->master = add_buf(P, "master.f32", opt, CP_CAT_MASTER, shard * F32, true);
     b->adam_m = add_buf(P, "adam_m.f32", opt, CP_CAT_OPTIM, shard * F32, true);
     b->adam_v = add_buf(P, "adam_v.f32", opt, CP_CAT_OPTIM, shard * F32, true);
-    b->host_grads = -1;
-    if (P->opt_on_host) b->host_grads = add_buf(P, "grads_host.f32", CP_SPACE_HOST, CP_CAT_GRADS, shard * F32, true);
+    b->host_grads = b->host_params = -1;
+    if (P->opt_on_host) {
+        b->host_grads = add_buf(P, "grads_host.f32", CP_SPACE_HOST, CP_CAT_GRADS, shard * F32, true);
+        b->host_params = add_buf(P, "params_host.bf16", CP_SPACE_HOST, CP_CAT_PARAMS, shard * BF16, true);
+    }
     b->w_layer[0] = b->w_layer[1] = b->g_layer = b->w_embed = b->g_embed = b->w_head = b->g_head = -1;
     if (C > 1) {
         /* gathered weights and full gradients of the unit in use; the memory planner overlaps those whose
@@ -926,7 +929,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         s = kernel(&B, M->loss, "fwdbwd", "loss", 2.0 * (double)t * V * BF16);
         rw(s, P, b->logits);
         use(s, P, b->targets, i * t * 4, t * 4, CP_READ);
-        rw(s, P, b->loss_sum);
+        use(s, P, b->loss_sum, 0, F32, CP_RW); /* float 0: the loss */
         s->count = t;
         B.phase = CP_PHASE_BWD;
         g = gemm(&B, "d_lm_head", V, hid, t, true, false);
@@ -1005,20 +1008,21 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         rw(s, P, b->master);
         rw(s, P, b->adam_m);
         rw(s, P, b->adam_v);
+        wr(s, P, b->host_params);
         s->count = shard;
         s->bytes = (double)shard * 16 * 2;
-        s = collective(&B, CP_OP_COPY_H2D, "params_to_gpu", shard * F32);
-        rd(s, P, b->master);
+        s = collective(&B, CP_OP_COPY_H2D, "params_to_gpu", shard * BF16);
+        rd(s, P, b->host_params);
         wr(s, P, b->params);
         s->stream = CP_STREAM_COMPUTE;
     } else {
         s = kernel(&B, M->adamw, "sumsq", "grad_norm", (double)shard * F32);
         rd(s, P, b->grads);
-        rw(s, P, b->loss_sum);
+        use(s, P, b->loss_sum, F32, F32, CP_RW); /* float 1: the gradient's sum of squares */
         s->count = shard;
         if (C > 1) {
-            s = collective(&B, CP_OP_ALLREDUCE, "norm_allreduce", 8);
-            rw(s, P, b->loss_sum);
+            s = collective(&B, CP_OP_ALLREDUCE, "norm_allreduce", 2 * F32);
+            use(s, P, b->loss_sum, 0, 2 * F32, CP_RW);
         }
         s = kernel(&B, M->adamw, "update", "adamw", (double)shard * (4 * F32 + 3 * F32 + BF16));
         rw(s, P, b->master);

@@ -562,13 +562,13 @@ static int k_swiglu_bwd(pctx *c) {
 static int k_loss(pctx *c) {
     if (need_ops(c, 3)) return -1;
     int64_t n = c->s->count, V = kint(c, "VOCAB");
-    if (need_bytes(c, 0, n * V * 2) || need_bytes(c, 1, n * 4) || need_bytes(c, 2, 8) || need_align(c, 0, 16))
+    if (need_bytes(c, 0, n * V * 2) || need_bytes(c, 1, n * 4) || need_bytes(c, 2, 4) || need_align(c, 0, 16))
         return -1;
     xlaunch *l = &c->x->L[0];
     if (launch_of(c, "fwdbwd", n, 0, l)) return -1;
     a_ptr(l, opp(c, 0));
     a_ptr(l, opp(c, 1));
-    a_ptr(l, opp(c, 2)); /* loss_sum[0]: the loss; [1] is the gradient's sum of squares */
+    a_ptr(l, opp(c, 2)); /* loss_sum float 0 */
     a_dyn(l, &c->ex->sc.loss_scale);
     a_i64(l, n);
     return 0;
@@ -604,16 +604,16 @@ static int k_cast(pctx *c) {
     return 0;
 }
 
-/* grad_norm: operands grads, loss_sum: sumsq(grad f32[n], n, out f32[1] +=) into loss_sum[1] */
+/* grad_norm: operands grads, loss_sum float 1: sumsq(grad f32[n], n, out f32[1] +=) */
 static int k_grad_norm(pctx *c) {
     if (need_ops(c, 2)) return -1;
     int64_t n = c->s->count;
-    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, 8)) return -1;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, 4)) return -1;
     xlaunch *l = &c->x->L[0];
     if (launch_of(c, "sumsq", n, 0, l)) return -1;
     a_ptr(l, opp(c, 0));
     a_i64(l, n);
-    a_ptr(l, opp(c, 1) + 4);
+    a_ptr(l, opp(c, 1));
     return 0;
 }
 
@@ -696,7 +696,7 @@ static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
     case CP_OP_KERNEL:
         if (s->module < 0) {
             if (strcmp(s->what, "adamw_host")) return pfail(&c, "a host step this runtime does not know");
-            if (need_ops(&c, 4)) return -1;
+            if (need_ops(&c, 5)) return -1;
             x->kind = X_HOST_ADAMW;
             ex->x_adamw_host = i;
             return 0;
@@ -729,17 +729,7 @@ static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
         x->src = opp(&c, 0);
         x->dst = opp(&c, 1);
         x->bytes = (size_t)opbytes(&c, 1);
-        if (!strcmp(s->what, "params_to_gpu")) {
-            /* the plan reads master.f32 into params.bf16; the host optimizer leaves the bf16 parameters in the
-             * first half of grads_host.f32 (free again after the update), and that is what is copied */
-            x->special = S_PARAMS_TO_GPU;
-            if (opbytes(&c, 0) != 2 * opbytes(&c, 1)) return pfail(&c, "params_to_gpu sizes");
-            int g = buf_index(ex, "grads_host.f32");
-            if (g < 0 || !ex->bufptr[g] || P->bufs[g].bytes < opbytes(&c, 1))
-                return pfail(&c, "no grads_host.f32 to stage the bf16 parameters in");
-            x->src = ex->bufptr[g];
-            return 0;
-        }
+        if (!strcmp(s->what, "params_to_gpu")) x->special = S_PARAMS_TO_GPU; /* skipped with a skipped update */
         if (opbytes(&c, 0) != opbytes(&c, 1))
             return pfail(&c, "a copy of %lld bytes into %lld", (long long)opbytes(&c, 0), (long long)opbytes(&c, 1));
         return 0;
@@ -825,14 +815,6 @@ static int step_ranges(const cp_exec *ex, int i, prange *r) {
             r[n - 1].lo = b->offset;
             r[n - 1].hi = b->offset + b->bytes;
         }
-    }
-    /* the host optimizer writes its bf16 result into grads_host, which params_to_gpu reads */
-    if (ex->x[i].kind == X_HOST_ADAMW || ex->x[i].special == S_PARAMS_TO_GPU) {
-        for (int j = 0; j < ex->P->nbufs; j++)
-            if (!strcmp(ex->P->bufs[j].name, "grads_host.f32")) {
-                const cp_buffer *b = &ex->P->bufs[j];
-                r[n++] = (prange){.space = b->space, .lo = b->offset, .hi = b->offset + b->bytes, .w = true};
-            }
     }
     return n;
 }
@@ -1236,7 +1218,8 @@ static double host_phase(cp_exec *ex, int phase) {
     for (int t = 0; t < nt; t++) {
         h[t] = (hopt){.ex = ex, .lo = n * t / nt, .hi = n * (t + 1) / nt, .phase = phase,
                       .master = cp_exec_buffer(ex, "master.f32"), .m = cp_exec_buffer(ex, "adam_m.f32"),
-                      .v = cp_exec_buffer(ex, "adam_v.f32"), .g = grads, .out = (uint16_t *)grads};
+                      .v = cp_exec_buffer(ex, "adam_v.f32"), .g = grads,
+                      .out = (uint16_t *)cp_exec_buffer(ex, "params_host.bf16")};
         if (pthread_create(&th[t], NULL, hopt_thread, &h[t])) cp_fatal(CP_EXIT_FAIL, "pthread_create failed");
     }
     double s = 0;

@@ -94,7 +94,6 @@ typedef struct {
     int steps, kernels, launches, gemms, copies, memsets;
     int waits, events, markers, pin_pieces;
     int64_t ordered_pairs; /* pairs of steps on different streams touching the same bytes, each found ordered */
-    bool plan_bug;         /* (tests) the check stopped at a plan bug */
 } cp_exec_check_report;
 
 /* Everything cp_exec_create derives from the plan, without a GPU: each step's argument list and launch geometry

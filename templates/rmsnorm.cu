@@ -127,7 +127,8 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_h{{HIDDEN}}_e{{
 // dx = rstd * (g - xhat * mean(g * xhat)) (+ dresid), g = dout * weight, xhat = x * rstd;
 // dweight += dout * bf16(xhat) (the product HF's weight multiplies).
 __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(
-    const bf16 *__restrict__ dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight,
+    // dout and dresid may be dx itself (qk-norm's backward runs in place): no __restrict__ on the three
+    const bf16 *dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight,
     const float *__restrict__ rstd, const bf16 *dresid, bf16 *dx, float *__restrict__ dweight, i64 n) {
     const int lane = threadIdx.x % TPR_B;
     const int sub = threadIdx.x / TPR_B;

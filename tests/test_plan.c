@@ -322,7 +322,7 @@ static void test_every_shipped_spec_plans(void **state) {
 static void test_refuses_when_too_small(void **state) {
     (void)state;
     cp_spec s;
-    load("tiny", &s, 1, "machine.gpu_mem=1.05G");
+    load("tiny", &s, 2, "machine.gpu_mem=1G", "machine.reserve=1000M");
     cp_plan p;
     build(&s, &p);
     assert_false(p.fits);
