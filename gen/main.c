@@ -121,6 +121,12 @@ static void parse(int argc, char **argv, cli *c) {
     }
 }
 
+/* What does not fit, and what to try. */
+static void refuse(const cp_spec *spec, const cp_plan *plan) {
+    fprintf(stderr, "cpgen: %s does not fit: %s; try a shorter train.seq_len (cpgen plan --max-seq), more GPUs, or "
+                    "parallel.offload = \"all\"\n", spec->path, plan->why);
+}
+
 static int cmd_plan(const cli *c, cp_spec *spec) {
     cp_plan plan;
     char err[CP_ERR_MAX];
@@ -148,9 +154,7 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
     if (c->json) cp_plan_print_json(&plan, stdout);
     else cp_plan_print(&plan, stdout, c->steps);
     int rc = plan.fits ? 0 : CP_EXIT_USAGE;
-    if (!plan.fits)
-        fprintf(stderr, "cpgen: %s does not fit: %s; try a shorter train.seq_len (cpgen plan --max-seq), more GPUs, "
-                        "or parallel.offload = \"all\"\n", spec->path, plan.why);
+    if (!plan.fits) refuse(spec, &plan);
     cp_plan_free(&plan);
     return rc;
 }
@@ -193,10 +197,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     int gpus = cp_gpu_count(why, sizeof why);
     if (gpus <= 0) {
         printf("cpgen: no GPU found (%s): printing the plan of %s instead of training.\n\n", why, spec->path);
-        cli p = *c;
-        p.command = "plan";
-        int rc = cmd_plan(&p, spec);
-        return rc;
+        return cmd_plan(c, spec);
     }
     cp_plan plan;
     char err[CP_ERR_MAX];
@@ -206,8 +207,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     }
     cp_plan_print(&plan, stdout, false);
     if (!plan.fits) {
-        fprintf(stderr, "cpgen: refusing to start: %s; try a shorter train.seq_len (cpgen plan --max-seq), more GPUs, "
-                        "or parallel.offload = \"all\"\n", plan.why);
+        refuse(spec, &plan);
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }
