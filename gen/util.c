@@ -22,6 +22,14 @@ void cp_fatal(int code, const char *fmt, ...) {
     exit(code);
 }
 
+int cp_errf(char *err, int errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, (size_t)errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
 void *cp_xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) cp_fatal(CP_EXIT_FAIL, "out of host memory allocating %zu bytes", n);

@@ -19,6 +19,10 @@ enum { CP_EXIT_OK = 0, CP_EXIT_FAIL = 1, CP_EXIT_USAGE = 2 };
 /* Print "cpgen: <message>" to stderr and exit with code. */
 void cp_fatal(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
 
+/* Write a message into err (errlen bytes) and return -1: the error convention of every `char *err, int errlen`
+ * function. */
+int cp_errf(char *err, int errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Allocation that never returns NULL: on failure it stops the program with a message. */
 void *cp_xmalloc(size_t n);
 void *cp_xcalloc(size_t count, size_t size);

@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,14 +17,6 @@
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "data.c assumes a little-endian host"
 #endif
-
-__attribute__((format(printf, 3, 4))) static int fail(char *err, int errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, (size_t)errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static uint64_t get_u64(const unsigned char *p) {
     uint64_t v = 0;
@@ -48,10 +39,10 @@ static int read_at(int fd, void *buf, int64_t len, int64_t off, const char *path
         ssize_t r = pread(fd, p, (size_t)CP_MIN(len, (int64_t)1 << 30), (off_t)off);
         if (r < 0) {
             if (errno == EINTR) continue;
-            return fail(err, errlen, "%s: reading at byte %lld failed: %s", path, (long long)off, strerror(errno));
+            return cp_errf(err, errlen, "%s: reading at byte %lld failed: %s", path, (long long)off, strerror(errno));
         }
         if (r == 0)
-            return fail(err, errlen, "%s: the file ends at byte %lld: it was truncated while in use; regenerate it",
+            return cp_errf(err, errlen, "%s: the file ends at byte %lld: it was truncated while in use; regenerate it",
                         path, (long long)off);
         p += r;
         len -= r;
@@ -66,19 +57,19 @@ static int read_at(int fd, void *buf, int64_t len, int64_t off, const char *path
 /* Check one shard's header against its size. */
 static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *tb, char *err, int errlen) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return cp_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     int rc = 0;
     if (fstat(fd, &sb) != 0) {
-        rc = fail(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        rc = cp_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
         goto out;
     }
     if (!S_ISREG(sb.st_mode)) {
-        rc = fail(err, errlen, "%s: not a regular file", path);
+        rc = cp_errf(err, errlen, "%s: not a regular file", path);
         goto out;
     }
     if (sb.st_size < CP_TOK_HEADER) {
-        rc = fail(err, errlen,
+        rc = cp_errf(err, errlen,
                   "%s: %lld bytes, shorter than the %d-byte token shard header: truncated or not a token "
                   "shard (docs/DATA.md)",
                   path, (long long)sb.st_size, CP_TOK_HEADER);
@@ -91,7 +82,7 @@ static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *t
         size_t at = 0;
         for (int k = 0; k < 8; k++)
             at += (size_t)snprintf(shown + at, sizeof shown - at, h[k] >= 0x20 && h[k] < 0x7f ? "%c" : "\\x%02x", h[k]);
-        rc = fail(err, errlen,
+        rc = cp_errf(err, errlen,
                   "%s: starts with \"%s\", not the token shard magic \"%s\": not a cpgen token shard "
                   "(convert it as docs/DATA.md shows)",
                   path, shown, CP_TOK_MAGIC);
@@ -101,21 +92,21 @@ static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *t
     uint64_t n = get_u64(h + 16), reserved = get_u64(h + 24);
     if (version != CP_TOK_VERSION) {
         rc =
-            fail(err, errlen, "%s: token shard version %u; this cpgen reads version %d", path, version, CP_TOK_VERSION);
+            cp_errf(err, errlen, "%s: token shard version %u; this cpgen reads version %d", path, version, CP_TOK_VERSION);
         goto out;
     }
     if (bytes != 2 && bytes != 4) {
-        rc = fail(err, errlen, "%s: token size %u bytes; it must be 2 or 4: the header is corrupt", path, bytes);
+        rc = cp_errf(err, errlen, "%s: token size %u bytes; it must be 2 or 4: the header is corrupt", path, bytes);
         goto out;
     }
     if (reserved != 0) {
-        rc = fail(err, errlen, "%s: the reserved header field is %llu, not 0: the header is corrupt", path,
+        rc = cp_errf(err, errlen, "%s: the reserved header field is %llu, not 0: the header is corrupt", path,
                   (unsigned long long)reserved);
         goto out;
     }
     uint64_t payload = (uint64_t)sb.st_size - CP_TOK_HEADER;
     if (n > payload / bytes) {
-        rc = fail(err, errlen,
+        rc = cp_errf(err, errlen,
                   "%s: the header says %llu tokens (%llu bytes) but the file holds %llu bytes after the "
                   "header: it is truncated; regenerate it",
                   path, (unsigned long long)n, (unsigned long long)(n > UINT64_MAX / bytes ? UINT64_MAX : n * bytes),
@@ -123,14 +114,14 @@ static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *t
         goto out;
     }
     if (n * bytes != payload) {
-        rc = fail(err, errlen,
+        rc = cp_errf(err, errlen,
                   "%s: the header says %llu tokens but %llu bytes follow it (%llu too many): the file is "
                   "corrupt",
                   path, (unsigned long long)n, (unsigned long long)payload, (unsigned long long)(payload - n * bytes));
         goto out;
     }
     if ((int64_t)n < seq_len + 1) {
-        rc = fail(err, errlen,
+        rc = cp_errf(err, errlen,
                   "%s: %llu tokens, fewer than one sequence of train.seq_len + 1 = %lld: merge small "
                   "shards or use a shorter seq_len",
                   path, (unsigned long long)n, (long long)(seq_len + 1));
@@ -147,7 +138,7 @@ int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq
     memset(r, 0, sizeof *r);
     r->fd = r->fd_shard = -1;
     if (vocab < 1 || vocab > INT32_MAX || seq_len < 1)
-        return fail(err, errlen, "token shards: vocab %lld or seq_len %lld out of range (a cpgen bug)",
+        return cp_errf(err, errlen, "token shards: vocab %lld or seq_len %lld out of range (a cpgen bug)",
                     (long long)vocab, (long long)seq_len);
     r->vocab = vocab;
     r->seq_len = seq_len;
@@ -156,14 +147,14 @@ int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq
     int grc = glob(pattern, 0, NULL, &g); /* a folder that is missing or unreadable matches nothing */
     if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
         globfree(&g);
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "data.source tokens:%s: no file matches; check the path (a glob such as "
                     "\"data/shards/*.bin\" is expanded by cpgen, quote it in the shell)",
                     pattern);
     }
     if (grc != 0) {
         globfree(&g);
-        return fail(err, errlen, "data.source tokens:%s: listing the files failed (%s)", pattern,
+        return cp_errf(err, errlen, "data.source tokens:%s: listing the files failed (%s)", pattern,
                     grc == GLOB_NOSPACE ? "out of memory" : "a folder could not be read");
     }
     r->nshards = (int)g.gl_pathc;
@@ -195,7 +186,7 @@ void cp_tokens_close(cp_tokens *r) {
 
 int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool advance, char *err, int errlen) {
     if (first < 0 || n < 0 || first + n > r->seq_len + 1)
-        return fail(err, errlen, "token shards: tokens [%lld, %lld) of a sequence of %lld asked (a cpgen bug)",
+        return cp_errf(err, errlen, "token shards: tokens [%lld, %lld) of a sequence of %lld asked (a cpgen bug)",
                     (long long)first, (long long)(first + n), (long long)(r->seq_len + 1));
     int s = (int)r->pos.shard;
     const char *path = r->paths[s];
@@ -203,7 +194,7 @@ int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool ad
         if (r->fd >= 0) close(r->fd);
         r->fd_shard = -1;
         r->fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (r->fd < 0) return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        if (r->fd < 0) return cp_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         r->fd_shard = s;
     }
     int tb = r->token_bytes[s];
@@ -212,7 +203,7 @@ int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool ad
     for (int64_t k = 0; k < n; k++) {
         uint32_t v = tb == 2 ? ((const uint16_t *)r->buf)[k] : ((const uint32_t *)r->buf)[k];
         if ((int64_t)v >= r->vocab)
-            return fail(err, errlen,
+            return cp_errf(err, errlen,
                         "%s: token %lld is %u, not below the vocabulary size model.vocab = %lld: the "
                         "shard was made with another tokenizer, or is corrupt",
                         path, (long long)(at + k), v, (long long)r->vocab);
@@ -234,29 +225,29 @@ int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool ad
 
 int cp_tokens_seek(cp_tokens *r, const cp_data_pos *pos, char *err, int errlen) {
     if (pos->shard < 0 || pos->shard >= r->nshards)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "resuming the data: the saved position is in shard %lld, but the source has %d "
                     "shards: the shards changed since the checkpoint",
                     (long long)pos->shard, r->nshards);
     if (pos->offset < 0 || pos->offset % r->seq_len != 0 || pos->offset + r->seq_len + 1 > r->counts[pos->shard])
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "resuming the data: the saved position (token %lld of %s) is not a sequence start of "
                     "that shard (%lld tokens, seq_len %lld): the shards or seq_len changed since the checkpoint",
                     (long long)pos->offset, r->paths[pos->shard], (long long)r->counts[pos->shard],
                     (long long)r->seq_len);
     if (pos->sequence < 0 || pos->epoch < 0)
-        return fail(err, errlen, "resuming the data: the saved position has a negative count");
+        return cp_errf(err, errlen, "resuming the data: the saved position has a negative count");
     r->pos = *pos;
     return 0;
 }
 
 int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, char *err, int errlen) {
     if (token_bytes != 2 && token_bytes != 4)
-        return fail(err, errlen, "%s: token bytes must be 2 or 4, not %d", path, token_bytes);
-    if (n < 0) return fail(err, errlen, "%s: negative token count", path);
+        return cp_errf(err, errlen, "%s: token bytes must be 2 or 4, not %d", path, token_bytes);
+    if (n < 0) return cp_errf(err, errlen, "%s: negative token count", path);
     for (int64_t k = 0; k < n; k++)
         if (tokens[k] < 0 || (token_bytes == 2 && tokens[k] > 0xffff))
-            return fail(err, errlen, "%s: token %lld is %d, which does not fit %d unsigned bytes%s", path, (long long)k,
+            return cp_errf(err, errlen, "%s: token %lld is %d, which does not fit %d unsigned bytes%s", path, (long long)k,
                         tokens[k], token_bytes, token_bytes == 2 ? " (use 4-byte tokens)" : "");
     size_t len = CP_TOK_HEADER + (size_t)n * (size_t)token_bytes;
     unsigned char *b = cp_xcalloc(len, 1);
@@ -276,7 +267,7 @@ int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int toke
     }
     int rc = 0;
     if (cp_write_file_atomic(path, b, len) != 0)
-        rc = fail(err, errlen, "%s: writing failed: %s", path, strerror(errno));
+        rc = cp_errf(err, errlen, "%s: writing failed: %s", path, strerror(errno));
     free(b);
     return rc;
 }
@@ -305,14 +296,14 @@ static uint64_t below(rng *g, uint64_t n) {
 int cp_recall_init(cp_recall *r, int64_t vocab, int64_t seq_len, uint64_t seed, char *err, int errlen) {
     memset(r, 0, sizeof *r);
     if (vocab < CP_RECALL_MIN_VOCAB)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "data.source synthetic:recall needs model.vocab >= %d (filler, key and value token "
                     "ranges), not %lld",
                     CP_RECALL_MIN_VOCAB, (long long)vocab);
     if (vocab > INT32_MAX)
-        return fail(err, errlen, "synthetic:recall: model.vocab %lld is too large", (long long)vocab);
+        return cp_errf(err, errlen, "synthetic:recall: model.vocab %lld is too large", (long long)vocab);
     if (seq_len < CP_RECALL_MIN_SEQ)
-        return fail(err, errlen, "data.source synthetic:recall needs train.seq_len >= %d, not %lld", CP_RECALL_MIN_SEQ,
+        return cp_errf(err, errlen, "data.source synthetic:recall needs train.seq_len >= %d, not %lld", CP_RECALL_MIN_SEQ,
                     (long long)seq_len);
     r->vocab = vocab;
     r->seq_len = seq_len;
@@ -392,13 +383,13 @@ int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen) {
     }
     if (!strncmp(src, "tokens:", 7))
         return cp_tokens_open(&d->tokens, src + 7, spec->model.vocab, d->seq_len, err, errlen);
-    return fail(err, errlen, "data.source = \"%s\": unknown source; use \"synthetic:recall\" or \"tokens:<glob>\"",
+    return cp_errf(err, errlen, "data.source = \"%s\": unknown source; use \"synthetic:recall\" or \"tokens:<glob>\"",
                 src);
 }
 
 int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *targets, char *err, int errlen) {
     if (C < 1 || rank < 0 || rank >= C || d->seq_len % C)
-        return fail(err, errlen, "data: rank %d of %d GPUs cannot split seq_len %lld (a cpgen bug)", rank, C,
+        return cp_errf(err, errlen, "data: rank %d of %d GPUs cannot split seq_len %lld (a cpgen bug)", rank, C,
                     (long long)d->seq_len);
     int64_t T = d->seq_len / C, first = (int64_t)rank * T;
     if (d->synthetic) {
@@ -431,7 +422,7 @@ void cp_dataset_tell(const cp_dataset *d, cp_data_pos *pos) {
 
 int cp_dataset_seek(cp_dataset *d, const cp_data_pos *pos, char *err, int errlen) {
     if (d->synthetic) {
-        if (pos->sequence < 0) return fail(err, errlen, "resuming the data: negative sequence index");
+        if (pos->sequence < 0) return cp_errf(err, errlen, "resuming the data: negative sequence index");
         d->sequence = pos->sequence;
         return 0;
     }

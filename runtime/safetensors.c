@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,14 +20,6 @@
 #endif
 
 #define CHUNK_ELEMS ((int64_t)1 << 20)
-
-__attribute__((format(printf, 3, 4))) static int fail(char *err, int errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, (size_t)errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* ------------------------------------------------------------------------------------------------------------
  * dtypes and conversions */
@@ -98,11 +89,11 @@ static int read_at(int fd, void *buf, int64_t len, int64_t off, const char *path
         ssize_t r = pread(fd, p, (size_t)CP_MIN(len, (int64_t)1 << 30), (off_t)off);
         if (r < 0) {
             if (errno == EINTR) continue;
-            return fail(err, errlen, "%s: reading %lld bytes at byte %lld failed: %s", path, (long long)len,
+            return cp_errf(err, errlen, "%s: reading %lld bytes at byte %lld failed: %s", path, (long long)len,
                         (long long)off, strerror(errno));
         }
         if (r == 0)
-            return fail(err, errlen,
+            return cp_errf(err, errlen,
                         "%s: the file ends at byte %lld, before the data it promised: it was truncated or changed "
                         "while open; re-download or re-save it",
                         path, (long long)off);
@@ -136,35 +127,35 @@ static int cmp_by_begin(const void *a, const void *b) {
 static int parse_entry(const char *path, const char *name, const cp_json *v, int64_t data_size, cp_st_tensor *t,
                        char *err, int errlen) {
     if (v->type != CP_JSON_OBJECT)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: header entry \"%.200s\" is %s; a tensor entry is an object with dtype, shape "
                     "and data_offsets: the file is corrupt",
                     path, name, cp_json_type_name(v->type));
     for (int k = 0; k < v->n; k++)
         if (strcmp(v->keys[k], "dtype") && strcmp(v->keys[k], "shape") && strcmp(v->keys[k], "data_offsets"))
-            return fail(err, errlen,
+            return cp_errf(err, errlen,
                         "%s: tensor \"%.200s\" has the unknown field \"%.80s\" (expected dtype, shape, "
                         "data_offsets): the file is corrupt or not safetensors",
                         path, name, v->keys[k]);
     const cp_json *dt = cp_json_get(v, "dtype"), *sh = cp_json_get(v, "shape"), *off = cp_json_get(v, "data_offsets");
     if (!dt || !sh || !off)
-        return fail(err, errlen, "%s: tensor \"%.200s\" lacks \"%s\": the file is corrupt", path, name,
+        return cp_errf(err, errlen, "%s: tensor \"%.200s\" lacks \"%s\": the file is corrupt", path, name,
                     !dt   ? "dtype"
                     : !sh ? "shape"
                           : "data_offsets");
     if (dt->type != CP_JSON_STRING)
-        return fail(err, errlen, "%s: tensor \"%.200s\": dtype is %s, not a string", path, name,
+        return cp_errf(err, errlen, "%s: tensor \"%.200s\": dtype is %s, not a string", path, name,
                     cp_json_type_name(dt->type));
     if (parse_dtype(dt->string, &t->dtype))
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: tensor \"%.200s\" has the unknown dtype \"%.40s\"; safetensors dtypes are F32, "
                     "BF16, F16, F64, I64, I32, I16, I8, U64, U32, U16, U8, BOOL, F8_E4M3, F8_E5M2",
                     path, name, dt->string);
     if (sh->type != CP_JSON_ARRAY)
-        return fail(err, errlen, "%s: tensor \"%.200s\": shape is %s, not an array of sizes", path, name,
+        return cp_errf(err, errlen, "%s: tensor \"%.200s\": shape is %s, not an array of sizes", path, name,
                     cp_json_type_name(sh->type));
     if (sh->n > CP_ST_MAX_DIMS)
-        return fail(err, errlen, "%s: tensor \"%.200s\" has %d dimensions; at most %d are supported", path, name, sh->n,
+        return cp_errf(err, errlen, "%s: tensor \"%.200s\" has %d dimensions; at most %d are supported", path, name, sh->n,
                     CP_ST_MAX_DIMS);
     t->ndim = sh->n;
     int64_t elems = 1;
@@ -172,7 +163,7 @@ static int parse_entry(const char *path, const char *name, const cp_json *v, int
     for (int k = 0; k < sh->n; k++) {
         const cp_json *d = &sh->items[k];
         if (d->type != CP_JSON_NUMBER || !d->is_int || d->integer < 0)
-            return fail(err, errlen, "%s: tensor \"%.200s\": shape[%d] is not a non-negative integer", path, name, k);
+            return cp_errf(err, errlen, "%s: tensor \"%.200s\": shape[%d] is not a non-negative integer", path, name, k);
         t->shape[k] = d->integer;
         if (d->integer && elems > INT64_MAX / d->integer)
             overflow = true;
@@ -181,26 +172,26 @@ static int parse_entry(const char *path, const char *name, const cp_json *v, int
     }
     int es = DTYPE_SIZES[t->dtype];
     if (overflow || elems > INT64_MAX / es)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: tensor \"%.200s\": its shape has more elements than any file can hold: the file "
                     "is corrupt",
                     path, name);
     t->elems = elems;
     if (off->type != CP_JSON_ARRAY || off->n != 2)
-        return fail(err, errlen, "%s: tensor \"%.200s\": data_offsets must be an array [begin, end]", path, name);
+        return cp_errf(err, errlen, "%s: tensor \"%.200s\": data_offsets must be an array [begin, end]", path, name);
     for (int k = 0; k < 2; k++)
         if (off->items[k].type != CP_JSON_NUMBER || !off->items[k].is_int || off->items[k].integer < 0)
-            return fail(err, errlen, "%s: tensor \"%.200s\": data_offsets[%d] is not a non-negative integer", path,
+            return cp_errf(err, errlen, "%s: tensor \"%.200s\": data_offsets[%d] is not a non-negative integer", path,
                         name, k);
     t->begin = off->items[0].integer;
     t->end = off->items[1].integer;
     if (t->end < t->begin)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: tensor \"%.200s\": data_offsets [%lld, %lld] end before they begin: the file is "
                     "corrupt",
                     path, name, (long long)t->begin, (long long)t->end);
     if (t->end > data_size)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: tensor \"%.200s\": data_offsets [%lld, %lld] reach past the data area (%lld "
                     "bytes after the header): the file is truncated or corrupt; re-download or re-save it",
                     path, name, (long long)t->begin, (long long)t->end, (long long)data_size);
@@ -209,7 +200,7 @@ static int parse_entry(const char *path, const char *name, const cp_json *v, int
         size_t at = 0;
         for (int k = 0; k < t->ndim && at < sizeof shp - 24; k++)
             at += (size_t)snprintf(shp + at, sizeof shp - at, "%s%lld", k ? ", " : "", (long long)t->shape[k]);
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: tensor \"%.200s\": data_offsets [%lld, %lld] hold %lld bytes but shape [%s] "
                     "in %s needs %lld: the file is corrupt",
                     path, name, (long long)t->begin, (long long)t->end, (long long)(t->end - t->begin), shp,
@@ -224,14 +215,14 @@ static int open_one(const char *path, int fi, cp_st_file *f, tlist *list, char *
     f->path = cp_xstrdup(path);
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0)
-        return fail(err, errlen, "%s: cannot open: %s%s", path, strerror(errno),
+        return cp_errf(err, errlen, "%s: cannot open: %s%s", path, strerror(errno),
                     errno == ENOENT ? " (check the path, or the index that names this shard)" : "");
     struct stat sb;
-    if (fstat(f->fd, &sb) != 0) return fail(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) return fail(err, errlen, "%s: not a regular file", path);
+    if (fstat(f->fd, &sb) != 0) return cp_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return cp_errf(err, errlen, "%s: not a regular file", path);
     f->size = sb.st_size;
     if (f->size < 8)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: the file is %lld bytes, shorter than the 8-byte header length that starts a "
                     "safetensors file: it is truncated or not safetensors",
                     path, (long long)f->size);
@@ -240,12 +231,12 @@ static int open_one(const char *path, int fi, cp_st_file *f, tlist *list, char *
     uint64_t hl = 0;
     for (int k = 7; k >= 0; k--) hl = hl << 8 | lenb[k];
     if (hl == 0 || hl > (uint64_t)CP_ST_MAX_HEADER)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: header length %llu is not in [1, %lld] bytes: not a safetensors file, or the "
                     "first 8 bytes are corrupt",
                     path, (unsigned long long)hl, (long long)CP_ST_MAX_HEADER);
     if ((int64_t)hl > f->size - 8)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: header length %llu runs past the end of the file (%lld bytes): the file is "
                     "truncated or not safetensors",
                     path, (unsigned long long)hl, (long long)f->size);
@@ -259,7 +250,7 @@ static int open_one(const char *path, int fi, cp_st_file *f, tlist *list, char *
     char jerr[512];
     if (cp_json_parse(hdr, (size_t)hl, &root, jerr, sizeof jerr)) {
         free(hdr);
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: the JSON header is malformed %s (header bytes count from 0 after the 8-byte "
                     "length): the file is corrupt or not safetensors",
                     path, jerr);
@@ -268,7 +259,7 @@ static int open_one(const char *path, int fi, cp_st_file *f, tlist *list, char *
     int rc = 0;
     int first = list->n;
     if (root.type != CP_JSON_OBJECT) {
-        rc = fail(err, errlen, "%s: the header is %s, not a JSON object: the file is corrupt", path,
+        rc = cp_errf(err, errlen, "%s: the header is %s, not a JSON object: the file is corrupt", path,
                   cp_json_type_name(root.type));
         goto out;
     }
@@ -278,20 +269,20 @@ static int open_one(const char *path, int fi, cp_st_file *f, tlist *list, char *
         const cp_json *v = &root.items[k];
         if (!strcmp(name, "__metadata__")) {
             if (v->type != CP_JSON_OBJECT && v->type != CP_JSON_NULL) {
-                rc = fail(err, errlen, "%s: __metadata__ is %s; it must be an object of strings", path,
+                rc = cp_errf(err, errlen, "%s: __metadata__ is %s; it must be an object of strings", path,
                           cp_json_type_name(v->type));
                 break;
             }
             for (int j = 0; j < v->n; j++)
                 if (v->items[j].type != CP_JSON_STRING) {
-                    rc = fail(err, errlen, "%s: __metadata__ \"%.80s\" is %s; metadata values must be strings", path,
+                    rc = cp_errf(err, errlen, "%s: __metadata__ \"%.80s\" is %s; metadata values must be strings", path,
                               v->keys[j], cp_json_type_name(v->items[j].type));
                     break;
                 }
             continue;
         }
         if (!name[0]) {
-            rc = fail(err, errlen, "%s: a tensor has an empty name: the file is corrupt", path);
+            rc = cp_errf(err, errlen, "%s: a tensor has an empty name: the file is corrupt", path);
             break;
         }
         if (list->n == list->cap) {
@@ -313,7 +304,7 @@ static int open_one(const char *path, int fi, cp_st_file *f, tlist *list, char *
         for (int k = 0; k < n && !rc; k++) {
             if (by[k]->begin == by[k]->end) continue; /* empty tensors take no bytes */
             if (prev && by[k]->begin < prev->end)
-                rc = fail(err, errlen,
+                rc = cp_errf(err, errlen,
                           "%s: tensors \"%.200s\" [%lld, %lld] and \"%.200s\" [%lld, %lld] overlap in "
                           "the data area: the file is corrupt",
                           path, prev->name, (long long)prev->begin, (long long)prev->end, by[k]->name,
@@ -365,16 +356,16 @@ static cp_st_file *add_file(cp_st_set *st) {
 static int open_index(const char *path, cp_st_set *st, tlist *list, char *err, int errlen) {
     size_t len;
     struct stat sb;
-    if (stat(path, &sb) != 0) return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    if (stat(path, &sb) != 0) return cp_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     if (sb.st_size > CP_ST_MAX_HEADER)
-        return fail(err, errlen, "%s: %lld bytes is too large for a safetensors index", path, (long long)sb.st_size);
+        return cp_errf(err, errlen, "%s: %lld bytes is too large for a safetensors index", path, (long long)sb.st_size);
     char *text = cp_read_file(path, &len);
-    if (!text) return fail(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+    if (!text) return cp_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
     cp_json root;
     char jerr[512];
     if (cp_json_parse(text, len, &root, jerr, sizeof jerr)) {
         free(text);
-        return fail(err, errlen, "%s: the index is not valid JSON: %s", path, jerr);
+        return cp_errf(err, errlen, "%s: the index is not valid JSON: %s", path, jerr);
     }
     free(text);
     int rc = 0;
@@ -382,22 +373,22 @@ static int open_index(const char *path, cp_st_set *st, tlist *list, char *err, i
     char **names = NULL; /* distinct shard names, parallel to st->files */
     const cp_json *wm = cp_json_get(&root, "weight_map");
     if (!wm || wm->type != CP_JSON_OBJECT) {
-        rc = fail(err, errlen, "%s: the index has no \"weight_map\" object mapping tensor names to shard files", path);
+        rc = cp_errf(err, errlen, "%s: the index has no \"weight_map\" object mapping tensor names to shard files", path);
         goto out;
     }
     if (wm->n == 0) {
-        rc = fail(err, errlen, "%s: the index's weight_map is empty", path);
+        rc = cp_errf(err, errlen, "%s: the index's weight_map is empty", path);
         goto out;
     }
     int *file_of = cp_xmalloc((size_t)wm->n * sizeof *file_of);
     for (int k = 0; k < wm->n && !rc; k++) {
         const cp_json *v = &wm->items[k];
         if (v->type != CP_JSON_STRING || !v->string[0]) {
-            rc = fail(err, errlen, "%s: weight_map[\"%.200s\"] is not a file name", path, wm->keys[k]);
+            rc = cp_errf(err, errlen, "%s: weight_map[\"%.200s\"] is not a file name", path, wm->keys[k]);
             break;
         }
         if (v->string[0] == '/' || strstr(v->string, "..")) {
-            rc = fail(err, errlen,
+            rc = cp_errf(err, errlen,
                       "%s: weight_map[\"%.200s\"] = \"%.200s\": shard names must be relative to the "
                       "index's folder, without \"..\"",
                       path, wm->keys[k], v->string);
@@ -423,7 +414,7 @@ static int open_index(const char *path, cp_st_set *st, tlist *list, char *err, i
         for (int j = 0; j < list->n && !found; j++)
             found = list->t[j].file == file_of[k] && !strcmp(list->t[j].name, wm->keys[k]);
         if (!found)
-            rc = fail(err, errlen,
+            rc = cp_errf(err, errlen,
                       "%s: the index maps \"%.200s\" to %s, but that shard has no such tensor: the "
                       "shards do not belong to this index (re-download or re-save the checkpoint)",
                       path, wm->keys[k], names[file_of[k]]);
@@ -431,12 +422,12 @@ static int open_index(const char *path, cp_st_set *st, tlist *list, char *err, i
     for (int j = 0; j < list->n && !rc; j++) {
         const cp_json *v = cp_json_get(wm, list->t[j].name);
         if (!v)
-            rc = fail(err, errlen,
+            rc = cp_errf(err, errlen,
                       "%s: shard %s holds \"%.200s\", which the index does not list: the shards do not "
                       "belong to this index",
                       path, names[list->t[j].file], list->t[j].name);
         else if (strcmp(v->string, names[list->t[j].file]))
-            rc = fail(err, errlen,
+            rc = cp_errf(err, errlen,
                       "%s: shard %s holds \"%.200s\", which the index maps to %s: the shards do not "
                       "belong to this index",
                       path, names[list->t[j].file], list->t[j].name, v->string);
@@ -460,7 +451,7 @@ static int resolve_dir(const char *path, char **out, bool *is_index, char *err, 
     }
     free(idx);
     DIR *d = opendir(path);
-    if (!d) return fail(err, errlen, "%s: cannot list the folder: %s", path, strerror(errno));
+    if (!d) return cp_errf(err, errlen, "%s: cannot list the folder: %s", path, strerror(errno));
     char *found = NULL;
     int count = 0;
     struct dirent *e;
@@ -478,11 +469,11 @@ static int resolve_dir(const char *path, char **out, bool *is_index, char *err, 
     }
     free(found);
     if (count == 0)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: the folder has neither %s nor a *.safetensors file: give the folder of a Hugging "
                     "Face checkpoint saved with safetensors",
                     path, CP_ST_INDEX_NAME);
-    return fail(err, errlen,
+    return cp_errf(err, errlen,
                 "%s: the folder has %d *.safetensors files but no %s to say which tensors are where: "
                 "restore the index, or give one file",
                 path, count, CP_ST_INDEX_NAME);
@@ -490,13 +481,13 @@ static int resolve_dir(const char *path, char **out, bool *is_index, char *err, 
 
 int cp_st_open(const char *path, cp_st_set *st, char *err, int errlen) {
     memset(st, 0, sizeof *st);
-    if (!path || !path[0]) return fail(err, errlen, "no safetensors path given");
+    if (!path || !path[0]) return cp_errf(err, errlen, "no safetensors path given");
     st->where = cp_xstrdup(path);
     struct stat sb;
     if (stat(path, &sb) != 0) {
         int e = errno;
         cp_st_close(st);
-        return fail(err, errlen, "%s: cannot open: %s%s", path, strerror(e),
+        return cp_errf(err, errlen, "%s: cannot open: %s%s", path, strerror(e),
                     e == ENOENT ? " (give a .safetensors file, an index .json, or a checkpoint folder)" : "");
     }
     char *file = NULL;
@@ -519,7 +510,7 @@ int cp_st_open(const char *path, cp_st_set *st, char *err, int errlen) {
         qsort(list.t, (size_t)list.n, sizeof *list.t, cmp_by_name);
         for (int k = 1; k < list.n && !rc; k++)
             if (!strcmp(list.t[k - 1].name, list.t[k].name))
-                rc = fail(err, errlen, "%s: tensor \"%.200s\" appears in two shards (%s and %s)", path, list.t[k].name,
+                rc = cp_errf(err, errlen, "%s: tensor \"%.200s\" appears in two shards (%s and %s)", path, list.t[k].name,
                           st->files[list.t[k - 1].file].path, st->files[list.t[k].file].path);
     }
     if (rc) cp_st_close(st);
@@ -556,12 +547,12 @@ int cp_st_read_f32(const cp_st_set *st, const cp_st_tensor *t, int64_t first, in
                    int errlen) {
     const cp_st_file *f = &st->files[t->file];
     if (!convertible(t->dtype))
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "%s: tensor \"%.200s\" is %s; cpgen reads only F32, BF16 and F16 weights: convert "
                     "the checkpoint",
                     f->path, t->name, DTYPE_NAMES[t->dtype]);
     if (first < 0 || count < 0 || first > t->elems - count)
-        return fail(err, errlen, "%s: tensor \"%.200s\": elements [%lld, %lld) asked of %lld (a cpgen bug)", f->path,
+        return cp_errf(err, errlen, "%s: tensor \"%.200s\": elements [%lld, %lld) asked of %lld (a cpgen bug)", f->path,
                     t->name, (long long)first, (long long)(first + count), (long long)t->elems);
     int es = DTYPE_SIZES[t->dtype];
     int64_t off = f->data_off + t->begin + first * es;
@@ -603,7 +594,7 @@ static int write_all(out_file *o, const void *data, size_t len, char *err, int e
         ssize_t w = write(o->fd, p, len);
         if (w < 0) {
             if (errno == EINTR) continue;
-            return fail(err, errlen, "%s: writing failed: %s%s", o->tmp, strerror(errno),
+            return cp_errf(err, errlen, "%s: writing failed: %s%s", o->tmp, strerror(errno),
                         errno == ENOSPC ? " (the disk is full: free space or save elsewhere)" : "");
         }
         p += w;
@@ -654,19 +645,19 @@ static int open_out(out_file *o, const char *dir, const char *name, char *err, i
     o->tmp = cp_xmalloc(n);
     snprintf(o->tmp, n, "%s.tmp.%ld", o->path, (long)getpid());
     o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (o->fd < 0) return fail(err, errlen, "%s: cannot create: %s", o->tmp, strerror(errno));
+    if (o->fd < 0) return cp_errf(err, errlen, "%s: cannot create: %s", o->tmp, strerror(errno));
     return 0;
 }
 
 static int finish_out(out_file *o, bool ok, char *err, int errlen) {
     int rc = ok ? 0 : -1;
     if (o->fd >= 0) {
-        if (ok && fsync(o->fd) != 0) rc = fail(err, errlen, "%s: fsync failed: %s", o->tmp, strerror(errno));
-        if (close(o->fd) != 0 && !rc) rc = fail(err, errlen, "%s: close failed: %s", o->tmp, strerror(errno));
+        if (ok && fsync(o->fd) != 0) rc = cp_errf(err, errlen, "%s: fsync failed: %s", o->tmp, strerror(errno));
+        if (close(o->fd) != 0 && !rc) rc = cp_errf(err, errlen, "%s: close failed: %s", o->tmp, strerror(errno));
         o->fd = -1;
     }
     if (!rc && rename(o->tmp, o->path) != 0)
-        rc = fail(err, errlen, "renaming %s to %s failed: %s", o->tmp, o->path, strerror(errno));
+        rc = cp_errf(err, errlen, "renaming %s to %s failed: %s", o->tmp, o->path, strerror(errno));
     if (rc && o->tmp) unlink(o->tmp);
     free(o->tmp);
     free(o->path);
@@ -706,28 +697,28 @@ static int check_out(const cp_st_out *t, int n, char *err, int errlen) {
     for (int k = 0; k < n; k++) {
         const cp_st_out *x = &t[k];
         if (!x->name || !x->name[0] || !strcmp(x->name, "__metadata__"))
-            return fail(err, errlen, "safetensors writer: tensor %d has no usable name (a cpgen bug)", k);
+            return cp_errf(err, errlen, "safetensors writer: tensor %d has no usable name (a cpgen bug)", k);
         if ((unsigned)x->dtype >= CP_ST_DTYPE_COUNT)
-            return fail(err, errlen, "safetensors writer: tensor \"%s\" has an unknown dtype (a cpgen bug)", x->name);
+            return cp_errf(err, errlen, "safetensors writer: tensor \"%s\" has an unknown dtype (a cpgen bug)", x->name);
         if (x->ndim < 0 || x->ndim > CP_ST_MAX_DIMS)
-            return fail(err, errlen, "safetensors writer: tensor \"%s\" has %d dimensions (a cpgen bug)", x->name,
+            return cp_errf(err, errlen, "safetensors writer: tensor \"%s\" has %d dimensions (a cpgen bug)", x->name,
                         x->ndim);
         for (int d = 0; d < x->ndim; d++)
             if (x->shape[d] < 0)
-                return fail(err, errlen, "safetensors writer: tensor \"%s\" has a negative size (a cpgen bug)",
+                return cp_errf(err, errlen, "safetensors writer: tensor \"%s\" has a negative size (a cpgen bug)",
                             x->name);
         int sources = (x->raw != NULL) + (x->f32 != NULL) + (x->fill != NULL);
         if (sources != 1)
-            return fail(err, errlen,
+            return cp_errf(err, errlen,
                         "safetensors writer: tensor \"%s\" needs exactly one of raw, f32, fill (a cpgen "
                         "bug)",
                         x->name);
         if (!x->raw && !convertible(x->dtype))
-            return fail(err, errlen, "safetensors writer: tensor \"%s\": fp32 converts only to F32, BF16 or F16",
+            return cp_errf(err, errlen, "safetensors writer: tensor \"%s\": fp32 converts only to F32, BF16 or F16",
                         x->name);
         for (int j = 0; j < k; j++)
             if (!strcmp(t[j].name, x->name))
-                return fail(err, errlen, "safetensors writer: tensor \"%s\" given twice (a cpgen bug)", x->name);
+                return cp_errf(err, errlen, "safetensors writer: tensor \"%s\" given twice (a cpgen bug)", x->name);
     }
     return 0;
 }
@@ -761,10 +752,10 @@ static void remove_stale_shards(const char *dir, int nshards) {
 }
 
 int cp_st_write(const char *dir, const cp_st_out *t, int n, int64_t shard_bytes, char *err, int errlen) {
-    if (n <= 0) return fail(err, errlen, "safetensors writer: no tensors to write to %s", dir);
+    if (n <= 0) return cp_errf(err, errlen, "safetensors writer: no tensors to write to %s", dir);
     if (check_out(t, n, err, errlen)) return -1;
     if (shard_bytes <= 0) shard_bytes = CP_ST_DEFAULT_SHARD;
-    if (cp_mkdir_p(dir) != 0) return fail(err, errlen, "%s: cannot create the folder: %s", dir, strerror(errno));
+    if (cp_mkdir_p(dir) != 0) return cp_errf(err, errlen, "%s: cannot create the folder: %s", dir, strerror(errno));
     /* shard boundaries: a new shard starts before a tensor that would overflow a non-empty one */
     int *start = cp_xmalloc((size_t)(n + 1) * sizeof *start);
     int nshards = 0;
@@ -817,7 +808,7 @@ int cp_st_write(const char *dir, const cp_st_out *t, int n, int64_t shard_bytes,
         if (!rc) {
             char *p = join(dir, CP_ST_INDEX_NAME);
             if (cp_write_file_atomic(p, idx.data, idx.len) != 0)
-                rc = fail(err, errlen, "%s: writing the index failed: %s", p, strerror(errno));
+                rc = cp_errf(err, errlen, "%s: writing the index failed: %s", p, strerror(errno));
             free(p);
         }
         if (!rc) {

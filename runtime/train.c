@@ -5,7 +5,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,15 +12,6 @@
 #include "exec.h"
 #include "util.h"
 #include "weights.h"
-
-static int failf(char *err, int errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int failf(char *err, int errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, (size_t)errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 double cp_lr_at(const cp_train *t, int step) {
     if (step < t->warmup) return t->lr * (double)step / (double)CP_MAX(1, t->warmup);
@@ -76,7 +66,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, cp_train
     /* weights */
     int64_t n = cp_weights_elems(P);
     if (n != P->params_shard)
-        return failf(err, errlen, "the flat model has %lld elements, the plan's shard %lld: weights.c and the plan "
+        return cp_errf(err, errlen, "the flat model has %lld elements, the plan's shard %lld: weights.c and the plan "
                      "disagree on the layout", (long long)n, (long long)P->params_shard);
     float *flat = cp_xmalloc(sizeof(float) * (size_t)n);
     double t0 = cp_now();
@@ -105,7 +95,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, cp_train
     if (!rc) {
         snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", tr->out_dir);
         if (cp_mkdir_p(tr->out_dir) || !(metrics = fopen(mpath, "w")))
-            rc = failf(err, errlen, "%s: %s; set train.out_dir to a folder you can write", mpath, strerror(errno));
+            rc = cp_errf(err, errlen, "%s: %s; set train.out_dir to a folder you can write", mpath, strerror(errno));
     }
     int32_t *tok = cp_xmalloc(sizeof(int32_t) * (size_t)(T * mb)), *tgt = cp_xmalloc(sizeof(int32_t) * (size_t)(T * mb));
     double *times = cp_xcalloc((size_t)CP_MAX(tr->steps, 1), sizeof(double));

@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,14 +11,6 @@
 #include "json.h"
 #include "safetensors.h"
 #include "util.h"
-
-__attribute__((format(printf, 3, 4))) static int fail(char *err, int errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, (size_t)errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 int64_t cp_weights_unit_off(const cp_plan *plan, int unit) {
     int64_t off = 0;
@@ -178,11 +169,11 @@ static bool ignorable(const char *name) {
 
 static int family_check(const cp_model *m, char *err, int errlen) {
     if (m->family == CP_FAMILY_LLAMA && m->qk_norm)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "model.qk_norm = true with family \"llama\": transformers' LlamaForCausalLM has no "
                     "q/k norms, so there is no Hugging Face checkpoint of this model; use family \"qwen3\"");
     if (m->family == CP_FAMILY_QWEN3 && !m->qk_norm)
-        return fail(err, errlen,
+        return cp_errf(err, errlen,
                     "model.qk_norm = false with family \"qwen3\": Qwen3ForCausalLM always has q/k "
                     "norms; use family \"llama\" or qk_norm = true");
     return 0;
@@ -192,7 +183,7 @@ int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *
     const cp_model *m = &plan->spec.model;
     cp_st_set st;
     char e2[CP_ERR_MAX];
-    if (cp_st_open(path, &st, e2, sizeof e2)) return fail(err, errlen, "loading Hugging Face weights: %s", e2);
+    if (cp_st_open(path, &st, e2, sizeof e2)) return cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
     int nt = cp_weights_hf_tensors(plan, NULL, 0);
     cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
     cp_weights_hf_tensors(plan, tt, nt);
@@ -212,17 +203,17 @@ int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *
         char rest[128];
         const char *file = st.files[st.tensors[k].file].path;
         if (sscanf(name, "model.layers.%d.%127s", &layer, rest) == 2 && layer >= m->layers)
-            rc = fail(err, errlen,
+            rc = cp_errf(err, errlen,
                       "%s: the checkpoint has layer %d (\"%s\") but the spec %s has model.layers = %lld: "
                       "set model.layers to the checkpoint's num_hidden_layers",
                       file, layer, name, plan->spec.path, (long long)m->layers);
         else if (strstr(name, "q_norm") || strstr(name, "k_norm"))
-            rc = fail(err, errlen,
+            rc = cp_errf(err, errlen,
                       "%s: the checkpoint has \"%s\" (q/k norms, a Qwen3 model) but the spec %s has "
                       "model.qk_norm = false: use family = \"qwen3\"",
                       file, name, plan->spec.path);
         else
-            rc = fail(err, errlen,
+            rc = cp_errf(err, errlen,
                       "%s: unexpected tensor \"%s\": the checkpoint is not a %s model of the shape in "
                       "%s (cpgen maps model.embed_tokens, model.layers.N.{self_attn,mlp}.*, the layer norms, "
                       "model.norm and lm_head)",
@@ -233,17 +224,17 @@ int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *
         const cp_st_tensor *s = cp_st_find(&st, t->name);
         if (!s) {
             if (!strcmp(t->name, "lm_head.weight"))
-                rc = fail(err, errlen,
+                rc = cp_errf(err, errlen,
                           "%s: the checkpoint has no lm_head.weight: its LM head is tied to the "
                           "embedding; set model.tie_embeddings = true in %s",
                           path, plan->spec.path);
             else if (strstr(t->name, "q_norm") || strstr(t->name, "k_norm"))
-                rc = fail(err, errlen,
+                rc = cp_errf(err, errlen,
                           "%s: the checkpoint has no \"%s\": it has no q/k norms (not a Qwen3 model); "
                           "use family = \"llama\" in %s",
                           path, t->name, plan->spec.path);
             else
-                rc = fail(err, errlen,
+                rc = cp_errf(err, errlen,
                           "%s: the checkpoint has no tensor \"%s\", which the spec %s needs: is it a "
                           "%s checkpoint?",
                           path, t->name, plan->spec.path, cp_family_name(m->family));
@@ -255,7 +246,7 @@ int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *
         if (!same) {
             char a[96], b[96], why[256];
             shape_why(plan, t, why, sizeof why);
-            rc = fail(err, errlen,
+            rc = cp_errf(err, errlen,
                       "%s: tensor \"%s\" has shape %s but the spec %s expects %s (%s): the spec does not "
                       "describe this checkpoint; compare its config.json",
                       file, t->name, fmt_shape(s->ndim, s->shape, a, sizeof a), plan->spec.path,
@@ -271,12 +262,12 @@ int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *
             dst = tmp;
         }
         if (cp_st_read_f32(&st, s, 0, n, dst, e2, sizeof e2)) {
-            rc = fail(err, errlen, "loading Hugging Face weights: %s", e2);
+            rc = cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
             break;
         }
         for (int64_t i = 0; i < n; i++)
             if (!isfinite(dst[i])) {
-                rc = fail(err, errlen,
+                rc = cp_errf(err, errlen,
                           "%s: tensor \"%s\" element %lld is %s: the checkpoint is damaged (or diverged "
                           "when it was trained)",
                           file, t->name, (long long)i, isnan(dst[i]) ? "NaN" : "infinite");
@@ -292,14 +283,14 @@ int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *
         if (same) {
             tmp = cp_xrealloc(tmp, (size_t)n * sizeof *tmp);
             if (cp_st_read_f32(&st, lm, 0, n, tmp, e2, sizeof e2)) {
-                rc = fail(err, errlen, "loading Hugging Face weights: %s", e2);
+                rc = cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
             } else {
                 const float *emb = out + cp_weights_unit_off(plan, 0);
                 for (int64_t i = 0; i < n && same; i++) same = memcmp(&tmp[i], &emb[i], sizeof(float)) == 0;
             }
         }
         if (!rc && !same)
-            rc = fail(err, errlen,
+            rc = cp_errf(err, errlen,
                       "%s: the checkpoint has an lm_head.weight different from its embedding, but the "
                       "spec %s has model.tie_embeddings = true: set it to false",
                       st.files[lm->file].path, plan->spec.path);
@@ -423,13 +414,13 @@ int cp_weights_save_hf(const cp_plan *plan, const float *model, const char *dir,
     char e2[CP_ERR_MAX];
     int rc = 0;
     if (cp_st_write(dir, outs, nt, shard_bytes, e2, sizeof e2))
-        rc = fail(err, errlen, "saving Hugging Face weights to %s: %s", dir, e2);
+        rc = cp_errf(err, errlen, "saving Hugging Face weights to %s: %s", dir, e2);
     if (!rc) {
         size_t n = strlen(dir) + 16;
         char *p = cp_xmalloc(n);
         snprintf(p, n, "%s/config.json", dir);
         if (cp_write_file_atomic(p, config, strlen(config)) != 0)
-            rc = fail(err, errlen, "%s: writing failed: %s", p, strerror(errno));
+            rc = cp_errf(err, errlen, "%s: writing failed: %s", p, strerror(errno));
         free(p);
     }
     free(ctx);
