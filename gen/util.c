@@ -250,6 +250,12 @@ uint64_t cp_hash64(const void *data, size_t n, uint64_t h) {
     return h;
 }
 
+uint64_t cp_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
 double cp_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -63,6 +63,9 @@ int cp_mkdir_p(const char *path);
 uint64_t cp_hash64(const void *data, size_t n, uint64_t seed);
 #define CP_HASH_SEED 0xcbf29ce484222325ULL
 
+/* SplitMix64's finaliser: a well-mixed 64-bit function of z (seeds, counter-based random streams). */
+uint64_t cp_mix64(uint64_t z);
+
 /* Monotonic wall clock in seconds. */
 double cp_now(void);
 

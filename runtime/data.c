@@ -275,16 +275,10 @@ int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int toke
 /* ------------------------------------------------------------------------------------------------------------
  * synthetic:recall */
 
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 typedef struct {
     uint64_t s;
 } rng;
-static uint64_t next64(rng *g) { return mix64(g->s += 0x9e3779b97f4a7c15ULL); } /* SplitMix64 */
+static uint64_t next64(rng *g) { return cp_mix64(g->s += 0x9e3779b97f4a7c15ULL); } /* SplitMix64 */
 /* Uniform in [0, n), n > 0, without bias (rejection). */
 static uint64_t below(rng *g, uint64_t n) {
     uint64_t lim = -n % n, x;
@@ -322,7 +316,7 @@ double cp_recall_chance_loss(const cp_recall *r) { return log((double)(r->val_hi
 
 void cp_recall_sequence(const cp_recall *r, int64_t index, int32_t *tokens, int32_t *targets) {
     int64_t S = r->seq_len, P = r->pairs, nk = r->key_hi - r->key_lo;
-    rng g = {mix64(mix64(r->seed) ^ (uint64_t)index)};
+    rng g = {cp_mix64(cp_mix64(r->seed) ^ (uint64_t)index)};
     /* P distinct keys (partial Fisher-Yates), each with a value */
     int32_t *keys = cp_xmalloc((size_t)nk * sizeof *keys), *vals = cp_xmalloc((size_t)P * sizeof *vals);
     for (int64_t k = 0; k < nk; k++) keys[k] = (int32_t)(r->key_lo + k);

@@ -435,12 +435,6 @@ int cp_weights_save_hf(const cp_plan *plan, const float *model, const char *dir,
 /* ------------------------------------------------------------------------------------------------------------
  * random init */
 
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 #define GOLDEN 0x9e3779b97f4a7c15ULL
 
 /* Elements [first, first + n) of the normal(0, std) stream `key` (see weights.h). */
@@ -448,7 +442,7 @@ static void normal_fill(uint64_t key, int64_t first, int64_t n, double std, floa
     const double two_pi = 6.283185307179586476925286766559;
     for (int64_t e = first; e < first + n;) {
         uint64_t j = (uint64_t)e / 2;
-        uint64_t a = mix64(key + (2 * j) * GOLDEN) >> 11, b = mix64(key + (2 * j + 1) * GOLDEN) >> 11;
+        uint64_t a = cp_mix64(key + (2 * j) * GOLDEN) >> 11, b = cp_mix64(key + (2 * j + 1) * GOLDEN) >> 11;
         double u1 = (double)(a + 1) * 0x1p-53, u2 = (double)b * 0x1p-53, r = sqrt(-2.0 * log(u1));
         if (e % 2 == 0) {
             dst[e - first] = (float)(std * r * cos(two_pi * u2));
@@ -478,7 +472,7 @@ void cp_weights_init_random(const cp_plan *plan, uint64_t seed, double std, floa
             for (int64_t i = 0; i < n; i++) model[t->off + i] = 1.0f;
             continue;
         }
-        uint64_t key = mix64(seed ^ mix64(cp_hash64(t->name, strlen(t->name), CP_HASH_SEED)));
+        uint64_t key = cp_mix64(seed ^ cp_mix64(cp_hash64(t->name, strlen(t->name), CP_HASH_SEED)));
         if (t->perm == CP_HF_PLAIN) {
             normal_fill(key, 0, n, std, model + t->off);
         } else {
