@@ -13,6 +13,10 @@
  * iteration: all loads of an iteration are issued before any store, so this is the bytes in flight per thread. */
 #define EW_BLOCK 256
 #define EW_UNROLL 4
+/* embedding bwd_sorted: vectors per thread of a column chunk, rows loaded at once, waves of blocks in the grid */
+#define EMB_SCOLS 2
+#define EMB_SROWS 2
+#define EMB_WAVES 4
 
 const char *cp_kspec_get(const cp_kernel_spec *k, const char *key) {
     for (int i = 0; i < k->nparams; i++)
@@ -57,9 +61,19 @@ void cp_k_embedding(cp_kernel_spec *k, int64_t vocab, int64_t hidden) {
     cp_kspec_init(k, "embedding");
     cp_kspec_set_int(k, "VOCAB", vocab);
     cp_kspec_set_int(k, "HIDDEN", hidden);
-    cp_kspec_set_int(k, "VEC", bf16_vec(hidden));
+    int vec = bf16_vec(hidden);
+    cp_kspec_set_int(k, "VEC", vec);
     cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
     cp_kspec_set_int(k, "UNROLL", EW_UNROLL);
+    /* bwd_sorted: a group of threads per (run, chunk of columns), EMB_SCOLS vectors each; groups of at most a warp,
+     * narrower for short rows. Narrow chunks spread a long run (a frequent token) over many groups; EMB_SROWS rows in
+     * flight per group keep such a run from being latency-bound. */
+    int64_t nvec = hidden / vec;
+    int g = 2;
+    while (g < 32 && g * EMB_SCOLS < nvec) g *= 2;
+    cp_kspec_set_int(k, "SGROUP", g);
+    cp_kspec_set_int(k, "SCOLS", EMB_SCOLS);
+    cp_kspec_set_int(k, "SROWS", EMB_SROWS);
 }
 
 /* Threads per row for rows of nvec vectors, about `target` vectors per thread: short rows go to a power-of-two group
@@ -254,6 +268,14 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         return 0;
     }
     if (strcmp(f, "embedding") == 0) {
+        if (strcmp(role, "bwd_sorted") == 0) {
+            /* one group per (position, chunk), grid-stride over a few waves of full SMs */
+            int64_t g = get_int(k, "SGROUP"), chunk = g * get_int(k, "SCOLS");
+            int64_t nchunk = ceil_div(get_int(k, "HIDDEN") / get_int(k, "VEC"), chunk);
+            d->block = (unsigned)get_int(k, "BLOCK");
+            d->grid[0] = blocks_for(n * nchunk, d->block / g, (int64_t)sms * (2048 / d->block) * EMB_WAVES);
+            return 0;
+        }
         if (strcmp(role, "fwd") && strcmp(role, "bwd")) return -1;
         int64_t units = n * (get_int(k, "HIDDEN") / get_int(k, "VEC"));
         d->block = (unsigned)get_int(k, "BLOCK");

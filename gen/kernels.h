@@ -17,8 +17,11 @@
 #include "emit.h"
 #include "spec.h"
 
-/* embedding: fwd(tokens i32[n], table[V][H], out[n][H], n); bwd(tokens, dout[n][H], dtable f32[V][H] +=, n).
- * A token outside [0, V) gives a row of NaN in fwd and is skipped in bwd. */
+/* embedding: fwd(tokens i32[n], table[V][H], out[n][H], n); bwd(tokens, dout[n][H], dtable f32[V][H] +=, n) with
+ * atomics; bwd_sorted(tokens, order i32[n], dout, dtable +=, n) the same without atomics and deterministic: order is
+ * a permutation of [0, n) listing the rows by token, stably (row i before row j when tokens are equal and i < j);
+ * equal tokens must be adjacent in it. bwd_sorted then gives the sequential dtable[tokens[i]] += dout[i] for
+ * i = 0..n-1 in fp32, bit for bit. A token outside [0, V) gives a row of NaN in fwd and is skipped in bwd. */
 void cp_k_embedding(cp_kernel_spec *k, int64_t vocab, int64_t hidden);
 /* rmsnorm over rows of HIDDEN, as HF: out = bf16(weight * bf16(s * rstd)), rstd = 1/sqrt(mean(s^2) + eps), where
  * s = x, or with resid s = bf16(x + resid) (written to sum_out; both non-NULL or both NULL).

@@ -219,7 +219,7 @@ typedef struct {
     int w_layer[2], g_layer, w_embed, g_embed, w_head, g_head; /* C > 1 */
     int *ckpt;                                   /* [L] layer inputs (GPU or host) */
     int xs[2];                                   /* GPU staging for host checkpoints */
-    int h_final, xf, rstdf, dxf, logits, loss_sum, tokens, targets;
+    int h_final, xf, rstdf, dxf, logits, loss_sum, tokens, targets, token_order;
     int xn, rstd1, attn_out, h2, xn2, rstd2, dres, dh2, dxn, dattn, delta_tok;
     int *attn_keep, *lse_keep;                   /* checkpoint = "none": per layer */
     int lse_all;
@@ -854,6 +854,8 @@ static void make_buffers(cp_plan *P, bufset *b) {
     b->loss_sum = add_buf(P, "loss_sum", CP_SPACE_GPU, CP_CAT_WORKSPACE, 256, true);
     b->tokens = add_buf(P, "tokens", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
     b->targets = add_buf(P, "targets", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
+    /* the rows sorted by token (stable, from the host): the embedding backward sums each token's rows without atomics */
+    b->token_order = add_buf(P, "token_order", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
     b->gemm_ws = add_buf(P, "gemm_workspace", CP_SPACE_GPU, CP_CAT_WORKSPACE, CP_GEMM_WORKSPACE, true);
 }
 
@@ -867,11 +869,12 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     cp_step *s;
 
     /* inputs arrive from the host (data loader) */
-    s = collective(&B, CP_OP_COPY_H2D, "load_tokens", 2 * T * 4);
+    s = collective(&B, CP_OP_COPY_H2D, "load_tokens", 3 * T * 4);
     s->kind = CP_OP_COPY_H2D;
     s->stream = CP_STREAM_COMPUTE;
     wr(s, P, b->tokens);
     wr(s, P, b->targets);
+    wr(s, P, b->token_order);
 
     /* embedding */
     gather(&B, b, 0, 0);
@@ -983,10 +986,11 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     }
     B.layer = -1;
 
-    /* embedding backward: scatter-add of token gradients */
+    /* embedding backward: each token's rows summed in sorted order (deterministic, no atomics) */
     if (C > 1) zero(&B, b->g_embed, P->bufs[b->g_embed].bytes);
-    s = kernel(&B, M->embed, "bwd", "embed_bwd", (double)T * hid * (BF16 + 2 * F32));
+    s = kernel(&B, M->embed, "bwd_sorted", "embed_bwd", (double)T * hid * (BF16 + 2 * F32));
     rd(s, P, b->tokens);
+    rd(s, P, b->token_order);
     rd(s, P, b->dres);
     use(s, P, emb.gbuf, emb.gbase * F32, V * hid * F32, CP_RW);
     s->count = T;

@@ -104,7 +104,8 @@ struct cp_exec {
     cp_gemm_lib *gemm;
     xstep *x;
     scalars sc;
-    int32_t *staging;   /* pinned: [micro_batches][2][T] tokens and targets */
+    int32_t *staging;   /* pinned: [micro_batches][3][T] tokens, targets, rows sorted by token */
+    int32_t *sort_count; /* [vocab + 1]: the counting sort of the tokens */
     float *host_scalars; /* pinned: loss_sum[0..1] read back once per step */
     float *loss_sum;    /* device */
     /* host optimizer */
@@ -351,17 +352,19 @@ static int k_embed(pctx *c) {
     return 0;
 }
 
-/* embed_bwd: bwd(tokens, dout[n][H], dtable f32[V][H] +=, n) */
+/* embed_bwd: operands tokens, token_order, dout, dtable; bwd_sorted(tokens, order i32[n], dout[n][H],
+ * dtable f32[V][H] +=, n) */
 static int k_embed_bwd(pctx *c) {
-    if (need_ops(c, 3)) return -1;
+    if (need_ops(c, 4)) return -1;
     int64_t n = c->s->count, H = kint(c, "HIDDEN"), V = kint(c, "VOCAB");
-    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * H * 2) || need_bytes(c, 2, V * H * 4)) return -1;
-    if (need_align(c, 1, 16) || need_align(c, 2, 16)) return -1;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * 4) || need_bytes(c, 2, n * H * 2) ||
+        need_bytes(c, 3, V * H * 4))
+        return -1;
+    if (need_align(c, 2, 16) || need_align(c, 3, 16)) return -1;
+    if (n > INT32_MAX) return pfail(c, "%lld rows: the sorted order holds 32-bit positions", (long long)n);
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, "bwd", n, 0, l)) return -1;
-    a_ptr(l, opp(c, 0));
-    a_ptr(l, opp(c, 1));
-    a_ptr(l, opp(c, 2));
+    if (launch_of(c, "bwd_sorted", n, 0, l)) return -1;
+    for (int j = 0; j < 4; j++) a_ptr(l, opp(c, j));
     a_i64(l, n);
     return 0;
 }
@@ -720,7 +723,10 @@ static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
     case CP_OP_COPY_H2D:
     case CP_OP_COPY_D2H:
         if (!strcmp(s->what, "load_tokens")) {
-            if (need_ops(&c, 2) || need_bytes(&c, 0, P->T * 4) || need_bytes(&c, 1, P->T * 4)) return -1;
+            /* tokens, targets, token_order */
+            if (need_ops(&c, 3) || need_bytes(&c, 0, P->T * 4) || need_bytes(&c, 1, P->T * 4) ||
+                need_bytes(&c, 2, P->T * 4))
+                return -1;
             x->kind = X_LOAD_TOKENS;
             return 0;
         }
@@ -1004,8 +1010,9 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     if (!ws || !ex->loss_sum) return failf(err, errlen, "the plan has no gemm_workspace or loss_sum buffer");
     if (cp_gemm_lib_create(&ex->gemm, ws, CP_GEMM_WORKSPACE, err, errlen)) return -1;
     int mb = P->spec.train.micro_batches;
-    CK(cudaHostAlloc((void **)&ex->staging, sizeof(int32_t) * 2 * (size_t)P->T * (size_t)mb, cudaHostAllocDefault),
+    CK(cudaHostAlloc((void **)&ex->staging, sizeof(int32_t) * 3 * (size_t)P->T * (size_t)mb, cudaHostAllocDefault),
        "pinning the token staging buffer");
+    ex->sort_count = cp_xcalloc((size_t)P->spec.model.vocab + 1, sizeof *ex->sort_count);
     CK(cudaHostAlloc((void **)&ex->host_scalars, 64, cudaHostAllocDefault), "pinning the loss read-back");
 
     /* every step's launch, GEMM entry, copy; then the waits between streams and the progress markers */
@@ -1089,6 +1096,7 @@ void cp_exec_destroy(cp_exec *ex) {
     for (int i = 0; i < ex->npieces; i++)
         if (ex->pieces[i].p) (void)cudaFreeHost(ex->pieces[i].p);
     if (ex->staging) (void)cudaFreeHost(ex->staging);
+    free(ex->sort_count);
     if (ex->host_scalars) (void)cudaFreeHost(ex->host_scalars);
     free(ex->pieces);
     free(ex->mods);
@@ -1308,10 +1316,9 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
         case X_LOAD_TOKENS: {
             const cp_step *s = &ex->P->steps[i];
             size_t tb = sizeof(int32_t) * (size_t)ex->P->T;
-            const int32_t *src = ex->staging + (size_t)mb * 2 * (size_t)ex->P->T;
-            e = cudaMemcpyAsync((char *)ex->bufptr[s->ops[0].buf] + s->ops[0].offset, src, tb, cudaMemcpyHostToDevice, st);
-            if (e == cudaSuccess)
-                e = cudaMemcpyAsync((char *)ex->bufptr[s->ops[1].buf] + s->ops[1].offset, src + ex->P->T, tb,
+            const int32_t *src = ex->staging + (size_t)mb * 3 * (size_t)ex->P->T;
+            for (int j = 0; j < 3 && e == cudaSuccess; j++) /* tokens, targets, token_order */
+                e = cudaMemcpyAsync((char *)ex->bufptr[s->ops[j].buf] + s->ops[j].offset, src + j * ex->P->T, tb,
                                     cudaMemcpyHostToDevice, st);
             break;
         }
@@ -1335,8 +1342,16 @@ static int read_scalars(cp_exec *ex, char *err, int errlen) {
     return 0;
 }
 
-/* Check and stage the tokens and targets of every micro-batch; set the loss scale. Returns the target count, or
- * -1 with a message. */
+/* The rows of one micro-batch's tokens (all in [0, V)) sorted by token, stably: a counting sort, O(T + V). */
+static void sort_tokens(const int32_t *tok, int64_t T, int64_t V, int32_t *count, int32_t *order) {
+    memset(count, 0, sizeof *count * (size_t)(V + 1));
+    for (int64_t t = 0; t < T; t++) count[tok[t] + 1]++;
+    for (int64_t v = 0; v < V; v++) count[v + 1] += count[v];
+    for (int64_t t = 0; t < T; t++) order[count[tok[t]]++] = (int32_t)t;
+}
+
+/* Check and stage the tokens and targets of every micro-batch and the order the embedding backward sums rows in;
+ * set the loss scale. Returns the target count, or -1 with a message. */
 static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *targets, char *err, int errlen) {
     const cp_plan *P = ex->P;
     int mb = P->spec.train.micro_batches;
@@ -1351,9 +1366,13 @@ static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *t
                 return failf(err, errlen, "target %d at position %lld of micro-batch %d is outside the vocabulary "
                              "[0, %lld)", tg, (long long)t, b, (long long)V);
             ntgt += tg >= 0;
-            ex->staging[(size_t)b * 2 * T + t] = tok;
-            ex->staging[(size_t)b * 2 * T + T + t] = tg;
+            ex->staging[(size_t)b * 3 * T + t] = tok;
+            ex->staging[(size_t)b * 3 * T + T + t] = tg;
         }
+    for (int b = 0; b < mb; b++) {
+        int32_t *st = ex->staging + (size_t)b * 3 * T;
+        sort_tokens(st, T, V, ex->sort_count, st + 2 * T);
+    }
     ex->sc.loss_scale = ntgt ? (float)(1.0 / (double)ntgt) : 0.f;
     return ntgt;
 }

@@ -94,12 +94,14 @@ static void free_specs(void) {
 static const char *const *roles_of(const char *family) {
     static const char *const fb[] = {"fwd", "bwd", NULL}, *const f[] = {"fwd", NULL}, *const loss[] = {"fwdbwd", NULL},
                              *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", NULL},
-                             *const uly[] = {"pack", "unpack", "unpack_add", NULL};
+                             *const uly[] = {"pack", "unpack", "unpack_add", NULL},
+                             *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL};
     if (!strcmp(family, "loss")) return loss;
     if (!strcmp(family, "adamw")) return adamw;
     if (!strcmp(family, "cast")) return cast;
     if (!strcmp(family, "ulysses")) return uly;
     if (!strcmp(family, "attn_delta")) return f;
+    if (!strcmp(family, "embedding")) return emb;
     return fb;
 }
 
