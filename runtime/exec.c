@@ -127,15 +127,6 @@ struct cp_exec {
 
 /* ---------------------------------------------------------------- messages */
 
-static int failf(char *err, int errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int failf(char *err, int errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, (size_t)errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 #define CK(call, what)                                                              \
     do {                                                                            \
         cudaError_t e_ = (call);                                                    \
@@ -740,7 +731,7 @@ static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
             return pfail(&c, "a copy of %lld bytes into %lld", (long long)opbytes(&c, 0), (long long)opbytes(&c, 1));
         return 0;
     default:
-        return failf(err, errlen, "%s: parallel.gpus > 1 needs the NCCL runtime, not in this build",
+        return cp_errf(err, errlen, "%s: parallel.gpus > 1 needs the NCCL runtime, not in this build",
                      cp_opkind_name(s->kind));
     }
 }
@@ -787,7 +778,7 @@ static int check_weight_ranges(const cp_exec *ex, char *err, int errlen) {
             erange key = {o->offset / es, o->bytes / es};
             if (bsearch(&key, fw, (size_t)n, sizeof *fw, cmp_erange)) continue;
             char d[160];
-            rc = failf(err, errlen,
+            rc = cp_errf(err, errlen,
                        "plan bug: %s %s elements [%lld, %lld) of %s, which no forward GEMM read as weights: the "
                        "backward would use and train the wrong rows (in gen/plan.c, proj_backward's row0 counts "
                        "heads; its offsets need row0 * head_dim * hidden)",
@@ -961,7 +952,7 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     ex->info.sms = prop.multiProcessorCount;
     snprintf(ex->info.device, sizeof ex->info.device, "%s", prop.name);
     if (!ex->o.arch[0] && cp_device_arch(ex->dev, ex->o.arch, sizeof ex->o.arch))
-        return failf(err, errlen, "%s", ex->o.arch);
+        return cp_errf(err, errlen, "%s", ex->o.arch);
 
     /* pin the host arena on threads while the kernels compile */
     host_pieces(ex);
@@ -1007,7 +998,7 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     }
     void *ws = cp_exec_buffer(ex, "gemm_workspace");
     ex->loss_sum = cp_exec_buffer(ex, "loss_sum");
-    if (!ws || !ex->loss_sum) return failf(err, errlen, "the plan has no gemm_workspace or loss_sum buffer");
+    if (!ws || !ex->loss_sum) return cp_errf(err, errlen, "the plan has no gemm_workspace or loss_sum buffer");
     if (cp_gemm_lib_create(&ex->gemm, ws, CP_GEMM_WORKSPACE, err, errlen)) return -1;
     int mb = P->spec.train.micro_batches;
     CK(cudaHostAlloc((void **)&ex->staging, sizeof(int32_t) * 3 * (size_t)P->T * (size_t)mb, cudaHostAllocDefault),
@@ -1055,11 +1046,11 @@ static int setup(cp_exec *ex, char *err, int errlen) {
 int cp_exec_create(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char *err, int errlen) {
     *out = NULL;
     if (P->C > 1)
-        return failf(err, errlen, "parallel.gpus > 1 needs the NCCL runtime, not in this build (the plan has %d GPUs)",
+        return cp_errf(err, errlen, "parallel.gpus > 1 needs the NCCL runtime, not in this build (the plan has %d GPUs)",
                      P->C);
     for (int i = 0; i < P->nsteps; i++)
         if (P->steps[i].kind >= CP_OP_ALLTOALL && P->steps[i].kind <= CP_OP_ALLREDUCE)
-            return failf(err, errlen, "parallel.gpus > 1 needs the NCCL runtime, not in this build (step %d is %s)", i,
+            return cp_errf(err, errlen, "parallel.gpus > 1 needs the NCCL runtime, not in this build (step %d is %s)", i,
                          cp_opkind_name(P->steps[i].kind));
     cp_exec *ex = cp_xcalloc(1, sizeof *ex);
     ex->P = P;
@@ -1138,7 +1129,7 @@ static uint16_t to_bf16(float f) {
 /* Copy n bytes into buffer `name` (device or host). */
 static int put(cp_exec *ex, const char *name, const void *src, size_t n, char *err, int errlen) {
     int b = buf_index(ex, name);
-    if (b < 0) return failf(err, errlen, "the plan has no buffer %s", name);
+    if (b < 0) return cp_errf(err, errlen, "the plan has no buffer %s", name);
     if (ex->P->bufs[b].space == CP_SPACE_HOST) memcpy(ex->bufptr[b], src, n);
     else CK(cudaMemcpy(ex->bufptr[b], src, n, cudaMemcpyHostToDevice), "uploading the weights");
     return 0;
@@ -1170,7 +1161,7 @@ int cp_exec_load_weights(cp_exec *ex, const float *flat, char *err, int errlen) 
 
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen) {
     int b = buf_index(ex, "master.f32");
-    if (b < 0) return failf(err, errlen, "the plan has no master.f32");
+    if (b < 0) return cp_errf(err, errlen, "the plan has no master.f32");
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
     CK(cudaDeviceSynchronize(), "finishing the step before reading the weights");
     if (ex->P->bufs[b].space == CP_SPACE_HOST) memcpy(flat, ex->bufptr[b], n);
@@ -1305,7 +1296,7 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
             if (cp_gemm_launch(ex->gemm, x->gemm, x->ga, x->gb, x->gc, x->gd, st, err, errlen)) {
                 char m[1024];
                 snprintf(m, sizeof m, "%s", err);
-                return failf(err, errlen, "%s: %s", step_desc(ex->P, i, d, sizeof d), m);
+                return cp_errf(err, errlen, "%s: %s", step_desc(ex->P, i, d, sizeof d), m);
             }
             break;
         case X_MEMSET: e = cudaMemsetAsync(x->dst, 0, x->bytes, st); break;
@@ -1360,10 +1351,10 @@ static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *t
         for (int64_t t = 0; t < T; t++) {
             int32_t tok = tokens[b * T + t], tg = targets[b * T + t];
             if (tok < 0 || tok >= V)
-                return failf(err, errlen, "token %d at position %lld of micro-batch %d is outside the vocabulary "
+                return cp_errf(err, errlen, "token %d at position %lld of micro-batch %d is outside the vocabulary "
                              "[0, %lld): the data does not match model.vocab", tok, (long long)t, b, (long long)V);
             if (tg >= V)
-                return failf(err, errlen, "target %d at position %lld of micro-batch %d is outside the vocabulary "
+                return cp_errf(err, errlen, "target %d at position %lld of micro-batch %d is outside the vocabulary "
                              "[0, %lld)", tg, (long long)t, b, (long long)V);
             ntgt += tg >= 0;
             ex->staging[(size_t)b * 3 * T + t] = tok;
@@ -1396,7 +1387,7 @@ int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets
 
 int cp_exec_read_grads(cp_exec *ex, float *flat, bool zero, char *err, int errlen) {
     void *g = cp_exec_buffer(ex, "grads.f32");
-    if (!g) return failf(err, errlen, "the plan has no grads.f32");
+    if (!g) return cp_errf(err, errlen, "the plan has no grads.f32");
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
     CK(cudaDeviceSynchronize(), "finishing the step before reading the gradients");
     CK(cudaMemcpy(flat, g, n, cudaMemcpyDeviceToHost), "reading the gradients");
@@ -1509,7 +1500,7 @@ static int verify_order(const cp_exec *ex, int from, int to, int64_t *pairs, cha
             (*pairs)++;
             if (hb[i - from][Y] < j) {
                 char a[160], b[160];
-                rc = failf(err, errlen, "%s may run before %s on another stream, and they touch the same bytes",
+                rc = cp_errf(err, errlen, "%s may run before %s on another stream, and they touch the same bytes",
                            step_desc(ex->P, i, a, sizeof a), step_desc(ex->P, j, b, sizeof b));
             }
         }
@@ -1521,7 +1512,7 @@ static int verify_order(const cp_exec *ex, int from, int to, int64_t *pairs, cha
 int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int errlen) {
     memset(rep, 0, sizeof *rep);
     if (P->C > 1)
-        return failf(err, errlen, "parallel.gpus > 1 needs the NCCL runtime, not in this build (the plan has %d GPUs)",
+        return cp_errf(err, errlen, "parallel.gpus > 1 needs the NCCL runtime, not in this build (the plan has %d GPUs)",
                      P->C);
     cp_exec *ex = cp_xcalloc(1, sizeof *ex);
     ex->P = P;
