@@ -440,7 +440,8 @@ out:
     return rc;
 }
 
-/* A folder: its index, else its only *.safetensors file. */
+/* A folder: its index, else model.safetensors (as transformers looks for it: a cpgen training checkpoint keeps
+ * optimizer.safetensors beside it), else its only *.safetensors file. */
 static int resolve_dir(const char *path, char **out, bool *is_index, char *err, int errlen) {
     char *idx = join(path, CP_ST_INDEX_NAME);
     struct stat sb;
@@ -450,6 +451,13 @@ static int resolve_dir(const char *path, char **out, bool *is_index, char *err, 
         return 0;
     }
     free(idx);
+    char *single = join(path, CP_ST_SINGLE_NAME);
+    if (stat(single, &sb) == 0) {
+        *out = single;
+        *is_index = false;
+        return 0;
+    }
+    free(single);
     DIR *d = opendir(path);
     if (!d) return cp_errf(err, errlen, "%s: cannot list the folder: %s", path, strerror(errno));
     char *found = NULL;
@@ -823,5 +831,16 @@ int cp_st_write(const char *dir, const cp_st_out *t, int n, int64_t shard_bytes,
     }
     free(start);
     if (!rc) fsync_dir(dir);
+    return rc;
+}
+
+int cp_st_write_file(const char *path, const cp_st_out *t, int n, char *err, int errlen) {
+    if (n <= 0) return cp_errf(err, errlen, "safetensors writer: no tensors to write to %s", path);
+    if (check_out(t, n, err, errlen)) return -1;
+    char *dir = dir_of(path);
+    const char *slash = strrchr(path, '/');
+    int rc = write_file(dir, slash ? slash + 1 : path, t, 0, n, err, errlen);
+    if (!rc) fsync_dir(dir);
+    free(dir);
     return rc;
 }

@@ -71,9 +71,10 @@ typedef struct {
     char *where;           /* the path given to cp_st_open, for messages */
 } cp_st_set;
 
-/* Open `path`: a .safetensors file, an index .json file, or a folder holding model.safetensors.index.json or else
- * exactly one *.safetensors file. Returns 0, or -1 with a message naming the file, what is wrong and what to do;
- * on failure *st is left closed (cp_st_close is still safe). */
+/* Open `path`: a .safetensors file, an index .json file, or a folder holding model.safetensors.index.json, else
+ * model.safetensors (as transformers looks for it), else exactly one *.safetensors file. Returns 0, or -1 with a
+ * message naming the file, what is wrong and what to do; on failure *st is left closed (cp_st_close is still
+ * safe). */
 int cp_st_open(const char *path, cp_st_set *st, char *err, int errlen);
 void cp_st_close(cp_st_set *st);
 
@@ -110,6 +111,11 @@ typedef struct {
  * it). Every file is written under a temporary name, synced and renamed, so a crash never leaves a half-written
  * file under a real name. Header "__metadata__" is {"format": "pt"}. Returns 0, or -1 with a message. */
 int cp_st_write(const char *dir, const cp_st_out *tensors, int n, int64_t shard_bytes, char *err, int errlen);
+
+/* Write tensors as one safetensors file at `path` (its folder must exist), whatever their size, under a temporary
+ * name, synced and renamed, with the same header as cp_st_write. For files other than a model's weights (a
+ * training checkpoint's optimizer.safetensors). Returns 0, or -1 with a message. */
+int cp_st_write_file(const char *path, const cp_st_out *tensors, int n, char *err, int errlen);
 
 /* fp32 <-> bf16 / f16, round to nearest even; NaN stays NaN, overflow goes to infinity. */
 uint16_t cp_f32_to_bf16(float f);

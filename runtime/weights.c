@@ -433,6 +433,118 @@ int cp_weights_save_hf(const cp_plan *plan, const float *model, const char *dir,
 }
 
 /* ------------------------------------------------------------------------------------------------------------
+ * other model-shaped arrays (AdamW's moments) */
+
+int cp_weights_save_prefixed(const cp_plan *plan, const char *path, int narrays, const char *const *prefix,
+                             const float *const *flat, char *err, int errlen) {
+    const cp_model *m = &plan->spec.model;
+    int nt = cp_weights_hf_tensors(plan, NULL, 0);
+    cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
+    cp_weights_hf_tensors(plan, tt, nt);
+    int *order = cp_xmalloc((size_t)m->heads * sizeof *order), *inv = cp_xmalloc((size_t)m->heads * sizeof *inv);
+    cp_q_head_order(plan, order);
+    for (int p = 0; p < m->heads; p++) inv[order[p]] = p;
+    int n = nt * narrays;
+    cp_st_out *outs = cp_xcalloc((size_t)n, sizeof *outs);
+    fill_ctx *ctx = cp_xcalloc((size_t)n, sizeof *ctx);
+    char (*names)[160] = cp_xcalloc((size_t)n, sizeof *names);
+    /* array by array, so each array's tensors are contiguous in the file, in checkpoint order */
+    for (int a = 0; a < narrays; a++)
+        for (int j = 0; j < nt; j++) {
+            int k = a * nt + j;
+            cp_st_out *o = &outs[k];
+            snprintf(names[k], sizeof names[k], "%s%s", prefix[a], tt[j].name);
+            o->name = names[k];
+            o->dtype = CP_ST_F32;
+            o->ndim = tt[j].ndim;
+            o->shape[0] = tt[j].shape[0];
+            o->shape[1] = tt[j].shape[1];
+            if (tt[j].perm == CP_HF_PLAIN) {
+                o->f32 = flat[a] + tt[j].off;
+            } else {
+                ctx[k] = (fill_ctx){.plan = plan, .t = &tt[j], .model = flat[a], .inv = inv};
+                o->fill = fill_perm;
+                o->ctx = &ctx[k];
+            }
+        }
+    char e2[CP_ERR_MAX];
+    int rc = 0;
+    if (cp_st_write_file(path, outs, n, e2, sizeof e2)) rc = cp_errf(err, errlen, "saving %s: %s", path, e2);
+    free(names);
+    free(ctx);
+    free(outs);
+    free(inv);
+    free(order);
+    free(tt);
+    return rc;
+}
+
+int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, float *out,
+                             char *err, int errlen) {
+    const cp_model *m = &plan->spec.model;
+    int nt = cp_weights_hf_tensors(plan, NULL, 0);
+    cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
+    cp_weights_hf_tensors(plan, tt, nt);
+    int *order = cp_xmalloc((size_t)m->heads * sizeof *order);
+    cp_q_head_order(plan, order);
+    float *tmp = NULL;
+    int rc = 0;
+    char name[160], e2[CP_ERR_MAX];
+    memset(out, 0, (size_t)cp_weights_elems(plan) * sizeof *out);
+    for (int j = 0; j < nt && !rc; j++) {
+        const cp_hf_tensor *t = &tt[j];
+        snprintf(name, sizeof name, "%s%s", prefix, t->name);
+        const cp_st_tensor *s = cp_st_find(st, name);
+        if (!s) {
+            rc = cp_errf(err, errlen, "%s: no tensor \"%s\", which the spec %s needs: the file is incomplete or "
+                         "belongs to another model", st->where, name, plan->spec.path);
+            break;
+        }
+        const char *file = st->files[s->file].path;
+        bool same = s->ndim == t->ndim;
+        for (int d = 0; d < t->ndim && same; d++) same = s->shape[d] == t->shape[d];
+        if (!same) {
+            char a[96], b[96], why[256];
+            shape_why(plan, t, why, sizeof why);
+            rc = cp_errf(err, errlen, "%s: tensor \"%s\" has shape %s but the spec %s expects %s (%s): the file "
+                         "belongs to a model of another shape", file, name, fmt_shape(s->ndim, s->shape, a, sizeof a),
+                         plan->spec.path, fmt_shape(t->ndim, t->shape, b, sizeof b), why);
+            break;
+        }
+        /* widening BF16 would resume, but not exactly: refuse what cpgen never writes */
+        if (s->dtype != CP_ST_F32) {
+            rc = cp_errf(err, errlen, "%s: tensor \"%s\" is %s, not F32: only fp32 state continues a run exactly; "
+                         "the file was not written by cpgen", file, name, cp_st_dtype_name(s->dtype));
+            break;
+        }
+        int64_t n = hf_elems(t);
+        float *dst;
+        if (t->perm == CP_HF_PLAIN) {
+            dst = out + t->off;
+        } else {
+            tmp = cp_xrealloc(tmp, (size_t)n * sizeof *tmp);
+            dst = tmp;
+        }
+        if (cp_st_read_f32(st, s, 0, n, dst, e2, sizeof e2)) {
+            rc = cp_errf(err, errlen, "%s", e2);
+            break;
+        }
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(dst[i]) || (nonneg && dst[i] < 0)) {
+                rc = cp_errf(err, errlen, "%s: tensor \"%s\" element %lld is %g%s: the file is damaged", file, name,
+                             (long long)i, (double)dst[i], isfinite(dst[i]) ? " (it must be >= 0)" : "");
+                break;
+            }
+        if (!rc && t->perm != CP_HF_PLAIN) place(plan, order, t, tmp, out);
+    }
+    free(tmp);
+    free(order);
+    free(tt);
+    if (rc) memset(out, 0, (size_t)cp_weights_elems(plan) * sizeof *out);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
  * random init */
 
 #define GOLDEN 0x9e3779b97f4a7c15ULL

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "plan.h"
+#include "safetensors.h"
 
 /* How one Hugging Face tensor sits in the flat model. */
 typedef enum { CP_HF_PLAIN, CP_HF_Q_ROWS, CP_HF_O_COLS } cp_hf_perm;
@@ -61,6 +62,20 @@ int cp_weights_save_hf(const cp_plan *plan, const float *model, const char *dir,
 /* The config.json text for the plan's model (what cp_weights_save_hf writes). Caller frees. NULL with a message
  * when the spec has no transformers equivalent (qk_norm on a llama family, none on qwen3). */
 char *cp_weights_hf_config(const cp_plan *plan, bool bf16, char *err, int errlen);
+
+/* Model-shaped fp32 arrays other than the weights (AdamW's moments), stored per Hugging Face tensor so that they
+ * keep their meaning whatever the GPU count or UPipe stage order: array a's part for tensor X is the F32 tensor
+ * "<prefix[a]>X" with X's Hugging Face shape and element order (query heads in model order). All arrays go into the
+ * one safetensors file `path` (cp_st_write_file: temporary name, fsync, rename). Returns 0, or -1 with a message. */
+int cp_weights_save_prefixed(const cp_plan *plan, const char *path, int narrays, const char *const *prefix,
+                             const float *const *flat, char *err, int errlen);
+
+/* Read back one such array from an open set into out[cp_weights_elems] (padding zeroed, query heads in storage
+ * order). Fails, naming the tensor and file, on a missing tensor, a shape other than the spec's, a dtype other than
+ * F32 (only fp32 continues exactly), a non-finite value, or (nonneg: a second moment) a negative one. out is zeroed
+ * on failure. Returns 0 or -1. */
+int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, float *out,
+                             char *err, int errlen);
 
 /* Deterministic initialisation, as transformers' default _init_weights: every matrix (embedding, projections, LM
  * head) normal(0, std), every RMSNorm weight 1.0, padding 0. The RNG is counter-based and keyed by the tensor's
