@@ -1169,6 +1169,37 @@ int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen) {
     return 0;
 }
 
+/* Copy buffer `name` (device or host) into dst, n bytes. */
+static int get(cp_exec *ex, const char *name, void *dst, size_t n, char *err, int errlen) {
+    int b = buf_index(ex, name);
+    if (b < 0) return cp_errf(err, errlen, "the plan has no buffer %s", name);
+    if (ex->P->bufs[b].space == CP_SPACE_HOST) memcpy(dst, ex->bufptr[b], n);
+    else CK(cudaMemcpy(dst, ex->bufptr[b], n, cudaMemcpyDeviceToHost), "reading the optimizer state");
+    return 0;
+}
+
+int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *err, int errlen) {
+    size_t n = sizeof(float) * (size_t)ex->P->params_shard;
+    CK(cudaDeviceSynchronize(), "finishing the step before reading the optimizer state");
+    int rc = 0;
+    if (m) rc = get(ex, "adam_m.f32", m, n, err, errlen);
+    if (!rc && v) rc = get(ex, "adam_v.f32", v, n, err, errlen);
+    if (!rc && updates) *updates = ex->updates;
+    return rc;
+}
+
+int cp_exec_load_optimizer(cp_exec *ex, const float *m, const float *v, int updates, char *err, int errlen) {
+    if (updates < 0) return cp_errf(err, errlen, "loading the optimizer state: %d updates (must be >= 0)", updates);
+    size_t n = sizeof(float) * (size_t)ex->P->params_shard;
+    int rc = 0;
+    if (m) rc = put(ex, "adam_m.f32", m, n, err, errlen);
+    if (!rc && v) rc = put(ex, "adam_v.f32", v, n, err, errlen);
+    if (!rc) CK(cudaDeviceSynchronize(), "uploading the optimizer state");
+    /* the next update is number updates + 1, as in the run that saved them (cp_exec_step: ++updates) */
+    if (!rc) ex->updates = ex->sc.adam_step = updates;
+    return rc;
+}
+
 /* ---------------------------------------------------------------- the host optimizer */
 
 typedef struct {

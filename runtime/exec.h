@@ -65,6 +65,15 @@ int cp_exec_load_weights(cp_exec *ex, const float *flat, char *err, int errlen);
 /* The fp32 master weights back into flat (plan->params_shard elements). */
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen);
 
+/* AdamW's state, for checkpoints: the moments m and v (adam_m.f32, adam_v.f32, on the GPU or the host as the plan
+ * placed them) as flat fp32 arrays of plan->params_shard elements in the layout of cp_exec_load_weights, and the
+ * update count (AdamW's step, which sets the bias corrections of the next update). m or v may be NULL to skip that
+ * moment (a caller short of host memory reads one at a time). Returns 0, or -1 with a message. */
+int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *err, int errlen);
+/* Put back what cp_exec_read_optimizer read: call it after cp_exec_load_weights (which zeroes the moments and the
+ * count). m or v NULL: leave that moment as it is. updates must be >= 0. */
+int cp_exec_load_optimizer(cp_exec *ex, const float *m, const float *v, int updates, char *err, int errlen);
+
 /* One optimizer step: tokens and targets are [micro_batches][T] int32 (targets < 0 are ignored). Runs every
  * micro-batch's program, reads the loss and the gradient norm (one sync), then clips and applies AdamW unless the
  * loss or the norm is NaN or Inf. `label` (e.g. "step 3/10") prefixes progress lines, printed to stderr when a step
