@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
 #include "commands.h"
 #include "module.h"
 #include "plan.h"
@@ -31,6 +32,9 @@ static void usage(FILE *out) {
             "  --seq LEN         same as --set train.seq_len=LEN\n"
             "  --gpu-mem SIZE    GPU memory to plan for (default 140G, an H200); --set machine.gpu_mem=SIZE\n"
             "  --host-mem SIZE   host memory to plan for (default 128G); --set machine.host_mem=SIZE\n"
+            "  --resume DIR      (run) continue from a training checkpoint (weights, AdamW state, step, data\n"
+            "                    position): DIR is a ckpt_<step> folder, or an out_dir whose `latest` file names\n"
+            "                    one; checkpoints are written every train.save_every steps (docs/CHECKPOINTS.md)\n"
             "  --max-seq         (plan) find the longest sequence that fits\n"
             "  --json            (plan) print JSON\n"
             "  --steps           (plan) also print every step and buffer\n"
@@ -41,7 +45,7 @@ static void usage(FILE *out) {
 }
 
 typedef struct {
-    const char *command, *spec, *outdir, *arch;
+    const char *command, *spec, *outdir, *arch, *resume;
     const char *sets[MAX_SETS];
     int nsets;
     bool json, steps, max_seq, no_cache;
@@ -101,6 +105,8 @@ static void parse(int argc, char **argv, cli *c) {
             c->outdir = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--arch")) {
             c->arch = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--resume")) {
+            c->resume = need_value(argc, argv, &i);
         } else if (a[0] == '-') {
             cp_fatal(CP_EXIT_USAGE, "unknown option %s; see cpgen --help", a);
         } else if (!c->command && !c->spec) {
@@ -115,6 +121,8 @@ static void parse(int argc, char **argv, cli *c) {
         }
     }
     if (!c->command) c->command = "run";
+    if (c->resume && strcmp(c->command, "run"))
+        cp_fatal(CP_EXIT_USAGE, "--resume is an option of run (cpgen run SPEC --resume DIR), not of %s", c->command);
     if (!c->spec) {
         usage(stderr);
         exit(CP_EXIT_USAGE);
@@ -192,12 +200,36 @@ static int cmd_gen_or_build(const cli *c, cp_spec *spec) {
     return rc ? CP_EXIT_FAIL : 0;
 }
 
+/* Without a GPU, --resume still checks the checkpoint against the spec: a wrong one is found before a GPU is. */
+static int check_resume(const cli *c, cp_spec *spec) {
+    cp_plan plan;
+    char err[CP_ERR_MAX];
+    if (cp_plan_build(spec, &plan, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        return CP_EXIT_USAGE;
+    }
+    cp_ckpt ck;
+    int rc = cp_ckpt_open(&plan, c->resume, &ck, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "cpgen: %s\n", err);
+    } else {
+        printf("\ncheckpoint %s: step %d of %d, %d AdamW updates, matches %s\n", ck.dir, ck.state.step,
+               spec->train.steps, ck.state.updates, spec->path);
+        cp_ckpt_notes(&plan, &ck.state, stdout);
+        cp_ckpt_close(&ck);
+    }
+    cp_plan_free(&plan);
+    return rc ? CP_EXIT_USAGE : 0;
+}
+
 static int cmd_run(const cli *c, cp_spec *spec) {
     char why[512];
     int gpus = cp_gpu_count(why, sizeof why);
     if (gpus <= 0) {
         printf("cpgen: no GPU found (%s): printing the plan of %s instead of training.\n\n", why, spec->path);
-        return cmd_plan(c, spec);
+        int rc = cmd_plan(c, spec);
+        if (!rc && c->resume) rc = check_resume(c, spec);
+        return rc;
     }
     cp_plan plan;
     char err[CP_ERR_MAX];
@@ -215,7 +247,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     fflush(stdout);
     cp_jit_opts o;
     jit_opts_for(c, &o);
-    cp_train_opts t = {.no_cache = c->no_cache, .out = stdout};
+    cp_train_opts t = {.no_cache = c->no_cache, .out = stdout, .resume = c->resume};
     snprintf(t.arch, sizeof t.arch, "%s", o.arch);
     int rc = cp_train_run(&plan, &t, NULL, err, sizeof err);
     if (rc) fprintf(stderr, "cpgen: %s\n", err);

@@ -1,6 +1,6 @@
 /* train.c: the training loop of `cpgen run` (see train.h). The executor (exec.c) does the work of a step; this file
- * feeds it weights and data, computes the schedule, and reports: one line per logged step on stdout, every step in
- * <out_dir>/metrics.jsonl. */
+ * feeds it weights and data (or a checkpoint's state, checkpoint.c), computes the schedule, saves checkpoints, and
+ * reports: one line per logged step on stdout, every step in <out_dir>/metrics.jsonl. */
 #include "train.h"
 
 #include <errno.h>
@@ -8,8 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "data.h"
 #include "exec.h"
+#include "json.h"
 #include "util.h"
 #include "weights.h"
 
@@ -45,25 +47,103 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Save the model as a Hugging Face checkpoint in <out_dir>/step_<n>. */
-static int save(cp_exec *ex, const cp_plan *P, float *flat, int step, FILE *out, char *err, int errlen) {
-    char dir[CP_PATH_MAX + 32];
-    snprintf(dir, sizeof dir, "%s/step_%d", P->spec.train.out_dir, step);
-    if (cp_exec_read_weights(ex, flat, err, errlen)) return -1;
+/* Write the training checkpoint <out_dir>/ckpt_<step> (checkpoint.h): flat gets the master weights; the moments
+ * need two more model-sized arrays for the length of the save. */
+static int save(cp_exec *ex, const cp_plan *P, float *flat, const cp_dataset *data, int step, int skipped,
+                double last_loss, FILE *out, char *err, int errlen) {
     double t0 = cp_now();
-    if (cp_weights_save_hf(P, flat, dir, true, 0, err, errlen)) return -1;
-    if (out) fprintf(out, "saved %s (Hugging Face safetensors, bf16) in %.1f s\n", dir, cp_now() - t0);
+    cp_ckpt_state st;
+    cp_ckpt_state_init(P, &st);
+    st.step = step;
+    st.skipped = skipped;
+    st.last_loss = last_loss;
+    cp_dataset_tell(data, &st.data);
+    size_t n = (size_t)P->params_shard;
+    float *m = cp_xmalloc(sizeof(float) * n), *v = cp_xmalloc(sizeof(float) * n);
+    char path[CP_PATH_MAX + 64];
+    int rc = cp_exec_read_weights(ex, flat, err, errlen);
+    if (!rc) rc = cp_exec_read_optimizer(ex, m, v, &st.updates, err, errlen);
+    if (!rc) rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, flat, m, v, NULL, NULL, path, sizeof path, err, errlen);
+    free(m);
+    free(v);
+    if (!rc && out)
+        fprintf(out, "saved %s (fp32 weights as Hugging Face safetensors, AdamW state, trainer state) in %.1f s\n", path,
+                cp_now() - t0);
+    return rc;
+}
+
+/* On resume: keep the metrics lines of steps up to `upto` (a crashed run may have logged steps after its last
+ * checkpoint, which the resumed run logs again), so the file has each step once. */
+static int metrics_keep(const char *path, int upto, char *err, int errlen) {
+    size_t len;
+    char *text = cp_read_file(path, &len);
+    if (!text) return errno == ENOENT ? 0 : cp_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+    cp_str keep = {0};
+    char e2[256];
+    for (char *line = text; line < text + len;) {
+        char *nl = memchr(line, '\n', (size_t)(text + len - line));
+        size_t n = nl ? (size_t)(nl - line) : (size_t)(text + len - line);
+        cp_json j;
+        /* a line that does not parse is the torn last line of a crash: dropped */
+        if (!cp_json_parse(line, n, &j, e2, sizeof e2)) {
+            const cp_json *st = cp_json_get(&j, "step");
+            if (st && st->type == CP_JSON_NUMBER && st->is_int && st->integer <= upto) {
+                cp_str_append(&keep, line, n);
+                cp_str_append(&keep, "\n", 1);
+            }
+        }
+        cp_json_free(&j);
+        line += n + 1;
+    }
+    int rc = 0;
+    if (cp_write_file_atomic(path, keep.data ? keep.data : "", keep.len) != 0)
+        rc = cp_errf(err, errlen, "%s: rewriting failed: %s", path, strerror(errno));
+    cp_str_free(&keep);
+    free(text);
+    return rc;
+}
+
+/* The weights and optimizer state of the checkpoint ck (already checked against the plan) into the executor. */
+static int resume_state(cp_exec *ex, const cp_plan *P, const cp_ckpt *ck, float *flat, FILE *out, char *err,
+                        int errlen) {
+    double t0 = cp_now();
+    const cp_ckpt_state *st = &ck->state;
+    /* master weights, then the bf16 parameters from them: as the update kernel writes them (round to nearest even) */
+    int rc = cp_ckpt_load_weights(P, ck, flat, err, errlen);
+    if (!rc) rc = cp_exec_load_weights(ex, flat, err, errlen);
+    /* one moment at a time through flat, so resuming needs no more host memory than training */
+    if (!rc) rc = cp_ckpt_load_moment(P, ck, false, flat, err, errlen);
+    if (!rc) rc = cp_exec_load_optimizer(ex, flat, NULL, st->updates, err, errlen);
+    if (!rc) rc = cp_ckpt_load_moment(P, ck, true, flat, err, errlen);
+    if (!rc) rc = cp_exec_load_optimizer(ex, NULL, flat, st->updates, err, errlen);
+    if (rc) {
+        char m[CP_ERR_MAX];
+        snprintf(m, sizeof m, "%s", err);
+        return cp_errf(err, errlen, "resuming from %s: %s", ck->dir, m);
+    }
+    if (out) {
+        char pos[160] = "";
+        if (strncmp(st->data_source, "tokens:", 7) == 0)
+            snprintf(pos, sizeof pos, " (epoch %lld, shard %lld, token %lld)", (long long)st->data.epoch,
+                     (long long)st->data.shard, (long long)st->data.offset);
+        fprintf(out, "resumed from %s (cpgen %s, spec %s) in %.1f s: step %d done, %d AdamW updates, %d skipped, last "
+                     "loss %.4f; data at sequence %lld%s\n",
+                ck->dir, st->version, st->spec, cp_now() - t0, st->step, st->updates, st->skipped, st->last_loss,
+                (long long)st->data.sequence, pos);
+        cp_ckpt_notes(P, st, out);
+    }
     return 0;
 }
 
-static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, cp_train_result *res, char *err, int errlen) {
+static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp_ckpt *ck, cp_train_result *res,
+                 char *err, int errlen) {
     const cp_spec *sp = &P->spec;
     const cp_train *tr = &sp->train;
     FILE *out = o->out;
     int mb = tr->micro_batches;
     int64_t T = P->T;
 
-    /* weights */
+    /* weights: the checkpoint's, or the spec's init */
     int64_t n = cp_weights_elems(P);
     if (n != P->params_shard)
         return cp_errf(err, errlen, "the flat model has %lld elements, the plan's shard %lld: weights.c and the plan "
@@ -71,22 +151,31 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, cp_train
     float *flat = cp_xmalloc(sizeof(float) * (size_t)n);
     double t0 = cp_now();
     int rc = 0;
-    if (sp->init.from == CP_INIT_HF) {
+    int start = ck ? ck->state.step : 0;
+    if (ck) {
+        rc = resume_state(ex, P, ck, flat, out, err, errlen);
+    } else if (sp->init.from == CP_INIT_HF) {
         rc = cp_weights_load_hf(P, sp->init.path, flat, err, errlen);
         if (!rc && out) fprintf(out, "weights: %s (Hugging Face) in %.1f s\n", sp->init.path, cp_now() - t0);
+        if (!rc) rc = cp_exec_load_weights(ex, flat, err, errlen);
     } else {
         cp_weights_init_random(P, sp->init.seed, sp->init.std, flat);
         if (out) fprintf(out, "weights: random, seed %llu, std %g (%.2f s)\n", (unsigned long long)sp->init.seed,
                          sp->init.std, cp_now() - t0);
+        rc = cp_exec_load_weights(ex, flat, err, errlen);
     }
-    if (!rc) rc = cp_exec_load_weights(ex, flat, err, errlen);
 
-    /* data and the metrics file */
+    /* data (at the checkpoint's position) and the metrics file */
     cp_dataset data;
     bool data_open = false;
     if (!rc) {
         rc = cp_dataset_open(&data, sp, err, errlen);
         data_open = rc == 0;
+    }
+    if (!rc && ck && cp_dataset_seek(&data, &ck->state.data, err, errlen)) {
+        char m[CP_ERR_MAX];
+        snprintf(m, sizeof m, "%s", err);
+        rc = cp_errf(err, errlen, "resuming from %s: %s", ck->dir, m);
     }
     double chance = log((double)sp->model.vocab);
     if (data_open && data.synthetic) chance = cp_recall_chance_loss(&data.recall);
@@ -94,23 +183,33 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, cp_train
     char mpath[CP_PATH_MAX + 32];
     if (!rc) {
         snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", tr->out_dir);
-        if (cp_mkdir_p(tr->out_dir) || !(metrics = fopen(mpath, "w")))
+        if (cp_mkdir_p(tr->out_dir))
+            rc = cp_errf(err, errlen, "%s: %s; set train.out_dir to a folder you can write", tr->out_dir, strerror(errno));
+        else if (ck)
+            rc = metrics_keep(mpath, start, err, errlen);
+        if (!rc && !(metrics = fopen(mpath, ck ? "a" : "w")))
             rc = cp_errf(err, errlen, "%s: %s; set train.out_dir to a folder you can write", mpath, strerror(errno));
     }
     int32_t *tok = cp_xmalloc(sizeof(int32_t) * (size_t)(T * mb)), *tgt = cp_xmalloc(sizeof(int32_t) * (size_t)(T * mb));
     double *times = cp_xcalloc((size_t)CP_MAX(tr->steps, 1), sizeof(double));
     memset(res, 0, sizeof *res);
     res->losses = cp_xcalloc((size_t)CP_MAX(tr->steps, 1), sizeof(double));
+    for (int i = 0; i < start && i < tr->steps; i++) res->losses[i] = NAN;
+    res->first_step = res->steps = start;
+    res->skipped = ck ? ck->state.skipped : 0;
     res->chance_loss = chance;
     res->mem_planned = P->gpu_peak;
     res->mem_arena_planned = P->gpu_arena;
     res->mem_arena_measured = cp_exec_startup_info(ex)->mem_arena;
     res->min_loss = INFINITY;
     double flops = P->flops_attn + P->flops_other, peak = sp->machine.gemm_tflops;
-    if (!rc && out)
-        fprintf(out, "training: %d steps of %d x %s tokens | data %s (chance loss %.3f) | metrics %s\n\n", tr->steps,
-                mb, cp_fmt_count((double)P->S, (char[32]){0}, 32), sp->data.source, chance, mpath);
-    for (int step = 0; step < tr->steps && !rc; step++) {
+    if (!rc && out) {
+        char from[48] = "";
+        if (start) snprintf(from, sizeof from, " (from step %d)", start + 1);
+        fprintf(out, "training: %d steps%s of %d x %s tokens | data %s (chance loss %.3f) | metrics %s\n\n", tr->steps,
+                from, mb, cp_fmt_count((double)P->S, (char[32]){0}, 32), sp->data.source, chance, mpath);
+    }
+    for (int step = start; step < tr->steps && !rc; step++) {
         for (int b = 0; b < mb && !rc; b++)
             rc = cp_dataset_next(&data, 0, 1, tok + (size_t)b * T, tgt + (size_t)b * T, err, errlen);
         if (rc) break;
@@ -124,7 +223,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, cp_train
         res->losses[step] = r.loss;
         res->steps = step + 1;
         res->skipped += r.skipped;
-        if (step == 0) res->first_loss = r.loss;
+        if (step == start) res->first_loss = r.loss;
         res->last_loss = r.loss;
         if (r.loss < res->min_loss) res->min_loss = r.loss;
         res->mem_measured = CP_MAX(res->mem_measured, r.mem_used);
@@ -153,30 +252,34 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, cp_train
         fprintf(metrics, "\"targets\":%lld,\"mem_measured\":%lld,\"mem_planned\":%lld,\"skipped\":%s}\n",
                 (long long)r.targets, (long long)r.mem_used, (long long)P->gpu_peak, r.skipped ? "true" : "false");
         fflush(metrics);
-        if (tr->save_every > 0 && (step + 1) % tr->save_every == 0) rc = save(ex, P, flat, step + 1, out, err, errlen);
+        if (tr->save_every > 0 && (step + 1) % tr->save_every == 0)
+            rc = save(ex, P, flat, &data, step + 1, res->skipped, r.loss, out, err, errlen);
     }
-    if (res->steps > 0) {
-        int k = CP_MIN(10, res->steps);
+    int ran = res->steps - start;
+    if (ran > 0) {
+        int k = CP_MIN(10, ran);
         double s = 0;
         for (int i = res->steps - k; i < res->steps; i++) s += res->losses[i];
         res->mean_last10 = s / k;
-        int from = res->steps > 1 ? 1 : 0, m = res->steps - from;
+        int from = ran > 1 ? start + 1 : start, m = res->steps - from;
         qsort(times + from, (size_t)m, sizeof(double), cmp_double);
         res->step_seconds = times[from + m / 2];
         res->tokens_per_s = (double)P->T * mb / res->step_seconds;
         res->tflops = flops / res->step_seconds / 1e12;
         res->mfu = res->tflops / peak;
     }
-    if (!rc && out && res->steps > 0) {
-        char a[32], b[32], c[32], d[32];
-        fprintf(out, "\ndone: %d steps | loss %.4f -> %.4f (mean of the last %d %.4f; chance %.3f) | %d skipped | "
+    if (!rc && out && ran > 0) {
+        char a[32], b[32], c[32], d[32], from[48] = "";
+        if (start) snprintf(from, sizeof from, " (resumed after step %d)", start);
+        fprintf(out, "\ndone: %d steps%s | loss %.4f -> %.4f (mean of the last %d %.4f; chance %.3f) | %d skipped | "
                      "median step %s, %s tok/s/GPU, %.1f TF/s, %.1f%% MFU | peak memory %s measured, %s planned\n",
-                res->steps, res->first_loss, res->last_loss, CP_MIN(10, res->steps), res->mean_last10, chance,
+                ran, from, res->first_loss, res->last_loss, CP_MIN(10, ran), res->mean_last10, chance,
                 res->skipped, fmt_time(res->step_seconds, a, sizeof a), cp_fmt_count(res->tokens_per_s, b, sizeof b),
                 res->tflops, 100 * res->mfu, cp_fmt_bytes(res->mem_measured, c, sizeof c),
                 cp_fmt_bytes(res->mem_planned, d, sizeof d));
     }
-    if (!rc && tr->save_every > 0 && res->steps % tr->save_every != 0) rc = save(ex, P, flat, res->steps, out, err, errlen);
+    if (!rc && tr->save_every > 0 && ran > 0 && res->steps % tr->save_every != 0)
+        rc = save(ex, P, flat, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
     if (metrics) fclose(metrics);
     if (data_open) cp_dataset_close(&data);
     free(tok);
@@ -197,10 +300,17 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     snprintf(eo.arch, sizeof eo.arch, "%s", o->arch);
     eo.no_cache = o->no_cache;
     eo.out = o->out;
+    /* a checkpoint is checked before the GPU is set up, so a wrong one costs no compile time */
+    cp_ckpt ck;
+    if (o->resume && cp_ckpt_open(P, o->resume, &ck, err, errlen)) return -1;
     cp_exec *ex;
-    if (cp_exec_create(&ex, P, &eo, err, errlen)) return -1;
-    int rc = train(P, o, ex, res, err, errlen);
+    if (cp_exec_create(&ex, P, &eo, err, errlen)) {
+        if (o->resume) cp_ckpt_close(&ck);
+        return -1;
+    }
+    int rc = train(P, o, ex, o->resume ? &ck : NULL, res, err, errlen);
     cp_exec_destroy(ex);
+    if (o->resume) cp_ckpt_close(&ck);
     if (res == &local) cp_train_result_free(&local);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* train.h: the training loop of `cpgen run` on one GPU: weights from the spec's init (random or Hugging Face),
  * sequences from the spec's data source, the learning-rate schedule, one step line per logged step, metrics.jsonl in
- * train.out_dir, and Hugging Face checkpoints every train.save_every steps. */
+ * train.out_dir, and training checkpoints (checkpoint.h) every train.save_every steps and at the end; a run can
+ * resume from one and continue with the same losses. */
 #ifndef CP_TRAIN_H
 #define CP_TRAIN_H
 
@@ -14,18 +15,21 @@ typedef struct {
     char arch[16];  /* NVRTC target; empty: the device's */
     bool no_cache;
     FILE *out;      /* start-up report and step lines (stdout); NULL for none */
+    const char *resume; /* a checkpoint folder, or an out_dir whose `latest` names one; NULL: start from init */
 } cp_train_opts;
 
 typedef struct {
-    int steps, skipped;
-    double first_loss, last_loss, min_loss;
-    double mean_last10;              /* mean loss of the last 10 steps (fewer if fewer ran) */
+    int first_step;                  /* steps done before this run: the resumed checkpoint's step, else 0 */
+    int steps, skipped;              /* the last step reached; skipped updates, the checkpoint's included */
+    double first_loss, last_loss, min_loss; /* of the steps this run did */
+    double mean_last10;              /* mean loss of the last 10 steps run (fewer if fewer ran) */
     double chance_loss;              /* synthetic:recall: ln(values); else ln(vocab) */
     double step_seconds;             /* median step time, first step excluded when there are more */
     double tokens_per_s, tflops, mfu; /* per GPU, at the median step time */
     int64_t mem_measured, mem_planned; /* largest measured at a step's end; the plan's peak (arena + reserve) */
     int64_t mem_arena_measured, mem_arena_planned;
-    double *losses;                  /* [steps], owned: cp_train_result_free */
+    double *losses;                  /* [train.steps] by step index (step n is losses[n - 1]); NaN before
+                                        first_step; owned: cp_train_result_free */
 } cp_train_result;
 
 /* The learning rate of optimizer step `step` (0-based), as transformers' cosine schedule with warmup and a
@@ -33,8 +37,10 @@ typedef struct {
  * min_lr over the remaining steps. */
 double cp_lr_at(const cp_train *t, int step);
 
-/* Train the plan's model for plan->spec.train.steps steps on GPU 0. Returns 0, or -1 with a message. res may be
- * NULL. */
+/* Train the plan's model for plan->spec.train.steps steps on GPU 0, or, with o->resume, from the checkpoint's step
+ * to train.steps: weights, AdamW moments and update count, step (so the schedule), skipped count and data position
+ * come from the checkpoint, which is checked against the plan before the GPU is touched. Returns 0, or -1 with a
+ * message. res may be NULL. */
 int cp_train_run(const cp_plan *plan, const cp_train_opts *o, cp_train_result *res, char *err, int errlen);
 void cp_train_result_free(cp_train_result *r);
 

@@ -1,0 +1,101 @@
+/* checkpoint.h: training checkpoints that `cpgen run --resume` continues from with the same bits.
+ *
+ * A checkpoint is a folder <out_dir>/ckpt_<step>/ holding
+ *   model.safetensors (or shards and an index) + config.json: the fp32 master weights as a Hugging Face checkpoint
+ *     in F32 (cp_weights_save_hf), so transformers and init.from = "hf" load the folder as it is;
+ *   optimizer.safetensors: AdamW's moments per Hugging Face tensor, "exp_avg.<name>" and "exp_avg_sq.<name>" in F32
+ *     with the tensor's Hugging Face shape and order (cp_weights_save_prefixed), so they keep their meaning whatever
+ *     the GPU count or UPipe stage order of the run that reads them;
+ *   trainer_state.json: format, cpgen version, spec name, model shape and its hash, step, AdamW's update count,
+ *     skipped steps, the last loss, the data position (cp_dataset_tell) and the data seed.
+ * It is written as <out_dir>/ckpt_<step>.tmp.<pid>, every file synced, trainer_state.json last, then renamed to its
+ * final name in one step; then <out_dir>/latest (the folder's name and a newline) is replaced atomically. A folder
+ * with a final name is therefore always complete, and a crash leaves only a .tmp folder (removed by the next save
+ * once its process is gone). Every checkpoint is kept: the spec has no retention setting. docs/CHECKPOINTS.md. */
+#ifndef CP_CHECKPOINT_H
+#define CP_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "data.h"
+#include "plan.h"
+#include "safetensors.h"
+
+#define CP_CKPT_FORMAT 1
+#define CP_CKPT_STATE_NAME "trainer_state.json"
+#define CP_CKPT_OPTIM_NAME "optimizer.safetensors"
+#define CP_CKPT_LATEST_NAME "latest"
+#define CP_CKPT_M_PREFIX "exp_avg."
+#define CP_CKPT_V_PREFIX "exp_avg_sq."
+
+typedef struct {
+    int format;                    /* CP_CKPT_FORMAT */
+    char version[32];              /* cpgen version that wrote it */
+    char spec[CP_NAME_MAX];        /* spec name */
+    uint64_t shape_hash;           /* cp_ckpt_shape_hash(&model) */
+    cp_model model;                /* the shape fields only (family ... qk_norm); the rest is zero */
+    int step;                      /* training steps done: the run continues with step + 1 */
+    int updates;                   /* AdamW updates done (steps not skipped): the next update's bias corrections */
+    int skipped;                   /* steps whose update was skipped (non-finite loss or norm): step = updates +
+                                      skipped */
+    double last_loss;              /* loss of step `step`; NaN when it was not finite */
+    char data_source[CP_PATH_MAX]; /* data.source of the run */
+    cp_data_pos data;              /* where the next sequence comes from */
+    uint64_t data_seed;            /* the synthetic data's seed (init.seed): the loop has no other random state */
+    cp_train train;                /* the schedule and AdamW settings it ran with (out_dir, log_every unused) */
+} cp_ckpt_state;
+
+/* Hash of the model's shape: family, vocab, hidden, layers, heads, kv_heads, head_dim, ffn, tie_embeddings, qk_norm
+ * (not norm_eps or RoPE: they change no tensor, and a run may change them on purpose, e.g. to extend context). */
+uint64_t cp_ckpt_shape_hash(const cp_model *m);
+
+/* The fields that come from the plan's spec (format, version, spec, model and hash, data source and seed, train);
+ * the caller sets step, updates, skipped, last_loss and data. */
+void cp_ckpt_state_init(const cp_plan *plan, cp_ckpt_state *st);
+
+/* trainer_state.json's text (caller frees), and back. Parsing checks every key's presence and type; `where` names
+ * the file in messages. Returns 0, or -1 with a message. */
+char *cp_ckpt_state_json(const cp_ckpt_state *st);
+int cp_ckpt_state_parse(const char *text, size_t len, const char *where, cp_ckpt_state *st, char *err, int errlen);
+
+/* Called after each piece of a checkpoint is complete in the temporary folder: piece is "model.safetensors"
+ * (the weights and config.json), "optimizer.safetensors" or "trainer_state.json". Returning nonzero stops the write
+ * there as a crash would: the temporary folder stays, nothing is renamed. For tests. */
+typedef int (*cp_ckpt_hook)(void *ctx, const char *tmp_dir, const char *piece);
+
+/* Write <out_dir>/ckpt_<st->step>/ from the flat fp32 master weights and moments (cp_weights_elems elements, the
+ * executor's layout), then <out_dir>/latest. An existing folder of that name (a step saved again after a resume) is
+ * replaced atomically. path (may be NULL) gets the final folder. Returns 0, or -1 with a message; on failure no
+ * folder has the final name unless it was there before, untouched. */
+int cp_ckpt_write(const cp_plan *plan, const char *out_dir, const cp_ckpt_state *st, const float *master,
+                  const float *m, const float *v, cp_ckpt_hook hook, void *hook_ctx, char *path, size_t pathlen,
+                  char *err, int errlen);
+
+/* An open checkpoint, checked against a plan and ready to load. */
+typedef struct {
+    char dir[CP_PATH_MAX];
+    char weights[CP_PATH_MAX + 64]; /* its model.safetensors, or the index of its shards */
+    cp_ckpt_state state;
+    cp_st_set optim;
+} cp_ckpt;
+
+/* dir: a checkpoint folder, or an out_dir whose `latest` names one. Reads trainer_state.json, checks it against the
+ * plan (format, model shape, data source and seed, step < train.steps, step = updates + skipped), then opens the
+ * weights and optimizer.safetensors and checks that each holds exactly the plan's tensors, F32, of the plan's shapes.
+ * Refuses an incomplete folder (a .tmp one, or one missing a file) and a damaged one, with a message naming the
+ * file, what is wrong and what to do; nothing is loaded yet. Returns 0, or -1 (ck is then closed). */
+int cp_ckpt_open(const cp_plan *plan, const char *dir, cp_ckpt *ck, char *err, int errlen);
+/* The master weights into flat[cp_weights_elems]. */
+int cp_ckpt_load_weights(const cp_plan *plan, const cp_ckpt *ck, float *flat, char *err, int errlen);
+/* One AdamW moment (second: exp_avg_sq, else exp_avg) into flat[cp_weights_elems]. */
+int cp_ckpt_load_moment(const cp_plan *plan, const cp_ckpt *ck, bool second, float *flat, char *err, int errlen);
+void cp_ckpt_close(cp_ckpt *ck);
+
+/* Print one "note:" line per setting the run differs in from the checkpoint's (schedule, AdamW, batch, a tokens
+ * glob): resuming still works, but the losses will not be those of an uninterrupted run. Returns how many. */
+int cp_ckpt_notes(const cp_plan *plan, const cp_ckpt_state *st, FILE *out);
+
+#endif
