@@ -1,0 +1,493 @@
+/* nccl_rt.c: NCCL through dlopen, checked wrappers, and the watchdog that keeps a rank from waiting forever on a
+ * dead peer (see nccl_rt.h). */
+#include "nccl_rt.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_check.h"
+#include "util.h"
+
+#define DEFAULT_LIB "libnccl.so.2"
+#define INSTALL_HINT                                                                                                \
+    "install NCCL 2.14 or newer: the libnccl2 package from NVIDIA's CUDA repository (apt install libnccl2), or "     \
+    "`pip install nvidia-nccl-cu13` with its nvidia/nccl/lib folder added to LD_LIBRARY_PATH"
+
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static cp_nccl_api loaded;
+static const cp_nccl_api *api; /* what the wrappers call: the loaded library, or a test's table */
+static int api_version;
+
+__attribute__((format(printf, 3, 4))) static int fail(char *err, int errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, (size_t)errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static void sleep_s(double s) {
+    struct timespec t = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&t, NULL);
+}
+
+void cp_nccl_version_str(int code, char *buf, int n) {
+    /* NCCL_VERSION: X*1000 + Y*100 + Z up to 2.8, X*10000 + Y*100 + Z from 2.9 on. */
+    if (code >= 10000) snprintf(buf, (size_t)n, "%d.%d.%d", code / 10000, code % 10000 / 100, code % 100);
+    else snprintf(buf, (size_t)n, "%d.%d.%d", code / 1000, code % 1000 / 100, code % 100);
+}
+
+int cp_nccl_load(const char *lib, char *err, int errlen) {
+    pthread_mutex_lock(&load_lock);
+    if (api) {
+        pthread_mutex_unlock(&load_lock);
+        return 0;
+    }
+    const char *name = lib && *lib ? lib : DEFAULT_LIB;
+    int rc = 0;
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *why = dlerror();
+        rc = fail(err, errlen, "cannot load %s (%s): NCCL is needed only when parallel.gpus > 1; %s", name,
+                  why ? why : "not found", INSTALL_HINT);
+        goto out;
+    }
+    cp_nccl_api t = {0};
+    struct {
+        const char *sym;
+        void **slot;
+        bool required;
+    } syms[] = {
+        {"ncclGetVersion", (void **)&t.GetVersion, true},
+        {"ncclGetUniqueId", (void **)&t.GetUniqueId, true},
+        {"ncclCommInitRank", (void **)&t.CommInitRank, true},
+        {"ncclCommInitRankConfig", (void **)&t.CommInitRankConfig, false},
+        {"ncclCommFinalize", (void **)&t.CommFinalize, false},
+        {"ncclCommDestroy", (void **)&t.CommDestroy, true},
+        {"ncclCommAbort", (void **)&t.CommAbort, true},
+        {"ncclCommGetAsyncError", (void **)&t.CommGetAsyncError, true},
+        {"ncclAllGather", (void **)&t.AllGather, true},
+        {"ncclReduceScatter", (void **)&t.ReduceScatter, true},
+        {"ncclAllReduce", (void **)&t.AllReduce, true},
+        {"ncclSend", (void **)&t.Send, true},
+        {"ncclRecv", (void **)&t.Recv, true},
+        {"ncclGroupStart", (void **)&t.GroupStart, true},
+        {"ncclGroupEnd", (void **)&t.GroupEnd, true},
+        {"ncclGetErrorString", (void **)&t.GetErrorString, true},
+        {"ncclGetLastError", (void **)&t.GetLastError, false},
+    };
+    for (size_t k = 0; k < sizeof syms / sizeof syms[0]; k++) {
+        *syms[k].slot = dlsym(h, syms[k].sym);
+        if (!*syms[k].slot && syms[k].required) {
+            rc = fail(err, errlen, "%s has no %s: it is not NCCL, or a version too old for cpgen; %s", name,
+                      syms[k].sym, INSTALL_HINT);
+            dlclose(h);
+            goto out;
+        }
+    }
+    int v = 0;
+    ncclResult_t r = t.GetVersion(&v);
+    char vs[32];
+    cp_nccl_version_str(v, vs, sizeof vs);
+    if (r != ncclSuccess || v < 2000 || v >= 30000) {
+        rc = fail(err, errlen, "%s reports version %s (code %d): cpgen is built against the NCCL 2 interface; %s",
+                  name, vs, v, INSTALL_HINT);
+        dlclose(h);
+        goto out;
+    }
+    /* The library stays open for the life of the process: NCCL starts threads that outlive any communicator. */
+    /* NVLink SHARP stays off unless the user chose otherwise, as for the ranks cp_launch_spawn starts (launch.c);
+     * set here, before NCCL reads its environment, it also covers mpirun and srun launches. */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    loaded = t;
+    api = &loaded;
+    api_version = v;
+out:
+    pthread_mutex_unlock(&load_lock);
+    return rc;
+}
+
+const cp_nccl_api *cp_nccl_api_get(void) { return api; }
+
+void cp_nccl_use_api(const cp_nccl_api *a, int version) {
+    pthread_mutex_lock(&load_lock);
+    api = a;
+    api_version = a ? version : 0;
+    pthread_mutex_unlock(&load_lock);
+}
+
+int cp_nccl_version(void) { return api ? api_version : 0; }
+
+size_t cp_nccl_type_size(ncclDataType_t t) {
+    switch (t) {
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64: return 8;
+    default: return 0;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * messages */
+
+static const char *result_name(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess: return "ncclSuccess";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+    case ncclSystemError: return "ncclSystemError";
+    case ncclInternalError: return "ncclInternalError";
+    case ncclInvalidArgument: return "ncclInvalidArgument";
+    case ncclInvalidUsage: return "ncclInvalidUsage";
+    case ncclRemoteError: return "ncclRemoteError";
+    case ncclInProgress: return "ncclInProgress";
+    default: return "unknown NCCL result";
+    }
+}
+
+static const char *result_hint(ncclResult_t r) {
+    switch (r) {
+    case ncclUnhandledCudaError:
+        return "a CUDA call inside NCCL failed: check the GPU with nvidia-smi; NCCL_DEBUG=WARN names the call";
+    case ncclSystemError:
+        return "a system call failed (network, shared memory or file descriptors): rerun with NCCL_DEBUG=WARN; in a "
+               "container, give /dev/shm more room (--shm-size) and raise the open-file limit";
+    case ncclInternalError:
+        return "NCCL failed internally: rerun with NCCL_DEBUG=INFO and report it with the NCCL version";
+    case ncclInvalidArgument:
+        return "cpgen passed NCCL a bad argument, a cpgen bug: NCCL_DEBUG=WARN says which";
+    case ncclInvalidUsage:
+        return "the ranks called NCCL out of step (a different collective, size or order): every rank must run the "
+               "same plan";
+    case ncclRemoteError:
+        return "another rank failed or exited, or the network between them broke: the first error is in another "
+               "rank's output";
+    default: return "rerun with NCCL_DEBUG=WARN for NCCL's own message";
+    }
+}
+
+/* "rank R: call: ncclX (text); NCCL says: last; hint". */
+static int nccl_fail(const cp_nccl_comm *c, ncclResult_t r, const char *call, const char *extra, char *err,
+                     int errlen) {
+    const char *text = api && api->GetErrorString ? api->GetErrorString(r) : NULL;
+    const char *last = api && api->GetLastError ? api->GetLastError(c ? c->comm : NULL) : NULL;
+    char rank[32] = "";
+    if (c) snprintf(rank, sizeof rank, "rank %d: ", c->rank);
+    return fail(err, errlen, "%s%s: %s (%s)%s%s; %s%s", rank, call, result_name(r), text ? text : "",
+                last && *last ? "; NCCL says: " : "", last && *last ? last : "", result_hint(r), extra ? extra : "");
+}
+
+void cp_nccl_abort(cp_nccl_comm *c) {
+    if (!c || !c->comm || !api) return;
+    (void)api->CommAbort(c->comm); /* nothing more can be done if the abort itself fails */
+    c->comm = NULL;
+    c->aborted = true;
+}
+
+static const char *const ABORTED = "; the communicator was aborted, so that no rank waits on it forever";
+
+static int check_comm(const cp_nccl_comm *c, const char *call, char *err, int errlen) {
+    if (!api) return fail(err, errlen, "%s: NCCL is not loaded (cp_nccl_load)", call);
+    if (!c) return fail(err, errlen, "%s: no communicator", call);
+    if (c->aborted)
+        return fail(err, errlen, "rank %d: %s: the communicator was aborted after an earlier error; that error is "
+                    "the one to fix", c->rank, call);
+    if (!c->comm) return fail(err, errlen, "rank %d: %s: the communicator is not initialised (cp_nccl_init)", c->rank, call);
+    return 0;
+}
+
+static int check_buf(const cp_nccl_comm *c, const char *call, const char *name, const void *p, size_t count,
+                     ncclDataType_t t, size_t ranks, char *err, int errlen) {
+    size_t es = cp_nccl_type_size(t);
+    if (!es) return fail(err, errlen, "rank %d: %s: data type %d is not one cpgen knows", c->rank, call, (int)t);
+    if (count && count > SIZE_MAX / es / ranks)
+        return fail(err, errlen, "rank %d: %s: %zu elements per rank overflow the address space", c->rank, call, count);
+    if (count && !p) return fail(err, errlen, "rank %d: %s: %s is NULL for %zu elements", c->rank, call, name, count);
+    return 0;
+}
+
+/* After a call: an error aborts the communicator (its peers then see a remote error instead of waiting for this
+ * rank), and on a non-blocking communicator a call still in progress is polled until it is done or timeout_s
+ * passes. `what` names the work in a timeout message. */
+static int settle(cp_nccl_comm *c, ncclResult_t r, const char *call, const char *what, double timeout_s, char *err,
+                  int errlen) {
+    if (r == ncclSuccess) return 0;
+    if (r != ncclInProgress || !c->nonblocking) {
+        int rc = nccl_fail(c, r, call, ABORTED, err, errlen);
+        cp_nccl_abort(c);
+        return rc;
+    }
+    double deadline = cp_now() + timeout_s, nap = 20e-6;
+    for (;;) {
+        ncclResult_t st = ncclSuccess, q = api->CommGetAsyncError(c->comm, &st);
+        if (q != ncclSuccess) {
+            int rc = nccl_fail(c, q, "ncclCommGetAsyncError", ABORTED, err, errlen);
+            cp_nccl_abort(c);
+            return rc;
+        }
+        if (st == ncclSuccess) return 0;
+        if (st != ncclInProgress) {
+            int rc = nccl_fail(c, st, call, ABORTED, err, errlen);
+            cp_nccl_abort(c);
+            return rc;
+        }
+        if (cp_now() >= deadline) {
+            fail(err, errlen, "rank %d: %s did not finish within %.3g s: %s%s", c->rank, call, timeout_s, what, ABORTED);
+            cp_nccl_abort(c);
+            return -1;
+        }
+        sleep_s(nap);
+        nap = nap * 2 < 1e-3 ? nap * 2 : 1e-3;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * communicators */
+
+int cp_nccl_unique_id(ncclUniqueId *id, char *err, int errlen) {
+    if (!id) return fail(err, errlen, "cp_nccl_unique_id: no id to fill");
+    if (cp_nccl_load(NULL, err, errlen)) return -1;
+    ncclResult_t r = api->GetUniqueId(id);
+    if (r != ncclSuccess) return nccl_fail(NULL, r, "ncclGetUniqueId", NULL, err, errlen);
+    return 0;
+}
+
+int cp_nccl_init(cp_nccl_comm *c, int rank, int size, const ncclUniqueId *id, double timeout_s, char *err,
+                 int errlen) {
+    if (!c || !id) return fail(err, errlen, "cp_nccl_init: no communicator or id");
+    memset(c, 0, sizeof *c);
+    c->rank = rank;
+    c->size = size;
+    c->timeout_s = timeout_s > 0 ? timeout_s : 300;
+    if (size < 1 || rank < 0 || rank >= size)
+        return fail(err, errlen, "cp_nccl_init: rank %d of %d is not a valid rank", rank, size);
+    if (!api && cp_nccl_load(NULL, err, errlen)) return -1;
+    char call[96];
+    snprintf(call, sizeof call, "NCCL initialisation of %d ranks", size);
+    const char *why = "a rank did not reach it (check that every rank started and got the same unique id), or the "
+                      "network between the nodes is blocked; NCCL_DEBUG=INFO shows where it waits";
+    ncclComm_t comm = NULL;
+    ncclResult_t r;
+    if (api->CommInitRankConfig) {
+        /* Non-blocking: the call returns at once, and settle() polls it with a deadline, which the blocking call
+         * cannot have. */
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 0;
+        r = api->CommInitRankConfig(&comm, size, *id, rank, &cfg);
+        c->nonblocking = true;
+    } else {
+        r = api->CommInitRank(&comm, size, *id, rank);
+    }
+    c->comm = comm;
+    if (r != ncclSuccess && r != ncclInProgress && !comm) return nccl_fail(c, r, call, NULL, err, errlen);
+    if (settle(c, r, call, why, c->timeout_s, err, errlen)) return -1;
+    return 0;
+}
+
+int cp_nccl_destroy(cp_nccl_comm *c, char *err, int errlen) {
+    if (!c) return 0;
+    int rc = 0;
+    if (c->comm && api) {
+        if (api->CommFinalize) {
+            /* Finalize flushes this rank's outstanding work with a deadline (on a non-blocking communicator);
+             * destroy then only frees. On failure the communicator is aborted instead. */
+            ncclResult_t r = api->CommFinalize(c->comm);
+            rc = settle(c, r, "ncclCommFinalize", "a peer is stuck or gone", c->timeout_s, err, errlen);
+        }
+        if (c->comm) {
+            ncclResult_t r = api->CommDestroy(c->comm);
+            if (r != ncclSuccess && r != ncclInProgress) {
+                rc = nccl_fail(c, r, "ncclCommDestroy", ABORTED, err, errlen);
+                cp_nccl_abort(c);
+            }
+        }
+    }
+    memset(c, 0, sizeof *c);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * collectives */
+
+int cp_nccl_all_gather(cp_nccl_comm *c, const void *send, void *recv, size_t count, ncclDataType_t t,
+                       cudaStream_t stream, char *err, int errlen) {
+    const char *call = "ncclAllGather";
+    if (check_comm(c, call, err, errlen) || check_buf(c, call, "send", send, count, t, 1, err, errlen) ||
+        check_buf(c, call, "recv", recv, count, t, (size_t)c->size, err, errlen))
+        return -1;
+    return settle(c, api->AllGather(send, recv, count, t, c->comm, stream), call, "a peer is stuck or gone",
+                  c->timeout_s, err, errlen);
+}
+
+int cp_nccl_reduce_scatter(cp_nccl_comm *c, const void *send, void *recv, size_t count, ncclDataType_t t,
+                           ncclRedOp_t op, cudaStream_t stream, char *err, int errlen) {
+    const char *call = "ncclReduceScatter";
+    if (check_comm(c, call, err, errlen) || check_buf(c, call, "send", send, count, t, (size_t)c->size, err, errlen) ||
+        check_buf(c, call, "recv", recv, count, t, 1, err, errlen))
+        return -1;
+    return settle(c, api->ReduceScatter(send, recv, count, t, op, c->comm, stream), call, "a peer is stuck or gone",
+                  c->timeout_s, err, errlen);
+}
+
+int cp_nccl_all_reduce(cp_nccl_comm *c, const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                       cudaStream_t stream, char *err, int errlen) {
+    const char *call = "ncclAllReduce";
+    if (check_comm(c, call, err, errlen) || check_buf(c, call, "send", send, count, t, 1, err, errlen) ||
+        check_buf(c, call, "recv", recv, count, t, 1, err, errlen))
+        return -1;
+    return settle(c, api->AllReduce(send, recv, count, t, op, c->comm, stream), call, "a peer is stuck or gone",
+                  c->timeout_s, err, errlen);
+}
+
+static int check_peer(const cp_nccl_comm *c, const char *call, int peer, char *err, int errlen) {
+    if (peer < 0 || peer >= c->size)
+        return fail(err, errlen, "rank %d: %s: peer %d is not a rank of this communicator (0 to %d)", c->rank, call,
+                    peer, c->size - 1);
+    return 0;
+}
+
+int cp_nccl_send(cp_nccl_comm *c, const void *buf, size_t count, ncclDataType_t t, int peer, cudaStream_t stream,
+                 char *err, int errlen) {
+    const char *call = "ncclSend";
+    if (check_comm(c, call, err, errlen) || check_peer(c, call, peer, err, errlen) ||
+        check_buf(c, call, "buffer", buf, count, t, 1, err, errlen))
+        return -1;
+    return settle(c, api->Send(buf, count, t, peer, c->comm, stream), call, "a peer is stuck or gone", c->timeout_s,
+                  err, errlen);
+}
+
+int cp_nccl_recv(cp_nccl_comm *c, void *buf, size_t count, ncclDataType_t t, int peer, cudaStream_t stream,
+                 char *err, int errlen) {
+    const char *call = "ncclRecv";
+    if (check_comm(c, call, err, errlen) || check_peer(c, call, peer, err, errlen) ||
+        check_buf(c, call, "buffer", buf, count, t, 1, err, errlen))
+        return -1;
+    return settle(c, api->Recv(buf, count, t, peer, c->comm, stream), call, "a peer is stuck or gone", c->timeout_s,
+                  err, errlen);
+}
+
+int cp_nccl_group_start(cp_nccl_comm *c, char *err, int errlen) {
+    if (check_comm(c, "ncclGroupStart", err, errlen)) return -1;
+    return settle(c, api->GroupStart(), "ncclGroupStart", "", c->timeout_s, err, errlen);
+}
+
+int cp_nccl_group_end(cp_nccl_comm *c, char *err, int errlen) {
+    if (check_comm(c, "ncclGroupEnd", err, errlen)) return -1;
+    return settle(c, api->GroupEnd(), "ncclGroupEnd", "a peer is stuck or gone", c->timeout_s, err, errlen);
+}
+
+int cp_nccl_all_to_all(cp_nccl_comm *c, const void *send, void *recv, size_t count, ncclDataType_t t,
+                       cudaStream_t stream, char *err, int errlen) {
+    const char *call = "all-to-all";
+    if (check_comm(c, call, err, errlen) || check_buf(c, call, "send", send, count, t, (size_t)c->size, err, errlen) ||
+        check_buf(c, call, "recv", recv, count, t, (size_t)c->size, err, errlen))
+        return -1;
+    if (count == 0) return 0;
+    size_t block = count * cp_nccl_type_size(t), total = block * (size_t)c->size;
+    uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+    if (s < r + total && r < s + total)
+        return fail(err, errlen, "rank %d: all-to-all: send and recv overlap (%zu bytes each): a block would be "
+                    "overwritten before it is sent; give them separate buffers", c->rank, total);
+    if (cp_nccl_group_start(c, err, errlen)) return -1;
+    /* Every send and receive is queued before any of them can block; within the group NCCL runs them together, so
+     * the order of peers does not matter and the own block is a send to self. */
+    ncclResult_t first = ncclSuccess;
+    const char *first_call = NULL;
+    int first_peer = -1;
+    for (int p = 0; p < c->size; p++) {
+        const char *which = "ncclSend";
+        ncclResult_t q = api->Send((const char *)send + block * (size_t)p, count, t, p, c->comm, stream);
+        if (q == ncclSuccess || q == ncclInProgress) {
+            which = "ncclRecv";
+            q = api->Recv((char *)recv + block * (size_t)p, count, t, p, c->comm, stream);
+        }
+        if (q != ncclSuccess && q != ncclInProgress) {
+            first = q;
+            first_call = which;
+            first_peer = p;
+            break;
+        }
+    }
+    /* The group is closed even after a failed call: NCCL's group depth is per thread and would stay open. */
+    ncclResult_t end = api->GroupEnd();
+    if (first != ncclSuccess) {
+        char what[64];
+        snprintf(what, sizeof what, "all-to-all: %s with peer %d", first_call, first_peer);
+        int rc = nccl_fail(c, first, what, ABORTED, err, errlen);
+        cp_nccl_abort(c);
+        return rc;
+    }
+    return settle(c, end, "all-to-all: ncclGroupEnd", "a peer is stuck or gone", c->timeout_s, err, errlen);
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * the watchdog */
+
+int cp_nccl_wait_for(cp_nccl_comm *c, int (*done)(void *ctx, char *err, int errlen), void *ctx, const char *what,
+                     double timeout_s, char *err, int errlen) {
+    if (!what) what = "the collective";
+    if (check_comm(c, what, err, errlen)) return -1;
+    if (!done) return fail(err, errlen, "rank %d: waiting for %s: no completion test", c->rank, what);
+    if (timeout_s <= 0) timeout_s = c->timeout_s;
+    double deadline = cp_now() + timeout_s, nap = 20e-6;
+    char why[1024];
+    for (;;) {
+        int d = done(ctx, why, sizeof why);
+        if (d > 0) return 0;
+        if (d < 0) {
+            fail(err, errlen, "rank %d: while waiting for %s: %s%s", c->rank, what, why, ABORTED);
+            cp_nccl_abort(c);
+            return -1;
+        }
+        ncclResult_t st = ncclSuccess, q = api->CommGetAsyncError(c->comm, &st);
+        if (q != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
+            char call[160];
+            snprintf(call, sizeof call, "%s while waiting for %s", q != ncclSuccess ? "ncclCommGetAsyncError" :
+                     "NCCL reported an error", what);
+            int rc = nccl_fail(c, q != ncclSuccess ? q : st, call, ABORTED, err, errlen);
+            cp_nccl_abort(c);
+            return rc;
+        }
+        if (cp_now() >= deadline) {
+            fail(err, errlen, "rank %d: %s did not finish within %.3g s: a peer is stuck or gone (its output may say "
+                 "why); NCCL_DEBUG=INFO shows what NCCL waits for%s", c->rank, what, timeout_s, ABORTED);
+            cp_nccl_abort(c);
+            return -1;
+        }
+        sleep_s(nap);
+        nap = nap * 2 < 1e-3 ? nap * 2 : 1e-3;
+    }
+}
+
+typedef struct {
+    cudaStream_t stream;
+    cudaEvent_t event;
+} cuda_work;
+
+static int cuda_done(void *ctx, char *err, int errlen) {
+    const cuda_work *w = ctx;
+    cudaError_t e = w->event ? cudaEventQuery(w->event) : cudaStreamQuery(w->stream);
+    if (e == cudaSuccess) return 1;
+    if (e == cudaErrorNotReady) return 0;
+    return cp_cuda_errmsg(e, w->event ? "cudaEventQuery" : "cudaStreamQuery", err, errlen);
+}
+
+int cp_nccl_wait(cp_nccl_comm *c, cudaStream_t stream, cudaEvent_t event, const char *what, double timeout_s,
+                 char *err, int errlen) {
+    cuda_work w = {stream, event};
+    return cp_nccl_wait_for(c, cuda_done, &w, what, timeout_s, err, errlen);
+}
