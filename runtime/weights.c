@@ -179,6 +179,43 @@ static int family_check(const cp_model *m, char *err, int errlen) {
     return 0;
 }
 
+/* Tensor s of the file (the model's tensor t, named `name` there) into the flat model: shape checked against the
+ * spec, read as fp32, NaN and infinities (and with nonneg, negatives) refused, permuted tensors put in storage
+ * order. The hints end the messages: what a wrong shape or a bad value says about the file. */
+static int read_tensor(const cp_plan *plan, const int *order, const cp_hf_tensor *t, const cp_st_set *st,
+                       const cp_st_tensor *s, const char *name, bool nonneg, const char *shape_hint,
+                       const char *value_hint, float **tmp, float *out, char *err, int errlen) {
+    const char *file = st->files[s->file].path;
+    bool same = s->ndim == t->ndim;
+    for (int d = 0; d < t->ndim && same; d++) same = s->shape[d] == t->shape[d];
+    if (!same) {
+        char a[96], b[96], why[256];
+        shape_why(plan, t, why, sizeof why);
+        return cp_errf(err, errlen, "%s: tensor \"%s\" has shape %s but the spec %s expects %s (%s): %s", file, name,
+                       fmt_shape(s->ndim, s->shape, a, sizeof a), plan->spec.path,
+                       fmt_shape(t->ndim, t->shape, b, sizeof b), why, shape_hint);
+    }
+    int64_t n = hf_elems(t);
+    float *dst = out + t->off;
+    if (t->perm != CP_HF_PLAIN) {
+        *tmp = cp_xrealloc(*tmp, (size_t)n * sizeof **tmp);
+        dst = *tmp;
+    }
+    char e2[CP_ERR_MAX];
+    if (cp_st_read_f32(st, s, 0, n, dst, e2, sizeof e2)) return cp_errf(err, errlen, "%s", e2);
+    for (int64_t i = 0; i < n; i++) {
+        if (isfinite(dst[i]) && !(nonneg && dst[i] < 0)) continue;
+        char what[48];
+        if (isnan(dst[i])) snprintf(what, sizeof what, "NaN");
+        else if (isinf(dst[i])) snprintf(what, sizeof what, "infinite");
+        else snprintf(what, sizeof what, "%g (it must be >= 0)", (double)dst[i]);
+        return cp_errf(err, errlen, "%s: tensor \"%s\" element %lld is %s: %s", file, name, (long long)i, what,
+                       value_hint);
+    }
+    if (t->perm != CP_HF_PLAIN) place(plan, order, t, *tmp, out);
+    return 0;
+}
+
 int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *err, int errlen) {
     const cp_model *m = &plan->spec.model;
     cp_st_set st;
@@ -240,40 +277,10 @@ int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *
                           path, t->name, plan->spec.path, cp_family_name(m->family));
             break;
         }
-        const char *file = st.files[s->file].path;
-        bool same = s->ndim == t->ndim;
-        for (int d = 0; d < t->ndim && same; d++) same = s->shape[d] == t->shape[d];
-        if (!same) {
-            char a[96], b[96], why[256];
-            shape_why(plan, t, why, sizeof why);
-            rc = cp_errf(err, errlen,
-                      "%s: tensor \"%s\" has shape %s but the spec %s expects %s (%s): the spec does not "
-                      "describe this checkpoint; compare its config.json",
-                      file, t->name, fmt_shape(s->ndim, s->shape, a, sizeof a), plan->spec.path,
-                      fmt_shape(t->ndim, t->shape, b, sizeof b), why);
-            break;
-        }
-        int64_t n = hf_elems(t);
-        float *dst;
-        if (t->perm == CP_HF_PLAIN) {
-            dst = out + t->off;
-        } else {
-            tmp = cp_xrealloc(tmp, (size_t)n * sizeof *tmp);
-            dst = tmp;
-        }
-        if (cp_st_read_f32(&st, s, 0, n, dst, e2, sizeof e2)) {
-            rc = cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
-            break;
-        }
-        for (int64_t i = 0; i < n; i++)
-            if (!isfinite(dst[i])) {
-                rc = cp_errf(err, errlen,
-                          "%s: tensor \"%s\" element %lld is %s: the checkpoint is damaged (or diverged "
-                          "when it was trained)",
-                          file, t->name, (long long)i, isnan(dst[i]) ? "NaN" : "infinite");
-                break;
-            }
-        if (!rc && t->perm != CP_HF_PLAIN) place(plan, order, t, tmp, out);
+        rc = read_tensor(plan, order, t, &st, s, t->name, false,
+                         "the spec does not describe this checkpoint; compare its config.json",
+                         "the checkpoint is damaged (or diverged when it was trained)", &tmp, out, e2, sizeof e2);
+        if (rc) cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
     }
     /* a tied spec: an lm_head.weight in the file must be the embedding */
     const cp_st_tensor *lm = m->tie_embeddings ? cp_st_find(&st, "lm_head.weight") : NULL;
@@ -489,7 +496,7 @@ int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const cha
     cp_q_head_order(plan, order);
     float *tmp = NULL;
     int rc = 0;
-    char name[160], e2[CP_ERR_MAX];
+    char name[160];
     memset(out, 0, (size_t)cp_weights_elems(plan) * sizeof *out);
     for (int j = 0; j < nt && !rc; j++) {
         const cp_hf_tensor *t = &tt[j];
@@ -500,42 +507,14 @@ int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const cha
                          "belongs to another model", st->where, name, plan->spec.path);
             break;
         }
-        const char *file = st->files[s->file].path;
-        bool same = s->ndim == t->ndim;
-        for (int d = 0; d < t->ndim && same; d++) same = s->shape[d] == t->shape[d];
-        if (!same) {
-            char a[96], b[96], why[256];
-            shape_why(plan, t, why, sizeof why);
-            rc = cp_errf(err, errlen, "%s: tensor \"%s\" has shape %s but the spec %s expects %s (%s): the file "
-                         "belongs to a model of another shape", file, name, fmt_shape(s->ndim, s->shape, a, sizeof a),
-                         plan->spec.path, fmt_shape(t->ndim, t->shape, b, sizeof b), why);
-            break;
-        }
         /* widening BF16 would resume, but not exactly: refuse what cpgen never writes */
         if (s->dtype != CP_ST_F32) {
             rc = cp_errf(err, errlen, "%s: tensor \"%s\" is %s, not F32: only fp32 state continues a run exactly; "
-                         "the file was not written by cpgen", file, name, cp_st_dtype_name(s->dtype));
+                         "the file was not written by cpgen", st->files[s->file].path, name, cp_st_dtype_name(s->dtype));
             break;
         }
-        int64_t n = hf_elems(t);
-        float *dst;
-        if (t->perm == CP_HF_PLAIN) {
-            dst = out + t->off;
-        } else {
-            tmp = cp_xrealloc(tmp, (size_t)n * sizeof *tmp);
-            dst = tmp;
-        }
-        if (cp_st_read_f32(st, s, 0, n, dst, e2, sizeof e2)) {
-            rc = cp_errf(err, errlen, "%s", e2);
-            break;
-        }
-        for (int64_t i = 0; i < n; i++)
-            if (!isfinite(dst[i]) || (nonneg && dst[i] < 0)) {
-                rc = cp_errf(err, errlen, "%s: tensor \"%s\" element %lld is %g%s: the file is damaged", file, name,
-                             (long long)i, (double)dst[i], isfinite(dst[i]) ? " (it must be >= 0)" : "");
-                break;
-            }
-        if (!rc && t->perm != CP_HF_PLAIN) place(plan, order, t, tmp, out);
+        rc = read_tensor(plan, order, t, st, s, name, nonneg, "the file belongs to a model of another shape",
+                         "the file is damaged", &tmp, out, err, errlen);
     }
     free(tmp);
     free(order);
