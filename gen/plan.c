@@ -108,6 +108,7 @@ static cp_step *gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t
     return s;
 }
 
+/* A collective or a host copy of `bytes` (per rank). */
 static cp_step *collective(builder *B, cp_opkind kind, const char *what, int64_t bytes) {
     cp_step *s = add_step(B, kind, what);
     s->count = bytes;
@@ -870,8 +871,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
 
     /* inputs arrive from the host (data loader) */
     s = collective(&B, CP_OP_COPY_H2D, "load_tokens", 3 * T * 4);
-    s->kind = CP_OP_COPY_H2D;
-    s->stream = CP_STREAM_COMPUTE;
+    s->stream = CP_STREAM_COMPUTE; /* the inputs of this micro-batch: nothing can start before them */
     wr(s, P, b->tokens);
     wr(s, P, b->targets);
     wr(s, P, b->token_order);
