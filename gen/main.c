@@ -129,10 +129,20 @@ static void parse(int argc, char **argv, cli *c) {
     }
 }
 
-/* What does not fit, and what to try. */
+/* What does not fit, and what would: the longest sequence this configuration holds. */
 static void refuse(const cp_spec *spec, const cp_plan *plan) {
-    fprintf(stderr, "cpgen: %s does not fit: %s; try a shorter train.seq_len (cpgen plan --max-seq), more GPUs, or "
-                    "parallel.offload = \"all\"\n", spec->path, plan->why);
+    fprintf(stderr, "cpgen: %s does not fit: %s\n", spec->path, plan->why);
+    cp_plan best;
+    char err[CP_ERR_MAX], len[32];
+    int64_t n = cp_plan_max_seq(spec, &best, err, sizeof err);
+    if (n > 0) {
+        fprintf(stderr, "cpgen: with this model, GPU count and machine, train.seq_len = %s (%lld tokens) is the longest "
+                        "that fits (cpgen plan --max-seq shows its plan); more GPUs or a larger machine fit more\n",
+                cp_fmt_length(n, len, sizeof len), (long long)n);
+        cp_plan_free(&best);
+    } else {
+        fprintf(stderr, "cpgen: %s; use more GPUs or a larger machine\n", err);
+    }
 }
 
 static int cmd_plan(const cli *c, cp_spec *spec) {

@@ -1276,6 +1276,14 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
             hi = mid - 1;
         }
     }
-    if (!found) snprintf(err, errlen, "%s: no sequence length fits: %s", spec->path, e2);
+    if (!found) {
+        /* say why even the shortest length does not fit */
+        s.train.seq_len = gran;
+        if (cp_spec_check(&s, e2, sizeof e2) == 0 && cp_plan_build(&s, &p, e2, sizeof e2) == 0) {
+            snprintf(e2, sizeof e2, "%s", p.fits ? "" : p.why);
+            cp_plan_free(&p);
+        }
+        snprintf(err, errlen, "%s: no sequence length fits, not even %lld tokens: %s", spec->path, (long long)gran, e2);
+    }
     return found;
 }

@@ -353,6 +353,18 @@ static void test_max_seq(void **state) {
     cp_plan_free(&p);
 }
 
+/* When nothing fits, the answer says why, at the shortest length tried. */
+static void test_max_seq_none_fits(void **state) {
+    (void)state;
+    cp_spec s;
+    load("qwen32b", &s, 2, "parallel.gpus=1", "parallel.upipe_heads=1");
+    cp_plan best;
+    char err[CP_ERR_MAX];
+    assert_int_equal(cp_plan_max_seq(&s, &best, err, sizeof err), 0);
+    assert_non_null(strstr(err, "not even 1024 tokens"));
+    assert_non_null(strstr(err, "GPU memory: needs"));
+}
+
 static void test_json_parses(void **state) {
     (void)state;
     cp_spec s;
@@ -381,7 +393,7 @@ int main(void) {
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
         cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
         cmocka_unit_test(test_refuses_when_too_small), cmocka_unit_test(test_max_seq),
-        cmocka_unit_test(test_json_parses),
+        cmocka_unit_test(test_max_seq_none_fits), cmocka_unit_test(test_json_parses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
