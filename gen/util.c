@@ -191,6 +191,26 @@ char *cp_read_file(const char *path, size_t *len) {
     return s.data;
 }
 
+int cp_pread_all(int fd, void *buf, int64_t len, int64_t off, const char *path, const char *fix, char *err,
+                 int errlen) {
+    char *p = buf;
+    while (len > 0) {
+        ssize_t r = pread(fd, p, (size_t)CP_MIN(len, (int64_t)1 << 30), (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return cp_errf(err, errlen, "%s: reading %lld bytes at byte %lld failed: %s", path, (long long)len,
+                           (long long)off, strerror(errno));
+        }
+        if (r == 0)
+            return cp_errf(err, errlen, "%s: the file ends at byte %lld, before the data it promised: it was "
+                           "truncated or changed while open; %s", path, (long long)off, fix);
+        p += r;
+        len -= r;
+        off += r;
+    }
+    return 0;
+}
+
 int cp_write_file_atomic(const char *path, const void *data, size_t len) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());

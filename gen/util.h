@@ -54,6 +54,10 @@ void cp_str_free(cp_str *s);
 
 /* Read a whole file; NULL with errno set on failure. */
 char *cp_read_file(const char *path, size_t *len);
+/* Read exactly len bytes at off, retrying short reads. -1 with a message naming path on an error or an early end
+ * of file (then `fix` ends the message: what the user should do about a truncated file). */
+int cp_pread_all(int fd, void *buf, int64_t len, int64_t off, const char *path, const char *fix, char *err,
+                 int errlen);
 /* Write a file atomically: write to "<path>.tmp.<pid>", fsync, rename. Returns 0 or -1 with errno. */
 int cp_write_file_atomic(const char *path, const void *data, size_t len);
 /* mkdir -p. Returns 0 or -1 with errno. */

@@ -33,23 +33,6 @@ static void put_u32(unsigned char *p, uint32_t v) {
     for (int k = 0; k < 4; k++) p[k] = (unsigned char)(v >> (8 * k));
 }
 
-static int read_at(int fd, void *buf, int64_t len, int64_t off, const char *path, char *err, int errlen) {
-    char *p = buf;
-    while (len > 0) {
-        ssize_t r = pread(fd, p, (size_t)CP_MIN(len, (int64_t)1 << 30), (off_t)off);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return cp_errf(err, errlen, "%s: reading at byte %lld failed: %s", path, (long long)off, strerror(errno));
-        }
-        if (r == 0)
-            return cp_errf(err, errlen, "%s: the file ends at byte %lld: it was truncated while in use; regenerate it",
-                        path, (long long)off);
-        p += r;
-        len -= r;
-        off += r;
-    }
-    return 0;
-}
 
 /* ------------------------------------------------------------------------------------------------------------
  * token shards */
@@ -76,7 +59,7 @@ static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *t
         goto out;
     }
     unsigned char h[CP_TOK_HEADER];
-    if ((rc = read_at(fd, h, CP_TOK_HEADER, 0, path, err, errlen))) goto out;
+    if ((rc = cp_pread_all(fd, h, CP_TOK_HEADER, 0, path, "regenerate it", err, errlen))) goto out;
     if (memcmp(h, CP_TOK_MAGIC, 8) != 0) {
         char shown[40];
         size_t at = 0;
@@ -199,7 +182,8 @@ int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool ad
     }
     int tb = r->token_bytes[s];
     int64_t at = r->pos.offset + first;
-    if (read_at(r->fd, r->buf, n * tb, CP_TOK_HEADER + at * tb, path, err, errlen)) return -1;
+    if (cp_pread_all(r->fd, r->buf, n * tb, CP_TOK_HEADER + at * tb, path, "regenerate it", err, errlen))
+        return -1;
     for (int64_t k = 0; k < n; k++) {
         uint32_t v = tb == 2 ? ((const uint16_t *)r->buf)[k] : ((const uint32_t *)r->buf)[k];
         if ((int64_t)v >= r->vocab)

@@ -23,14 +23,6 @@
 
 extern char **environ;
 
-__attribute__((format(printf, 3, 4))) static int fail(char *err, int errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, (size_t)errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 /* Append to a note, separating items with "; ". */
 __attribute__((format(printf, 3, 4))) static void note_add(char *note, size_t n, const char *fmt, ...) {
     size_t len = strlen(note);
@@ -64,14 +56,14 @@ static int env_int(const char *name, int lo, int *out, bool *present, char *err,
     const char *s = getenv(name);
     *present = s != NULL;
     if (!s) return 0;
-    if (!*s) return fail(err, errlen, "%s is set but empty: give it a whole number, or unset it", name);
+    if (!*s) return cp_errf(err, errlen, "%s is set but empty: give it a whole number, or unset it", name);
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
     if (*end || end == s || s[0] == '+' || s[0] == ' ' || errno == ERANGE || v > INT_MAX || v < INT_MIN)
-        return fail(err, errlen, "%s=\"%s\" is not a whole number: it must hold %s", name, s,
+        return cp_errf(err, errlen, "%s=\"%s\" is not a whole number: it must hold %s", name, s,
                     lo > 0 ? "a count of processes (1 or more)" : "a process index (0 or more)");
-    if (v < lo) return fail(err, errlen, "%s=%ld must be %d or more", name, v, lo);
+    if (v < lo) return cp_errf(err, errlen, "%s=%ld must be %d or more", name, v, lo);
     *out = (int)v;
     return 0;
 }
@@ -97,12 +89,12 @@ static int read_pairs(view *v, const char *who, char *err, int errlen) {
     if (!v->present) return 0;
     if (!hr || !hs) {
         const char *set = hr ? v->rank_var : hs ? v->size_var : hlr ? v->lrank_var : v->lsize_var;
-        return fail(err, errlen, "%s is set but %s is not: %s sets both; when setting them by hand, set %s and %s "
+        return cp_errf(err, errlen, "%s is set but %s is not: %s sets both; when setting them by hand, set %s and %s "
                     "(and %s and %s for the rank on this node)", set, !hr ? v->rank_var : v->size_var, who,
                     v->rank_var, v->size_var, v->lrank_var ? v->lrank_var : "", v->lsize_var ? v->lsize_var : "");
     }
     if (hlr != hls)
-        return fail(err, errlen, "%s is set but %s is not: set both, or neither", hlr ? v->lrank_var : v->lsize_var,
+        return cp_errf(err, errlen, "%s is set but %s is not: set both, or neither", hlr ? v->lrank_var : v->lsize_var,
                     hlr ? v->lsize_var : v->lrank_var);
     if (!hlr) v->local_rank = v->local_size = -1;
     return 0;
@@ -166,7 +158,7 @@ static int read_slurm(view *v, char *note, size_t notelen, char *err, int errlen
     if (getenv("SLURM_STEP_NUM_TASKS")) v->size_var = "SLURM_STEP_NUM_TASKS";
     if (env_int(v->size_var, 1, &v->size, &has, err, errlen)) return -1;
     if (!has)
-        return fail(err, errlen, "SLURM_PROCID is set but neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS is: this "
+        return cp_errf(err, errlen, "SLURM_PROCID is set but neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS is: this "
                     "srun step does not say how many tasks it has; run with srun -n N, or set RANK, WORLD_SIZE, "
                     "LOCAL_RANK and LOCAL_WORLD_SIZE");
     if (env_int("SLURM_LOCALID", 0, &v->local_rank, &has, err, errlen)) return -1;
@@ -184,7 +176,7 @@ static int read_slurm(view *v, char *note, size_t notelen, char *err, int errlen
         if (k == 1) {
             if (env_int(lists[k], 1, &v->local_size, &has, err, errlen)) return -1;
         } else if (slurm_tasks_on_node(s, node, &v->local_size)) {
-            return fail(err, errlen, "%s=\"%s\" cannot be read as tasks per node for node %d (SLURM_NODEID): "
+            return cp_errf(err, errlen, "%s=\"%s\" cannot be read as tasks per node for node %d (SLURM_NODEID): "
                         "expected a list like \"4\" or \"4(x2),3\"", lists[k], s, node);
         }
         v->lsize_var = lists[k];
@@ -203,7 +195,7 @@ static int read_views(view v[4], bool *spawned, char *note, size_t notelen, char
                   .size_var = "WORLD_SIZE", .lrank_var = "LOCAL_RANK", .lsize_var = "LOCAL_WORLD_SIZE"};
     if (read_pairs(&v[0], "torchrun", err, errlen)) return -1;
     if (*spawned && !v[0].present)
-        return fail(err, errlen, "CPGEN_SPAWNED=1 but RANK and WORLD_SIZE are not set: the variable was copied "
+        return cp_errf(err, errlen, "CPGEN_SPAWNED=1 but RANK and WORLD_SIZE are not set: the variable was copied "
                     "from a process that cpgen started; unset CPGEN_SPAWNED");
     v[1] = (view){.l = CP_LAUNCH_OPENMPI, .rank_var = "OMPI_COMM_WORLD_RANK", .size_var = "OMPI_COMM_WORLD_SIZE",
                   .lrank_var = "OMPI_COMM_WORLD_LOCAL_RANK", .lsize_var = "OMPI_COMM_WORLD_LOCAL_SIZE"};
@@ -219,7 +211,7 @@ static int read_views(view v[4], bool *spawned, char *note, size_t notelen, char
 
 static int check_view(const view *v, char *err, int errlen) {
     if (v->rank >= v->size)
-        return fail(err, errlen, "%s=%d is not below %s=%d: ranks count from 0, so it must be 0 to %d", v->rank_var,
+        return cp_errf(err, errlen, "%s=%d is not below %s=%d: ranks count from 0, so it must be 0 to %d", v->rank_var,
                     v->rank, v->size_var, v->size, v->size - 1);
     if (v->local_size < 0 || v->local_rank < 0) {
         if (v->size == 1) return 0;
@@ -227,17 +219,17 @@ static int check_view(const view *v, char *err, int errlen) {
         const char *missing = v->local_rank < 0 && v->local_size < 0 ? "the rank on the node and how many ranks it has"
                               : v->local_rank < 0                    ? "the rank on the node"
                                                                      : "how many ranks the node has";
-        return fail(err, errlen, "%s=%d of %s=%d is set, but %s does not say %s, which picks the GPU: %s",
+        return cp_errf(err, errlen, "%s=%d of %s=%d is set, but %s does not say %s, which picks the GPU: %s",
                     v->rank_var, v->rank, v->size_var, v->size, cp_launcher_name(v->l), missing,
                     torchrun ? "set LOCAL_RANK and LOCAL_WORLD_SIZE as well"
                              : "set RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE for each process instead (they "
                                "take precedence over the launcher's)");
     }
     if (v->local_rank >= v->local_size)
-        return fail(err, errlen, "%s=%d is not below %s=%d: the rank on this node counts from 0, so it must be 0 to "
+        return cp_errf(err, errlen, "%s=%d is not below %s=%d: the rank on this node counts from 0, so it must be 0 to "
                     "%d", v->lrank_var, v->local_rank, v->lsize_var, v->local_size, v->local_size - 1);
     if (v->local_size > v->size)
-        return fail(err, errlen, "%s=%d is larger than %s=%d: a node cannot run more ranks than the whole run has",
+        return cp_errf(err, errlen, "%s=%d is larger than %s=%d: a node cannot run more ranks than the whole run has",
                     v->lsize_var, v->local_size, v->size_var, v->size);
     return 0;
 }
@@ -258,12 +250,12 @@ static int check_other(const view *c, const view *o, bool inner_assigns, char *n
                             "another run, unset them and let the launcher decide"
                           : "start the run with one launcher, and unset the other's variables if they were set by hand";
     if (o->rank != c->rank)
-        return fail(err, errlen, "%s=%d but %s=%d, and both count %d processes: %s and %s disagree about which "
+        return cp_errf(err, errlen, "%s=%d but %s=%d, and both count %d processes: %s and %s disagree about which "
                     "process this is; %s", c->rank_var, c->rank, o->rank_var, o->rank, c->size,
                     cp_launcher_name(c->l), cp_launcher_name(o->l), fix);
     if (c->local_size >= 0 && o->local_size >= 0 &&
         (o->local_rank != c->local_rank || o->local_size != c->local_size))
-        return fail(err, errlen, "%s=%d of %s=%d but %s=%d of %s=%d: %s and %s disagree about the ranks on this "
+        return cp_errf(err, errlen, "%s=%d of %s=%d but %s=%d of %s=%d: %s and %s disagree about the ranks on this "
                     "node; %s", c->lrank_var, c->local_rank, c->lsize_var, c->local_size, o->lrank_var,
                     o->local_rank, o->lsize_var, o->local_size, cp_launcher_name(c->l), cp_launcher_name(o->l), fix);
     return 0;
@@ -276,24 +268,24 @@ static int read_meeting(cp_launch_env *e, char *err, int errlen) {
     bool hp;
     int port = 0;
     if (env_int("MASTER_PORT", 1, &port, &hp, err, errlen)) return -1;
-    if (hp && port > 65535) return fail(err, errlen, "MASTER_PORT=%d is not a TCP port: use 1 to 65535", port);
-    if (a && !*a) return fail(err, errlen, "MASTER_ADDR is set but empty: give rank 0's host name or address");
+    if (hp && port > 65535) return cp_errf(err, errlen, "MASTER_PORT=%d is not a TCP port: use 1 to 65535", port);
+    if (a && !*a) return cp_errf(err, errlen, "MASTER_ADDR is set but empty: give rank 0's host name or address");
     if (a && strlen(a) >= sizeof e->master_addr)
-        return fail(err, errlen, "MASTER_ADDR is %zu characters long: a host name has at most 255", strlen(a));
-    if (f && !*f) return fail(err, errlen, "CPGEN_RENDEZVOUS_FILE is set but empty: give a path in a shared folder");
+        return cp_errf(err, errlen, "MASTER_ADDR is %zu characters long: a host name has at most 255", strlen(a));
+    if (f && !*f) return cp_errf(err, errlen, "CPGEN_RENDEZVOUS_FILE is set but empty: give a path in a shared folder");
     if (f && strlen(f) >= sizeof e->rendezvous_file)
-        return fail(err, errlen, "CPGEN_RENDEZVOUS_FILE is %zu characters long: use a shorter path", strlen(f));
+        return cp_errf(err, errlen, "CPGEN_RENDEZVOUS_FILE is %zu characters long: use a shorter path", strlen(f));
     if (a && !hp && !f)
-        return fail(err, errlen, "MASTER_ADDR=%s is set but MASTER_PORT is not: set MASTER_PORT to a free TCP port on "
+        return cp_errf(err, errlen, "MASTER_ADDR=%s is set but MASTER_PORT is not: set MASTER_PORT to a free TCP port on "
                     "that host (e.g. 29500)", a);
     if (hp && !a && !f)
-        return fail(err, errlen, "MASTER_PORT=%d is set but MASTER_ADDR is not: set MASTER_ADDR to rank 0's host "
+        return cp_errf(err, errlen, "MASTER_PORT=%d is set but MASTER_ADDR is not: set MASTER_ADDR to rank 0's host "
                     "name or address", port);
     if (a) snprintf(e->master_addr, sizeof e->master_addr, "%s", a);
     e->master_port = hp ? port : 0;
     if (f) snprintf(e->rendezvous_file, sizeof e->rendezvous_file, "%s", f);
     if (e->size > 1 && !f && !(a && hp))
-        return fail(err, errlen, "rank %d of %d (started by %s) has no meeting point with the other ranks: set "
+        return cp_errf(err, errlen, "rank %d of %d (started by %s) has no meeting point with the other ranks: set "
                     "MASTER_ADDR and MASTER_PORT to rank 0's host and a free port on it (e.g. mpirun -x "
                     "MASTER_ADDR=node1 -x MASTER_PORT=29500), or CPGEN_RENDEZVOUS_FILE to a path in a folder every "
                     "node shares", e->rank, e->size, cp_launcher_name(e->launcher));
@@ -354,14 +346,14 @@ void cp_launch_describe(const cp_launch_env *e, char *buf, int n) {
 
 int cp_launch_free_port(char *err, int errlen) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return fail(err, errlen, "cannot create a TCP socket to find a free port: %s", strerror(errno));
+    if (fd < 0) return cp_errf(err, errlen, "cannot create a TCP socket to find a free port: %s", strerror(errno));
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sa;
     int rc = -1;
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
-        fail(err, errlen, "cannot bind a TCP socket on 127.0.0.1 to find a free port: %s", strerror(errno));
+        cp_errf(err, errlen, "cannot bind a TCP socket on 127.0.0.1 to find a free port: %s", strerror(errno));
     else if (getsockname(fd, (struct sockaddr *)&sa, &len) != 0)
-        fail(err, errlen, "getsockname on 127.0.0.1 failed: %s", strerror(errno));
+        cp_errf(err, errlen, "getsockname on 127.0.0.1 failed: %s", strerror(errno));
     else
         rc = ntohs(sa.sin_port);
     close(fd);
@@ -461,18 +453,18 @@ static void signal_all(const pid_t *pid, const bool *done, int n, int sig) {
 }
 
 int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, int errlen) {
-    if (n < 1 || n > 4096) return fail(err, errlen, "cannot start %d processes: give 1 to 4096", n);
-    if (!argv || !argv[0]) return fail(err, errlen, "cp_launch_spawn: argv must hold at least the program name");
+    if (n < 1 || n > 4096) return cp_errf(err, errlen, "cannot start %d processes: give 1 to 4096", n);
+    if (!argv || !argv[0]) return cp_errf(err, errlen, "cp_launch_spawn: argv must hold at least the program name");
     const char *sp = getenv("CPGEN_SPAWNED");
     if (sp && !strcmp(sp, "1"))
-        return fail(err, errlen, "this process was itself started by cpgen (CPGEN_SPAWNED=1): it does not start "
+        return cp_errf(err, errlen, "this process was itself started by cpgen (CPGEN_SPAWNED=1): it does not start "
                     "more; run `cpgen run --gpus N` from a shell, not from a rank");
     double grace = opts && opts->grace_s > 0 ? opts->grace_s : 10.0;
     char exe[PATH_MAX];
     if (opts && opts->exe) snprintf(exe, sizeof exe, "%s", opts->exe);
     else {
         ssize_t l = readlink("/proc/self/exe", exe, sizeof exe - 1);
-        if (l < 0) return fail(err, errlen, "cannot find this program's path in /proc/self/exe: %s", strerror(errno));
+        if (l < 0) return cp_errf(err, errlen, "cannot find this program's path in /proc/self/exe: %s", strerror(errno));
         exe[l] = 0;
     }
     int port = cp_launch_free_port(err, errlen);
@@ -484,7 +476,7 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
         free_envs(envs, n);
         free(pid);
         free(done);
-        return fail(err, errlen, "out of memory starting %d processes", n);
+        return cp_errf(err, errlen, "out of memory starting %d processes", n);
     }
 
     /* Stop signals are blocked around each fork so that one arriving in between reaches a child only after it has
@@ -508,7 +500,7 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
     for (int r = 0; r < n && !spawn_signal; r++) {
         int pfd[2];
         if (pipe2(pfd, O_CLOEXEC) != 0) {
-            rc = fail(err, errlen, "cannot start rank %d of %d: pipe: %s", r, n, strerror(errno));
+            rc = cp_errf(err, errlen, "cannot start rank %d of %d: pipe: %s", r, n, strerror(errno));
             break;
         }
         sigprocmask(SIG_BLOCK, &stop, &old_mask);
@@ -534,7 +526,7 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
         close(pfd[1]);
         if (p < 0) {
             close(pfd[0]);
-            rc = fail(err, errlen, "cannot start rank %d of %d: fork: %s", r, n, strerror(fork_errno));
+            rc = cp_errf(err, errlen, "cannot start rank %d of %d: fork: %s", r, n, strerror(fork_errno));
             break;
         }
         pid[r] = p;
@@ -546,7 +538,7 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
         if (got == (ssize_t)sizeof child_errno) {
             waitpid(p, NULL, 0);
             done[r] = true;
-            rc = fail(err, errlen, "cannot start rank %d of %d: cannot run %s: %s", r, n, exe, strerror(child_errno));
+            rc = cp_errf(err, errlen, "cannot start rank %d of %d: cannot run %s: %s", r, n, exe, strerror(child_errno));
             break;
         }
     }
@@ -611,10 +603,10 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
                  "SIGKILL", killed, grace);
     if (rc == 0 && first_rank >= 0) {
         describe_status(first_status, what, sizeof what);
-        rc = fail(err, errlen, "rank %d of %d (pid %d) %s; the other ranks were stopped%s", first_rank, n,
+        rc = cp_errf(err, errlen, "rank %d of %d (pid %d) %s; the other ranks were stopped%s", first_rank, n,
                   (int)pid[first_rank], what, kill_note);
     } else if (rc == 0 && stop_sig) {
-        rc = fail(err, errlen, "stopped by SIG%s (signal %d)%s%s", sigabbrev_np(stop_sig) ? sigabbrev_np(stop_sig) : "?",
+        rc = cp_errf(err, errlen, "stopped by SIG%s (signal %d)%s%s", sigabbrev_np(stop_sig) ? sigabbrev_np(stop_sig) : "?",
                   stop_sig, spawn_forward ? ", passed on to every rank" : "", kill_note);
     } else if (rc != 0 && kill_note[0]) {
         size_t l = strlen(err);

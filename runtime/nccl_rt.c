@@ -4,7 +4,6 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,14 +22,6 @@ static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static cp_nccl_api loaded;
 static const cp_nccl_api *api; /* what the wrappers call: the loaded library, or a test's table */
 static int api_version;
-
-__attribute__((format(printf, 3, 4))) static int fail(char *err, int errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, (size_t)errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static void sleep_s(double s) {
     struct timespec t = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
@@ -54,7 +45,7 @@ int cp_nccl_load(const char *lib, char *err, int errlen) {
     void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *why = dlerror();
-        rc = fail(err, errlen, "cannot load %s (%s): NCCL is needed only when parallel.gpus > 1; %s", name,
+        rc = cp_errf(err, errlen, "cannot load %s (%s): NCCL is needed only when parallel.gpus > 1; %s", name,
                   why ? why : "not found", INSTALL_HINT);
         goto out;
     }
@@ -85,7 +76,7 @@ int cp_nccl_load(const char *lib, char *err, int errlen) {
     for (size_t k = 0; k < sizeof syms / sizeof syms[0]; k++) {
         *syms[k].slot = dlsym(h, syms[k].sym);
         if (!*syms[k].slot && syms[k].required) {
-            rc = fail(err, errlen, "%s has no %s: it is not NCCL, or a version too old for cpgen; %s", name,
+            rc = cp_errf(err, errlen, "%s has no %s: it is not NCCL, or a version too old for cpgen; %s", name,
                       syms[k].sym, INSTALL_HINT);
             dlclose(h);
             goto out;
@@ -96,7 +87,7 @@ int cp_nccl_load(const char *lib, char *err, int errlen) {
     char vs[32];
     cp_nccl_version_str(v, vs, sizeof vs);
     if (r != ncclSuccess || v < 2000 || v >= 30000) {
-        rc = fail(err, errlen, "%s reports version %s (code %d): cpgen is built against the NCCL 2 interface; %s",
+        rc = cp_errf(err, errlen, "%s reports version %s (code %d): cpgen is built against the NCCL 2 interface; %s",
                   name, vs, v, INSTALL_HINT);
         dlclose(h);
         goto out;
@@ -187,7 +178,7 @@ static int nccl_fail(const cp_nccl_comm *c, ncclResult_t r, const char *call, co
     const char *last = api && api->GetLastError ? api->GetLastError(c ? c->comm : NULL) : NULL;
     char rank[32] = "";
     if (c) snprintf(rank, sizeof rank, "rank %d: ", c->rank);
-    return fail(err, errlen, "%s%s: %s (%s)%s%s; %s%s", rank, call, result_name(r), text ? text : "",
+    return cp_errf(err, errlen, "%s%s: %s (%s)%s%s; %s%s", rank, call, result_name(r), text ? text : "",
                 last && *last ? "; NCCL says: " : "", last && *last ? last : "", result_hint(r), extra ? extra : "");
 }
 
@@ -201,22 +192,22 @@ void cp_nccl_abort(cp_nccl_comm *c) {
 static const char *const ABORTED = "; the communicator was aborted, so that no rank waits on it forever";
 
 static int check_comm(const cp_nccl_comm *c, const char *call, char *err, int errlen) {
-    if (!api) return fail(err, errlen, "%s: NCCL is not loaded (cp_nccl_load)", call);
-    if (!c) return fail(err, errlen, "%s: no communicator", call);
+    if (!api) return cp_errf(err, errlen, "%s: NCCL is not loaded (cp_nccl_load)", call);
+    if (!c) return cp_errf(err, errlen, "%s: no communicator", call);
     if (c->aborted)
-        return fail(err, errlen, "rank %d: %s: the communicator was aborted after an earlier error; that error is "
+        return cp_errf(err, errlen, "rank %d: %s: the communicator was aborted after an earlier error; that error is "
                     "the one to fix", c->rank, call);
-    if (!c->comm) return fail(err, errlen, "rank %d: %s: the communicator is not initialised (cp_nccl_init)", c->rank, call);
+    if (!c->comm) return cp_errf(err, errlen, "rank %d: %s: the communicator is not initialised (cp_nccl_init)", c->rank, call);
     return 0;
 }
 
 static int check_buf(const cp_nccl_comm *c, const char *call, const char *name, const void *p, size_t count,
                      ncclDataType_t t, size_t ranks, char *err, int errlen) {
     size_t es = cp_nccl_type_size(t);
-    if (!es) return fail(err, errlen, "rank %d: %s: data type %d is not one cpgen knows", c->rank, call, (int)t);
+    if (!es) return cp_errf(err, errlen, "rank %d: %s: data type %d is not one cpgen knows", c->rank, call, (int)t);
     if (count && count > SIZE_MAX / es / ranks)
-        return fail(err, errlen, "rank %d: %s: %zu elements per rank overflow the address space", c->rank, call, count);
-    if (count && !p) return fail(err, errlen, "rank %d: %s: %s is NULL for %zu elements", c->rank, call, name, count);
+        return cp_errf(err, errlen, "rank %d: %s: %zu elements per rank overflow the address space", c->rank, call, count);
+    if (count && !p) return cp_errf(err, errlen, "rank %d: %s: %s is NULL for %zu elements", c->rank, call, name, count);
     return 0;
 }
 
@@ -246,7 +237,7 @@ static int settle(cp_nccl_comm *c, ncclResult_t r, const char *call, const char 
             return rc;
         }
         if (cp_now() >= deadline) {
-            fail(err, errlen, "rank %d: %s did not finish within %.3g s: %s%s", c->rank, call, timeout_s, what, ABORTED);
+            cp_errf(err, errlen, "rank %d: %s did not finish within %.3g s: %s%s", c->rank, call, timeout_s, what, ABORTED);
             cp_nccl_abort(c);
             return -1;
         }
@@ -259,7 +250,7 @@ static int settle(cp_nccl_comm *c, ncclResult_t r, const char *call, const char 
  * communicators */
 
 int cp_nccl_unique_id(ncclUniqueId *id, char *err, int errlen) {
-    if (!id) return fail(err, errlen, "cp_nccl_unique_id: no id to fill");
+    if (!id) return cp_errf(err, errlen, "cp_nccl_unique_id: no id to fill");
     if (cp_nccl_load(NULL, err, errlen)) return -1;
     ncclResult_t r = api->GetUniqueId(id);
     if (r != ncclSuccess) return nccl_fail(NULL, r, "ncclGetUniqueId", NULL, err, errlen);
@@ -268,13 +259,13 @@ int cp_nccl_unique_id(ncclUniqueId *id, char *err, int errlen) {
 
 int cp_nccl_init(cp_nccl_comm *c, int rank, int size, const ncclUniqueId *id, double timeout_s, char *err,
                  int errlen) {
-    if (!c || !id) return fail(err, errlen, "cp_nccl_init: no communicator or id");
+    if (!c || !id) return cp_errf(err, errlen, "cp_nccl_init: no communicator or id");
     memset(c, 0, sizeof *c);
     c->rank = rank;
     c->size = size;
     c->timeout_s = timeout_s > 0 ? timeout_s : 300;
     if (size < 1 || rank < 0 || rank >= size)
-        return fail(err, errlen, "cp_nccl_init: rank %d of %d is not a valid rank", rank, size);
+        return cp_errf(err, errlen, "cp_nccl_init: rank %d of %d is not a valid rank", rank, size);
     if (!api && cp_nccl_load(NULL, err, errlen)) return -1;
     char call[96];
     snprintf(call, sizeof call, "NCCL initialisation of %d ranks", size);
@@ -355,7 +346,7 @@ int cp_nccl_all_reduce(cp_nccl_comm *c, const void *send, void *recv, size_t cou
 
 static int check_peer(const cp_nccl_comm *c, const char *call, int peer, char *err, int errlen) {
     if (peer < 0 || peer >= c->size)
-        return fail(err, errlen, "rank %d: %s: peer %d is not a rank of this communicator (0 to %d)", c->rank, call,
+        return cp_errf(err, errlen, "rank %d: %s: peer %d is not a rank of this communicator (0 to %d)", c->rank, call,
                     peer, c->size - 1);
     return 0;
 }
@@ -400,7 +391,7 @@ int cp_nccl_all_to_all(cp_nccl_comm *c, const void *send, void *recv, size_t cou
     size_t block = count * cp_nccl_type_size(t), total = block * (size_t)c->size;
     uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
     if (s < r + total && r < s + total)
-        return fail(err, errlen, "rank %d: all-to-all: send and recv overlap (%zu bytes each): a block would be "
+        return cp_errf(err, errlen, "rank %d: all-to-all: send and recv overlap (%zu bytes each): a block would be "
                     "overwritten before it is sent; give them separate buffers", c->rank, total);
     if (cp_nccl_group_start(c, err, errlen)) return -1;
     /* Every send and receive is queued before any of them can block; within the group NCCL runs them together, so
@@ -441,7 +432,7 @@ int cp_nccl_wait_for(cp_nccl_comm *c, int (*done)(void *ctx, char *err, int errl
                      double timeout_s, char *err, int errlen) {
     if (!what) what = "the collective";
     if (check_comm(c, what, err, errlen)) return -1;
-    if (!done) return fail(err, errlen, "rank %d: waiting for %s: no completion test", c->rank, what);
+    if (!done) return cp_errf(err, errlen, "rank %d: waiting for %s: no completion test", c->rank, what);
     if (timeout_s <= 0) timeout_s = c->timeout_s;
     double deadline = cp_now() + timeout_s, nap = 20e-6;
     char why[1024];
@@ -449,7 +440,7 @@ int cp_nccl_wait_for(cp_nccl_comm *c, int (*done)(void *ctx, char *err, int errl
         int d = done(ctx, why, sizeof why);
         if (d > 0) return 0;
         if (d < 0) {
-            fail(err, errlen, "rank %d: while waiting for %s: %s%s", c->rank, what, why, ABORTED);
+            cp_errf(err, errlen, "rank %d: while waiting for %s: %s%s", c->rank, what, why, ABORTED);
             cp_nccl_abort(c);
             return -1;
         }
@@ -463,7 +454,7 @@ int cp_nccl_wait_for(cp_nccl_comm *c, int (*done)(void *ctx, char *err, int errl
             return rc;
         }
         if (cp_now() >= deadline) {
-            fail(err, errlen, "rank %d: %s did not finish within %.3g s: a peer is stuck or gone (its output may say "
+            cp_errf(err, errlen, "rank %d: %s did not finish within %.3g s: a peer is stuck or gone (its output may say "
                  "why); NCCL_DEBUG=INFO shows what NCCL waits for%s", c->rank, what, timeout_s, ABORTED);
             cp_nccl_abort(c);
             return -1;

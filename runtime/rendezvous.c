@@ -12,7 +12,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,14 +43,6 @@ struct cp_rdv {
     char (*peer)[128]; /* "rank p (address:port)", indexed like fd */
     bool broken;
 };
-
-__attribute__((format(printf, 3, 4))) static int fail(char *err, int errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, (size_t)errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static void put32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16), p[2] = (unsigned char)(v >> 8);
@@ -129,16 +120,16 @@ static int io_fail(const cp_rdv *r, io_result res, int err_no, const char *who, 
     switch (res) {
     case IO_TIMEOUT:
         if (out)
-            return fail(err, errlen, "rank %d: could not send to %s for %.3g s during the %s: it stopped reading "
+            return cp_errf(err, errlen, "rank %d: could not send to %s for %.3g s during the %s: it stopped reading "
                         "(stuck or overloaded)", r->rank, who, r->timeout_s, what);
-        return fail(err, errlen, "rank %d: no word from %s for %.3g s during the %s: it is stuck, much slower than "
+        return cp_errf(err, errlen, "rank %d: no word from %s for %.3g s during the %s: it is stuck, much slower than "
                     "this rank, or running a different program; if start-up is legitimately that slow, raise the "
                     "timeout", r->rank, who, r->timeout_s, what);
     case IO_CLOSED:
-        return fail(err, errlen, "rank %d: %s closed the connection during the %s: it exited or failed; its own "
+        return cp_errf(err, errlen, "rank %d: %s closed the connection during the %s: it exited or failed; its own "
                     "output says why", r->rank, who, what);
     default:
-        return fail(err, errlen, "rank %d: %s with %s failed during the %s: %s", r->rank, out ? "send" : "recv", who,
+        return cp_errf(err, errlen, "rank %d: %s with %s failed during the %s: %s", r->rank, out ? "send" : "recv", who,
                     what, strerror(err_no));
     }
 }
@@ -171,21 +162,21 @@ static int recv_msg(cp_rdv *r, int idx, unsigned type, void *payload, size_t len
     r->broken = true; /* until the message proves good */
     uint32_t magic = get32(h), got = get32(h + 4), glen = get32(h + 8);
     if (magic != RDV_MAGIC)
-        return fail(err, errlen, "rank %d: %s sent something that is not a cpgen rendezvous message during the %s",
+        return cp_errf(err, errlen, "rank %d: %s sent something that is not a cpgen rendezvous message during the %s",
                     r->rank, r->peer[idx], what);
     if (got == M_REFUSE) {
         char why[512] = "";
         size_t k = glen < sizeof why - 1 ? glen : sizeof why - 1;
         if (io_all(r->fd[idx], why, k, false, deadline, &e) != IO_OK) snprintf(why, sizeof why, "(no reason given)");
         why[k] = 0;
-        return fail(err, errlen, "rank %d: %s refused this rank: %s", r->rank, r->peer[idx], why);
+        return cp_errf(err, errlen, "rank %d: %s refused this rank: %s", r->rank, r->peer[idx], why);
     }
     if (got != type)
-        return fail(err, errlen, "rank %d: %s sent its %s while this rank was in the %s: the ranks are running "
+        return cp_errf(err, errlen, "rank %d: %s sent its %s while this rank was in the %s: the ranks are running "
                     "different programs; check that every rank runs the same cpgen build and spec", r->rank,
                     r->peer[idx], msg_name(got), what);
     if (glen != len)
-        return fail(err, errlen, "rank %d: %s sent %u bytes for the %s, this rank expects %zu: every rank must pass "
+        return cp_errf(err, errlen, "rank %d: %s sent %u bytes for the %s, this rank expects %zu: every rank must pass "
                     "the same size (are they running the same cpgen build?)", r->rank, r->peer[idx], glen, what, len);
     if (len && (res = io_all(r->fd[idx], payload, len, false, deadline, &e)) != IO_OK)
         return io_fail(r, res, e, r->peer[idx], what, false, err, errlen);
@@ -216,28 +207,28 @@ static int listen_on(const cp_rdv_opts *o, char *err, int errlen) {
     } else if (is_loopback(o->addr)) {
         family = AF_INET;
         if (inet_pton(AF_INET, !strcmp(o->addr, "localhost") ? "127.0.0.1" : o->addr, &s4->sin_addr) != 1)
-            return fail(err, errlen, "rank 0: MASTER_ADDR %s is not a valid IPv4 address", o->addr);
+            return cp_errf(err, errlen, "rank 0: MASTER_ADDR %s is not a valid IPv4 address", o->addr);
     } else {
         family = AF_INET6;
         s6->sin6_addr = in6addr_any;
     }
     int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0 && family == AF_INET6 && !strcmp(o->addr, "::1"))
-        return fail(err, errlen, "rank 0: cannot create an IPv6 socket for MASTER_ADDR ::1: %s", strerror(errno));
+        return cp_errf(err, errlen, "rank 0: cannot create an IPv6 socket for MASTER_ADDR ::1: %s", strerror(errno));
     if (fd < 0 && family == AF_INET6 && (errno == EAFNOSUPPORT || errno == EPROTONOSUPPORT)) {
         family = AF_INET;
         memset(&ss, 0, sizeof ss);
         s4->sin_addr.s_addr = htonl(INADDR_ANY);
         fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     }
-    if (fd < 0) return fail(err, errlen, "rank 0: cannot create a TCP socket: %s", strerror(errno));
+    if (fd < 0) return cp_errf(err, errlen, "rank 0: cannot create a TCP socket: %s", strerror(errno));
     int one = 1, zero = 0;
     if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
         (family == AF_INET6 && strcmp(o->addr, "::1") &&
          setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0)) {
         int e = errno;
         close(fd);
-        return fail(err, errlen, "rank 0: setsockopt on the rendezvous socket failed: %s", strerror(e));
+        return cp_errf(err, errlen, "rank 0: setsockopt on the rendezvous socket failed: %s", strerror(e));
     }
     if (family == AF_INET) {
         s4->sin_family = AF_INET;
@@ -252,18 +243,18 @@ static int listen_on(const cp_rdv_opts *o, char *err, int errlen) {
         int e = errno;
         close(fd);
         if (e == EADDRINUSE)
-            return fail(err, errlen, "rank 0: cannot listen on port %d (MASTER_PORT): it is in use, by another "
+            return cp_errf(err, errlen, "rank 0: cannot listen on port %d (MASTER_PORT): it is in use, by another "
                         "program or an earlier run that is still there; choose another MASTER_PORT", o->port);
         if (e == EACCES)
-            return fail(err, errlen, "rank 0: cannot listen on port %d (MASTER_PORT): ports below 1024 need root; "
+            return cp_errf(err, errlen, "rank 0: cannot listen on port %d (MASTER_PORT): ports below 1024 need root; "
                         "choose one above 1024", o->port);
-        return fail(err, errlen, "rank 0: cannot listen on %s port %d: %s", o->addr, o->port, strerror(e));
+        return cp_errf(err, errlen, "rank 0: cannot listen on %s port %d: %s", o->addr, o->port, strerror(e));
     }
     int backlog = o->size + 16 < SOMAXCONN ? o->size + 16 : SOMAXCONN;
     if (listen(fd, backlog) != 0) {
         int e = errno;
         close(fd);
-        return fail(err, errlen, "rank 0: listen on port %d failed: %s", o->port, strerror(e));
+        return cp_errf(err, errlen, "rank 0: listen on port %d failed: %s", o->port, strerror(e));
     }
     return fd;
 }
@@ -292,7 +283,7 @@ static int accept_all(cp_rdv *r, const cp_rdv_opts *o, double deadline, char *er
             if (strays)
                 snprintf(stray_note, sizeof stray_note, " (%d other connection%s did not speak the rendezvous "
                          "protocol)", strays, strays > 1 ? "s" : "");
-            rc = fail(err, errlen, "rank 0: only %d of %d ranks reached %s:%d within %.3g s; missing rank%s %s%s: "
+            rc = cp_errf(err, errlen, "rank 0: only %d of %d ranks reached %s:%d within %.3g s; missing rank%s %s%s: "
                       "check that they were started, with the same MASTER_ADDR and MASTER_PORT, and that they can "
                       "reach this host through the firewall", joined + 1, r->size, o->addr, o->port, r->timeout_s,
                       r->size - 1 - joined > 1 ? "s" : "", missing, stray_note);
@@ -301,7 +292,7 @@ static int accept_all(cp_rdv *r, const cp_rdv_opts *o, double deadline, char *er
         struct pollfd pf = {.fd = lfd, .events = POLLIN};
         int pr = poll(&pf, 1, (int)(left * 1000) + 1);
         if (pr < 0 && errno != EINTR) {
-            rc = fail(err, errlen, "rank 0: poll on the rendezvous socket failed: %s", strerror(errno));
+            rc = cp_errf(err, errlen, "rank 0: poll on the rendezvous socket failed: %s", strerror(errno));
             break;
         }
         if (pr <= 0) continue;
@@ -310,7 +301,7 @@ static int accept_all(cp_rdv *r, const cp_rdv_opts *o, double deadline, char *er
         int cfd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd < 0) {
             if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED) continue;
-            rc = fail(err, errlen, "rank 0: accept on port %d failed: %s%s", o->port, strerror(errno),
+            rc = cp_errf(err, errlen, "rank 0: accept on port %d failed: %s%s", o->port, strerror(errno),
                       errno == EMFILE ? " (raise the open-file limit: ulimit -n)" : "");
             break;
         }
@@ -349,7 +340,7 @@ static int accept_all(cp_rdv *r, const cp_rdv_opts *o, double deadline, char *er
             double d = cp_now() + 1.0;
             if (io_all(cfd, h, sizeof h, true, d, &e) == IO_OK) (void)io_all(cfd, why, wl, true, d, &e);
             close(cfd);
-            rc = fail(err, errlen, "rank 0: %s", why);
+            rc = cp_errf(err, errlen, "rank 0: %s", why);
             break;
         }
         r->fd[prank] = cfd;
@@ -371,7 +362,7 @@ static int connect_to_root(cp_rdv *r, const cp_rdv_opts *o, double deadline, cha
         struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
         int g = getaddrinfo(o->addr, port, &hints, &res);
         if (g != 0 && g != EAI_AGAIN)
-            return fail(err, errlen, "rank %d: cannot resolve MASTER_ADDR %s: %s; use rank 0's host name as this "
+            return cp_errf(err, errlen, "rank %d: cannot resolve MASTER_ADDR %s: %s; use rank 0's host name as this "
                         "node knows it, or its IP address", r->rank, o->addr,
                         g == EAI_SYSTEM ? strerror(errno) : gai_strerror(g));
         if (g == EAI_AGAIN) snprintf(last, sizeof last, "resolving %s: %s", o->addr, gai_strerror(g));
@@ -405,7 +396,7 @@ static int connect_to_root(cp_rdv *r, const cp_rdv_opts *o, double deadline, cha
         if (res) freeaddrinfo(res);
         double left = deadline - cp_now();
         if (left <= 0)
-            return fail(err, errlen, "rank %d: could not reach rank 0 at %s:%d (MASTER_ADDR:MASTER_PORT) within %.3g "
+            return cp_errf(err, errlen, "rank %d: could not reach rank 0 at %s:%d (MASTER_ADDR:MASTER_PORT) within %.3g "
                         "s (last error: %s): check that rank 0 is running, that MASTER_ADDR is its address as this "
                         "node sees it, and that no firewall blocks the port", r->rank, o->addr, o->port,
                         r->timeout_s, last);
@@ -417,9 +408,9 @@ static int connect_to_root(cp_rdv *r, const cp_rdv_opts *o, double deadline, cha
 int cp_rdv_open(cp_rdv **out, const cp_rdv_opts *o, char *err, int errlen) {
     *out = NULL;
     if (!o || o->size < 1 || o->rank < 0 || o->rank >= o->size)
-        return fail(err, errlen, "cp_rdv_open: rank %d of %d is not a valid rank", o ? o->rank : -1, o ? o->size : 0);
+        return cp_errf(err, errlen, "cp_rdv_open: rank %d of %d is not a valid rank", o ? o->rank : -1, o ? o->size : 0);
     if (o->size > 1 && (!o->addr || !*o->addr || o->port < 1 || o->port > 65535))
-        return fail(err, errlen, "rank %d: the TCP rendezvous needs rank 0's address and a port 1 to 65535 (got "
+        return cp_errf(err, errlen, "rank %d: the TCP rendezvous needs rank 0's address and a port 1 to 65535 (got "
                     "\"%s\":%d): set MASTER_ADDR and MASTER_PORT", o->rank, o->addr ? o->addr : "", o->port);
     cp_rdv *r = calloc(1, sizeof *r);
     if (r) {
@@ -428,7 +419,7 @@ int cp_rdv_open(cp_rdv **out, const cp_rdv_opts *o, char *err, int errlen) {
     }
     if (!r || !r->fd || !r->peer) {
         cp_rdv_close(r);
-        return fail(err, errlen, "rank %d: out of memory for the rendezvous of %d ranks", o->rank, o->size);
+        return cp_errf(err, errlen, "rank %d: out of memory for the rendezvous of %d ranks", o->rank, o->size);
     }
     r->rank = o->rank;
     r->size = o->size;
@@ -449,7 +440,7 @@ int cp_rdv_open(cp_rdv **out, const cp_rdv_opts *o, char *err, int errlen) {
         /* Rank 0 answers once every rank has joined; a timeout here means some other rank is missing. */
         if (!rc && recv_msg(r, 0, M_WELCOME, NULL, 0, deadline, "rendezvous", err, errlen)) {
             if (strstr(err, "no word from"))
-                fail(err, errlen, "rank %d: connected to rank 0 at %s:%d, but not every rank joined within %.3g s "
+                cp_errf(err, errlen, "rank %d: connected to rank 0 at %s:%d, but not every rank joined within %.3g s "
                      "(rank 0's output names the missing ones)", o->rank, o->addr, o->port, r->timeout_s);
             rc = -1;
         }
@@ -477,9 +468,9 @@ void cp_rdv_close(cp_rdv *r) {
 }
 
 static int usable(const cp_rdv *r, const char *what, char *err, int errlen) {
-    if (!r) return fail(err, errlen, "%s: the rendezvous is not open", what);
+    if (!r) return cp_errf(err, errlen, "%s: the rendezvous is not open", what);
     if (r->broken)
-        return fail(err, errlen, "rank %d: %s after a failed rendezvous operation: the connections are in an unknown "
+        return cp_errf(err, errlen, "rank %d: %s after a failed rendezvous operation: the connections are in an unknown "
                     "state; close the rendezvous and stop", r->rank, what);
     return 0;
 }
@@ -490,7 +481,7 @@ static int usable(const cp_rdv *r, const char *what, char *err, int errlen) {
 int cp_rdv_bcast(cp_rdv *r, void *buf, size_t n, char *err, int errlen) {
     if (usable(r, "broadcast", err, errlen)) return -1;
     if (n > RDV_MAX_BCAST || (n && !buf))
-        return fail(err, errlen, "rank %d: broadcast of %zu bytes: give a buffer of at most %u bytes", r->rank, n,
+        return cp_errf(err, errlen, "rank %d: broadcast of %zu bytes: give a buffer of at most %u bytes", r->rank, n,
                     RDV_MAX_BCAST);
     double deadline = cp_now() + r->timeout_s;
     if (r->rank == 0) {
@@ -519,11 +510,11 @@ int cp_rdv_barrier(cp_rdv *r, char *err, int errlen) {
 int cp_rdv_allgather(cp_rdv *r, const int64_t *mine, int count, int64_t *all, char *err, int errlen) {
     if (usable(r, "all-gather", err, errlen)) return -1;
     if (count < 1 || count > RDV_MAX_GATHER || !mine || !all || (int64_t)count * r->size > (1 << 21))
-        return fail(err, errlen, "rank %d: all-gather of %d values per rank over %d ranks: give 1 to %d values and "
+        return cp_errf(err, errlen, "rank %d: all-gather of %d values per rank over %d ranks: give 1 to %d values and "
                     "both arrays", r->rank, count, r->size, RDV_MAX_GATHER);
     size_t one = (size_t)count * 8, total = one * (size_t)r->size;
     unsigned char *buf = malloc(total);
-    if (!buf) return fail(err, errlen, "rank %d: out of memory for an all-gather of %zu bytes", r->rank, total);
+    if (!buf) return cp_errf(err, errlen, "rank %d: out of memory for an all-gather of %zu bytes", r->rank, total);
     double deadline = cp_now() + r->timeout_s;
     int rc = 0;
     if (r->rank == 0) {
@@ -606,11 +597,11 @@ static int unhex(const char *h, unsigned char *out, size_t n) {
 
 int cp_rdv_file_exchange(const char *path, const char *job_id, int rank, int size, void *blob, size_t n,
                          double timeout_s, char *err, int errlen) {
-    if (!path || !*path) return fail(err, errlen, "rank %d: no rendezvous file: set CPGEN_RENDEZVOUS_FILE", rank);
+    if (!path || !*path) return cp_errf(err, errlen, "rank %d: no rendezvous file: set CPGEN_RENDEZVOUS_FILE", rank);
     if (size < 1 || rank < 0 || rank >= size)
-        return fail(err, errlen, "rendezvous file %s: rank %d of %d is not a valid rank", path, rank, size);
+        return cp_errf(err, errlen, "rendezvous file %s: rank %d of %d is not a valid rank", path, rank, size);
     if (n > RDV_FILE_MAX_BLOB || (n && !blob))
-        return fail(err, errlen, "rank %d: rendezvous file %s: give a buffer of at most %d bytes", rank, path,
+        return cp_errf(err, errlen, "rank %d: rendezvous file %s: give a buffer of at most %d bytes", rank, path,
                     RDV_FILE_MAX_BLOB);
     char job[160];
     job_token(job_id, job, sizeof job);
@@ -625,7 +616,7 @@ int cp_rdv_file_exchange(const char *path, const char *job_id, int rank, int siz
             int bad = parse_rdv_file(old, &f);
             free(old);
             if (bad)
-                return fail(err, errlen, "rank 0: %s (CPGEN_RENDEZVOUS_FILE) exists and is not a cpgen rendezvous "
+                return cp_errf(err, errlen, "rank 0: %s (CPGEN_RENDEZVOUS_FILE) exists and is not a cpgen rendezvous "
                             "file: not replacing it; choose a path of its own", path);
         }
         cp_str s = {0};
@@ -636,7 +627,7 @@ int cp_rdv_file_exchange(const char *path, const char *job_id, int rank, int siz
         int e = errno;
         cp_str_free(&s);
         if (rc)
-            return fail(err, errlen, "rank 0: cannot write the rendezvous file %s (CPGEN_RENDEZVOUS_FILE): %s; it "
+            return cp_errf(err, errlen, "rank 0: cannot write the rendezvous file %s (CPGEN_RENDEZVOUS_FILE): %s; it "
                         "must be in an existing folder that this rank can write and every node can read", path,
                         strerror(e));
         return 0;
@@ -647,24 +638,24 @@ int cp_rdv_file_exchange(const char *path, const char *job_id, int rank, int siz
         size_t len = 0;
         char *text = cp_read_file(path, &len);
         if (!text && errno != ENOENT && errno != ESTALE)
-            return fail(err, errlen, "rank %d: cannot read the rendezvous file %s: %s", rank, path, strerror(errno));
+            return cp_errf(err, errlen, "rank %d: cannot read the rendezvous file %s: %s", rank, path, strerror(errno));
         if (text) {
             rdv_file f;
             if (parse_rdv_file(text, &f)) {
                 free(text);
-                return fail(err, errlen, "rank %d: %s (CPGEN_RENDEZVOUS_FILE) is not a cpgen rendezvous file: check "
+                return cp_errf(err, errlen, "rank %d: %s (CPGEN_RENDEZVOUS_FILE) is not a cpgen rendezvous file: check "
                             "the path", rank, path);
             }
             if (strcmp(f.job, job) || f.size != size) {
                 snprintf(stale, sizeof stale, "job %s, %d ranks", f.job, f.size);
             } else if (f.bytes != n) {
                 free(text);
-                return fail(err, errlen, "rank %d: the rendezvous file %s holds %zu bytes, this rank expects %zu: every "
+                return cp_errf(err, errlen, "rank %d: the rendezvous file %s holds %zu bytes, this rank expects %zu: every "
                             "rank must run the same cpgen build", rank, path, f.bytes, n);
             } else {
                 int bad = unhex(f.hex, blob, n);
                 free(text);
-                if (bad) return fail(err, errlen, "rank %d: the rendezvous file %s is damaged", rank, path);
+                if (bad) return cp_errf(err, errlen, "rank %d: the rendezvous file %s is damaged", rank, path);
                 return 0;
             }
             free(text);
@@ -672,11 +663,11 @@ int cp_rdv_file_exchange(const char *path, const char *job_id, int rank, int siz
         double left = deadline - cp_now();
         if (left <= 0) {
             if (stale[0])
-                return fail(err, errlen, "rank %d: the rendezvous file %s is from another run (%s; this run is job %s "
+                return cp_errf(err, errlen, "rank %d: the rendezvous file %s is from another run (%s; this run is job %s "
                             "with %d ranks), and rank 0 did not replace it within %.3g s: check that rank 0 started "
                             "and shares the folder; remove the old file, or give each run its own path", rank, path,
                             stale, job, size, timeout_s);
-            return fail(err, errlen, "rank %d: no rendezvous file at %s after %.3g s: rank 0 did not write it; check "
+            return cp_errf(err, errlen, "rank %d: no rendezvous file at %s after %.3g s: rank 0 did not write it; check "
                         "that rank 0 started, and that the folder is shared between its node and this one", rank,
                         path, timeout_s);
         }

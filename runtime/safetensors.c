@@ -19,6 +19,7 @@
 #error "safetensors.c assumes a little-endian host"
 #endif
 
+#define TRUNCATED_FIX "re-download or re-save it" /* what to do about a file that ends early */
 #define CHUNK_ELEMS ((int64_t)1 << 20)
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -83,26 +84,6 @@ float cp_f16_to_f32(uint16_t h) {
 /* ------------------------------------------------------------------------------------------------------------
  * reading */
 
-static int read_at(int fd, void *buf, int64_t len, int64_t off, const char *path, char *err, int errlen) {
-    char *p = buf;
-    while (len > 0) {
-        ssize_t r = pread(fd, p, (size_t)CP_MIN(len, (int64_t)1 << 30), (off_t)off);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return cp_errf(err, errlen, "%s: reading %lld bytes at byte %lld failed: %s", path, (long long)len,
-                        (long long)off, strerror(errno));
-        }
-        if (r == 0)
-            return cp_errf(err, errlen,
-                        "%s: the file ends at byte %lld, before the data it promised: it was truncated or changed "
-                        "while open; re-download or re-save it",
-                        path, (long long)off);
-        p += r;
-        len -= r;
-        off += r;
-    }
-    return 0;
-}
 
 static int parse_dtype(const char *s, cp_st_dtype *out) {
     for (int d = 0; d < CP_ST_DTYPE_COUNT; d++)
@@ -227,7 +208,7 @@ static int open_one(const char *path, int fi, cp_st_file *f, tlist *list, char *
                     "safetensors file: it is truncated or not safetensors",
                     path, (long long)f->size);
     unsigned char lenb[8];
-    if (read_at(f->fd, lenb, 8, 0, path, err, errlen)) return -1;
+    if (cp_pread_all(f->fd, lenb, 8, 0, path, TRUNCATED_FIX, err, errlen)) return -1;
     uint64_t hl = 0;
     for (int k = 7; k >= 0; k--) hl = hl << 8 | lenb[k];
     if (hl == 0 || hl > (uint64_t)CP_ST_MAX_HEADER)
@@ -242,7 +223,7 @@ static int open_one(const char *path, int fi, cp_st_file *f, tlist *list, char *
                     path, (unsigned long long)hl, (long long)f->size);
     f->data_off = 8 + (int64_t)hl;
     char *hdr = cp_xmalloc((size_t)hl);
-    if (read_at(f->fd, hdr, (int64_t)hl, 8, path, err, errlen)) {
+    if (cp_pread_all(f->fd, hdr, (int64_t)hl, 8, path, TRUNCATED_FIX, err, errlen)) {
         free(hdr);
         return -1;
     }
@@ -564,11 +545,12 @@ int cp_st_read_f32(const cp_st_set *st, const cp_st_tensor *t, int64_t first, in
                     t->name, (long long)first, (long long)(first + count), (long long)t->elems);
     int es = DTYPE_SIZES[t->dtype];
     int64_t off = f->data_off + t->begin + first * es;
-    if (t->dtype == CP_ST_F32) return read_at(f->fd, out, count * 4, off, f->path, err, errlen);
+    if (t->dtype == CP_ST_F32)
+        return cp_pread_all(f->fd, out, count * 4, off, f->path, TRUNCATED_FIX, err, errlen);
     uint16_t *buf = cp_xmalloc((size_t)CP_MIN(count, CHUNK_ELEMS) * sizeof *buf);
     for (int64_t done = 0; done < count;) {
         int64_t n = CP_MIN(count - done, CHUNK_ELEMS);
-        if (read_at(f->fd, buf, n * 2, off + done * 2, f->path, err, errlen)) {
+        if (cp_pread_all(f->fd, buf, n * 2, off + done * 2, f->path, TRUNCATED_FIX, err, errlen)) {
             free(buf);
             return -1;
         }
@@ -584,7 +566,8 @@ int cp_st_read_f32(const cp_st_set *st, const cp_st_tensor *t, int64_t first, in
 
 int cp_st_read_raw(const cp_st_set *st, const cp_st_tensor *t, void *out, char *err, int errlen) {
     const cp_st_file *f = &st->files[t->file];
-    return read_at(f->fd, out, t->end - t->begin, f->data_off + t->begin, f->path, err, errlen);
+    return cp_pread_all(f->fd, out, t->end - t->begin, f->data_off + t->begin, f->path, TRUNCATED_FIX, err,
+                        errlen);
 }
 
 /* ------------------------------------------------------------------------------------------------------------
