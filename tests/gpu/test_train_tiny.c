@@ -32,13 +32,15 @@
 
 static char out_root[1024];
 
-static void load_plan(cp_plan *p, int nsets, const char **sets) {
+static void load_spec_plan(const char *spec, cp_plan *p, int nsets, const char **sets) {
     cp_spec s;
     char err[CP_ERR_MAX];
-    if (cp_spec_load("tiny", sets, nsets, &s, err, sizeof err)) fail_msg("spec: %s", err);
+    if (cp_spec_load(spec, sets, nsets, &s, err, sizeof err)) fail_msg("spec: %s", err);
     if (cp_plan_build(&s, p, err, sizeof err)) fail_msg("plan: %s", err);
     assert_true(p->fits);
 }
+
+static void load_plan(cp_plan *p, int nsets, const char **sets) { load_spec_plan("tiny", p, nsets, sets); }
 
 /* Train tiny with overrides; the result's losses are kept. */
 static void train(cp_train_result *r, int nsets, const char **sets) {
@@ -153,7 +155,9 @@ static void test_variants(void **state) {
 }
 
 /* What hf_compare.py needs: the initial weights (fp32 safetensors + config.json), the token sequences of `steps`
- * steps, then a cpgen run of those steps writing metrics.jsonl. */
+ * steps, cpgen's gradients of the first sequence, then a cpgen run of those steps writing metrics.jsonl.
+ * CPGEN_HF_SPEC names the spec (default tiny). With init.from = "hf" among CPGEN_HF_SETS the weights are the ones
+ * transformers made (tests/hf/make_model.py) and cpgen loads them; otherwise cpgen draws them and saves DIR/model. */
 static void test_hf_export(void **state) {
     (void)state;
     const char *dir = getenv("CPGEN_HF_DIR");
@@ -173,13 +177,22 @@ static void test_hf_export(void **state) {
     const char *hx = getenv("CPGEN_HF_SETS");
     if (hx) snprintf(extra, sizeof extra, "%s", hx);
     for (char *t = strtok(extra, " "); t && ns < 12; t = strtok(NULL, " ")) sets[ns++] = t;
+    const char *spec = getenv("CPGEN_HF_SPEC");
     cp_plan p;
-    load_plan(&p, ns, sets);
+    load_spec_plan(spec && *spec ? spec : "tiny", &p, ns, sets);
     char err[CP_ERR_MAX];
     float *flat = malloc(sizeof(float) * (size_t)cp_weights_elems(&p));
-    cp_weights_init_random(&p, p.spec.init.seed, p.spec.init.std, flat);
+    assert_non_null(flat);
     snprintf(model, sizeof model, "%s/model", dir);
-    if (cp_mkdir_p(dir) || cp_weights_save_hf(&p, flat, model, false, 0, err, sizeof err)) fail_msg("save: %s", err);
+    if (p.spec.init.from == CP_INIT_HF) {
+        if (cp_weights_load_hf(&p, p.spec.init.path, flat, err, sizeof err)) fail_msg("weights: %s", err);
+        if (cp_mkdir_p(dir)) fail_msg("%s: cannot create", dir);
+        if (strcmp(p.spec.init.path, model) != 0)
+            fail_msg("init.path must be %s, where hf_compare.py reads the model", model);
+    } else {
+        cp_weights_init_random(&p, p.spec.init.seed, p.spec.init.std, flat);
+        if (cp_mkdir_p(dir) || cp_weights_save_hf(&p, flat, model, false, 0, err, sizeof err)) fail_msg("save: %s", err);
+    }
     /* the gradients of the first sequence at the initial weights, saved with the weights' names and layout */
     cp_exec *ex;
     cp_exec_opts eo = {.out = NULL};
@@ -231,7 +244,7 @@ static void test_hf_export(void **state) {
     fclose(f);
     cp_train_opts o = {.out = stdout};
     cp_train_result r;
-    printf("\n== tiny, %d steps for the Hugging Face comparison (%s)\n", steps, dir);
+    printf("\n== %s, %d steps for the Hugging Face comparison (%s)\n", p.spec.name, steps, dir);
     if (cp_train_run(&p, &o, &r, err, sizeof err)) fail_msg("training: %s", err);
     cp_train_result_free(&r);
     cp_plan_free(&p);

@@ -50,6 +50,9 @@ def main():
     eps = pick("norm_eps", "norm_eps", 1e-6 if family == "qwen3" else 1e-5)
     theta = pick("rope_theta", "rope_theta", 1e6 if family == "qwen3" else 10000.0)
     scaling = a.rope_scaling.split(",") if a.rope_scaling else None
+    rs = m.get("rope_scaling")
+    if scaling is None and rs:
+        scaling = [rs["factor"], rs["low_freq"], rs["high_freq"], rs["original_max"]]
 
     import torch
     import transformers
