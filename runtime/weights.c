@@ -4,9 +4,11 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "json.h"
 #include "safetensors.h"
@@ -547,6 +549,46 @@ static void normal_fill(uint64_t key, int64_t first, int64_t n, double std, floa
     }
 }
 
+typedef struct {
+    uint64_t key;
+    int64_t first, n;
+    double std;
+    float *dst;
+} fill_job;
+
+static void *fill_thread(void *arg) {
+    fill_job *j = arg;
+    normal_fill(j->key, j->first, j->n, j->std, j->dst);
+    return NULL;
+}
+
+/* normal_fill over all cores: every element is a function of (key, index), so the split does not change a bit. */
+static void normal_fill_parallel(uint64_t key, int64_t n, double std, float *dst) {
+    enum { MAX_THREADS = 64, MIN_CHUNK = 1 << 20 };
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = (int)CP_MIN(CP_MIN(cores < 1 ? 1 : cores, MAX_THREADS), (n + MIN_CHUNK - 1) / MIN_CHUNK);
+    if (nt <= 1) {
+        normal_fill(key, 0, n, std, dst);
+        return;
+    }
+    fill_job jobs[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
+    int64_t chunk = ((n + nt - 1) / nt + 1) & ~(int64_t)1; /* even: a pair never straddles two threads */
+    int started = 0;
+    for (int i = 0; i < nt; i++) {
+        int64_t first = i * chunk, len = CP_MIN(chunk, n - first);
+        if (len <= 0) break;
+        jobs[i] = (fill_job){key, first, len, std, dst + first};
+        if (pthread_create(&th[i], NULL, fill_thread, &jobs[i]) != 0) {
+            fill_thread(&jobs[i]); /* no thread to be had: do this part here */
+            th[i] = pthread_self();
+        }
+        started = i + 1;
+    }
+    for (int i = 0; i < started; i++)
+        if (!pthread_equal(th[i], pthread_self())) pthread_join(th[i], NULL);
+}
+
 void cp_weights_init_random(const cp_plan *plan, uint64_t seed, double std, float *model) {
     const cp_model *m = &plan->spec.model;
     memset(model, 0, (size_t)cp_weights_elems(plan) * sizeof *model);
@@ -565,10 +607,10 @@ void cp_weights_init_random(const cp_plan *plan, uint64_t seed, double std, floa
         }
         uint64_t key = cp_mix64(seed ^ cp_mix64(cp_hash64(t->name, strlen(t->name), CP_HASH_SEED)));
         if (t->perm == CP_HF_PLAIN) {
-            normal_fill(key, 0, n, std, model + t->off);
+            normal_fill_parallel(key, n, std, model + t->off);
         } else {
             tmp = cp_xrealloc(tmp, (size_t)n * sizeof *tmp);
-            normal_fill(key, 0, n, std, tmp);
+            normal_fill_parallel(key, n, std, tmp);
             place(plan, order, t, tmp, model);
         }
     }

@@ -1008,6 +1008,24 @@ static void test_init_random(void **state) {
     free(covered);
     free(c);
     cp_plan_free(&q);
+    /* large tensors are drawn on all cores: the embedding of a 16384-token vocabulary (4M numbers, split across
+     * threads) starts with the 4096-token one (1M numbers, drawn by one thread), row for row */
+    cp_plan big, small;
+    load_spec(&s2, "tiny", 1, "model.vocab=16384");
+    build(&s2, &big);
+    load_spec(&s2, "tiny", 1, "model.vocab=4096");
+    build(&s2, &small);
+    float *wb = alloc_model(&big), *ws = alloc_model(&small);
+    cp_weights_init_random(&big, 5, 0.02, wb);
+    cp_weights_init_random(&small, 5, 0.02, ws);
+    cp_hf_tensor tb[64], ts[64];
+    cp_weights_hf_tensors(&big, tb, 64);
+    cp_weights_hf_tensors(&small, ts, 64);
+    assert_string_equal(tb[0].name, "model.embed_tokens.weight");
+    assert_memory_equal(wb + tb[0].off, ws + ts[0].off, (size_t)4096 * 256 * sizeof(float));
+    free(wb), free(ws);
+    cp_plan_free(&big);
+    cp_plan_free(&small);
     /* the model does not depend on the GPU count or the stage size: the C = 2, U = 2 init saved and loaded into
      * the C = 1 plan is the C = 1 init */
     cp_spec s3;
