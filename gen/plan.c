@@ -1182,7 +1182,8 @@ static void judge(cp_plan *P) {
     }
 }
 
-int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+/* One stage size U: the plan, with the fewest offloaded checkpoints that fit when offload is auto. */
+static int build_u(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     cp_spec s = *spec;
     if (s.parallel.optimizer == CP_OPT_AUTO) {
         /* model states (18 bytes per parameter per rank share) on the GPU unless they alone take over 60% */
@@ -1219,6 +1220,24 @@ int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
         judge(P);
     }
     return 0;
+}
+
+int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+    if (!spec->parallel.upipe_auto) return build_u(spec, P, err, errlen);
+    /* upipe_heads = "auto": the largest stage that fits, since fewer, larger stages run larger projection GEMMs
+     * and give the attention kernels more blocks at once (docs/PERF.md has the 3B step with 1 and 24 heads per
+     * stage); failing that, the smallest, whose refusal says what would fit */
+    int64_t U[256];
+    int n = cp_spec_upipe_values(spec, U, 256);
+    cp_spec s = *spec;
+    for (int i = n - 1; i > 0; i--) {
+        s.parallel.upipe_heads = (int)U[i];
+        if (build_u(&s, P, err, errlen)) return -1;
+        if (P->fits) return 0;
+        cp_plan_free(P);
+    }
+    s.parallel.upipe_heads = (int)(n > 0 ? U[0] : spec->parallel.upipe_heads);
+    return build_u(&s, P, err, errlen);
 }
 
 void cp_plan_free(cp_plan *P) {

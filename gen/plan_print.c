@@ -75,7 +75,9 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
                  "checkpoints on host: %d of %lld layers | optimizer on %s\n",
             P->C, P->C > 1 ? "s" : "", cp_fmt_length(P->S, a, sizeof a), cp_fmt_length(P->T, b, sizeof b),
             sp->train.micro_batches, sp->train.micro_batches > 1 ? "es" : "", P->U,
-            P->U == m->heads ? " (plain Ulysses)" : "", par->checkpoint == CP_CKPT_LAYER ? "layer" : "none",
+            P->U == m->heads ? (par->upipe_auto ? " (plain Ulysses, auto)" : " (plain Ulysses)")
+                             : (par->upipe_auto ? " (auto)" : ""),
+            par->checkpoint == CP_CKPT_LAYER ? "layer" : "none",
             P->ckpt_host_layers, (long long)m->layers, P->opt_on_host ? "host" : "GPU");
     fprintf(out, "  tiles     MLP %s tokens (%lld tiles) | loss %s tokens (%lld tiles)\n",
             cp_fmt_length(P->mlp_tile, a, sizeof a), (long long)(P->T / P->mlp_tile),

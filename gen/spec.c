@@ -1179,6 +1179,10 @@ static int valid_upipes(int64_t H, int64_t KV, int64_t C, int64_t *out, int max)
     return n;
 }
 
+int cp_spec_upipe_values(const cp_spec *spec, int64_t *out, int max) {
+    return valid_upipes(spec->model.heads, spec->model.kv_heads, spec->parallel.gpus, out, max);
+}
+
 static bool gpus_ok(const cp_spec *s, int64_t C) {
     const cp_model *m = &s->model;
     return m->heads % C == 0 && kv_fits_gpus(m->kv_heads, C) && s->train.seq_len % C == 0 && s->train.seq_len >= 2 * C;
@@ -1387,7 +1391,8 @@ static int validate(ctx *c, cp_spec *s) {
                         " = \"auto\": no stage size works with heads %lld, kv_heads %lld "
                         "and gpus %lld",
                         (long long)H, (long long)KV, (long long)C);
-        p->upipe_heads = (int)U[0]; /* the smallest valid stage: least attention memory */
+        p->upipe_heads = (int)U[0]; /* the smallest valid stage, the least attention memory; see upipe_auto */
+        p->upipe_auto = true;
     } else {
         const char *why = upipe_problem(H, KV, C, p->upipe_heads, buf, sizeof buf);
         if (why) {

@@ -38,6 +38,7 @@ typedef struct {
 typedef struct {
     int gpus;           /* C: context-parallel and FSDP group size */
     int upipe_heads;    /* U: query heads per UPipe stage; U = heads is plain Ulysses */
+    bool upipe_auto;    /* "auto": the plan picks the largest U that fits (upipe_heads holds the smallest) */
     cp_checkpoint checkpoint;
     cp_offload offload;
     cp_opt_place optimizer;
@@ -103,6 +104,8 @@ int cp_spec_load_string(const char *chunkname, const char *source, const char *c
 /* Re-run the cross-field rules on a spec changed in C (the planner's --max-seq search). Same contract. */
 int cp_spec_check(const cp_spec *spec, char *err, int errlen);
 
+/* The valid UPipe stage sizes U of this spec's heads, KV heads and GPUs, ascending; returns their number. */
+int cp_spec_upipe_values(const cp_spec *spec, int64_t *out, int max);
 const char *cp_family_name(cp_family f);
 const char *cp_offload_name(cp_offload o);
 const char *cp_opt_place_name(cp_opt_place o);

@@ -47,7 +47,7 @@ static int64_t up64(int64_t v) { return (v + 63) / 64 * 64; }
 static void test_tiny_arithmetic(void **state) {
     (void)state;
     cp_spec s;
-    load("tiny", &s, 0);
+    load("tiny", &s, 1, "parallel.upipe_heads=1");
     cp_plan p;
     build(&s, &p);
     const int64_t V = 512, h = 256, L = 2, H = 4, KV = 2, D = 64, F = 768, S = 2048;
@@ -91,6 +91,43 @@ static void test_tiny_arithmetic(void **state) {
     assert_int_equal(p.gpu_peak, p.gpu_arena + s.machine.reserve);
     assert_true(p.fits);
     cp_plan_free(&p);
+}
+
+/* upipe_heads = "auto": the largest stage that fits; where that one does not fit, a smaller one. */
+static void test_upipe_auto(void **state) {
+    (void)state;
+    cp_spec s;
+    cp_plan p;
+    load("tiny", &s, 0);
+    build(&s, &p);
+    assert_true(p.fits);
+    assert_int_equal(p.U, 4); /* plain Ulysses: one stage of all four heads */
+    assert_int_equal(p.nstages, 1);
+    cp_plan_free(&p);
+    /* the 3B shape on one GPU at 420K tokens with every checkpoint on the GPU: 24 heads per stage do not fit */
+    load("llama3b", &s, 3, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none");
+    build(&s, &p);
+    assert_true(p.fits);
+    int chosen = p.U;
+    assert_true(chosen < 24);
+    cp_plan_free(&p);
+    load("llama3b", &s, 4, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none",
+         "parallel.upipe_heads=24");
+    build(&s, &p);
+    assert_false(p.fits);
+    cp_plan_free(&p);
+    /* and the next larger valid stage than the one chosen does not fit either */
+    int64_t U[64];
+    int n = cp_spec_upipe_values(&s, U, 64);
+    for (int i = 0; i + 1 < n; i++)
+        if (U[i] == chosen) {
+            char set[64];
+            snprintf(set, sizeof set, "parallel.upipe_heads=%lld", (long long)U[i + 1]);
+            load("llama3b", &s, 4, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none", set);
+            build(&s, &p);
+            assert_false(p.fits);
+            cp_plan_free(&p);
+        }
 }
 
 /* The Llama-3.1-8B shape on 8 GPUs at 5M tokens with 80 GB GPUs, every checkpoint on the host. */
@@ -389,7 +426,8 @@ static void test_json_parses(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tiny_arithmetic),  cmocka_unit_test(test_8b_arithmetic),
+        cmocka_unit_test(test_tiny_arithmetic),
+        cmocka_unit_test(test_upipe_auto),  cmocka_unit_test(test_8b_arithmetic),
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
         cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
         cmocka_unit_test(test_refuses_when_too_small), cmocka_unit_test(test_max_seq),

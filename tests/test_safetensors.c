@@ -594,7 +594,7 @@ static void test_q_head_order(void **state) {
     assert_memory_equal(order, want, sizeof want);
     cp_plan_free(&p);
     /* one GPU, U = 1: the GQA order is the model order */
-    load_spec(&s, "tiny", 0);
+    load_spec(&s, "tiny", 1, "parallel.upipe_heads=1");
     build(&s, &p);
     assert_int_equal(p.U, 1);
     cp_q_head_order(&p, order);
