@@ -66,7 +66,7 @@ static const char *const OFFLOAD_NAMES[] = {"auto", "none", "all", NULL};
 static const char *const OPT_NAMES[] = {"auto", "gpu", "host", NULL};
 static const char *const INIT_NAMES[] = {"random", "hf", NULL};
 /* Generators behind "synthetic:<kind>"; a new generator in the runtime is added here too. */
-static const char *const SYNTHETIC_KINDS[] = {"recall", NULL};
+static const char *const SYNTHETIC_KINDS[] = {"copy", "recall", NULL};
 
 /* ------------------------------------------------------------------------------------------------------------
  * Messages. */
@@ -1314,7 +1314,7 @@ static int validate(ctx *c, cp_spec *s) {
                         src);
     } else {
         return fail(c, "data.source",
-                    " = \"%.200s\": must start with \"synthetic:\" (\"synthetic:recall\") or \"tokens:\" "
+                    " = \"%.200s\": must start with \"synthetic:\" (\"synthetic:copy\", \"synthetic:recall\") or \"tokens:\" "
                     "(\"tokens:path/to/shards/*.bin\")",
                     src);
     }

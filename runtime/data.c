@@ -346,6 +346,36 @@ void cp_recall_sequence(const cp_recall *r, int64_t index, int32_t *tokens, int3
 }
 
 /* ------------------------------------------------------------------------------------------------------------
+ * synthetic:copy */
+
+enum { CP_COPY_MIN_VOCAB = 4, CP_COPY_MIN_SEQ = 8 };
+
+int cp_copy_init(cp_copy *c, int64_t vocab, int64_t seq_len, uint64_t seed, char *err, int errlen) {
+    memset(c, 0, sizeof *c);
+    if (vocab < CP_COPY_MIN_VOCAB || vocab > INT32_MAX)
+        return cp_errf(err, errlen, "data.source synthetic:copy needs %d <= model.vocab <= %d, not %lld",
+                       CP_COPY_MIN_VOCAB, INT32_MAX, (long long)vocab);
+    if (seq_len < CP_COPY_MIN_SEQ)
+        return cp_errf(err, errlen, "data.source synthetic:copy needs train.seq_len >= %d, not %lld", CP_COPY_MIN_SEQ,
+                       (long long)seq_len);
+    c->vocab = vocab;
+    c->seq_len = seq_len;
+    c->seed = seed;
+    return 0;
+}
+
+double cp_copy_chance_loss(const cp_copy *c) { return log((double)(c->vocab - 1)); }
+
+void cp_copy_sequence(const cp_copy *c, int64_t index, int32_t *tokens, int32_t *targets) {
+    int64_t S = c->seq_len, h = (S - 1) / 2;
+    rng g = {cp_mix64(cp_mix64(c->seed) ^ (uint64_t)index)};
+    tokens[0] = 0;
+    for (int64_t i = 1; i <= h; i++) tokens[i] = (int32_t)(1 + (int64_t)below(&g, (uint64_t)(c->vocab - 1)));
+    for (int64_t i = h + 1; i < S; i++) tokens[i] = tokens[i - h];
+    for (int64_t i = 0; i < S; i++) targets[i] = i > h && i + 1 < S ? tokens[i + 1] : -1;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
  * the spec's source */
 
 int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen) {
@@ -353,15 +383,19 @@ int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen) {
     d->tokens.fd = d->tokens.fd_shard = -1;
     d->seq_len = spec->train.seq_len;
     const char *src = spec->data.source;
-    if (!strcmp(src, "synthetic:recall")) {
+    if (!strcmp(src, "synthetic:recall") || !strcmp(src, "synthetic:copy")) {
         d->synthetic = true;
-        if (cp_recall_init(&d->recall, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen)) return -1;
+        d->kind = src[10] == 'r' ? CP_DATA_RECALL : CP_DATA_COPY;
+        if (d->kind == CP_DATA_RECALL
+                ? cp_recall_init(&d->recall, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen)
+                : cp_copy_init(&d->copy, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen))
+            return -1;
         d->scratch = cp_xmalloc((size_t)d->seq_len * 2 * sizeof *d->scratch);
         return 0;
     }
     if (!strncmp(src, "tokens:", 7))
         return cp_tokens_open(&d->tokens, src + 7, spec->model.vocab, d->seq_len, err, errlen);
-    return cp_errf(err, errlen, "data.source = \"%s\": unknown source; use \"synthetic:recall\" or \"tokens:<glob>\"",
+    return cp_errf(err, errlen, "data.source = \"%s\": unknown source; use \"synthetic:copy\", \"synthetic:recall\" or \"tokens:<glob>\"",
                 src);
 }
 
@@ -372,7 +406,10 @@ int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *ta
     int64_t T = d->seq_len / C, first = (int64_t)rank * T;
     if (d->synthetic) {
         int32_t *tok = d->scratch, *tgt = d->scratch + d->seq_len;
-        cp_recall_sequence(&d->recall, d->sequence, tok, tgt);
+        if (d->kind == CP_DATA_RECALL)
+            cp_recall_sequence(&d->recall, d->sequence, tok, tgt);
+        else
+            cp_copy_sequence(&d->copy, d->sequence, tok, tgt);
         memcpy(tokens, tok + first, (size_t)T * sizeof *tokens);
         memcpy(targets, tgt + first, (size_t)T * sizeof *targets);
         d->sequence++;
@@ -405,6 +442,11 @@ int cp_dataset_seek(cp_dataset *d, const cp_data_pos *pos, char *err, int errlen
         return 0;
     }
     return cp_tokens_seek(&d->tokens, pos, err, errlen);
+}
+
+double cp_dataset_chance_loss(const cp_dataset *d, int64_t vocab) {
+    if (d->synthetic) return d->kind == CP_DATA_RECALL ? cp_recall_chance_loss(&d->recall) : cp_copy_chance_loss(&d->copy);
+    return log((double)vocab);
 }
 
 void cp_dataset_close(cp_dataset *d) {

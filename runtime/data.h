@@ -1,6 +1,7 @@
 /* data.h: training sequences. Two sources, chosen by the spec's data.source (docs/DATA.md):
  *   "tokens:<glob>"     pre-tokenised shards (format below), read in order, position saveable;
  *   "synthetic:recall"  a long-range key/value recall task, a pure function of (seed, sequence index).
+ *   "synthetic:copy"    a random first half copied into the second, likewise.
  * Both give, for sequence n, tokens[S] and targets[S] (S = train.seq_len; target -1 = no loss there), and for rank
  * r of C the slice tokens[r*T, (r+1)*T) with the targets of those positions (T = S / C), so target r*T + T - 1 is
  * the first token of the next rank's slice.
@@ -88,11 +89,34 @@ void cp_recall_sequence(const cp_recall *r, int64_t index, int32_t *tokens, int3
 double cp_recall_chance_loss(const cp_recall *r);
 
 /* ------------------------------------------------------------------------------------------------------------
+ * synthetic:copy
+ *
+ * Sequence n of length S (>= 8) over the vocabulary V (>= 4): position 0 is BOS (0); positions 1..h, h = (S-1)/2,
+ * are tokens drawn uniformly from [1, V); from position h+1 to the end the same tokens follow again, in order.
+ * The targets are the next tokens of positions h+1 .. S-2 (the copy after its first token, which nothing
+ * announces); every other target is -1. Each scored token sits h positions back, so a model predicts it only by
+ * attending across half the sequence; chance is ln(V - 1). A two-layer model learns it (an induction head) where
+ * it does not learn synthetic:recall in the same budget, which is why the tiny spec trains on it. Drawn from the
+ * same counter-based stream as synthetic:recall. */
+typedef struct {
+    int64_t vocab, seq_len;
+    uint64_t seed;
+} cp_copy;
+
+int cp_copy_init(cp_copy *c, int64_t vocab, int64_t seq_len, uint64_t seed, char *err, int errlen);
+void cp_copy_sequence(const cp_copy *c, int64_t index, int32_t *tokens, int32_t *targets);
+double cp_copy_chance_loss(const cp_copy *c);
+
+/* ------------------------------------------------------------------------------------------------------------
  * the spec's source */
+
+typedef enum { CP_DATA_TOKENS, CP_DATA_RECALL, CP_DATA_COPY } cp_data_kind;
 
 typedef struct {
     bool synthetic;
+    cp_data_kind kind;
     cp_recall recall;
+    cp_copy copy;
     cp_tokens tokens;
     int64_t seq_len;
     int64_t sequence; /* synthetic: next sequence index */
@@ -107,5 +131,7 @@ int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *ta
 void cp_dataset_tell(const cp_dataset *d, cp_data_pos *pos);
 int cp_dataset_seek(cp_dataset *d, const cp_data_pos *pos, char *err, int errlen);
 void cp_dataset_close(cp_dataset *d);
+/* The loss of a model that knows the token ranges but not the context: synthetic tasks' chance, else ln(vocab). */
+double cp_dataset_chance_loss(const cp_dataset *d, int64_t vocab);
 
 #endif

@@ -177,8 +177,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         snprintf(m, sizeof m, "%s", err);
         rc = cp_errf(err, errlen, "resuming from %s: %s", ck->dir, m);
     }
-    double chance = log((double)sp->model.vocab);
-    if (data_open && data.synthetic) chance = cp_recall_chance_loss(&data.recall);
+    double chance = data_open ? cp_dataset_chance_loss(&data, sp->model.vocab) : log((double)sp->model.vocab);
     FILE *metrics = NULL;
     char mpath[CP_PATH_MAX + 32];
     if (!rc) {

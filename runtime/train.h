@@ -23,7 +23,7 @@ typedef struct {
     int steps, skipped;              /* the last step reached; skipped updates, the checkpoint's included */
     double first_loss, last_loss, min_loss; /* of the steps this run did */
     double mean_last10;              /* mean loss of the last 10 steps run (fewer if fewer ran) */
-    double chance_loss;              /* synthetic:recall: ln(values); else ln(vocab) */
+    double chance_loss;              /* cp_dataset_chance_loss: the synthetic task's chance, else ln(vocab) */
     double step_seconds;             /* median step time, first step excluded when there are more */
     double tokens_per_s, tflops, mfu; /* per GPU, at the median step time */
     int64_t mem_measured, mem_planned; /* largest measured at a step's end; the plan's peak (arena + reserve) */

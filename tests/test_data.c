@@ -378,7 +378,8 @@ static void test_recall(void **state) {
 static void test_dataset_recall(void **state) {
     (void)state;
     cp_spec spec;
-    if (cp_spec_load("tiny", NULL, 0, &spec, err, sizeof err)) fail_msg("%s", err);
+    const char *sets[] = {"data.source=synthetic:recall"};
+    if (cp_spec_load("tiny", sets, 1, &spec, err, sizeof err)) fail_msg("%s", err);
     const int64_t S = spec.train.seq_len;
     cp_recall r;
     assert_int_equal(cp_recall_init(&r, spec.model.vocab, S, spec.init.seed, err, sizeof err), 0);
@@ -407,6 +408,82 @@ static void test_dataset_recall(void **state) {
     free(full), free(fullt), free(tok), free(tgt);
 }
 
+/* ------------------------------------------------------------------------------------------------------------
+ * synthetic:copy */
+
+static void test_copy(void **state) {
+    (void)state;
+    static const int64_t sizes[][2] = {{4, 8}, {512, 2048}, {512, 2047}, {128256, 65536}};
+    for (size_t k = 0; k < CP_ARRAY_LEN(sizes); k++) {
+        const int64_t V = sizes[k][0], S = sizes[k][1], h = (S - 1) / 2;
+        cp_copy c;
+        assert_int_equal(cp_copy_init(&c, V, S, 5, err, sizeof err), 0);
+        assert_true(fabs(cp_copy_chance_loss(&c) - log((double)(V - 1))) < 1e-12);
+        int32_t *t = malloc((size_t)S * 4), *g = malloc((size_t)S * 4), *t2 = malloc((size_t)S * 4),
+                *g2 = malloc((size_t)S * 4);
+        int64_t *count = calloc((size_t)V, sizeof *count);
+        for (int64_t n = 0; n < 4; n++) {
+            cp_copy_sequence(&c, n, t, g);
+            assert_int_equal(t[0], 0);
+            int64_t scored = 0;
+            for (int64_t i = 1; i < S; i++) {
+                assert_true(t[i] >= 1 && t[i] < V);
+                if (i > h) assert_int_equal(t[i], t[i - h]); /* the second half repeats the first */
+                if (i <= h) count[t[i]]++;
+                if (g[i] >= 0) {
+                    /* a scored target is the next token, and it sits h positions back */
+                    assert_true(i > h && i + 1 < S);
+                    assert_int_equal(g[i], t[i + 1]);
+                    assert_int_equal(g[i], t[i + 1 - h]);
+                    scored++;
+                }
+            }
+            assert_int_equal(g[0], -1);
+            assert_int_equal(scored, S - h - 2);
+            cp_copy_sequence(&c, n, t2, g2);
+            assert_memory_equal(t, t2, (size_t)S * 4); /* a pure function of (seed, index) */
+            assert_memory_equal(g, g2, (size_t)S * 4);
+            cp_copy_sequence(&c, n + 1, t2, g2);
+            if (h >= 16) assert_memory_not_equal(t, t2, (size_t)S * 4);
+        }
+        /* tokens cover the range: every id of a small vocabulary appears */
+        if (V * 16 <= 4 * h)
+            for (int64_t v = 1; v < V; v++) assert_true(count[v] > 0);
+        free(t), free(g), free(t2), free(g2), free(count);
+    }
+    cp_copy c;
+    assert_int_equal(cp_copy_init(&c, 3, 2048, 1, err, sizeof err), -1);
+    assert_true(contains(err, "model.vocab"));
+    assert_int_equal(cp_copy_init(&c, 512, 7, 1, err, sizeof err), -1);
+    assert_true(contains(err, "train.seq_len >= 8"));
+}
+
+/* The tiny spec's source is synthetic:copy: the dataset serves it, slices tile it, chance is ln(V - 1). */
+static void test_dataset_copy(void **state) {
+    (void)state;
+    cp_spec spec;
+    if (cp_spec_load("tiny", NULL, 0, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_string_equal(spec.data.source, "synthetic:copy");
+    const int64_t S = spec.train.seq_len;
+    cp_copy c;
+    assert_int_equal(cp_copy_init(&c, spec.model.vocab, S, spec.init.seed, err, sizeof err), 0);
+    int32_t *full = malloc(S * 4), *fullt = malloc(S * 4), *tok = malloc(S * 4), *tgt = malloc(S * 4);
+    cp_dataset d;
+    if (cp_dataset_open(&d, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_true(fabs(cp_dataset_chance_loss(&d, spec.model.vocab) - log((double)(spec.model.vocab - 1))) < 1e-12);
+    for (int n = 0; n < 2; n++) {
+        for (int r = 0; r < 2; r++) {
+            if (r) d.sequence--;
+            assert_int_equal(cp_dataset_next(&d, r, 2, tok + r * S / 2, tgt + r * S / 2, err, sizeof err), 0);
+        }
+        cp_copy_sequence(&c, n, full, fullt);
+        assert_memory_equal(tok, full, S * 4);
+        assert_memory_equal(tgt, fullt, S * 4);
+    }
+    cp_dataset_close(&d);
+    free(full), free(fullt), free(tok), free(tgt);
+}
+
 static int setup(void **state) {
     (void)state;
     const char *tmp = getenv("TMPDIR");
@@ -424,7 +501,7 @@ int main(void) {
         cmocka_unit_test(test_shard_format),   cmocka_unit_test(test_roundtrip_and_stepping),
         cmocka_unit_test(test_bad_shards),     cmocka_unit_test(test_position_restore),
         cmocka_unit_test(test_dataset_tokens), cmocka_unit_test(test_recall),
-        cmocka_unit_test(test_dataset_recall),
+        cmocka_unit_test(test_dataset_recall), cmocka_unit_test(test_copy), cmocka_unit_test(test_dataset_copy),
     };
     return cmocka_run_group_tests_name("data", tests, setup, teardown) ? 1 : 0;
 }

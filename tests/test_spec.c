@@ -132,10 +132,11 @@ static void test_tiny(void **state) {
     assert_int_equal(m->ffn, 768);
     assert_false(m->tie_embeddings);
     assert_int_equal(spec.parallel.gpus, 1);
-    assert_int_equal(spec.train.steps, 200);
+    assert_int_equal(spec.train.steps, 800);
+    assert_int_equal(spec.train.micro_batches, 8);
     assert_true(spec.train.lr == 3e-3);
-    assert_int_equal(spec.train.warmup, 10);
-    assert_string_equal(spec.data.source, "synthetic:recall");
+    assert_int_equal(spec.train.warmup, 50);
+    assert_string_equal(spec.data.source, "synthetic:copy");
     /* The file and the embedded copy are the same spec. */
     cp_spec embedded = spec;
     load_ok("specs/tiny.lua", NULL, 0);

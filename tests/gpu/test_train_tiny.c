@@ -1,12 +1,11 @@
-/* test_train_tiny.c: `cpgen run` end to end on the tiny spec and the synthetic key/value recall task, 1000 steps
- * with 50 of warmup (CPGEN_TINY_SETS="key=value ..." overrides). Asserts: the first loss is the uniform model's
- * ln(vocab); no update is skipped; the loss ends well below that chance (< 0.8 ln V) and at or below the recall
- * task's value-range baseline ln(values) + 0.05 (the model has learned which tokens can answer; recall itself, below
- * that baseline, is reported but not asserted: in 4000 steps neither cpgen nor PyTorch gets there at this size);
- * the arena the driver saw is the plan's (to its 2 MiB granularity, within 3%) and the measured peak stays within
- * the plan's peak (arena + reserve) + 3%.
- * Then tiny's variants (checkpoints offloaded to the host, the optimizer on the host, plain Ulysses, two
- * micro-batches) train 20 steps each; offload and host optimizer must follow the default run's losses.
+/* test_train_tiny.c: `cpgen run` end to end on the tiny spec as shipped (`make run`'s training: the synthetic copy
+ * task, 800 steps of 8 x 2K tokens; CPGEN_TINY_SETS="key=value ..." overrides). Asserts: the first loss is the
+ * uniform model's ln(vocab); no update is skipped; the mean loss of the last 10 steps is below a quarter of the
+ * task's chance ln(V - 1), which only copying from 1K positions back gives; the arena the driver saw is the plan's
+ * (to its 2 MiB granularity, within 3%) and the measured peak stays within the plan's peak (arena + reserve) + 3%.
+ * Then tiny's variants (checkpoints offloaded to the host, the optimizer on the host, both, one head per UPipe
+ * stage, one micro-batch) train 20 steps each: offload must give the default run's losses bit for bit (it moves
+ * data, not arithmetic), the host optimizer within 0.05.
  * With CPGEN_HF_DIR set it also writes what tests/gpu/hf_compare.py needs to train the same model in PyTorch /
  * transformers and compare: the initial weights as a Hugging Face checkpoint (fp32), cpgen's gradients of the first
  * sequence (same layout), the token sequences, and this run's metrics.jsonl (CPGEN_HF_STEPS steps, default 30;
@@ -56,11 +55,10 @@ static void train(cp_train_result *r, int nsets, const char **sets) {
     cp_plan_free(&p);
 }
 
-/* Overrides of the recall run: CPGEN_TINY_SETS ("key=value key=value"), else RECALL_SETS. */
-#define RECALL_SETS "train.steps=1000 train.warmup=50"
-static int recall_sets(char *buf, size_t n, const char **sets, int cap) {
+/* Overrides of the learning run: CPGEN_TINY_SETS ("key=value key=value"), else the spec as shipped. */
+static int learn_sets(char *buf, size_t n, const char **sets, int cap) {
     const char *e = getenv("CPGEN_TINY_SETS");
-    snprintf(buf, n, "%s", e && *e ? e : RECALL_SETS);
+    snprintf(buf, n, "%s", e && *e ? e : "");
     int k = 0;
     for (char *t = strtok(buf, " "); t && k < cap; t = strtok(NULL, " ")) sets[k++] = t;
     return k;
@@ -74,18 +72,19 @@ static bool hf_only(void) {
     return e && *e == '1';
 }
 
-static void test_recall(void **state) {
+/* make run's training: the tiny spec on the copy task must learn to copy across 1K tokens. */
+static void test_learns(void **state) {
     (void)state;
     if (hf_only()) skip();
     char buf[1024], outdir[1200];
     const char *sets[16];
-    int ns = recall_sets(buf, sizeof buf, sets, 15);
+    int ns = learn_sets(buf, sizeof buf, sets, 15);
     snprintf(outdir, sizeof outdir, "train.out_dir=%s/tiny", out_root);
     sets[ns++] = outdir;
     train(&base, ns, sets);
     const cp_train_result *r = &base;
     double lnv = log(512.0);
-    printf("\nrecall: %d steps | first loss %.4f (ln V = %.4f) | min %.4f | mean of the last 10 %.4f | chance %.4f | "
+    printf("\ncopy task: %d steps | first loss %.4f (ln V = %.4f) | min %.4f | mean of the last 10 %.4f | chance %.4f | "
            "%d skipped\n",
            r->steps, r->first_loss, lnv, r->min_loss, r->mean_last10, r->chance_loss, r->skipped);
     printf("loss curve:");
@@ -100,10 +99,10 @@ static void test_recall(void **state) {
     assert_true(r->steps >= 30);
     assert_int_equal(r->skipped, 0);
     assert_true(fabs(r->first_loss - lnv) < 0.1);
-    printf("recall %s: the last 10 steps' mean %.4f against the value-range baseline %.4f\n",
-           r->mean_last10 < r->chance_loss - 0.1 ? "learned" : "not learned (yet)", r->mean_last10, r->chance_loss);
-    assert_true(r->mean_last10 < 0.8 * lnv);
-    assert_true(r->mean_last10 < r->chance_loss + 0.05);
+    /* well below chance: a quarter of it means the model copies most tokens from 1K positions back */
+    printf("copy task %s: the last 10 steps' mean %.4f against chance %.4f\n",
+           r->mean_last10 < 0.25 * r->chance_loss ? "learnt" : "NOT learnt", r->mean_last10, r->chance_loss);
+    assert_true(r->mean_last10 < 0.25 * r->chance_loss);
     int64_t gran = 2 << 20;
     int64_t arena_rounded = (r->mem_arena_planned + gran - 1) / gran * gran;
     assert_true(r->mem_arena_measured >= r->mem_arena_planned);
@@ -124,8 +123,8 @@ static void test_variants(void **state) {
     const char *variants[][2] = {{"parallel.offload=all", NULL},
                                  {"parallel.optimizer=host", NULL},
                                  {"parallel.offload=all", "parallel.optimizer=host"},
-                                 {"parallel.upipe_heads=4", NULL},
-                                 {"train.micro_batches=2", NULL}};
+                                 {"parallel.upipe_heads=1", NULL},
+                                 {"train.micro_batches=1", NULL}};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         char outdir[1200];
         snprintf(outdir, sizeof outdir, "train.out_dir=%s/tiny_variant%zu", out_root, v);
@@ -148,7 +147,7 @@ static void test_variants(void **state) {
             double d = max_diff(&r, &ref, 20);
             printf("variant %s %s: largest loss difference to the default run over 20 steps %.2e\n", variants[v][0],
                    variants[v][1] ? variants[v][1] : "", d);
-            assert_true(d < 0.05);
+            assert_true(v == 0 ? d == 0 : d < 0.05);
         }
         cp_train_result_free(&r);
     }
@@ -214,6 +213,11 @@ static void test_hf_export(void **state) {
     printf("gradients of sequence 0: loss %.6f\n", loss);
     snprintf(model, sizeof model, "%s/grads", dir);
     if (cp_weights_save_hf(&p, flat, model, false, 0, err, sizeof err)) fail_msg("save: %s", err);
+    snprintf(path, sizeof path, "%s/grads/loss.json", dir);
+    FILE *lf = fopen(path, "w");
+    assert_non_null(lf);
+    fprintf(lf, "{\"loss\": %.9g}\n", loss);
+    fclose(lf);
     free(flat);
     if (cp_dataset_open(&d, &p.spec, err, sizeof err)) fail_msg("data: %s", err);
     int64_t T = p.T, mb = p.spec.train.micro_batches;
@@ -254,7 +258,7 @@ int main(void) {
     const char *o = getenv("OUT");
     snprintf(out_root, sizeof out_root, "%s/runs", o && *o ? o : "/tmp/cpgen-test");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_recall),
+        cmocka_unit_test(test_learns),
         cmocka_unit_test(test_variants),
         cmocka_unit_test(test_hf_export),
     };

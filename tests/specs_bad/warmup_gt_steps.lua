@@ -1,3 +1,3 @@
--- expect: train.warmup = 300
--- expect: must not exceed train.steps (200)
-return cpgen.extend(cpgen.load("tiny"), { train = { warmup = 300 } })
+-- expect: train.warmup = 900
+-- expect: must not exceed train.steps (800)
+return cpgen.extend(cpgen.load("tiny"), { train = { warmup = 900 } })
