@@ -513,7 +513,7 @@ static void test_refused(void **state) {
     expect_open_fails(&q, good, 1, "--set init.seed=0");
     cp_plan_free(&q);
     plan_of(&q, 1, "data.source=tokens:/nonexistent/*.bin");
-    expect_open_fails(&q, good, 2, "data.source \"synthetic:recall\"", "set data.source back");
+    expect_open_fails(&q, good, 2, "data.source \"synthetic:copy\"", "set data.source back");
     cp_plan_free(&q);
     /* a different learning rate resumes, with a note */
     plan_of(&q, 2, "train.lr=1e-3", "train.min_lr=0.00030000000000000003"); /* tiny's lr / 10 */
