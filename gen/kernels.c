@@ -127,6 +127,10 @@ void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps) {
     cp_kspec_set_int(k, "NV_B", nvb);
     cp_kspec_set_int(k, "RPB_B", rpbb);
     cp_kspec_set_int(k, "MIN_BLOCKS_B", CP_MAX(1, 512 / (tprb * rpbb)));
+    /* bwd_dw: a float4 of columns per thread when the row allows, 8 threads across and 32 down a block */
+    cp_kspec_set_int(k, "DW_V", hidden % 4 == 0 ? 4 : 1);
+    cp_kspec_set_int(k, "DW_TPC", 8);
+    cp_kspec_set_int(k, "DW_GROUPS", 32);
 }
 
 /* Hugging Face's rope initialisation, in double: default frequencies theta^(-2i/D), then Llama-3 scaling
@@ -189,13 +193,14 @@ void cp_k_loss(cp_kernel_spec *k, int64_t vocab) {
     cp_kspec_set_int(k, "VEC", vec);
     cp_kspec_set_int(k, "BLOCK", block);
     cp_kspec_set_int(k, "UNROLL", 4);
+    cp_kspec_set_int(k, "SUM_BLOCK", 1024); /* sum: one block */
 }
 
 void cp_k_adamw(cp_kernel_spec *k) {
     cp_kspec_init(k, "adamw");
     cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
     cp_kspec_set_int(k, "UNROLL", 2);        /* update: 4 float4 loads per unit, 8 per thread in flight */
-    cp_kspec_set_int(k, "SUMSQ_UNROLL", 8);  /* sumsq: few blocks (few atomics), so more loads per thread */
+    cp_kspec_set_int(k, "SUMSQ_UNROLL", 8);  /* sumsq: a persistent grid (few partials), so more loads per thread */
 }
 
 void cp_k_ulysses(cp_kernel_spec *k, int gpus, int repl, int64_t tokens, int nout, int64_t row_bytes) {
@@ -250,6 +255,7 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
     memset(d, 0, sizeof *d);
     d->grid[1] = d->grid[2] = 1;
     if (sms < 1) sms = 1;
+    if (sms > CP_KDIMS_MAX_SMS) sms = CP_KDIMS_MAX_SMS;
     const char *f = k->family;
     if (n < 0) n = 0;
     if (strcmp(f, "rmsnorm") == 0) {
@@ -262,6 +268,11 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             int64_t rpb = get_int(k, "RPB_B");
             d->block = (unsigned)(get_int(k, "TPR_B") * rpb);
             d->grid[0] = blocks_for(n, rpb, (int64_t)sms * 2 * get_int(k, "MIN_BLOCKS_B"));
+        } else if (strcmp(role, "bwd_dw") == 0) {
+            /* a block per DW_COLS columns; n is the bwd's rows (none: nothing to add) */
+            int64_t cols = get_int(k, "DW_TPC") * get_int(k, "DW_V");
+            d->block = (unsigned)(get_int(k, "DW_TPC") * get_int(k, "DW_GROUPS"));
+            d->grid[0] = n > 0 ? blocks_for(get_int(k, "HIDDEN"), cols, 0) : 0;
         } else {
             return -1;
         }
@@ -297,16 +308,22 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         return 0;
     }
     if (strcmp(f, "loss") == 0) {
-        if (strcmp(role, "fwdbwd")) return -1;
-        d->block = (unsigned)get_int(k, "BLOCK");
-        d->grid[0] = grid_of(n);
+        if (strcmp(role, "fwdbwd") == 0) {
+            d->block = (unsigned)get_int(k, "BLOCK");
+            d->grid[0] = grid_of(n);
+        } else if (strcmp(role, "sum") == 0) {
+            d->block = (unsigned)get_int(k, "SUM_BLOCK");
+            d->grid[0] = n > 0 ? 1 : 0;
+        } else {
+            return -1;
+        }
         return 0;
     }
     if (strcmp(f, "adamw") == 0) {
         d->block = (unsigned)get_int(k, "BLOCK");
         if (strcmp(role, "update") == 0)
             d->grid[0] = blocks_for(n, d->block * get_int(k, "UNROLL") * 4, 0); /* float4 units */
-        else if (strcmp(role, "sumsq") == 0) /* persistent: one full SM of threads, one atomicAdd per block */
+        else if (strcmp(role, "sumsq") == 0) /* persistent: one full SM of threads, one partial per block */
             d->grid[0] = blocks_for(n, d->block * get_int(k, "SUMSQ_UNROLL") * 4, (int64_t)sms * (1024 / d->block));
         else
             return -1;
@@ -337,4 +354,17 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         return 0;
     }
     return -1;
+}
+
+int64_t cp_k_scratch_bytes(const cp_kernel_spec *k, const char *role, int64_t n) {
+    cp_kdims d;
+    if (strcmp(k->family, "rmsnorm") == 0 && strcmp(role, "bwd") == 0) {
+        if (cp_k_dims(k, role, n, 0, CP_KDIMS_MAX_SMS, &d)) return 0;
+        return (int64_t)d.grid[0] * get_int(k, "HIDDEN") * 4;
+    }
+    if (strcmp(k->family, "adamw") == 0 && strcmp(role, "sumsq") == 0) {
+        if (cp_k_dims(k, role, n, 0, CP_KDIMS_MAX_SMS, &d)) return 0;
+        return (int64_t)d.grid[0] * 8;
+    }
+    return 0;
 }

@@ -26,8 +26,11 @@ void cp_k_embedding(cp_kernel_spec *k, int64_t vocab, int64_t hidden);
 /* rmsnorm over rows of HIDDEN, as HF: out = bf16(weight * bf16(s * rstd)), rstd = 1/sqrt(mean(s^2) + eps), where
  * s = x, or with resid s = bf16(x + resid) (written to sum_out; both non-NULL or both NULL).
  * fwd(x, resid|NULL, sum_out|NULL, weight, out, rstd f32[n], n);
- * bwd(dout, x, weight, rstd, dresid|NULL, dx, dweight f32[HIDDEN] +=, n): x is the normalised input (sum_out when
- * resid was used); dx = d(input) (+ dresid); dout and dresid may be the same buffer as dx. */
+ * bwd(dout, x, weight, rstd, dresid|NULL, dx, dw_part f32[grid][HIDDEN] out, n): x is the normalised input (sum_out
+ * when resid was used); dx = d(input) (+ dresid); dout and dresid may be the same buffer as dx; block b writes its
+ * rows' weight gradient to row b of dw_part (grid: the bwd launch's grid[0], at most cp_k_scratch_bytes' rows);
+ * bwd_dw(dw_part, parts i32, dweight f32[HIDDEN] +=): dweight += the sum of the parts rows, in row order for every
+ * column (in double, rounded once), so dweight is the same bits run to run; launch it with bwd's n. */
 void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps);
 /* rope in place on [n][heads][D] (rotate_half pairs (i, i + D/2)), token row r at position pos0 + r:
  * fwd(x, n, heads, pos0); bwd(dx, n, heads, pos0) (the transpose: rotation by the negative angle).
@@ -38,16 +41,18 @@ void cp_rope_inv_freq(const cp_model *m, double *inv_freq);
 /* swiglu on a tile, as HF: out = bf16(bf16(silu(gate)) * up).
  * fwd(gate[n][F], up[n][F], out[n][F], n); bwd(dout, gate, up, n): gate,up <- dgate,dup in place. */
 void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn);
-/* loss on a tile of logits [n][V] (bf16, in place -> dlogits*scale): fwdbwd(logits, targets i32[n], loss_sum f32[1] +=,
- * scale, n). loss_sum gets the unscaled sum of the rows' losses logsumexp - logit[target]; the gradient row is
- * (softmax - onehot(target)) * scale. target < 0 (-1, or HF's -100) is ignored: zero gradient row, no loss;
- * target >= V adds NaN to loss_sum and writes a NaN row. */
+/* loss on a tile of logits [n][V] (bf16, in place -> dlogits*scale): fwdbwd(logits, targets i32[n], row_loss f32[n]
+ * out, scale, n). row_loss gets each row's unscaled loss logsumexp - logit[target]; the gradient row is
+ * (softmax - onehot(target)) * scale. target < 0 (-1, or HF's -100) is ignored: zero gradient row, loss 0;
+ * target >= V gives a NaN loss and a NaN row. sum(row_loss f32[n], n, loss_sum f32[1] +=): the sum of the rows'
+ * losses in a fixed order (in double, rounded once), so the loss is the same bits run to run. */
 void cp_k_loss(cp_kernel_spec *k, int64_t vocab);
 /* adamw (PyTorch AdamW): update(master f32[n], m f32[n], v f32[n], grad f32[n], param bf16[n] out, n, lr, beta1, beta2,
  * eps, wd, grad_scale, step): g = grad*grad_scale; p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  * p -= lr/(1-b1^step) * m / (sqrt(v)/sqrt(1-b2^step) + eps); master = p; param = bf16(p). step counts from 1.
- * sumsq(grad f32[n], n, out f32[1] +=): sum of squares, accumulated in double within a block, one fp32
- * atomicAdd per block. */
+ * sumsq(grad f32[n], n, partial f64[grid] scratch, counter u32 (0 before, left 0), out f32[1] +=): the sum of
+ * squares in a fixed order (per block in double, then the blocks' partials in block order by the last block to
+ * finish), so the same bits run to run on one GPU model (the grid follows the SM count). */
 void cp_k_adamw(cp_kernel_spec *k);
 /* Ulysses layout for one stage. C ranks; each destination rank r gets NOUT heads, head (r / R) * NOUT + j of the
  * source [T][NIN = C/R*NOUT][ROW_BYTES]; R > 1 replicates heads over R ranks (KV heads < GPUs). With C = 1 these
@@ -70,6 +75,16 @@ void cp_k_cast(cp_kernel_spec *k);
  * heads): delta = sum over D of dout*out in fp32. */
 void cp_k_attn_delta(cp_kernel_spec *k, int64_t head_dim);
 
+/* The step's scalars: the plan's persistent buffer "loss_sum" of CP_SCALARS_BYTES, zeroed by the runtime before
+ * every step. Float 0 is the loss sum, float 1 the gradient's sum of squares (these two floats are read back once
+ * per step and, with several GPUs, all-reduced); at byte CP_SCALARS_SUMSQ_COUNTER is sumsq's u32 counter. */
+#define CP_SCALARS_BYTES 256
+#define CP_SCALARS_SUMSQ_COUNTER 64
+
+/* Persistent grids (rmsnorm bwd, sumsq) follow the SM count, up to this many SMs, so that the scratch their partial
+ * sums need is known to the planner (cp_k_scratch_bytes). */
+#define CP_KDIMS_MAX_SMS 192
+
 /* Launch geometry: grid.x * grid.y * grid.z blocks of block threads, smem bytes of dynamic shared memory. */
 typedef struct {
     unsigned grid[3];
@@ -82,6 +97,10 @@ typedef struct {
  * attn_delta; pass 0 elsewhere; ulysses ignores n too); sms is the device's multiprocessor count.
  * Returns 0, or -1 for a family or role this function does not know. n = 0 gives a zero grid: skip the launch. */
 int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t heads, int sms, cp_kdims *d);
+
+/* Bytes of scratch entry `role` needs for n (its own argument) on any GPU: rmsnorm bwd's dw_part, adamw sumsq's
+ * partial; 0 for entries that need none. */
+int64_t cp_k_scratch_bytes(const cp_kernel_spec *k, const char *role, int64_t n);
 
 /* The value of a compile-time parameter of a kernel spec, or NULL. */
 const char *cp_kspec_get(const cp_kernel_spec *k, const char *key);

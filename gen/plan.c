@@ -220,7 +220,7 @@ typedef struct {
     int w_layer[2], g_layer, w_embed, g_embed, w_head, g_head; /* C > 1 */
     int *ckpt;                                   /* [L] layer inputs (GPU or host) */
     int xs[2];                                   /* GPU staging for host checkpoints */
-    int h_final, xf, rstdf, dxf, logits, loss_sum, tokens, targets, token_order;
+    int h_final, xf, rstdf, dxf, logits, token_loss, loss_sum, tokens, targets, token_order;
     int xn, rstd1, attn_out, h2, xn2, rstd2, dres, dh2, dxn, dattn, delta_tok;
     int *attn_keep, *lse_keep;                   /* checkpoint = "none": per layer */
     int lse_all;
@@ -228,7 +228,7 @@ typedef struct {
     int a2a_send, a2a_recv, q_head, k_head, v_head, o_head;
     int do_head, delta_head, dq_head, dk_head, dv_head, dkv_acc, dq_acc;
     int mlp_gate, mlp_up, mlp_act;
-    int gemm_ws, norm_scratch;
+    int gemm_ws, norm_part, sumsq_part;          /* scratch of the deterministic reductions */
 } bufset;
 
 #define BF16 2
@@ -525,7 +525,7 @@ static void proj_backward(builder *B, const bufset *b, const unit_ref *w, cp_wei
 }
 
 /* RoPE backward and (qk-norm) backward of a projection's gradient in token layout. */
-static void rope_norm_backward(builder *B, const modset *M, const unit_ref *w, int dbuf, int raw,
+static void rope_norm_backward(builder *B, const bufset *b, const modset *M, const unit_ref *w, int dbuf, int raw,
                                int rstd, cp_weight nw, int64_t nh, const char *what) {
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
@@ -541,6 +541,7 @@ static void rope_norm_backward(builder *B, const modset *M, const unit_ref *w, i
     op_weight(k, P, w, nw, CP_READ);
     rd(k, P, rstd);
     op_wgrad(k, P, w, nw);
+    wr(k, P, b->norm_part); /* the blocks' weight-gradient partials, summed in order by the step's second launch */
     k->count = T * nh;
 }
 
@@ -603,7 +604,7 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
             use(k, P, b->q_tok, 0, T * U * D * BF16, CP_WRITE); /* q_tok is free again: reuse for dq */
             dq_tok = b->q_tok;
         }
-        rope_norm_backward(B, M, w, dq_tok, b->q_raw, b->q_rstd, CP_W_QNORM, U, "rope_dq");
+        rope_norm_backward(B, b, M, w, dq_tok, b->q_raw, b->q_rstd, CP_W_QNORM, U, "rope_dq");
         proj_backward(B, b, w, CP_W_Q, (int64_t)s * U, U, dq_tok, first_dx, "d_wq", "d_xn_q");
         first_dx = false;
         if (!e->kv_last) continue;
@@ -643,7 +644,7 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
             }
             int64_t grp = s / P->group_len;
             int64_t row0 = P->repl > 1 ? 0 : grp * nkv;
-            if (i == 0) rope_norm_backward(B, M, w, src, b->k_raw, b->k_rstd, CP_W_KNORM, nkv, "rope_dk");
+            if (i == 0) rope_norm_backward(B, b, M, w, src, b->k_raw, b->k_rstd, CP_W_KNORM, nkv, "rope_dk");
             proj_backward(B, b, w, i ? CP_W_V : CP_W_K, row0, nkv, src, false, i ? "d_wv" : "d_wk",
                           i ? "d_xn_v" : "d_xn_k");
         }
@@ -673,6 +674,7 @@ static void layer_backward(builder *B, const bufset *b, const modset *M, const u
     rd(k, P, b->dres);
     wr(k, P, b->dh2);
     op_wgrad(k, P, w, CP_W_NORM2);
+    wr(k, P, b->norm_part);
     k->count = T;
     /* output projection */
     cp_step *g = gemm(B, "d_wo", hid, H * D, T, true, false);
@@ -700,6 +702,7 @@ static void layer_backward(builder *B, const bufset *b, const modset *M, const u
     rd(k, P, b->dh2);
     wr(k, P, b->dres);
     op_wgrad(k, P, w, CP_W_NORM1);
+    wr(k, P, b->norm_part);
     k->count = T;
 }
 
@@ -746,7 +749,7 @@ static void make_modules(cp_plan *P, modset *M) {
     }
 }
 
-static void make_buffers(cp_plan *P, bufset *b) {
+static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
     const cp_model *m = &P->spec.model;
     int64_t T = P->T, S = P->S, hid = m->hidden, D = m->head_dim, H = m->heads, F = m->ffn, V = m->vocab;
     int64_t U = P->U, u = P->u, C = P->C, L = m->layers, shard = P->params_shard;
@@ -852,7 +855,21 @@ static void make_buffers(cp_plan *P, bufset *b) {
     b->mlp_up = add_buf(P, "mlp_up", CP_SPACE_GPU, CP_CAT_MLP, P->mlp_tile * F * BF16, false);
     b->mlp_act = add_buf(P, "mlp_act", CP_SPACE_GPU, CP_CAT_MLP, P->mlp_tile * F * BF16, false);
     b->logits = add_buf(P, "logits", CP_SPACE_GPU, CP_CAT_LOSS, P->loss_tile * V * BF16, false);
-    b->loss_sum = add_buf(P, "loss_sum", CP_SPACE_GPU, CP_CAT_WORKSPACE, 256, true);
+    /* each token's loss, written tile by tile and summed in order once per micro-batch */
+    b->token_loss = add_buf(P, "token_loss", CP_SPACE_GPU, CP_CAT_LOSS, T * F32, false);
+    b->loss_sum = add_buf(P, "loss_sum", CP_SPACE_GPU, CP_CAT_WORKSPACE, CP_SCALARS_BYTES, true);
+    /* the norm backwards' per-block weight-gradient rows (the largest of the norms' needs) and sumsq's per-block
+     * partials: scratch of one step each, summed in a fixed order so the results are the same bits run to run */
+    int64_t np = cp_k_scratch_bytes(&P->modules[M->norm_h], "bwd", T);
+    if (M->norm_d >= 0) {
+        np = CP_MAX(np, cp_k_scratch_bytes(&P->modules[M->norm_d], "bwd", T * U));
+        np = CP_MAX(np, cp_k_scratch_bytes(&P->modules[M->norm_d], "bwd", T * nkv));
+    }
+    b->norm_part = add_buf(P, "norm_partials.f32", CP_SPACE_GPU, CP_CAT_WORKSPACE, np, false);
+    b->sumsq_part = -1;
+    if (!P->opt_on_host)
+        b->sumsq_part = add_buf(P, "sumsq_partials", CP_SPACE_GPU, CP_CAT_WORKSPACE,
+                                cp_k_scratch_bytes(&P->modules[M->adamw], "sumsq", shard), false);
     b->tokens = add_buf(P, "tokens", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
     b->targets = add_buf(P, "targets", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
     /* the rows sorted by token (stable, from the host): the embedding backward sums each token's rows without atomics */
@@ -932,7 +949,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         s = kernel(&B, M->loss, "fwdbwd", "loss", 2.0 * (double)t * V * BF16);
         rw(s, P, b->logits);
         use(s, P, b->targets, i * t * 4, t * 4, CP_READ);
-        use(s, P, b->loss_sum, 0, F32, CP_RW); /* float 0: the loss */
+        use(s, P, b->token_loss, i * t * F32, t * F32, i == 0 ? CP_DEF : CP_WRITE);
         s->count = t;
         B.phase = CP_PHASE_BWD;
         g = gemm(&B, "d_lm_head", V, hid, t, true, false);
@@ -947,6 +964,11 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         B.phase = CP_PHASE_FWD;
     }
     B.tile = -1;
+    B.phase = CP_PHASE_FWD;
+    s = kernel(&B, M->loss, "sum", "loss_sum", (double)T * F32);
+    rd(s, P, b->token_loss);
+    use(s, P, b->loss_sum, 0, F32, CP_RW); /* float 0: the loss */
+    s->count = T;
     B.phase = CP_PHASE_BWD;
     s = kernel(&B, M->norm_h, "bwd", "final_norm_bwd", (double)T * hid * 3 * BF16);
     rd(s, P, b->dxf);
@@ -955,6 +977,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     rd(s, P, b->rstdf);
     wr(s, P, b->dres);
     use(s, P, hd.gbuf, norm_off * F32, hid * F32, CP_RW);
+    wr(s, P, b->norm_part);
     s->count = T;
     reduce_scatter(&B, b, head_unit);
     if (tied) reduce_scatter(&B, b, 0); /* free the tied gradient now; the embedding's backward sends its own */
@@ -1022,7 +1045,9 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     } else {
         s = kernel(&B, M->adamw, "sumsq", "grad_norm", (double)shard * F32);
         rd(s, P, b->grads);
+        wr(s, P, b->sumsq_part);
         use(s, P, b->loss_sum, F32, F32, CP_RW); /* float 1: the gradient's sum of squares */
+        use(s, P, b->loss_sum, CP_SCALARS_SUMSQ_COUNTER, 4, CP_RW);
         s->count = shard;
         if (C > 1) {
             s = collective(&B, CP_OP_ALLREDUCE, "norm_allreduce", 2 * F32);
@@ -1151,7 +1176,7 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, char *er
     bufset b;
     modset M;
     make_modules(P, &M);
-    make_buffers(P, &b);
+    make_buffers(P, &M, &b);
     make_program(P, &b, &M);
     free(b.ckpt);
     free(b.attn_keep);

@@ -382,35 +382,42 @@ static int k_norm_fwd(pctx *c) {
     return 0;
 }
 
-/* The norm backward: bwd(dout, x, weight, rstd, dresid|NULL, dx, dweight f32 +=, n). */
-static int norm_bwd(pctx *c, int dout, int x, int w, int rstd, int dresid, int dx, int dw) {
+/* The norm backward, two launches: bwd(dout, x, weight, rstd, dresid|NULL, dx, dw_part f32[grid][H], n), then
+ * bwd_dw(dw_part, parts = bwd's grid, dweight f32 +=): the weight gradient summed in a fixed order. */
+static int norm_bwd(pctx *c, int dout, int x, int w, int rstd, int dresid, int dx, int dw, int part) {
     int64_t n = c->s->count, H = kint(c, "HIDDEN");
     if (need_bytes(c, dout, n * H * 2) || need_bytes(c, x, n * H * 2) || need_bytes(c, w, H * 2) ||
         need_bytes(c, rstd, n * 4) || need_bytes(c, dx, n * H * 2) || need_bytes(c, dw, H * 4) ||
         (dresid >= 0 && need_bytes(c, dresid, n * H * 2)))
         return -1;
     if (need_align(c, dout, 16) || need_align(c, x, 16) || need_align(c, w, 16) || need_align(c, dx, 16) ||
-        need_align(c, dw, 16) || (dresid >= 0 && need_align(c, dresid, 16)))
+        need_align(c, dw, 16) || need_align(c, part, 16) || (dresid >= 0 && need_align(c, dresid, 16)))
         return -1;
-    xlaunch *l = &c->x->L[0];
+    xlaunch *l = &c->x->L[0], *r = &c->x->L[1];
     if (launch_of(c, "bwd", n, 0, l)) return -1;
+    int64_t parts = l->d.grid[0];
+    if (need_bytes(c, part, parts * H * 4)) return -1;
     a_ptr(l, opp(c, dout));
     a_ptr(l, opp(c, x));
     a_ptr(l, opp(c, w));
     a_ptr(l, opp(c, rstd));
     a_ptr(l, dresid >= 0 ? opp(c, dresid) : NULL);
     a_ptr(l, opp(c, dx));
-    a_ptr(l, opp(c, dw));
+    a_ptr(l, opp(c, part));
     a_i64(l, n);
+    if (launch_of(c, "bwd_dw", n, 0, r)) return -1;
+    a_ptr(r, opp(c, part));
+    a_i32(r, (int)parts);
+    a_ptr(r, opp(c, dw));
     return 0;
 }
 
-/* norm1_bwd, norm2_bwd: operands dxn, x, weight, rstd, d_resid-in (dresid), dx out, dweight */
-static int k_norm_bwd_resid(pctx *c) { return need_ops(c, 7) ? -1 : norm_bwd(c, 0, 1, 2, 3, 4, 5, 6); }
-/* final_norm_bwd: operands dout, x, weight, rstd, dx, dweight */
-static int k_norm_bwd(pctx *c) { return need_ops(c, 6) ? -1 : norm_bwd(c, 0, 1, 2, 3, -1, 4, 5); }
-/* qk_norm_bwd: operands d (in place: dout and dx), x (before the norm), weight, rstd, dweight */
-static int k_qk_norm_bwd(pctx *c) { return need_ops(c, 5) ? -1 : norm_bwd(c, 0, 1, 2, 3, -1, 0, 4); }
+/* norm1_bwd, norm2_bwd: operands dxn, x, weight, rstd, d_resid-in (dresid), dx out, dweight, norm partials */
+static int k_norm_bwd_resid(pctx *c) { return need_ops(c, 8) ? -1 : norm_bwd(c, 0, 1, 2, 3, 4, 5, 6, 7); }
+/* final_norm_bwd: operands dout, x, weight, rstd, dx, dweight, norm partials */
+static int k_norm_bwd(pctx *c) { return need_ops(c, 7) ? -1 : norm_bwd(c, 0, 1, 2, 3, -1, 4, 5, 6); }
+/* qk_norm_bwd: operands d (in place: dout and dx), x (before the norm), weight, rstd, dweight, norm partials */
+static int k_qk_norm_bwd(pctx *c) { return need_ops(c, 6) ? -1 : norm_bwd(c, 0, 1, 2, 3, -1, 0, 4, 5); }
 
 /* rope_q, rope_k (fwd), rope_dq, rope_dk (bwd): in place on [n][heads][D], row r at position pos0 + r:
  * fwd/bwd(x, n, heads, pos0) */
@@ -551,20 +558,33 @@ static int k_swiglu_bwd(pctx *c) {
     return 0;
 }
 
-/* loss: operands logits (in place -> dlogits * scale), targets (the tile's), loss_sum:
- * fwdbwd(logits, targets, loss_sum f32[1] +=, scale, n); scale = 1 / target tokens of the whole step */
+/* loss: operands logits (in place -> dlogits * scale), targets (the tile's), token_loss (the tile's):
+ * fwdbwd(logits, targets, row_loss f32[n] out, scale, n); scale = 1 / target tokens of the whole step */
 static int k_loss(pctx *c) {
     if (need_ops(c, 3)) return -1;
     int64_t n = c->s->count, V = kint(c, "VOCAB");
-    if (need_bytes(c, 0, n * V * 2) || need_bytes(c, 1, n * 4) || need_bytes(c, 2, 4) || need_align(c, 0, 16))
+    if (need_bytes(c, 0, n * V * 2) || need_bytes(c, 1, n * 4) || need_bytes(c, 2, n * 4) || need_align(c, 0, 16))
         return -1;
     xlaunch *l = &c->x->L[0];
     if (launch_of(c, "fwdbwd", n, 0, l)) return -1;
     a_ptr(l, opp(c, 0));
     a_ptr(l, opp(c, 1));
-    a_ptr(l, opp(c, 2)); /* loss_sum float 0 */
+    a_ptr(l, opp(c, 2));
     a_dyn(l, &c->ex->sc.loss_scale);
     a_i64(l, n);
+    return 0;
+}
+
+/* loss_sum: operands token_loss, loss_sum float 0: sum(row_loss f32[n], n, loss_sum f32[1] +=) */
+static int k_loss_sum(pctx *c) {
+    if (need_ops(c, 2)) return -1;
+    int64_t n = c->s->count;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, 4)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "sum", n, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_i64(l, n);
+    a_ptr(l, opp(c, 1));
     return 0;
 }
 
@@ -598,16 +618,22 @@ static int k_cast(pctx *c) {
     return 0;
 }
 
-/* grad_norm: operands grads, loss_sum float 1: sumsq(grad f32[n], n, out f32[1] +=) */
+/* grad_norm: operands grads, sumsq_partials, loss_sum float 1, sumsq's counter in loss_sum:
+ * sumsq(grad f32[n], n, partial f64[grid], counter u32, out f32[1] +=) */
 static int k_grad_norm(pctx *c) {
-    if (need_ops(c, 2)) return -1;
+    if (need_ops(c, 4)) return -1;
     int64_t n = c->s->count;
-    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, 4)) return -1;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 2, 4) || need_bytes(c, 3, 4) || need_align(c, 1, 8) ||
+        need_align(c, 3, 4))
+        return -1;
     xlaunch *l = &c->x->L[0];
     if (launch_of(c, "sumsq", n, 0, l)) return -1;
+    if (need_bytes(c, 1, (int64_t)l->d.grid[0] * 8)) return -1;
     a_ptr(l, opp(c, 0));
     a_i64(l, n);
     a_ptr(l, opp(c, 1));
+    a_ptr(l, opp(c, 3));
+    a_ptr(l, opp(c, 2));
     return 0;
 }
 
@@ -647,7 +673,8 @@ static const struct {
     {"rope_k", k_rope},           {"rope_dq", k_rope},          {"rope_dk", k_rope},
     {"attn_fwd", k_attn_fwd},     {"attn_bwd", k_attn_bwd},     {"attn_bwd_dq", k_attn_bwd_dq},     {"unpack_o", k_unpack},
     {"pack_do", k_pack},          {"pack_delta", k_pack},       {"swiglu", k_swiglu},
-    {"swiglu_bwd", k_swiglu_bwd}, {"loss", k_loss},             {"attn_delta", k_attn_delta},
+    {"swiglu_bwd", k_swiglu_bwd}, {"loss", k_loss},             {"loss_sum", k_loss_sum},
+    {"attn_delta", k_attn_delta},
     {"cast_dk", k_cast},          {"cast_dv", k_cast},          {"grad_norm", k_grad_norm},
     {"adamw", k_adamw},
 };
@@ -999,6 +1026,9 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     void *ws = cp_exec_buffer(ex, "gemm_workspace");
     ex->loss_sum = cp_exec_buffer(ex, "loss_sum");
     if (!ws || !ex->loss_sum) return cp_errf(err, errlen, "the plan has no gemm_workspace or loss_sum buffer");
+    if (P->bufs[buf_index(ex, "loss_sum")].bytes < CP_SCALARS_BYTES)
+        return cp_errf(err, errlen, "the plan's loss_sum buffer is smaller than the %d bytes of the step's scalars",
+                       CP_SCALARS_BYTES);
     if (cp_gemm_lib_create(&ex->gemm, ws, CP_GEMM_WORKSPACE, err, errlen)) return -1;
     int mb = P->spec.train.micro_batches;
     CK(cudaHostAlloc((void **)&ex->staging, sizeof(int32_t) * 3 * (size_t)P->T * (size_t)mb, cudaHostAllocDefault),
@@ -1403,7 +1433,7 @@ int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets
                       int errlen) {
     const cp_plan *P = ex->P;
     if (stage_inputs(ex, tokens, targets, err, errlen) < 0) return -1;
-    CK(cudaMemsetAsync(ex->loss_sum, 0, 2 * sizeof(float), ex->streams[CP_STREAM_COMPUTE]), "zeroing the loss");
+    CK(cudaMemsetAsync(ex->loss_sum, 0, CP_SCALARS_BYTES, ex->streams[CP_STREAM_COMPUTE]), "zeroing the loss");
     int rc = 0;
     for (int b = 0; b < P->spec.train.micro_batches && !rc; b++) {
         rc = join_streams(ex, err, errlen);
@@ -1441,7 +1471,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     ex->sc.eps = (float)hp->eps;
     ex->sc.wd = (float)hp->weight_decay;
     cudaStream_t cs = ex->streams[CP_STREAM_COMPUTE];
-    CK(cudaMemsetAsync(ex->loss_sum, 0, 2 * sizeof(float), cs), "zeroing the loss");
+    CK(cudaMemsetAsync(ex->loss_sum, 0, CP_SCALARS_BYTES, cs), "zeroing the loss");
 
     double expect = ex->last_seconds > 0 ? ex->last_seconds : P->t_step * 3;
     progress pr = {.ex = ex, .label = label ? label : "step", .t0 = t0};

@@ -6,9 +6,12 @@
 // 1 - b^step is computed as -expm1(step * log1p(b - 1)), accurate in fp32 even for b2 = 0.999 at step 1.
 // Both kernels move float4 vectors, UNROLL per thread per iteration, when every pointer is 16-byte aligned (param:
 // 8-byte), else element by element.
-// sumsq: out += sum of grad^2: squares summed in fp32 per float4, in double per thread and block, then one fp32
-// atomicAdd per block (persistent grid of one SM's worth of threads per SM, see cp_k_dims, so few atomics;
-// SUMSQ_UNROLL float4 loads in flight per thread make up for the small grid).
+// sumsq: out += sum of grad^2, the same bits run to run: squares summed in fp32 per float4, in double per thread
+// (its elements in index order) and per block (a fixed shuffle tree, then the warps in order); each block writes its
+// total to partial[blockIdx.x]; the last block to finish (a fence, then a ticket from counter) sums partial[0..grid)
+// in index order, adds the total to out (rounded to fp32 once) and sets counter back to 0. The grid is persistent
+// (one SM's worth of threads per SM, see cp_k_dims) and SUMSQ_UNROLL float4 loads in flight per thread make up for
+// it; the bits depend on the grid, so on the GPU's SM count, not on timing.
 #include <cuda_bf16.h>
 
 typedef long long i64;
@@ -21,7 +24,7 @@ typedef __nv_bfloat16 bf16;
 extern "C" __global__ void adamw_update(float *master, float *m, float *v, const float *grad, bf16 *param, i64 n,
                                         float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
                                         int step);
-extern "C" __global__ void adamw_sumsq(const float *grad, i64 n, float *out);
+extern "C" __global__ void adamw_sumsq(const float *grad, i64 n, double *partial, unsigned *counter, float *out);
 
 struct adamw_k {
     float decay, b1, b2, c1, c2, step_size, inv_bc2_sqrt, eps, gs;
@@ -109,7 +112,8 @@ __global__ void __launch_bounds__(BLOCK) adamw_update(float *__restrict__ master
     }
 }
 
-__global__ void __launch_bounds__(BLOCK) adamw_sumsq(const float *__restrict__ grad, i64 n, float *__restrict__ out) {
+__global__ void __launch_bounds__(BLOCK) adamw_sumsq(const float *__restrict__ grad, i64 n, double *__restrict__ partial,
+                                                    unsigned *__restrict__ counter, float *__restrict__ out) {
     const i64 tid = (i64)blockIdx.x * BLOCK + threadIdx.x, nthreads = (i64)gridDim.x * BLOCK;
     double acc = 0.0;
     i64 done = 0;
@@ -135,12 +139,32 @@ __global__ void __launch_bounds__(BLOCK) adamw_sumsq(const float *__restrict__ g
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     __shared__ double part[BLOCK / 32];
+    __shared__ bool last;
     if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
     __syncthreads();
     if (threadIdx.x == 0) {
         double t = 0.0;
 #pragma unroll
         for (int w = 0; w < BLOCK / 32; w++) t += part[w];
-        atomicAdd(out, (float)t);
+        partial[blockIdx.x] = t;
+        __threadfence(); // the partial is visible to every block before this block's ticket is
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    // the last block: every other block's partial was written before its ticket
+    __threadfence();
+    double t = 0.0;
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += BLOCK) t += __ldcg(partial + b);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = t;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+#pragma unroll
+        for (int w = 0; w < BLOCK / 32; w++) total += part[w];
+        *out = (float)((double)*out + total);
+        *counter = 0u; // ready for the next launch (launches on one stream run one after another)
     }
 }

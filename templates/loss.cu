@@ -4,8 +4,12 @@
 // sum rescaled when the max grows), then combines them over the block: lse = max + log(sum).
 // Pass 2 reads the row again (mostly from L2: it was just read) and writes (softmax - onehot) * scale in place as
 // bf16, with streaming cache hints so the writes do not push other rows' logits out of L2.
-// loss_sum += lse - logit[target] (unscaled) with one fp32 atomicAdd per row. target < 0: ignored (zero row, no
-// loss); target >= VOCAB: NaN. Math in base 2: exp(x - m) = exp2(x * log2(e) - m * log2(e)).
+// row_loss[row] = lse - logit[target] (unscaled), one plain store per row: no atomics, so the loss is the same bits
+// run to run. target < 0: ignored (zero gradient row, row_loss 0); target >= VOCAB: NaN in both.
+// sum: loss_sum[0] += the sum of row_loss[0..n) in double, in a fixed order (one block: thread t takes rows t,
+// t + SUM_BLOCK, ... in turn, then a fixed shuffle tree and the warps in order), rounded to fp32 once. The plan runs
+// it once per micro-batch over the micro-batch's rows, so the accumulation into loss_sum is in stream order.
+// Math in base 2: exp(x - m) = exp2(x * log2(e) - m * log2(e)).
 #include <cuda_bf16.h>
 
 typedef long long i64;
@@ -20,9 +24,10 @@ typedef __nv_bfloat16 bf16;
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 #define NEG_INF __int_as_float(0xff800000)
+#define SUM_BLOCK {{SUM_BLOCK}}
 
 static_assert(VOCAB % VEC == 0, "VEC must divide VOCAB");
-static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "whole warps");
+static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && SUM_BLOCK % 32 == 0 && SUM_BLOCK <= 1024, "whole warps");
 
 // VEC bf16 values moved as one machine word (so the cache-hinted load/store intrinsics apply)
 template <int N> struct word;
@@ -36,7 +41,8 @@ union vec_t {
     bf16 h[VEC];
 };
 
-extern "C" __global__ void loss_fwdbwd_v{{VOCAB}}(bf16 *logits, const int *targets, float *loss_sum, float scale, i64 n);
+extern "C" __global__ void loss_fwdbwd_v{{VOCAB}}(bf16 *logits, const int *targets, float *row_loss, float scale, i64 n);
+extern "C" __global__ void loss_sum_v{{VOCAB}}(const float *row_loss, i64 n, float *loss_sum);
 
 // (m, s): running max and sum of exp2((x - m) * LOG2E). Merge two such pairs.
 static __device__ __forceinline__ void merge(float &m, float &s, float m2, float s2) {
@@ -52,12 +58,13 @@ static __device__ __forceinline__ void merge(float &m, float &s, float m2, float
 }
 
 __global__ void __launch_bounds__(BLOCK) loss_fwdbwd_v{{VOCAB}}(bf16 *__restrict__ logits, const int *__restrict__ targets,
-                                                          float *__restrict__ loss_sum, float scale, i64 n) {
+                                                          float *__restrict__ row_loss, float scale, i64 n) {
     const i64 row = blockIdx.x;
     if (row >= n) return;
     word_t *p = reinterpret_cast<word_t *>(logits + row * VOCAB);
     const int target = targets[row];
     if (target < 0) { // ignored token: zero gradient, no loss
+        if (threadIdx.x == 0) row_loss[row] = 0.f;
         vec_t z;
 #pragma unroll
         for (int i = 0; i < VEC; i++) z.h[i] = __float2bfloat16_rn(0.f);
@@ -109,7 +116,7 @@ __global__ void __launch_bounds__(BLOCK) loss_fwdbwd_v{{VOCAB}}(bf16 *__restrict
         if (threadIdx.x == 0) {
             const float lse = m + log2f(s) * LN2;
             s_lse = lse;
-            atomicAdd(loss_sum, lse - s_tgt);
+            row_loss[row] = lse - s_tgt;
         }
     }
     __syncthreads();
@@ -137,5 +144,32 @@ __global__ void __launch_bounds__(BLOCK) loss_fwdbwd_v{{VOCAB}}(bf16 *__restrict
             }
             __stcs(p + v, g.w);
         }
+    }
+}
+
+__global__ void __launch_bounds__(SUM_BLOCK) loss_sum_v{{VOCAB}}(const float *__restrict__ row_loss, i64 n,
+                                                                float *__restrict__ loss_sum) {
+    double acc = 0.0;
+    i64 i = threadIdx.x;
+    // four loads in flight per thread; the additions stay in row order for each thread
+    for (; i + 3 * SUM_BLOCK < n; i += 4 * SUM_BLOCK) {
+        const float a = row_loss[i], b = row_loss[i + SUM_BLOCK], c = row_loss[i + 2 * SUM_BLOCK],
+                    d = row_loss[i + 3 * SUM_BLOCK];
+        acc += (double)a;
+        acc += (double)b;
+        acc += (double)c;
+        acc += (double)d;
+    }
+    for (; i < n; i += SUM_BLOCK) acc += (double)row_loss[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    __shared__ double part[SUM_BLOCK / 32];
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+#pragma unroll
+        for (int w = 0; w < SUM_BLOCK / 32; w++) t += part[w];
+        *loss_sum = (float)((double)*loss_sum + t);
     }
 }

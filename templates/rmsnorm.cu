@@ -4,7 +4,10 @@
 // TPR threads share a row; thread `lane` holds vectors lane, lane + TPR, ... (NV of them, VEC values each) in
 // registers, so the row is read once. A block holds RPB rows (RPB > 1 only when TPR < 32).
 // fwd: one group of RPB rows per block. bwd: persistent blocks loop over rows; each thread keeps the dweight
-// partial sums of its columns in registers and adds them to dweight once, at the end.
+// partial sums of its columns in registers and stores them, at the end, into its block's own row of dw_part
+// [gridDim.x][HIDDEN] (no atomics). bwd_dw then adds the parts to dweight, in part order for every column, so
+// dweight gets the same bits run to run: a block per DW_COLS columns, DW_GROUPS threads per column each summing
+// every DW_GROUPS-th part in turn (in double), then the groups in order; dweight = fp32(dweight + sum).
 #include <cuda_bf16.h>
 
 typedef long long i64;
@@ -25,6 +28,12 @@ typedef __nv_bfloat16 bf16;
 #define BLOCK_B (TPR_B * RPB_B)
 #define MIN_BLOCKS {{MIN_BLOCKS}}
 #define MIN_BLOCKS_B {{MIN_BLOCKS_B}}
+// bwd_dw: DW_V columns per thread (a float4 when HIDDEN allows), DW_COLS columns per block, DW_GROUPS threads per column
+#define DW_V {{DW_V}}
+#define DW_TPC {{DW_TPC}}
+#define DW_GROUPS {{DW_GROUPS}}
+#define DW_COLS (DW_TPC * DW_V)
+#define DW_BLOCK (DW_TPC * DW_GROUPS)
 static constexpr float EPS = (float)({{EPS}});
 
 static_assert(HIDDEN % VEC == 0, "VEC must divide HIDDEN");
@@ -33,6 +42,7 @@ static_assert(TPR_B <= 32 ? (32 % TPR_B == 0) : (TPR_B % 32 == 0 && RPB_B == 1),
 static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && BLOCK_B % 32 == 0 && BLOCK_B <= 1024, "whole warps");
 static_assert(NV * TPR >= NVEC && (NV - 1) * TPR < NVEC, "NV vectors per thread cover the row");
 static_assert(NV_B * TPR_B >= NVEC && (NV_B - 1) * TPR_B < NVEC, "NV_B vectors per thread cover the row");
+static_assert((DW_V == 4 || DW_V == 1) && HIDDEN % DW_V == 0 && DW_BLOCK <= 1024 && DW_BLOCK % 32 == 0, "bwd_dw split");
 
 template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
 typedef bvec<VEC> vec_t;
@@ -40,7 +50,8 @@ typedef bvec<VEC> vec_t;
 extern "C" __global__ void rmsnorm_fwd_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *x, const bf16 *resid, bf16 *sum_out,
     const bf16 *weight, bf16 *out, float *rstd, i64 n);
 extern "C" __global__ void rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *dout, const bf16 *x, const bf16 *weight,
-    const float *rstd, const bf16 *dresid, bf16 *dx, float *dweight, i64 n);
+    const float *rstd, const bf16 *dresid, bf16 *dx, float *dw_part, i64 n);
+extern "C" __global__ void rmsnorm_bwd_dw_h{{HIDDEN}}_e{{EPS_TAG}}(const float *dw_part, int parts, float *dweight);
 
 static __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
 
@@ -125,11 +136,11 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_h{{HIDDEN}}_e{{
 }
 
 // dx = rstd * (g - xhat * mean(g * xhat)) (+ dresid), g = dout * weight, xhat = x * rstd;
-// dweight += dout * bf16(xhat) (the product HF's weight multiplies).
+// dw_part[blockIdx.x] = this block's sum over its rows of dout * bf16(xhat) (the product HF's weight multiplies).
 __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(
     // dout and dresid may be dx itself (qk-norm's backward runs in place): no __restrict__ on the three
     const bf16 *dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight,
-    const float *__restrict__ rstd, const bf16 *dresid, bf16 *dx, float *__restrict__ dweight, i64 n) {
+    const float *__restrict__ rstd, const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n) {
     const int lane = threadIdx.x % TPR_B;
     const int sub = threadIdx.x / TPR_B;
     float dw[NV_B][VEC];
@@ -183,8 +194,10 @@ __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}
             *reinterpret_cast<vec_t *>(dx + base + (lane + k * TPR_B) * VEC) = o;
         }
     }
+    float *part = dw_part + (i64)blockIdx.x * HIDDEN;
 #if RPB_B > 1
-    // several rows per block share columns: sum the RPB_B partials in shared memory first (HIDDEN <= 512 here)
+    // several rows per block share columns: sum the RPB_B partials in shared memory first (HIDDEN <= 512 here), in
+    // row order
     __shared__ float sdw[RPB_B][HIDDEN];
 #pragma unroll
     for (int k = 0; k < NV_B; k++)
@@ -196,21 +209,71 @@ __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}
         float t = 0.f;
 #pragma unroll
         for (int j = 0; j < RPB_B; j++) t += sdw[j][c];
-        atomicAdd(&dweight[c], t);
+        part[c] = t;
     }
 #else
 #pragma unroll
     for (int k = 0; k < NV_B; k++) {
         if (!in_row<TPR_B, NV_B>(k, lane)) continue;
-        float *p = dweight + (lane + k * TPR_B) * VEC;
-#if __CUDA_ARCH__ >= 900 && VEC % 4 == 0
+        float *p = part + (lane + k * TPR_B) * VEC;
+#if VEC % 4 == 0
 #pragma unroll
         for (int i = 0; i < VEC; i += 4)
-            atomicAdd(reinterpret_cast<float4 *>(p + i), make_float4(dw[k][i], dw[k][i + 1], dw[k][i + 2], dw[k][i + 3]));
+            *reinterpret_cast<float4 *>(p + i) = make_float4(dw[k][i], dw[k][i + 1], dw[k][i + 2], dw[k][i + 3]);
 #else
 #pragma unroll
-        for (int i = 0; i < VEC; i++) atomicAdd(p + i, dw[k][i]);
+        for (int i = 0; i < VEC; i++) p[i] = dw[k][i];
 #endif
     }
 #endif
+}
+
+template <int N> struct fvec;
+template <> struct fvec<4> {
+    typedef float4 T;
+    static __device__ __forceinline__ void add(double (&a)[4], const float4 &v) { a[0] += v.x, a[1] += v.y, a[2] += v.z, a[3] += v.w; }
+};
+template <> struct fvec<1> {
+    typedef float T;
+    static __device__ __forceinline__ void add(double (&a)[1], const float &v) { a[0] += v; }
+};
+
+// dweight[c] = fp32(dweight[c] + sum over p of dw_part[p][c]), the parts summed in a fixed order.
+__global__ void __launch_bounds__(DW_BLOCK) rmsnorm_bwd_dw_h{{HIDDEN}}_e{{EPS_TAG}}(
+    const float *__restrict__ dw_part, int parts, float *__restrict__ dweight) {
+    typedef fvec<DW_V> F;
+    const int t = threadIdx.x % DW_TPC, g = threadIdx.x / DW_TPC;
+    const int c = blockIdx.x * DW_COLS + t * DW_V;
+    const bool ok = c < HIDDEN;
+    double a[DW_V];
+#pragma unroll
+    for (int i = 0; i < DW_V; i++) a[i] = 0.0;
+    if (ok) {
+        const typename F::T *src = reinterpret_cast<const typename F::T *>(dw_part + c);
+        constexpr int STRIDE = HIDDEN / DW_V; // one part row, in units of F::T
+        int p = g;
+        // four parts in flight per thread; each thread adds its parts in increasing order
+        for (; p + 3 * DW_GROUPS < parts; p += 4 * DW_GROUPS) {
+            typename F::T v0 = src[(i64)p * STRIDE], v1 = src[(i64)(p + DW_GROUPS) * STRIDE],
+                          v2 = src[(i64)(p + 2 * DW_GROUPS) * STRIDE], v3 = src[(i64)(p + 3 * DW_GROUPS) * STRIDE];
+            F::add(a, v0);
+            F::add(a, v1);
+            F::add(a, v2);
+            F::add(a, v3);
+        }
+        for (; p < parts; p += DW_GROUPS) F::add(a, src[(i64)p * STRIDE]);
+    }
+    __shared__ double s[DW_GROUPS][DW_COLS];
+#pragma unroll
+    for (int i = 0; i < DW_V; i++) s[g][t * DW_V + i] = a[i];
+    __syncthreads();
+    if (threadIdx.x < DW_COLS) {
+        const int col = blockIdx.x * DW_COLS + threadIdx.x;
+        if (col < HIDDEN) {
+            double sum = 0.0;
+#pragma unroll 8
+            for (int j = 0; j < DW_GROUPS; j++) sum += s[j][threadIdx.x];
+            dweight[col] = (float)((double)dweight[col] + sum);
+        }
+    }
 }

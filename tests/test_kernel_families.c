@@ -92,11 +92,13 @@ static void free_specs(void) {
 
 /* The roles each family's entries must have (cp_entry_name of each must be among the module's entries). */
 static const char *const *roles_of(const char *family) {
-    static const char *const fb[] = {"fwd", "bwd", NULL}, *const f[] = {"fwd", NULL}, *const loss[] = {"fwdbwd", NULL},
+    static const char *const fb[] = {"fwd", "bwd", NULL}, *const f[] = {"fwd", NULL},
+                             *const loss[] = {"fwdbwd", "sum", NULL}, *const norm[] = {"fwd", "bwd", "bwd_dw", NULL},
                              *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", NULL},
                              *const uly[] = {"pack", "unpack", "unpack_add", NULL},
                              *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL};
     if (!strcmp(family, "loss")) return loss;
+    if (!strcmp(family, "rmsnorm")) return norm;
     if (!strcmp(family, "adamw")) return adamw;
     if (!strcmp(family, "cast")) return cast;
     if (!strcmp(family, "ulysses")) return uly;
@@ -178,15 +180,35 @@ static void test_dims_cover_the_work(void **state) {
                 assert_int_equal(d.smem, 0);
                 int64_t threads = (int64_t)d.grid[0] * d.block, need = 0;
                 const char *f = k->family;
-                if (!strcmp(f, "rmsnorm")) {
+                if (!strcmp(f, "rmsnorm") && !strcmp(*r, "bwd_dw")) {
+                    /* a thread per DW_V columns for each of DW_GROUPS groups of parts */
+                    assert_int_equal(d.block, param(k, "DW_TPC") * param(k, "DW_GROUPS"));
+                    need = (param(k, "HIDDEN") + param(k, "DW_V") - 1) / param(k, "DW_V") * param(k, "DW_GROUPS");
+                } else if (!strcmp(f, "rmsnorm")) {
                     bool fwd = !strcmp(*r, "fwd");
                     int64_t tpr = param(k, fwd ? "TPR" : "TPR_B"), rpb = param(k, fwd ? "RPB" : "RPB_B");
                     assert_int_equal(d.block, tpr * rpb);
                     need = fwd ? n * tpr : CP_MIN(n * tpr, threads); /* bwd loops over rows */
-                    if (!fwd) assert_true(d.grid[0] <= 132 * 2 * param(k, "MIN_BLOCKS_B"));
+                    if (!fwd) {
+                        assert_true(d.grid[0] <= 132 * 2 * param(k, "MIN_BLOCKS_B"));
+                        /* the planner's scratch holds a row per block on any GPU */
+                        assert_true(cp_k_scratch_bytes(k, "bwd", n) >= (int64_t)d.grid[0] * param(k, "HIDDEN") * 4);
+                        cp_kdims big;
+                        assert_int_equal(cp_k_dims(k, "bwd", n, 0, 100000, &big), 0);
+                        assert_true(cp_k_scratch_bytes(k, "bwd", n) >= (int64_t)big.grid[0] * param(k, "HIDDEN") * 4);
+                    }
+                } else if (!strcmp(f, "loss") && !strcmp(*r, "sum")) {
+                    assert_int_equal(d.grid[0], 1); /* one block: a fixed order */
+                    need = threads;
                 } else if (!strcmp(f, "loss")) {
                     assert_int_equal(d.grid[0], n);
                     need = threads;
+                } else if (!strcmp(f, "adamw") && !strcmp(*r, "sumsq")) {
+                    cp_kdims big;
+                    assert_int_equal(cp_k_dims(k, "sumsq", n, 0, 100000, &big), 0);
+                    assert_true(cp_k_scratch_bytes(k, "sumsq", n) >= (int64_t)big.grid[0] * 8);
+                    assert_true(cp_k_scratch_bytes(k, "sumsq", n) >= (int64_t)d.grid[0] * 8);
+                    need = 1;
                 } else if (!strcmp(f, "rope")) {
                     need = n * (param(k, "D") / 2 / param(k, "VEC"));
                 } else if (!strcmp(f, "attn_delta")) {

@@ -185,6 +185,12 @@ static void test_8b_arithmetic(void **state) {
     assert_int_equal(p.cat_bytes[CP_CAT_MLP], 3 * 4096 * F * 2);
     assert_true(p.loss_tile * V * 2 <= (512LL << 20));
     assert_int_equal(T % p.loss_tile, 0);
+    /* the deterministic sums' scratch: each token's loss; a 4096-float row per norm backward block (2 rounds of 2
+     * blocks on each of at most 192 SMs); a double per sumsq block (4 per SM); the step's scalars */
+    assert_int_equal(buf(&p, "token_loss")->bytes, T * 4);
+    assert_int_equal(buf(&p, "norm_partials.f32")->bytes, 192 * 2 * 2 * h * 4);
+    assert_int_equal(buf(&p, "sumsq_partials")->bytes, 192 * 4 * 8);
+    assert_int_equal(buf(&p, "loss_sum")->bytes, 256);
     /* what is live at the peak sums to the live peak; the arena holds it */
     int64_t at_peak = 0;
     for (int k = 0; k < CP_CAT_COUNT; k++) at_peak += p.cat_at_peak[k];

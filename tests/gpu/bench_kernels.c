@@ -134,15 +134,23 @@ int main(void) {
         size_t nb = 2 * (size_t)(n * H);
         void *x = filled(nb), *r = filled(nb), *s = gu_malloc(nb), *w = filled(2 * (size_t)H), *o = gu_malloc(nb);
         void *rs = gu_malloc(4 * (size_t)n), *dw = filled(4 * (size_t)H), *null = NULL;
+        int parts = (int)gu_dims(m, "bwd", n, 0).grid[0];
+        void *part = gu_malloc((size_t)cp_k_scratch_bytes(&k, "bwd", n));
         void *a[] = {&x, &null, &null, &w, &o, &rs, &n};
         bench(m, "fwd", n, 0, a, "rmsnorm_fwd", "65536x4096", 2.0 * nb + 4.0 * n, true);
         void *b[] = {&x, &r, &s, &w, &o, &rs, &n};
         bench(m, "fwd", n, 0, b, "rmsnorm_fwd resid", "65536x4096", 4.0 * nb + 4.0 * n, true);
-        void *c[] = {&r, &x, &w, &rs, &null, &o, &dw, &n};
+        void *c[] = {&r, &x, &w, &rs, &null, &o, &part, &n};
         bench(m, "bwd", n, 0, c, "rmsnorm_bwd", "65536x4096", 3.0 * nb + 4.0 * n, true);
-        void *e[] = {&r, &x, &w, &rs, &s, &o, &dw, &n};
+        void *e[] = {&r, &x, &w, &rs, &s, &o, &part, &n};
         bench(m, "bwd", n, 0, e, "rmsnorm_bwd dresid", "65536x4096", 4.0 * nb + 4.0 * n, true);
+        /* the fixed-order sum of the blocks' dweight rows, the bwd step's second launch (fixed cost per step) */
+        void *f[] = {&part, &parts, &dw};
+        char shape[48];
+        snprintf(shape, sizeof shape, "%d parts x 4096", parts);
+        bench(m, "bwd_dw", n, 0, f, "rmsnorm_bwd_dw", shape, 4.0 * parts * H + 8.0 * H, false);
         gu_free_dev(x), gu_free_dev(r), gu_free_dev(s), gu_free_dev(w), gu_free_dev(o), gu_free_dev(rs), gu_free_dev(dw);
+        gu_free_dev(part);
         gu_free(m);
     }
     { /* rope 65536 tokens x 32 heads x 128 */
@@ -212,14 +220,16 @@ int main(void) {
         gu_module *m = build(&k);
         size_t fb = 4 * (size_t)n;
         void *p = filled(fb), *mm = filled(fb), *v = filled(fb), *g = filled(fb), *pb = gu_malloc(2 * (size_t)n);
-        void *out = filled(4);
+        void *out = filled(4), *part = gu_malloc((size_t)cp_k_scratch_bytes(&k, "sumsq", n)), *cnt = gu_malloc(4);
+        check(cudaMemset(cnt, 0, 4), "zeroing sumsq's counter"); /* each launch leaves it at 0 again */
         float lr = 1e-5f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 1.0f;
         int step = 10;
         void *a[] = {&p, &mm, &v, &g, &pb, &n, &lr, &b1, &b2, &eps, &wd, &gs, &step};
         bench(m, "update", n, 0, a, "adamw_update", "256M params", 30.0 * (double)n, true);
-        void *b[] = {&g, &n, &out};
+        void *b[] = {&g, &n, &part, &cnt, &out};
         bench(m, "sumsq", n, 0, b, "adamw_sumsq", "256M params", 4.0 * (double)n, true);
         gu_free_dev(p), gu_free_dev(mm), gu_free_dev(v), gu_free_dev(g), gu_free_dev(pb), gu_free_dev(out);
+        gu_free_dev(part), gu_free_dev(cnt);
         gu_free(m);
     }
     { /* ulysses: 65536 tokens x 32 heads x 128 bf16 over 8 ranks (4 heads each), and the 1-rank strided copy */
@@ -251,13 +261,18 @@ int main(void) {
         size_t nb = 2 * (size_t)(n * V);
         int32_t *t = malloc(4 * (size_t)n);
         for (int64_t i = 0; i < n; i++) t[i] = (int32_t)((i * 7919) % V);
-        void *dtg = gu_malloc(4 * (size_t)n), *x = filled(nb), *ls = filled(4);
+        void *dtg = gu_malloc(4 * (size_t)n), *x = filled(nb), *rows = gu_malloc(4 * (size_t)n);
         gu_upload(dtg, t, 4 * (size_t)n);
         free(t);
         float scale = 1.0f / 2048;
-        void *a[] = {&x, &dtg, &ls, &scale, &n};
+        void *a[] = {&x, &dtg, &rows, &scale, &n};
         bench(m, "fwdbwd", n, 0, a, "loss_fwdbwd", "2048x128256", 2.0 * nb, false);
-        gu_free_dev(dtg), gu_free_dev(x), gu_free_dev(ls);
+        /* the fixed-order sum of a micro-batch's token losses (one block, once per micro-batch): 640K tokens */
+        int64_t T = 655360;
+        void *tl = filled(4 * (size_t)T), *ls = filled(4);
+        void *b[] = {&tl, &T, &ls};
+        bench(m, "sum", T, 0, b, "loss_sum", "655360 tokens", 4.0 * (double)T, false);
+        gu_free_dev(dtg), gu_free_dev(x), gu_free_dev(rows), gu_free_dev(tl), gu_free_dev(ls);
         gu_free(m);
     }
     { /* cast and attn_delta */

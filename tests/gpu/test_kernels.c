@@ -2,7 +2,10 @@
  * against the CPU references of tests/ref at several shapes: row counts that are not powers of two (1, 7, 1000,
  * 4097) and the shipped specs' sizes. Outputs are poisoned with NaN before each launch (so an element left unwritten
  * fails), inputs are fresh seeded random values. Each comparison prints what it compared and its relative error
- * ||gpu - ref|| / ||ref||; the table at the end lists the worst per kernel and shape with its bound. */
+ * ||gpu - ref|| / ||ref||; the table at the end lists the worst per kernel and shape with its bound.
+ * The kernels that sum across blocks (rmsnorm's dweight, the loss sum, sumsq, embedding bwd_sorted) also run twice on
+ * the same inputs, outputs and scratch poisoned in between, and must give the same bits both times ("repeat" rows:
+ * 0 when equal). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -213,17 +216,49 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
     uint16_t *dgo = dev_copy(go, nb), *dxin = dev_copy(xin, nb), *ddx = resid ? dev_copy(gres, nb) : gu_malloc(nb);
     uint16_t *ddres = resid ? ddx : NULL;
     float *ddw = dev_copy(dw0, 4 * (size_t)H), *drs = dev_copy(rrstd, 4 * (size_t)n);
-    if (!resid) gu_poison(ddx, nb);
-    void *b[] = {&dgo, &dxin, &dw, &drs, &ddres, &ddx, &ddw, &n};
-    gu_run(m, "bwd", n, 0, b);
-    gu_download(gdx, ddx, nb);
-    gu_download(dwgpu, ddw, 4 * (size_t)H);
-    gu_check("rmsnorm_bwd.dx", shape, gu_rel_err_bf16(gdx, rdx, n * H), TOL_BF16);
-    for (int64_t j = 0; j < H; j++) { /* compare what was added */
-        dwgpu[j] = (float)((double)dwgpu[j] - dw0[j]);
-        dwref[j] = (float)((double)dwref[j] - dw0[j]);
+    /* the blocks' dweight rows: as many bytes as the planner gives the step, at least a row per block of the grid */
+    const size_t pb = (size_t)cp_k_scratch_bytes(&m->spec, "bwd", n);
+    int parts = (int)gu_dims(m, "bwd", n, 0).grid[0];
+    if (pb < (size_t)parts * (size_t)H * 4) gu_fail("rmsnorm h%lld n%lld: scratch of %zu bytes for %d parts", (long long)H,
+                                                    (long long)n, pb, parts);
+    float *dpart = gu_malloc(pb);
+    void *b[] = {&dgo, &dxin, &dw, &drs, &ddres, &ddx, &dpart, &n};
+    void *c[] = {&dpart, &parts, &ddw};
+    /* calls: bwd then bwd_dw, three times into the same dweight (as the loss tiles, micro-batches and stages do), dx
+     * and the parts poisoned (dx reset to dresid when in place) before each */
+    float *dwrun[2] = {malloc(4 * (size_t)H), malloc(4 * (size_t)H)};
+    uint16_t *dxrun[2] = {malloc(nb), malloc(nb)};
+    for (int rep = 0; rep < 2; rep++) {
+        gu_upload(ddw, dw0, 4 * (size_t)H);
+        for (int call = 0; call < 3; call++) {
+            if (resid) gu_upload(ddx, gres, nb);
+            else gu_poison(ddx, nb);
+            gu_poison(dpart, pb);
+            gu_run(m, "bwd", n, 0, b);
+            gu_run(m, "bwd_dw", n, 0, c);
+            if (rep == 0 && call == 0) {
+                gu_download(gdx, ddx, nb);
+                gu_download(dwgpu, ddw, 4 * (size_t)H);
+                gu_check("rmsnorm_bwd.dx", shape, gu_rel_err_bf16(gdx, rdx, n * H), TOL_BF16);
+                for (int64_t j = 0; j < H; j++) { /* compare what was added */
+                    dwgpu[j] = (float)((double)dwgpu[j] - dw0[j]);
+                    dwref[j] = (float)((double)dwref[j] - dw0[j]);
+                }
+                gu_check("rmsnorm_bwd.dweight", shape, gu_rel_err_f32(dwgpu, dwref, H), TOL_F32_SUM);
+            }
+        }
+        gu_download(dwrun[rep], ddw, 4 * (size_t)H);
+        gu_download(dxrun[rep], ddx, nb);
     }
-    gu_check("rmsnorm_bwd.dweight", shape, gu_rel_err_f32(dwgpu, dwref, H), TOL_F32_SUM);
+    /* three calls added three times the first call's gradient (up to the sums' roundings) */
+    for (int64_t j = 0; j < H; j++) {
+        dwgpu[j] = (float)(((double)dwrun[0][j] - dw0[j]) / 3.0);
+    }
+    gu_check("rmsnorm_bwd.dweight x3", shape, gu_rel_err_f32(dwgpu, dwref, H), TOL_F32_SUM);
+    gu_check("rmsnorm_bwd.repeat", shape,
+             memcmp(dwrun[0], dwrun[1], 4 * (size_t)H) || memcmp(dxrun[0], dxrun[1], nb) ? 1.0 : 0.0, 0);
+    free(dwrun[0]), free(dwrun[1]), free(dxrun[0]), free(dxrun[1]);
+    gu_free_dev(dpart);
 
     free(x), free(res), free(w), free(out), free(sum), free(rout), free(rsum), free(rstd), free(rrstd);
     free(go), free(gres), free(dw0), free(dwref), free(dwgpu), free(rdx), free(gdx);
@@ -364,14 +399,33 @@ static void loss_case(gu_module *m, int64_t V, int64_t n) {
     const float l0 = 1.25f;
     uint16_t *dx = dev_copy(x, nb);
     int32_t *dt = dev_copy(t, 4 * (size_t)n);
-    float *dl = dev_copy(&l0, 4), lg;
-    void *a[] = {&dx, &dt, &dl, &scale, &n};
+    float *dl = dev_copy(&l0, 4), *drow = gu_malloc(4 * (size_t)n), lg;
+    gu_poison(drow, 4 * (size_t)n);
+    void *a[] = {&dx, &dt, &drow, &scale, &n};
+    void *b[] = {&drow, &n, &dl};
     gu_run(m, "fwdbwd", n, 0, a);
+    gu_run(m, "sum", n, 0, b);
     gu_download(out, dx, nb);
     gu_download(&lg, dl, 4);
     float lgot = (float)((double)lg - l0), lwant = (float)lref;
     gu_check("loss.loss_sum", shape, counted ? gu_rel_err_f32(&lgot, &lwant, 1) : fabs(lgot), TOL_F32);
     gu_check("loss.dlogits", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
+    /* again on the same logits, the outputs poisoned: the same bits (row losses, their sum, the gradient) */
+    float *rows = malloc(4 * (size_t)n), *rows2 = malloc(4 * (size_t)n), lg2;
+    uint16_t *out2 = malloc(nb);
+    gu_download(rows, drow, 4 * (size_t)n);
+    gu_upload(dx, x, nb);
+    gu_upload(dl, &l0, 4);
+    gu_poison(drow, 4 * (size_t)n);
+    gu_run(m, "fwdbwd", n, 0, a);
+    gu_run(m, "sum", n, 0, b);
+    gu_download(out2, dx, nb);
+    gu_download(&lg2, dl, 4);
+    gu_download(rows2, drow, 4 * (size_t)n);
+    gu_check("loss.repeat", shape,
+             memcmp(&lg, &lg2, 4) || memcmp(rows, rows2, 4 * (size_t)n) || memcmp(out, out2, nb) ? 1.0 : 0.0, 0);
+    free(rows), free(rows2), free(out2);
+    gu_free_dev(drow);
     /* the small entries alone (the targets' -1 dominate the norm above) */
     for (int64_t i = 0; i < n; i++)
         if (t[i] >= 0) out[i * V + t[i]] = ref[i * V + t[i]] = 0;
@@ -446,13 +500,34 @@ static void sumsq_case(gu_module *m, int64_t n, int off) {
     const double sum = ref_sumsq(g + off, n);
     const float o0 = (float)sum;
     float want = (float)(sum + o0), got;
+    /* the blocks' partials: as many bytes as the planner gives the step; the counter starts (and must end) at 0 */
+    const size_t pb = (size_t)cp_k_scratch_bytes(&m->spec, "sumsq", n);
+    if (pb < (size_t)gu_dims(m, "sumsq", n, 0).grid[0] * 8) gu_fail("sumsq %s: scratch of %zu bytes", shape, pb);
+    const unsigned zero = 0;
     float *dg = dev_copy(g, 4 * (size_t)(n + off)), *dout = dev_copy(&o0, 4), *ag = dg + off;
-    void *a[] = {&ag, &n, &dout};
+    double *dpart = gu_malloc(pb);
+    unsigned *dcnt = dev_copy(&zero, 4), cnt;
+    void *a[] = {&ag, &n, &dpart, &dcnt, &dout};
+    gu_poison(dpart, pb);
     gu_run(m, "sumsq", n, 0, a);
     gu_download(&got, dout, 4);
     gu_check("adamw_sumsq", shape, gu_rel_err_f32(&got, &want, 1), TOL_F32);
+    gu_download(&cnt, dcnt, 4);
+    if (cnt != 0) gu_fail("sumsq %s: the counter is %u after the launch, not 0", shape, cnt);
+    /* twice more into the same out, twice over from o0 (partials poisoned before each launch): the same bits */
+    float twice[2];
+    for (int rep = 0; rep < 2; rep++) {
+        gu_upload(dout, &o0, 4);
+        for (int call = 0; call < 2; call++) {
+            gu_poison(dpart, pb);
+            gu_run(m, "sumsq", n, 0, a);
+        }
+        gu_download(&twice[rep], dout, 4);
+    }
+    gu_download(&cnt, dcnt, 4);
+    gu_check("adamw_sumsq.repeat", shape, memcmp(&twice[0], &twice[1], 4) || cnt != 0 ? 1.0 : 0.0, 0);
     free(g);
-    gu_free_dev(dg), gu_free_dev(dout);
+    gu_free_dev(dg), gu_free_dev(dout), gu_free_dev(dpart), gu_free_dev(dcnt);
 }
 
 static void test_adamw(void **state) {
