@@ -54,8 +54,8 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         d->grid[0] = (unsigned)KVH;
         d->grid[1] = (unsigned)((S + BWD_BN - 1) / BWD_BN);
         d->block = BWD_THREADS;
-        /* K, V; Q, dO double-buffered; P, dS; lse, delta double-buffered */
-        d->smem = (unsigned)((2 * BWD_BN + 4 * BWD_BM) * D * 2 + 2 * BWD_BM * BWD_BN * 2 + 4 * BWD_BM * 4);
+        /* K, V; Q, dO double-buffered; P, dS; lse, delta double-buffered; the progress wait's last read */
+        d->smem = (unsigned)((2 * BWD_BN + 4 * BWD_BM) * D * 2 + 2 * BWD_BM * BWD_BN * 2 + 4 * BWD_BM * 4 + 16);
     } else if (strcmp(role, "bwd_dq") == 0) {
         int64_t blocks = (S * QH * D / 8 + DQ_THREADS - 1) / DQ_THREADS;
         d->grid[0] = (unsigned)CP_MIN(blocks, DQ_MAX_BLOCKS);
@@ -67,6 +67,15 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
     return 0;
 }
 
-int64_t cp_k_attention_workspace_bytes(const cp_kernel_spec *k) {
+int64_t cp_k_attention_prog_offset(const cp_kernel_spec *k) {
     return param(k, "SEQ") * param(k, "Q_HEADS") * param(k, "HEAD_DIM") * 4;
+}
+
+int64_t cp_k_attention_prog_bytes(const cp_kernel_spec *k) {
+    int64_t blocks = (param(k, "SEQ") + BWD_BN - 1) / BWD_BN;
+    return (param(k, "KV_HEADS") * blocks * 4 + 15) / 16 * 16;
+}
+
+int64_t cp_k_attention_workspace_bytes(const cp_kernel_spec *k) {
+    return cp_k_attention_prog_offset(k) + cp_k_attention_prog_bytes(k);
 }

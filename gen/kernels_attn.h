@@ -1,9 +1,11 @@
 /* kernels_attn.h: launch geometry and workspace of the attention module made by cp_k_attention (kernels.h).
  * Entries (templates/attention.cu; bf16 = uint16_t on the host):
  *   fwd(q, k, v, o, lse f32)
- *   bwd(q, k, v, dout, lse f32, delta f32, dq_ws f32, dk, dv): dq_ws [S][QH][D] fp32 is the dQ workspace, which the
- *       caller zeroes before bwd (cp_k_attention_workspace_bytes); bwd adds dS K into it. dk, dv are bf16 written,
- *       or fp32 added to (+=) when dkv_accum.
+ *   bwd(q, k, v, dout, lse f32, delta f32, dq_ws f32, dq_prog u32, dk, dv): dq_ws [S][QH][D] fp32 is the dQ
+ *       workspace, which bwd writes whole (dS K summed over the key blocks in key-block order: the same bits run to
+ *       run); dq_prog [KVH][ceil(S/128)] are the progress counters that order those sums, which the caller zeroes
+ *       before every bwd. Both live in one workspace (cp_k_attention_workspace_bytes), dq_prog at
+ *       cp_k_attention_prog_offset. dk, dv are bf16 written, or fp32 added to (+=) when dkv_accum.
  *   bwd_dq(dq_ws f32, dq): dq = bf16(scale * dq_ws), the last step of the backward.
  * fwd and bwd use dynamic shared memory above 48 KiB: the loader must raise the entry's limit to d->smem. */
 #ifndef CP_KERNELS_ATTN_H
@@ -15,7 +17,11 @@
  * spec that is not attention. */
 int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d);
 
-/* Bytes of the fp32 dQ workspace the backward needs: S * QH * D * 4. */
+/* Bytes of the backward's workspace: the fp32 dQ, S * QH * D * 4, then the progress counters (prog_bytes). */
 int64_t cp_k_attention_workspace_bytes(const cp_kernel_spec *k);
+/* Where the progress counters start in the workspace (S * QH * D * 4), and their bytes: KVH * ceil(S/128) * 4,
+ * rounded up to 16. Only these bytes need zeroing before bwd. */
+int64_t cp_k_attention_prog_offset(const cp_kernel_spec *k);
+int64_t cp_k_attention_prog_bytes(const cp_kernel_spec *k);
 
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "kernels_attn.h"
 #include "plan_internal.h"
 #include "util.h"
 
@@ -282,6 +283,14 @@ static void reduce_scatter(builder *B, const bufset *b, int unit) {
 static void zero(builder *B, int buf, int64_t bytes) {
     cp_step *s = add_step(B, CP_OP_MEMSET, "zero");
     use(s, B->P, buf, 0, bytes, CP_WRITE);
+    s->count = bytes;
+    s->bytes = (double)bytes;
+}
+
+/* Zero bytes [off, off + bytes) of a buffer that holds nothing live before: the step starts its lifetime. */
+static void zero_def(builder *B, int buf, int64_t off, int64_t bytes) {
+    cp_step *s = add_step(B, CP_OP_MEMSET, "zero");
+    use(s, B->P, buf, off, bytes, CP_DEF);
     s->count = bytes;
     s->bytes = (double)bytes;
 }
@@ -575,7 +584,9 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
         if (accum && e->kv_fresh) {
             zero(B, b->dkv_acc, P->bufs[b->dkv_acc].bytes);
         }
-        zero(B, b->dq_acc, P->bufs[b->dq_acc].bytes);
+        /* the dQ workspace is written whole by the kernel; only its progress counters start at zero */
+        const cp_kernel_spec *ak = &P->modules[M->attn];
+        zero_def(B, b->dq_acc, cp_k_attention_prog_offset(ak), cp_k_attention_prog_bytes(ak));
         cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
         rd(a, P, b->q_head);
         rd(a, P, b->k_head);
@@ -847,7 +858,9 @@ static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
     b->dq_head = add_buf(P, "dq_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * u * D * BF16, false);
     b->dk_head = add_buf(P, "dk_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * P->kvr * D * BF16, false);
     b->dv_head = add_buf(P, "dv_heads", CP_SPACE_GPU, CP_CAT_ATTN, S * P->kvr * D * BF16, false);
-    b->dq_acc = add_buf(P, "dq_accum.f32", CP_SPACE_GPU, CP_CAT_ATTN, S * u * D * F32, false);
+    /* the fp32 dQ, S * u * D * 4 bytes, then the progress counters that order its sums (kernels_attn.h) */
+    b->dq_acc = add_buf(P, "dq_accum.f32", CP_SPACE_GPU, CP_CAT_ATTN,
+                        cp_k_attention_workspace_bytes(&P->modules[M->attn]), false);
     b->dkv_acc = -1;
     if (P->group_len > 1)
         b->dkv_acc = add_buf(P, "dkv_accum.f32", CP_SPACE_GPU, CP_CAT_ATTN, 2 * S * P->kvr * D * F32, false);

@@ -453,8 +453,9 @@ static int k_attn_fwd(pctx *c) {
     return 0;
 }
 
-/* attn_bwd: operands q, k, v, dout, lse (the stage's slice), delta, the fp32 dQ workspace (zeroed by the plan, +=),
- * then dkv_accum (fp32 dK then dV, +=) or dk, dv (bf16): bwd(q, k, v, dout, lse, delta, dq_ws, dk, dv) */
+/* attn_bwd: operands q, k, v, dout, lse (the stage's slice), delta, the dQ workspace (fp32 dQ, written, then the
+ * progress counters, zeroed by the plan), then dkv_accum (fp32 dK then dV, +=) or dk, dv (bf16):
+ * bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv) */
 static int k_attn_bwd(pctx *c) {
     bool acc = kint(c, "DKV_ACCUM") == 1;
     if (need_ops(c, acc ? 8 : 9)) return -1;
@@ -469,7 +470,9 @@ static int k_attn_bwd(pctx *c) {
         if (need_align(c, j, 16)) return -1;
     xlaunch *l = &c->x->L[0];
     if (launch_of(c, "bwd", 0, 0, l)) return -1;
-    for (int j = 0; j < 8; j++) a_ptr(l, opp(c, j));
+    for (int j = 0; j < 7; j++) a_ptr(l, opp(c, j));
+    a_ptr(l, opp(c, 6) + cp_k_attention_prog_offset(kspec(c)));
+    a_ptr(l, opp(c, 7));
     a_ptr(l, acc ? opp(c, 7) + S * KH * D * 4 : opp(c, 8));
     return 0;
 }

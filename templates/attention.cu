@@ -6,11 +6,13 @@
 //
 // Layouts (row-major): q, o, dout [SEQ][Q_HEADS][HEAD_DIM] bf16; k, v [SEQ][KV_HEADS][HEAD_DIM] bf16;
 // lse [Q_HEADS][SEQ] fp32, natural log of the softmax denominator of the scaled scores (as PyTorch reports it);
-// delta [SEQ][Q_HEADS] fp32 = rowsum(dout * o); dq_ws [SEQ][Q_HEADS][HEAD_DIM] fp32, zeroed before bwd.
+// delta [SEQ][Q_HEADS] fp32 = rowsum(dout * o); dq_ws [SEQ][Q_HEADS][HEAD_DIM] fp32 (written by bwd: no zeroing);
+// dq_prog [KV_HEADS][ceil(SEQ/128)] u32, zeroed before bwd (the progress counters that order the dQ sums).
 // Entries (geometry in gen/kernels_attn.c):
 //   fwd(q, k, v, o, lse)                                  grid (Q_HEADS, ceil(SEQ/128)), 128 threads
-//   bwd(q, k, v, dout, lse, delta, dq_ws, dk, dv)         grid (KV_HEADS, ceil(SEQ/128)), 256 threads;
-//       dq_ws += dS K (unscaled); dk, dv written (bf16) or added to (fp32 when DKV_ACCUM)
+//   bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv) grid (KV_HEADS, ceil(SEQ/128)), 256 threads;
+//       dq_ws = dS K (unscaled), summed over the key blocks in key-block order, so the same bits run to run;
+//       dk, dv written (bf16) or added to (fp32 when DKV_ACCUM)
 //   bwd_dq(dq_ws, dq)                                     dq = bf16(scale * dq_ws)
 
 #define HEAD_DIM {{HEAD_DIM}}
@@ -111,6 +113,29 @@ __device__ __forceinline__ float ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+}
+
+// Progress counters of the backward's dQ sums: strong (gpu-scope) loads and stores, fences, and a short sleep.
+__device__ __forceinline__ u32 ld_relaxed(const u32 *p) {
+    u32 v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_relaxed(u32 *p, u32 v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+__device__ __forceinline__ void sleep_ns(u32 ns) { asm volatile("nanosleep.u32 %0;\n" ::"r"(ns)); }
+// blockIdx read where it is used, so that what is derived from it holds no register across the backward's loop
+__device__ __forceinline__ u32 ctaid_x() {
+    u32 v;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ u32 ctaid_y() {
+    u32 v;
+    asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(v));
+    return v;
 }
 
 __device__ __forceinline__ void red_add2(float *p, float a, float b) {
@@ -371,14 +396,30 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 }
 
 // ================================ backward ================================
-// One block: 128 keys of one KV head, 8 warps. It loops over the query heads of the GQA group and over the query
-// blocks of 64 rows that can see these keys, keeping dK and dV for its keys in registers for the whole loop, and
-// adds each block's dQ = dS K into the fp32 workspace with atomics. Per query block:
+// One block: 128 keys (key block j = blockIdx.y) of one KV head, 8 warps. It loops over the query blocks of 64 rows
+// that can see these keys, from the last down to the first, and within each over the query heads of the GQA group,
+// keeping dK and dV for its keys in registers for the whole loop. Per (query block, head), a tile:
 //   A  (warps 2 x 4 over 64 rows x 128 keys): S = Q K^T, P = exp(scale S - lse), dP = dO V^T, dS = P (dP - delta);
 //      P and dS go to shared memory as bf16
 //   B  (warps 4 x 2 over 128 keys x D): dV += P^T dO, dK += dS^T Q
-//   C  (warps 2 x 4 over 64 rows x D): dQ += dS K (atomics)
-// Shared memory: K, V [128][D]; Q, dO [2][64][D]; P, dS [64][128]; lse, delta [2][64] (161 KiB at D = 128).
+//   C  (warps 2 x 4 over 64 rows x D): dQ = dS K, stored into the fp32 workspace (key block 0) or added to it
+// Shared memory: K, V [128][D]; Q, dO [2][64][D]; P, dS [64][128]; lse, delta [2][64]; one u32 of the progress wait
+// (161 KiB at D = 128).
+//
+// Deterministic dQ: every tile's dQ rows get the key blocks' contributions in key-block order, j = 0, 1, 2, ...
+// (key block 0 stores, the others add with reductions at L2), so dq_ws holds the same bits run to run. Tile number
+// it = (last query block - m) * GROUP + head: the same for every key block that sees query block m, which is why the
+// loop runs from the last query block down: the blocks of one KV head that run at the same time reach a tile at
+// about the same moment, whatever their own first query block. Block (kvh, j) publishes in dq_prog[kvh][j] how many
+// of its tiles are complete (thread 0, after phase A of tile it: a fence, then the store of it; once more at the
+// end); block j > 0 waits, before the barrier that follows phase A of tile it, until dq_prog[kvh][j - 1] > it (thread
+// 0 polls, then that fence), and so adds its dQ of tile it at the end of the tile after block j - 1's. Block j - 1
+// waited for block j - 2 in turn, so the order holds for all.
+// The poll's last value is kept (in shared memory), so a block far behind its predecessor polls once per many tiles.
+// No deadlock: a block waits only for the block of the same KV head with the next lower blockIdx.y. Blocks are
+// dispatched in increasing linear index (blockIdx.x fastest, then blockIdx.y), so that block is already running or
+// done when this one waits, and it waits only for lower blocks itself. This assumption keeps blockIdx.y = key block
+// (the key blocks with the most query blocks, the lowest, start first, which is also what balances the causal load).
 #define BWD_BM 64
 #define BWD_BN 128
 #define BWD_THREADS 256
@@ -391,25 +432,29 @@ extern "C" __global__ void BWD_BOUNDS
 attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
     const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
     const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta,
-    float *__restrict__ dq_ws, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
+    float *__restrict__ dq_ws, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int kvh = blockIdx.x, n0 = blockIdx.y * BWD_BN; // the key blocks with the most query blocks start first
     const u32 sK = smem_addr(smem), sV = sK + BWD_BN * ROWB, sQ = sV + BWD_BN * ROWB, sdO = sQ + 2 * BWD_BM * ROWB,
               sP = sdO + 2 * BWD_BM * ROWB, sdS = sP + BWD_BM * PROWB, sL = sdS + BWD_BM * PROWB,
-              sD = sL + 2 * BWD_BM * 4;
+              sD = sL + 2 * BWD_BM * 4, sSeen = sD + 2 * BWD_BM * 4;
 
     // query blocks before n0 see none of these keys when causal
+    constexpr int NM = (SEQ + BWD_BM - 1) / BWD_BM, NKB = (SEQ + BWD_BN - 1) / BWD_BN;
     const int m_first = CAUSAL ? n0 / BWD_BM : 0;
-    const int nm = (SEQ + BWD_BM - 1) / BWD_BM - m_first;
-    const int niters = GROUP * nm;
+    const int niters = GROUP * (NM - m_first);
+    // this block's progress counter (the predecessor's is the one before), and whether a next key block waits for it
+    auto prog = [&]() { return dq_prog + ctaid_x() * NKB + ctaid_y(); };
+    auto publish = [&]() { return ctaid_y() + 1 < (u32)NKB; };
+    if (tid == 0) sts32(sSeen, 0u); // the predecessor's progress as last read (thread 0)
 
     load_rows<BWD_BN, BWD_THREADS, KS>(sK, k + ((long long)n0 * KV_HEADS + kvh) * HEAD_DIM, SEQ - n0, tid);
     load_rows<BWD_BN, BWD_THREADS, KS>(sV, v + ((long long)n0 * KV_HEADS + kvh) * HEAD_DIM, SEQ - n0, tid);
 
-    // iteration it: query head kvh * GROUP + it / nm, query block m_first + it % nm
+    // tile it: query block NM - 1 - it / GROUP, query head kvh * GROUP + it % GROUP
     auto load_q_block = [&](int it, int stage) {
-        const int hi = it / nm, m0 = (m_first + it - hi * nm) * BWD_BM, h = kvh * GROUP + hi;
+        const int mi = it / GROUP, hi = it - mi * GROUP, m0 = (NM - 1 - mi) * BWD_BM, h = kvh * GROUP + hi;
         const long long off = ((long long)m0 * Q_HEADS + h) * HEAD_DIM;
         load_rows<BWD_BM, BWD_THREADS, QS>(sQ + stage * BWD_BM * ROWB, q + off, SEQ - m0, tid);
         load_rows<BWD_BM, BWD_THREADS, QS>(sdO + stage * BWD_BM * ROWB, dout + off, SEQ - m0, tid);
@@ -455,13 +500,15 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
     for (int it = 0; it < niters; it++) {
         const int st = it & 1;
         cp_async_wait_all();
-        // this block's Q, dO, lse, delta have landed; every warp is done with the previous iteration
+        // this block's Q, dO, lse, delta have landed; every warp is done with the previous iteration, and has issued
+        // its dQ writes of the tiles before it
         __syncthreads();
         if (it + 1 < niters) {
             load_q_block(it + 1, st ^ 1);
             cp_async_commit();
         }
-        const int hi = it / nm, m0 = (m_first + it - hi * nm) * BWD_BM, h = kvh * GROUP + hi;
+        const int io = (int)opaque((u32)it), mi = io / GROUP, hi = io - mi * GROUP, m0 = (NM - 1 - mi) * BWD_BM,
+                  h = kvh * GROUP + hi;
         const u32 sbase = base + st * BWD_BM * ROWB; // Q and dO tiles of this stage
 
         // ---- A: S, P, dP, dS; EDGE: the block crosses the diagonal or the end of the sequence ----
@@ -555,6 +602,24 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
             phase_a(BoolTag<true>());
         else
             phase_a(BoolTag<false>());
+        if (tid == 0) {
+            // wait until the previous key block has completed this tile (it runs, or ran, already: see above), and
+            // publish that this block has completed the tiles before it
+            const bool wait = ctaid_y() > 0 && lds32(sSeen) <= (u32)it, pub = it > 0 && publish();
+            if (wait) {
+                const u32 *pp = prog() - 1;
+                u32 seen = ld_relaxed(pp);
+                while (seen <= (u32)it) {
+                    sleep_ns(128);
+                    seen = ld_relaxed(pp);
+                }
+                sts32(sSeen, seen);
+            }
+            // acquire for the poll: the previous block's dQ writes of this tile come before ours; release for the
+            // store: with the barrier at the top, every warp's dQ writes of the tiles before it are performed first
+            if (wait || pub) fence_acq_rel();
+            if (pub) st_relaxed(prog(), (u32)it);
+        }
         __syncthreads();
 
         // ---- B: dV += P^T dO, dK += dS^T Q (A operands read transposed from the [row][key] tiles) ----
@@ -587,7 +652,7 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
             }
         }
 
-        // ---- C: dQ += dS K ----
+        // ---- C: dQ = dS K, stored (key block 0) or added to what the lower key blocks wrote ----
         float dq[2][BWD_CT][4];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
@@ -615,13 +680,32 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                const int row = m0 + c_wm * 32 + mt * 16 + g + hf * 8;
+                // the tile's rows and head again from it: nothing derived from them stays live through phase B
+                const int ic = (int)opaque((u32)it), mc = ic / GROUP, hc = kvh * GROUP + ic - mc * GROUP;
+                const int row = (NM - 1 - mc) * BWD_BM + c_wm * 32 + mt * 16 + g + hf * 8;
                 if (row < SEQ) {
-                    float *p = dq_ws + ((long long)row * Q_HEADS + h) * HEAD_DIM + c_wd * (HEAD_DIM / 4) + 2 * t;
+                    float *p = dq_ws + ((long long)row * Q_HEADS + hc) * HEAD_DIM + c_wd * (HEAD_DIM / 4) + 2 * t;
+                    if (n0 == 0) {
 #pragma unroll
-                    for (int j = 0; j < BWD_CT; j++) red_add2(p + j * 8, dq[mt][j][2 * hf], dq[mt][j][2 * hf + 1]);
+                        for (int j = 0; j < BWD_CT; j++) {
+                            float2 w;
+                            w.x = dq[mt][j][2 * hf], w.y = dq[mt][j][2 * hf + 1];
+                            *(float2 *)(p + j * 8) = w;
+                        }
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < BWD_CT; j++) red_add2(p + j * 8, dq[mt][j][2 * hf], dq[mt][j][2 * hf + 1]);
+                    }
                 }
             }
+    }
+
+    if (publish()) {
+        __syncthreads();
+        if (tid == 0) {
+            fence_acq_rel();
+            st_relaxed(prog(), (u32)niters); // every tile of this block is complete
+        }
     }
 
     // dK carries the softmax scale that S = scale q k^T puts on it; dV does not

@@ -176,6 +176,8 @@ static void test_8b_arithmetic(void **state) {
     assert_int_equal(buf(&p, "k_stage")->bytes, T * KV * D * 2); /* the group's 8 KV heads */
     assert_int_equal(buf(&p, "q_heads")->bytes, S * 1 * D * 2);  /* all tokens, one head */
     assert_int_equal(buf(&p, "dkv_accum.f32")->bytes, 2 * S * 1 * D * 4);
+    /* the fp32 dQ, then a progress counter per key block of 128 (1 KV head) that orders its sums */
+    assert_int_equal(buf(&p, "dq_accum.f32")->bytes, S * 1 * D * 4 + 1 * (S / 128) * 4);
     assert_int_equal(buf(&p, "a2a_send")->bytes, T * 8 * D * 2);
     assert_int_equal(buf(&p, "attn_out")->bytes, T * H * D * 2);
     assert_int_equal(buf(&p, "lse")->bytes, (H / C) * S * 4);

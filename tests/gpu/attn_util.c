@@ -82,8 +82,10 @@ void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o,
 
 void attn_bwd(attn_mod *m, const void *q, const void *k, const void *v, const void *dout, const float *lse,
               const float *delta, float *dq_ws, void *dq, void *dk, void *dv, cudaStream_t s) {
-    AU_CUDA(cudaMemsetAsync(dq_ws, 0, (size_t)cp_k_attention_workspace_bytes(&m->spec), s));
-    void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq_ws, &dk, &dv};
+    /* bwd writes the whole fp32 dQ; only the progress counters after it start at zero */
+    void *prog = (char *)dq_ws + cp_k_attention_prog_offset(&m->spec);
+    AU_CUDA(cudaMemsetAsync(prog, 0, (size_t)cp_k_attention_prog_bytes(&m->spec), s));
+    void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq_ws, &prog, &dk, &dv};
     AU_CUDA(cp_launch(m->bwd, &m->d_bwd, args, s));
     void *args2[] = {&dq_ws, &dq};
     AU_CUDA(cp_launch(m->bwd_dq, &m->d_dq, args2, s));

@@ -1,6 +1,7 @@
 /* attn_util.h: the attention GPU test and benchmark's own helpers: build several attention modules in one parallel
  * JIT call (reporting registers and spills without failing on them: gu_build fails on any spill), and run the
- * forward and the whole backward (workspace zeroing, bwd, dq conversion) with the geometry of kernels_attn.h. */
+ * forward and the whole backward (zeroing the workspace's counters, bwd, dq conversion) with the geometry of
+ * kernels_attn.h. */
 #ifndef ATTN_UTIL_H
 #define ATTN_UTIL_H
 
@@ -40,7 +41,8 @@ void attn_build(attn_mod *m, int n);
 void attn_free(attn_mod *m);
 /* Queue the forward: o, lse from q, k, v. */
 void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o, float *lse, cudaStream_t s);
-/* Queue the backward: zero dq_ws, bwd, dq from dq_ws. dk, dv are bf16, or fp32 added to when dkv_accum. */
+/* Queue the backward: zero the progress counters of the workspace dq_ws (cp_k_attention_workspace_bytes; its fp32 dQ
+ * is written whole by bwd), bwd, dq from dq_ws. dk, dv are bf16, or fp32 added to when dkv_accum. */
 void attn_bwd(attn_mod *m, const void *q, const void *k, const void *v, const void *dout, const float *lse,
               const float *delta, float *dq_ws, void *dq, void *dk, void *dv, cudaStream_t s);
 

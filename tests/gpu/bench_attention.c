@@ -1,6 +1,7 @@
 /* bench_attention.c: causal attention forward and backward at head_dim 128, 32 query heads, 32K tokens, with 32 and
  * with 8 KV heads: median time of many runs (CUDA events) and TF/s by the brief's count (forward 4 S^2 H D / 2 when
- * causal, backward 2.5 times that). The backward time covers zeroing the dQ workspace, bwd and the dQ conversion.
+ * causal, backward 2.5 times that). The backward time covers zeroing the dQ progress counters, bwd (whose dQ sums
+ * are ordered, so the same bits run to run) and the dQ conversion.
  * Then it runs tests/gpu/bench_attention_sdpa.py (PyTorch SDPA, FLASH_ATTENTION and CUDNN_ATTENTION backends) on the
  * same shapes, when python3 with torch is there, and prints both side by side.
  * Options: --seq N (default 32768), --reps N (default 10), --no-sdpa. */

@@ -1,7 +1,12 @@
 /* test_attention.c: the attention kernels (templates/attention.cu) against the float64 reference
  * (tests/ref/ref_attention.c) on fresh random inputs, over sequence lengths that are and are not multiples of the
  * tiles, GQA ratios 1, 3 and 4, head_dim 64 and 128, causal and full, dK/dV written and accumulated. Outputs are
- * poisoned with NaN first; relative error in norm must be at most 1e-2 for the bf16 outputs.
+ * poisoned with NaN first (the fp32 dQ workspace too: the backward must write all of it); relative error in norm
+ * must be at most 1e-2 for the bf16 outputs.
+ * Determinism: the backward runs several times on the same inputs, its outputs (and the whole workspace) poisoned
+ * before each run, and dq, dk, dv must be the same bits every time: at causal GQA shapes with several key blocks
+ * (S = 1000 and 4097), and at longer ones whose key blocks do not all fit on the GPU at once (so blocks wait for
+ * key blocks dispatched in an earlier wave), causal and full.
  *
  * `test_attention --dump DIR S QH KVH D CAUSAL` instead runs one shape once and writes its inputs and outputs as raw
  * files into DIR, for tests/gpu/attention_sdpa.py to compare with PyTorch. */
@@ -32,7 +37,19 @@ static const attn_shape SHAPES[] = {
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 #define BOUND 1e-2
 
-static attn_mod mods[NSHAPES];
+/* determinism only (no reference: too long for the CPU) */
+static const attn_shape DSHAPES[] = {
+    {32768, 128, 4, 1, true, false}, /* 256 key blocks of one KV head, causal */
+    {20000, 128, 2, 1, false, true}, /* 157 key blocks, every one adding to every query block */
+    {16384, 64, 8, 2, true, true},   /* 2 KV heads of 128 key blocks */
+};
+#define NDSHAPES ((int)(sizeof DSHAPES / sizeof DSHAPES[0]))
+/* the shapes the determinism test runs: indices into SHAPES, then every DSHAPES */
+static const int REPEAT[] = {4, 5, 8, 10, 6};
+#define NREPEAT ((int)(sizeof REPEAT / sizeof REPEAT[0]))
+#define REPEAT_RUNS 3
+
+static attn_mod mods[NSHAPES + NDSHAPES];
 static uint64_t seed = 1;
 
 /* ---- the reference on all cores: rows in chunks, round robin; private dk, dv summed afterwards ---- */
@@ -228,22 +245,85 @@ static void check_shape(void **state) {
     free_io(&io);
 }
 
-/* The same shape twice on different inputs gives different outputs (no stale buffers), and twice on the same inputs
- * the same dk, dv (no races there; dq may differ in the last bits from the order of its atomics). */
+/* The backward REPEAT_RUNS times on the same inputs and the same device buffers, every output and the whole dQ
+ * workspace poisoned (dk, dv reset to their initial values when accumulated) before each run: dq, dk and dv must be
+ * the same bits every time (the dQ sums are ordered, nothing else is summed across blocks). The forward twice must
+ * agree as well. */
 static void check_repeatable(void **state) {
     attn_mod *m = *state;
-    host_io a, b;
-    memset(&a, 0, sizeof a);
-    memset(&b, 0, sizeof b);
-    uint64_t keep = seed;
-    run_shape(m, &a);
-    seed = keep;
-    run_shape(m, &b);
-    assert_memory_equal(a.o, b.o, (size_t)a.nq * 2);
-    assert_memory_equal(a.dk16, b.dk16, (size_t)a.nkv * 2);
-    assert_memory_equal(a.dv16, b.dv16, (size_t)a.nkv * 2);
-    free_io(&a);
-    free_io(&b);
+    const attn_shape *s = &m->sh;
+    char name[96];
+    attn_shape_str(s, name, sizeof name);
+    gu_rng rng;
+    gu_seed(&rng, seed++);
+    const int64_t nq = s->seq * s->q_heads * s->head_dim, nkv = s->seq * s->kv_heads * s->head_dim,
+                  nlse = s->seq * s->q_heads;
+    uint16_t *hq = gu_rand_bf16(&rng, nq, 1.0), *hk = gu_rand_bf16(&rng, nkv, 1.0), *hv = gu_rand_bf16(&rng, nkv, 1.0),
+             *hdo = gu_rand_bf16(&rng, nq, 1.0);
+    const size_t bq = (size_t)nq * 2, bkv = (size_t)nkv * 2, blse = (size_t)nlse * 4,
+                 bdkv = s->dkv_accum ? (size_t)nkv * 4 : bkv, bws = (size_t)cp_k_attention_workspace_bytes(&m->spec);
+    float *dk0 = s->dkv_accum ? gu_rand_f32(&rng, nkv, 0.5) : NULL, *dv0 = s->dkv_accum ? gu_rand_f32(&rng, nkv, 0.5) : NULL;
+    void *q = gu_malloc(bq), *k = gu_malloc(bkv), *v = gu_malloc(bkv), *dout = gu_malloc(bq), *o = gu_malloc(bq),
+         *dq = gu_malloc(bq), *dk = gu_malloc(bdkv), *dv = gu_malloc(bdkv);
+    float *lse = gu_malloc(blse), *delta = gu_malloc(blse), *ws = gu_malloc(bws);
+    gu_upload(q, hq, bq);
+    gu_upload(k, hk, bkv);
+    gu_upload(v, hv, bkv);
+    gu_upload(dout, hdo, bq);
+    uint16_t *o_run[2] = {malloc(bq), malloc(bq)};
+    for (int r = 0; r < 2; r++) {
+        gu_poison(o, bq);
+        gu_poison(lse, blse);
+        attn_fwd(m, q, k, v, o, lse, 0);
+        if (cudaDeviceSynchronize() != cudaSuccess) gu_fail("attention fwd failed: %s", cudaGetErrorString(cudaGetLastError()));
+        gu_download(o_run[r], o, bq);
+    }
+    assert_memory_equal(o_run[0], o_run[1], bq);
+    float *hdelta = row_delta(hdo, o_run[0], nlse, s->head_dim);
+    gu_upload(delta, hdelta, blse);
+    void *first[3] = {malloc(bq), malloc(bdkv), malloc(bdkv)}, *again[3] = {malloc(bq), malloc(bdkv), malloc(bdkv)};
+    const size_t sizes[3] = {bq, bdkv, bdkv};
+    const char *what[3] = {"dq", "dk", "dv"};
+    double t0 = cp_now();
+    for (int r = 0; r < REPEAT_RUNS; r++) {
+        gu_poison(dq, bq);
+        gu_poison(ws, bws);
+        if (s->dkv_accum) {
+            gu_upload(dk, dk0, bdkv);
+            gu_upload(dv, dv0, bdkv);
+        } else {
+            gu_poison(dk, bdkv);
+            gu_poison(dv, bdkv);
+        }
+        attn_bwd(m, q, k, v, dout, lse, delta, ws, dq, dk, dv, 0);
+        if (cudaDeviceSynchronize() != cudaSuccess) gu_fail("attention bwd failed: %s", cudaGetErrorString(cudaGetLastError()));
+        void **out = r ? again : first;
+        gu_download(out[0], dq, bq);
+        gu_download(out[1], dk, bdkv);
+        gu_download(out[2], dv, bdkv);
+        if (r == 0) {
+            /* every value written (no NaN from the poison), so that "equal" means something */
+            int64_t nan = gu_nan_bf16(first[0], nq) +
+                          (s->dkv_accum ? gu_nan_f32(first[1], nkv) + gu_nan_f32(first[2], nkv)
+                                        : gu_nan_bf16(first[1], nkv) + gu_nan_bf16(first[2], nkv));
+            if (nan) gu_fail("%s: %lld NaN in dq, dk, dv", name, (long long)nan);
+            continue;
+        }
+        for (int j = 0; j < 3; j++)
+            if (memcmp(first[j], again[j], sizes[j])) {
+                int64_t differ = 0;
+                for (size_t b = 0; b < sizes[j] / 2; b++)
+                    differ += ((const uint16_t *)first[j])[b] != ((const uint16_t *)again[j])[b];
+                gu_fail("%s: run %d's %s differs from run 1's in %lld of %zu 16-bit words: not deterministic", name,
+                        r + 1, what[j], (long long)differ, sizes[j] / 2);
+            }
+    }
+    printf("  %s: dq, dk, dv the same bits in %d runs (%.2f s)\n", name, REPEAT_RUNS, cp_now() - t0);
+    gu_check("attention bwd repeat", name, 0.0, 0.0);
+    for (int j = 0; j < 3; j++) free(first[j]), free(again[j]);
+    free(o_run[0]), free(o_run[1]), free(hq), free(hk), free(hv), free(hdo), free(hdelta), free(dk0), free(dv0);
+    void *bufs[] = {q, k, v, dout, o, dq, dk, dv, lse, delta, ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gu_free_dev(bufs[i]);
 }
 
 static int write_file(const char *dir, const char *name, const void *p, size_t n) {
@@ -290,16 +370,24 @@ int main(int argc, char **argv) {
     }
     gu_cmocka = true;
     for (int i = 0; i < NSHAPES; i++) mods[i].sh = SHAPES[i];
-    attn_build(mods, NSHAPES);
-    struct CMUnitTest tests[NSHAPES + 1];
-    char names[NSHAPES][96];
+    for (int i = 0; i < NDSHAPES; i++) mods[NSHAPES + i].sh = DSHAPES[i];
+    attn_build(mods, NSHAPES + NDSHAPES);
+    enum { NTESTS = NSHAPES + NREPEAT + NDSHAPES };
+    struct CMUnitTest tests[NTESTS];
+    char names[NTESTS][112];
     for (int i = 0; i < NSHAPES; i++) {
         attn_shape_str(&SHAPES[i], names[i], sizeof names[i]);
         tests[i] = (struct CMUnitTest){names[i], check_shape, NULL, NULL, &mods[i]};
     }
-    tests[NSHAPES] = (struct CMUnitTest){"repeatable", check_repeatable, NULL, NULL, &mods[8]};
-    int fails = _cmocka_run_group_tests("attention", tests, NSHAPES + 1, NULL, NULL);
+    for (int i = 0; i < NREPEAT + NDSHAPES; i++) {
+        attn_mod *m = i < NREPEAT ? &mods[REPEAT[i]] : &mods[NSHAPES + i - NREPEAT];
+        char sh[96];
+        attn_shape_str(&m->sh, sh, sizeof sh);
+        snprintf(names[NSHAPES + i], sizeof names[NSHAPES + i], "repeatable %s", sh);
+        tests[NSHAPES + i] = (struct CMUnitTest){names[NSHAPES + i], check_repeatable, NULL, NULL, m};
+    }
+    int fails = _cmocka_run_group_tests("attention", tests, NTESTS, NULL, NULL);
     gu_print_table();
-    for (int i = 0; i < NSHAPES; i++) attn_free(&mods[i]);
+    for (int i = 0; i < NSHAPES + NDSHAPES; i++) attn_free(&mods[i]);
     return fails;
 }
