@@ -1,7 +1,7 @@
--- specs/tiny.lua: a small Llama-family model that trains in about a minute on one GPU. It is the spec of
--- `make run` and of the GPU tests, on the synthetic copy task: every scored token sits 1023 positions back, so the
--- loss falls from chance, ln(511) = 6.24, towards zero only once attention reaches across the whole sequence.
--- Eight sequences per step: with one, this model stays at chance for a thousand steps.
+-- specs/tiny.lua: a small Llama-family model that trains in seconds on one GPU. It is the spec of `make run` and
+-- of the GPU tests, on the synthetic copy task: every scored token sits 1023 positions back, so the loss falls
+-- below chance, ln(511) = 6.24, only once attention reaches across the sequence. On an H200 the 800 steps take
+-- about 7 s and end near 3.2. Eight sequences per step: with one, this model stays at chance for a thousand steps.
 return {
   model = { family = "llama", vocab = 512, hidden = 256, layers = 2, heads = 4, kv_heads = 2, head_dim = 64,
             ffn = 768, norm_eps = 1e-5, tie_embeddings = false,

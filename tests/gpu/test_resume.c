@@ -93,9 +93,10 @@ static void test_state_roundtrip(void **state) {
     for (size_t k = 0; k < CP_ARRAY_LEN(variants); k++) {
         char outdir[1200], err[CP_ERR_MAX];
         snprintf(outdir, sizeof outdir, "%s/state_%s", out_root, variants[k][1]);
-        const char *sets[3] = {"train.steps=20", "train.warmup=5", variants[k][0]};
+        /* one sequence per step: the loop below feeds cp_exec_step one micro-batch */
+        const char *sets[4] = {"train.steps=20", "train.warmup=5", "train.micro_batches=1", variants[k][0]};
         cp_plan p;
-        load_plan(&p, 3, sets);
+        load_plan(&p, 4, sets);
         cp_exec_opts eo = {.out = NULL};
         cp_exec *ex;
         if (cp_exec_create(&ex, &p, &eo, err, sizeof err)) fail_msg("executor: %s", err);
