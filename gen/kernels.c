@@ -330,7 +330,7 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         return 0;
     }
     if (strcmp(f, "cast") == 0) {
-        if (strcmp(role, "f32_to_bf16")) return -1;
+        if (strcmp(role, "f32_to_bf16") && strcmp(role, "add_f32")) return -1;
         d->block = (unsigned)get_int(k, "BLOCK");
         d->grid[0] = blocks_for(n, d->block * get_int(k, "UNROLL") * 4, 0);
         return 0;

@@ -70,7 +70,7 @@ void cp_k_ulysses(cp_kernel_spec *k, int gpus, int repl, int64_t tokens, int nou
  * and the workspace size: gen/kernels_attn.h. */
 void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_heads, int64_t seq, bool causal,
                     bool dkv_accum);
-/* cast: f32_to_bf16(src f32[n], dst bf16[n], n). */
+/* cast: f32_to_bf16(src f32[n], dst bf16[n], n); add_f32(src f32[n], dst f32[n] +=, n). */
 void cp_k_cast(cp_kernel_spec *k);
 /* delta for the attention backward in token layout: fwd(dout[n][heads][D], out[n][heads][D], delta f32[n][heads], n,
  * heads): delta = sum over D of dout*out in fp32. */

@@ -268,12 +268,20 @@ static void gather(builder *B, const bufset *b, int unit, int slot) {
     wr(s, P, r.wbuf);
 }
 
-/* Reduce-scatter unit `unit`'s full gradients into this rank's shard (C > 1). */
-static void reduce_scatter(builder *B, const bufset *b, int unit) {
+/* Reduce-scatter unit `unit`'s full gradients into this rank's shard (C > 1). With several micro-batches the shard
+ * already holds the earlier ones' sum: the cast module's add_f32 (`add_module`) first adds it into this rank's
+ * slice of the full gradients (the executor picks the slice by rank), so the collective can overwrite the shard. */
+static void reduce_scatter(builder *B, const bufset *b, int unit, int add_module) {
     cp_plan *P = B->P;
     if (P->C == 1) return;
     unit_ref r = unit_at(P, b, unit, 0);
     int64_t shard = P->unit_padded[unit] / P->C;
+    if (P->spec.train.micro_batches > 1) {
+        cp_step *k = kernel(B, add_module, "add_f32", "grad_accum", 3.0 * (double)shard * F32);
+        use(k, P, b->grads, P->unit_shard_off[unit] * F32, shard * F32, CP_READ);
+        use(k, P, r.gbuf, r.gbase * F32, P->unit_padded[unit] * F32, CP_RW);
+        k->count = shard;
+    }
     cp_step *s = collective(B, CP_OP_REDUCE_SCATTER, "reduce_scatter", P->unit_padded[unit] * F32);
     rd(s, P, r.gbuf);
     use(s, P, b->grads, P->unit_shard_off[unit] * F32, shard * F32, CP_RW);
@@ -743,7 +751,7 @@ static void make_modules(cp_plan *P, modset *M) {
     cp_k_attention(&k, D, P->u, P->kvr, P->S, true, P->group_len > 1);
     M->attn = module_of(P, &k);
     M->cast = -1;
-    if (P->group_len > 1) {
+    if (P->group_len > 1 || (P->C > 1 && P->spec.train.micro_batches > 1)) {
         cp_k_cast(&k);
         M->cast = module_of(P, &k);
     }
@@ -992,8 +1000,8 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     use(s, P, hd.gbuf, norm_off * F32, hid * F32, CP_RW);
     wr(s, P, b->norm_part);
     s->count = T;
-    reduce_scatter(&B, b, head_unit);
-    if (tied) reduce_scatter(&B, b, 0); /* free the tied gradient now; the embedding's backward sends its own */
+    reduce_scatter(&B, b, head_unit, M->cast);
+    if (tied) reduce_scatter(&B, b, 0, M->cast); /* free the tied gradient now; the embedding's backward sends its own */
 
     /* layers backward, last first */
     if (L > 0) gather(&B, b, L, (L - 1) % 2);
@@ -1018,7 +1026,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         unit_ref w = unit_at(P, b, l + 1, l % 2);
         if (C > 1) zero(&B, b->g_layer, P->bufs[b->g_layer].bytes);
         layer_backward(&B, b, M, &w, x);
-        reduce_scatter(&B, b, l + 1);
+        reduce_scatter(&B, b, l + 1, M->cast);
     }
     B.layer = -1;
 
@@ -1030,7 +1038,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     rd(s, P, b->dres);
     use(s, P, emb.gbuf, emb.gbase * F32, V * hid * F32, CP_RW);
     s->count = T;
-    reduce_scatter(&B, b, 0);
+    reduce_scatter(&B, b, 0, M->cast);
 
     P->micro_steps = P->nsteps;
 

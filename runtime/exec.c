@@ -37,7 +37,7 @@
 #define PIN_PIECE ((int64_t)8 << 30) /* pinned host allocations are at most 8 GiB each, made in parallel */
 #define PROGRESS_AFTER 3.0           /* seconds: steps expected to run longer report progress */
 
-enum { X_NONE, X_KERNEL, X_GEMM, X_MEMSET, X_COPY, X_LOAD_TOKENS, X_HOST_ADAMW };
+enum { X_NONE, X_KERNEL, X_GEMM, X_MEMSET, X_COPY, X_LOAD_TOKENS, X_HOST_ADAMW, X_COLL };
 enum { S_PLAIN, S_ADAMW, S_PARAMS_TO_GPU };
 
 typedef struct {
@@ -58,6 +58,8 @@ typedef struct {
     void *dst;
     const void *src;
     size_t bytes;
+    size_t count;         /* X_COLL: elements per rank (all-to-all: to each peer) */
+    ncclDataType_t dtype; /* X_COLL */
     int wait0, nwait; /* into ex->waits: events of other streams to wait for */
     int event;        /* recorded after the step when another stream waits for it, else -1 */
     int marker;       /* progress marker recorded before the step, or -1 */
@@ -496,16 +498,19 @@ static int k_attn_bwd_dq(pctx *c) {
 static int layout_check(pctx *c, int tokbuf_op, int64_t *stride) {
     const cp_plan *P = c->ex->P;
     int64_t T = kint(c, "T"), nout = kint(c, "NOUT"), rb = kint(c, "ROW_BYTES"), unit = kint(c, "UNIT");
-    if (kint(c, "C") != 1) return pfail(c, "layout kernels for %lld GPUs need the NCCL runtime", (long long)kint(c, "C"));
+    int64_t C = kint(c, "C"), R = kint(c, "R");
+    if (C != P->C) return pfail(c, "a layout kernel for %lld GPUs in a plan of %d", (long long)C, P->C);
+    /* a token row holds C/R * NOUT heads of the stage; the all-to-all side C blocks of T x NOUT heads */
+    int64_t row = C / R * nout * rb;
     const cp_buffer *b = opbuf(c, tokbuf_op);
     if (T != P->T || b->bytes % T) return pfail(c, "%s is not %lld token rows", b->name, (long long)T);
     *stride = b->bytes / T;
-    if (*stride % unit || *stride < nout * rb) return pfail(c, "row stride %lld of %s", (long long)*stride, b->name);
+    if (*stride % unit || *stride < row) return pfail(c, "row stride %lld of %s", (long long)*stride, b->name);
     int other = 1 - tokbuf_op;
     /* the stage's columns of every row: from the operand's offset to near the buffer's end, whatever the
      * operand's byte count says (step_ranges widens it to the whole buffer for the stream analysis) */
-    if (need_bytes(c, other, T * nout * rb)) return -1;
-    if (c->s->ops[tokbuf_op].offset + (T - 1) * *stride + nout * rb > b->bytes)
+    if (need_bytes(c, other, C * T * nout * rb)) return -1;
+    if (c->s->ops[tokbuf_op].offset + (T - 1) * *stride + row > b->bytes)
         return pfail(c, "the stage's columns run past the end of %s", b->name);
     if (need_align(c, 0, (int)unit) || need_align(c, 1, (int)unit)) return -1;
     return 0;
@@ -524,11 +529,12 @@ static int k_pack(pctx *c) {
 }
 
 /* unpack_o: operands src (head layout), dst (the stage's columns): unpack(src, dst, dst_stride) */
+/* unpack or unpack_add (the step's role): operands the all-to-all's blocks, the token rows */
 static int k_unpack(pctx *c) {
     int64_t stride;
     if (need_ops(c, 2) || layout_check(c, 1, &stride)) return -1;
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, "unpack", 0, 0, l)) return -1;
+    if (launch_of(c, c->s->role, 0, 0, l)) return -1;
     a_ptr(l, opp(c, 0));
     a_ptr(l, opp(c, 1));
     a_i64(l, stride);
@@ -608,6 +614,21 @@ static int k_attn_delta(pctx *c) {
     return 0;
 }
 
+/* grad_accum (C > 1, micro-batches > 1): operands this rank's gradient shard of a unit, the unit's full gradients:
+ * add_f32(shard, full + rank * shard, n) before the reduce-scatter overwrites the shard with the sum */
+static int k_grad_accum(pctx *c) {
+    if (need_ops(c, 2)) return -1;
+    const cp_exec *ex = c->ex;
+    int64_t n = c->s->count;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * 4 * ex->P->C)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "add_f32", n, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_ptr(l, opp(c, 1) + (size_t)ex->o.rank * (size_t)n * 4);
+    a_i64(l, n);
+    return 0;
+}
+
 /* cast_dk, cast_dv: operands src f32, dst bf16: f32_to_bf16(src, dst, n) */
 static int k_cast(pctx *c) {
     if (need_ops(c, 2)) return -1;
@@ -675,7 +696,10 @@ static const struct {
     {"final_norm_bwd", k_norm_bwd}, {"qk_norm_bwd", k_qk_norm_bwd}, {"rope_q", k_rope},
     {"rope_k", k_rope},           {"rope_dq", k_rope},          {"rope_dk", k_rope},
     {"attn_fwd", k_attn_fwd},     {"attn_bwd", k_attn_bwd},     {"attn_bwd_dq", k_attn_bwd_dq},     {"unpack_o", k_unpack},
-    {"pack_do", k_pack},          {"pack_delta", k_pack},       {"swiglu", k_swiglu},
+    {"pack_do", k_pack},          {"pack_delta", k_pack},       {"pack_q", k_pack},
+    {"pack_k", k_pack},           {"pack_v", k_pack},           {"unpack_dq", k_unpack},
+    {"unpack_dk", k_unpack},      {"unpack_dv", k_unpack},      {"grad_accum", k_grad_accum},
+    {"swiglu", k_swiglu},
     {"swiglu_bwd", k_swiglu_bwd}, {"loss", k_loss},             {"loss_sum", k_loss_sum},
     {"attn_delta", k_attn_delta},
     {"cast_dk", k_cast},          {"cast_dv", k_cast},          {"grad_norm", k_grad_norm},
@@ -706,6 +730,69 @@ static int prep_gemm(pctx *c) {
 }
 
 static int buf_index(const cp_exec *ex, const char *name);
+
+/* The plan's collectives over the C ranks (gen/plan.c says what each moves):
+ *   all-to-all      operands send (C equal blocks, one per rank), recv: bytes, moved as bytes
+ *   all-gather      operands this rank's shard of a unit (bf16), the gathered unit: the shards in rank order
+ *   reduce-scatter  operands the unit's full fp32 gradients, this rank's shard: summed over the ranks
+ *   all-reduce      operand the loss sum and the gradient's sum of squares (fp32), summed in place */
+static int prep_collective(pctx *c) {
+    const cp_plan *P = c->ex->P;
+    const cp_step *s = c->s;
+    xstep *x = c->x;
+    int64_t C = P->C;
+    x->kind = X_COLL;
+    if (C < 2) return pfail(c, "a collective in a plan of one GPU");
+    switch (s->kind) {
+    case CP_OP_ALLTOALL:
+        if (need_ops(c, 2) || need_bytes(c, 0, s->count) || need_bytes(c, 1, s->count)) return -1;
+        if (s->count % C) return pfail(c, "an all-to-all of %lld bytes does not split into %lld blocks",
+                                       (long long)s->count, (long long)C);
+        x->src = opp(c, 0), x->dst = opp(c, 1);
+        x->count = (size_t)(s->count / C);
+        x->dtype = ncclUint8;
+        return 0;
+    case CP_OP_ALLGATHER:
+        if (need_ops(c, 2)) return -1;
+        if (opbytes(c, 0) * C != s->count || opbytes(c, 1) < s->count || opbytes(c, 0) % 2)
+            return pfail(c, "gathering %lld-byte shards into %lld of %lld bytes", (long long)opbytes(c, 0),
+                         (long long)s->count, (long long)opbytes(c, 1));
+        x->src = opp(c, 0), x->dst = opp(c, 1);
+        x->count = (size_t)(opbytes(c, 0) / 2);
+        x->dtype = ncclBfloat16;
+        return 0;
+    case CP_OP_REDUCE_SCATTER:
+        if (need_ops(c, 2)) return -1;
+        if (opbytes(c, 1) * C != s->count || opbytes(c, 0) < s->count || opbytes(c, 1) % 4)
+            return pfail(c, "reduce-scattering %lld of %lld bytes into %lld-byte shards", (long long)s->count,
+                         (long long)opbytes(c, 0), (long long)opbytes(c, 1));
+        x->src = opp(c, 0), x->dst = opp(c, 1);
+        x->count = (size_t)(opbytes(c, 1) / 4);
+        x->dtype = ncclFloat32;
+        return 0;
+    case CP_OP_ALLREDUCE:
+        if (need_ops(c, 1) || need_bytes(c, 0, s->count) || s->count % 4) return -1;
+        x->src = x->dst = opp(c, 0);
+        x->count = (size_t)(s->count / 4);
+        x->dtype = ncclFloat32;
+        return 0;
+    default:
+        return pfail(c, "not a collective");
+    }
+}
+
+static int run_collective(cp_exec *ex, int i, cudaStream_t st, char *err, int errlen) {
+    const xstep *x = &ex->x[i];
+    cp_nccl_comm *cm = ex->o.comm;
+    switch (ex->P->steps[i].kind) {
+    case CP_OP_ALLTOALL: return cp_nccl_all_to_all(cm, x->src, x->dst, x->count, x->dtype, st, err, errlen);
+    case CP_OP_ALLGATHER: return cp_nccl_all_gather(cm, x->src, x->dst, x->count, x->dtype, st, err, errlen);
+    case CP_OP_REDUCE_SCATTER:
+        return cp_nccl_reduce_scatter(cm, x->src, x->dst, x->count, x->dtype, ncclSum, st, err, errlen);
+    case CP_OP_ALLREDUCE: return cp_nccl_all_reduce(cm, x->src, x->dst, x->count, x->dtype, ncclSum, st, err, errlen);
+    default: return cp_errf(err, errlen, "step %d is not a collective", i);
+    }
+}
 
 static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
     const cp_plan *P = ex->P;
@@ -760,9 +847,13 @@ static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
         if (opbytes(&c, 0) != opbytes(&c, 1))
             return pfail(&c, "a copy of %lld bytes into %lld", (long long)opbytes(&c, 0), (long long)opbytes(&c, 1));
         return 0;
+    case CP_OP_ALLTOALL:
+    case CP_OP_ALLGATHER:
+    case CP_OP_REDUCE_SCATTER:
+    case CP_OP_ALLREDUCE:
+        return prep_collective(&c);
     default:
-        return cp_errf(err, errlen, "%s: parallel.gpus > 1 needs the NCCL runtime, not in this build",
-                     cp_opkind_name(s->kind));
+        return pfail(&c, "a step kind this runtime does not know");
     }
 }
 
@@ -970,7 +1061,9 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     char bus[64] = "";
     CK(cudaDeviceGetPCIBusId(bus, sizeof bus, ex->dev), "reading the GPU's PCI bus id");
     ex->base_free_nvml = nvml_free(bus);
-    CK(cudaSetDevice(ex->dev), "selecting GPU 0");
+    char sel[64];
+    snprintf(sel, sizeof sel, "selecting GPU %d", ex->dev);
+    CK(cudaSetDevice(ex->dev), sel);
     CK(cudaFree(0), "creating the CUDA context");
     ex->ctx_free_nvml = nvml_free(bus);
     ex->ctx_free_cuda = cuda_free_now();
@@ -1076,20 +1169,26 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     return 0;
 }
 
+/* What a plan of several GPUs needs of this runtime, or NULL. */
+static const char *parallel_problem(const cp_plan *P) {
+    if (P->C > 1 && P->opt_on_host)
+        return "the optimizer on the host with several GPUs is not in this runtime yet (its gradient norm is not "
+               "summed across the ranks): set parallel.optimizer = \"gpu\"";
+    return NULL;
+}
+
 int cp_exec_create(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char *err, int errlen) {
     *out = NULL;
-    if (P->C > 1)
-        return cp_errf(err, errlen, "parallel.gpus > 1 needs the NCCL runtime, not in this build (the plan has %d GPUs)",
-                     P->C);
-    for (int i = 0; i < P->nsteps; i++)
-        if (P->steps[i].kind >= CP_OP_ALLTOALL && P->steps[i].kind <= CP_OP_ALLREDUCE)
-            return cp_errf(err, errlen, "parallel.gpus > 1 needs the NCCL runtime, not in this build (step %d is %s)", i,
-                         cp_opkind_name(P->steps[i].kind));
+    const char *why = parallel_problem(P);
+    if (why) return cp_errf(err, errlen, "%s", why);
+    if (P->C > 1 && (!o || !o->comm || o->comm->size != P->C || o->rank != o->comm->rank))
+        return cp_errf(err, errlen, "the plan has %d GPUs: each needs its own process with a communicator of all %d "
+                       "(`cpgen run` starts them; under mpirun or srun, start one process per GPU)", P->C, P->C);
     cp_exec *ex = cp_xcalloc(1, sizeof *ex);
     ex->P = P;
     if (o) ex->o = *o;
     ex->x_adamw_host = -1;
-    ex->dev = 0;
+    ex->dev = ex->o.device;
     ex->bufptr = cp_xcalloc((size_t)(P->nbufs ? P->nbufs : 1), sizeof *ex->bufptr);
     ex->x = cp_xcalloc((size_t)(P->nsteps ? P->nsteps : 1), sizeof *ex->x);
     if (setup(ex, err, errlen)) {
@@ -1368,6 +1467,13 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
             e = cudaMemcpyAsync(x->dst, x->src, x->bytes, cudaMemcpyDefault, st);
             break;
         }
+        case X_COLL:
+            if (run_collective(ex, i, st, err, errlen)) {
+                char m[CP_ERR_MAX];
+                snprintf(m, sizeof m, "%s", err);
+                return cp_errf(err, errlen, "rank %d, %s: %s", ex->o.rank, step_desc(ex->P, i, d, sizeof d), m);
+            }
+            break;
         case X_LOAD_TOKENS: {
             const cp_step *s = &ex->P->steps[i];
             size_t tb = sizeof(int32_t) * (size_t)ex->P->T;
@@ -1387,14 +1493,21 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
     return 0;
 }
 
+/* Wait for a stream; with several GPUs through the communicator's watchdog, so that a rank that failed or hangs
+ * stops this one with a message instead of a wait forever. */
+static int sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err, int errlen) {
+    if (ex->o.comm) return cp_nccl_wait(ex->o.comm, st, NULL, what, 0, err, errlen);
+    CK(cudaStreamSynchronize(st), what);
+    return 0;
+}
+
 /* One sync: the loss sum and the gradient's sum of squares. */
 static int read_scalars(cp_exec *ex, char *err, int errlen) {
     cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
     CK(cudaMemcpyAsync(ex->host_scalars, ex->loss_sum, 2 * sizeof(float), cudaMemcpyDeviceToHost, st),
        "reading the loss");
-    CK(cudaStreamSynchronize(st), "running the micro-batches (a kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 "
-                                  "to find which)");
-    return 0;
+    return sync_stream(ex, st, "running the micro-batches (a kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 to "
+                               "find which)", err, errlen);
 }
 
 /* The rows of one micro-batch's tokens (all in [0, V)) sorted by token, stably: a counting sort, O(T + V). */
@@ -1467,6 +1580,15 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     double t0 = cp_now();
     int64_t ntgt = stage_inputs(ex, tokens, targets, err, errlen);
     if (ntgt < 0) return -1;
+    if (P->C > 1) {
+        /* the loss is the mean over every rank's target tokens */
+        if (hp->targets_all < ntgt)
+            return cp_errf(err, errlen, "rank %d: the step's target count over all ranks (%lld) is below this rank's "
+                           "(%lld): the caller must give cp_optim_hp.targets_all", ex->o.rank,
+                           (long long)hp->targets_all, (long long)ntgt);
+        ntgt = hp->targets_all;
+        ex->sc.loss_scale = ntgt ? (float)(1.0 / (double)ntgt) : 0.f;
+    }
     r->targets = ntgt;
     ex->sc.lr = (float)hp->lr;
     ex->sc.beta1 = (float)hp->beta1;
@@ -1515,10 +1637,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     if (!rc && !decided) rc = read_scalars(ex, err, errlen);
     if (!rc) {
         for (int s = 0; s < CP_STREAM_COUNT && !rc; s++)
-            if (ex->stream_used[s] || s == CP_STREAM_COMPUTE) {
-                cudaError_t e = cudaStreamSynchronize(ex->streams[s]);
-                if (e != cudaSuccess) rc = cp_cuda_errmsg(e, "finishing the step", err, errlen);
-            }
+            if (ex->stream_used[s] || s == CP_STREAM_COMPUTE) rc = sync_stream(ex, ex->streams[s], "finishing the step", err, errlen);
     }
     if (prog) {
         atomic_store(&pr.done, true);
@@ -1575,9 +1694,8 @@ static int verify_order(const cp_exec *ex, int from, int to, int64_t *pairs, cha
 
 int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int errlen) {
     memset(rep, 0, sizeof *rep);
-    if (P->C > 1)
-        return cp_errf(err, errlen, "parallel.gpus > 1 needs the NCCL runtime, not in this build (the plan has %d GPUs)",
-                     P->C);
+    const char *why = parallel_problem(P);
+    if (why) return cp_errf(err, errlen, "%s", why);
     cp_exec *ex = cp_xcalloc(1, sizeof *ex);
     ex->P = P;
     ex->dry = true;

@@ -2,7 +2,9 @@
  * pinned host arena in parallel pieces), compiles and loads every kernel module, turns each step of the plan into a
  * prepared launch (kernel arguments, GEMM entry, copy, memset) with the cross-stream waits it needs, and then runs
  * training steps: the micro-batches, one sync to read the loss and gradient norm, and the optimizer. Nothing is
- * allocated while a step runs. Parallel plans (collectives) are refused: they need the NCCL runtime. */
+ * allocated while a step runs. A plan of C > 1 GPUs runs as one executor per GPU, in one process each, over an
+ * NCCL communicator of the C ranks: the plan's collectives (all-to-all, all-gather, reduce-scatter, all-reduce) run
+ * on its communication stream; every rank holds its shard of the parameters, gradients and optimizer state. */
 #ifndef CP_EXEC_H
 #define CP_EXEC_H
 
@@ -10,18 +12,24 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "nccl_rt.h"
 #include "plan.h"
 
 typedef struct {
     char arch[16];  /* NVRTC target; empty: the device's */
     bool no_cache;  /* compile kernels even when the JIT cache has them */
     FILE *out;      /* start-up report, NULL for none */
+    int device;     /* the CUDA device of this rank */
+    int rank;       /* this process's rank among the plan's C GPUs (0 with one) */
+    cp_nccl_comm *comm; /* the C ranks' communicator; NULL with one GPU */
 } cp_exec_opts;
 
 /* The optimizer's numbers for one step (the learning rate comes from the schedule, see train.h). */
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     double clip;    /* global gradient-norm clip; <= 0: none */
+    int64_t targets_all; /* target tokens of the step on all ranks (the loss's divisor); 0: this rank's, which is
+                          * all of them with one GPU */
 } cp_optim_hp;
 
 typedef struct {

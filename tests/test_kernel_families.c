@@ -94,7 +94,7 @@ static void free_specs(void) {
 static const char *const *roles_of(const char *family) {
     static const char *const fb[] = {"fwd", "bwd", NULL}, *const f[] = {"fwd", NULL},
                              *const loss[] = {"fwdbwd", "sum", NULL}, *const norm[] = {"fwd", "bwd", "bwd_dw", NULL},
-                             *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", NULL},
+                             *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", "add_f32", NULL},
                              *const uly[] = {"pack", "unpack", "unpack_add", NULL},
                              *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL};
     if (!strcmp(family, "loss")) return loss;
