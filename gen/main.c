@@ -11,6 +11,7 @@
 #include "spec.h"
 #include "train.h"
 #include "util.h"
+#include "world.h"
 
 #define MAX_SETS 128
 
@@ -49,6 +50,7 @@ typedef struct {
     const char *sets[MAX_SETS];
     int nsets;
     bool json, steps, max_seq, no_cache;
+    char **argv; /* the command line, to start one copy per GPU */
 } cli;
 
 static void add_set(cli *c, const char *key, const char *value) {
@@ -71,6 +73,7 @@ static const char *need_value(int argc, char **argv, int *i) {
 static void parse(int argc, char **argv, cli *c) {
     static const char *commands[] = {"run", "plan", "gen", "build"};
     memset(c, 0, sizeof *c);
+    c->argv = argv;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h") || !strcmp(a, "help")) {
@@ -232,6 +235,15 @@ static int check_resume(const cli *c, cp_spec *spec) {
     return rc ? CP_EXIT_USAGE : 0;
 }
 
+/* What every rank of a run must have planned alike: the model's shape with the parallel layout, and the arenas. */
+static void plan_key(const cp_plan *P, int64_t key[3]) {
+    uint64_t h = cp_ckpt_shape_hash(&P->spec.model);
+    h = cp_mix64(h ^ (uint64_t)P->S) ^ cp_mix64((uint64_t)P->C << 32 | (uint64_t)P->U);
+    key[0] = (int64_t)cp_mix64(h ^ (uint64_t)P->spec.train.micro_batches);
+    key[1] = P->gpu_arena;
+    key[2] = P->host_arena * 31 + P->nsteps;
+}
+
 static int cmd_run(const cli *c, cp_spec *spec) {
     char why[512];
     int gpus = cp_gpu_count(why, sizeof why);
@@ -241,26 +253,71 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         if (!rc && c->resume) rc = check_resume(c, spec);
         return rc;
     }
-    cp_plan plan;
+    cp_launch_env env;
     char err[CP_ERR_MAX];
+    if (cp_launch_detect(&env, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        return CP_EXIT_USAGE;
+    }
+    cp_plan plan;
     if (cp_plan_build(spec, &plan, err, sizeof err)) {
         fprintf(stderr, "cpgen: %s\n", err);
         return CP_EXIT_USAGE;
     }
-    cp_plan_print(&plan, stdout, false);
+    /* the plan is printed once: by this process, or by rank 0 of a launcher other than ours */
+    bool lead = env.rank == 0, spawned = env.launcher == CP_LAUNCH_CPGEN;
+    if (lead && !spawned) cp_plan_print(&plan, stdout, false);
     if (!plan.fits) {
-        refuse(spec, &plan);
+        if (lead) refuse(spec, &plan);
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }
-    printf("\n");
+    int rc = 0;
+    if (plan.C > 1 && env.launcher == CP_LAUNCH_NONE) {
+        /* one node, no launcher: start one copy of this command per GPU and wait for them */
+        if (plan.C > gpus) {
+            fprintf(stderr, "cpgen: the plan has parallel.gpus = %d, this machine has %d GPU%s: use --gpus %d, or run "
+                            "under mpirun or srun across nodes (README, several GPUs)\n",
+                    plan.C, gpus, gpus == 1 ? "" : "s", gpus);
+            cp_plan_free(&plan);
+            return CP_EXIT_USAGE;
+        }
+        printf("\nstarting %d processes, one per GPU\n", plan.C);
+        fflush(stdout);
+        rc = cp_launch_spawn(plan.C, c->argv, NULL, err, sizeof err);
+        if (rc) fprintf(stderr, "cpgen: %s\n", err);
+        cp_plan_free(&plan);
+        return rc ? CP_EXIT_FAIL : 0;
+    }
+    if (env.size != plan.C) {
+        fprintf(stderr, "cpgen: rank %d: %d processes were started for a plan of parallel.gpus = %d: start one per GPU "
+                        "of the plan, or set --gpus %d\n", env.rank, env.size, plan.C, env.size);
+        cp_plan_free(&plan);
+        return CP_EXIT_USAGE;
+    }
+    if (lead && !spawned) printf("\n");
     fflush(stdout);
     cp_jit_opts o;
     jit_opts_for(c, &o);
     cp_train_opts t = {.no_cache = c->no_cache, .out = stdout, .resume = c->resume};
     snprintf(t.arch, sizeof t.arch, "%s", o.arch);
-    int rc = cp_train_run(&plan, &t, NULL, err, sizeof err);
+    cp_world w;
+    bool joined = false;
+    if (plan.C > 1) {
+        int64_t key[3];
+        plan_key(&plan, key);
+        rc = cp_world_join(&w, &env, key, err, sizeof err);
+        joined = rc == 0;
+        t.rank = w.rank;
+        t.device = w.device;
+        t.comm = &w.comm;
+    }
+    if (!rc) rc = cp_train_run(&plan, &t, NULL, err, sizeof err);
     if (rc) fprintf(stderr, "cpgen: %s\n", err);
+    if (joined) {
+        if (rc) cp_nccl_abort(&w.comm); /* the others stop at their next collective instead of waiting */
+        else cp_world_leave(&w);
+    }
     cp_plan_free(&plan);
     return rc ? CP_EXIT_FAIL : 0;
 }

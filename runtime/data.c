@@ -412,6 +412,8 @@ int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *ta
             cp_copy_sequence(&d->copy, d->sequence, tok, tgt);
         memcpy(tokens, tok + first, (size_t)T * sizeof *tokens);
         memcpy(targets, tgt + first, (size_t)T * sizeof *targets);
+        d->targets_seq = 0;
+        for (int64_t i = 0; i < d->seq_len; i++) d->targets_seq += tgt[i] >= 0;
         d->sequence++;
         return 0;
     }
@@ -421,6 +423,7 @@ int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *ta
     if (!rc) {
         memcpy(tokens, tmp, (size_t)T * sizeof *tokens);
         memcpy(targets, tmp + 1, (size_t)T * sizeof *targets);
+        d->targets_seq = d->seq_len; /* every position of a shard has its next token */
     }
     free(tmp);
     return rc;

@@ -120,6 +120,7 @@ typedef struct {
     cp_tokens tokens;
     int64_t seq_len;
     int64_t sequence; /* synthetic: next sequence index */
+    int64_t targets_seq; /* target tokens (not ignored) in the whole of the last sequence, all ranks' slices */
     int32_t *scratch; /* synthetic: one full sequence of tokens and targets */
 } cp_dataset;
 

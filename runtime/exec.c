@@ -1276,11 +1276,67 @@ static int zero_buf(cp_exec *ex, const char *name, char *err, int errlen) {
     return 0;
 }
 
+/* This rank's shard of the full flat model: of each unit u, elements [r * padded/C, (r + 1) * padded/C) of the
+ * unit (weights.h), placed at the unit's shard offset. With one GPU the shard is the model. */
+static float *rank_shard(const cp_exec *ex, const float *flat) {
+    const cp_plan *P = ex->P;
+    if (P->C == 1) return NULL;
+    float *sh = cp_xmalloc(sizeof(float) * (size_t)P->params_shard);
+    int64_t full = 0;
+    for (int u = 0; u < P->nunits; u++) {
+        int64_t part = P->unit_padded[u] / P->C;
+        memcpy(sh + P->unit_shard_off[u], flat + full + (int64_t)ex->o.rank * part, sizeof(float) * (size_t)part);
+        full += P->unit_padded[u];
+    }
+    return sh;
+}
+
+/* Wait for a stream; with several GPUs through the communicator's watchdog, so that a rank that failed or hangs
+ * stops this one with a message instead of a wait forever. */
+static int sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err, int errlen) {
+    if (ex->o.comm) return cp_nccl_wait(ex->o.comm, st, NULL, what, 0, err, errlen);
+    CK(cudaStreamSynchronize(st), what);
+    return 0;
+}
+
+/* The full flat model (every rank gets it) from each rank's shard of the fp32 GPU buffer `name`: unit by unit, the
+ * shards are all-gathered into a unit-gradient buffer, which holds nothing between steps, and copied out. */
+static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, int errlen) {
+    const cp_plan *P = ex->P;
+    int b = buf_index(ex, name);
+    if (b < 0 || P->bufs[b].space != CP_SPACE_GPU) return cp_errf(err, errlen, "the plan has no GPU buffer %s", name);
+    int64_t most = 0;
+    for (int u = 0; u < P->nunits; u++) most = CP_MAX(most, P->unit_padded[u]);
+    int stage = -1;
+    for (int i = 0; i < P->nbufs; i++)
+        if (P->bufs[i].cat == CP_CAT_UNIT_GRADS && P->bufs[i].space == CP_SPACE_GPU && P->bufs[i].bytes >= most * 4 &&
+            (stage < 0 || P->bufs[i].bytes < P->bufs[stage].bytes))
+            stage = i;
+    if (stage < 0) return cp_errf(err, errlen, "no unit-gradient buffer holds the largest unit (%lld elements) to gather "
+                                  "%s through", (long long)most, name);
+    cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
+    CK(cudaDeviceSynchronize(), "finishing the step before gathering the model");
+    int64_t full = 0;
+    for (int u = 0; u < P->nunits; u++) {
+        int64_t part = P->unit_padded[u] / P->C;
+        const float *src = (const float *)ex->bufptr[b] + P->unit_shard_off[u];
+        if (cp_nccl_all_gather(ex->o.comm, src, ex->bufptr[stage], (size_t)part, ncclFloat32, st, err, errlen)) return -1;
+        CK(cudaMemcpyAsync(flat + full, ex->bufptr[stage], sizeof(float) * (size_t)P->unit_padded[u],
+                           cudaMemcpyDeviceToHost, st), "copying a gathered unit to the host");
+        if (sync_stream(ex, st, "gathering the model from every rank", err, errlen)) return -1;
+        full += P->unit_padded[u];
+    }
+    return 0;
+}
+
 int cp_exec_load_weights(cp_exec *ex, const float *flat, char *err, int errlen) {
     int64_t n = ex->P->params_shard;
+    float *sh = rank_shard(ex, flat);
+    if (sh) flat = sh;
     uint16_t *bf = cp_xmalloc(sizeof(uint16_t) * (size_t)n);
     for (int64_t i = 0; i < n; i++) bf[i] = to_bf16(flat[i]);
     int rc = put(ex, "master.f32", flat, sizeof(float) * (size_t)n, err, errlen);
+    free(sh);
     if (!rc) rc = put(ex, "params.bf16", bf, sizeof(uint16_t) * (size_t)n, err, errlen);
     free(bf);
     if (!rc) rc = zero_buf(ex, "adam_m.f32", err, errlen);
@@ -1292,6 +1348,7 @@ int cp_exec_load_weights(cp_exec *ex, const float *flat, char *err, int errlen) 
 }
 
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen) {
+    if (ex->P->C > 1) return gather_full(ex, "master.f32", flat, err, errlen);
     int b = buf_index(ex, "master.f32");
     if (b < 0) return cp_errf(err, errlen, "the plan has no master.f32");
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
@@ -1314,6 +1371,12 @@ int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
     CK(cudaDeviceSynchronize(), "finishing the step before reading the optimizer state");
     int rc = 0;
+    if (ex->P->C > 1) {
+        if (m) rc = gather_full(ex, "adam_m.f32", m, err, errlen);
+        if (!rc && v) rc = gather_full(ex, "adam_v.f32", v, err, errlen);
+        if (!rc && updates) *updates = ex->updates;
+        return rc;
+    }
     if (m) rc = get(ex, "adam_m.f32", m, n, err, errlen);
     if (!rc && v) rc = get(ex, "adam_v.f32", v, n, err, errlen);
     if (!rc && updates) *updates = ex->updates;
@@ -1323,9 +1386,12 @@ int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *
 int cp_exec_load_optimizer(cp_exec *ex, const float *m, const float *v, int updates, char *err, int errlen) {
     if (updates < 0) return cp_errf(err, errlen, "loading the optimizer state: %d updates (must be >= 0)", updates);
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
+    float *ms = m ? rank_shard(ex, m) : NULL, *vs = v ? rank_shard(ex, v) : NULL;
     int rc = 0;
-    if (m) rc = put(ex, "adam_m.f32", m, n, err, errlen);
-    if (!rc && v) rc = put(ex, "adam_v.f32", v, n, err, errlen);
+    if (m) rc = put(ex, "adam_m.f32", ms ? ms : m, n, err, errlen);
+    if (!rc && v) rc = put(ex, "adam_v.f32", vs ? vs : v, n, err, errlen);
+    free(ms);
+    free(vs);
     if (!rc) CK(cudaDeviceSynchronize(), "uploading the optimizer state");
     /* the next update is number updates + 1, as in the run that saved them (cp_exec_step: ++updates) */
     if (!rc) ex->updates = ex->sc.adam_step = updates;
@@ -1493,14 +1559,6 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
     return 0;
 }
 
-/* Wait for a stream; with several GPUs through the communicator's watchdog, so that a rank that failed or hangs
- * stops this one with a message instead of a wait forever. */
-static int sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err, int errlen) {
-    if (ex->o.comm) return cp_nccl_wait(ex->o.comm, st, NULL, what, 0, err, errlen);
-    CK(cudaStreamSynchronize(st), what);
-    return 0;
-}
-
 /* One sync: the loss sum and the gradient's sum of squares. */
 static int read_scalars(cp_exec *ex, char *err, int errlen) {
     cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
@@ -1520,7 +1578,11 @@ static void sort_tokens(const int32_t *tok, int64_t T, int64_t V, int32_t *count
 
 /* Check and stage the tokens and targets of every micro-batch and the order the embedding backward sums rows in;
  * set the loss scale. Returns the target count, or -1 with a message. */
-static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *targets, char *err, int errlen) {
+/* Tokens and targets into the pinned staging (checked against the vocabulary), each micro-batch's rows sorted by
+ * token for the embedding's backward, and the loss's divisor: the step's target tokens, over all ranks with several
+ * GPUs (targets_all, from the caller: each rank sees only its slice). Returns that count, or -1. */
+static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *targets, int64_t targets_all, char *err,
+                            int errlen) {
     const cp_plan *P = ex->P;
     int mb = P->spec.train.micro_batches;
     int64_t T = P->T, V = P->spec.model.vocab, ntgt = 0;
@@ -1541,14 +1603,21 @@ static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *t
         int32_t *st = ex->staging + (size_t)b * 3 * T;
         sort_tokens(st, T, V, ex->sort_count, st + 2 * T);
     }
+    if (P->C > 1) {
+        if (targets_all < ntgt)
+            return cp_errf(err, errlen, "rank %d: the step's target count over all ranks (%lld) is below this rank's "
+                           "(%lld): the caller must count the targets of every rank's slice", ex->o.rank,
+                           (long long)targets_all, (long long)ntgt);
+        ntgt = targets_all;
+    }
     ex->sc.loss_scale = ntgt ? (float)(1.0 / (double)ntgt) : 0.f;
     return ntgt;
 }
 
-int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets, double *loss, char *err,
-                      int errlen) {
+int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets, int64_t targets_all, double *loss,
+                      char *err, int errlen) {
     const cp_plan *P = ex->P;
-    if (stage_inputs(ex, tokens, targets, err, errlen) < 0) return -1;
+    if (stage_inputs(ex, tokens, targets, targets_all, err, errlen) < 0) return -1;
     CK(cudaMemsetAsync(ex->loss_sum, 0, CP_SCALARS_BYTES, ex->streams[CP_STREAM_COMPUTE]), "zeroing the loss");
     int rc = 0;
     for (int b = 0; b < P->spec.train.micro_batches && !rc; b++) {
@@ -1557,6 +1626,7 @@ int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets
     }
     if (!rc) rc = join_streams(ex, err, errlen);
     if (!rc) rc = read_scalars(ex, err, errlen);
+    if (!rc && ex->o.comm) rc = sync_stream(ex, ex->streams[CP_STREAM_COMM], "finishing the backward", err, errlen);
     if (!rc) CK(cudaDeviceSynchronize(), "finishing the backward");
     if (!rc) *loss = (double)ex->host_scalars[0] * ex->sc.loss_scale;
     return rc;
@@ -1567,7 +1637,11 @@ int cp_exec_read_grads(cp_exec *ex, float *flat, bool zero, char *err, int errle
     if (!g) return cp_errf(err, errlen, "the plan has no grads.f32");
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
     CK(cudaDeviceSynchronize(), "finishing the step before reading the gradients");
-    CK(cudaMemcpy(flat, g, n, cudaMemcpyDeviceToHost), "reading the gradients");
+    if (ex->P->C > 1) {
+        if (gather_full(ex, "grads.f32", flat, err, errlen)) return -1;
+    } else {
+        CK(cudaMemcpy(flat, g, n, cudaMemcpyDeviceToHost), "reading the gradients");
+    }
     if (zero) CK(cudaMemset(g, 0, n), "zeroing the gradients");
     return 0;
 }
@@ -1578,17 +1652,8 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     int mb = P->spec.train.micro_batches;
     memset(r, 0, sizeof *r);
     double t0 = cp_now();
-    int64_t ntgt = stage_inputs(ex, tokens, targets, err, errlen);
+    int64_t ntgt = stage_inputs(ex, tokens, targets, hp->targets_all, err, errlen);
     if (ntgt < 0) return -1;
-    if (P->C > 1) {
-        /* the loss is the mean over every rank's target tokens */
-        if (hp->targets_all < ntgt)
-            return cp_errf(err, errlen, "rank %d: the step's target count over all ranks (%lld) is below this rank's "
-                           "(%lld): the caller must give cp_optim_hp.targets_all", ex->o.rank,
-                           (long long)hp->targets_all, (long long)ntgt);
-        ntgt = hp->targets_all;
-        ex->sc.loss_scale = ntgt ? (float)(1.0 / (double)ntgt) : 0.f;
-    }
     r->targets = ntgt;
     ex->sc.lr = (float)hp->lr;
     ex->sc.beta1 = (float)hp->beta1;

@@ -66,15 +66,18 @@ int cp_exec_create(cp_exec **out, const cp_plan *plan, const cp_exec_opts *o, ch
 void cp_exec_destroy(cp_exec *ex);
 const cp_exec_startup *cp_exec_startup_info(const cp_exec *ex);
 
-/* Model weights as a flat fp32 array of plan->params_shard elements in the plan's unit layout (embedding, layers,
- * final norm and LM head; cp_layer_layout_of): uploaded into the fp32 master weights and the bf16 parameters; the
- * AdamW moments, gradients and step count are zeroed. Returns 0, or -1 with a message. */
+/* Model weights as a flat fp32 array of cp_weights_elems(plan) elements in the plan's unit layout (embedding,
+ * layers, final norm and LM head; cp_layer_layout_of; weights.h): this rank's shard of it is uploaded into the fp32
+ * master weights and the bf16 parameters (with one GPU the shard is all of it); the AdamW moments, gradients and
+ * step count are zeroed. Returns 0, or -1 with a message. */
 int cp_exec_load_weights(cp_exec *ex, const float *flat, char *err, int errlen);
-/* The fp32 master weights back into flat (plan->params_shard elements). */
+/* The fp32 master weights back into flat (the full model; with several GPUs gathered from every rank, and every
+ * rank must call it). */
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen);
 
 /* AdamW's state, for checkpoints: the moments m and v (adam_m.f32, adam_v.f32, on the GPU or the host as the plan
- * placed them) as flat fp32 arrays of plan->params_shard elements in the layout of cp_exec_load_weights, and the
+ * placed them) as flat fp32 arrays of the full model in the layout of cp_exec_load_weights (gathered from every
+ * rank with several GPUs; every rank must call it), and the
  * update count (AdamW's step, which sets the bias corrections of the next update). m or v may be NULL to skip that
  * moment (a caller short of host memory reads one at a time). Returns 0, or -1 with a message. */
 int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *err, int errlen);
@@ -90,10 +93,12 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
                  cp_step_result *r, char *err, int errlen);
 
 /* Forward and backward of every micro-batch, without the optimizer: the fp32 gradients (of the mean loss over the
- * target tokens) are added to grads.f32 and stay there; loss gets the mean loss. For gradient checks. */
-int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets, double *loss, char *err,
-                      int errlen);
-/* grads.f32 into flat (plan->params_shard elements, the layout of cp_exec_load_weights), then zero it if asked. */
+ * target tokens; targets_all as in cp_optim_hp) are added to grads.f32 and stay there; loss gets the mean loss. For
+ * gradient checks. */
+int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets, int64_t targets_all, double *loss,
+                      char *err, int errlen);
+/* grads.f32 into flat (the full model, as cp_exec_load_weights; gathered from every rank with several GPUs), then
+ * zero this rank's shard if asked. */
 int cp_exec_read_grads(cp_exec *ex, float *flat, bool zero, char *err, int errlen);
 
 /* Updates done so far (steps not skipped). */

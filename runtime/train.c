@@ -48,8 +48,9 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* Write the training checkpoint <out_dir>/ckpt_<step> (checkpoint.h): flat gets the master weights; the moments
- * need two more model-sized arrays for the length of the save. */
-static int save(cp_exec *ex, const cp_plan *P, float *flat, const cp_dataset *data, int step, int skipped,
+ * need two more model-sized arrays for the length of the save. With several GPUs every rank gathers the model
+ * (a collective) and rank 0 writes it. */
+static int save(cp_exec *ex, const cp_plan *P, int rank, float *flat, const cp_dataset *data, int step, int skipped,
                 double last_loss, FILE *out, char *err, int errlen) {
     double t0 = cp_now();
     cp_ckpt_state st;
@@ -58,15 +59,16 @@ static int save(cp_exec *ex, const cp_plan *P, float *flat, const cp_dataset *da
     st.skipped = skipped;
     st.last_loss = last_loss;
     cp_dataset_tell(data, &st.data);
-    size_t n = (size_t)P->params_shard;
+    size_t n = (size_t)cp_weights_elems(P);
     float *m = cp_xmalloc(sizeof(float) * n), *v = cp_xmalloc(sizeof(float) * n);
     char path[CP_PATH_MAX + 64];
     int rc = cp_exec_read_weights(ex, flat, err, errlen);
     if (!rc) rc = cp_exec_read_optimizer(ex, m, v, &st.updates, err, errlen);
-    if (!rc) rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, flat, m, v, NULL, NULL, path, sizeof path, err, errlen);
+    if (!rc && rank == 0)
+        rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, flat, m, v, NULL, NULL, path, sizeof path, err, errlen);
     free(m);
     free(v);
-    if (!rc && out)
+    if (!rc && out && rank == 0)
         fprintf(out, "saved %s (fp32 weights as Hugging Face safetensors, AdamW state, trainer state) in %.1f s\n", path,
                 cp_now() - t0);
     return rc;
@@ -139,13 +141,14 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                  char *err, int errlen) {
     const cp_spec *sp = &P->spec;
     const cp_train *tr = &sp->train;
-    FILE *out = o->out;
+    const int rank = o->rank, lead = rank == 0;
+    FILE *out = lead ? o->out : NULL;
     int mb = tr->micro_batches;
     int64_t T = P->T;
 
-    /* weights: the checkpoint's, or the spec's init */
+    /* weights: the checkpoint's, or the spec's init; every rank makes the full model and keeps its shard */
     int64_t n = cp_weights_elems(P);
-    if (n != P->params_shard)
+    if (P->C == 1 && n != P->params_shard)
         return cp_errf(err, errlen, "the flat model has %lld elements, the plan's shard %lld: weights.c and the plan "
                      "disagree on the layout", (long long)n, (long long)P->params_shard);
     float *flat = cp_xmalloc(sizeof(float) * (size_t)n);
@@ -180,8 +183,8 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     double chance = data_open ? cp_dataset_chance_loss(&data, sp->model.vocab) : log((double)sp->model.vocab);
     FILE *metrics = NULL;
     char mpath[CP_PATH_MAX + 32];
-    if (!rc) {
-        snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", tr->out_dir);
+    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", tr->out_dir);
+    if (!rc && lead) {
         if (cp_mkdir_p(tr->out_dir))
             rc = cp_errf(err, errlen, "%s: %s; set train.out_dir to a folder you can write", tr->out_dir, strerror(errno));
         else if (ck)
@@ -209,11 +212,14 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                 from, mb, cp_fmt_count((double)P->S, (char[32]){0}, 32), sp->data.source, chance, mpath);
     }
     for (int step = start; step < tr->steps && !rc; step++) {
-        for (int b = 0; b < mb && !rc; b++)
-            rc = cp_dataset_next(&data, 0, 1, tok + (size_t)b * T, tgt + (size_t)b * T, err, errlen);
+        int64_t targets_all = 0;
+        for (int b = 0; b < mb && !rc; b++) {
+            rc = cp_dataset_next(&data, rank, P->C, tok + (size_t)b * T, tgt + (size_t)b * T, err, errlen);
+            targets_all += data.targets_seq;
+        }
         if (rc) break;
         cp_optim_hp hp = {.lr = cp_lr_at(tr, step), .beta1 = tr->beta1, .beta2 = tr->beta2, .eps = tr->eps,
-                          .weight_decay = tr->weight_decay, .clip = tr->clip};
+                          .weight_decay = tr->weight_decay, .clip = tr->clip, .targets_all = targets_all};
         char label[64];
         snprintf(label, sizeof label, "step %d/%d", step + 1, tr->steps);
         cp_step_result r;
@@ -239,20 +245,22 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                     100 * tf / peak, (double)r.mem_used / (1 << 30), (double)P->gpu_peak / (1 << 30), skip);
             fflush(out);
         }
-        fprintf(metrics, "{\"step\":%d,", step + 1);
-        json_num(metrics, "loss", r.loss, false);
-        json_num(metrics, "norm", r.norm, false);
-        json_num(metrics, "clip_scale", r.clip_scale, false);
-        json_num(metrics, "lr", hp.lr, false);
-        json_num(metrics, "seconds", r.seconds, false);
-        json_num(metrics, "tokens_per_s", tps, false);
-        json_num(metrics, "tflops", tf, false);
-        json_num(metrics, "mfu", tf / peak, false);
-        fprintf(metrics, "\"targets\":%lld,\"mem_measured\":%lld,\"mem_planned\":%lld,\"skipped\":%s}\n",
-                (long long)r.targets, (long long)r.mem_used, (long long)P->gpu_peak, r.skipped ? "true" : "false");
-        fflush(metrics);
+        if (metrics) {
+            fprintf(metrics, "{\"step\":%d,", step + 1);
+            json_num(metrics, "loss", r.loss, false);
+            json_num(metrics, "norm", r.norm, false);
+            json_num(metrics, "clip_scale", r.clip_scale, false);
+            json_num(metrics, "lr", hp.lr, false);
+            json_num(metrics, "seconds", r.seconds, false);
+            json_num(metrics, "tokens_per_s", tps, false);
+            json_num(metrics, "tflops", tf, false);
+            json_num(metrics, "mfu", tf / peak, false);
+            fprintf(metrics, "\"targets\":%lld,\"mem_measured\":%lld,\"mem_planned\":%lld,\"skipped\":%s}\n",
+                    (long long)r.targets, (long long)r.mem_used, (long long)P->gpu_peak, r.skipped ? "true" : "false");
+            fflush(metrics);
+        }
         if (tr->save_every > 0 && (step + 1) % tr->save_every == 0)
-            rc = save(ex, P, flat, &data, step + 1, res->skipped, r.loss, out, err, errlen);
+            rc = save(ex, P, rank, flat, &data, step + 1, res->skipped, r.loss, out, err, errlen);
     }
     int ran = res->steps - start;
     if (ran > 0) {
@@ -278,7 +286,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                 cp_fmt_bytes(res->mem_planned, d, sizeof d));
     }
     if (!rc && tr->save_every > 0 && ran > 0 && res->steps % tr->save_every != 0)
-        rc = save(ex, P, flat, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
+        rc = save(ex, P, rank, flat, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
     if (metrics) fclose(metrics);
     if (data_open) cp_dataset_close(&data);
     free(tok);
@@ -298,7 +306,10 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     memset(&eo, 0, sizeof eo);
     snprintf(eo.arch, sizeof eo.arch, "%s", o->arch);
     eo.no_cache = o->no_cache;
-    eo.out = o->out;
+    eo.out = o->rank == 0 ? o->out : NULL;
+    eo.rank = o->rank;
+    eo.device = o->device;
+    eo.comm = o->comm;
     /* a checkpoint is checked before the GPU is set up, so a wrong one costs no compile time */
     cp_ckpt ck;
     if (o->resume && cp_ckpt_open(P, o->resume, &ck, err, errlen)) return -1;

@@ -1,4 +1,4 @@
-/* train.h: the training loop of `cpgen run` on one GPU: weights from the spec's init (random or Hugging Face),
+/* train.h: the training loop of `cpgen run`, on one GPU or as one rank of several: weights from the spec's init (random or Hugging Face),
  * sequences from the spec's data source, the learning-rate schedule, one step line per logged step, metrics.jsonl in
  * train.out_dir, and training checkpoints (checkpoint.h) every train.save_every steps and at the end; a run can
  * resume from one and continue with the same losses. */
@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "nccl_rt.h"
 #include "plan.h"
 
 typedef struct {
@@ -16,6 +17,10 @@ typedef struct {
     bool no_cache;
     FILE *out;      /* start-up report and step lines (stdout); NULL for none */
     const char *resume; /* a checkpoint folder, or an out_dir whose `latest` names one; NULL: start from init */
+    /* several GPUs: this process's rank, its CUDA device and the communicator of all ranks (NULL with one GPU).
+     * Every rank trains its slice of each sequence; rank 0 alone prints, writes metrics.jsonl and checkpoints. */
+    int rank, device;
+    cp_nccl_comm *comm;
 } cp_train_opts;
 
 typedef struct {

@@ -207,7 +207,7 @@ static void test_hf_export(void **state) {
         if (cp_dataset_next(&d, 0, 1, t0 + (size_t)b * p.T, g0 + (size_t)b * p.T, err, sizeof err)) fail_msg("%s", err);
     cp_dataset_close(&d);
     double loss;
-    if (cp_exec_gradients(ex, t0, g0, &loss, err, sizeof err) || cp_exec_read_grads(ex, flat, true, err, sizeof err))
+    if (cp_exec_gradients(ex, t0, g0, 0, &loss, err, sizeof err) || cp_exec_read_grads(ex, flat, true, err, sizeof err))
         fail_msg("gradients: %s", err);
     cp_exec_destroy(ex);
     free(t0);
