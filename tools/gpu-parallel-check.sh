@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# gpu-parallel-check.sh: on a machine of 2 (or more) GPUs, with a build tree made elsewhere: the parallel path
+# against one GPU and against transformers, memory per GPU against the plan, and the speed of the 2-GPU step.
+#   1. build/tests/gpu/test_parallel: gradients of one step, 1 GPU against N (UPipe, Ulysses, KV heads fewer than
+#      GPUs, GQA 3, micro-batches, Qwen3 tied, the 8B shape at 16K and 64K).
+#   2. tiny trained 20 steps on 1 and on N GPUs (`cpgen run --gpus`): the loss curves side by side.
+#   3. transformers through the N-GPU path: tests/gpu/hf_check.sh's tiny case, cpgen's curve taken from `cpgen run
+#      --gpus N` on the same weights and tokens.
+#   4. the 3B shape on N GPUs at 128K and 512K tokens (2 steps): measured peak per GPU against the plan; at 128K
+#      with UPipe stages of N heads and with plain Ulysses (24 heads); then tokens/s at 128K and 256K, and the 8B
+#      shape at 128K.
+# usage: [GPUS=2] [PARTS="grads curve hf mem speed"] tools/gpu-parallel-check.sh [BUILD_DIR]; logs under $OUT.
+set -u
+B=${1:-build}
+N=${GPUS:-2}
+out=${OUT:-out}/parallel-check
+mkdir -p "$out"
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
+PARTS=${PARTS:-grads curve hf mem speed}
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+sum="$out/summary.txt"
+: >"$sum"
+note() { echo "$*" | tee -a "$sum"; }
+run() { # name timeout command...
+  local name=$1 t=$2; shift 2
+  local t0=$(date +%s)
+  timeout "$t" "$@" >"$out/$name.log" 2>&1
+  note "$(printf '%-22s rc=%-3d %5d s' "$name" "$?" $(($(date +%s) - t0)))"
+}
+done_line() { grep -E "^done:" "$out/$1.log" | sed 's/^done: //'; }
+
+want grads && CPGEN_TEST_GPUS=$N OUT=$out run test_parallel 400 "$B/tests/gpu/test_parallel"
+
+if want curve; then
+  for g in 1 "$N"; do
+    run "tiny_curve_$g" 120 "$B/cpgen" run tiny --gpus "$g" --set train.steps=20 --set train.micro_batches=2 \
+      --set parallel.upipe_heads=2 --set "train.out_dir=$out/runs/curve$g"
+  done
+  python3 - "$out/runs/curve1/metrics.jsonl" "$out/runs/curve$N/metrics.jsonl" <<'PY' | tee -a "$sum"
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"tiny 20 steps, 1 vs N GPUs: step 1 {a[0]:.6f} / {b[0]:.6f}, step 20 {a[-1]:.6f} / {b[-1]:.6f}, "
+      f"worst relative difference {worst:.2e}")
+PY
+fi
+
+if want hf; then
+  d=/tmp/cpgen-hf-par
+  OUT=$out HF_WORK=$d tests/gpu/hf_check.sh "$B" tiny >"$out/hf_1gpu.log" 2>&1
+  run hf_run_n 120 "$B/cpgen" run tiny --gpus "$N" --set train.steps=20 --set train.warmup=5 \
+    --set init.from=hf --set "init.path=$d/tiny/model" --set "train.out_dir=$d/tiny/run_n"
+  cp "$d/tiny/run_n/metrics.jsonl" "$d/tiny/metrics.jsonl"
+  python3 tests/gpu/hf_compare.py "$d/tiny" 2>&1 | grep -v "Loading weights" >"$out/hf_compare_n.log"
+  note "transformers against cpgen on $N GPUs: $(grep -E '^loss curve' "$out/hf_compare_n.log") $(tail -1 "$out/hf_compare_n.log")"
+fi
+
+if want mem; then
+  for s in 128K 512K; do
+    run "l3b_mem_$s" 500 "$B/cpgen" run llama3b --gpus "$N" --seq "$s" --set train.steps=2 --set train.warmup=1 \
+      --set "train.out_dir=$out/runs/l3b_$s"
+    note "  3B $s on $N GPUs: $(done_line "l3b_mem_$s")"
+  done
+  for u in "$N" 24; do
+    "$B/cpgen" plan llama3b --gpus "$N" --seq 128K --set parallel.upipe_heads=$u | grep -E "attention working set" |
+      sed "s/^/  plan U=$u: /" | tee -a "$sum"
+    run "l3b_u$u" 300 "$B/cpgen" run llama3b --gpus "$N" --seq 128K --set parallel.upipe_heads=$u \
+      --set train.steps=2 --set "train.out_dir=$out/runs/l3b_u$u"
+    note "  3B 128K U=$u: $(done_line "l3b_u$u")"
+  done
+fi
+
+if want speed; then
+  run l3b_256k 500 "$B/cpgen" run llama3b --gpus "$N" --seq 256K --set train.steps=3 --set train.warmup=1 \
+    --set "train.out_dir=$out/runs/l3b_256k"
+  note "  3B 256K on $N GPUs: $(done_line l3b_256k)"
+  run l8b_128k 500 "$B/cpgen" run llama8b --gpus "$N" --seq 128K --set train.steps=3 --set train.warmup=1 \
+    --set "train.out_dir=$out/runs/l8b_128k"
+  note "  8B 128K on $N GPUs: $(done_line l8b_128k)"
+fi
+echo
+cat "$sum"
+grep -E "agree|DIFFER|cases" "$out/test_parallel.log" 2>/dev/null
