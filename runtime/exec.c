@@ -32,6 +32,7 @@
 #include "kernels_attn.h"
 #include "module.h"
 #include "util.h"
+#include "weights.h"
 
 #define MAXARGS 16
 #define PIN_PIECE ((int64_t)8 << 30) /* pinned host allocations are at most 8 GiB each, made in parallel */
@@ -1276,18 +1277,11 @@ static int zero_buf(cp_exec *ex, const char *name, char *err, int errlen) {
     return 0;
 }
 
-/* This rank's shard of the full flat model: of each unit u, elements [r * padded/C, (r + 1) * padded/C) of the
- * unit (weights.h), placed at the unit's shard offset. With one GPU the shard is the model. */
+/* This rank's shard of the full flat model (cp_weights_shard), or NULL with one GPU, where the shard is the model. */
 static float *rank_shard(const cp_exec *ex, const float *flat) {
-    const cp_plan *P = ex->P;
-    if (P->C == 1) return NULL;
-    float *sh = cp_xmalloc(sizeof(float) * (size_t)P->params_shard);
-    int64_t full = 0;
-    for (int u = 0; u < P->nunits; u++) {
-        int64_t part = P->unit_padded[u] / P->C;
-        memcpy(sh + P->unit_shard_off[u], flat + full + (int64_t)ex->o.rank * part, sizeof(float) * (size_t)part);
-        full += P->unit_padded[u];
-    }
+    if (ex->P->C == 1) return NULL;
+    float *sh = cp_xmalloc(sizeof(float) * (size_t)ex->P->params_shard);
+    cp_weights_shard(ex->P, ex->o.rank, flat, sh);
     return sh;
 }
 

@@ -20,6 +20,15 @@ int64_t cp_weights_unit_off(const cp_plan *plan, int unit) {
     return off;
 }
 
+void cp_weights_shard(const cp_plan *plan, int rank, const float *full, float *shard) {
+    int64_t off = 0;
+    for (int u = 0; u < plan->nunits; u++) {
+        int64_t part = plan->unit_padded[u] / plan->C;
+        memcpy(shard + plan->unit_shard_off[u], full + off + (int64_t)rank * part, sizeof(float) * (size_t)part);
+        off += plan->unit_padded[u];
+    }
+}
+
 int64_t cp_weights_elems(const cp_plan *plan) { return cp_weights_unit_off(plan, plan->nunits); }
 
 void cp_q_head_order(const cp_plan *plan, int *order) {

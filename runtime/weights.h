@@ -37,6 +37,9 @@ typedef struct {
 int64_t cp_weights_elems(const cp_plan *plan);
 /* First element of unit u in the flat model. */
 int64_t cp_weights_unit_off(const cp_plan *plan, int unit);
+/* Rank r's shard of the flat model (plan->params_shard elements): of each unit u, elements
+ * [r * padded/C, (r + 1) * padded/C) of the unit, at plan->unit_shard_off[u]. With one GPU, a copy. */
+void cp_weights_shard(const cp_plan *plan, int rank, const float *full, float *shard);
 
 /* order[p] = the model query head stored at position p (p < heads). */
 void cp_q_head_order(const cp_plan *plan, int *order);

@@ -949,6 +949,44 @@ static uint64_t mix(uint64_t z) {
     return z ^ (z >> 31);
 }
 
+/* FSDP shards: the C ranks' shards of a model tile it exactly once, each unit split in C equal parts, and every
+ * Hugging Face tensor lands on the ranks that hold its elements. */
+static void test_shards(void **state) {
+    (void)state;
+    static const char *const cases[][3] = {{"tiny", "parallel.gpus=2", "train.seq_len=2K"},
+                                           {"tiny", "parallel.gpus=4", "parallel.upipe_heads=4"},
+                                           {"llama1b", "parallel.gpus=8", "model.layers=2"}};
+    for (size_t k = 0; k < CP_ARRAY_LEN(cases); k++) {
+        cp_spec s;
+        cp_plan p;
+        load_spec(&s, cases[k][0], 2, cases[k][1], cases[k][2]);
+        build(&s, &p);
+        int64_t n = cp_weights_elems(&p), C = p.C;
+        assert_int_equal(p.params_shard * C, n);
+        float *full = alloc_model(&p), *back = calloc((size_t)n, sizeof(float));
+        for (int64_t i = 0; i < n; i++) full[i] = (float)(i % 16777216); /* distinct within every unit's part */
+        float *sh = malloc(sizeof(float) * (size_t)p.params_shard);
+        int64_t *seen = calloc((size_t)n, sizeof *seen);
+        for (int r = 0; r < C; r++) {
+            cp_weights_shard(&p, r, full, sh);
+            for (int u = 0; u < p.nunits; u++) {
+                int64_t part = p.unit_padded[u] / C, uoff = cp_weights_unit_off(&p, u);
+                assert_int_equal(part * C, p.unit_padded[u]);
+                for (int64_t i = 0; i < part; i++) {
+                    int64_t at = uoff + r * part + i; /* the element of the full model this shard slot holds */
+                    assert_true(sh[p.unit_shard_off[u] + i] == full[at]);
+                    back[at] = sh[p.unit_shard_off[u] + i];
+                    seen[at]++;
+                }
+            }
+        }
+        for (int64_t i = 0; i < n; i++) assert_int_equal(seen[i], 1);
+        assert_memory_equal(back, full, sizeof(float) * (size_t)n);
+        free(full), free(back), free(sh), free(seen);
+        cp_plan_free(&p);
+    }
+}
+
 static void test_init_random(void **state) {
     (void)state;
     cp_spec s;
@@ -1071,6 +1109,7 @@ int main(void) {
         cmocka_unit_test(test_save_load_roundtrip),
         cmocka_unit_test(test_load_mismatch),
         cmocka_unit_test(test_config_json),
+        cmocka_unit_test(test_shards),
         cmocka_unit_test(test_init_random),
     };
     return cmocka_run_group_tests_name("safetensors", tests, setup, teardown) ? 1 : 0;
