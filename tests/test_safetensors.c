@@ -964,7 +964,7 @@ static void test_shards(void **state) {
         int64_t n = cp_weights_elems(&p), C = p.C;
         assert_int_equal(p.params_shard * C, n);
         float *full = alloc_model(&p), *back = calloc((size_t)n, sizeof(float));
-        for (int64_t i = 0; i < n; i++) full[i] = (float)(i % 16777216); /* distinct within every unit's part */
+        for (int64_t i = 0; i < n; i++) full[i] = (float)(i % 16777216); /* values check the copies; `seen` checks the positions */
         float *sh = malloc(sizeof(float) * (size_t)p.params_shard);
         int64_t *seen = calloc((size_t)n, sizeof *seen);
         for (int r = 0; r < C; r++) {
