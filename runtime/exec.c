@@ -529,8 +529,8 @@ static int k_pack(pctx *c) {
     return 0;
 }
 
-/* unpack_o: operands src (head layout), dst (the stage's columns): unpack(src, dst, dst_stride) */
-/* unpack or unpack_add (the step's role): operands the all-to-all's blocks, the token rows */
+/* unpack_o, unpack_dq, unpack_dk, unpack_dv: operands src (head layout: the all-to-all's C blocks), dst (the stage's
+ * columns of the token rows): unpack or unpack_add (the step's role) (src, dst, dst_stride) */
 static int k_unpack(pctx *c) {
     int64_t stride;
     if (need_ops(c, 2) || layout_check(c, 1, &stride)) return -1;
@@ -700,11 +700,9 @@ static const struct {
     {"pack_do", k_pack},          {"pack_delta", k_pack},       {"pack_q", k_pack},
     {"pack_k", k_pack},           {"pack_v", k_pack},           {"unpack_dq", k_unpack},
     {"unpack_dk", k_unpack},      {"unpack_dv", k_unpack},      {"grad_accum", k_grad_accum},
-    {"swiglu", k_swiglu},
-    {"swiglu_bwd", k_swiglu_bwd}, {"loss", k_loss},             {"loss_sum", k_loss_sum},
-    {"attn_delta", k_attn_delta},
-    {"cast_dk", k_cast},          {"cast_dv", k_cast},          {"grad_norm", k_grad_norm},
-    {"adamw", k_adamw},
+    {"swiglu", k_swiglu},         {"swiglu_bwd", k_swiglu_bwd}, {"loss", k_loss},
+    {"loss_sum", k_loss_sum},     {"attn_delta", k_attn_delta}, {"cast_dk", k_cast},
+    {"cast_dv", k_cast},          {"grad_norm", k_grad_norm},   {"adamw", k_adamw},
 };
 
 /* GEMM: operands A, B, (C), D with the plan's cp_gemm; every operand must hold the rows its leading dimension
@@ -1556,6 +1554,10 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
 /* One sync: the loss sum and the gradient's sum of squares. */
 static int read_scalars(cp_exec *ex, char *err, int errlen) {
     cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
+    /* the all-reduce of the two sums runs on the communication stream; the read is not a plan step, so no event
+     * orders it after that */
+    if (ex->o.comm && sync_stream(ex, ex->streams[CP_STREAM_COMM], "summing the loss across the ranks", err, errlen))
+        return -1;
     CK(cudaMemcpyAsync(ex->host_scalars, ex->loss_sum, 2 * sizeof(float), cudaMemcpyDeviceToHost, st),
        "reading the loss");
     return sync_stream(ex, st, "running the micro-batches (a kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 to "
@@ -1570,8 +1572,6 @@ static void sort_tokens(const int32_t *tok, int64_t T, int64_t V, int32_t *count
     for (int64_t t = 0; t < T; t++) order[count[tok[t]]++] = (int32_t)t;
 }
 
-/* Check and stage the tokens and targets of every micro-batch and the order the embedding backward sums rows in;
- * set the loss scale. Returns the target count, or -1 with a message. */
 /* Tokens and targets into the pinned staging (checked against the vocabulary), each micro-batch's rows sorted by
  * token for the embedding's backward, and the loss's divisor: the step's target tokens, over all ranks with several
  * GPUs (targets_all, from the caller: each rank sees only its slice). Returns that count, or -1. */
@@ -1619,8 +1619,11 @@ int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets
         for (int i = 0; i < P->micro_steps && !rc; i++) rc = run_step(ex, i, b, NULL, err, errlen);
     }
     if (!rc) rc = join_streams(ex, err, errlen);
+    /* the optimizer's all-reduce of the loss does not run here: sum it across the ranks now */
+    if (!rc && ex->o.comm)
+        rc = cp_nccl_all_reduce(ex->o.comm, ex->loss_sum, ex->loss_sum, 1, ncclFloat32, ncclSum,
+                                ex->streams[CP_STREAM_COMPUTE], err, errlen);
     if (!rc) rc = read_scalars(ex, err, errlen);
-    if (!rc && ex->o.comm) rc = sync_stream(ex, ex->streams[CP_STREAM_COMM], "finishing the backward", err, errlen);
     if (!rc) CK(cudaDeviceSynchronize(), "finishing the backward");
     if (!rc) *loss = (double)ex->host_scalars[0] * ex->sc.loss_scale;
     return rc;
