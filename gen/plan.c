@@ -219,8 +219,9 @@ typedef struct {
     int params, master, adam_m, adam_v, grads;  /* shards */
     int host_grads, host_params;                 /* optimizer on the host: gradients in, bf16 parameters out */
     int w_layer[2], g_layer, w_embed, g_embed, w_head, g_head; /* C > 1 */
-    int *ckpt;                                   /* [L] layer inputs (GPU or host) */
+    int *ckpt;                                   /* [L] layer inputs (GPU or host); -1 between checkpoints */
     int xs[2];                                   /* GPU staging for host checkpoints */
+    int *seg;                                    /* [k] inputs of a segment's layers 1..k-1 (checkpoint_every k) */
     int h_final, xf, rstdf, dxf, logits, token_loss, loss_sum, tokens, targets, token_order;
     int xn, rstd1, attn_out, h2, xn2, rstd2, dres, dh2, dxn, dattn, delta_tok;
     int *attn_keep, *lse_keep;                   /* checkpoint = "none": per layer */
@@ -285,6 +286,12 @@ static void reduce_scatter(builder *B, const bufset *b, int unit, int add_module
     cp_step *s = collective(B, CP_OP_REDUCE_SCATTER, "reduce_scatter", P->unit_padded[unit] * F32);
     rd(s, P, r.gbuf);
     use(s, P, b->grads, P->unit_shard_off[unit] * F32, shard * F32, CP_RW);
+}
+
+/* The buffer that holds layer l's input: its checkpoint at the start of a segment of checkpoint_every layers,
+ * else the segment's input buffer (forward, and the backward's recompute). */
+static int layer_input(const bufset *b, const cp_plan *P, int l) {
+    return l % P->ckpt_every ? b->seg[l % P->ckpt_every] : b->ckpt[l];
 }
 
 /* Zero a gradient buffer before a unit's backward accumulates into it. */
@@ -799,11 +806,21 @@ static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
         b->g_embed = add_buf(P, "embed_grads.f32", CP_SPACE_GPU, CP_CAT_UNIT_GRADS, e * F32, false);
         b->g_head = add_buf(P, "head_grads.f32", CP_SPACE_GPU, CP_CAT_UNIT_GRADS, h * F32, false);
     }
+    int k = P->ckpt_every;
     b->ckpt = cp_xcalloc((size_t)L, sizeof *b->ckpt);
     for (int l = 0; l < L; l++) {
+        b->ckpt[l] = -1;
+        if (l % k) continue;
         bool host = l < P->ckpt_host_layers;
         snprintf(name, sizeof name, "ckpt.%d", l);
         b->ckpt[l] = add_buf(P, name, host ? CP_SPACE_HOST : CP_SPACE_GPU, CP_CAT_CKPT, T * hid * BF16, false);
+    }
+    /* between checkpoints: the inputs of a segment's later layers, written by the forward and again by the
+     * backward's recompute of the segment */
+    b->seg = cp_xcalloc((size_t)k, sizeof *b->seg);
+    for (int j = 1; j < k; j++) {
+        snprintf(name, sizeof name, "segment_input.%d", j);
+        b->seg[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_CKPT, T * hid * BF16, false);
     }
     b->xs[0] = b->xs[1] = -1;
     if (P->ckpt_host_layers > 0) {
@@ -930,13 +947,13 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         if (l + 1 < L) gather(&B, b, l + 2, (l + 1) % 2); /* prefetch next layer's weights */
         if (l == 0) gather(&B, b, 1, 0);
         bool host = l < P->ckpt_host_layers, next_host = l + 1 < P->ckpt_host_layers;
-        int x = host ? b->xs[l % 2] : b->ckpt[l];
+        int x = host ? b->xs[l % 2] : layer_input(b, P, l);
         if (host) {
             s = collective(&B, CP_OP_COPY_D2H, "offload", T * hid * BF16);
             rd(s, P, x);
             wr(s, P, b->ckpt[l]);
         }
-        int out = l + 1 == L ? b->h_final : next_host ? b->xs[(l + 1) % 2] : b->ckpt[l + 1];
+        int out = l + 1 == L ? b->h_final : next_host ? b->xs[(l + 1) % 2] : layer_input(b, P, l + 1);
         unit_ref w = unit_at(P, b, l + 1, l % 2);
         layer_forward(&B, b, M, &w, x, out, true, true);
     }
@@ -1009,7 +1026,21 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         B.layer = l;
         B.phase = CP_PHASE_BWD;
         bool host = l < P->ckpt_host_layers;
-        int x = host ? b->xs[l % 2] : b->ckpt[l];
+        int x = host ? b->xs[l % 2] : layer_input(b, P, l);
+        int k = P->ckpt_every, a = l / k * k;
+        if (l > a && (l == (int)L - 1 || l % k == k - 1)) {
+            /* the top layer of a segment: its inputs from the segment's checkpoint, forward again */
+            B.phase = CP_PHASE_RECOMPUTE;
+            for (int j = a; j < l; j++) {
+                B.layer = j;
+                gather(&B, b, j + 1, j % 2);
+                unit_ref wj = unit_at(P, b, j + 1, j % 2);
+                layer_forward(&B, b, M, &wj, layer_input(b, P, j), layer_input(b, P, j + 1), true, true);
+            }
+            B.layer = l;
+            B.phase = CP_PHASE_BWD;
+            gather(&B, b, l + 1, l % 2); /* the segment's gathers used this layer's slot */
+        }
         if (l > 0) {
             gather(&B, b, l, (l - 1) % 2); /* prefetch the layer below */
             if (l - 1 < P->ckpt_host_layers) {
@@ -1159,7 +1190,7 @@ static void cost_model(cp_plan *P) {
 
 /* ---------------------------------------------------------------- driver */
 
-static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, char *err, int errlen) {
+static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt_every, char *err, int errlen) {
     memset(P, 0, sizeof *P);
     P->spec = *spec;
     const cp_model *m = &spec->model;
@@ -1172,6 +1203,7 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, char *er
     int64_t loss_cap = CP_MAX((int64_t)1, ((int64_t)512 << 20) / (m->vocab * BF16));
     P->loss_tile = par->loss_tile ? par->loss_tile : largest_divisor_at_most(P->T, CP_MIN(loss_cap, (int64_t)4096));
     P->ckpt_host_layers = host_layers;
+    P->ckpt_every = ckpt_every;
 
     /* FSDP units: embedding, layers, final norm (+ untied LM head) */
     cp_layer_layout_of(m, P->C, &P->layout);
@@ -1200,6 +1232,7 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, char *er
     make_buffers(P, &M, &b);
     make_program(P, &b, &M);
     free(b.ckpt);
+    free(b.seg);
     free(b.attn_keep);
     free(b.lse_keep);
     if (cp_plan_liveness(P, err, errlen)) return -1;
@@ -1229,18 +1262,13 @@ static void judge(cp_plan *P) {
 }
 
 /* One stage size U: the plan, with the fewest offloaded checkpoints that fit when offload is auto. */
-static int build_u(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
-    cp_spec s = *spec;
-    if (s.parallel.optimizer == CP_OPT_AUTO) {
-        /* model states (18 bytes per parameter per rank share) on the GPU unless they alone take over 60% */
-        int64_t states = cp_model_params(&s.model) * 18 / s.parallel.gpus;
-        s.parallel.optimizer = states > s.machine.gpu_mem * 6 / 10 ? CP_OPT_HOST : CP_OPT_GPU;
-    }
+static int build_k(const cp_spec *spec, cp_plan *P, int k, char *err, int errlen) {
+    const cp_spec s = *spec;
     int L = (int)s.model.layers;
     int host = s.parallel.offload == CP_OFFLOAD_ALL ? L : 0;
-    if (build_once(&s, P, host, err, errlen)) return -1;
+    if (build_once(&s, P, host, k, err, errlen)) return -1;
     judge(P);
-    if (s.parallel.offload != CP_OFFLOAD_AUTO || P->fits) return 0;
+    if (s.parallel.offload != CP_OFFLOAD_AUTO || P->fits || k > 1) return 0;
     /* auto: offload the fewest checkpoints that make it fit (each moved layer saves one GPU checkpoint;
      * moving any costs two staging buffers), searched by bisection since memory falls as more move */
     int lo = 1, hi = L;
@@ -1248,7 +1276,7 @@ static int build_u(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     bool any = false;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        if (build_once(&s, &trial, mid, err, errlen)) return -1;
+        if (build_once(&s, &trial, mid, 1, err, errlen)) return -1;
         judge(&trial);
         if (trial.fits) {
             cp_plan_free(P);
@@ -1262,28 +1290,99 @@ static int build_u(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     }
     if (!any) {
         cp_plan_free(P);
-        if (build_once(&s, P, L, err, errlen)) return -1;
+        if (build_once(&s, P, L, 1, err, errlen)) return -1;
         judge(P);
     }
     return 0;
 }
 
+/* One stage size U: the optimizer's place, then the checkpoint spacing. checkpoint_every = "auto": every layer
+ * with the fewest checkpoints offloaded; where that needs the host or does not fit, and `sparse` allows it, also
+ * the smallest spacing k > 1 that fits with every checkpoint on the GPU (k up to about sqrt(L): beyond, the k - 1
+ * segment inputs outweigh the checkpoints saved), and of the two the one the cost model predicts faster. */
+static int build_u(const cp_spec *spec, cp_plan *P, bool sparse, char *err, int errlen) {
+    cp_spec s = *spec;
+    if (s.parallel.optimizer == CP_OPT_AUTO) {
+        /* model states (18 bytes per parameter per rank share) on the GPU unless they alone take over 60% */
+        int64_t states = cp_model_params(&s.model) * 18 / s.parallel.gpus;
+        s.parallel.optimizer = states > s.machine.gpu_mem * 6 / 10 ? CP_OPT_HOST : CP_OPT_GPU;
+    }
+    if (s.parallel.checkpoint_every > 0) return build_k(&s, P, s.parallel.checkpoint_every, err, errlen);
+    if (build_k(&s, P, 1, err, errlen)) return -1;
+    if (!sparse || (P->fits && P->ckpt_host_layers == 0) || s.parallel.checkpoint == CP_CKPT_NONE ||
+        s.parallel.offload == CP_OFFLOAD_ALL)
+        return 0;
+    /* memory falls with k up to about sqrt(L) (fewer checkpoints, more segment inputs): if the sparsest spacing
+     * there does not fit, none does; else the smallest that fits, by bisection */
+    int L = (int)s.model.layers, kmax = 2;
+    while (kmax * kmax < L) kmax++;
+    kmax = CP_MIN(kmax, L);
+    if (kmax < 2) return 0;
+    cp_plan t;
+    if (build_k(&s, &t, kmax, err, errlen)) return -1;
+    if (!t.fits) {
+        cp_plan_free(&t);
+        return 0;
+    }
+    int lo = 2, hi = kmax - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        cp_plan u;
+        if (build_k(&s, &u, mid, err, errlen)) {
+            cp_plan_free(&t);
+            return -1;
+        }
+        if (u.fits) {
+            cp_plan_free(&t);
+            t = u;
+            hi = mid - 1;
+        } else {
+            cp_plan_free(&u);
+            lo = mid + 1;
+        }
+    }
+    if (!P->fits || t.t_step < P->t_step) { /* against offloading checkpoints with every layer kept */
+        cp_plan_free(P);
+        *P = t;
+    } else {
+        cp_plan_free(&t);
+    }
+    return 0;
+}
+
 int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
-    if (!spec->parallel.upipe_auto) return build_u(spec, P, err, errlen);
+    if (!spec->parallel.upipe_auto) return build_u(spec, P, true, err, errlen);
     /* upipe_heads = "auto": the largest stage that fits, since fewer, larger stages run larger projection GEMMs
      * and give the attention kernels more blocks at once (docs/PERF.md has the 3B step with 1 and 24 heads per
      * stage); failing that, the smallest, whose refusal says what would fit */
     int64_t U[256];
     int n = cp_spec_upipe_values(spec, U, 256);
     cp_spec s = *spec;
-    for (int i = n - 1; i > 0; i--) {
-        s.parallel.upipe_heads = (int)U[i];
-        if (build_u(&s, P, err, errlen)) return -1;
-        if (P->fits) return 0;
-        cp_plan_free(P);
-    }
     s.parallel.upipe_heads = (int)(n > 0 ? U[0] : spec->parallel.upipe_heads);
-    return build_u(&s, P, err, errlen);
+    if (build_u(&s, P, false, err, errlen)) return -1;
+    /* the stage of least memory does not fit with every layer checkpointed: no larger one does, and a sparser
+     * spacing of checkpoints is the way left (larger stages come before sparser checkpoints, which recompute) */
+    if (!P->fits) {
+        cp_plan_free(P);
+        return build_u(&s, P, true, err, errlen);
+    }
+    /* memory grows with U: the largest that fits, by bisection over the valid values */
+    int lo = 1, hi = n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        cp_plan t;
+        s.parallel.upipe_heads = (int)U[mid];
+        if (build_u(&s, &t, false, err, errlen)) return -1;
+        if (t.fits) {
+            cp_plan_free(P);
+            *P = t;
+            lo = mid + 1;
+        } else {
+            cp_plan_free(&t);
+            hi = mid - 1;
+        }
+    }
+    return 0;
 }
 
 void cp_plan_free(cp_plan *P) {

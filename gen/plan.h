@@ -138,6 +138,8 @@ typedef struct {
     int group_len;         /* consecutive stages sharing one K,V */
     int64_t mlp_tile, loss_tile;
     int ckpt_host_layers;  /* layers whose checkpoint lives in host memory (the first ones) */
+    int ckpt_every;        /* k: the inputs of layers 0, k, 2k... are kept, the k - 1 between recomputed in the
+                            * backward (k > 1: every checkpoint on the GPU) */
     bool opt_on_host;
     cp_stage_rank *stages; /* [nstages * C], index s * C + r */
 

@@ -71,14 +71,18 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             (long long)m->layers, (long long)m->heads, (long long)m->kv_heads, (long long)(m->heads / m->kv_heads),
             (long long)m->head_dim, (long long)m->ffn, (long long)m->vocab, m->tie_embeddings ? "tied" : "untied",
             m->qk_norm ? " | qk-norm" : "");
+    char ck[64];
+    if (par->checkpoint == CP_CKPT_NONE) snprintf(ck, sizeof ck, "none");
+    else if (P->ckpt_every == 1) snprintf(ck, sizeof ck, "every layer");
+    else snprintf(ck, sizeof ck, "every %d layers (%lld kept)", P->ckpt_every,
+                  (long long)((m->layers + P->ckpt_every - 1) / P->ckpt_every));
     fprintf(out, "  parallel  %d GPU%s | seq %s (%s per GPU) x %d micro-batch%s | UPipe U=%d%s | checkpoint %s | "
                  "checkpoints on host: %d of %lld layers | optimizer on %s\n",
             P->C, P->C > 1 ? "s" : "", cp_fmt_length(P->S, a, sizeof a), cp_fmt_length(P->T, b, sizeof b),
             sp->train.micro_batches, sp->train.micro_batches > 1 ? "es" : "", P->U,
             P->U == m->heads ? (par->upipe_auto ? " (plain Ulysses, auto)" : " (plain Ulysses)")
                              : (par->upipe_auto ? " (auto)" : ""),
-            par->checkpoint == CP_CKPT_LAYER ? "layer" : "none",
-            P->ckpt_host_layers, (long long)m->layers, P->opt_on_host ? "host" : "GPU");
+            ck, P->ckpt_host_layers, (long long)m->layers, P->opt_on_host ? "host" : "GPU");
     fprintf(out, "  tiles     MLP %s tokens (%lld tiles) | loss %s tokens (%lld tiles)\n",
             cp_fmt_length(P->mlp_tile, a, sizeof a), (long long)(P->T / P->mlp_tile),
             cp_fmt_length(P->loss_tile, b, sizeof b), (long long)(P->T / P->loss_tile));
@@ -200,9 +204,9 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
     fprintf(out, "  \"parallel\": {\"gpus\": %d, \"seq_len\": %lld, \"tokens_per_gpu\": %lld, \"micro_batches\": %d, "
                  "\"upipe_heads\": %d, \"stages\": %d, \"q_heads_per_gpu_stage\": %d, \"kv_heads_per_gpu_stage\": %d, "
                  "\"kv_replication\": %d, \"gqa_group_stages\": %d, \"mlp_tile\": %lld, \"loss_tile\": %lld, "
-                 "\"ckpt_host_layers\": %d, \"optimizer_on_host\": %s},\n",
+                 "\"ckpt_host_layers\": %d, \"checkpoint_every\": %d, \"optimizer_on_host\": %s},\n",
             P->C, (long long)P->S, (long long)P->T, sp->train.micro_batches, P->U, P->nstages, P->u, P->kvr, P->repl,
-            P->group_len, (long long)P->mlp_tile, (long long)P->loss_tile, P->ckpt_host_layers,
+            P->group_len, (long long)P->mlp_tile, (long long)P->loss_tile, P->ckpt_host_layers, P->ckpt_every,
             P->opt_on_host ? "true" : "false");
     fprintf(out, "  \"stages\": [");
     for (int s = 0; s < P->nstages; s++) {

@@ -42,7 +42,7 @@ static const node MODEL_KEYS[] = {
     LEAF("head_dim"), LEAF("ffn"), LEAF("norm_eps"), LEAF("tie_embeddings"), LEAF("qk_norm"), {"rope", ROPE_KEYS},
     END};
 static const node PARALLEL_KEYS[] = {
-    LEAF("gpus"), LEAF("upipe_heads"), LEAF("checkpoint"), LEAF("offload"), LEAF("optimizer"), LEAF("mlp_tile"),
+    LEAF("gpus"), LEAF("upipe_heads"), LEAF("checkpoint"), LEAF("checkpoint_every"), LEAF("offload"), LEAF("optimizer"), LEAF("mlp_tile"),
     LEAF("loss_tile"), END};
 static const node TRAIN_KEYS[] = {
     LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
@@ -1031,6 +1031,15 @@ static int read_parallel(ctx *c, int top, cp_parallel *p) {
     int e = CP_CKPT_LAYER;
     TRY(get_enum(c, t, "parallel", "checkpoint", CKPT_NAMES, &e));
     p->checkpoint = (cp_checkpoint)e;
+    p->checkpoint_every = 0;
+    r = get_int_ex(c, t, "parallel", "checkpoint_every", INT_PLAIN, true, INT64_MIN, INT_MAX, &v, &is_auto);
+    TRY(r);
+    if (r == 0 && !is_auto) {
+        if (v < 1)
+            return fail(c, "parallel.checkpoint_every", " = %lld: must be at least 1 (1: every layer), or \"auto\"",
+                        (long long)v);
+        p->checkpoint_every = (int)v;
+    }
     e = CP_OFFLOAD_AUTO;
     TRY(get_enum(c, t, "parallel", "offload", OFFLOAD_NAMES, &e));
     p->offload = (cp_offload)e;
@@ -1266,6 +1275,17 @@ static int validate(ctx *c, cp_spec *s) {
     if (p->gpus < 1 || p->gpus > 4096) return fail(c, "parallel.gpus", " = %d: must be between 1 and 4096", p->gpus);
     if (p->upipe_heads < 0)
         return fail(c, "parallel.upipe_heads", " = %d: must be at least 1, or \"auto\"", p->upipe_heads);
+    if (p->checkpoint_every < 0)
+        return fail(c, "parallel.checkpoint_every", " = %d: must be at least 1, or \"auto\"", p->checkpoint_every);
+    if (p->checkpoint_every > m->layers)
+        return fail(c, "parallel.checkpoint_every", " = %d: more than model.layers (%lld); at most %lld, one checkpoint "
+                    "for the whole model", p->checkpoint_every, (long long)m->layers, (long long)m->layers);
+    if (p->checkpoint_every > 1 && p->checkpoint == CP_CKPT_NONE)
+        return fail(c, "parallel.checkpoint_every", " = %d: with checkpoint = \"none\" every layer keeps its activations; "
+                    "use checkpoint = \"layer\", or checkpoint_every = 1", p->checkpoint_every);
+    if (p->checkpoint_every > 1 && p->offload == CP_OFFLOAD_ALL)
+        return fail(c, "parallel.checkpoint_every", " = %d: the checkpoints of every k-th layer stay on the GPU; "
+                    "offload = \"all\" needs checkpoint_every = 1 (or \"auto\")", p->checkpoint_every);
     if (p->mlp_tile < 0)
         return fail(c, "parallel.mlp_tile", " = %lld: must be at least 1, or \"auto\"", (long long)p->mlp_tile);
     if (p->loss_tile < 0)

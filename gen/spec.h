@@ -40,6 +40,7 @@ typedef struct {
     int upipe_heads;    /* U: query heads per UPipe stage; U = heads is plain Ulysses */
     bool upipe_auto;    /* "auto": the plan picks the largest U that fits (upipe_heads holds the smallest) */
     cp_checkpoint checkpoint;
+    int checkpoint_every; /* k: keep the input of every k-th layer, recompute the k - 1 between; 0 = "auto" */
     cp_offload offload;
     cp_opt_place optimizer;
     int64_t mlp_tile;   /* tokens per MLP tile; 0 = auto */

@@ -75,6 +75,9 @@ static void test_shipped_shapes(void **state) {
     check("llama3b", 3, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
     check("llama8b", 4, "parallel.gpus=1", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
     check("qwen32b", 3, "parallel.gpus=1", "model.layers=1", "train.seq_len=4K");
+    check("llama3b", 5, "parallel.gpus=1", "model.layers=5", "train.seq_len=4K", "parallel.checkpoint_every=2",
+          "parallel.offload=none");
+    check("tiny", 3, "parallel.checkpoint_every=2", "parallel.offload=none", "train.micro_batches=2");
 }
 
 /* Plans of 2 and 4 GPUs: Ulysses and UPipe stages, GQA groups split across ranks, KV heads fewer than GPUs
@@ -92,6 +95,9 @@ static void test_parallel(void **state) {
     check("llama8b", 4, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.upipe_heads=2");
     check("llama8b", 4, "parallel.gpus=8", "model.layers=2", "train.seq_len=64K", "parallel.upipe_heads=8");
     check("llama8b", 4, "parallel.gpus=8", "model.layers=2", "train.seq_len=64K", "parallel.upipe_heads=32");
+    /* sparse checkpoints: the segments' forward again, with their weights gathered again */
+    check("llama1b", 5, "parallel.gpus=2", "model.layers=5", "train.seq_len=8K", "parallel.checkpoint_every=2",
+          "parallel.offload=none");
 }
 
 /* What this runtime does not do yet with several GPUs is refused before anything is allocated. */

@@ -104,15 +104,17 @@ static void test_upipe_auto(void **state) {
     assert_int_equal(p.U, 4); /* plain Ulysses: one stage of all four heads */
     assert_int_equal(p.nstages, 1);
     cp_plan_free(&p);
-    /* the 3B shape on one GPU at 420K tokens with every checkpoint on the GPU: 24 heads per stage do not fit */
+    /* the 3B shape on one GPU at 420K tokens with every checkpoint on the GPU: 24 heads per stage do not fit with
+     * every layer checkpointed, a smaller stage does, and is chosen before sparser checkpoints */
     load("llama3b", &s, 3, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none");
     build(&s, &p);
     assert_true(p.fits);
     int chosen = p.U;
     assert_true(chosen < 24);
+    assert_int_equal(p.ckpt_every, 1);
     cp_plan_free(&p);
-    load("llama3b", &s, 4, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none",
-         "parallel.upipe_heads=24");
+    load("llama3b", &s, 5, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none",
+         "parallel.upipe_heads=24", "parallel.checkpoint_every=1");
     build(&s, &p);
     assert_false(p.fits);
     cp_plan_free(&p);
@@ -123,11 +125,59 @@ static void test_upipe_auto(void **state) {
         if (U[i] == chosen) {
             char set[64];
             snprintf(set, sizeof set, "parallel.upipe_heads=%lld", (long long)U[i + 1]);
-            load("llama3b", &s, 4, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none", set);
+            load("llama3b", &s, 5, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none", set,
+                 "parallel.checkpoint_every=1");
             build(&s, &p);
             assert_false(p.fits);
             cp_plan_free(&p);
         }
+}
+
+/* checkpoint_every = k: the inputs of layers 0, k, 2k... kept, k - 1 segment inputs, and the layers between
+ * recomputed in the backward; "auto" turns to it only where every layer checkpointed on the GPU cannot fit. */
+static void test_checkpoint_every(void **state) {
+    (void)state;
+    cp_spec s;
+    cp_plan p, q;
+    const int64_t S = 8192, h = 3072;
+    load("llama3b", &s, 5, "parallel.gpus=1", "train.seq_len=8K", "model.layers=5", "parallel.checkpoint_every=2",
+         "parallel.offload=none");
+    build(&s, &p);
+    assert_int_equal(p.ckpt_every, 2);
+    int ckpts = 0, segs = 0;
+    for (int i = 0; i < p.nbufs; i++) {
+        ckpts += !strncmp(p.bufs[i].name, "ckpt.", 5);
+        segs += !strncmp(p.bufs[i].name, "segment_input.", 14);
+    }
+    assert_int_equal(ckpts, 3); /* layers 0, 2, 4 */
+    assert_int_equal(segs, 1);
+    assert_non_null(buf(&p, "ckpt.4"));
+    assert_int_equal(buf(&p, "segment_input.1")->bytes, S * h * 2);
+    assert_int_equal(p.cat_bytes[CP_CAT_CKPT], 4 * S * h * 2);
+    /* the segments [0, 1] and [2, 3] are forwarded again in the backward: two more layer forwards than k = 1 */
+    load("llama3b", &s, 5, "parallel.gpus=1", "train.seq_len=8K", "model.layers=5", "parallel.checkpoint_every=1",
+         "parallel.offload=none");
+    build(&s, &q);
+    int rec_p = 0, rec_q = 0;
+    for (int i = 0; i < p.nsteps; i++) rec_p += p.steps[i].phase == CP_PHASE_RECOMPUTE && !strcmp(p.steps[i].what, "norm1");
+    for (int i = 0; i < q.nsteps; i++) rec_q += q.steps[i].phase == CP_PHASE_RECOMPUTE && !strcmp(q.steps[i].what, "norm1");
+    assert_int_equal(rec_q, 5);
+    assert_int_equal(rec_p, 5 + 2);
+    assert_true(p.t_step > q.t_step);
+    cp_plan_free(&p);
+    cp_plan_free(&q);
+    /* auto: at 460K tokens with every checkpoint on the GPU no stage size fits every layer's input; every second
+     * layer's does */
+    load("llama3b", &s, 3, "parallel.gpus=1", "train.seq_len=460K", "parallel.offload=none");
+    build(&s, &p);
+    assert_true(p.fits);
+    assert_int_equal(p.ckpt_every, 2);
+    cp_plan_free(&p);
+    load("llama3b", &s, 4, "parallel.gpus=1", "train.seq_len=460K", "parallel.offload=none",
+         "parallel.checkpoint_every=1");
+    build(&s, &p);
+    assert_false(p.fits);
+    cp_plan_free(&p);
 }
 
 /* The Llama-3.1-8B shape on 8 GPUs at 5M tokens with 80 GB GPUs, every checkpoint on the host. */
@@ -435,7 +485,8 @@ static void test_json_parses(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_arithmetic),
-        cmocka_unit_test(test_upipe_auto),  cmocka_unit_test(test_8b_arithmetic),
+        cmocka_unit_test(test_upipe_auto),
+        cmocka_unit_test(test_checkpoint_every),  cmocka_unit_test(test_8b_arithmetic),
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
         cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
         cmocka_unit_test(test_refuses_when_too_small), cmocka_unit_test(test_max_seq),
