@@ -789,9 +789,13 @@ static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
     b->adam_m = add_buf(P, "adam_m.f32", opt, CP_CAT_OPTIM, shard * F32, true);
     b->adam_v = add_buf(P, "adam_v.f32", opt, CP_CAT_OPTIM, shard * F32, true);
     b->host_grads = b->host_params = -1;
+    P->host_chunk = 0;
     if (P->opt_on_host) {
-        b->host_grads = add_buf(P, "grads_host.f32", CP_SPACE_HOST, CP_CAT_GRADS, shard * F32, true);
-        b->host_params = add_buf(P, "params_host.bf16", CP_SPACE_HOST, CP_CAT_PARAMS, shard * BF16, true);
+        /* two pinned chunks each way: gradients come down and parameters go up while the CPU updates a chunk */
+        P->host_chunk = CP_MIN(shard, (int64_t)CP_HOST_CHUNK);
+        b->host_grads = add_buf(P, "grads_host_ring.f32", CP_SPACE_HOST, CP_CAT_GRADS, 2 * P->host_chunk * F32, true);
+        b->host_params = add_buf(P, "params_host_ring.bf16", CP_SPACE_HOST, CP_CAT_PARAMS, 2 * P->host_chunk * BF16,
+                                 true);
     }
     b->w_layer[0] = b->w_layer[1] = b->g_layer = b->w_embed = b->g_embed = b->w_head = b->g_head = -1;
     if (C > 1) {
@@ -904,10 +908,8 @@ static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
         np = CP_MAX(np, cp_k_scratch_bytes(&P->modules[M->norm_d], "bwd", T * nkv));
     }
     b->norm_part = add_buf(P, "norm_partials.f32", CP_SPACE_GPU, CP_CAT_WORKSPACE, np, false);
-    b->sumsq_part = -1;
-    if (!P->opt_on_host)
-        b->sumsq_part = add_buf(P, "sumsq_partials", CP_SPACE_GPU, CP_CAT_WORKSPACE,
-                                cp_k_scratch_bytes(&P->modules[M->adamw], "sumsq", shard), false);
+    b->sumsq_part = add_buf(P, "sumsq_partials", CP_SPACE_GPU, CP_CAT_WORKSPACE,
+                            cp_k_scratch_bytes(&P->modules[M->adamw], "sumsq", shard), false);
     b->tokens = add_buf(P, "tokens", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
     b->targets = add_buf(P, "targets", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
     /* the rows sorted by token (stable, from the host): the embedding backward sums each token's rows without atomics */
@@ -1073,38 +1075,33 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
 
     P->micro_steps = P->nsteps;
 
-    /* optimizer: global norm (across ranks), then AdamW on the shard */
+    /* optimizer: the global norm on the GPU (summed across ranks with the loss), then AdamW on the shard: on the
+     * GPU, or on the host (the step streams the gradients down and the bf16 parameters up in chunks) */
     B.phase = CP_PHASE_OPTIM;
     int64_t shard = P->params_shard;
+    s = kernel(&B, M->adamw, "sumsq", "grad_norm", (double)shard * F32);
+    rd(s, P, b->grads);
+    wr(s, P, b->sumsq_part);
+    use(s, P, b->loss_sum, F32, F32, CP_RW); /* float 1: the gradient's sum of squares */
+    use(s, P, b->loss_sum, CP_SCALARS_SUMSQ_COUNTER, 4, CP_RW);
+    s->count = shard;
+    if (C > 1) {
+        s = collective(&B, CP_OP_ALLREDUCE, "norm_allreduce", 2 * F32);
+        use(s, P, b->loss_sum, 0, 2 * F32, CP_RW);
+    }
     if (P->opt_on_host) {
-        s = collective(&B, CP_OP_COPY_D2H, "grads_to_host", shard * F32);
-        rd(s, P, b->grads);
-        wr(s, P, b->host_grads);
-        s->stream = CP_STREAM_COMPUTE;
         s = add_step(&B, CP_OP_KERNEL, "adamw_host");
         s->stream = CP_STREAM_COMPUTE;
-        rd(s, P, b->host_grads);
+        rd(s, P, b->grads);
+        rw(s, P, b->host_grads);
         rw(s, P, b->master);
         rw(s, P, b->adam_m);
         rw(s, P, b->adam_v);
-        wr(s, P, b->host_params);
+        rw(s, P, b->host_params);
+        wr(s, P, b->params);
         s->count = shard;
         s->bytes = (double)shard * 16 * 2;
-        s = collective(&B, CP_OP_COPY_H2D, "params_to_gpu", shard * BF16);
-        rd(s, P, b->host_params);
-        wr(s, P, b->params);
-        s->stream = CP_STREAM_COMPUTE;
     } else {
-        s = kernel(&B, M->adamw, "sumsq", "grad_norm", (double)shard * F32);
-        rd(s, P, b->grads);
-        wr(s, P, b->sumsq_part);
-        use(s, P, b->loss_sum, F32, F32, CP_RW); /* float 1: the gradient's sum of squares */
-        use(s, P, b->loss_sum, CP_SCALARS_SUMSQ_COUNTER, 4, CP_RW);
-        s->count = shard;
-        if (C > 1) {
-            s = collective(&B, CP_OP_ALLREDUCE, "norm_allreduce", 2 * F32);
-            use(s, P, b->loss_sum, 0, 2 * F32, CP_RW);
-        }
         s = kernel(&B, M->adamw, "update", "adamw", (double)shard * (4 * F32 + 3 * F32 + BF16));
         rw(s, P, b->master);
         rw(s, P, b->adam_m);
@@ -1152,7 +1149,8 @@ static void cost_model(cp_plan *P) {
         case CP_OP_COPY_H2D: t = s->bytes / (mc->host_gbps * 1e9); break;
         default: break;
         }
-        if (strcmp(s->what, "adamw_host") == 0) t = s->bytes / 40e9; /* CPU memory bandwidth, all cores */
+        if (strcmp(s->what, "adamw_host") == 0) /* CPU memory bandwidth (all cores), or the host link if slower */
+            t = CP_MAX(s->bytes / 40e9, (double)s->count * (F32 + BF16) / (mc->host_gbps * 1e9));
         s->seconds = t;
         t *= reps;
         if (s->kind == CP_OP_KERNEL && s->module >= 0 && strcmp(P->modules[s->module].family, "attention") == 0) {

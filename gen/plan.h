@@ -13,6 +13,7 @@
 #define CP_ARENA_ALIGN 256
 #define CP_MAX_OPERANDS 10
 #define CP_MAX_STAGE_HEADS 128 /* query heads per GPU in one stage (plain Ulysses of a 128-head model) */
+#define CP_HOST_CHUNK (64LL << 20) /* elements per chunk of the host optimizer's rings (256 MiB of fp32) */
 #define CP_GEMM_WORKSPACE (32 << 20) /* cuBLASLt workspace, bytes */
 
 typedef enum { CP_SPACE_GPU, CP_SPACE_HOST } cp_space;
@@ -138,6 +139,7 @@ typedef struct {
     int group_len;         /* consecutive stages sharing one K,V */
     int64_t mlp_tile, loss_tile;
     int ckpt_host_layers;  /* layers whose checkpoint lives in host memory (the first ones) */
+    int64_t host_chunk;    /* optimizer on the host: elements per pinned chunk of its gradient/parameter rings */
     int ckpt_every;        /* k: the inputs of layers 0, k, 2k... are kept, the k - 1 between recomputed in the
                             * backward (k > 1: every checkpoint on the GPU) */
     bool opt_on_host;

@@ -39,7 +39,7 @@
 #define PROGRESS_AFTER 3.0           /* seconds: steps expected to run longer report progress */
 
 enum { X_NONE, X_KERNEL, X_GEMM, X_MEMSET, X_COPY, X_LOAD_TOKENS, X_HOST_ADAMW, X_COLL };
-enum { S_PLAIN, S_ADAMW, S_PARAMS_TO_GPU };
+enum { S_PLAIN, S_ADAMW };
 
 typedef struct {
     cudaKernel_t k;
@@ -103,6 +103,7 @@ struct cp_exec {
     int *waits;
     int nwaits;
     cudaEvent_t join_ev[CP_STREAM_COUNT];
+    cudaEvent_t ring_ev[2][2]; /* host optimizer: [slot] gradients down, [slot] parameters up */
     bool stream_used[CP_STREAM_COUNT];
     cp_gemm_lib *gemm;
     xstep *x;
@@ -112,7 +113,6 @@ struct cp_exec {
     float *host_scalars; /* pinned: loss_sum[0..1] read back once per step */
     float *loss_sum;    /* device */
     /* host optimizer */
-    int x_adamw_host;
     /* memory measurement */
     bool nvml;
     int64_t base_free_nvml, ctx_free_nvml, ctx_free_cuda;
@@ -806,9 +806,14 @@ static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
     case CP_OP_KERNEL:
         if (s->module < 0) {
             if (strcmp(s->what, "adamw_host")) return pfail(&c, "a host step this runtime does not know");
-            if (need_ops(&c, 5)) return -1;
+            /* grads (GPU), gradient ring (host), master, m, v, parameter ring (host), params (GPU) */
+            int64_t n = P->params_shard, ch = P->host_chunk;
+            if (need_ops(&c, 7) || need_bytes(&c, 0, n * 4) || need_bytes(&c, 1, 2 * ch * 4) ||
+                need_bytes(&c, 2, n * 4) || need_bytes(&c, 3, n * 4) || need_bytes(&c, 4, n * 4) ||
+                need_bytes(&c, 5, 2 * ch * 2) || need_bytes(&c, 6, n * 2))
+                return -1;
+            if (ch < 1) return pfail(&c, "the plan has no host chunk size");
             x->kind = X_HOST_ADAMW;
-            ex->x_adamw_host = i;
             return 0;
         }
         x->kind = X_KERNEL;
@@ -842,7 +847,6 @@ static int prep_step(cp_exec *ex, int i, char *err, int errlen) {
         x->src = opp(&c, 0);
         x->dst = opp(&c, 1);
         x->bytes = (size_t)opbytes(&c, 1);
-        if (!strcmp(s->what, "params_to_gpu")) x->special = S_PARAMS_TO_GPU; /* skipped with a skipped update */
         if (opbytes(&c, 0) != opbytes(&c, 1))
             return pfail(&c, "a copy of %lld bytes into %lld", (long long)opbytes(&c, 0), (long long)opbytes(&c, 1));
         return 0;
@@ -1104,6 +1108,8 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     for (int s = 0; s < CP_STREAM_COUNT; s++) {
         CK(cudaStreamCreateWithFlags(&ex->streams[s], cudaStreamNonBlocking), "creating a stream");
         CK(cudaEventCreateWithFlags(&ex->join_ev[s], cudaEventDisableTiming), "creating an event");
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 2; k++) CK(cudaEventCreateWithFlags(&ex->ring_ev[d][k], cudaEventDisableTiming), "creating an event");
     }
     int64_t f0 = cuda_free_now();
     cudaError_t e = cudaMalloc((void **)&ex->gpu, (size_t)(P->gpu_arena ? P->gpu_arena : 1));
@@ -1168,25 +1174,14 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     return 0;
 }
 
-/* What a plan of several GPUs needs of this runtime, or NULL. */
-static const char *parallel_problem(const cp_plan *P) {
-    if (P->C > 1 && P->opt_on_host)
-        return "the optimizer on the host with several GPUs is not in this runtime yet (its gradient norm is not "
-               "summed across the ranks): set parallel.optimizer = \"gpu\"";
-    return NULL;
-}
-
 int cp_exec_create(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char *err, int errlen) {
     *out = NULL;
-    const char *why = parallel_problem(P);
-    if (why) return cp_errf(err, errlen, "%s", why);
     if (P->C > 1 && (!o || !o->comm || o->comm->size != P->C || o->rank != o->comm->rank))
         return cp_errf(err, errlen, "the plan has %d GPUs: each needs its own process with a communicator of all %d "
                        "(`cpgen run` starts them; under mpirun or srun, start one process per GPU)", P->C, P->C);
     cp_exec *ex = cp_xcalloc(1, sizeof *ex);
     ex->P = P;
     if (o) ex->o = *o;
-    ex->x_adamw_host = -1;
     ex->dev = ex->o.device;
     ex->bufptr = cp_xcalloc((size_t)(P->nbufs ? P->nbufs : 1), sizeof *ex->bufptr);
     ex->x = cp_xcalloc((size_t)(P->nsteps ? P->nsteps : 1), sizeof *ex->x);
@@ -1213,6 +1208,9 @@ void cp_exec_destroy(cp_exec *ex) {
         if (ex->streams[s]) (void)cudaStreamDestroy(ex->streams[s]);
         if (ex->join_ev[s]) (void)cudaEventDestroy(ex->join_ev[s]);
     }
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 2; k++)
+            if (ex->ring_ev[d][k]) (void)cudaEventDestroy(ex->ring_ev[d][k]);
     for (int i = 0; i < ex->nmods; i++) cp_module_unload(&ex->mods[i]);
     if (ex->gpu) (void)cudaFree(ex->gpu);
     for (int i = 0; i < ex->npieces; i++)
@@ -1394,60 +1392,82 @@ int cp_exec_load_optimizer(cp_exec *ex, const float *m, const float *v, int upda
 
 typedef struct {
     const cp_exec *ex;
-    int64_t lo, hi;
-    int phase; /* 0: sum of squares, 1: update, 2: bf16 parameters */
-    double sumsq;
+    int64_t lo, hi; /* elements of the chunk this thread updates */
     float *master, *m, *v;
     const float *g;
     uint16_t *out;
 } hopt;
 
+/* AdamW on elements [lo, hi) of a chunk, with the same formulas as templates/adamw.cu, and their bf16 copy. */
 static void *hopt_thread(void *arg) {
     hopt *h = arg;
     const scalars *sc = &h->ex->sc;
-    if (h->phase == 0) {
-        double s = 0;
-        for (int64_t i = h->lo; i < h->hi; i++) s += (double)h->g[i] * h->g[i];
-        h->sumsq = s;
-    } else if (h->phase == 1) {
-        /* the same formulas as templates/adamw.cu */
-        const float b1 = sc->beta1, b2 = sc->beta2, lr = sc->lr;
-        const float bc1 = -expm1f((float)sc->adam_step * log1pf(b1 - 1.f));
-        const float bc2 = -expm1f((float)sc->adam_step * log1pf(b2 - 1.f));
-        const float step_size = lr / bc1, inv = 1.f / sqrtf(bc2), decay = 1.f - lr * sc->wd;
-        for (int64_t i = h->lo; i < h->hi; i++) {
-            float g = h->g[i] * sc->grad_scale, p = h->master[i] * decay;
-            float m = b1 * h->m[i] + (1.f - b1) * g, v = b2 * h->v[i] + (1.f - b2) * g * g;
-            h->master[i] = p - step_size * m / (sqrtf(v) * inv + sc->eps);
-            h->m[i] = m;
-            h->v[i] = v;
-        }
-    } else {
-        for (int64_t i = h->lo; i < h->hi; i++) h->out[i] = to_bf16(h->master[i]);
+    const float b1 = sc->beta1, b2 = sc->beta2, lr = sc->lr;
+    const float bc1 = -expm1f((float)sc->adam_step * log1pf(b1 - 1.f));
+    const float bc2 = -expm1f((float)sc->adam_step * log1pf(b2 - 1.f));
+    const float step_size = lr / bc1, inv = 1.f / sqrtf(bc2), decay = 1.f - lr * sc->wd;
+    for (int64_t i = h->lo; i < h->hi; i++) {
+        float g = h->g[i] * sc->grad_scale, p = h->master[i] * decay;
+        float m = b1 * h->m[i] + (1.f - b1) * g, v = b2 * h->v[i] + (1.f - b2) * g * g;
+        float w = p - step_size * m / (sqrtf(v) * inv + sc->eps);
+        h->master[i] = w;
+        h->m[i] = m;
+        h->v[i] = v;
+        h->out[i] = to_bf16(w);
     }
     return NULL;
 }
 
-static double host_phase(cp_exec *ex, int phase) {
+/* The update of n elements on all cores: master, m, v in place, out = bf16(master). */
+static void host_adamw(cp_exec *ex, float *master, float *m, float *v, const float *g, uint16_t *out, int64_t n) {
+    enum { MAX_THREADS = 32 };
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int nt = cores < 1 ? 1 : cores > 32 ? 32 : (int)cores;
-    int64_t n = ex->P->params_shard;
-    hopt h[32];
-    pthread_t th[32];
-    float *grads = cp_exec_buffer(ex, "grads_host.f32");
+    int nt = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
+    hopt h[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
     for (int t = 0; t < nt; t++) {
-        h[t] = (hopt){.ex = ex, .lo = n * t / nt, .hi = n * (t + 1) / nt, .phase = phase,
-                      .master = cp_exec_buffer(ex, "master.f32"), .m = cp_exec_buffer(ex, "adam_m.f32"),
-                      .v = cp_exec_buffer(ex, "adam_v.f32"), .g = grads,
-                      .out = (uint16_t *)cp_exec_buffer(ex, "params_host.bf16")};
-        if (pthread_create(&th[t], NULL, hopt_thread, &h[t])) cp_fatal(CP_EXIT_FAIL, "pthread_create failed");
+        h[t] = (hopt){.ex = ex, .lo = n * t / nt, .hi = n * (t + 1) / nt, .master = master, .m = m, .v = v, .g = g,
+                      .out = out};
+        if (t + 1 < nt && pthread_create(&th[t], NULL, hopt_thread, &h[t])) cp_fatal(CP_EXIT_FAIL, "pthread_create failed");
     }
-    double s = 0;
-    for (int t = 0; t < nt; t++) {
-        pthread_join(th[t], NULL);
-        s += h[t].sumsq;
+    hopt_thread(&h[nt - 1]); /* this thread takes the last part */
+    for (int t = 0; t + 1 < nt; t++) pthread_join(th[t], NULL);
+}
+
+/* The optimizer step on the host (step i): chunk by chunk, the gradients come down into a two-slot pinned ring,
+ * the CPU updates the fp32 master weights and moments (host memory) and writes the bf16 parameters into a second
+ * ring, which goes up to the GPU's parameters. The copy of chunk k + 1 down and of chunk k up run while the CPU
+ * works on chunk k; a slot is reused only after its previous copy has finished. */
+static int host_update(cp_exec *ex, int i, char *err, int errlen) {
+    const cp_plan *P = ex->P;
+    const cp_step *s = &P->steps[i];
+    char *ops[7];
+    for (int j = 0; j < 7; j++) ops[j] = (char *)ex->bufptr[s->ops[j].buf] + s->ops[j].offset;
+    const float *grads = (const float *)ops[0];
+    float *ring_g = (float *)ops[1], *master = (float *)ops[2], *m = (float *)ops[3], *v = (float *)ops[4];
+    uint16_t *ring_p = (uint16_t *)ops[5], *params = (uint16_t *)ops[6];
+    cudaStream_t st = ex->streams[s->stream];
+    const int64_t n = P->params_shard, ch = P->host_chunk, nch = (n + ch - 1) / ch;
+#define CHUNK_LEN(k) ((size_t)CP_MIN(ch, n - (k) * ch))
+    CK(cudaMemcpyAsync(ring_g, grads, sizeof(float) * CHUNK_LEN(0), cudaMemcpyDeviceToHost, st), "gradients to the host");
+    CK(cudaEventRecord(ex->ring_ev[0][0], st), "recording a copy");
+    for (int64_t k = 0; k < nch; k++) {
+        int slot = (int)(k % 2), next = 1 - slot;
+        if (k + 1 < nch) { /* the CPU finished with that slot at chunk k - 1 */
+            CK(cudaMemcpyAsync(ring_g + next * ch, grads + (k + 1) * ch, sizeof(float) * CHUNK_LEN(k + 1),
+                               cudaMemcpyDeviceToHost, st), "gradients to the host");
+            CK(cudaEventRecord(ex->ring_ev[0][next], st), "recording a copy");
+        }
+        CK(cudaEventSynchronize(ex->ring_ev[0][slot]), "waiting for gradients from the GPU");
+        if (k >= 2) CK(cudaEventSynchronize(ex->ring_ev[1][slot]), "waiting for parameters to the GPU");
+        host_adamw(ex, master + k * ch, m + k * ch, v + k * ch, ring_g + slot * ch, ring_p + slot * ch,
+                   (int64_t)CHUNK_LEN(k));
+        CK(cudaMemcpyAsync(params + k * ch, ring_p + slot * ch, sizeof(uint16_t) * CHUNK_LEN(k),
+                           cudaMemcpyHostToDevice, st), "parameters to the GPU");
+        CK(cudaEventRecord(ex->ring_ev[1][slot], st), "recording a copy");
     }
-    return s;
+#undef CHUNK_LEN
+    return 0;
 }
 
 /* ---------------------------------------------------------------- running */
@@ -1525,6 +1545,9 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
             e = cudaMemcpyAsync(x->dst, x->src, x->bytes, cudaMemcpyDefault, st);
             break;
         }
+        case X_HOST_ADAMW:
+            if (host_update(ex, i, err, errlen)) return -1;
+            break;
         case X_COLL:
             if (run_collective(ex, i, st, err, errlen)) {
                 char m[CP_ERR_MAX];
@@ -1681,19 +1704,13 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
             if (rc) break;
             decided = true;
             r->loss = (double)ex->host_scalars[0] * ex->sc.loss_scale;
-            if (x->kind == X_HOST_ADAMW) r->norm = sqrt(host_phase(ex, 0));
-            else r->norm = sqrt((double)ex->host_scalars[1]);
+            r->norm = sqrt((double)ex->host_scalars[1]);
             skip = !isfinite(r->loss) || !isfinite(r->norm);
             r->clip_scale = hp->clip > 0 ? CP_MIN(1.0, hp->clip / (r->norm + 1e-6)) : 1.0;
             ex->sc.grad_scale = (float)r->clip_scale;
             if (!skip) ex->sc.adam_step = ++ex->updates;
         }
-        if (skip && (x->special == S_ADAMW || x->kind == X_HOST_ADAMW || x->special == S_PARAMS_TO_GPU)) continue;
-        if (x->kind == X_HOST_ADAMW) {
-            host_phase(ex, 1);
-            host_phase(ex, 2);
-            continue;
-        }
+        if (skip && (x->special == S_ADAMW || x->kind == X_HOST_ADAMW)) continue;
         rc = run_step(ex, i, 0, NULL, err, errlen);
     }
     if (!rc && !decided) rc = read_scalars(ex, err, errlen);
@@ -1756,12 +1773,9 @@ static int verify_order(const cp_exec *ex, int from, int to, int64_t *pairs, cha
 
 int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int errlen) {
     memset(rep, 0, sizeof *rep);
-    const char *why = parallel_problem(P);
-    if (why) return cp_errf(err, errlen, "%s", why);
     cp_exec *ex = cp_xcalloc(1, sizeof *ex);
     ex->P = P;
     ex->dry = true;
-    ex->x_adamw_host = -1;
     ex->info.sms = 132;
     ex->bufptr = cp_xcalloc((size_t)(P->nbufs ? P->nbufs : 1), sizeof *ex->bufptr);
     ex->x = cp_xcalloc((size_t)(P->nsteps ? P->nsteps : 1), sizeof *ex->x);
