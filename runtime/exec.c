@@ -1289,8 +1289,9 @@ static int sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err
     return 0;
 }
 
-/* The full flat model (every rank gets it) from each rank's shard of the fp32 GPU buffer `name`: unit by unit, the
- * shards are all-gathered into a unit-gradient buffer, which holds nothing between steps, and copied out. */
+/* The full flat model from each rank's shard of the fp32 GPU buffer `name`: unit by unit, the shards are
+ * all-gathered into a unit-gradient buffer, which holds nothing between steps, and copied out to flat; every rank
+ * takes part, and a rank with flat NULL copies nothing (only rank 0 writes checkpoints). */
 static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, int errlen) {
     const cp_plan *P = ex->P;
     int b = buf_index(ex, name);
@@ -1311,8 +1312,9 @@ static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, in
         int64_t part = P->unit_padded[u] / P->C;
         const float *src = (const float *)ex->bufptr[b] + P->unit_shard_off[u];
         if (cp_nccl_all_gather(ex->o.comm, src, ex->bufptr[stage], (size_t)part, ncclFloat32, st, err, errlen)) return -1;
-        CK(cudaMemcpyAsync(flat + full, ex->bufptr[stage], sizeof(float) * (size_t)P->unit_padded[u],
-                           cudaMemcpyDeviceToHost, st), "copying a gathered unit to the host");
+        if (flat)
+            CK(cudaMemcpyAsync(flat + full, ex->bufptr[stage], sizeof(float) * (size_t)P->unit_padded[u],
+                               cudaMemcpyDeviceToHost, st), "copying a gathered unit to the host");
         if (sync_stream(ex, st, "gathering the model from every rank", err, errlen)) return -1;
         full += P->unit_padded[u];
     }
@@ -1320,13 +1322,17 @@ static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, in
 }
 
 int cp_exec_load_weights(cp_exec *ex, const float *flat, char *err, int errlen) {
-    int64_t n = ex->P->params_shard;
     float *sh = rank_shard(ex, flat);
-    if (sh) flat = sh;
-    uint16_t *bf = cp_xmalloc(sizeof(uint16_t) * (size_t)n);
-    for (int64_t i = 0; i < n; i++) bf[i] = to_bf16(flat[i]);
-    int rc = put(ex, "master.f32", flat, sizeof(float) * (size_t)n, err, errlen);
+    int rc = cp_exec_load_shard(ex, sh ? sh : flat, err, errlen);
     free(sh);
+    return rc;
+}
+
+int cp_exec_load_shard(cp_exec *ex, const float *shard, char *err, int errlen) {
+    int64_t n = ex->P->params_shard;
+    uint16_t *bf = cp_xmalloc(sizeof(uint16_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) bf[i] = to_bf16(shard[i]);
+    int rc = put(ex, "master.f32", shard, sizeof(float) * (size_t)n, err, errlen);
     if (!rc) rc = put(ex, "params.bf16", bf, sizeof(uint16_t) * (size_t)n, err, errlen);
     free(bf);
     if (!rc) rc = zero_buf(ex, "adam_m.f32", err, errlen);
@@ -1361,9 +1367,9 @@ int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
     CK(cudaDeviceSynchronize(), "finishing the step before reading the optimizer state");
     int rc = 0;
-    if (ex->P->C > 1) {
-        if (m) rc = gather_full(ex, "adam_m.f32", m, err, errlen);
-        if (!rc && v) rc = gather_full(ex, "adam_v.f32", v, err, errlen);
+    if (ex->P->C > 1) { /* both moments, on every rank alike: the gathers are collectives */
+        rc = gather_full(ex, "adam_m.f32", m, err, errlen);
+        if (!rc) rc = gather_full(ex, "adam_v.f32", v, err, errlen);
         if (!rc && updates) *updates = ex->updates;
         return rc;
     }

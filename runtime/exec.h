@@ -71,13 +71,16 @@ const cp_exec_startup *cp_exec_startup_info(const cp_exec *ex);
  * master weights and the bf16 parameters (with one GPU the shard is all of it); the AdamW moments, gradients and
  * step count are zeroed. Returns 0, or -1 with a message. */
 int cp_exec_load_weights(cp_exec *ex, const float *flat, char *err, int errlen);
-/* The fp32 master weights back into flat (the full model; with several GPUs gathered from every rank, and every
- * rank must call it). */
+/* The same from this rank's shard alone (plan->params_shard elements, cp_weights_shard's layout). */
+int cp_exec_load_shard(cp_exec *ex, const float *shard, char *err, int errlen);
+/* The fp32 master weights back into flat (the full model; with several GPUs gathered from every rank: every rank
+ * calls it, and flat may be NULL on all but the one that needs them). */
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen);
 
 /* AdamW's state, for checkpoints: the moments m and v (adam_m.f32, adam_v.f32, on the GPU or the host as the plan
- * placed them) as flat fp32 arrays of the full model in the layout of cp_exec_load_weights (gathered from every
- * rank with several GPUs; every rank must call it), and the
+ * placed them) as flat fp32 arrays of the full model in the layout of cp_exec_load_weights (with several GPUs
+ * gathered from every rank: every rank calls it, both moments are gathered, and NULL arrays only skip the copy;
+ * only rank 0 needs them), and the
  * update count (AdamW's step, which sets the bias corrections of the next update). m or v may be NULL to skip that
  * moment (a caller short of host memory reads one at a time). Returns 0, or -1 with a message. */
 int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *err, int errlen);

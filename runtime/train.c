@@ -60,7 +60,7 @@ static int save(cp_exec *ex, const cp_plan *P, int rank, float *flat, const cp_d
     st.last_loss = last_loss;
     cp_dataset_tell(data, &st.data);
     size_t n = (size_t)cp_weights_elems(P);
-    float *m = cp_xmalloc(sizeof(float) * n), *v = cp_xmalloc(sizeof(float) * n);
+    float *m = rank == 0 ? cp_xmalloc(sizeof(float) * n) : NULL, *v = rank == 0 ? cp_xmalloc(sizeof(float) * n) : NULL;
     char path[CP_PATH_MAX + 64];
     int rc = cp_exec_read_weights(ex, flat, err, errlen);
     if (!rc) rc = cp_exec_read_optimizer(ex, m, v, &st.updates, err, errlen);
@@ -146,12 +146,14 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     int mb = tr->micro_batches;
     int64_t T = P->T;
 
-    /* weights: the checkpoint's, or the spec's init; every rank makes the full model and keeps its shard */
+    /* weights: the checkpoint's, or the spec's init. The full model (flat) stays in host memory on rank 0 alone,
+     * which writes the checkpoints; a random init is drawn shard by shard on the other ranks. */
     int64_t n = cp_weights_elems(P);
     if (P->C == 1 && n != P->params_shard)
         return cp_errf(err, errlen, "the flat model has %lld elements, the plan's shard %lld: weights.c and the plan "
                      "disagree on the layout", (long long)n, (long long)P->params_shard);
-    float *flat = cp_xmalloc(sizeof(float) * (size_t)n);
+    bool full = lead || ck || sp->init.from == CP_INIT_HF;
+    float *flat = full ? cp_xmalloc(sizeof(float) * (size_t)n) : NULL;
     double t0 = cp_now();
     int rc = 0;
     int start = ck ? ck->state.step : 0;
@@ -161,11 +163,20 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         rc = cp_weights_load_hf(P, sp->init.path, flat, err, errlen);
         if (!rc && out) fprintf(out, "weights: %s (Hugging Face) in %.1f s\n", sp->init.path, cp_now() - t0);
         if (!rc) rc = cp_exec_load_weights(ex, flat, err, errlen);
-    } else {
+    } else if (flat) {
         cp_weights_init_random(P, sp->init.seed, sp->init.std, flat);
         if (out) fprintf(out, "weights: random, seed %llu, std %g (%.2f s)\n", (unsigned long long)sp->init.seed,
                          sp->init.std, cp_now() - t0);
         rc = cp_exec_load_weights(ex, flat, err, errlen);
+    } else {
+        float *shard = cp_xmalloc(sizeof(float) * (size_t)P->params_shard);
+        cp_weights_init_random_shard(P, rank, sp->init.seed, sp->init.std, shard);
+        rc = cp_exec_load_shard(ex, shard, err, errlen);
+        free(shard);
+    }
+    if (!lead) { /* only rank 0 keeps the full model, for checkpoints */
+        free(flat);
+        flat = NULL;
     }
 
     /* data (at the checkpoint's position) and the metrics file */

@@ -152,8 +152,7 @@ static const char *fmt_shape(int ndim, const int64_t *shape, char *buf, size_t n
 }
 
 /* Copy one tensor given in HF order (src) into the flat model, permuting query heads. */
-static void place(const cp_plan *plan, const int *order, const cp_hf_tensor *t, const float *src, float *model) {
-    float *dst = model + t->off;
+static void place(const cp_plan *plan, const int *order, const cp_hf_tensor *t, const float *src, float *dst) {
     int64_t hd = plan->spec.model.head_dim, H = plan->spec.model.heads;
     if (t->perm == CP_HF_Q_ROWS) {
         int64_t block = hd * t->shape[1];
@@ -223,7 +222,7 @@ static int read_tensor(const cp_plan *plan, const int *order, const cp_hf_tensor
         return cp_errf(err, errlen, "%s: tensor \"%s\" element %lld is %s: %s", file, name, (long long)i, what,
                        value_hint);
     }
-    if (t->perm != CP_HF_PLAIN) place(plan, order, t, *tmp, out);
+    if (t->perm != CP_HF_PLAIN) place(plan, order, t, *tmp, out + t->off);
     return 0;
 }
 
@@ -598,32 +597,62 @@ static void normal_fill_parallel(uint64_t key, int64_t n, double std, float *dst
         if (!pthread_equal(th[i], pthread_self())) pthread_join(th[i], NULL);
 }
 
-void cp_weights_init_random(const cp_plan *plan, uint64_t seed, double std, float *model) {
+/* Unit u of the random init into dst (plan->unit_padded[u] elements, padding zero); tmp: scratch for permuted
+ * tensors, grown as needed. */
+static void init_unit(const cp_plan *plan, const cp_hf_tensor *tt, int nt, const int *order, uint64_t seed,
+                      double std, int u, float *dst, float **tmp) {
+    memset(dst, 0, (size_t)plan->unit_padded[u] * sizeof *dst);
+    int64_t base = cp_weights_unit_off(plan, u);
+    for (int j = 0; j < nt; j++) {
+        const cp_hf_tensor *t = &tt[j];
+        if (t->unit != u) continue;
+        int64_t n = hf_elems(t);
+        float *to = dst + (t->off - base);
+        if (t->norm) {
+            for (int64_t i = 0; i < n; i++) to[i] = 1.0f;
+            continue;
+        }
+        uint64_t key = cp_mix64(seed ^ cp_mix64(cp_hash64(t->name, strlen(t->name), CP_HASH_SEED)));
+        if (t->perm == CP_HF_PLAIN) {
+            normal_fill_parallel(key, n, std, to);
+        } else {
+            *tmp = cp_xrealloc(*tmp, (size_t)n * sizeof **tmp);
+            normal_fill_parallel(key, n, std, *tmp);
+            place(plan, order, t, *tmp, to);
+        }
+    }
+}
+
+/* Units [first unit..] of the random init, each into where(u) (full model or a unit buffer then a shard). */
+static void init_random(const cp_plan *plan, int rank, uint64_t seed, double std, float *model, float *shard) {
     const cp_model *m = &plan->spec.model;
-    memset(model, 0, (size_t)cp_weights_elems(plan) * sizeof *model);
     int nt = cp_weights_hf_tensors(plan, NULL, 0);
     cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
     cp_weights_hf_tensors(plan, tt, nt);
     int *order = cp_xmalloc((size_t)m->heads * sizeof *order);
     cp_q_head_order(plan, order);
-    float *tmp = NULL;
-    for (int j = 0; j < nt; j++) {
-        const cp_hf_tensor *t = &tt[j];
-        int64_t n = hf_elems(t);
-        if (t->norm) {
-            for (int64_t i = 0; i < n; i++) model[t->off + i] = 1.0f;
+    float *tmp = NULL, *unit = NULL;
+    for (int u = 0; u < plan->nunits; u++) {
+        if (model) {
+            init_unit(plan, tt, nt, order, seed, std, u, model + cp_weights_unit_off(plan, u), &tmp);
             continue;
         }
-        uint64_t key = cp_mix64(seed ^ cp_mix64(cp_hash64(t->name, strlen(t->name), CP_HASH_SEED)));
-        if (t->perm == CP_HF_PLAIN) {
-            normal_fill_parallel(key, n, std, model + t->off);
-        } else {
-            tmp = cp_xrealloc(tmp, (size_t)n * sizeof *tmp);
-            normal_fill_parallel(key, n, std, tmp);
-            place(plan, order, t, tmp, model);
-        }
+        /* one unit at a time, then this rank's part of it: no more than the largest unit in memory */
+        unit = cp_xrealloc(unit, (size_t)plan->unit_padded[u] * sizeof *unit);
+        init_unit(plan, tt, nt, order, seed, std, u, unit, &tmp);
+        int64_t part = plan->unit_padded[u] / plan->C;
+        memcpy(shard + plan->unit_shard_off[u], unit + (int64_t)rank * part, (size_t)part * sizeof *unit);
     }
+    free(unit);
     free(tmp);
     free(order);
     free(tt);
+}
+
+void cp_weights_init_random(const cp_plan *plan, uint64_t seed, double std, float *model) {
+    init_random(plan, 0, seed, std, model, NULL);
+}
+
+void cp_weights_init_random_shard(const cp_plan *plan, int rank, uint64_t seed, double std, float *shard) {
+    init_random(plan, rank, seed, std, NULL, shard);
 }

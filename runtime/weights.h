@@ -89,5 +89,8 @@ int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const cha
  * elements 2j and 2j + 1 of the tensor (in HF row-major order) are std r cos(2 pi u2) and std r sin(2 pi u2),
  * computed in double and rounded to fp32 (Box-Muller). */
 void cp_weights_init_random(const cp_plan *plan, uint64_t seed, double std, float *model);
+/* Rank r's shard of the same init (cp_weights_shard of it), made one unit at a time: for ranks that must not hold
+ * the whole model in host memory. */
+void cp_weights_init_random_shard(const cp_plan *plan, int rank, uint64_t seed, double std, float *shard);
 
 #endif

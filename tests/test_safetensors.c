@@ -949,8 +949,8 @@ static uint64_t mix(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-/* FSDP shards: the C ranks' shards of a model tile it exactly once, each unit split in C equal parts, and every
- * Hugging Face tensor lands on the ranks that hold its elements. */
+/* FSDP shards: the C ranks' shards of a model tile it exactly once, each unit split in C equal parts; a rank's
+ * random init made alone is its shard of the whole init. */
 static void test_shards(void **state) {
     (void)state;
     static const char *const cases[][3] = {{"tiny", "parallel.gpus=2", "train.seq_len=2K"},
@@ -982,6 +982,15 @@ static void test_shards(void **state) {
         }
         for (int64_t i = 0; i < n; i++) assert_int_equal(seen[i], 1);
         assert_memory_equal(back, full, sizeof(float) * (size_t)n);
+        /* a rank's random init drawn unit by unit is that rank's shard of the whole model's */
+        float *direct = malloc(sizeof(float) * (size_t)p.params_shard);
+        cp_weights_init_random(&p, 9, 0.02, full);
+        for (int r = 0; r < C; r += C - 1) {
+            cp_weights_shard(&p, r, full, sh);
+            cp_weights_init_random_shard(&p, r, 9, 0.02, direct);
+            assert_memory_equal(direct, sh, sizeof(float) * (size_t)p.params_shard);
+        }
+        free(direct);
         free(full), free(back), free(sh), free(seen);
         cp_plan_free(&p);
     }
