@@ -311,6 +311,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         t.rank = w.rank;
         t.device = w.device;
         t.comm = &w.comm;
+        t.base_free = w.base_free;
     }
     if (!rc) rc = cp_train_run(&plan, &t, NULL, err, sizeof err);
     if (rc) fprintf(stderr, "cpgen: %s\n", err);

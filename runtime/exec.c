@@ -180,6 +180,12 @@ static int64_t cuda_free_now(void) {
     return (int64_t)f;
 }
 
+int64_t cp_exec_device_free(int dev) {
+    char bus[64] = "";
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess) return -1;
+    return nvml_free(bus);
+}
+
 int64_t cp_exec_mem_used(const cp_exec *ex) {
     int64_t f = cuda_free_now();
     if (f < 0) return -1;
@@ -1063,7 +1069,8 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     /* memory in use before this process's context: NVML needs none, so ask it first */
     char bus[64] = "";
     CK(cudaDeviceGetPCIBusId(bus, sizeof bus, ex->dev), "reading the GPU's PCI bus id");
-    ex->base_free_nvml = nvml_free(bus);
+    /* a rank of several GPUs has its context (and NCCL's buffers) already: the caller measured before them */
+    ex->base_free_nvml = ex->o.base_free > 0 ? ex->o.base_free : nvml_free(bus);
     char sel[64];
     snprintf(sel, sizeof sel, "selecting GPU %d", ex->dev);
     CK(cudaSetDevice(ex->dev), sel);

@@ -22,6 +22,8 @@ typedef struct {
     int device;     /* the CUDA device of this rank */
     int rank;       /* this process's rank among the plan's C GPUs (0 with one) */
     cp_nccl_comm *comm; /* the C ranks' communicator; NULL with one GPU */
+    int64_t base_free;  /* the device's free memory before this process used it (cp_exec_device_free), when the
+                         * CUDA context exists before the executor; 0: measured at its creation */
 } cp_exec_opts;
 
 /* The optimizer's numbers for one step (the learning rate comes from the schedule, see train.h). */
@@ -59,7 +61,10 @@ typedef struct {
 
 typedef struct cp_exec cp_exec;
 
-/* Set up the executor for plan on GPU 0. The plan must outlive the executor. Returns 0, or -1 with a message
+/* The device's free memory as NVML sees it (no CUDA context needed), or -1 without NVML. */
+int64_t cp_exec_device_free(int dev);
+
+/* Set up the executor for plan on GPU o->device. The plan must outlive the executor. Returns 0, or -1 with a message
  * (no GPU, a parallel plan, a compile error, out of memory, a step whose operands do not fit its kernel). Call it
  * before anything else in the process creates a CUDA context, so that the context's memory is measured too. */
 int cp_exec_create(cp_exec **out, const cp_plan *plan, const cp_exec_opts *o, char *err, int errlen);

@@ -321,6 +321,7 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     eo.rank = o->rank;
     eo.device = o->device;
     eo.comm = o->comm;
+    eo.base_free = o->base_free;
     /* a checkpoint is checked before the GPU is set up, so a wrong one costs no compile time */
     cp_ckpt ck;
     if (o->resume && cp_ckpt_open(P, o->resume, &ck, err, errlen)) return -1;

@@ -21,6 +21,7 @@ typedef struct {
      * Every rank trains its slice of each sequence; rank 0 alone prints, writes metrics.jsonl and checkpoints. */
     int rank, device;
     cp_nccl_comm *comm;
+    int64_t base_free; /* cp_world's: the device's free memory before this process's context */
 } cp_train_opts;
 
 typedef struct {

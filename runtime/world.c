@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_check.h"
+#include "exec.h"
 #include "rendezvous.h"
 #include "spec.h"
 #include "util.h"
@@ -26,6 +27,7 @@ int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[
     if (w->device >= ndev)
         return cp_errf(err, errlen, "rank %d: local rank %d, but this node has %d GPU%s: start at most one process per "
                        "GPU on each node", w->rank, w->device, ndev, ndev == 1 ? "" : "s");
+    w->base_free = cp_exec_device_free(w->device); /* before the context and NCCL's buffers exist */
     e = cudaSetDevice(w->device);
     if (e != cudaSuccess) {
         snprintf(m, sizeof m, "rank %d: selecting GPU %d", w->rank, w->device);

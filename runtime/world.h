@@ -13,6 +13,7 @@
 typedef struct {
     cp_launch_env env;
     int rank, size, device; /* device: the CUDA device of this rank (its local rank) */
+    int64_t base_free;      /* the device's free memory before this process made its context (-1: no NVML) */
     cp_nccl_comm comm;
 } cp_world;
 
