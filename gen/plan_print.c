@@ -83,9 +83,10 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             P->U == m->heads ? (par->upipe_auto ? " (plain Ulysses, auto)" : " (plain Ulysses)")
                              : (par->upipe_auto ? " (auto)" : ""),
             ck, P->ckpt_host_layers, (long long)m->layers, P->opt_on_host ? "host" : "GPU");
-    fprintf(out, "  tiles     MLP %s tokens (%lld tiles) | loss %s tokens (%lld tiles)\n",
-            cp_fmt_length(P->mlp_tile, a, sizeof a), (long long)(P->T / P->mlp_tile),
-            cp_fmt_length(P->loss_tile, b, sizeof b), (long long)(P->T / P->loss_tile));
+    long long nm = P->T / P->mlp_tile, nl = P->T / P->loss_tile;
+    fprintf(out, "  tiles     MLP %s tokens (%lld tile%s) | loss %s tokens (%lld tile%s)\n",
+            cp_fmt_length(P->mlp_tile, a, sizeof a), nm, nm == 1 ? "" : "s", cp_fmt_length(P->loss_tile, b, sizeof b),
+            nl, nl == 1 ? "" : "s");
     fprintf(out, "  machine   GPU %s | host %s | bf16 GEMM %.0f TF/s | attention %.0f TF/s | HBM %.0f GB/s | "
                  "host link %.0f GB/s | all-to-all %.0f GB/s | all-gather %.0f GB/s\n",
             cp_fmt_bytes(mc->gpu_mem, a, sizeof a), cp_fmt_bytes(mc->host_mem, b, sizeof b), mc->gemm_tflops,
