@@ -12,7 +12,7 @@
 #include "spec.h"
 #include "util.h"
 
-enum { PLAN_KEYS = 3 };
+enum { PLAN_KEYS = 3, MAX_RANKS = 512 };
 
 int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[3], char *err, int errlen) {
     memset(w, 0, sizeof *w);
@@ -20,6 +20,7 @@ int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[
     w->rank = env->rank;
     w->size = env->size;
     w->device = env->local_rank;
+    if (w->size > MAX_RANKS) return cp_errf(err, errlen, "%d ranks: at most %d are supported", w->size, MAX_RANKS);
     char m[CP_ERR_MAX];
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
@@ -36,8 +37,7 @@ int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (w->rank == 0 && cp_nccl_unique_id(&id, err, errlen)) return -1;
-    int64_t all[PLAN_KEYS * 512];
-    if (w->size > 512) return cp_errf(err, errlen, "%d ranks: at most 512 are supported", w->size);
+    int64_t all[PLAN_KEYS * MAX_RANKS];
     if (env->rendezvous_file[0]) {
         /* the file carries rank 0's id and plan: each rank compares its own plan with it */
         struct {
