@@ -262,6 +262,7 @@ static void test_dataset_tokens(void **state) {
             int64_t T = S / C;
             for (int r = 0; r < C; r++) {
                 if (cp_dataset_next(&d[r], r, C, tok + r * T, tgt + r * T, err, sizeof err)) fail_msg("%s", err);
+                assert_int_equal(d[r].targets_seq, S); /* the whole sequence's targets, whatever the slice */
             }
             for (int64_t i = 0; i < S; i++) {
                 assert_int_equal(tok[i], (seq * S + i) % 512);
@@ -475,6 +476,8 @@ static void test_dataset_copy(void **state) {
         for (int r = 0; r < 2; r++) {
             if (r) d.sequence--;
             assert_int_equal(cp_dataset_next(&d, r, 2, tok + r * S / 2, tgt + r * S / 2, err, sizeof err), 0);
+            /* every rank counts the targets of the whole sequence: the loss's divisor on every GPU */
+            assert_int_equal(d.targets_seq, S - (S - 1) / 2 - 2);
         }
         cp_copy_sequence(&c, n, full, fullt);
         assert_memory_equal(tok, full, S * 4);
