@@ -9,11 +9,11 @@
 #   3. the 32-layer step at 1M tokens (x GPUS/8): measured peak per GPU and the share of the step in communication
 #      the plan finds not hidden behind compute;
 #   and `cpgen plan` for 8 GPUs at each length, whatever GPUS is.
-# usage: [GPUS=8] [HOST_MEM=560G] examples/eight_gpus.sh [BUILD_DIR]
+# usage: [GPUS=8] [HOST_MEM=560G] examples/eight_gpus.sh [BUILD_DIR]   (HOST_MEM: the node's host memory)
 set -u
 B=${1:-build}
 G=${GPUS:-8}
-HOST=${HOST_MEM:-560G}
+HOST=${HOST_MEM:-$((G == 8 ? 560 : 128 * G))G} # the lent machines: 128 GiB per GPU up to 4, 560 GiB with 8
 out=${OUT:-out}/eight_gpus
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
@@ -46,7 +46,7 @@ note "== $G GPUs: the longest length"
 max=$("$B/cpgen" plan llama8b --gpus "$G" --host-mem "$HOST" --max-seq 2>/dev/null | sed -n 's/.*(\([0-9]*\)).*/\1/p' | head -1)
 note "  the plan fits $max tokens on $G GPUs; 32 layers: $("$B/cpgen" plan llama8b --gpus "$G" --host-mem "$HOST" \
   --seq "$max" | grep -E '^  peak|^predicted step' | tr -s ' ' | tr '\n' ' ')"
-[ -n "$max" ] && run "longest_2l_$max" 590 --seq "$max" --set model.layers=2 --set train.steps=1
+[ -n "$max" ] && run "longest_2l_$max" 590 --seq "$max" --set model.layers=2 --set train.steps=1 --set train.warmup=0
 note "== $G GPUs: 32 layers at $(tokens 1048576) tokens, memory and communication"
 "$B/cpgen" plan llama8b --gpus "$G" --host-mem "$HOST" --seq "$(tokens 1048576)" | grep -E '^predicted step' |
   sed 's/^/  plan: /' | tee -a "$sum"

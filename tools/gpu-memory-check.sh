@@ -32,7 +32,7 @@ if want noffload; then
   n=$(longest llama3b --set parallel.offload=none --set parallel.checkpoint_every=1)
   note "3B, every layer's checkpoint on the GPU: the plan fits $n tokens"
   [ -n "$n" ] && run "l3b_noffload_$n" 560 llama3b --seq "$n" --set parallel.offload=none \
-    --set parallel.checkpoint_every=1 --set train.steps=1
+    --set parallel.checkpoint_every=1 --set train.steps=1 --set train.warmup=0
 fi
 if want overhead; then
   for s in 128K 256K; do
@@ -43,8 +43,14 @@ fi
 if want longest; then
   for spec in llama3b llama8b; do
     n=$(longest "$spec")
-    note "$spec: the plan fits $n tokens on one GPU"
-    [ -n "$n" ] && run "${spec}_2l_$n" 560 "$spec" --seq "$n" --set model.layers=2 --set train.steps=1
+    [ -n "$n" ] || continue
+    # the full-depth plan's choices (optimizer place, checkpoint spacing), kept for the 2-layer run
+    read -r opt every < <("$B/cpgen" plan "$spec" --gpus 1 --seq "$n" --json | python3 -c 'import json, sys
+p = json.load(sys.stdin)["parallel"]
+print("host" if p["optimizer_on_host"] else "gpu", min(p["checkpoint_every"], 2))')
+    note "$spec: the plan fits $n tokens on one GPU (optimizer on $opt, checkpoint every $every layers)"
+    run "${spec}_2l_$n" 560 "$spec" --seq "$n" --set model.layers=2 --set train.steps=1 --set train.warmup=0 \
+      --set "parallel.optimizer=$opt" --set "parallel.checkpoint_every=$every"
   done
 fi
 echo

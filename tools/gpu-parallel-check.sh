@@ -33,7 +33,7 @@ want grads && CPGEN_TEST_GPUS=$N OUT=$out run test_parallel 400 "$B/tests/gpu/te
 
 if want curve; then
   for g in 1 "$N"; do
-    run "tiny_curve_$g" 120 "$B/cpgen" run tiny --gpus "$g" --set train.steps=20 --set train.micro_batches=2 \
+    run "tiny_curve_$g" 120 "$B/cpgen" run tiny --gpus "$g" --set train.steps=20 --set train.warmup=5 --set train.micro_batches=2 \
       --set parallel.upipe_heads=2 --set "train.out_dir=$out/runs/curve$g"
   done
   python3 - "$out/runs/curve1/metrics.jsonl" "$out/runs/curve$N/metrics.jsonl" <<'PY' | tee -a "$sum"
