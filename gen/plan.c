@@ -269,15 +269,21 @@ static void gather(builder *B, const bufset *b, int unit, int slot) {
     wr(s, P, r.wbuf);
 }
 
-/* Reduce-scatter unit `unit`'s full gradients into this rank's shard (C > 1). With several micro-batches the shard
- * already holds the earlier ones' sum: the cast module's add_f32 (`add_module`) first adds it into this rank's
- * slice of the full gradients (the executor picks the slice by rank), so the collective can overwrite the shard. */
+/* Does the shard of `unit` hold gradients before its reduce-scatter? With several micro-batches the earlier
+ * ones' sum; with a tied LM head the embedding's shard gets the head's part first, then the embedding's own. */
+static bool shard_accumulates(const cp_plan *P, int unit) {
+    return P->spec.train.micro_batches > 1 || (unit == 0 && P->spec.model.tie_embeddings);
+}
+
+/* Reduce-scatter unit `unit`'s full gradients into this rank's shard (C > 1). Where the shard already holds
+ * gradients, the cast module's add_f32 (`add_module`) first adds it into this rank's slice of the full gradients
+ * (the executor picks the slice by rank), so the collective can overwrite the shard. */
 static void reduce_scatter(builder *B, const bufset *b, int unit, int add_module) {
     cp_plan *P = B->P;
     if (P->C == 1) return;
     unit_ref r = unit_at(P, b, unit, 0);
     int64_t shard = P->unit_padded[unit] / P->C;
-    if (P->spec.train.micro_batches > 1) {
+    if (shard_accumulates(P, unit)) {
         cp_step *k = kernel(B, add_module, "add_f32", "grad_accum", 3.0 * (double)shard * F32);
         use(k, P, b->grads, P->unit_shard_off[unit] * F32, shard * F32, CP_READ);
         use(k, P, r.gbuf, r.gbase * F32, P->unit_padded[unit] * F32, CP_RW);
@@ -758,7 +764,7 @@ static void make_modules(cp_plan *P, modset *M) {
     cp_k_attention(&k, D, P->u, P->kvr, P->S, true, P->group_len > 1);
     M->attn = module_of(P, &k);
     M->cast = -1;
-    if (P->group_len > 1 || (P->C > 1 && P->spec.train.micro_batches > 1)) {
+    if (P->group_len > 1 || (P->C > 1 && shard_accumulates(P, 0))) {
         cp_k_cast(&k);
         M->cast = module_of(P, &k);
     }

@@ -180,6 +180,34 @@ static void test_checkpoint_every(void **state) {
     cp_plan_free(&p);
 }
 
+/* Before a reduce-scatter overwrites a gradient shard that already holds gradients, grad_accum adds the shard into
+ * this rank's slice of the full gradients: every unit with several micro-batches, the tied embedding always. */
+static int count_steps(const cp_plan *p, const char *what) {
+    int n = 0;
+    for (int i = 0; i < p->nsteps; i++) n += !strcmp(p->steps[i].what, what);
+    return n;
+}
+
+static void test_grad_accum(void **state) {
+    (void)state;
+    static const struct {
+        const char *mb, *tie;
+        int accum, scatters; /* grad_accum and reduce_scatter steps per micro-batch program */
+    } cases[] = {{"train.micro_batches=1", "model.tie_embeddings=false", 0, 4},
+                 {"train.micro_batches=1", "model.tie_embeddings=true", 2, 5},
+                 {"train.micro_batches=3", "model.tie_embeddings=false", 4, 4},
+                 {"train.micro_batches=3", "model.tie_embeddings=true", 5, 5}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        cp_spec s;
+        cp_plan p;
+        load("tiny", &s, 3, "parallel.gpus=2", cases[k].mb, cases[k].tie);
+        build(&s, &p);
+        assert_int_equal(count_steps(&p, "reduce_scatter"), cases[k].scatters);
+        assert_int_equal(count_steps(&p, "grad_accum"), cases[k].accum);
+        cp_plan_free(&p);
+    }
+}
+
 /* The Llama-3.1-8B shape on 8 GPUs at 5M tokens with 80 GB GPUs, every checkpoint on the host. */
 static void test_8b_arithmetic(void **state) {
     (void)state;
@@ -486,7 +514,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_arithmetic),
         cmocka_unit_test(test_upipe_auto),
-        cmocka_unit_test(test_checkpoint_every),  cmocka_unit_test(test_8b_arithmetic),
+        cmocka_unit_test(test_checkpoint_every),
+        cmocka_unit_test(test_grad_accum),  cmocka_unit_test(test_8b_arithmetic),
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
         cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
         cmocka_unit_test(test_refuses_when_too_small), cmocka_unit_test(test_max_seq),
