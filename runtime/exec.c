@@ -443,7 +443,7 @@ static int k_rope(pctx *c) {
     a_ptr(l, opp(c, 0));
     a_i64(l, n);
     a_i32(l, (int)heads);
-    a_i64(l, 0); /* pos0 = rank * T; one GPU holds the whole sequence */
+    a_i64(l, (int64_t)c->ex->o.rank * c->ex->P->T); /* this rank's slice starts at position rank * T */
     return 0;
 }
 
@@ -500,8 +500,8 @@ static int k_attn_bwd_dq(pctx *c) {
     return 0;
 }
 
-/* Ulysses layout kernels with one GPU: strided copies between a stage's columns of a token-layout buffer (T rows
- * of the whole buffer's width) and a contiguous [T][NOUT][ROW_BYTES] head layout. */
+/* Ulysses layout kernels: between a stage's columns of a token-layout buffer (T rows of the whole buffer's width)
+ * and C contiguous blocks of [T][NOUT][ROW_BYTES] heads, one per rank (with one GPU, a strided copy). */
 static int layout_check(pctx *c, int tokbuf_op, int64_t *stride) {
     const cp_plan *P = c->ex->P;
     int64_t T = kint(c, "T"), nout = kint(c, "NOUT"), rb = kint(c, "ROW_BYTES"), unit = kint(c, "UNIT");
