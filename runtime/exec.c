@@ -1350,6 +1350,17 @@ int cp_exec_load_shard(cp_exec *ex, const float *shard, char *err, int errlen) {
     return rc;
 }
 
+bool cp_exec_host_state(cp_exec *ex, const float **master, const float **m, const float **v) {
+    const cp_plan *P = ex->P;
+    int b = buf_index(ex, "master.f32");
+    if (P->C != 1 || b < 0 || P->bufs[b].space != CP_SPACE_HOST) return false;
+    if (cudaDeviceSynchronize() != cudaSuccess) return false; /* the last update is done; an error shows later */
+    *master = cp_exec_buffer(ex, "master.f32");
+    *m = cp_exec_buffer(ex, "adam_m.f32");
+    *v = cp_exec_buffer(ex, "adam_v.f32");
+    return *master && *m && *v;
+}
+
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen) {
     if (ex->P->C > 1) return gather_full(ex, "master.f32", flat, err, errlen);
     int b = buf_index(ex, "master.f32");

@@ -78,6 +78,10 @@ const cp_exec_startup *cp_exec_startup_info(const cp_exec *ex);
 int cp_exec_load_weights(cp_exec *ex, const float *flat, char *err, int errlen);
 /* The same from this rank's shard alone (plan->params_shard elements, cp_weights_shard's layout). */
 int cp_exec_load_shard(cp_exec *ex, const float *shard, char *err, int errlen);
+/* With one GPU and the optimizer in host memory: the master weights and AdamW moments where they are (the full
+ * model's layout, pinned host memory), valid until the next step; false otherwise (read them with the functions
+ * below). For checkpoints without copies of the model. */
+bool cp_exec_host_state(cp_exec *ex, const float **master, const float **m, const float **v);
 /* The fp32 master weights back into flat (the full model; with several GPUs gathered from every rank: every rank
  * calls it, and flat may be NULL on all but the one that needs them). */
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen);

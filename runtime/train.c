@@ -47,10 +47,11 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Write the training checkpoint <out_dir>/ckpt_<step> (checkpoint.h): flat gets the master weights; the moments
- * need two more model-sized arrays for the length of the save. With several GPUs every rank gathers the model
- * (a collective) and rank 0 writes it. */
-static int save(cp_exec *ex, const cp_plan *P, int rank, float *flat, const cp_dataset *data, int step, int skipped,
+/* Write the training checkpoint <out_dir>/ckpt_<step> (checkpoint.h). With the optimizer in host memory on one GPU
+ * the executor's master weights and moments are written where they are; otherwise they are read into three
+ * model-sized arrays for the length of the save (with several GPUs every rank takes part in the gathers and rank 0
+ * alone holds the arrays and writes). */
+static int save(cp_exec *ex, const cp_plan *P, int rank, const cp_dataset *data, int step, int skipped,
                 double last_loss, FILE *out, char *err, int errlen) {
     double t0 = cp_now();
     cp_ckpt_state st;
@@ -59,15 +60,28 @@ static int save(cp_exec *ex, const cp_plan *P, int rank, float *flat, const cp_d
     st.skipped = skipped;
     st.last_loss = last_loss;
     cp_dataset_tell(data, &st.data);
-    size_t n = (size_t)cp_weights_elems(P);
-    float *m = rank == 0 ? cp_xmalloc(sizeof(float) * n) : NULL, *v = rank == 0 ? cp_xmalloc(sizeof(float) * n) : NULL;
     char path[CP_PATH_MAX + 64];
-    int rc = cp_exec_read_weights(ex, flat, err, errlen);
-    if (!rc) rc = cp_exec_read_optimizer(ex, m, v, &st.updates, err, errlen);
-    if (!rc && rank == 0)
-        rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, flat, m, v, NULL, NULL, path, sizeof path, err, errlen);
-    free(m);
-    free(v);
+    const float *hw, *hm, *hv;
+    int rc = 0;
+    if (cp_exec_host_state(ex, &hw, &hm, &hv)) {
+        rc = cp_exec_read_optimizer(ex, NULL, NULL, &st.updates, err, errlen);
+        if (!rc) rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, hw, hm, hv, NULL, NULL, path, sizeof path, err, errlen);
+    } else {
+        size_t n = (size_t)cp_weights_elems(P);
+        float *w = NULL, *m = NULL, *v = NULL;
+        if (rank == 0) {
+            w = cp_xmalloc(sizeof(float) * n);
+            m = cp_xmalloc(sizeof(float) * n);
+            v = cp_xmalloc(sizeof(float) * n);
+        }
+        rc = cp_exec_read_weights(ex, w, err, errlen);
+        if (!rc) rc = cp_exec_read_optimizer(ex, m, v, &st.updates, err, errlen);
+        if (!rc && rank == 0)
+            rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, w, m, v, NULL, NULL, path, sizeof path, err, errlen);
+        free(w);
+        free(m);
+        free(v);
+    }
     if (!rc && out && rank == 0)
         fprintf(out, "saved %s (fp32 weights as Hugging Face safetensors, AdamW state, trainer state) in %.1f s\n", path,
                 cp_now() - t0);
@@ -146,13 +160,13 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     int mb = tr->micro_batches;
     int64_t T = P->T;
 
-    /* weights: the checkpoint's, or the spec's init. The full model (flat) stays in host memory on rank 0 alone,
-     * which writes the checkpoints; a random init is drawn shard by shard on the other ranks. */
+    /* weights: the checkpoint's, or the spec's init, through a full-model array that is freed once the executor
+     * has them (a random init on ranks other than 0 is drawn shard by shard instead) */
     int64_t n = cp_weights_elems(P);
     if (P->C == 1 && n != P->params_shard)
         return cp_errf(err, errlen, "the flat model has %lld elements, the plan's shard %lld: weights.c and the plan "
                      "disagree on the layout", (long long)n, (long long)P->params_shard);
-    bool full = lead || ck || sp->init.from == CP_INIT_HF;
+    bool full = P->C == 1 || ck || sp->init.from == CP_INIT_HF;
     float *flat = full ? cp_xmalloc(sizeof(float) * (size_t)n) : NULL;
     double t0 = cp_now();
     int rc = 0;
@@ -163,21 +177,21 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         rc = cp_weights_load_hf(P, sp->init.path, flat, err, errlen);
         if (!rc && out) fprintf(out, "weights: %s (Hugging Face) in %.1f s\n", sp->init.path, cp_now() - t0);
         if (!rc) rc = cp_exec_load_weights(ex, flat, err, errlen);
-    } else if (flat) {
-        cp_weights_init_random(P, sp->init.seed, sp->init.std, flat);
+    } else {
+        if (flat) {
+            cp_weights_init_random(P, sp->init.seed, sp->init.std, flat);
+            rc = cp_exec_load_weights(ex, flat, err, errlen);
+        } else {
+            float *shard = cp_xmalloc(sizeof(float) * (size_t)P->params_shard);
+            cp_weights_init_random_shard(P, rank, sp->init.seed, sp->init.std, shard);
+            rc = cp_exec_load_shard(ex, shard, err, errlen);
+            free(shard);
+        }
         if (out) fprintf(out, "weights: random, seed %llu, std %g (%.2f s)\n", (unsigned long long)sp->init.seed,
                          sp->init.std, cp_now() - t0);
-        rc = cp_exec_load_weights(ex, flat, err, errlen);
-    } else {
-        float *shard = cp_xmalloc(sizeof(float) * (size_t)P->params_shard);
-        cp_weights_init_random_shard(P, rank, sp->init.seed, sp->init.std, shard);
-        rc = cp_exec_load_shard(ex, shard, err, errlen);
-        free(shard);
     }
-    if (!lead) { /* only rank 0 keeps the full model, for checkpoints */
-        free(flat);
-        flat = NULL;
-    }
+    free(flat); /* the executor holds the model now; a checkpoint reads it back */
+    flat = NULL;
 
     /* data (at the checkpoint's position) and the metrics file */
     cp_dataset data;
@@ -271,7 +285,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             fflush(metrics);
         }
         if (tr->save_every > 0 && (step + 1) % tr->save_every == 0)
-            rc = save(ex, P, rank, flat, &data, step + 1, res->skipped, r.loss, out, err, errlen);
+            rc = save(ex, P, rank, &data, step + 1, res->skipped, r.loss, out, err, errlen);
     }
     int ran = res->steps - start;
     if (ran > 0) {
@@ -297,7 +311,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                 cp_fmt_bytes(res->mem_planned, d, sizeof d));
     }
     if (!rc && tr->save_every > 0 && ran > 0 && res->steps % tr->save_every != 0)
-        rc = save(ex, P, rank, flat, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
+        rc = save(ex, P, rank, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
     if (metrics) fclose(metrics);
     if (data_open) cp_dataset_close(&data);
     free(tok);
