@@ -1266,38 +1266,57 @@ static void judge(cp_plan *P) {
 }
 
 /* One stage size U: the plan, with the fewest offloaded checkpoints that fit when offload is auto. */
-static int build_k(const cp_spec *spec, cp_plan *P, int k, char *err, int errlen) {
-    const cp_spec s = *spec;
-    int L = (int)s.model.layers;
-    int host = s.parallel.offload == CP_OFFLOAD_ALL ? L : 0;
-    if (build_once(&s, P, host, k, err, errlen)) return -1;
-    judge(P);
-    if (s.parallel.offload != CP_OFFLOAD_AUTO || P->fits || k > 1) return 0;
-    /* auto: offload the fewest checkpoints that make it fit (each moved layer saves one GPU checkpoint;
-     * moving any costs two staging buffers), searched by bisection since memory falls as more move */
-    int lo = 1, hi = L;
-    cp_plan trial;
-    bool any = false;
+/* The plan of choice x of a search (offloaded layers, checkpoint spacing, stage size), judged. */
+typedef int (*plan_at)(const void *ctx, int x, cp_plan *out, char *err, int errlen);
+
+/* Bisection over the choices [lo, hi], whose plans fit on one side only: the smallest x that fits (`smallest`), or
+ * the largest. The plan found replaces *best. Returns 1 when one fits, 0 when none does, -1 on an error. */
+static int bisect_fit(plan_at at, const void *ctx, int lo, int hi, bool smallest, cp_plan *best, char *err,
+                      int errlen) {
+    int found = 0;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        if (build_once(&s, &trial, mid, 1, err, errlen)) return -1;
-        judge(&trial);
-        if (trial.fits) {
-            cp_plan_free(P);
-            *P = trial;
-            any = true;
-            hi = mid - 1;
+        cp_plan t;
+        if (at(ctx, mid, &t, err, errlen)) return -1;
+        bool fits = t.fits;
+        if (fits) {
+            cp_plan_free(best);
+            *best = t;
+            found = 1;
         } else {
-            cp_plan_free(&trial);
-            lo = mid + 1;
+            cp_plan_free(&t);
         }
+        if (fits == smallest) hi = mid - 1;
+        else lo = mid + 1;
     }
-    if (!any) {
-        cp_plan_free(P);
-        if (build_once(&s, P, L, 1, err, errlen)) return -1;
-        judge(P);
-    }
+    return found;
+}
+
+/* Every layer checkpointed, x of them offloaded (the first ones). */
+static int plan_offloaded(const void *ctx, int x, cp_plan *out, char *err, int errlen) {
+    if (build_once(ctx, out, x, 1, err, errlen)) return -1;
+    judge(out);
     return 0;
+}
+
+static int build_k(const cp_spec *spec, cp_plan *P, int k, char *err, int errlen) {
+    int L = (int)spec->model.layers;
+    int host = spec->parallel.offload == CP_OFFLOAD_ALL ? L : 0;
+    if (build_once(spec, P, host, k, err, errlen)) return -1;
+    judge(P);
+    if (spec->parallel.offload != CP_OFFLOAD_AUTO || P->fits || k > 1) return 0;
+    /* auto: offload the fewest checkpoints that make it fit (each moved layer saves one GPU checkpoint;
+     * moving any costs two staging buffers), searched by bisection since memory falls as more move; if none
+     * does, all offloaded, whose refusal says what would fit */
+    int r = bisect_fit(plan_offloaded, spec, 1, L, true, P, err, errlen);
+    if (r != 0) return r < 0 ? -1 : 0;
+    cp_plan_free(P);
+    return plan_offloaded(spec, L, P, err, errlen);
+}
+
+/* Every k-th layer checkpointed, for the spacing search. */
+static int plan_spaced(const void *ctx, int k, cp_plan *out, char *err, int errlen) {
+    return build_k(ctx, out, k, err, errlen);
 }
 
 /* One stage size U: the optimizer's place, then the checkpoint spacing. checkpoint_every = "auto": every layer
@@ -1328,22 +1347,9 @@ static int build_u(const cp_spec *spec, cp_plan *P, bool sparse, char *err, int 
         cp_plan_free(&t);
         return 0;
     }
-    int lo = 2, hi = kmax - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        cp_plan u;
-        if (build_k(&s, &u, mid, err, errlen)) {
-            cp_plan_free(&t);
-            return -1;
-        }
-        if (u.fits) {
-            cp_plan_free(&t);
-            t = u;
-            hi = mid - 1;
-        } else {
-            cp_plan_free(&u);
-            lo = mid + 1;
-        }
+    if (bisect_fit(plan_spaced, &s, 2, kmax - 1, true, &t, err, errlen) < 0) {
+        cp_plan_free(&t);
+        return -1;
     }
     if (!P->fits || t.t_step < P->t_step) { /* against offloading checkpoints with every layer kept */
         cp_plan_free(P);
@@ -1352,6 +1358,19 @@ static int build_u(const cp_spec *spec, cp_plan *P, bool sparse, char *err, int 
         cp_plan_free(&t);
     }
     return 0;
+}
+
+/* Stage size U[x], every layer checkpointed, for the stage search. */
+typedef struct {
+    const cp_spec *spec;
+    const int64_t *U;
+} stage_search;
+
+static int plan_staged(const void *ctx, int x, cp_plan *out, char *err, int errlen) {
+    const stage_search *c = ctx;
+    cp_spec s = *c->spec;
+    s.parallel.upipe_heads = (int)c->U[x];
+    return build_u(&s, out, false, err, errlen);
 }
 
 int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
@@ -1371,22 +1390,8 @@ int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
         return build_u(&s, P, true, err, errlen);
     }
     /* memory grows with U: the largest that fits, by bisection over the valid values */
-    int lo = 1, hi = n - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        cp_plan t;
-        s.parallel.upipe_heads = (int)U[mid];
-        if (build_u(&s, &t, false, err, errlen)) return -1;
-        if (t.fits) {
-            cp_plan_free(P);
-            *P = t;
-            lo = mid + 1;
-        } else {
-            cp_plan_free(&t);
-            hi = mid - 1;
-        }
-    }
-    return 0;
+    stage_search c = {spec, U};
+    return bisect_fit(plan_staged, &c, 1, n - 1, false, P, err, errlen) < 0 ? -1 : 0;
 }
 
 void cp_plan_free(cp_plan *P) {
