@@ -658,15 +658,12 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
                 cp_step *c = collective(B, CP_OP_ALLTOALL, i ? "a2a_dv" : "a2a_dk", sent);
                 use(c, P, src, 0, head_bytes, CP_READ);
                 use(c, P, b->a2a_recv, 0, sent, CP_DEF);
+                /* replicated KV heads: the replicas' gradients are summed into a cleared buffer */
+                if (P->repl > 1) zero(B, dtok[i], T * nkv * D * BF16);
                 cp_step *k = kernel(B, M->lay_kv, P->repl > 1 ? "unpack_add" : "unpack", i ? "unpack_dv" : "unpack_dk",
                                     2.0 * (double)sent);
                 use(k, P, b->a2a_recv, 0, sent, CP_READ);
-                if (P->repl > 1) {
-                    zero(B, dtok[i], T * nkv * D * BF16);
-                    use(k, P, dtok[i], 0, T * nkv * D * BF16, CP_RW);
-                } else {
-                    use(k, P, dtok[i], 0, T * nkv * D * BF16, CP_WRITE);
-                }
+                use(k, P, dtok[i], 0, T * nkv * D * BF16, P->repl > 1 ? CP_RW : CP_WRITE);
                 src = dtok[i];
             } else if (!accum) {
                 src = i ? b->dv_head : b->dk_head;

@@ -18,9 +18,13 @@ int cp_plan_liveness(cp_plan *P, char *err, int errlen) {
     int n = P->nbufs;
     int *open = cp_xmalloc(sizeof(int) * (size_t)n); /* start of the open interval, or -1 */
     int *last = cp_xmalloc(sizeof(int) * (size_t)n);
+    /* the last write not yet read (step, operand): a memset placed after the step whose output it should have
+     * cleared the way for buries that output (kernels may legitimately write what only a recompute reads) */
+    int *unread = cp_xmalloc(sizeof(int) * (size_t)n), *unread_op = cp_xmalloc(sizeof(int) * (size_t)n);
     for (int i = 0; i < n; i++) {
         open[i] = -1;
         last[i] = -1;
+        unread[i] = -1;
         P->bufs[i].nlive = 0;
     }
     int rc = 0;
@@ -36,6 +40,18 @@ int cp_plan_liveness(cp_plan *P, char *err, int errlen) {
                 rc = -1;
                 break;
             }
+            if (o->access & CP_READ) unread[o->buf] = -1;
+            else if (s->kind == CP_OP_MEMSET && unread[o->buf] >= 0 && unread[o->buf] < i) {
+                const cp_step *w = &P->steps[unread[o->buf]];
+                const cp_operand *wo = &w->ops[unread_op[o->buf]];
+                if (o->offset < wo->offset + wo->bytes && wo->offset < o->offset + o->bytes) {
+                    snprintf(err, errlen, "plan: step %d (zero, layer %d) clears what step %d (%s) wrote to %s before "
+                             "anything read it", i, s->layer, unread[o->buf], w->what, b->name);
+                    rc = -1;
+                    break;
+                }
+            }
+            if (o->access & CP_WRITE) unread[o->buf] = i, unread_op[o->buf] = j;
             bool whole = o->offset == 0 && o->bytes == b->bytes;
             bool def = o->access == CP_DEF || (o->access == CP_WRITE && whole);
             if (def && open[o->buf] >= 0 && last[o->buf] < i) {
@@ -61,6 +77,8 @@ int cp_plan_liveness(cp_plan *P, char *err, int errlen) {
     }
     free(open);
     free(last);
+    free(unread);
+    free(unread_op);
     return rc;
 }
 
