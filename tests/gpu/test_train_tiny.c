@@ -4,12 +4,13 @@
  * chance ln(V - 1), which only copying from 1K positions back gives; the arena the driver saw is the plan's
  * (to its 2 MiB granularity, within 3%) and the measured peak stays within the plan's peak (arena + reserve) + 3%.
  * Then tiny's variants (checkpoints offloaded to the host, the optimizer on the host, both, one head per UPipe
- * stage, one micro-batch) train 20 steps each: offload must give the default run's losses bit for bit (it moves
- * data, not arithmetic), the host optimizer within 0.05.
+ * stage, one micro-batch) train 20 steps each beside a 20-step default run: offload must give its losses bit for
+ * bit (it moves data, not arithmetic), the host optimizer and one-head stages within 0.05, one micro-batch (other
+ * tokens) within 2% of the first loss.
  * With CPGEN_HF_DIR set it also writes what tests/gpu/hf_compare.py needs to train the same model in PyTorch /
- * transformers and compare: the initial weights as a Hugging Face checkpoint (fp32), cpgen's gradients of the first
- * sequence (same layout), the token sequences, and this run's metrics.jsonl (CPGEN_HF_STEPS steps, default 30;
- * CPGEN_HF_SETS more overrides; CPGEN_HF_ONLY=1 skips the other tests). */
+ * transformers and compare: the initial weights as a Hugging Face checkpoint (fp32), cpgen's gradients of step 1
+ * over all its micro-batches (same layout), the token sequences, and this run's metrics.jsonl (CPGEN_HF_STEPS steps,
+ * default 30; CPGEN_HF_SETS more overrides; CPGEN_HF_ONLY=1 skips the other tests). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -121,6 +122,13 @@ static double max_diff(const cp_train_result *a, const cp_train_result *b, int n
 static void test_variants(void **state) {
     (void)state;
     if (hf_only()) skip();
+    /* the 20-step default run the variants are held against */
+    cp_train_result ref;
+    char od[1200];
+    snprintf(od, sizeof od, "train.out_dir=%s/tiny_ref20", out_root);
+    const char *rs[3] = {"train.steps=20", "train.warmup=5", od};
+    train(&ref, 3, rs);
+    assert_true(isfinite(ref.last_loss) && ref.mean_last10 < ref.first_loss);
     const char *variants[][2] = {{"parallel.offload=all", NULL},
                                  {"parallel.optimizer=host", NULL},
                                  {"parallel.offload=all", "parallel.optimizer=host"},
@@ -130,33 +138,31 @@ static void test_variants(void **state) {
         char outdir[1200];
         snprintf(outdir, sizeof outdir, "train.out_dir=%s/tiny_variant%zu", out_root, v);
         const char *sets[5] = {"train.steps=20", "train.warmup=5", outdir, variants[v][0], variants[v][1]};
-        int ns = variants[v][1] ? 5 : 4;
         cp_train_result r;
-        train(&r, ns, sets);
+        train(&r, variants[v][1] ? 5 : 4, sets);
         assert_int_equal(r.skipped, 0);
-        /* 20 steps are still at chance on the copy task: the loss must be finite and not above where it began */
-        assert_true(isfinite(r.last_loss) && r.mean_last10 < r.first_loss);
-        /* the same model, data and schedule as a 20-step default run: offload and the host optimizer change where
-         * things are, not what is computed (beyond the order of fp32 sums) */
-        if (v < 3) {
-            static cp_train_result ref;
-            if (!ref.steps) {
-                char od[1200];
-                snprintf(od, sizeof od, "train.out_dir=%s/tiny_ref20", out_root);
-                const char *rs[3] = {"train.steps=20", "train.warmup=5", od};
-                train(&ref, 3, rs);
-            }
-            double d = max_diff(&r, &ref, 20);
-            printf("variant %s %s: largest loss difference to the default run over 20 steps %.2e\n", variants[v][0],
-                   variants[v][1] ? variants[v][1] : "", d);
-            assert_true(v == 0 ? d == 0 : d < 0.05);
+        assert_true(isfinite(r.last_loss));
+        double d = max_diff(&r, &ref, 20);
+        printf("variant %s %s: largest loss difference to the default run over 20 steps %.2e\n", variants[v][0],
+               variants[v][1] ? variants[v][1] : "", d);
+        if (v == 0) {
+            assert_true(d == 0); /* offload moves data, not arithmetic */
+        } else if (v < 4) {
+            /* the same model, data and schedule: where things live, and how many heads a stage takes, change only
+             * the order of fp32 sums */
+            assert_true(d < 0.05);
+        } else {
+            /* one sequence per step instead of eight: other tokens, so only near the default run (both are still
+             * close to chance after 20 steps); an accumulation or scaling error moves the loss by far more */
+            assert_true(d < 0.02 * ref.first_loss);
         }
         cp_train_result_free(&r);
     }
+    cp_train_result_free(&ref);
 }
 
 /* What hf_compare.py needs: the initial weights (fp32 safetensors + config.json), the token sequences of `steps`
- * steps, cpgen's gradients of the first sequence, then a cpgen run of those steps writing metrics.jsonl.
+ * steps, cpgen's gradients of step 1 (all its micro-batches), then a cpgen run of those steps writing metrics.jsonl.
  * CPGEN_HF_SPEC names the spec (default tiny). With init.from = "hf" among CPGEN_HF_SETS the weights are the ones
  * transformers made (tests/hf/make_model.py) and cpgen loads them; otherwise cpgen draws them and saves DIR/model. */
 static void test_hf_export(void **state) {
@@ -194,7 +200,7 @@ static void test_hf_export(void **state) {
         cp_weights_init_random(&p, p.spec.init.seed, p.spec.init.std, flat);
         if (cp_mkdir_p(dir) || cp_weights_save_hf(&p, flat, model, false, 0, err, sizeof err)) fail_msg("save: %s", err);
     }
-    /* the gradients of the first sequence at the initial weights, saved with the weights' names and layout */
+    /* the gradients of step 1 (every micro-batch) at the initial weights, saved with the weights' names and layout */
     cp_exec *ex;
     cp_exec_opts eo = {.out = NULL};
     if (cp_exec_create(&ex, &p, &eo, err, sizeof err)) fail_msg("executor: %s", err);
@@ -212,7 +218,7 @@ static void test_hf_export(void **state) {
     cp_exec_destroy(ex);
     free(t0);
     free(g0);
-    printf("gradients of sequence 0: loss %.6f\n", loss);
+    printf("gradients of step 1: loss %.6f\n", loss);
     snprintf(model, sizeof model, "%s/grads", dir);
     if (cp_weights_save_hf(&p, flat, model, false, 0, err, sizeof err)) fail_msg("save: %s", err);
     snprintf(path, sizeof path, "%s/grads/loss.json", dir);
