@@ -1242,11 +1242,17 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     return 0;
 }
 
+/* GPU memory per GPU outside the arena: the context and libraries, and NCCL's buffers when there are ranks. */
+int64_t cp_plan_reserve(const cp_plan *P) {
+    const cp_machine *mc = &P->spec.machine;
+    return mc->reserve + (P->C > 1 ? mc->comm_reserve : 0);
+}
+
 /* Fill fits/why from the arenas against the machine. */
 static void judge(cp_plan *P) {
     const cp_machine *mc = &P->spec.machine;
     char a[32], b[32];
-    P->gpu_peak = P->gpu_arena + mc->reserve;
+    P->gpu_peak = P->gpu_arena + cp_plan_reserve(P);
     P->fits = true;
     P->why[0] = 0;
     if (P->gpu_peak > mc->gpu_mem) {

@@ -160,7 +160,7 @@ typedef struct {
     int64_t *unit_elems, *unit_padded, *unit_shard_off; /* elements; shard_off: into this rank's shard */
     int64_t params_total, params_layer, params_shard; /* shard: elements held by one rank */
     int64_t gpu_arena, host_arena;                    /* bytes, after lifetime-aware packing */
-    int64_t gpu_peak;                                 /* gpu_arena + machine.reserve */
+    int64_t gpu_peak;                                 /* gpu_arena + cp_plan_reserve */
     int64_t cat_bytes[CP_CAT_COUNT];                  /* sum of buffer sizes per category, GPU */
     int64_t cat_host_bytes[CP_CAT_COUNT];
     int64_t gpu_live_peak;                            /* most bytes live at one step (arena >= this) */
@@ -178,6 +178,7 @@ void cp_layer_layout_of(const cp_model *m, int C, cp_layer_layout *L);
 /* Build the plan for a validated spec. Returns 0, or -1 with a message (a spec the planner cannot lay out). */
 int cp_plan_build(const cp_spec *spec, cp_plan *plan, char *err, int errlen);
 void cp_plan_free(cp_plan *plan);
+int64_t cp_plan_reserve(const cp_plan *plan); /* per-GPU bytes outside the arena */
 
 /* The largest seq_len (a multiple of the required granularity) whose plan fits the spec's machine; 0 if none. */
 int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errlen);

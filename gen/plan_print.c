@@ -107,6 +107,8 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     fprintf(out, "  %-40s %14s   (buffers whose lifetimes do not overlap share bytes)\n", "arena",
             cp_fmt_bytes(P->gpu_arena, a, sizeof a));
     fprintf(out, "  %-40s %14s\n", "reserve: CUDA context, modules, libraries", cp_fmt_bytes(mc->reserve, a, sizeof a));
+    if (P->C > 1)
+        fprintf(out, "  %-40s %14s\n", "reserve: NCCL buffers", cp_fmt_bytes(mc->comm_reserve, a, sizeof a));
     fprintf(out, "  %-40s %14s   of %s\n", "peak", cp_fmt_bytes(P->gpu_peak, a, sizeof a),
             cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
     if (P->host_arena) {
@@ -233,7 +235,7 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
         fprintf(out, "%s\"%s\": %lld", k ? ", " : "", cat_keys[k], (long long)P->cat_host_bytes[k]);
     fprintf(out, "},\n    \"gpu_live_peak\": %lld, \"gpu_arena\": %lld, \"reserve\": %lld, \"gpu_peak\": %lld, "
                  "\"gpu_mem\": %lld, \"host_arena\": %lld, \"host_mem\": %lld\n  },\n",
-            (long long)P->gpu_live_peak, (long long)P->gpu_arena, (long long)sp->machine.reserve,
+            (long long)P->gpu_live_peak, (long long)P->gpu_arena, (long long)cp_plan_reserve(P),
             (long long)P->gpu_peak, (long long)sp->machine.gpu_mem, (long long)P->host_arena,
             (long long)sp->machine.host_mem);
     double flops = P->flops_attn + P->flops_other;

@@ -357,6 +357,8 @@ static void test_stage_table_3b(void **state) {
             assert_int_equal(p.stages[st * 2 + r].kv_heads[0], kv);
             assert_int_equal(p.stages[st * 2 + r].q_heads[0], kv * 3 + st % 3);
         }
+    /* ranks hold NCCL's buffers beside the context */
+    assert_int_equal(p.gpu_peak, p.gpu_arena + s.machine.reserve + s.machine.comm_reserve);
     cp_plan_free(&p);
 }
 
