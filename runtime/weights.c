@@ -571,12 +571,12 @@ static void *fill_thread(void *arg) {
 }
 
 /* normal_fill over all cores: every element is a function of (key, index), so the split does not change a bit. */
-static void normal_fill_parallel(uint64_t key, int64_t n, double std, float *dst) {
+static void normal_fill_parallel(uint64_t key, int64_t first, int64_t n, double std, float *dst) {
     enum { MAX_THREADS = 64, MIN_CHUNK = 1 << 20 };
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int nt = (int)CP_MIN(CP_MIN(cores < 1 ? 1 : cores, MAX_THREADS), (n + MIN_CHUNK - 1) / MIN_CHUNK);
     if (nt <= 1) {
-        normal_fill(key, 0, n, std, dst);
+        normal_fill(key, first, n, std, dst);
         return;
     }
     fill_job jobs[MAX_THREADS];
@@ -584,9 +584,9 @@ static void normal_fill_parallel(uint64_t key, int64_t n, double std, float *dst
     int64_t chunk = ((n + nt - 1) / nt + 1) & ~(int64_t)1; /* even: a pair never straddles two threads */
     int started = 0;
     for (int i = 0; i < nt; i++) {
-        int64_t first = i * chunk, len = CP_MIN(chunk, n - first);
+        int64_t at = i * chunk, len = CP_MIN(chunk, n - at);
         if (len <= 0) break;
-        jobs[i] = (fill_job){key, first, len, std, dst + first};
+        jobs[i] = (fill_job){key, first + at, len, std, dst + at};
         if (pthread_create(&th[i], NULL, fill_thread, &jobs[i]) != 0) {
             fill_thread(&jobs[i]); /* no thread to be had: do this part here */
             th[i] = pthread_self();
@@ -597,10 +597,11 @@ static void normal_fill_parallel(uint64_t key, int64_t n, double std, float *dst
         if (!pthread_equal(th[i], pthread_self())) pthread_join(th[i], NULL);
 }
 
-/* Unit u of the random init into dst (plan->unit_padded[u] elements, padding zero); tmp: scratch for permuted
- * tensors, grown as needed. */
+/* Unit u of the random init into dst (plan->unit_padded[u] elements, padding zero), exact in unit elements
+ * [lo, hi): tensors stored as Hugging Face lays them out are drawn only there (a rank draws its shard, not the
+ * model), permuted ones whole; tmp: scratch for permuted tensors, grown as needed. */
 static void init_unit(const cp_plan *plan, const cp_hf_tensor *tt, int nt, const int *order, uint64_t seed,
-                      double std, int u, float *dst, float **tmp) {
+                      double std, int u, int64_t lo, int64_t hi, float *dst, float **tmp) {
     memset(dst, 0, (size_t)plan->unit_padded[u] * sizeof *dst);
     int64_t base = cp_weights_unit_off(plan, u);
     for (int j = 0; j < nt; j++) {
@@ -614,10 +615,11 @@ static void init_unit(const cp_plan *plan, const cp_hf_tensor *tt, int nt, const
         }
         uint64_t key = cp_mix64(seed ^ cp_mix64(cp_hash64(t->name, strlen(t->name), CP_HASH_SEED)));
         if (t->perm == CP_HF_PLAIN) {
-            normal_fill_parallel(key, n, std, to);
+            int64_t a = CP_MAX(lo - (t->off - base), 0), b = CP_MIN(hi - (t->off - base), n);
+            if (a < b) normal_fill_parallel(key, a, b - a, std, to + a);
         } else {
             *tmp = cp_xrealloc(*tmp, (size_t)n * sizeof **tmp);
-            normal_fill_parallel(key, n, std, *tmp);
+            normal_fill_parallel(key, 0, n, std, *tmp);
             place(plan, order, t, *tmp, to);
         }
     }
@@ -634,13 +636,14 @@ static void init_random(const cp_plan *plan, int rank, uint64_t seed, double std
     float *tmp = NULL, *unit = NULL;
     for (int u = 0; u < plan->nunits; u++) {
         if (model) {
-            init_unit(plan, tt, nt, order, seed, std, u, model + cp_weights_unit_off(plan, u), &tmp);
+            init_unit(plan, tt, nt, order, seed, std, u, 0, plan->unit_padded[u], model + cp_weights_unit_off(plan, u),
+                      &tmp);
             continue;
         }
         /* one unit at a time, then this rank's part of it: no more than the largest unit in memory */
         unit = cp_xrealloc(unit, (size_t)plan->unit_padded[u] * sizeof *unit);
-        init_unit(plan, tt, nt, order, seed, std, u, unit, &tmp);
         int64_t part = plan->unit_padded[u] / plan->C;
+        init_unit(plan, tt, nt, order, seed, std, u, (int64_t)rank * part, (int64_t)(rank + 1) * part, unit, &tmp);
         memcpy(shard + plan->unit_shard_off[u], unit + (int64_t)rank * part, (size_t)part * sizeof *unit);
     }
     free(unit);
