@@ -1712,7 +1712,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     atomic_init(&pr.recorded, 0);
     atomic_init(&pr.done, false);
     pthread_t pth;
-    bool prog = expect > PROGRESS_AFTER && ex->nmarkers > 0 &&
+    bool prog = expect > PROGRESS_AFTER && ex->nmarkers > 0 && ex->o.rank == 0 && /* one voice for all ranks */
                 pthread_create(&pth, NULL, progress_thread, &pr) == 0;
     int rc = 0;
     for (int b = 0; b < mb && !rc; b++) {
