@@ -116,6 +116,7 @@ struct cp_exec {
     /* memory measurement */
     bool nvml;
     int64_t base_free_nvml, ctx_free_nvml, ctx_free_cuda;
+    int64_t rss_base; /* resident host bytes before the host arena was pinned */
     /* progress */
     int nmarkers;
     marker *markers;
@@ -184,6 +185,24 @@ int64_t cp_exec_device_free(int dev) {
     char bus[64] = "";
     if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess) return -1;
     return nvml_free(bus);
+}
+
+/* A field of /proc/self/status in bytes ("VmRSS", "VmHWM"), or -1 where there is none. */
+int64_t cp_proc_status_bytes(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    size_t n = strlen(field);
+    long long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n) && line[n] == ':' && sscanf(line + n + 1, "%lld", &kib) == 1) break;
+    fclose(f);
+    return kib < 0 ? -1 : (int64_t)kib * 1024;
+}
+
+int64_t cp_exec_host_used(const cp_exec *ex) {
+    int64_t rss = cp_proc_status_bytes("VmRSS");
+    return rss < 0 || ex->rss_base < 0 ? -1 : rss - ex->rss_base;
 }
 
 int64_t cp_exec_mem_used(const cp_exec *ex) {
@@ -1088,6 +1107,7 @@ static int setup(cp_exec *ex, char *err, int errlen) {
         return cp_errf(err, errlen, "%s", ex->o.arch);
 
     /* pin the host arena on threads while the kernels compile */
+    ex->rss_base = cp_proc_status_bytes("VmRSS");
     host_pieces(ex);
     pthread_t *th = cp_xcalloc((size_t)(ex->npieces ? ex->npieces : 1), sizeof *th);
     double t_pin = cp_now();
@@ -1751,6 +1771,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     r->skipped = skip;
     r->seconds = cp_now() - t0;
     r->mem_used = cp_exec_mem_used(ex);
+    r->host_used = cp_exec_host_used(ex);
     ex->last_seconds = r->seconds;
     return 0;
 }

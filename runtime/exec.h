@@ -42,6 +42,7 @@ typedef struct {
     bool skipped;       /* NaN or Inf loss or norm: the update was skipped */
     double seconds;     /* wall time of the step */
     int64_t mem_used;   /* measured GPU memory of this process at the step's end (cp_exec_mem_used) */
+    int64_t host_used;  /* measured host memory the run added since the executor's start (cp_exec_host_used) */
 } cp_step_result;
 
 /* What start-up did and measured (bytes from the driver, seconds of wall time). */
@@ -119,6 +120,11 @@ int cp_exec_updates(const cp_exec *ex);
 /* GPU memory this process uses now, as the driver reports it: total - free, minus what other processes used before
  * cp_exec_create (the CUDA context included when NVML could measure it). */
 int64_t cp_exec_mem_used(const cp_exec *ex);
+/* Resident host memory (VmRSS) now, less what was resident before the host arena was pinned: the arena as the
+ * kernel counts it, plus whatever else the run keeps; -1 without /proc. */
+int64_t cp_exec_host_used(const cp_exec *ex);
+/* A byte field of /proc/self/status ("VmRSS", "VmHWM"), or -1. */
+int64_t cp_proc_status_bytes(const char *field);
 
 /* Address of a buffer of the plan by name (device or pinned host), or NULL. For tests. */
 void *cp_exec_buffer(const cp_exec *ex, const char *name);

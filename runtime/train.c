@@ -226,6 +226,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     res->skipped = ck ? ck->state.skipped : 0;
     res->chance_loss = chance;
     res->mem_planned = P->gpu_peak;
+    res->host_planned = P->host_arena;
     res->mem_arena_planned = P->gpu_arena;
     res->mem_arena_measured = cp_exec_startup_info(ex)->mem_arena;
     res->min_loss = INFINITY;
@@ -257,17 +258,21 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         res->last_loss = r.loss;
         if (r.loss < res->min_loss) res->min_loss = r.loss;
         res->mem_measured = CP_MAX(res->mem_measured, r.mem_used);
+        res->host_measured = CP_MAX(res->host_measured, r.host_used);
         times[step] = r.seconds;
         double tps = (double)P->T * mb / r.seconds, tf = flops / r.seconds / 1e12;
         if (out && (step % tr->log_every == 0 || step + 1 == tr->steps || r.skipped)) {
-            char a[32], b[32], skip[64] = "";
+            char a[32], b[32], skip[64] = "", host[64] = "";
+            if (P->host_arena)
+                snprintf(host, sizeof host, " | host %.2f/%.2f GiB", (double)r.host_used / (1 << 30),
+                         (double)P->host_arena / (1 << 30));
             if (r.skipped) snprintf(skip, sizeof skip, " | update skipped (%s, %d so far)",
                                     isfinite(r.loss) ? "non-finite norm" : "non-finite loss", res->skipped);
             fprintf(out, "step %d/%d | loss %.4f | norm %.2f | lr %.1e | %s | %s tok/s/GPU | %.*f TF/s | %.*f%% MFU | "
-                         "mem %.2f/%.2f GiB (measured/planned)%s\n",
+                         "mem %.2f/%.2f GiB%s (measured/planned)%s\n",
                     step + 1, tr->steps, r.loss, r.norm, hp.lr, fmt_time(r.seconds, a, sizeof a),
                     cp_fmt_count(tps, b, sizeof b), tf < 100 ? 1 : 0, tf, 100 * tf / peak < 10 ? 1 : 0,
-                    100 * tf / peak, (double)r.mem_used / (1 << 30), (double)P->gpu_peak / (1 << 30), skip);
+                    100 * tf / peak, (double)r.mem_used / (1 << 30), (double)P->gpu_peak / (1 << 30), host, skip);
             fflush(out);
         }
         if (metrics) {
@@ -280,8 +285,10 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             json_num(metrics, "tokens_per_s", tps, false);
             json_num(metrics, "tflops", tf, false);
             json_num(metrics, "mfu", tf / peak, false);
-            fprintf(metrics, "\"targets\":%lld,\"mem_measured\":%lld,\"mem_planned\":%lld,\"skipped\":%s}\n",
-                    (long long)r.targets, (long long)r.mem_used, (long long)P->gpu_peak, r.skipped ? "true" : "false");
+            fprintf(metrics, "\"targets\":%lld,\"mem_measured\":%lld,\"mem_planned\":%lld,\"host_measured\":%lld,"
+                    "\"host_planned\":%lld,\"skipped\":%s}\n", (long long)r.targets, (long long)r.mem_used,
+                    (long long)P->gpu_peak, (long long)r.host_used, (long long)P->host_arena,
+                    r.skipped ? "true" : "false");
             fflush(metrics);
         }
         if (tr->save_every > 0 && (step + 1) % tr->save_every == 0)
@@ -309,6 +316,11 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                 res->skipped, fmt_time(res->step_seconds, a, sizeof a), cp_fmt_count(res->tokens_per_s, b, sizeof b),
                 res->tflops, 100 * res->mfu, cp_fmt_bytes(res->mem_measured, c, sizeof c),
                 cp_fmt_bytes(res->mem_planned, d, sizeof d));
+        if (P->host_arena)
+            fprintf(out, "host memory: %s measured (resident growth since the executor started), %s planned (host "
+                         "arena); process peak %s\n", cp_fmt_bytes(res->host_measured, a, sizeof a),
+                    cp_fmt_bytes(res->host_planned, b, sizeof b),
+                    cp_fmt_bytes(cp_proc_status_bytes("VmHWM"), c, sizeof c));
     }
     if (!rc && tr->save_every > 0 && ran > 0 && res->steps % tr->save_every != 0)
         rc = save(ex, P, rank, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
