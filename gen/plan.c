@@ -1251,19 +1251,28 @@ int64_t cp_plan_reserve(const cp_plan *P) {
 /* Fill fits/why from the arenas against the machine. */
 static void judge(cp_plan *P) {
     const cp_machine *mc = &P->spec.machine;
-    char a[32], b[32];
+    char a[32], b[32], c[32], d[32], e[32];
     P->gpu_peak = P->gpu_arena + cp_plan_reserve(P);
+    /* the weights pass through host memory once, in fp32: the whole model where one process reads it all (one
+     * GPU, a Hugging Face init; then the rank's shard cut from it), else one unit at a time beside the shard */
+    int64_t unit_max = 0, model = 0;
+    for (int u = 0; u < P->nunits; u++) unit_max = CP_MAX(unit_max, P->unit_padded[u]), model += P->unit_padded[u];
+    bool whole = P->C == 1 || P->spec.init.from == CP_INIT_HF;
+    P->host_load = (int64_t)sizeof(float) * ((whole ? model : unit_max) + (P->C > 1 ? P->params_shard : 0));
+    P->host_peak = P->host_arena + P->host_load + mc->host_reserve;
+    int ranks = CP_MIN(P->C, 8); /* every rank of a node holds its own */
     P->fits = true;
     P->why[0] = 0;
     if (P->gpu_peak > mc->gpu_mem) {
         P->fits = false;
         snprintf(P->why, sizeof P->why, "GPU memory: needs %s per GPU, the machine has %s",
                  cp_fmt_bytes(P->gpu_peak, a, sizeof a), cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
-    } else if (P->host_arena * (int64_t)CP_MIN(P->C, 8) > mc->host_mem) {
-        /* the host arena of every rank on the node is pinned in the node's memory */
+    } else if (P->host_peak * ranks > mc->host_mem) {
         P->fits = false;
-        snprintf(P->why, sizeof P->why, "host memory: needs %s pinned (%d ranks on the node), the machine has %s",
-                 cp_fmt_bytes(P->host_arena * CP_MIN(P->C, 8), a, sizeof a), CP_MIN(P->C, 8),
+        snprintf(P->why, sizeof P->why, "host memory: needs %s (%d rank%s on the node, each %s pinned, %s while the "
+                 "weights load, %s reserve), the machine has %s", cp_fmt_bytes(P->host_peak * ranks, a, sizeof a),
+                 ranks, ranks > 1 ? "s" : "", cp_fmt_bytes(P->host_arena, c, sizeof c),
+                 cp_fmt_bytes(P->host_load, d, sizeof d), cp_fmt_bytes(mc->host_reserve, e, sizeof e),
                  cp_fmt_bytes(mc->host_mem, b, sizeof b));
     }
 }

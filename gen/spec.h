@@ -74,6 +74,7 @@ typedef struct {
     int64_t gpu_mem, host_mem;  /* bytes */
     int64_t reserve;            /* bytes per GPU outside the arena: CUDA context, modules, library workspaces */
     int64_t comm_reserve;       /* more per GPU when gpus > 1: NCCL's communicator and connection buffers */
+    int64_t host_reserve;       /* host bytes per process outside the pinned arena: driver, libraries, buffers */
     double gemm_tflops;         /* bf16 dense GEMM */
     double attn_tflops;         /* causal flash attention, fwd and bwd */
     double hbm_gbps;            /* device copy, read + write */

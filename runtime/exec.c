@@ -1283,11 +1283,13 @@ static uint16_t to_bf16(float f) {
 }
 
 /* Copy n bytes into buffer `name` (device or host). */
-static int put(cp_exec *ex, const char *name, const void *src, size_t n, char *err, int errlen) {
+/* n bytes from src into buffer `name` at byte offset off */
+static int put(cp_exec *ex, const char *name, size_t off, const void *src, size_t n, char *err, int errlen) {
     int b = buf_index(ex, name);
     if (b < 0) return cp_errf(err, errlen, "the plan has no buffer %s", name);
-    if (ex->P->bufs[b].space == CP_SPACE_HOST) memcpy(ex->bufptr[b], src, n);
-    else CK(cudaMemcpy(ex->bufptr[b], src, n, cudaMemcpyHostToDevice), "uploading the weights");
+    char *dst = (char *)ex->bufptr[b] + off;
+    if (ex->P->bufs[b].space == CP_SPACE_HOST) memcpy(dst, src, n);
+    else CK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "uploading the weights");
     return 0;
 }
 
@@ -1357,10 +1359,15 @@ int cp_exec_load_weights(cp_exec *ex, const float *flat, char *err, int errlen) 
 
 int cp_exec_load_shard(cp_exec *ex, const float *shard, char *err, int errlen) {
     int64_t n = ex->P->params_shard;
-    uint16_t *bf = cp_xmalloc(sizeof(uint16_t) * (size_t)n);
-    for (int64_t i = 0; i < n; i++) bf[i] = to_bf16(shard[i]);
-    int rc = put(ex, "master.f32", shard, sizeof(float) * (size_t)n, err, errlen);
-    if (!rc) rc = put(ex, "params.bf16", bf, sizeof(uint16_t) * (size_t)n, err, errlen);
+    int rc = put(ex, "master.f32", 0, shard, sizeof(float) * (size_t)n, err, errlen);
+    /* the bf16 copy in pieces: the plan counts one fp32 model in host memory while loading, not a bf16 one too */
+    enum { PIECE = 1 << 24 };
+    uint16_t *bf = cp_xmalloc(sizeof(uint16_t) * (size_t)CP_MIN(n, PIECE));
+    for (int64_t at = 0; at < n && !rc; at += PIECE) {
+        int64_t k = CP_MIN(PIECE, n - at);
+        for (int64_t i = 0; i < k; i++) bf[i] = to_bf16(shard[at + i]);
+        rc = put(ex, "params.bf16", sizeof(uint16_t) * (size_t)at, bf, sizeof(uint16_t) * (size_t)k, err, errlen);
+    }
     free(bf);
     if (!rc) rc = zero_buf(ex, "adam_m.f32", err, errlen);
     if (!rc) rc = zero_buf(ex, "adam_v.f32", err, errlen);
@@ -1422,8 +1429,8 @@ int cp_exec_load_optimizer(cp_exec *ex, const float *m, const float *v, int upda
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
     float *ms = m ? rank_shard(ex, m) : NULL, *vs = v ? rank_shard(ex, v) : NULL;
     int rc = 0;
-    if (m) rc = put(ex, "adam_m.f32", ms ? ms : m, n, err, errlen);
-    if (!rc && v) rc = put(ex, "adam_v.f32", vs ? vs : v, n, err, errlen);
+    if (m) rc = put(ex, "adam_m.f32", 0, ms ? ms : m, n, err, errlen);
+    if (!rc && v) rc = put(ex, "adam_v.f32", 0, vs ? vs : v, n, err, errlen);
     free(ms);
     free(vs);
     if (!rc) CK(cudaDeviceSynchronize(), "uploading the optimizer state");

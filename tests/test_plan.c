@@ -455,6 +455,37 @@ static void test_refuses_when_too_small(void **state) {
     cp_plan_free(&p);
 }
 
+/* Host memory per process: the pinned arena, the fp32 weights while they load (the whole model where one process
+ * reads it, else the largest unit beside the rank's shard), and the reserve; a node too small is refused. */
+static void test_host_memory(void **state) {
+    (void)state;
+    for (int gpus = 1; gpus <= 2; gpus++) {
+        cp_spec s;
+        char g[32];
+        snprintf(g, sizeof g, "parallel.gpus=%d", gpus);
+        load("llama3b", &s, 2, g, "train.seq_len=16K");
+        cp_plan p;
+        build(&s, &p);
+        int64_t model = 0, unit_max = 0;
+        for (int u = 0; u < p.nunits; u++) {
+            model += p.unit_padded[u];
+            if (p.unit_padded[u] > unit_max) unit_max = p.unit_padded[u];
+        }
+        assert_int_equal(p.host_load, gpus == 1 ? 4 * model : 4 * (unit_max + p.params_shard));
+        assert_int_equal(p.host_peak, p.host_arena + p.host_load + s.machine.host_reserve);
+        assert_true(p.fits);
+        /* a node one byte short of every process's peak */
+        char h[64];
+        snprintf(h, sizeof h, "machine.host_mem=%lld", (long long)(p.host_peak * gpus - 1));
+        cp_plan_free(&p);
+        load("llama3b", &s, 3, g, "train.seq_len=16K", h);
+        build(&s, &p);
+        assert_false(p.fits);
+        assert_non_null(strstr(p.why, "host memory"));
+        cp_plan_free(&p);
+    }
+}
+
 static void test_max_seq(void **state) {
     (void)state;
     cp_spec s;
@@ -520,7 +551,8 @@ int main(void) {
         cmocka_unit_test(test_grad_accum),  cmocka_unit_test(test_8b_arithmetic),
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
         cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
-        cmocka_unit_test(test_refuses_when_too_small), cmocka_unit_test(test_max_seq),
+        cmocka_unit_test(test_refuses_when_too_small),
+        cmocka_unit_test(test_host_memory), cmocka_unit_test(test_max_seq),
         cmocka_unit_test(test_max_seq_none_fits), cmocka_unit_test(test_json_parses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
