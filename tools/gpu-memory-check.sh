@@ -3,7 +3,7 @@
 #   noffload  the 3B shape at the longest length the plan fits with every layer's checkpoint on the GPU (one step;
 #             sparser checkpoints reach about twice as far, and a step there takes too long for one call), measured
 #             peak against the plan
-#   overhead  the 3B shape at 128K and 256K with checkpoints on the GPU and with all of them on the host (2 steps
+#   overhead  the 3B shape at 128K and 256K with checkpoints on the GPU and with all of them on the host (one step
 #             each): the step time offload adds
 #   longest   the 3B shape (and the 8B shape, optimizer on the host) at the longest length the plan fits with the
 #             defaults, as a 2-layer model at full length: peak GPU and host memory against the plan
@@ -35,22 +35,26 @@ if want noffload; then
     --set parallel.checkpoint_every=1 --set train.steps=1 --set train.warmup=0
 fi
 if want overhead; then
+  # one step each: the 256K step takes about 190 s, and pinning 42 GiB and drawing the weights another 40
   for s in 128K 256K; do
-    run "l3b_${s}_gpu" 400 llama3b --seq "$s" --set parallel.offload=none --set train.steps=2 --set train.warmup=1
-    run "l3b_${s}_host" 400 llama3b --seq "$s" --set parallel.offload=all --set train.steps=2 --set train.warmup=1
+    run "l3b_${s}_gpu" 400 llama3b --seq "$s" --set parallel.offload=none --set train.steps=1 --set train.warmup=0
+    run "l3b_${s}_host" 400 llama3b --seq "$s" --set parallel.offload=all --set train.steps=1 --set train.warmup=0
   done
 fi
 if want longest; then
   for spec in llama3b llama8b; do
     n=$(longest "$spec")
     [ -n "$n" ] || continue
-    # the full-depth plan's choices (optimizer place, checkpoint spacing), kept for the 2-layer run
-    read -r opt every < <("$B/cpgen" plan "$spec" --gpus 1 --seq "$n" --json | python3 -c 'import json, sys
+    # the full-depth plan's choices (optimizer place, checkpoint spacing, stage size, offload), kept for the
+    # 2-layer run; offloaded checkpoints there become both of its layers on the host
+    read -r opt every u off < <("$B/cpgen" plan "$spec" --gpus 1 --seq "$n" --json | python3 -c 'import json, sys
 p = json.load(sys.stdin)["parallel"]
-print("host" if p["optimizer_on_host"] else "gpu", min(p["checkpoint_every"], 2))')
-    note "$spec: the plan fits $n tokens on one GPU (optimizer on $opt, checkpoint every $every layers)"
+print("host" if p["optimizer_on_host"] else "gpu", min(p["checkpoint_every"], 2), p["upipe_heads"],
+      "all" if p["ckpt_host_layers"] else "none")')
+    note "$spec: the plan fits $n tokens on one GPU (optimizer on $opt, checkpoint every $every layers, U=$u, offload $off)"
     run "${spec}_2l_$n" 560 "$spec" --seq "$n" --set model.layers=2 --set train.steps=1 --set train.warmup=0 \
-      --set "parallel.optimizer=$opt" --set "parallel.checkpoint_every=$every"
+      --set "parallel.optimizer=$opt" --set "parallel.checkpoint_every=$every" --set "parallel.upipe_heads=$u" \
+      --set "parallel.offload=$off"
   done
 fi
 echo
