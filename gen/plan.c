@@ -1331,17 +1331,12 @@ static int plan_spaced(const void *ctx, int k, cp_plan *out, char *err, int errl
     return build_k(ctx, out, k, err, errlen);
 }
 
-/* One stage size U: the optimizer's place, then the checkpoint spacing. checkpoint_every = "auto": every layer
- * with the fewest checkpoints offloaded; where that needs the host or does not fit, and `sparse` allows it, also
- * the smallest spacing k > 1 that fits with every checkpoint on the GPU (k up to about sqrt(L): beyond, the k - 1
- * segment inputs outweigh the checkpoints saved), and of the two the one the cost model predicts faster. */
+/* One stage size U (the optimizer's place decided): the checkpoint spacing. checkpoint_every = "auto": every
+ * layer with the fewest checkpoints offloaded; where that needs the host or does not fit, and `sparse` allows it,
+ * also the smallest spacing k > 1 that fits with every checkpoint on the GPU (k up to about sqrt(L): beyond, the
+ * k - 1 segment inputs outweigh the checkpoints saved), and of the two the one the cost model predicts faster. */
 static int build_u(const cp_spec *spec, cp_plan *P, bool sparse, char *err, int errlen) {
     cp_spec s = *spec;
-    if (s.parallel.optimizer == CP_OPT_AUTO) {
-        /* model states (18 bytes per parameter per rank share) on the GPU unless they alone take over 60% */
-        int64_t states = cp_model_params(&s.model) * 18 / s.parallel.gpus;
-        s.parallel.optimizer = states > s.machine.gpu_mem * 6 / 10 ? CP_OPT_HOST : CP_OPT_GPU;
-    }
     if (s.parallel.checkpoint_every > 0) return build_k(&s, P, s.parallel.checkpoint_every, err, errlen);
     if (build_k(&s, P, 1, err, errlen)) return -1;
     if (!sparse || (P->fits && P->ckpt_host_layers == 0) || s.parallel.checkpoint == CP_CKPT_NONE ||
@@ -1385,7 +1380,8 @@ static int plan_staged(const void *ctx, int x, cp_plan *out, char *err, int errl
     return build_u(&s, out, false, err, errlen);
 }
 
-int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+/* The optimizer's place decided: the stage size, then the checkpoints. */
+static int build_stages(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     if (!spec->parallel.upipe_auto) return build_u(spec, P, true, err, errlen);
     /* upipe_heads = "auto": the largest stage that fits, since fewer, larger stages run larger projection GEMMs
      * and give the attention kernels more blocks at once (docs/PERF.md has the 3B step with 1 and 24 heads per
@@ -1404,6 +1400,29 @@ int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     /* memory grows with U: the largest that fits, by bisection over the valid values */
     stage_search c = {spec, U};
     return bisect_fit(plan_staged, &c, 1, n - 1, false, P, err, errlen) < 0 ? -1 : 0;
+}
+
+/* optimizer = "auto": in host memory when the model states alone (18 bytes per parameter per rank) would take over
+ * 60% of the GPU. Else on the GPU, unless that plan gives something up (it does not fit, offloads checkpoints, or
+ * recomputes segments) and the plan with the optimizer on the host fits and is faster by the cost model: its
+ * update streams over the host link, but it frees 12 bytes per parameter of GPU memory for activations. */
+int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+    cp_spec s = *spec;
+    if (s.parallel.optimizer != CP_OPT_AUTO) return build_stages(&s, P, err, errlen);
+    int64_t states = cp_model_params(&s.model) * 18 / s.parallel.gpus;
+    s.parallel.optimizer = states > s.machine.gpu_mem * 6 / 10 ? CP_OPT_HOST : CP_OPT_GPU;
+    if (build_stages(&s, P, err, errlen)) return -1;
+    if (s.parallel.optimizer == CP_OPT_HOST || (P->fits && P->ckpt_host_layers == 0 && P->ckpt_every <= 1)) return 0;
+    s.parallel.optimizer = CP_OPT_HOST;
+    cp_plan t;
+    if (build_stages(&s, &t, err, errlen)) return -1;
+    if (t.fits && (!P->fits || t.t_step < P->t_step)) {
+        cp_plan_free(P);
+        *P = t;
+    } else {
+        cp_plan_free(&t);
+    }
+    return 0;
 }
 
 void cp_plan_free(cp_plan *P) {

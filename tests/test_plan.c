@@ -113,8 +113,9 @@ static void test_upipe_auto(void **state) {
     assert_true(chosen < 24);
     assert_int_equal(p.ckpt_every, 1);
     cp_plan_free(&p);
-    load("llama3b", &s, 5, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none",
-         "parallel.upipe_heads=24", "parallel.checkpoint_every=1");
+    assert_false(p.opt_on_host); /* nothing given up: the optimizer stays on the GPU */
+    load("llama3b", &s, 6, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none",
+         "parallel.upipe_heads=24", "parallel.checkpoint_every=1", "parallel.optimizer=gpu");
     build(&s, &p);
     assert_false(p.fits);
     cp_plan_free(&p);
@@ -125,8 +126,8 @@ static void test_upipe_auto(void **state) {
         if (U[i] == chosen) {
             char set[64];
             snprintf(set, sizeof set, "parallel.upipe_heads=%lld", (long long)U[i + 1]);
-            load("llama3b", &s, 5, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none", set,
-                 "parallel.checkpoint_every=1");
+            load("llama3b", &s, 6, "parallel.gpus=1", "train.seq_len=420K", "parallel.offload=none", set,
+                 "parallel.checkpoint_every=1", "parallel.optimizer=gpu");
             build(&s, &p);
             assert_false(p.fits);
             cp_plan_free(&p);
@@ -166,18 +167,27 @@ static void test_checkpoint_every(void **state) {
     assert_true(p.t_step > q.t_step);
     cp_plan_free(&p);
     cp_plan_free(&q);
-    /* auto: at 460K tokens with every checkpoint on the GPU no stage size fits every layer's input; every second
-     * layer's does */
-    load("llama3b", &s, 3, "parallel.gpus=1", "train.seq_len=460K", "parallel.offload=none");
+    /* auto: at 460K tokens with every checkpoint and the optimizer on the GPU no stage size fits every layer's
+     * input; every second layer's does */
+    load("llama3b", &s, 4, "parallel.gpus=1", "train.seq_len=460K", "parallel.offload=none", "parallel.optimizer=gpu");
     build(&s, &p);
     assert_true(p.fits);
     assert_int_equal(p.ckpt_every, 2);
+    load("llama3b", &s, 5, "parallel.gpus=1", "train.seq_len=460K", "parallel.offload=none",
+         "parallel.checkpoint_every=1", "parallel.optimizer=gpu");
+    build(&s, &q);
+    assert_false(q.fits);
+    cp_plan_free(&q);
+    /* optimizer = "auto" weighs that recompute against moving the optimizer to the host, which fits every layer's
+     * input: faster by the cost model, so chosen */
+    load("llama3b", &s, 3, "parallel.gpus=1", "train.seq_len=460K", "parallel.offload=none");
+    build(&s, &q);
+    assert_true(q.fits);
+    assert_true(q.opt_on_host);
+    assert_int_equal(q.ckpt_every, 1);
+    assert_true(q.t_step < p.t_step);
     cp_plan_free(&p);
-    load("llama3b", &s, 4, "parallel.gpus=1", "train.seq_len=460K", "parallel.offload=none",
-         "parallel.checkpoint_every=1");
-    build(&s, &p);
-    assert_false(p.fits);
-    cp_plan_free(&p);
+    cp_plan_free(&q);
 }
 
 /* Before a reduce-scatter overwrites a gradient shard that already holds gradients, grad_accum adds the shard into
