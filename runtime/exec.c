@@ -117,6 +117,7 @@ struct cp_exec {
     bool nvml;
     int64_t base_free_nvml, ctx_free_nvml, ctx_free_cuda;
     int64_t rss_base; /* resident host bytes before the host arena was pinned */
+    bool skip_comm;   /* CPGEN_BENCH_SKIP_COMM=1: collectives not issued, to time the step without them */
     /* progress */
     int nmarkers;
     marker *markers;
@@ -1106,6 +1107,13 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     if (!ex->o.arch[0] && cp_device_arch(ex->dev, ex->o.arch, sizeof ex->o.arch))
         return cp_errf(err, errlen, "%s", ex->o.arch);
 
+    /* a measurement of communication's exposed time: the step without its collectives (wrong numbers, same work
+     * otherwise) against the step with them */
+    const char *skip = getenv("CPGEN_BENCH_SKIP_COMM");
+    ex->skip_comm = P->C > 1 && skip && !strcmp(skip, "1");
+    if (ex->skip_comm && ex->o.out)
+        fprintf(ex->o.out, "CPGEN_BENCH_SKIP_COMM=1: collectives are not run; losses and weights are meaningless, step "
+                           "times are the step's without communication\n");
     /* pin the host arena on threads while the kernels compile */
     ex->rss_base = cp_proc_status_bytes("VmRSS");
     host_pieces(ex);
@@ -1600,6 +1608,7 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
             if (host_update(ex, i, err, errlen)) return -1;
             break;
         case X_COLL:
+            if (ex->skip_comm) break;
             if (run_collective(ex, i, st, err, errlen)) {
                 char m[CP_ERR_MAX];
                 snprintf(m, sizeof m, "%s", err);

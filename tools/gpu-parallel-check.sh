@@ -9,14 +9,16 @@
 #   4. the 3B shape on N GPUs at 128K and 512K tokens (2 steps): measured peak per GPU against the plan; at 128K
 #      with UPipe stages of N heads and with plain Ulysses (24 heads); then tokens/s at 128K and 256K, and the 8B
 #      shape at 128K.
-# usage: [GPUS=2] [PARTS="grads curve hf mem speed"] tools/gpu-parallel-check.sh [BUILD_DIR]; logs under $OUT.
+#   5. (comm) communication not hidden behind compute: the 3B 128K step and the 8B 128K step with their collectives
+#      and without them (CPGEN_BENCH_SKIP_COMM=1), the difference of the median steps.
+# usage: [GPUS=2] [PARTS="grads curve hf mem speed comm"] tools/gpu-parallel-check.sh [BUILD_DIR]; logs under $OUT.
 set -u
 B=${1:-build}
 N=${GPUS:-2}
 out=${OUT:-out}/parallel-check
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
-PARTS=${PARTS:-grads curve hf mem speed}
+PARTS=${PARTS:-grads curve hf mem speed comm}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 sum="$out/summary.txt"
 : >"$sum"
@@ -78,6 +80,20 @@ if want speed; then
   run l8b_128k 500 "$B/cpgen" run llama8b --gpus "$N" --seq 128K --set train.steps=3 --set train.warmup=1 \
     --set "train.out_dir=$out/runs/l8b_128k"
   note "  8B 128K on $N GPUs: $(done_line l8b_128k)"
+fi
+if want comm; then
+  for spec in llama3b llama8b; do
+    for skip in 0 1; do
+      CPGEN_BENCH_SKIP_COMM=$skip run "${spec}_comm_$skip" 300 "$B/cpgen" run "$spec" --gpus "$N" --seq 128K \
+        --set train.steps=3 --set train.warmup=1 --set "train.out_dir=$out/runs/${spec}_comm_$skip"
+    done
+    python3 - "$out/runs/${spec}_comm_0/metrics.jsonl" "$out/runs/${spec}_comm_1/metrics.jsonl" "$spec" <<'PY' | tee -a "$sum"
+import json, statistics, sys
+t = [statistics.median(json.loads(l)["seconds"] for l in list(open(f))[1:]) for f in sys.argv[1:3]]
+print(f"{sys.argv[3]} 128K: step {t[0]:.2f} s with communication, {t[1]:.2f} s without: "
+      f"{t[0] - t[1]:.2f} s ({100 * (t[0] - t[1]) / t[0]:.1f}%) not hidden")
+PY
+  done
 fi
 echo
 cat "$sum"
