@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # eight_gpus.sh: the headline run, Llama-3.1-8B with UPipe on one node of 8 GPUs (GPUS=8), or the same per-GPU share
 # of tokens on fewer (GPUS=2: a quarter of each length). With a build tree made elsewhere; logs under $OUT.
-#   1. tokens/s per GPU at 128K, 512K and 1M tokens (x GPUS/8), full depth, 3 steps each, beside the published
-#      UPipe figures on 8xH100 (2,281, 867 and 473 tokens/s per GPU);
-#   2. the longest length the plan fits the node (its host memory, HOST_MEM, caps the offloaded checkpoints), proven
-#      by one step of a 2-layer model at that length (measured peak GPU and host memory against its plan) and the
-#      plan's arithmetic for 32 layers;
-#   3. the 32-layer step at 1M tokens (x GPUS/8): measured peak per GPU and the share of the step in communication
-#      the plan finds not hidden behind compute;
-#   and `cpgen plan` for 8 GPUs at each length, whatever GPUS is.
-# usage: [GPUS=8] [HOST_MEM=560G] examples/eight_gpus.sh [BUILD_DIR]   (HOST_MEM: the node's host memory)
+# Parts (PARTS, default all; each fits one 10-minute call on 8 GPUs except where said):
+#   plans    `cpgen plan` for 8 GPUs at 128K, 512K and 1M tokens and the longest that fits, whatever GPUS is;
+#   speed    tokens/s per GPU at SEQS (default 128K 512K 1M, x GPUS/8), full depth, beside the published UPipe
+#            figures on 8xH100 (2,281, 867 and 473 tokens/s per GPU); 3 steps where the plan predicts under 150 s,
+#            else one (1M: about 520 s);
+#   longest  the longest length the plan fits the node (its host memory, HOST_MEM, counts every rank's pinned arena
+#            and loading weights), proven by one step of a 2-layer model at that length keeping the full plan's
+#            choices (measured peak GPU and host memory against its plan), and the plan's arithmetic for 32 layers;
+#   comm     the 32-layer step at 1M tokens (x GPUS/8) with and without its collectives (CPGEN_BENCH_SKIP_COMM=1):
+#            the share of the step in communication not hidden behind compute, and the measured peak per GPU
+#            (two steps of about 520 s: run it as its own call).
+# usage: [GPUS=8] [HOST_MEM=560G] [PARTS="plans speed longest comm"] [SEQS="131072 ..."] examples/eight_gpus.sh [BUILD_DIR]
 set -u
 B=${1:-build}
 G=${GPUS:-8}
 HOST=${HOST_MEM:-$((G == 8 ? 560 : 128 * G))G} # the lent machines: 128 GiB per GPU up to 4, 560 GiB with 8
+PARTS=${PARTS:-plans speed longest comm}
+SEQS=${SEQS:-131072 524288 1048576}
+want() { [[ " $PARTS " == *" $1 "* ]]; }
 out=${OUT:-out}/eight_gpus
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
@@ -21,35 +27,54 @@ sum="$out/summary.txt"
 : >"$sum"
 note() { echo "$*" | tee -a "$sum"; }
 tokens() { echo $(($1 * G / 8)); } # the same tokens per GPU as on 8 GPUs
+plan() { "$B/cpgen" plan llama8b --gpus "$G" --host-mem "$HOST" "$@"; }
 run() { # name timeout args...
   local name=$1 t=$2; shift 2
   local t0=$(date +%s)
   timeout "$t" "$B/cpgen" run llama8b --gpus "$G" --host-mem "$HOST" --set "train.out_dir=$out/runs/$name" "$@" \
     >"$out/$name.log" 2>&1
-  note "$(printf '%-18s rc=%-3d %5d s  ' "$name" "$?" $(($(date +%s) - t0)))$(grep -E '^done:' "$out/$name.log" |
-    sed 's/^done: //')"
+  note "$(printf '%-18s rc=%-3d %5d s  ' "$name" "$?" $(($(date +%s) - t0)))$(grep -E '^done:|^host memory' \
+    "$out/$name.log" | sed 's/^done: //' | tr '\n' ' ')"
 }
-note "== plans for 8 GPUs"
-for s in 131072 524288 1048576; do
-  "$B/cpgen" plan llama8b --gpus 8 --host-mem 560G --seq "$s" >"$out/plan8_$s.txt" 2>&1
-  note "  $s tokens: $(grep -E '^  peak' "$out/plan8_$s.txt" | tr -s ' ') | $(grep -E '^predicted (step|rate)' \
-    "$out/plan8_$s.txt" | tr '\n' ' ')"
-done
-"$B/cpgen" plan llama8b --gpus 8 --host-mem 560G --max-seq >"$out/plan8_max.txt" 2>&1
-note "  $(head -1 "$out/plan8_max.txt")"
-note "== $G GPUs: speed (published UPipe on 8xH100: 2,281 / 867 / 473 tokens/s per GPU)"
-for s in 131072 524288 1048576; do
-  n=$(tokens "$s")
-  run "speed_$n" 590 --seq "$n" --set train.steps=3 --set train.warmup=1
-done
-note "== $G GPUs: the longest length"
-max=$("$B/cpgen" plan llama8b --gpus "$G" --host-mem "$HOST" --max-seq 2>/dev/null | sed -n 's/.*(\([0-9]*\)).*/\1/p' | head -1)
-note "  the plan fits $max tokens on $G GPUs; 32 layers: $("$B/cpgen" plan llama8b --gpus "$G" --host-mem "$HOST" \
-  --seq "$max" | grep -E '^  peak|^predicted step' | tr -s ' ' | tr '\n' ' ')"
-[ -n "$max" ] && run "longest_2l_$max" 590 --seq "$max" --set model.layers=2 --set train.steps=1 --set train.warmup=0
-note "== $G GPUs: 32 layers at $(tokens 1048576) tokens, memory and communication"
-"$B/cpgen" plan llama8b --gpus "$G" --host-mem "$HOST" --seq "$(tokens 1048576)" | grep -E '^predicted step' |
-  sed 's/^/  plan: /' | tee -a "$sum"
-grep -E '^step' "$out/speed_$(tokens 1048576).log" 2>/dev/null | tail -1 | sed 's/^/  measured: /' | tee -a "$sum"
+if want plans; then
+  note "== plans for 8 GPUs"
+  for s in 131072 524288 1048576; do
+    "$B/cpgen" plan llama8b --gpus 8 --host-mem 560G --seq "$s" >"$out/plan8_$s.txt" 2>&1
+    note "  $s tokens: $(grep -E '^  peak' "$out/plan8_$s.txt" | head -1 | tr -s ' ') | $(grep -E \
+      '^predicted (step|rate)' "$out/plan8_$s.txt" | tr '\n' ' ')"
+  done
+  "$B/cpgen" plan llama8b --gpus 8 --host-mem 560G --max-seq >"$out/plan8_max.txt" 2>&1
+  note "  $(head -1 "$out/plan8_max.txt")"
+fi
+if want speed; then
+  note "== $G GPUs: speed (published UPipe on 8xH100: 2,281 / 867 / 473 tokens/s per GPU at 128K / 512K / 1M)"
+  for s in $SEQS; do
+    n=$(tokens "$s")
+    t=$(plan --seq "$n" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["time"]["step"])')
+    steps=$(python3 -c "print(3 if $t < 150 else 1)")
+    run "speed_$n" 590 --seq "$n" --set train.steps="$steps" --set train.warmup=$((steps > 1))
+  done
+fi
+if want longest; then
+  max=$(plan --max-seq 2>/dev/null | sed -n 's/.*(\([0-9]*\)).*/\1/p' | head -1)
+  note "== $G GPUs: the plan fits $max tokens; 32 layers: $(plan --seq "$max" | grep -E '^  peak|^predicted step' |
+    tr -s ' ' | tr '\n' ' ')"
+  mapfile -t keep < <(plan --seq "$max" --json | tools/plan_sets.py 2)
+  [ -n "$max" ] && run "longest_2l_$max" 590 --seq "$max" --set train.steps=1 --set train.warmup=0 "${keep[@]}"
+fi
+if want comm; then
+  n=$(tokens 1048576)
+  note "== $G GPUs: 32 layers at $n tokens, memory and communication; plan: $(plan --seq "$n" |
+    grep -E '^predicted step')"
+  for skip in 0 1; do
+    CPGEN_BENCH_SKIP_COMM=$skip run "comm_${n}_$skip" 590 --seq "$n" --set train.steps=1 --set train.warmup=0
+  done
+  python3 - "$out/runs/comm_${n}_0/metrics.jsonl" "$out/runs/comm_${n}_1/metrics.jsonl" <<'PY' | tee -a "$sum"
+import json, sys
+t = [json.loads(open(f).readline())["seconds"] for f in sys.argv[1:3]]
+print(f"  step {t[0]:.1f} s with communication, {t[1]:.1f} s without: {t[0] - t[1]:.1f} s "
+      f"({100 * (t[0] - t[1]) / t[0]:.1f}%) not hidden behind compute")
+PY
+fi
 echo
 cat "$sum"

@@ -45,16 +45,10 @@ if want longest; then
   for spec in llama3b llama8b; do
     n=$(longest "$spec")
     [ -n "$n" ] || continue
-    # the full-depth plan's choices (optimizer place, checkpoint spacing, stage size, offload), kept for the
-    # 2-layer run; offloaded checkpoints there become both of its layers on the host
-    read -r opt every u off < <("$B/cpgen" plan "$spec" --gpus 1 --seq "$n" --json | python3 -c 'import json, sys
-p = json.load(sys.stdin)["parallel"]
-print("host" if p["optimizer_on_host"] else "gpu", min(p["checkpoint_every"], 2), p["upipe_heads"],
-      "all" if p["ckpt_host_layers"] else "none")')
-    note "$spec: the plan fits $n tokens on one GPU (optimizer on $opt, checkpoint every $every layers, U=$u, offload $off)"
-    run "${spec}_2l_$n" 560 "$spec" --seq "$n" --set model.layers=2 --set train.steps=1 --set train.warmup=0 \
-      --set "parallel.optimizer=$opt" --set "parallel.checkpoint_every=$every" --set "parallel.upipe_heads=$u" \
-      --set "parallel.offload=$off"
+    # the full-depth plan's choices, kept for the 2-layer run
+    mapfile -t keep < <("$B/cpgen" plan "$spec" --gpus 1 --seq "$n" --json | tools/plan_sets.py 2)
+    note "$spec: the plan fits $n tokens on one GPU; as 2 layers: ${keep[*]}"
+    run "${spec}_2l_$n" 560 "$spec" --seq "$n" --set train.steps=1 --set train.warmup=0 "${keep[@]}"
   done
 fi
 echo
