@@ -507,8 +507,7 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
             load_q_block(it + 1, st ^ 1);
             cp_async_commit();
         }
-        const int io = (int)opaque((u32)it), mi = io / GROUP, hi = io - mi * GROUP, m0 = (NM - 1 - mi) * BWD_BM,
-                  h = kvh * GROUP + hi;
+        const int io = (int)opaque((u32)it), mi = io / GROUP, m0 = (NM - 1 - mi) * BWD_BM;
         const u32 sbase = base + st * BWD_BM * ROWB; // Q and dO tiles of this stage
 
         // ---- A: S, P, dP, dS; EDGE: the block crosses the diagonal or the end of the sequence ----
