@@ -259,6 +259,15 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         if (r.loss < res->min_loss) res->min_loss = r.loss;
         res->mem_measured = CP_MAX(res->mem_measured, r.mem_used);
         res->host_measured = CP_MAX(res->host_measured, r.host_used);
+        if (out && step == start && r.mem_used > P->gpu_peak + P->gpu_peak / 33) {
+            /* the arena is exact; what is outside it is the reserve's estimate */
+            char a[32], b[32];
+            fprintf(out, "warning: GPU memory measured %s, %.1f%% above the planned %s: the CUDA context, libraries%s "
+                         "take more than machine.reserve%s; raise it so that the plan's limits hold\n",
+                    cp_fmt_bytes(r.mem_used, a, sizeof a), 100.0 * (double)(r.mem_used - P->gpu_peak) / (double)P->gpu_peak,
+                    cp_fmt_bytes(P->gpu_peak, b, sizeof b), P->C > 1 ? " and NCCL" : "",
+                    P->C > 1 ? " + machine.comm_reserve" : "");
+        }
         times[step] = r.seconds;
         double tps = (double)P->T * mb / r.seconds, tf = flops / r.seconds / 1e12;
         if (out && (step % tr->log_every == 0 || step + 1 == tr->steps || r.skipped)) {
