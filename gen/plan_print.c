@@ -235,7 +235,8 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
     for (int k = 0; k < CP_CAT_COUNT; k++)
         fprintf(out, "%s\"%s\": %lld", k ? ", " : "", cat_keys[k], (long long)P->cat_host_bytes[k]);
     fprintf(out, "},\n    \"gpu_live_peak\": %lld, \"gpu_arena\": %lld, \"reserve\": %lld, \"gpu_peak\": %lld, "
-                 "\"gpu_mem\": %lld, \"host_arena\": %lld, \"host_load\": %lld, \"host_peak\": %lld, \"host_mem\": %lld\n  },\n",
+                 "\"gpu_mem\": %lld, \"host_arena\": %lld, \"host_load\": %lld, \"host_peak\": %lld, "
+                 "\"host_mem\": %lld\n  },\n",
             (long long)P->gpu_live_peak, (long long)P->gpu_arena, (long long)cp_plan_reserve(P),
             (long long)P->gpu_peak, (long long)sp->machine.gpu_mem, (long long)P->host_arena,
             (long long)P->host_load, (long long)P->host_peak, (long long)sp->machine.host_mem);

@@ -264,7 +264,8 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             char a[32], b[32];
             fprintf(out, "warning: GPU memory measured %s, %.1f%% above the planned %s: the CUDA context, libraries%s "
                          "take more than machine.reserve%s; raise it so that the plan's limits hold\n",
-                    cp_fmt_bytes(r.mem_used, a, sizeof a), 100.0 * (double)(r.mem_used - P->gpu_peak) / (double)P->gpu_peak,
+                    cp_fmt_bytes(r.mem_used, a, sizeof a),
+                    100.0 * (double)(r.mem_used - P->gpu_peak) / (double)P->gpu_peak,
                     cp_fmt_bytes(P->gpu_peak, b, sizeof b), P->C > 1 ? " and NCCL" : "",
                     P->C > 1 ? " + machine.comm_reserve" : "");
         }
