@@ -10,9 +10,9 @@
 # scale. Prints a table and exits 1 when they disagree:
 #   - cpgen's loss differs from the fp32 run's by more than 1% (relative) at any of the first 20 steps;
 #   - with DIR/grads (cpgen's gradients of step 1, all its micro-batches, laid out as a checkpoint): against an
-#     fp32 reference (transformers in fp32 computing with the weights cpgen computes with, the bf16-rounded masters), the step-1
-#     loss differs by more than 1e-3 relative, or any tensor's gradient has a cosine similarity below 0.999 or a
-#     norm more than 1e-2 (relative) off. torch's own bf16 gradients are printed beside cpgen's for scale.
+#     fp32 reference (transformers in fp32 computing with the weights cpgen computes with, the bf16-rounded
+#     masters), the step-1 loss differs by more than 1e-3 relative, or any tensor's gradient has a cosine
+#     similarity below 0.999 or a norm more than 1e-2 (relative) off. torch's own bf16 gradients are printed beside cpgen's for scale.
 import glob
 import json
 import math
