@@ -51,8 +51,9 @@ static const node TRAIN_KEYS[] = {
 static const node DATA_KEYS[] = {LEAF("source"), END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
-    LEAF("gpu_mem"), LEAF("host_mem"), LEAF("reserve"), LEAF("comm_reserve"), LEAF("host_reserve"), LEAF("gemm_tflops"), LEAF("attn_tflops"), LEAF("hbm_gbps"),
-    LEAF("host_gbps"), LEAF("a2a_gbps"), LEAF("allgather_gbps"), END};
+    LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"),   LEAF("host_reserve"),
+    LEAF("gemm_tflops"), LEAF("attn_tflops"), LEAF("hbm_gbps"), LEAF("host_gbps"),      LEAF("a2a_gbps"),
+    LEAF("allgather_gbps"), END};
 static const node TOP_KEYS[] = {
     {"model", MODEL_KEYS}, {"parallel", PARALLEL_KEYS}, {"train", TRAIN_KEYS}, {"data", DATA_KEYS},
     {"init", INIT_KEYS}, {"machine", MACHINE_KEYS}, END};

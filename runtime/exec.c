@@ -1290,8 +1290,7 @@ static uint16_t to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* Copy n bytes into buffer `name` (device or host). */
-/* n bytes from src into buffer `name` at byte offset off */
+/* Copy n bytes from src into buffer `name` (device or host) at byte offset off. */
 static int put(cp_exec *ex, const char *name, size_t off, const void *src, size_t n, char *err, int errlen) {
     int b = buf_index(ex, name);
     if (b < 0) return cp_errf(err, errlen, "the plan has no buffer %s", name);

@@ -581,7 +581,7 @@ static void normal_fill_parallel(uint64_t key, int64_t first, int64_t n, double 
     }
     fill_job jobs[MAX_THREADS];
     pthread_t th[MAX_THREADS];
-    int64_t chunk = ((n + nt - 1) / nt + 1) & ~(int64_t)1; /* even: a pair never straddles two threads */
+    int64_t chunk = ((n + nt - 1) / nt + 1) & ~(int64_t)1; /* even: from an even first, no pair is split */
     int started = 0;
     for (int i = 0; i < nt; i++) {
         int64_t at = i * chunk, len = CP_MIN(chunk, n - at);
