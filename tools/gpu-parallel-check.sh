@@ -3,7 +3,8 @@
 # against one GPU and against transformers, memory per GPU against the plan, and the speed of the 2-GPU step.
 #   1. build/tests/gpu/test_parallel: gradients of one step, 1 GPU against N (UPipe, Ulysses, KV heads fewer than
 #      GPUs, GQA 3, micro-batches, Qwen3 tied, the 8B shape at 16K and 64K).
-#   2. tiny trained 20 steps on 1 and on N GPUs (`cpgen run --gpus`): the loss curves side by side.
+#   2. tiny trained 20 steps on 1 and on N GPUs (`cpgen run --gpus`): the loss curves side by side; (resume) each
+#      run's step-10 checkpoint resumed on the other GPU count, steps 11-20 against that count's own run.
 #   3. transformers through the N-GPU path: tests/gpu/hf_check.sh's tiny case, cpgen's curve taken from `cpgen run
 #      --gpus N` on the same weights and tokens.
 #   4. the 3B shape on N GPUs at 128K and 512K tokens (2 steps): measured peak per GPU against the plan; at 128K
@@ -11,14 +12,15 @@
 #      shape at 128K.
 #   5. (comm) communication not hidden behind compute: the 3B 128K step and the 8B 128K step with their collectives
 #      and without them (CPGEN_BENCH_SKIP_COMM=1), the difference of the median steps.
-# usage: [GPUS=2] [PARTS="grads curve hf mem speed comm"] tools/gpu-parallel-check.sh [BUILD_DIR]; logs under $OUT.
+# usage: [GPUS=2] [PARTS="grads curve resume hf mem speed comm"] tools/gpu-parallel-check.sh [BUILD_DIR]; logs
+# under $OUT.
 set -u
 B=${1:-build}
 N=${GPUS:-2}
 out=${OUT:-out}/parallel-check
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
-PARTS=${PARTS:-grads curve hf mem speed comm}
+PARTS=${PARTS:-grads curve resume hf mem speed comm}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 sum="$out/summary.txt"
 : >"$sum"
@@ -35,8 +37,9 @@ want grads && CPGEN_TEST_GPUS=$N OUT=$out run test_parallel 400 "$B/tests/gpu/te
 
 if want curve; then
   for g in 1 "$N"; do
-    run "tiny_curve_$g" 120 "$B/cpgen" run tiny --gpus "$g" --set train.steps=20 --set train.warmup=5 --set train.micro_batches=2 \
-      --set parallel.upipe_heads=2 --set "train.out_dir=$out/runs/curve$g"
+    run "tiny_curve_$g" 120 "$B/cpgen" run tiny --gpus "$g" --set train.steps=20 --set train.warmup=5 \
+      --set train.micro_batches=2 --set parallel.upipe_heads=2 --set train.save_every=10 \
+      --set "train.out_dir=$out/runs/curve$g"
   done
   python3 - "$out/runs/curve1/metrics.jsonl" "$out/runs/curve$N/metrics.jsonl" <<'PY' | tee -a "$sum"
 import json, sys
@@ -46,6 +49,26 @@ worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 print(f"tiny 20 steps, 1 vs N GPUs: step 1 {a[0]:.6f} / {b[0]:.6f}, step 20 {a[-1]:.6f} / {b[-1]:.6f}, "
       f"worst relative difference {worst:.2e}")
 PY
+fi
+
+if want resume && want curve; then
+  # each curve's checkpoint at step 10, resumed on the other GPU count: steps 11-20 against the uninterrupted run
+  # of that count (the first 10 steps were summed in another order, hence a bound and not bit equality)
+  for from in 1 "$N"; do
+    to=$((from == 1 ? N : 1))
+    run "resume_${from}_to_$to" 120 "$B/cpgen" run tiny --gpus "$to" --set train.steps=20 --set train.warmup=5 \
+      --set train.micro_batches=2 --set parallel.upipe_heads=2 --set "train.out_dir=$out/runs/resume$from" \
+      --resume "$out/runs/curve$from/ckpt_10"
+    python3 - "$out/runs/curve$to/metrics.jsonl" "$out/runs/resume$from/metrics.jsonl" "$from" "$to" <<'PY' | tee -a "$sum"
+import json, sys
+ref = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
+got = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
+steps = sorted(s for s in got if s > 10)
+worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in steps)
+print(f"resumed on {sys.argv[4]} GPU(s) from {sys.argv[3]} GPU(s)' step 10: steps {steps[0]}-{steps[-1]}, worst relative "
+      f"difference to the uninterrupted run {worst:.2e} {'(within 1e-3)' if worst <= 1e-3 else 'OVER 1e-3'}")
+PY
+  done
 fi
 
 if want hf; then
