@@ -1320,7 +1320,10 @@ static float *rank_shard(const cp_exec *ex, const float *flat) {
 /* Wait for a stream; with several GPUs through the communicator's watchdog, so that a rank that failed or hangs
  * stops this one with a message instead of a wait forever. */
 static int sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err, int errlen) {
-    if (ex->o.comm) return cp_nccl_wait(ex->o.comm, st, NULL, what, 0, err, errlen);
+    /* a wait may span a whole step: the communicator's deadline plus four times the step the plan predicts, so a
+     * long step is not taken for a stuck peer */
+    if (ex->o.comm)
+        return cp_nccl_wait(ex->o.comm, st, NULL, what, ex->o.comm->timeout_s + 4 * ex->P->t_step, err, errlen);
     CK(cudaStreamSynchronize(st), what);
     return 0;
 }

@@ -2,6 +2,7 @@
 #include "world.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -67,7 +68,10 @@ int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[
                 return cp_errf(err, errlen, "rank %d planned differently from rank %d (spec hash or arena sizes): "
                                "every rank must run the same cpgen with the same spec and --set options", k, w->rank);
     }
-    if (cp_nccl_init(&w->comm, w->rank, w->size, &id, 0, err, errlen)) {
+    /* CPGEN_NCCL_TIMEOUT: seconds a rank waits for the others (joining, a collective's call) before it gives up */
+    const char *ts = getenv("CPGEN_NCCL_TIMEOUT");
+    double timeout = ts && *ts ? strtod(ts, NULL) : 0;
+    if (cp_nccl_init(&w->comm, w->rank, w->size, &id, timeout, err, errlen)) {
         snprintf(m, sizeof m, "%s", err);
         return cp_errf(err, errlen, "rank %d: %s", w->rank, m);
     }
