@@ -10,9 +10,10 @@
 #   4. the 3B shape on N GPUs at 128K and 512K tokens (2 steps): measured peak per GPU against the plan; at 128K
 #      with UPipe stages of N heads and with plain Ulysses (24 heads); then tokens/s at 128K and 256K, and the 8B
 #      shape at 128K.
-#   5. (comm) communication not hidden behind compute: the 3B 128K step and the 8B 128K step with their collectives
+#   5. (fault) two ranks under launcher variables, rank 1 killed mid-run: rank 0 stops by itself, saying why.
+#   6. (comm) communication not hidden behind compute: the 3B 128K step and the 8B 128K step with their collectives
 #      and without them (CPGEN_BENCH_SKIP_COMM=1), the difference of the median steps.
-# usage: [GPUS=2] [PARTS="grads curve resume hf mem speed comm"] tools/gpu-parallel-check.sh [BUILD_DIR]; logs
+# usage: [GPUS=2] [PARTS="grads curve resume hf fault mem speed comm"] tools/gpu-parallel-check.sh [BUILD_DIR]; logs
 # under $OUT.
 set -u
 B=${1:-build}
@@ -20,7 +21,7 @@ N=${GPUS:-2}
 out=${OUT:-out}/parallel-check
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
-PARTS=${PARTS:-grads curve resume hf mem speed comm}
+PARTS=${PARTS:-grads curve resume hf fault mem speed comm}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 sum="$out/summary.txt"
 : >"$sum"
@@ -104,6 +105,24 @@ if want speed; then
     --set "train.out_dir=$out/runs/l8b_128k"
   note "  8B 128K on $N GPUs: $(done_line l8b_128k)"
 fi
+if want fault; then
+  # two ranks started as a launcher would (no parent watching them); rank 1 is killed mid-run: rank 0 must stop on
+  # its own, within its deadline (CPGEN_NCCL_TIMEOUT=20 s), with a message naming itself and what it waited for
+  port=$((29500 + RANDOM % 1000))
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      CPGEN_NCCL_TIMEOUT=20 "$B/cpgen" run tiny --gpus 2 --set train.steps=100000 --set train.warmup=10 \
+      --set "train.out_dir=$out/runs/fault" >"$out/fault_rank$r.log" 2>&1 &
+    pids[$r]=$!
+  done
+  for _ in $(seq 60); do grep -q "^step " "$out/fault_rank0.log" && break; sleep 1; done
+  kill -9 "${pids[1]}"
+  t0=$(date +%s)
+  timeout 120 tail --pid="${pids[0]}" -f /dev/null || { kill -9 "${pids[0]}"; note "fault: rank 0 HUNG (killed after 120 s)"; }
+  wait "${pids[0]}"
+  note "fault: rank 1 killed; rank 0 exited rc=$? after $(($(date +%s) - t0)) s: $(grep -E '^cpgen:' "$out/fault_rank0.log" | tail -1 | cut -c1-300)"
+fi
+
 if want comm; then
   for spec in llama3b llama8b; do
     for skip in 0 1; do
