@@ -1253,12 +1253,11 @@ static void judge(cp_plan *P) {
     const cp_machine *mc = &P->spec.machine;
     char a[32], b[32], c[32], d[32], e[32];
     P->gpu_peak = P->gpu_arena + cp_plan_reserve(P);
-    /* the weights pass through host memory once, in fp32: the whole model where one process reads it all (one
-     * GPU, a Hugging Face init; then the rank's shard cut from it), else one unit at a time beside the shard */
+    /* the weights pass through host memory once, in fp32: the whole model on one GPU, else one unit at a time
+     * beside the rank's shard (resuming on several GPUs reads the whole model: cp_train_run checks that) */
     int64_t unit_max = 0, model = 0;
     for (int u = 0; u < P->nunits; u++) unit_max = CP_MAX(unit_max, P->unit_padded[u]), model += P->unit_padded[u];
-    bool whole = P->C == 1 || P->spec.init.from == CP_INIT_HF;
-    P->host_load = (int64_t)sizeof(float) * ((whole ? model : unit_max) + (P->C > 1 ? P->params_shard : 0));
+    P->host_load = (int64_t)sizeof(float) * (P->C == 1 ? model : unit_max + P->params_shard);
     P->host_peak = P->host_arena + P->host_load + mc->host_reserve;
     int ranks = CP_MIN(P->C, 8); /* every rank of a node holds its own */
     P->fits = true;

@@ -161,12 +161,12 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     int64_t T = P->T;
 
     /* weights: the checkpoint's, or the spec's init, through a full-model array that is freed once the executor
-     * has them (a random init on ranks other than 0 is drawn shard by shard instead) */
+     * has them (a rank of several draws or reads its init shard by shard instead) */
     int64_t n = cp_weights_elems(P);
     if (P->C == 1 && n != P->params_shard)
         return cp_errf(err, errlen, "the flat model has %lld elements, the plan's shard %lld: weights.c and the plan "
                      "disagree on the layout", (long long)n, (long long)P->params_shard);
-    bool full = P->C == 1 || ck || sp->init.from == CP_INIT_HF;
+    bool full = P->C == 1 || ck;
     float *flat = full ? cp_xmalloc(sizeof(float) * (size_t)n) : NULL;
     double t0 = cp_now();
     int rc = 0;
@@ -174,9 +174,12 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     if (ck) {
         rc = resume_state(ex, P, ck, flat, out, err, errlen);
     } else if (sp->init.from == CP_INIT_HF) {
-        rc = cp_weights_load_hf(P, sp->init.path, flat, err, errlen);
+        float *shard = flat ? NULL : cp_xmalloc(sizeof(float) * (size_t)P->params_shard);
+        rc = flat ? cp_weights_load_hf(P, sp->init.path, flat, err, errlen)
+                  : cp_weights_load_hf_shard(P, sp->init.path, rank, shard, err, errlen);
         if (!rc && out) fprintf(out, "weights: %s (Hugging Face) in %.1f s\n", sp->init.path, cp_now() - t0);
-        if (!rc) rc = cp_exec_load_weights(ex, flat, err, errlen);
+        if (!rc) rc = flat ? cp_exec_load_weights(ex, flat, err, errlen) : cp_exec_load_shard(ex, shard, err, errlen);
+        free(shard);
     } else {
         if (flat) {
             cp_weights_init_random(P, sp->init.seed, sp->init.std, flat);
@@ -360,6 +363,20 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     /* a checkpoint is checked before the GPU is set up, so a wrong one costs no compile time */
     cp_ckpt ck;
     if (o->resume && cp_ckpt_open(P, o->resume, &ck, err, errlen)) return -1;
+    if (o->resume && P->C > 1) {
+        /* a rank resuming reads the whole fp32 model, not one unit beside its shard as the plan counted */
+        int ranks = CP_MIN(P->C, 8);
+        int64_t load = (int64_t)sizeof(float) * (cp_weights_elems(P) + P->params_shard);
+        int64_t need = (P->host_peak - P->host_load + load) * ranks;
+        if (need > P->spec.machine.host_mem) {
+            char a[32], b[32];
+            cp_ckpt_close(&ck);
+            return cp_errf(err, errlen, "resuming on %d GPUs needs %s of host memory (each rank reads the whole model "
+                           "once), the machine has %s: resume on fewer GPUs per node, or set machine.host_mem if it "
+                           "has more", P->C, cp_fmt_bytes(need, a, sizeof a),
+                           cp_fmt_bytes(P->spec.machine.host_mem, b, sizeof b));
+        }
+    }
     cp_exec *ex;
     if (cp_exec_create(&ex, P, &eo, err, errlen)) {
         if (o->resume) cp_ckpt_close(&ck);

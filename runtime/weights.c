@@ -189,12 +189,12 @@ static int family_check(const cp_model *m, char *err, int errlen) {
     return 0;
 }
 
-/* Tensor s of the file (the model's tensor t, named `name` there) into the flat model: shape checked against the
- * spec, read as fp32, NaN and infinities (and with nonneg, negatives) refused, permuted tensors put in storage
- * order. The hints end the messages: what a wrong shape or a bad value says about the file. */
+/* Tensor s of the file (the model's tensor t, named `name` there) to `to`, where the flat model holds t: shape
+ * checked against the spec, read as fp32, NaN and infinities (and with nonneg, negatives) refused, permuted tensors
+ * put in storage order. The hints end the messages: what a wrong shape or a bad value says about the file. */
 static int read_tensor(const cp_plan *plan, const int *order, const cp_hf_tensor *t, const cp_st_set *st,
                        const cp_st_tensor *s, const char *name, bool nonneg, const char *shape_hint,
-                       const char *value_hint, float **tmp, float *out, char *err, int errlen) {
+                       const char *value_hint, float **tmp, float *to, char *err, int errlen) {
     const char *file = st->files[s->file].path;
     bool same = s->ndim == t->ndim;
     for (int d = 0; d < t->ndim && same; d++) same = s->shape[d] == t->shape[d];
@@ -206,7 +206,7 @@ static int read_tensor(const cp_plan *plan, const int *order, const cp_hf_tensor
                        fmt_shape(t->ndim, t->shape, b, sizeof b), why, shape_hint);
     }
     int64_t n = hf_elems(t);
-    float *dst = out + t->off;
+    float *dst = to;
     if (t->perm != CP_HF_PLAIN) {
         *tmp = cp_xrealloc(*tmp, (size_t)n * sizeof **tmp);
         dst = *tmp;
@@ -222,33 +222,24 @@ static int read_tensor(const cp_plan *plan, const int *order, const cp_hf_tensor
         return cp_errf(err, errlen, "%s: tensor \"%s\" element %lld is %s: %s", file, name, (long long)i, what,
                        value_hint);
     }
-    if (t->perm != CP_HF_PLAIN) place(plan, order, t, *tmp, out + t->off);
+    if (t->perm != CP_HF_PLAIN) place(plan, order, t, *tmp, to);
     return 0;
 }
 
-int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *err, int errlen) {
+/* The checkpoint's names against the spec's: a tensor the spec has no place for is an error that says which key
+ * of the spec to change. */
+static int check_names(const cp_plan *plan, const cp_st_set *st, const cp_hf_tensor *tt, int nt, char *err,
+                       int errlen) {
     const cp_model *m = &plan->spec.model;
-    cp_st_set st;
-    char e2[CP_ERR_MAX];
-    if (cp_st_open(path, &st, e2, sizeof e2)) return cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
-    int nt = cp_weights_hf_tensors(plan, NULL, 0);
-    cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
-    cp_weights_hf_tensors(plan, tt, nt);
-    int *order = cp_xmalloc((size_t)m->heads * sizeof *order);
-    cp_q_head_order(plan, order);
-    float *tmp = NULL;
     int rc = 0;
-    memset(out, 0, (size_t)cp_weights_elems(plan) * sizeof *out);
-
-    /* tensors the spec has no place for */
-    for (int k = 0; k < st.ntensors && !rc; k++) {
-        const char *name = st.tensors[k].name;
+    for (int k = 0; k < st->ntensors && !rc; k++) {
+        const char *name = st->tensors[k].name;
         bool known = ignorable(name) || (m->tie_embeddings && !strcmp(name, "lm_head.weight"));
         for (int j = 0; j < nt && !known; j++) known = !strcmp(tt[j].name, name);
         if (known) continue;
         int layer;
         char rest[128];
-        const char *file = st.files[st.tensors[k].file].path;
+        const char *file = st->files[st->tensors[k].file].path;
         if (sscanf(name, "model.layers.%d.%127s", &layer, rest) == 2 && layer >= m->layers)
             rc = cp_errf(err, errlen,
                       "%s: the checkpoint has layer %d (\"%s\") but the spec %s has model.layers = %lld: "
@@ -266,58 +257,100 @@ int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *
                       "model.norm and lm_head)",
                       file, name, cp_family_name(m->family), plan->spec.path);
     }
-    for (int j = 0; j < nt && !rc; j++) {
-        const cp_hf_tensor *t = &tt[j];
-        const cp_st_tensor *s = cp_st_find(&st, t->name);
-        if (!s) {
-            if (!strcmp(t->name, "lm_head.weight"))
-                rc = cp_errf(err, errlen,
-                          "%s: the checkpoint has no lm_head.weight: its LM head is tied to the "
-                          "embedding; set model.tie_embeddings = true in %s",
-                          path, plan->spec.path);
-            else if (strstr(t->name, "q_norm") || strstr(t->name, "k_norm"))
-                rc = cp_errf(err, errlen,
-                          "%s: the checkpoint has no \"%s\": it has no q/k norms (not a Qwen3 model); "
-                          "use family = \"llama\" in %s",
-                          path, t->name, plan->spec.path);
-            else
-                rc = cp_errf(err, errlen,
-                          "%s: the checkpoint has no tensor \"%s\", which the spec %s needs: is it a "
-                          "%s checkpoint?",
-                          path, t->name, plan->spec.path, cp_family_name(m->family));
-            break;
-        }
-        rc = read_tensor(plan, order, t, &st, s, t->name, false,
-                         "the spec does not describe this checkpoint; compare its config.json",
-                         "the checkpoint is damaged (or diverged when it was trained)", &tmp, out, e2, sizeof e2);
-        if (rc) cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
+    return rc;
+}
+
+/* The message for a tensor the spec needs and the checkpoint lacks. */
+static int missing(const cp_plan *plan, const char *path, const cp_hf_tensor *t, char *err, int errlen) {
+    const cp_model *m = &plan->spec.model;
+    if (!strcmp(t->name, "lm_head.weight"))
+        return cp_errf(err, errlen,
+                       "%s: the checkpoint has no lm_head.weight: its LM head is tied to the embedding; set "
+                       "model.tie_embeddings = true in %s", path, plan->spec.path);
+    if (strstr(t->name, "q_norm") || strstr(t->name, "k_norm"))
+        return cp_errf(err, errlen,
+                       "%s: the checkpoint has no \"%s\": it has no q/k norms (not a Qwen3 model); use family = "
+                       "\"llama\" in %s", path, t->name, plan->spec.path);
+    return cp_errf(err, errlen, "%s: the checkpoint has no tensor \"%s\", which the spec %s needs: is it a %s "
+                   "checkpoint?", path, t->name, plan->spec.path, cp_family_name(m->family));
+}
+
+/* A tied spec: an lm_head.weight in the file must be the embedding (emb, vocab x hidden). */
+static int check_tied(const cp_plan *plan, const cp_st_set *st, const float *emb, float **tmp, char *err,
+                      int errlen) {
+    const cp_model *m = &plan->spec.model;
+    const cp_st_tensor *lm = m->tie_embeddings ? cp_st_find(st, "lm_head.weight") : NULL;
+    if (!lm) return 0;
+    int64_t n = m->vocab * m->hidden;
+    bool same = lm->ndim == 2 && lm->shape[0] == m->vocab && lm->shape[1] == m->hidden;
+    if (same) {
+        char e2[CP_ERR_MAX];
+        *tmp = cp_xrealloc(*tmp, (size_t)n * sizeof **tmp);
+        if (cp_st_read_f32(st, lm, 0, n, *tmp, e2, sizeof e2))
+            return cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
+        for (int64_t i = 0; i < n && same; i++) same = memcmp(&(*tmp)[i], &emb[i], sizeof(float)) == 0;
     }
-    /* a tied spec: an lm_head.weight in the file must be the embedding */
-    const cp_st_tensor *lm = m->tie_embeddings ? cp_st_find(&st, "lm_head.weight") : NULL;
-    if (!rc && lm) {
-        int64_t n = m->vocab * m->hidden;
-        bool same = lm->ndim == 2 && lm->shape[0] == m->vocab && lm->shape[1] == m->hidden;
-        if (same) {
-            tmp = cp_xrealloc(tmp, (size_t)n * sizeof *tmp);
-            if (cp_st_read_f32(&st, lm, 0, n, tmp, e2, sizeof e2)) {
-                rc = cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
-            } else {
-                const float *emb = out + cp_weights_unit_off(plan, 0);
-                for (int64_t i = 0; i < n && same; i++) same = memcmp(&tmp[i], &emb[i], sizeof(float)) == 0;
+    if (same) return 0;
+    return cp_errf(err, errlen,
+                   "%s: the checkpoint has an lm_head.weight different from its embedding, but the spec %s has "
+                   "model.tie_embeddings = true: set it to false", st->files[lm->file].path, plan->spec.path);
+}
+
+/* The whole flat model into `model`, or (model NULL) rank's shard into `shard`, unit by unit so that no more than
+ * the largest unit is held beside the shard. */
+static int load_hf(const cp_plan *plan, const char *path, int rank, float *model, float *shard, char *err,
+                   int errlen) {
+    const cp_model *m = &plan->spec.model;
+    cp_st_set st;
+    char e2[CP_ERR_MAX];
+    if (cp_st_open(path, &st, e2, sizeof e2)) return cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
+    int nt = cp_weights_hf_tensors(plan, NULL, 0);
+    cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
+    cp_weights_hf_tensors(plan, tt, nt);
+    int *order = cp_xmalloc((size_t)m->heads * sizeof *order);
+    cp_q_head_order(plan, order);
+    float *tmp = NULL, *unit = NULL;
+    int rc = check_names(plan, &st, tt, nt, err, errlen);
+    for (int u = 0; u < plan->nunits && !rc; u++) {
+        int64_t base = cp_weights_unit_off(plan, u);
+        float *dst = model ? model + base : (unit = cp_xrealloc(unit, (size_t)plan->unit_padded[u] * sizeof *unit));
+        memset(dst, 0, (size_t)plan->unit_padded[u] * sizeof *dst);
+        for (int j = 0; j < nt && !rc; j++) {
+            const cp_hf_tensor *t = &tt[j];
+            if (t->unit != u) continue;
+            const cp_st_tensor *s = cp_st_find(&st, t->name);
+            if (!s) {
+                rc = missing(plan, path, t, err, errlen);
+                break;
             }
+            rc = read_tensor(plan, order, t, &st, s, t->name, false,
+                             "the spec does not describe this checkpoint; compare its config.json",
+                             "the checkpoint is damaged (or diverged when it was trained)", &tmp, dst + (t->off - base),
+                             e2, sizeof e2);
+            if (rc) cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
         }
-        if (!rc && !same)
-            rc = cp_errf(err, errlen,
-                      "%s: the checkpoint has an lm_head.weight different from its embedding, but the "
-                      "spec %s has model.tie_embeddings = true: set it to false",
-                      st.files[lm->file].path, plan->spec.path);
+        if (!rc && u == 0) rc = check_tied(plan, &st, dst, &tmp, err, errlen); /* the embedding is unit 0 */
+        if (!rc && !model) {
+            int64_t part = plan->unit_padded[u] / plan->C;
+            memcpy(shard + plan->unit_shard_off[u], unit + (int64_t)rank * part, (size_t)part * sizeof *unit);
+        }
     }
+    free(unit);
     free(tmp);
     free(order);
     free(tt);
     cp_st_close(&st);
-    if (rc) memset(out, 0, (size_t)cp_weights_elems(plan) * sizeof *out);
+    if (rc && model) memset(model, 0, (size_t)cp_weights_elems(plan) * sizeof *model);
+    if (rc && shard) memset(shard, 0, (size_t)plan->params_shard * sizeof *shard);
     return rc;
+}
+
+int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *err, int errlen) {
+    return load_hf(plan, path, 0, out, NULL, err, errlen);
+}
+
+int cp_weights_load_hf_shard(const cp_plan *plan, const char *path, int rank, float *shard, char *err, int errlen) {
+    return load_hf(plan, path, rank, NULL, shard, err, errlen);
 }
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -524,7 +557,7 @@ int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const cha
             break;
         }
         rc = read_tensor(plan, order, t, st, s, name, nonneg, "the file belongs to a model of another shape",
-                         "the file is damaged", &tmp, out, err, errlen);
+                         "the file is damaged", &tmp, out + t->off, err, errlen);
     }
     free(tmp);
     free(order);

@@ -54,6 +54,9 @@ int cp_weights_hf_tensors(const cp_plan *plan, cp_hf_tensor *out, int cap);
  * other than the spec's, a tensor the spec has no place for (extra layers, q/k norms of another family), an
  * untied LM head under tie_embeddings = true (or the reverse), a non-finite value. Returns 0 or -1. */
 int cp_weights_load_hf(const cp_plan *plan, const char *path, float *out, char *err, int errlen);
+/* The same checks, but only rank's shard (cp_weights_shard's layout) into shard[plan->params_shard], read unit by
+ * unit: a rank of several holds the largest unit beside its shard, never the whole model. */
+int cp_weights_load_hf_shard(const cp_plan *plan, const char *path, int rank, float *shard, char *err, int errlen);
 
 /* Save the flat model as a Hugging Face checkpoint in dir: safetensors in model order (bf16 or fp32), sharded above
  * shard_bytes (<= 0: 5 GB) with model.safetensors.index.json, and a config.json for LlamaForCausalLM (family

@@ -990,6 +990,20 @@ static void test_shards(void **state) {
             cp_weights_init_random_shard(&p, r, 9, 0.02, direct);
             assert_memory_equal(direct, sh, sizeof(float) * (size_t)p.params_shard);
         }
+        /* a rank's Hugging Face load read unit by unit is that rank's shard of the whole model's load */
+        if (n < (1 << 26)) {
+            char name[32], err[CP_ERR_MAX];
+            snprintf(name, sizeof name, "shard_hf_%zu", k);
+            char *dir = path_in(name);
+            if (cp_weights_save_hf(&p, full, dir, false, 0, err, sizeof err)) fail_msg("%s", err);
+            if (cp_weights_load_hf(&p, dir, back, err, sizeof err)) fail_msg("%s", err);
+            for (int r = 0; r < C; r += C - 1) {
+                cp_weights_shard(&p, r, back, sh);
+                for (int64_t i = 0; i < p.params_shard; i++) direct[i] = NAN; /* poisoned */
+                if (cp_weights_load_hf_shard(&p, dir, r, direct, err, sizeof err)) fail_msg("%s", err);
+                assert_memory_equal(direct, sh, sizeof(float) * (size_t)p.params_shard);
+            }
+        }
         free(direct);
         free(full), free(back), free(sh), free(seen);
         cp_plan_free(&p);
