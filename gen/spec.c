@@ -1130,7 +1130,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->comm_reserve = 1280 * MIB; /* measured on 2 H200s: 388 MiB at NCCL's init, 0.87 GiB more at first use */
     m->host_reserve = 4 * GIB;    /* measured on an H200 host: 1.5-3.3 GiB resident beyond the arena and weights */
     m->gemm_tflops = 790;
-    m->attn_tflops = 320;
+    m->attn_tflops = 296; /* the 3B step at 128K and 256K on an H200 ran attention at 297 and 296 TF/s */
     m->hbm_gbps = 4300;
     m->host_gbps = 55;
     m->a2a_gbps = 328;
