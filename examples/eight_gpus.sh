@@ -33,7 +33,7 @@ run() { # name timeout args...
   local t0=$(date +%s)
   timeout "$t" "$B/cpgen" run llama8b --gpus "$G" --host-mem "$HOST" --set "train.out_dir=$out/runs/$name" "$@" \
     >"$out/$name.log" 2>&1
-  note "$(printf '%-18s rc=%-3d %5d s  ' "$name" "$?" $(($(date +%s) - t0)))$(grep -E '^done:|^host memory' \
+  note "$(printf '%-18s rc=%-3d %5d s  ' "$name" "$?" $(($(date +%s) - t0)))$(grep -E '^done:|^host memory:' \
     "$out/$name.log" | sed 's/^done: //' | tr '\n' ' ')"
 }
 if want plans; then

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # gpu-memory-check.sh: on one GPU, with a build tree made elsewhere: how long a sequence fits, measured.
-#   noffload  the 3B shape at the longest length the plan fits with every layer's checkpoint on the GPU (one step;
-#             sparser checkpoints reach about twice as far, and a step there takes too long for one call), measured
-#             peak against the plan
+#   noffload  the 3B shape at the longest length the plan fits with nothing in host memory (checkpoints and
+#             optimizer on the GPU), as a 2-layer model at full length keeping the full plan's choices: peak GPU
+#             memory against the plan
 #   overhead  the 3B shape at 128K and 256K with checkpoints on the GPU and with all of them on the host (one step
 #             each): the step time offload adds
-#   longest   the 3B shape (and the 8B shape, optimizer on the host) at the longest length the plan fits with the
-#             defaults, as a 2-layer model at full length: peak GPU and host memory against the plan
+#   longest   the 3B and 8B shapes at the longest length the plan fits with the defaults, as 2-layer models at
+#             full length keeping the full plan's choices: peak GPU and host memory against the plan
 # usage: [PARTS="noffload overhead longest"] tools/gpu-memory-check.sh [BUILD_DIR]; logs under $OUT.
 set -u
 B=${1:-build}
@@ -25,15 +25,21 @@ run() { # name timeout args...
   local t0=$(date +%s)
   timeout "$t" "$B/cpgen" run "$@" --gpus 1 --set "train.out_dir=$out/runs/$name" >"$out/$name.log" 2>&1
   local rc=$?
-  note "$(printf '%-22s rc=%-3d %5d s  ' "$name" "$rc" $(($(date +%s) - t0)))$(grep -E '^done:' "$out/$name.log" |
-    sed 's/^done: //')"
+  note "$(printf '%-22s rc=%-3d %5d s  ' "$name" "$rc" $(($(date +%s) - t0)))$(grep -E '^done:|^host memory:' \
+    "$out/$name.log" | sed 's/^done: //' | tr '\n' ' ')"
 }
-if want noffload; then
-  n=$(longest llama3b --set parallel.offload=none --set parallel.checkpoint_every=1)
-  note "3B, every layer's checkpoint on the GPU: the plan fits $n tokens"
-  [ -n "$n" ] && run "l3b_noffload_$n" 560 llama3b --seq "$n" --set parallel.offload=none \
-    --set parallel.checkpoint_every=1 --set train.steps=1 --set train.warmup=0
-fi
+# proof SPEC NAME SETS...: the plan's longest with SETS, then one step of its 2-layer model at that length
+proof() {
+  local spec=$1 name=$2
+  shift 2
+  local n
+  n=$(longest "$spec" "$@")
+  [ -n "$n" ] || { note "$name: nothing fits"; return; }
+  mapfile -t keep < <("$B/cpgen" plan "$spec" --gpus 1 --seq "$n" "$@" --json | tools/plan_sets.py 2)
+  note "$name: the plan fits $n tokens on one GPU; as 2 layers: ${keep[*]}"
+  run "${name}_2l_$n" 560 "$spec" --seq "$n" --set train.steps=1 --set train.warmup=0 "$@" "${keep[@]}"
+}
+want noffload && proof llama3b l3b_noffload --set parallel.offload=none --set parallel.optimizer=gpu
 if want overhead; then
   # one step each: the 256K step takes about 190 s, and pinning 42 GiB and drawing the weights another 40
   for s in 128K 256K; do
@@ -42,14 +48,8 @@ if want overhead; then
   done
 fi
 if want longest; then
-  for spec in llama3b llama8b; do
-    n=$(longest "$spec")
-    [ -n "$n" ] || continue
-    # the full-depth plan's choices, kept for the 2-layer run
-    mapfile -t keep < <("$B/cpgen" plan "$spec" --gpus 1 --seq "$n" --json | tools/plan_sets.py 2)
-    note "$spec: the plan fits $n tokens on one GPU; as 2 layers: ${keep[*]}"
-    run "${spec}_2l_$n" 560 "$spec" --seq "$n" --set train.steps=1 --set train.warmup=0 "${keep[@]}"
-  done
+  proof llama3b llama3b
+  proof llama8b llama8b
 fi
 echo
 cat "$sum"
