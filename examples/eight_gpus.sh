@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # eight_gpus.sh: the headline run, Llama-3.1-8B with UPipe on one node of 8 GPUs (GPUS=8), or the same per-GPU share
 # of tokens on fewer (GPUS=2: a quarter of each length). With a build tree made elsewhere; logs under $OUT.
-# Parts (PARTS, default all; each fits one 10-minute call on 8 GPUs except where said):
+# Parts (PARTS, default all; each runs within 10 minutes on 8 GPUs except where said):
 #   plans    `cpgen plan` for 8 GPUs at 128K, 512K and 1M tokens and the longest that fits, whatever GPUS is;
 #   speed    tokens/s per GPU at SEQS (default 128K 512K 1M, x GPUS/8), full depth, beside the published UPipe
 #            figures on 8xH100 (2,281, 867 and 473 tokens/s per GPU); 3 steps where the plan predicts under 150 s,
@@ -11,7 +11,7 @@
 #            choices (measured peak GPU and host memory against its plan), and the plan's arithmetic for 32 layers;
 #   comm     the 32-layer step at 1M tokens (x GPUS/8) with and without its collectives (CPGEN_BENCH_SKIP_COMM=1):
 #            the share of the step in communication not hidden behind compute, and the measured peak per GPU
-#            (two steps of about 520 s: run it as its own call).
+#            (two steps of about 560 s: run it on its own).
 # usage: [GPUS=8] [HOST_MEM=560G] [PARTS="plans speed longest comm"] [SEQS="131072 ..."] examples/eight_gpus.sh [BUILD_DIR]
 set -u
 B=${1:-build}
