@@ -5,7 +5,7 @@
 #   plans    `cpgen plan` for 8 GPUs at 128K, 512K and 1M tokens and the longest that fits, whatever GPUS is;
 #   speed    tokens/s per GPU at SEQS (default 128K 512K 1M, x GPUS/8), full depth, beside the published UPipe
 #            figures on 8xH100 (2,281, 867 and 473 tokens/s per GPU); 3 steps where the plan predicts under 150 s,
-#            else one (1M: about 520 s);
+#            else one (1M: about 560 s);
 #   longest  the longest length the plan fits the node (its host memory, HOST_MEM, counts every rank's pinned arena
 #            and loading weights), proven by one step of a 2-layer model at that length keeping the full plan's
 #            choices (measured peak GPU and host memory against its plan), and the plan's arithmetic for 32 layers;
