@@ -13,7 +13,7 @@
 #      and the 8B shape at 128K.
 #   5. (fault) two ranks under launcher variables, rank 1 killed mid-run: rank 0 stops by itself, saying why.
 #   6. (comm) communication not hidden behind compute: the 3B 128K step and the 8B 128K step with their collectives
-#      and without them (CPGEN_BENCH_SKIP_COMM=1), the difference of the median steps.
+#      and without them (CPGEN_BENCH_SKIP_COMM=1), the difference of their second steps.
 # usage: [GPUS=2] [PARTS="grads curve resume hf fault mem speed comm"] tools/gpu-parallel-check.sh [BUILD_DIR]; logs
 # under $OUT.
 set -u
@@ -143,7 +143,7 @@ if want comm; then
   for spec in llama3b llama8b; do
     for skip in 0 1; do
       CPGEN_BENCH_SKIP_COMM=$skip run "${spec}_comm_$skip" 300 "$B/cpgen" run "$spec" --gpus "$N" --seq 128K \
-        --set train.steps=3 --set train.warmup=1 --set "train.out_dir=$out/runs/${spec}_comm_$skip"
+        --set train.steps=2 --set train.warmup=1 --set "train.out_dir=$out/runs/${spec}_comm_$skip"
     done
     python3 - "$out/runs/${spec}_comm_0/metrics.jsonl" "$out/runs/${spec}_comm_1/metrics.jsonl" "$spec" <<'PY' | tee -a "$sum"
 import json, statistics, sys
