@@ -20,12 +20,17 @@ int64_t cp_weights_unit_off(const cp_plan *plan, int unit) {
     return off;
 }
 
+/* Rank's part of unit u (unit: the whole unit) into its place in the shard. */
+static void keep_part(const cp_plan *plan, int rank, int u, const float *unit, float *shard) {
+    int64_t part = plan->unit_padded[u] / plan->C;
+    memcpy(shard + plan->unit_shard_off[u], unit + (int64_t)rank * part, sizeof(float) * (size_t)part);
+}
+
 void cp_weights_shard(const cp_plan *plan, int rank, const float *full, float *shard) {
-    int64_t off = 0;
+    const float *unit = full;
     for (int u = 0; u < plan->nunits; u++) {
-        int64_t part = plan->unit_padded[u] / plan->C;
-        memcpy(shard + plan->unit_shard_off[u], full + off + (int64_t)rank * part, sizeof(float) * (size_t)part);
-        off += plan->unit_padded[u];
+        keep_part(plan, rank, u, unit, shard);
+        unit += plan->unit_padded[u];
     }
 }
 
@@ -189,6 +194,17 @@ static int family_check(const cp_model *m, char *err, int errlen) {
     return 0;
 }
 
+/* The model's tensors in Hugging Face order (*tt, nt of them) and the query heads' storage order (*order, one
+ * entry per head); the caller frees both. Returns nt. */
+static int tensor_table(const cp_plan *plan, cp_hf_tensor **tt, int **order) {
+    int nt = cp_weights_hf_tensors(plan, NULL, 0);
+    *tt = cp_xmalloc((size_t)nt * sizeof **tt);
+    cp_weights_hf_tensors(plan, *tt, nt);
+    *order = cp_xmalloc((size_t)plan->spec.model.heads * sizeof **order);
+    cp_q_head_order(plan, *order);
+    return nt;
+}
+
 /* Tensor s of the file (the model's tensor t, named `name` there) to `to`, where the flat model holds t: shape
  * checked against the spec, read as fp32, NaN and infinities (and with nonneg, negatives) refused, permuted tensors
  * put in storage order. The hints end the messages: what a wrong shape or a bad value says about the file. */
@@ -300,15 +316,12 @@ static int check_tied(const cp_plan *plan, const cp_st_set *st, const float *emb
  * the largest unit is held beside the shard. */
 static int load_hf(const cp_plan *plan, const char *path, int rank, float *model, float *shard, char *err,
                    int errlen) {
-    const cp_model *m = &plan->spec.model;
     cp_st_set st;
     char e2[CP_ERR_MAX];
     if (cp_st_open(path, &st, e2, sizeof e2)) return cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
-    int nt = cp_weights_hf_tensors(plan, NULL, 0);
-    cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
-    cp_weights_hf_tensors(plan, tt, nt);
-    int *order = cp_xmalloc((size_t)m->heads * sizeof *order);
-    cp_q_head_order(plan, order);
+    cp_hf_tensor *tt;
+    int *order;
+    int nt = tensor_table(plan, &tt, &order);
     float *tmp = NULL, *unit = NULL;
     int rc = check_names(plan, &st, tt, nt, err, errlen);
     for (int u = 0; u < plan->nunits && !rc; u++) {
@@ -330,10 +343,7 @@ static int load_hf(const cp_plan *plan, const char *path, int rank, float *model
             if (rc) cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
         }
         if (!rc && u == 0) rc = check_tied(plan, &st, dst, &tmp, err, errlen); /* the embedding is unit 0 */
-        if (!rc && !model) {
-            int64_t part = plan->unit_padded[u] / plan->C;
-            memcpy(shard + plan->unit_shard_off[u], unit + (int64_t)rank * part, (size_t)part * sizeof *unit);
-        }
+        if (!rc && !model) keep_part(plan, rank, u, unit, shard);
     }
     free(unit);
     free(tmp);
@@ -438,11 +448,9 @@ int cp_weights_save_hf(const cp_plan *plan, const float *model, const char *dir,
     const cp_model *m = &plan->spec.model;
     char *config = cp_weights_hf_config(plan, bf16, err, errlen);
     if (!config) return -1;
-    int nt = cp_weights_hf_tensors(plan, NULL, 0);
-    cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
-    cp_weights_hf_tensors(plan, tt, nt);
-    int *order = cp_xmalloc((size_t)m->heads * sizeof *order), *inv = cp_xmalloc((size_t)m->heads * sizeof *inv);
-    cp_q_head_order(plan, order);
+    cp_hf_tensor *tt;
+    int *order, *inv = cp_xmalloc((size_t)m->heads * sizeof *inv);
+    int nt = tensor_table(plan, &tt, &order);
     for (int p = 0; p < m->heads; p++) inv[order[p]] = p;
     cp_st_out *outs = cp_xcalloc((size_t)nt, sizeof *outs);
     fill_ctx *ctx = cp_xcalloc((size_t)nt, sizeof *ctx);
@@ -488,11 +496,9 @@ int cp_weights_save_hf(const cp_plan *plan, const float *model, const char *dir,
 int cp_weights_save_prefixed(const cp_plan *plan, const char *path, int narrays, const char *const *prefix,
                              const float *const *flat, char *err, int errlen) {
     const cp_model *m = &plan->spec.model;
-    int nt = cp_weights_hf_tensors(plan, NULL, 0);
-    cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
-    cp_weights_hf_tensors(plan, tt, nt);
-    int *order = cp_xmalloc((size_t)m->heads * sizeof *order), *inv = cp_xmalloc((size_t)m->heads * sizeof *inv);
-    cp_q_head_order(plan, order);
+    cp_hf_tensor *tt;
+    int *order, *inv = cp_xmalloc((size_t)m->heads * sizeof *inv);
+    int nt = tensor_table(plan, &tt, &order);
     for (int p = 0; p < m->heads; p++) inv[order[p]] = p;
     int n = nt * narrays;
     cp_st_out *outs = cp_xcalloc((size_t)n, sizeof *outs);
@@ -531,12 +537,9 @@ int cp_weights_save_prefixed(const cp_plan *plan, const char *path, int narrays,
 
 int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, float *out,
                              char *err, int errlen) {
-    const cp_model *m = &plan->spec.model;
-    int nt = cp_weights_hf_tensors(plan, NULL, 0);
-    cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
-    cp_weights_hf_tensors(plan, tt, nt);
-    int *order = cp_xmalloc((size_t)m->heads * sizeof *order);
-    cp_q_head_order(plan, order);
+    cp_hf_tensor *tt;
+    int *order;
+    int nt = tensor_table(plan, &tt, &order);
     float *tmp = NULL;
     int rc = 0;
     char name[160];
@@ -660,12 +663,9 @@ static void init_unit(const cp_plan *plan, const cp_hf_tensor *tt, int nt, const
 
 /* Units [first unit..] of the random init, each into where(u) (full model or a unit buffer then a shard). */
 static void init_random(const cp_plan *plan, int rank, uint64_t seed, double std, float *model, float *shard) {
-    const cp_model *m = &plan->spec.model;
-    int nt = cp_weights_hf_tensors(plan, NULL, 0);
-    cp_hf_tensor *tt = cp_xmalloc((size_t)nt * sizeof *tt);
-    cp_weights_hf_tensors(plan, tt, nt);
-    int *order = cp_xmalloc((size_t)m->heads * sizeof *order);
-    cp_q_head_order(plan, order);
+    cp_hf_tensor *tt;
+    int *order;
+    int nt = tensor_table(plan, &tt, &order);
     float *tmp = NULL, *unit = NULL;
     for (int u = 0; u < plan->nunits; u++) {
         if (model) {
@@ -677,7 +677,7 @@ static void init_random(const cp_plan *plan, int rank, uint64_t seed, double std
         unit = cp_xrealloc(unit, (size_t)plan->unit_padded[u] * sizeof *unit);
         int64_t part = plan->unit_padded[u] / plan->C;
         init_unit(plan, tt, nt, order, seed, std, u, (int64_t)rank * part, (int64_t)(rank + 1) * part, unit, &tmp);
-        memcpy(shard + plan->unit_shard_off[u], unit + (int64_t)rank * part, (size_t)part * sizeof *unit);
+        keep_part(plan, rank, u, unit, shard);
     }
     free(unit);
     free(tmp);
