@@ -50,7 +50,7 @@ build/embedded.c: build/tools/embed $(EMBED_FILES)
 build/embedded.o: build/embedded.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-build/tests/%: tests/%.c $(LIB_OBJ) $(REF_OBJ) | build/.deps
+$(TESTS): build/tests/%: tests/%.c $(LIB_OBJ) $(REF_OBJ) | build/.deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB_OBJ) $(REF_OBJ) $(LDFLAGS) $(LDLIBS) -lcmocka
 
@@ -59,7 +59,9 @@ build/lib/libcmocka.so.0: | build/.deps
 	@mkdir -p $(dir $@)
 	cp -L /usr/lib/x86_64-linux-gnu/libcmocka.so.0 $@
 
-build/tests/gpu/%: tests/gpu/%.c $(LIB_OBJ) $(REF_OBJ) $(GPU_UTIL_OBJ) build/lib/libcmocka.so.0 | build/.deps
+# Static pattern rules: with implicit ones, make picks the CPU rule for a GPU test whenever the helper
+# objects are not built yet.
+$(GPU_TESTS) $(BENCHES): build/tests/gpu/%: tests/gpu/%.c $(LIB_OBJ) $(REF_OBJ) $(GPU_UTIL_OBJ) build/lib/libcmocka.so.0 | build/.deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -Itests/gpu -o $@ $< $(LIB_OBJ) $(REF_OBJ) $(GPU_UTIL_OBJ) $(LDFLAGS) $(LDLIBS) \
 	    build/lib/libcmocka.so.0 -Wl,-rpath,'$$ORIGIN/../../lib'
