@@ -1259,6 +1259,7 @@ static void judge(cp_plan *P) {
     for (int u = 0; u < P->nunits; u++) unit_max = CP_MAX(unit_max, P->unit_padded[u]), model += P->unit_padded[u];
     P->host_load = (int64_t)sizeof(float) * (P->C == 1 ? model : unit_max + P->params_shard);
     P->host_peak = P->host_arena + P->host_load + mc->host_reserve;
+    P->host_run = P->host_arena + mc->host_runtime;
     int ranks = CP_MIN(P->C, 8); /* every rank of a node holds its own */
     P->fits = true;
     P->why[0] = 0;

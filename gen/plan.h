@@ -162,6 +162,7 @@ typedef struct {
     int64_t gpu_arena, host_arena;                    /* bytes, after lifetime-aware packing */
     int64_t host_load;  /* host bytes per process while the weights load (fp32, freed before step 1) */
     int64_t host_peak;  /* host bytes per process: host_arena + host_load + machine.host_reserve */
+    int64_t host_run;   /* host bytes a process adds once steps run: host_arena + machine.host_runtime */
     int64_t gpu_peak;                                 /* gpu_arena + cp_plan_reserve */
     int64_t cat_bytes[CP_CAT_COUNT];                  /* sum of buffer sizes per category, GPU */
     int64_t cat_host_bytes[CP_CAT_COUNT];

@@ -117,7 +117,9 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             fprintf(out, "  %-40s %14s\n", cat_names[k], cp_fmt_bytes(P->cat_host_bytes[k], a, sizeof a));
     fprintf(out, "  %-40s %14s\n", "arena (pinned)", cp_fmt_bytes(P->host_arena, a, sizeof a));
     fprintf(out, "  %-40s %14s\n", "weights while loading (fp32, freed)", cp_fmt_bytes(P->host_load, a, sizeof a));
-    fprintf(out, "  %-40s %14s\n", "reserve: driver, libraries, buffers", cp_fmt_bytes(mc->host_reserve, a, sizeof a));
+    fprintf(out, "  %-40s %14s   (%s of it resident beside the arena during steps)\n",
+            "reserve: driver, libraries, buffers", cp_fmt_bytes(mc->host_reserve, a, sizeof a),
+            cp_fmt_bytes(mc->host_runtime, b, sizeof b));
     fprintf(out, "  %-40s %14s   x %d GPUs of a node = %s of %s\n", "peak", cp_fmt_bytes(P->host_peak, a, sizeof a),
             CP_MIN(P->C, 8), cp_fmt_bytes(P->host_peak * CP_MIN(P->C, 8), b, sizeof b),
             cp_fmt_bytes(mc->host_mem, c, sizeof c));
@@ -235,11 +237,11 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
     for (int k = 0; k < CP_CAT_COUNT; k++)
         fprintf(out, "%s\"%s\": %lld", k ? ", " : "", cat_keys[k], (long long)P->cat_host_bytes[k]);
     fprintf(out, "},\n    \"gpu_live_peak\": %lld, \"gpu_arena\": %lld, \"reserve\": %lld, \"gpu_peak\": %lld, "
-                 "\"gpu_mem\": %lld, \"host_arena\": %lld, \"host_load\": %lld, \"host_peak\": %lld, "
-                 "\"host_mem\": %lld\n  },\n",
+                 "\"gpu_mem\": %lld, \"host_arena\": %lld, \"host_run\": %lld, \"host_load\": %lld, "
+                 "\"host_peak\": %lld, \"host_mem\": %lld\n  },\n",
             (long long)P->gpu_live_peak, (long long)P->gpu_arena, (long long)cp_plan_reserve(P),
             (long long)P->gpu_peak, (long long)sp->machine.gpu_mem, (long long)P->host_arena,
-            (long long)P->host_load, (long long)P->host_peak, (long long)sp->machine.host_mem);
+            (long long)P->host_run, (long long)P->host_load, (long long)P->host_peak, (long long)sp->machine.host_mem);
     double flops = P->flops_attn + P->flops_other;
     fprintf(out, "  \"flops\": {\"attention\": %.6g, \"other\": %.6g, \"total\": %.6g},\n", P->flops_attn,
             P->flops_other, flops);

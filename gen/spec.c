@@ -51,9 +51,9 @@ static const node TRAIN_KEYS[] = {
 static const node DATA_KEYS[] = {LEAF("source"), END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
-    LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"),   LEAF("host_reserve"),
-    LEAF("gemm_tflops"), LEAF("attn_tflops"), LEAF("hbm_gbps"), LEAF("host_gbps"),      LEAF("a2a_gbps"),
-    LEAF("allgather_gbps"), END};
+    LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
+    LEAF("host_runtime"), LEAF("gemm_tflops"), LEAF("attn_tflops"), LEAF("hbm_gbps"), LEAF("host_gbps"),
+    LEAF("a2a_gbps"),    LEAF("allgather_gbps"), END};
 static const node TOP_KEYS[] = {
     {"model", MODEL_KEYS}, {"parallel", PARALLEL_KEYS}, {"train", TRAIN_KEYS}, {"data", DATA_KEYS},
     {"init", INIT_KEYS}, {"machine", MACHINE_KEYS}, END};
@@ -1129,6 +1129,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->reserve = 560 * MIB; /* measured on an H200: CUDA context 524 MiB, modules and cuBLASLt 8 MiB */
     m->comm_reserve = 1280 * MIB; /* measured on 2 H200s: 388 MiB at NCCL's init, 0.87 GiB more at first use */
     m->host_reserve = 4 * GIB;    /* measured on an H200 host: 1.5-3.3 GiB resident beyond the arena and weights */
+    m->host_runtime = 320 * MIB;  /* measured on H200 hosts: 180-340 MiB added beside the arena once steps run */
     m->gemm_tflops = 790;
     m->attn_tflops = 296; /* the 3B step at 128K and 256K on an H200 ran attention at 297 and 296 TF/s */
     m->hbm_gbps = 4300;
@@ -1140,6 +1141,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_int(c, t, "machine", "reserve", INT_BYTES, INT64_MIN, INT64_MAX, &m->reserve));
     TRY(get_int(c, t, "machine", "comm_reserve", INT_BYTES, INT64_MIN, INT64_MAX, &m->comm_reserve));
     TRY(get_int(c, t, "machine", "host_reserve", INT_BYTES, INT64_MIN, INT64_MAX, &m->host_reserve));
+    TRY(get_int(c, t, "machine", "host_runtime", INT_BYTES, INT64_MIN, INT64_MAX, &m->host_runtime));
     TRY(get_num(c, t, "machine", "gemm_tflops", &m->gemm_tflops));
     TRY(get_num(c, t, "machine", "attn_tflops", &m->attn_tflops));
     TRY(get_num(c, t, "machine", "hbm_gbps", &m->hbm_gbps));
@@ -1357,6 +1359,9 @@ static int validate(ctx *c, cp_spec *s) {
         return fail(c, "machine.comm_reserve", " = %lld: must not be negative", (long long)mc->comm_reserve);
     if (mc->host_reserve < 0)
         return fail(c, "machine.host_reserve", " = %lld: must not be negative", (long long)mc->host_reserve);
+    if (mc->host_runtime < 0 || mc->host_runtime > mc->host_reserve)
+        return fail(c, "machine.host_runtime", " = %lld: must be between 0 and machine.host_reserve (%lld), of which it "
+                    "is a part", (long long)mc->host_runtime, (long long)mc->host_reserve);
     struct {
         const char *path;
         double v;

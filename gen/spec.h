@@ -75,6 +75,7 @@ typedef struct {
     int64_t reserve;            /* bytes per GPU outside the arena: CUDA context, modules, library workspaces */
     int64_t comm_reserve;       /* more per GPU when gpus > 1: NCCL's communicator and connection buffers */
     int64_t host_reserve;       /* host bytes per process outside the pinned arena: driver, libraries, buffers */
+    int64_t host_runtime;       /* the part of host_reserve that stays resident beside the arena during steps */
     double gemm_tflops;         /* bf16 dense GEMM */
     double attn_tflops;         /* causal flash attention, fwd and bwd */
     double hbm_gbps;            /* device copy, read + write */

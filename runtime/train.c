@@ -229,7 +229,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     res->skipped = ck ? ck->state.skipped : 0;
     res->chance_loss = chance;
     res->mem_planned = P->gpu_peak;
-    res->host_planned = P->host_arena;
+    res->host_planned = P->host_run;
     res->mem_arena_planned = P->gpu_arena;
     res->mem_arena_measured = cp_exec_startup_info(ex)->mem_arena;
     res->min_loss = INFINITY;
@@ -278,7 +278,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             char a[32], b[32], skip[64] = "", host[64] = "";
             if (P->host_arena)
                 snprintf(host, sizeof host, " | host %.2f/%.2f GiB", (double)r.host_used / (1 << 30),
-                         (double)P->host_arena / (1 << 30));
+                         (double)P->host_run / (1 << 30));
             if (r.skipped) snprintf(skip, sizeof skip, " | update skipped (%s, %d so far)",
                                     isfinite(r.loss) ? "non-finite norm" : "non-finite loss", res->skipped);
             fprintf(out, "step %d/%d | loss %.4f | norm %.2f | lr %.1e | %s | %s tok/s/GPU | %.*f TF/s | %.*f%% MFU | "
@@ -300,7 +300,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             json_num(metrics, "mfu", tf / peak, false);
             fprintf(metrics, "\"targets\":%lld,\"mem_measured\":%lld,\"mem_planned\":%lld,\"host_measured\":%lld,"
                     "\"host_planned\":%lld,\"skipped\":%s}\n", (long long)r.targets, (long long)r.mem_used,
-                    (long long)P->gpu_peak, (long long)r.host_used, (long long)P->host_arena,
+                    (long long)P->gpu_peak, (long long)r.host_used, (long long)P->host_run,
                     r.skipped ? "true" : "false");
             fflush(metrics);
         }
@@ -329,7 +329,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                 res->skipped, fmt_time(res->step_seconds, a, sizeof a), cp_fmt_count(res->tokens_per_s, b, sizeof b),
                 res->tflops, 100 * res->mfu, cp_fmt_bytes(res->mem_measured, c, sizeof c),
                 cp_fmt_bytes(res->mem_planned, d, sizeof d));
-        fprintf(out, "host memory: arena %s measured (resident growth since the executor started), %s planned; "
+        fprintf(out, "host memory: %s measured (resident growth since the executor started), %s planned (arena + runtime); "
                      "process peak %s measured, %s planned\n", cp_fmt_bytes(res->host_measured, a, sizeof a),
                 cp_fmt_bytes(res->host_planned, b, sizeof b), cp_fmt_bytes(cp_proc_status_bytes("VmHWM"), c, sizeof c),
                 cp_fmt_bytes(P->host_peak, d, sizeof d));

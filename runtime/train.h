@@ -34,7 +34,7 @@ typedef struct {
     double tokens_per_s, tflops, mfu; /* per GPU, at the median step time */
     int64_t mem_measured, mem_planned; /* largest measured at a step's end; the plan's peak (arena + reserve) */
     int64_t mem_arena_measured, mem_arena_planned;
-    int64_t host_measured, host_planned; /* host: largest cp_exec_host_used at a step's end; the plan's host arena */
+    int64_t host_measured, host_planned; /* host: largest cp_exec_host_used at a step's end; the plan's host_run */
     double *losses;                  /* [train.steps] by step index (step n is losses[n - 1]); NaN before
                                         first_step; owned: cp_train_result_free */
 } cp_train_result;

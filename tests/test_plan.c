@@ -483,6 +483,7 @@ static void test_host_memory(void **state) {
         }
         assert_int_equal(p.host_load, gpus == 1 ? 4 * model : 4 * (unit_max + p.params_shard));
         assert_int_equal(p.host_peak, p.host_arena + p.host_load + s.machine.host_reserve);
+        assert_int_equal(p.host_run, p.host_arena + s.machine.host_runtime);
         assert_true(p.fits);
         /* a node one byte short of every process's peak */
         char h[64];

@@ -235,6 +235,7 @@ static void test_defaults(void **state) {
     assert_int_equal(spec.machine.gpu_mem, 140LL << 30);
     assert_int_equal(spec.machine.host_mem, 128LL << 30);
     assert_int_equal(spec.machine.reserve, 560LL << 20);
+    assert_int_equal(spec.machine.host_runtime, 320LL << 20);
     assert_true(spec.machine.gemm_tflops == 790);
     assert_true(spec.machine.attn_tflops == 296);
     assert_true(spec.machine.hbm_gbps == 4300);
