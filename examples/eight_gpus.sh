@@ -4,7 +4,7 @@
 # Parts (PARTS, default all; each runs within 10 minutes on 8 GPUs except where said):
 #   plans    `cpgen plan` for 8 GPUs at 128K, 512K and 1M tokens and the longest that fits, whatever GPUS is;
 #   speed    tokens/s per GPU at SEQS (default 128K 512K 1M, x GPUS/8), full depth, beside the published UPipe
-#            figures on 8xH100 (2,281, 867 and 473 tokens/s per GPU); 3 steps where the plan predicts under 150 s,
+#            figures on 8xH100 (2,281, 867 and 473 tokens/s per GPU); 3 steps where the plan predicts under 100 s,
 #            else one (1M: about 560 s);
 #   longest  the longest length the plan fits the node (its host memory, HOST_MEM, counts every rank's pinned arena
 #            and loading weights), proven by one step of a 2-layer model at that length keeping the full plan's
@@ -51,7 +51,7 @@ if want speed; then
   for s in $SEQS; do
     n=$(tokens "$s")
     t=$(plan --seq "$n" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["time"]["step"])')
-    steps=$(python3 -c "print(3 if $t < 150 else 1)")
+    steps=$(python3 -c "print(3 if $t < 100 else 1)")
     run "speed_$n" 590 --seq "$n" --set train.steps="$steps" --set train.warmup=$((steps > 1))
   done
 fi
