@@ -14,15 +14,20 @@
 #   5. (fault) two ranks under launcher variables, rank 1 killed mid-run: rank 0 stops by itself, saying why.
 #   6. (comm) communication not hidden behind compute: the 3B 128K step and the 8B 128K step with their collectives
 #      and without them (CPGEN_BENCH_SKIP_COMM=1), the difference of their second steps.
-# usage: [GPUS=2] [PARTS="grads curve resume hf fault mem speed comm"] tools/gpu-parallel-check.sh [BUILD_DIR]; logs
-# under $OUT.
+#   7. (ws) the attention working set of UPipe (U = N) against Ulysses (U = 24) where it is live at the peak: the 3B
+#      shape at 512K as 2 layers, one step each, measured peaks beside the plan's; (mem512) the full-depth 512K step.
+#   8. (longest) the plan's longest length on N GPUs for the 3B and 8B shapes (HOST_MEM, default 128 GiB per GPU),
+#      proven by one step of a truncated model keeping the full plan's choices (LAYERS_3B, LAYERS_8B layers: 1 and 2
+#      keep each step under 8 minutes on 2 H200s), beside the plan's arithmetic for the full depth.
+# usage: [GPUS=2] [PARTS="grads curve resume hf fault mem speed comm ws mem512 longest"] [HOST_MEM=256G]
+#   tools/gpu-parallel-check.sh [BUILD_DIR]; logs under $OUT.
 set -u
 B=${1:-build}
 N=${GPUS:-2}
 out=${OUT:-out}/parallel-check
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
-PARTS=${PARTS:-grads curve resume hf fault mem speed comm}
+PARTS=${PARTS:-grads curve resume hf fault mem speed comm ws mem512 longest}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 sum="$out/summary.txt"
 : >"$sum"
@@ -151,6 +156,37 @@ t = [statistics.median(json.loads(l)["seconds"] for l in list(open(f))[1:]) for 
 print(f"{sys.argv[3]} 128K: step {t[0]:.2f} s with communication, {t[1]:.2f} s without: "
       f"{t[0] - t[1]:.2f} s ({100 * (t[0] - t[1]) / t[0]:.1f}%) not hidden")
 PY
+  done
+fi
+if want ws; then
+  for u in "$N" 24; do
+    sets=(--seq 512K --set model.layers=2 --set parallel.upipe_heads=$u)
+    "$B/cpgen" plan llama3b --gpus "$N" "${sets[@]}" | grep -E "attention working set" | sed "s/^/  plan U=$u: /" |
+      tee -a "$sum"
+    run "l3b_512k_2l_u$u" 300 "$B/cpgen" run llama3b --gpus "$N" "${sets[@]}" --set train.steps=1 \
+      --set train.warmup=0 --set "train.out_dir=$out/runs/l3b_512k_u$u"
+    note "  3B 512K 2 layers U=$u: $(done_line "l3b_512k_2l_u$u")"
+  done
+fi
+if want mem512; then
+  run l3b_512k_full 560 "$B/cpgen" run llama3b --gpus "$N" --seq 512K --set train.steps=1 --set train.warmup=0 \
+    --set "train.out_dir=$out/runs/l3b_512k_full"
+  note "  3B 512K on $N GPUs, 28 layers: $(done_line l3b_512k_full)"
+fi
+if want longest; then
+  host=${HOST_MEM:-$((128 * N))G}
+  for spec in llama3b llama8b; do
+    layers=$([ $spec = llama3b ] && echo "${LAYERS_3B:-1}" || echo "${LAYERS_8B:-2}")
+    n=$("$B/cpgen" plan $spec --gpus "$N" --host-mem "$host" --max-seq 2>/dev/null | sed -n 's/.*(\([0-9]*\)).*/\1/p')
+    [ -n "$n" ] || { note "$spec: nothing fits $N GPUs"; continue; }
+    mapfile -t keep < <("$B/cpgen" plan $spec --gpus "$N" --host-mem "$host" --seq "$n" --json |
+      tools/plan_sets.py "$layers")
+    note "$spec: the plan fits $n tokens on $N GPUs with $host of host memory; full depth: $("$B/cpgen" plan $spec \
+      --gpus "$N" --host-mem "$host" --seq "$n" | grep -E '^  peak|^predicted step' | tr -s ' ' | tr '\n' ' ')"
+    run "${spec}_longest_${layers}l" 590 "$B/cpgen" run $spec --gpus "$N" --host-mem "$host" --seq "$n" \
+      --set train.steps=1 --set train.warmup=0 "${keep[@]}" --set "train.out_dir=$out/runs/${spec}_longest"
+    note "  as $layers layer(s) (${keep[*]}): $(grep -E '^done:|^host memory:' "$out/${spec}_longest_${layers}l.log" |
+      sed 's/^done: //' | tr '\n' ' ')"
   done
 fi
 echo
