@@ -16,9 +16,10 @@
 #      and without them (CPGEN_BENCH_SKIP_COMM=1), the difference of their second steps.
 #   7. (ws) the attention working set of UPipe (U = N) against Ulysses (U = 24) where it is live at the peak: the 3B
 #      shape at 512K as 2 layers, one step each, measured peaks beside the plan's; (mem512) the full-depth 512K step.
-#   8. (longest) the plan's longest length on N GPUs for the 3B and 8B shapes (HOST_MEM, default 128 GiB per GPU),
-#      proven by one step of a truncated model keeping the full plan's choices (LAYERS_3B, LAYERS_8B layers: 1 and 2
-#      keep each step under 8 minutes on 2 H200s), beside the plan's arithmetic for the full depth.
+#   8. (longest) the plan's longest length on N GPUs for the 3B and 8B shapes (LONGEST_SPECS, default both; HOST_MEM,
+#      default 128 GiB per GPU), proven by one step of a truncated model keeping the full plan's choices (LAYERS_3B,
+#      LAYERS_8B layers: 1 and 2 keep each step under 8 minutes on 2 H200s), beside the plan's arithmetic for the
+#      full depth.
 # usage: [GPUS=2] [PARTS="grads curve resume hf fault mem speed comm ws mem512 longest"] [HOST_MEM=256G]
 #   tools/gpu-parallel-check.sh [BUILD_DIR]; logs under $OUT.
 set -u
@@ -175,7 +176,7 @@ if want mem512; then
 fi
 if want longest; then
   host=${HOST_MEM:-$((128 * N))G}
-  for spec in llama3b llama8b; do
+  for spec in ${LONGEST_SPECS:-llama3b llama8b}; do
     layers=$([ $spec = llama3b ] && echo "${LAYERS_3B:-1}" || echo "${LAYERS_8B:-2}")
     n=$("$B/cpgen" plan $spec --gpus "$N" --host-mem "$host" --max-seq 2>/dev/null | sed -n 's/.*(\([0-9]*\)).*/\1/p')
     [ -n "$n" ] || { note "$spec: nothing fits $N GPUs"; continue; }
