@@ -4,12 +4,13 @@
 # fp32 safetensors); cpgen loads it (init.from = "hf"), exports its step-1 gradients and the tokens of the synthetic
 # task, and trains 20 steps; tests/gpu/hf_compare.py trains the same in PyTorch and checks the loss (1e-3 against
 # fp32), every gradient (cosine >= 0.999, norm within 1e-2) and the 20-step loss curve (1%).
-# Cases: tiny (the tiny spec, 2K tokens) and l8b (two layers of the Llama-3.1-8B shape, 4K tokens).
-# usage: tests/gpu/hf_check.sh [BUILD_DIR] [CASE...]    (default: build tiny l8b); logs under $OUT (default out/)
+# Cases: tiny (the tiny spec, 2K tokens), qwen3 (the tiny spec as Qwen3: RMSNorm on q and k, tied embeddings,
+# Qwen3's eps and RoPE theta) and l8b (two layers of the Llama-3.1-8B shape, 4K tokens).
+# usage: tests/gpu/hf_check.sh [BUILD_DIR] [CASE...]    (default: build tiny qwen3 l8b); logs under $OUT (default out/)
 set -u
 B=${1:-build}
 shift || true
-CASES=${*:-tiny l8b}
+CASES=${*:-tiny qwen3 l8b}
 out=${OUT:-out}/hf
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache}
@@ -18,8 +19,9 @@ rc=0
 for c in $CASES; do
   case $c in
     tiny) spec=tiny; sets="" ;;
+    qwen3) spec=tiny; sets="model.family=qwen3 model.tie_embeddings=true model.norm_eps=1e-6 model.rope.theta=1000000" ;;
     l8b) spec=llama8b; sets="model.layers=2 train.seq_len=4K parallel.gpus=1 train.lr=3e-4" ;;
-    *) echo "hf_check.sh: unknown case $c (tiny, l8b)"; exit 2 ;;
+    *) echo "hf_check.sh: unknown case $c (tiny, qwen3, l8b)"; exit 2 ;;
   esac
   d=$work/$c
   rm -rf "$d" && mkdir -p "$d"
