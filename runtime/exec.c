@@ -1114,6 +1114,7 @@ static int setup(cp_exec *ex, char *err, int errlen) {
      * plan gives the GPU beyond what is used now (the context, and NCCL's first buffers on a rank) must be free */
     size_t gfree = 0, gtotal = 0;
     CK(cudaMemGetInfo(&gfree, &gtotal), "reading the GPU's free memory");
+    ex->info.mem_total = (int64_t)gtotal;
     int64_t need = ex->nvml ? P->gpu_peak - ex->info.mem_context : P->gpu_arena;
     if (need > (int64_t)gfree) {
         char a[32], b[32], c[32], d[32], e[32];
@@ -1213,9 +1214,11 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     ex->info.total_seconds = cp_now() - t_start;
     if (ex->o.out) {
         char a[32], b[32], c2[32], d[32];
-        fprintf(ex->o.out, "device: %s, %d SMs | memory: CUDA context %s, modules and cuBLASLt %s, arena %s (one "
+        char t[32];
+        fprintf(ex->o.out, "device: %s, %d SMs, %s | memory: CUDA context %s, modules and cuBLASLt %s, arena %s (one "
                            "cudaMalloc of %lld bytes)\n",
-                ex->info.device, ex->info.sms, ex->nvml ? cp_fmt_bytes(ex->info.mem_context, a, sizeof a) : "? (no NVML)",
+                ex->info.device, ex->info.sms, cp_fmt_bytes(ex->info.mem_total, t, sizeof t),
+                ex->nvml ? cp_fmt_bytes(ex->info.mem_context, a, sizeof a) : "? (no NVML)",
                 cp_fmt_bytes(ex->info.mem_modules, b, sizeof b), cp_fmt_bytes(ex->info.mem_arena, c2, sizeof c2),
                 (long long)P->gpu_arena);
         if (ex->npieces)
