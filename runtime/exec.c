@@ -1213,8 +1213,7 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     ex->info.mem_modules = before_mods - cuda_free_now() - ex->info.mem_arena;
     ex->info.total_seconds = cp_now() - t_start;
     if (ex->o.out) {
-        char a[32], b[32], c2[32], d[32];
-        char t[32];
+        char a[32], b[32], c2[32], d[32], t[32];
         fprintf(ex->o.out, "device: %s, %d SMs, %s | memory: CUDA context %s, modules and cuBLASLt %s, arena %s (one "
                            "cudaMalloc of %lld bytes)\n",
                 ex->info.device, ex->info.sms, cp_fmt_bytes(ex->info.mem_total, t, sizeof t),

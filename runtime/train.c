@@ -329,8 +329,8 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                 res->skipped, fmt_time(res->step_seconds, a, sizeof a), cp_fmt_count(res->tokens_per_s, b, sizeof b),
                 res->tflops, 100 * res->mfu, cp_fmt_bytes(res->mem_measured, c, sizeof c),
                 cp_fmt_bytes(res->mem_planned, d, sizeof d));
-        fprintf(out, "host memory: %s measured (resident growth since the executor started), %s planned (arena + runtime); "
-                     "process peak %s measured, %s planned\n", cp_fmt_bytes(res->host_measured, a, sizeof a),
+        fprintf(out, "host memory: %s measured (resident growth since the executor started), %s planned (arena + "
+                     "runtime); process peak %s measured, %s planned\n", cp_fmt_bytes(res->host_measured, a, sizeof a),
                 cp_fmt_bytes(res->host_planned, b, sizeof b), cp_fmt_bytes(cp_proc_status_bytes("VmHWM"), c, sizeof c),
                 cp_fmt_bytes(P->host_peak, d, sizeof d));
     }
