@@ -1118,9 +1118,9 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     int64_t need = ex->nvml ? P->gpu_peak - ex->info.mem_context : P->gpu_arena;
     if (need > (int64_t)gfree) {
         char a[32], b[32], c[32], d[32], e[32];
-        return cp_errf(err, errlen, "GPU %d (%s) has %s free of %s once the CUDA context exists; the plan needs %s more "
-                       "(its peak %s, planned for machine.gpu_mem = %s): plan for this GPU with --gpu-mem %lldM, less "
-                       "what other processes hold, or stop the processes that hold its memory", ex->dev, prop.name,
+        return cp_errf(err, errlen, "GPU %d (%s) has %s free of %s once the CUDA context exists; the plan needs %s "
+                       "more (its peak %s, planned for machine.gpu_mem = %s): plan for this GPU with --gpu-mem %lldM, "
+                       "less what other processes hold, or stop the processes that hold its memory", ex->dev, prop.name,
                        cp_fmt_bytes((int64_t)gfree, a, sizeof a), cp_fmt_bytes((int64_t)gtotal, b, sizeof b),
                        cp_fmt_bytes(need, c, sizeof c), cp_fmt_bytes(P->gpu_peak, d, sizeof d),
                        cp_fmt_bytes(P->spec.machine.gpu_mem, e, sizeof e), (long long)(gtotal >> 20));
@@ -1131,9 +1131,9 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     const char *skip = getenv("CPGEN_BENCH_SKIP_COMM");
     ex->skip_comm = P->C > 1 && skip && !strcmp(skip, "1");
     if (ex->skip_comm && ex->o.out)
-        fprintf(ex->o.out, "CPGEN_BENCH_SKIP_COMM=1: collectives are not run but the step's 8-byte all-reduce, which keeps "
-                           "the ranks in step; losses and weights are meaningless, step times are the step's without "
-                           "communication\n");
+        fprintf(ex->o.out, "CPGEN_BENCH_SKIP_COMM=1: collectives are not run but the step's 8-byte all-reduce, which "
+                           "keeps the ranks in step; losses and weights are meaningless, step times are the step's "
+                           "without communication\n");
     /* pin the host arena on threads while the kernels compile */
     ex->rss_base = cp_proc_status_bytes("VmRSS");
     host_pieces(ex);
@@ -1566,21 +1566,25 @@ static void *progress_thread(void *arg) {
     progress *p = arg;
     cp_exec *ex = p->ex;
     int mb = ex->P->spec.train.micro_batches, seen = -1;
-    double next = p->t0 + PROGRESS_AFTER, total = ex->t_micro * mb + ex->t_optim;
+    double next = p->t0 + PROGRESS_AFTER, total = ex->t_micro * mb + ex->t_optim, t_seen = p->t0;
     (void)cudaSetDevice(ex->dev);
     while (!atomic_load(&p->done)) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
-        int rec = atomic_load(&p->recorded);
+        int rec = atomic_load(&p->recorded), before = seen;
         while (seen + 1 < rec && cudaEventQuery(ex->marker_ev[seen + 1]) == cudaSuccess) seen++;
         double now = cp_now();
+        if (seen != before) t_seen = now;
         if (now < next || seen < 0) continue;
         next = now + 5.0;
         int m = seen % ex->nmarkers, b = seen / ex->nmarkers;
         double frac = total > 0 ? (b * ex->t_micro + ex->markers[m].before) / total : 0;
         double el = now - p->t0;
         char eta[48] = "", mbs[48] = "";
-        if (frac > 0.02) snprintf(eta, sizeof eta, " | ETA %.0f s", el * (1 - frac) / frac);
+        /* the rate is the one up to the last marker reached; time since then is already spent on what remains, so the
+         * estimate does not grow while a long layer runs */
+        double left = (t_seen - p->t0) * (1 - frac) / frac - (now - t_seen);
+        if (frac > 0.02) snprintf(eta, sizeof eta, " | ETA %.0f s", CP_MAX(0.0, left));
         if (mb > 1) snprintf(mbs, sizeof mbs, " | micro-batch %d of %d", b + 1, mb);
         fprintf(stderr, "  %s | %s%s | %.0f s elapsed, ~%.0f%% of the predicted work done%s\n", p->label,
                 ex->markers[m].label, mbs, el, 100 * frac, eta);
