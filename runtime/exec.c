@@ -1583,8 +1583,9 @@ static void *progress_thread(void *arg) {
         char eta[48] = "", mbs[48] = "";
         /* the rate is the one up to the last marker reached; time since then is already spent on what remains, so the
          * estimate does not grow while a long layer runs */
-        double left = (t_seen - p->t0) * (1 - frac) / frac - (now - t_seen);
-        if (frac > 0.02) snprintf(eta, sizeof eta, " | ETA %.0f s", CP_MAX(0.0, left));
+        if (frac > 0.02)
+            snprintf(eta, sizeof eta, " | ETA %.0f s",
+                     CP_MAX(0.0, (t_seen - p->t0) * (1 - frac) / frac - (now - t_seen)));
         if (mb > 1) snprintf(mbs, sizeof mbs, " | micro-batch %d of %d", b + 1, mb);
         fprintf(stderr, "  %s | %s%s | %.0f s elapsed, ~%.0f%% of the predicted work done%s\n", p->label,
                 ex->markers[m].label, mbs, el, 100 * frac, eta);
