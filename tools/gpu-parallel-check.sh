@@ -40,6 +40,19 @@ run() { # name timeout command...
   note "$(printf '%-22s rc=%-3d %5d s' "$name" "$?" $(($(date +%s) - t0)))"
 }
 done_line() { grep -E "^done:" "$out/$1.log" | sed 's/^done: //'; }
+# upipe_vs_ulysses SEQ LAYERS: the 3B shape with UPipe stages of N heads and of all 24, the plan's attention working
+# set beside one step's measured peak
+upipe_vs_ulysses() {
+  local u sets
+  for u in "$N" 24; do
+    sets=(--seq "$1" --set model.layers="$2" --set parallel.upipe_heads=$u)
+    "$B/cpgen" plan llama3b --gpus "$N" "${sets[@]}" | grep -E "attention working set" | sed "s/^/  plan U=$u: /" |
+      tee -a "$sum"
+    run "l3b_$1_$2l_u$u" 300 "$B/cpgen" run llama3b --gpus "$N" "${sets[@]}" --set train.steps=1 \
+      --set train.warmup=0 --set "train.out_dir=$out/runs/l3b_$1_$2l_u$u"
+    note "  3B $1, $2 layers, U=$u: $(done_line "l3b_$1_$2l_u$u")"
+  done
+}
 
 want grads && CPGEN_TEST_GPUS=$N OUT=$out run test_parallel 400 "$B/tests/gpu/test_parallel"
 
@@ -110,13 +123,7 @@ if want mem; then
     note "  3B $s on $N GPUs, $layers layers: $(done_line "l3b_mem_$s") | 28 layers by the plan: $("$B/cpgen" plan \
       llama3b --gpus "$N" --seq "$s" | grep -E '^  peak' | head -1 | tr -s ' ')"
   done
-  for u in "$N" 24; do
-    "$B/cpgen" plan llama3b --gpus "$N" --seq 128K --set parallel.upipe_heads=$u | grep -E "attention working set" |
-      sed "s/^/  plan U=$u: /" | tee -a "$sum"
-    run "l3b_u$u" 300 "$B/cpgen" run llama3b --gpus "$N" --seq 128K --set parallel.upipe_heads=$u \
-      --set train.steps=1 --set train.warmup=0 --set "train.out_dir=$out/runs/l3b_u$u"
-    note "  3B 128K U=$u: $(done_line "l3b_u$u")"
-  done
+  upipe_vs_ulysses 128K 28
 fi
 
 if want speed; then
@@ -159,16 +166,7 @@ print(f"{sys.argv[3]} 128K: step {t[0]:.2f} s with communication, {t[1]:.2f} s w
 PY
   done
 fi
-if want ws; then
-  for u in "$N" 24; do
-    sets=(--seq 512K --set model.layers=2 --set parallel.upipe_heads=$u)
-    "$B/cpgen" plan llama3b --gpus "$N" "${sets[@]}" | grep -E "attention working set" | sed "s/^/  plan U=$u: /" |
-      tee -a "$sum"
-    run "l3b_512k_2l_u$u" 300 "$B/cpgen" run llama3b --gpus "$N" "${sets[@]}" --set train.steps=1 \
-      --set train.warmup=0 --set "train.out_dir=$out/runs/l3b_512k_u$u"
-    note "  3B 512K 2 layers U=$u: $(done_line "l3b_512k_2l_u$u")"
-  done
-fi
+want ws && upipe_vs_ulysses 512K 2
 if want mem512; then
   run l3b_512k_full 560 "$B/cpgen" run llama3b --gpus "$N" --seq 512K --set train.steps=1 --set train.warmup=0 \
     --set "train.out_dir=$out/runs/l3b_512k_full"
