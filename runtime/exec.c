@@ -31,6 +31,7 @@
 #include "kernels.h"
 #include "kernels_attn.h"
 #include "module.h"
+#include "profile.h"
 #include "util.h"
 #include "weights.h"
 
@@ -112,12 +113,14 @@ struct cp_exec {
     int32_t *sort_count; /* [vocab + 1]: the counting sort of the tokens */
     float *host_scalars; /* pinned: loss_sum[0..1] read back once per step */
     float *loss_sum;    /* device */
-    /* host optimizer */
     /* memory measurement */
     bool nvml;
     int64_t base_free_nvml, ctx_free_nvml, ctx_free_cuda;
     int64_t rss_base; /* resident host bytes before the host arena was pinned */
     bool skip_comm;   /* CPGEN_BENCH_SKIP_COMM=1: collectives not issued, to time the step without them */
+    cp_profile *prof; /* CPGEN_PROFILE=N: step N (counted from 1 in this executor) timed step by step */
+    int prof_step, steps_run;
+    bool profiling;   /* the step running now is the one profiled */
     /* progress */
     int nmarkers;
     marker *markers;
@@ -1134,6 +1137,15 @@ static int setup(cp_exec *ex, char *err, int errlen) {
         fprintf(ex->o.out, "CPGEN_BENCH_SKIP_COMM=1: collectives are not run but the step's 8-byte all-reduce, which "
                            "keeps the ranks in step; losses and weights are meaningless, step times are the step's "
                            "without communication\n");
+    const char *prof = getenv("CPGEN_PROFILE");
+    if (prof && *prof) {
+        char *end;
+        long n = strtol(prof, &end, 10);
+        if (*end || n < 1 || n > INT32_MAX)
+            return cp_errf(err, errlen, "CPGEN_PROFILE=%s: give the number of the step to time, 1 or more", prof);
+        ex->prof_step = (int)n;
+        if (!(ex->prof = cp_profile_create(P, err, errlen))) return -1;
+    }
     /* pin the host arena on threads while the kernels compile */
     ex->rss_base = cp_proc_status_bytes("VmRSS");
     host_pieces(ex);
@@ -1260,6 +1272,7 @@ void cp_exec_destroy(cp_exec *ex) {
     cp_gemm_lib_destroy(ex->gemm);
     for (int i = 0; i < ex->nevents && ex->events; i++) (void)cudaEventDestroy(ex->events[i]);
     for (int i = 0; i < ex->nmarker_ev; i++) (void)cudaEventDestroy(ex->marker_ev[i]);
+    cp_profile_free(ex->prof);
     for (int s = 0; s < CP_STREAM_COUNT; s++) {
         if (ex->streams[s]) (void)cudaStreamDestroy(ex->streams[s]);
         if (ex->join_ev[s]) (void)cudaEventDestroy(ex->join_ev[s]);
@@ -1616,6 +1629,8 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
         if (e == cudaSuccess) atomic_fetch_add(&pr->recorded, 1);
     }
     for (int w = 0; w < x->nwait && e == cudaSuccess; w++) e = cudaStreamWaitEvent(st, ex->events[ex->waits[x->wait0 + w]], 0);
+    bool timed = ex->profiling && mb == 0;
+    if (timed && e == cudaSuccess) e = cp_profile_begin(ex->prof, i, st);
     if (e == cudaSuccess) switch (x->kind) {
         case X_KERNEL:
             for (int k = 0; k < x->nl && e == cudaSuccess; k++) e = cp_launch(x->L[k].k, &x->L[k].d, (void **)x->L[k].args, st);
@@ -1656,6 +1671,7 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
         }
         default: break;
         }
+    if (timed && e == cudaSuccess) e = cp_profile_end(ex->prof, i, st);
     if (e == cudaSuccess && x->event >= 0) e = cudaEventRecord(ex->events[x->event], st);
     if (e != cudaSuccess) {
         snprintf(what, sizeof what, "%s", step_desc(ex->P, i, d, sizeof d));
@@ -1772,6 +1788,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     ex->sc.wd = (float)hp->weight_decay;
     cudaStream_t cs = ex->streams[CP_STREAM_COMPUTE];
     CK(cudaMemsetAsync(ex->loss_sum, 0, CP_SCALARS_BYTES, cs), "zeroing the loss");
+    ex->profiling = ex->prof && ++ex->steps_run == ex->prof_step;
 
     double expect = ex->last_seconds > 0 ? ex->last_seconds : P->t_step * 3;
     progress pr = {.ex = ex, .label = label ? label : "step", .t0 = t0};
@@ -1819,6 +1836,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     r->mem_used = cp_exec_mem_used(ex);
     r->host_used = cp_exec_host_used(ex);
     ex->last_seconds = r->seconds;
+    if (ex->profiling && ex->o.out) return cp_profile_report(ex->prof, r->seconds, mb, ex->o.out, err, errlen);
     return 0;
 }
 
