@@ -1141,10 +1141,10 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     if (prof && *prof) {
         char *end;
         long n = strtol(prof, &end, 10);
-        if (*end || n < 1 || n > INT32_MAX)
-            return cp_errf(err, errlen, "CPGEN_PROFILE=%s: give the number of the step to time, 1 or more", prof);
+        if (*end || n < 0 || n > INT32_MAX)
+            return cp_errf(err, errlen, "CPGEN_PROFILE=%s: give the number of the step to time (0: none)", prof);
         ex->prof_step = (int)n;
-        if (!(ex->prof = cp_profile_create(P, err, errlen))) return -1;
+        if (n > 0 && !(ex->prof = cp_profile_create(P, err, errlen))) return -1;
     }
     /* pin the host arena on threads while the kernels compile */
     ex->rss_base = cp_proc_status_bytes("VmRSS");

@@ -13,7 +13,8 @@
 #      and the 8B shape at 128K.
 #   5. (fault) two ranks under launcher variables, rank 1 killed mid-run: rank 0 stops by itself, saying why.
 #   6. (comm) communication not hidden behind compute: the 3B 128K step and the 8B 128K step with their collectives
-#      and without them (CPGEN_BENCH_SKIP_COMM=1), the difference of their second steps.
+#      and without them (CPGEN_BENCH_SKIP_COMM=1), the difference of their second steps; and the 3B step's profile
+#      (CPGEN_PROFILE): measured time per kind of step and per stream beside the cost model's.
 #   7. (ws) the attention working set of UPipe (U = N) against Ulysses (U = 24) where it is live at the peak: the 3B
 #      shape at 512K as 2 layers, one step each, measured peaks beside the plan's; (mem512) the full-depth 512K step.
 #   8. (longest) the plan's longest length on N GPUs for the 3B and 8B shapes (LONGEST_SPECS, default both; HOST_MEM,
@@ -155,12 +156,16 @@ fi
 if want comm; then
   for spec in llama3b llama8b; do
     for skip in 0 1; do
-      CPGEN_BENCH_SKIP_COMM=$skip run "${spec}_comm_$skip" 300 "$B/cpgen" run "$spec" --gpus "$N" --seq 128K \
-        --set train.steps=2 --set train.warmup=1 --set "train.out_dir=$out/runs/${spec}_comm_$skip"
+      # the 3B run with communication times a third step plan step by plan step (CPGEN_PROFILE): where it goes
+      steps=$([ $spec = llama3b ] && [ $skip = 0 ] && echo 3 || echo 2)
+      CPGEN_PROFILE=$((steps == 3 ? 3 : 0)) CPGEN_BENCH_SKIP_COMM=$skip run "${spec}_comm_$skip" 300 "$B/cpgen" run \
+        "$spec" --gpus "$N" --seq 128K --set train.steps=$steps --set train.warmup=1 \
+        --set "train.out_dir=$out/runs/${spec}_comm_$skip"
     done
+    sed -n '/^profile of the step/,/^step /p' "$out/${spec}_comm_0.log" | head -34 | tee -a "$sum"
     python3 - "$out/runs/${spec}_comm_0/metrics.jsonl" "$out/runs/${spec}_comm_1/metrics.jsonl" "$spec" <<'PY' | tee -a "$sum"
-import json, statistics, sys
-t = [statistics.median(json.loads(l)["seconds"] for l in list(open(f))[1:]) for f in sys.argv[1:3]]
+import json, sys
+t = [json.loads(list(open(f))[1])["seconds"] for f in sys.argv[1:3]]  # the second step of each
 print(f"{sys.argv[3]} 128K: step {t[0]:.2f} s with communication, {t[1]:.2f} s without: "
       f"{t[0] - t[1]:.2f} s ({100 * (t[0] - t[1]) / t[0]:.1f}%) not hidden")
 PY
