@@ -56,11 +56,10 @@ if want speed; then
   done
 fi
 if want longest; then
-  max=$(plan --max-seq 2>/dev/null | sed -n 's/.*(\([0-9]*\)).*/\1/p' | head -1)
-  note "== $G GPUs: the plan fits $max tokens; 32 layers: $(plan --seq "$max" | grep -E '^  peak|^predicted step' |
-    tr -s ' ' | tr '\n' ' ')"
-  mapfile -t keep < <(plan --seq "$max" --json | tools/plan_sets.py 2)
-  [ -n "$max" ] && run "longest_2l_$max" 590 --seq "$max" --set train.steps=1 --set train.warmup=0 "${keep[@]}"
+  note "== $G GPUs: the longest"
+  OUT=$out GPUS=$G HOST_MEM=$HOST SPECS=llama8b LAYERS=2 PARTS=longest tools/gpu-memory-check.sh "$B" \
+    >"$out/longest.log" 2>&1
+  tee -a "$sum" <"$out/memory-check/summary.txt"
 fi
 if want comm; then
   n=$(tokens 1048576)

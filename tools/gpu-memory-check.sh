@@ -1,43 +1,52 @@
 #!/usr/bin/env bash
-# gpu-memory-check.sh: on one GPU, with a build tree made elsewhere: how long a sequence fits, measured.
+# gpu-memory-check.sh: on one GPU (or GPUS), with a build tree made elsewhere: how long a sequence fits, measured.
 #   noffload  the 3B shape at the longest length the plan fits with nothing in host memory (checkpoints and
 #             optimizer on the GPU), as a 2-layer model at full length keeping the full plan's choices: peak GPU
 #             memory against the plan
 #   overhead  the 3B shape at 128K and 256K with checkpoints on the GPU and with all of them on the host (one step
 #             each): the step time offload adds
-#   longest   the 3B and 8B shapes at the longest length the plan fits with the defaults, as 2-layer models at
-#             full length keeping the full plan's choices: peak GPU and host memory against the plan
-# usage: [PARTS="noffload overhead longest"] tools/gpu-memory-check.sh [BUILD_DIR]; logs under $OUT.
+#   longest   the SPECS (default the 3B and 8B shapes) at the longest length the plan fits GPUS GPUs and HOST_MEM of
+#             host memory (default 1 and 128 GiB a GPU), as LAYERS-layer models (default 2) at full length keeping
+#             the full plan's choices: peak GPU and host memory against the plan, beside the full depth's plan
+# usage: [PARTS="noffload overhead longest"] [GPUS=1] [HOST_MEM=128G] [SPECS="llama3b llama8b"] [LAYERS=2]
+#   tools/gpu-memory-check.sh [BUILD_DIR]; logs under $OUT. On 2 H200s one step of the 3B shape's longest (2840K)
+#   takes about 400 s as 1 layer, of the 8B shape's (1754K with 256 GiB) about 460 s as 2.
 set -u
 B=${1:-build}
 out=${OUT:-out}/memory-check
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache}
 PARTS=${PARTS:-noffload overhead longest}
+G=${GPUS:-1}
+HOST=${HOST_MEM:-$((128 * G))G}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 sum="$out/summary.txt"
 : >"$sum"
 note() { echo "$*" | tee -a "$sum"; }
+plan() { "$B/cpgen" plan "$@" --gpus "$G" --host-mem "$HOST"; }
 # longest SPEC SETS...: the plan's longest sequence in tokens
-longest() { "$B/cpgen" plan "$@" --gpus 1 --max-seq 2>/dev/null | sed -n 's/.*(\([0-9]*\)).*/\1/p' | head -1; }
+longest() { plan "$@" --max-seq 2>/dev/null | sed -n 's/.*(\([0-9]*\)).*/\1/p' | head -1; }
 run() { # name timeout args...
   local name=$1 t=$2; shift 2
   local t0=$(date +%s)
-  timeout "$t" "$B/cpgen" run "$@" --gpus 1 --set "train.out_dir=$out/runs/$name" >"$out/$name.log" 2>&1
+  timeout "$t" "$B/cpgen" run "$@" --gpus "$G" --host-mem "$HOST" --set "train.out_dir=$out/runs/$name" \
+    >"$out/$name.log" 2>&1
   local rc=$?
   note "$(printf '%-22s rc=%-3d %5d s  ' "$name" "$rc" $(($(date +%s) - t0)))$(grep -E '^done:|^host memory:' \
     "$out/$name.log" | sed 's/^done: //' | tr '\n' ' ')"
 }
-# proof SPEC NAME SETS...: the plan's longest with SETS, then one step of its 2-layer model at that length
+# proof SPEC NAME SETS...: the plan's longest with SETS, then one step of its LAYERS-layer model at that length
 proof() {
-  local spec=$1 name=$2
+  local spec=$1 name=$2 layers=${LAYERS:-2}
   shift 2
   local n
   n=$(longest "$spec" "$@")
   [ -n "$n" ] || { note "$name: nothing fits"; return; }
-  mapfile -t keep < <("$B/cpgen" plan "$spec" --gpus 1 --seq "$n" "$@" --json | tools/plan_sets.py 2)
-  note "$name: the plan fits $n tokens on one GPU; as 2 layers: ${keep[*]}"
-  run "${name}_2l_$n" 560 "$spec" --seq "$n" --set train.steps=1 --set train.warmup=0 "$@" "${keep[@]}"
+  mapfile -t keep < <(plan "$spec" --seq "$n" "$@" --json | tools/plan_sets.py "$layers")
+  note "$name: the plan fits $n tokens on $G GPU(s) with $HOST of host memory; full depth: $(plan "$spec" --seq "$n" \
+    "$@" | grep -E '^  peak|^predicted step' | tr -s ' ' | tr '\n' ' ')"
+  note "  as $layers layer(s): ${keep[*]}"
+  run "${name}_${layers}l_$n" 590 "$spec" --seq "$n" --set train.steps=1 --set train.warmup=0 "$@" "${keep[@]}"
 }
 want noffload && proof llama3b l3b_noffload --set parallel.offload=none --set parallel.optimizer=gpu
 if want overhead; then
@@ -48,8 +57,7 @@ if want overhead; then
   done
 fi
 if want longest; then
-  proof llama3b llama3b
-  proof llama8b llama8b
+  for spec in ${SPECS:-llama3b llama8b}; do proof "$spec" "$spec"; done
 fi
 echo
 cat "$sum"

@@ -17,19 +17,16 @@
 #      (CPGEN_PROFILE): measured time per kind of step and per stream beside the cost model's.
 #   7. (ws) the attention working set of UPipe (U = N) against Ulysses (U = 24) where it is live at the peak: the 3B
 #      shape at 512K as 2 layers, one step each, measured peaks beside the plan's; (mem512) the full-depth 512K step.
-#   8. (longest) the plan's longest length on N GPUs for the 3B and 8B shapes (LONGEST_SPECS, default both; HOST_MEM,
-#      default 128 GiB per GPU), proven by one step of a truncated model keeping the full plan's choices (LAYERS_3B,
-#      LAYERS_8B layers: 1 and 2 keep each step under 8 minutes on 2 H200s), beside the plan's arithmetic for the
-#      full depth.
-# usage: [GPUS=2] [PARTS="grads curve resume hf fault mem speed comm ws mem512 longest"] [HOST_MEM=256G]
-#   tools/gpu-parallel-check.sh [BUILD_DIR]; logs under $OUT.
+# The longest lengths on N GPUs: `GPUS=N PARTS=longest tools/gpu-memory-check.sh`.
+# usage: [GPUS=2] [PARTS="grads curve resume hf fault mem speed comm ws mem512"] tools/gpu-parallel-check.sh
+#   [BUILD_DIR]; logs under $OUT.
 set -u
 B=${1:-build}
 N=${GPUS:-2}
 out=${OUT:-out}/parallel-check
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
-PARTS=${PARTS:-grads curve resume hf fault mem speed comm ws mem512 longest}
+PARTS=${PARTS:-grads curve resume hf fault mem speed comm ws mem512}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 sum="$out/summary.txt"
 : >"$sum"
@@ -176,22 +173,6 @@ if want mem512; then
   run l3b_512k_full 560 "$B/cpgen" run llama3b --gpus "$N" --seq 512K --set train.steps=1 --set train.warmup=0 \
     --set "train.out_dir=$out/runs/l3b_512k_full"
   note "  3B 512K on $N GPUs, 28 layers: $(done_line l3b_512k_full)"
-fi
-if want longest; then
-  host=${HOST_MEM:-$((128 * N))G}
-  for spec in ${LONGEST_SPECS:-llama3b llama8b}; do
-    layers=$([ $spec = llama3b ] && echo "${LAYERS_3B:-1}" || echo "${LAYERS_8B:-2}")
-    n=$("$B/cpgen" plan $spec --gpus "$N" --host-mem "$host" --max-seq 2>/dev/null | sed -n 's/.*(\([0-9]*\)).*/\1/p')
-    [ -n "$n" ] || { note "$spec: nothing fits $N GPUs"; continue; }
-    mapfile -t keep < <("$B/cpgen" plan $spec --gpus "$N" --host-mem "$host" --seq "$n" --json |
-      tools/plan_sets.py "$layers")
-    note "$spec: the plan fits $n tokens on $N GPUs with $host of host memory; full depth: $("$B/cpgen" plan $spec \
-      --gpus "$N" --host-mem "$host" --seq "$n" | grep -E '^  peak|^predicted step' | tr -s ' ' | tr '\n' ' ')"
-    run "${spec}_longest_${layers}l" 590 "$B/cpgen" run $spec --gpus "$N" --host-mem "$host" --seq "$n" \
-      --set train.steps=1 --set train.warmup=0 "${keep[@]}" --set "train.out_dir=$out/runs/${spec}_longest"
-    note "  as $layers layer(s) (${keep[*]}): $(grep -E '^done:|^host memory:' "$out/${spec}_longest_${layers}l.log" |
-      sed 's/^done: //' | tr '\n' ' ')"
-  done
 fi
 echo
 cat "$sum"
