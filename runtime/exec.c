@@ -1141,18 +1141,16 @@ static int setup(cp_exec *ex, char *err, int errlen) {
         return cp_errf(err, errlen, "%s", ex->o.arch);
     /* a plan made for more memory than this GPU has is refused here, before any host memory is pinned: what the
      * plan gives the GPU beyond what is used now (the context, and NCCL's first buffers on a rank) must be free */
-    size_t gfree = 0, gtotal = 0;
-    CK(cudaMemGetInfo(&gfree, &gtotal), "reading the GPU's free memory");
-    ex->info.mem_total = (int64_t)gtotal;
-    int64_t need = ex->nvml ? P->gpu_peak - ex->info.mem_context : P->gpu_arena;
-    if (need > (int64_t)gfree) {
+    ex->info.mem_total = (int64_t)prop.totalGlobalMem;
+    int64_t need = ex->nvml ? P->gpu_peak - ex->info.mem_context : P->gpu_arena, gfree = ex->ctx_free_cuda;
+    if (gfree >= 0 && need > gfree) {
         char a[32], b[32], c[32], d[32], e[32];
         return cp_errf(err, errlen, "GPU %d (%s) has %s free of %s once the CUDA context exists; the plan needs %s "
                        "more (its peak %s, planned for machine.gpu_mem = %s): plan for this GPU with --gpu-mem %lldM, "
                        "less what other processes hold, or stop the processes that hold its memory", ex->dev, prop.name,
-                       cp_fmt_bytes((int64_t)gfree, a, sizeof a), cp_fmt_bytes((int64_t)gtotal, b, sizeof b),
+                       cp_fmt_bytes(gfree, a, sizeof a), cp_fmt_bytes(ex->info.mem_total, b, sizeof b),
                        cp_fmt_bytes(need, c, sizeof c), cp_fmt_bytes(P->gpu_peak, d, sizeof d),
-                       cp_fmt_bytes(P->spec.machine.gpu_mem, e, sizeof e), (long long)(gtotal >> 20));
+                       cp_fmt_bytes(P->spec.machine.gpu_mem, e, sizeof e), (long long)(ex->info.mem_total >> 20));
     }
 
     /* a measurement of communication's exposed time: the step without its collectives (wrong numbers, same work

@@ -50,7 +50,7 @@ typedef struct {
     double compile_seconds, pin_seconds, total_seconds;
     int64_t host_pinned;          /* bytes pinned (the host arena's pieces) */
     int pin_pieces;
-    int64_t mem_total;            /* the GPU's memory as cudaMemGetInfo reports it */
+    int64_t mem_total;            /* the GPU's memory (cudaDeviceProp.totalGlobalMem) */
     int64_t mem_context;          /* CUDA context (from NVML; 0 when NVML is not available) */
     int64_t mem_modules;          /* kernel modules and the cuBLASLt handle */
     int64_t mem_arena;            /* the arena's cudaMalloc as the driver saw it */
