@@ -18,8 +18,8 @@
 #   7. (ws) the attention working set of UPipe (U = N) against Ulysses (U = 24) where it is live at the peak: the 3B
 #      shape at 512K as 2 layers, one step each, measured peaks beside the plan's; (mem512) the full-depth 512K step.
 # The longest lengths on N GPUs: `GPUS=N PARTS=longest tools/gpu-memory-check.sh`.
-# usage: [GPUS=2] [PARTS="grads curve resume hf fault mem speed comm ws mem512"] tools/gpu-parallel-check.sh
-#   [BUILD_DIR]; logs under $OUT.
+# usage: [GPUS=2] [PARTS="grads curve resume hf fault mem speed comm ws mem512"] [COMM_SPECS="llama3b llama8b"]
+#   tools/gpu-parallel-check.sh [BUILD_DIR]; logs under $OUT.
 set -u
 B=${1:-build}
 N=${GPUS:-2}
@@ -151,7 +151,7 @@ if want fault; then
 fi
 
 if want comm; then
-  for spec in llama3b llama8b; do
+  for spec in ${COMM_SPECS:-llama3b llama8b}; do
     for skip in 0 1; do
       # the 3B run with communication times a third step plan step by plan step (CPGEN_PROFILE): where it goes
       steps=$([ $spec = llama3b ] && [ $skip = 0 ] && echo 3 || echo 2)
