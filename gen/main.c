@@ -31,7 +31,7 @@ static void usage(FILE *out) {
             "  --set KEY=VALUE   override any spec key, e.g. --set train.seq_len=1M --set parallel.gpus=8\n"
             "  --gpus N          same as --set parallel.gpus=N\n"
             "  --seq LEN         same as --set train.seq_len=LEN\n"
-            "  --gpu-mem SIZE    GPU memory to plan for (default 140G, an H200); --set machine.gpu_mem=SIZE\n"
+            "  --gpu-mem SIZE    GPU memory to plan for (default 143150M, an H200); --set machine.gpu_mem=SIZE\n"
             "  --host-mem SIZE   host memory to plan for (default 128G); --set machine.host_mem=SIZE\n"
             "  --resume DIR      (run) continue from a training checkpoint (weights, AdamW state, step, data\n"
             "                    position): DIR is a ckpt_<step> folder, or an out_dir whose `latest` file names\n"

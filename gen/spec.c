@@ -1123,8 +1123,9 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
 
     cp_machine *m = &s->machine;
     TRY(section(c, top, "machine", false, "", &t));
-    /* One H200 as cudaMemGetInfo reports it (about 140 GiB) on a host with 128 GiB; ceilings measured there. */
-    m->gpu_mem = 140 * GIB;
+    /* One H200 on a host with 128 GiB; ceilings measured there. The GPU's memory is the runtime's total, 143,155.9
+     * MiB (nvidia-smi's 143,771 MiB counts memory the driver keeps); a plan made for 140 GiB would not get it. */
+    m->gpu_mem = 143150 * MIB;
     m->host_mem = 128 * GIB;
     m->reserve = 560 * MIB; /* measured on an H200: CUDA context 524 MiB, modules and cuBLASLt 8 MiB */
     m->comm_reserve = 1280 * MIB; /* measured on 2 H200s: 388 MiB at NCCL's init, 0.87 GiB more at first use */

@@ -232,7 +232,7 @@ static void test_defaults(void **state) {
     assert_string_equal(spec.data.source, "synthetic:recall");
     assert_int_equal(spec.init.from, CP_INIT_RANDOM);
     assert_true(spec.init.std == 0.02);
-    assert_int_equal(spec.machine.gpu_mem, 140LL << 30);
+    assert_int_equal(spec.machine.gpu_mem, 143150LL << 20);
     assert_int_equal(spec.machine.host_mem, 128LL << 30);
     assert_int_equal(spec.machine.reserve, 560LL << 20);
     assert_int_equal(spec.machine.host_runtime, 320LL << 20);

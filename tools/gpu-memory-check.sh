@@ -9,8 +9,8 @@
 #             host memory (default 1 and 128 GiB a GPU), as LAYERS-layer models (default 2) at full length keeping
 #             the full plan's choices: peak GPU and host memory against the plan, beside the full depth's plan
 # usage: [PARTS="noffload overhead longest"] [GPUS=1] [HOST_MEM=128G] [SPECS="llama3b llama8b"] [LAYERS=2]
-#   tools/gpu-memory-check.sh [BUILD_DIR]; logs under $OUT. On 2 H200s one step of the 3B shape's longest (2840K)
-#   takes about 400 s as 1 layer, of the 8B shape's (1754K with 256 GiB) about 460 s as 2.
+#   tools/gpu-memory-check.sh [BUILD_DIR]; logs under $OUT. On 2 H200s one step of the 3B shape's longest (2836K)
+#   takes about 390 s as 1 layer, of the 8B shape's (1752K with 256 GiB) about 455 s as 2.
 set -u
 B=${1:-build}
 out=${OUT:-out}/memory-check
