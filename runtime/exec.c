@@ -1199,9 +1199,9 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     for (int s = 0; s < CP_STREAM_COUNT; s++) {
         CK(cudaStreamCreateWithFlags(&ex->streams[s], cudaStreamNonBlocking), "creating a stream");
         CK(cudaEventCreateWithFlags(&ex->join_ev[s], cudaEventDisableTiming), "creating an event");
+    }
     for (int d = 0; d < 2; d++)
         for (int k = 0; k < 2; k++) CK(cudaEventCreateWithFlags(&ex->ring_ev[d][k], cudaEventDisableTiming), "creating an event");
-    }
     int64_t f0 = cuda_free_now();
     cudaError_t e = cudaMalloc((void **)&ex->gpu, (size_t)(P->gpu_arena ? P->gpu_arena : 1));
     if (e != cudaSuccess) {
