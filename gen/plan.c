@@ -1248,6 +1248,9 @@ int64_t cp_plan_reserve(const cp_plan *P) {
     return mc->reserve + (P->C > 1 ? mc->comm_reserve : 0);
 }
 
+/* The ranks that share one node's host memory: the plan's GPUs, up to the 8 of a node. */
+int cp_plan_node_ranks(const cp_plan *P) { return CP_MIN(P->C, 8); }
+
 /* Fill fits/why from the arenas against the machine. */
 static void judge(cp_plan *P) {
     const cp_machine *mc = &P->spec.machine;
@@ -1260,7 +1263,7 @@ static void judge(cp_plan *P) {
     P->host_load = (int64_t)sizeof(float) * (P->C == 1 ? model : unit_max + P->params_shard);
     P->host_peak = P->host_arena + P->host_load + mc->host_reserve;
     P->host_run = P->host_arena + mc->host_runtime;
-    int ranks = CP_MIN(P->C, 8); /* every rank of a node holds its own */
+    int ranks = cp_plan_node_ranks(P); /* every rank of a node holds its own */
     P->fits = true;
     P->why[0] = 0;
     if (P->gpu_peak > mc->gpu_mem) {

@@ -182,6 +182,7 @@ void cp_layer_layout_of(const cp_model *m, int C, cp_layer_layout *L);
 int cp_plan_build(const cp_spec *spec, cp_plan *plan, char *err, int errlen);
 void cp_plan_free(cp_plan *plan);
 int64_t cp_plan_reserve(const cp_plan *plan); /* per-GPU bytes outside the arena */
+int cp_plan_node_ranks(const cp_plan *plan);  /* ranks sharing a node's host memory */
 
 /* The largest seq_len (a multiple of the required granularity) whose plan fits the spec's machine; 0 if none. */
 int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errlen);

@@ -121,7 +121,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             "reserve: driver, libraries, buffers", cp_fmt_bytes(mc->host_reserve, a, sizeof a),
             cp_fmt_bytes(mc->host_runtime, b, sizeof b));
     fprintf(out, "  %-40s %14s   x %d GPUs of a node = %s of %s\n", "peak", cp_fmt_bytes(P->host_peak, a, sizeof a),
-            CP_MIN(P->C, 8), cp_fmt_bytes(P->host_peak * CP_MIN(P->C, 8), b, sizeof b),
+            cp_plan_node_ranks(P), cp_fmt_bytes(P->host_peak * cp_plan_node_ranks(P), b, sizeof b),
             cp_fmt_bytes(mc->host_mem, c, sizeof c));
 
     double flops = P->flops_attn + P->flops_other;

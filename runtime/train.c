@@ -365,7 +365,7 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     if (o->resume && cp_ckpt_open(P, o->resume, &ck, err, errlen)) return -1;
     if (o->resume && P->C > 1) {
         /* a rank resuming reads the whole fp32 model, not one unit beside its shard as the plan counted */
-        int ranks = CP_MIN(P->C, 8);
+        int ranks = cp_plan_node_ranks(P);
         int64_t load = (int64_t)sizeof(float) * (cp_weights_elems(P) + P->params_shard);
         int64_t need = (P->host_peak - P->host_load + load) * ranks;
         if (need > P->spec.machine.host_mem) {
