@@ -1280,7 +1280,6 @@ static void judge(cp_plan *P) {
     }
 }
 
-/* One stage size U: the plan, with the fewest offloaded checkpoints that fit when offload is auto. */
 /* The plan of choice x of a search (offloaded layers, checkpoint spacing, stage size), judged. */
 typedef int (*plan_at)(const void *ctx, int x, cp_plan *out, char *err, int errlen);
 
@@ -1314,6 +1313,8 @@ static int plan_offloaded(const void *ctx, int x, cp_plan *out, char *err, int e
     return 0;
 }
 
+/* One stage size and checkpoint spacing k: the plan, with the fewest offloaded checkpoints that fit when offload
+ * is auto. */
 static int build_k(const cp_spec *spec, cp_plan *P, int k, char *err, int errlen) {
     int L = (int)spec->model.layers;
     int host = spec->parallel.offload == CP_OFFLOAD_ALL ? L : 0;
