@@ -60,11 +60,63 @@ void cp_entry_name(const char *family, const char *module_name, const char *role
     snprintf(out, CP_KNAME_MAX, "%s_%s%s", family, role, suffix);
 }
 
+static int emit_expanded(const char *family, const char *tmpl, const cp_kernel_spec *k, cp_module_src *out, char *err,
+                         int errlen);
+
 static bool is_key_char(char c) { return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
 
-int cp_emit_text(const char *family, const char *tmpl, const cp_kernel_spec *k, cp_module_src *out, char *err,
+/* A line `#include "NAME.cuh"` of a template is replaced by the embedded templates/NAME.cuh (one level deep), so an
+ * emitted module stays one self-contained source: the JIT cache key and the kept .cu cover everything compiled.
+ * Other includes (<cuda_bf16.h>) stay for NVRTC. Returns the expanded text (owned), or NULL with a message. */
+static char *expand_includes(const char *family, const char *tmpl, char *err, int errlen) {
+    cp_str s = {0};
+    const char *p = tmpl;
+    int line = 1;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p + 1) : strlen(p);
+        const char *q = p;
+        while (*q == ' ') q++;
+        char name[96];
+        if (strncmp(q, "#include \"", 10) == 0) {
+            const char *e = strchr(q + 10, '"');
+            size_t n = e ? (size_t)(e - (q + 10)) : 0;
+            if (e && n > 4 && n < 64 && strncmp(e - 4, ".cuh", 4) == 0) {
+                snprintf(name, sizeof name, "templates/%.*s", (int)n, q + 10);
+                const cp_embedded_file *f = cp_embedded_find(name);
+                if (!f) {
+                    snprintf(err, errlen, "templates/%s.cu:%d: includes %s, which is not in this build; add it to "
+                             "templates/ and rebuild cpgen", family, line, name);
+                    cp_str_free(&s);
+                    return NULL;
+                }
+                cp_str_append(&s, f->text, f->len);
+                if (f->len && f->text[f->len - 1] != '\n') cp_str_append(&s, "\n", 1);
+                p += len;
+                line++;
+                continue;
+            }
+        }
+        cp_str_append(&s, p, len);
+        p += len;
+        line++;
+    }
+    if (!s.data) cp_str_append(&s, "", 0);
+    return s.data;
+}
+
+int cp_emit_text(const char *family, const char *tmpl_text, const cp_kernel_spec *k, cp_module_src *out, char *err,
                  int errlen) {
     memset(out, 0, sizeof *out);
+    char *expanded = expand_includes(family, tmpl_text, err, errlen);
+    if (!expanded) return -1;
+    int rc = emit_expanded(family, expanded, k, out, err, errlen);
+    free(expanded);
+    return rc;
+}
+
+static int emit_expanded(const char *family, const char *tmpl, const cp_kernel_spec *k, cp_module_src *out, char *err,
+                         int errlen) {
     snprintf(out->family, sizeof out->family, "%s", family);
     bool used[CP_MAX_PARAMS] = {0};
     cp_str s = {0};

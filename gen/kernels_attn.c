@@ -10,6 +10,10 @@
 
 enum { FWD_BM = 128, FWD_BN = 64, FWD_THREADS = 128, BWD_BM = 64, BWD_BN = 128, BWD_THREADS = 256,
        DQ_THREADS = 256, DQ_MAX_BLOCKS = 65536 };
+/* the Hopper forward (templates/attention_sm90.cuh): HBM, HBN, HSTAGES, H_SMEM there */
+enum { H_BM = 128, H_THREADS = 384, H_SUBTILE = 128 * 128 };
+
+bool cp_k_attention_hopper(const char *arch) { return arch && strcmp(arch, "sm_90a") == 0; }
 
 void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_heads, int64_t seq, bool causal,
                     bool dkv_accum) {
@@ -50,6 +54,13 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         d->grid[1] = (unsigned)((S + FWD_BM - 1) / FWD_BM);
         d->block = FWD_THREADS;
         d->smem = (unsigned)((FWD_BM + 4 * FWD_BN) * D * 2 + FWD_THREADS * 32); /* Q; K, V double-buffered; row stats */
+    } else if (strcmp(role, "fwd_sm90") == 0) {
+        const int64_t tile = D / 64 * H_SUBTILE, stages = D == 128 ? 2 : 4;
+        d->grid[0] = (unsigned)QH;
+        d->grid[1] = (unsigned)((S + H_BM - 1) / H_BM);
+        d->block = H_THREADS;
+        /* Q; the K, V ring; its mbarriers; slack to align the tiles to 1024 bytes */
+        d->smem = (unsigned)((1 + 2 * stages) * tile + 8 * (1 + 4 * stages) + 1024);
     } else if (strcmp(role, "bwd") == 0) {
         d->grid[0] = (unsigned)KVH;
         d->grid[1] = (unsigned)((S + BWD_BN - 1) / BWD_BN);

@@ -14,6 +14,8 @@
 //       dq_ws = dS K (unscaled), summed over the key blocks in key-block order, so the same bits run to run;
 //       dk, dv written (bf16) or added to (fp32 when DKV_ACCUM)
 //   bwd_dq(dq_ws, dq)                                     dq = bf16(scale * dq_ws)
+// On Hopper (sm_90a) the runtime runs the forward of attention_sm90.cuh instead (fwd_sm90: wgmma, TMA, warp
+// specialisation); fwd stays the path of sm_80 and sm_89.
 
 #define HEAD_DIM {{HEAD_DIM}}
 #define Q_HEADS {{Q_HEADS}}
@@ -749,3 +751,5 @@ attention_bwd_dq_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_
         ((uint4 *)dq)[i] = r;
     }
 }
+
+#include "attention_sm90.cuh"

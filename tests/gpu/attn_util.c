@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda_check.h"
+#include "tma.h"
 #include "gpu_util.h"
 #include "util.h"
 
@@ -46,10 +47,11 @@ void attn_build(attn_mod *m, int n) {
         a->jit = jits[i];
         if (cp_module_load(&a->mod, a->src.name, a->jit.cubin, a->jit.cubin_len, err, sizeof err) != 0)
             gu_fail("%s", err);
-        const char *roles[3] = {"fwd", "bwd", "bwd_dq"};
-        cudaKernel_t *ks[3] = {&a->fwd, &a->bwd, &a->bwd_dq};
-        cp_kdims *ds[3] = {&a->d_fwd, &a->d_bwd, &a->d_dq};
-        for (int r = 0; r < 3; r++) {
+        const char *roles[4] = {"fwd", "bwd", "bwd_dq", "fwd_sm90"};
+        cudaKernel_t *ks[4] = {&a->fwd, &a->bwd, &a->bwd_dq, &a->fwd_sm90};
+        cp_kdims *ds[4] = {&a->d_fwd, &a->d_bwd, &a->d_dq, &a->d_fwd_sm90};
+        a->hopper = cp_k_attention_hopper(o.arch);
+        for (int r = 0; r < (a->hopper ? 4 : 3); r++) {
             if (cp_module_role(&a->mod, "attention", roles[r], ks[r], err, sizeof err) != 0) gu_fail("%s", err);
             if (cp_k_attention_dims(&a->spec, roles[r], ds[r]) != 0) gu_fail("no geometry for attention %s", roles[r]);
             if (ds[r]->smem > 48 * 1024 && cp_kernel_set_max_smem(*ks[r], ds[r]->smem, err, sizeof err) != 0)
@@ -58,7 +60,10 @@ void attn_build(attn_mod *m, int n) {
         a->spill_bytes = 0;
         for (int e = 0; e < a->jit.nentries; e++) {
             const cp_entry_info *x = &a->jit.entries[e];
-            const cp_kdims *d = strstr(x->name, "_bwd_dq_") ? &a->d_dq : strstr(x->name, "_bwd_") ? &a->d_bwd : &a->d_fwd;
+            const cp_kdims *d = strstr(x->name, "_bwd_dq_") ? &a->d_dq
+                                : strstr(x->name, "_bwd_")  ? &a->d_bwd
+                                : strstr(x->name, "_sm90_") ? &a->d_fwd_sm90
+                                                            : &a->d_fwd;
             printf("  %-50s %3d regs, %6u B smem, %4u threads, spills %d/%d%s\n", x->name, x->registers, d->smem,
                    d->block, x->spill_stores, x->spill_loads, a->jit.from_cache ? " (cached)" : "");
             a->spill_bytes += x->spill_stores + x->spill_loads;
@@ -76,6 +81,18 @@ void attn_free(attn_mod *m) {
 }
 
 void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o, float *lse, cudaStream_t s) {
+    if (m->hopper && !m->use_mma) {
+        const attn_shape *h = &m->sh;
+        cp_tmap tm[3];
+        char err[512];
+        if (cp_tmap_heads(&tm[0], q, h->seq, h->q_heads, h->head_dim, CP_ATTN_SM90_BOX_ROWS, err, sizeof err) ||
+            cp_tmap_heads(&tm[1], k, h->seq, h->kv_heads, h->head_dim, CP_ATTN_SM90_BOX_ROWS, err, sizeof err) ||
+            cp_tmap_heads(&tm[2], v, h->seq, h->kv_heads, h->head_dim, CP_ATTN_SM90_BOX_ROWS, err, sizeof err))
+            gu_fail("%s", err);
+        void *args[] = {&tm[0], &tm[1], &tm[2], &o, &lse};
+        AU_CUDA(cp_launch(m->fwd_sm90, &m->d_fwd_sm90, args, s));
+        return;
+    }
     void *args[] = {&q, &k, &v, &o, &lse};
     AU_CUDA(cp_launch(m->fwd, &m->d_fwd, args, s));
 }

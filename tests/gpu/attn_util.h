@@ -28,8 +28,10 @@ typedef struct {
     cp_module_src src;
     cp_jit_module jit;
     cp_module mod;
-    cudaKernel_t fwd, bwd, bwd_dq;
-    cp_kdims d_fwd, d_bwd, d_dq;
+    cudaKernel_t fwd, fwd_sm90, bwd, bwd_dq;
+    cp_kdims d_fwd, d_fwd_sm90, d_bwd, d_dq;
+    bool hopper;     /* the device runs fwd_sm90 (sm_90a); attn_fwd takes it unless use_mma is set */
+    bool use_mma;    /* attn_fwd runs the mma.sync forward even where the Hopper one exists */
     int spill_bytes; /* spill stores + loads over the module's entries */
 } attn_mod;
 
@@ -39,7 +41,8 @@ const char *attn_shape_str(const attn_shape *s, char *buf, int n);
  * spills. Fails (gu_fail) on any error. */
 void attn_build(attn_mod *m, int n);
 void attn_free(attn_mod *m);
-/* Queue the forward: o, lse from q, k, v. */
+/* Queue the forward: o, lse from q, k, v (the Hopper forward, with its tensor maps, where m->hopper and not
+ * m->use_mma). */
 void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o, float *lse, cudaStream_t s);
 /* Queue the backward: zero the progress counters of the workspace dq_ws (cp_k_attention_workspace_bytes; its fp32 dQ
  * is written whole by bwd), bwd, dq from dq_ws. dk, dv are bf16, or fp32 added to when dkv_accum. */

@@ -1,10 +1,11 @@
-/* bench_attention.c: causal attention forward and backward at head_dim 128, 32 query heads, 32K tokens, with 32 and
- * with 8 KV heads: median time of many runs (CUDA events) and TF/s by the brief's count (forward 4 S^2 H D / 2 when
+/* bench_attention.c: causal attention forward and backward at head_dim 128 (or 64), 32 query heads, 32K tokens, with
+ * 32 and with 8 KV heads: median time of many runs (CUDA events) and TF/s by the brief's count (forward 4 S^2 H D / 2 when
  * causal, backward 2.5 times that). The backward time covers zeroing the dQ progress counters, bwd (whose dQ sums
  * are ordered, so the same bits run to run) and the dQ conversion.
  * Then it runs tests/gpu/bench_attention_sdpa.py (PyTorch SDPA, FLASH_ATTENTION and CUDNN_ATTENTION backends) on the
  * same shapes, when python3 with torch is there, and prints both side by side.
- * Options: --seq N (default 32768), --reps N (default 10), --no-sdpa. */
+ * On Hopper it times both forwards: the wgmma one the runtime runs and the mma.sync one of sm_80 and sm_89.
+ * Options: --seq N (default 32768), --head-dim 64|128 (default 128), --reps N (default 10), --no-sdpa. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@ typedef struct {
     const char *name;
     int qh, kvh;
     double fwd_ms, bwd_ms;
+    double fwd_mma_ms; /* on Hopper: the mma.sync forward of sm_80 and sm_89 beside the wgmma one; < 0: not run */
     double sdpa_fwd_ms[2], sdpa_bwd_ms[2]; /* flash, cudnn; < 0: not run */
 } bench_row;
 
@@ -41,12 +43,12 @@ static uint16_t *rand_bf16(int64_t n, uint64_t seed) {
 
 static double flops_fwd(int64_t S, int H, int64_t D) { return 4.0 * (double)S * (double)S * H * (double)D / 2; }
 
-static void bench(bench_row *r, int64_t S, int reps) {
+static void bench(bench_row *r, int64_t S, int64_t D, int reps) {
     attn_mod m;
     memset(&m, 0, sizeof m);
-    m.sh = (attn_shape){S, 128, r->qh, r->kvh, true, false};
+    m.sh = (attn_shape){S, D, r->qh, r->kvh, true, false};
     attn_build(&m, 1);
-    const int64_t D = 128, nq = S * r->qh * D, nkv = S * r->kvh * D, nlse = S * r->qh;
+    const int64_t nq = S * r->qh * D, nkv = S * r->kvh * D, nlse = S * r->qh;
     uint16_t *hq = rand_bf16(nq, 1), *hk = rand_bf16(nkv, 2), *hv = rand_bf16(nkv, 3), *hdo = rand_bf16(nq, 4);
     void *q = gu_malloc(nq * 2), *k = gu_malloc(nkv * 2), *v = gu_malloc(nkv * 2), *dout = gu_malloc(nq * 2),
          *o = gu_malloc(nq * 2), *dq = gu_malloc(nq * 2), *dk = gu_malloc(nkv * 2), *dv = gu_malloc(nkv * 2);
@@ -74,25 +76,30 @@ static void bench(bench_row *r, int64_t S, int reps) {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     double *t = malloc(sizeof(double) * (size_t)reps);
-    for (int phase = 0; phase < 2; phase++) {
+    /* phases: the forward the runtime uses, the backward, and on Hopper the mma.sync forward too */
+    const char *phase_name[3] = {m.hopper ? "fwd (wgmma)" : "fwd", "bwd", "fwd (mma.sync)"};
+    double *phase_ms[3] = {&r->fwd_ms, &r->bwd_ms, &r->fwd_mma_ms};
+    r->fwd_mma_ms = -1;
+    for (int phase = 0; phase < (m.hopper ? 3 : 2); phase++) {
+        m.use_mma = phase == 2;
         for (int i = -2; i < reps; i++) { /* two warm-up runs */
             cudaEventRecord(e0, 0);
-            if (phase == 0) attn_fwd(&m, q, k, v, o, lse, 0);
+            if (phase != 1) attn_fwd(&m, q, k, v, o, lse, 0);
             else attn_bwd(&m, q, k, v, dout, lse, delta, ws, dq, dk, dv, 0);
             cudaEventRecord(e1, 0);
-            if (cudaEventSynchronize(e1) != cudaSuccess) gu_fail("%s: %s", phase ? "bwd" : "fwd",
-                                                                  cudaGetErrorString(cudaGetLastError()));
+            if (cudaEventSynchronize(e1) != cudaSuccess)
+                gu_fail("%s: %s", phase_name[phase], cudaGetErrorString(cudaGetLastError()));
             float ms;
             cudaEventElapsedTime(&ms, e0, e1);
             if (i >= 0) t[i] = ms;
         }
         qsort(t, (size_t)reps, sizeof *t, cmp_double);
         double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
-        if (phase == 0) r->fwd_ms = med;
-        else r->bwd_ms = med;
-        printf("  %s %s: median %.3f ms, min %.3f, max %.3f over %d runs\n", r->name, phase ? "bwd" : "fwd", med, t[0],
+        *phase_ms[phase] = med;
+        printf("  %s %s: median %.3f ms, min %.3f, max %.3f over %d runs\n", r->name, phase_name[phase], med, t[0],
                t[reps - 1], reps);
     }
+    m.use_mma = false;
     /* a sanity look at the outputs: no NaN in o, dq */
     gu_download(ho, o, nq * 2);
     int64_t nan_o = gu_nan_bf16(ho, nq);
@@ -117,14 +124,15 @@ static void sdpa_script(char *out, size_t n) {
     snprintf(out, n, "%s/../../../tests/gpu/bench_attention_sdpa.py", exe);
 }
 
-static void run_sdpa(bench_row *rows, int nrows, int64_t S, int reps) {
+static void run_sdpa(bench_row *rows, int nrows, int64_t S, int64_t D, int reps) {
     char script[PATH_MAX + 64], cmd[PATH_MAX + 256];
     sdpa_script(script, sizeof script);
     if (access(script, R_OK) != 0) {
         printf("(no %s: SDPA comparison skipped)\n", script);
         return;
     }
-    snprintf(cmd, sizeof cmd, "python3 '%s' --seq %lld --reps %d 2>&1", script, (long long)S, reps);
+    snprintf(cmd, sizeof cmd, "python3 '%s' --seq %lld --head-dim %lld --reps %d 2>&1", script, (long long)S,
+             (long long)D, reps);
     printf("\n$ %s\n", cmd);
     fflush(stdout);
     FILE *p = popen(cmd, "r");
@@ -152,33 +160,38 @@ static void tfs(char *buf, size_t n, double flops, double ms) {
 }
 
 int main(int argc, char **argv) {
-    int64_t S = 32768;
+    int64_t S = 32768, D = 128;
     int reps = 10;
     bool sdpa = true;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seq") && i + 1 < argc) S = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc) D = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-sdpa")) sdpa = false;
         else {
-            fprintf(stderr, "usage: bench_attention [--seq N] [--reps N] [--no-sdpa]\n");
+            fprintf(stderr, "usage: bench_attention [--seq N] [--head-dim 64|128] [--reps N] [--no-sdpa]\n");
             return 2;
         }
     }
     if (reps < 1) reps = 1;
     if (gu_init() != 0) return 0;
-    bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, {-1, -1}, {-1, -1}}, {"GQA 32/8", 32, 8, 0, 0, {-1, -1}, {-1, -1}}};
+    bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, -1, {-1, -1}, {-1, -1}},
+                        {"GQA 32/8", 32, 8, 0, 0, -1, {-1, -1}, {-1, -1}}};
     const int nrows = 2;
-    for (int i = 0; i < nrows; i++) bench(&rows[i], S, reps);
-    if (sdpa) run_sdpa(rows, nrows, S, reps);
+    for (int i = 0; i < nrows; i++) bench(&rows[i], S, D, reps);
+    if (sdpa) run_sdpa(rows, nrows, S, D, reps);
 
-    printf("\ncausal attention, S=%lld, D=128, 32 query heads; TF/s = fwd 4*S^2*H*D/2, bwd 2.5x fwd\n", (long long)S);
+    printf("\ncausal attention, S=%lld, D=%lld, 32 query heads; TF/s = fwd 4*S^2*H*D/2, bwd 2.5x fwd\n", (long long)S,
+           (long long)D);
     printf("%-10s %-18s %9s %9s %9s %8s %8s %8s\n", "shape", "kernel", "fwd ms", "bwd ms", "total ms", "fwd TF/s",
            "bwd TF/s", "f+b TF/s");
     for (int i = 0; i < nrows; i++) {
-        const double F = flops_fwd(S, rows[i].qh, 128);
-        const char *names[3] = {"cpgen", "sdpa FLASH", "sdpa CUDNN"};
-        for (int j = 0; j < 3; j++) {
-            double f = j ? rows[i].sdpa_fwd_ms[j - 1] : rows[i].fwd_ms, b = j ? rows[i].sdpa_bwd_ms[j - 1] : rows[i].bwd_ms;
+        const double F = flops_fwd(S, rows[i].qh, D);
+        /* cpgen as the runtime runs it, cpgen with the mma.sync forward (on Hopper), then the peers */
+        const char *names[4] = {"cpgen", "cpgen mma.sync fwd", "sdpa FLASH", "sdpa CUDNN"};
+        for (int j = 0; j < 4; j++) {
+            double f = j == 0 ? rows[i].fwd_ms : j == 1 ? rows[i].fwd_mma_ms : rows[i].sdpa_fwd_ms[j - 2],
+                   b = j < 2 ? rows[i].bwd_ms : rows[i].sdpa_bwd_ms[j - 2];
             if (f < 0) continue;
             char a[16], c[16], d[16];
             tfs(a, sizeof a, F, f);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_attention_sdpa.py: the attention benchmark's shapes (causal, D=128, 32 query heads, 32 or 8 KV heads) through
+"""bench_attention_sdpa.py: the attention benchmark's shapes (causal, --head-dim D, 32 query heads, 32 or 8 KV heads) through
 torch.nn.functional.scaled_dot_product_attention with the FLASH_ATTENTION and CUDNN_ATTENTION backends: median forward
 time and median backward time (fwd+bwd minus fwd) over --reps runs with CUDA events. bench_attention runs this and
 prints it beside its own numbers; the lines "SDPA <backend> <qh> <kvh> <fwd_ms> <bwd_ms>" are for it to read.
@@ -64,8 +64,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=32768)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--head-dim", type=int, default=128)
     a = ap.parse_args()
-    S, D = a.seq, 128
+    S, D = a.seq, a.head_dim
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     for qh, kvh in ((32, 32), (32, 8)):
         for be in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):

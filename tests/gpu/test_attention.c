@@ -1,6 +1,8 @@
 /* test_attention.c: the attention kernels (templates/attention.cu) against the float64 reference
  * (tests/ref/ref_attention.c) on fresh random inputs, over sequence lengths that are and are not multiples of the
- * tiles, GQA ratios 1, 3 and 4, head_dim 64 and 128, causal and full, dK/dV written and accumulated. Outputs are
+ * tiles, GQA ratios 1, 3 and 4, head_dim 64 and 128, causal and full, dK/dV written and accumulated. On Hopper both
+ * forwards are checked: the wgmma one the runtime uses (fwd_sm90, whose lse the backward then takes) and the
+ * mma.sync one of sm_80 and sm_89. Outputs are
  * poisoned with NaN first (the fp32 dQ workspace too: the backward must write all of it); relative error in norm
  * must be at most 1e-2 for the bf16 outputs.
  * Determinism: the backward runs several times on the same inputs, its outputs (and the whole workspace) poisoned
@@ -33,6 +35,7 @@ static const attn_shape SHAPES[] = {
     {100, 64, 2, 2, false, true},     {1000, 64, 4, 1, true, false},    {1000, 128, 3, 1, false, false},
     {1000, 128, 4, 4, true, true},    {256, 128, 8, 2, true, false},    {4097, 128, 4, 1, true, false},
     {4097, 64, 3, 1, false, false},   {4097, 128, 2, 2, true, true},    {2048, 64, 4, 4, true, false},
+    {256, 64, 3, 3, false, false},    {2048, 128, 3, 1, false, false},  {32768, 128, 1, 1, true, false},
 };
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 #define BOUND 1e-2
@@ -136,6 +139,8 @@ typedef struct {
     int64_t nq, nkv, nlse;
     uint16_t *q, *k, *v, *dout, *o, *dq, *dk16, *dv16;
     float *lse, *delta, *dk32, *dv32, *dk32_init, *dv32_init;
+    uint16_t *o_mma; /* on Hopper: the mma.sync forward's o and lse too (the backward uses the Hopper one's) */
+    float *lse_mma;
 } host_io;
 
 /* Run fwd then bwd of module m on fresh random inputs; results in io (host). */
@@ -168,6 +173,20 @@ static void run_shape(attn_mod *m, host_io *io) {
     io->lse = malloc(blse);
     gu_download(io->o, o, bq);
     gu_download(io->lse, lse, blse);
+    if (m->hopper) {
+        gu_poison(o, bq);
+        gu_poison(lse, blse);
+        m->use_mma = true;
+        attn_fwd(m, q, k, v, o, lse, 0);
+        m->use_mma = false;
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            gu_fail("attention fwd (mma.sync) failed: %s", cudaGetErrorString(cudaGetLastError()));
+        io->o_mma = malloc(bq);
+        io->lse_mma = malloc(blse);
+        gu_download(io->o_mma, o, bq);
+        gu_download(io->lse_mma, lse, blse);
+        gu_upload(lse, io->lse, blse);
+    }
 
     io->delta = row_delta(io->dout, io->o, io->nlse, s->head_dim);
     gu_upload(delta, io->delta, blse);
@@ -203,7 +222,7 @@ static void run_shape(attn_mod *m, host_io *io) {
 
 static void free_io(host_io *io) {
     void *p[] = {io->q, io->k, io->v, io->dout, io->o, io->dq, io->dk16, io->dv16, io->lse, io->delta,
-                 io->dk32, io->dv32, io->dk32_init, io->dv32_init};
+                 io->dk32, io->dv32, io->dk32_init, io->dv32_init, io->o_mma, io->lse_mma};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     memset(io, 0, sizeof *io);
 }
@@ -226,8 +245,16 @@ static void check_shape(void **state) {
            *dv = malloc(sizeof(double) * io.nkv);
     reference(&rs, q, k, v, dout, o, lse, dq, dk, dv);
     printf("  %s: GPU %.2f s, reference %.2f s\n", name, t1 - t0, cp_now() - t1);
-    gu_check("attention fwd o", name, rel_bf16(io.o, o, io.nq), BOUND);
-    gu_check("attention fwd lse", name, rel_f32(io.lse, lse, io.nlse), 1e-4);
+    const char *path = m->hopper ? "attention fwd_sm90" : "attention fwd";
+    char what[64];
+    snprintf(what, sizeof what, "%s o", path);
+    gu_check(what, name, rel_bf16(io.o, o, io.nq), BOUND);
+    snprintf(what, sizeof what, "%s lse", path);
+    gu_check(what, name, rel_f32(io.lse, lse, io.nlse), 1e-4);
+    if (io.o_mma) {
+        gu_check("attention fwd (mma.sync) o", name, rel_bf16(io.o_mma, o, io.nq), BOUND);
+        gu_check("attention fwd (mma.sync) lse", name, rel_f32(io.lse_mma, lse, io.nlse), 1e-4);
+    }
     gu_check("attention bwd dq", name, rel_bf16(io.dq, dq, io.nq), BOUND);
     if (s->dkv_accum) {
         /* the kernel added its gradient to the initial values: compare the difference */

@@ -1,0 +1,327 @@
+// attention_sm90.cuh: the attention forward for Hopper (sm_90a), included into attention.cu (whose macros and
+// helpers it uses: HEAD_DIM, Q_HEADS, KV_HEADS, SEQ, CAUSAL, GROUP, SOFTMAX_SCALE, SCALE_LOG2, bf16, u32,
+// smem_addr, pack_bf16, ex2, NEG_INF). On other targets its entry traps: the runtime calls it on sm_90a alone.
+//
+// The FlashAttention-3 structure. One producer warp streams Q once and the K, V tiles through a ring of
+// shared-memory stages with the tensor memory accelerator (cp.async.bulk.tensor; each stage's arrival counted in
+// bytes on an mbarrier, its release by the consumers on another). Two consumer warpgroups of 64 query rows each
+// compute S = Q K^T with wgmma from shared memory and O += P V with P from registers. The consumers take turns
+// issuing their S products (two named barriers), so one's softmax runs while the other's products occupy the
+// tensor cores. setmaxnreg moves registers from the producer warpgroup to the consumers.
+//
+// Shared-memory tiles are the TMA boxes: [128 rows][64 columns] bf16 with the 128-byte swizzle (16-byte chunk c of
+// row r at chunk c ^ (r & 7)); a row of HEAD_DIM = 128 is two such sub-tiles. The wgmma descriptors read them
+// K-major for Q and K (8-row groups 1024 bytes apart; a k-step of 16 columns is 32 bytes into the swizzled row)
+// and N-major for V (the same layout read transposed: k-steps of 16 keys are 2048 bytes apart, 64-column
+// sub-tiles one sub-tile apart).
+//
+// Entry (geometry in gen/kernels_attn.c, which must match HBM, HBN, HSTAGES and H_SMEM):
+//   fwd_sm90(tm_q, tm_k, tm_v, o, lse)   grid (Q_HEADS, ceil(SEQ/128)), 384 threads, H_SMEM bytes dynamic smem;
+//   tm_q, tm_k, tm_v: tensor maps of q, k, v as (HEAD_DIM, heads, SEQ) bf16 with boxes (64, 1, 128) and the
+//   128-byte swizzle (runtime/tma.h); o, lse as in attention.cu.
+
+#define HBM 128                            // query rows per block: two consumer warpgroups of 64
+#define HBN 128                            // keys per K, V tile
+#define HSUB (HEAD_DIM / 64)               // 64-column sub-tiles of a row
+#define HSTAGES (HEAD_DIM == 128 ? 2 : 4)  // depth of the K, V ring
+#define HTHREADS 384
+#define H_TURN0 1                          // named barriers 1, 2: consumer 0's, 1's turn to issue S
+static_assert(HBM == HBN, "a causal block has one diagonal tile only when query and key tiles are equal");
+
+constexpr u32 H_SUBTILE = 128 * 128;                      // bytes of one [128][64] bf16 sub-tile
+constexpr u32 H_TILE = HSUB * H_SUBTILE;                  // one Q, K or V tile
+constexpr u32 H_OFF_K = H_TILE, H_OFF_V = H_OFF_K + HSTAGES * H_TILE, H_OFF_BAR = H_OFF_V + HSTAGES * H_TILE;
+constexpr u32 H_SMEM = H_OFF_BAR + 8 * (1 + 4 * HSTAGES) + 1024; // + the slack to align the base to 1024
+static_assert(H_SMEM <= 227 * 1024, "the K, V ring does not fit the 227 KiB of shared memory a block may have");
+
+// The driver's CUtensorMap: 128 opaque bytes, 64-byte aligned, encoded on the host.
+struct __align__(64) tmap_t {
+    unsigned long long v[16];
+};
+
+// ---- PTX: mbarriers, bulk tensor copies, wgmma ----
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival that also announces `bytes` of copies to come (the producer's, before its copies).
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// Box (c0, c1, c2) of the tensor map into shared memory at dst; its bytes are counted on bar. Rows past the tensor's
+// end arrive as zeros (and count).
+__device__ __forceinline__ void tma_load_3d(u32 dst, const tmap_t *map, int c0, int c1, int c2, u32 bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4}], [%5];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+// Shared-memory matrix descriptor with the 128-byte swizzle: start, leading and stride byte offsets (all >> 4).
+__device__ __forceinline__ unsigned long long sw128_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)((lbo & 0x3FFFF) >> 4) << 16 |
+           (unsigned long long)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// After a wait: the accumulators are read only from here on (an empty asm the compiler cannot move them across).
+template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// d (64 x 128, f32) = (scale_d ? d : 0) + A B: A (64 x 16) and B (128 x 16) both K-major in shared memory.
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// d (64 x 128, f32) += A B: A (64 x 16) from registers, B (16 x 128) N-major in shared memory (imm-trans-b = 1).
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const u32 (&a)[4], unsigned long long db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// d (64 x 64, f32) += A B: A (64 x 16) from registers, B (16 x 64) N-major in shared memory (imm-trans-b = 1).
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const u32 (&a)[4], unsigned long long db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+#if HEAD_DIM == 128
+#define wgmma_pv wgmma_rs_n128
+#else
+#define wgmma_pv wgmma_rs_n64
+#endif
+
+// Accumulator layout of a 64 x N wgmma in a warpgroup: warp w, lane (g = lane / 4, t = lane % 4) holds rows
+// 16 w + g + 8 r (r = 0, 1) and columns 8 j + 2 t + e (e = 0, 1) as element 4 j + 2 r + e.
+
+// A consumer warpgroup's work: rows m0 + cw * 64 ... of head h against ntiles key tiles, last tile first.
+__device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 bars, int cw, int h, int m0, int ntiles,
+                                                  bf16 *__restrict__ o, float *__restrict__ lse) {
+    const int wt = threadIdx.x & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = m0 + cw * 64 + warp * 16 + g; // this thread's rows r0 and r0 + 8
+    const u32 q_full = bars;
+    float acc[HEAD_DIM / 2];
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; i++) acc[i] = 0.f;
+    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f}; // running max (unscaled) and this thread's partial sum
+
+    if (cw == 1) bar_arrive(H_TURN0, 256); // consumer 0 issues first
+    mbar_wait(q_full, 0);
+    const u32 qa = sQ + cw * 64 * 128; // this warpgroup's 64 rows in each Q sub-tile
+
+    for (int it = 0; it < ntiles; it++) {
+        const int s = it % HSTAGES, n0 = (ntiles - 1 - it) * HBN;
+        const u32 ph = (it / HSTAGES) & 1;
+        const u32 k_full = bars + 8 * (1 + s), v_full = k_full + 8 * HSTAGES, k_empty = v_full + 8 * HSTAGES,
+                  v_empty = k_empty + 8 * HSTAGES;
+        const u32 kt = sK + s * H_TILE, vt = sV + s * H_TILE;
+
+        // ---- S = Q K^T, issued in turn with the other consumer ----
+        float sc[HBN / 2];
+        mbar_wait(k_full, ph);
+        bar_sync(H_TURN0 + cw, 256);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
+            const u32 off = (ks >> 2) * H_SUBTILE + (ks & 3) * 32;
+            wgmma_ss_n128(sc, sw128_desc(qa + off, 16, 1024), sw128_desc(kt + off, 16, 1024), ks > 0);
+        }
+        wg_commit();
+        // the other consumer's turn (its last arrival would have no matching wait: consumer 1 skips it)
+        if (cw == 0 || it + 1 < ntiles) bar_arrive(H_TURN0 + (cw ^ 1), 256);
+        wg_wait0();
+        reg_fence(sc);
+        if (lane == 0) mbar_arrive(k_empty); // this warp is done with K
+
+        // ---- mask (the first tile only: the diagonal one when causal, else the ragged last one) ----
+        if ((CAUSAL || SEQ % HBN != 0) && it == 0) {
+#pragma unroll
+            for (int j = 0; j < HBN / 8; j++)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int key = n0 + 8 * j + 2 * t + e;
+                        if (key >= SEQ || (CAUSAL && key > r0 + 8 * r)) sc[4 * j + 2 * r + e] = NEG_INF;
+                    }
+        }
+
+        // ---- online softmax: P = exp(scale (S - max)), rescale factors for O and the sums ----
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = mrow[r];
+#pragma unroll
+            for (int j = 0; j < HBN / 8; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float ms = mx * SCALE_LOG2;
+            alpha[r] = ex2(mrow[r] * SCALE_LOG2 - ms); // 0 on the first tile (mrow = -inf)
+            mrow[r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < HBN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p = ex2(fmaf(sc[4 * j + 2 * r + e], SCALE_LOG2, -ms));
+                    sc[4 * j + 2 * r + e] = p;
+                    sum += p;
+                }
+            lrow[r] = lrow[r] * alpha[r] + sum;
+        }
+        // P as the A operand of k-step kk (keys 16 kk ...): the accumulator's columns are the A fragment's
+        u32 pa[HBN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < HBN / 16; kk++) {
+            pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+#pragma unroll
+        for (int j = 0; j < HEAD_DIM / 8; j++) {
+            acc[4 * j + 0] *= alpha[0], acc[4 * j + 1] *= alpha[0];
+            acc[4 * j + 2] *= alpha[1], acc[4 * j + 3] *= alpha[1];
+        }
+
+        // ---- O += P V ----
+        mbar_wait(v_full, ph);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HBN / 16; kk++) wgmma_pv(acc, pa[kk], sw128_desc(vt + kk * 2048, H_SUBTILE, 1024));
+        wg_commit();
+        wg_wait0();
+        reg_fence(acc);
+        if (lane == 0) mbar_arrive(v_empty); // this warp is done with V
+    }
+
+    // ---- normalise; O and the log-sum-exp ----
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = lrow[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = 1.f / l;
+        const int row = r0 + 8 * r;
+        if (row < SEQ) {
+            bf16 *dst = o + ((long long)row * Q_HEADS + h) * HEAD_DIM + 2 * t;
+#pragma unroll
+            for (int j = 0; j < HEAD_DIM / 8; j++)
+                *(u32 *)(dst + 8 * j) = pack_bf16(acc[4 * j + 2 * r] * inv, acc[4 * j + 2 * r + 1] * inv);
+            if (t == 0) lse[(long long)h * SEQ + row] = mrow[r] * SOFTMAX_SCALE + logf(l);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(HTHREADS, 1)
+attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
+    const __grid_constant__ tmap_t tm_q, const __grid_constant__ tmap_t tm_k, const __grid_constant__ tmap_t tm_v,
+    bf16 *__restrict__ o, float *__restrict__ lse) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char hsmem[];
+    const u32 base = (smem_addr(hsmem) + 1023u) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
+    const u32 sQ = base, sK = base + H_OFF_K, sV = base + H_OFF_V, bars = base + H_OFF_BAR;
+    // barriers: q_full, k_full[HSTAGES], v_full[HSTAGES], k_empty[HSTAGES], v_empty[HSTAGES]
+    const int tid = threadIdx.x, h = blockIdx.x, kvh = h / GROUP;
+    // the blocks with the most key tiles (largest m0 when causal) start first
+    const int mb = gridDim.y - 1 - blockIdx.y, m0 = mb * HBM;
+    const int ntiles = CAUSAL ? mb + 1 : (SEQ + HBN - 1) / HBN;
+    if (tid == 0) {
+        mbar_init(bars, 1);
+        for (int s = 0; s < HSTAGES; s++) {
+            mbar_init(bars + 8 * (1 + s), 1);                   // k_full: the producer's arrival + bytes
+            mbar_init(bars + 8 * (1 + HSTAGES + s), 1);         // v_full
+            mbar_init(bars + 8 * (1 + 2 * HSTAGES + s), 8);     // k_empty: one arrival per consumer warp
+            mbar_init(bars + 8 * (1 + 3 * HSTAGES + s), 8);     // v_empty
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 128) {
+        // producer warpgroup: one thread issues every copy
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (tid == 0) {
+            mbar_expect_tx(bars, H_TILE);
+#pragma unroll
+            for (int c = 0; c < HSUB; c++) tma_load_3d(sQ + c * H_SUBTILE, &tm_q, 64 * c, h, m0, bars);
+            for (int it = 0; it < ntiles; it++) {
+                const int s = it % HSTAGES, n0 = (ntiles - 1 - it) * HBN;
+                const u32 ph = ((it / HSTAGES) & 1) ^ 1; // the consumers' release of this stage's previous use
+                const u32 k_full = bars + 8 * (1 + s), v_full = k_full + 8 * HSTAGES, k_empty = v_full + 8 * HSTAGES,
+                          v_empty = k_empty + 8 * HSTAGES;
+                if (it >= HSTAGES) mbar_wait(k_empty, ph);
+                mbar_expect_tx(k_full, H_TILE);
+#pragma unroll
+                for (int c = 0; c < HSUB; c++)
+                    tma_load_3d(sK + s * H_TILE + c * H_SUBTILE, &tm_k, 64 * c, kvh, n0, k_full);
+                if (it >= HSTAGES) mbar_wait(v_empty, ph);
+                mbar_expect_tx(v_full, H_TILE);
+#pragma unroll
+                for (int c = 0; c < HSUB; c++)
+                    tma_load_3d(sV + s * H_TILE + c * H_SUBTILE, &tm_v, 64 * c, kvh, n0, v_full);
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+        fwd_sm90_consumer(sQ, sK, sV, bars, (tid >> 7) - 1, h, m0, ntiles, o, lse);
+    }
+#else
+    __trap();
+#endif
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# gpu-attention-check.sh: on one GPU, with a build tree made elsewhere: the attention kernels against the float64
+# reference (test_attention) and PyTorch SDPA in fp32 (attention_sdpa.py), then bench_attention beside SDPA's FLASH
+# and CUDNN backends in the same call: causal, 32 query heads, 32/32 and 32/8 heads, at the lengths and head dims of
+# BENCH (default "32768:128 32768:64 131072:128"). The bench tables are printed again last. Logs under $OUT.
+# usage: tools/gpu-attention-check.sh [BUILD_DIR] [test|bench|all]
+set -u
+B=${1:-build}
+what=${2:-all}
+out=${OUT:-out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+rc=0
+if [ "$what" != bench ]; then
+  "$B/tests/gpu/test_attention" 2>&1 | tee "$out/test_attention.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  python3 tests/gpu/attention_sdpa.py --bin "$B/tests/gpu/test_attention" 2>&1 | tee "$out/sdpa.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [ "$what" != test ]; then
+  : >"$out/bench_tables.txt"
+  for sd in ${BENCH:-32768:128 32768:64 131072:128}; do
+    S=${sd%%:*} D=${sd##*:}
+    "$B/tests/gpu/bench_attention" --seq "$S" --head-dim "$D" --reps "${REPS:-10}" >"$out/bench_${S}_d$D.log" 2>&1 || rc=1
+    sed -n '/^causal attention/,$p' "$out/bench_${S}_d$D.log" >>"$out/bench_tables.txt"
+  done
+  echo; cat "$out/bench_tables.txt"
+fi
+[ "$what" = bench ] || grep -E "PASSED|FAILED|^\[  FAILED" "$out/test_attention.log" | tail -5
+exit $rc
