@@ -6,8 +6,9 @@
 // shared-memory stages with the tensor memory accelerator (cp.async.bulk.tensor; each stage's arrival counted in
 // bytes on an mbarrier, its release by the consumers on another). Two consumer warpgroups of 64 query rows each
 // compute S = Q K^T with wgmma from shared memory and O += P V with P from registers. The consumers take turns
-// issuing their S products (two named barriers), so one's softmax runs while the other's products occupy the
-// tensor cores. setmaxnreg moves registers from the producer warpgroup to the consumers.
+// issuing their products (two named barriers), so one's softmax runs while the other's products occupy the tensor
+// cores; within a consumer, the scores of tile i are computed while P V of tile i - 1 runs. setmaxnreg moves
+// registers from the producer warpgroup to the consumers.
 //
 // Shared-memory tiles are the TMA boxes: [128 rows][64 columns] bf16 with the 128-byte swizzle (16-byte chunk c of
 // row r at chunk c ^ (r & 7)); a row of HEAD_DIM = 128 is two such sub-tiles. The wgmma descriptors read them
@@ -79,7 +80,10 @@ __device__ __forceinline__ unsigned long long sw128_desc(u32 addr, u32 lbo, u32 
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Until at most N of this warpgroup's committed groups are pending (groups complete in order).
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // After a wait: the accumulators are read only from here on (an empty asm the compiler cannot move them across).
 template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 #pragma unroll
@@ -149,105 +153,147 @@ __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const u32 (&a)[4], 
 // Accumulator layout of a 64 x N wgmma in a warpgroup: warp w, lane (g = lane / 4, t = lane % 4) holds rows
 // 16 w + g + 8 r (r = 0, 1) and columns 8 j + 2 t + e (e = 0, 1) as element 4 j + 2 r + e.
 
+// Online softmax of one tile of scores in place: sc becomes P = exp(scale (S - max)) (fp32), alpha the factors that
+// rescale this thread's rows of O and of the running sums.
+__device__ __forceinline__ void softmax_tile(float (&sc)[HBN / 2], float (&mrow)[2], float (&lrow)[2], float (&alpha)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = mrow[r];
+#pragma unroll
+        for (int j = 0; j < HBN / 8; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float ms = mx * SCALE_LOG2;
+        alpha[r] = ex2(mrow[r] * SCALE_LOG2 - ms); // 0 on the first tile (mrow = -inf)
+        mrow[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < HBN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float p = ex2(fmaf(sc[4 * j + 2 * r + e], SCALE_LOG2, -ms));
+                sc[4 * j + 2 * r + e] = p;
+                sum += p;
+            }
+        lrow[r] = lrow[r] * alpha[r] + sum;
+    }
+}
+
+// P as the A operands of the k-steps kk (keys 16 kk ...) of O += P V: the accumulator's columns are A's.
+__device__ __forceinline__ void to_a_operands(u32 (&pa)[HBN / 16][4], const float (&sc)[HBN / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < HBN / 16; kk++) {
+        pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+        pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+        pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+        pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+}
+
+// The consumers take turns issuing products: a turn begins when the other consumer ended its previous one.
+// Consumer 0 has the first turn; consumer 1 skips its last end, which no turn of consumer 0 would wait for.
+__device__ __forceinline__ void turn_begin(int cw) { bar_sync(H_TURN0 + cw, 256); }
+__device__ __forceinline__ void turn_end(int cw, bool last) {
+    if (cw == 0 || !last) bar_arrive(H_TURN0 + (cw ^ 1), 256);
+}
+
 // A consumer warpgroup's work: rows m0 + cw * 64 ... of head h against ntiles key tiles, last tile first.
+// Pipelined within the warpgroup as well: the scores of tile i are computed while P V of tile i - 1 runs, and the
+// softmax of tile i overlaps that product (and the other consumer's turn).
 __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 bars, int cw, int h, int m0, int ntiles,
                                                   bf16 *__restrict__ o, float *__restrict__ lse) {
     const int wt = threadIdx.x & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
     const int r0 = m0 + cw * 64 + warp * 16 + g; // this thread's rows r0 and r0 + 8
-    const u32 q_full = bars;
     float acc[HEAD_DIM / 2];
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; i++) acc[i] = 0.f;
     float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f}; // running max (unscaled) and this thread's partial sum
-
-    if (cw == 1) bar_arrive(H_TURN0, 256); // consumer 0 issues first
-    mbar_wait(q_full, 0);
+    float sc[HBN / 2], alpha[2];
+    u32 pa[HBN / 16][4];
+    // barriers of ring stage s: k_full, v_full, k_empty, v_empty
+    auto k_full = [&](int s) { return bars + 8 * (1 + s); };
+    auto v_full = [&](int s) { return bars + 8 * (1 + HSTAGES + s); };
+    auto k_empty = [&](int s) { return bars + 8 * (1 + 2 * HSTAGES + s); };
+    auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * HSTAGES + s); };
     const u32 qa = sQ + cw * 64 * 128; // this warpgroup's 64 rows in each Q sub-tile
-
-    for (int it = 0; it < ntiles; it++) {
-        const int s = it % HSTAGES, n0 = (ntiles - 1 - it) * HBN;
-        const u32 ph = (it / HSTAGES) & 1;
-        const u32 k_full = bars + 8 * (1 + s), v_full = k_full + 8 * HSTAGES, k_empty = v_full + 8 * HSTAGES,
-                  v_empty = k_empty + 8 * HSTAGES;
-        const u32 kt = sK + s * H_TILE, vt = sV + s * H_TILE;
-
-        // ---- S = Q K^T, issued in turn with the other consumer ----
-        float sc[HBN / 2];
-        mbar_wait(k_full, ph);
-        bar_sync(H_TURN0 + cw, 256);
-        wg_fence();
+    auto issue_s = [&](int s) {        // S = Q K^T of the tile in stage s
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
             const u32 off = (ks >> 2) * H_SUBTILE + (ks & 3) * 32;
-            wgmma_ss_n128(sc, sw128_desc(qa + off, 16, 1024), sw128_desc(kt + off, 16, 1024), ks > 0);
+            wgmma_ss_n128(sc, sw128_desc(qa + off, 16, 1024), sw128_desc(sK + s * H_TILE + off, 16, 1024), ks > 0);
         }
         wg_commit();
-        // the other consumer's turn (its last arrival would have no matching wait: consumer 1 skips it)
-        if (cw == 0 || it + 1 < ntiles) bar_arrive(H_TURN0 + (cw ^ 1), 256);
-        wg_wait0();
-        reg_fence(sc);
-        if (lane == 0) mbar_arrive(k_empty); // this warp is done with K
+    };
+    auto issue_pv = [&](int s) { // O += P V of the tile in stage s
+#pragma unroll
+        for (int kk = 0; kk < HBN / 16; kk++)
+            wgmma_pv(acc, pa[kk], sw128_desc(sV + s * H_TILE + kk * 2048, H_SUBTILE, 1024));
+        wg_commit();
+    };
 
-        // ---- mask (the first tile only: the diagonal one when causal, else the ragged last one) ----
-        if ((CAUSAL || SEQ % HBN != 0) && it == 0) {
-#pragma unroll
-            for (int j = 0; j < HBN / 8; j++)
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int key = n0 + 8 * j + 2 * t + e;
-                        if (key >= SEQ || (CAUSAL && key > r0 + 8 * r)) sc[4 * j + 2 * r + e] = NEG_INF;
-                    }
-        }
+    if (cw == 1) bar_arrive(H_TURN0, 256); // consumer 0 has the first turn
+    mbar_wait(bars, 0);                    // Q
 
-        // ---- online softmax: P = exp(scale (S - max)), rescale factors for O and the sums ----
-        float alpha[2];
+    // ---- tile 0 (the last key tile): scores, mask, softmax ----
+    mbar_wait(k_full(0), 0);
+    turn_begin(cw);
+    wg_fence();
+    issue_s(0);
+    turn_end(cw, false);
+    wg_wait<0>();
+    reg_fence(sc);
+    if (lane == 0) mbar_arrive(k_empty(0)); // this warp is done with K
+    if (CAUSAL || SEQ % HBN != 0) {         // the diagonal tile when causal, else the ragged last one
+        const int n0 = (ntiles - 1) * HBN;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = mrow[r];
+        for (int j = 0; j < HBN / 8; j++)
 #pragma unroll
-            for (int j = 0; j < HBN / 8; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float ms = mx * SCALE_LOG2;
-            alpha[r] = ex2(mrow[r] * SCALE_LOG2 - ms); // 0 on the first tile (mrow = -inf)
-            mrow[r] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < HBN / 8; j++)
+            for (int r = 0; r < 2; r++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const float p = ex2(fmaf(sc[4 * j + 2 * r + e], SCALE_LOG2, -ms));
-                    sc[4 * j + 2 * r + e] = p;
-                    sum += p;
+                    const int key = n0 + 8 * j + 2 * t + e;
+                    if (key >= SEQ || (CAUSAL && key > r0 + 8 * r)) sc[4 * j + 2 * r + e] = NEG_INF;
                 }
-            lrow[r] = lrow[r] * alpha[r] + sum;
-        }
-        // P as the A operand of k-step kk (keys 16 kk ...): the accumulator's columns are the A fragment's
-        u32 pa[HBN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < HBN / 16; kk++) {
-            pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-            pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-            pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-            pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-        }
+    }
+    softmax_tile(sc, mrow, lrow, alpha);
+    to_a_operands(pa, sc);
+
+    // ---- tiles 1 ...: S of tile it and P V of tile it - 1 in one turn ----
+    for (int it = 1; it < ntiles; it++) {
+        const int s = it % HSTAGES, sp = (it - 1) % HSTAGES;
+        mbar_wait(k_full(s), (it / HSTAGES) & 1);
+        turn_begin(cw);
+        wg_fence();
+        issue_s(s);
+        mbar_wait(v_full(sp), ((it - 1) / HSTAGES) & 1);
+        issue_pv(sp);
+        turn_end(cw, false);
+        wg_wait<1>(); // the scores are in
+        reg_fence(sc);
+        if (lane == 0) mbar_arrive(k_empty(s));
+        softmax_tile(sc, mrow, lrow, alpha);
+        wg_wait<0>(); // P V of the previous tile is in: its P registers and V stage are free
+        reg_fence(acc);
+        if (lane == 0) mbar_arrive(v_empty(sp));
 #pragma unroll
         for (int j = 0; j < HEAD_DIM / 8; j++) {
             acc[4 * j + 0] *= alpha[0], acc[4 * j + 1] *= alpha[0];
             acc[4 * j + 2] *= alpha[1], acc[4 * j + 3] *= alpha[1];
         }
+        to_a_operands(pa, sc);
+    }
 
-        // ---- O += P V ----
-        mbar_wait(v_full, ph);
+    // ---- P V of the last tile ----
+    {
+        const int sp = (ntiles - 1) % HSTAGES;
+        mbar_wait(v_full(sp), ((ntiles - 1) / HSTAGES) & 1);
+        turn_begin(cw);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < HBN / 16; kk++) wgmma_pv(acc, pa[kk], sw128_desc(vt + kk * 2048, H_SUBTILE, 1024));
-        wg_commit();
-        wg_wait0();
+        issue_pv(sp);
+        turn_end(cw, true);
+        wg_wait<0>();
         reg_fence(acc);
-        if (lane == 0) mbar_arrive(v_empty); // this warp is done with V
+        if (lane == 0) mbar_arrive(v_empty(sp));
     }
 
     // ---- normalise; O and the log-sum-exp ----
