@@ -8,12 +8,12 @@ CC      ?= gcc
 SAN     ?=
 
 CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -MMD -MP \
-           -I. -Igen -Iruntime -Ibuild -I$(LUA_INC) -I$(CUDA)/include $(SAN)
+           -I. -Icli -Igen -Iruntime -Ibuild -I$(LUA_INC) -I$(CUDA)/include $(SAN)
 LDFLAGS := -pthread -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 $(SAN)
 LDLIBS  := $(LUA_LIB) -lnvrtc -lcublasLt -lcudart_static -ldl -lrt -lm
 
 EMBED_FILES := $(sort $(wildcard templates/*.cu templates/*.cuh)) $(sort $(wildcard specs/*.lua))
-LIB_SRC     := $(sort $(filter-out gen/main.c,$(wildcard gen/*.c runtime/*.c)))
+LIB_SRC     := $(sort $(filter-out cli/main.c,$(wildcard cli/*.c gen/*.c runtime/*.c)))
 LIB_OBJ     := $(LIB_SRC:%.c=build/%.o) build/embedded.o
 REF_OBJ     := $(patsubst %.c,build/%.o,$(sort $(wildcard tests/ref/*.c)))
 TESTS       := $(patsubst tests/%.c,build/tests/%,$(sort $(wildcard tests/test_*.c)))
@@ -33,7 +33,7 @@ build/.deps: tools/install-deps.sh
 	@tools/install-deps.sh --check-only >/dev/null 2>&1 || tools/install-deps.sh
 	@touch $@
 
-build/cpgen: build/gen/main.o $(LIB_OBJ)
+build/cpgen: build/cli/main.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 build/%.o: %.c | build/.deps

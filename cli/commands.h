@@ -1,4 +1,4 @@
-/* commands.h: the cpgen subcommands, each called by gen/main.c after it has parsed flags and loaded the spec.
+/* commands.h: the cpgen subcommands, each called by cli/main.c after it has parsed flags and loaded the spec.
  * Each returns 0, or -1 with a message in err. */
 #ifndef CP_COMMANDS_H
 #define CP_COMMANDS_H

@@ -1,0 +1,634 @@
+/* exec_args.c: every plan step turned into a prepared action: a kernel launch whose argument list is built by one
+ * small function per step `what` (so each list is explicit and checked against the kernel's contract), a prepared
+ * GEMM, a collective, a memset or a copy. Argument values that change from step to step (the loss scale, the
+ * learning rate, AdamW's step count) are passed as pointers to fields of the executor, which cudaLaunchKernel reads
+ * at each launch. */
+#include "exec_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+#include "kernels_attn.h"
+#include "util.h"
+
+/* ---------------------------------------------------------------- messages */
+
+const char *exec_step_desc(const cp_plan *P, int i, char *buf, size_t n) {
+    const cp_step *s = &P->steps[i];
+    int k = snprintf(buf, n, "step %d (%s %s", i, cp_phase_name(s->phase), s->what);
+    if (s->layer >= 0) k += snprintf(buf + k, n - (size_t)k, ", layer %d", s->layer);
+    if (s->stage >= 0) k += snprintf(buf + k, n - (size_t)k, ", stage %d", s->stage);
+    if (s->tile >= 0) k += snprintf(buf + k, n - (size_t)k, ", tile %d", s->tile);
+    snprintf(buf + k, n - (size_t)k, ")");
+    return buf;
+}
+
+/* ---------------------------------------------------------------- operands and argument lists */
+
+typedef struct {
+    cp_exec *ex;
+    int i;
+    const cp_step *s;
+    xstep *x;
+    char *err;
+    int errlen;
+} pctx;
+
+static int pfail(pctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int pfail(pctx *c, const char *fmt, ...) {
+    char d[160], m[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    snprintf(c->err, (size_t)c->errlen, "%s: %s (the plan's operands and the runtime's reading of them disagree)",
+             exec_step_desc(c->ex->P, c->i, d, sizeof d), m);
+    return -1;
+}
+
+static char *opp(const pctx *c, int j) { return (char *)c->ex->bufptr[c->s->ops[j].buf] + c->s->ops[j].offset; }
+static int64_t opbytes(const pctx *c, int j) { return c->s->ops[j].bytes; }
+static const cp_buffer *opbuf(const pctx *c, int j) { return &c->ex->P->bufs[c->s->ops[j].buf]; }
+
+static int need_ops(pctx *c, int n) {
+    if (c->s->nops != n) return pfail(c, "%d operands, expected %d", c->s->nops, n);
+    for (int j = 0; j < n; j++)
+        if (!c->ex->bufptr[c->s->ops[j].buf])
+            return pfail(c, "operand %d (%s) has no memory", j, opbuf(c, j)->name);
+    return 0;
+}
+
+static int need_bytes(pctx *c, int j, int64_t bytes) {
+    if (opbytes(c, j) < bytes)
+        return pfail(c, "operand %d (%s) has %lld bytes, the kernel touches %lld", j, opbuf(c, j)->name,
+                     (long long)opbytes(c, j), (long long)bytes);
+    return 0;
+}
+
+static int need_align(pctx *c, int j, int a) {
+    if ((uintptr_t)opp(c, j) % (uintptr_t)a)
+        return pfail(c, "operand %d (%s + %lld) is not %d-byte aligned", j, opbuf(c, j)->name,
+                     (long long)c->s->ops[j].offset, a);
+    return 0;
+}
+
+static const cp_kernel_spec *kspec(const pctx *c) { return &c->ex->P->modules[c->s->module]; }
+
+static int64_t kint(pctx *c, const char *key) {
+    const char *v = cp_kspec_get(kspec(c), key);
+    return v ? strtoll(v, NULL, 10) : -1;
+}
+
+static void a_ptr(xlaunch *l, const void *p) {
+    l->val[l->nargs] = (uint64_t)(uintptr_t)p;
+    l->args[l->nargs] = &l->val[l->nargs];
+    l->nargs++;
+}
+static void a_i64(xlaunch *l, int64_t v) {
+    memcpy(&l->val[l->nargs], &v, sizeof v);
+    l->args[l->nargs] = &l->val[l->nargs];
+    l->nargs++;
+}
+static void a_i32(xlaunch *l, int v) {
+    memcpy(&l->val[l->nargs], &v, sizeof v);
+    l->args[l->nargs] = &l->val[l->nargs];
+    l->nargs++;
+}
+/* An argument read from the executor's scalars at each launch. */
+static void a_dyn(xlaunch *l, void *p) { l->args[l->nargs++] = p; }
+
+/* The kernel for `role` of the step's module, with the geometry for (n, heads). */
+static int launch_of(pctx *c, const char *role, int64_t n, int64_t heads, xlaunch *l) {
+    const cp_exec *ex = c->ex;
+    const cp_kernel_spec *k = kspec(c);
+    char e[1024];
+    if (!ex->dry && cp_module_role(&ex->mods[c->s->module], k->family, role, &l->k, e, sizeof e))
+        return pfail(c, "%s", e);
+    int rc = strcmp(k->family, "attention") == 0 ? cp_k_attention_dims(k, role, &l->d)
+                                                 : cp_k_dims(k, role, n, heads, ex->info.sms, &l->d);
+    if (rc) return pfail(c, "no launch geometry for %s role %s", k->family, role);
+    if (!l->d.grid[0] || !l->d.grid[1] || !l->d.grid[2] || !l->d.block)
+        return pfail(c, "%s role %s gets an empty launch (%u x %u x %u blocks of %u)", k->family, role, l->d.grid[0],
+                     l->d.grid[1], l->d.grid[2], l->d.block);
+    if (!ex->dry && l->d.smem > 48 * 1024 && cp_kernel_set_max_smem(l->k, l->d.smem, e, sizeof e)) return pfail(c, "%s", e);
+    c->x->nl++;
+    return 0;
+}
+
+/* ---- one function per step `what` ---- */
+
+/* embed: fwd(tokens i32[n], table[V][H], out[n][H], n) */
+static int k_embed(pctx *c) {
+    if (need_ops(c, 3)) return -1;
+    int64_t n = c->s->count, H = kint(c, "HIDDEN"), V = kint(c, "VOCAB");
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, V * H * 2) || need_bytes(c, 2, n * H * 2)) return -1;
+    if (need_align(c, 1, 16) || need_align(c, 2, 16)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "fwd", n, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_ptr(l, opp(c, 1));
+    a_ptr(l, opp(c, 2));
+    a_i64(l, n);
+    return 0;
+}
+
+/* embed_bwd: operands tokens, token_order, dout, dtable; bwd_sorted(tokens, order i32[n], dout[n][H],
+ * dtable f32[V][H] +=, n) */
+static int k_embed_bwd(pctx *c) {
+    if (need_ops(c, 4)) return -1;
+    int64_t n = c->s->count, H = kint(c, "HIDDEN"), V = kint(c, "VOCAB");
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * 4) || need_bytes(c, 2, n * H * 2) ||
+        need_bytes(c, 3, V * H * 4))
+        return -1;
+    if (need_align(c, 2, 16) || need_align(c, 3, 16)) return -1;
+    if (n > INT32_MAX) return pfail(c, "%lld rows: the sorted order holds 32-bit positions", (long long)n);
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "bwd_sorted", n, 0, l)) return -1;
+    for (int j = 0; j < 4; j++) a_ptr(l, opp(c, j));
+    a_i64(l, n);
+    return 0;
+}
+
+/* norm1, norm2, final_norm, q_norm, k_norm: operands x, weight, out, rstd;
+ * fwd(x, resid NULL, sum_out NULL, weight, out, rstd f32[n], n) */
+static int k_norm_fwd(pctx *c) {
+    if (need_ops(c, 4)) return -1;
+    int64_t n = c->s->count, H = kint(c, "HIDDEN");
+    if (need_bytes(c, 0, n * H * 2) || need_bytes(c, 1, H * 2) || need_bytes(c, 2, n * H * 2) ||
+        need_bytes(c, 3, n * 4))
+        return -1;
+    for (int j = 0; j < 3; j++)
+        if (need_align(c, j, 16)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "fwd", n, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_ptr(l, NULL);
+    a_ptr(l, NULL);
+    a_ptr(l, opp(c, 1));
+    a_ptr(l, opp(c, 2));
+    a_ptr(l, opp(c, 3));
+    a_i64(l, n);
+    return 0;
+}
+
+/* The norm backward, two launches: bwd(dout, x, weight, rstd, dresid|NULL, dx, dw_part f32[grid][H], n), then
+ * bwd_dw(dw_part, parts = bwd's grid, dweight f32 +=): the weight gradient summed in a fixed order. */
+static int norm_bwd(pctx *c, int dout, int x, int w, int rstd, int dresid, int dx, int dw, int part) {
+    int64_t n = c->s->count, H = kint(c, "HIDDEN");
+    if (need_bytes(c, dout, n * H * 2) || need_bytes(c, x, n * H * 2) || need_bytes(c, w, H * 2) ||
+        need_bytes(c, rstd, n * 4) || need_bytes(c, dx, n * H * 2) || need_bytes(c, dw, H * 4) ||
+        (dresid >= 0 && need_bytes(c, dresid, n * H * 2)))
+        return -1;
+    if (need_align(c, dout, 16) || need_align(c, x, 16) || need_align(c, w, 16) || need_align(c, dx, 16) ||
+        need_align(c, dw, 16) || need_align(c, part, 16) || (dresid >= 0 && need_align(c, dresid, 16)))
+        return -1;
+    xlaunch *l = &c->x->L[0], *r = &c->x->L[1];
+    if (launch_of(c, "bwd", n, 0, l)) return -1;
+    int64_t parts = l->d.grid[0];
+    if (need_bytes(c, part, parts * H * 4)) return -1;
+    a_ptr(l, opp(c, dout));
+    a_ptr(l, opp(c, x));
+    a_ptr(l, opp(c, w));
+    a_ptr(l, opp(c, rstd));
+    a_ptr(l, dresid >= 0 ? opp(c, dresid) : NULL);
+    a_ptr(l, opp(c, dx));
+    a_ptr(l, opp(c, part));
+    a_i64(l, n);
+    if (launch_of(c, "bwd_dw", n, 0, r)) return -1;
+    a_ptr(r, opp(c, part));
+    a_i32(r, (int)parts);
+    a_ptr(r, opp(c, dw));
+    return 0;
+}
+
+/* norm1_bwd, norm2_bwd: operands dxn, x, weight, rstd, d_resid-in (dresid), dx out, dweight, norm partials */
+static int k_norm_bwd_resid(pctx *c) { return need_ops(c, 8) ? -1 : norm_bwd(c, 0, 1, 2, 3, 4, 5, 6, 7); }
+/* final_norm_bwd: operands dout, x, weight, rstd, dx, dweight, norm partials */
+static int k_norm_bwd(pctx *c) { return need_ops(c, 7) ? -1 : norm_bwd(c, 0, 1, 2, 3, -1, 4, 5, 6); }
+/* qk_norm_bwd: operands d (in place: dout and dx), x (before the norm), weight, rstd, dweight, norm partials */
+static int k_qk_norm_bwd(pctx *c) { return need_ops(c, 6) ? -1 : norm_bwd(c, 0, 1, 2, 3, -1, 0, 4, 5); }
+
+/* rope_q, rope_k (fwd), rope_dq, rope_dk (bwd): in place on [n][heads][D], row r at position pos0 + r:
+ * fwd/bwd(x, n, heads, pos0) */
+static int k_rope(pctx *c) {
+    if (need_ops(c, 1)) return -1;
+    int64_t n = c->s->count, heads = c->s->heads, D = kint(c, "D");
+    if (n < 1 || heads < 1) return pfail(c, "%lld rows of %lld heads", (long long)n, (long long)heads);
+    if (opbytes(c, 0) != n * heads * D * 2)
+        return pfail(c, "%lld bytes are not %lld rows of %lld heads of %lld", (long long)opbytes(c, 0), (long long)n,
+                     (long long)heads, (long long)D);
+    if (need_align(c, 0, 16)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, c->s->role, n, heads, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_i64(l, n);
+    a_i32(l, (int)heads);
+    a_i64(l, (int64_t)c->ex->o.rank * c->ex->P->T); /* this rank's slice starts at position rank * T */
+    return 0;
+}
+
+/* attn_fwd: operands q, k, v, o, lse (the stage's slice): fwd(q, k, v, o, lse) */
+static int k_attn_fwd(pctx *c) {
+    if (need_ops(c, 5)) return -1;
+    int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
+    if (need_bytes(c, 0, S * QH * D * 2) || need_bytes(c, 1, S * KH * D * 2) || need_bytes(c, 2, S * KH * D * 2) ||
+        need_bytes(c, 3, S * QH * D * 2) || need_bytes(c, 4, QH * S * 4))
+        return -1;
+    for (int j = 0; j < 5; j++)
+        if (need_align(c, j, 16)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "fwd", 0, 0, l)) return -1;
+    for (int j = 0; j < 5; j++) a_ptr(l, opp(c, j));
+    return 0;
+}
+
+/* attn_bwd: operands q, k, v, dout, lse (the stage's slice), delta, the dQ workspace (fp32 dQ, written, then the
+ * progress counters, zeroed by the plan), then dkv_accum (fp32 dK then dV, +=) or dk, dv (bf16):
+ * bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv) */
+static int k_attn_bwd(pctx *c) {
+    bool acc = kint(c, "DKV_ACCUM") == 1;
+    if (need_ops(c, acc ? 8 : 9)) return -1;
+    int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
+    if (need_bytes(c, 0, S * QH * D * 2) || need_bytes(c, 1, S * KH * D * 2) || need_bytes(c, 2, S * KH * D * 2) ||
+        need_bytes(c, 3, S * QH * D * 2) || need_bytes(c, 4, QH * S * 4) || need_bytes(c, 5, S * QH * 4) ||
+        need_bytes(c, 6, cp_k_attention_workspace_bytes(kspec(c))))
+        return -1;
+    if (acc ? need_bytes(c, 7, 2 * S * KH * D * 4) : (need_bytes(c, 7, S * KH * D * 2) || need_bytes(c, 8, S * KH * D * 2)))
+        return -1;
+    for (int j = 0; j < c->s->nops; j++)
+        if (need_align(c, j, 16)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "bwd", 0, 0, l)) return -1;
+    for (int j = 0; j < 7; j++) a_ptr(l, opp(c, j));
+    a_ptr(l, opp(c, 6) + cp_k_attention_prog_offset(kspec(c)));
+    a_ptr(l, opp(c, 7));
+    a_ptr(l, acc ? opp(c, 7) + S * KH * D * 4 : opp(c, 8));
+    return 0;
+}
+
+/* attn_bwd_dq: operands dq_ws (fp32), dq (bf16): bwd_dq(dq_ws, dq), dq = bf16(scale * dq_ws) */
+static int k_attn_bwd_dq(pctx *c) {
+    if (need_ops(c, 2)) return -1;
+    int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS");
+    if (need_bytes(c, 0, S * QH * D * 4) || need_bytes(c, 1, S * QH * D * 2) || need_align(c, 0, 16) ||
+        need_align(c, 1, 16))
+        return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "bwd_dq", 0, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_ptr(l, opp(c, 1));
+    return 0;
+}
+
+/* Ulysses layout kernels: between a stage's columns of a token-layout buffer (T rows of the whole buffer's width)
+ * and C contiguous blocks of [T][NOUT][ROW_BYTES] heads, one per rank (with one GPU, a strided copy). */
+static int layout_check(pctx *c, int tokbuf_op, int64_t *stride) {
+    const cp_plan *P = c->ex->P;
+    int64_t T = kint(c, "T"), nout = kint(c, "NOUT"), rb = kint(c, "ROW_BYTES"), unit = kint(c, "UNIT");
+    int64_t C = kint(c, "C"), R = kint(c, "R");
+    if (C != P->C) return pfail(c, "a layout kernel for %lld GPUs in a plan of %d", (long long)C, P->C);
+    /* a token row holds C/R * NOUT heads of the stage; the all-to-all side C blocks of T x NOUT heads */
+    int64_t row = C / R * nout * rb;
+    const cp_buffer *b = opbuf(c, tokbuf_op);
+    if (T != P->T || b->bytes % T) return pfail(c, "%s is not %lld token rows", b->name, (long long)T);
+    *stride = b->bytes / T;
+    if (*stride % unit || *stride < row) return pfail(c, "row stride %lld of %s", (long long)*stride, b->name);
+    int other = 1 - tokbuf_op;
+    /* the stage's columns of every row: from the operand's offset to near the buffer's end, whatever the
+     * operand's byte count says (step_ranges widens it to the whole buffer for the stream analysis) */
+    if (need_bytes(c, other, C * T * nout * rb)) return -1;
+    if (c->s->ops[tokbuf_op].offset + (T - 1) * *stride + row > b->bytes)
+        return pfail(c, "the stage's columns run past the end of %s", b->name);
+    if (need_align(c, 0, (int)unit) || need_align(c, 1, (int)unit)) return -1;
+    return 0;
+}
+
+/* pack_do, pack_delta: operands src (the stage's columns), dst (head layout): pack(src, src_stride, dst) */
+static int k_pack(pctx *c) {
+    int64_t stride;
+    if (need_ops(c, 2) || layout_check(c, 0, &stride)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "pack", 0, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_i64(l, stride);
+    a_ptr(l, opp(c, 1));
+    return 0;
+}
+
+/* unpack_o, unpack_dq, unpack_dk, unpack_dv: operands src (head layout: the all-to-all's C blocks), dst (the stage's
+ * columns of the token rows): unpack or unpack_add (the step's role) (src, dst, dst_stride) */
+static int k_unpack(pctx *c) {
+    int64_t stride;
+    if (need_ops(c, 2) || layout_check(c, 1, &stride)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, c->s->role, 0, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_ptr(l, opp(c, 1));
+    a_i64(l, stride);
+    return 0;
+}
+
+/* swiglu: operands gate, up, out: fwd(gate, up, out, n) */
+static int k_swiglu(pctx *c) {
+    if (need_ops(c, 3)) return -1;
+    int64_t n = c->s->count, F = kint(c, "FFN");
+    for (int j = 0; j < 3; j++)
+        if (need_bytes(c, j, n * F * 2) || need_align(c, j, 16)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "fwd", n, 0, l)) return -1;
+    for (int j = 0; j < 3; j++) a_ptr(l, opp(c, j));
+    a_i64(l, n);
+    return 0;
+}
+
+/* swiglu_bwd: operands dout (d act), gate, up (overwritten with their gradients): bwd(dout, gate, up, n) */
+static int k_swiglu_bwd(pctx *c) {
+    if (need_ops(c, 3)) return -1;
+    int64_t n = c->s->count, F = kint(c, "FFN");
+    for (int j = 0; j < 3; j++)
+        if (need_bytes(c, j, n * F * 2) || need_align(c, j, 16)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "bwd", n, 0, l)) return -1;
+    for (int j = 0; j < 3; j++) a_ptr(l, opp(c, j));
+    a_i64(l, n);
+    return 0;
+}
+
+/* loss: operands logits (in place -> dlogits * scale), targets (the tile's), token_loss (the tile's):
+ * fwdbwd(logits, targets, row_loss f32[n] out, scale, n); scale = 1 / target tokens of the whole step */
+static int k_loss(pctx *c) {
+    if (need_ops(c, 3)) return -1;
+    int64_t n = c->s->count, V = kint(c, "VOCAB");
+    if (need_bytes(c, 0, n * V * 2) || need_bytes(c, 1, n * 4) || need_bytes(c, 2, n * 4) || need_align(c, 0, 16))
+        return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "fwdbwd", n, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_ptr(l, opp(c, 1));
+    a_ptr(l, opp(c, 2));
+    a_dyn(l, &c->ex->sc.loss_scale);
+    a_i64(l, n);
+    return 0;
+}
+
+/* loss_sum: operands token_loss, loss_sum float 0: sum(row_loss f32[n], n, loss_sum f32[1] +=) */
+static int k_loss_sum(pctx *c) {
+    if (need_ops(c, 2)) return -1;
+    int64_t n = c->s->count;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, 4)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "sum", n, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_i64(l, n);
+    a_ptr(l, opp(c, 1));
+    return 0;
+}
+
+/* attn_delta: operands dout, out (token layout [n][heads][D]), delta f32[n][heads]: fwd(dout, out, delta, n, heads) */
+static int k_attn_delta(pctx *c) {
+    if (need_ops(c, 3)) return -1;
+    int64_t n = c->s->count, heads = c->s->heads, D = kint(c, "D");
+    if (heads < 1) return pfail(c, "no heads given");
+    if (need_bytes(c, 0, n * heads * D * 2) || need_bytes(c, 1, n * heads * D * 2) || need_bytes(c, 2, n * heads * 4))
+        return -1;
+    for (int j = 0; j < 3; j++)
+        if (need_align(c, j, 16)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "fwd", n, heads, l)) return -1;
+    for (int j = 0; j < 3; j++) a_ptr(l, opp(c, j));
+    a_i64(l, n);
+    a_i32(l, (int)heads);
+    return 0;
+}
+
+/* grad_accum (C > 1, micro-batches > 1): operands this rank's gradient shard of a unit, the unit's full gradients:
+ * add_f32(shard, full + rank * shard, n) before the reduce-scatter overwrites the shard with the sum */
+static int k_grad_accum(pctx *c) {
+    if (need_ops(c, 2)) return -1;
+    const cp_exec *ex = c->ex;
+    int64_t n = c->s->count;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * 4 * ex->P->C)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "add_f32", n, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_ptr(l, opp(c, 1) + (size_t)ex->o.rank * (size_t)n * 4);
+    a_i64(l, n);
+    return 0;
+}
+
+/* cast_dk, cast_dv: operands src f32, dst bf16: f32_to_bf16(src, dst, n) */
+static int k_cast(pctx *c) {
+    if (need_ops(c, 2)) return -1;
+    int64_t n = c->s->count;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * 2)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "f32_to_bf16", n, 0, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_ptr(l, opp(c, 1));
+    a_i64(l, n);
+    return 0;
+}
+
+/* grad_norm: operands grads, sumsq_partials, loss_sum float 1, sumsq's counter in loss_sum:
+ * sumsq(grad f32[n], n, partial f64[grid], counter u32, out f32[1] +=) */
+static int k_grad_norm(pctx *c) {
+    if (need_ops(c, 4)) return -1;
+    int64_t n = c->s->count;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 2, 4) || need_bytes(c, 3, 4) || need_align(c, 1, 8) ||
+        need_align(c, 3, 4))
+        return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "sumsq", n, 0, l)) return -1;
+    if (need_bytes(c, 1, (int64_t)l->d.grid[0] * 8)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_i64(l, n);
+    a_ptr(l, opp(c, 1));
+    a_ptr(l, opp(c, 3));
+    a_ptr(l, opp(c, 2));
+    return 0;
+}
+
+/* adamw: operands master, m, v, grads, params:
+ * update(master, m, v, grad, param, n, lr, beta1, beta2, eps, wd, grad_scale, step) */
+static int k_adamw(pctx *c) {
+    if (need_ops(c, 5)) return -1;
+    int64_t n = c->s->count;
+    for (int j = 0; j < 4; j++)
+        if (need_bytes(c, j, n * 4)) return -1;
+    if (need_bytes(c, 4, n * 2)) return -1;
+    scalars *sc = &c->ex->sc;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, "update", n, 0, l)) return -1;
+    for (int j = 0; j < 5; j++) a_ptr(l, opp(c, j));
+    a_i64(l, n);
+    a_dyn(l, &sc->lr);
+    a_dyn(l, &sc->beta1);
+    a_dyn(l, &sc->beta2);
+    a_dyn(l, &sc->eps);
+    a_dyn(l, &sc->wd);
+    a_dyn(l, &sc->grad_scale);
+    a_dyn(l, &sc->adam_step);
+    c->x->special = S_ADAMW;
+    return 0;
+}
+
+typedef int (*kprep)(pctx *c);
+static const struct {
+    const char *what;
+    kprep fn;
+} KERNEL_STEPS[] = {
+    {"embed", k_embed},           {"embed_bwd", k_embed_bwd},   {"norm1", k_norm_fwd},
+    {"norm2", k_norm_fwd},        {"final_norm", k_norm_fwd},   {"q_norm", k_norm_fwd},
+    {"k_norm", k_norm_fwd},       {"norm1_bwd", k_norm_bwd_resid}, {"norm2_bwd", k_norm_bwd_resid},
+    {"final_norm_bwd", k_norm_bwd}, {"qk_norm_bwd", k_qk_norm_bwd}, {"rope_q", k_rope},
+    {"rope_k", k_rope},           {"rope_dq", k_rope},          {"rope_dk", k_rope},
+    {"attn_fwd", k_attn_fwd},     {"attn_bwd", k_attn_bwd},     {"attn_bwd_dq", k_attn_bwd_dq},     {"unpack_o", k_unpack},
+    {"pack_do", k_pack},          {"pack_delta", k_pack},       {"pack_q", k_pack},
+    {"pack_k", k_pack},           {"pack_v", k_pack},           {"unpack_dq", k_unpack},
+    {"unpack_dk", k_unpack},      {"unpack_dv", k_unpack},      {"grad_accum", k_grad_accum},
+    {"swiglu", k_swiglu},         {"swiglu_bwd", k_swiglu_bwd}, {"loss", k_loss},
+    {"loss_sum", k_loss_sum},     {"attn_delta", k_attn_delta}, {"cast_dk", k_cast},
+    {"cast_dv", k_cast},          {"grad_norm", k_grad_norm},   {"adamw", k_adamw},
+};
+
+/* GEMM: operands A, B, (C), D with the plan's cp_gemm; every operand must hold the rows its leading dimension
+ * implies. */
+static int prep_gemm(pctx *c) {
+    const cp_gemm *g = &c->s->gemm;
+    int n = 3 + (g->has_c ? 1 : 0);
+    if (need_ops(c, n)) return -1;
+    int64_t ar = g->trans_a ? g->k : g->m, ac = g->trans_a ? g->m : g->k;
+    int64_t br = g->trans_b ? g->n : g->k, bc = g->trans_b ? g->k : g->n;
+    int64_t esz = g->out_f32 ? 4 : 2;
+    if (need_bytes(c, 0, ((ar - 1) * g->lda + ac) * 2) || need_bytes(c, 1, ((br - 1) * g->ldb + bc) * 2) ||
+        need_bytes(c, n - 1, ((g->m - 1) * g->ldd + g->n) * esz) ||
+        (g->has_c && need_bytes(c, 2, ((g->m - 1) * g->ldd + g->n) * 2)))
+        return -1;
+    xstep *x = c->x;
+    x->ga = opp(c, 0);
+    x->gb = opp(c, 1);
+    x->gc = g->has_c ? opp(c, 2) : NULL;
+    x->gd = opp(c, n - 1);
+    if (c->ex->dry) return 0;
+    x->gemm = cp_gemm_prepare(c->ex->gemm, g, c->s->what, x->ga, x->gb, x->gc, x->gd, c->err, c->errlen);
+    return x->gemm < 0 ? -1 : 0;
+}
+
+/* The plan's collectives over the C ranks (gen/plan.c says what each moves):
+ *   all-to-all      operands send (C equal blocks, one per rank), recv: bytes, moved as bytes
+ *   all-gather      operands this rank's shard of a unit (bf16), the gathered unit: the shards in rank order
+ *   reduce-scatter  operands the unit's full fp32 gradients, this rank's shard: summed over the ranks
+ *   all-reduce      operand the loss sum and the gradient's sum of squares (fp32), summed in place */
+static int prep_collective(pctx *c) {
+    const cp_plan *P = c->ex->P;
+    const cp_step *s = c->s;
+    xstep *x = c->x;
+    int64_t C = P->C;
+    x->kind = X_COLL;
+    if (C < 2) return pfail(c, "a collective in a plan of one GPU");
+    switch (s->kind) {
+    case CP_OP_ALLTOALL:
+        if (need_ops(c, 2) || need_bytes(c, 0, s->count) || need_bytes(c, 1, s->count)) return -1;
+        if (s->count % C) return pfail(c, "an all-to-all of %lld bytes does not split into %lld blocks",
+                                       (long long)s->count, (long long)C);
+        x->src = opp(c, 0), x->dst = opp(c, 1);
+        x->count = (size_t)(s->count / C);
+        x->dtype = ncclUint8;
+        return 0;
+    case CP_OP_ALLGATHER:
+        if (need_ops(c, 2)) return -1;
+        if (opbytes(c, 0) * C != s->count || opbytes(c, 1) < s->count || opbytes(c, 0) % 2)
+            return pfail(c, "gathering %lld-byte shards into %lld of %lld bytes", (long long)opbytes(c, 0),
+                         (long long)s->count, (long long)opbytes(c, 1));
+        x->src = opp(c, 0), x->dst = opp(c, 1);
+        x->count = (size_t)(opbytes(c, 0) / 2);
+        x->dtype = ncclBfloat16;
+        return 0;
+    case CP_OP_REDUCE_SCATTER:
+        if (need_ops(c, 2)) return -1;
+        if (opbytes(c, 1) * C != s->count || opbytes(c, 0) < s->count || opbytes(c, 1) % 4)
+            return pfail(c, "reduce-scattering %lld of %lld bytes into %lld-byte shards", (long long)s->count,
+                         (long long)opbytes(c, 0), (long long)opbytes(c, 1));
+        x->src = opp(c, 0), x->dst = opp(c, 1);
+        x->count = (size_t)(opbytes(c, 1) / 4);
+        x->dtype = ncclFloat32;
+        return 0;
+    case CP_OP_ALLREDUCE:
+        if (need_ops(c, 1) || need_bytes(c, 0, s->count) || s->count % 4) return -1;
+        x->src = x->dst = opp(c, 0);
+        x->count = (size_t)(s->count / 4);
+        x->dtype = ncclFloat32;
+        return 0;
+    default:
+        return pfail(c, "not a collective");
+    }
+}
+
+int exec_prep_step(cp_exec *ex, int i, char *err, int errlen) {
+    const cp_plan *P = ex->P;
+    const cp_step *s = &P->steps[i];
+    xstep *x = &ex->x[i];
+    memset(x, 0, sizeof *x);
+    x->event = x->marker = -1;
+    x->gemm = -1;
+    x->stream = s->stream;
+    pctx c = {.ex = ex, .i = i, .s = s, .x = x, .err = err, .errlen = errlen};
+    switch (s->kind) {
+    case CP_OP_KERNEL:
+        if (s->module < 0) {
+            if (strcmp(s->what, "adamw_host")) return pfail(&c, "a host step this runtime does not know");
+            /* grads (GPU), gradient ring (host), master, m, v, parameter ring (host), params (GPU) */
+            int64_t n = P->params_shard, ch = P->host_chunk;
+            if (need_ops(&c, 7) || need_bytes(&c, 0, n * 4) || need_bytes(&c, 1, 2 * ch * 4) ||
+                need_bytes(&c, 2, n * 4) || need_bytes(&c, 3, n * 4) || need_bytes(&c, 4, n * 4) ||
+                need_bytes(&c, 5, 2 * ch * 2) || need_bytes(&c, 6, n * 2))
+                return -1;
+            if (ch < 1) return pfail(&c, "the plan has no host chunk size");
+            x->kind = X_HOST_ADAMW;
+            return 0;
+        }
+        x->kind = X_KERNEL;
+        for (size_t k = 0; k < CP_ARRAY_LEN(KERNEL_STEPS); k++)
+            if (!strcmp(KERNEL_STEPS[k].what, s->what)) return KERNEL_STEPS[k].fn(&c);
+        return pfail(&c, "a kernel step this runtime does not know (module %s, role %s)", P->modules[s->module].family,
+                     s->role);
+    case CP_OP_GEMM:
+        x->kind = X_GEMM;
+        return prep_gemm(&c);
+    case CP_OP_MEMSET:
+        if (need_ops(&c, 1)) return -1;
+        x->kind = X_MEMSET;
+        x->dst = opp(&c, 0);
+        x->bytes = (size_t)opbytes(&c, 0);
+        if (s->count != opbytes(&c, 0)) return pfail(&c, "memset of %lld bytes on an operand of %lld",
+                                                     (long long)s->count, (long long)opbytes(&c, 0));
+        return 0;
+    case CP_OP_COPY_H2D:
+    case CP_OP_COPY_D2H:
+        if (!strcmp(s->what, "load_tokens")) {
+            /* tokens, targets, token_order */
+            if (need_ops(&c, 3) || need_bytes(&c, 0, P->T * 4) || need_bytes(&c, 1, P->T * 4) ||
+                need_bytes(&c, 2, P->T * 4))
+                return -1;
+            x->kind = X_LOAD_TOKENS;
+            return 0;
+        }
+        if (need_ops(&c, 2)) return -1;
+        x->kind = X_COPY;
+        x->src = opp(&c, 0);
+        x->dst = opp(&c, 1);
+        x->bytes = (size_t)opbytes(&c, 1);
+        if (opbytes(&c, 0) != opbytes(&c, 1))
+            return pfail(&c, "a copy of %lld bytes into %lld", (long long)opbytes(&c, 0), (long long)opbytes(&c, 1));
+        return 0;
+    case CP_OP_ALLTOALL:
+    case CP_OP_ALLGATHER:
+    case CP_OP_REDUCE_SCATTER:
+    case CP_OP_ALLREDUCE:
+        return prep_collective(&c);
+    default:
+        return pfail(&c, "a step kind this runtime does not know");
+    }
+}

@@ -1,0 +1,154 @@
+/* exec_internal.h: what the executor's files share (runtime/exec*.c): the prepared step, the executor's state, and
+ * the functions one file gives another. Not for use outside the executor; its interface is exec.h. */
+#ifndef CP_EXEC_INTERNAL_H
+#define CP_EXEC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_check.h"
+#include "exec.h"
+#include "gemm.h"
+#include "module.h"
+#include "profile.h"
+
+
+#define MAXARGS 16
+#define PIN_PIECE ((int64_t)8 << 30) /* pinned host allocations are at most 8 GiB each, made in parallel */
+#define PROGRESS_AFTER 3.0           /* seconds: steps expected to run longer report progress */
+
+enum { X_NONE, X_KERNEL, X_GEMM, X_MEMSET, X_COPY, X_LOAD_TOKENS, X_HOST_ADAMW, X_COLL };
+enum { S_PLAIN, S_ADAMW };
+
+typedef struct {
+    cudaKernel_t k;
+    cp_kdims d;
+    int nargs;
+    void *args[MAXARGS];
+    uint64_t val[MAXARGS]; /* storage of the arguments that do not change */
+} xlaunch;
+
+typedef struct {
+    int kind, special, stream;
+    int nl;
+    xlaunch L[2];
+    int gemm;
+    const void *ga, *gb, *gc;
+    void *gd;
+    void *dst;
+    const void *src;
+    size_t bytes;
+    size_t count;         /* X_COLL: elements per rank (all-to-all: to each peer) */
+    ncclDataType_t dtype; /* X_COLL */
+    int wait0, nwait; /* into ex->waits: events of other streams to wait for */
+    int event;        /* recorded after the step when another stream waits for it, else -1 */
+    int marker;       /* progress marker recorded before the step, or -1 */
+} xstep;
+
+typedef struct {
+    int64_t start, end; /* arena bytes */
+    void *p;
+    double seconds;
+    cudaError_t e;
+    int dev;
+} hpiece;
+
+typedef struct {
+    int step;        /* step index of the marker */
+    double before;   /* predicted seconds of the program before it */
+    char label[48];
+} marker;
+
+/* Scalars the kernels read by pointer at each launch. */
+typedef struct {
+    float loss_scale, lr, beta1, beta2, eps, wd, grad_scale;
+    int adam_step;
+} scalars;
+
+struct cp_exec {
+    const cp_plan *P;
+    cp_exec_opts o;
+    cp_exec_startup info;
+    int dev;
+    char *gpu;      /* the arena */
+    int npieces;
+    hpiece *pieces; /* the host arena */
+    void **bufptr;  /* per buffer: its address (NULL for a buffer of 0 bytes) */
+    cp_module *mods;
+    int nmods;
+    cudaStream_t streams[CP_STREAM_COUNT];
+    cudaEvent_t *events;
+    int nevents;
+    int *waits;
+    int nwaits;
+    cudaEvent_t join_ev[CP_STREAM_COUNT];
+    cudaEvent_t ring_ev[2][2]; /* host optimizer: [slot] gradients down, [slot] parameters up */
+    bool stream_used[CP_STREAM_COUNT];
+    cp_gemm_lib *gemm;
+    xstep *x;
+    scalars sc;
+    int32_t *staging;   /* pinned: [micro_batches][3][T] tokens, targets, rows sorted by token */
+    int32_t *sort_count; /* [vocab + 1]: the counting sort of the tokens */
+    float *host_scalars; /* pinned: loss_sum[0..1] read back once per step */
+    float *loss_sum;    /* device */
+    /* memory measurement */
+    bool nvml;
+    int64_t base_free_nvml, ctx_free_nvml, ctx_free_cuda;
+    int64_t rss_base; /* resident host bytes before the host arena was pinned */
+    bool skip_comm;   /* CPGEN_BENCH_SKIP_COMM=1: collectives replaced by local copies, to time the step without them */
+    cp_profile *prof; /* CPGEN_PROFILE=N: step N (counted from 1 in this executor) timed step by step */
+    int prof_step, steps_run;
+    bool profiling;   /* the step running now is the one profiled */
+    /* progress */
+    int nmarkers;
+    marker *markers;
+    cudaEvent_t *marker_ev; /* [micro_batches][nmarkers] */
+    int nmarker_ev;
+    double t_micro, t_optim; /* predicted seconds of one micro-batch and of the optimizer */
+    double last_seconds;
+    int updates;
+    bool dry; /* cp_exec_check: no GPU; addresses are made up, nothing is launched */
+    int *event_step; /* the step recording each event */
+};
+
+#define CK(call, what)                                                              \
+    do {                                                                            \
+        cudaError_t e_ = (call);                                                    \
+        if (e_ != cudaSuccess) return cp_cuda_errmsg(e_, what, err, errlen);        \
+    } while (0)
+
+static inline uint16_t exec_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* exec_args.c: the prepared steps */
+const char *exec_step_desc(const cp_plan *P, int i, char *buf, size_t n);
+int exec_prep_step(cp_exec *ex, int i, char *err, int errlen);
+
+/* exec_order.c: what the steps wait for, and the plan's weight ranges */
+int exec_check_weight_ranges(const cp_exec *ex, char *err, int errlen);
+void exec_build_deps(cp_exec *ex, int from, int to);
+void exec_build_markers(cp_exec *ex);
+
+/* exec_mem.c: memory measurement and the arenas */
+int64_t exec_nvml_free(const char *bus_id);
+int64_t exec_cuda_free_now(void);
+void *exec_pin_thread(void *arg);
+void exec_host_pieces(cp_exec *ex);
+void exec_place_buffers(cp_exec *ex);
+
+/* exec_hostopt.c: the optimizer step on the host */
+int exec_host_update(cp_exec *ex, int i, char *err, int errlen);
+
+/* exec_run.c: waiting for a stream through the communicator's watchdog */
+int exec_sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err, int errlen);
+
+#endif
