@@ -252,6 +252,8 @@ void cp_exec_destroy(cp_exec *ex) {
     free(ex->pieces);
     free(ex->mods);
     free(ex->bufptr);
+    for (int i = 0; ex->x && i < ex->P->nsteps; i++)
+        for (int j = 0; j < 2; j++) free(ex->x[i].L[j].tmaps);
     free(ex->x);
     free(ex->events);
     free(ex->waits);

@@ -229,7 +229,8 @@ static int k_rope(pctx *c) {
     return 0;
 }
 
-/* attn_fwd: operands q, k, v, o, lse (the stage's slice): fwd(q, k, v, o, lse) */
+/* attn_fwd: operands q, k, v, o, lse (the stage's slice): fwd(q, k, v, o, lse), or on Hopper
+ * fwd_sm90(tensor maps of q, k, v; o, lse) */
 static int k_attn_fwd(pctx *c) {
     if (need_ops(c, 5)) return -1;
     int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
@@ -239,8 +240,25 @@ static int k_attn_fwd(pctx *c) {
     for (int j = 0; j < 5; j++)
         if (need_align(c, j, 16)) return -1;
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, "fwd", 0, 0, l)) return -1;
-    for (int j = 0; j < 5; j++) a_ptr(l, opp(c, j));
+    if (!cp_k_attention_hopper(c->ex->o.arch)) {
+        if (launch_of(c, "fwd", 0, 0, l)) return -1;
+        for (int j = 0; j < 5; j++) a_ptr(l, opp(c, j));
+        return 0;
+    }
+    /* fwd_sm90(tm_q, tm_k, tm_v, o, lse): q, k, v through tensor maps, encoded once for these addresses */
+    if (launch_of(c, "fwd_sm90", 0, 0, l)) return -1;
+    l->tmaps = aligned_alloc(_Alignof(cp_tmap), 3 * sizeof(cp_tmap));
+    if (!l->tmaps) return pfail(c, "out of host memory for tensor maps");
+    const int64_t heads[3] = {QH, KH, KH};
+    for (int j = 0; j < 3; j++) {
+        char e[512];
+        if (c->ex->dry) memset(&l->tmaps[j], 0, sizeof l->tmaps[j]); /* no driver to encode with, nothing launched */
+        else if (cp_tmap_heads(&l->tmaps[j], opp(c, j), S, heads[j], D, CP_ATTN_SM90_BOX_ROWS, e, sizeof e))
+            return pfail(c, "%s", e);
+        l->args[l->nargs++] = &l->tmaps[j];
+    }
+    a_ptr(l, opp(c, 3));
+    a_ptr(l, opp(c, 4));
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "gemm.h"
 #include "module.h"
 #include "profile.h"
+#include "tma.h"
 
 
 #define MAXARGS 16
@@ -30,6 +31,7 @@ typedef struct {
     int nargs;
     void *args[MAXARGS];
     uint64_t val[MAXARGS]; /* storage of the arguments that do not change */
+    cp_tmap *tmaps;        /* the tensor maps among the arguments (Hopper kernels), owned; else NULL */
 } xlaunch;
 
 typedef struct {
