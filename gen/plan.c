@@ -954,8 +954,8 @@ static void copy_attention(builder *B, const bufset *b, int l, cp_opkind dir) {
     bool out = dir == CP_OP_COPY_D2H;
     const int gpu[2] = {b->attn_stage[l % 2], b->lse_stage[l % 2]}, host[2] = {b->attn_keep[l], b->lse_keep[l]};
     for (int i = 0; i < 2; i++) {
-        cp_step *s = collective(B, dir, out ? (i ? "offload_lse" : "offload_attn") : (i ? "prefetch_lse" : "prefetch_attn"),
-                                P->bufs[host[i]].bytes);
+        const char *what = out ? (i ? "offload_lse" : "offload_attn") : (i ? "prefetch_lse" : "prefetch_attn");
+        cp_step *s = collective(B, dir, what, P->bufs[host[i]].bytes);
         rd(s, P, out ? gpu[i] : host[i]);
         wr(s, P, out ? host[i] : gpu[i]);
     }
@@ -1248,7 +1248,8 @@ typedef struct {
 /* The split a spec asks for; "auto" starts from recomputing everywhere (keep_attention fills in the rest). */
 static attn_split attn_split_of(const cp_spec *s) {
     int L = (int)s->model.layers;
-    if (s->parallel.checkpoint == CP_CKPT_NONE || s->parallel.attention_output == CP_ATTN_GPU) return (attn_split){0, L};
+    if (s->parallel.checkpoint == CP_CKPT_NONE || s->parallel.attention_output == CP_ATTN_GPU)
+        return (attn_split){0, L};
     if (s->parallel.attention_output == CP_ATTN_HOST) return (attn_split){L, 0};
     return (attn_split){0, 0};
 }
@@ -1574,7 +1575,9 @@ static int plan_build(const cp_spec *spec, cp_plan *P, bool fill, char *err, int
     return fill ? keep_attention(P, err, errlen) : 0;
 }
 
-int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) { return plan_build(spec, P, true, err, errlen); }
+int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+    return plan_build(spec, P, true, err, errlen);
+}
 
 
 void cp_plan_free(cp_plan *P) {

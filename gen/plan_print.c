@@ -7,10 +7,12 @@
 static const char *cat_names[CP_CAT_COUNT] = {
     "parameters (bf16 shard)", "master weights (fp32 shard)", "AdamW moments (fp32 shard)", "gradients (fp32 shard)",
     "gathered layer weights", "full gradients before reduce-scatter", "checkpoints (layer inputs)",
-    "kept attention outputs and LSE", "layer activations", "attention working set (one stage)", "attention output, LSE, delta", "MLP tile",
-    "loss tile (logits)", "all-to-all buffers", "tokens, scalars, GEMM workspace"};
-static const char *cat_keys[CP_CAT_COUNT] = {"params", "master", "optim", "grads", "gathered", "unit_grads", "ckpt",
-                                             "attn_saved", "act", "attn", "attn_kept", "mlp", "loss", "comm", "workspace"};
+    "kept attention outputs and LSE", "layer activations", "attention working set (one stage)",
+    "attention output, LSE, delta", "MLP tile", "loss tile (logits)", "all-to-all buffers",
+    "tokens, scalars, GEMM workspace"};
+static const char *cat_keys[CP_CAT_COUNT] = {"params", "master", "optim", "grads", "gathered", "unit_grads",
+                                             "ckpt", "attn_saved", "act", "attn", "attn_kept", "mlp", "loss",
+                                             "comm", "workspace"};
 
 const char *cp_cat_name(cp_cat c) { return c < CP_CAT_COUNT ? cat_names[c] : "?"; }
 
@@ -41,7 +43,8 @@ static void append_layers(char *line, size_t len, int *at, const char *what, int
     *at += snprintf(line + *at, len - (size_t)*at, "%s%s layer%s %d", *at && line[*at - 1] != ':' ? ";" : "", what,
                     count > 1 ? "s" : "", first);
     if (count > 1 && *at < (int)len) *at += snprintf(line + *at, len - (size_t)*at, "-%d", first + count - 1);
-    if (bytes > 0 && *at < (int)len) *at += snprintf(line + *at, len - (size_t)*at, " (%s)", cp_fmt_bytes(bytes, b, sizeof b));
+    if (bytes > 0 && *at < (int)len)
+        *at += snprintf(line + *at, len - (size_t)*at, " (%s)", cp_fmt_bytes(bytes, b, sizeof b));
 }
 
 /* Where each layer keeps its attention output and LSE for the backward, what that holds, and what it saves. */
@@ -49,15 +52,18 @@ static void print_attention_output(const cp_plan *P, FILE *out) {
     int L = (int)P->spec.model.layers, h = P->attn_host_layers, g = P->attn_gpu_layers;
     int64_t per = attn_kept_bytes(P);
     char line[512], a[32];
-    int n = snprintf(line, sizeof line, "  attention output (%s):", cp_attn_keep_name(P->spec.parallel.attention_output));
+    int n = snprintf(line, sizeof line, "  attention output (%s):",
+                     cp_attn_keep_name(P->spec.parallel.attention_output));
     append_layers(line, sizeof line, &n, " kept on the GPU for", h, g, g * per);
     append_layers(line, sizeof line, &n, " on the host for", 0, h, h * per);
     if (h && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ", through %s of GPU staging", cp_fmt_bytes(2 * per, a, sizeof a));
+        n += snprintf(line + n, sizeof line - (size_t)n, ", through %s of GPU staging",
+                      cp_fmt_bytes(2 * per, a, sizeof a));
     append_layers(line, sizeof line, &n, " attention recomputed for", h + g, L - h - g, 0);
     fprintf(out, "%s\n", line);
     if (P->flops_attn_saved > 0)
-        fprintf(out, "                        the backward skips %.4g TFLOP of attention forward per step (%.2f s at %.0f TF/s)\n",
+        fprintf(out, "                        the backward skips %.4g TFLOP of attention forward per step (%.2f s at "
+                     "%.0f TF/s)\n",
                 P->flops_attn_saved / 1e12, P->flops_attn_saved / (P->spec.machine.attn_tflops * 1e12),
                 P->spec.machine.attn_tflops);
 }

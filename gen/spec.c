@@ -1295,7 +1295,8 @@ static int validate(ctx *c, cp_spec *s) {
     if (p->checkpoint_every > 1 && p->checkpoint == CP_CKPT_NONE)
         return fail(c, "parallel.checkpoint_every", " = %d: with checkpoint = \"none\" every layer keeps its activations; "
                     "use checkpoint = \"layer\", or checkpoint_every = 1", p->checkpoint_every);
-    if (p->checkpoint == CP_CKPT_NONE && (p->attention_output == CP_ATTN_HOST || p->attention_output == CP_ATTN_RECOMPUTE))
+    if (p->checkpoint == CP_CKPT_NONE &&
+        (p->attention_output == CP_ATTN_HOST || p->attention_output == CP_ATTN_RECOMPUTE))
         return fail(c, "parallel.attention_output", " = \"%s\": with checkpoint = \"none\" every layer keeps its attention "
                     "output on the GPU; use attention_output = \"auto\" or \"gpu\", or checkpoint = \"layer\"",
                     ATTN_KEEP_NAMES[p->attention_output]);
