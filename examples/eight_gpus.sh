@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# eight_gpus.sh: the headline run, Llama-3.1-8B with UPipe on one node of 8 GPUs (GPUS=8), or the same per-GPU share
-# of tokens on fewer (GPUS=2: a quarter of each length). With a build tree made elsewhere; logs under $OUT.
+# eight_gpus.sh: the headline run, Llama-3.1-8B with UPipe on one node of 8 GPUs (GPUS=8), or the same lengths on
+# fewer (GPUS=2). With a build tree made elsewhere; logs under $OUT.
 # Parts (PARTS, default all; each runs within 10 minutes on 8 GPUs except where said):
 #   plans    `cpgen plan` for 8 GPUs at 128K, 512K and 1M tokens and the longest that fits, whatever GPUS is;
-#   speed    tokens/s per GPU at SEQS (default 128K 512K 1M, x GPUS/8), full depth, beside the published UPipe
-#            figures on 8xH100 (2,281, 867 and 473 tokens/s per GPU); 3 steps where the plan predicts under 100 s,
-#            else one (1M: about 560 s);
+#   speed    tokens/s per GPU at the total lengths SEQS (default 128K 512K 1M on 8 GPUs, 128K 256K on fewer, whose
+#            steps take 8/GPUS times as long), full depth, beside the published UPipe figures on 8xH100 (2,281, 867
+#            and 473 tokens/s per GPU at 128K, 512K, 1M). With Ulysses each GPU computes attention for H/C heads over
+#            all S tokens and owns S/C of them, so attention work per token goes as S x H whatever the GPU count:
+#            compare rates at the same total length, never at the 8-GPU run's tokens per GPU (a shorter sequence, an
+#            easier problem); 3 steps where the plan predicts under 100 s, else one (1M on 8 GPUs: about 560 s);
 #   longest  the longest length the plan fits the node (its host memory, HOST_MEM, counts every rank's pinned arena
 #            and loading weights), proven by one step of a 2-layer model at that length keeping the full plan's
 #            choices (measured peak GPU and host memory against its plan), and the plan's arithmetic for 32 layers;
@@ -18,7 +21,7 @@ B=${1:-build}
 G=${GPUS:-8}
 HOST=${HOST_MEM:-$((G == 8 ? 560 : 128 * G))G} # the lent machines: 128 GiB per GPU up to 4, 560 GiB with 8
 PARTS=${PARTS:-plans speed longest comm}
-SEQS=${SEQS:-131072 524288 1048576}
+SEQS=${SEQS:-$( ((G == 8)) && echo 131072 524288 1048576 || echo 131072 262144)}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 out=${OUT:-out}/eight_gpus
 mkdir -p "$out"
@@ -26,7 +29,7 @@ export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
 sum="$out/summary.txt"
 : >"$sum"
 note() { echo "$*" | tee -a "$sum"; }
-tokens() { echo $(($1 * G / 8)); } # the same tokens per GPU as on 8 GPUs
+tokens() { echo $(($1 * G / 8)); } # the 8-GPU run's tokens per GPU: for the communication share, not for rates
 plan() { "$B/cpgen" plan llama8b --gpus "$G" --host-mem "$HOST" "$@"; }
 run() { # name timeout args...
   local name=$1 t=$2; shift 2
@@ -47,12 +50,11 @@ if want plans; then
   note "  $(head -1 "$out/plan8_max.txt")"
 fi
 if want speed; then
-  note "== $G GPUs: speed (published UPipe on 8xH100: 2,281 / 867 / 473 tokens/s per GPU at 128K / 512K / 1M)"
+  note "== $G GPUs: speed at the same total lengths (published UPipe on 8xH100: 2,281 / 867 / 473 tokens/s per GPU at 128K / 512K / 1M)"
   for s in $SEQS; do
-    n=$(tokens "$s")
-    t=$(plan --seq "$n" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["time"]["step"])')
+    t=$(plan --seq "$s" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["time"]["step"])')
     steps=$(python3 -c "print(3 if $t < 100 else 1)")
-    run "speed_$n" 590 --seq "$n" --set train.steps="$steps" --set train.warmup=$((steps > 1))
+    run "speed_$s" 590 --seq "$s" --set train.steps="$steps" --set train.warmup=$((steps > 1))
   done
 fi
 if want longest; then

@@ -224,7 +224,8 @@ typedef struct {
     int *seg;                                    /* [k] inputs of a segment's layers 1..k-1 (checkpoint_every k) */
     int h_final, xf, rstdf, dxf, logits, token_loss, loss_sum, tokens, targets, token_order;
     int xn, rstd1, attn_out, h2, xn2, rstd2, dres, dh2, dxn, dattn, delta_tok;
-    int *attn_keep, *lse_keep;                   /* checkpoint = "none": per layer */
+    int *attn_keep, *lse_keep;                   /* [L] kept attention output and LSE (GPU or host); -1: recomputed */
+    int attn_stage[2], lse_stage[2];             /* GPU staging for those kept on the host */
     int lse_all;
     int q_tok, k_tok, v_tok, q_raw, k_raw, q_rstd, k_rstd;
     int a2a_send, a2a_recv, q_head, k_head, v_head, o_head;
@@ -298,6 +299,24 @@ static void reduce_scatter(builder *B, const bufset *b, int unit, int add_module
  * else the segment's input buffer (forward, and the backward's recompute). */
 static int layer_input(const bufset *b, const cp_plan *P, int l) {
     return l % P->ckpt_every ? b->seg[l % P->ckpt_every] : b->ckpt[l];
+}
+
+/* Where a layer's attention output and LSE are written and read, and whether the backward's recompute skips the
+ * attention that makes them (kept). */
+typedef struct {
+    int out, lse;
+    bool kept;
+} attn_bufs;
+
+/* Layer l's attention buffers: its own on the GPU; the GPU staging pair of its parity for one kept on the host
+ * (written there by the forward and copied out, copied back one layer ahead of its backward); the scratch shared by
+ * every layer that recomputes. `segment`: the forward again of a segment's lower layers (checkpoint_every > 1),
+ * which runs before the host-kept copies come back, so those layers recompute attention into the scratch there. */
+static attn_bufs attn_of(const cp_plan *P, const bufset *b, int l, bool segment) {
+    cp_attn_keep where = cp_plan_attn_where(P, l);
+    if (where == CP_ATTN_GPU) return (attn_bufs){b->attn_keep[l], b->lse_keep[l], true};
+    if (where == CP_ATTN_HOST && !segment) return (attn_bufs){b->attn_stage[l % 2], b->lse_stage[l % 2], true};
+    return (attn_bufs){b->attn_out, b->lse_all, false};
 }
 
 /* Zero a gradient buffer before a unit's backward accumulates into it. */
@@ -420,16 +439,15 @@ static void stage_attention(builder *B, const bufset *b, const modset *M, int s,
     use(k, P, attn_buf, (int64_t)s * U * D * BF16, T * U * D * BF16, s == 0 ? CP_DEF : CP_WRITE);
 }
 
-/* One layer's forward (also the recompute): from its input x to attn_out, h2, xn2; with `mlp`, also the tiled MLP
- * writing the layer output into `out`. */
+/* One layer's forward (also the recompute): from its input x to the attention output, h2, xn2; with `mlp`, also the
+ * tiled MLP writing the layer output into `out`. Without `attention`, o_proj reads the output kept from the forward,
+ * and neither the attention nor the all-to-all of its output back runs again. */
 static void layer_forward(builder *B, const bufset *b, const modset *M, const unit_ref *w, int x, int out, bool mlp,
-                          bool attention) {
+                          const attn_bufs *a, bool attention) {
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
     int64_t T = P->T, hid = m->hidden, D = m->head_dim, H = m->heads, F = m->ffn;
-    int l = B->layer;
-    int attn_buf = b->attn_keep ? b->attn_keep[l] : b->attn_out;
-    int lse_buf = b->lse_keep ? b->lse_keep[l] : b->lse_all;
+    int attn_buf = a->out, lse_buf = a->lse;
     cp_step *k = kernel(B, M->norm_h, "fwd", "norm1", (double)T * hid * 2 * BF16);
     rd(k, P, x);
     op_weight(k, P, w, CP_W_NORM1, CP_READ);
@@ -443,6 +461,8 @@ static void layer_forward(builder *B, const bufset *b, const modset *M, const un
             stage_attention(B, b, M, s, lse_buf, attn_buf);
         }
         B->stage = -1;
+    } else {
+        P->flops_attn_saved += P->nstages * attn_fwd_flops(P) * P->spec.train.micro_batches;
     }
     cp_step *g = gemm(B, "o_proj", T, hid, H * D, false, true);
     rd(g, P, attn_buf);
@@ -686,12 +706,10 @@ static void layer_backward(builder *B, const bufset *b, const modset *M, const u
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
     int64_t T = P->T, hid = m->hidden, D = m->head_dim, H = m->heads;
-    int l = B->layer;
-    bool keep = b->attn_keep != NULL;
-    int attn_buf = keep ? b->attn_keep[l] : b->attn_out;
-    int lse_buf = keep ? b->lse_keep[l] : b->lse_all;
+    attn_bufs a = attn_of(P, b, B->layer, false);
+    int attn_buf = a.out, lse_buf = a.lse;
     B->phase = CP_PHASE_RECOMPUTE;
-    layer_forward(B, b, M, w, x, -1, false, !keep);
+    layer_forward(B, b, M, w, x, -1, false, &a, !a.kept);
     B->phase = CP_PHASE_BWD;
     mlp_backward(B, b, M, w);
     /* dh2 = dres + norm2_bwd(dxn2) */
@@ -834,16 +852,25 @@ static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
         b->xs[0] = add_buf(P, "ckpt_stage.0", CP_SPACE_GPU, CP_CAT_CKPT, T * hid * BF16, false);
         b->xs[1] = add_buf(P, "ckpt_stage.1", CP_SPACE_GPU, CP_CAT_CKPT, T * hid * BF16, false);
     }
-    b->attn_keep = b->lse_keep = NULL;
-    if (P->spec.parallel.checkpoint == CP_CKPT_NONE) {
-        b->attn_keep = cp_xcalloc((size_t)L, sizeof *b->attn_keep);
-        b->lse_keep = cp_xcalloc((size_t)L, sizeof *b->lse_keep);
-        for (int l = 0; l < L; l++) {
-            snprintf(name, sizeof name, "attn_out.%d", l);
-            b->attn_keep[l] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_ATTN_KEPT, T * H * D * BF16, false);
-            snprintf(name, sizeof name, "lse.%d", l);
-            b->lse_keep[l] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_ATTN_KEPT, (H / C) * S * F32, false);
-        }
+    /* kept attention: each layer's output in token layout and its heads' LSE, from its forward to its backward */
+    b->attn_keep = cp_xcalloc((size_t)L, sizeof *b->attn_keep);
+    b->lse_keep = cp_xcalloc((size_t)L, sizeof *b->lse_keep);
+    for (int l = 0; l < L; l++) {
+        cp_attn_keep where = cp_plan_attn_where(P, l);
+        b->attn_keep[l] = b->lse_keep[l] = -1;
+        if (where == CP_ATTN_RECOMPUTE) continue;
+        cp_space sp = where == CP_ATTN_HOST ? CP_SPACE_HOST : CP_SPACE_GPU;
+        snprintf(name, sizeof name, "attn_out.%d", l);
+        b->attn_keep[l] = add_buf(P, name, sp, CP_CAT_ATTN_SAVED, T * H * D * BF16, false);
+        snprintf(name, sizeof name, "lse.%d", l);
+        b->lse_keep[l] = add_buf(P, name, sp, CP_CAT_ATTN_SAVED, (H / C) * S * F32, false);
+    }
+    b->attn_stage[0] = b->attn_stage[1] = b->lse_stage[0] = b->lse_stage[1] = -1;
+    for (int j = 0; j < 2 && P->attn_host_layers > 0; j++) {
+        snprintf(name, sizeof name, "attn_stage.%d", j);
+        b->attn_stage[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_ATTN_SAVED, T * H * D * BF16, false);
+        snprintf(name, sizeof name, "lse_stage.%d", j);
+        b->lse_stage[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_ATTN_SAVED, (H / C) * S * F32, false);
     }
     b->h_final = add_buf(P, "h_final", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
     b->xn = add_buf(P, "xn", CP_SPACE_GPU, CP_CAT_ACT, T * hid * BF16, false);
@@ -920,6 +947,20 @@ static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
     b->gemm_ws = add_buf(P, "gemm_workspace", CP_SPACE_GPU, CP_CAT_WORKSPACE, CP_GEMM_WORKSPACE, true);
 }
 
+/* Layer l's attention output and LSE kept on the host: out to it from the GPU staging pair of the layer's parity
+ * after the layer's forward, or back into that pair one layer ahead of its backward (as the checkpoints). */
+static void copy_attention(builder *B, const bufset *b, int l, cp_opkind dir) {
+    cp_plan *P = B->P;
+    bool out = dir == CP_OP_COPY_D2H;
+    const int gpu[2] = {b->attn_stage[l % 2], b->lse_stage[l % 2]}, host[2] = {b->attn_keep[l], b->lse_keep[l]};
+    for (int i = 0; i < 2; i++) {
+        const char *what = out ? (i ? "offload_lse" : "offload_attn") : (i ? "prefetch_lse" : "prefetch_attn");
+        cp_step *s = collective(B, dir, what, P->bufs[host[i]].bytes);
+        rd(s, P, out ? gpu[i] : host[i]);
+        wr(s, P, out ? host[i] : gpu[i]);
+    }
+}
+
 /* The program of one micro-batch (forward, loss, backward), then the optimizer step. */
 static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     const cp_model *m = &P->spec.model;
@@ -960,7 +1001,9 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         }
         int out = l + 1 == L ? b->h_final : next_host ? b->xs[(l + 1) % 2] : layer_input(b, P, l + 1);
         unit_ref w = unit_at(P, b, l + 1, l % 2);
-        layer_forward(&B, b, M, &w, x, out, true, true);
+        attn_bufs a = attn_of(P, b, l, false);
+        layer_forward(&B, b, M, &w, x, out, true, &a, true);
+        if (cp_plan_attn_where(P, l) == CP_ATTN_HOST) copy_attention(&B, b, l, CP_OP_COPY_D2H);
     }
     B.layer = -1;
 
@@ -1040,7 +1083,8 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
                 B.layer = j;
                 gather(&B, b, j + 1, j % 2);
                 unit_ref wj = unit_at(P, b, j + 1, j % 2);
-                layer_forward(&B, b, M, &wj, layer_input(b, P, j), layer_input(b, P, j + 1), true, true);
+                attn_bufs aj = attn_of(P, b, j, true);
+                layer_forward(&B, b, M, &wj, layer_input(b, P, j), layer_input(b, P, j + 1), true, &aj, !aj.kept);
             }
             B.layer = l;
             B.phase = CP_PHASE_BWD;
@@ -1053,12 +1097,14 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
                 rd(s, P, b->ckpt[l - 1]);
                 wr(s, P, b->xs[(l - 1) % 2]);
             }
+            if (cp_plan_attn_where(P, l - 1) == CP_ATTN_HOST) copy_attention(&B, b, l - 1, CP_OP_COPY_H2D);
         }
         if (host && l == (int)L - 1) {
             s = collective(&B, CP_OP_COPY_H2D, "prefetch", T * hid * BF16);
             rd(s, P, b->ckpt[l]);
             wr(s, P, x);
         }
+        if (l == (int)L - 1 && cp_plan_attn_where(P, l) == CP_ATTN_HOST) copy_attention(&B, b, l, CP_OP_COPY_H2D);
         unit_ref w = unit_at(P, b, l + 1, l % 2);
         if (C > 1) zero(&B, b->g_layer, P->bufs[b->g_layer].bytes);
         layer_backward(&B, b, M, &w, x);
@@ -1163,8 +1209,10 @@ static void cost_model(cp_plan *P) {
             P->flops_other += s->flops * reps;
         }
         /* Per layer (phase block), prefetched gathers, reduce-scatters and host copies hide behind compute;
-         * all-to-alls sit on the critical path between projection and attention. */
-        int key = s->layer * 4 + (int)s->phase;
+         * all-to-alls sit on the critical path between projection and attention. A layer's recompute is part of its
+         * backward: what is prefetched before it runs beside both. */
+        cp_phase ph = s->phase == CP_PHASE_RECOMPUTE ? CP_PHASE_BWD : s->phase;
+        int key = s->layer * 4 + (int)ph;
         if (key != cur_layer) {
             exposed += CP_MAX(0.0, layer_hidden - layer_compute);
             layer_compute = layer_hidden = 0;
@@ -1191,7 +1239,29 @@ static void cost_model(cp_plan *P) {
 
 /* ---------------------------------------------------------------- driver */
 
-static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt_every, char *err, int errlen) {
+/* How many layers keep their attention output and LSE, and where: the first `host` layers in host memory, the next
+ * `gpu` on the GPU; the rest recompute attention in the backward. */
+typedef struct {
+    int host, gpu;
+} attn_split;
+
+/* The split a spec asks for; "auto" starts from recomputing everywhere (keep_attention fills in the rest). */
+static attn_split attn_split_of(const cp_spec *s) {
+    int L = (int)s->model.layers;
+    if (s->parallel.checkpoint == CP_CKPT_NONE || s->parallel.attention_output == CP_ATTN_GPU)
+        return (attn_split){0, L};
+    if (s->parallel.attention_output == CP_ATTN_HOST) return (attn_split){L, 0};
+    return (attn_split){0, 0};
+}
+
+cp_attn_keep cp_plan_attn_where(const cp_plan *P, int l) {
+    if (l < P->attn_host_layers) return CP_ATTN_HOST;
+    if (l < P->attn_host_layers + P->attn_gpu_layers) return CP_ATTN_GPU;
+    return CP_ATTN_RECOMPUTE;
+}
+
+static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt_every, attn_split attn, char *err,
+                      int errlen) {
     memset(P, 0, sizeof *P);
     P->spec = *spec;
     const cp_model *m = &spec->model;
@@ -1205,6 +1275,8 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     P->loss_tile = par->loss_tile ? par->loss_tile : largest_divisor_at_most(P->T, CP_MIN(loss_cap, (int64_t)4096));
     P->ckpt_host_layers = host_layers;
     P->ckpt_every = ckpt_every;
+    P->attn_host_layers = attn.host;
+    P->attn_gpu_layers = attn.gpu;
 
     /* FSDP units: embedding, layers, final norm (+ untied LM head) */
     cp_layer_layout_of(m, P->C, &P->layout);
@@ -1308,7 +1380,7 @@ static int bisect_fit(plan_at at, const void *ctx, int lo, int hi, bool smallest
 
 /* Every layer checkpointed, x of them offloaded (the first ones). */
 static int plan_offloaded(const void *ctx, int x, cp_plan *out, char *err, int errlen) {
-    if (build_once(ctx, out, x, 1, err, errlen)) return -1;
+    if (build_once(ctx, out, x, 1, attn_split_of(ctx), err, errlen)) return -1;
     judge(out);
     return 0;
 }
@@ -1318,7 +1390,7 @@ static int plan_offloaded(const void *ctx, int x, cp_plan *out, char *err, int e
 static int build_k(const cp_spec *spec, cp_plan *P, int k, char *err, int errlen) {
     int L = (int)spec->model.layers;
     int host = spec->parallel.offload == CP_OFFLOAD_ALL ? L : 0;
-    if (build_once(spec, P, host, k, err, errlen)) return -1;
+    if (build_once(spec, P, host, k, attn_split_of(spec), err, errlen)) return -1;
     judge(P);
     if (spec->parallel.offload != CP_OFFLOAD_AUTO || P->fits || k > 1) return 0;
     /* auto: offload the fewest checkpoints that make it fit (each moved layer saves one GPU checkpoint;
@@ -1410,7 +1482,7 @@ static int build_stages(const cp_spec *spec, cp_plan *P, char *err, int errlen) 
  * 60% of the GPU. Else on the GPU, unless that plan gives something up (it does not fit, offloads checkpoints, or
  * recomputes segments) and the plan with the optimizer on the host fits and is faster by the cost model: its
  * update streams over the host link, but it frees 12 bytes per parameter of GPU memory for activations. */
-int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+static int build_optimizer(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     cp_spec s = *spec;
     if (s.parallel.optimizer != CP_OPT_AUTO) return build_stages(&s, P, err, errlen);
     int64_t states = cp_model_params(&s.model) * 18 / s.parallel.gpus;
@@ -1428,6 +1500,85 @@ int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     }
     return 0;
 }
+
+/* attention_output = "auto", the other choices made (so a length that fits recomputing everywhere still fits): the
+ * plan of split x of a search. host_cap < 0: x layers kept on the host, none on the GPU; else x on the GPU and as
+ * many of the rest as host_cap allows on the host. */
+typedef struct {
+    const cp_spec *spec;
+    int ckpt_host, ckpt_every, host_cap;
+} kept_search;
+
+static int plan_kept(const void *ctx, int x, cp_plan *out, char *err, int errlen) {
+    const kept_search *c = ctx;
+    int L = (int)c->spec->model.layers;
+    attn_split a = c->host_cap < 0 ? (attn_split){x, 0} : (attn_split){CP_MIN(c->host_cap, L - x), x};
+    if (build_once(c->spec, out, c->ckpt_host, c->ckpt_every, a, err, errlen)) return -1;
+    judge(out);
+    return 0;
+}
+
+/* Replace *P by t when t fits and the cost model predicts it faster; else free t. */
+static void take_if_faster(cp_plan *P, cp_plan *t) {
+    if (t->fits && t->t_step < P->t_step) {
+        cp_plan_free(P);
+        *P = *t;
+    } else {
+        cp_plan_free(t);
+    }
+}
+
+/* Keep each layer's attention output and LSE where memory is left. First on the GPU: every layer, else the most
+ * that fit (memory grows with each). Where some layers are left, also the plan that keeps as many as the host allows
+ * in pinned memory (two GPU staging buffers carry them) and the most that then fit on the GPU. Of the plan as it
+ * was, the GPU one and the mixed one, the fastest by the cost model; a kept layer's backward skips its attention
+ * forward, host copies hide behind the layer's compute, and on equal time fewer host layers win (less to pin). */
+static int keep_attention(cp_plan *P, char *err, int errlen) {
+    const cp_parallel *par = &P->spec.parallel;
+    int L = (int)P->spec.model.layers;
+    if (par->attention_output != CP_ATTN_AUTO || par->checkpoint == CP_CKPT_NONE || !P->fits || L < 1) return 0;
+    cp_spec spec = P->spec;
+    kept_search c = {&spec, P->ckpt_host_layers, P->ckpt_every, 0};
+    cp_plan gpu, mixed;
+    memset(&mixed, 0, sizeof mixed);
+    if (plan_kept(&c, L, &gpu, err, errlen)) return -1;
+    if (!gpu.fits) {
+        cp_plan_free(&gpu);
+        if (bisect_fit(plan_kept, &c, 1, L - 1, false, &gpu, err, errlen) < 0) return -1;
+    }
+    int on_gpu = gpu.fits ? gpu.attn_gpu_layers : 0;
+    if (on_gpu < L) {
+        c.host_cap = -1;
+        cp_plan host;
+        memset(&host, 0, sizeof host);
+        int r = bisect_fit(plan_kept, &c, 1, L, false, &host, err, errlen);
+        if (r > 0) {
+            c.host_cap = host.attn_host_layers;
+            mixed = host;
+            r = bisect_fit(plan_kept, &c, 1, on_gpu, false, &mixed, err, errlen);
+        }
+        if (r < 0) {
+            cp_plan_free(&gpu);
+            cp_plan_free(&mixed);
+            return -1;
+        }
+    }
+    take_if_faster(P, &gpu);
+    take_if_faster(P, &mixed);
+    return 0;
+}
+
+/* The plan: the optimizer's place and what follows from it; with `fill`, the kept attention outputs in the memory
+ * left. */
+static int plan_build(const cp_spec *spec, cp_plan *P, bool fill, char *err, int errlen) {
+    if (build_optimizer(spec, P, err, errlen)) return -1;
+    return fill ? keep_attention(P, err, errlen) : 0;
+}
+
+int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+    return plan_build(spec, P, true, err, errlen);
+}
+
 
 void cp_plan_free(cp_plan *P) {
     for (int i = 0; i < P->nbufs; i++) free(P->bufs[i].live);
@@ -1457,7 +1608,7 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
     cp_plan p;
     for (;;) {
         s.train.seq_len = probe * gran;
-        if (cp_spec_check(&s, e2, sizeof e2) || cp_plan_build(&s, &p, e2, sizeof e2)) break;
+        if (cp_spec_check(&s, e2, sizeof e2) || plan_build(&s, &p, false, e2, sizeof e2)) break;
         bool fits = p.fits;
         cp_plan_free(&p);
         if (!fits) break;
@@ -1470,7 +1621,7 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
     while (lo <= hi) {
         int64_t mid = lo + (hi - lo) / 2;
         s.train.seq_len = mid * gran;
-        if (cp_spec_check(&s, e2, sizeof e2) || cp_plan_build(&s, &p, e2, sizeof e2)) {
+        if (cp_spec_check(&s, e2, sizeof e2) || plan_build(&s, &p, false, e2, sizeof e2)) {
             hi = mid - 1;
             continue;
         }
@@ -1492,6 +1643,12 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
             cp_plan_free(&p);
         }
         snprintf(err, errlen, "%s: no sequence length fits, not even %lld tokens: %s", spec->path, (long long)gran, e2);
+    }
+    /* the kept attention outputs never change whether a length fits (they take only memory left over), so the
+     * search ran without them; the answer's plan gets them */
+    if (found && keep_attention(best, err, errlen)) {
+        cp_plan_free(best);
+        return 0;
     }
     return found;
 }

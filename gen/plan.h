@@ -27,6 +27,7 @@ typedef enum {
     CP_CAT_GATHERED,    /* all-gathered bf16 weights of the layer in use (and the next, prefetched) */
     CP_CAT_UNIT_GRADS,  /* full fp32 gradients of the layer in backward, before reduce-scatter */
     CP_CAT_CKPT,        /* checkpointed layer inputs */
+    CP_CAT_ATTN_SAVED,  /* attention outputs and LSE kept across layers for the backward, and their GPU staging */
     CP_CAT_ACT,         /* per-layer activations: norms, residual, projection outputs */
     CP_CAT_ATTN,        /* attention working set of one UPipe stage */
     CP_CAT_ATTN_KEPT,   /* attention output, log-sum-exp and delta of the layer being recomputed */
@@ -140,6 +141,8 @@ typedef struct {
     int64_t mlp_tile, loss_tile;
     int ckpt_host_layers;  /* layers whose checkpoint lives in host memory (the first ones) */
     int64_t host_chunk;    /* optimizer on the host: elements per pinned chunk of its gradient/parameter rings */
+    int attn_host_layers;  /* layers keeping their attention output and LSE in host memory (the first ones) */
+    int attn_gpu_layers;   /* layers keeping them on the GPU (the next ones); the rest recompute attention */
     int ckpt_every;        /* k: the inputs of layers 0, k, 2k... are kept, the k - 1 between recomputed in the
                             * backward (k > 1: every checkpoint on the GPU) */
     bool opt_on_host;
@@ -170,6 +173,7 @@ typedef struct {
     int peak_step;                                    /* where it happens */
     int64_t cat_at_peak[CP_CAT_COUNT];                /* what is live there, GPU */
     double flops_attn, flops_other;                   /* one optimizer step, this rank */
+    double flops_attn_saved;                          /* attention forward the backward does not redo (kept layers) */
     double t_compute, t_attn, t_comm, t_comm_exposed, t_copy, t_step; /* seconds */
     bool fits;
     char why[512];         /* when !fits: what does not fit and by how much */
@@ -183,6 +187,8 @@ int cp_plan_build(const cp_spec *spec, cp_plan *plan, char *err, int errlen);
 void cp_plan_free(cp_plan *plan);
 int64_t cp_plan_reserve(const cp_plan *plan); /* per-GPU bytes outside the arena */
 int cp_plan_node_ranks(const cp_plan *plan);  /* ranks sharing a node's host memory */
+/* Where layer l keeps its attention output and LSE: CP_ATTN_GPU, CP_ATTN_HOST or CP_ATTN_RECOMPUTE (none). */
+cp_attn_keep cp_plan_attn_where(const cp_plan *plan, int layer);
 
 /* The largest seq_len (a multiple of the required granularity) whose plan fits the spec's machine; 0 if none. */
 int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errlen);

@@ -7,10 +7,12 @@
 static const char *cat_names[CP_CAT_COUNT] = {
     "parameters (bf16 shard)", "master weights (fp32 shard)", "AdamW moments (fp32 shard)", "gradients (fp32 shard)",
     "gathered layer weights", "full gradients before reduce-scatter", "checkpoints (layer inputs)",
-    "layer activations", "attention working set (one stage)", "attention output, LSE, delta", "MLP tile",
-    "loss tile (logits)", "all-to-all buffers", "tokens, scalars, GEMM workspace"};
-static const char *cat_keys[CP_CAT_COUNT] = {"params", "master", "optim", "grads", "gathered", "unit_grads", "ckpt",
-                                             "act", "attn", "attn_kept", "mlp", "loss", "comm", "workspace"};
+    "kept attention outputs and LSE", "layer activations", "attention working set (one stage)",
+    "attention output, LSE, delta", "MLP tile", "loss tile (logits)", "all-to-all buffers",
+    "tokens, scalars, GEMM workspace"};
+static const char *cat_keys[CP_CAT_COUNT] = {"params", "master", "optim", "grads", "gathered", "unit_grads",
+                                             "ckpt", "attn_saved", "act", "attn", "attn_kept", "mlp", "loss",
+                                             "comm", "workspace"};
 
 const char *cp_cat_name(cp_cat c) { return c < CP_CAT_COUNT ? cat_names[c] : "?"; }
 
@@ -26,6 +28,45 @@ const char *cp_phase_name(cp_phase p) {
 }
 
 static double tokens_per_step(const cp_plan *P) { return (double)P->S * P->spec.train.micro_batches; }
+
+/* Bytes one layer keeps of its attention: its output in token layout (T x H x head_dim bf16) and its heads' LSE
+ * ((H / C) x S fp32). */
+static int64_t attn_kept_bytes(const cp_plan *P) {
+    const cp_model *m = &P->spec.model;
+    return P->T * m->heads * m->head_dim * 2 + m->heads / P->C * P->S * 4;
+}
+
+/* "; kept on the GPU for layers a-b (size)" for [first, first + n), appended at line + *n; nothing for count 0. */
+static void append_layers(char *line, size_t len, int *at, const char *what, int first, int count, int64_t bytes) {
+    if (count < 1 || *at >= (int)len) return;
+    char b[32];
+    *at += snprintf(line + *at, len - (size_t)*at, "%s%s layer%s %d", *at && line[*at - 1] != ':' ? ";" : "", what,
+                    count > 1 ? "s" : "", first);
+    if (count > 1 && *at < (int)len) *at += snprintf(line + *at, len - (size_t)*at, "-%d", first + count - 1);
+    if (bytes > 0 && *at < (int)len)
+        *at += snprintf(line + *at, len - (size_t)*at, " (%s)", cp_fmt_bytes(bytes, b, sizeof b));
+}
+
+/* Where each layer keeps its attention output and LSE for the backward, what that holds, and what it saves. */
+static void print_attention_output(const cp_plan *P, FILE *out) {
+    int L = (int)P->spec.model.layers, h = P->attn_host_layers, g = P->attn_gpu_layers;
+    int64_t per = attn_kept_bytes(P);
+    char line[512], a[32];
+    int n = snprintf(line, sizeof line, "  attention output (%s):",
+                     cp_attn_keep_name(P->spec.parallel.attention_output));
+    append_layers(line, sizeof line, &n, " kept on the GPU for", h, g, g * per);
+    append_layers(line, sizeof line, &n, " on the host for", 0, h, h * per);
+    if (h && n < (int)sizeof line)
+        n += snprintf(line + n, sizeof line - (size_t)n, ", through %s of GPU staging",
+                      cp_fmt_bytes(2 * per, a, sizeof a));
+    append_layers(line, sizeof line, &n, " attention recomputed for", h + g, L - h - g, 0);
+    fprintf(out, "%s\n", line);
+    if (P->flops_attn_saved > 0)
+        fprintf(out, "                        the backward skips %.4g TFLOP of attention forward per step (%.2f s at "
+                     "%.0f TF/s)\n",
+                P->flops_attn_saved / 1e12, P->flops_attn_saved / (P->spec.machine.attn_tflops * 1e12),
+                P->spec.machine.attn_tflops);
+}
 
 static void print_stage_table(const cp_plan *P, FILE *out) {
     int C = P->C, shown = 0;
@@ -91,6 +132,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
                  "host link %.0f GB/s | all-to-all %.0f GB/s | all-gather %.0f GB/s\n",
             cp_fmt_bytes(mc->gpu_mem, a, sizeof a), cp_fmt_bytes(mc->host_mem, b, sizeof b), mc->gemm_tflops,
             mc->attn_tflops, mc->hbm_gbps, mc->host_gbps, mc->a2a_gbps, mc->allgather_gbps);
+    print_attention_output(P, out);
     print_stage_table(P, out);
 
     fprintf(out, "\nGPU memory per GPU                         %14s %14s\n", "all buffers", "live at peak");
@@ -214,6 +256,19 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
             P->C, (long long)P->S, (long long)P->T, sp->train.micro_batches, P->U, P->nstages, P->u, P->kvr, P->repl,
             P->group_len, (long long)P->mlp_tile, (long long)P->loss_tile, P->ckpt_host_layers, P->ckpt_every,
             P->opt_on_host ? "true" : "false");
+    int64_t kept = attn_kept_bytes(P);
+    fprintf(out, "  \"attention_output\": {\"mode\": \"%s\", \"host_layers\": %d, \"gpu_layers\": %d, "
+                 "\"recompute_layers\": %d, \"bytes_per_layer\": %lld, \"gpu_bytes\": %lld, \"host_bytes\": %lld, "
+                 "\"flops_saved\": %.6g, \"where\": [",
+            cp_attn_keep_name(sp->parallel.attention_output), P->attn_host_layers, P->attn_gpu_layers,
+            (int)m->layers - P->attn_host_layers - P->attn_gpu_layers, (long long)kept,
+            (long long)P->cat_bytes[CP_CAT_ATTN_SAVED], (long long)P->cat_host_bytes[CP_CAT_ATTN_SAVED],
+            P->flops_attn_saved);
+    for (int l = 0; l < m->layers; l++) {
+        cp_attn_keep w = cp_plan_attn_where(P, l);
+        fprintf(out, "%s\"%s\"", l ? ", " : "", w == CP_ATTN_GPU ? "gpu" : w == CP_ATTN_HOST ? "host" : "recompute");
+    }
+    fprintf(out, "]},\n");
     fprintf(out, "  \"stages\": [");
     for (int s = 0; s < P->nstages; s++) {
         fprintf(out, "%s\n    {\"stage\": %d, \"kv_fresh\": %s, \"ranks\": [", s ? "," : "", s,

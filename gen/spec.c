@@ -42,8 +42,8 @@ static const node MODEL_KEYS[] = {
     LEAF("head_dim"), LEAF("ffn"), LEAF("norm_eps"), LEAF("tie_embeddings"), LEAF("qk_norm"), {"rope", ROPE_KEYS},
     END};
 static const node PARALLEL_KEYS[] = {
-    LEAF("gpus"), LEAF("upipe_heads"), LEAF("checkpoint"), LEAF("checkpoint_every"), LEAF("offload"), LEAF("optimizer"), LEAF("mlp_tile"),
-    LEAF("loss_tile"), END};
+    LEAF("gpus"), LEAF("upipe_heads"), LEAF("checkpoint"), LEAF("checkpoint_every"), LEAF("offload"), LEAF("optimizer"),
+    LEAF("attention_output"), LEAF("mlp_tile"), LEAF("loss_tile"), END};
 static const node TRAIN_KEYS[] = {
     LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
@@ -65,6 +65,7 @@ static const char *const FAMILY_NAMES[] = {"llama", "qwen3", NULL};
 static const char *const CKPT_NAMES[] = {"layer", "none", NULL};
 static const char *const OFFLOAD_NAMES[] = {"auto", "none", "all", NULL};
 static const char *const OPT_NAMES[] = {"auto", "gpu", "host", NULL};
+static const char *const ATTN_KEEP_NAMES[] = {"auto", "gpu", "host", "recompute", NULL};
 static const char *const INIT_NAMES[] = {"random", "hf", NULL};
 /* Generators behind "synthetic:<kind>"; a new generator in the runtime is added here too. */
 static const char *const SYNTHETIC_KINDS[] = {"copy", "recall", NULL};
@@ -1047,6 +1048,9 @@ static int read_parallel(ctx *c, int top, cp_parallel *p) {
     e = CP_OPT_AUTO;
     TRY(get_enum(c, t, "parallel", "optimizer", OPT_NAMES, &e));
     p->optimizer = (cp_opt_place)e;
+    e = CP_ATTN_AUTO;
+    TRY(get_enum(c, t, "parallel", "attention_output", ATTN_KEEP_NAMES, &e));
+    p->attention_output = (cp_attn_keep)e;
     const char *tiles[] = {"mlp_tile", "loss_tile"};
     int64_t *dst[] = {&p->mlp_tile, &p->loss_tile};
     for (int i = 0; i < 2; i++) {
@@ -1291,6 +1295,11 @@ static int validate(ctx *c, cp_spec *s) {
     if (p->checkpoint_every > 1 && p->checkpoint == CP_CKPT_NONE)
         return fail(c, "parallel.checkpoint_every", " = %d: with checkpoint = \"none\" every layer keeps its activations; "
                     "use checkpoint = \"layer\", or checkpoint_every = 1", p->checkpoint_every);
+    if (p->checkpoint == CP_CKPT_NONE &&
+        (p->attention_output == CP_ATTN_HOST || p->attention_output == CP_ATTN_RECOMPUTE))
+        return fail(c, "parallel.attention_output", " = \"%s\": with checkpoint = \"none\" every layer keeps its attention "
+                    "output on the GPU; use attention_output = \"auto\" or \"gpu\", or checkpoint = \"layer\"",
+                    ATTN_KEEP_NAMES[p->attention_output]);
     if (p->checkpoint_every > 1 && p->offload == CP_OFFLOAD_ALL)
         return fail(c, "parallel.checkpoint_every", " = %d: the checkpoints of every k-th layer stay on the GPU; "
                     "offload = \"all\" needs checkpoint_every = 1 (or \"auto\")", p->checkpoint_every);
@@ -1627,6 +1636,10 @@ const char *cp_offload_name(cp_offload o) {
 }
 
 const char *cp_opt_place_name(cp_opt_place o) { return (unsigned)o < CP_ARRAY_LEN(OPT_NAMES) - 1 ? OPT_NAMES[o] : "?"; }
+
+const char *cp_attn_keep_name(cp_attn_keep a) {
+    return (unsigned)a < CP_ARRAY_LEN(ATTN_KEEP_NAMES) - 1 ? ATTN_KEEP_NAMES[a] : "?";
+}
 
 int64_t cp_model_layer_params(const cp_model *m) {
     int64_t q = m->hidden * m->heads * m->head_dim;

@@ -15,6 +15,9 @@ typedef enum { CP_CKPT_LAYER, CP_CKPT_NONE } cp_checkpoint;
 typedef enum { CP_OFFLOAD_AUTO, CP_OFFLOAD_NONE, CP_OFFLOAD_ALL } cp_offload;
 /* Where fp32 master weights and AdamW moments live. */
 typedef enum { CP_OPT_AUTO, CP_OPT_GPU, CP_OPT_HOST } cp_opt_place;
+/* What each layer keeps of its attention for the backward: its output and log-sum-exp on the GPU, in pinned host
+ * memory, or nothing (the backward recomputes attention). AUTO lets the planner choose per layer. */
+typedef enum { CP_ATTN_AUTO, CP_ATTN_GPU, CP_ATTN_HOST, CP_ATTN_RECOMPUTE } cp_attn_keep;
 typedef enum { CP_INIT_RANDOM, CP_INIT_HF } cp_init_from;
 
 typedef struct {
@@ -43,6 +46,7 @@ typedef struct {
     int checkpoint_every; /* k: keep the input of every k-th layer, recompute the k - 1 between; 0 = "auto" */
     cp_offload offload;
     cp_opt_place optimizer;
+    cp_attn_keep attention_output;
     int64_t mlp_tile;   /* tokens per MLP tile; 0 = auto */
     int64_t loss_tile;  /* tokens per LM-head/loss tile; 0 = auto */
 } cp_parallel;
@@ -113,6 +117,7 @@ int cp_spec_upipe_values(const cp_spec *spec, int64_t *out, int max);
 const char *cp_family_name(cp_family f);
 const char *cp_offload_name(cp_offload o);
 const char *cp_opt_place_name(cp_opt_place o);
+const char *cp_attn_keep_name(cp_attn_keep a);
 
 /* Parameters of the model (all of them, not per rank). */
 int64_t cp_model_layer_params(const cp_model *m);

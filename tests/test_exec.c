@@ -101,12 +101,49 @@ static void test_parallel(void **state) {
           "parallel.offload=none");
 }
 
+/* attention_output: each explicit mode on every shipped shape (cut to a few layers), with 1, 2 and 8 GPUs, UPipe
+ * U = C, KV heads fewer than GPUs, sparse checkpoints, offloaded checkpoints, the host optimizer and micro-batches.
+ * The kept outputs (and the copies of host-kept ones) must be ordered with every step that touches their bytes. */
+static void test_attention_output(void **state) {
+    (void)state;
+    static const char *const modes[] = {"parallel.attention_output=gpu", "parallel.attention_output=host",
+                                        "parallel.attention_output=recompute"};
+    for (int k = 0; k < 3; k++) {
+        const char *m = modes[k];
+        check("tiny", 1, m);
+        check("tiny", 3, m, "parallel.upipe_heads=1", "train.micro_batches=2");
+        check("tiny", 3, m, "parallel.offload=all", "parallel.optimizer=host");
+        check("tiny", 4, m, "parallel.checkpoint_every=2", "parallel.offload=none", "train.micro_batches=2");
+        check("tiny", 3, m, "parallel.gpus=2", "parallel.upipe_heads=2");
+        check("tiny", 3, m, "parallel.gpus=4", "parallel.upipe_heads=4"); /* 2 KV heads on 4 GPUs */
+        check("tiny", 4, m, "parallel.gpus=2", "parallel.optimizer=host", "train.micro_batches=2");
+        check("llama1b", 5, m, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K", "parallel.upipe_heads=8");
+        check("llama3b", 4, m, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
+        check("llama3b", 6, m, "parallel.gpus=1", "model.layers=5", "train.seq_len=4K", "parallel.checkpoint_every=2",
+              "parallel.offload=none");
+        check("llama3b", 4, m, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K");
+        check("llama8b", 5, m, "parallel.gpus=1", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
+        check("llama8b", 5, m, "parallel.gpus=8", "model.layers=2", "train.seq_len=64K", "parallel.upipe_heads=8");
+        check("llama1b", 6, m, "parallel.gpus=2", "model.layers=5", "train.seq_len=8K", "parallel.checkpoint_every=2",
+              "parallel.offload=none");
+        check("qwen32b", 4, m, "parallel.gpus=1", "model.layers=1", "train.seq_len=4K");
+        check("qwen32b", 5, m, "parallel.gpus=8", "model.layers=2", "train.seq_len=32K", "parallel.upipe_heads=8");
+    }
+    /* "auto" where memory is short: the first layers on the host, the next on the GPU (3B, 6 layers, 32K tokens, a
+     * GPU of 21,000 MiB) */
+    cp_exec_check_report r = check("llama3b", 7, "parallel.gpus=1", "model.layers=6", "train.seq_len=32K",
+                                   "machine.gpu_mem=21000M", "parallel.optimizer=gpu", "parallel.offload=none",
+                                   "parallel.checkpoint_every=1");
+    assert_true(r.copies > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny),
         cmocka_unit_test(test_offload_and_host_optimizer),
         cmocka_unit_test(test_shipped_shapes),
         cmocka_unit_test(test_parallel),
+        cmocka_unit_test(test_attention_output),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <math.h>
 
 #include <cmocka.h>
 
@@ -218,12 +219,158 @@ static void test_grad_accum(void **state) {
     }
 }
 
+/* Bytes one layer keeps of its attention: the output in token layout, T x H x head_dim bf16, and its heads' LSE,
+ * (H / C) x S fp32. */
+static int64_t kept_bytes(int64_t S, int64_t C, int64_t H, int64_t D) { return S / C * H * D * 2 + H / C * S * 4; }
+
+static void plan_of(cp_plan *p, int nsets, const char **sets) {
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    if (cp_spec_load("llama3b", sets, nsets, &s, err, sizeof err)) fail_msg("%s", err);
+    build(&s, p);
+}
+
+/* The 3B shape on one H200, attention_output = "auto" against "recompute" at 32K and 128K: every layer keeps its
+ * output and LSE on the GPU, because the recompute plan leaves more free than all 28 layers' kept bytes; the
+ * backward then skips 28 attention forwards (one stage of 24 heads each), and the step is predicted faster by at
+ * least their time at the attention ceiling. */
+static void test_kept_attention_3b(void **state) {
+    (void)state;
+    const int64_t H = 24, D = 128, L = 28;
+    const char *lens[] = {"train.seq_len=32K", "train.seq_len=128K"};
+    for (int k = 0; k < 2; k++) {
+        const int64_t S = (k ? 128 : 32) * 1024;
+        const char *a[] = {"parallel.gpus=1", lens[k]};
+        const char *r[] = {"parallel.gpus=1", lens[k], "parallel.attention_output=recompute"};
+        cp_plan p, q;
+        plan_of(&p, 2, a);
+        plan_of(&q, 3, r);
+        int64_t per = kept_bytes(S, 1, H, D);
+        assert_int_equal(per, S * 24 * 128 * 2 + 24 * S * 4);
+        /* why all on the GPU: the recompute plan leaves room for every layer's */
+        assert_true(q.spec.machine.gpu_mem - q.gpu_peak > L * per);
+        assert_true(p.fits);
+        assert_int_equal(p.attn_gpu_layers, L);
+        assert_int_equal(p.attn_host_layers, 0);
+        assert_int_equal(cp_plan_attn_where(&p, 0), CP_ATTN_GPU);
+        assert_int_equal(cp_plan_attn_where(&p, 27), CP_ATTN_GPU);
+        assert_int_equal(q.attn_gpu_layers + q.attn_host_layers, 0);
+        assert_int_equal(cp_plan_attn_where(&q, 0), CP_ATTN_RECOMPUTE);
+        /* the same other choices */
+        assert_int_equal(p.U, q.U);
+        assert_int_equal(p.U, 24);
+        assert_int_equal(p.ckpt_every, q.ckpt_every);
+        assert_int_equal(p.opt_on_host, q.opt_on_host);
+        /* memory: each kept buffer, their sum, no host memory */
+        assert_int_equal(buf(&p, "attn_out.0")->bytes, S * H * D * 2);
+        assert_int_equal(buf(&p, "lse.27")->bytes, H * S * 4);
+        assert_int_equal(buf(&p, "attn_out.27")->space, CP_SPACE_GPU);
+        assert_int_equal(p.cat_bytes[CP_CAT_ATTN_SAVED], L * per);
+        assert_int_equal(q.cat_bytes[CP_CAT_ATTN_SAVED], 0);
+        assert_int_equal(p.host_arena, q.host_arena);
+        /* the arena grows by the kept outputs less the recompute's scratch output and LSE they replace: at most all
+         * of them, at least all but one layer's (the layer being recomputed used the scratch) */
+        assert_true(p.gpu_arena - q.gpu_arena <= L * per);
+        assert_true(p.gpu_arena - q.gpu_arena >= (L - 1) * per);
+        /* work and time: 28 attention forwards of 4 S^2 H D / 2 FLOPs fewer */
+        double fwd = 4.0 * (double)S * S * H * D / 2;
+        assert_true(fabs(p.flops_attn_saved - L * fwd) < 1e-9 * L * fwd);
+        assert_true(fabs((q.flops_attn - p.flops_attn) - L * fwd) < 1e-9 * L * fwd);
+        assert_true(q.t_step - p.t_step >= L * fwd / (p.spec.machine.attn_tflops * 1e12));
+        assert_int_equal(count_steps(&q, "attn_fwd"), 2 * L);
+        assert_int_equal(count_steps(&p, "attn_fwd"), L);
+        printf("  3B, %lld tokens: recompute %.2f s, kept on the GPU %.2f s predicted (%.1f%% faster)\n", (long long)S,
+               q.t_step, p.t_step, 100 * (1 - p.t_step / q.t_step));
+        cp_plan_free(&p);
+        cp_plan_free(&q);
+    }
+}
+
+/* At the longest length (the --max-seq answer, 1,398,784 tokens, unchanged: the kept outputs take only memory left
+ * over) "auto" keeps nothing on the GPU, where less than one layer's 8.13 GiB is free, and keeps the first 9 layers
+ * in host memory, as many as the host's 128 GiB hold beside the optimizer; their GPU staging is not live at the
+ * plan's peak. The other 19 layers recompute attention. One more 1K tokens does not fit. */
+static void test_kept_attention_3b_longest(void **state) {
+    (void)state;
+    const int64_t S = 1398784, H = 24, D = 128;
+    const char *a[] = {"parallel.gpus=1", "train.seq_len=1398784"};
+    cp_plan p;
+    plan_of(&p, 2, a);
+    int64_t per = kept_bytes(S, 1, H, D);
+    assert_true(p.fits);
+    assert_int_equal(p.attn_gpu_layers, 0);
+    assert_int_equal(p.attn_host_layers, 9);
+    assert_int_equal(cp_plan_attn_where(&p, 8), CP_ATTN_HOST);
+    assert_int_equal(cp_plan_attn_where(&p, 9), CP_ATTN_RECOMPUTE);
+    assert_true(p.spec.machine.gpu_mem - p.gpu_peak < per);         /* no room for one on the GPU */
+    assert_true(p.host_peak + per > p.spec.machine.host_mem);        /* nor for a 10th on the host */
+    assert_int_equal(p.cat_host_bytes[CP_CAT_ATTN_SAVED], 9 * per);
+    assert_int_equal(p.cat_bytes[CP_CAT_ATTN_SAVED], 2 * per);       /* the staging pair */
+    assert_int_equal(p.cat_at_peak[CP_CAT_ATTN_SAVED], 0);
+    assert_true(p.opt_on_host);
+    assert_int_equal(p.ckpt_every, 5);
+    cp_plan_free(&p);
+    const char *b[] = {"parallel.gpus=1", "train.seq_len=1399808"};
+    plan_of(&p, 2, b);
+    assert_false(p.fits);
+    cp_plan_free(&p);
+}
+
+/* The memory arithmetic of each explicit mode, term by term, on the 3B shape cut to 4 layers, 2 GPUs, 64K tokens:
+ * "gpu" adds L kept buffers to the GPU; "host" puts them in the pinned arena (exactly their sum: all are live at
+ * the turn from forward to backward) with two GPU staging pairs; "recompute" keeps none. */
+static void test_kept_attention_memory(void **state) {
+    (void)state;
+    const int64_t S = 65536, C = 2, T = S / C, H = 24, D = 128, L = 4;
+    const char *modes[] = {"parallel.attention_output=recompute", "parallel.attention_output=gpu",
+                           "parallel.attention_output=host"};
+    cp_plan p[3];
+    for (int k = 0; k < 3; k++) {
+        const char *sets[] = {"parallel.gpus=2", "model.layers=4", "train.seq_len=64K", "parallel.offload=none",
+                              "parallel.optimizer=gpu", "parallel.checkpoint_every=1", modes[k]};
+        plan_of(&p[k], 7, sets);
+        assert_true(p[k].fits);
+    }
+    int64_t out = T * H * D * 2, lse = H / C * S * 4;
+    assert_int_equal(out, 32768LL * 3072 * 2);
+    assert_int_equal(lse, 12LL * 65536 * 4);
+    /* recompute: only the scratch the layer being recomputed uses */
+    assert_int_equal(p[0].cat_bytes[CP_CAT_ATTN_SAVED] + p[0].cat_host_bytes[CP_CAT_ATTN_SAVED], 0);
+    /* gpu */
+    assert_int_equal(p[1].attn_gpu_layers, L);
+    assert_int_equal(buf(&p[1], "attn_out.3")->bytes, out);
+    assert_int_equal(buf(&p[1], "lse.3")->bytes, lse);
+    assert_int_equal(p[1].cat_bytes[CP_CAT_ATTN_SAVED], L * (out + lse));
+    assert_int_equal(p[1].host_arena, p[0].host_arena);
+    assert_true(p[1].gpu_arena - p[0].gpu_arena <= L * (out + lse));
+    assert_true(p[1].gpu_arena - p[0].gpu_arena >= (L - 1) * (out + lse));
+    /* host */
+    assert_int_equal(p[2].attn_host_layers, L);
+    assert_int_equal(buf(&p[2], "attn_out.0")->space, CP_SPACE_HOST);
+    assert_int_equal(buf(&p[2], "attn_stage.1")->bytes, out);
+    assert_int_equal(buf(&p[2], "lse_stage.1")->bytes, lse);
+    assert_int_equal(p[2].cat_host_bytes[CP_CAT_ATTN_SAVED], L * (out + lse));
+    assert_int_equal(p[2].host_arena - p[0].host_arena, L * (out + lse));
+    assert_int_equal(p[2].cat_bytes[CP_CAT_ATTN_SAVED], 2 * (out + lse));
+    assert_true(p[2].gpu_arena - p[0].gpu_arena <= 2 * (out + lse));
+    /* out after each forward, back before each backward: 2 copies each way per layer */
+    assert_int_equal(count_steps(&p[2], "offload_attn") + count_steps(&p[2], "offload_lse"), 2 * L);
+    assert_int_equal(count_steps(&p[2], "prefetch_attn") + count_steps(&p[2], "prefetch_lse"), 2 * L);
+    /* both kept modes skip the recompute's attention forward and its all-to-all back (C = 2) */
+    for (int k = 1; k < 3; k++) {
+        assert_int_equal(count_steps(&p[k], "attn_fwd"), count_steps(&p[0], "attn_fwd") / 2);
+        assert_int_equal(count_steps(&p[k], "a2a_o"), count_steps(&p[0], "a2a_o") / 2);
+        assert_true(p[k].t_step < p[0].t_step);
+    }
+    for (int k = 0; k < 3; k++) cp_plan_free(&p[k]);
+}
+
 /* The Llama-3.1-8B shape on 8 GPUs at 5M tokens with 80 GB GPUs, every checkpoint on the host. */
 static void test_8b_arithmetic(void **state) {
     (void)state;
     cp_spec s;
-    load("llama8b", &s, 5, "parallel.gpus=8", "train.seq_len=5M", "machine.gpu_mem=80G", "parallel.offload=all",
-         "machine.host_mem=2T");
+    load("llama8b", &s, 6, "parallel.gpus=8", "train.seq_len=5M", "machine.gpu_mem=80G", "parallel.offload=all",
+         "machine.host_mem=2T", "parallel.attention_output=recompute");
     cp_plan p;
     build(&s, &p);
     const int64_t V = 128256, h = 4096, L = 32, H = 32, KV = 8, D = 128, F = 14336, C = 8;
@@ -560,6 +707,8 @@ int main(void) {
         cmocka_unit_test(test_upipe_auto),
         cmocka_unit_test(test_checkpoint_every),
         cmocka_unit_test(test_grad_accum),  cmocka_unit_test(test_8b_arithmetic),
+        cmocka_unit_test(test_kept_attention_3b), cmocka_unit_test(test_kept_attention_3b_longest),
+        cmocka_unit_test(test_kept_attention_memory),
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
         cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
         cmocka_unit_test(test_refuses_when_too_small),

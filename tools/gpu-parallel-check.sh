@@ -27,16 +27,7 @@ out=${OUT:-out}/parallel-check
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
 PARTS=${PARTS:-grads curve resume hf fault mem speed comm ws mem512}
-want() { [[ " $PARTS " == *" $1 "* ]]; }
-sum="$out/summary.txt"
-: >"$sum"
-note() { echo "$*" | tee -a "$sum"; }
-run() { # name timeout command...
-  local name=$1 t=$2; shift 2
-  local t0=$(date +%s)
-  timeout "$t" "$@" >"$out/$name.log" 2>&1
-  note "$(printf '%-22s rc=%-3d %5d s' "$name" "$?" $(($(date +%s) - t0)))"
-}
+. "$(dirname "$0")/check_common.sh"
 done_line() { grep -E "^done:" "$out/$1.log" | sed 's/^done: //'; }
 # upipe_vs_ulysses SEQ LAYERS: the 3B shape with UPipe stages of N heads and of all 24, the plan's attention working
 # set beside one step's measured peak

@@ -6,7 +6,9 @@
 # fp32), every gradient (cosine >= 0.999, norm within 1e-2) and the 20-step loss curve (1%).
 # Cases: tiny (the tiny spec, 2K tokens), qwen3 (the tiny spec as Qwen3: RMSNorm on q and k, tied embeddings,
 # Qwen3's eps and RoPE theta) and l8b (two layers of the Llama-3.1-8B shape, 4K tokens).
-# usage: tests/gpu/hf_check.sh [BUILD_DIR] [CASE...]    (default: build tiny qwen3 l8b); logs under $OUT (default out/)
+# HF_SETS="key=value ..." adds overrides to every case (e.g. HF_SETS=parallel.attention_output=host).
+# usage: [HF_SETS=...] tests/gpu/hf_check.sh [BUILD_DIR] [CASE...]    (default: build tiny qwen3 l8b); logs under $OUT
+# (default out/)
 set -u
 B=${1:-build}
 shift || true
@@ -23,6 +25,7 @@ for c in $CASES; do
     l8b) spec=llama8b; sets="model.layers=2 train.seq_len=4K parallel.gpus=1 train.lr=3e-4" ;;
     *) echo "hf_check.sh: unknown case $c (tiny, qwen3, l8b)"; exit 2 ;;
   esac
+  sets="$sets ${HF_SETS:-}"
   d=$work/$c
   rm -rf "$d" && mkdir -p "$d"
   args=()
