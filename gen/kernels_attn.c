@@ -12,6 +12,8 @@ enum { FWD_BM = 128, FWD_BN = 64, FWD_THREADS = 128, BWD_BM = 64, BWD_BN = 128, 
        DQ_THREADS = 256, DQ_MAX_BLOCKS = 65536 };
 /* the Hopper forward (templates/attention_sm90.cuh): HBM, HBN, HSTAGES, H_SMEM there */
 enum { H_BM = 128, H_THREADS = 384, H_SUBTILE = 128 * 128 };
+/* the Hopper backward (templates/attention_bwd_sm90.cuh): B9_STAGES, BWD_SM90_SMEM there */
+enum { B9_STAGES = 2 };
 
 bool cp_k_attention_hopper(const char *arch) { return arch && strcmp(arch, "sm_90a") == 0; }
 
@@ -67,6 +69,15 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         d->block = BWD_THREADS;
         /* K, V; Q, dO double-buffered; P, dS; lse, delta double-buffered; the progress wait's last read */
         d->smem = (unsigned)((2 * BWD_BN + 4 * BWD_BM) * D * 2 + 2 * BWD_BM * BWD_BN * 2 + 4 * BWD_BM * 4 + 16);
+    } else if (strcmp(role, "bwd_sm90") == 0) {
+        const int64_t ktile = D / 64 * H_SUBTILE, qtile = D / 64 * BWD_BM * 128;
+        d->grid[0] = (unsigned)KVH;
+        d->grid[1] = (unsigned)((S + BWD_BN - 1) / BWD_BN);
+        d->block = H_THREADS;
+        /* K, V; the Q, dO ring; dS^T double-buffered; lse, delta per stage; the mbarriers and the progress read;
+         * slack to align the tiles to 1024 bytes */
+        d->smem = (unsigned)(2 * ktile + 2 * B9_STAGES * qtile + 2 * BWD_BN * BWD_BM * 2 + B9_STAGES * 2 * BWD_BM * 4 +
+                             8 * (1 + 2 * B9_STAGES) + 8 + 1024);
     } else if (strcmp(role, "bwd_dq") == 0) {
         int64_t blocks = (S * QH * D / 8 + DQ_THREADS - 1) / DQ_THREADS;
         d->grid[0] = (unsigned)CP_MIN(blocks, DQ_MAX_BLOCKS);

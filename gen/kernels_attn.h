@@ -13,13 +13,19 @@
 
 #include "kernels.h"
 
-/* Whether the module compiled for `arch` runs the Hopper forward fwd_sm90 (wgmma, TMA: sm_90a) instead of fwd.
- * fwd_sm90(tm_q, tm_k, tm_v, o, lse f32) takes tensor maps of q, k, v made by cp_tmap_heads (runtime/tma.h). */
+/* Whether the module compiled for `arch` runs the Hopper forward fwd_sm90 and backward bwd_sm90 (wgmma, TMA:
+ * sm_90a) instead of fwd and bwd.
+ * fwd_sm90(tm_q, tm_k, tm_v, o, lse f32) takes tensor maps of q, k, v made by cp_tmap_heads (runtime/tma.h) with
+ * boxes of CP_ATTN_SM90_BOX_ROWS rows.
+ * bwd_sm90(tm_q, tm_k, tm_v, tm_do, lse, delta, dq_ws, dq_prog, dk, dv): bwd's contract and workspace, with tensor
+ * maps of q and dout (boxes of CP_ATTN_SM90_BWD_Q_ROWS rows) and of k and v (CP_ATTN_SM90_BOX_ROWS rows). */
 bool cp_k_attention_hopper(const char *arch);
 /* The rows of the boxes of fwd_sm90's tensor maps (its query and key tiles). */
 #define CP_ATTN_SM90_BOX_ROWS 128
+/* The rows of the boxes of bwd_sm90's q and dout tensor maps (its query tiles). */
+#define CP_ATTN_SM90_BWD_Q_ROWS 64
 
-/* Geometry of entry `role` ("fwd", "fwd_sm90", "bwd", "bwd_dq") of an attention module. Returns 0, or -1 for another role or a
+/* Geometry of entry `role` ("fwd", "fwd_sm90", "bwd", "bwd_sm90", "bwd_dq") of an attention module. Returns 0, or -1 for another role or a
  * spec that is not attention. */
 int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d);
 

@@ -14,8 +14,8 @@
 //       dq_ws = dS K (unscaled), summed over the key blocks in key-block order, so the same bits run to run;
 //       dk, dv written (bf16) or added to (fp32 when DKV_ACCUM)
 //   bwd_dq(dq_ws, dq)                                     dq = bf16(scale * dq_ws)
-// On Hopper (sm_90a) the runtime runs the forward of attention_sm90.cuh instead (fwd_sm90: wgmma, TMA, warp
-// specialisation); fwd stays the path of sm_80 and sm_89.
+// On Hopper (sm_90a) the runtime runs the forward of attention_sm90.cuh and the backward of attention_bwd_sm90.cuh
+// instead (fwd_sm90, bwd_sm90: wgmma, TMA, warp specialisation); fwd and bwd stay the path of sm_80 and sm_89.
 
 #define HEAD_DIM {{HEAD_DIM}}
 #define Q_HEADS {{Q_HEADS}}
@@ -753,3 +753,4 @@ attention_bwd_dq_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_
 }
 
 #include "attention_sm90.cuh"
+#include "attention_bwd_sm90.cuh"

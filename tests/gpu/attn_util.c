@@ -47,11 +47,11 @@ void attn_build(attn_mod *m, int n) {
         a->jit = jits[i];
         if (cp_module_load(&a->mod, a->src.name, a->jit.cubin, a->jit.cubin_len, err, sizeof err) != 0)
             gu_fail("%s", err);
-        const char *roles[4] = {"fwd", "bwd", "bwd_dq", "fwd_sm90"};
-        cudaKernel_t *ks[4] = {&a->fwd, &a->bwd, &a->bwd_dq, &a->fwd_sm90};
-        cp_kdims *ds[4] = {&a->d_fwd, &a->d_bwd, &a->d_dq, &a->d_fwd_sm90};
+        const char *roles[5] = {"fwd", "bwd", "bwd_dq", "fwd_sm90", "bwd_sm90"};
+        cudaKernel_t *ks[5] = {&a->fwd, &a->bwd, &a->bwd_dq, &a->fwd_sm90, &a->bwd_sm90};
+        cp_kdims *ds[5] = {&a->d_fwd, &a->d_bwd, &a->d_dq, &a->d_fwd_sm90, &a->d_bwd_sm90};
         a->hopper = cp_k_attention_hopper(o.arch);
-        for (int r = 0; r < (a->hopper ? 4 : 3); r++) {
+        for (int r = 0; r < (a->hopper ? 5 : 3); r++) {
             if (cp_module_role(&a->mod, "attention", roles[r], ks[r], err, sizeof err) != 0) gu_fail("%s", err);
             if (cp_k_attention_dims(&a->spec, roles[r], ds[r]) != 0) gu_fail("no geometry for attention %s", roles[r]);
             if (ds[r]->smem > 48 * 1024 && cp_kernel_set_max_smem(*ks[r], ds[r]->smem, err, sizeof err) != 0)
@@ -60,10 +60,11 @@ void attn_build(attn_mod *m, int n) {
         a->spill_bytes = 0;
         for (int e = 0; e < a->jit.nentries; e++) {
             const cp_entry_info *x = &a->jit.entries[e];
-            const cp_kdims *d = strstr(x->name, "_bwd_dq_") ? &a->d_dq
-                                : strstr(x->name, "_bwd_")  ? &a->d_bwd
-                                : strstr(x->name, "_sm90_") ? &a->d_fwd_sm90
-                                                            : &a->d_fwd;
+            const cp_kdims *d = strstr(x->name, "_bwd_dq_")     ? &a->d_dq
+                                : strstr(x->name, "_bwd_sm90_") ? &a->d_bwd_sm90
+                                : strstr(x->name, "_bwd_")      ? &a->d_bwd
+                                : strstr(x->name, "_sm90_")     ? &a->d_fwd_sm90
+                                                                : &a->d_fwd;
             printf("  %-50s %3d regs, %6u B smem, %4u threads, spills %d/%d%s\n", x->name, x->registers, d->smem,
                    d->block, x->spill_stores, x->spill_loads, a->jit.from_cache ? " (cached)" : "");
             a->spill_bytes += x->spill_stores + x->spill_loads;
@@ -102,8 +103,21 @@ void attn_bwd(attn_mod *m, const void *q, const void *k, const void *v, const vo
     /* bwd writes the whole fp32 dQ; only the progress counters after it start at zero */
     void *prog = (char *)dq_ws + cp_k_attention_prog_offset(&m->spec);
     AU_CUDA(cudaMemsetAsync(prog, 0, (size_t)cp_k_attention_prog_bytes(&m->spec), s));
-    void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq_ws, &prog, &dk, &dv};
-    AU_CUDA(cp_launch(m->bwd, &m->d_bwd, args, s));
+    if (m->hopper && !m->use_mma) {
+        const attn_shape *h = &m->sh;
+        cp_tmap tm[4];
+        char err[512];
+        if (cp_tmap_heads(&tm[0], q, h->seq, h->q_heads, h->head_dim, CP_ATTN_SM90_BWD_Q_ROWS, err, sizeof err) ||
+            cp_tmap_heads(&tm[1], k, h->seq, h->kv_heads, h->head_dim, CP_ATTN_SM90_BOX_ROWS, err, sizeof err) ||
+            cp_tmap_heads(&tm[2], v, h->seq, h->kv_heads, h->head_dim, CP_ATTN_SM90_BOX_ROWS, err, sizeof err) ||
+            cp_tmap_heads(&tm[3], dout, h->seq, h->q_heads, h->head_dim, CP_ATTN_SM90_BWD_Q_ROWS, err, sizeof err))
+            gu_fail("%s", err);
+        void *args[] = {&tm[0], &tm[1], &tm[2], &tm[3], &lse, &delta, &dq_ws, &prog, &dk, &dv};
+        AU_CUDA(cp_launch(m->bwd_sm90, &m->d_bwd_sm90, args, s));
+    } else {
+        void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq_ws, &prog, &dk, &dv};
+        AU_CUDA(cp_launch(m->bwd, &m->d_bwd, args, s));
+    }
     void *args2[] = {&dq_ws, &dq};
     AU_CUDA(cp_launch(m->bwd_dq, &m->d_dq, args2, s));
 }

@@ -28,10 +28,10 @@ typedef struct {
     cp_module_src src;
     cp_jit_module jit;
     cp_module mod;
-    cudaKernel_t fwd, fwd_sm90, bwd, bwd_dq;
-    cp_kdims d_fwd, d_fwd_sm90, d_bwd, d_dq;
-    bool hopper;     /* the device runs fwd_sm90 (sm_90a); attn_fwd takes it unless use_mma is set */
-    bool use_mma;    /* attn_fwd runs the mma.sync forward even where the Hopper one exists */
+    cudaKernel_t fwd, fwd_sm90, bwd, bwd_sm90, bwd_dq;
+    cp_kdims d_fwd, d_fwd_sm90, d_bwd, d_bwd_sm90, d_dq;
+    bool hopper;     /* the device runs fwd_sm90, bwd_sm90 (sm_90a); attn_fwd, attn_bwd take them unless use_mma */
+    bool use_mma;    /* attn_fwd, attn_bwd run the mma.sync kernels even where the Hopper ones exist */
     int spill_bytes; /* spill stores + loads over the module's entries */
 } attn_mod;
 
@@ -45,7 +45,8 @@ void attn_free(attn_mod *m);
  * m->use_mma). */
 void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o, float *lse, cudaStream_t s);
 /* Queue the backward: zero the progress counters of the workspace dq_ws (cp_k_attention_workspace_bytes; its fp32 dQ
- * is written whole by bwd), bwd, dq from dq_ws. dk, dv are bf16, or fp32 added to when dkv_accum. */
+ * is written whole by bwd), bwd (the Hopper one, with its tensor maps, where m->hopper and not m->use_mma), dq from
+ * dq_ws. dk, dv are bf16, or fp32 added to when dkv_accum. */
 void attn_bwd(attn_mod *m, const void *q, const void *k, const void *v, const void *dout, const float *lse,
               const float *delta, float *dq_ws, void *dq, void *dk, void *dv, cudaStream_t s);
 

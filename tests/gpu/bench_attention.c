@@ -4,7 +4,8 @@
  * are ordered, so the same bits run to run) and the dQ conversion.
  * Then it runs tests/gpu/bench_attention_sdpa.py (PyTorch SDPA, FLASH_ATTENTION and CUDNN_ATTENTION backends) on the
  * same shapes, when python3 with torch is there, and prints both side by side.
- * On Hopper it times both forwards: the wgmma one the runtime runs and the mma.sync one of sm_80 and sm_89.
+ * On Hopper it times both forwards and both backwards: the wgmma ones the runtime runs and the mma.sync ones of sm_80
+ * and sm_89.
  * Options: --seq N (default 32768), --head-dim 64|128 (default 128), --reps N (default 10), --no-sdpa. */
 #include <limits.h>
 #include <stdio.h>
@@ -20,7 +21,8 @@ typedef struct {
     const char *name;
     int qh, kvh;
     double fwd_ms, bwd_ms;
-    double fwd_mma_ms; /* on Hopper: the mma.sync forward of sm_80 and sm_89 beside the wgmma one; < 0: not run */
+    double fwd_mma_ms, bwd_mma_ms; /* on Hopper: the mma.sync kernels of sm_80 and sm_89 beside the wgmma ones; < 0:
+                                      not run */
     double sdpa_fwd_ms[2], sdpa_bwd_ms[2]; /* flash, cudnn; < 0: not run */
 } bench_row;
 
@@ -76,15 +78,16 @@ static void bench(bench_row *r, int64_t S, int64_t D, int reps) {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     double *t = malloc(sizeof(double) * (size_t)reps);
-    /* phases: the forward the runtime uses, the backward, and on Hopper the mma.sync forward too */
-    const char *phase_name[3] = {m.hopper ? "fwd (wgmma)" : "fwd", "bwd", "fwd (mma.sync)"};
-    double *phase_ms[3] = {&r->fwd_ms, &r->bwd_ms, &r->fwd_mma_ms};
-    r->fwd_mma_ms = -1;
-    for (int phase = 0; phase < (m.hopper ? 3 : 2); phase++) {
-        m.use_mma = phase == 2;
+    /* phases: the forward and backward the runtime uses, and on Hopper the mma.sync forward and backward too */
+    const char *phase_name[4] = {m.hopper ? "fwd (wgmma)" : "fwd", m.hopper ? "bwd (wgmma)" : "bwd", "fwd (mma.sync)",
+                                 "bwd (mma.sync)"};
+    double *phase_ms[4] = {&r->fwd_ms, &r->bwd_ms, &r->fwd_mma_ms, &r->bwd_mma_ms};
+    r->fwd_mma_ms = r->bwd_mma_ms = -1;
+    for (int phase = 0; phase < (m.hopper ? 4 : 2); phase++) {
+        m.use_mma = phase >= 2;
         for (int i = -2; i < reps; i++) { /* two warm-up runs */
             cudaEventRecord(e0, 0);
-            if (phase != 1) attn_fwd(&m, q, k, v, o, lse, 0);
+            if (phase % 2 == 0) attn_fwd(&m, q, k, v, o, lse, 0);
             else attn_bwd(&m, q, k, v, dout, lse, delta, ws, dq, dk, dv, 0);
             cudaEventRecord(e1, 0);
             if (cudaEventSynchronize(e1) != cudaSuccess)
@@ -175,8 +178,8 @@ int main(int argc, char **argv) {
     }
     if (reps < 1) reps = 1;
     if (gu_init() != 0) return 0;
-    bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, -1, {-1, -1}, {-1, -1}},
-                        {"GQA 32/8", 32, 8, 0, 0, -1, {-1, -1}, {-1, -1}}};
+    bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, -1, -1, {-1, -1}, {-1, -1}},
+                        {"GQA 32/8", 32, 8, 0, 0, -1, -1, {-1, -1}, {-1, -1}}};
     const int nrows = 2;
     for (int i = 0; i < nrows; i++) bench(&rows[i], S, D, reps);
     if (sdpa) run_sdpa(rows, nrows, S, D, reps);
@@ -187,11 +190,11 @@ int main(int argc, char **argv) {
            "bwd TF/s", "f+b TF/s");
     for (int i = 0; i < nrows; i++) {
         const double F = flops_fwd(S, rows[i].qh, D);
-        /* cpgen as the runtime runs it, cpgen with the mma.sync forward (on Hopper), then the peers */
-        const char *names[4] = {"cpgen", "cpgen mma.sync fwd", "sdpa FLASH", "sdpa CUDNN"};
+        /* cpgen as the runtime runs it, cpgen with the mma.sync kernels (on Hopper), then the peers */
+        const char *names[4] = {"cpgen", "cpgen mma.sync", "sdpa FLASH", "sdpa CUDNN"};
         for (int j = 0; j < 4; j++) {
             double f = j == 0 ? rows[i].fwd_ms : j == 1 ? rows[i].fwd_mma_ms : rows[i].sdpa_fwd_ms[j - 2],
-                   b = j < 2 ? rows[i].bwd_ms : rows[i].sdpa_bwd_ms[j - 2];
+                   b = j == 0 ? rows[i].bwd_ms : j == 1 ? rows[i].bwd_mma_ms : rows[i].sdpa_bwd_ms[j - 2];
             if (f < 0) continue;
             char a[16], c[16], d[16];
             tfs(a, sizeof a, F, f);

@@ -1,8 +1,8 @@
 /* test_attention.c: the attention kernels (templates/attention.cu) against the float64 reference
  * (tests/ref/ref_attention.c) on fresh random inputs, over sequence lengths that are and are not multiples of the
  * tiles, GQA ratios 1, 3 and 4, head_dim 64 and 128, causal and full, dK/dV written and accumulated. On Hopper both
- * forwards are checked: the wgmma one the runtime uses (fwd_sm90, whose lse the backward then takes) and the
- * mma.sync one of sm_80 and sm_89. Outputs are
+ * forwards and both backwards are checked: the wgmma ones the runtime uses (fwd_sm90, whose lse the backwards then
+ * take; bwd_sm90, which the determinism test runs) and the mma.sync ones of sm_80 and sm_89. Outputs are
  * poisoned with NaN first (the fp32 dQ workspace too: the backward must write all of it); relative error in norm
  * must be at most 1e-2 for the bf16 outputs.
  * Determinism: the backward runs several times on the same inputs, its outputs (and the whole workspace) poisoned
@@ -141,6 +141,8 @@ typedef struct {
     float *lse, *delta, *dk32, *dv32, *dk32_init, *dv32_init;
     uint16_t *o_mma; /* on Hopper: the mma.sync forward's o and lse too (the backward uses the Hopper one's) */
     float *lse_mma;
+    uint16_t *dq_mma; /* on Hopper: the mma.sync backward's dq, dk, dv too (bf16, or f32 when dkv_accum) */
+    void *dk_mma, *dv_mma;
 } host_io;
 
 /* Run fwd then bwd of module m on fresh random inputs; results in io (host). */
@@ -190,31 +192,40 @@ static void run_shape(attn_mod *m, host_io *io) {
 
     io->delta = row_delta(io->dout, io->o, io->nlse, s->head_dim);
     gu_upload(delta, io->delta, blse);
-    gu_poison(dq, bq);
-    gu_poison(ws, (size_t)cp_k_attention_workspace_bytes(&m->spec));
     if (s->dkv_accum) {
         io->dk32_init = gu_rand_f32(&rng, io->nkv, 0.5);
         io->dv32_init = gu_rand_f32(&rng, io->nkv, 0.5);
-        gu_upload(dk, io->dk32_init, bdkv);
-        gu_upload(dv, io->dv32_init, bdkv);
-    } else {
-        gu_poison(dk, bdkv);
-        gu_poison(dv, bdkv);
     }
-    attn_bwd(m, q, k, v, dout, lse, delta, ws, dq, dk, dv, 0);
-    if (cudaDeviceSynchronize() != cudaSuccess) gu_fail("attention bwd failed: %s", cudaGetErrorString(cudaGetLastError()));
-    io->dq = malloc(bq);
-    gu_download(io->dq, dq, bq);
-    if (s->dkv_accum) {
-        io->dk32 = malloc(bdkv);
-        io->dv32 = malloc(bdkv);
-        gu_download(io->dk32, dk, bdkv);
-        gu_download(io->dv32, dv, bdkv);
-    } else {
-        io->dk16 = malloc(bdkv);
-        io->dv16 = malloc(bdkv);
-        gu_download(io->dk16, dk, bdkv);
-        gu_download(io->dv16, dv, bdkv);
+    /* pass 0: the path attn_bwd takes by default; pass 1 (Hopper): the mma.sync backward as well */
+    for (int pass = 0; pass < (m->hopper ? 2 : 1); pass++) {
+        gu_poison(dq, bq);
+        gu_poison(ws, (size_t)cp_k_attention_workspace_bytes(&m->spec));
+        if (s->dkv_accum) {
+            gu_upload(dk, io->dk32_init, bdkv);
+            gu_upload(dv, io->dv32_init, bdkv);
+        } else {
+            gu_poison(dk, bdkv);
+            gu_poison(dv, bdkv);
+        }
+        m->use_mma = pass == 1;
+        attn_bwd(m, q, k, v, dout, lse, delta, ws, dq, dk, dv, 0);
+        m->use_mma = false;
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            gu_fail("attention bwd%s failed: %s", pass ? " (mma.sync)" : "", cudaGetErrorString(cudaGetLastError()));
+        uint16_t *hdq = malloc(bq);
+        void *hdk = malloc(bdkv), *hdv = malloc(bdkv);
+        gu_download(hdq, dq, bq);
+        gu_download(hdk, dk, bdkv);
+        gu_download(hdv, dv, bdkv);
+        if (pass) {
+            io->dq_mma = hdq, io->dk_mma = hdk, io->dv_mma = hdv;
+        } else {
+            io->dq = hdq;
+            if (s->dkv_accum)
+                io->dk32 = hdk, io->dv32 = hdv;
+            else
+                io->dk16 = hdk, io->dv16 = hdv;
+        }
     }
     void *bufs[] = {q, k, v, dout, o, dq, dk, dv, lse, delta, ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gu_free_dev(bufs[i]);
@@ -222,9 +233,36 @@ static void run_shape(attn_mod *m, host_io *io) {
 
 static void free_io(host_io *io) {
     void *p[] = {io->q, io->k, io->v, io->dout, io->o, io->dq, io->dk16, io->dv16, io->lse, io->delta,
-                 io->dk32, io->dv32, io->dk32_init, io->dv32_init, io->o_mma, io->lse_mma};
+                 io->dk32, io->dv32, io->dk32_init, io->dv32_init, io->o_mma, io->lse_mma, io->dq_mma, io->dk_mma,
+                 io->dv_mma};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     memset(io, 0, sizeof *io);
+}
+
+/* One backward's dq (bf16) and dk, dv (bf16, or f32 added to the initial values when dkv_accum) against the
+ * reference. */
+static void check_bwd(const char *path, const char *name, const attn_shape *s, const host_io *io, const uint16_t *gdq,
+                      const void *gdk, const void *gdv, const double *dq, const double *dk, const double *dv) {
+    char what[96];
+    snprintf(what, sizeof what, "%s dq", path);
+    gu_check(what, name, rel_bf16(gdq, dq, io->nq), BOUND);
+    if (s->dkv_accum) {
+        /* the kernel added its gradient to the initial values: compare the difference */
+        const float *k32 = gdk, *v32 = gdv;
+        float *gk = malloc(sizeof(float) * io->nkv), *gv = malloc(sizeof(float) * io->nkv);
+        for (int64_t i = 0; i < io->nkv; i++) gk[i] = k32[i] - io->dk32_init[i], gv[i] = v32[i] - io->dv32_init[i];
+        snprintf(what, sizeof what, "%s dk f32+=", path);
+        gu_check(what, name, rel_f32(gk, dk, io->nkv), BOUND);
+        snprintf(what, sizeof what, "%s dv f32+=", path);
+        gu_check(what, name, rel_f32(gv, dv, io->nkv), BOUND);
+        free(gk);
+        free(gv);
+    } else {
+        snprintf(what, sizeof what, "%s dk", path);
+        gu_check(what, name, rel_bf16(gdk, dk, io->nkv), BOUND);
+        snprintf(what, sizeof what, "%s dv", path);
+        gu_check(what, name, rel_bf16(gdv, dv, io->nkv), BOUND);
+    }
 }
 
 static void check_shape(void **state) {
@@ -255,19 +293,10 @@ static void check_shape(void **state) {
         gu_check("attention fwd (mma.sync) o", name, rel_bf16(io.o_mma, o, io.nq), BOUND);
         gu_check("attention fwd (mma.sync) lse", name, rel_f32(io.lse_mma, lse, io.nlse), 1e-4);
     }
-    gu_check("attention bwd dq", name, rel_bf16(io.dq, dq, io.nq), BOUND);
-    if (s->dkv_accum) {
-        /* the kernel added its gradient to the initial values: compare the difference */
-        float *gk = malloc(sizeof(float) * io.nkv), *gv = malloc(sizeof(float) * io.nkv);
-        for (int64_t i = 0; i < io.nkv; i++) gk[i] = io.dk32[i] - io.dk32_init[i], gv[i] = io.dv32[i] - io.dv32_init[i];
-        gu_check("attention bwd dk f32+=", name, rel_f32(gk, dk, io.nkv), BOUND);
-        gu_check("attention bwd dv f32+=", name, rel_f32(gv, dv, io.nkv), BOUND);
-        free(gk);
-        free(gv);
-    } else {
-        gu_check("attention bwd dk", name, rel_bf16(io.dk16, dk, io.nkv), BOUND);
-        gu_check("attention bwd dv", name, rel_bf16(io.dv16, dv, io.nkv), BOUND);
-    }
+    const char *bpath = m->hopper ? "attention bwd_sm90" : "attention bwd";
+    check_bwd(bpath, name, s, &io, io.dq, s->dkv_accum ? (void *)io.dk32 : io.dk16,
+              s->dkv_accum ? (void *)io.dv32 : io.dv16, dq, dk, dv);
+    if (io.dq_mma) check_bwd("attention bwd (mma.sync)", name, s, &io, io.dq_mma, io.dk_mma, io.dv_mma, dq, dk, dv);
     free(q), free(k), free(v), free(dout), free(o), free(lse), free(dq), free(dk), free(dv);
     free_io(&io);
 }

@@ -1,0 +1,368 @@
+// attention_bwd_sm90.cuh: the attention backward for Hopper (sm_90a), included into attention.cu after
+// attention_sm90.cuh (whose mbarrier, TMA and wgmma helpers it uses). On other targets its entry traps: the runtime
+// calls it on sm_90a alone. Same contract, tile order and ordered dQ protocol as the mma.sync backward `bwd` of
+// attention.cu (read its comment): the dq_ws / dq_prog workspace and bwd_dq are shared by both.
+//
+// One block: 128 keys (key block blockIdx.y) of one KV head; a producer warp and two consumer warpgroups of 64 keys
+// each. The loop runs over the query tiles of 64 rows that see these keys (last first) and, within each, over the
+// query heads of the GQA group, as `bwd` does; dK and dV stay in registers for the whole loop. The producer streams
+// Q and dO by TMA (and lse, delta by cp.async) through a two-stage ring; K and V are loaded once. Per tile, a
+// consumer computes transposed, so that P^T and dS^T come out of the accumulators in the A-operand layout:
+//   S^T = K Q^T, dP^T = V dO^T                  (wgmma, both operands K-major in shared memory)
+//   P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - delta)   (lse, delta per query row = per column)
+//   dV += P^T dO, dK += dS^T Q                  (A from registers, B = dO, Q read transposed)
+//   dS^T to shared memory (bf16); after both consumers wrote theirs (one named barrier):
+//   dQ = dS K over all 128 keys, each consumer half of the head dimension (A = dS^T read transposed, B = K read
+//   transposed), then stored or added to dq_ws in key-block order.
+// Within a tile the products overlap the math: P^T is computed while dP^T runs, dS^T while dV runs, the dS store
+// and the barrier while dK runs. dS^T is double-buffered, so a consumer that is one barrier ahead does not overwrite
+// the tile the other is still multiplying.
+//
+// Shared-memory tiles are TMA boxes with the 128-byte swizzle as in the forward: K, V [128 rows][64 columns] per
+// sub-tile (16 KiB), Q, dO [64 rows][64 columns] per sub-tile (8 KiB), dS^T [128 keys][64 rows] (16 KiB, written by
+// the consumers with the same swizzle).
+//
+// Entry (geometry in gen/kernels_attn.c, which must match BWD_SM90_SMEM):
+//   bwd_sm90(tm_q, tm_k, tm_v, tm_do, lse, delta, dq_ws, dq_prog, dk, dv)
+//       grid (KV_HEADS, ceil(SEQ/128)), 384 threads, BWD_SM90_SMEM bytes dynamic smem;
+//       tm_q, tm_do: tensor maps of q, dout with boxes (64, 1, 64); tm_k, tm_v: of k, v with boxes (64, 1, 128)
+//       (runtime/tma.h); the other arguments as for bwd.
+
+#define B9_BM 64    // query rows per tile
+#define B9_BN 128   // keys per block: two consumer warpgroups of 64
+#define B9_STAGES 2 // depth of the Q, dO ring
+#define B9_BAR_C 3  // named barrier of the two consumer warpgroups (0: __syncthreads; 1, 2: the forward's)
+static_assert(B9_BM == BWD_BM && B9_BN == BWD_BN, "the tile order and dq_prog are those of bwd");
+
+constexpr u32 B9_QSUB = B9_BM * 128;                       // bytes of one [64][64] bf16 sub-tile of Q or dO
+constexpr u32 B9_QTILE = HSUB * B9_QSUB;                   // one Q or dO tile
+constexpr u32 B9_DS = B9_BN * B9_BM * 2;                   // one dS^T tile [128 keys][64 rows]
+constexpr u32 B9_OFF_V = H_TILE, B9_OFF_Q = B9_OFF_V + H_TILE, B9_OFF_DO = B9_OFF_Q + B9_STAGES * B9_QTILE,
+              B9_OFF_DS = B9_OFF_DO + B9_STAGES * B9_QTILE, B9_OFF_L = B9_OFF_DS + 2 * B9_DS,
+              B9_OFF_BAR = B9_OFF_L + B9_STAGES * 2 * B9_BM * 4;
+// barriers: kv_full, q_full[B9_STAGES], q_empty[B9_STAGES]; then the last progress read (one u32)
+constexpr u32 BWD_SM90_SMEM = B9_OFF_BAR + 8 * (1 + 2 * B9_STAGES) + 8 + 1024; // + the slack to align to 1024
+static_assert(BWD_SM90_SMEM <= 227 * 1024, "the backward's tiles do not fit the 227 KiB a block may have");
+
+// d (64 x 64, f32) = (scale_d ? d : 0) + A B: A (64 x 16) and B (64 x 16) both K-major in shared memory.
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// d (64 x 64, f32) = (scale_d ? d : 0) + A B: A (64 x 16) M-major and B (16 x 64) N-major in shared memory
+// (imm-trans-a = imm-trans-b = 1).
+__device__ __forceinline__ void wgmma_tt_n64(float (&d)[32], unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// d (64 x 32, f32) = (scale_d ? d : 0) + A B: A (64 x 16) M-major and B (16 x 32) N-major in shared memory.
+__device__ __forceinline__ void wgmma_tt_n32(float (&d)[16], unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, %16, %17, p, 1, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+#if HEAD_DIM == 128
+#define wgmma_dq wgmma_tt_n64
+#else
+#define wgmma_dq wgmma_tt_n32
+#endif
+
+// Writes of st.shared become visible to the async proxy (the wgmma operand reads) that follows a barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// One arrival on bar once this thread's earlier cp.async copies have landed (counted in the barrier's init count).
+__device__ __forceinline__ void cp_async_mbar_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ float2 lds_f2(u32 addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+    return v;
+}
+
+// P^T = exp(scale S^T - lse) in place, for this thread's keys key, key + 8 (accumulator rows) and the tile's query
+// rows row0 + 8 j + 2 t + e (columns; their lse at sl). EDGE: the tile crosses the diagonal or the end of the
+// sequence; keys past the row (causal) or past the end, and rows past the end, get p = 0.
+template <bool EDGE>
+__device__ __forceinline__ void b9_probs(float (&st)[32], u32 sl, int key, int row0, int t) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float2 l = lds_f2(sl + (8 * j + 2 * t) * 4);
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float p = ex2(fmaf(st[4 * j + 2 * r + e], SCALE_LOG2, -(e ? l.y : l.x) * LOG2E));
+                if (EDGE) {
+                    const int row = row0 + 8 * j + 2 * t + e, kk = key + 8 * r;
+                    if (row >= SEQ || kk >= SEQ || (CAUSAL && kk > row)) p = 0.f;
+                }
+                st[4 * j + 2 * r + e] = p;
+            }
+    }
+}
+
+// The 64 columns of an accumulator as the A operands of the four k-steps (16 columns each) of a product.
+__device__ __forceinline__ void b9_pack(u32 (&a)[4][4], const float (&x)[32]) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[kk][i] = pack_bf16(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
+}
+
+extern "C" __global__ void __launch_bounds__(HTHREADS, 1)
+attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
+    const __grid_constant__ tmap_t tm_q, const __grid_constant__ tmap_t tm_k, const __grid_constant__ tmap_t tm_v,
+    const __grid_constant__ tmap_t tm_do, const float *__restrict__ lse, const float *__restrict__ delta,
+    float *__restrict__ dq_ws, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char hsmem[];
+    const u32 base = (smem_addr(hsmem) + 1023u) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
+    const u32 sK = base, sV = base + B9_OFF_V, sQ = base + B9_OFF_Q, sdO = base + B9_OFF_DO, sdS = base + B9_OFF_DS,
+              sL = base + B9_OFF_L, bars = base + B9_OFF_BAR, sSeen = bars + 8 * (1 + 2 * B9_STAGES);
+    auto q_full = [&](int s) { return bars + 8 * (1 + s); };
+    auto q_empty = [&](int s) { return bars + 8 * (1 + B9_STAGES + s); };
+    const int tid = threadIdx.x, kvh = blockIdx.x, n0 = blockIdx.y * B9_BN;
+    constexpr int NM = (SEQ + B9_BM - 1) / B9_BM, NKB = (SEQ + B9_BN - 1) / B9_BN;
+    const int m_first = CAUSAL ? n0 / B9_BM : 0; // query tiles before n0 see none of these keys when causal
+    const int niters = GROUP * (NM - m_first);
+    if (tid == 0) {
+        mbar_init(bars, 1);
+        for (int s = 0; s < B9_STAGES; s++) {
+            mbar_init(q_full(s), 1 + 32); // the producer's expect_tx arrival + one cp.async arrival per lane
+            mbar_init(q_empty(s), 8);     // one arrival per consumer warp
+        }
+        sts32(sSeen, 0u); // the predecessor's progress as last read
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 128) {
+        // producer warpgroup: warp 0 streams the tiles (lane 0 the TMA copies, every lane a row of lse and delta)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (tid < 32) {
+            const int lane = tid;
+            if (lane == 0) {
+                mbar_expect_tx(bars, 2 * H_TILE);
+#pragma unroll
+                for (int c = 0; c < HSUB; c++) {
+                    tma_load_3d(sK + c * H_SUBTILE, &tm_k, 64 * c, kvh, n0, bars);
+                    tma_load_3d(sV + c * H_SUBTILE, &tm_v, 64 * c, kvh, n0, bars);
+                }
+            }
+            for (int it = 0; it < niters; it++) {
+                const int s = it % B9_STAGES, mi = it / GROUP, h = kvh * GROUP + it - mi * GROUP;
+                const int m0 = (NM - 1 - mi) * B9_BM;
+                if (it >= B9_STAGES) mbar_wait(q_empty(s), ((it / B9_STAGES) & 1) ^ 1);
+                if (lane == 0) {
+                    mbar_expect_tx(q_full(s), 2 * B9_QTILE);
+#pragma unroll
+                    for (int c = 0; c < HSUB; c++) {
+                        tma_load_3d(sQ + s * B9_QTILE + c * B9_QSUB, &tm_q, 64 * c, h, m0, q_full(s));
+                        tma_load_3d(sdO + s * B9_QTILE + c * B9_QSUB, &tm_do, 64 * c, h, m0, q_full(s));
+                    }
+                }
+                const u32 sl = sL + s * 2 * B9_BM * 4;
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int r = lane + 32 * i, row = m0 + r;
+                    const bool ok = row < SEQ;
+                    cp_async4(sl + r * 4, lse + (long long)h * SEQ + (ok ? row : 0), ok);
+                    cp_async4(sl + (B9_BM + r) * 4, delta + (long long)(ok ? row : 0) * Q_HEADS + h, ok);
+                }
+                cp_async_mbar_arrive(q_full(s));
+            }
+            cp_async_wait_all();
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+
+    // ---- consumer warpgroup cw: keys n0 + 64 cw ... ----
+    const int cw = (tid >> 7) - 1, wt = tid & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
+    const int kl = cw * 64 + warp * 16 + g; // this thread's keys kl and kl + 8 of the block (accumulator rows)
+    const bool leader = wt == 0 && cw == 0; // polls and publishes the dQ progress
+    auto prog = [&]() { return dq_prog + ctaid_x() * NKB + ctaid_y(); };
+    auto publish = [&]() { return ctaid_y() + 1 < (u32)NKB; };
+
+    float dva[HEAD_DIM / 2], dka[HEAD_DIM / 2];
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; i++) dva[i] = 0.f, dka[i] = 0.f;
+    const u32 ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128; // this warpgroup's 64 rows of each K, V sub-tile
+
+    mbar_wait(bars, 0); // K, V
+    for (int it = 0; it < niters; it++) {
+        const int s = it % B9_STAGES, mi = it / GROUP, m0 = (NM - 1 - mi) * B9_BM;
+        const u32 q = sQ + s * B9_QTILE, d_o = sdO + s * B9_QTILE, sl = sL + s * 2 * B9_BM * 4;
+        const u32 ds = sdS + (it & 1) * B9_DS;
+        mbar_wait(q_full(s), (it / B9_STAGES) & 1);
+
+        // ---- S^T = K Q^T, dP^T = V dO^T ----
+        float st[32], dpt[32];
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
+            const u32 ko = (ks >> 2) * H_SUBTILE + (ks & 3) * 32, qo = (ks >> 2) * B9_QSUB + (ks & 3) * 32;
+            wgmma_ss_n64(st, sw128_desc(ka + ko, 16, 1024), sw128_desc(q + qo, 16, 1024), ks > 0);
+        }
+        wg_commit();
+#pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
+            const u32 ko = (ks >> 2) * H_SUBTILE + (ks & 3) * 32, qo = (ks >> 2) * B9_QSUB + (ks & 3) * 32;
+            wgmma_ss_n64(dpt, sw128_desc(va + ko, 16, 1024), sw128_desc(d_o + qo, 16, 1024), ks > 0);
+        }
+        wg_commit();
+
+        // ---- P^T while dP^T runs; then dV += P^T dO ----
+        wg_wait<1>();
+        reg_fence(st);
+        if (m0 + B9_BM > SEQ || n0 + B9_BN > SEQ || (CAUSAL && n0 + B9_BN - 1 > m0))
+            b9_probs<true>(st, sl, n0 + kl, m0, t);
+        else
+            b9_probs<false>(st, sl, n0 + kl, m0, t);
+        u32 pa[4][4];
+        b9_pack(pa, st);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wgmma_pv(dva, pa[kk], sw128_desc(d_o + kk * 2048, B9_QSUB, 1024));
+        wg_commit();
+
+        // ---- dS^T while dV runs; then dK += dS^T Q ----
+        wg_wait<1>();
+        reg_fence(dpt);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float2 d = lds_f2(sl + (B9_BM + 8 * j + 2 * t) * 4);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                dpt[4 * j + 2 * r] = st[4 * j + 2 * r] * (dpt[4 * j + 2 * r] - d.x);
+                dpt[4 * j + 2 * r + 1] = st[4 * j + 2 * r + 1] * (dpt[4 * j + 2 * r + 1] - d.y);
+            }
+        }
+        u32 dsa[4][4];
+        b9_pack(dsa, dpt);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wgmma_pv(dka, dsa[kk], sw128_desc(q + kk * 2048, B9_QSUB, 1024));
+        wg_commit();
+
+        // ---- dS^T into shared memory: row kl (+ 8), columns 8 j + 2 t, + 1; chunk j of row kl at j ^ (kl & 7) ----
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = 2 * kk + (i >> 1), r = i & 1;
+                sts32(ds + (kl + 8 * r) * 128 + ((j ^ g) << 4) + 4 * t, dsa[kk][i]);
+            }
+        fence_proxy_async();
+        if (leader) {
+            // wait until the previous key block has completed this tile (see bwd)
+            if (ctaid_y() > 0 && lds32(sSeen) <= (u32)it) {
+                const u32 *pp = prog() - 1;
+                u32 seen = ld_relaxed(pp);
+                while (seen <= (u32)it) {
+                    sleep_ns(128);
+                    seen = ld_relaxed(pp);
+                }
+                sts32(sSeen, seen);
+                fence_acq_rel(); // acquire: the previous block's dQ writes of this tile come before ours
+            }
+        }
+        // both halves of dS^T are in; every consumer thread has issued its dQ writes of the tiles before this one
+        bar_sync(B9_BAR_C, 256);
+        if (leader && it > 0 && publish()) {
+            fence_acq_rel(); // release: those writes are performed before the count says so
+            st_relaxed(prog(), (u32)it);
+        }
+
+        // ---- dQ = dS K: 64 rows x this warpgroup's half of the head dimension, over the 128 keys ----
+        float dq[HEAD_DIM / 4];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < B9_BN / 16; kk++) {
+            const u32 kb = sK + kk * 2048 + (HEAD_DIM == 128 ? cw * H_SUBTILE : cw * 64);
+            wgmma_dq(dq, sw128_desc(ds + kk * 2048, 2048, 1024), sw128_desc(kb, H_SUBTILE, 1024), kk > 0);
+        }
+        wg_commit();
+        wg_wait<0>(); // dV, dK and dQ are in: the stage's Q, dO, lse, delta are free
+        reg_fence(dq);
+        if (lane == 0) mbar_arrive(q_empty(s));
+
+        // ---- dQ stored (key block 0) or added to what the lower key blocks wrote ----
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int ic = (int)opaque((u32)it), mc = ic / GROUP, hc = kvh * GROUP + ic - mc * GROUP;
+            const int row = (NM - 1 - mc) * B9_BM + warp * 16 + g + 8 * r;
+            if (row < SEQ) {
+                float *p = dq_ws + ((long long)row * Q_HEADS + hc) * HEAD_DIM + cw * (HEAD_DIM / 2) + 2 * t;
+                if (n0 == 0) {
+#pragma unroll
+                    for (int j = 0; j < HEAD_DIM / 16; j++) {
+                        float2 w;
+                        w.x = dq[4 * j + 2 * r], w.y = dq[4 * j + 2 * r + 1];
+                        *(float2 *)(p + 8 * j) = w;
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < HEAD_DIM / 16; j++) red_add2(p + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+                }
+            }
+        }
+    }
+
+    if (publish()) {
+        bar_sync(B9_BAR_C, 256);
+        if (leader) {
+            fence_acq_rel();
+            st_relaxed(prog(), (u32)niters); // every tile of this block is complete
+        }
+    }
+
+    // dK carries the softmax scale that S = scale q k^T puts on it; dV does not
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = n0 + kl + 8 * r;
+        if (key >= SEQ) continue;
+        const long long o = ((long long)key * KV_HEADS + kvh) * HEAD_DIM + 2 * t;
+#pragma unroll
+        for (int j = 0; j < HEAD_DIM / 8; j++) {
+            const float k0 = dka[4 * j + 2 * r] * SOFTMAX_SCALE, k1 = dka[4 * j + 2 * r + 1] * SOFTMAX_SCALE;
+            const float v0 = dva[4 * j + 2 * r], v1 = dva[4 * j + 2 * r + 1];
+#if DKV_ACCUM
+            float2 *pk = (float2 *)(dk + o + 8 * j), *pv = (float2 *)(dv + o + 8 * j);
+            float2 x = *pk, y = *pv;
+            x.x += k0, x.y += k1, y.x += v0, y.y += v1;
+            *pk = x, *pv = y;
+#else
+            *(u32 *)(dk + o + 8 * j) = pack_bf16(k0, k1);
+            *(u32 *)(dv + o + 8 * j) = pack_bf16(v0, v1);
+#endif
+        }
+    }
+#else
+    __trap();
+#endif
+}
