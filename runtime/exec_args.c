@@ -229,6 +229,29 @@ static int k_rope(pctx *c) {
     return 0;
 }
 
+/* The Hopper attention kernels (fwd_sm90, bwd_sm90) on sm_90a, unless CPGEN_ATTN_PATH=mma asks for the mma.sync
+ * ones of sm_80 and sm_89 there (to compare the two paths on one GPU). */
+static bool attn_hopper(const pctx *c) {
+    const char *p = getenv("CPGEN_ATTN_PATH");
+    return cp_k_attention_hopper(c->ex->o.arch) && !(p && strcmp(p, "mma") == 0);
+}
+
+/* The first n operands (q, k, v, dout in that order: head-layout [S][heads][D] bf16) as tensor maps with boxes of
+ * rows[j] rows, encoded once for these addresses and owned by the launch. */
+static int a_tmaps(pctx *c, xlaunch *l, int n, const int64_t *heads, const int *rows) {
+    const int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM");
+    l->tmaps = aligned_alloc(_Alignof(cp_tmap), (size_t)n * sizeof(cp_tmap));
+    if (!l->tmaps) return pfail(c, "out of host memory for tensor maps");
+    for (int j = 0; j < n; j++) {
+        char e[512];
+        if (c->ex->dry) memset(&l->tmaps[j], 0, sizeof l->tmaps[j]); /* no driver to encode with, nothing launched */
+        else if (cp_tmap_heads(&l->tmaps[j], opp(c, j), S, heads[j], D, rows[j], e, sizeof e))
+            return pfail(c, "%s", e);
+        l->args[l->nargs++] = &l->tmaps[j];
+    }
+    return 0;
+}
+
 /* attn_fwd: operands q, k, v, o, lse (the stage's slice): fwd(q, k, v, o, lse), or on Hopper
  * fwd_sm90(tensor maps of q, k, v; o, lse) */
 static int k_attn_fwd(pctx *c) {
@@ -240,23 +263,14 @@ static int k_attn_fwd(pctx *c) {
     for (int j = 0; j < 5; j++)
         if (need_align(c, j, 16)) return -1;
     xlaunch *l = &c->x->L[0];
-    if (!cp_k_attention_hopper(c->ex->o.arch)) {
+    if (!attn_hopper(c)) {
         if (launch_of(c, "fwd", 0, 0, l)) return -1;
         for (int j = 0; j < 5; j++) a_ptr(l, opp(c, j));
         return 0;
     }
-    /* fwd_sm90(tm_q, tm_k, tm_v, o, lse): q, k, v through tensor maps, encoded once for these addresses */
-    if (launch_of(c, "fwd_sm90", 0, 0, l)) return -1;
-    l->tmaps = aligned_alloc(_Alignof(cp_tmap), 3 * sizeof(cp_tmap));
-    if (!l->tmaps) return pfail(c, "out of host memory for tensor maps");
     const int64_t heads[3] = {QH, KH, KH};
-    for (int j = 0; j < 3; j++) {
-        char e[512];
-        if (c->ex->dry) memset(&l->tmaps[j], 0, sizeof l->tmaps[j]); /* no driver to encode with, nothing launched */
-        else if (cp_tmap_heads(&l->tmaps[j], opp(c, j), S, heads[j], D, CP_ATTN_SM90_BOX_ROWS, e, sizeof e))
-            return pfail(c, "%s", e);
-        l->args[l->nargs++] = &l->tmaps[j];
-    }
+    const int rows[3] = {CP_ATTN_SM90_BOX_ROWS, CP_ATTN_SM90_BOX_ROWS, CP_ATTN_SM90_BOX_ROWS};
+    if (launch_of(c, "fwd_sm90", 0, 0, l) || a_tmaps(c, l, 3, heads, rows)) return -1;
     a_ptr(l, opp(c, 3));
     a_ptr(l, opp(c, 4));
     return 0;
@@ -264,7 +278,7 @@ static int k_attn_fwd(pctx *c) {
 
 /* attn_bwd: operands q, k, v, dout, lse (the stage's slice), delta, the dQ workspace (fp32 dQ, written, then the
  * progress counters, zeroed by the plan), then dkv_accum (fp32 dK then dV, +=) or dk, dv (bf16):
- * bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv) */
+ * bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv), or on Hopper bwd_sm90 with tensor maps of q, k, v, dout */
 static int k_attn_bwd(pctx *c) {
     bool acc = kint(c, "DKV_ACCUM") == 1;
     if (need_ops(c, acc ? 8 : 9)) return -1;
@@ -278,8 +292,16 @@ static int k_attn_bwd(pctx *c) {
     for (int j = 0; j < c->s->nops; j++)
         if (need_align(c, j, 16)) return -1;
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, "bwd", 0, 0, l)) return -1;
-    for (int j = 0; j < 7; j++) a_ptr(l, opp(c, j));
+    if (attn_hopper(c)) {
+        const int64_t heads[4] = {QH, KH, KH, QH};
+        const int rows[4] = {CP_ATTN_SM90_BWD_Q_ROWS, CP_ATTN_SM90_BOX_ROWS, CP_ATTN_SM90_BOX_ROWS,
+                             CP_ATTN_SM90_BWD_Q_ROWS};
+        if (launch_of(c, "bwd_sm90", 0, 0, l) || a_tmaps(c, l, 4, heads, rows)) return -1;
+    } else {
+        if (launch_of(c, "bwd", 0, 0, l)) return -1;
+        for (int j = 0; j < 4; j++) a_ptr(l, opp(c, j));
+    }
+    for (int j = 4; j < 7; j++) a_ptr(l, opp(c, j));
     a_ptr(l, opp(c, 6) + cp_k_attention_prog_offset(kspec(c)));
     a_ptr(l, opp(c, 7));
     a_ptr(l, acc ? opp(c, 7) + S * KH * D * 4 : opp(c, 8));
