@@ -1538,6 +1538,32 @@ static int job_main(lua_State *L) {
     return 0;
 }
 
+/* A spec computes a small table; one that keeps allocating would take the host's memory long before the time
+ * limit stops it, so its Lua state has a budget, and an allocation past it fails as Lua's out-of-memory error. */
+#define SPEC_MEMORY_LIMIT (1024 * MIB)
+
+typedef struct {
+    size_t used;
+    bool over;
+} lua_budget;
+
+static void *budget_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+    lua_budget *b = ud;
+    size_t old = ptr ? osize : 0;
+    if (nsize == 0) {
+        free(ptr);
+        b->used -= old;
+        return NULL;
+    }
+    if (nsize > old && b->used - old + nsize > (size_t)SPEC_MEMORY_LIMIT) {
+        b->over = true;
+        return NULL;
+    }
+    void *p = realloc(ptr, nsize);
+    if (p) b->used = b->used - old + nsize;
+    return p;
+}
+
 static void name_from_path(const char *path, char *name, size_t len) {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
@@ -1553,7 +1579,8 @@ static int load_source_spec(const source *src, const char *const *sets, int nset
     cp_spec *s = cp_xcalloc(1, sizeof *s);
     snprintf(s->path, sizeof s->path, "%s", src->shown);
     name_from_path(src->shown, s->name, sizeof s->name);
-    lua_State *L = luaL_newstate();
+    lua_budget budget = {0};
+    lua_State *L = lua_newstate(budget_alloc, &budget);
     if (!L) {
         free(s);
         return fail(&c, NULL, "out of memory starting Lua");
@@ -1569,6 +1596,9 @@ static int load_source_spec(const source *src, const char *const *sets, int nset
     }
     lua_close(L);
     int rc = st == LUA_OK && !c.failed ? j.rc : -1;
+    if (rc && budget.over)
+        fail(&c, NULL, "the spec used more than %lld MiB of memory; does it build a table or string without end?",
+             SPEC_MEMORY_LIMIT / MIB);
     if (rc == 0) *out = *s;
     free(s);
     return rc;
