@@ -600,6 +600,18 @@ static void time_hook(lua_State *L, lua_Debug *ar) {
         luaL_error(L, "the spec ran for more than %d s; does it loop forever?", (int)SPEC_TIME_LIMIT_S);
 }
 
+/* Lua runs finalizers with hooks off, so a __gc that loops would never meet the time limit; a spec has no use for
+ * finalizers, so setmetatable refuses a metatable that has one. */
+static int l_setmetatable(lua_State *L) {
+    if (lua_istable(L, 2) && lua_getfield(L, 2, "__gc") != LUA_TNIL)
+        return luaL_error(L, "setmetatable: a spec may not use __gc finalizers");
+    lua_settop(L, 2);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, 2, 1);
+    return 1;
+}
+
 static void open_libs(lua_State *L) {
     /* No io, os or package: a spec computes a table; it has no business touching files except through dofile. */
     static const luaL_Reg libs[] = {{LUA_GNAME, luaopen_base},       {LUA_STRLIBNAME, luaopen_string},
@@ -611,6 +623,9 @@ static void open_libs(lua_State *L) {
     }
     lua_pushnil(L);
     lua_setglobal(L, "loadfile");
+    lua_getglobal(L, "setmetatable");
+    lua_pushcclosure(L, l_setmetatable, 1);
+    lua_setglobal(L, "setmetatable");
     lua_pushcfunction(L, l_dofile);
     lua_setglobal(L, "dofile");
     lua_pushcfunction(L, l_print);
