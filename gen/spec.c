@@ -22,6 +22,8 @@
 #define MIB (1024LL * 1024)
 #define GIB (1024LL * MIB)
 #define EMBEDDED_PREFIX "<embedded>/"
+/* The machine's sizes are added and multiplied by ranks per node in the plan: 1 PiB keeps that far from overflow. */
+#define MACHINE_BYTES_MAX (1LL << 50)
 
 /* ------------------------------------------------------------------------------------------------------------
  * The schema: every section and key a spec may hold. It drives the unknown-key check (with did-you-mean) for the
@@ -1152,12 +1154,12 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->host_gbps = 55;
     m->a2a_gbps = 328;
     m->allgather_gbps = 278;
-    TRY(get_int(c, t, "machine", "gpu_mem", INT_BYTES, INT64_MIN, INT64_MAX, &m->gpu_mem));
-    TRY(get_int(c, t, "machine", "host_mem", INT_BYTES, INT64_MIN, INT64_MAX, &m->host_mem));
-    TRY(get_int(c, t, "machine", "reserve", INT_BYTES, INT64_MIN, INT64_MAX, &m->reserve));
-    TRY(get_int(c, t, "machine", "comm_reserve", INT_BYTES, INT64_MIN, INT64_MAX, &m->comm_reserve));
-    TRY(get_int(c, t, "machine", "host_reserve", INT_BYTES, INT64_MIN, INT64_MAX, &m->host_reserve));
-    TRY(get_int(c, t, "machine", "host_runtime", INT_BYTES, INT64_MIN, INT64_MAX, &m->host_runtime));
+    TRY(get_int(c, t, "machine", "gpu_mem", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->gpu_mem));
+    TRY(get_int(c, t, "machine", "host_mem", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_mem));
+    TRY(get_int(c, t, "machine", "reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->reserve));
+    TRY(get_int(c, t, "machine", "comm_reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->comm_reserve));
+    TRY(get_int(c, t, "machine", "host_reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_reserve));
+    TRY(get_int(c, t, "machine", "host_runtime", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_runtime));
     TRY(get_num(c, t, "machine", "gemm_tflops", &m->gemm_tflops));
     TRY(get_num(c, t, "machine", "attn_tflops", &m->attn_tflops));
     TRY(get_num(c, t, "machine", "hbm_gbps", &m->hbm_gbps));
