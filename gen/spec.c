@@ -1526,7 +1526,7 @@ static int job_main(lua_State *L) {
         if (location_len(msg))
             put_err(c->err, c->errlen, msg);
         else
-            fail(c, NULL, "%s", msg);
+            fail(c, NULL, "cannot run the spec: %s", msg);
         c->failed = true;
         return 0;
     }
