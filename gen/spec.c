@@ -591,7 +591,9 @@ static int msgh(lua_State *L) {
 }
 
 /* A spec is a program and may loop forever; a load that runs this long is stopped with a message instead. */
-#define SPEC_TIME_LIMIT_S 10.0
+static double spec_time_limit_s = 10.0;
+
+void cp_spec_set_time_limit(double seconds) { spec_time_limit_s = seconds; }
 _Static_assert(LUA_EXTRASPACE >= sizeof(double), "the load deadline lives in the Lua state's extra space");
 
 static void time_hook(lua_State *L, lua_Debug *ar) {
@@ -599,7 +601,7 @@ static void time_hook(lua_State *L, lua_Debug *ar) {
     double deadline;
     memcpy(&deadline, lua_getextraspace(L), sizeof deadline);
     if (cp_now() > deadline)
-        luaL_error(L, "the spec ran for more than %d s; does it loop forever?", (int)SPEC_TIME_LIMIT_S);
+        luaL_error(L, "the spec ran for more than %d s; does it loop forever?", (int)spec_time_limit_s);
 }
 
 /* Lua runs finalizers with hooks off, so a __gc that loops would never meet the time limit; a spec has no use for
@@ -1511,7 +1513,7 @@ static int job_main(lua_State *L) {
     job *j = lua_touserdata(L, 1);
     ctx *c = j->c;
     open_libs(L);
-    double deadline = cp_now() + SPEC_TIME_LIMIT_S;
+    double deadline = cp_now() + spec_time_limit_s;
     memcpy(lua_getextraspace(L), &deadline, sizeof deadline);
     lua_sethook(L, time_hook, LUA_MASKCOUNT, 1 << 20);
     char chunk[CP_PATH_MAX + 1];

@@ -108,6 +108,9 @@ int cp_spec_load_string(const char *chunkname, const char *source, const char *c
 /* Re-run the cross-field rules on a spec changed in C (the planner's --max-seq search). Same contract. */
 int cp_spec_check(const cp_spec *spec, char *err, int errlen);
 
+/* How long a spec's Lua may run before the load stops it (10 s unless changed; the spec fuzzer shortens it). */
+void cp_spec_set_time_limit(double seconds);
+
 /* The valid UPipe stage sizes U of this spec's heads, KV heads and GPUs, ascending; returns their number. */
 int cp_spec_upipe_values(const cp_spec *spec, int64_t *out, int max);
 const char *cp_family_name(cp_family f);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "source_tree.h"
 #include "spec.h"
 #include "util.h"
 
@@ -493,22 +494,9 @@ static int run_bad_specs(void) {
     return failures;
 }
 
-/* The tests read files by paths relative to the source tree; run from anywhere by moving there first. */
-static void go_to_source_tree(const char *argv0) {
-    if (access(BAD_DIR, F_OK) == 0) return;
-    char exe[PATH_MAX];
-    if (!realpath(argv0, exe)) return;
-    for (int up = 0; up < 4; up++) {
-        char *slash = strrchr(exe, '/');
-        if (!slash) return;
-        *slash = 0;
-        if (chdir(exe) == 0 && access(BAD_DIR, F_OK) == 0) return;
-    }
-}
-
 int main(int argc, char **argv) {
     (void)argc;
-    go_to_source_tree(argv[0]);
+    go_to_source_tree(argv[0], BAD_DIR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama1b),       cmocka_unit_test(test_llama3b),
         cmocka_unit_test(test_llama8b),       cmocka_unit_test(test_qwen32b),
