@@ -323,15 +323,31 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     return rc ? CP_EXIT_FAIL : 0;
 }
 
+/* parallel.gpus = "auto": the launcher's world size, else the GPUs CUDA sees. Called only by a spec that asks, since
+ * counting GPUs starts CUDA. */
+static int count_gpus(char *found, int len) {
+    cp_launch_env env;
+    char err[CP_ERR_MAX], why[256] = "";
+    bool launched = cp_launch_detect(&env, err, sizeof err) == 0 && env.launcher != CP_LAUNCH_NONE;
+    int visible = launched ? 0 : cp_gpu_count(why, sizeof why);
+    return cp_launch_auto_gpus(launched ? &env : NULL, visible, why, found, len);
+}
+
 int main(int argc, char **argv) {
     cli c;
     parse(argc, argv, &c);
     cp_spec spec;
     char err[CP_ERR_MAX];
+    cp_spec_set_gpu_counter(count_gpus);
     if (cp_spec_load(c.spec, c.sets, c.nsets, &spec, err, sizeof err)) {
         fprintf(stderr, "cpgen: %s\n", err);
         return CP_EXIT_USAGE;
     }
+    cp_launch_env env;
+    bool said_by_another = cp_launch_detect(&env, err, sizeof err) == 0 && (env.rank != 0 || env.launcher == CP_LAUNCH_CPGEN);
+    if (spec.parallel.gpus_auto && !said_by_another) /* once per run, not by every rank */
+        fprintf(c.json ? stderr : stdout, "cpgen: parallel.gpus = \"auto\": %s (--gpus N sets another count)\n",
+                spec.parallel.gpus_found);
     if (!strcmp(c.command, "plan")) return cmd_plan(&c, &spec);
     if (!strcmp(c.command, "gen") || !strcmp(c.command, "build")) return cmd_gen_or_build(&c, &spec);
     return cmd_run(&c, &spec);

@@ -82,6 +82,7 @@ typedef struct {
     char *err;
     int errlen;
     bool failed;
+    const char *gpus_found; /* parallel.gpus = "auto": what was counted, said beside the rules it breaks */
 } ctx;
 
 /* Copies msg into err as one line: messages from Lua may hold newlines or tabs. */
@@ -120,6 +121,12 @@ static int __attribute__((format(printf, 3, 4))) fail(ctx *c, const char *path, 
     cp_str_append(&s, body, strlen(body));
     const char *set = set_origin(c, path);
     if (set) cp_str_printf(&s, " (from --set %s)", set);
+    static const char *const by_count[] = {"parallel.gpus", "parallel.upipe_heads", "train.seq_len",
+                                           "parallel.mlp_tile", "parallel.loss_tile"};
+    for (size_t i = 0; c->gpus_found && path && i < CP_ARRAY_LEN(by_count); i++)
+        if (!strcmp(path, by_count[i]))
+            cp_str_printf(&s, " (parallel.gpus = \"auto\" found %s; --gpus N or CUDA_VISIBLE_DEVICES sets the count)",
+                          c->gpus_found);
     put_err(c->err, c->errlen, s.data);
     cp_str_free(&s);
     c->failed = true;
@@ -592,6 +599,9 @@ static int msgh(lua_State *L) {
 
 /* A spec is a program and may loop forever; a load that runs this long is stopped with a message instead. */
 static double spec_time_limit_s = 10.0;
+static cp_gpu_counter gpu_counter;
+
+void cp_spec_set_gpu_counter(cp_gpu_counter counter) { gpu_counter = counter; }
 
 void cp_spec_set_time_limit(double seconds) { spec_time_limit_s = seconds; }
 _Static_assert(LUA_EXTRASPACE >= sizeof(double), "the load deadline lives in the Lua state's extra space");
@@ -1039,9 +1049,19 @@ static int read_parallel(ctx *c, int top, cp_parallel *p) {
     bool is_auto;
     TRY(section(c, top, "parallel", false, "", &t));
     p->gpus = 1;
-    TRY(get_cint(c, t, "parallel", "gpus", &p->gpus));
+    p->gpus_auto = false;
+    p->gpus_found[0] = 0;
+    int r = get_int_ex(c, t, "parallel", "gpus", INT_PLAIN, true, INT_MIN, INT_MAX, &v, &is_auto);
+    TRY(r);
+    if (r == 0 && is_auto) {
+        p->gpus_auto = true;
+        if (gpu_counter) p->gpus = gpu_counter(p->gpus_found, sizeof p->gpus_found);
+        else snprintf(p->gpus_found, sizeof p->gpus_found, "1 GPU (nothing counted them)");
+    } else if (r == 0) {
+        p->gpus = (int)v;
+    }
     p->upipe_heads = 0;
-    int r = get_int_ex(c, t, "parallel", "upipe_heads", INT_PLAIN, true, INT64_MIN, INT_MAX, &v, &is_auto);
+    r = get_int_ex(c, t, "parallel", "upipe_heads", INT_PLAIN, true, INT64_MIN, INT_MAX, &v, &is_auto);
     TRY(r);
     if (r == 0 && !is_auto) {
         /* 0 means "auto" inside the struct, so an explicit value must be a real head count. */
@@ -1258,6 +1278,7 @@ static int validate(ctx *c, cp_spec *s) {
     cp_train *tr = &s->train;
     cp_machine *mc = &s->machine;
     char buf[512], b1[64], b2[64];
+    c->gpus_found = p->gpus_auto ? p->gpus_found : NULL;
 
     /* model */
     if (m->vocab < 2) return fail(c, "model.vocab", " = %lld: must be at least 2", (long long)m->vocab);
