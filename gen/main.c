@@ -39,6 +39,7 @@ static void usage(FILE *out) {
             "  --max-seq         (plan) find the longest sequence that fits\n"
             "  --json            (plan) print JSON\n"
             "  --steps           (plan) also print every step and buffer\n"
+            "  --svg FILE        (plan) draw memory over the steps of one training step, GPU and host, into FILE\n"
             "  -o DIR            (gen) output folder\n"
             "  --arch ARCH       (build) target, e.g. sm_90a or sm_80 (default: the GPU's, else sm_90a)\n"
             "  --no-cache        (build) compile even when the kernel cache has the result\n"
@@ -46,7 +47,7 @@ static void usage(FILE *out) {
 }
 
 typedef struct {
-    const char *command, *spec, *outdir, *arch, *resume;
+    const char *command, *spec, *outdir, *arch, *resume, *svg;
     const char *sets[MAX_SETS];
     int nsets;
     bool json, steps, max_seq, no_cache;
@@ -108,6 +109,8 @@ static void parse(int argc, char **argv, cli *c) {
             c->outdir = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--arch")) {
             c->arch = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--svg")) {
+            c->svg = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--resume")) {
             c->resume = need_value(argc, argv, &i);
         } else if (a[0] == '-') {
@@ -174,6 +177,11 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
     }
     if (c->json) cp_plan_print_json(&plan, stdout);
     else cp_plan_print(&plan, stdout, c->steps);
+    if (c->svg && cp_plan_svg(&plan, c->svg, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        cp_plan_free(&plan);
+        return CP_EXIT_FAIL;
+    }
     int rc = plan.fits ? 0 : CP_EXIT_USAGE;
     if (!plan.fits) refuse(spec, &plan);
     cp_plan_free(&plan);
