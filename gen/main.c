@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "module.h"
 #include "plan.h"
+#include "report.h"
 #include "spec.h"
 #include "train.h"
 #include "util.h"
@@ -26,6 +27,7 @@ static void usage(FILE *out) {
             "  plan    print the plan of one training step: stages, memory per GPU and host, FLOPs, time\n"
             "  gen     write every emitted kernel source of the spec into a folder (-o DIR)\n"
             "  build   compile every kernel of the spec and report registers, shared memory and spills\n"
+            "  report  cpgen report OUT_DIR: draw a run's metrics.jsonl as OUT_DIR/report.svg (run writes it too)\n"
             "\n"
             "options:\n"
             "  --set KEY=VALUE   override any spec key, e.g. --set train.seq_len=1M --set parallel.gpus=8\n"
@@ -72,7 +74,7 @@ static const char *need_value(int argc, char **argv, int *i) {
 }
 
 static void parse(int argc, char **argv, cli *c) {
-    static const char *commands[] = {"run", "plan", "gen", "build"};
+    static const char *commands[] = {"run", "plan", "gen", "build", "report"};
     memset(c, 0, sizeof *c);
     c->argv = argv;
     for (int i = 1; i < argc; i++) {
@@ -346,6 +348,15 @@ int main(int argc, char **argv) {
     parse(argc, argv, &c);
     cp_spec spec;
     char err[CP_ERR_MAX];
+    if (!strcmp(c.command, "report")) { /* its argument is a run's out_dir, not a spec */
+        int steps = cp_report_write(c.spec, err, sizeof err);
+        if (steps < 0) {
+            fprintf(stderr, "cpgen: %s\n", err);
+            return CP_EXIT_USAGE;
+        }
+        printf("%s/report.svg: %d steps\n", c.spec, steps);
+        return 0;
+    }
     cp_spec_set_gpu_counter(count_gpus);
     if (cp_spec_load(c.spec, c.sets, c.nsets, &spec, err, sizeof err)) {
         fprintf(stderr, "cpgen: %s\n", err);
