@@ -216,6 +216,16 @@ static void structured_case(case_kind kind, const char *base, const char *key, c
     write_program(c, body);
 }
 
+/* Replaces bytes [from, to) of s by n bytes of text. */
+static void replace_span(cp_str *s, size_t from, size_t to, const char *text, size_t n) {
+    cp_str t = {0};
+    cp_str_append(&t, s->data, from);
+    cp_str_append(&t, text, n);
+    cp_str_append(&t, s->data + to, s->len - to);
+    cp_str_free(s);
+    *s = t;
+}
+
 /* Small edits of a file's text: a number or string swapped, a line dropped, a byte inserted, the text cut. */
 static void text_case(const char *src_path) {
     size_t len;
@@ -244,12 +254,7 @@ static void text_case(const char *src_path) {
                     j++;
             }
             const char *v = PICK(VALUES);
-            cp_str t = {0};
-            cp_str_append(&t, s.data, i);
-            cp_str_append(&t, v, strlen(v));
-            cp_str_append(&t, s.data + j, s.len - j);
-            cp_str_free(&s);
-            s = t;
+            replace_span(&s, i, j, v, strlen(v));
             break;
         }
         case 1: { /* a line dropped */
@@ -264,12 +269,7 @@ static void text_case(const char *src_path) {
         case 2: { /* a byte that matters to Lua inserted */
             static const char bytes[] = "{}()=,\"'\n.[]-#~0";
             char ch = bytes[pick(sizeof bytes - 1)];
-            cp_str t = {0};
-            cp_str_append(&t, s.data, at);
-            cp_str_append(&t, &ch, 1);
-            cp_str_append(&t, s.data + at, s.len - at);
-            cp_str_free(&s);
-            s = t;
+            replace_span(&s, at, at, &ch, 1);
             break;
         }
         case 3: /* cut */
@@ -282,12 +282,7 @@ static void text_case(const char *src_path) {
             while (i < s.len && !(s.data[i] >= 'a' && s.data[i] <= 'z')) i++;
             size_t j = i;
             while (j < s.len && ((s.data[j] >= 'a' && s.data[j] <= 'z') || s.data[j] == '_')) j++;
-            cp_str t = {0};
-            cp_str_append(&t, s.data, i);
-            cp_str_append(&t, leaf, strlen(leaf));
-            cp_str_append(&t, s.data + j, s.len - j);
-            cp_str_free(&s);
-            s = t;
+            replace_span(&s, i, j, leaf, strlen(leaf));
         }
         }
     }
