@@ -17,6 +17,7 @@ LIB_SRC     := $(sort $(filter-out cli/main.c,$(wildcard cli/*.c gen/*.c runtime
 LIB_OBJ     := $(LIB_SRC:%.c=build/%.o) build/embedded.o
 REF_OBJ     := $(patsubst %.c,build/%.o,$(sort $(wildcard tests/ref/*.c)))
 TESTS       := $(patsubst tests/%.c,build/tests/%,$(sort $(wildcard tests/test_*.c)))
+FUZZ_TEST   := build/tests/test_fuzz_spec
 GPU_TESTS   := $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(sort $(wildcard tests/gpu/test_*.c)))
 BENCHES     := $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(sort $(wildcard tests/gpu/bench_*.c)))
 GPU_UTIL_OBJ:= $(patsubst %.c,build/%.o,$(sort $(filter-out tests/gpu/test_% tests/gpu/bench_%,$(wildcard tests/gpu/*.c))))
@@ -50,9 +51,20 @@ build/embedded.c: build/tools/embed $(EMBED_FILES)
 build/embedded.o: build/embedded.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(TESTS): build/tests/%: tests/%.c $(LIB_OBJ) $(REF_OBJ) | build/.deps
+$(filter-out $(FUZZ_TEST),$(TESTS)): build/tests/%: tests/%.c $(LIB_OBJ) $(REF_OBJ) | build/.deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB_OBJ) $(REF_OBJ) $(LDFLAGS) $(LDLIBS) -lcmocka
+
+# The spec fuzzer runs on a copy of the library built with AddressSanitizer and UBSan, so a bad read in spec
+# loading or planning fails the test instead of passing unseen.
+ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+build/asan/%.o: %.c | build/.deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ASAN) -c -o $@ $<
+
+$(FUZZ_TEST): tests/test_fuzz_spec.c $(LIB_SRC:%.c=build/asan/%.o) build/embedded.o | build/.deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ASAN) -Itests -o $@ $(filter %.c %.o,$^) $(LDFLAGS) $(ASAN) $(LDLIBS)
 
 # GPU tests run on a machine without cmocka installed: they carry the library in build/lib.
 build/lib/libcmocka.so.0: | build/.deps

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "module.h"
 #include "plan.h"
+#include "report.h"
 #include "spec.h"
 #include "train.h"
 #include "util.h"
@@ -26,6 +27,7 @@ static void usage(FILE *out) {
             "  plan    print the plan of one training step: stages, memory per GPU and host, FLOPs, time\n"
             "  gen     write every emitted kernel source of the spec into a folder (-o DIR)\n"
             "  build   compile every kernel of the spec and report registers, shared memory and spills\n"
+            "  report  cpgen report OUT_DIR: draw a run's metrics.jsonl as OUT_DIR/report.svg (run writes it too)\n"
             "\n"
             "options:\n"
             "  --set KEY=VALUE   override any spec key, e.g. --set train.seq_len=1M --set parallel.gpus=8\n"
@@ -39,6 +41,7 @@ static void usage(FILE *out) {
             "  --max-seq         (plan) find the longest sequence that fits\n"
             "  --json            (plan) print JSON\n"
             "  --steps           (plan) also print every step and buffer\n"
+            "  --svg FILE        (plan) draw memory over the steps of one training step, GPU and host, into FILE\n"
             "  -o DIR            (gen) output folder\n"
             "  --arch ARCH       (build) target, e.g. sm_90a or sm_80 (default: the GPU's, else sm_90a)\n"
             "  --no-cache        (build) compile even when the kernel cache has the result\n"
@@ -46,7 +49,7 @@ static void usage(FILE *out) {
 }
 
 typedef struct {
-    const char *command, *spec, *outdir, *arch, *resume;
+    const char *command, *spec, *outdir, *arch, *resume, *svg;
     const char *sets[MAX_SETS];
     int nsets;
     bool json, steps, max_seq, no_cache;
@@ -71,7 +74,7 @@ static const char *need_value(int argc, char **argv, int *i) {
 }
 
 static void parse(int argc, char **argv, cli *c) {
-    static const char *commands[] = {"run", "plan", "gen", "build"};
+    static const char *commands[] = {"run", "plan", "gen", "build", "report"};
     memset(c, 0, sizeof *c);
     c->argv = argv;
     for (int i = 1; i < argc; i++) {
@@ -108,6 +111,8 @@ static void parse(int argc, char **argv, cli *c) {
             c->outdir = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--arch")) {
             c->arch = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--svg")) {
+            c->svg = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--resume")) {
             c->resume = need_value(argc, argv, &i);
         } else if (a[0] == '-') {
@@ -174,6 +179,11 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
     }
     if (c->json) cp_plan_print_json(&plan, stdout);
     else cp_plan_print(&plan, stdout, c->steps);
+    if (c->svg && cp_plan_svg(&plan, c->svg, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        cp_plan_free(&plan);
+        return CP_EXIT_FAIL;
+    }
     int rc = plan.fits ? 0 : CP_EXIT_USAGE;
     if (!plan.fits) refuse(spec, &plan);
     cp_plan_free(&plan);
@@ -323,15 +333,40 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     return rc ? CP_EXIT_FAIL : 0;
 }
 
+/* parallel.gpus = "auto": the launcher's world size, else the GPUs CUDA sees. Called only by a spec that asks, since
+ * counting GPUs starts CUDA. */
+static int count_gpus(char *found, int len) {
+    cp_launch_env env;
+    char err[CP_ERR_MAX], why[256] = "";
+    bool launched = cp_launch_detect(&env, err, sizeof err) == 0 && env.launcher != CP_LAUNCH_NONE;
+    int visible = launched ? 0 : cp_gpu_count(why, sizeof why);
+    return cp_launch_auto_gpus(launched ? &env : NULL, visible, why, found, len);
+}
+
 int main(int argc, char **argv) {
     cli c;
     parse(argc, argv, &c);
     cp_spec spec;
     char err[CP_ERR_MAX];
+    if (!strcmp(c.command, "report")) { /* its argument is a run's out_dir, not a spec */
+        int steps = cp_report_write(c.spec, err, sizeof err);
+        if (steps < 0) {
+            fprintf(stderr, "cpgen: %s\n", err);
+            return CP_EXIT_USAGE;
+        }
+        printf("%s/report.svg: %d steps\n", c.spec, steps);
+        return 0;
+    }
+    cp_spec_set_gpu_counter(count_gpus);
     if (cp_spec_load(c.spec, c.sets, c.nsets, &spec, err, sizeof err)) {
         fprintf(stderr, "cpgen: %s\n", err);
         return CP_EXIT_USAGE;
     }
+    cp_launch_env env;
+    bool said_by_another = cp_launch_detect(&env, err, sizeof err) == 0 && (env.rank != 0 || env.launcher == CP_LAUNCH_CPGEN);
+    if (spec.parallel.gpus_auto && !said_by_another) /* once per run, not by every rank */
+        fprintf(c.json ? stderr : stdout, "cpgen: parallel.gpus = \"auto\": %s (--gpus N sets another count)\n",
+                spec.parallel.gpus_found);
     if (!strcmp(c.command, "plan")) return cmd_plan(&c, &spec);
     if (!strcmp(c.command, "gen") || !strcmp(c.command, "build")) return cmd_gen_or_build(&c, &spec);
     return cmd_run(&c, &spec);

@@ -197,6 +197,12 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
 void cp_plan_print(const cp_plan *plan, FILE *out, bool verbose);
 void cp_plan_print_json(const cp_plan *plan, FILE *out);
 
+/* Bytes live at each step per category, [nsteps][CP_CAT_COUNT] (caller frees), each lifetime rounded to the
+ * arena's alignment as the packing counts it: the largest step total is gpu_live_peak (gen/plan_svg.c). */
+int64_t *cp_plan_live_by_cat(const cp_plan *plan, cp_space space);
+/* `cpgen plan --svg`: memory over the steps, GPU and host; 0, or -1 with a message. */
+int cp_plan_svg(const cp_plan *plan, const char *path, char *err, int errlen);
+
 const char *cp_cat_name(cp_cat c);
 const char *cp_opkind_name(cp_opkind k);
 const char *cp_phase_name(cp_phase p);

@@ -22,6 +22,8 @@
 #define MIB (1024LL * 1024)
 #define GIB (1024LL * MIB)
 #define EMBEDDED_PREFIX "<embedded>/"
+/* The machine's sizes are added and multiplied by ranks per node in the plan: 1 PiB keeps that far from overflow. */
+#define MACHINE_BYTES_MAX (1LL << 50)
 
 /* ------------------------------------------------------------------------------------------------------------
  * The schema: every section and key a spec may hold. It drives the unknown-key check (with did-you-mean) for the
@@ -81,6 +83,7 @@ typedef struct {
     char *err;
     int errlen;
     bool failed;
+    const char *gpus_found; /* parallel.gpus = "auto": what was counted, said beside the rules it breaks */
 } ctx;
 
 /* Copies msg into err as one line: messages from Lua may hold newlines or tabs. */
@@ -119,6 +122,12 @@ static int __attribute__((format(printf, 3, 4))) fail(ctx *c, const char *path, 
     cp_str_append(&s, body, strlen(body));
     const char *set = set_origin(c, path);
     if (set) cp_str_printf(&s, " (from --set %s)", set);
+    static const char *const by_count[] = {"parallel.gpus", "parallel.upipe_heads", "train.seq_len",
+                                           "parallel.mlp_tile", "parallel.loss_tile"};
+    for (size_t i = 0; c->gpus_found && path && i < CP_ARRAY_LEN(by_count); i++)
+        if (!strcmp(path, by_count[i]))
+            cp_str_printf(&s, " (parallel.gpus = \"auto\" found %s; --gpus N or CUDA_VISIBLE_DEVICES sets the count)",
+                          c->gpus_found);
     put_err(c->err, c->errlen, s.data);
     cp_str_free(&s);
     c->failed = true;
@@ -590,7 +599,12 @@ static int msgh(lua_State *L) {
 }
 
 /* A spec is a program and may loop forever; a load that runs this long is stopped with a message instead. */
-#define SPEC_TIME_LIMIT_S 10.0
+static double spec_time_limit_s = 10.0;
+static cp_gpu_counter gpu_counter;
+
+void cp_spec_set_gpu_counter(cp_gpu_counter counter) { gpu_counter = counter; }
+
+void cp_spec_set_time_limit(double seconds) { spec_time_limit_s = seconds; }
 _Static_assert(LUA_EXTRASPACE >= sizeof(double), "the load deadline lives in the Lua state's extra space");
 
 static void time_hook(lua_State *L, lua_Debug *ar) {
@@ -598,7 +612,19 @@ static void time_hook(lua_State *L, lua_Debug *ar) {
     double deadline;
     memcpy(&deadline, lua_getextraspace(L), sizeof deadline);
     if (cp_now() > deadline)
-        luaL_error(L, "the spec ran for more than %d s; does it loop forever?", (int)SPEC_TIME_LIMIT_S);
+        luaL_error(L, "the spec ran for more than %d s; does it loop forever?", (int)spec_time_limit_s);
+}
+
+/* Lua runs finalizers with hooks off, so a __gc that loops would never meet the time limit; a spec has no use for
+ * finalizers, so setmetatable refuses a metatable that has one. */
+static int l_setmetatable(lua_State *L) {
+    if (lua_istable(L, 2) && lua_getfield(L, 2, "__gc") != LUA_TNIL)
+        return luaL_error(L, "setmetatable: a spec may not use __gc finalizers");
+    lua_settop(L, 2);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, 2, 1);
+    return 1;
 }
 
 static void open_libs(lua_State *L) {
@@ -612,6 +638,9 @@ static void open_libs(lua_State *L) {
     }
     lua_pushnil(L);
     lua_setglobal(L, "loadfile");
+    lua_getglobal(L, "setmetatable");
+    lua_pushcclosure(L, l_setmetatable, 1);
+    lua_setglobal(L, "setmetatable");
     lua_pushcfunction(L, l_dofile);
     lua_setglobal(L, "dofile");
     lua_pushcfunction(L, l_print);
@@ -1021,9 +1050,19 @@ static int read_parallel(ctx *c, int top, cp_parallel *p) {
     bool is_auto;
     TRY(section(c, top, "parallel", false, "", &t));
     p->gpus = 1;
-    TRY(get_cint(c, t, "parallel", "gpus", &p->gpus));
+    p->gpus_auto = false;
+    p->gpus_found[0] = 0;
+    int r = get_int_ex(c, t, "parallel", "gpus", INT_PLAIN, true, INT_MIN, INT_MAX, &v, &is_auto);
+    TRY(r);
+    if (r == 0 && is_auto) {
+        p->gpus_auto = true;
+        if (gpu_counter) p->gpus = gpu_counter(p->gpus_found, sizeof p->gpus_found);
+        else snprintf(p->gpus_found, sizeof p->gpus_found, "1 GPU (nothing counted them)");
+    } else if (r == 0) {
+        p->gpus = (int)v;
+    }
     p->upipe_heads = 0;
-    int r = get_int_ex(c, t, "parallel", "upipe_heads", INT_PLAIN, true, INT64_MIN, INT_MAX, &v, &is_auto);
+    r = get_int_ex(c, t, "parallel", "upipe_heads", INT_PLAIN, true, INT64_MIN, INT_MAX, &v, &is_auto);
     TRY(r);
     if (r == 0 && !is_auto) {
         /* 0 means "auto" inside the struct, so an explicit value must be a real head count. */
@@ -1141,12 +1180,12 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->host_gbps = 55;
     m->a2a_gbps = 328;
     m->allgather_gbps = 278;
-    TRY(get_int(c, t, "machine", "gpu_mem", INT_BYTES, INT64_MIN, INT64_MAX, &m->gpu_mem));
-    TRY(get_int(c, t, "machine", "host_mem", INT_BYTES, INT64_MIN, INT64_MAX, &m->host_mem));
-    TRY(get_int(c, t, "machine", "reserve", INT_BYTES, INT64_MIN, INT64_MAX, &m->reserve));
-    TRY(get_int(c, t, "machine", "comm_reserve", INT_BYTES, INT64_MIN, INT64_MAX, &m->comm_reserve));
-    TRY(get_int(c, t, "machine", "host_reserve", INT_BYTES, INT64_MIN, INT64_MAX, &m->host_reserve));
-    TRY(get_int(c, t, "machine", "host_runtime", INT_BYTES, INT64_MIN, INT64_MAX, &m->host_runtime));
+    TRY(get_int(c, t, "machine", "gpu_mem", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->gpu_mem));
+    TRY(get_int(c, t, "machine", "host_mem", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_mem));
+    TRY(get_int(c, t, "machine", "reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->reserve));
+    TRY(get_int(c, t, "machine", "comm_reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->comm_reserve));
+    TRY(get_int(c, t, "machine", "host_reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_reserve));
+    TRY(get_int(c, t, "machine", "host_runtime", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_runtime));
     TRY(get_num(c, t, "machine", "gemm_tflops", &m->gemm_tflops));
     TRY(get_num(c, t, "machine", "attn_tflops", &m->attn_tflops));
     TRY(get_num(c, t, "machine", "hbm_gbps", &m->hbm_gbps));
@@ -1243,6 +1282,7 @@ static int validate(ctx *c, cp_spec *s) {
     cp_train *tr = &s->train;
     cp_machine *mc = &s->machine;
     char buf[512], b1[64], b2[64];
+    c->gpus_found = p->gpus_auto ? p->gpus_found : NULL;
 
     /* model */
     if (m->vocab < 2) return fail(c, "model.vocab", " = %lld: must be at least 2", (long long)m->vocab);
@@ -1503,7 +1543,7 @@ static int job_main(lua_State *L) {
     job *j = lua_touserdata(L, 1);
     ctx *c = j->c;
     open_libs(L);
-    double deadline = cp_now() + SPEC_TIME_LIMIT_S;
+    double deadline = cp_now() + spec_time_limit_s;
     memcpy(lua_getextraspace(L), &deadline, sizeof deadline);
     lua_sethook(L, time_hook, LUA_MASKCOUNT, 1 << 20);
     char chunk[CP_PATH_MAX + 1];
@@ -1518,7 +1558,7 @@ static int job_main(lua_State *L) {
         if (location_len(msg))
             put_err(c->err, c->errlen, msg);
         else
-            fail(c, NULL, "%s", msg);
+            fail(c, NULL, "cannot run the spec: %s", msg);
         c->failed = true;
         return 0;
     }
@@ -1547,6 +1587,32 @@ static int job_main(lua_State *L) {
     return 0;
 }
 
+/* A spec computes a small table; one that keeps allocating would take the host's memory long before the time
+ * limit stops it, so its Lua state has a budget, and an allocation past it fails as Lua's out-of-memory error. */
+#define SPEC_MEMORY_LIMIT (1024 * MIB)
+
+typedef struct {
+    size_t used;
+    bool over;
+} lua_budget;
+
+static void *budget_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+    lua_budget *b = ud;
+    size_t old = ptr ? osize : 0;
+    if (nsize == 0) {
+        free(ptr);
+        b->used -= old;
+        return NULL;
+    }
+    if (nsize > old && b->used - old + nsize > (size_t)SPEC_MEMORY_LIMIT) {
+        b->over = true;
+        return NULL;
+    }
+    void *p = realloc(ptr, nsize);
+    if (p) b->used = b->used - old + nsize;
+    return p;
+}
+
 static void name_from_path(const char *path, char *name, size_t len) {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
@@ -1562,7 +1628,8 @@ static int load_source_spec(const source *src, const char *const *sets, int nset
     cp_spec *s = cp_xcalloc(1, sizeof *s);
     snprintf(s->path, sizeof s->path, "%s", src->shown);
     name_from_path(src->shown, s->name, sizeof s->name);
-    lua_State *L = luaL_newstate();
+    lua_budget budget = {0};
+    lua_State *L = lua_newstate(budget_alloc, &budget);
     if (!L) {
         free(s);
         return fail(&c, NULL, "out of memory starting Lua");
@@ -1578,6 +1645,9 @@ static int load_source_spec(const source *src, const char *const *sets, int nset
     }
     lua_close(L);
     int rc = st == LUA_OK && !c.failed ? j.rc : -1;
+    if (rc && budget.over)
+        fail(&c, NULL, "the spec used more than %lld MiB of memory; does it build a table or string without end?",
+             SPEC_MEMORY_LIMIT / MIB);
     if (rc == 0) *out = *s;
     free(s);
     return rc;

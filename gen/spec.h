@@ -40,6 +40,8 @@ typedef struct {
 
 typedef struct {
     int gpus;           /* C: context-parallel and FSDP group size */
+    bool gpus_auto;     /* "auto": gpus was counted when the spec loaded (cp_spec_set_gpu_counter) */
+    char gpus_found[160]; /* with gpus_auto: what was counted, e.g. "2 GPUs visible to CUDA" */
     int upipe_heads;    /* U: query heads per UPipe stage; U = heads is plain Ulysses */
     bool upipe_auto;    /* "auto": the plan picks the largest U that fits (upipe_heads holds the smallest) */
     cp_checkpoint checkpoint;
@@ -111,6 +113,14 @@ int cp_spec_load_string(const char *chunkname, const char *source, const char *c
 
 /* Re-run the cross-field rules on a spec changed in C (the planner's --max-seq search). Same contract. */
 int cp_spec_check(const cp_spec *spec, char *err, int errlen);
+
+/* How long a spec's Lua may run before the load stops it (10 s unless changed; the spec fuzzer shortens it). */
+void cp_spec_set_time_limit(double seconds);
+
+/* parallel.gpus = "auto" asks this function for the count (and a few words on where it came from) when a spec
+ * loads; the command line gives one that asks a launcher or CUDA. Without one, "auto" is 1 GPU. */
+typedef int (*cp_gpu_counter)(char *found, int len);
+void cp_spec_set_gpu_counter(cp_gpu_counter counter);
 
 /* The valid UPipe stage sizes U of this spec's heads, KV heads and GPUs, ascending; returns their number. */
 int cp_spec_upipe_values(const cp_spec *spec, int64_t *out, int max);

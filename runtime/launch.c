@@ -48,6 +48,21 @@ const char *cp_launcher_name(cp_launcher l) {
     }
 }
 
+int cp_launch_auto_gpus(const cp_launch_env *e, int visible, const char *why_none, char *found, int n) {
+    if (e && e->launcher != CP_LAUNCH_NONE) {
+        snprintf(found, (size_t)n, "%d GPU%s, the world size %s started", e->size, e->size == 1 ? "" : "s",
+                 cp_launcher_name(e->launcher));
+        return e->size;
+    }
+    if (visible > 0) {
+        snprintf(found, (size_t)n, "%d GPU%s visible to CUDA on this node", visible, visible == 1 ? "" : "s");
+        return visible;
+    }
+    snprintf(found, (size_t)n, "no GPU (%.80s), so 1 GPU is planned",
+             why_none && *why_none ? why_none : "CUDA sees none");
+    return 1;
+}
+
 /* ------------------------------------------------------------------------------------------------------------
  * reading the variables */
 

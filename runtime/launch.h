@@ -36,6 +36,11 @@ typedef struct {
  * several processes). */
 int cp_launch_detect(cp_launch_env *e, char *err, int errlen);
 
+/* parallel.gpus = "auto": under a launcher (e not NULL, not CP_LAUNCH_NONE) its world size; else the GPUs CUDA sees
+ * on this node (`visible`, which CUDA_VISIBLE_DEVICES already narrowed); with none, 1. Writes what it counted into
+ * found, for the start-up line; why_none says why no GPU was seen. */
+int cp_launch_auto_gpus(const cp_launch_env *e, int visible, const char *why_none, char *found, int n);
+
 /* "torchrun", "Open MPI", ...; "none" for CP_LAUNCH_NONE. */
 const char *cp_launcher_name(cp_launcher l);
 

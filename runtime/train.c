@@ -12,6 +12,7 @@
 #include "data.h"
 #include "exec.h"
 #include "json.h"
+#include "report.h"
 #include "util.h"
 #include "weights.h"
 
@@ -337,6 +338,11 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     if (!rc && tr->save_every > 0 && ran > 0 && res->steps % tr->save_every != 0)
         rc = save(ex, P, rank, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
     if (metrics) fclose(metrics);
+    if (!rc && metrics && lead) { /* the run's picture; a failure to draw it does not fail the run */
+        char why[CP_ERR_MAX];
+        if (cp_report_write(tr->out_dir, why, sizeof why) < 0) fprintf(out, "report: %s\n", why);
+        else fprintf(out, "report: %s/report.svg\n", tr->out_dir);
+    }
     if (data_open) cp_dataset_close(&data);
     free(tok);
     free(tgt);

@@ -1,11 +1,11 @@
 -- specs/llama3b.lua: the Llama-3.2-3B shape (hidden 3072, 28 layers, 24 heads, 8 KV heads, head_dim 128,
 -- ffn 8192, vocab 128256, tied embeddings), RoPE theta 500000 with Llama-3 scaling (factor 32, low 1, high 4,
--- original 8192) as in the Hugging Face config. Two GPUs at 256K tokens.
+-- original 8192) as in the Hugging Face config. The GPUs at hand (gpus = "auto") at 256K tokens.
 return {
   model = { family = "llama", vocab = 128256, hidden = 3072, layers = 28, heads = 24, kv_heads = 8, head_dim = 128,
             ffn = 8192, norm_eps = 1e-5, tie_embeddings = true,
             rope = { theta = 500000, scaling = { factor = 32, low_freq = 1, high_freq = 4, original_max = 8192 } } },
-  parallel = { gpus = 2, upipe_heads = "auto", checkpoint = "layer", offload = "auto", optimizer = "auto",
+  parallel = { gpus = "auto", upipe_heads = "auto", checkpoint = "layer", offload = "auto", optimizer = "auto",
                mlp_tile = "auto", loss_tile = "auto" },
   train = { seq_len = "256K", micro_batches = 1, steps = 10, lr = 3e-4, warmup = 2, weight_decay = 0.1, clip = 1.0 },
   data = { source = "synthetic:recall" },

@@ -2,7 +2,8 @@
  * values, missing partner variables and disagreeing launchers, each with its message) and cp_launch_spawn, whose
  * children are this same binary run with --child MODE: all ranks succeed, one exits non-zero, one dies by a signal
  * while the others sleep forever, ranks that ignore SIGTERM are killed, SIGTERM to the launcher reaches the ranks,
- * and the ranks see the variables spawn sets and detect themselves as "cpgen" ranks. */
+ * and the ranks see the variables spawn sets and detect themselves as "cpgen" ranks; parallel.gpus = "auto" takes
+ * the launcher's world size, else the GPUs CUDA sees, else 1, and says which in the spec's messages. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include "launch.h"
+#include "spec.h"
 #include "util.h"
 
 static char err[2048];
@@ -561,6 +563,71 @@ static void test_spawn_forwards_sigterm(void **state) {
     }
 }
 
+/* parallel.gpus = "auto" as cpgen counts it, with the GPUs CUDA would see made up. */
+static int visible_gpus;
+static int count_like_cpgen(char *found, int len) {
+    cp_launch_env e;
+    char err[512];
+    bool launched = cp_launch_detect(&e, err, sizeof err) == 0 && e.launcher != CP_LAUNCH_NONE;
+    return cp_launch_auto_gpus(launched ? &e : NULL, visible_gpus, "no NVIDIA driver", found, len);
+}
+
+static void test_auto_gpus(void **state) {
+    (void)state;
+    char found[160], err[CP_ERR_MAX];
+    assert_int_equal(cp_launch_auto_gpus(NULL, 2, "", found, sizeof found), 2);
+    assert_string_equal(found, "2 GPUs visible to CUDA on this node");
+    assert_int_equal(cp_launch_auto_gpus(NULL, 0, "no NVIDIA driver", found, sizeof found), 1);
+    assert_string_equal(found, "no GPU (no NVIDIA driver), so 1 GPU is planned");
+
+    cp_spec_set_gpu_counter(count_like_cpgen);
+    cp_spec s;
+    visible_gpus = 2; /* one process, no launcher: the GPUs of this node */
+    if (cp_spec_load("llama3b", NULL, 0, &s, err, sizeof err)) fail_msg("%s", err);
+    assert_true(s.parallel.gpus_auto);
+    assert_int_equal(s.parallel.gpus, 2);
+    visible_gpus = 0; /* no GPU: one is planned */
+    if (cp_spec_load("llama3b", NULL, 0, &s, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(s.parallel.gpus, 1);
+    assert_contains(s.parallel.gpus_found, "no GPU");
+    const char *eight[] = {"parallel.gpus=8"}; /* --gpus wins over "auto" */
+    if (cp_spec_load("llama3b", eight, 1, &s, err, sizeof err)) fail_msg("%s", err);
+    assert_false(s.parallel.gpus_auto);
+    assert_int_equal(s.parallel.gpus, 8);
+
+    /* under a launcher, its world size, whatever this node has */
+    visible_gpus = 8;
+    SET("RANK=1", "WORLD_SIZE=4", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=4", "MASTER_ADDR=node1", "MASTER_PORT=29500");
+    if (cp_spec_load("llama8b", NULL, 0, &s, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(s.parallel.gpus, 4);
+    assert_string_equal(s.parallel.gpus_found, "4 GPUs, the world size torchrun started");
+    /* a count the spec's heads cannot use: the message names the count, where it came from and the fix */
+    SET("WORLD_SIZE=3", "LOCAL_WORLD_SIZE=3");
+    assert_int_equal(cp_spec_load("llama8b", NULL, 0, &s, err, sizeof err), -1);
+    assert_contains(err, "parallel.gpus = 3: heads (32) must be divisible by gpus");
+    assert_contains(err, "use gpus = 1, 2, 4, 8, 16 or 32");
+    assert_contains(err, "\"auto\" found 3 GPUs, the world size torchrun started; --gpus N");
+    /* a fixed UPipe U that does not fit the count found: llama8b's upipe_heads = 8 on 16 ranks */
+    SET("WORLD_SIZE=16", "LOCAL_WORLD_SIZE=8");
+    assert_int_equal(cp_spec_load("llama8b", NULL, 0, &s, err, sizeof err), -1);
+    assert_contains(err, "parallel.upipe_heads = 8: must be a multiple of gpus (16)");
+    assert_contains(err, "valid values with gpus = 16: 16 or 32, or \"auto\"");
+    assert_contains(err, "\"auto\" found 16 GPUs");
+    /* a fixed length that does not fit: 1M + 8 tokens on 16 ranks */
+    const char *len[] = {"train.seq_len=1048584", "parallel.upipe_heads=auto"};
+    assert_int_equal(cp_spec_load("llama8b", len, 2, &s, err, sizeof err), -1);
+    assert_contains(err, "train.seq_len = 1048584: must be a multiple of gpus (16)");
+    assert_contains(err, "\"auto\" found 16 GPUs");
+    /* the ranks cpgen itself starts: the count it started */
+    clear_env(NULL);
+    SET("CPGEN_SPAWNED=1", "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+        "MASTER_PORT=29500");
+    if (cp_spec_load("llama3b", NULL, 0, &s, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(s.parallel.gpus, 2);
+    assert_string_equal(s.parallel.gpus_found, "2 GPUs, the world size cpgen started");
+    cp_spec_set_gpu_counter(NULL);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(argc, argv);
     const struct CMUnitTest tests[] = {
@@ -581,6 +648,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_nested, clear_env),
         cmocka_unit_test_setup(test_spawned_env, clear_env),
         cmocka_unit_test_setup(test_free_port, clear_env),
+        cmocka_unit_test_setup(test_auto_gpus, clear_env),
         cmocka_unit_test_setup_teardown(test_spawn_ok, spawn_setup, spawn_teardown),
         cmocka_unit_test_setup_teardown(test_spawn_keeps_user_nvls, spawn_setup, spawn_teardown),
         cmocka_unit_test_setup_teardown(test_spawn_exit_code, spawn_setup, spawn_teardown),

@@ -601,7 +601,7 @@ static void test_q_head_order(void **state) {
     for (int h = 0; h < 4; h++) assert_int_equal(order[h], h);
     cp_plan_free(&p);
     /* llama8b shape, 8 GPUs, U = 8: stage s rank r holds KV head r, query head 4r + s; a permutation each time */
-    load_spec(&s, "llama8b", 2, "model.layers=1", "train.seq_len=64K");
+    load_spec(&s, "llama8b", 3, "parallel.gpus=8", "model.layers=1", "train.seq_len=64K");
     build(&s, &p);
     cp_q_head_order(&p, order);
     for (int st = 0; st < 4; st++)

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "source_tree.h"
 #include "spec.h"
 #include "util.h"
 
@@ -93,9 +94,16 @@ static void test_llama8b(void **state) {
     /* One layer: q 16.8M + k,v 8.4M + o 16.8M + MLP 176.2M + 2 norms. */
     assert_int_equal(cp_model_layer_params(m), 218112000LL);
     assert_int_equal(cp_model_params(m), 8030261248LL);
-    assert_int_equal(spec.parallel.gpus, 8);
+    /* the GPUs at hand: without a GPU counter (cpgen's asks a launcher or CUDA), one */
+    assert_true(spec.parallel.gpus_auto);
+    assert_int_equal(spec.parallel.gpus, 1);
+    assert_string_equal(spec.parallel.gpus_found, "1 GPU (nothing counted them)");
     assert_int_equal(spec.parallel.upipe_heads, 8);
     assert_int_equal(spec.train.seq_len, 1048576);
+    const char *eight[] = {"parallel.gpus=8"};
+    load_ok("specs/llama8b.lua", eight, 1);
+    assert_false(spec.parallel.gpus_auto);
+    assert_int_equal(spec.parallel.gpus, 8);
     assert_string_equal(spec.train.out_dir, "runs/llama8b");
 }
 
@@ -375,7 +383,8 @@ static void test_upipe_auto(void **state) {
 
 static void test_check(void **state) {
     (void)state;
-    load_ok("llama8b", NULL, 0);
+    const char *eight[] = {"parallel.gpus=8"};
+    load_ok("llama8b", eight, 1);
     cp_spec s = spec;
     assert_int_equal(cp_spec_check(&s, err, sizeof err), 0);
     s.train.seq_len = 4 * 1048576;
@@ -493,22 +502,9 @@ static int run_bad_specs(void) {
     return failures;
 }
 
-/* The tests read files by paths relative to the source tree; run from anywhere by moving there first. */
-static void go_to_source_tree(const char *argv0) {
-    if (access(BAD_DIR, F_OK) == 0) return;
-    char exe[PATH_MAX];
-    if (!realpath(argv0, exe)) return;
-    for (int up = 0; up < 4; up++) {
-        char *slash = strrchr(exe, '/');
-        if (!slash) return;
-        *slash = 0;
-        if (chdir(exe) == 0 && access(BAD_DIR, F_OK) == 0) return;
-    }
-}
-
 int main(int argc, char **argv) {
     (void)argc;
-    go_to_source_tree(argv[0]);
+    go_to_source_tree(argv[0], BAD_DIR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama1b),       cmocka_unit_test(test_llama3b),
         cmocka_unit_test(test_llama8b),       cmocka_unit_test(test_qwen32b),

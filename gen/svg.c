@@ -1,0 +1,154 @@
+/* svg.c: the small SVG writer behind `cpgen plan --svg` and `cpgen report`. Every text goes through XML escaping,
+ * since spec paths look like "<embedded>/llama8b.lua". */
+#include "svg.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "util.h"
+
+static void put_escaped(FILE *f, const char *t) {
+    for (; *t; t++) {
+        switch (*t) {
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '&': fputs("&amp;", f); break;
+        case '"': fputs("&quot;", f); break;
+        default: fputc(*t, f);
+        }
+    }
+}
+
+int cp_svg_begin(cp_svg *s, const char *path, int width, int height, const char *title, char *err, int errlen) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->path, sizeof s->path, "%s", path);
+    s->f = fopen(path, "w");
+    if (!s->f) return cp_errf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    fprintf(s->f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+            "font-family=\"sans-serif\">\n<title>",
+            width, height, width, height);
+    put_escaped(s->f, title);
+    fprintf(s->f, "</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    return 0;
+}
+
+int cp_svg_end(cp_svg *s, char *err, int errlen) {
+    fprintf(s->f, "</svg>\n");
+    bool bad = ferror(s->f);
+    if (fclose(s->f) || bad) return cp_errf(err, errlen, "writing %s failed: %s", s->path, strerror(errno));
+    s->f = NULL;
+    return 0;
+}
+
+double cp_svg_px(const cp_svg_panel *p, double x) {
+    return p->x + (p->x1 > p->x0 ? (x - p->x0) / (p->x1 - p->x0) : 0) * p->w;
+}
+
+double cp_svg_py(const cp_svg_panel *p, double y) {
+    return p->y + p->h - (p->y1 > p->y0 ? (y - p->y0) / (p->y1 - p->y0) : 0) * p->h;
+}
+
+void cp_svg_text(cp_svg *s, double x, double y, const char *anchor, int size, const char *fill, const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(s->f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-size=\"%d\" fill=\"%s\">", x, y, anchor, size,
+            fill);
+    put_escaped(s->f, buf);
+    fprintf(s->f, "</text>\n");
+}
+
+void cp_svg_hline(cp_svg *s, const cp_svg_panel *p, double y, const char *color, const char *dash, const char *id) {
+    fprintf(s->f, "<line");
+    if (id) fprintf(s->f, " id=\"%s\"", id);
+    fprintf(s->f, " x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\"", p->x,
+            p->x + p->w, cp_svg_py(p, y), cp_svg_py(p, y), color);
+    if (*dash) fprintf(s->f, " stroke-dasharray=\"%s\"", dash);
+    fprintf(s->f, "/>\n");
+}
+
+double cp_svg_nice_step(double span, int n) {
+    if (!(span > 0) || n < 1) return 1;
+    double raw = span / n, mag = pow(10, floor(log10(raw))), f = raw / mag;
+    return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * mag;
+}
+
+static void axis_ticks(cp_svg *s, const cp_svg_panel *p, bool x_axis) {
+    double a = x_axis ? p->x0 : p->y0, b = x_axis ? p->x1 : p->y1;
+    double step = cp_svg_nice_step(b - a, x_axis ? 8 : 5);
+    fprintf(s->f, "<g class=\"axis %s\">\n", x_axis ? "x" : "y");
+    for (double v = ceil(a / step) * step; v <= b + step * 1e-9; v += step) {
+        char label[32];
+        snprintf(label, sizeof label, "%g", fabs(v) < step * 1e-9 ? 0 : v);
+        if (x_axis) {
+            double px = cp_svg_px(p, v);
+            fprintf(s->f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#888\"/>\n", px, px,
+                    p->y + p->h, p->y + p->h + 4);
+            cp_svg_text(s, px, p->y + p->h + 16, "middle", 11, "#333", "%s", label);
+        } else {
+            double py = cp_svg_py(p, v);
+            fprintf(s->f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", p->x,
+                    p->x + p->w, py, py);
+            cp_svg_text(s, p->x - 6, py + 4, "end", 11, "#333", "%s", label);
+        }
+    }
+    fprintf(s->f, "</g>\n");
+}
+
+void cp_svg_panel_begin(cp_svg *s, const cp_svg_panel *p, const char *id, const char *title, const char *xlabel,
+                        const char *ylabel) {
+    fprintf(s->f, "<g id=\"%s\">\n", id);
+    cp_svg_text(s, p->x, p->y - 10, "start", 14, "#000", "%s", title);
+    axis_ticks(s, p, false);
+    axis_ticks(s, p, true);
+    fprintf(s->f, "<rect class=\"frame\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+                  "stroke=\"#444\"/>\n",
+            p->x, p->y, p->w, p->h);
+    cp_svg_text(s, p->x + p->w / 2, p->y + p->h + 34, "middle", 12, "#000", "%s", xlabel);
+    fprintf(s->f, "<g transform=\"translate(%.1f %.1f) rotate(-90)\">", p->x - 46, p->y + p->h / 2);
+    cp_svg_text(s, 0, 0, "middle", 12, "#000", "%s", ylabel);
+    fprintf(s->f, "</g>\n");
+}
+
+void cp_svg_panel_end(cp_svg *s) { fprintf(s->f, "</g>\n"); }
+
+static void begin_series(cp_svg *s, const char *name) {
+    fprintf(s->f, "<path class=\"series\" data-name=\"");
+    put_escaped(s->f, name);
+    fprintf(s->f, "\" d=\"");
+}
+
+void cp_svg_series(cp_svg *s, const cp_svg_panel *p, const double *x, const double *y, int n, const char *color,
+                   const char *name) {
+    begin_series(s, name);
+    bool pen = false;
+    for (int i = 0; i < n; i++) {
+        if (isnan(y[i])) {
+            pen = false;
+            continue;
+        }
+        fprintf(s->f, "%s%.1f %.1f ", pen ? "L" : "M", cp_svg_px(p, x[i]), cp_svg_py(p, y[i]));
+        pen = true;
+    }
+    fprintf(s->f, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", color);
+}
+
+void cp_svg_band(cp_svg *s, const cp_svg_panel *p, const double *x, const double *lower, const double *upper, int n,
+                 const char *color, const char *name) {
+    begin_series(s, name);
+    for (int i = 0; i < n; i++) fprintf(s->f, "%s%.1f %.1f ", i ? "L" : "M", cp_svg_px(p, x[i]), cp_svg_py(p, upper[i]));
+    for (int i = n - 1; i >= 0; i--) fprintf(s->f, "L%.1f %.1f ", cp_svg_px(p, x[i]), cp_svg_py(p, lower[i]));
+    fprintf(s->f, "Z\" fill=\"%s\" stroke=\"none\"/>\n", color);
+}
+
+void cp_svg_legend(cp_svg *s, double x, double y, const char *color, const char *name) {
+    fprintf(s->f, "<rect class=\"legend\" x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>\n", x, y - 10,
+            color);
+    cp_svg_text(s, x + 17, y, "start", 11, "#000", "%s", name);
+}

@@ -1,0 +1,10 @@
+/* report.h: `cpgen report OUT_DIR`: a run's metrics.jsonl drawn as report.svg (loss, gradient norm, tokens/s, and
+ * measured against planned GPU memory over the steps). `cpgen run` writes it at the end of a run. */
+#ifndef CP_REPORT_H
+#define CP_REPORT_H
+
+/* Reads <out_dir>/metrics.jsonl and writes <out_dir>/report.svg; returns the number of steps drawn, or -1 with a
+ * message naming the file (and line) that was wrong. */
+int cp_report_write(const char *out_dir, char *err, int errlen);
+
+#endif
