@@ -1178,7 +1178,9 @@ static void cost_model(cp_plan *P) {
         double t = 0;
         switch (s->kind) {
         case CP_OP_KERNEL:
-            if (s->flops > 0) t = s->flops / (mc->attn_tflops * 1e12);
+            if (s->flops > 0) /* attention: the forward's and the backward's own rates at this head_dim */
+                t = s->flops / (cp_machine_attn_tflops(mc, strcmp(s->what, "attn_bwd") == 0,
+                                                       P->spec.model.head_dim) * 1e12);
             else t = s->bytes / (mc->hbm_gbps * 1e9);
             t += 2e-6;
             break;

@@ -61,11 +61,11 @@ static void print_attention_output(const cp_plan *P, FILE *out) {
                       cp_fmt_bytes(2 * per, a, sizeof a));
     append_layers(line, sizeof line, &n, " attention recomputed for", h + g, L - h - g, 0);
     fprintf(out, "%s\n", line);
+    const double fwd_rate = cp_machine_attn_tflops(&P->spec.machine, false, P->spec.model.head_dim);
     if (P->flops_attn_saved > 0)
         fprintf(out, "                        the backward skips %.4g TFLOP of attention forward per step (%.2f s at "
                      "%.0f TF/s)\n",
-                P->flops_attn_saved / 1e12, P->flops_attn_saved / (P->spec.machine.attn_tflops * 1e12),
-                P->spec.machine.attn_tflops);
+                P->flops_attn_saved / 1e12, P->flops_attn_saved / (fwd_rate * 1e12), fwd_rate);
 }
 
 static void print_stage_table(const cp_plan *P, FILE *out) {
@@ -128,10 +128,12 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     fprintf(out, "  tiles     MLP %s tokens (%lld tile%s) | loss %s tokens (%lld tile%s)\n",
             cp_fmt_length(P->mlp_tile, a, sizeof a), nm, nm == 1 ? "" : "s", cp_fmt_length(P->loss_tile, b, sizeof b),
             nl, nl == 1 ? "" : "s");
-    fprintf(out, "  machine   GPU %s | host %s | bf16 GEMM %.0f TF/s | attention %.0f TF/s | HBM %.0f GB/s | "
-                 "host link %.0f GB/s | all-to-all %.0f GB/s | all-gather %.0f GB/s\n",
+    const int64_t D = P->spec.model.head_dim;
+    fprintf(out, "  machine   GPU %s | host %s | bf16 GEMM %.0f TF/s | attention fwd %.0f, bwd %.0f TF/s | "
+                 "HBM %.0f GB/s | host link %.0f GB/s | all-to-all %.0f GB/s | all-gather %.0f GB/s\n",
             cp_fmt_bytes(mc->gpu_mem, a, sizeof a), cp_fmt_bytes(mc->host_mem, b, sizeof b), mc->gemm_tflops,
-            mc->attn_tflops, mc->hbm_gbps, mc->host_gbps, mc->a2a_gbps, mc->allgather_gbps);
+            cp_machine_attn_tflops(mc, false, D), cp_machine_attn_tflops(mc, true, D), mc->hbm_gbps, mc->host_gbps,
+            mc->a2a_gbps, mc->allgather_gbps);
     print_attention_output(P, out);
     print_stage_table(P, out);
 
@@ -182,7 +184,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             t[0], t[1], t[2], t[3], t[4], t[5]);
     fprintf(out, "predicted rate: %s tokens/s per GPU | %.0f TF/s per GPU | %.0f%% MFU of %.0f TF/s\n",
             cp_fmt_count(tok / P->t_step, d, sizeof d), flops / P->t_step / 1e12,
-            100.0 * flops / P->t_step / (mc->gemm_tflops * 1e12), mc->gemm_tflops);
+            100.0 * flops / P->t_step / (mc->peak_tflops * 1e12), mc->peak_tflops);
     if (P->fits) fprintf(out, "fits: yes (%s free per GPU)\n", cp_fmt_bytes(mc->gpu_mem - P->gpu_peak, a, sizeof a));
     else fprintf(out, "fits: NO: %s\n", P->why);
 

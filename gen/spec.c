@@ -54,7 +54,8 @@ static const node DATA_KEYS[] = {LEAF("source"), END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
-    LEAF("host_runtime"), LEAF("gemm_tflops"), LEAF("attn_tflops"), LEAF("hbm_gbps"), LEAF("host_gbps"),
+    LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
+    LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("host_gbps"),
     LEAF("a2a_gbps"),    LEAF("allgather_gbps"), END};
 static const node TOP_KEYS[] = {
     {"model", MODEL_KEYS}, {"parallel", PARALLEL_KEYS}, {"train", TRAIN_KEYS}, {"data", DATA_KEYS},
@@ -1174,8 +1175,13 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->comm_reserve = 1280 * MIB; /* measured on 2 H200s: 388 MiB at NCCL's init, 0.87 GiB more at first use */
     m->host_reserve = 4 * GIB;    /* measured on an H200 host: 1.5-3.3 GiB resident beyond the arena and weights */
     m->host_runtime = 320 * MIB;  /* measured on H200 hosts: 180-340 MiB added beside the arena once steps run */
-    m->gemm_tflops = 790;
-    m->attn_tflops = 296; /* the 3B step at 128K and 256K on an H200 ran attention at 297 and 296 TF/s */
+    m->peak_tflops = 790; /* an 8192^3 bf16 GEMM on random data on an H200 */
+    m->gemm_tflops = 700; /* inside the 3B step on an H200: 693 (32K) and 670 (128K); the 1B's at 32K: 761 */
+    /* the Hopper kernels inside the 3B and 1B steps on an H200 (CPGEN_PROFILE, docs/PERF.md, 2026-12-01) */
+    m->attn_fwd_tflops = 615;
+    m->attn_bwd_tflops = 340;
+    m->attn_fwd_tflops_d64 = 440;
+    m->attn_bwd_tflops_d64 = 312;
     m->hbm_gbps = 4300;
     m->host_gbps = 55;
     m->a2a_gbps = 328;
@@ -1186,8 +1192,12 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_int(c, t, "machine", "comm_reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->comm_reserve));
     TRY(get_int(c, t, "machine", "host_reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_reserve));
     TRY(get_int(c, t, "machine", "host_runtime", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_runtime));
+    TRY(get_num(c, t, "machine", "peak_tflops", &m->peak_tflops));
     TRY(get_num(c, t, "machine", "gemm_tflops", &m->gemm_tflops));
-    TRY(get_num(c, t, "machine", "attn_tflops", &m->attn_tflops));
+    TRY(get_num(c, t, "machine", "attn_fwd_tflops", &m->attn_fwd_tflops));
+    TRY(get_num(c, t, "machine", "attn_bwd_tflops", &m->attn_bwd_tflops));
+    TRY(get_num(c, t, "machine", "attn_fwd_tflops_d64", &m->attn_fwd_tflops_d64));
+    TRY(get_num(c, t, "machine", "attn_bwd_tflops_d64", &m->attn_bwd_tflops_d64));
     TRY(get_num(c, t, "machine", "hbm_gbps", &m->hbm_gbps));
     TRY(get_num(c, t, "machine", "host_gbps", &m->host_gbps));
     TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
@@ -1415,9 +1425,16 @@ static int validate(ctx *c, cp_spec *s) {
     struct {
         const char *path;
         double v;
-    } rates[] = {{"machine.gemm_tflops", mc->gemm_tflops}, {"machine.attn_tflops", mc->attn_tflops},
-                 {"machine.hbm_gbps", mc->hbm_gbps},       {"machine.host_gbps", mc->host_gbps},
-                 {"machine.a2a_gbps", mc->a2a_gbps},       {"machine.allgather_gbps", mc->allgather_gbps}};
+    } rates[] = {{"machine.peak_tflops", mc->peak_tflops},
+                 {"machine.gemm_tflops", mc->gemm_tflops},
+                 {"machine.attn_fwd_tflops", mc->attn_fwd_tflops},
+                 {"machine.attn_bwd_tflops", mc->attn_bwd_tflops},
+                 {"machine.attn_fwd_tflops_d64", mc->attn_fwd_tflops_d64},
+                 {"machine.attn_bwd_tflops_d64", mc->attn_bwd_tflops_d64},
+                 {"machine.hbm_gbps", mc->hbm_gbps},
+                 {"machine.host_gbps", mc->host_gbps},
+                 {"machine.a2a_gbps", mc->a2a_gbps},
+                 {"machine.allgather_gbps", mc->allgather_gbps}};
     for (size_t i = 0; i < CP_ARRAY_LEN(rates); i++)
         if (bad_pos(rates[i].v))
             return fail(c, rates[i].path, " = %g: must be a positive rate (it divides work in the cost model)",
@@ -1723,4 +1740,9 @@ int64_t cp_model_layer_params(const cp_model *m) {
 int64_t cp_model_params(const cp_model *m) {
     int64_t emb = m->vocab * m->hidden;
     return m->layers * cp_model_layer_params(m) + emb + (m->tie_embeddings ? 0 : emb) + m->hidden;
+}
+
+double cp_machine_attn_tflops(const cp_machine *mc, bool backward, int64_t head_dim) {
+    if (head_dim <= 64) return backward ? mc->attn_bwd_tflops_d64 : mc->attn_fwd_tflops_d64;
+    return backward ? mc->attn_bwd_tflops : mc->attn_fwd_tflops;
 }

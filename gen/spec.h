@@ -82,8 +82,12 @@ typedef struct {
     int64_t comm_reserve;       /* more per GPU when gpus > 1: NCCL's communicator and connection buffers */
     int64_t host_reserve;       /* host bytes per process outside the pinned arena: driver, libraries, buffers */
     int64_t host_runtime;       /* the part of host_reserve that stays resident beside the arena during steps */
-    double gemm_tflops;         /* bf16 dense GEMM */
-    double attn_tflops;         /* causal flash attention, fwd and bwd */
+    double peak_tflops;         /* the bf16 ceiling MFU is counted against (one large GEMM alone) */
+    double gemm_tflops;         /* bf16 dense GEMM as the steps run them (the cost model's rate) */
+    double attn_fwd_tflops;     /* causal flash attention forward, head_dim 128 */
+    double attn_bwd_tflops;     /* its backward (the dQ conversion included), head_dim 128 */
+    double attn_fwd_tflops_d64; /* the same at head_dim 64 */
+    double attn_bwd_tflops_d64;
     double hbm_gbps;            /* device copy, read + write */
     double host_gbps;           /* pinned host <-> device, each way */
     double a2a_gbps;            /* all-to-all bus bandwidth */
@@ -126,6 +130,8 @@ void cp_spec_set_gpu_counter(cp_gpu_counter counter);
 int cp_spec_upipe_values(const cp_spec *spec, int64_t *out, int max);
 const char *cp_family_name(cp_family f);
 const char *cp_offload_name(cp_offload o);
+/* The cost model's attention rate, TF/s, for the forward or the backward at this head_dim (64 or 128). */
+double cp_machine_attn_tflops(const cp_machine *mc, bool backward, int64_t head_dim);
 const char *cp_opt_place_name(cp_opt_place o);
 const char *cp_attn_keep_name(cp_attn_keep a);
 

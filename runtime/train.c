@@ -234,7 +234,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     res->mem_arena_planned = P->gpu_arena;
     res->mem_arena_measured = cp_exec_startup_info(ex)->mem_arena;
     res->min_loss = INFINITY;
-    double flops = P->flops_attn + P->flops_other, peak = sp->machine.gemm_tflops;
+    double flops = P->flops_attn + P->flops_other, peak = sp->machine.peak_tflops;
     if (!rc && out) {
         char from[48] = "";
         if (start) snprintf(from, sizeof from, " (from step %d)", start + 1);

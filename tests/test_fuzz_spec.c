@@ -59,7 +59,7 @@ static const char *const KEYS[] = {
     "train.weight_decay", "train.clip", "train.beta1", "train.beta2", "train.eps", "train.log_every",
     "train.save_every", "train.out_dir", "data.source", "init.from", "init.path", "init.seed", "init.std",
     "machine.gpu_mem", "machine.host_mem", "machine.reserve", "machine.comm_reserve", "machine.host_reserve",
-    "machine.host_runtime", "machine.gemm_tflops", "machine.attn_tflops", "machine.hbm_gbps", "machine.host_gbps",
+    "machine.host_runtime", "machine.peak_tflops", "machine.gemm_tflops", "machine.attn_fwd_tflops", "machine.attn_bwd_tflops", "machine.hbm_gbps", "machine.host_gbps",
     "machine.a2a_gbps", "machine.allgather_gbps"};
 static const char *const SECTIONS[] = {"model", "parallel", "train", "data", "init", "machine", "model.rope",
                                        "model.rope.scaling"};

@@ -276,7 +276,7 @@ static void test_kept_attention_3b(void **state) {
         double fwd = 4.0 * (double)S * S * H * D / 2;
         assert_true(fabs(p.flops_attn_saved - L * fwd) < 1e-9 * L * fwd);
         assert_true(fabs((q.flops_attn - p.flops_attn) - L * fwd) < 1e-9 * L * fwd);
-        assert_true(q.t_step - p.t_step >= L * fwd / (p.spec.machine.attn_tflops * 1e12));
+        assert_true(q.t_step - p.t_step >= L * fwd / (p.spec.machine.attn_fwd_tflops * 1e12));
         assert_int_equal(count_steps(&q, "attn_fwd"), 2 * L);
         assert_int_equal(count_steps(&p, "attn_fwd"), L);
         printf("  3B, %lld tokens: recompute %.2f s, kept on the GPU %.2f s predicted (%.1f%% faster)\n", (long long)S,
