@@ -1360,6 +1360,9 @@ static int validate(ctx *c, cp_spec *s) {
 
     /* train */
     if (tr->seq_len < 2) return fail(c, "train.seq_len", " = %lld: must be at least 2 tokens", (long long)tr->seq_len);
+    if (tr->seq_len > (1LL << 30)) /* the attention kernels index rows of a stage's whole sequence in 32 bits */
+        return fail(c, "train.seq_len", " = %lld: at most 1024M (1,073,741,824) tokens, the longest sequence the "
+                    "attention kernels take; use a shorter length", (long long)tr->seq_len);
     if (tr->micro_batches < 1)
         return fail(c, "train.micro_batches", " = %d: must be at least 1 (sequences per optimizer step)",
                     tr->micro_batches);
