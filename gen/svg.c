@@ -79,13 +79,28 @@ double cp_svg_nice_step(double span, int n) {
     return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * mag;
 }
 
+/* A tick's label: large values with a K, M or G suffix ("2.5M", not "2.5e+06"), which also keeps the y labels
+ * clear of the axis title. */
+static void tick_label(char *out, size_t n, double v, double step, double axis_max) {
+    if (fabs(v) < step * 1e-9) v = 0;
+    static const char *const suffix[] = {"K", "M", "G"};
+    for (int i = 2; i >= 0; i--) {
+        double unit = pow(1e3, i + 1);
+        if (axis_max >= 10 * unit) {
+            snprintf(out, n, "%g%s", v / unit, v == 0 ? "" : suffix[i]);
+            return;
+        }
+    }
+    snprintf(out, n, "%g", v);
+}
+
 static void axis_ticks(cp_svg *s, const cp_svg_panel *p, bool x_axis) {
     double a = x_axis ? p->x0 : p->y0, b = x_axis ? p->x1 : p->y1;
     double step = cp_svg_nice_step(b - a, x_axis ? 8 : 5);
     fprintf(s->f, "<g class=\"axis %s\">\n", x_axis ? "x" : "y");
     for (double v = ceil(a / step) * step; v <= b + step * 1e-9; v += step) {
         char label[32];
-        snprintf(label, sizeof label, "%g", fabs(v) < step * 1e-9 ? 0 : v);
+        tick_label(label, sizeof label, v, step, fmax(fabs(a), fabs(b)));
         if (x_axis) {
             double px = cp_svg_px(p, v);
             fprintf(s->f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#888\"/>\n", px, px,
