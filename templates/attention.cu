@@ -128,6 +128,16 @@ __device__ __forceinline__ void st_relaxed(u32 *p, u32 v) {
 }
 __device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 __device__ __forceinline__ void sleep_ns(u32 ns) { asm volatile("nanosleep.u32 %0;\n" ::"r"(ns)); }
+// Poll the previous key block's progress counter until it has completed tile `it`; the value seen is kept in shared
+// memory (seen_at), so a block far behind its predecessor polls once per many tiles. The caller fences.
+__device__ __forceinline__ void wait_progress(const u32 *pp, u32 it, u32 seen_at) {
+    u32 seen = ld_relaxed(pp);
+    while (seen <= it) {
+        sleep_ns(128);
+        seen = ld_relaxed(pp);
+    }
+    sts32(seen_at, seen);
+}
 // blockIdx read where it is used, so that what is derived from it holds no register across the backward's loop
 __device__ __forceinline__ u32 ctaid_x() {
     u32 v;
@@ -607,15 +617,7 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
             // wait until the previous key block has completed this tile (it runs, or ran, already: see above), and
             // publish that this block has completed the tiles before it
             const bool wait = ctaid_y() > 0 && lds32(sSeen) <= (u32)it, pub = it > 0 && publish();
-            if (wait) {
-                const u32 *pp = prog() - 1;
-                u32 seen = ld_relaxed(pp);
-                while (seen <= (u32)it) {
-                    sleep_ns(128);
-                    seen = ld_relaxed(pp);
-                }
-                sts32(sSeen, seen);
-            }
+            if (wait) wait_progress(prog() - 1, (u32)it, sSeen);
             // acquire for the poll: the previous block's dQ writes of this tile come before ours; release for the
             // store: with the barrier at the top, every warp's dQ writes of the tiles before it are performed first
             if (wait || pub) fence_acq_rel();

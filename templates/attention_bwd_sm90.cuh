@@ -281,13 +281,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         if (leader) {
             // wait until the previous key block has completed this tile (see bwd)
             if (ctaid_y() > 0 && lds32(sSeen) <= (u32)it) {
-                const u32 *pp = prog() - 1;
-                u32 seen = ld_relaxed(pp);
-                while (seen <= (u32)it) {
-                    sleep_ns(128);
-                    seen = ld_relaxed(pp);
-                }
-                sts32(sSeen, seen);
+                wait_progress(prog() - 1, (u32)it, sSeen);
                 fence_acq_rel(); // acquire: the previous block's dQ writes of this tile come before ours
             }
         }

@@ -8,18 +8,8 @@ B=${1:-build}
 out=${OUT:-out}
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache}
-sum="$out/summary.txt"
-: >"$sum"
-note() { echo "$*" >>"$sum"; }
-run() { # name timeout command...
-  local name=$1 t=$2; shift 2
-  local t0=$(date +%s%N)
-  timeout "$t" "$@" >"$out/$name.log" 2>&1
-  local rc=$? t1=$(date +%s%N)
-  note "$(printf '%-12s rc=%-3d %7d ms  %s' "$name" "$rc" $(((t1 - t0) / 1000000)) "$(grep -m1 -oE "${GREP:-x^}" "$out/$name.log")")"
-}
-want() { [[ " $PARTS " == *" $1 "* ]]; }
 PARTS=${PARTS:-auto3b svg tiny}
+. "$(dirname "$0")/check_common.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
 # The spec as shipped, two steps at 32K (its own 256K step takes minutes on one GPU): the start-up must say how
 # many GPUs "auto" found, and the step lines must come.
@@ -29,6 +19,4 @@ want auto3b && note "$(printf '%-12s %s' auto3b-steps "$(grep -cE '^step [0-9]+/
 want svg && GREP='fits: [a-z]+' run svg3b 30 "$B/cpgen" plan llama3b --seq 128K --svg "$out/memory_llama3b_128K.svg"
 want tiny && GREP='report: .*' run tiny 120 "$B/cpgen" run specs/tiny.lua --set train.out_dir="$out/tiny"
 want tiny && GREP='report.svg: [0-9]+ steps' run report 20 "$B/cpgen" report "$out/tiny"
-echo
-echo "gpu-observe-check: $(cat "$out/gpu.txt" 2>/dev/null | head -1)"
-cat "$sum"
+echo "gpu-observe-check: $(head -1 "$out/gpu.txt" 2>/dev/null)"

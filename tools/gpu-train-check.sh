@@ -10,19 +10,9 @@ B=${1:-build}
 out=${OUT:-out}
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache}
-sum="$out/summary.txt"
-: >"$sum"
-note() { echo "$*" | tee -a "$sum"; }
-run() { # name timeout command...
-  local name=$1 t=$2; shift 2
-  local t0=$(date +%s%N)
-  timeout "$t" "$@" >"$out/$name.log" 2>&1
-  local rc=$? t1=$(date +%s%N)
-  note "$(printf '%-16s rc=%-3d %6d ms' "$name" "$rc" $(((t1 - t0) / 1000000)))"
-}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
-want() { [[ " $PARTS " == *" $1 "* ]]; }
 PARTS=${PARTS:-gemm tiny hf hf2 l8b l8b_off}
+. "$(dirname "$0")/check_common.sh"
 want gemm && run test_gemm 45 "$B/tests/gpu/test_gemm"
 export CPGEN_HF_DIR=/tmp/cpgen-hf
 want tiny && run test_train_tiny 300 "$B/tests/gpu/test_train_tiny"

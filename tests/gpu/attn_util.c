@@ -81,15 +81,21 @@ void attn_free(attn_mod *m) {
     cp_kspec_free(&m->spec);
 }
 
+/* Tensor maps of the Hopper entries' operands q, k, v (and dout): query-side boxes of q_rows rows, key-side boxes of
+ * CP_ATTN_SM90_BOX_ROWS rows. */
+static void hopper_tmaps(const attn_mod *m, cp_tmap *tm, int n, const void *const *ptr, int q_rows) {
+    const attn_shape *h = &m->sh;
+    const int64_t heads[4] = {h->q_heads, h->kv_heads, h->kv_heads, h->q_heads};
+    const int rows[4] = {q_rows, CP_ATTN_SM90_BOX_ROWS, CP_ATTN_SM90_BOX_ROWS, q_rows};
+    char err[512];
+    for (int j = 0; j < n; j++)
+        if (cp_tmap_heads(&tm[j], ptr[j], h->seq, heads[j], h->head_dim, rows[j], err, sizeof err)) gu_fail("%s", err);
+}
+
 void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o, float *lse, cudaStream_t s) {
     if (m->hopper && !m->use_mma) {
-        const attn_shape *h = &m->sh;
         cp_tmap tm[3];
-        char err[512];
-        if (cp_tmap_heads(&tm[0], q, h->seq, h->q_heads, h->head_dim, CP_ATTN_SM90_BOX_ROWS, err, sizeof err) ||
-            cp_tmap_heads(&tm[1], k, h->seq, h->kv_heads, h->head_dim, CP_ATTN_SM90_BOX_ROWS, err, sizeof err) ||
-            cp_tmap_heads(&tm[2], v, h->seq, h->kv_heads, h->head_dim, CP_ATTN_SM90_BOX_ROWS, err, sizeof err))
-            gu_fail("%s", err);
+        hopper_tmaps(m, tm, 3, (const void *const[]){q, k, v}, CP_ATTN_SM90_BOX_ROWS);
         void *args[] = {&tm[0], &tm[1], &tm[2], &o, &lse};
         AU_CUDA(cp_launch(m->fwd_sm90, &m->d_fwd_sm90, args, s));
         return;
@@ -104,14 +110,8 @@ void attn_bwd(attn_mod *m, const void *q, const void *k, const void *v, const vo
     void *prog = (char *)dq_ws + cp_k_attention_prog_offset(&m->spec);
     AU_CUDA(cudaMemsetAsync(prog, 0, (size_t)cp_k_attention_prog_bytes(&m->spec), s));
     if (m->hopper && !m->use_mma) {
-        const attn_shape *h = &m->sh;
         cp_tmap tm[4];
-        char err[512];
-        if (cp_tmap_heads(&tm[0], q, h->seq, h->q_heads, h->head_dim, CP_ATTN_SM90_BWD_Q_ROWS, err, sizeof err) ||
-            cp_tmap_heads(&tm[1], k, h->seq, h->kv_heads, h->head_dim, CP_ATTN_SM90_BOX_ROWS, err, sizeof err) ||
-            cp_tmap_heads(&tm[2], v, h->seq, h->kv_heads, h->head_dim, CP_ATTN_SM90_BOX_ROWS, err, sizeof err) ||
-            cp_tmap_heads(&tm[3], dout, h->seq, h->q_heads, h->head_dim, CP_ATTN_SM90_BWD_Q_ROWS, err, sizeof err))
-            gu_fail("%s", err);
+        hopper_tmaps(m, tm, 4, (const void *const[]){q, k, v, dout}, CP_ATTN_SM90_BWD_Q_ROWS);
         void *args[] = {&tm[0], &tm[1], &tm[2], &tm[3], &lse, &delta, &dq_ws, &prog, &dk, &dv};
         AU_CUDA(cp_launch(m->bwd_sm90, &m->d_bwd_sm90, args, s));
     } else {
