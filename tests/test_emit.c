@@ -6,9 +6,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdbool.h>
 #include <string.h>
 
 #include "emit.h"
+#include "kernels.h"
 
 static const char *GOOD =
     "// module: fam_h{{H}}\n"
@@ -159,8 +161,39 @@ static void test_unknown_template(void **state) {
     assert_non_null(strstr(err, "templates/no_such_family.cu"));
 }
 
+/* A template's #include "x.cuh" of an embedded header is inlined (its placeholders filled, its kernels found), so
+ * the emitted module is one self-contained source; other includes stay; a missing header is named. */
+static void test_includes_inlined(void **state) {
+    (void)state;
+    cp_kernel_spec k;
+    cp_k_attention(&k, 128, 4, 1, 1000, true, false);
+    cp_module_src m;
+    char err[1024];
+    assert_int_equal(cp_emit(&k, &m, err, sizeof err), 0);
+    assert_null(strstr(m.source, "#include \"attention_sm90.cuh\""));
+    assert_null(strstr(m.source, "{{"));
+    assert_non_null(strstr(m.source, "attention_sm90.cuh: the attention forward for Hopper"));
+    bool fwd90 = false, bwd90 = false;
+    for (int i = 0; i < m.nentries; i++) {
+        fwd90 |= strcmp(m.entries[i], "attention_fwd_sm90_d128_q4_kv1_s1000_c1_a0") == 0;
+        bwd90 |= strcmp(m.entries[i], "attention_bwd_sm90_d128_q4_kv1_s1000_c1_a0") == 0;
+    }
+    assert_true(fwd90 && bwd90);
+    cp_module_src_free(&m);
+    cp_kspec_free(&k);
+
+    spec_h_eps(&k);
+    const char *missing = "// module: fam_h{{H}}\n#include <cuda_bf16.h>\n#include \"no_such_header.cuh\"\n"
+                          "extern \"C\" __global__ void fam_fwd_h{{H}}(float *x) { x[0] = {{EPS}}; }\n";
+    assert_int_equal(cp_emit_text("fam", missing, &k, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "templates/no_such_header.cuh"));
+    assert_non_null(strstr(err, "templates/fam.cu:3"));
+    cp_kspec_free(&k);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_includes_inlined),
         cmocka_unit_test(test_fills_and_finds_entries),
         cmocka_unit_test(test_launch_bounds),
         cmocka_unit_test(test_unknown_placeholder),
