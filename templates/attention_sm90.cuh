@@ -26,7 +26,7 @@
 #define HSUB (HEAD_DIM / 64)               // 64-column sub-tiles of a row
 #define HSTAGES (HEAD_DIM == 128 ? 2 : 4)  // depth of the K, V ring
 #define HTHREADS 384
-#define H_TURN0 1                          // named barriers 1, 2: consumer 0's, 1's turn to issue S
+#define H_TURN0 1                          // named barriers 1, 2: consumer 0's, 1's turn to issue products
 static_assert(HBM == HBN, "a causal block has one diagonal tile only when query and key tiles are equal");
 
 constexpr u32 H_SUBTILE = 128 * 128;                      // bytes of one [128][64] bf16 sub-tile
