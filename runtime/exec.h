@@ -14,6 +14,7 @@
 
 #include "nccl_rt.h"
 #include "plan.h"
+#include "trace.h"
 
 typedef struct {
     char arch[16];  /* NVRTC target; empty: the device's */
@@ -143,5 +144,9 @@ typedef struct {
  * and a proof that every pair of steps on different streams touching the same bytes is ordered by them. Returns 0,
  * or -1 with a message naming the step. */
 int cp_exec_check(const cp_plan *plan, cp_exec_check_report *rep, char *err, int errlen);
+
+/* The waits between streams the executor enqueues for the plan, without a GPU, as the step trace draws them:
+ * *waits (owned by the caller) gets *n pairs. Returns 0, or -1 with a message as cp_exec_check. */
+int cp_exec_plan_waits(const cp_plan *plan, cp_trace_wait **waits, int *n, char *err, int errlen);
 
 #endif

@@ -16,6 +16,7 @@
 #include "module.h"
 #include "profile.h"
 #include "tma.h"
+#include "trace.h"
 
 
 #define MAXARGS 16
@@ -139,6 +140,8 @@ int exec_prep_step(cp_exec *ex, int i, char *err, int errlen);
 int exec_check_weight_ranges(const cp_exec *ex, char *err, int errlen);
 void exec_build_deps(cp_exec *ex, int from, int to);
 void exec_build_markers(cp_exec *ex);
+/* every wait of every step, as (step, the step it waits for); *out owned by the caller; returns the count */
+int exec_wait_pairs(const cp_exec *ex, cp_trace_wait **out);
 
 /* exec_mem.c: memory measurement and the arenas */
 int64_t exec_nvml_free(const char *bus_id);

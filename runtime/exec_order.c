@@ -212,26 +212,35 @@ static int verify_order(const cp_exec *ex, int from, int to, int64_t *pairs, cha
     return rc;
 }
 
-int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int errlen) {
-    memset(rep, 0, sizeof *rep);
+/* An executor without a GPU: made-up addresses with the arenas' alignment (1 TiB for the GPU arena, 2 TiB for the
+ * host arena), every step prepared, the waits between streams and the markers built. *rc: 0, or -1 with a message. */
+static cp_exec *dry_exec(const cp_plan *P, int *rc, char *err, int errlen) {
     cp_exec *ex = cp_xcalloc(1, sizeof *ex);
     ex->P = P;
     ex->dry = true;
     ex->info.sms = 132;
     ex->bufptr = cp_xcalloc((size_t)(P->nbufs ? P->nbufs : 1), sizeof *ex->bufptr);
     ex->x = cp_xcalloc((size_t)(P->nsteps ? P->nsteps : 1), sizeof *ex->x);
-    /* made-up addresses with the arenas' alignment: 1 TiB for the GPU arena, 2 TiB for the host arena */
     ex->gpu = (char *)((uintptr_t)1 << 40);
     exec_host_pieces(ex);
     for (int i = 0; i < ex->npieces; i++) ex->pieces[i].p = (char *)((uintptr_t)1 << 41) + ex->pieces[i].start;
     exec_place_buffers(ex);
-    int rc = 0;
-    for (int i = 0; i < P->nsteps && !rc; i++) rc = exec_prep_step(ex, i, err, errlen);
-    if (!rc) rc = exec_check_weight_ranges(ex, err, errlen);
-    if (!rc) {
+    *rc = 0;
+    for (int i = 0; i < P->nsteps && !*rc; i++) *rc = exec_prep_step(ex, i, err, errlen);
+    if (!*rc) *rc = exec_check_weight_ranges(ex, err, errlen);
+    if (!*rc) {
         exec_build_deps(ex, 0, P->micro_steps);
         exec_build_deps(ex, P->micro_steps, P->nsteps);
         exec_build_markers(ex);
+    }
+    return ex;
+}
+
+int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int errlen) {
+    memset(rep, 0, sizeof *rep);
+    int rc;
+    cp_exec *ex = dry_exec(P, &rc, err, errlen);
+    if (!rc) {
         rc = verify_order(ex, 0, P->micro_steps, &rep->ordered_pairs, err, errlen);
         if (!rc) rc = verify_order(ex, P->micro_steps, P->nsteps, &rep->ordered_pairs, err, errlen);
     }
@@ -248,6 +257,28 @@ int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int er
     rep->events = ex->nevents;
     rep->markers = ex->nmarkers;
     rep->pin_pieces = ex->npieces;
+    cp_exec_destroy(ex);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the waits, for the step trace */
+
+int exec_wait_pairs(const cp_exec *ex, cp_trace_wait **out) {
+    cp_trace_wait *w = cp_xmalloc(sizeof *w * (size_t)(ex->nwaits + 1));
+    int n = 0;
+    for (int i = 0; i < ex->P->nsteps; i++)
+        for (int k = 0; k < ex->x[i].nwait; k++)
+            w[n++] = (cp_trace_wait){i, ex->event_step[ex->waits[ex->x[i].wait0 + k]]};
+    *out = w;
+    return n;
+}
+
+int cp_exec_plan_waits(const cp_plan *P, cp_trace_wait **waits, int *n, char *err, int errlen) {
+    int rc;
+    cp_exec *ex = dry_exec(P, &rc, err, errlen);
+    *waits = NULL;
+    *n = 0;
+    if (!rc) *n = exec_wait_pairs(ex, waits);
     cp_exec_destroy(ex);
     return rc;
 }
