@@ -35,6 +35,9 @@ static void usage(FILE *out) {
             "  --seq LEN         same as --set train.seq_len=LEN\n"
             "  --gpu-mem SIZE    GPU memory to plan for (default 143150M, an H200); --set machine.gpu_mem=SIZE\n"
             "  --host-mem SIZE   host memory to plan for (default 128G); --set machine.host_mem=SIZE\n"
+            "  --trace FILE      (run) write one step as a Chrome trace (Perfetto, chrome://tracing): every plan\n"
+            "                    step per stream, measured beside the cost model's timeline, waits, plan memory\n"
+            "  --trace-step N    (run) the step --trace writes, counted from 1 in this run (default 2)\n"
             "  --resume DIR      (run) continue from a training checkpoint (weights, AdamW state, step, data\n"
             "                    position): DIR is a ckpt_<step> folder, or an out_dir whose `latest` file names\n"
             "                    one; checkpoints are written every train.save_every steps (docs/CHECKPOINTS.md)\n"
@@ -49,7 +52,8 @@ static void usage(FILE *out) {
 }
 
 typedef struct {
-    const char *command, *spec, *outdir, *arch, *resume, *svg;
+    const char *command, *spec, *outdir, *arch, *resume, *svg, *trace;
+    int trace_step; /* 0: the default, step 2 (or the only step) */
     const char *sets[MAX_SETS];
     int nsets;
     bool json, steps, max_seq, no_cache;
@@ -113,6 +117,15 @@ static void parse(int argc, char **argv, cli *c) {
             c->arch = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--svg")) {
             c->svg = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--trace")) {
+            c->trace = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--trace-step")) {
+            const char *v = need_value(argc, argv, &i);
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || n < 1 || n > 1000000000)
+                cp_fatal(CP_EXIT_USAGE, "--trace-step %s: give the number of the step to trace, from 1", v);
+            c->trace_step = (int)n;
         } else if (!strcmp(a, "--resume")) {
             c->resume = need_value(argc, argv, &i);
         } else if (a[0] == '-') {
@@ -129,6 +142,9 @@ static void parse(int argc, char **argv, cli *c) {
         }
     }
     if (!c->command) c->command = "run";
+    if ((c->trace || c->trace_step) && strcmp(c->command, "run"))
+        cp_fatal(CP_EXIT_USAGE, "--trace is an option of run (cpgen run SPEC --trace FILE), not of %s", c->command);
+    if (c->trace_step && !c->trace) cp_fatal(CP_EXIT_USAGE, "--trace-step needs --trace FILE");
     if (c->resume && strcmp(c->command, "run"))
         cp_fatal(CP_EXIT_USAGE, "--resume is an option of run (cpgen run SPEC --resume DIR), not of %s", c->command);
     if (!c->spec) {
@@ -309,7 +325,17 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     fflush(stdout);
     cp_jit_opts o;
     jit_opts_for(c, &o);
-    cp_train_opts t = {.no_cache = c->no_cache, .out = stdout, .resume = c->resume};
+    cp_train_opts t = {.no_cache = c->no_cache, .out = stdout, .resume = c->resume, .trace_path = c->trace};
+    if (c->trace) { /* the second step shows the steady state: the first also warms caches and the allocator */
+        int steps = spec->train.steps;
+        t.trace_step = c->trace_step ? c->trace_step : CP_MIN(2, steps);
+        if (t.trace_step > steps) {
+            fprintf(stderr, "cpgen: --trace-step %d is after the run's last step (train.steps = %d): trace an earlier "
+                            "step, or --set train.steps=%d\n", t.trace_step, steps, t.trace_step);
+            cp_plan_free(&plan);
+            return CP_EXIT_USAGE;
+        }
+    }
     snprintf(t.arch, sizeof t.arch, "%s", o.arch);
     cp_world w;
     bool joined = false;

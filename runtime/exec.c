@@ -112,6 +112,9 @@ static int setup(cp_exec *ex, char *err, int errlen) {
         ex->prof_step = (int)n;
         if (n > 0 && !(ex->prof = cp_profile_create(P, err, errlen))) return -1;
     }
+    if (ex->o.trace_path && (cp_trace_check_path(ex->o.trace_path, err, errlen) ||
+                             !(ex->trace = cp_trace_rec_create(P, err, errlen))))
+        return -1;
     /* pin the host arena on threads while the kernels compile */
     ex->rss_base = cp_proc_status_bytes("VmRSS");
     exec_host_pieces(ex);
@@ -235,6 +238,7 @@ void cp_exec_destroy(cp_exec *ex) {
     for (int i = 0; i < ex->nevents && ex->events; i++) (void)cudaEventDestroy(ex->events[i]);
     for (int i = 0; i < ex->nmarker_ev; i++) (void)cudaEventDestroy(ex->marker_ev[i]);
     cp_profile_free(ex->prof);
+    cp_trace_rec_free(ex->trace);
     for (int s = 0; s < CP_STREAM_COUNT; s++) {
         if (ex->streams[s]) (void)cudaStreamDestroy(ex->streams[s]);
         if (ex->join_ev[s]) (void)cudaEventDestroy(ex->join_ev[s]);

@@ -25,6 +25,8 @@ typedef struct {
     cp_nccl_comm *comm; /* the C ranks' communicator; NULL with one GPU */
     int64_t base_free;  /* the device's free memory before this process used it (cp_exec_device_free), when the
                          * CUDA context exists before the executor; 0: measured at its creation */
+    const char *trace_path; /* --trace: the step trace's file (trace.h); NULL for none */
+    int trace_step;         /* the step traced, counted from 1 in this executor */
 } cp_exec_opts;
 
 /* The optimizer's numbers for one step (the learning rate comes from the schedule, see train.h). */

@@ -106,6 +106,8 @@ struct cp_exec {
     cp_profile *prof; /* CPGEN_PROFILE=N: step N (counted from 1 in this executor) timed step by step */
     int prof_step, steps_run;
     bool profiling;   /* the step running now is the one profiled */
+    cp_trace_rec *trace; /* --trace: step o.trace_step (counted in steps_run) recorded */
+    bool tracing;        /* the step running now is the one traced */
     /* progress */
     int nmarkers;
     marker *markers;
@@ -152,6 +154,9 @@ void exec_place_buffers(cp_exec *ex);
 
 /* exec_hostopt.c: the optimizer step on the host */
 int exec_host_update(cp_exec *ex, int i, char *err, int errlen);
+
+/* exec_trace.c: the traced step's trace file, after the step */
+int exec_trace_write(cp_exec *ex, double step_seconds, char *err, int errlen);
 
 /* exec_run.c: waiting for a stream through the communicator's watchdog */
 int exec_sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err, int errlen);

@@ -129,6 +129,8 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
     for (int w = 0; w < x->nwait && e == cudaSuccess; w++) e = cudaStreamWaitEvent(st, ex->events[ex->waits[x->wait0 + w]], 0);
     bool timed = ex->profiling && mb == 0;
     if (timed && e == cudaSuccess) e = cp_profile_begin(ex->prof, i, st);
+    int traced = ex->tracing ? cp_trace_instance(ex->P, mb, i) : -1;
+    if (traced >= 0 && e == cudaSuccess) e = cp_trace_rec_begin(ex->trace, traced, st);
     if (e == cudaSuccess) switch (x->kind) {
         case X_KERNEL:
             for (int k = 0; k < x->nl && e == cudaSuccess; k++) e = cp_launch(x->L[k].k, &x->L[k].d, (void **)x->L[k].args, st);
@@ -171,6 +173,7 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
         default: break;
         }
     if (timed && e == cudaSuccess) e = cp_profile_end(ex->prof, i, st);
+    if (traced >= 0 && e == cudaSuccess) e = cp_trace_rec_end(ex->trace, traced, st);
     if (e == cudaSuccess && x->event >= 0) e = cudaEventRecord(ex->events[x->event], st);
     if (e != cudaSuccess) {
         snprintf(what, sizeof what, "%s", exec_step_desc(ex->P, i, d, sizeof d));
@@ -263,6 +266,10 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     int mb = P->spec.train.micro_batches;
     memset(r, 0, sizeof *r);
     double t0 = cp_now();
+    /* the trace's time 0, taken first so that its total compares with this step's wall time */
+    ex->steps_run++;
+    ex->tracing = ex->trace && ex->steps_run == ex->o.trace_step;
+    if (ex->tracing) CK(cp_trace_rec_start(ex->trace, ex->streams[CP_STREAM_COMPUTE]), "starting the step trace");
     int64_t ntgt = stage_inputs(ex, tokens, targets, hp->targets_all, err, errlen);
     if (ntgt < 0) return -1;
     r->targets = ntgt;
@@ -273,7 +280,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     ex->sc.wd = (float)hp->weight_decay;
     cudaStream_t cs = ex->streams[CP_STREAM_COMPUTE];
     CK(cudaMemsetAsync(ex->loss_sum, 0, CP_SCALARS_BYTES, cs), "zeroing the loss");
-    ex->profiling = ex->prof && ++ex->steps_run == ex->prof_step;
+    ex->profiling = ex->prof && ex->steps_run == ex->prof_step;
 
     double expect = ex->last_seconds > 0 ? ex->last_seconds : P->t_step * 3;
     progress pr = {.ex = ex, .label = label ? label : "step", .t0 = t0};
@@ -321,6 +328,9 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     r->mem_used = cp_exec_mem_used(ex);
     r->host_used = cp_exec_host_used(ex);
     ex->last_seconds = r->seconds;
+    /* a trace that cannot be written is reported and the run goes on: the training is worth more than its picture */
+    if (ex->tracing && exec_trace_write(ex, r->seconds, err, errlen)) fprintf(stderr, "cpgen: rank %d: %s\n", ex->o.rank, err);
+    ex->tracing = false;
     if (ex->profiling && ex->o.out) return cp_profile_report(ex->prof, r->seconds, mb, ex->o.out, err, errlen);
     return 0;
 }

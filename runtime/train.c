@@ -366,6 +366,8 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     eo.device = o->device;
     eo.comm = o->comm;
     eo.base_free = o->base_free;
+    eo.trace_path = o->trace_path;
+    eo.trace_step = o->trace_step;
     /* a checkpoint is checked before the GPU is set up, so a wrong one costs no compile time */
     cp_ckpt ck;
     if (o->resume && cp_ckpt_open(P, o->resume, &ck, err, errlen)) return -1;

@@ -22,6 +22,8 @@ typedef struct {
     int rank, device;
     cp_nccl_comm *comm;
     int64_t base_free; /* cp_world's: the device's free memory before this process's context */
+    const char *trace_path; /* --trace: write step trace_step (from 1, in this run) as a step trace (trace.h) */
+    int trace_step;
 } cp_train_opts;
 
 typedef struct {
