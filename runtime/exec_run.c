@@ -317,6 +317,8 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
         for (int s = 0; s < CP_STREAM_COUNT && !rc; s++)
             if (ex->stream_used[s] || s == CP_STREAM_COMPUTE) rc = exec_sync_stream(ex, ex->streams[s], "finishing the step", err, errlen);
     }
+    /* the step's end, before the progress thread is joined: it sleeps up to 100 ms between looks, not step time */
+    double t_end = cp_now();
     if (prog) {
         atomic_store(&pr.done, true);
         pthread_join(pth, NULL);
@@ -324,7 +326,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     if (rc) return -1;
     if (!decided) r->loss = (double)ex->host_scalars[0] * ex->sc.loss_scale;
     r->skipped = skip;
-    r->seconds = cp_now() - t0;
+    r->seconds = t_end - t0;
     r->mem_used = cp_exec_mem_used(ex);
     r->host_used = cp_exec_host_used(ex);
     ex->last_seconds = r->seconds;
