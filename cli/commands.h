@@ -16,4 +16,16 @@ int cp_cmd_gen(const cp_plan *plan, const char *outdir, char *err, int errlen);
  * it fails when any entry spills. */
 int cp_cmd_build(const cp_plan *plan, const cp_jit_opts *opts, FILE *out, char *err, int errlen);
 
+/* `cpgen aot`: compile every module of the plan for each architecture of archs_csv ("sm_90a,sm_80") into the bundle
+ * folder outdir (runtime/bundle.h) and print a table of its modules and cubins. command is recorded in the manifest. */
+int cp_cmd_aot(const cp_plan *plan, const char *outdir, const char *archs_csv, const cp_jit_opts *opts,
+               const char *command, FILE *out, char *err, int errlen);
+
+/* Open the bundle dir and check it against plan on architecture arch (NULL: not known, every cubin is checked), with
+ * a line on out saying so. On success *b is open (cp_bundle_close); on a refusal -1 with what differs and the
+ * command that makes a fitting bundle: `rebuild` (the aot command without --arch) with arch, or the bundle's own. */
+typedef struct cp_bundle cp_bundle;
+int cp_cmd_bundle_check(const cp_plan *plan, const char *dir, const char *arch, const char *rebuild, cp_bundle *b,
+                        FILE *out, char *err, int errlen);
+
 #endif

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bundle.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "module.h"
@@ -28,6 +29,8 @@ static void usage(FILE *out) {
             "  gen     write every emitted kernel source of the spec into a folder (-o DIR)\n"
             "  build   compile every kernel of the spec and report registers, shared memory and spills\n"
             "  report  cpgen report OUT_DIR: draw a run's metrics.jsonl as OUT_DIR/report.svg (run writes it too)\n"
+            "  aot     compile every kernel of the spec ahead of time into a bundle folder (-o BUNDLE); `cpgen run\n"
+            "          BUNDLE` then loads its cubins and never compiles, so NVRTC is not needed where it runs\n"
             "\n"
             "options:\n"
             "  --set KEY=VALUE   override any spec key, e.g. --set train.seq_len=1M --set parallel.gpus=8\n"
@@ -43,13 +46,16 @@ static void usage(FILE *out) {
             "  --steps           (plan) also print every step and buffer\n"
             "  --svg FILE        (plan) draw memory over the steps of one training step, GPU and host, into FILE\n"
             "  -o DIR            (gen) output folder\n"
-            "  --arch ARCH       (build) target, e.g. sm_90a or sm_80 (default: the GPU's, else sm_90a)\n"
+            "  --arch ARCH       (build, run) target, e.g. sm_90a or sm_80 (default: the GPU's, else sm_90a);\n"
+            "                    (aot) one or more, e.g. --arch sm_90a,sm_80\n"
+            "  --bundle DIR      (run) load the kernels from an AOT bundle made for this spec (same as cpgen run DIR\n"
+            "                    with DIR's own spec); refused, before the GPU is touched, if it does not fit\n"
             "  --no-cache        (build) compile even when the kernel cache has the result\n"
             "  --version         print the version\n");
 }
 
 typedef struct {
-    const char *command, *spec, *outdir, *arch, *resume, *svg;
+    const char *command, *spec, *outdir, *arch, *resume, *svg, *bundle;
     const char *sets[MAX_SETS];
     int nsets;
     bool json, steps, max_seq, no_cache;
@@ -74,7 +80,7 @@ static const char *need_value(int argc, char **argv, int *i) {
 }
 
 static void parse(int argc, char **argv, cli *c) {
-    static const char *commands[] = {"run", "plan", "gen", "build", "report"};
+    static const char *commands[] = {"run", "plan", "gen", "build", "report", "aot"};
     memset(c, 0, sizeof *c);
     c->argv = argv;
     for (int i = 1; i < argc; i++) {
@@ -113,6 +119,8 @@ static void parse(int argc, char **argv, cli *c) {
             c->arch = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--svg")) {
             c->svg = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--bundle")) {
+            c->bundle = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--resume")) {
             c->resume = need_value(argc, argv, &i);
         } else if (a[0] == '-') {
@@ -131,6 +139,8 @@ static void parse(int argc, char **argv, cli *c) {
     if (!c->command) c->command = "run";
     if (c->resume && strcmp(c->command, "run"))
         cp_fatal(CP_EXIT_USAGE, "--resume is an option of run (cpgen run SPEC --resume DIR), not of %s", c->command);
+    if (c->bundle && strcmp(c->command, "run"))
+        cp_fatal(CP_EXIT_USAGE, "--bundle is an option of run (cpgen run SPEC --bundle DIR), not of %s", c->command);
     if (!c->spec) {
         usage(stderr);
         exit(CP_EXIT_USAGE);
@@ -254,6 +264,48 @@ static void plan_key(const cp_plan *P, int64_t key[3]) {
     key[2] = P->host_arena * 31 + P->nsteps;
 }
 
+/* The command that makes a bundle fitting this run, less its --arch, for the messages that refuse one. */
+static void rebuild_command(const cli *c, char *out, size_t n) {
+    cp_str s = {0};
+    cp_str_printf(&s, "cpgen aot %s", c->spec);
+    for (int i = 0; i < c->nsets; i++) cp_str_printf(&s, " --set %s", c->sets[i]);
+    cp_str_printf(&s, " -o %s", c->bundle);
+    snprintf(out, n, "%s", s.data);
+    cp_str_free(&s);
+}
+
+/* cpgen run with a bundle: checked against the plan and the GPU's architecture (arch; NULL without a GPU) before
+ * anything is allocated on the GPU. */
+static int check_bundle(const cli *c, const cp_plan *plan, const char *arch, cp_bundle *b, bool say) {
+    char err[CP_ERR_MAX * 2], rebuild[CP_ERR_MAX];
+    rebuild_command(c, rebuild, sizeof rebuild);
+    if (cp_cmd_bundle_check(plan, c->bundle, arch, rebuild, b, say ? stdout : NULL, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        return CP_EXIT_USAGE;
+    }
+    return 0;
+}
+
+static int cmd_aot(const cli *c, cp_spec *spec) {
+    if (!c->outdir) cp_fatal(CP_EXIT_USAGE, "aot needs a bundle folder: cpgen aot %s -o BUNDLE [--arch sm_90a,sm_80]", c->spec);
+    cp_plan plan;
+    char err[CP_ERR_MAX * 2];
+    if (cp_plan_build(spec, &plan, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        return CP_EXIT_USAGE;
+    }
+    cp_jit_opts o;
+    jit_opts_for(c, &o);
+    cp_str cmd = {0};
+    cp_str_printf(&cmd, "cpgen");
+    for (char **a = c->argv + 1; *a; a++) cp_str_printf(&cmd, " %s", *a);
+    int rc = cp_cmd_aot(&plan, c->outdir, c->arch ? c->arch : o.arch, &o, cmd.data, stdout, err, sizeof err);
+    if (rc) fprintf(stderr, "cpgen: %s\n", err);
+    cp_str_free(&cmd);
+    cp_plan_free(&plan);
+    return rc ? CP_EXIT_FAIL : 0;
+}
+
 static int cmd_run(const cli *c, cp_spec *spec) {
     char why[512];
     int gpus = cp_gpu_count(why, sizeof why);
@@ -261,6 +313,16 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         printf("cpgen: no GPU found (%s): printing the plan of %s instead of training.\n\n", why, spec->path);
         int rc = cmd_plan(c, spec);
         if (!rc && c->resume) rc = check_resume(c, spec);
+        if (!rc && c->bundle) {
+            cp_plan plan;
+            char err[CP_ERR_MAX];
+            if (cp_plan_build(spec, &plan, err, sizeof err)) return CP_EXIT_USAGE; /* cmd_plan built it just now */
+            cp_bundle b;
+            printf("\n");
+            rc = check_bundle(c, &plan, c->arch, &b, true);
+            if (!rc) cp_bundle_close(&b);
+            cp_plan_free(&plan);
+        }
         return rc;
     }
     cp_launch_env env;
@@ -282,6 +344,18 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }
+    cp_jit_opts o;
+    jit_opts_for(c, &o);
+    cp_bundle bundle;
+    if (c->bundle && check_bundle(c, &plan, o.arch, &bundle, lead && !spawned)) {
+        cp_plan_free(&plan);
+        return CP_EXIT_USAGE;
+    }
+    if (!c->bundle && cp_nvrtc_load(err, sizeof err)) { /* before the GPU is set up, not after */
+        if (lead) fprintf(stderr, "cpgen: %s\n", err);
+        cp_plan_free(&plan);
+        return CP_EXIT_FAIL;
+    }
     int rc = 0;
     if (plan.C > 1 && env.launcher == CP_LAUNCH_NONE) {
         /* one node, no launcher: start one copy of this command per GPU and wait for them */
@@ -296,20 +370,20 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         fflush(stdout);
         rc = cp_launch_spawn(plan.C, c->argv, NULL, err, sizeof err);
         if (rc) fprintf(stderr, "cpgen: %s\n", err);
+        if (c->bundle) cp_bundle_close(&bundle);
         cp_plan_free(&plan);
         return rc ? CP_EXIT_FAIL : 0;
     }
     if (env.size != plan.C) {
         fprintf(stderr, "cpgen: rank %d: %d processes were started for a plan of parallel.gpus = %d: start one per GPU "
                         "of the plan, or set --gpus %d\n", env.rank, env.size, plan.C, env.size);
+        if (c->bundle) cp_bundle_close(&bundle);
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }
     if (lead && !spawned) printf("\n");
     fflush(stdout);
-    cp_jit_opts o;
-    jit_opts_for(c, &o);
-    cp_train_opts t = {.no_cache = c->no_cache, .out = stdout, .resume = c->resume};
+    cp_train_opts t = {.no_cache = c->no_cache, .out = stdout, .resume = c->resume, .bundle = c->bundle ? &bundle : NULL};
     snprintf(t.arch, sizeof t.arch, "%s", o.arch);
     cp_world w;
     bool joined = false;
@@ -329,6 +403,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         if (rc) cp_nccl_abort(&w.comm); /* the others stop at their next collective instead of waiting */
         else cp_world_leave(&w);
     }
+    if (c->bundle) cp_bundle_close(&bundle);
     cp_plan_free(&plan);
     return rc ? CP_EXIT_FAIL : 0;
 }
@@ -357,6 +432,14 @@ int main(int argc, char **argv) {
         printf("%s/report.svg: %d steps\n", c.spec, steps);
         return 0;
     }
+    char bundle_spec[CP_PATH_MAX + 16];
+    if (!strcmp(c.command, "run") && cp_bundle_is(c.spec)) { /* cpgen run BUNDLE: the bundle's own spec */
+        if (c.bundle && strcmp(c.bundle, c.spec))
+            cp_fatal(CP_EXIT_USAGE, "%s is a bundle and --bundle names another (%s): give one", c.spec, c.bundle);
+        c.bundle = c.spec;
+        snprintf(bundle_spec, sizeof bundle_spec, "%s/spec.lua", c.spec);
+        c.spec = bundle_spec;
+    }
     cp_spec_set_gpu_counter(count_gpus);
     if (cp_spec_load(c.spec, c.sets, c.nsets, &spec, err, sizeof err)) {
         fprintf(stderr, "cpgen: %s\n", err);
@@ -369,5 +452,6 @@ int main(int argc, char **argv) {
                 spec.parallel.gpus_found);
     if (!strcmp(c.command, "plan")) return cmd_plan(&c, &spec);
     if (!strcmp(c.command, "gen") || !strcmp(c.command, "build")) return cmd_gen_or_build(&c, &spec);
+    if (!strcmp(c.command, "aot")) return cmd_aot(&c, &spec);
     return cmd_run(&c, &spec);
 }
