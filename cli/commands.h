@@ -3,6 +3,7 @@
 #ifndef CP_COMMANDS_H
 #define CP_COMMANDS_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "jit.h"
@@ -27,5 +28,21 @@ int cp_cmd_aot(const cp_plan *plan, const char *outdir, const char *archs_csv, c
 typedef struct cp_bundle cp_bundle;
 int cp_cmd_bundle_check(const cp_plan *plan, const char *dir, const char *arch, const char *rebuild, cp_bundle *b,
                         FILE *out, char *err, int errlen);
+
+/* `cpgen tune` (cli/cmd_tune.c). */
+typedef struct {
+    const char *spec_arg;        /* the spec as given: a file or a shipped name */
+    const char *const *sets;     /* the command's --set overrides */
+    int nsets;
+    const char *const *sweeps;   /* --sweep KEY=V1,V2,... */
+    int nsweeps;
+    double budget;               /* seconds for the whole command */
+    bool plan_only;              /* rank by the plan, measure nothing */
+    const char *outdir;          /* tune.jsonl, tune.svg, tuned.lua, measure/ */
+} cp_tune_opts;
+/* Plan every candidate, measure the fitting ones on the GPU (when there is one and not plan_only) within the budget,
+ * print the table and write the files. Returns an exit code (0, CP_EXIT_USAGE for bad axes, CP_EXIT_FAIL) with a
+ * message in err when not 0. */
+int cp_cmd_tune(const cp_spec *spec, const cp_tune_opts *o, FILE *out, char *err, int errlen);
 
 #endif

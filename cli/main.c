@@ -12,6 +12,7 @@
 #include "report.h"
 #include "spec.h"
 #include "train.h"
+#include "tune.h"
 #include "util.h"
 #include "world.h"
 
@@ -31,6 +32,9 @@ static void usage(FILE *out) {
             "  report  cpgen report OUT_DIR: draw a run's metrics.jsonl as OUT_DIR/report.svg (run writes it too)\n"
             "  aot     compile every kernel of the spec ahead of time into a bundle folder (-o BUNDLE); `cpgen run\n"
             "          BUNDLE` then loads its cubins and never compiles, so NVRTC is not needed where it runs\n"
+            "  tune    find the fastest settings on this machine: plan every candidate of the swept keys, measure the\n"
+            "          fitting ones (layer-truncated steps at full length) within --budget, write a table, tune.jsonl,\n"
+            "          tune.svg and tuned.lua into -o DIR (default runs/<spec>/tune)\n"
             "\n"
             "options:\n"
             "  --set KEY=VALUE   override any spec key, e.g. --set train.seq_len=1M --set parallel.gpus=8\n"
@@ -51,6 +55,9 @@ static void usage(FILE *out) {
             "  --bundle DIR      (run) load the kernels from an AOT bundle made for this spec (same as cpgen run DIR\n"
             "                    with DIR's own spec); refused, before the GPU is touched, if it does not fit\n"
             "  --no-cache        (build) compile even when the kernel cache has the result\n"
+            "  --sweep KEY=V1,V2 (tune) sweep a spec key over these values, replacing its default axis (repeatable)\n"
+            "  --budget TIME     (tune) wall time for the measurements, e.g. 10m, 90s, 1h (default 10m)\n"
+            "  --plan-only       (tune) rank by the plan's prediction and measure nothing\n"
             "  --version         print the version\n");
 }
 
@@ -58,7 +65,9 @@ typedef struct {
     const char *command, *spec, *outdir, *arch, *resume, *svg, *bundle;
     const char *sets[MAX_SETS];
     int nsets;
-    bool json, steps, max_seq, no_cache;
+    bool json, steps, max_seq, no_cache, plan_only;
+    const char *sweeps[MAX_SETS], *budget;
+    int nsweeps;
     char **argv; /* the command line, to start one copy per GPU */
 } cli;
 
@@ -80,7 +89,7 @@ static const char *need_value(int argc, char **argv, int *i) {
 }
 
 static void parse(int argc, char **argv, cli *c) {
-    static const char *commands[] = {"run", "plan", "gen", "build", "report", "aot"};
+    static const char *commands[] = {"run", "plan", "gen", "build", "report", "aot", "tune"};
     memset(c, 0, sizeof *c);
     c->argv = argv;
     for (int i = 1; i < argc; i++) {
@@ -119,6 +128,13 @@ static void parse(int argc, char **argv, cli *c) {
             c->arch = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--svg")) {
             c->svg = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--sweep")) {
+            if (c->nsweeps == MAX_SETS) cp_fatal(CP_EXIT_USAGE, "more than %d --sweep", MAX_SETS);
+            c->sweeps[c->nsweeps++] = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--budget")) {
+            c->budget = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--plan-only")) {
+            c->plan_only = true;
         } else if (!strcmp(a, "--bundle")) {
             c->bundle = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--resume")) {
@@ -306,6 +322,19 @@ static int cmd_aot(const cli *c, cp_spec *spec) {
     return rc ? CP_EXIT_FAIL : 0;
 }
 
+static int cmd_tune(const cli *c, cp_spec *spec) {
+    double budget = cp_tune_parse_budget(c->budget ? c->budget : "10m");
+    if (budget <= 0) cp_fatal(CP_EXIT_USAGE, "--budget %s: expected a time such as 10m, 90s or 1h", c->budget);
+    char outdir[CP_PATH_MAX + 16], err[CP_ERR_MAX * 2];
+    snprintf(outdir, sizeof outdir, "runs/%s/tune", spec->name);
+    cp_tune_opts o = {.spec_arg = c->spec, .sets = c->sets, .nsets = c->nsets, .sweeps = c->sweeps,
+                      .nsweeps = c->nsweeps, .budget = budget, .plan_only = c->plan_only,
+                      .outdir = c->outdir ? c->outdir : outdir};
+    int rc = cp_cmd_tune(spec, &o, stdout, err, sizeof err);
+    if (rc) fprintf(stderr, "cpgen: %s\n", err);
+    return rc;
+}
+
 static int cmd_run(const cli *c, cp_spec *spec) {
     char why[512];
     int gpus = cp_gpu_count(why, sizeof why);
@@ -453,5 +482,6 @@ int main(int argc, char **argv) {
     if (!strcmp(c.command, "plan")) return cmd_plan(&c, &spec);
     if (!strcmp(c.command, "gen") || !strcmp(c.command, "build")) return cmd_gen_or_build(&c, &spec);
     if (!strcmp(c.command, "aot")) return cmd_aot(&c, &spec);
+    if (!strcmp(c.command, "tune")) return cmd_tune(&c, &spec);
     return cmd_run(&c, &spec);
 }
