@@ -10,7 +10,8 @@ SAN     ?=
 CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -MMD -MP \
            -I. -Icli -Igen -Iruntime -Ibuild -I$(LUA_INC) -I$(CUDA)/include $(SAN)
 LDFLAGS := -pthread -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 $(SAN)
-LDLIBS  := $(LUA_LIB) -lnvrtc -lcublasLt -lcudart_static -ldl -lrt -lm
+# NVRTC is not linked: gen/jit.c loads it with dlopen when a kernel must be compiled (a bundle run needs none).
+LDLIBS  := $(LUA_LIB) -lcublasLt -lcudart_static -ldl -lrt -lm
 
 EMBED_FILES := $(sort $(wildcard templates/*.cu templates/*.cuh)) $(sort $(wildcard specs/*.lua))
 LIB_SRC     := $(sort $(filter-out cli/main.c,$(wildcard cli/*.c gen/*.c runtime/*.c)))

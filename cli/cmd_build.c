@@ -9,52 +9,13 @@
 
 #include "util.h"
 
-/* Emit the plan's modules, keeping one copy of each name. Two requests that emit the same name with different
- * sources mean a template's module line leaves out a value that changes the code: the runtime looks modules up
- * by name, so that is an error. Returns the number of modules, or -1. */
-static int emit_unique(const cp_plan *plan, cp_module_src **out, char *err, int errlen) {
-    cp_module_src *mods = cp_xcalloc((size_t)CP_MAX(plan->nmodules, 1), sizeof *mods);
-    int n = 0;
-    for (int i = 0; i < plan->nmodules; i++) {
-        cp_module_src m;
-        char e[2048];
-        if (cp_emit(&plan->modules[i], &m, e, sizeof e) != 0) {
-            snprintf(err, errlen, "emitting module %d of the plan (family %s): %s", i, plan->modules[i].family, e);
-            goto fail;
-        }
-        int same = -1;
-        for (int k = 0; k < n; k++)
-            if (strcmp(mods[k].name, m.name) == 0) same = k;
-        if (same >= 0) {
-            bool identical = strcmp(mods[same].source, m.source) == 0;
-            cp_module_src_free(&m);
-            if (identical) continue;
-            snprintf(err, errlen, "two different modules are named %s: the \"// module:\" line of templates/%s.cu "
-                     "must include every placeholder that changes the code", mods[same].name, mods[same].family);
-            goto fail;
-        }
-        mods[n++] = m;
-    }
-    *out = mods;
-    return n;
-fail:
-    for (int k = 0; k < n; k++) cp_module_src_free(&mods[k]);
-    free(mods);
-    return -1;
-}
-
-static void free_mods(cp_module_src *mods, int n) {
-    for (int k = 0; k < n; k++) cp_module_src_free(&mods[k]);
-    free(mods);
-}
-
 int cp_cmd_gen(const cp_plan *plan, const char *outdir, char *err, int errlen) {
     cp_module_src *mods;
-    int n = emit_unique(plan, &mods, err, errlen);
+    int n = cp_plan_emit(plan, &mods, err, errlen);
     if (n < 0) return -1;
     if (cp_mkdir_p(outdir) != 0) {
         snprintf(err, errlen, "cannot create folder %s (%s)", outdir, strerror(errno));
-        free_mods(mods, n);
+        cp_module_srcs_free(mods, n);
         return -1;
     }
     for (int i = 0; i < n; i++) {
@@ -62,7 +23,7 @@ int cp_cmd_gen(const cp_plan *plan, const char *outdir, char *err, int errlen) {
         snprintf(path, sizeof path, "%s/%s.cu", outdir, mods[i].name);
         if (cp_write_file_atomic(path, mods[i].source, strlen(mods[i].source)) != 0) {
             snprintf(err, errlen, "cannot write %s (%s)", path, strerror(errno));
-            free_mods(mods, n);
+            cp_module_srcs_free(mods, n);
             return -1;
         }
         printf("wrote %s (", path);
@@ -72,7 +33,7 @@ int cp_cmd_gen(const cp_plan *plan, const char *outdir, char *err, int errlen) {
     /* Each file stands alone (templates include only cuda_bf16.h), so one line reproduces any compile. */
     printf("%d modules; compile one with: nvcc -cubin -arch=sm_90a -std=c++17 -Xptxas -v %s/<module>.cu\n", n,
            outdir);
-    free_mods(mods, n);
+    cp_module_srcs_free(mods, n);
     return 0;
 }
 
@@ -83,13 +44,13 @@ static int num_width(long long v) {
 
 int cp_cmd_build(const cp_plan *plan, const cp_jit_opts *opts, FILE *out, char *err, int errlen) {
     cp_module_src *mods;
-    int n = emit_unique(plan, &mods, err, errlen);
+    int n = cp_plan_emit(plan, &mods, err, errlen);
     if (n < 0) return -1;
     cp_jit_module *jm = cp_xcalloc((size_t)CP_MAX(n, 1), sizeof *jm);
     double t0 = cp_now();
     if (cp_jit_compile(mods, n, opts, jm, err, errlen) != 0) {
         free(jm);
-        free_mods(mods, n);
+        cp_module_srcs_free(mods, n);
         return -1;
     }
     double wall = cp_now() - t0;
@@ -168,6 +129,6 @@ int cp_cmd_build(const cp_plan *plan, const cp_jit_opts *opts, FILE *out, char *
     cp_str_free(&spills);
     for (int i = 0; i < n; i++) cp_jit_module_free(&jm[i]);
     free(jm);
-    free_mods(mods, n);
+    cp_module_srcs_free(mods, n);
     return rc;
 }

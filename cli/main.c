@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bundle.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "module.h"
@@ -11,6 +12,7 @@
 #include "report.h"
 #include "spec.h"
 #include "train.h"
+#include "tune.h"
 #include "util.h"
 #include "world.h"
 
@@ -28,6 +30,11 @@ static void usage(FILE *out) {
             "  gen     write every emitted kernel source of the spec into a folder (-o DIR)\n"
             "  build   compile every kernel of the spec and report registers, shared memory and spills\n"
             "  report  cpgen report OUT_DIR: draw a run's metrics.jsonl as OUT_DIR/report.svg (run writes it too)\n"
+            "  aot     compile every kernel of the spec ahead of time into a bundle folder (-o BUNDLE); `cpgen run\n"
+            "          BUNDLE` then loads its cubins and never compiles, so NVRTC is not needed where it runs\n"
+            "  tune    find the fastest settings on this machine: plan every candidate of the swept keys, measure the\n"
+            "          fitting ones (layer-truncated steps at full length) within --budget, write a table, tune.jsonl,\n"
+            "          tune.svg and tuned.lua into -o DIR (default runs/<spec>/tune)\n"
             "\n"
             "options:\n"
             "  --set KEY=VALUE   override any spec key, e.g. --set train.seq_len=1M --set parallel.gpus=8\n"
@@ -46,17 +53,25 @@ static void usage(FILE *out) {
             "  --steps           (plan) also print every step and buffer\n"
             "  --svg FILE        (plan) draw memory over the steps of one training step, GPU and host, into FILE\n"
             "  -o DIR            (gen) output folder\n"
-            "  --arch ARCH       (build) target, e.g. sm_90a or sm_80 (default: the GPU's, else sm_90a)\n"
+            "  --arch ARCH       (build, run) target, e.g. sm_90a or sm_80 (default: the GPU's, else sm_90a);\n"
+            "                    (aot) one or more, e.g. --arch sm_90a,sm_80\n"
+            "  --bundle DIR      (run) load the kernels from an AOT bundle made for this spec (same as cpgen run DIR\n"
+            "                    with DIR's own spec); refused, before the GPU is touched, if it does not fit\n"
             "  --no-cache        (build) compile even when the kernel cache has the result\n"
+            "  --sweep KEY=V1,V2 (tune) sweep a spec key over these values, replacing its default axis (repeatable)\n"
+            "  --budget TIME     (tune) wall time for the measurements, e.g. 10m, 90s, 1h (default 10m)\n"
+            "  --plan-only       (tune) rank by the plan's prediction and measure nothing\n"
             "  --version         print the version\n");
 }
 
 typedef struct {
-    const char *command, *spec, *outdir, *arch, *resume, *svg, *trace;
+    const char *command, *spec, *outdir, *arch, *resume, *svg, *trace, *bundle;
     int trace_step; /* 0: the default, step 2 (or the only step) */
     const char *sets[MAX_SETS];
     int nsets;
-    bool json, steps, max_seq, no_cache;
+    bool json, steps, max_seq, no_cache, plan_only;
+    const char *sweeps[MAX_SETS], *budget;
+    int nsweeps;
     char **argv; /* the command line, to start one copy per GPU */
 } cli;
 
@@ -78,7 +93,7 @@ static const char *need_value(int argc, char **argv, int *i) {
 }
 
 static void parse(int argc, char **argv, cli *c) {
-    static const char *commands[] = {"run", "plan", "gen", "build", "report"};
+    static const char *commands[] = {"run", "plan", "gen", "build", "report", "aot", "tune"};
     memset(c, 0, sizeof *c);
     c->argv = argv;
     for (int i = 1; i < argc; i++) {
@@ -126,6 +141,15 @@ static void parse(int argc, char **argv, cli *c) {
             if (*end || n < 1 || n > 1000000000)
                 cp_fatal(CP_EXIT_USAGE, "--trace-step %s: give the number of the step to trace, from 1", v);
             c->trace_step = (int)n;
+        } else if (!strcmp(a, "--sweep")) {
+            if (c->nsweeps == MAX_SETS) cp_fatal(CP_EXIT_USAGE, "more than %d --sweep", MAX_SETS);
+            c->sweeps[c->nsweeps++] = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--budget")) {
+            c->budget = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--plan-only")) {
+            c->plan_only = true;
+        } else if (!strcmp(a, "--bundle")) {
+            c->bundle = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--resume")) {
             c->resume = need_value(argc, argv, &i);
         } else if (a[0] == '-') {
@@ -147,6 +171,8 @@ static void parse(int argc, char **argv, cli *c) {
     if (c->trace_step && !c->trace) cp_fatal(CP_EXIT_USAGE, "--trace-step needs --trace FILE");
     if (c->resume && strcmp(c->command, "run"))
         cp_fatal(CP_EXIT_USAGE, "--resume is an option of run (cpgen run SPEC --resume DIR), not of %s", c->command);
+    if (c->bundle && strcmp(c->command, "run"))
+        cp_fatal(CP_EXIT_USAGE, "--bundle is an option of run (cpgen run SPEC --bundle DIR), not of %s", c->command);
     if (!c->spec) {
         usage(stderr);
         exit(CP_EXIT_USAGE);
@@ -270,6 +296,61 @@ static void plan_key(const cp_plan *P, int64_t key[3]) {
     key[2] = P->host_arena * 31 + P->nsteps;
 }
 
+/* The command that makes a bundle fitting this run, less its --arch, for the messages that refuse one. */
+static void rebuild_command(const cli *c, char *out, size_t n) {
+    cp_str s = {0};
+    cp_str_printf(&s, "cpgen aot %s", c->spec);
+    for (int i = 0; i < c->nsets; i++) cp_str_printf(&s, " --set %s", c->sets[i]);
+    cp_str_printf(&s, " -o %s", c->bundle);
+    snprintf(out, n, "%s", s.data);
+    cp_str_free(&s);
+}
+
+/* cpgen run with a bundle: checked against the plan and the GPU's architecture (arch; NULL without a GPU) before
+ * anything is allocated on the GPU. */
+static int check_bundle(const cli *c, const cp_plan *plan, const char *arch, cp_bundle *b, bool say) {
+    char err[CP_ERR_MAX * 2], rebuild[CP_ERR_MAX];
+    rebuild_command(c, rebuild, sizeof rebuild);
+    if (cp_cmd_bundle_check(plan, c->bundle, arch, rebuild, b, say ? stdout : NULL, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        return CP_EXIT_USAGE;
+    }
+    return 0;
+}
+
+static int cmd_aot(const cli *c, cp_spec *spec) {
+    if (!c->outdir) cp_fatal(CP_EXIT_USAGE, "aot needs a bundle folder: cpgen aot %s -o BUNDLE [--arch sm_90a,sm_80]", c->spec);
+    cp_plan plan;
+    char err[CP_ERR_MAX * 2];
+    if (cp_plan_build(spec, &plan, err, sizeof err)) {
+        fprintf(stderr, "cpgen: %s\n", err);
+        return CP_EXIT_USAGE;
+    }
+    cp_jit_opts o;
+    jit_opts_for(c, &o);
+    cp_str cmd = {0};
+    cp_str_printf(&cmd, "cpgen");
+    for (char **a = c->argv + 1; *a; a++) cp_str_printf(&cmd, " %s", *a);
+    int rc = cp_cmd_aot(&plan, c->outdir, c->arch ? c->arch : o.arch, &o, cmd.data, stdout, err, sizeof err);
+    if (rc) fprintf(stderr, "cpgen: %s\n", err);
+    cp_str_free(&cmd);
+    cp_plan_free(&plan);
+    return rc ? CP_EXIT_FAIL : 0;
+}
+
+static int cmd_tune(const cli *c, cp_spec *spec) {
+    double budget = cp_tune_parse_budget(c->budget ? c->budget : "10m");
+    if (budget <= 0) cp_fatal(CP_EXIT_USAGE, "--budget %s: expected a time such as 10m, 90s or 1h", c->budget);
+    char outdir[CP_PATH_MAX + 16], err[CP_ERR_MAX * 2];
+    snprintf(outdir, sizeof outdir, "runs/%s/tune", spec->name);
+    cp_tune_opts o = {.spec_arg = c->spec, .sets = c->sets, .nsets = c->nsets, .sweeps = c->sweeps,
+                      .nsweeps = c->nsweeps, .budget = budget, .plan_only = c->plan_only,
+                      .outdir = c->outdir ? c->outdir : outdir};
+    int rc = cp_cmd_tune(spec, &o, stdout, err, sizeof err);
+    if (rc) fprintf(stderr, "cpgen: %s\n", err);
+    return rc;
+}
+
 static int cmd_run(const cli *c, cp_spec *spec) {
     char why[512];
     int gpus = cp_gpu_count(why, sizeof why);
@@ -277,6 +358,16 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         printf("cpgen: no GPU found (%s): printing the plan of %s instead of training.\n\n", why, spec->path);
         int rc = cmd_plan(c, spec);
         if (!rc && c->resume) rc = check_resume(c, spec);
+        if (!rc && c->bundle) {
+            cp_plan plan;
+            char err[CP_ERR_MAX];
+            if (cp_plan_build(spec, &plan, err, sizeof err)) return CP_EXIT_USAGE; /* cmd_plan built it just now */
+            cp_bundle b;
+            printf("\n");
+            rc = check_bundle(c, &plan, c->arch, &b, true);
+            if (!rc) cp_bundle_close(&b);
+            cp_plan_free(&plan);
+        }
         return rc;
     }
     cp_launch_env env;
@@ -298,6 +389,18 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }
+    cp_jit_opts o;
+    jit_opts_for(c, &o);
+    cp_bundle bundle;
+    if (c->bundle && check_bundle(c, &plan, o.arch, &bundle, lead && !spawned)) {
+        cp_plan_free(&plan);
+        return CP_EXIT_USAGE;
+    }
+    if (!c->bundle && cp_nvrtc_load(err, sizeof err)) { /* before the GPU is set up, not after */
+        if (lead) fprintf(stderr, "cpgen: %s\n", err);
+        cp_plan_free(&plan);
+        return CP_EXIT_FAIL;
+    }
     int rc = 0;
     if (plan.C > 1 && env.launcher == CP_LAUNCH_NONE) {
         /* one node, no launcher: start one copy of this command per GPU and wait for them */
@@ -312,26 +415,31 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         fflush(stdout);
         rc = cp_launch_spawn(plan.C, c->argv, NULL, err, sizeof err);
         if (rc) fprintf(stderr, "cpgen: %s\n", err);
+        if (c->bundle) cp_bundle_close(&bundle);
         cp_plan_free(&plan);
         return rc ? CP_EXIT_FAIL : 0;
     }
     if (env.size != plan.C) {
         fprintf(stderr, "cpgen: rank %d: %d processes were started for a plan of parallel.gpus = %d: start one per GPU "
                         "of the plan, or set --gpus %d\n", env.rank, env.size, plan.C, env.size);
+        if (c->bundle) cp_bundle_close(&bundle);
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }
     if (lead && !spawned) printf("\n");
     fflush(stdout);
-    cp_jit_opts o;
-    jit_opts_for(c, &o);
-    cp_train_opts t = {.no_cache = c->no_cache, .out = stdout, .resume = c->resume, .trace_path = c->trace};
+    cp_train_opts t = {.no_cache = c->no_cache,
+                       .out = stdout,
+                       .resume = c->resume,
+                       .trace_path = c->trace,
+                       .bundle = c->bundle ? &bundle : NULL};
     if (c->trace) { /* the second step shows the steady state: the first also warms caches and the allocator */
         int steps = spec->train.steps;
         t.trace_step = c->trace_step ? c->trace_step : CP_MIN(2, steps);
         if (t.trace_step > steps) {
             fprintf(stderr, "cpgen: --trace-step %d is after the run's last step (train.steps = %d): trace an earlier "
                             "step, or --set train.steps=%d\n", t.trace_step, steps, t.trace_step);
+            if (c->bundle) cp_bundle_close(&bundle);
             cp_plan_free(&plan);
             return CP_EXIT_USAGE;
         }
@@ -355,6 +463,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         if (rc) cp_nccl_abort(&w.comm); /* the others stop at their next collective instead of waiting */
         else cp_world_leave(&w);
     }
+    if (c->bundle) cp_bundle_close(&bundle);
     cp_plan_free(&plan);
     return rc ? CP_EXIT_FAIL : 0;
 }
@@ -383,6 +492,14 @@ int main(int argc, char **argv) {
         printf("%s/report.svg: %d steps\n", c.spec, steps);
         return 0;
     }
+    char bundle_spec[CP_PATH_MAX + 16];
+    if (!strcmp(c.command, "run") && cp_bundle_is(c.spec)) { /* cpgen run BUNDLE: the bundle's own spec */
+        if (c.bundle && strcmp(c.bundle, c.spec))
+            cp_fatal(CP_EXIT_USAGE, "%s is a bundle and --bundle names another (%s): give one", c.spec, c.bundle);
+        c.bundle = c.spec;
+        snprintf(bundle_spec, sizeof bundle_spec, "%s/spec.lua", c.spec);
+        c.spec = bundle_spec;
+    }
     cp_spec_set_gpu_counter(count_gpus);
     if (cp_spec_load(c.spec, c.sets, c.nsets, &spec, err, sizeof err)) {
         fprintf(stderr, "cpgen: %s\n", err);
@@ -395,5 +512,7 @@ int main(int argc, char **argv) {
                 spec.parallel.gpus_found);
     if (!strcmp(c.command, "plan")) return cmd_plan(&c, &spec);
     if (!strcmp(c.command, "gen") || !strcmp(c.command, "build")) return cmd_gen_or_build(&c, &spec);
+    if (!strcmp(c.command, "aot")) return cmd_aot(&c, &spec);
+    if (!strcmp(c.command, "tune")) return cmd_tune(&c, &spec);
     return cmd_run(&c, &spec);
 }

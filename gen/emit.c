@@ -1,5 +1,5 @@
 /* emit.c: fill a kernel template's {{KEY}} placeholders and check the result names its module and entries
- * by the conventions in emit.h. */
+ * by the conventions in emit.h; emit every module of a plan once. */
 #include "emit.h"
 
 #include <stdio.h>
@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "embedded.h"
+#include "plan.h"
 #include "util.h"
 
 void cp_kspec_init(cp_kernel_spec *k, const char *family) {
@@ -231,4 +232,42 @@ int cp_emit(const cp_kernel_spec *k, cp_module_src *out, char *err, int errlen) 
         return -1;
     }
     return cp_emit_text(k->family, f->text, k, out, err, errlen);
+}
+
+/* Two requests that emit the same name with different sources mean a template's module line leaves out a value that
+ * changes the code: the runtime looks modules up by name, so that is an error. */
+int cp_plan_emit(const cp_plan *plan, cp_module_src **out, char *err, int errlen) {
+    cp_module_src *mods = cp_xcalloc((size_t)CP_MAX(plan->nmodules, 1), sizeof *mods);
+    int n = 0;
+    for (int i = 0; i < plan->nmodules; i++) {
+        cp_module_src m;
+        char e[2048];
+        if (cp_emit(&plan->modules[i], &m, e, sizeof e) != 0) {
+            snprintf(err, errlen, "emitting module %d of the plan (family %s): %s", i, plan->modules[i].family, e);
+            goto fail;
+        }
+        int same = -1;
+        for (int k = 0; k < n; k++)
+            if (strcmp(mods[k].name, m.name) == 0) same = k;
+        if (same >= 0) {
+            bool identical = strcmp(mods[same].source, m.source) == 0;
+            cp_module_src_free(&m);
+            if (identical) continue;
+            snprintf(err, errlen, "two different modules are named %s: the \"// module:\" line of templates/%s.cu "
+                     "must include every placeholder that changes the code", mods[same].name, mods[same].family);
+            goto fail;
+        }
+        mods[n++] = m;
+    }
+    *out = mods;
+    return n;
+fail:
+    for (int k = 0; k < n; k++) cp_module_src_free(&mods[k]);
+    free(mods);
+    return -1;
+}
+
+void cp_module_srcs_free(cp_module_src *mods, int n) {
+    for (int k = 0; k < n; k++) cp_module_src_free(&mods[k]);
+    free(mods);
 }

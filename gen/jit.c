@@ -8,7 +8,10 @@
  *                      per entry: u32 name length, name bytes, i32 registers, shared, stack, spill stores, spill loads,
  *                      u32 warnings length, warnings text
  * The emitted source is kept beside it as <module>-<key>.cu, and on a failed compile the NVRTC log as .log.
- * Anything that does not verify (magic, version, key, length, payload hash, payload structure) is rebuilt. */
+ * Anything that does not verify (magic, version, key, length, payload hash, payload structure) is rebuilt.
+ *
+ * NVRTC is loaded with dlopen the first time something must be compiled, not linked: a machine that runs only AOT
+ * bundles (cpgen aot) needs no libnvrtc. */
 #include "jit.h"
 
 #include <ctype.h>
@@ -19,6 +22,7 @@
 #include <pthread.h>
 #include <pwd.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,6 +127,94 @@ static uint64_t take_u64(reader *r) {
     return q ? get_u64(q) : 0;
 }
 
+/* ---- NVRTC through dlopen ---- */
+
+/* The NVRTC functions cpgen calls, resolved from the library once it loads. */
+static struct {
+    const char *(*GetErrorString)(nvrtcResult);
+    nvrtcResult (*Version)(int *, int *);
+    nvrtcResult (*GetNumSupportedArchs)(int *);
+    nvrtcResult (*GetSupportedArchs)(int *);
+    nvrtcResult (*CreateProgram)(nvrtcProgram *, const char *, const char *, int, const char *const *,
+                                 const char *const *);
+    nvrtcResult (*CompileProgram)(nvrtcProgram, int, const char *const *);
+    nvrtcResult (*GetProgramLogSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetProgramLog)(nvrtcProgram, char *);
+    nvrtcResult (*GetCUBINSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetCUBIN)(nvrtcProgram, char *);
+    nvrtcResult (*DestroyProgram)(nvrtcProgram *);
+} nv;
+static pthread_mutex_t nv_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *nv_handle;
+static atomic_int nv_requests;
+
+int cp_nvrtc_requests(void) { return atomic_load(&nv_requests); }
+
+/* Resolve one symbol into *slot; false with the name in err when the library lacks it. */
+static bool nv_sym(void *h, const char *name, void *slot, char *err, int errlen) {
+    void *f = dlsym(h, name);
+    if (!f) {
+        snprintf(err, errlen, "the NVRTC library has no %s: it is older than cpgen needs (CUDA 12 or later)", name);
+        return false;
+    }
+    memcpy(slot, &f, sizeof f);
+    return true;
+}
+
+int cp_nvrtc_load(char *err, int errlen) {
+    atomic_fetch_add(&nv_requests, 1);
+    pthread_mutex_lock(&nv_lock);
+    if (nv_handle) {
+        pthread_mutex_unlock(&nv_lock);
+        return 0;
+    }
+    const char *forced = getenv("CPGEN_NVRTC_LIB");
+    const char *names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+    cp_str tried = {0};
+    void *h = NULL;
+    if (forced && forced[0]) {
+        h = dlopen(forced, RTLD_NOW | RTLD_LOCAL);
+        if (!h) cp_str_printf(&tried, "$CPGEN_NVRTC_LIB: %s", dlerror());
+    } else {
+        for (size_t i = 0; i < CP_ARRAY_LEN(names) && !h; i++) {
+            h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+            if (!h) cp_str_printf(&tried, "%s%s", i ? ", " : "", names[i]);
+        }
+    }
+    bool ok = h != NULL;
+    if (!ok)
+        snprintf(err, errlen, "NVRTC, the CUDA runtime compiler, is not installed here (tried %s), so this machine "
+                 "cannot compile cpgen's kernels. Install the CUDA toolkit's NVRTC (libnvrtc) or add its folder to "
+                 "LD_LIBRARY_PATH; or compile ahead of time on a machine that has it, `cpgen aot SPEC -o BUNDLE --arch "
+                 "sm_90a`, copy BUNDLE here and `cpgen run BUNDLE`, which never compiles",
+                 tried.data ? tried.data : "?");
+    cp_str_free(&tried);
+    ok = ok && nv_sym(h, "nvrtcGetErrorString", &nv.GetErrorString, err, errlen) &&
+         nv_sym(h, "nvrtcVersion", &nv.Version, err, errlen) &&
+         nv_sym(h, "nvrtcGetNumSupportedArchs", &nv.GetNumSupportedArchs, err, errlen) &&
+         nv_sym(h, "nvrtcGetSupportedArchs", &nv.GetSupportedArchs, err, errlen) &&
+         nv_sym(h, "nvrtcCreateProgram", &nv.CreateProgram, err, errlen) &&
+         nv_sym(h, "nvrtcCompileProgram", &nv.CompileProgram, err, errlen) &&
+         nv_sym(h, "nvrtcGetProgramLogSize", &nv.GetProgramLogSize, err, errlen) &&
+         nv_sym(h, "nvrtcGetProgramLog", &nv.GetProgramLog, err, errlen) &&
+         nv_sym(h, "nvrtcGetCUBINSize", &nv.GetCUBINSize, err, errlen) &&
+         nv_sym(h, "nvrtcGetCUBIN", &nv.GetCUBIN, err, errlen) &&
+         nv_sym(h, "nvrtcDestroyProgram", &nv.DestroyProgram, err, errlen);
+    if (ok) nv_handle = h;
+    else if (h) dlclose(h);
+    pthread_mutex_unlock(&nv_lock);
+    return ok ? 0 : -1;
+}
+
+int cp_nvrtc_version(int *major, int *minor, char *err, int errlen) {
+    if (cp_nvrtc_load(err, errlen)) return -1;
+    nvrtcResult r = nv.Version(major, minor);
+    if (r != NVRTC_SUCCESS)
+        return cp_errf(err, errlen, "nvrtcVersion failed (%s); the NVRTC library may be broken: reinstall the CUDA "
+                       "toolkit's NVRTC", nv.GetErrorString(r));
+    return 0;
+}
+
 /* ---- the environment: NVRTC version, CUDA headers, cache folder ---- */
 
 void cp_jit_cache_dir(const cp_jit_opts *opts, char *out, size_t n) {
@@ -166,7 +258,9 @@ static int find_cuda_include(char *out, size_t n, char *err, int errlen) {
     if (has_bf16_header(out)) goto found;
     cp_str_printf(&tried, " %s", out);
     Dl_info info;
-    if (dladdr((void *)(uintptr_t)&nvrtcVersion, &info) && info.dli_fname) {
+    void *nv_fn;
+    memcpy(&nv_fn, &nv.Version, sizeof nv_fn);
+    if (dladdr(nv_fn, &info) && info.dli_fname) {
         char lib[1024];
         snprintf(lib, sizeof lib, "%s", info.dli_fname);
         char *slash = strrchr(lib, '/');
@@ -207,17 +301,17 @@ static int check_arch(const char *arch, char *err, int errlen) {
         return -1;
     }
     int num = 0;
-    nvrtcResult r = nvrtcGetNumSupportedArchs(&num);
+    nvrtcResult r = nv.GetNumSupportedArchs(&num);
     if (r != NVRTC_SUCCESS || num <= 0 || num > 256) {
         snprintf(err, errlen, "nvrtcGetNumSupportedArchs failed (%s) while checking arch %s; the NVRTC library may be "
-                 "broken: reinstall the CUDA toolkit's NVRTC", nvrtcGetErrorString(r), arch);
+                 "broken: reinstall the CUDA toolkit's NVRTC", nv.GetErrorString(r), arch);
         return -1;
     }
     int archs[256];
-    r = nvrtcGetSupportedArchs(archs);
+    r = nv.GetSupportedArchs(archs);
     if (r != NVRTC_SUCCESS) {
         snprintf(err, errlen, "nvrtcGetSupportedArchs failed (%s) while checking arch %s; the NVRTC library may be "
-                 "broken: reinstall the CUDA toolkit's NVRTC", nvrtcGetErrorString(r), arch);
+                 "broken: reinstall the CUDA toolkit's NVRTC", nv.GetErrorString(r), arch);
         return -1;
     }
     cp_str list = {0};
@@ -229,7 +323,7 @@ static int check_arch(const char *arch, char *err, int errlen) {
         cp_str_printf(&list, "%ssm_%d", i ? " " : "", archs[i]);
     }
     int maj = 0, min = 0;
-    nvrtcVersion(&maj, &min);
+    nv.Version(&maj, &min);
     snprintf(err, errlen, "GPU architecture %s is not supported by NVRTC %d.%d, which compiles for: %s; pick one of "
              "those with --arch or use a CUDA toolkit that supports it", arch, maj, min, list.data ? list.data : "");
     cp_str_free(&list);
@@ -673,28 +767,28 @@ static void run_job(job *j, const pool *pl) {
     nvrtcProgram prog;
     char cu_name[CP_KNAME_MAX + 8];
     snprintf(cu_name, sizeof cu_name, "%s.cu", j->src->name);
-    nvrtcResult r = nvrtcCreateProgram(&prog, j->src->source, cu_name, 0, NULL, NULL);
+    nvrtcResult r = nv.CreateProgram(&prog, j->src->source, cu_name, 0, NULL, NULL);
     if (r != NVRTC_SUCCESS) {
         char what[256];
         snprintf(what, sizeof what, "nvrtcCreateProgram failed (%s); out of memory? retry with fewer --jit-threads",
-                 nvrtcGetErrorString(r));
+                 nv.GetErrorString(r));
         compile_failed(j, pl, what, NULL);
         goto done;
     }
-    nvrtcResult cr = nvrtcCompileProgram(prog, pl->nopts, pl->opts);
+    nvrtcResult cr = nv.CompileProgram(prog, pl->nopts, pl->opts);
     char *log = NULL;
     size_t loglen = 0;
-    r = nvrtcGetProgramLogSize(prog, &loglen);
+    r = nv.GetProgramLogSize(prog, &loglen);
     if (r == NVRTC_SUCCESS) {
         log = cp_xmalloc(loglen + 1);
         log[0] = 0;
-        r = nvrtcGetProgramLog(prog, log);
+        r = nv.GetProgramLog(prog, log);
         log[loglen] = 0;
     }
     if (r != NVRTC_SUCCESS) {
         char what[256];
         snprintf(what, sizeof what, "nvrtcGetProgramLog failed (%s) after compiling; the NVRTC library may be broken",
-                 nvrtcGetErrorString(r));
+                 nv.GetErrorString(r));
         compile_failed(j, pl, what, NULL);
         goto destroy;
     }
@@ -702,21 +796,21 @@ static void run_job(job *j, const pool *pl) {
         char what[512];
         snprintf(what, sizeof what, "NVRTC could not compile it (%s); the log below and the kept source show where. "
                  "If the error is in a template, fix templates/%s.cu and rebuild cpgen",
-                 nvrtcGetErrorString(cr), j->src->family);
+                 nv.GetErrorString(cr), j->src->family);
         compile_failed(j, pl, what, log);
         goto destroy;
     }
     size_t clen = 0;
-    r = nvrtcGetCUBINSize(prog, &clen);
+    r = nv.GetCUBINSize(prog, &clen);
     if (r == NVRTC_SUCCESS && clen > 0) {
         m->cubin = cp_xmalloc(clen);
-        r = nvrtcGetCUBIN(prog, m->cubin);
+        r = nv.GetCUBIN(prog, m->cubin);
         m->cubin_len = clen;
     }
     if (r != NVRTC_SUCCESS || clen == 0) {
         char what[256];
         snprintf(what, sizeof what, "nvrtcGetCUBIN failed (%s, %zu bytes); the arch must be a real sm_XX for NVRTC "
-                 "to produce a CUBIN", nvrtcGetErrorString(r), clen);
+                 "to produce a CUBIN", nv.GetErrorString(r), clen);
         compile_failed(j, pl, what, log);
         goto destroy;
     }
@@ -747,10 +841,10 @@ static void run_job(job *j, const pool *pl) {
     cp_str_free(&file);
 destroy:
     free(log);
-    r = nvrtcDestroyProgram(&prog);
+    r = nv.DestroyProgram(&prog);
     if (r != NVRTC_SUCCESS)
         fprintf(stderr, "cpgen: warning: nvrtcDestroyProgram failed for module %s (%s); its memory leaks\n",
-                j->src->name, nvrtcGetErrorString(r));
+                j->src->name, nv.GetErrorString(r));
 done:
     if (lock >= 0) close(lock);
     m->seconds = cp_now() - t0;
@@ -795,14 +889,9 @@ int cp_jit_compile(const cp_module_src *mods, int n, const cp_jit_opts *opts, cp
     for (int i = 0; i < n; i++) memset(&out[i], 0, sizeof out[i]);
     if (n <= 0) return 0;
     const char *arch = opts && opts->arch[0] ? opts->arch : "sm_90a";
-    if (check_arch(arch, err, errlen) != 0) return -1;
     int nv_major = 0, nv_minor = 0;
-    nvrtcResult r = nvrtcVersion(&nv_major, &nv_minor);
-    if (r != NVRTC_SUCCESS) {
-        snprintf(err, errlen, "nvrtcVersion failed (%s); the NVRTC library may be broken: reinstall the CUDA "
-                 "toolkit's NVRTC", nvrtcGetErrorString(r));
-        return -1;
-    }
+    if (cp_nvrtc_version(&nv_major, &nv_minor, err, errlen) != 0) return -1;
+    if (check_arch(arch, err, errlen) != 0) return -1;
     char inc[1024];
     if (find_cuda_include(inc, sizeof inc, err, errlen) != 0) return -1;
     char dir[1024];

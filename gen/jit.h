@@ -42,6 +42,15 @@ int cp_jit_compile(const cp_module_src *mods, int n, const cp_jit_opts *opts, cp
                    int errlen);
 void cp_jit_module_free(cp_jit_module *m);
 
+/* Load NVRTC (libnvrtc.so.13, .12 or .so; $CPGEN_NVRTC_LIB names another file) if it is not loaded yet. Called by
+ * every compile; nothing else in cpgen needs NVRTC. Returns 0, or -1 with a message saying that NVRTC is missing
+ * and how to run without it (an AOT bundle). A failed load is tried again at the next call. */
+int cp_nvrtc_load(char *err, int errlen);
+/* NVRTC's version, loading it first. Returns 0, or -1 with a message. */
+int cp_nvrtc_version(int *major, int *minor, char *err, int errlen);
+/* How many times this process asked for NVRTC (cp_nvrtc_load calls): a run from a bundle asks 0 times. */
+int cp_nvrtc_requests(void);
+
 /* The cache folder in use for these options (creating nothing). */
 void cp_jit_cache_dir(const cp_jit_opts *opts, char *out, size_t n);
 

@@ -203,6 +203,11 @@ int64_t *cp_plan_live_by_cat(const cp_plan *plan, cp_space space);
 /* `cpgen plan --svg`: memory over the steps, GPU and host; 0, or -1 with a message. */
 int cp_plan_svg(const cp_plan *plan, const char *path, char *err, int errlen);
 
+/* Emit the plan's kernel modules, one copy of each name, in the order of first use (gen/emit.c). Returns their
+ * number with *out owned by the caller (cp_module_srcs_free), or -1 with a message. */
+int cp_plan_emit(const cp_plan *plan, cp_module_src **out, char *err, int errlen);
+void cp_module_srcs_free(cp_module_src *mods, int n);
+
 const char *cp_cat_name(cp_cat c);
 const char *cp_opkind_name(cp_opkind k);
 const char *cp_phase_name(cp_phase p);

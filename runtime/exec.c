@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bundle.h"
 #include "emit.h"
 #include "jit.h"
 #include "util.h"
@@ -32,7 +33,8 @@ static int load_modules(cp_exec *ex, char *err, int errlen) {
     snprintf(jo.arch, sizeof jo.arch, "%s", ex->o.arch);
     jo.no_cache = ex->o.no_cache;
     double t0 = cp_now();
-    if (!rc) rc = cp_jit_compile(src, n, &jo, jm, err, errlen);
+    if (!rc && ex->o.bundle) rc = cp_bundle_modules(ex->o.bundle, src, n, jo.arch, jm, err, errlen);
+    else if (!rc) rc = cp_jit_compile(src, n, &jo, jm, err, errlen);
     ex->info.compile_seconds = cp_now() - t0;
     if (!rc) {
         ex->mods = cp_xcalloc((size_t)n, sizeof *ex->mods);
@@ -43,8 +45,8 @@ static int load_modules(cp_exec *ex, char *err, int errlen) {
             cached += jm[i].from_cache;
         }
         if (ex->o.out && !rc)
-            fprintf(ex->o.out, "kernels: %d modules for %s in %.2f s (%d from the cache)\n", n, jo.arch,
-                    ex->info.compile_seconds, cached);
+            fprintf(ex->o.out, "kernels: %d modules for %s in %.2f s (%d from %s)\n", n, jo.arch,
+                    ex->info.compile_seconds, cached, ex->o.bundle ? "the bundle" : "the cache");
         for (int i = 0; i < n; i++) cp_jit_module_free(&jm[i]);
     }
     for (int i = 0; i < n; i++) cp_module_src_free(&src[i]);

@@ -16,9 +16,12 @@
 #include "plan.h"
 #include "trace.h"
 
+typedef struct cp_bundle cp_bundle; /* bundle.h */
+
 typedef struct {
     char arch[16];  /* NVRTC target; empty: the device's */
     bool no_cache;  /* compile kernels even when the JIT cache has them */
+    const cp_bundle *bundle; /* load the kernels from this AOT bundle (checked against the plan), never compile */
     FILE *out;      /* start-up report, NULL for none */
     int device;     /* the CUDA device of this rank */
     int rank;       /* this process's rank among the plan's C GPUs (0 with one) */

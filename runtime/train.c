@@ -360,6 +360,7 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     cp_exec_opts eo;
     memset(&eo, 0, sizeof eo);
     snprintf(eo.arch, sizeof eo.arch, "%s", o->arch);
+    eo.bundle = o->bundle;
     eo.no_cache = o->no_cache;
     eo.out = o->rank == 0 ? o->out : NULL;
     eo.rank = o->rank;

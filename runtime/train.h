@@ -12,9 +12,12 @@
 #include "nccl_rt.h"
 #include "plan.h"
 
+typedef struct cp_bundle cp_bundle; /* bundle.h */
+
 typedef struct {
     char arch[16];  /* NVRTC target; empty: the device's */
     bool no_cache;
+    const cp_bundle *bundle; /* kernels from this AOT bundle instead of compiling them (exec.h) */
     FILE *out;      /* start-up report and step lines (stdout); NULL for none */
     const char *resume; /* a checkpoint folder, or an out_dir whose `latest` names one; NULL: start from init */
     /* several GPUs: this process's rank, its CUDA device and the communicator of all ranks (NULL with one GPU).

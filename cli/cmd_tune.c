@@ -1,0 +1,247 @@
+/* cmd_tune.c: `cpgen tune`: plan every candidate (gen/tune.c), measure the fitting ones on the GPU in order of
+ * predicted time until the budget is spent, rank, and write the table, tune.jsonl, tune.svg and tuned.lua.
+ *
+ * A measurement is a child `cpgen run` of the candidate's spec truncated to L layers at the full sequence length, for
+ * a few steps: the child starts as many ranks as the plan has GPUs, exactly as a run would, and gives back its GPU
+ * memory when it exits. Its median step is set against the L-layer plan's prediction, and that ratio scales the
+ * full-depth plan's step: the extrapolation uses the plan's own per-layer costs. */
+#include "commands.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "json.h"
+#include "module.h"
+#include "tune.h"
+#include "util.h"
+
+#define STEPS 3            /* the first warms up; the median of the others is the step */
+#define STEPS_SET "train.steps=3"
+#define STARTUP_GUESS 20.0 /* seconds a child spends before its first step (cached kernels, pinning, weights) */
+
+/* The candidate's sets: the command's, then its values on every axis, then extra (may be NULL). Owned strings. */
+static char **candidate_sets(const cp_tune *t, int i, const char *const *sets, int nsets, const char *extra[],
+                             int nextra, int *n) {
+    char **all = cp_xcalloc((size_t)(nsets + t->axes.naxes + nextra + 1), sizeof *all);
+    int k = 0;
+    for (int s = 0; s < nsets; s++) all[k++] = cp_xstrdup(sets[s]);
+    for (int a = 0; a < t->axes.naxes; a++) {
+        char set[160];
+        cp_tune_set_text(t, i, a, set, sizeof set);
+        all[k++] = cp_xstrdup(set);
+    }
+    for (int e = 0; e < nextra; e++) all[k++] = cp_xstrdup(extra[e]);
+    *n = k;
+    return all;
+}
+
+static void free_sets(char **s, int n) {
+    for (int i = 0; i < n; i++) free(s[i]);
+    free(s);
+}
+
+/* The median step time and the largest measured GPU memory in a run's metrics.jsonl; -1 with why. */
+static int read_metrics(const char *path, double *step, int64_t *peak, char *why, int whylen) {
+    size_t len;
+    char *text = cp_read_file(path, &len);
+    if (!text) return cp_errf(why, whylen, "no %s (%s)", path, strerror(errno));
+    double secs[64];
+    int n = 0;
+    *peak = 0;
+    for (char *p = text, *nl; p < text + len; p = nl + 1) {
+        nl = memchr(p, '\n', (size_t)(text + len - p));
+        if (!nl) nl = text + len;
+        cp_json o;
+        char e[128];
+        if (nl == p || cp_json_parse(p, (size_t)(nl - p), &o, e, sizeof e)) continue;
+        const cp_json *s = cp_json_get(&o, "seconds"), *m = cp_json_get(&o, "mem_measured");
+        if (s && s->type == CP_JSON_NUMBER && n < 64) secs[n++] = s->number;
+        if (m && m->type == CP_JSON_NUMBER) *peak = CP_MAX(*peak, (int64_t)m->number);
+        cp_json_free(&o);
+    }
+    free(text);
+    if (n == 0) return cp_errf(why, whylen, "%s holds no step", path);
+    int first = n > 1 ? 1 : 0; /* the first step warms up */
+    for (int i = first; i < n; i++) /* insertion sort of the few steps */
+        for (int k = i; k > first && secs[k] < secs[k - 1]; k--) {
+            double x = secs[k];
+            secs[k] = secs[k - 1];
+            secs[k - 1] = x;
+        }
+    *step = secs[first + (n - first) / 2];
+    return 0;
+}
+
+/* Run argv as a child in its own process group with output to log; its exit status, or -1 when it ran past
+ * deadline (then the whole group is stopped). */
+static int run_child(char **argv, const char *log, double deadline) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -2;
+    if (pid == 0) {
+        setpgid(0, 0);
+        FILE *f = freopen(log, "w", stdout);
+        if (!f || dup2(fileno(stdout), 2) < 0) _exit(127);
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+        if (r < 0 && errno != EINTR) return -2;
+        if (cp_now() > deadline) {
+            kill(-pid, SIGTERM);
+            struct timespec ts = {2, 0};
+            nanosleep(&ts, NULL);
+            kill(-pid, SIGKILL);
+            (void)waitpid(pid, &st, 0);
+            return -1;
+        }
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Measure candidate i with at most `seconds` of wall time. */
+static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FILE *out) {
+    cp_tune_cand *c = &t->c[i];
+    /* as many layers as the time allows at the plan's per-layer cost, at least one */
+    double per_layer_plan = c->t_plan * c->layer_fraction / c->layers;
+    int L = (int)floor((seconds - STARTUP_GUESS - c->t_plan * (1 - c->layer_fraction) * STEPS) / (STEPS * per_layer_plan));
+    L = CP_MAX(1, CP_MIN(L, c->layers));
+    char dir[CP_PATH_MAX + 64], log[CP_PATH_MAX + 80], lset[48], dset[CP_PATH_MAX + 96], metrics[CP_PATH_MAX + 96];
+    snprintf(dir, sizeof dir, "%s/measure/c%04d", o->outdir, i);
+    snprintf(log, sizeof log, "%s/measure/c%04d.log", o->outdir, i);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dir);
+    snprintf(lset, sizeof lset, "model.layers=%d", L);
+    snprintf(dset, sizeof dset, "train.out_dir=%s", dir);
+    const char *extra[] = {lset, STEPS_SET, "train.warmup=0", "train.log_every=1",
+                           "train.save_every=0", dset};
+    int nsets;
+    char **sets = candidate_sets(t, i, o->sets, o->nsets, extra, (int)CP_ARRAY_LEN(extra), &nsets);
+    /* the L-layer plan's prediction, to set the measurement against */
+    cp_spec spec;
+    cp_plan P;
+    char why[CP_ERR_MAX];
+    if (cp_spec_load(o->spec_arg, (const char *const *)sets, nsets, &spec, why, sizeof why) ||
+        cp_plan_build(&spec, &P, why, sizeof why)) {
+        snprintf(c->note, sizeof c->note, "not measured: the %d-layer spec does not plan (%.150s)", L, why);
+        free_sets(sets, nsets);
+        return;
+    }
+    double t_trunc = P.t_step;
+    cp_plan_free(&P);
+    char **argv = cp_xcalloc((size_t)(2 * nsets + 4), sizeof *argv);
+    int k = 0;
+    argv[k++] = "cpgen";
+    argv[k++] = "run";
+    argv[k++] = (char *)o->spec_arg;
+    for (int s = 0; s < nsets; s++) {
+        argv[k++] = "--set";
+        argv[k++] = sets[s];
+    }
+    (void)cp_mkdir_p(dir);
+    fprintf(out, "measuring %d/%d (candidate %d, %d of %d layers, %d steps): ", c->rank, t->nranked, i, L, c->layers,
+            STEPS);
+    fflush(out);
+    double t0 = cp_now();
+    int rc = run_child(argv, log, t0 + seconds);
+    double took = cp_now() - t0;
+    if (rc == -1) snprintf(c->note, sizeof c->note, "not measured: ran past its %.0f s; log %s", seconds, log);
+    else if (rc != 0) snprintf(c->note, sizeof c->note, "not measured: cpgen run failed (exit %d); log %s", rc, log);
+    else if (read_metrics(metrics, &c->measured_step, &c->measured_peak, why, sizeof why))
+        snprintf(c->note, sizeof c->note, "not measured: %.150s; log %s", why, log);
+    else {
+        c->measured = true;
+        c->measured_layers = L;
+        c->t_full = c->measured_step / t_trunc * c->t_plan;
+        c->per_layer = c->measured_step * c->layer_fraction / L;
+    }
+    if (c->measured)
+        fprintf(out, "%.3f s per %d-layer step (plan %.3f s) -> %.3f s at full depth; peak %.2f GiB; %.0f s\n",
+                c->measured_step, L, t_trunc, c->t_full, (double)c->measured_peak / (1 << 30), took);
+    else fprintf(out, "%s\n", c->note);
+    free(argv);
+    free_sets(sets, nsets);
+}
+
+int cp_cmd_tune(const cp_spec *spec, const cp_tune_opts *o, FILE *out, char *err, int errlen) {
+    cp_tune_axes ax;
+    cp_tune_default_axes(spec, &ax);
+    for (int i = 0; i < o->nsweeps; i++)
+        if (cp_tune_sweep(&ax, o->sweeps[i], o->spec_arg, o->sets, o->nsets, err, errlen)) return CP_EXIT_USAGE;
+    double t0 = cp_now();
+    cp_tune t;
+    if (cp_tune_plan(&t, &ax, o->spec_arg, o->sets, o->nsets, err, errlen)) return CP_EXIT_USAGE;
+    int dup = 0;
+    for (int i = 0; i < t.n; i++) dup += t.c[i].fits && t.c[i].same_as >= 0;
+    fprintf(out, "cpgen tune %s: %d candidates over", spec->path, t.n);
+    for (int a = 0; a < ax.naxes; a++) fprintf(out, "%s %s (%d)", a ? "," : "", ax.axes[a].key, ax.axes[a].nvalues);
+    fprintf(out, "\nplanned in %.1f s: %d fit (%d distinct plans), %d skipped\n\n", cp_now() - t0, t.nranked + dup,
+            t.nranked, t.n - t.nranked - dup);
+    if (t.nranked == 0) {
+        cp_tune_print(&t, out, 40);
+        cp_tune_free(&t);
+        cp_errf(err, errlen, "no candidate fits the machine: more GPUs (--gpus), a shorter --seq, or other --sweep values");
+        return CP_EXIT_USAGE;
+    }
+    char why[256];
+    int gpus = o->plan_only ? 0 : cp_gpu_count(why, sizeof why);
+    if (o->plan_only) {
+        fprintf(out, "--plan-only: candidates ranked by the plan's predicted step; nothing was measured\n\n");
+    } else if (gpus <= 0) {
+        fprintf(out, "no GPU found (%s): candidates ranked by the plan's predicted step; nothing was measured (run "
+                "cpgen tune on the GPU machine to measure)\n\n", why);
+    } else {
+        double deadline = t0 + o->budget;
+        int done = 0;
+        for (int r = 0; r < t.nranked; r++) {
+            cp_tune_cand *c = &t.c[t.order[r]];
+            double left = deadline - cp_now();
+            int to_go = t.nranked - r;
+            /* an equal share of what is left, but the first ones (the likeliest winners) may take more */
+            double share = CP_MAX(left / CP_MIN(to_go, 4), left / to_go);
+            if (left < STARTUP_GUESS + 5) {
+                for (int k = r; k < t.nranked; k++)
+                    snprintf(t.c[t.order[k]].note, sizeof t.c[0].note, "not measured: the --budget of %.0f s was spent",
+                             o->budget);
+                fprintf(out, "budget spent: %d of %d candidates not measured (ranked by the plan below them)\n",
+                        t.nranked - r, t.nranked);
+                break;
+            }
+            measure(&t, t.order[r], o, CP_MIN(share, left), out);
+            done += c->measured;
+        }
+        fprintf(out, "measured %d candidates in %.0f s of a %.0f s budget\n\n", done, cp_now() - t0, o->budget);
+        cp_tune_rank(&t);
+    }
+    cp_tune_print(&t, out, 40);
+    int rc = 0;
+    char path[CP_PATH_MAX + 32];
+    if (cp_mkdir_p(o->outdir)) rc = cp_errf(err, errlen, "cannot create %s (%s)", o->outdir, strerror(errno));
+    snprintf(path, sizeof path, "%s/tune.jsonl", o->outdir);
+    if (!rc) rc = cp_tune_write_jsonl(&t, path, err, errlen);
+    snprintf(path, sizeof path, "%s/tune.svg", o->outdir);
+    if (!rc) rc = cp_tune_svg(&t, path, err, errlen);
+    snprintf(path, sizeof path, "%s/tuned.lua", o->outdir);
+    if (!rc) rc = cp_tune_write_lua(&t, path, spec, o->sets, o->nsets, err, errlen);
+    if (!rc) {
+        const cp_tune_cand *w = &t.c[t.order[0]];
+        fprintf(out, "\nwinner:");
+        for (int a = 0; a < ax.naxes; a++) fprintf(out, " %s=%s", ax.axes[a].key, w->values[a]);
+        fprintf(out, "\n  %.3f s per step (%s), U=%d, peak %.2f GiB per GPU planned\nwrote %s/tune.jsonl, %s/tune.svg, "
+                "%s/tuned.lua; train with it: cpgen run %s/tuned.lua\n", w->t_full,
+                w->measured ? "measured" : "planned", w->U, (double)w->gpu_peak / (1 << 30), o->outdir, o->outdir,
+                o->outdir, o->outdir);
+    }
+    cp_tune_free(&t);
+    return rc ? CP_EXIT_FAIL : 0;
+}

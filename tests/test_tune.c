@@ -1,0 +1,244 @@
+/* test_tune.c: `cpgen tune` without a GPU: the default axes (the valid UPipe sizes, tiles that divide the tokens per
+ * GPU), --sweep's checks, candidates skipped with their reason, the ranking by the plan, tune.jsonl, tune.svg (XML,
+ * both panels, their axes, one line per combination of the other axes, the winner) and tuned.lua (loads, and equals
+ * the input spec with the command's sets and the winner's values). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "json.h"
+#include "source_tree.h"
+#include "spec.h"
+#include "spec_write.h"
+#include "tune.h"
+#include "util.h"
+#include "xml_check.h"
+
+static char root[256];
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(root, sizeof root, "/tmp/cpgen-test-tune-XXXXXX");
+    return mkdtemp(root) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return 0;
+}
+
+static const cp_tune_axis *axis(const cp_tune_axes *ax, const char *key) {
+    for (int a = 0; a < ax->naxes; a++)
+        if (!strcmp(ax->axes[a].key, key)) return &ax->axes[a];
+    fail_msg("no axis %s", key);
+    return NULL;
+}
+
+static void values_are(const cp_tune_axis *x, const char *const *want, int n) {
+    assert_int_equal(x->nvalues, n);
+    for (int i = 0; i < n; i++) assert_string_equal(x->values[i], want[i]);
+}
+
+static void test_default_axes(void **state) {
+    (void)state;
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    const char *seq[] = {"train.seq_len=128K"};
+    assert_int_equal(cp_spec_load("llama3b", seq, 1, &s, err, sizeof err), 0);
+    cp_tune_axes ax;
+    cp_tune_default_axes(&s, &ax);
+    assert_int_equal(ax.naxes, 6);
+    /* 24 query heads over 8 KV heads on one GPU: U divides 24 and keeps whole GQA groups in step */
+    const char *u[] = {"1", "3", "6", "12", "24"};
+    values_are(axis(&ax, "parallel.upipe_heads"), u, 5);
+    const char *mlp[] = {"auto", "8K", "16K"}, *loss[] = {"auto", "4K"}, *every[] = {"auto", "1"};
+    values_are(axis(&ax, "parallel.mlp_tile"), mlp, 3);
+    values_are(axis(&ax, "parallel.loss_tile"), loss, 2);
+    values_are(axis(&ax, "parallel.checkpoint_every"), every, 2);
+    /* the tiny spec's 2K tokens: no tile larger than them; its 4 heads over 2 KV heads */
+    assert_int_equal(cp_spec_load("tiny", NULL, 0, &s, err, sizeof err), 0);
+    cp_tune_default_axes(&s, &ax);
+    const char *tu[] = {"1", "2", "4"}, *only_auto[] = {"auto"};
+    values_are(axis(&ax, "parallel.upipe_heads"), tu, 3);
+    values_are(axis(&ax, "parallel.mlp_tile"), only_auto, 1);
+
+    /* --sweep replaces an axis, adds a new one, and checks values as --set does */
+    assert_int_equal(cp_tune_sweep(&ax, "parallel.upipe_heads=2,4", "tiny", NULL, 0, err, sizeof err), 0);
+    const char *two[] = {"2", "4"};
+    values_are(axis(&ax, "parallel.upipe_heads"), two, 2);
+    assert_int_equal(cp_tune_sweep(&ax, "train.micro_batches=4,8", "tiny", NULL, 0, err, sizeof err), 0);
+    assert_int_equal(ax.naxes, 7);
+    assert_int_equal(cp_tune_sweep(&ax, "parallel.upipe_heads=3", "tiny", NULL, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "parallel.upipe_heads = 3: must divide heads (4)"));
+    values_are(axis(&ax, "parallel.upipe_heads"), two, 2); /* a refused sweep changes nothing */
+    assert_int_equal(cp_tune_sweep(&ax, "paralel.mlp_tile=1K", "tiny", NULL, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "did you mean 'parallel'?"));
+    assert_int_equal(cp_tune_sweep(&ax, "parallel.mlp_tile", "tiny", NULL, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "expected KEY=V1,V2"));
+    assert_true(cp_tune_parse_budget("10m") == 600 && cp_tune_parse_budget("90s") == 90 &&
+                cp_tune_parse_budget("1h") == 3600 && cp_tune_parse_budget("5") == 5);
+    assert_true(cp_tune_parse_budget("ten") < 0 && cp_tune_parse_budget("-1m") < 0 && cp_tune_parse_budget("3d") < 0);
+}
+
+/* The 3B at 128K: nothing fits a GPU of 4 GiB (its bf16 parameters alone take 6 GiB, 3 GiB a GPU on two), and two GPUs cannot
+ * run one head per stage (U must be a multiple of the GPU count). */
+static void plan_3b(cp_tune *t, const char *const *sets, int nsets) {
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    if (cp_spec_load("llama3b", sets, nsets, &s, err, sizeof err)) fail_msg("%s", err);
+    cp_tune_axes ax = {0};
+    const char *sweeps[] = {"parallel.upipe_heads=1,6,24", "machine.gpu_mem=143150M,4G", "parallel.gpus=1,2",
+                            "parallel.mlp_tile=auto,16K"};
+    for (size_t i = 0; i < CP_ARRAY_LEN(sweeps); i++)
+        if (cp_tune_sweep(&ax, sweeps[i], "llama3b", sets, nsets, err, sizeof err)) fail_msg("%s", err);
+    if (cp_tune_plan(t, &ax, "llama3b", sets, nsets, err, sizeof err)) fail_msg("%s", err);
+}
+
+static void test_candidates_skipped_and_ranked(void **state) {
+    (void)state;
+    const char *sets[] = {"train.seq_len=128K"};
+    cp_tune t;
+    plan_3b(&t, sets, 1);
+    assert_int_equal(t.n, 3 * 2 * 2 * 2);
+    int no_fit = 0, bad_u = 0;
+    for (int i = 0; i < t.n; i++) {
+        const cp_tune_cand *c = &t.c[i];
+        bool small = !strcmp(c->values[1], "4G"), one = !strcmp(c->values[2], "1");
+        if (!strcmp(c->values[0], "1") && !one) { /* U = 1 on 2 GPUs: the spec refuses it */
+            assert_false(c->fits);
+            assert_non_null(strstr(c->why, "parallel.upipe_heads"));
+            bad_u++;
+        } else if (small) {
+            assert_false(c->fits);
+            assert_non_null(strstr(c->why, "does not fit"));
+            no_fit++;
+        } else {
+            assert_true(c->fits);
+            assert_true(c->t_plan > 1 && c->gpu_peak > 0 && c->gpu_peak < 143150LL * 1024 * 1024);
+        }
+    }
+    assert_int_equal(bad_u, 4);
+    assert_int_equal(no_fit, 10);
+    /* ranked by the plan's step, fastest first, every ranked one fits and is distinct */
+    assert_true(t.nranked >= 4);
+    for (int r = 0; r < t.nranked; r++) {
+        const cp_tune_cand *c = &t.c[t.order[r]];
+        assert_true(c->fits && c->same_as < 0 && !c->measured);
+        assert_int_equal(c->rank, r + 1);
+        if (r) assert_true(c->t_full >= t.c[t.order[r - 1]].t_full);
+    }
+    /* two GPUs share the sequence: the winner runs on both */
+    assert_int_equal(t.c[t.order[0]].C, 2);
+    cp_tune_free(&t);
+}
+
+static char *read_text(const char *path) {
+    size_t len;
+    char *s = cp_read_file(path, &len);
+    if (!s) fail_msg("cannot read %s", path);
+    return s;
+}
+
+static void test_outputs(void **state) {
+    (void)state;
+    const char *sets[] = {"train.seq_len=128K", "train.steps=3"};
+    cp_tune t;
+    plan_3b(&t, sets, 2);
+    char path[512], err[CP_ERR_MAX];
+
+    /* tune.jsonl: one object per candidate, the winner's figures */
+    snprintf(path, sizeof path, "%s/tune.jsonl", root);
+    assert_int_equal(cp_tune_write_jsonl(&t, path, err, sizeof err), 0);
+    char *text = read_text(path);
+    int lines = 0, winners = 0, skipped = 0;
+    for (char *p = text, *nl; *p; p = nl + 1) {
+        nl = strchr(p, '\n');
+        assert_non_null(nl);
+        cp_json o;
+        if (cp_json_parse(p, (size_t)(nl - p), &o, err, sizeof err)) fail_msg("line %d: %s", lines + 1, err);
+        const cp_json *rank = cp_json_get(&o, "rank"), *cand = cp_json_get(&o, "candidate");
+        assert_int_equal(cand->integer, lines);
+        if (cp_json_get(&o, "skipped")) skipped++;
+        if (rank->integer == 1) {
+            winners++;
+            const cp_tune_cand *w = &t.c[t.order[0]];
+            assert_int_equal(cand->integer, t.order[0]);
+            assert_true(cp_json_get(&o, "step_seconds")->number == w->t_full);
+            assert_int_equal(cp_json_get(cp_json_get(&o, "plan"), "gpu_peak")->integer, w->gpu_peak);
+            assert_string_equal(cp_json_get(cp_json_get(&o, "values"), "parallel.gpus")->string, "2");
+        }
+        cp_json_free(&o);
+        lines++;
+    }
+    free(text);
+    assert_int_equal(lines, t.n);
+    assert_int_equal(winners, 1);
+    assert_int_equal(skipped, 14);
+
+    /* tune.svg */
+    snprintf(path, sizeof path, "%s/tune.svg", root);
+    assert_int_equal(cp_tune_svg(&t, path, err, sizeof err), 0);
+    char *svg = read_text(path), why[256];
+    if (xml_check(svg, why, sizeof why)) fail_msg("not XML: %s", why);
+    assert_int_equal(xml_count(svg, "id", "time"), 1);
+    assert_int_equal(xml_count(svg, "id", "memory"), 1);
+    assert_int_equal(xml_count(svg, "class", "axis x"), 2);
+    assert_int_equal(xml_count(svg, "class", "axis y"), 2);
+    assert_int_equal(xml_count(svg, "id", "winner"), 1);
+    assert_int_equal(xml_count(svg, "class", "winner"), 2);
+    assert_non_null(strstr(svg, "UPipe chunk size U"));
+    /* one line per combination of gpu_mem, gpus and mlp_tile that has a fitting candidate, in both panels */
+    assert_int_equal(xml_count(svg, "data-name", "gpu_mem=143150M gpus=2 mlp_tile=16K"), 2);
+    assert_int_equal(xml_count(svg, "data-name", "gpu_mem=143150M gpus=1 mlp_tile=auto"), 2);
+    assert_int_equal(xml_count(svg, "data-name", "gpu_mem=4G gpus=2 mlp_tile=auto"), 0); /* none fits */
+    assert_int_equal(xml_count(svg, "class", "series"), 2 * 4);
+    free(svg);
+
+    /* tuned.lua: the input, the command's sets and the winner */
+    cp_spec input, tuned, expect;
+    assert_int_equal(cp_spec_load("llama3b", sets, 2, &input, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/tuned.lua", root);
+    assert_int_equal(cp_tune_write_lua(&t, path, &input, sets, 2, err, sizeof err), 0);
+    if (cp_spec_load(path, NULL, 0, &tuned, err, sizeof err)) fail_msg("%s", err);
+    const char *all[2 + CP_TUNE_MAX_AXES];
+    char buf[CP_TUNE_MAX_AXES][160];
+    all[0] = sets[0], all[1] = sets[1];
+    for (int a = 0; a < t.axes.naxes; a++) {
+        cp_tune_set_text(&t, t.order[0], a, buf[a], sizeof buf[a]);
+        all[2 + a] = buf[a];
+    }
+    assert_int_equal(cp_spec_load("llama3b", all, 2 + t.axes.naxes, &expect, err, sizeof err), 0);
+    assert_true(cp_spec_same(&tuned, &expect));
+    assert_false(cp_spec_same(&tuned, &input));
+    assert_int_equal(tuned.parallel.gpus, 2);
+    assert_int_equal(tuned.train.seq_len, 128 * 1024);
+    assert_int_equal(tuned.train.steps, 3);
+    assert_int_equal(tuned.parallel.upipe_heads, t.c[t.order[0]].U);
+    cp_tune_free(&t);
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    go_to_source_tree(argv[0], "tests/specs_bad");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_axes),
+        cmocka_unit_test(test_candidates_skipped_and_ranked),
+        cmocka_unit_test(test_outputs),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
