@@ -7,6 +7,7 @@
 #include "bundle.h"
 #include "checkpoint.h"
 #include "commands.h"
+#include "exec.h"
 #include "module.h"
 #include "plan.h"
 #include "report.h"
@@ -386,6 +387,11 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     if (lead && !spawned) cp_plan_print(&plan, stdout, false);
     if (!plan.fits) {
         if (lead) refuse(spec, &plan);
+        cp_plan_free(&plan);
+        return CP_EXIT_USAGE;
+    }
+    if (cp_exec_supports(&plan, err, sizeof err)) { /* before any process is started or GPU set up */
+        if (lead) fprintf(stderr, "cpgen: %s\n", err);
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }

@@ -44,8 +44,8 @@ static const node MODEL_KEYS[] = {
     LEAF("head_dim"), LEAF("ffn"), LEAF("norm_eps"), LEAF("tie_embeddings"), LEAF("qk_norm"), {"rope", ROPE_KEYS},
     END};
 static const node PARALLEL_KEYS[] = {
-    LEAF("gpus"), LEAF("upipe_heads"), LEAF("checkpoint"), LEAF("checkpoint_every"), LEAF("offload"), LEAF("optimizer"),
-    LEAF("attention_output"), LEAF("mlp_tile"), LEAF("loss_tile"), END};
+    LEAF("gpus"), LEAF("replicas"), LEAF("ring"), LEAF("upipe_heads"), LEAF("checkpoint"), LEAF("checkpoint_every"),
+    LEAF("offload"), LEAF("optimizer"), LEAF("attention_output"), LEAF("mlp_tile"), LEAF("loss_tile"), END};
 static const node TRAIN_KEYS[] = {
     LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
@@ -1050,6 +1050,23 @@ static int read_parallel(ctx *c, int top, cp_parallel *p) {
     int64_t v;
     bool is_auto;
     TRY(section(c, top, "parallel", false, "", &t));
+    /* replicas and ring first: "auto" GPUs are counted for the whole run and shared out among its groups */
+    const char *groups[] = {"replicas", "ring"};
+    int *gdst[] = {&p->replicas, &p->ring};
+    for (int i = 0; i < 2; i++) {
+        *gdst[i] = 1;
+        int r = get_int(c, t, "parallel", groups[i], INT_PLAIN, INT_MIN, INT_MAX, &v);
+        TRY(r);
+        if (r == 0) {
+            if (v < 1 || v > 4096) {
+                char path[64];
+                join_path(path, sizeof path, "parallel", groups[i]);
+                return fail(c, path, " = %lld: must be between 1 and 4096 (1: %s)", (long long)v,
+                            i ? "no ring, the sequence stays within one group" : "one group trains alone");
+            }
+            *gdst[i] = (int)v;
+        }
+    }
     p->gpus = 1;
     p->gpus_auto = false;
     p->gpus_found[0] = 0;
@@ -1057,8 +1074,15 @@ static int read_parallel(ctx *c, int top, cp_parallel *p) {
     TRY(r);
     if (r == 0 && is_auto) {
         p->gpus_auto = true;
-        if (gpu_counter) p->gpus = gpu_counter(p->gpus_found, sizeof p->gpus_found);
+        int counted = 1;
+        if (gpu_counter) counted = gpu_counter(p->gpus_found, sizeof p->gpus_found);
         else snprintf(p->gpus_found, sizeof p->gpus_found, "1 GPU (nothing counted them)");
+        int groups_n = p->replicas * p->ring;
+        if (counted % groups_n != 0)
+            return fail(c, "parallel.gpus", " = \"auto\" found %s, which replicas (%d) x ring (%d) = %d groups cannot "
+                        "share equally; start a multiple of %d processes, or give replicas, ring and gpus explicitly",
+                        p->gpus_found, p->replicas, p->ring, groups_n, groups_n);
+        p->gpus = counted / groups_n; /* "auto" is the GPUs of one group */
     } else if (r == 0) {
         p->gpus = (int)v;
     }
@@ -1335,6 +1359,13 @@ static int validate(ctx *c, cp_spec *s) {
 
     /* parallel */
     if (p->gpus < 1 || p->gpus > 4096) return fail(c, "parallel.gpus", " = %d: must be between 1 and 4096", p->gpus);
+    if (p->replicas < 1 || p->replicas > 4096)
+        return fail(c, "parallel.replicas", " = %d: must be between 1 and 4096", p->replicas);
+    if (p->ring < 1 || p->ring > 4096) return fail(c, "parallel.ring", " = %d: must be between 1 and 4096", p->ring);
+    if ((int64_t)p->replicas * p->ring * p->gpus > CP_MAX_RANKS)
+        return fail(c, "parallel.replicas", " = %d: replicas x ring x gpus = %d x %d x %d = %lld ranks, more than the %d "
+                    "a run can have; use fewer replicas", p->replicas, p->replicas, p->ring, p->gpus,
+                    (long long)p->replicas * p->ring * p->gpus, CP_MAX_RANKS);
     if (p->upipe_heads < 0)
         return fail(c, "parallel.upipe_heads", " = %d: must be at least 1, or \"auto\"", p->upipe_heads);
     if (p->checkpoint_every < 0)
@@ -1479,6 +1510,16 @@ static int validate(ctx *c, cp_spec *s) {
                     "head is replicated on the same number of GPUs; use gpus = %s",
                     (long long)C, (long long)KV, buf);
     }
+    int64_t ring = p->ring;
+    if (ring > 1 && S % (2 * ring * C) != 0) {
+        int64_t z = 2 * ring * C, lo = S / z * z;
+        return fail(c, "train.seq_len",
+                    " = %lld: with ring = %lld the sequence is cut into 2 x ring = %lld zigzag chunks (group g holds "
+                    "chunks g and %lld - g, so causal work is even), each split over the group's gpus (%lld): it must "
+                    "be a multiple of 2 x ring x gpus = %lld; use %lld or %lld",
+                    (long long)S, (long long)ring, (long long)(2 * ring), (long long)(2 * ring - 1), (long long)C,
+                    (long long)z, (long long)(lo ? lo : z), (long long)(lo + z));
+    }
     if (S < 2 * C)
         return fail(c, "train.seq_len", " = %lld: must be at least 2 * gpus (%lld) tokens", (long long)S,
                     (long long)(2 * C));
@@ -1506,7 +1547,8 @@ static int validate(ctx *c, cp_spec *s) {
                         p->upipe_heads, why, (long long)C, list);
         }
     }
-    int64_t T = S / C;
+    int64_t T = S / C / ring;
+    const char *tper = ring > 1 ? "seq_len/(ring x gpus)" : "seq_len/gpus";
     const char *tname[] = {"parallel.mlp_tile", "parallel.loss_tile"};
     int64_t tval[] = {p->mlp_tile, p->loss_tile};
     for (int i = 0; i < 2; i++) {
@@ -1515,15 +1557,15 @@ static int validate(ctx *c, cp_spec *s) {
         if (tile > T)
             return fail(
                 c, tname[i],
-                " = %lld: more than the tokens per GPU (T = seq_len/gpus = %lld); use at most %lld, or \"auto\"",
-                (long long)tile, (long long)T, (long long)T);
+                " = %lld: more than the tokens per GPU (T = %s = %lld); use at most %lld, or \"auto\"",
+                (long long)tile, tper, (long long)T, (long long)T);
         if (T % tile != 0) {
             int64_t lo, hi;
             near_divisors(T, tile, &lo, &hi);
             return fail(c, tname[i],
-                        " = %lld: the tokens per GPU (T = seq_len/gpus = %lld) must be a multiple of it; use a divisor "
+                        " = %lld: the tokens per GPU (T = %s = %lld) must be a multiple of it; use a divisor "
                         "of %lld such as %s or %s, or \"auto\"",
-                        (long long)tile, (long long)T, (long long)T, cp_fmt_length(lo, b1, sizeof b1),
+                        (long long)tile, tper, (long long)T, (long long)T, cp_fmt_length(lo, b1, sizeof b1),
                         cp_fmt_length(hi, b2, sizeof b2));
         }
     }

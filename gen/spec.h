@@ -8,6 +8,7 @@
 #define CP_NAME_MAX 64
 #define CP_PATH_MAX 1024
 #define CP_ERR_MAX 2048
+#define CP_MAX_RANKS 65536 /* replicas x ring x gpus */
 
 typedef enum { CP_FAMILY_LLAMA, CP_FAMILY_QWEN3 } cp_family;
 typedef enum { CP_CKPT_LAYER, CP_CKPT_NONE } cp_checkpoint;
@@ -39,7 +40,9 @@ typedef struct {
 } cp_model;
 
 typedef struct {
-    int gpus;           /* C: context-parallel and FSDP group size */
+    int gpus;           /* C: context-parallel and FSDP group size (one Ulysses group, on one node) */
+    int replicas;       /* R: groups training their own sequences, parameters replicated across them (1: none) */
+    int ring;           /* P: groups sharing one sequence by ring attention, zigzag-split (1: none) */
     bool gpus_auto;     /* "auto": gpus was counted when the spec loaded (cp_spec_set_gpu_counter) */
     char gpus_found[160]; /* with gpus_auto: what was counted, e.g. "2 GPUs visible to CUDA" */
     int upipe_heads;    /* U: query heads per UPipe stage; U = heads is plain Ulysses */

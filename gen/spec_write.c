@@ -54,6 +54,8 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     cp_str_printf(o, " },\n  },\n  parallel = {\n");
     const cp_parallel *p = &s->parallel;
     put_int(o, "gpus", p->gpus);
+    if (p->replicas > 1) put_int(o, "replicas", p->replicas); /* written only when used: older bundles read alike */
+    if (p->ring > 1) put_int(o, "ring", p->ring);
     if (p->upipe_auto) put_str(o, "upipe_heads", "auto");
     else put_int(o, "upipe_heads", p->upipe_heads);
     put_str(o, "checkpoint", p->checkpoint == CP_CKPT_LAYER ? "layer" : "none");

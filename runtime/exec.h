@@ -76,6 +76,11 @@ int64_t cp_exec_device_free(int dev);
  * (no GPU, a parallel plan, a compile error, out of memory, a step whose operands do not fit its kernel). Call it
  * before anything else in the process creates a CUDA context, so that the context's memory is measured too. */
 int cp_exec_create(cp_exec **out, const cp_plan *plan, const cp_exec_opts *o, char *err, int errlen);
+
+/* Whether this executor runs the plan at all: 0, or -1 with a message saying what it lacks (replica groups and rings
+ * across nodes are planned, but their communicators and ring steps are not executed yet). cp_exec_create,
+ * cp_exec_check and `cpgen run` ask it before anything else. */
+int cp_exec_supports(const cp_plan *plan, char *err, int errlen);
 void cp_exec_destroy(cp_exec *ex);
 const cp_exec_startup *cp_exec_startup_info(const cp_exec *ex);
 

@@ -238,6 +238,7 @@ static cp_exec *dry_exec(const cp_plan *P, int *rc, char *err, int errlen) {
 
 int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int errlen) {
     memset(rep, 0, sizeof *rep);
+    if (cp_exec_supports(P, err, errlen)) return -1;
     int rc;
     cp_exec *ex = dry_exec(P, &rc, err, errlen);
     if (!rc) {
@@ -274,10 +275,11 @@ int exec_wait_pairs(const cp_exec *ex, cp_trace_wait **out) {
 }
 
 int cp_exec_plan_waits(const cp_plan *P, cp_trace_wait **waits, int *n, char *err, int errlen) {
-    int rc;
-    cp_exec *ex = dry_exec(P, &rc, err, errlen);
     *waits = NULL;
     *n = 0;
+    if (cp_exec_supports(P, err, errlen)) return -1;
+    int rc;
+    cp_exec *ex = dry_exec(P, &rc, err, errlen);
     if (!rc) *n = exec_wait_pairs(ex, waits);
     cp_exec_destroy(ex);
     return rc;

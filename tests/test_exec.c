@@ -137,6 +137,32 @@ static void test_attention_output(void **state) {
     assert_true(r.copies > 0);
 }
 
+/* Replica groups and rings are planned but not executed: the check says so rather than reading their steps. */
+static void test_refuses_groups(void **state) {
+    (void)state;
+    const char *cases[][2] = {{"parallel.replicas=2", "parallel.replicas = 2 and parallel.ring = 1 (2 GPUs in all)"},
+                              {"parallel.ring=2", "parallel.replicas = 1 and parallel.ring = 2 (2 GPUs in all)"}};
+    for (int i = 0; i < 2; i++) {
+        cp_spec s;
+        char err[CP_ERR_MAX];
+        const char *sets[] = {cases[i][0]};
+        if (cp_spec_load("tiny", sets, 1, &s, err, sizeof err)) fail_msg("spec: %s", err);
+        cp_plan p;
+        if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("plan: %s", err);
+        cp_exec_check_report r;
+        assert_int_equal(cp_exec_check(&p, &r, err, sizeof err), -1);
+        if (!strstr(err, cases[i][1]) || !strstr(err, "does not execute them yet"))
+            fail_msg("case %d: %s", i, err);
+        assert_int_equal(r.steps, 0);
+        cp_trace_wait *w = NULL;
+        int n = -1;
+        assert_int_equal(cp_exec_plan_waits(&p, &w, &n, err, sizeof err), -1);
+        assert_int_equal(n, 0);
+        assert_null(w);
+        cp_plan_free(&p);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny),
@@ -144,6 +170,7 @@ int main(void) {
         cmocka_unit_test(test_shipped_shapes),
         cmocka_unit_test(test_parallel),
         cmocka_unit_test(test_attention_output),
+        cmocka_unit_test(test_refuses_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -412,6 +412,45 @@ static void test_check(void **state) {
     assert_int_equal(s.parallel.upipe_heads, 0);
 }
 
+/* replicas and ring: default 1, read back, and parallel.gpus = "auto" shared out per group of the counted GPUs. */
+static int count_sixteen(char *found, int len) {
+    snprintf(found, (size_t)len, "16 GPUs, the world size srun started");
+    return 16;
+}
+
+static void test_replicas_ring(void **state) {
+    (void)state;
+    load_ok("llama8b", NULL, 0);
+    assert_int_equal(spec.parallel.replicas, 1);
+    assert_int_equal(spec.parallel.ring, 1);
+    const char *sets[] = {"parallel.gpus=8", "parallel.replicas=2", "parallel.ring=4", "train.seq_len=8M"};
+    load_ok("llama8b", sets, 4);
+    assert_int_equal(spec.parallel.gpus, 8);
+    assert_int_equal(spec.parallel.replicas, 2);
+    assert_int_equal(spec.parallel.ring, 4);
+    cp_spec_set_gpu_counter(count_sixteen);
+    const char *autos[] = {"parallel.gpus=auto", "parallel.ring=2"};
+    load_ok("llama8b", autos, 2);
+    assert_int_equal(spec.parallel.gpus, 8); /* 16 counted, 2 groups */
+    const char *uneven[] = {"parallel.gpus=auto", "parallel.replicas=3"};
+    assert_int_equal(load_bad("llama8b", uneven, 2), -1);
+    assert_contains(err, "parallel.gpus = \"auto\" found 16 GPUs, the world size srun started");
+    assert_contains(err, "replicas (3) x ring (1) = 3 groups cannot share equally");
+    assert_contains(err, "(from --set parallel.gpus=auto)");
+    cp_spec_set_gpu_counter(NULL);
+    /* cp_spec_check sees a ring changed in C */
+    load_ok("llama8b", sets, 4);
+    cp_spec s = spec;
+    s.train.seq_len = 8 * 1048576 + 32;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), -1);
+    assert_contains(err, "train.seq_len = 8388640: with ring = 4");
+    assert_contains(err, "multiple of 2 x ring x gpus = 64; use 8388608 or 8388672");
+    s = spec;
+    s.parallel.replicas = 3000;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), -1);
+    assert_contains(err, "parallel.replicas = 3000: replicas x ring x gpus = 3000 x 4 x 8 = 96000 ranks");
+}
+
 static void test_names(void **state) {
     (void)state;
     assert_string_equal(cp_family_name(CP_FAMILY_LLAMA), "llama");
@@ -515,6 +554,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_lengths),       cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_set_overrides), cmocka_unit_test(test_inheritance),
         cmocka_unit_test(test_upipe_auto),    cmocka_unit_test(test_check),
+        cmocka_unit_test(test_replicas_ring),
         cmocka_unit_test(test_names),         cmocka_unit_test(test_missing_file),
     };
     int failures = cmocka_run_group_tests_name("spec", tests, NULL, NULL);

@@ -1,0 +1,3 @@
+-- expect: parallel.ring
+-- expect: expected an integer
+return cpgen.extend(cpgen.load("tiny"), { parallel = { ring = "auto" } })
