@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "emit.h"
+#include "ranks.h"
 #include "spec.h"
 
 #define CP_ARENA_ALIGN 256
@@ -116,6 +117,8 @@ typedef struct {
     int64_t heads;        /* kernels over [rows][heads][head_dim] (rope, qk-norm, attn_delta): heads per row */
     double flops, bytes;  /* work done, for the cost model */
     double seconds;       /* predicted by the cost model */
+    cp_comm_kind comm;    /* collectives: the communicator (the Ulysses group unless said) */
+    bool last_micro;      /* runs in the last micro-batch only: the all-reduce of gradients accumulated over them */
 } cp_step;
 
 /* One UPipe stage for one rank. */
@@ -131,7 +134,8 @@ typedef struct {
 
 typedef struct {
     cp_spec spec;
-    int C;                 /* ranks */
+    int C;                 /* ranks of the Ulysses/FSDP group */
+    int replicas, ring;    /* R groups with their own sequences, P groups per sequence: R * P * C ranks in all */
     int64_t S, T;          /* tokens in all / per rank */
     int U, nstages;        /* heads per stage, stages per layer */
     int u;                 /* query heads per rank per stage */

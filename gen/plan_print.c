@@ -27,7 +27,8 @@ const char *cp_phase_name(cp_phase p) {
     return p < CP_PHASE_COUNT ? n[p] : "?";
 }
 
-static double tokens_per_step(const cp_plan *P) { return (double)P->S * P->spec.train.micro_batches; }
+/* Tokens one group trains on per optimizer step: its micro-batches of sequences (a ring's groups share one). */
+static double tokens_per_step(const cp_plan *P) { return (double)P->S * P->spec.train.micro_batches / P->ring; }
 
 /* Bytes one layer keeps of its attention: its output in token layout (T x H x head_dim bf16) and its heads' LSE
  * ((H / C) x S fp32). */
@@ -124,6 +125,17 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             P->U == m->heads ? (par->upipe_auto ? " (plain Ulysses, auto)" : " (plain Ulysses)")
                              : (par->upipe_auto ? " (auto)" : ""),
             ck, P->ckpt_host_layers, (long long)m->layers, P->opt_on_host ? "host" : "GPU");
+    if (P->replicas * P->ring > 1) {
+        fprintf(out, "  groups    %d replica%s x ring %d x %d GPU%s = %d GPUs | group g of the replicas reads sequences "
+                     "g, g + %d, ... | parameters sharded in a group, gradient shards all-reduced over %d groups "
+                     "(%.0f GB/s between nodes)",
+                P->replicas, P->replicas > 1 ? "s" : "", P->ring, P->C, P->C > 1 ? "s" : "",
+                P->replicas * P->ring * P->C, P->replicas, P->replicas * P->ring, mc->net_gbps);
+        if (P->ring > 1)
+            fprintf(out, " | ring: %s tokens per group in 2 zigzag chunks, K,V passed around %d groups",
+                    cp_fmt_length(P->S / P->ring, a, sizeof a), P->ring);
+        fprintf(out, "\n");
+    }
     long long nm = P->T / P->mlp_tile, nl = P->T / P->loss_tile;
     fprintf(out, "  tiles     MLP %s tokens (%lld tile%s) | loss %s tokens (%lld tile%s)\n",
             cp_fmt_length(P->mlp_tile, a, sizeof a), nm, nm == 1 ? "" : "s", cp_fmt_length(P->loss_tile, b, sizeof b),
@@ -258,6 +270,9 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
             P->C, (long long)P->S, (long long)P->T, sp->train.micro_batches, P->U, P->nstages, P->u, P->kvr, P->repl,
             P->group_len, (long long)P->mlp_tile, (long long)P->loss_tile, P->ckpt_host_layers, P->ckpt_every,
             P->opt_on_host ? "true" : "false");
+    if (P->replicas * P->ring > 1) /* only for runs of several groups: one group's JSON stays as it was */
+        fprintf(out, "  \"groups\": {\"replicas\": %d, \"ring\": %d, \"gpus\": %d, \"world\": %d},\n", P->replicas,
+                P->ring, P->C, P->replicas * P->ring * P->C);
     int64_t kept = attn_kept_bytes(P);
     fprintf(out, "  \"attention_output\": {\"mode\": \"%s\", \"host_layers\": %d, \"gpu_layers\": %d, "
                  "\"recompute_layers\": %d, \"bytes_per_layer\": %lld, \"gpu_bytes\": %lld, \"host_bytes\": %lld, "

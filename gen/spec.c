@@ -56,7 +56,7 @@ static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
     LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("host_gbps"),
-    LEAF("a2a_gbps"),    LEAF("allgather_gbps"), END};
+    LEAF("a2a_gbps"),    LEAF("allgather_gbps"), LEAF("net_gbps"), END};
 static const node TOP_KEYS[] = {
     {"model", MODEL_KEYS}, {"parallel", PARALLEL_KEYS}, {"train", TRAIN_KEYS}, {"data", DATA_KEYS},
     {"init", INIT_KEYS}, {"machine", MACHINE_KEYS}, END};
@@ -1210,6 +1210,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->host_gbps = 55;
     m->a2a_gbps = 328;
     m->allgather_gbps = 278;
+    m->net_gbps = 40; /* between nodes: one 400 Gb/s NIC per GPU, at the bus bandwidth NCCL reaches over it */
     TRY(get_int(c, t, "machine", "gpu_mem", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->gpu_mem));
     TRY(get_int(c, t, "machine", "host_mem", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_mem));
     TRY(get_int(c, t, "machine", "reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->reserve));
@@ -1226,6 +1227,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "host_gbps", &m->host_gbps));
     TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
     TRY(get_num(c, t, "machine", "allgather_gbps", &m->allgather_gbps));
+    TRY(get_num(c, t, "machine", "net_gbps", &m->net_gbps));
     lua_pop(c->L, 1);
     return 0;
 }
@@ -1468,7 +1470,8 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.hbm_gbps", mc->hbm_gbps},
                  {"machine.host_gbps", mc->host_gbps},
                  {"machine.a2a_gbps", mc->a2a_gbps},
-                 {"machine.allgather_gbps", mc->allgather_gbps}};
+                 {"machine.allgather_gbps", mc->allgather_gbps},
+                 {"machine.net_gbps", mc->net_gbps}};
     for (size_t i = 0; i < CP_ARRAY_LEN(rates); i++)
         if (bad_pos(rates[i].v))
             return fail(c, rates[i].path, " = %g: must be a positive rate (it divides work in the cost model)",

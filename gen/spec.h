@@ -95,6 +95,8 @@ typedef struct {
     double host_gbps;           /* pinned host <-> device, each way */
     double a2a_gbps;            /* all-to-all bus bandwidth */
     double allgather_gbps;      /* all-gather / reduce-scatter bus bandwidth */
+    double net_gbps;            /* between nodes, per GPU: the ring's send/recv and the gradient all-reduce across
+                                 * replicas and ring groups (bus bandwidth) */
 } cp_machine;
 
 typedef struct {

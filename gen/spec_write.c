@@ -106,6 +106,8 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_num(o, "host_gbps", mc->host_gbps);
     put_num(o, "a2a_gbps", mc->a2a_gbps);
     put_num(o, "allgather_gbps", mc->allgather_gbps);
+    /* only runs of several groups use it: a one-group spec writes what it wrote before */
+    if (s->parallel.replicas * s->parallel.ring > 1) put_num(o, "net_gbps", mc->net_gbps);
     cp_str_printf(o, "  },\n}\n");
 }
 

@@ -137,11 +137,11 @@ static void test_attention_output(void **state) {
     assert_true(r.copies > 0);
 }
 
-/* Replica groups and rings are planned but not executed: the check says so rather than reading their steps. */
+/* Replica groups are planned but not executed: the check says so rather than reading their steps. */
 static void test_refuses_groups(void **state) {
     (void)state;
     const char *cases[][2] = {{"parallel.replicas=2", "parallel.replicas = 2 and parallel.ring = 1 (2 GPUs in all)"},
-                              {"parallel.ring=2", "parallel.replicas = 1 and parallel.ring = 2 (2 GPUs in all)"}};
+                              {"parallel.replicas=3", "parallel.replicas = 3 and parallel.ring = 1 (3 GPUs in all)"}};
     for (int i = 0; i < 2; i++) {
         cp_spec s;
         char err[CP_ERR_MAX];

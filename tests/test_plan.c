@@ -679,6 +679,90 @@ static void test_max_seq_none_fits(void **state) {
     assert_non_null(strstr(err, "GPU memory: needs"));
 }
 
+/* Replicas (hybrid sharding): memory per GPU is the group's, byte for byte; after each unit's reduce-scatter, one
+ * all-reduce of its gradient shard across the groups (last micro-batch only, comm stream, its exact bytes), counted
+ * against the backward by the cost model; the loss summed over groups once per step. */
+static void test_replicas(void **state) {
+    (void)state;
+    cp_spec s1, s2;
+    load("llama8b", &s1, 4, "parallel.gpus=8", "train.seq_len=1M", "train.micro_batches=2",
+         "parallel.attention_output=recompute");
+    load("llama8b", &s2, 5, "parallel.gpus=8", "train.seq_len=1M", "train.micro_batches=2",
+         "parallel.attention_output=recompute", "parallel.replicas=2");
+    cp_plan p1, p2;
+    build(&s1, &p1);
+    build(&s2, &p2);
+    assert_int_equal(p2.replicas, 2);
+    assert_int_equal(p2.gpu_arena, p1.gpu_arena);
+    assert_int_equal(p2.gpu_peak, p1.gpu_peak);
+    assert_int_equal(p2.host_arena, p1.host_arena);
+    for (int k = 0; k < CP_CAT_COUNT; k++) assert_int_equal(p2.cat_bytes[k], p1.cat_bytes[k]);
+    /* the same program plus L + 2 shard all-reduces (embedding, 32 layers, head) and the loss's */
+    assert_int_equal(p2.nsteps, p1.nsteps + 32 + 2 + 1);
+    const int64_t layer = 218112000, C = 8, V = 128256, h = 4096;
+    int n = 0, prev_rs = 0;
+    int64_t total = 0;
+    for (int i = 0; i < p2.nsteps; i++) {
+        const cp_step *st = &p2.steps[i];
+        if (st->kind == CP_OP_REDUCE_SCATTER) prev_rs = i;
+        if (strcmp(st->what, "shard_allreduce")) continue;
+        assert_true(i < p2.micro_steps);
+        assert_int_equal(prev_rs, i - 1); /* right after the reduce-scatter of its unit */
+        assert_int_equal(st->kind, CP_OP_ALLREDUCE);
+        assert_int_equal(st->comm, CP_COMM_SHARD);
+        assert_int_equal(st->stream, CP_STREAM_COMM);
+        assert_true(st->last_micro);
+        assert_int_equal(st->nops, 1);
+        assert_int_equal(st->ops[0].buf, p2.steps[i - 1].ops[1].buf); /* the shard the reduce-scatter wrote */
+        assert_int_equal(st->ops[0].offset, p2.steps[i - 1].ops[1].offset);
+        assert_int_equal(st->count, st->ops[0].bytes);
+        /* ring all-reduce over 2 groups at 40 GB/s: 2 (n - 1) / n of the bytes, plus its latency */
+        assert_true(fabs(st->seconds - ((double)st->count / 40e9 + 20e-6)) < 1e-12);
+        total += st->count;
+        n++;
+    }
+    assert_int_equal(n, 34);
+    assert_int_equal(total, p2.params_shard * 4);
+    assert_int_equal(p2.params_shard, (V * h + 32 * layer + 4096 + V * h) / C);
+    int loss = -1;
+    for (int i = p2.micro_steps; i < p2.nsteps; i++)
+        if (!strcmp(p2.steps[i].what, "loss_allreduce")) loss = i;
+    assert_true(loss > 0);
+    assert_int_equal(p2.steps[loss].count, 4);
+    assert_int_equal(p2.steps[loss].comm, CP_COMM_SHARD);
+    /* a layer's all-reduce hides behind its backward; the embedding's and the head's have little compute beside
+     * them, so the exposed communication grows by at most those two and the loss's, and at least the loss's */
+    double outside = 0;
+    for (int i = 0; i < p2.micro_steps; i++)
+        if (!strcmp(p2.steps[i].what, "shard_allreduce") && p2.steps[i].layer < 0) outside += p2.steps[i].seconds;
+    assert_true(outside > 0);
+    assert_true(p2.t_comm > p1.t_comm + (double)total / 40e9);
+    double grown = p2.t_comm_exposed - p1.t_comm_exposed;
+    assert_true(grown >= p2.steps[loss].seconds - 1e-12);
+    assert_true(grown <= p2.steps[loss].seconds + outside + 1e-12);
+    assert_true(fabs(p2.t_compute - p1.t_compute) < 1e-12);
+    cp_plan_free(&p1);
+    cp_plan_free(&p2);
+}
+
+/* A ring is refused by the planner, with the key and the way out, until its steps are in the program. */
+static void test_ring_refused(void **state) {
+    (void)state;
+    cp_spec s;
+    load("llama8b", &s, 2, "parallel.gpus=8", "parallel.ring=4");
+    cp_plan p;
+    char err[CP_ERR_MAX];
+    assert_int_equal(cp_plan_build(&s, &p, err, sizeof err), -1);
+    if (!strstr(err, "<embedded>/llama8b.lua: parallel.ring = 4: ring attention across groups is not planned yet") ||
+        !strstr(err, "use parallel.ring = 1, with parallel.replicas for more GPUs"))
+        fail_msg("%s", err);
+    assert_int_equal(p.nsteps, 0);
+    err[0] = 0;
+    assert_int_equal(cp_plan_max_seq(&s, &p, err, sizeof err), 0);
+    assert_non_null(strstr(err, "parallel.ring = 4"));
+    assert_null(p.steps);
+}
+
 static void test_json_parses(void **state) {
     (void)state;
     cp_spec s;
@@ -714,6 +798,7 @@ int main(void) {
         cmocka_unit_test(test_refuses_when_too_small),
         cmocka_unit_test(test_host_memory), cmocka_unit_test(test_max_seq),
         cmocka_unit_test(test_max_seq_none_fits), cmocka_unit_test(test_json_parses),
+        cmocka_unit_test(test_replicas),     cmocka_unit_test(test_ring_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
