@@ -399,21 +399,26 @@ int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen) {
                 src);
 }
 
+/* Synthetic sequence `index` into the scratch (tokens, then targets), and its count of targets. */
+static void synthetic_sequence(cp_dataset *d, int64_t index) {
+    int32_t *tok = d->scratch, *tgt = d->scratch + d->seq_len;
+    if (d->kind == CP_DATA_RECALL)
+        cp_recall_sequence(&d->recall, index, tok, tgt);
+    else
+        cp_copy_sequence(&d->copy, index, tok, tgt);
+    d->targets_seq = 0;
+    for (int64_t i = 0; i < d->seq_len; i++) d->targets_seq += tgt[i] >= 0;
+}
+
 int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *targets, char *err, int errlen) {
     if (C < 1 || rank < 0 || rank >= C || d->seq_len % C)
         return cp_errf(err, errlen, "data: rank %d of %d GPUs cannot split seq_len %lld (a cpgen bug)", rank, C,
                     (long long)d->seq_len);
     int64_t T = d->seq_len / C, first = (int64_t)rank * T;
     if (d->synthetic) {
-        int32_t *tok = d->scratch, *tgt = d->scratch + d->seq_len;
-        if (d->kind == CP_DATA_RECALL)
-            cp_recall_sequence(&d->recall, d->sequence, tok, tgt);
-        else
-            cp_copy_sequence(&d->copy, d->sequence, tok, tgt);
-        memcpy(tokens, tok + first, (size_t)T * sizeof *tokens);
-        memcpy(targets, tgt + first, (size_t)T * sizeof *targets);
-        d->targets_seq = 0;
-        for (int64_t i = 0; i < d->seq_len; i++) d->targets_seq += tgt[i] >= 0;
+        synthetic_sequence(d, d->sequence);
+        memcpy(tokens, d->scratch + first, (size_t)T * sizeof *tokens);
+        memcpy(targets, d->scratch + d->seq_len + first, (size_t)T * sizeof *targets);
         d->sequence++;
         return 0;
     }
@@ -425,6 +430,58 @@ int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *ta
         memcpy(targets, tmp + 1, (size_t)T * sizeof *targets);
         d->targets_seq = d->seq_len; /* every position of a shard has its next token */
     }
+    free(tmp);
+    return rc;
+}
+
+/* Position in the whole sequence of index i of a ring group's tokens: its two zigzag chunks, back to back. */
+static int64_t zigzag_position(int64_t S, int ring_pos, int ring, int64_t i) {
+    int64_t chunk = S / (2 * ring);
+    return i < chunk ? ring_pos * chunk + i : (2 * (int64_t)ring - 1 - ring_pos) * chunk + (i - chunk);
+}
+
+int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *tokens, int32_t *targets, char *err,
+                          int errlen) {
+    int64_t S = d->seq_len, parts = (int64_t)sl->ring * sl->gpus;
+    if (sl->replicas < 1 || sl->replica < 0 || sl->replica >= sl->replicas || sl->ring < 1 || sl->ring_pos < 0 ||
+        sl->ring_pos >= sl->ring || sl->gpus < 1 || sl->rank < 0 || sl->rank >= sl->gpus ||
+        S % (sl->ring > 1 ? 2 * parts : parts))
+        return cp_errf(err, errlen, "data: replica %d of %d, ring position %d of %d, rank %d of %d cannot split seq_len "
+                       "%lld (a cpgen bug)", sl->replica, sl->replicas, sl->ring_pos, sl->ring, sl->rank, sl->gpus,
+                       (long long)S);
+    int64_t T = S / parts, first = (int64_t)sl->rank * T;
+    /* the slice in up to two runs of consecutive positions (a rank's tokens may straddle the two chunks) */
+    int64_t run_at[2], run_len[2];
+    int nruns = 0;
+    for (int64_t i = 0; i < T;) {
+        int64_t at = zigzag_position(S, sl->ring_pos, sl->ring, first + i), n = 1;
+        while (i + n < T && zigzag_position(S, sl->ring_pos, sl->ring, first + i + n) == at + n) n++;
+        run_at[nruns] = at;
+        run_len[nruns++] = n;
+        i += n;
+    }
+    int rc = 0;
+    if (d->synthetic) {
+        synthetic_sequence(d, d->sequence + sl->replica);
+        for (int k = 0, o = 0; k < nruns; o += (int)run_len[k], k++) {
+            memcpy(tokens + o, d->scratch + run_at[k], (size_t)run_len[k] * sizeof *tokens);
+            memcpy(targets + o, d->scratch + S + run_at[k], (size_t)run_len[k] * sizeof *targets);
+        }
+        d->sequence += sl->replicas;
+        return 0;
+    }
+    /* token shards: skip the other replicas' sequences of the round; each run reads one token more, its targets */
+    int32_t *tmp = cp_xmalloc((size_t)(T + 1) * sizeof *tmp);
+    for (int g = 0; g < sl->replicas && !rc; g++) {
+        for (int k = 0, o = 0; g == sl->replica && k < nruns && !rc; o += (int)run_len[k], k++) {
+            rc = cp_tokens_read(&d->tokens, run_at[k], run_len[k] + 1, tmp, false, err, errlen);
+            if (rc) break;
+            memcpy(tokens + o, tmp, (size_t)run_len[k] * sizeof *tokens);
+            memcpy(targets + o, tmp + 1, (size_t)run_len[k] * sizeof *targets);
+        }
+        if (!rc) rc = cp_tokens_read(&d->tokens, 0, 0, tmp, true, err, errlen); /* on to the next sequence */
+    }
+    d->targets_seq = S;
     free(tmp);
     return rc;
 }

@@ -129,6 +129,18 @@ int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen);
 /* The next sequence, rank's slice of C: tokens[T], targets[T], T = seq_len / C. Every rank calls it once per
  * sequence and all see the same sequence. Returns 0, or -1 with a message (bad token in a shard, I/O error). */
 int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *targets, char *err, int errlen);
+/* Which part of the data a rank of several groups trains on (gen/ranks.h): its replica among R (group g reads
+ * sequences g, g + R, ... of the stream), its ring position among P (the sequence cut into 2P chunks, position p
+ * holding chunks p and 2P-1-p, in that order: the zigzag split) and its rank among the group's C. */
+typedef struct {
+    int replica, replicas, ring_pos, ring, rank, gpus;
+} cp_data_slice;
+/* The next round of sequences, one per replica: this rank's T = seq_len / (ring x gpus) tokens and targets of its
+ * replica's sequence. Every rank of the run calls it once per round; afterwards the stream stands at the next round
+ * for all of them, so a position saved by any rank resumes every one exactly, and every token is a target once.
+ * With one replica, no ring and rank r of C it reads what cp_dataset_next does. Returns 0, or -1 with a message. */
+int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *tokens, int32_t *targets, char *err,
+                          int errlen);
 void cp_dataset_tell(const cp_dataset *d, cp_data_pos *pos);
 int cp_dataset_seek(cp_dataset *d, const cp_data_pos *pos, char *err, int errlen);
 void cp_dataset_close(cp_dataset *d);

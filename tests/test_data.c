@@ -284,6 +284,92 @@ static void test_dataset_tokens(void **state) {
     assert_true(contains(err, "no file matches"));
 }
 
+/* Several groups: replica g reads sequences g, g + R, ... of the shards; a ring position p holds zigzag chunks p and
+ * 2P-1-p; the ranks of a replica cover its sequence once; the saved position resumes every rank at the next round. */
+static void test_dataset_groups(void **state) {
+    (void)state;
+    cp_mkdir_p(path_in("dg"));
+    write_shard("dg/0.bin", 9 * 2048 + 1, 0, 512, 2);
+    char set[600];
+    snprintf(set, sizeof set, "data.source=tokens:%s", path_in("dg/*.bin"));
+    const char *sets[] = {set};
+    cp_spec spec;
+    if (cp_spec_load("tiny", sets, 1, &spec, err, sizeof err)) fail_msg("%s", err);
+    const int64_t S = spec.train.seq_len;
+    enum { R = 2, P = 2, C = 2, N = R * P * C };
+    const int64_t T = S / (P * C), chunk = S / (2 * P);
+    cp_dataset d[N];
+    int32_t *tok = malloc(T * sizeof *tok), *tgt = malloc(T * sizeof *tgt);
+    int *seen = calloc((size_t)(R * S), sizeof *seen);
+    for (int k = 0; k < N; k++)
+        if (cp_dataset_open(&d[k], &spec, err, sizeof err)) fail_msg("%s", err);
+    for (int round = 0; round < 4; round++) {
+        memset(seen, 0, (size_t)(R * S) * sizeof *seen);
+        for (int k = 0; k < N; k++) {
+            cp_data_slice sl = {.replica = k / (P * C), .replicas = R, .ring_pos = k / C % P, .ring = P,
+                                .rank = k % C, .gpus = C};
+            if (round == 3 && k == 0) { /* resume: a fresh reader at the position saved after round 2 */
+                cp_data_pos pos;
+                cp_dataset_tell(&d[N - 1], &pos);
+                cp_dataset_close(&d[0]);
+                if (cp_dataset_open(&d[0], &spec, err, sizeof err)) fail_msg("%s", err);
+                assert_int_equal(cp_dataset_seek(&d[0], &pos, err, sizeof err), 0);
+            }
+            if (cp_dataset_next_slice(&d[k], &sl, tok, tgt, err, sizeof err)) fail_msg("%s", err);
+            int64_t seq = (int64_t)round * R + sl.replica;
+            for (int64_t i = 0; i < T; i++) {
+                int64_t j = sl.rank * T + i; /* index among the ring group's tokens */
+                int64_t pos = j < chunk ? sl.ring_pos * chunk + j : (2 * P - 1 - sl.ring_pos) * chunk + j - chunk;
+                assert_int_equal(tok[i], (seq * S + pos) % 512);
+                assert_int_equal(tgt[i], (seq * S + pos + 1) % 512);
+                seen[sl.replica * S + pos]++;
+            }
+        }
+        for (int64_t i = 0; i < R * S; i++) assert_int_equal(seen[i], 1);
+        cp_data_pos p0, p1;
+        cp_dataset_tell(&d[0], &p0);
+        cp_dataset_tell(&d[N - 1], &p1);
+        assert_int_equal(p0.sequence, (round + 1) * R);
+        assert_int_equal(p0.offset, (round + 1) * R * S);
+        assert_memory_equal(&p0, &p1, sizeof p0);
+    }
+    for (int k = 0; k < N; k++) cp_dataset_close(&d[k]);
+    /* one group reads what cp_dataset_next reads */
+    cp_dataset a, b;
+    if (cp_dataset_open(&a, &spec, err, sizeof err) || cp_dataset_open(&b, &spec, err, sizeof err)) fail_msg("%s", err);
+    int32_t *tok2 = malloc(S * sizeof *tok2), *tgt2 = malloc(S * sizeof *tgt2);
+    cp_data_slice one = {.replica = 0, .replicas = 1, .ring_pos = 0, .ring = 1, .rank = 1, .gpus = 4};
+    assert_int_equal(cp_dataset_next_slice(&a, &one, tok, tgt, err, sizeof err), 0);
+    assert_int_equal(cp_dataset_next(&b, 1, 4, tok2, tgt2, err, sizeof err), 0);
+    assert_memory_equal(tok, tok2, S / 4 * sizeof *tok);
+    assert_memory_equal(tgt, tgt2, S / 4 * sizeof *tgt);
+    cp_data_slice bad = {.replica = 2, .replicas = 2, .ring_pos = 0, .ring = 1, .rank = 0, .gpus = 1};
+    assert_int_equal(cp_dataset_next_slice(&a, &bad, tok, tgt, err, sizeof err), -1);
+    assert_true(contains(err, "replica 2 of 2"));
+    cp_dataset_close(&a), cp_dataset_close(&b);
+    /* synthetic: replica g of 3 gets sequence 3 * round + g */
+    const char *rec[] = {"data.source=synthetic:recall"};
+    if (cp_spec_load("tiny", rec, 1, &spec, err, sizeof err)) fail_msg("%s", err);
+    cp_recall r;
+    assert_int_equal(cp_recall_init(&r, spec.model.vocab, S, spec.init.seed, err, sizeof err), 0);
+    cp_dataset g[3];
+    for (int k = 0; k < 3; k++)
+        if (cp_dataset_open(&g[k], &spec, err, sizeof err)) fail_msg("%s", err);
+    for (int round = 0; round < 2; round++)
+        for (int k = 0; k < 3; k++) {
+            cp_data_slice sl = {.replica = k, .replicas = 3, .ring_pos = 0, .ring = 1, .rank = 0, .gpus = 1};
+            assert_int_equal(cp_dataset_next_slice(&g[k], &sl, tok2, tgt2, err, sizeof err), 0);
+            int32_t *full = malloc(S * 4), *fullt = malloc(S * 4);
+            cp_recall_sequence(&r, 3 * round + k, full, fullt);
+            assert_memory_equal(tok2, full, S * 4);
+            assert_memory_equal(tgt2, fullt, S * 4);
+            free(full), free(fullt);
+            assert_int_equal(g[k].sequence, 3 * (round + 1));
+        }
+    for (int k = 0; k < 3; k++) cp_dataset_close(&g[k]);
+    free(tok), free(tgt), free(tok2), free(tgt2), free(seen);
+}
+
 /* ------------------------------------------------------------------------------------------------------------
  * synthetic:recall */
 
@@ -503,7 +589,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_format),   cmocka_unit_test(test_roundtrip_and_stepping),
         cmocka_unit_test(test_bad_shards),     cmocka_unit_test(test_position_restore),
-        cmocka_unit_test(test_dataset_tokens), cmocka_unit_test(test_recall),
+        cmocka_unit_test(test_dataset_tokens),
+        cmocka_unit_test(test_dataset_groups), cmocka_unit_test(test_recall),
         cmocka_unit_test(test_dataset_recall), cmocka_unit_test(test_copy), cmocka_unit_test(test_dataset_copy),
     };
     return cmocka_run_group_tests_name("data", tests, setup, teardown) ? 1 : 0;
