@@ -230,11 +230,11 @@ void cp_k_cast(cp_kernel_spec *k) {
     cp_kspec_set_int(k, "UNROLL", EW_UNROLL);
 }
 
-void cp_k_attn_delta(cp_kernel_spec *k, int64_t head_dim) {
-    cp_kspec_init(k, "attn_delta");
+/* Kernels over (token, head) rows of head_dim bf16 values (attn_delta, attn_merge): a power-of-two group of TPR
+ * threads per row, 2 vectors of each input per thread. */
+static void head_row_params(cp_kernel_spec *k, int64_t head_dim) {
     int vec = bf16_vec(head_dim);
     int64_t nvec = head_dim / vec;
-    /* a power-of-two group of threads per (token, head) row, 2 vectors of each input per thread */
     int tpr = 1;
     while (tpr < 32 && tpr * 2 < nvec) tpr *= 2;
     cp_kspec_set_int(k, "D", head_dim);
@@ -242,6 +242,16 @@ void cp_k_attn_delta(cp_kernel_spec *k, int64_t head_dim) {
     cp_kspec_set_int(k, "TPR", tpr);
     cp_kspec_set_int(k, "NV", ceil_div(nvec, tpr));
     cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+}
+
+void cp_k_attn_delta(cp_kernel_spec *k, int64_t head_dim) {
+    cp_kspec_init(k, "attn_delta");
+    head_row_params(k, head_dim);
+}
+
+void cp_k_attn_merge(cp_kernel_spec *k, int64_t head_dim) {
+    cp_kspec_init(k, "attn_merge");
+    head_row_params(k, head_dim);
 }
 
 /* Blocks for `units` work items of `per_block` each, capped at `cap` (0: no cap) for grid-stride kernels. */
@@ -346,8 +356,8 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), 0);
         return 0;
     }
-    if (strcmp(f, "attn_delta") == 0) {
-        if (strcmp(role, "fwd")) return -1;
+    if (strcmp(f, "attn_delta") == 0 || strcmp(f, "attn_merge") == 0) {
+        if (strcmp(role, "fwd") && (strcmp(f, "attn_merge") || strcmp(role, "init"))) return -1;
         int64_t tpr = get_int(k, "TPR");
         d->block = (unsigned)get_int(k, "BLOCK");
         d->grid[0] = heads > 0 ? blocks_for(n * heads, d->block / tpr, 0) : 0;

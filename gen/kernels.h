@@ -75,6 +75,14 @@ void cp_k_cast(cp_kernel_spec *k);
 /* delta for the attention backward in token layout: fwd(dout[n][heads][D], out[n][heads][D], delta f32[n][heads], n,
  * heads): delta = sum over D of dout*out in fp32. */
 void cp_k_attn_delta(cp_kernel_spec *k, int64_t head_dim);
+/* attn_merge, ring attention's merge of the partial results of K/V blocks by their log-sum-exp, on head layout:
+ * o_blk bf16 [n][heads][D] and lse_blk f32 [heads][lse_stride] (natural log, -inf for a row no key reached) as the
+ * attention forward writes them; o_acc f32 [n][heads][D] and lse_acc f32 [heads][lse_stride] the running result.
+ * init(o_blk, lse_blk, o_acc, lse_acc, n, heads, lse_stride): o_acc = o_blk, lse_acc = lse_blk;
+ * fwd(same arguments): lse = log(exp(lse_acc) + exp(lse_blk)), o_acc = exp(lse_acc - lse) o_acc +
+ * exp(lse_blk - lse) o_blk, lse_acc = lse; rows with both lse -inf are left as they are. A range of query rows is
+ * merged by offsetting o_* by rows and lse_* by columns, with lse_stride the full row. */
+void cp_k_attn_merge(cp_kernel_spec *k, int64_t head_dim);
 
 /* The step's scalars: the plan's persistent buffer "loss_sum" of CP_SCALARS_BYTES, zeroed by the runtime before
  * every step. Float 0 is the loss sum, float 1 the gradient's sum of squares (these two floats are read back once
@@ -95,7 +103,7 @@ typedef struct {
 
 /* Geometry of entry `role` of a module made by one of the constructors above (not attention: its geometry is the
  * attention engineer's, in kernels_attn.c). n and heads are the entry's own arguments (heads is used by rope and
- * attn_delta; pass 0 elsewhere; ulysses ignores n too); sms is the device's multiprocessor count.
+ * attn_delta and attn_merge; pass 0 elsewhere; ulysses ignores n too); sms is the device's multiprocessor count.
  * Returns 0, or -1 for a family or role this function does not know. n = 0 gives a zero grid: skip the launch. */
 int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t heads, int sms, cp_kdims *d);
 

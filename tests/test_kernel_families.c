@@ -1,7 +1,8 @@
 /* test_kernel_families.c: the kernel family constructors of gen/kernels.h (attention aside) at the shapes the GPU
  * tests use, including odd ones the shipped specs do not (hidden 200, head_dim 64, 4-byte Ulysses rows, replicated
- * heads, odd head counts): each module emits, names the entries its roles need, compiles with NVRTC for sm_90a and
- * sm_80 without register spills, and cp_k_dims gives launch geometry that covers the work. Needs NVRTC, no GPU. */
+ * heads, odd head counts, an LSE merge of head_dim 96): each module emits, names the entries its roles need, compiles
+ * with NVRTC for sm_90a and sm_80 without register spills, and cp_k_dims gives launch geometry that covers the
+ * work. Needs NVRTC, no GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -76,6 +77,9 @@ static void make_specs(void) {
     cp_k_cast(add());
     cp_k_attn_delta(add(), 128);
     cp_k_attn_delta(add(), 64);
+    cp_k_attn_merge(add(), 128);
+    cp_k_attn_merge(add(), 64);
+    cp_k_attn_merge(add(), 96); /* rows of 12 vectors: the last lanes hold one vector fewer */
     cp_k_ulysses(add(), 8, 1, 1000, 4, 256);
     cp_k_ulysses(add(), 8, 1, 7, 4, 4);
     cp_k_ulysses(add(), 8, 2, 1000, 1, 256);
@@ -96,7 +100,8 @@ static const char *const *roles_of(const char *family) {
                              *const loss[] = {"fwdbwd", "sum", NULL}, *const norm[] = {"fwd", "bwd", "bwd_dw", NULL},
                              *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", "add_f32", NULL},
                              *const uly[] = {"pack", "unpack", "unpack_add", NULL},
-                             *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL};
+                             *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL},
+                             *const merge[] = {"fwd", "init", NULL};
     if (!strcmp(family, "loss")) return loss;
     if (!strcmp(family, "rmsnorm")) return norm;
     if (!strcmp(family, "adamw")) return adamw;
@@ -104,6 +109,7 @@ static const char *const *roles_of(const char *family) {
     if (!strcmp(family, "ulysses")) return uly;
     if (!strcmp(family, "attn_delta")) return f;
     if (!strcmp(family, "embedding")) return emb;
+    if (!strcmp(family, "attn_merge")) return merge;
     return fb;
 }
 
@@ -211,7 +217,7 @@ static void test_dims_cover_the_work(void **state) {
                     need = 1;
                 } else if (!strcmp(f, "rope")) {
                     need = n * (param(k, "D") / 2 / param(k, "VEC"));
-                } else if (!strcmp(f, "attn_delta")) {
+                } else if (!strcmp(f, "attn_delta") || !strcmp(f, "attn_merge")) {
                     need = n * heads * param(k, "TPR");
                 } else {
                     need = 1; /* grid-stride loops: any grid covers the work */

@@ -70,4 +70,10 @@ void ref_cast_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);
 void ref_attn_delta(const uint16_t *dout, const uint16_t *out, float *delta, int64_t n, int64_t heads,
                     int64_t head_dim);
 
+/* The LSE merge of ring attention (attn_merge): lse = log(exp(lse_acc) + exp(lse_blk)), o_acc = exp(lse_acc - lse)
+ * o_acc + exp(lse_blk - lse) o_blk, lse_acc = lse, in double; rows with both -inf are left as they are. lse rows are
+ * [heads][lse_stride]. */
+void ref_attn_merge(const uint16_t *o_blk, const float *lse_blk, float *o_acc, float *lse_acc, int64_t n,
+                    int64_t heads, int64_t head_dim, int64_t lse_stride);
+
 #endif

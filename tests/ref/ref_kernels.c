@@ -209,3 +209,20 @@ void ref_attn_delta(const uint16_t *dout, const uint16_t *out, float *delta, int
         delta[r] = (float)s;
     }
 }
+
+void ref_attn_merge(const uint16_t *o_blk, const float *lse_blk, float *o_acc, float *lse_acc, int64_t n,
+                    int64_t heads, int64_t head_dim, int64_t lse_stride) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t h = 0; h < heads; h++) {
+            int64_t li = h * lse_stride + r;
+            double la = lse_acc[li], lb = lse_blk[li];
+            if (isinf(la) && la < 0 && isinf(lb) && lb < 0) continue;
+            double m = la > lb ? la : lb, lse = m + log(exp(la - m) + exp(lb - m));
+            double wa = exp(la - lse), wb = exp(lb - lse);
+            for (int64_t d = 0; d < head_dim; d++) {
+                int64_t x = (r * heads + h) * head_dim + d;
+                o_acc[x] = (float)(wa * o_acc[x] + wb * bf(o_blk[x]));
+            }
+            lse_acc[li] = (float)lse;
+        }
+}
