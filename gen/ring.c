@@ -1,0 +1,27 @@
+/* ring.c: the zigzag ring attention schedule of ring.h. */
+#include "ring.h"
+
+int cp_ring_chunk(int P, int p, int half) { return half == 0 ? p : 2 * P - 1 - p; }
+
+cp_ring_mask cp_ring_pair(int qc, int kc) {
+    if (kc < qc) return CP_RING_FULL;
+    return kc == qc ? CP_RING_DIAG : CP_RING_SKIP;
+}
+
+cp_ring_step cp_ring_step_of(int P, int p, int k) {
+    cp_ring_step s = {.source = ((p - k) % P + P) % P, .q_half0 = 0, .q_half1 = 2, .k_half0 = 0, .k_half1 = 2};
+    if (s.source == p) {
+        s.causal = 1; /* (0,0) and (1,1) diagonal, (1,0) full, (0,1) skipped: the causal mask of the local order */
+    } else if (s.source < p) {
+        /* key chunk j < p < 2P-1-p: both query chunks see it whole; key chunk 2P-1-j > 2P-1-p > p: neither */
+        s.k_half1 = 1;
+    } else {
+        /* key chunks j and 2P-1-j both lie between p and 2P-1-p: only query chunk 2P-1-p sees them, whole */
+        s.q_half0 = 1;
+    }
+    return s;
+}
+
+int64_t cp_ring_kv_bytes(int64_t group_tokens, int kv_heads_per_rank, int64_t head_dim) {
+    return 2 * group_tokens * kv_heads_per_rank * head_dim * 2;
+}

@@ -1,0 +1,189 @@
+/* test_ring.c: ring attention over a zigzag split (gen/ring.c) and the LSE merge (tests/ref's ref_attn_merge, the
+ * math of templates/attn_merge.cu). The schedule: at every ring step each (query chunk, key chunk) pair it computes
+ * is computed with the mask the global causal order gives it, every pair at or below the diagonal is computed once
+ * over all positions and steps, and every step is the same work. The math: ring attention of a causal sequence,
+ * block by block with the schedule and merged by LSE, equals the float64 reference of the whole sequence. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ref/ref.h"
+#include "ring.h"
+
+#define MAXP 8
+
+/* The mask a step applies to its pair of halves (qh, kh): outside its ranges skipped, else causal on the local order
+ * or none. */
+static cp_ring_mask step_mask(const cp_ring_step *s, int qh, int kh) {
+    if (qh < s->q_half0 || qh >= s->q_half1 || kh < s->k_half0 || kh >= s->k_half1) return CP_RING_SKIP;
+    if (!s->causal) return CP_RING_FULL;
+    return kh < qh ? CP_RING_FULL : kh == qh ? CP_RING_DIAG : CP_RING_SKIP;
+}
+
+static void test_zigzag_classification(void **state) {
+    (void)state;
+    for (int P = 1; P <= MAXP; P++) {
+        int covered[2 * MAXP][2 * MAXP] = {{0}};
+        for (int p = 0; p < P; p++) {
+            int seen_source[MAXP] = {0};
+            for (int k = 0; k < P; k++) {
+                cp_ring_step s = cp_ring_step_of(P, p, k);
+                assert_int_equal(s.source, (p - k + P) % P); /* received from the previous rank, one more each step */
+                seen_source[s.source]++;
+                int work = 0; /* in halves of a c x c chunk pair: full 2, diagonal 1 */
+                for (int qh = 0; qh < 2; qh++)
+                    for (int kh = 0; kh < 2; kh++) {
+                        int qc = cp_ring_chunk(P, p, qh), kc = cp_ring_chunk(P, s.source, kh);
+                        cp_ring_mask want = cp_ring_pair(qc, kc), got = step_mask(&s, qh, kh);
+                        if (want != got)
+                            fail_msg("P=%d p=%d step %d: chunks (%d, %d) masked %d, causal order says %d", P, p, k, qc,
+                                     kc, got, want);
+                        if (got != CP_RING_SKIP) covered[qc][kc]++;
+                        work += got == CP_RING_FULL ? 2 : got == CP_RING_DIAG ? 1 : 0;
+                    }
+                assert_int_equal(work, 4); /* every step the same: load balanced */
+            }
+            for (int j = 0; j < P; j++) assert_int_equal(seen_source[j], 1);
+        }
+        for (int qc = 0; qc < 2 * P; qc++)
+            for (int kc = 0; kc < 2 * P; kc++) assert_int_equal(covered[qc][kc], kc <= qc ? 1 : 0);
+    }
+    /* P = 4, position 1 (chunks 1 and 6): its own block causal, then from 0 (chunks 0, 7) only key half 0 for both
+     * query halves, from 3 (chunks 3, 4) and 2 (chunks 2, 5) everything for query half 1 only */
+    cp_ring_step s0 = cp_ring_step_of(4, 1, 0), s1 = cp_ring_step_of(4, 1, 1), s2 = cp_ring_step_of(4, 1, 2);
+    assert_int_equal(cp_ring_chunk(4, 1, 1), 6);
+    assert_true(s0.source == 1 && s0.causal && s0.q_half0 == 0 && s0.q_half1 == 2 && s0.k_half1 == 2);
+    assert_true(s1.source == 0 && !s1.causal && s1.q_half0 == 0 && s1.q_half1 == 2 && s1.k_half0 == 0 &&
+                s1.k_half1 == 1);
+    assert_true(s2.source == 3 && !s2.causal && s2.q_half0 == 1 && s2.q_half1 == 2 && s2.k_half0 == 0 &&
+                s2.k_half1 == 2);
+    assert_int_equal(cp_ring_pair(6, 3), CP_RING_FULL);
+    assert_int_equal(cp_ring_pair(1, 3), CP_RING_SKIP);
+    assert_int_equal(cp_ring_pair(2, 2), CP_RING_DIAG);
+    /* the 8B shape at 8M tokens, ring 4: a stage's block of S/P = 2M tokens, 1 KV head per rank, head_dim 128 */
+    assert_int_equal(cp_ring_kv_bytes(2097152, 1, 128), 1073741824LL);
+}
+
+/* The LSE merge by hand: lse log 2 with o 1, lse log 6 with o 3 give lse log 8 and o (2 + 18) / 8 = 2.5; a row no
+ * key reached on either side (-inf, -inf) stays as it is; one reached on one side takes that side. */
+static void test_merge_by_hand(void **state) {
+    (void)state;
+    uint16_t ob[3 * 2] = {f32_to_bf16(3), f32_to_bf16(3), f32_to_bf16(7), f32_to_bf16(7), f32_to_bf16(5),
+                          f32_to_bf16(5)};
+    float oa[3 * 2] = {1, 1, 9, 9, 0, 0};
+    float la[3] = {(float)log(2.0), -INFINITY, -INFINITY}, lb[3] = {(float)log(6.0), -INFINITY, 0.5f};
+    ref_attn_merge(ob, lb, oa, la, 3, 1, 2, 3);
+    assert_float_equal(la[0], log(8.0), 1e-6);
+    assert_float_equal(oa[0], 2.5, 1e-6);
+    assert_float_equal(oa[1], 2.5, 1e-6);
+    assert_true(isinf(la[1]) && la[1] < 0 && oa[2] == 9 && oa[3] == 9);
+    assert_float_equal(la[2], 0.5, 1e-7);
+    assert_true(oa[4] == 5 && oa[5] == 5);
+}
+
+static double lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(*s >> 11) / (double)(1ULL << 53) * 2 - 1;
+}
+
+/* Attention of nq query rows against nk key rows (one head pair per query head, GQA by h / (QH / KVH)), causal on
+ * the local order when asked (query i sees keys 0..i, nq == nk), as the attention forward writes a block: bf16 o
+ * [nq][QH][D], lse f32 [QH][lse_stride] from column 0. */
+static void block_attention(const double *q, const double *k, const double *v, int64_t nq, int64_t nk, int QH, int KVH,
+                            int64_t D, int causal, uint16_t *o, float *lse, int64_t lse_stride) {
+    double scale = 1 / sqrt((double)D);
+    for (int64_t i = 0; i < nq; i++)
+        for (int h = 0; h < QH; h++) {
+            int kvh = h / (QH / KVH);
+            int64_t last = causal ? i + 1 : nk;
+            double m = -INFINITY, s[64];
+            assert_true(last <= 64);
+            for (int64_t j = 0; j < last; j++) {
+                double x = 0;
+                for (int64_t d = 0; d < D; d++) x += q[(i * QH + h) * D + d] * k[(j * KVH + kvh) * D + d];
+                s[j] = x * scale;
+                if (s[j] > m) m = s[j];
+            }
+            double z = 0;
+            for (int64_t j = 0; j < last; j++) z += exp(s[j] - m);
+            for (int64_t d = 0; d < D; d++) {
+                double acc = 0;
+                for (int64_t j = 0; j < last; j++) acc += exp(s[j] - m) / z * v[(j * KVH + kvh) * D + d];
+                o[(i * QH + h) * D + d] = f64_to_bf16(acc);
+            }
+            lse[h * lse_stride + i] = (float)(m + log(z));
+        }
+}
+
+/* Ring attention of a causal sequence of 2P chunks of c tokens, every position's blocks merged by LSE, against the
+ * float64 reference of the whole sequence: the output within bf16 rounding of each block's partial output, the lse
+ * within fp32 rounding. */
+static void test_ring_attention_matches_reference(void **state) {
+    (void)state;
+    enum { P = 4, c = 3, QH = 4, KVH = 2, D = 8, S = 2 * P * c, L = 2 * c };
+    static double q[S * QH * D], k[S * KVH * D], v[S * KVH * D], o_ref[S * QH * D], lse_ref[QH * S];
+    uint64_t seed = 42;
+    for (int i = 0; i < S * QH * D; i++) q[i] = 2 * lcg(&seed);
+    for (int i = 0; i < S * KVH * D; i++) k[i] = 2 * lcg(&seed), v[i] = lcg(&seed);
+    ref_attn_shape sh = {.seq = S, .q_heads = QH, .kv_heads = KVH, .head_dim = D, .causal = true,
+                         .scale = 1 / sqrt((double)D)};
+    ref_attention_fwd(&sh, q, k, v, o_ref, lse_ref, 0, QH, 0, S);
+    double max_o = 0, max_lse = 0;
+    for (int p = 0; p < P; p++) {
+        /* the position's tokens in local order: its chunk p, then chunk 2P-1-p */
+        static double lq[L * QH * D], lk[P][L * KVH * D], lv[P][L * KVH * D];
+        for (int src = 0; src < P; src++)
+            for (int h = 0; h < 2; h++) {
+                int64_t g = (int64_t)cp_ring_chunk(P, src, h) * c;
+                memcpy(lk[src] + h * c * KVH * D, k + g * KVH * D, sizeof(double) * c * KVH * D);
+                memcpy(lv[src] + h * c * KVH * D, v + g * KVH * D, sizeof(double) * c * KVH * D);
+                if (src == p) memcpy(lq + h * c * QH * D, q + g * QH * D, sizeof(double) * c * QH * D);
+            }
+        float o_acc[L * QH * D], lse_acc[QH * L], lse_blk[QH * L];
+        uint16_t o_blk[L * QH * D];
+        for (int st = 0; st < P; st++) {
+            cp_ring_step s = cp_ring_step_of(P, p, st);
+            int64_t q0 = (int64_t)s.q_half0 * c, nq = (int64_t)(s.q_half1 - s.q_half0) * c;
+            int64_t k0 = (int64_t)s.k_half0 * c, nk = (int64_t)(s.k_half1 - s.k_half0) * c;
+            block_attention(lq + q0 * QH * D, lk[s.source] + k0 * KVH * D, lv[s.source] + k0 * KVH * D, nq, nk, QH,
+                            KVH, D, s.causal, o_blk + q0 * QH * D, lse_blk + q0, L);
+            if (st == 0) { /* the own block covers every query row: the merge's starting point */
+                assert_true(nq == L);
+                for (int i = 0; i < L * QH * D; i++) o_acc[i] = bf16_to_f32(o_blk[i]);
+                memcpy(lse_acc, lse_blk, sizeof lse_acc);
+            } else { /* a range of query rows: offset rows and lse columns, lse rows keep their stride */
+                ref_attn_merge(o_blk + q0 * QH * D, lse_blk + q0, o_acc + q0 * QH * D, lse_acc + q0, nq, QH, D, L);
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            int64_t g = (int64_t)cp_ring_chunk(P, p, h) * c;
+            for (int64_t i = 0; i < c; i++)
+                for (int hd = 0; hd < QH; hd++) {
+                    double e = fabs(lse_acc[hd * L + h * c + i] - lse_ref[hd * S + g + i]);
+                    if (e > max_lse) max_lse = e;
+                    for (int d = 0; d < D; d++) {
+                        double x = o_acc[((h * c + i) * QH + hd) * D + d], r = o_ref[((g + i) * QH + hd) * D + d];
+                        if (fabs(x - r) > max_o) max_o = fabs(x - r);
+                    }
+                }
+        }
+    }
+    print_message("ring of %d, %d tokens: max |o - ref| %.2e, max |lse - ref| %.2e\n", P, S, max_o, max_lse);
+    assert_true(max_o < 8e-3);  /* the partial outputs are bf16: half a unit of 2^-8 on values below 1 */
+    assert_true(max_lse < 2e-6);
+    assert_true(max_o > 0);     /* bf16 partials do round: the comparison measures something */
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zigzag_classification),
+        cmocka_unit_test(test_merge_by_hand),
+        cmocka_unit_test(test_ring_attention_matches_reference),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
