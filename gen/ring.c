@@ -25,3 +25,24 @@ cp_ring_step cp_ring_step_of(int P, int p, int k) {
 int64_t cp_ring_kv_bytes(int64_t group_tokens, int kv_heads_per_rank, int64_t head_dim) {
     return 2 * group_tokens * kv_heads_per_rank * head_dim * 2;
 }
+
+void cp_ring_terms_of(int P, int64_t group_tokens, int u, int kvr, int64_t head_dim, cp_ring_terms *t) {
+    const int64_t L = group_tokens, F32 = 4;
+    t->kv_block = cp_ring_kv_bytes(L, kvr, head_dim);
+    t->kv_recv = P > 1 ? 2 * t->kv_block : 0;
+    t->o_acc = P > 1 ? L * u * head_dim * F32 : 0;
+    t->lse_acc = P > 1 ? (int64_t)u * L * F32 : 0;
+    t->dkv_block = 2 * L * kvr * head_dim * F32;
+    t->dkv_recv = P > 1 ? 2 * t->dkv_block : 0;
+    t->fwd_sent = (int64_t)(P - 1) * t->kv_block;
+    t->bwd_sent = (int64_t)(P - 1) * t->kv_block + (P > 1 ? (int64_t)P * t->dkv_block : 0);
+}
+
+double cp_ring_step_fwd_flops(int64_t group_tokens, int u, int64_t head_dim) {
+    return 2.0 * (double)group_tokens * (double)group_tokens * u * (double)head_dim;
+}
+
+double cp_ring_exposed(int64_t bytes, double net_gbps, double t_block) {
+    double t = (double)bytes / (net_gbps * 1e9) + 20e-6;
+    return t > t_block ? t - t_block : 0;
+}

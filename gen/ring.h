@@ -38,4 +38,27 @@ cp_ring_step cp_ring_step_of(int P, int p, int k);
  * per rank x head_dim x 2 (bf16). */
 int64_t cp_ring_kv_bytes(int64_t group_tokens, int kv_heads_per_rank, int64_t head_dim);
 
+/* What a ring adds to one UPipe stage's attention on one GPU, for a group of L = S/P tokens in head layout, u query
+ * and kvr KV heads per rank, head_dim D: the buffers (bytes) and what the stage sends to the ring's next rank. */
+typedef struct {
+    int64_t kv_block;  /* one K/V block as it travels: cp_ring_kv_bytes(L, kvr, D) */
+    int64_t kv_recv;   /* two receive buffers: the block in hand and the one arriving (the own block stays in the
+                        * stage's K and V) */
+    int64_t o_acc;     /* the merged output, fp32 [L][u][D]; each block's partial output is the stage's bf16 O */
+    int64_t lse_acc;   /* its LSE, fp32 [u][L]; each block's is the stage's LSE slice */
+    int64_t dkv_block; /* a block's dK, dV accumulator, fp32, travelling with the block in the backward */
+    int64_t dkv_recv;  /* two of them: the one in hand and the one arriving */
+    int64_t fwd_sent;  /* bytes sent per stage in the forward: P - 1 K/V blocks */
+    int64_t bwd_sent;  /* in the backward: P - 1 K/V blocks, and P accumulators (P - 1 hops with the blocks, the last
+                        * one home to the block's owner) */
+} cp_ring_terms;
+
+void cp_ring_terms_of(int P, int64_t group_tokens, int u, int kvr, int64_t head_dim, cp_ring_terms *t);
+/* Forward FLOPs of one ring step for u query heads: every step is the same work, 2 L^2 u D (a causal L x L block,
+ * or a full L x L/2 one), so the P steps sum to the causal forward 2 S^2 D per head over the ring. */
+double cp_ring_step_fwd_flops(int64_t group_tokens, int u, int64_t head_dim);
+/* Seconds a send/recv of `bytes` at net_gbps (GB/s, plus 20 us of latency, as the plan's other cross-node
+ * collectives) leaves exposed beyond t_block, the attention on the block in hand it overlaps. */
+double cp_ring_exposed(int64_t bytes, double net_gbps, double t_block);
+
 #endif

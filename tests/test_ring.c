@@ -69,6 +69,39 @@ static void test_zigzag_classification(void **state) {
     assert_int_equal(cp_ring_kv_bytes(2097152, 1, 128), 1073741824LL);
 }
 
+/* The 8B shape (32 heads, 8 KV heads, head_dim 128) at 8M tokens on 32 GPUs, ring 4 x 8 GPUs, UPipe U = 8: a group
+ * holds S/P = 2M tokens; u = 1 query head and kvr = 1 KV head per rank per stage. With 2 replicas (64 GPUs) every
+ * GPU's terms are the same: replicas add sequences, not buffers. */
+static void test_ring_terms_8b_8m(void **state) {
+    (void)state;
+    const int64_t S = 8388608, L = S / 4;
+    cp_ring_terms t;
+    cp_ring_terms_of(4, L, 1, 1, 128, &t);
+    assert_int_equal(t.kv_block, 2 * 2097152LL * 1 * 128 * 2); /* K and V, bf16: 1 GiB */
+    assert_int_equal(t.kv_block, 1LL << 30);
+    assert_int_equal(t.kv_recv, 2LL << 30);
+    assert_int_equal(t.o_acc, 2097152LL * 128 * 4);            /* 1 GiB */
+    assert_int_equal(t.lse_acc, 8LL << 20);                    /* 8 MiB */
+    assert_int_equal(t.dkv_block, 2LL << 30);                  /* dK, dV fp32 */
+    assert_int_equal(t.dkv_recv, 4LL << 30);
+    assert_int_equal(t.fwd_sent, 3LL << 30);                   /* 3 blocks of 1 GiB */
+    assert_int_equal(t.bwd_sent, (3LL << 30) + 4 * (2LL << 30)); /* 3 blocks, 4 accumulator hops: 11 GiB */
+    /* a ring of 1 adds nothing and sends nothing */
+    cp_ring_terms one;
+    cp_ring_terms_of(1, S, 1, 1, 128, &one);
+    assert_true(one.kv_recv == 0 && one.o_acc == 0 && one.lse_acc == 0 && one.dkv_recv == 0 && one.fwd_sent == 0 &&
+                one.bwd_sent == 0);
+    /* a rank's 4 stages (H / U) of u = 1 query head, P = 4 ring steps each, over the 32 ranks: the causal forward
+     * 2 S^2 H D of the whole sequence */
+    double per_rank = 4 * 4 * cp_ring_step_fwd_flops(L, 1, 128);
+    assert_float_equal(per_rank * 32, 2.0 * (double)S * S * 32 * 128, 1e3);
+    assert_float_equal(cp_ring_step_fwd_flops(L, 1, 128), 1125899906842624.0, 0.5); /* 2 * 2^42 * 128 */
+    /* a 1 GiB block at 40 GB/s takes 26.86 ms: hidden behind a block's attention of seconds, exposed by 16.86 ms
+     * beyond 10 ms of it */
+    assert_float_equal(cp_ring_exposed(1LL << 30, 40, 2.0), 0, 0);
+    assert_float_equal(cp_ring_exposed(1LL << 30, 40, 0.010), (1LL << 30) / 40e9 + 20e-6 - 0.010, 1e-12);
+}
+
 /* The LSE merge by hand: lse log 2 with o 1, lse log 6 with o 3 give lse log 8 and o (2 + 18) / 8 = 2.5; a row no
  * key reached on either side (-inf, -inf) stays as it is; one reached on one side takes that side. */
 static void test_merge_by_hand(void **state) {
@@ -182,6 +215,7 @@ static void test_ring_attention_matches_reference(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zigzag_classification),
+        cmocka_unit_test(test_ring_terms_8b_8m),
         cmocka_unit_test(test_merge_by_hand),
         cmocka_unit_test(test_ring_attention_matches_reference),
     };
