@@ -8,7 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <ftw.h>
+#include "tmpdir.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,11 +29,6 @@
 
 static char root[256], bundle[300];
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
 /* Run a shell command; its exit status, its stdout and stderr together in out (owned). */
 static int sh(const char *cmd, char **out) {
     char full[2048];
@@ -49,8 +45,7 @@ static int sh(const char *cmd, char **out) {
 
 static int group_setup(void **state) {
     (void)state;
-    snprintf(root, sizeof root, "/tmp/cpgen-test-bundle-XXXXXX");
-    if (!mkdtemp(root)) return -1;
+    if (tmpdir_make(root, sizeof root, "bundle")) return -1;
     snprintf(bundle, sizeof bundle, "%s/tiny.bundle", root);
     char cmd[1024], *out;
     snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s/cache build/cpgen aot tiny -o %s --arch sm_90a,sm_80", root, bundle);
@@ -64,7 +59,7 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
     (void)state;
-    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tmpdir_remove(root);
     return 0;
 }
 

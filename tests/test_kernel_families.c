@@ -9,7 +9,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <ftw.h>
+#include "tmpdir.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,20 +23,14 @@
 
 static char cache_dir[256];
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
 static int group_setup(void **state) {
     (void)state;
-    snprintf(cache_dir, sizeof cache_dir, "/tmp/cpgen-test-families-XXXXXX");
-    return mkdtemp(cache_dir) ? 0 : -1;
+    return tmpdir_make(cache_dir, sizeof cache_dir, "families");
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    nftw(cache_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tmpdir_remove(cache_dir);
     return 0;
 }
 

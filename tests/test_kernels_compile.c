@@ -7,7 +7,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <ftw.h>
+#include "tmpdir.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,20 +27,14 @@ static const char *ARCHS[] = {"sm_90a", "sm_80"};
 
 static char cache_dir[256];
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
 static int group_setup(void **state) {
     (void)state;
-    snprintf(cache_dir, sizeof cache_dir, "/tmp/cpgen-test-kernels-XXXXXX");
-    return mkdtemp(cache_dir) ? 0 : -1;
+    return tmpdir_make(cache_dir, sizeof cache_dir, "compile");
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    nftw(cache_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tmpdir_remove(cache_dir);
     return 0;
 }
 

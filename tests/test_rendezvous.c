@@ -11,8 +11,9 @@
 
 #include <cmocka.h>
 
+#include "tmpdir.h"
+
 #include <arpa/inet.h>
-#include <ftw.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -301,18 +302,13 @@ static void test_port_in_use(void **state) {
 
 static char dir[256];
 
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
 static int file_setup(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/cpgen_test_rdv_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return tmpdir_make(dir, sizeof dir, "rdv");
 }
 static int file_teardown(void **state) {
     (void)state;
-    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    tmpdir_remove(dir);
     return 0;
 }
 

@@ -8,7 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <ftw.h>
+#include "tmpdir.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,20 +26,14 @@
 
 static char root[256];
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
 static int setup(void **state) {
     (void)state;
-    snprintf(root, sizeof root, "/tmp/cpgen-test-tune-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
+    return tmpdir_make(root, sizeof root, "tune");
 }
 
 static int teardown(void **state) {
     (void)state;
-    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tmpdir_remove(root);
     return 0;
 }
 
