@@ -408,26 +408,39 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         return CP_EXIT_FAIL;
     }
     int rc = 0;
-    if (plan.C > 1 && env.launcher == CP_LAUNCH_NONE) {
+    /* the run's processes: one per GPU of every group (replicas x ring x gpus) */
+    cp_rank_layout layout = {plan.replicas, plan.ring, plan.C};
+    int world = cp_rank_world(&layout);
+    if (world > 1 && env.launcher == CP_LAUNCH_NONE) {
         /* one node, no launcher: start one copy of this command per GPU and wait for them */
-        if (plan.C > gpus) {
-            fprintf(stderr, "cpgen: the plan has parallel.gpus = %d, this machine has %d GPU%s: use --gpus %d, or run "
-                            "under mpirun or srun across nodes (README, several GPUs)\n",
-                    plan.C, gpus, gpus == 1 ? "" : "s", gpus);
+        if (world > gpus) {
+            if (world == plan.C)
+                fprintf(stderr, "cpgen: the plan has parallel.gpus = %d, this machine has %d GPU%s: use --gpus %d, or "
+                                "run under mpirun or srun across nodes (README, several GPUs)\n",
+                        plan.C, gpus, gpus == 1 ? "" : "s", gpus);
+            else
+                fprintf(stderr, "cpgen: the plan has %d replicas x %d GPUs = %d, this machine has %d GPU%s: use fewer "
+                                "replicas or GPUs, or run under mpirun or srun across nodes (README, several GPUs)\n",
+                        plan.replicas * plan.ring, plan.C, world, gpus, gpus == 1 ? "" : "s");
             cp_plan_free(&plan);
             return CP_EXIT_USAGE;
         }
-        printf("\nstarting %d processes, one per GPU\n", plan.C);
+        printf("\nstarting %d processes, one per GPU\n", world);
         fflush(stdout);
-        rc = cp_launch_spawn(plan.C, c->argv, NULL, err, sizeof err);
+        rc = cp_launch_spawn(world, c->argv, NULL, err, sizeof err);
         if (rc) fprintf(stderr, "cpgen: %s\n", err);
         if (c->bundle) cp_bundle_close(&bundle);
         cp_plan_free(&plan);
         return rc ? CP_EXIT_FAIL : 0;
     }
-    if (env.size != plan.C) {
-        fprintf(stderr, "cpgen: rank %d: %d processes were started for a plan of parallel.gpus = %d: start one per GPU "
-                        "of the plan, or set --gpus %d\n", env.rank, env.size, plan.C, env.size);
+    if (env.size != world) {
+        if (world == plan.C)
+            fprintf(stderr, "cpgen: rank %d: %d processes were started for a plan of parallel.gpus = %d: start one per "
+                            "GPU of the plan, or set --gpus %d\n", env.rank, env.size, plan.C, env.size);
+        else
+            fprintf(stderr, "cpgen: rank %d: %d processes were started for a plan of parallel.replicas = %d x "
+                            "parallel.ring = %d x parallel.gpus = %d = %d GPUs: start one per GPU of the plan\n",
+                    env.rank, env.size, plan.replicas, plan.ring, plan.C, world);
         if (c->bundle) cp_bundle_close(&bundle);
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
@@ -453,20 +466,27 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     snprintf(t.arch, sizeof t.arch, "%s", o.arch);
     cp_world w;
     bool joined = false;
-    if (plan.C > 1) {
+    if (world > 1) {
         int64_t key[3];
         plan_key(&plan, key);
         rc = cp_world_join(&w, &env, key, err, sizeof err);
         joined = rc == 0;
-        t.rank = w.rank;
-        t.device = w.device;
-        t.comm = &w.comm;
-        t.base_free = w.base_free;
+        if (!rc) rc = cp_world_split(&w, &layout, err, sizeof err);
+        if (!rc) {
+            bool groups = plan.replicas * plan.ring > 1; /* one group: the run's communicator alone, as always */
+            t.rank = w.group_rank;
+            t.world_rank = w.rank;
+            t.device = w.device;
+            t.comm = w.of_kind[CP_COMM_ULYSSES];
+            t.shard_comm = groups ? w.of_kind[CP_COMM_SHARD] : NULL;
+            t.world_comm = groups ? w.of_kind[CP_COMM_WORLD] : NULL;
+            t.base_free = w.base_free;
+        }
     }
     if (!rc) rc = cp_train_run(&plan, &t, NULL, err, sizeof err);
     if (rc) fprintf(stderr, "cpgen: %s\n", err);
     if (joined) {
-        if (rc) cp_nccl_abort(&w.comm); /* the others stop at their next collective instead of waiting */
+        if (rc) cp_world_abort(&w); /* the others stop at their next collective instead of waiting */
         else cp_world_leave(&w);
     }
     if (c->bundle) cp_bundle_close(&bundle);

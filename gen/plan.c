@@ -291,14 +291,10 @@ static void shard_allreduce(builder *B, const bufset *b, int unit) {
 
 /* Reduce-scatter unit `unit`'s full gradients into this rank's shard (C > 1). Where the shard already holds
  * gradients, the cast module's add_f32 (`add_module`) first adds it into this rank's slice of the full gradients
- * (the executor picks the slice by rank), so the collective can overwrite the shard. Then, with several groups, the
- * shard's all-reduce across them. */
-static void reduce_scatter(builder *B, const bufset *b, int unit, int add_module) {
+ * (the executor picks the slice by rank), so the collective can overwrite the shard. */
+static void reduce_scatter_in_group(builder *B, const bufset *b, int unit, int add_module) {
     cp_plan *P = B->P;
-    if (P->C == 1) {
-        shard_allreduce(B, b, unit);
-        return;
-    }
+    if (P->C == 1) return;
     unit_ref r = unit_at(P, b, unit, 0);
     int64_t shard = P->unit_padded[unit] / P->C;
     if (shard_accumulates(P, unit)) {
@@ -310,6 +306,11 @@ static void reduce_scatter(builder *B, const bufset *b, int unit, int add_module
     cp_step *s = collective(B, CP_OP_REDUCE_SCATTER, "reduce_scatter", P->unit_padded[unit] * F32);
     rd(s, P, r.gbuf);
     use(s, P, b->grads, P->unit_shard_off[unit] * F32, shard * F32, CP_RW);
+}
+
+/* The same, then, with several groups, the shard's all-reduce across them. */
+static void reduce_scatter(builder *B, const bufset *b, int unit, int add_module) {
+    reduce_scatter_in_group(B, b, unit, add_module);
     shard_allreduce(B, b, unit);
 }
 
@@ -1084,7 +1085,9 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     wr(s, P, b->norm_part);
     s->count = T;
     reduce_scatter(&B, b, head_unit, M->cast);
-    if (tied) reduce_scatter(&B, b, 0, M->cast); /* free the tied gradient now; the embedding's backward sends its own */
+    /* free the tied gradient now; the embedding's backward sends its own, and sums the shard across groups once:
+     * twice would count the head's part once per group again */
+    if (tied) reduce_scatter_in_group(&B, b, 0, M->cast);
 
     /* layers backward, last first */
     if (L > 0) gather(&B, b, L, (L - 1) % 2);

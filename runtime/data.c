@@ -420,6 +420,7 @@ int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *ta
         memcpy(tokens, d->scratch + first, (size_t)T * sizeof *tokens);
         memcpy(targets, d->scratch + d->seq_len + first, (size_t)T * sizeof *targets);
         d->sequence++;
+        d->targets_round = d->targets_seq;
         return 0;
     }
     /* T + 1 tokens: the slice and, shifted by one, its targets */
@@ -428,7 +429,7 @@ int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *ta
     if (!rc) {
         memcpy(tokens, tmp, (size_t)T * sizeof *tokens);
         memcpy(targets, tmp + 1, (size_t)T * sizeof *targets);
-        d->targets_seq = d->seq_len; /* every position of a shard has its next token */
+        d->targets_seq = d->targets_round = d->seq_len; /* every position of a shard has its next token */
     }
     free(tmp);
     return rc;
@@ -462,7 +463,15 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
     }
     int rc = 0;
     if (d->synthetic) {
+        /* the other replicas' sequences only for their target counts (the loss is divided by the round's) */
+        int64_t others = 0;
+        for (int g = 0; g < sl->replicas; g++)
+            if (g != sl->replica) {
+                synthetic_sequence(d, d->sequence + g);
+                others += d->targets_seq;
+            }
         synthetic_sequence(d, d->sequence + sl->replica);
+        d->targets_round = others + d->targets_seq;
         for (int k = 0, o = 0; k < nruns; o += (int)run_len[k], k++) {
             memcpy(tokens + o, d->scratch + run_at[k], (size_t)run_len[k] * sizeof *tokens);
             memcpy(targets + o, d->scratch + S + run_at[k], (size_t)run_len[k] * sizeof *targets);
@@ -482,6 +491,7 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
         if (!rc) rc = cp_tokens_read(&d->tokens, 0, 0, tmp, true, err, errlen); /* on to the next sequence */
     }
     d->targets_seq = S;
+    d->targets_round = S * sl->replicas;
     free(tmp);
     return rc;
 }

@@ -121,6 +121,8 @@ typedef struct {
     int64_t seq_len;
     int64_t sequence; /* synthetic: next sequence index */
     int64_t targets_seq; /* target tokens (not ignored) in the whole of the last sequence, all ranks' slices */
+    int64_t targets_round; /* the same over the last round's sequences, one per replica (cp_dataset_next_slice; with
+                            * cp_dataset_next, the last sequence's): the loss's divisor counts every group's */
     int32_t *scratch; /* synthetic: one full sequence of tokens and targets */
 } cp_dataset;
 

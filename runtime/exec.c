@@ -211,11 +211,10 @@ static int setup(cp_exec *ex, char *err, int errlen) {
 
 int cp_exec_supports(const cp_plan *P, char *err, int errlen) {
     const cp_parallel *par = &P->spec.parallel;
-    if (par->replicas > 1 || par->ring > 1)
-        return cp_errf(err, errlen, "%s: the plan has parallel.replicas = %d and parallel.ring = %d (%d GPUs in all): "
-                       "this build plans replica groups and rings but does not execute them yet (their "
-                       "communicators and the ring's send/recv and LSE-merge steps); use `cpgen plan` for them, and "
-                       "replicas = ring = 1 to train", P->spec.path, par->replicas, par->ring,
+    if (par->ring > 1)
+        return cp_errf(err, errlen, "%s: the plan has parallel.ring = %d (%d GPUs in all): this build plans rings but "
+                       "does not execute them yet (their communicators and the ring's send/recv and LSE-merge steps); "
+                       "use `cpgen plan` for them, and ring = 1 to train", P->spec.path, par->ring,
                        par->replicas * par->ring * par->gpus);
     return 0;
 }
@@ -226,6 +225,12 @@ int cp_exec_create(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char 
     if (P->C > 1 && (!o || !o->comm || o->comm->size != P->C || o->rank != o->comm->rank))
         return cp_errf(err, errlen, "the plan has %d GPUs: each needs its own process with a communicator of all %d "
                        "(`cpgen run` starts them; under mpirun or srun, start one process per GPU)", P->C, P->C);
+    int groups = P->replicas * P->ring;
+    if (groups > 1 && (!o || !o->shard_comm || o->shard_comm->size != groups || !o->world_comm ||
+                       o->world_comm->size != groups * P->C))
+        return cp_errf(err, errlen, "the plan has %d groups of %d GPUs: each rank needs the communicator of its shard "
+                       "across the groups (%d ranks) and the run's (%d; cp_world_split makes them)", groups, P->C,
+                       groups, groups * P->C);
     cp_exec *ex = cp_xcalloc(1, sizeof *ex);
     ex->P = P;
     if (o) ex->o = *o;

@@ -26,6 +26,11 @@ typedef struct {
     int device;     /* the CUDA device of this rank */
     int rank;       /* this process's rank among the plan's C GPUs (0 with one) */
     cp_nccl_comm *comm; /* the C ranks' communicator; NULL with one GPU */
+    /* Several groups (parallel.replicas): the communicator of the ranks holding the same shard in every group (the
+     * plan's shard_allreduce and loss_allreduce), and the run's (the loss of cp_exec_gradients, the watchdog); NULL
+     * with one group. world_rank: this process's rank in the run (rank with one group): rank 0 alone speaks. */
+    cp_nccl_comm *shard_comm, *world_comm;
+    int world_rank;
     int64_t base_free;  /* the device's free memory before this process used it (cp_exec_device_free), when the
                          * CUDA context exists before the executor; 0: measured at its creation */
     const char *trace_path; /* --trace: the step trace's file (trace.h); NULL for none */
@@ -77,8 +82,8 @@ int64_t cp_exec_device_free(int dev);
  * before anything else in the process creates a CUDA context, so that the context's memory is measured too. */
 int cp_exec_create(cp_exec **out, const cp_plan *plan, const cp_exec_opts *o, char *err, int errlen);
 
-/* Whether this executor runs the plan at all: 0, or -1 with a message saying what it lacks (replica groups and rings
- * across nodes are planned, but their communicators and ring steps are not executed yet). cp_exec_create,
+/* Whether this executor runs the plan at all: 0, or -1 with a message saying what it lacks (rings are planned, but
+ * their communicators and ring steps are not executed yet; replica groups run). cp_exec_create,
  * cp_exec_check and `cpgen run` ask it before anything else. */
 int cp_exec_supports(const cp_plan *plan, char *err, int errlen);
 void cp_exec_destroy(cp_exec *ex);

@@ -567,7 +567,16 @@ static int prep_collective(pctx *c) {
     xstep *x = c->x;
     int64_t C = P->C;
     x->kind = X_COLL;
-    if (C < 2) return pfail(c, "a collective in a plan of one GPU");
+    /* the ranks of the step's communicator: the Ulysses group's unless the plan says otherwise */
+    int64_t groups = (int64_t)P->replicas * P->ring, ranks = s->comm == CP_COMM_SHARD ? groups
+                                                          : s->comm == CP_COMM_WORLD ? groups * C
+                                                          : s->comm == CP_COMM_ULYSSES ? C : 0;
+    if (!ranks) return pfail(c, "a collective over the %s communicator, which this runtime does not make",
+                             cp_comm_kind_name(s->comm));
+    if (ranks < 2) return pfail(c, "a collective over a %s communicator of one rank", cp_comm_kind_name(s->comm));
+    if (s->comm != CP_COMM_ULYSSES && s->kind != CP_OP_ALLREDUCE)
+        return pfail(c, "a %s over the %s communicator: only all-reduces cross groups", cp_opkind_name(s->kind),
+                     cp_comm_kind_name(s->comm));
     switch (s->kind) {
     case CP_OP_ALLTOALL:
         if (need_ops(c, 2) || need_bytes(c, 0, s->count) || need_bytes(c, 1, s->count)) return -1;

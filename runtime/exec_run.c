@@ -39,9 +39,22 @@ static cudaError_t local_stand_in(const cp_exec *ex, int i, cudaStream_t st) {
     }
 }
 
+/* The communicator a step's collective runs over (cp_step.comm): the Ulysses group's, the shard's across groups, or
+ * the run's. */
+static cp_nccl_comm *step_comm(const cp_exec *ex, int i) {
+    switch (ex->P->steps[i].comm) {
+    case CP_COMM_SHARD: return ex->o.shard_comm;
+    case CP_COMM_WORLD: return ex->o.world_comm;
+    default: return ex->o.comm;
+    }
+}
+
+/* The communicator watched while waiting, and the one the loss is summed over outside the plan: the run's. */
+static cp_nccl_comm *run_comm(const cp_exec *ex) { return ex->o.world_comm ? ex->o.world_comm : ex->o.comm; }
+
 static int run_collective(cp_exec *ex, int i, cudaStream_t st, char *err, int errlen) {
     const xstep *x = &ex->x[i];
-    cp_nccl_comm *cm = ex->o.comm;
+    cp_nccl_comm *cm = step_comm(ex, i);
     switch (ex->P->steps[i].kind) {
     case CP_OP_ALLTOALL: return cp_nccl_all_to_all(cm, x->src, x->dst, x->count, x->dtype, st, err, errlen);
     case CP_OP_ALLGATHER: return cp_nccl_all_gather(cm, x->src, x->dst, x->count, x->dtype, st, err, errlen);
@@ -57,8 +70,8 @@ static int run_collective(cp_exec *ex, int i, cudaStream_t st, char *err, int er
 int exec_sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err, int errlen) {
     /* a wait may span a whole step: the communicator's deadline plus four times the step the plan predicts, so a
      * long step is not taken for a stuck peer */
-    if (ex->o.comm)
-        return cp_nccl_wait(ex->o.comm, st, NULL, what, ex->o.comm->timeout_s + 4 * ex->P->t_step, err, errlen);
+    cp_nccl_comm *cm = run_comm(ex);
+    if (cm) return cp_nccl_wait(cm, st, NULL, what, cm->timeout_s + 4 * ex->P->t_step, err, errlen);
     CK(cudaStreamSynchronize(st), what);
     return 0;
 }
@@ -127,11 +140,15 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
         if (e == cudaSuccess) atomic_fetch_add(&pr->recorded, 1);
     }
     for (int w = 0; w < x->nwait && e == cudaSuccess; w++) e = cudaStreamWaitEvent(st, ex->events[ex->waits[x->wait0 + w]], 0);
-    bool timed = ex->profiling && mb == 0;
+    /* a step of the last micro-batch only (the all-reduce of gradients accumulated over all of them): in the others
+     * it does nothing, but still takes its waits and records its event, so whatever waits for it is ordered as in
+     * the last */
+    bool idle = ex->P->steps[i].last_micro && mb + 1 < ex->P->spec.train.micro_batches;
+    bool timed = ex->profiling && mb == 0 && !idle;
     if (timed && e == cudaSuccess) e = cp_profile_begin(ex->prof, i, st);
     int traced = ex->tracing ? cp_trace_instance(ex->P, mb, i) : -1;
     if (traced >= 0 && e == cudaSuccess) e = cp_trace_rec_begin(ex->trace, traced, st);
-    if (e == cudaSuccess) switch (x->kind) {
+    if (e == cudaSuccess && !idle) switch (x->kind) {
         case X_KERNEL:
             for (int k = 0; k < x->nl && e == cudaSuccess; k++) e = cp_launch(x->L[k].k, &x->L[k].d, (void **)x->L[k].args, st);
             break;
@@ -187,7 +204,7 @@ static int read_scalars(cp_exec *ex, char *err, int errlen) {
     cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
     /* the all-reduce of the two sums runs on the communication stream; the read is not a plan step, so no event
      * orders it after that */
-    if (ex->o.comm && exec_sync_stream(ex, ex->streams[CP_STREAM_COMM], "summing the loss across the ranks", err, errlen))
+    if (run_comm(ex) && exec_sync_stream(ex, ex->streams[CP_STREAM_COMM], "summing the loss across the ranks", err, errlen))
         return -1;
     CK(cudaMemcpyAsync(ex->host_scalars, ex->loss_sum, 2 * sizeof(float), cudaMemcpyDeviceToHost, st),
        "reading the loss");
@@ -228,7 +245,7 @@ static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *t
         int32_t *st = ex->staging + (size_t)b * 3 * T;
         sort_tokens(st, T, V, ex->sort_count, st + 2 * T);
     }
-    if (P->C > 1) {
+    if (run_comm(ex)) { /* several GPUs: the divisor counts every rank of every group */
         if (targets_all < ntgt)
             return cp_errf(err, errlen, "rank %d: the step's target count over all ranks (%lld) is below this rank's "
                            "(%lld): the caller must count the targets of every rank's slice", ex->o.rank,
@@ -251,8 +268,8 @@ int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets
     }
     if (!rc) rc = join_streams(ex, err, errlen);
     /* the optimizer's all-reduce of the loss does not run here: sum it across the ranks now */
-    if (!rc && ex->o.comm)
-        rc = cp_nccl_all_reduce(ex->o.comm, ex->loss_sum, ex->loss_sum, 1, ncclFloat32, ncclSum,
+    if (!rc && run_comm(ex))
+        rc = cp_nccl_all_reduce(run_comm(ex), ex->loss_sum, ex->loss_sum, 1, ncclFloat32, ncclSum,
                                 ex->streams[CP_STREAM_COMPUTE], err, errlen);
     if (!rc) rc = read_scalars(ex, err, errlen);
     if (!rc) CK(cudaDeviceSynchronize(), "finishing the backward");
@@ -287,7 +304,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     atomic_init(&pr.recorded, 0);
     atomic_init(&pr.done, false);
     pthread_t pth;
-    bool prog = expect > PROGRESS_AFTER && ex->nmarkers > 0 && ex->o.rank == 0 && /* one voice for all ranks */
+    bool prog = expect > PROGRESS_AFTER && ex->nmarkers > 0 && ex->o.rank == 0 && ex->o.world_rank == 0 && /* one voice */
                 pthread_create(&pth, NULL, progress_thread, &pr) == 0;
     int rc = 0;
     for (int b = 0; b < mb && !rc; b++) {

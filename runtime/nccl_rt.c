@@ -60,6 +60,7 @@ int cp_nccl_load(const char *lib, char *err, int errlen) {
         {"ncclCommInitRank", (void **)&t.CommInitRank, true},
         {"ncclCommInitRankConfig", (void **)&t.CommInitRankConfig, false},
         {"ncclCommFinalize", (void **)&t.CommFinalize, false},
+        {"ncclCommSplit", (void **)&t.CommSplit, false},
         {"ncclCommDestroy", (void **)&t.CommDestroy, true},
         {"ncclCommAbort", (void **)&t.CommAbort, true},
         {"ncclCommGetAsyncError", (void **)&t.CommGetAsyncError, true},
@@ -286,6 +287,51 @@ int cp_nccl_init(cp_nccl_comm *c, int rank, int size, const ncclUniqueId *id, do
     c->comm = comm;
     if (r != ncclSuccess && r != ncclInProgress && !comm) return nccl_fail(c, r, call, NULL, err, errlen);
     if (settle(c, r, call, why, c->timeout_s, err, errlen)) return -1;
+    return 0;
+}
+
+int cp_nccl_split(cp_nccl_comm *parent, int color, int key, int size, const char *what, cp_nccl_comm *c, char *err,
+                  int errlen) {
+    if (!c) return cp_errf(err, errlen, "cp_nccl_split: no communicator to fill");
+    memset(c, 0, sizeof *c);
+    if (check_comm(parent, "ncclCommSplit", err, errlen)) return -1;
+    if (color < 0 || size < 1 || key < 0 || key >= size)
+        return cp_errf(err, errlen, "rank %d: splitting the %s communicator: colour %d, rank %d of %d is not a valid "
+                       "place (a cpgen bug)", parent->rank, what, color, key, size);
+    if (!api->CommSplit) {
+        char v[32];
+        cp_nccl_version_str(api_version, v, sizeof v);
+        return cp_errf(err, errlen, "rank %d: the %s communicator needs ncclCommSplit, which NCCL %s lacks: runs of "
+                       "several replicas need NCCL 2.18 or newer; %s", parent->rank, what, v, INSTALL_HINT);
+    }
+    c->rank = key;
+    c->size = size;
+    c->timeout_s = parent->timeout_s;
+    c->nonblocking = parent->nonblocking;
+    char call[128];
+    snprintf(call, sizeof call, "ncclCommSplit into the %s communicator (colour %d, %d ranks)", what, color, size);
+    ncclComm_t comm = NULL;
+    ncclResult_t r;
+    if (parent->nonblocking) {
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 0;
+        r = api->CommSplit(parent->comm, color, key, &comm, &cfg);
+    } else {
+        r = api->CommSplit(parent->comm, color, key, &comm, NULL);
+    }
+    c->comm = comm;
+    if (r != ncclSuccess && r != ncclInProgress && !comm) {
+        /* the parent's other ranks wait in the split for this one: stop them */
+        int rc = nccl_fail(c, r, call, ABORTED, err, errlen);
+        cp_nccl_abort(parent);
+        return rc;
+    }
+    /* a non-blocking split settles on the new communicator (and the parent, which it keeps busy meanwhile) */
+    if (settle(c, r, call, "a rank of the run did not reach it (every rank splits the run's communicator alike)",
+               c->timeout_s, err, errlen)) {
+        cp_nccl_abort(parent);
+        return -1;
+    }
     return 0;
 }
 

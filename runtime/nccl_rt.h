@@ -23,6 +23,8 @@ typedef struct {
     ncclResult_t (*CommInitRankConfig)(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
                                        ncclConfig_t *config); /* optional (2.14) */
     ncclResult_t (*CommFinalize)(ncclComm_t comm);            /* optional (2.14) */
+    ncclResult_t (*CommSplit)(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                              ncclConfig_t *config);          /* optional (2.18): runs of several groups */
     ncclResult_t (*CommDestroy)(ncclComm_t comm);
     ncclResult_t (*CommAbort)(ncclComm_t comm);
     ncclResult_t (*CommGetAsyncError)(ncclComm_t comm, ncclResult_t *async_error);
@@ -74,6 +76,13 @@ int cp_nccl_unique_id(ncclUniqueId *id, char *err, int errlen);
 /* Create this rank's communicator on the current CUDA device (call cudaSetDevice(local_rank) first). Waits at most
  * timeout_s (<= 0: 300 s) for every rank to join, then aborts. Loads the library if needed. */
 int cp_nccl_init(cp_nccl_comm *c, int rank, int size, const ncclUniqueId *id, double timeout_s, char *err, int errlen);
+
+/* Split parent into the communicators of a run of several groups (replicas): every rank of parent calls it, and
+ * those passing the same color (>= 0) get one communicator, ranked by key (0..size-1, distinct within a color),
+ * which must be `size` ranks. Non-blocking like cp_nccl_init, with parent's deadline. Needs NCCL 2.18 or newer
+ * (ncclCommSplit); an older library gets a message saying so. `what` names the communicator in messages. */
+int cp_nccl_split(cp_nccl_comm *parent, int color, int key, int size, const char *what, cp_nccl_comm *c, char *err,
+                  int errlen);
 
 /* Finalize and destroy (or just free after an abort). Returns 0, or -1 with a message; c is reset either way. */
 int cp_nccl_destroy(cp_nccl_comm *c, char *err, int errlen);

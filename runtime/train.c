@@ -50,9 +50,9 @@ static int cmp_double(const void *a, const void *b) {
 
 /* Write the training checkpoint <out_dir>/ckpt_<step> (checkpoint.h). With the optimizer in host memory on one GPU
  * the executor's master weights and moments are written where they are; otherwise they are read into three
- * model-sized arrays for the length of the save (with several GPUs every rank takes part in the gathers and rank 0
- * alone holds the arrays and writes). */
-static int save(cp_exec *ex, const cp_plan *P, int rank, const cp_dataset *data, int step, int skipped,
+ * model-sized arrays for the length of the save (with several GPUs every rank takes part in its group's gathers and
+ * the writer, the run's rank 0, alone holds the arrays and writes: every group holds the same model). */
+static int save(cp_exec *ex, const cp_plan *P, bool writer, const cp_dataset *data, int step, int skipped,
                 double last_loss, FILE *out, char *err, int errlen) {
     double t0 = cp_now();
     cp_ckpt_state st;
@@ -66,24 +66,24 @@ static int save(cp_exec *ex, const cp_plan *P, int rank, const cp_dataset *data,
     int rc = 0;
     if (cp_exec_host_state(ex, &hw, &hm, &hv)) {
         rc = cp_exec_read_optimizer(ex, NULL, NULL, &st.updates, err, errlen);
-        if (!rc) rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, hw, hm, hv, NULL, NULL, path, sizeof path, err, errlen);
+        if (!rc && writer) rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, hw, hm, hv, NULL, NULL, path, sizeof path, err, errlen);
     } else {
         size_t n = (size_t)cp_weights_elems(P);
         float *w = NULL, *m = NULL, *v = NULL;
-        if (rank == 0) {
+        if (writer) {
             w = cp_xmalloc(sizeof(float) * n);
             m = cp_xmalloc(sizeof(float) * n);
             v = cp_xmalloc(sizeof(float) * n);
         }
         rc = cp_exec_read_weights(ex, w, err, errlen);
         if (!rc) rc = cp_exec_read_optimizer(ex, m, v, &st.updates, err, errlen);
-        if (!rc && rank == 0)
+        if (!rc && writer)
             rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, w, m, v, NULL, NULL, path, sizeof path, err, errlen);
         free(w);
         free(m);
         free(v);
     }
-    if (!rc && out && rank == 0)
+    if (!rc && out && writer)
         fprintf(out, "saved %s (fp32 weights as Hugging Face safetensors, AdamW state, trainer state) in %.1f s\n", path,
                 cp_now() - t0);
     return rc;
@@ -156,7 +156,12 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                  char *err, int errlen) {
     const cp_spec *sp = &P->spec;
     const cp_train *tr = &sp->train;
-    const int rank = o->rank, lead = rank == 0;
+    /* rank: within the group (its shard, its slice); lead: rank 0 of the run, the one that prints and writes */
+    const int rank = o->rank, lead = o->world_rank == 0;
+    cp_rank_layout layout = {P->replicas, P->ring, P->C};
+    cp_rank_place place = cp_rank_of(&layout, o->world_rank);
+    cp_data_slice slice = {.replica = place.replica, .replicas = P->replicas, .ring_pos = place.ring_pos,
+                           .ring = P->ring, .rank = rank, .gpus = P->C};
     FILE *out = lead ? o->out : NULL;
     int mb = tr->micro_batches;
     int64_t T = P->T;
@@ -244,8 +249,9 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     for (int step = start; step < tr->steps && !rc; step++) {
         int64_t targets_all = 0;
         for (int b = 0; b < mb && !rc; b++) {
-            rc = cp_dataset_next(&data, rank, P->C, tok + (size_t)b * T, tgt + (size_t)b * T, err, errlen);
-            targets_all += data.targets_seq;
+            /* group g reads sequences g, g + R, ... of the stream; the loss is divided by every group's targets */
+            rc = cp_dataset_next_slice(&data, &slice, tok + (size_t)b * T, tgt + (size_t)b * T, err, errlen);
+            targets_all += data.targets_round;
         }
         if (rc) break;
         cp_optim_hp hp = {.lr = cp_lr_at(tr, step), .beta1 = tr->beta1, .beta2 = tr->beta2, .eps = tr->eps,
@@ -306,7 +312,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             fflush(metrics);
         }
         if (tr->save_every > 0 && (step + 1) % tr->save_every == 0)
-            rc = save(ex, P, rank, &data, step + 1, res->skipped, r.loss, out, err, errlen);
+            rc = save(ex, P, lead, &data, step + 1, res->skipped, r.loss, out, err, errlen);
     }
     int ran = res->steps - start;
     if (ran > 0) {
@@ -336,7 +342,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                 cp_fmt_bytes(P->host_peak, d, sizeof d));
     }
     if (!rc && tr->save_every > 0 && ran > 0 && res->steps % tr->save_every != 0)
-        rc = save(ex, P, rank, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
+        rc = save(ex, P, lead, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
     if (metrics) fclose(metrics);
     if (!rc && metrics && lead) { /* the run's picture; a failure to draw it does not fail the run */
         char why[CP_ERR_MAX];
@@ -362,12 +368,16 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     snprintf(eo.arch, sizeof eo.arch, "%s", o->arch);
     eo.bundle = o->bundle;
     eo.no_cache = o->no_cache;
-    eo.out = o->rank == 0 ? o->out : NULL;
+    eo.out = o->world_rank == 0 ? o->out : NULL;
     eo.rank = o->rank;
+    eo.world_rank = o->world_rank;
     eo.device = o->device;
     eo.comm = o->comm;
+    eo.shard_comm = o->shard_comm;
+    eo.world_comm = o->world_comm;
     eo.base_free = o->base_free;
-    eo.trace_path = o->trace_path;
+    /* the trace is of the first group: the others run the same steps, and their part files would share its names */
+    eo.trace_path = o->world_rank < P->C ? o->trace_path : NULL;
     eo.trace_step = o->trace_step;
     /* a checkpoint is checked before the GPU is set up, so a wrong one costs no compile time */
     cp_ckpt ck;

@@ -1,6 +1,7 @@
 /* world.c: the ranks of a run meet and make their communicator (see world.h). */
 #include "world.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,8 +79,58 @@ int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[
     return 0;
 }
 
+int cp_world_comm_place(const cp_rank_layout *L, int rank, cp_comm_kind kind, int *color, int *key) {
+    int members[MAX_RANKS];
+    if (cp_rank_world(L) > MAX_RANKS) return *color = *key = -1, 0;
+    int n = cp_rank_comm(L, rank, kind, color, members);
+    *key = -1;
+    for (int k = 0; k < n; k++)
+        if (members[k] == rank) *key = k;
+    return n;
+}
+
+int cp_world_split(cp_world *w, const cp_rank_layout *L, char *err, int errlen) {
+    memset(w->of_kind, 0, sizeof w->of_kind);
+    if (cp_rank_world(L) != w->size)
+        return cp_errf(err, errlen, "rank %d: the run has %d ranks, its plan %d x %d x %d = %d: start one process per "
+                       "GPU of the plan (replicas x ring x gpus)", w->rank, w->size, L->replicas, L->ring, L->gpus,
+                       cp_rank_world(L));
+    if (L->ring > 1)
+        return cp_errf(err, errlen, "rank %d: parallel.ring = %d: the ring's communicators are not made yet; use "
+                       "ring = 1", w->rank, L->ring);
+    w->group_rank = cp_rank_of(L, w->rank).local;
+    w->of_kind[CP_COMM_WORLD] = w->size > 1 ? &w->comm : NULL;
+    if (L->replicas == 1) { /* one group: the run's communicator is the group's, as with no replicas at all */
+        w->of_kind[CP_COMM_ULYSSES] = w->of_kind[CP_COMM_WORLD];
+        return 0;
+    }
+    if (L->gpus == 1) { /* groups of one GPU: the shard's members are every rank, in rank order */
+        w->of_kind[CP_COMM_SHARD] = &w->comm;
+        return 0;
+    }
+    static const struct {
+        cp_comm_kind kind;
+        size_t at;
+    } splits[] = {{CP_COMM_ULYSSES, offsetof(cp_world, group)}, {CP_COMM_SHARD, offsetof(cp_world, shard)}};
+    for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
+        cp_nccl_comm *c = (cp_nccl_comm *)((char *)w + splits[k].at);
+        int color, key, n = cp_world_comm_place(L, w->rank, splits[k].kind, &color, &key);
+        if (cp_nccl_split(&w->comm, color, key, n, cp_comm_kind_name(splits[k].kind), c, err, errlen)) return -1;
+        w->of_kind[splits[k].kind] = c;
+    }
+    return 0;
+}
+
 void cp_world_leave(cp_world *w) {
-    if (!w->comm.comm) return;
     char err[CP_ERR_MAX];
-    if (cp_nccl_destroy(&w->comm, err, sizeof err)) fprintf(stderr, "cpgen: rank %d: %s\n", w->rank, err);
+    cp_nccl_comm *own[] = {&w->group, &w->shard, &w->comm}; /* the split ones before the run's they came from */
+    for (size_t k = 0; k < sizeof own / sizeof own[0]; k++)
+        if (own[k]->comm && cp_nccl_destroy(own[k], err, sizeof err))
+            fprintf(stderr, "cpgen: rank %d: %s\n", w->rank, err);
+}
+
+void cp_world_abort(cp_world *w) {
+    cp_nccl_abort(&w->group);
+    cp_nccl_abort(&w->shard);
+    cp_nccl_abort(&w->comm);
 }

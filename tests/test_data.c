@@ -316,6 +316,7 @@ static void test_dataset_groups(void **state) {
                 assert_int_equal(cp_dataset_seek(&d[0], &pos, err, sizeof err), 0);
             }
             if (cp_dataset_next_slice(&d[k], &sl, tok, tgt, err, sizeof err)) fail_msg("%s", err);
+            assert_int_equal(d[k].targets_round, R * S); /* the loss's divisor: every replica's sequence */
             int64_t seq = (int64_t)round * R + sl.replica;
             for (int64_t i = 0; i < T; i++) {
                 int64_t j = sl.rank * T + i; /* index among the ring group's tokens */
@@ -360,6 +361,14 @@ static void test_dataset_groups(void **state) {
             cp_data_slice sl = {.replica = k, .replicas = 3, .ring_pos = 0, .ring = 1, .rank = 0, .gpus = 1};
             assert_int_equal(cp_dataset_next_slice(&g[k], &sl, tok2, tgt2, err, sizeof err), 0);
             int32_t *full = malloc(S * 4), *fullt = malloc(S * 4);
+            /* the round's targets: the three sequences' together, whichever one this replica reads */
+            int64_t round_targets = 0;
+            for (int q = 0; q < 3; q++) {
+                cp_recall_sequence(&r, 3 * round + q, full, fullt);
+                for (int64_t i = 0; i < S; i++) round_targets += fullt[i] >= 0;
+            }
+            assert_int_equal(g[k].targets_round, round_targets);
+            assert_true(round_targets > 0 && round_targets < 3 * S);
             cp_recall_sequence(&r, 3 * round + k, full, fullt);
             assert_memory_equal(tok2, full, S * 4);
             assert_memory_equal(tgt2, fullt, S * 4);

@@ -4,7 +4,8 @@
  * contract, GEMM extents that fit their buffers, and cross-stream waits under which every pair of steps on different
  * streams touching the same bytes is ordered. Plans of several GPUs likewise, seen from rank 0: their collectives
  * (all-to-all, all-gather, reduce-scatter, all-reduce) get operands that match what NCCL will be asked to move, and
- * their layout kernels get token rows and blocks of the right sizes. */
+ * their layout kernels get token rows and blocks of the right sizes; replica groups' all-reduces across the groups
+ * likewise. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -137,30 +138,59 @@ static void test_attention_output(void **state) {
     assert_true(r.copies > 0);
 }
 
-/* Replica groups are planned but not executed: the check says so rather than reading their steps. */
-static void test_refuses_groups(void **state) {
+/* Replica groups (hybrid sharding): each unit's shard all-reduced across the groups after its reduce-scatter, in
+ * the last micro-batch only, and the loss summed over them, on the shipped shapes with groups of 1, 2 and 8 GPUs;
+ * their collectives get the shard's bytes and waits that order them with every step touching those bytes. */
+static void test_replicas(void **state) {
     (void)state;
-    const char *cases[][2] = {{"parallel.replicas=2", "parallel.replicas = 2 and parallel.ring = 1 (2 GPUs in all)"},
-                              {"parallel.replicas=3", "parallel.replicas = 3 and parallel.ring = 1 (3 GPUs in all)"}};
-    for (int i = 0; i < 2; i++) {
-        cp_spec s;
-        char err[CP_ERR_MAX];
-        const char *sets[] = {cases[i][0]};
-        if (cp_spec_load("tiny", sets, 1, &s, err, sizeof err)) fail_msg("spec: %s", err);
-        cp_plan p;
-        if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("plan: %s", err);
-        cp_exec_check_report r;
-        assert_int_equal(cp_exec_check(&p, &r, err, sizeof err), -1);
-        if (!strstr(err, cases[i][1]) || !strstr(err, "does not execute them yet"))
-            fail_msg("case %d: %s", i, err);
-        assert_int_equal(r.steps, 0);
-        cp_trace_wait *w = NULL;
-        int n = -1;
-        assert_int_equal(cp_exec_plan_waits(&p, &w, &n, err, sizeof err), -1);
-        assert_int_equal(n, 0);
-        assert_null(w);
-        cp_plan_free(&p);
-    }
+    cp_exec_check_report one = check("tiny", 1, "parallel.upipe_heads=4");
+    cp_exec_check_report two = check("tiny", 2, "parallel.upipe_heads=4", "parallel.replicas=2");
+    /* one GPU per group: a shard all-reduce per unit (embedding, 2 layers, final norm and head) and the loss's */
+    assert_int_equal(two.steps, one.steps + 4 + 1);
+    assert_true(two.waits > 0 && two.ordered_pairs > 0); /* the all-reduces run on the comm stream */
+    check("tiny", 3, "parallel.replicas=2", "train.micro_batches=3", "parallel.upipe_heads=2");
+    check("tiny", 3, "parallel.replicas=3", "parallel.offload=all", "parallel.optimizer=host");
+    cp_exec_check_report g2 = check("tiny", 1, "parallel.gpus=2");
+    cp_exec_check_report r2 = check("tiny", 2, "parallel.gpus=2", "parallel.replicas=2");
+    assert_int_equal(r2.steps, g2.steps + 4 + 1);
+    check("tiny", 3, "parallel.gpus=2", "parallel.replicas=2", "train.micro_batches=2");
+    /* a tied LM head: the embedding's shard all-reduced once, after its own backward, not also after the head's */
+    cp_exec_check_report t1 = check("tiny", 3, "parallel.gpus=2", "model.family=qwen3", "model.tie_embeddings=true");
+    cp_exec_check_report t2 = check("tiny", 4, "parallel.gpus=2", "parallel.replicas=2", "model.family=qwen3",
+                                    "model.tie_embeddings=true");
+    assert_int_equal(t2.steps, t1.steps + 4 + 1);
+    t1 = check("tiny", 2, "model.family=qwen3", "model.tie_embeddings=true");
+    t2 = check("tiny", 3, "parallel.replicas=2", "model.family=qwen3", "model.tie_embeddings=true");
+    assert_int_equal(t2.steps, t1.steps + 4 + 1);
+    check("llama3b", 4, "parallel.gpus=2", "parallel.replicas=2", "model.layers=2", "train.seq_len=8K");
+    check("llama8b", 5, "parallel.gpus=8", "parallel.replicas=2", "model.layers=2", "train.seq_len=64K",
+          "parallel.upipe_heads=8");
+    check("llama1b", 5, "parallel.gpus=1", "parallel.replicas=2", "model.layers=2", "train.seq_len=4K",
+          "parallel.upipe_heads=8");
+    check("qwen32b", 5, "parallel.gpus=8", "parallel.replicas=2", "model.layers=2", "train.seq_len=32K",
+          "parallel.upipe_heads=8");
+}
+
+/* Rings are planned but not executed: the check says so rather than reading their steps. */
+static void test_refuses_rings(void **state) {
+    (void)state;
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    if (cp_spec_load("tiny", NULL, 0, &s, err, sizeof err)) fail_msg("spec: %s", err);
+    cp_plan p;
+    if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("plan: %s", err);
+    p.spec.parallel.ring = p.ring = 2; /* the planner refuses rings itself; the executor must too */
+    cp_exec_check_report r;
+    assert_int_equal(cp_exec_check(&p, &r, err, sizeof err), -1);
+    if (!strstr(err, "the plan has parallel.ring = 2 (2 GPUs in all)") || !strstr(err, "does not execute them yet"))
+        fail_msg("%s", err);
+    assert_int_equal(r.steps, 0);
+    cp_trace_wait *w = NULL;
+    int n = -1;
+    assert_int_equal(cp_exec_plan_waits(&p, &w, &n, err, sizeof err), -1);
+    assert_int_equal(n, 0);
+    assert_null(w);
+    cp_plan_free(&p);
 }
 
 int main(void) {
@@ -170,7 +200,8 @@ int main(void) {
         cmocka_unit_test(test_shipped_shapes),
         cmocka_unit_test(test_parallel),
         cmocka_unit_test(test_attention_output),
-        cmocka_unit_test(test_refuses_groups),
+        cmocka_unit_test(test_replicas),
+        cmocka_unit_test(test_refuses_rings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,8 @@
  * children are this same binary run with --child MODE: all ranks succeed, one exits non-zero, one dies by a signal
  * while the others sleep forever, ranks that ignore SIGTERM are killed, SIGTERM to the launcher reaches the ranks,
  * and the ranks see the variables spawn sets and detect themselves as "cpgen" ranks; parallel.gpus = "auto" takes
- * the launcher's world size, else the GPUs CUDA sees, else 1, and says which in the spec's messages. */
+ * the launcher's world size, else the GPUs CUDA sees, else 1, and says which in the spec's messages; the
+ * communicators a run of several groups splits off (cp_world_comm_place, cp_world_split) against gen/ranks.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,8 +24,10 @@
 #include <unistd.h>
 
 #include "launch.h"
+#include "ranks.h"
 #include "spec.h"
 #include "util.h"
+#include "world.h"
 
 static char err[2048];
 
@@ -628,6 +631,76 @@ static void test_auto_gpus(void **state) {
     cp_spec_set_gpu_counter(NULL);
 }
 
+/* The splits the runtime asks NCCL for: for every layout of up to 64 ranks and every kind, the ranks passing one
+ * colour are exactly gen/ranks.c's members of that communicator, each with its index among them as its rank there:
+ * in the Ulysses group its local rank, in the shard its group's number. */
+static void test_comm_places(void **state) {
+    (void)state;
+    int layouts = 0;
+    for (int R = 1; R <= 64; R++)
+        for (int P = 1; R * P <= 64; P++)
+            for (int C = 1; R * P * C <= 64; C++, layouts++) {
+                cp_rank_layout L = {R, P, C};
+                int W = R * P * C;
+                for (int kind = 0; kind < CP_COMM_COUNT; kind++)
+                    for (int r = 0; r < W; r++) {
+                        int color, key, members[64], mcolor;
+                        int n = cp_world_comm_place(&L, r, (cp_comm_kind)kind, &color, &key);
+                        int m = cp_rank_comm(&L, r, (cp_comm_kind)kind, &mcolor, members);
+                        assert_int_equal(n, m);
+                        assert_int_equal(color, mcolor);
+                        assert_int_equal(members[key], r);
+                        /* the same colour is passed by the members and by no other rank */
+                        int same = 0;
+                        for (int q = 0; q < W; q++) {
+                            int c2, k2;
+                            cp_world_comm_place(&L, q, (cp_comm_kind)kind, &c2, &k2);
+                            if (c2 != color) continue;
+                            assert_int_equal(members[k2], q);
+                            same++;
+                        }
+                        assert_int_equal(same, n);
+                        cp_rank_place pl = cp_rank_of(&L, r);
+                        if (kind == CP_COMM_ULYSSES) assert_int_equal(key, pl.local);
+                        if (kind == CP_COMM_SHARD) assert_int_equal(key, pl.replica * P + pl.ring_pos);
+                        if (kind == CP_COMM_WORLD) assert_int_equal(key, r);
+                    }
+            }
+    assert_true(layouts > 500);
+}
+
+/* Splitting without NCCL: one group splits nothing (the run's communicator is the group's, as before replicas);
+ * groups of one GPU use the run's as the shard's; a plan whose ranks are not the run's, or a ring, is refused. */
+static void test_world_split(void **state) {
+    (void)state;
+    cp_world w;
+    memset(&w, 0, sizeof w);
+    w.size = 8;
+    w.rank = 5;
+    cp_rank_layout one = {1, 1, 8};
+    assert_int_equal(cp_world_split(&w, &one, err, sizeof err), 0);
+    assert_ptr_equal(w.of_kind[CP_COMM_ULYSSES], &w.comm);
+    assert_ptr_equal(w.of_kind[CP_COMM_WORLD], &w.comm);
+    assert_null(w.of_kind[CP_COMM_SHARD]);
+    assert_int_equal(w.group_rank, 5);
+    cp_rank_layout singles = {8, 1, 1};
+    assert_int_equal(cp_world_split(&w, &singles, err, sizeof err), 0);
+    assert_null(w.of_kind[CP_COMM_ULYSSES]);
+    assert_ptr_equal(w.of_kind[CP_COMM_SHARD], &w.comm);
+    assert_int_equal(w.group_rank, 0);
+    cp_rank_layout wrong = {2, 1, 2};
+    assert_int_equal(cp_world_split(&w, &wrong, err, sizeof err), -1);
+    assert_string_equal(err, "rank 5: the run has 8 ranks, its plan 2 x 1 x 2 = 4: start one process per GPU of the "
+                             "plan (replicas x ring x gpus)");
+    cp_rank_layout ring = {1, 2, 4};
+    assert_int_equal(cp_world_split(&w, &ring, err, sizeof err), -1);
+    assert_string_equal(err, "rank 5: parallel.ring = 2: the ring's communicators are not made yet; use ring = 1");
+    /* several groups of several GPUs split the run's communicator, which NCCL must make: without it, the message */
+    cp_rank_layout hybrid = {2, 1, 4};
+    assert_int_equal(cp_world_split(&w, &hybrid, err, sizeof err), -1);
+    assert_string_equal(err, "ncclCommSplit: NCCL is not loaded (cp_nccl_load)");
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child")) return child_main(argc, argv);
     const struct CMUnitTest tests[] = {
@@ -649,6 +722,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_spawned_env, clear_env),
         cmocka_unit_test_setup(test_free_port, clear_env),
         cmocka_unit_test_setup(test_auto_gpus, clear_env),
+        cmocka_unit_test(test_comm_places),
+        cmocka_unit_test(test_world_split),
         cmocka_unit_test_setup_teardown(test_spawn_ok, spawn_setup, spawn_teardown),
         cmocka_unit_test_setup_teardown(test_spawn_keeps_user_nvls, spawn_setup, spawn_teardown),
         cmocka_unit_test_setup_teardown(test_spawn_exit_code, spawn_setup, spawn_teardown),

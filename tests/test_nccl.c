@@ -3,7 +3,7 @@
  * fake function table (cp_nccl_use_api): non-blocking initialisation settled by polling, its timeout and
  * asynchronous errors (the communicator aborted), the blocking fallback, argument checks, error messages naming
  * the rank, the call and the fix, the all-to-all's grouped sends and receives (group closed even after a failed
- * send), the watchdog's completion, timeout and error paths, and destroy. */
+ * send), the watchdog's completion, timeout and error paths, destroy, and the split into a run's group communicators. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -43,6 +43,8 @@ static struct {
     ncclResult_t init_rc, coll_rc;
     int fail_send_peer;
     int blocking_seen, config_inits, plain_inits;
+    int splits, split_color, split_key, split_blocking; /* the last ncclCommSplit's arguments */
+    ncclResult_t split_rc;
     int aborts, finalizes, destroys, group_depth, group_starts, group_ends;
     const void *send_base;
     const void *recv_base;
@@ -66,6 +68,16 @@ static ncclResult_t f_init(ncclComm_t *c, int n, ncclUniqueId id, int rank) {
     F.plain_inits++;
     *c = FAKE_COMM;
     return F.init_rc;
+}
+#define FAKE_SPLIT_COMM ((ncclComm_t)(uintptr_t)0x2000)
+static ncclResult_t f_split(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *cfg) {
+    (void)c;
+    F.splits++;
+    F.split_color = color;
+    F.split_key = key;
+    F.split_blocking = cfg ? cfg->blocking : 1;
+    *out = F.split_rc == ncclSuccess || F.split_rc == ncclInProgress ? FAKE_SPLIT_COMM : NULL;
+    return F.split_rc;
 }
 static ncclResult_t f_finalize(ncclComm_t c) { return (void)c, F.finalizes++, ncclSuccess; }
 static ncclResult_t f_destroy(ncclComm_t c) { return (void)c, F.destroys++, ncclSuccess; }
@@ -108,7 +120,7 @@ static const char *f_last_error(ncclComm_t c) { return (void)c, "fake last error
 
 static cp_nccl_api fake = {
     .GetVersion = f_version, .GetUniqueId = f_unique_id, .CommInitRank = f_init, .CommInitRankConfig = f_init_config,
-    .CommFinalize = f_finalize, .CommDestroy = f_destroy, .CommAbort = f_abort, .CommGetAsyncError = f_async,
+    .CommFinalize = f_finalize, .CommSplit = f_split, .CommDestroy = f_destroy, .CommAbort = f_abort, .CommGetAsyncError = f_async,
     .AllGather = f_all_gather, .ReduceScatter = f_reduce, .AllReduce = f_reduce, .Send = f_send, .Recv = f_recv,
     .GroupStart = f_group_start, .GroupEnd = f_group_end, .GetErrorString = f_error_string,
     .GetLastError = f_last_error,
@@ -257,6 +269,54 @@ static void test_init_blocking_fallback(void **state) {
     assert_int_equal(F.destroys, 1);
     assert_int_equal(F.finalizes, 0);
     fake = old;
+}
+
+/* A run of several groups splits the run's communicator: the colour and rank within it reach ncclCommSplit as
+ * given, non-blocking like the parent and settled by polling; the new communicator has the group's size. */
+static void test_split(void **state) {
+    (void)state;
+    cp_nccl_comm world = comm_of(8);
+    F.split_rc = ncclInProgress;
+    F.async_polls = 2;
+    cp_nccl_comm shard;
+    assert_int_equal(cp_nccl_split(&world, 3, 1, 2, "shard", &shard, err, sizeof err), 0);
+    assert_int_equal(F.splits, 1);
+    assert_int_equal(F.split_color, 3);
+    assert_int_equal(F.split_key, 1);
+    assert_int_equal(F.split_blocking, 0);
+    assert_int_equal(F.async_polls, 0);
+    assert_ptr_equal(shard.comm, FAKE_SPLIT_COMM);
+    assert_int_equal(shard.rank, 1);
+    assert_int_equal(shard.size, 2);
+    assert_true(shard.nonblocking);
+    assert_true(shard.timeout_s == world.timeout_s);
+    /* collectives go to the new communicator's handle */
+    assert_int_equal(cp_nccl_all_reduce(&shard, err, err, 1, ncclInt8, ncclSum, NULL, err, sizeof err), 0);
+    assert_int_equal(cp_nccl_destroy(&shard, err, sizeof err), 0);
+    assert_int_equal(F.destroys, 1);
+    assert_ptr_equal(world.comm, FAKE_COMM); /* the parent stays */
+}
+
+/* A library before 2.18 has no ncclCommSplit: the message names the version to install; a place outside the group
+ * is a bug caught before NCCL; a failed split aborts the parent, so the other ranks do not wait in it. */
+static void test_split_errors(void **state) {
+    (void)state;
+    cp_nccl_comm world = comm_of(4), c;
+    assert_int_equal(cp_nccl_split(&world, 0, 2, 2, "shard", &c, err, sizeof err), -1);
+    assert_contains(err, "rank 1: splitting the shard communicator: colour 0, rank 2 of 2 is not a valid place");
+    assert_int_equal(F.splits, 0);
+    cp_nccl_api old = fake;
+    fake.CommSplit = NULL;
+    assert_int_equal(cp_nccl_split(&world, 0, 0, 2, "shard", &c, err, sizeof err), -1);
+    assert_contains(err, "rank 1: the shard communicator needs ncclCommSplit, which NCCL 2.28.9 lacks: runs of several "
+                         "replicas need NCCL 2.18 or newer");
+    fake = old;
+    F.split_rc = ncclInvalidUsage;
+    assert_int_equal(cp_nccl_split(&world, 1, 0, 2, "ulysses", &c, err, sizeof err), -1);
+    assert_contains(err, "ncclCommSplit into the ulysses communicator (colour 1, 2 ranks): ncclInvalidUsage");
+    assert_true(world.aborted);
+    assert_int_equal(F.aborts, 1);
+    assert_null(c.comm);
 }
 
 static void test_destroy(void **state) {
@@ -449,6 +509,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_init_timeout, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_init_async_error, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_init_blocking_fallback, use_fake, forget),
+        cmocka_unit_test_setup_teardown(test_split, use_fake, forget),
+        cmocka_unit_test_setup_teardown(test_split_errors, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_destroy, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_bad_arguments, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_collective_error, use_fake, forget),
