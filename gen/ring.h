@@ -34,6 +34,15 @@ cp_ring_mask cp_ring_pair(int qc, int kc);
  * ways); a block from an earlier position (source < p) is seen whole by both query halves through its half 0 only
  * (its half 1 comes after both), and a block from a later position only by query half 1, but whole. */
 cp_ring_step cp_ring_step_of(int P, int p, int k);
+/* A run of a rank's token rows at consecutive positions, for RoPE: rows [row0, row0 + rows) at pos0, pos0 + 1, ... */
+typedef struct {
+    int64_t row0, rows, pos0;
+} cp_ring_rope_run;
+/* Where rank r of C in ring position p's group (of P, sequence of seq_len tokens) holds its tokens: the group holds
+ * chunks p and 2P-1-p of c = seq_len / 2P tokens, in that order, and rank r its rows [r T, (r + 1) T), T = 2c / C.
+ * Fills run[] and returns 1 run, or 2 when the rank's rows straddle the two chunks (only an odd C makes that). With
+ * P = 1 the chunks are adjacent: one run at r T, as without a ring. seq_len must be a multiple of 2 P C. */
+int cp_ring_rope_runs(int P, int p, int64_t seq_len, int C, int r, cp_ring_rope_run run[2]);
 /* Bytes of one rank's K and V block of a stage as it travels the ring: 2 (K and V) x tokens of the group x KV heads
  * per rank x head_dim x 2 (bf16). */
 int64_t cp_ring_kv_bytes(int64_t group_tokens, int kv_heads_per_rank, int64_t head_dim);
