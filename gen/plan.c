@@ -10,6 +10,7 @@
 #include "kernels.h"
 #include "kernels_attn.h"
 #include "plan_internal.h"
+#include "ring.h"
 #include "util.h"
 
 /* ---------------------------------------------------------------- builder state */
@@ -53,7 +54,7 @@ static cp_step *add_step(builder *B, cp_opkind kind, const char *what) {
     s->tile = B->tile;
     s->module = -1;
     s->stream = kind == CP_OP_COPY_D2H || kind == CP_OP_COPY_H2D ? CP_STREAM_COPY
-                : (kind >= CP_OP_ALLTOALL && kind <= CP_OP_ALLREDUCE) ? CP_STREAM_COMM
+                : (kind >= CP_OP_ALLTOALL && kind <= CP_OP_ALLREDUCE) || kind == CP_OP_SENDRECV ? CP_STREAM_COMM
                                                                        : CP_STREAM_COMPUTE;
     snprintf(s->what, sizeof s->what, "%s", what);
     return s;
@@ -1200,8 +1201,17 @@ static void cost_model(cp_plan *P) {
     P->t_compute = P->t_attn = P->t_comm = P->t_copy = 0;
     double layer_compute = 0, layer_hidden = 0, exposed = 0;
     int cur_layer = -2;
+    /* A ring send/recv overlaps the attention on the block in hand: the attention launches after it in the same
+     * stage, up to the next send/recv; only what it takes beyond them is exposed (cp_ring_exposed). */
+    double ring_send = 0, ring_attn = 0;
+    int ring_key = -1;
     for (int i = 0; i < P->nsteps; i++) {
         cp_step *s = &P->steps[i];
+        int stage_key = ((s->layer + 1) * CP_PHASE_COUNT + (int)s->phase) * (P->nstages + 1) + s->stage + 1;
+        if (ring_send > 0 && (s->kind == CP_OP_SENDRECV || stage_key != ring_key)) {
+            exposed += CP_MAX(0.0, ring_send - ring_attn);
+            ring_send = ring_attn = 0;
+        }
         double reps = i < P->micro_steps && !s->last_micro ? mb : 1;
         double t = 0;
         switch (s->kind) {
@@ -1233,6 +1243,7 @@ static void cost_model(cp_plan *P) {
             break;
         case CP_OP_COPY_D2H:
         case CP_OP_COPY_H2D: t = s->bytes / (mc->host_gbps * 1e9); break;
+        case CP_OP_SENDRECV: t = cp_ring_sendrecv_seconds(s->count, mc->net_gbps); break;
         default: break;
         }
         if (strcmp(s->what, "adamw_host") == 0) /* CPU memory bandwidth (all cores), or the host link if slower */
@@ -1242,6 +1253,7 @@ static void cost_model(cp_plan *P) {
         if (s->kind == CP_OP_KERNEL && s->module >= 0 && strcmp(P->modules[s->module].family, "attention") == 0) {
             P->flops_attn += s->flops * reps;
             P->t_attn += t;
+            if (ring_send > 0) ring_attn += t;
         } else {
             P->flops_other += s->flops * reps;
         }
@@ -1259,6 +1271,10 @@ static void cost_model(cp_plan *P) {
         if (s->stream == CP_STREAM_COMPUTE) {
             P->t_compute += t;
             layer_compute += t;
+        } else if (s->kind == CP_OP_SENDRECV) {
+            P->t_comm += t;
+            ring_send = t;
+            ring_key = stage_key;
         } else if (s->kind == CP_OP_ALLTOALL || (s->kind == CP_OP_ALLREDUCE && !s->last_micro)) {
             P->t_comm += t;
             exposed += t;
@@ -1270,7 +1286,7 @@ static void cost_model(cp_plan *P) {
             layer_hidden += t;
         }
     }
-    exposed += CP_MAX(0.0, layer_hidden - layer_compute);
+    exposed += CP_MAX(0.0, layer_hidden - layer_compute) + CP_MAX(0.0, ring_send - ring_attn);
     P->t_comm_exposed = exposed;
     P->t_step = P->t_compute + exposed;
 }

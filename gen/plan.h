@@ -64,6 +64,8 @@ typedef enum {
     CP_OP_COPY_D2H,
     CP_OP_COPY_H2D,
     CP_OP_MEMSET,
+    CP_OP_SENDRECV,       /* ring attention: operand 0 (read) goes to the ring's next rank while operand 1 (written
+                           * whole) arrives from its previous one, `count` bytes each way, comm CP_COMM_RING */
     CP_OP_COUNT
 } cp_opkind;
 

@@ -18,7 +18,7 @@ const char *cp_cat_name(cp_cat c) { return c < CP_CAT_COUNT ? cat_names[c] : "?"
 
 const char *cp_opkind_name(cp_opkind k) {
     static const char *n[CP_OP_COUNT] = {"kernel", "gemm", "all_to_all", "all_gather", "reduce_scatter", "all_reduce",
-                                         "copy_d2h", "copy_h2d", "memset"};
+                                         "copy_d2h", "copy_h2d", "memset", "send_recv"};
     return k < CP_OP_COUNT ? n[k] : "?";
 }
 

@@ -1,6 +1,8 @@
 /* ring.c: the zigzag ring attention schedule of ring.h. */
 #include "ring.h"
 
+#include "util.h"
+
 int cp_ring_chunk(int P, int p, int half) { return half == 0 ? p : 2 * P - 1 - p; }
 
 cp_ring_mask cp_ring_pair(int qc, int kc) {
@@ -20,6 +22,22 @@ cp_ring_step cp_ring_step_of(int P, int p, int k) {
         s.q_half0 = 1;
     }
     return s;
+}
+
+int cp_ring_rope_runs(int P, int p, int64_t seq_len, int C, int r, cp_ring_rope_run run[2]) {
+    int64_t c = seq_len / (2 * P), T = 2 * c / C, first = (int64_t)r * T, end = first + T;
+    int n = 0;
+    for (int half = 0; half < 2; half++) {
+        int64_t lo = CP_MAX(first, half * c), hi = CP_MIN(end, (half + 1) * c);
+        if (lo >= hi) continue;
+        int64_t pos0 = (int64_t)cp_ring_chunk(P, p, half) * c + (lo - half * c);
+        if (n == 1 && run[0].pos0 + run[0].rows == pos0) { /* adjacent chunks (P = 1): one run */
+            run[0].rows += hi - lo;
+            continue;
+        }
+        run[n++] = (cp_ring_rope_run){.row0 = lo - first, .rows = hi - lo, .pos0 = pos0};
+    }
+    return n;
 }
 
 int64_t cp_ring_kv_bytes(int64_t group_tokens, int kv_heads_per_rank, int64_t head_dim) {
@@ -42,7 +60,9 @@ double cp_ring_step_fwd_flops(int64_t group_tokens, int u, int64_t head_dim) {
     return 2.0 * (double)group_tokens * (double)group_tokens * u * (double)head_dim;
 }
 
+double cp_ring_sendrecv_seconds(int64_t bytes, double net_gbps) { return (double)bytes / (net_gbps * 1e9) + 20e-6; }
+
 double cp_ring_exposed(int64_t bytes, double net_gbps, double t_block) {
-    double t = (double)bytes / (net_gbps * 1e9) + 20e-6;
+    double t = cp_ring_sendrecv_seconds(bytes, net_gbps);
     return t > t_block ? t - t_block : 0;
 }

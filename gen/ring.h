@@ -34,6 +34,15 @@ cp_ring_mask cp_ring_pair(int qc, int kc);
  * ways); a block from an earlier position (source < p) is seen whole by both query halves through its half 0 only
  * (its half 1 comes after both), and a block from a later position only by query half 1, but whole. */
 cp_ring_step cp_ring_step_of(int P, int p, int k);
+/* A run of a rank's token rows at consecutive positions, for RoPE: rows [row0, row0 + rows) at pos0, pos0 + 1, ... */
+typedef struct {
+    int64_t row0, rows, pos0;
+} cp_ring_rope_run;
+/* Where rank r of C in ring position p's group (of P, sequence of seq_len tokens) holds its tokens: the group holds
+ * chunks p and 2P-1-p of c = seq_len / 2P tokens, in that order, and rank r its rows [r T, (r + 1) T), T = 2c / C.
+ * Fills run[] and returns 1 run, or 2 when the rank's rows straddle the two chunks (only an odd C makes that). With
+ * P = 1 the chunks are adjacent: one run at r T, as without a ring. seq_len must be a multiple of 2 P C. */
+int cp_ring_rope_runs(int P, int p, int64_t seq_len, int C, int r, cp_ring_rope_run run[2]);
 /* Bytes of one rank's K and V block of a stage as it travels the ring: 2 (K and V) x tokens of the group x KV heads
  * per rank x head_dim x 2 (bf16). */
 int64_t cp_ring_kv_bytes(int64_t group_tokens, int kv_heads_per_rank, int64_t head_dim);
@@ -57,6 +66,9 @@ void cp_ring_terms_of(int P, int64_t group_tokens, int u, int kvr, int64_t head_
 /* Forward FLOPs of one ring step for u query heads: every step is the same work, 2 L^2 u D (a causal L x L block,
  * or a full L x L/2 one), so the P steps sum to the causal forward 2 S^2 D per head over the ring. */
 double cp_ring_step_fwd_flops(int64_t group_tokens, int u, int64_t head_dim);
+/* Seconds a send/recv of `bytes` each way takes between nodes: bytes at net_gbps (GB/s) plus 20 us of latency, as the
+ * plan's other cross-node collectives. */
+double cp_ring_sendrecv_seconds(int64_t bytes, double net_gbps);
 /* Seconds a send/recv of `bytes` at net_gbps (GB/s, plus 20 us of latency, as the plan's other cross-node
  * collectives) leaves exposed beyond t_block, the attention on the block in hand it overlaps. */
 double cp_ring_exposed(int64_t bytes, double net_gbps, double t_block);

@@ -98,8 +98,47 @@ static void test_ring_terms_8b_8m(void **state) {
     assert_float_equal(cp_ring_step_fwd_flops(L, 1, 128), 1125899906842624.0, 0.5); /* 2 * 2^42 * 128 */
     /* a 1 GiB block at 40 GB/s takes 26.86 ms: hidden behind a block's attention of seconds, exposed by 16.86 ms
      * beyond 10 ms of it */
+    /* a send_recv step of the block: 2^30 / 4e10 + 2e-5 s */
+    assert_float_equal(cp_ring_sendrecv_seconds(1LL << 30, 40), 0.0268635456, 1e-12);
     assert_float_equal(cp_ring_exposed(1LL << 30, 40, 2.0), 0, 0);
     assert_float_equal(cp_ring_exposed(1LL << 30, 40, 0.010), (1LL << 30) / 40e9 + 20e-6 - 0.010, 1e-12);
+}
+
+/* RoPE positions under the zigzag: over every ring position and rank, each position of the sequence is given to
+ * exactly one row, runs are consecutive within a chunk, two runs only where an odd C straddles the chunks, and P = 1
+ * is the plain layout (rank r at r T). Then one case by hand: P = 4, C = 3, 48 tokens in chunks of 6, groups of 12
+ * rows, T = 4: ring position 1 holds chunks 1 and 6, and its rank 1 rows 4..7, at positions 10, 11 (chunk 1) and
+ * 36, 37 (chunk 6). */
+static void test_rope_runs(void **state) {
+    (void)state;
+    for (int P = 1; P <= 8; P++)
+        for (int C = 1; C <= 8; C++) {
+            int64_t S = 2LL * P * C * 3, T = S / P / C;
+            int seen[2 * 8 * 8 * 3] = {0};
+            for (int p = 0; p < P; p++)
+                for (int r = 0; r < C; r++) {
+                    cp_ring_rope_run run[2];
+                    int n = cp_ring_rope_runs(P, p, S, C, r, run);
+                    assert_true(n == 1 || (n == 2 && C % 2 == 1 && P > 1));
+                    int64_t rows = 0;
+                    for (int i = 0; i < n; i++) {
+                        assert_int_equal(run[i].row0, rows);
+                        rows += run[i].rows;
+                        for (int64_t j = 0; j < run[i].rows; j++) seen[run[i].pos0 + j]++;
+                    }
+                    assert_int_equal(rows, T);
+                    if (P == 1) assert_int_equal(run[0].pos0, (int64_t)r * T);
+                }
+            for (int64_t x = 0; x < S; x++) assert_int_equal(seen[x], 1);
+        }
+    cp_ring_rope_run run[2];
+    assert_int_equal(cp_ring_rope_runs(4, 1, 48, 3, 1, run), 2);
+    assert_int_equal(run[0].row0, 0);
+    assert_int_equal(run[0].rows, 2);
+    assert_int_equal(run[0].pos0, 10);
+    assert_int_equal(run[1].row0, 2);
+    assert_int_equal(run[1].rows, 2);
+    assert_int_equal(run[1].pos0, 36);
 }
 
 /* The LSE merge by hand: lse log 2 with o 1, lse log 6 with o 3 give lse log 8 and o (2 + 18) / 8 = 2.5; a row no
@@ -216,6 +255,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zigzag_classification),
         cmocka_unit_test(test_ring_terms_8b_8m),
+        cmocka_unit_test(test_rope_runs),
         cmocka_unit_test(test_merge_by_hand),
         cmocka_unit_test(test_ring_attention_matches_reference),
     };
