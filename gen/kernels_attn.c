@@ -10,10 +10,12 @@
 
 enum { FWD_BM = 128, FWD_BN = 64, FWD_THREADS = 128, BWD_BM = 64, BWD_BN = 128, BWD_THREADS = 256,
        DQ_THREADS = 256, DQ_MAX_BLOCKS = 65536 };
-/* the Hopper forward (templates/attention_sm90.cuh): HBM, HBN, HSTAGES, H_SMEM there */
-enum { H_BM = 128, H_THREADS = 384, H_SUBTILE = 128 * 128 };
-/* the Hopper backward (templates/attention_bwd_sm90.cuh): B9_STAGES, BWD_SM90_SMEM there */
-enum { B9_STAGES = 2 };
+/* the Hopper kernels (templates/attention_sm90.cuh: HBM, HSTAGES, H_SMEM; attention_bwd_sm90.cuh: B9_STAGES,
+ * BWD_SM90_SMEM) */
+enum { H_BM = 128, H_THREADS = 384, B9_STAGES = 2 };
+
+/* Bytes of a TMA tile of `rows` rows of head_dim bf16: 64-column sub-tiles of rows x 128 bytes. */
+static int64_t sm90_tile(int64_t rows, int64_t head_dim) { return head_dim / 64 * rows * 128; }
 
 bool cp_k_attention_hopper(const char *arch) { return arch && strcmp(arch, "sm_90a") == 0; }
 
@@ -57,7 +59,7 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         d->block = FWD_THREADS;
         d->smem = (unsigned)((FWD_BM + 4 * FWD_BN) * D * 2 + FWD_THREADS * 32); /* Q; K, V double-buffered; row stats */
     } else if (strcmp(role, "fwd_sm90") == 0) {
-        const int64_t tile = D / 64 * H_SUBTILE, stages = D == 128 ? 2 : 4;
+        const int64_t tile = sm90_tile(H_BM, D), stages = D == 128 ? 2 : 4;
         d->grid[0] = (unsigned)QH;
         d->grid[1] = (unsigned)((S + H_BM - 1) / H_BM);
         d->block = H_THREADS;
@@ -70,7 +72,7 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         /* K, V; Q, dO double-buffered; P, dS; lse, delta double-buffered; the progress wait's last read */
         d->smem = (unsigned)((2 * BWD_BN + 4 * BWD_BM) * D * 2 + 2 * BWD_BM * BWD_BN * 2 + 4 * BWD_BM * 4 + 16);
     } else if (strcmp(role, "bwd_sm90") == 0) {
-        const int64_t ktile = D / 64 * H_SUBTILE, qtile = D / 64 * BWD_BM * 128;
+        const int64_t ktile = sm90_tile(BWD_BN, D), qtile = sm90_tile(BWD_BM, D);
         d->grid[0] = (unsigned)KVH;
         d->grid[1] = (unsigned)((S + BWD_BN - 1) / BWD_BN);
         d->block = H_THREADS;

@@ -25,8 +25,8 @@ bool cp_k_attention_hopper(const char *arch);
 /* The rows of the boxes of bwd_sm90's q and dout tensor maps (its query tiles). */
 #define CP_ATTN_SM90_BWD_Q_ROWS 64
 
-/* Geometry of entry `role` ("fwd", "fwd_sm90", "bwd", "bwd_sm90", "bwd_dq") of an attention module. Returns 0, or -1 for another role or a
- * spec that is not attention. */
+/* Geometry of entry `role` ("fwd", "fwd_sm90", "bwd", "bwd_sm90", "bwd_dq") of an attention module. Returns 0, or
+ * -1 for another role or a spec that is not attention. */
 int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d);
 
 /* Bytes of the backward's workspace: the fp32 dQ, S * QH * D * 4, then the progress counters (prog_bytes). */

@@ -370,31 +370,21 @@ static int k_unpack(pctx *c) {
     return 0;
 }
 
-/* swiglu: operands gate, up, out: fwd(gate, up, out, n) */
-static int k_swiglu(pctx *c) {
+/* swiglu: operands gate, up, out: fwd(gate, up, out, n); swiglu_bwd: operands dout (d act), gate, up (overwritten
+ * with their gradients): bwd(dout, gate, up, n). Both: three [n][FFN] bf16 operands, then n. */
+static int swiglu(pctx *c, const char *role) {
     if (need_ops(c, 3)) return -1;
     int64_t n = c->s->count, F = kint(c, "FFN");
     for (int j = 0; j < 3; j++)
         if (need_bytes(c, j, n * F * 2) || need_align(c, j, 16)) return -1;
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, "fwd", n, 0, l)) return -1;
+    if (launch_of(c, role, n, 0, l)) return -1;
     for (int j = 0; j < 3; j++) a_ptr(l, opp(c, j));
     a_i64(l, n);
     return 0;
 }
-
-/* swiglu_bwd: operands dout (d act), gate, up (overwritten with their gradients): bwd(dout, gate, up, n) */
-static int k_swiglu_bwd(pctx *c) {
-    if (need_ops(c, 3)) return -1;
-    int64_t n = c->s->count, F = kint(c, "FFN");
-    for (int j = 0; j < 3; j++)
-        if (need_bytes(c, j, n * F * 2) || need_align(c, j, 16)) return -1;
-    xlaunch *l = &c->x->L[0];
-    if (launch_of(c, "bwd", n, 0, l)) return -1;
-    for (int j = 0; j < 3; j++) a_ptr(l, opp(c, j));
-    a_i64(l, n);
-    return 0;
-}
+static int k_swiglu(pctx *c) { return swiglu(c, "fwd"); }
+static int k_swiglu_bwd(pctx *c) { return swiglu(c, "bwd"); }
 
 /* loss: operands logits (in place -> dlogits * scale), targets (the tile's), token_loss (the tile's):
  * fwdbwd(logits, targets, row_loss f32[n] out, scale, n); scale = 1 / target tokens of the whole step */

@@ -125,14 +125,6 @@ __device__ __forceinline__ void b9_probs(float (&st)[32], u32 sl, int key, int r
     }
 }
 
-// The 64 columns of an accumulator as the A operands of the four k-steps (16 columns each) of a product.
-__device__ __forceinline__ void b9_pack(u32 (&a)[4][4], const float (&x)[32]) {
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) a[kk][i] = pack_bf16(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
-}
-
 extern "C" __global__ void __launch_bounds__(HTHREADS, 1)
 attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
     const __grid_constant__ tmap_t tm_q, const __grid_constant__ tmap_t tm_k, const __grid_constant__ tmap_t tm_v,
@@ -244,7 +236,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         else
             b9_probs<false>(st, sl, n0 + kl, m0, t);
         u32 pa[4][4];
-        b9_pack(pa, st);
+        to_a_operands(pa, st);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) wgmma_pv(dva, pa[kk], sw128_desc(d_o + kk * 2048, B9_QSUB, 1024));
@@ -263,7 +255,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
             }
         }
         u32 dsa[4][4];
-        b9_pack(dsa, dpt);
+        to_a_operands(dsa, dpt);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) wgmma_pv(dka, dsa[kk], sw128_desc(q + kk * 2048, B9_QSUB, 1024));

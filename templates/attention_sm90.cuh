@@ -179,15 +179,13 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[HBN / 2], float (&mrow)
     }
 }
 
-// P as the A operands of the k-steps kk (keys 16 kk ...) of O += P V: the accumulator's columns are A's.
-__device__ __forceinline__ void to_a_operands(u32 (&pa)[HBN / 16][4], const float (&sc)[HBN / 2]) {
+// An accumulator's 16 KS columns as the A operands (bf16, from registers) of the KS k-steps of 16 of a product, e.g.
+// P of O += P V: the accumulator's layout is the A fragment's, column pairs packed as they stand.
+template <int KS> __device__ __forceinline__ void to_a_operands(u32 (&a)[KS][4], const float (&x)[8 * KS]) {
 #pragma unroll
-    for (int kk = 0; kk < HBN / 16; kk++) {
-        pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-        pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-        pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-        pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-    }
+    for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[kk][i] = pack_bf16(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
 }
 
 // The consumers take turns issuing products: a turn begins when the other consumer ended its previous one.

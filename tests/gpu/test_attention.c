@@ -239,6 +239,16 @@ static void free_io(host_io *io) {
     memset(io, 0, sizeof *io);
 }
 
+/* One forward's o (bf16) and lse against the reference. */
+static void check_fwd(const char *path, const char *name, const host_io *io, const uint16_t *go, const float *glse,
+                      const double *o, const double *lse) {
+    char what[96];
+    snprintf(what, sizeof what, "%s o", path);
+    gu_check(what, name, rel_bf16(go, o, io->nq), BOUND);
+    snprintf(what, sizeof what, "%s lse", path);
+    gu_check(what, name, rel_f32(glse, lse, io->nlse), 1e-4);
+}
+
 /* One backward's dq (bf16) and dk, dv (bf16, or f32 added to the initial values when dkv_accum) against the
  * reference. */
 static void check_bwd(const char *path, const char *name, const attn_shape *s, const host_io *io, const uint16_t *gdq,
@@ -283,16 +293,8 @@ static void check_shape(void **state) {
            *dv = malloc(sizeof(double) * io.nkv);
     reference(&rs, q, k, v, dout, o, lse, dq, dk, dv);
     printf("  %s: GPU %.2f s, reference %.2f s\n", name, t1 - t0, cp_now() - t1);
-    const char *path = m->hopper ? "attention fwd_sm90" : "attention fwd";
-    char what[64];
-    snprintf(what, sizeof what, "%s o", path);
-    gu_check(what, name, rel_bf16(io.o, o, io.nq), BOUND);
-    snprintf(what, sizeof what, "%s lse", path);
-    gu_check(what, name, rel_f32(io.lse, lse, io.nlse), 1e-4);
-    if (io.o_mma) {
-        gu_check("attention fwd (mma.sync) o", name, rel_bf16(io.o_mma, o, io.nq), BOUND);
-        gu_check("attention fwd (mma.sync) lse", name, rel_f32(io.lse_mma, lse, io.nlse), 1e-4);
-    }
+    check_fwd(m->hopper ? "attention fwd_sm90" : "attention fwd", name, &io, io.o, io.lse, o, lse);
+    if (io.o_mma) check_fwd("attention fwd (mma.sync)", name, &io, io.o_mma, io.lse_mma, o, lse);
     const char *bpath = m->hopper ? "attention bwd_sm90" : "attention bwd";
     check_bwd(bpath, name, s, &io, io.dq, s->dkv_accum ? (void *)io.dk32 : io.dk16,
               s->dkv_accum ? (void *)io.dv32 : io.dv16, dq, dk, dv);
