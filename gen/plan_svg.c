@@ -138,7 +138,7 @@ static void draw_panel(cp_svg *svg, const cp_plan *P, const int64_t *live, const
 int cp_plan_svg(const cp_plan *P, const char *path, char *err, int errlen) {
     if (P->nsteps < 1) return cp_errf(err, errlen, "the plan has no steps to draw");
     cp_svg svg;
-    char title[CP_PATH_MAX + 128], a[32], b[32];
+    char title[CP_PATH_MAX + 128], a[32], b[32], c[32];
     snprintf(title, sizeof title, "cpgen plan %s: %d GPU%s, seq %s", P->spec.path, P->C, P->C > 1 ? "s" : "",
              cp_fmt_length(P->S, a, sizeof a));
     if (cp_svg_begin(&svg, path, 1280, 900, title, err, errlen)) return -1;
@@ -147,7 +147,7 @@ int cp_plan_svg(const cp_plan *P, const char *path, char *err, int errlen) {
                 "memory over the steps of one training step, per GPU; GPU arena %s (live at peak %s, the rest is "
                 "packing), host arena %s per process",
                 cp_fmt_bytes(P->gpu_arena, a, sizeof a), cp_fmt_bytes(P->gpu_live_peak, b, sizeof b),
-                cp_fmt_bytes(P->host_arena, title, sizeof title));
+                cp_fmt_bytes(P->host_arena, c, sizeof c));
     int64_t *gpu = cp_plan_live_by_cat(P, CP_SPACE_GPU), *host = cp_plan_live_by_cat(P, CP_SPACE_HOST);
     cp_svg_panel gp = {.x = 80, .y = 90, .w = 880, .h = 460}, hp = {.x = 80, .y = 650, .w = 880, .h = 180};
     panel_info gi = {.id = "gpu",

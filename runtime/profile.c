@@ -10,43 +10,61 @@
 #include "cuda_check.h"
 #include "util.h"
 
+int cp_event_pairs_create(cp_event_pairs *ep, int n, const char *what, char *err, int errlen) {
+    ep->n = n;
+    ep->ev = cp_xcalloc(2 * (size_t)n, sizeof *ep->ev);
+    ep->recorded = cp_xcalloc((size_t)n, 1);
+    cudaError_t e = cudaSuccess;
+    for (int k = 0; k < 2 * n && e == cudaSuccess; k++) e = cudaEventCreate(&ep->ev[k]);
+    if (e == cudaSuccess) return 0;
+    cp_cuda_errmsg(e, what, err, errlen);
+    cp_event_pairs_free(ep);
+    return -1;
+}
+
+void cp_event_pairs_free(cp_event_pairs *ep) {
+    for (int k = 0; ep->ev && k < 2 * ep->n; k++)
+        if (ep->ev[k]) (void)cudaEventDestroy(ep->ev[k]);
+    free(ep->ev);
+    free(ep->recorded);
+    *ep = (cp_event_pairs){0};
+}
+
+cudaError_t cp_event_pairs_begin(cp_event_pairs *ep, int k, cudaStream_t st) {
+    ep->recorded[k] = 1;
+    return cudaEventRecord(ep->ev[2 * k], st);
+}
+
+cudaError_t cp_event_pairs_end(cp_event_pairs *ep, int k, cudaStream_t st) {
+    return cudaEventRecord(ep->ev[2 * k + 1], st);
+}
+
+void cp_event_pairs_clear(cp_event_pairs *ep) { memset(ep->recorded, 0, (size_t)ep->n); }
+
 struct cp_profile {
     const cp_plan *P;
-    cudaEvent_t *ev; /* begin, end of step i at 2i, 2i + 1 */
-    unsigned char *timed;
+    cp_event_pairs ev; /* one pair per plan step */
 };
 
 cp_profile *cp_profile_create(const cp_plan *P, char *err, int errlen) {
     cp_profile *pf = cp_xcalloc(1, sizeof *pf);
     pf->P = P;
-    pf->ev = cp_xcalloc(2 * (size_t)P->nsteps, sizeof *pf->ev);
-    pf->timed = cp_xcalloc((size_t)P->nsteps, 1);
-    for (int64_t i = 0; i < 2 * P->nsteps; i++) {
-        cudaError_t e = cudaEventCreate(&pf->ev[i]);
-        if (e != cudaSuccess) {
-            cp_cuda_errmsg(e, "creating the profile's events (CPGEN_PROFILE)", err, errlen);
-            cp_profile_free(pf);
-            return NULL;
-        }
+    if (cp_event_pairs_create(&pf->ev, P->nsteps, "creating the profile's events (CPGEN_PROFILE)", err, errlen)) {
+        free(pf);
+        return NULL;
     }
     return pf;
 }
 
 void cp_profile_free(cp_profile *pf) {
     if (!pf) return;
-    for (int64_t i = 0; i < 2 * pf->P->nsteps; i++)
-        if (pf->ev[i]) (void)cudaEventDestroy(pf->ev[i]);
-    free(pf->ev);
-    free(pf->timed);
+    cp_event_pairs_free(&pf->ev);
     free(pf);
 }
 
-cudaError_t cp_profile_begin(cp_profile *pf, int i, cudaStream_t st) {
-    pf->timed[i] = 1;
-    return cudaEventRecord(pf->ev[2 * i], st);
-}
+cudaError_t cp_profile_begin(cp_profile *pf, int i, cudaStream_t st) { return cp_event_pairs_begin(&pf->ev, i, st); }
 
-cudaError_t cp_profile_end(cp_profile *pf, int i, cudaStream_t st) { return cudaEventRecord(pf->ev[2 * i + 1], st); }
+cudaError_t cp_profile_end(cp_profile *pf, int i, cudaStream_t st) { return cp_event_pairs_end(&pf->ev, i, st); }
 
 static int by_measured(const void *a, const void *b) {
     double x = ((const cp_profile_row *)a)->measured, y = ((const cp_profile_row *)b)->measured;
@@ -89,14 +107,15 @@ int cp_profile_report(cp_profile *pf, double step_seconds, int micro_batches, FI
     double *measured = cp_xmalloc((size_t)P->nsteps * sizeof *measured);
     for (int i = 0; i < P->nsteps; i++) {
         float ms = 0;
-        cudaError_t e = pf->timed[i] ? cudaEventElapsedTime(&ms, pf->ev[2 * i], pf->ev[2 * i + 1]) : cudaSuccess;
+        bool timed = pf->ev.recorded[i];
+        cudaError_t e = timed ? cudaEventElapsedTime(&ms, pf->ev.ev[2 * i], pf->ev.ev[2 * i + 1]) : cudaSuccess;
         if (e != cudaSuccess) {
             free(measured);
             return cp_cuda_errmsg(e, "reading the profile's events", err, errlen);
         }
-        measured[i] = pf->timed[i] ? ms / 1e3 : -1;
+        measured[i] = timed ? ms / 1e3 : -1;
     }
-    memset(pf->timed, 0, (size_t)P->nsteps);
+    cp_event_pairs_clear(&pf->ev);
     cp_profile_row *rows;
     double busy[CP_STREAM_COUNT], busy_pred[CP_STREAM_COUNT];
     int n = cp_profile_sum(P, measured, &rows, busy, busy_pred);

@@ -8,6 +8,22 @@
 
 #include "plan.h"
 
+/* Two timing events around each of n pieces of work on their streams (begin at 2k, end at 2k + 1), and which of
+ * them were recorded since the last clear: what the profile and the step trace (trace_rec.c) measure with. */
+typedef struct {
+    int n;
+    cudaEvent_t *ev;
+    unsigned char *recorded;
+} cp_event_pairs;
+
+/* 0, or -1 with "<what>: <the CUDA error>" in err (ep is then freed). */
+int cp_event_pairs_create(cp_event_pairs *ep, int n, const char *what, char *err, int errlen);
+void cp_event_pairs_free(cp_event_pairs *ep);
+cudaError_t cp_event_pairs_begin(cp_event_pairs *ep, int k, cudaStream_t st);
+cudaError_t cp_event_pairs_end(cp_event_pairs *ep, int k, cudaStream_t st);
+/* Forgets what was recorded, before the next step measured. */
+void cp_event_pairs_clear(cp_event_pairs *ep);
+
 typedef struct cp_profile cp_profile;
 
 /* The steps of one kind ("gemm q_proj", "all_to_all a2a_q") on one stream, summed. */

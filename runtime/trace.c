@@ -205,6 +205,13 @@ static void put_seconds3(cp_str *o, const char *key, const double v[CP_STREAM_CO
     cp_str_printf(o, ",\"%s\":[%.9f,%.9f,%.9f]", key, v[0], v[1], v[2]);
 }
 
+/* A whole trace file, atomically. */
+static int write_trace(const char *path, const cp_str *out, char *err, int errlen) {
+    if (!cp_write_file_atomic(path, out->data, out->len)) return 0;
+    return cp_errf(err, errlen, "writing the trace %s: %s; give --trace a file in a folder you can write", path,
+                   strerror(errno));
+}
+
 int cp_trace_write(const cp_plan *P, const cp_trace_rank *r, const char *path, char *err, int errlen) {
     int n = cp_trace_instances(P), mb;
     cp_str out = {0};
@@ -265,10 +272,7 @@ int cp_trace_write(const cp_plan *P, const cp_trace_rank *r, const char *path, c
     free(ps);
     free(pe);
     free(secs);
-    int rc = 0;
-    if (cp_write_file_atomic(path, out.data, out.len))
-        rc = cp_errf(err, errlen, "writing the trace %s: %s; give --trace a file in a folder you can write", path,
-                     strerror(errno));
+    int rc = write_trace(path, &out, err, errlen);
     cp_str_free(&out);
     return rc;
 }
@@ -363,9 +367,7 @@ int cp_trace_merge(const char *path, int ranks, double timeout_s, char *err, int
     }
     if (!rc) {
         cp_str_printf(&out, "\n],\n\"otherData\":{\"cpgen\":%s,\n\"ranks\":[%s]}}\n", common.data, rk.data);
-        if (cp_write_file_atomic(path, out.data, out.len))
-            rc = cp_errf(err, errlen, "writing the trace %s: %s; give --trace a file in a folder you can write", path,
-                         strerror(errno));
+        rc = write_trace(path, &out, err, errlen);
     }
     for (int r = 0; r < ranks && !rc; r++) {
         cp_trace_part_path(path, r, part, sizeof part);

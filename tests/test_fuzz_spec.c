@@ -21,6 +21,7 @@
 #include "plan.h"
 #include "source_tree.h"
 #include "spec.h"
+#include "tmpdir.h"
 #include "util.h"
 
 #define SEED 0x5eedf022u
@@ -491,8 +492,7 @@ static int run_binary(const fuzz_case *c, const char *cpgen) {
 int main(int argc, char **argv) {
     (void)argc;
     go_to_source_tree(argv[0], "tests/specs_bad");
-    snprintf(dir, sizeof dir, "/tmp/cpgen-fuzz-XXXXXX");
-    if (!mkdtemp(dir)) {
+    if (tmpdir_make(dir, sizeof dir, "fuzz")) {
         perror("mkdtemp");
         return 1;
     }
@@ -560,9 +560,7 @@ int main(int argc, char **argv) {
                 total[O_SPEC_ERROR]);
         failures++;
     }
-    char cmd[sizeof dir + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (!failures && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    if (!failures) tmpdir_remove(dir); /* kept after a failure: the cases named above are in it */
     printf("%s\n", failures ? "FAILED" : "ok");
     return failures ? 1 : 0;
 }

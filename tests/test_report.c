@@ -10,10 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "report.h"
 #include "spec.h"
+#include "tmpdir.h"
 #include "util.h"
 #include "xml_check.h"
 
@@ -30,8 +30,7 @@ static void write_metrics(const char *text) {
 
 static void test_report(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/cpgen-test-report-XXXXXX");
-    assert_non_null(mkdtemp(dir));
+    assert_int_equal(tmpdir_make(dir, sizeof dir, "report"), 0);
     cp_str m = {0};
     for (int s = 1; s <= 20; s++)
         cp_str_printf(&m,
@@ -73,10 +72,7 @@ static void test_report(void **state) {
     write_metrics("");
     assert_int_equal(cp_report_write(dir, err, sizeof err), -1);
     assert_non_null(strstr(err, "holds no steps"));
-    unlink(path);
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    unlink(path);
-    rmdir(dir);
+    tmpdir_remove(dir);
     assert_int_equal(cp_report_write(dir, err, sizeof err), -1);
     assert_non_null(strstr(err, "cannot read"));
 }

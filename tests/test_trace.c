@@ -21,6 +21,7 @@
 #include "plan.h"
 #include "source_tree.h"
 #include "spec.h"
+#include "tmpdir.h"
 #include "trace.h"
 #include "util.h"
 
@@ -349,14 +350,11 @@ static void test_bad_path(void **state) {
 int main(int argc, char **argv) {
     (void)argc;
     go_to_source_tree(argv[0], "tools/trace_check.py");
-    snprintf(dir, sizeof dir, "/tmp/cpgen-test-trace-XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    if (tmpdir_make(dir, sizeof dir, "trace")) return 1;
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_tiny), cmocka_unit_test(test_tiny_offload),
                                        cmocka_unit_test(test_flow_off_slice), cmocka_unit_test(test_two_gpus),
                                        cmocka_unit_test(test_bad_path)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    tmpdir_remove(dir);
     return rc;
 }
