@@ -66,10 +66,10 @@ int cp_cmd_aot(const cp_plan *plan, const char *outdir, const char *archs_csv, c
 int cp_cmd_bundle_check(const cp_plan *plan, const char *dir, const char *arch, const char *rebuild, cp_bundle *b,
                         FILE *out, char *err, int errlen) {
     if (cp_bundle_open(dir, b, err, errlen)) return -1;
+    char archs[128];
+    cp_bundle_arch_list(b, ",", archs, sizeof archs);
     cp_str note = {0}, cmd = {0};
-    cp_str_printf(&cmd, "%s --arch ", rebuild);
-    for (int a = 0; a < b->narchs && !arch; a++) cp_str_printf(&cmd, "%s%s", a ? "," : "", b->archs[a]);
-    if (arch) cp_str_printf(&cmd, "%s", arch);
+    cp_str_printf(&cmd, "%s --arch %s", rebuild, arch ? arch : archs);
     int rc = cp_bundle_check(b, plan, arch, cmd.data, &note, err, errlen);
     cp_str_free(&cmd);
     if (rc) {
@@ -78,9 +78,7 @@ int cp_cmd_bundle_check(const cp_plan *plan, const char *dir, const char *arch, 
         return -1;
     }
     if (out) {
-        char archs[128] = "";
-        for (int a = 0; a < b->narchs; a++)
-            snprintf(archs + strlen(archs), sizeof archs - strlen(archs), "%s%s", a ? ", " : "", b->archs[a]);
+        cp_bundle_arch_list(b, ", ", archs, sizeof archs);
         fprintf(out, "bundle %s: %d modules for %s (cpgen %s), every cubin matches its SHA-256; nothing is compiled\n",
                 dir, b->nmodules, arch ? arch : archs, b->version);
         if (note.data) fprintf(out, "bundle %s: %s\n", dir, note.data);

@@ -25,27 +25,6 @@
 #define STEPS_SET "train.steps=3"
 #define STARTUP_GUESS 20.0 /* seconds a child spends before its first step (cached kernels, pinning, weights) */
 
-/* The candidate's sets: the command's, then its values on every axis, then extra (may be NULL). Owned strings. */
-static char **candidate_sets(const cp_tune *t, int i, const char *const *sets, int nsets, const char *extra[],
-                             int nextra, int *n) {
-    char **all = cp_xcalloc((size_t)(nsets + t->axes.naxes + nextra + 1), sizeof *all);
-    int k = 0;
-    for (int s = 0; s < nsets; s++) all[k++] = cp_xstrdup(sets[s]);
-    for (int a = 0; a < t->axes.naxes; a++) {
-        char set[160];
-        cp_tune_set_text(t, i, a, set, sizeof set);
-        all[k++] = cp_xstrdup(set);
-    }
-    for (int e = 0; e < nextra; e++) all[k++] = cp_xstrdup(extra[e]);
-    *n = k;
-    return all;
-}
-
-static void free_sets(char **s, int n) {
-    for (int i = 0; i < n; i++) free(s[i]);
-    free(s);
-}
-
 /* The median step time and the largest measured GPU memory in a run's metrics.jsonl; -1 with why. */
 static int read_metrics(const char *path, double *step, int64_t *peak, char *why, int whylen) {
     size_t len;
@@ -126,7 +105,7 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
     const char *extra[] = {lset, STEPS_SET, "train.warmup=0", "train.log_every=1",
                            "train.save_every=0", dset};
     int nsets;
-    char **sets = candidate_sets(t, i, o->sets, o->nsets, extra, (int)CP_ARRAY_LEN(extra), &nsets);
+    char **sets = cp_tune_candidate_sets(t, i, o->sets, o->nsets, extra, (int)CP_ARRAY_LEN(extra), &nsets);
     /* the L-layer plan's prediction, to set the measurement against */
     cp_spec spec;
     cp_plan P;
@@ -134,7 +113,7 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
     if (cp_spec_load(o->spec_arg, (const char *const *)sets, nsets, &spec, why, sizeof why) ||
         cp_plan_build(&spec, &P, why, sizeof why)) {
         snprintf(c->note, sizeof c->note, "not measured: the %d-layer spec does not plan (%.150s)", L, why);
-        free_sets(sets, nsets);
+        cp_tune_sets_free(sets, nsets);
         return;
     }
     double t_trunc = P.t_step;
@@ -170,7 +149,7 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
                 c->measured_step, L, t_trunc, c->t_full, (double)c->measured_peak / (1 << 30), took);
     else fprintf(out, "%s\n", c->note);
     free(argv);
-    free_sets(sets, nsets);
+    cp_tune_sets_free(sets, nsets);
 }
 
 int cp_cmd_tune(const cp_spec *spec, const cp_tune_opts *o, FILE *out, char *err, int errlen) {

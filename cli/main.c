@@ -196,6 +196,14 @@ static void refuse(const cp_spec *spec, const cp_plan *plan) {
     }
 }
 
+/* The plan of spec; false, with the planner's message on stderr, when the spec does not plan. */
+static bool build_plan(const cp_spec *spec, cp_plan *plan) {
+    char err[CP_ERR_MAX * 2];
+    if (!cp_plan_build(spec, plan, err, sizeof err)) return true;
+    fprintf(stderr, "cpgen: %s\n", err);
+    return false;
+}
+
 static int cmd_plan(const cli *c, cp_spec *spec) {
     cp_plan plan;
     char err[CP_ERR_MAX];
@@ -216,10 +224,7 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
         cp_plan_free(&plan);
         return 0;
     }
-    if (cp_plan_build(spec, &plan, err, sizeof err)) {
-        fprintf(stderr, "cpgen: %s\n", err);
-        return CP_EXIT_USAGE;
-    }
+    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
     if (c->json) cp_plan_print_json(&plan, stdout);
     else cp_plan_print(&plan, stdout, c->steps);
     if (c->svg && cp_plan_svg(&plan, c->svg, err, sizeof err)) {
@@ -245,10 +250,7 @@ static void jit_opts_for(const cli *c, cp_jit_opts *o) {
 static int cmd_gen_or_build(const cli *c, cp_spec *spec) {
     cp_plan plan;
     char err[CP_ERR_MAX];
-    if (cp_plan_build(spec, &plan, err, sizeof err)) {
-        fprintf(stderr, "cpgen: %s\n", err);
-        return CP_EXIT_USAGE;
-    }
+    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
     int rc;
     if (!strcmp(c->command, "gen")) {
         if (!c->outdir) {
@@ -267,24 +269,18 @@ static int cmd_gen_or_build(const cli *c, cp_spec *spec) {
 }
 
 /* Without a GPU, --resume still checks the checkpoint against the spec: a wrong one is found before a GPU is. */
-static int check_resume(const cli *c, cp_spec *spec) {
-    cp_plan plan;
+static int check_resume(const cli *c, const cp_spec *spec, const cp_plan *plan) {
     char err[CP_ERR_MAX];
-    if (cp_plan_build(spec, &plan, err, sizeof err)) {
-        fprintf(stderr, "cpgen: %s\n", err);
-        return CP_EXIT_USAGE;
-    }
     cp_ckpt ck;
-    int rc = cp_ckpt_open(&plan, c->resume, &ck, err, sizeof err);
+    int rc = cp_ckpt_open(plan, c->resume, &ck, err, sizeof err);
     if (rc) {
         fprintf(stderr, "cpgen: %s\n", err);
     } else {
         printf("\ncheckpoint %s: step %d of %d, %d AdamW updates, matches %s\n", ck.dir, ck.state.step,
                spec->train.steps, ck.state.updates, spec->path);
-        cp_ckpt_notes(&plan, &ck.state, stdout);
+        cp_ckpt_notes(plan, &ck.state, stdout);
         cp_ckpt_close(&ck);
     }
-    cp_plan_free(&plan);
     return rc ? CP_EXIT_USAGE : 0;
 }
 
@@ -323,10 +319,7 @@ static int cmd_aot(const cli *c, cp_spec *spec) {
     if (!c->outdir) cp_fatal(CP_EXIT_USAGE, "aot needs a bundle folder: cpgen aot %s -o BUNDLE [--arch sm_90a,sm_80]", c->spec);
     cp_plan plan;
     char err[CP_ERR_MAX * 2];
-    if (cp_plan_build(spec, &plan, err, sizeof err)) {
-        fprintf(stderr, "cpgen: %s\n", err);
-        return CP_EXIT_USAGE;
-    }
+    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
     cp_jit_opts o;
     jit_opts_for(c, &o);
     cp_str cmd = {0};
@@ -358,17 +351,17 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     if (gpus <= 0) {
         printf("cpgen: no GPU found (%s): printing the plan of %s instead of training.\n\n", why, spec->path);
         int rc = cmd_plan(c, spec);
-        if (!rc && c->resume) rc = check_resume(c, spec);
+        if (rc || (!c->resume && !c->bundle)) return rc;
+        cp_plan plan; /* one plan for both checks */
+        if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+        if (c->resume) rc = check_resume(c, spec, &plan);
         if (!rc && c->bundle) {
-            cp_plan plan;
-            char err[CP_ERR_MAX];
-            if (cp_plan_build(spec, &plan, err, sizeof err)) return CP_EXIT_USAGE; /* cmd_plan built it just now */
             cp_bundle b;
             printf("\n");
             rc = check_bundle(c, &plan, c->arch, &b, true);
             if (!rc) cp_bundle_close(&b);
-            cp_plan_free(&plan);
         }
+        cp_plan_free(&plan);
         return rc;
     }
     cp_launch_env env;
@@ -378,10 +371,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         return CP_EXIT_USAGE;
     }
     cp_plan plan;
-    if (cp_plan_build(spec, &plan, err, sizeof err)) {
-        fprintf(stderr, "cpgen: %s\n", err);
-        return CP_EXIT_USAGE;
-    }
+    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
     /* the plan is printed once: by this process, or by rank 0 of a launcher other than ours */
     bool lead = env.rank == 0, spawned = env.launcher == CP_LAUNCH_CPGEN;
     if (lead && !spawned) cp_plan_print(&plan, stdout, false);

@@ -73,34 +73,28 @@ static char *expand_includes(const char *family, const char *tmpl, char *err, in
     cp_str s = {0};
     const char *p = tmpl;
     int line = 1;
-    while (*p) {
+    for (; *p; line++) {
         const char *nl = strchr(p, '\n');
         size_t len = nl ? (size_t)(nl - p + 1) : strlen(p);
-        const char *q = p;
-        while (*q == ' ') q++;
-        char name[96];
-        if (strncmp(q, "#include \"", 10) == 0) {
-            const char *e = strchr(q + 10, '"');
-            size_t n = e ? (size_t)(e - (q + 10)) : 0;
-            if (e && n > 4 && n < 64 && strncmp(e - 4, ".cuh", 4) == 0) {
-                snprintf(name, sizeof name, "templates/%.*s", (int)n, q + 10);
-                const cp_embedded_file *f = cp_embedded_find(name);
-                if (!f) {
-                    snprintf(err, errlen, "templates/%s.cu:%d: includes %s, which is not in this build; add it to "
-                             "templates/ and rebuild cpgen", family, line, name);
-                    cp_str_free(&s);
-                    return NULL;
-                }
-                cp_str_append(&s, f->text, f->len);
-                if (f->len && f->text[f->len - 1] != '\n') cp_str_append(&s, "\n", 1);
-                p += len;
-                line++;
-                continue;
+        const char *q = p + strspn(p, " "), *e = NULL;
+        if (strncmp(q, "#include \"", 10) == 0) e = strchr(q + 10, '"');
+        size_t n = e ? (size_t)(e - (q + 10)) : 0;
+        if (e && n > 4 && n < 64 && strncmp(e - 4, ".cuh", 4) == 0) {
+            char name[96];
+            snprintf(name, sizeof name, "templates/%.*s", (int)n, q + 10);
+            const cp_embedded_file *f = cp_embedded_find(name);
+            if (!f) {
+                snprintf(err, errlen, "templates/%s.cu:%d: includes %s, which is not in this build; add it to "
+                         "templates/ and rebuild cpgen", family, line, name);
+                cp_str_free(&s);
+                return NULL;
             }
+            cp_str_append(&s, f->text, f->len);
+            if (f->len && f->text[f->len - 1] != '\n') cp_str_append(&s, "\n", 1);
+        } else {
+            cp_str_append(&s, p, len);
         }
-        cp_str_append(&s, p, len);
         p += len;
-        line++;
     }
     if (!s.data) cp_str_append(&s, "", 0);
     return s.data;

@@ -5,8 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* A Lua string literal: quotes, backslashes and control bytes escaped. */
-static void put_lua_string(cp_str *o, const char *s) {
+void cp_lua_put_string(cp_str *o, const char *s) {
     cp_str_append(o, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\') cp_str_printf(o, "\\%c", *p);
@@ -18,7 +17,7 @@ static void put_lua_string(cp_str *o, const char *s) {
 
 static void put_str(cp_str *o, const char *key, const char *v) {
     cp_str_printf(o, "    %s = ", key);
-    put_lua_string(o, v);
+    cp_lua_put_string(o, v);
     cp_str_append(o, ",\n", 2);
 }
 

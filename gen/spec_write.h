@@ -11,6 +11,8 @@
  * "auto" (the planner resolves those the same way again); parallel.gpus = "auto" is written as the count found.
  * Loading the text gives a spec equal to s (cp_spec_same). */
 void cp_spec_write_lua(const cp_spec *s, cp_str *out);
+/* Append s to out as a Lua string literal: quotes, backslashes and control bytes escaped. */
+void cp_lua_put_string(cp_str *out, const char *s);
 /* Whether two specs have the same values (their file names aside). */
 bool cp_spec_same(const cp_spec *a, const cp_spec *b);
 /* The keys whose values differ between two texts of cp_spec_write_lua, `a` the bundle's and `b` this run's, as

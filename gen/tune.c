@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "json.h"
+#include "spec_write.h"
 #include "svg.h"
 #include "util.h"
 
@@ -124,6 +125,26 @@ void cp_tune_set_text(const cp_tune *t, int i, int a, char *out, size_t n) {
     snprintf(out, n, "%s=%s", t->axes.axes[a].key, t->c[i].values[a]);
 }
 
+char **cp_tune_candidate_sets(const cp_tune *t, int i, const char *const *sets, int nsets, const char *const *extra,
+                              int nextra, int *n) {
+    char **all = cp_xcalloc((size_t)(nsets + t->axes.naxes + nextra + 1), sizeof *all);
+    int k = 0;
+    for (int s = 0; s < nsets; s++) all[k++] = cp_xstrdup(sets[s]);
+    for (int a = 0; a < t->axes.naxes; a++) {
+        char set[160];
+        cp_tune_set_text(t, i, a, set, sizeof set);
+        all[k++] = cp_xstrdup(set);
+    }
+    for (int e = 0; e < nextra; e++) all[k++] = cp_xstrdup(extra[e]);
+    *n = k;
+    return all;
+}
+
+void cp_tune_sets_free(char **sets, int n) {
+    for (int i = 0; i < n; i++) free(sets[i]);
+    free(sets);
+}
+
 static bool same_plan(const cp_tune_cand *a, const cp_tune_cand *b) {
     return a->U == b->U && a->mlp_tile == b->mlp_tile && a->loss_tile == b->loss_tile && a->ckpt_every == b->ckpt_every &&
            a->ckpt_host_layers == b->ckpt_host_layers && a->attn_host_layers == b->attn_host_layers &&
@@ -148,21 +169,19 @@ int cp_tune_plan(cp_tune *t, const cp_tune_axes *ax, const char *path, const cha
     for (int i = 0; i < t->n; i++) {
         cp_tune_cand *c = &t->c[i];
         c->same_as = -1;
-        char setbuf[CP_TUNE_MAX_AXES][160];
-        const char *extra[CP_TUNE_MAX_AXES];
         int rest = i;
         for (int a = ax->naxes - 1; a >= 0; a--) { /* the first axis varies slowest */
             int nv = CP_MAX(1, ax->axes[a].nvalues);
             snprintf(c->values[a], CP_TUNE_VALUE_MAX, "%s", ax->axes[a].values[rest % nv]);
             rest /= nv;
         }
-        for (int a = 0; a < ax->naxes; a++) {
-            snprintf(setbuf[a], sizeof setbuf[a], "%s=%s", ax->axes[a].key, c->values[a]);
-            extra[a] = setbuf[a];
-        }
+        int ncand;
+        char **cand = cp_tune_candidate_sets(t, i, sets, nsets, NULL, 0, &ncand);
         cp_spec spec;
         char why[CP_ERR_MAX];
-        if (load_with(path, sets, nsets, extra, ax->naxes, &spec, why, sizeof why)) {
+        int rc = cp_spec_load(path, (const char *const *)cand, ncand, &spec, why, sizeof why);
+        cp_tune_sets_free(cand, ncand);
+        if (rc) {
             snprintf(c->why, sizeof c->why, "%s", why);
             continue;
         }
@@ -429,7 +448,7 @@ static void lua_value(cp_str *o, const char *v) {
         cp_str_printf(o, "%s", v);
         return;
     }
-    cp_json_put_string(o, v); /* a JSON string literal is a Lua one for these characters */
+    cp_lua_put_string(o, v);
 }
 
 /* { a = { b = VALUE } } for the key path "a.b" */
@@ -460,11 +479,11 @@ int cp_tune_write_lua(const cp_tune *t, const char *path, const cp_spec *input, 
                   "per step, %s.\n"
                   "-- Run it with: cpgen run %s\nreturn cpgen.extend(cpgen.load(", input->path, t->n, t->nranked,
                   w->t_full, w->measured ? "measured and extrapolated to full depth" : "predicted by the plan", path);
-    cp_json_put_string(&o, base);
+    cp_lua_put_string(&o, base);
     cp_str_printf(&o, "),\n");
     /* a spec's runs go to runs/<its file name> unless it says otherwise: keep the input's */
     cp_str_printf(&o, "  { train = { out_dir = ");
-    cp_json_put_string(&o, input->train.out_dir);
+    cp_lua_put_string(&o, input->train.out_dir);
     cp_str_printf(&o, " } }, -- the input's train.out_dir\n");
     for (int i = 0; i < nsets; i++) {
         lua_override(&o, sets[i]);

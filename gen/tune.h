@@ -76,6 +76,11 @@ void cp_tune_free(cp_tune *t);
 
 /* "KEY=VALUE" of candidate i on axis a into out. */
 void cp_tune_set_text(const cp_tune *t, int i, int a, char *out, size_t n);
+/* The --set texts that load candidate i: sets, then "KEY=VALUE" on every axis, then extra (may be NULL), as owned
+ * strings; *n gets their number. Free them with cp_tune_sets_free. */
+char **cp_tune_candidate_sets(const cp_tune *t, int i, const char *const *sets, int nsets, const char *const *extra,
+                              int nextra, int *n);
+void cp_tune_sets_free(char **sets, int n);
 
 /* The table on out: one row per unique candidate in rank order (at most max rows, then a count), the skipped ones
  * with their reason. */

@@ -392,11 +392,11 @@ static void *read_cubin(const cp_bundle *b, const cp_bundle_cubin *c, size_t *le
     return d;
 }
 
-static void arch_list(const cp_bundle *b, char *out, size_t n) {
+void cp_bundle_arch_list(const cp_bundle *b, const char *sep, char *out, size_t n) {
     out[0] = 0;
     for (int a = 0; a < b->narchs; a++) {
         size_t l = strlen(out);
-        snprintf(out + l, n - l, "%s%s", a ? ", " : "", b->archs[a]);
+        snprintf(out + l, n - l, "%s%s", a ? sep : "", b->archs[a]);
     }
 }
 
@@ -406,7 +406,7 @@ int cp_bundle_check(const cp_bundle *b, const cp_plan *plan, const char *arch, c
         return cp_errf(err, errlen, "bundle %s was made by cpgen %s; this is cpgen %s, whose kernels and plans can "
                        "differ: rebuild it with this cpgen: %s", b->dir, b->version, CP_VERSION, rebuild);
     char archs[128];
-    arch_list(b, archs, sizeof archs);
+    cp_bundle_arch_list(b, ", ", archs, sizeof archs);
     if (arch && arch_index(b, arch) < 0)
         return cp_errf(err, errlen, "bundle %s holds cubins for %s; this GPU is %s, and a cubin runs only on the "
                        "architecture it was compiled for: rebuild it: %s", b->dir, archs, arch, rebuild);
@@ -463,7 +463,7 @@ int cp_bundle_modules(const cp_bundle *b, const cp_module_src *src, int n, const
     for (int i = 0; i < n; i++) memset(&out[i], 0, sizeof out[i]);
     int a = arch_index(b, arch), rc = 0;
     char archs[128], rebuild[2200];
-    arch_list(b, archs, sizeof archs);
+    cp_bundle_arch_list(b, ", ", archs, sizeof archs);
     snprintf(rebuild, sizeof rebuild, "it was made by `%s`; make one for this run with --arch %s", b->command, arch);
     if (a < 0)
         return cp_errf(err, errlen, "bundle %s holds cubins for %s, not for %s: rebuild it: %s", b->dir, archs, arch,

@@ -64,6 +64,9 @@ int cp_bundle_plan_hash(const cp_plan *plan, char hex[CP_SHA256_HEX], char *err,
 int cp_bundle_write(const char *dir, const cp_plan *plan, const char *const *archs, int narchs, const cp_jit_opts *jo,
                     const char *command, char *err, int errlen);
 
+/* The bundle's architectures joined by sep ("sm_90a, sm_80") into out. */
+void cp_bundle_arch_list(const cp_bundle *b, const char *sep, char *out, size_t n);
+
 /* Read dir/manifest.json and dir/spec.lua. 0, or -1 with a message naming the file and what is wrong. */
 int cp_bundle_open(const char *dir, cp_bundle *b, char *err, int errlen);
 void cp_bundle_close(cp_bundle *b);
