@@ -60,6 +60,8 @@ int cp_pread_all(int fd, void *buf, int64_t len, int64_t off, const char *path, 
                  int errlen);
 /* Write a file atomically: write to "<path>.tmp.<pid>", fsync, rename. Returns 0 or -1 with errno. */
 int cp_write_file_atomic(const char *path, const void *data, size_t len);
+/* Remove path and, when it is a folder, everything below it (links not followed); what is missing is no error. */
+void cp_remove_tree(const char *path);
 /* mkdir -p. Returns 0 or -1 with errno. */
 int cp_mkdir_p(const char *path);
 

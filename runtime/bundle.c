@@ -3,7 +3,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -45,13 +44,6 @@ int cp_bundle_plan_hash(const cp_plan *plan, char hex[CP_SHA256_HEX], char *err,
 }
 
 /* ---------------------------------------------------------------- writing */
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void remove_tree(const char *dir) { (void)nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
 static int write_in(const char *dir, const char *rel, const void *data, size_t len, char *err, int errlen) {
     char path[CP_PATH_MAX + CP_KNAME_MAX + 64];
@@ -104,7 +96,7 @@ static int put_in_place(const char *tmp, const char *dir, char *err, int errlen)
         (void)rename(old, dir);
         return cp_errf(err, errlen, "cannot rename %s to %s (%s); the old bundle is back", tmp, dir, strerror(e));
     }
-    remove_tree(old);
+    cp_remove_tree(old);
     return 0;
 }
 
@@ -145,7 +137,7 @@ int cp_bundle_write(const char *dir, const cp_plan *plan, const char *const *arc
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
     bool made = false;
     if (!rc) {
-        remove_tree(tmp); /* a leftover of this pid's earlier attempt */
+        cp_remove_tree(tmp); /* a leftover of this pid's earlier attempt */
         char sub[CP_PATH_MAX + 64];
         snprintf(sub, sizeof sub, "%s/src", tmp);
         rc = cp_mkdir_p(sub);
@@ -221,7 +213,7 @@ int cp_bundle_write(const char *dir, const cp_plan *plan, const char *const *arc
         rc = write_in(tmp, "manifest.json", man.data, man.len, err, errlen);
     }
     if (!rc) rc = put_in_place(tmp, dir, err, errlen);
-    if (rc && made) remove_tree(tmp);
+    if (rc && made) cp_remove_tree(tmp);
     cp_str_free(&spec);
     cp_str_free(&man);
     for (int i = 0; i < compiled * n; i++) cp_jit_module_free(&jm[i]);

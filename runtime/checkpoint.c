@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -261,13 +260,6 @@ int cp_ckpt_state_parse(const char *text, size_t len, const char *where, cp_ckpt
 /* ------------------------------------------------------------------------------------------------------------
  * writing */
 
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void rm_rf(const char *p) { nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
-
 static void fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
@@ -295,7 +287,7 @@ static void remove_dead_tmp(const char *out_dir) {
         if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
         char p[CP_PATH_MAX + 300];
         snprintf(p, sizeof p, "%s/%s", out_dir, e->d_name);
-        rm_rf(p);
+        cp_remove_tree(p);
     }
     closedir(d);
 }
@@ -313,14 +305,14 @@ static int install(const char *tmp, const char *final, char *err, int errlen) {
     if (!S_ISDIR(sb.st_mode))
         return cp_errf(err, errlen, "%s exists and is not a checkpoint folder: move it away and save again", final);
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
-        rm_rf(tmp); /* now the old checkpoint */
+        cp_remove_tree(tmp); /* now the old checkpoint */
         return 0;
     }
     if (errno != EINVAL && errno != ENOSYS)
         return cp_errf(err, errlen, "replacing %s with %s failed: %s", final, tmp, strerror(errno));
     char old[CP_PATH_MAX + 128];
     snprintf(old, sizeof old, "%s.old.%ld", final, (long)getpid());
-    rm_rf(old);
+    cp_remove_tree(old);
     if (rename(final, old) != 0)
         return cp_errf(err, errlen, "moving the old %s aside failed: %s", final, strerror(errno));
     if (rename(tmp, final) != 0) {
@@ -328,7 +320,7 @@ static int install(const char *tmp, const char *final, char *err, int errlen) {
         (void)rename(old, final);
         return cp_errf(err, errlen, "renaming %s to %s failed: %s", tmp, final, strerror(e));
     }
-    rm_rf(old);
+    cp_remove_tree(old);
     return 0;
 }
 
@@ -342,7 +334,7 @@ int cp_ckpt_write(const cp_plan *P, const char *out_dir, const cp_ckpt_state *st
         return cp_errf(err, errlen, "%s: cannot create the folder: %s; set train.out_dir to a folder you can write",
                        out_dir, strerror(errno));
     remove_dead_tmp(out_dir);
-    rm_rf(tmp); /* this process's own leftover of an earlier failed save of the same step */
+    cp_remove_tree(tmp); /* this process's own leftover of an earlier failed save of the same step */
     if (mkdir(tmp, 0755) != 0) return cp_errf(err, errlen, "%s: cannot create the folder: %s", tmp, strerror(errno));
     int rc = 0;
     bool stopped = false;
@@ -372,7 +364,7 @@ int cp_ckpt_write(const cp_plan *P, const char *out_dir, const cp_ckpt_state *st
         rc = install(tmp, final, err, errlen);
     }
     if (rc) {
-        rm_rf(tmp);
+        cp_remove_tree(tmp);
         return -1;
     }
     fsync_dir(out_dir);

@@ -2,15 +2,11 @@
 #ifndef CP_TEST_TMPDIR_H
 #define CP_TEST_TMPDIR_H
 
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
-static int tmpdir_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
+#include "util.h"
 
 /* A new empty folder /tmp/cpgen-test-<tag>-XXXXXX into dir (at least 64 bytes). Returns 0, or -1. */
 static inline int tmpdir_make(char *dir, size_t n, const char *tag) {
@@ -19,6 +15,6 @@ static inline int tmpdir_make(char *dir, size_t n, const char *tag) {
 }
 
 /* The folder and everything in it. */
-static inline void tmpdir_remove(const char *dir) { nftw(dir, tmpdir_rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+static inline void tmpdir_remove(const char *dir) { cp_remove_tree(dir); }
 
 #endif
