@@ -1201,6 +1201,9 @@ static void cost_model(cp_plan *P) {
     P->t_compute = P->t_attn = P->t_comm = P->t_copy = 0;
     double layer_compute = 0, layer_hidden = 0, exposed = 0;
     int cur_layer = -2;
+    /* attention kernels: the forward's and the backward's own rates at this head_dim, FLOP/s */
+    const double attn_rate[2] = {cp_machine_attn_tflops(mc, false, P->spec.model.head_dim) * 1e12,
+                                 cp_machine_attn_tflops(mc, true, P->spec.model.head_dim) * 1e12};
     /* A ring send/recv overlaps the attention on the block in hand: the attention launches after it in the same
      * stage, up to the next send/recv; only what it takes beyond them is exposed (cp_ring_exposed). */
     double ring_send = 0, ring_attn = 0;
@@ -1216,9 +1219,7 @@ static void cost_model(cp_plan *P) {
         double t = 0;
         switch (s->kind) {
         case CP_OP_KERNEL:
-            if (s->flops > 0) /* attention: the forward's and the backward's own rates at this head_dim */
-                t = s->flops / (cp_machine_attn_tflops(mc, strcmp(s->what, "attn_bwd") == 0,
-                                                       P->spec.model.head_dim) * 1e12);
+            if (s->flops > 0) t = s->flops / attn_rate[strcmp(s->what, "attn_bwd") == 0];
             else t = s->bytes / (mc->hbm_gbps * 1e9);
             t += 2e-6;
             break;

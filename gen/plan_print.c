@@ -281,10 +281,8 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
             (int)m->layers - P->attn_host_layers - P->attn_gpu_layers, (long long)kept,
             (long long)P->cat_bytes[CP_CAT_ATTN_SAVED], (long long)P->cat_host_bytes[CP_CAT_ATTN_SAVED],
             P->flops_attn_saved);
-    for (int l = 0; l < m->layers; l++) {
-        cp_attn_keep w = cp_plan_attn_where(P, l);
-        fprintf(out, "%s\"%s\"", l ? ", " : "", w == CP_ATTN_GPU ? "gpu" : w == CP_ATTN_HOST ? "host" : "recompute");
-    }
+    for (int l = 0; l < m->layers; l++)
+        fprintf(out, "%s\"%s\"", l ? ", " : "", cp_attn_keep_name(cp_plan_attn_where(P, l)));
     fprintf(out, "]},\n");
     fprintf(out, "  \"stages\": [");
     for (int s = 0; s < P->nstages; s++) {

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ring.h"
 #include "util.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -435,12 +436,6 @@ int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *ta
     return rc;
 }
 
-/* Position in the whole sequence of index i of a ring group's tokens: its two zigzag chunks, back to back. */
-static int64_t zigzag_position(int64_t S, int ring_pos, int ring, int64_t i) {
-    int64_t chunk = S / (2 * ring);
-    return i < chunk ? ring_pos * chunk + i : (2 * (int64_t)ring - 1 - ring_pos) * chunk + (i - chunk);
-}
-
 int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *tokens, int32_t *targets, char *err,
                           int errlen) {
     int64_t S = d->seq_len, parts = (int64_t)sl->ring * sl->gpus;
@@ -450,17 +445,11 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
         return cp_errf(err, errlen, "data: replica %d of %d, ring position %d of %d, rank %d of %d cannot split seq_len "
                        "%lld (a cpgen bug)", sl->replica, sl->replicas, sl->ring_pos, sl->ring, sl->rank, sl->gpus,
                        (long long)S);
-    int64_t T = S / parts, first = (int64_t)sl->rank * T;
-    /* the slice in up to two runs of consecutive positions (a rank's tokens may straddle the two chunks) */
-    int64_t run_at[2], run_len[2];
-    int nruns = 0;
-    for (int64_t i = 0; i < T;) {
-        int64_t at = zigzag_position(S, sl->ring_pos, sl->ring, first + i), n = 1;
-        while (i + n < T && zigzag_position(S, sl->ring_pos, sl->ring, first + i + n) == at + n) n++;
-        run_at[nruns] = at;
-        run_len[nruns++] = n;
-        i += n;
-    }
+    int64_t T = S / parts;
+    /* the slice in up to two runs of consecutive positions (a rank's tokens may straddle the two zigzag chunks);
+     * without a ring, one run at rank x T (seq_len need not split into 2 x gpus then) */
+    cp_ring_rope_run run[2] = {{.row0 = 0, .rows = T, .pos0 = (int64_t)sl->rank * T}};
+    int nruns = sl->ring > 1 ? cp_ring_rope_runs(sl->ring, sl->ring_pos, S, sl->gpus, sl->rank, run) : 1;
     int rc = 0;
     if (d->synthetic) {
         /* the other replicas' sequences only for their target counts (the loss is divided by the round's) */
@@ -472,9 +461,9 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
             }
         synthetic_sequence(d, d->sequence + sl->replica);
         d->targets_round = others + d->targets_seq;
-        for (int k = 0, o = 0; k < nruns; o += (int)run_len[k], k++) {
-            memcpy(tokens + o, d->scratch + run_at[k], (size_t)run_len[k] * sizeof *tokens);
-            memcpy(targets + o, d->scratch + S + run_at[k], (size_t)run_len[k] * sizeof *targets);
+        for (int k = 0; k < nruns; k++) {
+            memcpy(tokens + run[k].row0, d->scratch + run[k].pos0, (size_t)run[k].rows * sizeof *tokens);
+            memcpy(targets + run[k].row0, d->scratch + S + run[k].pos0, (size_t)run[k].rows * sizeof *targets);
         }
         d->sequence += sl->replicas;
         return 0;
@@ -482,11 +471,11 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
     /* token shards: skip the other replicas' sequences of the round; each run reads one token more, its targets */
     int32_t *tmp = cp_xmalloc((size_t)(T + 1) * sizeof *tmp);
     for (int g = 0; g < sl->replicas && !rc; g++) {
-        for (int k = 0, o = 0; g == sl->replica && k < nruns && !rc; o += (int)run_len[k], k++) {
-            rc = cp_tokens_read(&d->tokens, run_at[k], run_len[k] + 1, tmp, false, err, errlen);
+        for (int k = 0; g == sl->replica && k < nruns && !rc; k++) {
+            rc = cp_tokens_read(&d->tokens, run[k].pos0, run[k].rows + 1, tmp, false, err, errlen);
             if (rc) break;
-            memcpy(tokens + o, tmp, (size_t)run_len[k] * sizeof *tokens);
-            memcpy(targets + o, tmp + 1, (size_t)run_len[k] * sizeof *targets);
+            memcpy(tokens + run[k].row0, tmp, (size_t)run[k].rows * sizeof *tokens);
+            memcpy(targets + run[k].row0, tmp + 1, (size_t)run[k].rows * sizeof *targets);
         }
         if (!rc) rc = cp_tokens_read(&d->tokens, 0, 0, tmp, true, err, errlen); /* on to the next sequence */
     }

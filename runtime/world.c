@@ -1,7 +1,6 @@
 /* world.c: the ranks of a run meet and make their communicator (see world.h). */
 #include "world.h"
 
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,15 +107,12 @@ int cp_world_split(cp_world *w, const cp_rank_layout *L, char *err, int errlen) 
         w->of_kind[CP_COMM_SHARD] = &w->comm;
         return 0;
     }
-    static const struct {
-        cp_comm_kind kind;
-        size_t at;
-    } splits[] = {{CP_COMM_ULYSSES, offsetof(cp_world, group)}, {CP_COMM_SHARD, offsetof(cp_world, shard)}};
-    for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
-        cp_nccl_comm *c = (cp_nccl_comm *)((char *)w + splits[k].at);
-        int color, key, n = cp_world_comm_place(L, w->rank, splits[k].kind, &color, &key);
-        if (cp_nccl_split(&w->comm, color, key, n, cp_comm_kind_name(splits[k].kind), c, err, errlen)) return -1;
-        w->of_kind[splits[k].kind] = c;
+    const cp_comm_kind kinds[] = {CP_COMM_ULYSSES, CP_COMM_SHARD};
+    cp_nccl_comm *made[] = {&w->group, &w->shard};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        int color, key, n = cp_world_comm_place(L, w->rank, kinds[k], &color, &key);
+        if (cp_nccl_split(&w->comm, color, key, n, cp_comm_kind_name(kinds[k]), made[k], err, errlen)) return -1;
+        w->of_kind[kinds[k]] = made[k];
     }
     return 0;
 }

@@ -38,11 +38,17 @@ extern "C" __global__ void attn_merge_fwd_d{{D}}(const bf16 *o_blk, const float 
 // True when vector k of this lane lies in the row (the last lanes may have one vector fewer).
 #define IN_ROW(k) (NV * TPR == NVEC || lane + (k) * TPR < NVEC)
 
+// The (token, head) row of this thread, and where that row's lse sits in [heads][lse_stride].
+__device__ __forceinline__ i64 thread_row() { return ((i64)blockIdx.x * BLOCK + threadIdx.x) / TPR; }
+__device__ __forceinline__ i64 lse_index(i64 row, int heads, i64 lse_stride) {
+    return (row % heads) * lse_stride + row / heads;
+}
+
 __global__ void __launch_bounds__(BLOCK) attn_merge_init_d{{D}}(const bf16 *__restrict__ o_blk,
                                                                const float *__restrict__ lse_blk,
                                                                float *__restrict__ o_acc, float *__restrict__ lse_acc,
                                                                i64 n, int heads, i64 lse_stride) {
-    const i64 row = ((i64)blockIdx.x * BLOCK + threadIdx.x) / TPR;
+    const i64 row = thread_row();
     const int lane = threadIdx.x % TPR;
     if (row >= n * heads) return;
     const i64 base = row * D;
@@ -56,7 +62,7 @@ __global__ void __launch_bounds__(BLOCK) attn_merge_init_d{{D}}(const bf16 *__re
             reinterpret_cast<fvec_t *>(o_acc + base)[lane + k * TPR] = a;
         }
     if (lane == 0) {
-        const i64 li = (row % heads) * lse_stride + row / heads;
+        const i64 li = lse_index(row, heads, lse_stride);
         lse_acc[li] = lse_blk[li];
     }
 }
@@ -65,10 +71,10 @@ __global__ void __launch_bounds__(BLOCK) attn_merge_fwd_d{{D}}(const bf16 *__res
                                                               const float *__restrict__ lse_blk,
                                                               float *__restrict__ o_acc, float *__restrict__ lse_acc,
                                                               i64 n, int heads, i64 lse_stride) {
-    const i64 row = ((i64)blockIdx.x * BLOCK + threadIdx.x) / TPR;
+    const i64 row = thread_row();
     const int lane = threadIdx.x % TPR;
     if (row >= n * heads) return;
-    const i64 li = (row % heads) * lse_stride + row / heads;
+    const i64 li = lse_index(row, heads, lse_stride);
     // lane 0 of the row reads both lse and shares them, so its write of lse_acc below races with no other read
     const unsigned row_mask = (TPR == 32 ? 0xffffffffu : ((1u << TPR) - 1u)) << (threadIdx.x % 32 / TPR * TPR);
     float la = 0.f, lb = 0.f;
