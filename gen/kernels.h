@@ -63,13 +63,14 @@ void cp_k_adamw(cp_kernel_spec *k);
  * summed in fp32, rounded once). ROW_BYTES must be a multiple of 4. */
 void cp_k_ulysses(cp_kernel_spec *k, int gpus, int repl, int64_t tokens, int nout, int64_t row_bytes);
 /* attention on head layout: q[S][QH][D], k,v[S][KVH][D], o[S][QH][D], lse[QH][S] (natural log); query head j uses
- * KV head j/(QH/KVH). fwd(q, k, v, o, lse); bwd(q, k, v, dout, lse, delta[S][QH], dq_ws f32[S][QH][D] (written),
- * dq_prog u32 (zeroed before), dk, dv), then bwd_dq(dq_ws, dq) writes dq = bf16(scale * dq_ws); every output is the
- * same bits run to run. dk, dv are bf16 written
- * when dkv_accum is false, else f32 [S][KVH][D] accumulated (+=) over the stages of a GQA group. Launch geometry
- * and the workspace size: gen/kernels_attn.h. */
+ * KV head j/(QH/KVH). fwd(q, k, v, o, lse); bwd(q, k, v, dout, lse, delta[S][QH], dq_ws f32[S][QH][D] (written;
+ * zeroed before when dq_atomic), dq_prog u32 (zeroed before), dk, dv), then bwd_dq(dq_ws, dq) writes
+ * dq = bf16(scale * dq_ws). Every output is the same bits run to run unless dq_atomic, which sums dQ over the key
+ * blocks in arrival order (no block waits for another). dk, dv are bf16 written when dkv_accum is false, else f32
+ * [S][KVH][D] accumulated (+=) over the stages of a GQA group. Launch geometry and the workspace size:
+ * gen/kernels_attn.h. */
 void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_heads, int64_t seq, bool causal,
-                    bool dkv_accum);
+                    bool dkv_accum, bool dq_atomic);
 /* cast: f32_to_bf16(src f32[n], dst bf16[n], n); add_f32(src f32[n], dst f32[n] +=, n). */
 void cp_k_cast(cp_kernel_spec *k);
 /* delta for the attention backward in token layout: fwd(dout[n][heads][D], out[n][heads][D], delta f32[n][heads], n,

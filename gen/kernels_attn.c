@@ -20,7 +20,7 @@ static int64_t sm90_tile(int64_t rows, int64_t head_dim) { return head_dim / 64 
 bool cp_k_attention_hopper(const char *arch) { return arch && strcmp(arch, "sm_90a") == 0; }
 
 void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_heads, int64_t seq, bool causal,
-                    bool dkv_accum) {
+                    bool dkv_accum, bool dq_atomic) {
     if (head_dim != 64 && head_dim != 128)
         cp_fatal(CP_EXIT_USAGE, "attention: head_dim %lld is not supported (the kernels are built for 64 and 128)",
                  (long long)head_dim);
@@ -37,6 +37,7 @@ void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_hea
     cp_kspec_set_int(k, "SEQ", seq);
     cp_kspec_set_int(k, "CAUSAL", causal);
     cp_kspec_set_int(k, "DKV_ACCUM", dkv_accum);
+    cp_kspec_set_int(k, "DQ_ATOMIC", dq_atomic);
     cp_kspec_set_double(k, "SCALE", 1.0 / sqrt((double)head_dim));
 }
 
@@ -76,10 +77,10 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         d->grid[0] = (unsigned)KVH;
         d->grid[1] = (unsigned)((S + BWD_BN - 1) / BWD_BN);
         d->block = H_THREADS;
-        /* K, V; the Q, dO ring; dS^T double-buffered; lse, delta per stage; the mbarriers and the progress read;
-         * slack to align the tiles to 1024 bytes */
-        d->smem = (unsigned)(2 * ktile + 2 * B9_STAGES * qtile + 2 * BWD_BN * BWD_BM * 2 + B9_STAGES * 2 * BWD_BM * 4 +
-                             8 * (1 + 2 * B9_STAGES) + 8 + 1024);
+        /* K, V; the Q, dO ring; dS^T and dQ (fp32) double-buffered; lse, delta per stage; the mbarriers; slack to
+         * align the tiles to 1024 bytes */
+        d->smem = (unsigned)(2 * ktile + 2 * B9_STAGES * qtile + 2 * BWD_BN * BWD_BM * 2 + 2 * BWD_BM * D * 4 +
+                             B9_STAGES * 2 * BWD_BM * 4 + 8 * (1 + 2 * B9_STAGES) + 1024);
     } else if (strcmp(role, "bwd_dq") == 0) {
         int64_t blocks = (S * QH * D / 8 + DQ_THREADS - 1) / DQ_THREADS;
         d->grid[0] = (unsigned)CP_MIN(blocks, DQ_MAX_BLOCKS);

@@ -2,10 +2,11 @@
  * Entries (templates/attention.cu; bf16 = uint16_t on the host):
  *   fwd(q, k, v, o, lse f32)
  *   bwd(q, k, v, dout, lse f32, delta f32, dq_ws f32, dq_prog u32, dk, dv): dq_ws [S][QH][D] fp32 is the dQ
- *       workspace, which bwd writes whole (dS K summed over the key blocks in key-block order: the same bits run to
- *       run); dq_prog [KVH][ceil(S/128)] are the progress counters that order those sums, which the caller zeroes
- *       before every bwd. Both live in one workspace (cp_k_attention_workspace_bytes), dq_prog at
- *       cp_k_attention_prog_offset. dk, dv are bf16 written, or fp32 added to (+=) when dkv_accum.
+ *       workspace: dS K summed over the key blocks, ordered (bwd writes it whole, in key-block order: the same bits
+ *       run to run) or, when dq_atomic, added into a dq_ws the caller zeroes before every bwd. dq_prog
+ *       [KVH][ceil(S/128)] are the progress counters that order those sums, which the caller zeroes before every
+ *       bwd. Both live in one workspace (cp_k_attention_workspace_bytes), dq_prog at cp_k_attention_prog_offset.
+ *       dk, dv are bf16 written, or fp32 added to (+=) when dkv_accum.
  *   bwd_dq(dq_ws f32, dq): dq = bf16(scale * dq_ws), the last step of the backward.
  * fwd and bwd use dynamic shared memory above 48 KiB: the loader must raise the entry's limit to d->smem. */
 #ifndef CP_KERNELS_ATTN_H
@@ -17,8 +18,9 @@
  * sm_90a) instead of fwd and bwd.
  * fwd_sm90(tm_q, tm_k, tm_v, o, lse f32) takes tensor maps of q, k, v made by cp_tmap_heads (runtime/tma.h) with
  * boxes of CP_ATTN_SM90_BOX_ROWS rows.
- * bwd_sm90(tm_q, tm_k, tm_v, tm_do, lse, delta, dq_ws, dq_prog, dk, dv): bwd's contract and workspace, with tensor
- * maps of q and dout (boxes of CP_ATTN_SM90_BWD_Q_ROWS rows) and of k and v (CP_ATTN_SM90_BOX_ROWS rows). */
+ * bwd_sm90(tm_q, tm_k, tm_v, tm_do, tm_dq, lse, delta, dq_prog, dk, dv): bwd's contract and workspace, with tensor
+ * maps of q and dout (boxes of CP_ATTN_SM90_BWD_Q_ROWS rows), of k and v (CP_ATTN_SM90_BOX_ROWS rows) and of dq_ws
+ * (fp32, boxes of CP_ATTN_SM90_BWD_Q_ROWS rows). */
 bool cp_k_attention_hopper(const char *arch);
 /* The rows of the boxes of fwd_sm90's tensor maps (its query and key tiles). */
 #define CP_ATTN_SM90_BOX_ROWS 128
@@ -32,7 +34,8 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d);
 /* Bytes of the backward's workspace: the fp32 dQ, S * QH * D * 4, then the progress counters (prog_bytes). */
 int64_t cp_k_attention_workspace_bytes(const cp_kernel_spec *k);
 /* Where the progress counters start in the workspace (S * QH * D * 4), and their bytes: KVH * ceil(S/128) * 4,
- * rounded up to 16. Only these bytes need zeroing before bwd. */
+ * rounded up to 16. Only these bytes need zeroing before an ordered bwd; an atomic one needs the whole workspace
+ * zeroed. */
 int64_t cp_k_attention_prog_offset(const cp_kernel_spec *k);
 int64_t cp_k_attention_prog_bytes(const cp_kernel_spec *k);
 

@@ -645,9 +645,13 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
         if (accum && e->kv_fresh) {
             zero(B, b->dkv_acc, P->bufs[b->dkv_acc].bytes);
         }
-        /* the dQ workspace is written whole by the kernel; only its progress counters start at zero */
+        /* ordered, the dQ workspace is written whole by the kernel and only its progress counters start at zero;
+         * atomic, the kernel adds into all of it */
         const cp_kernel_spec *ak = &P->modules[M->attn];
-        zero_def(B, b->dq_acc, cp_k_attention_prog_offset(ak), cp_k_attention_prog_bytes(ak));
+        if (P->spec.train.deterministic)
+            zero_def(B, b->dq_acc, cp_k_attention_prog_offset(ak), cp_k_attention_prog_bytes(ak));
+        else
+            zero_def(B, b->dq_acc, 0, cp_k_attention_workspace_bytes(ak));
         cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
         rd(a, P, b->q_head);
         rd(a, P, b->k_head);
@@ -796,7 +800,7 @@ static void make_modules(cp_plan *P, modset *M) {
     M->adamw = module_of(P, &k);
     cp_k_attn_delta(&k, D);
     M->delta = module_of(P, &k);
-    cp_k_attention(&k, D, P->u, P->kvr, P->S, true, P->group_len > 1);
+    cp_k_attention(&k, D, P->u, P->kvr, P->S, true, P->group_len > 1, !P->spec.train.deterministic);
     M->attn = module_of(P, &k);
     M->cast = -1;
     if (P->group_len > 1 || (P->C > 1 && shard_accumulates(P, 0))) {

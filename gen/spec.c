@@ -49,7 +49,7 @@ static const node PARALLEL_KEYS[] = {
 static const node TRAIN_KEYS[] = {
     LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
-    LEAF("save_every"), LEAF("out_dir"), END};
+    LEAF("save_every"), LEAF("out_dir"), LEAF("deterministic"), END};
 static const node DATA_KEYS[] = {LEAF("source"), END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
@@ -1165,6 +1165,8 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     TRY(get_cint(c, t, "train", "save_every", &tr->save_every));
     snprintf(tr->out_dir, sizeof tr->out_dir, "runs/%s", name);
     TRY(get_str(c, t, "train", "out_dir", tr->out_dir, sizeof tr->out_dir));
+    tr->deterministic = true;
+    TRY(get_bool(c, t, "train", "deterministic", &tr->deterministic));
     lua_pop(c->L, 1);
     return 0;
 }

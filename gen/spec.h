@@ -65,6 +65,7 @@ typedef struct {
     double weight_decay, clip, beta1, beta2, eps;
     int log_every, save_every;
     char out_dir[CP_PATH_MAX];
+    bool deterministic; /* the same bits every run (attention's dQ summed in key-block order), or faster sums */
 } cp_train;
 
 typedef struct {

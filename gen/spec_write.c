@@ -80,6 +80,7 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_int(o, "log_every", t->log_every);
     put_int(o, "save_every", t->save_every);
     put_str(o, "out_dir", t->out_dir);
+    put_bool(o, "deterministic", t->deterministic);
     cp_str_printf(o, "  },\n  data = {\n");
     put_str(o, "source", s->data.source);
     cp_str_printf(o, "  },\n  init = {\n");

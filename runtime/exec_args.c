@@ -236,16 +236,24 @@ static bool attn_hopper(const pctx *c) {
     return cp_k_attention_hopper(c->ex->o.arch) && !(p && strcmp(p, "mma") == 0);
 }
 
-/* The first n operands (q, k, v, dout in that order: head-layout [S][heads][D] bf16) as tensor maps with boxes of
- * rows[j] rows, encoded once for these addresses and owned by the launch. */
-static int a_tmaps(pctx *c, xlaunch *l, int n, const int64_t *heads, const int *rows) {
+/* One tensor map argument: operand op, head-layout [S][heads][D] of elem_bytes elements, read or written in boxes
+ * of rows rows. */
+typedef struct {
+    int op;
+    int64_t heads;
+    int rows, elem_bytes;
+} tmap_arg;
+
+/* The n tensor map arguments, encoded once for these addresses and owned by the launch. */
+static int a_tmaps(pctx *c, xlaunch *l, int n, const tmap_arg *t) {
     const int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM");
     l->tmaps = aligned_alloc(_Alignof(cp_tmap), (size_t)n * sizeof(cp_tmap));
     if (!l->tmaps) return pfail(c, "out of host memory for tensor maps");
     for (int j = 0; j < n; j++) {
         char e[512];
         if (c->ex->dry) memset(&l->tmaps[j], 0, sizeof l->tmaps[j]); /* no driver to encode with, nothing launched */
-        else if (cp_tmap_heads(&l->tmaps[j], opp(c, j), S, heads[j], D, rows[j], e, sizeof e))
+        else if (cp_tmap_heads(&l->tmaps[j], opp(c, t[j].op), t[j].elem_bytes, S, t[j].heads, D, t[j].rows, e,
+                               sizeof e))
             return pfail(c, "%s", e);
         l->args[l->nargs++] = &l->tmaps[j];
     }
@@ -268,17 +276,18 @@ static int k_attn_fwd(pctx *c) {
         for (int j = 0; j < 5; j++) a_ptr(l, opp(c, j));
         return 0;
     }
-    const int64_t heads[3] = {QH, KH, KH};
-    const int rows[3] = {CP_ATTN_SM90_BOX_ROWS, CP_ATTN_SM90_BOX_ROWS, CP_ATTN_SM90_BOX_ROWS};
-    if (launch_of(c, "fwd_sm90", 0, 0, l) || a_tmaps(c, l, 3, heads, rows)) return -1;
+    const tmap_arg t[3] = {{0, QH, CP_ATTN_SM90_BOX_ROWS, 2}, {1, KH, CP_ATTN_SM90_BOX_ROWS, 2},
+                           {2, KH, CP_ATTN_SM90_BOX_ROWS, 2}};
+    if (launch_of(c, "fwd_sm90", 0, 0, l) || a_tmaps(c, l, 3, t)) return -1;
     a_ptr(l, opp(c, 3));
     a_ptr(l, opp(c, 4));
     return 0;
 }
 
-/* attn_bwd: operands q, k, v, dout, lse (the stage's slice), delta, the dQ workspace (fp32 dQ, written, then the
- * progress counters, zeroed by the plan), then dkv_accum (fp32 dK then dV, +=) or dk, dv (bf16):
- * bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv), or on Hopper bwd_sm90 with tensor maps of q, k, v, dout */
+/* attn_bwd: operands q, k, v, dout, lse (the stage's slice), delta, the dQ workspace (fp32 dQ, written, or added to
+ * when DQ_ATOMIC; then the progress counters; the plan zeroes what must start at zero), then dkv_accum (fp32 dK then
+ * dV, +=) or dk, dv (bf16): bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv), or on Hopper
+ * bwd_sm90(tensor maps of q, k, v, dout, dq_ws; lse, delta, dq_prog, dk, dv) */
 static int k_attn_bwd(pctx *c) {
     bool acc = kint(c, "DKV_ACCUM") == 1;
     if (need_ops(c, acc ? 8 : 9)) return -1;
@@ -293,15 +302,15 @@ static int k_attn_bwd(pctx *c) {
         if (need_align(c, j, 16)) return -1;
     xlaunch *l = &c->x->L[0];
     if (attn_hopper(c)) {
-        const int64_t heads[4] = {QH, KH, KH, QH};
-        const int rows[4] = {CP_ATTN_SM90_BWD_Q_ROWS, CP_ATTN_SM90_BOX_ROWS, CP_ATTN_SM90_BOX_ROWS,
-                             CP_ATTN_SM90_BWD_Q_ROWS};
-        if (launch_of(c, "bwd_sm90", 0, 0, l) || a_tmaps(c, l, 4, heads, rows)) return -1;
+        const tmap_arg t[5] = {{0, QH, CP_ATTN_SM90_BWD_Q_ROWS, 2}, {1, KH, CP_ATTN_SM90_BOX_ROWS, 2},
+                               {2, KH, CP_ATTN_SM90_BOX_ROWS, 2}, {3, QH, CP_ATTN_SM90_BWD_Q_ROWS, 2},
+                               {6, QH, CP_ATTN_SM90_BWD_Q_ROWS, 4}};
+        if (launch_of(c, "bwd_sm90", 0, 0, l) || a_tmaps(c, l, 5, t)) return -1;
+        for (int j = 4; j < 6; j++) a_ptr(l, opp(c, j));
     } else {
         if (launch_of(c, "bwd", 0, 0, l)) return -1;
-        for (int j = 0; j < 4; j++) a_ptr(l, opp(c, j));
+        for (int j = 0; j < 7; j++) a_ptr(l, opp(c, j));
     }
-    for (int j = 4; j < 7; j++) a_ptr(l, opp(c, j));
     a_ptr(l, opp(c, 6) + cp_k_attention_prog_offset(kspec(c)));
     a_ptr(l, opp(c, 7));
     a_ptr(l, acc ? opp(c, 7) + S * KH * D * 4 : opp(c, 8));

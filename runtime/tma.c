@@ -27,8 +27,8 @@ static void lookup(void) {
     if (lookup_err == cudaSuccess && lookup_res == cudaDriverEntryPointSuccess) encode_tiled = (encode_tiled_fn)fn;
 }
 
-int cp_tmap_heads(cp_tmap *m, const void *base, int64_t seq, int64_t heads, int64_t head_dim, int box_rows, char *err,
-                  int errlen) {
+int cp_tmap_heads(cp_tmap *m, const void *base, int elem_bytes, int64_t seq, int64_t heads, int64_t head_dim,
+                  int box_rows, char *err, int errlen) {
     pthread_once(&once, lookup);
     if (!encode_tiled) {
         if (lookup_err != cudaSuccess)
@@ -36,19 +36,23 @@ int cp_tmap_heads(cp_tmap *m, const void *base, int64_t seq, int64_t heads, int6
         return cp_errf(err, errlen, "the NVIDIA driver has no cuTensorMapEncodeTiled (query result %d): the Hopper "
                        "kernels need a driver for CUDA 12.0 or newer; update the driver", (int)lookup_res);
     }
-    if ((uintptr_t)base % 16 || head_dim % 64 || seq < 1 || heads < 1 || box_rows < 1 || box_rows > 256)
-        return cp_errf(err, errlen, "tensor map of [%lld][%lld][%lld] bf16 at %p in boxes of %d rows: the address must "
-                       "be 16-byte aligned, head_dim a multiple of 64 and the box 1..256 rows", (long long)seq,
-                       (long long)heads, (long long)head_dim, base, box_rows);
+    const char *type = elem_bytes == 2 ? "bf16" : elem_bytes == 4 ? "f32" : "?";
+    if ((elem_bytes != 2 && elem_bytes != 4) || (uintptr_t)base % 16 || head_dim * elem_bytes % 128 || seq < 1 ||
+        heads < 1 || box_rows < 1 || box_rows > 256)
+        return cp_errf(err, errlen, "tensor map of [%lld][%lld][%lld] %s at %p in boxes of %d rows: the elements must "
+                       "be bf16 or f32, the address 16-byte aligned, a row a multiple of 128 bytes and the box 1..256 "
+                       "rows", (long long)seq, (long long)heads, (long long)head_dim, type, base, box_rows);
     const cuuint64_t dims[3] = {(cuuint64_t)head_dim, (cuuint64_t)heads, (cuuint64_t)seq};
-    const cuuint64_t strides[2] = {(cuuint64_t)head_dim * 2, (cuuint64_t)(heads * head_dim * 2)}; /* bytes, dims 1, 2 */
-    const cuuint32_t box[3] = {64, 1, (cuuint32_t)box_rows}, estride[3] = {1, 1, 1};
-    CUresult r = encode_tiled((CUtensorMap *)m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box,
-                              estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const cuuint64_t strides[2] = {(cuuint64_t)(head_dim * elem_bytes), (cuuint64_t)(heads * head_dim * elem_bytes)};
+    const cuuint32_t box[3] = {(cuuint32_t)(128 / elem_bytes), 1, (cuuint32_t)box_rows}, estride[3] = {1, 1, 1};
+    CUresult r = encode_tiled((CUtensorMap *)m,
+                              elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3,
+                              (void *)base, dims, strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
-        return cp_errf(err, errlen, "cuTensorMapEncodeTiled failed (CUresult %d) for [%lld][%lld][%lld] bf16 at %p, "
+        return cp_errf(err, errlen, "cuTensorMapEncodeTiled failed (CUresult %d) for [%lld][%lld][%lld] %s at %p, "
                        "boxes of %d rows: a bug in the caller's shape or alignment", (int)r, (long long)seq,
-                       (long long)heads, (long long)head_dim, base, box_rows);
+                       (long long)heads, (long long)head_dim, type, base, box_rows);
     return 0;
 }

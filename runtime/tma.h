@@ -11,10 +11,11 @@ typedef struct {
     _Alignas(64) uint64_t opaque[16];
 } cp_tmap;
 
-/* A head-layout tensor [seq][heads][head_dim] bf16 at base as the 3-D tensor (head_dim, heads, seq), read in boxes
- * of (64, 1, box_rows) with the 128-byte swizzle: one head's box_rows rows of 64 columns (rows past seq read as
- * zeros). base must be 16-byte aligned and head_dim a multiple of 64. Returns 0, or -1 with a message in err. */
-int cp_tmap_heads(cp_tmap *m, const void *base, int64_t seq, int64_t heads, int64_t head_dim, int box_rows, char *err,
-                  int errlen);
+/* A head-layout tensor [seq][heads][head_dim] at base, of bf16 (elem_bytes 2) or fp32 (4), as the 3-D tensor
+ * (head_dim, heads, seq), in boxes of (128 / elem_bytes, 1, box_rows) with the 128-byte swizzle: one head's
+ * box_rows rows of 128 bytes (rows past seq read as zeros, and are not written). base must be 16-byte aligned and
+ * a row of head_dim a multiple of 128 bytes. Returns 0, or -1 with a message in err. */
+int cp_tmap_heads(cp_tmap *m, const void *base, int elem_bytes, int64_t seq, int64_t heads, int64_t head_dim,
+                  int box_rows, char *err, int errlen);
 
 #endif

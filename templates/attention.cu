@@ -1,13 +1,17 @@
 // attention.cu: flash attention (the FlashAttention-2 algorithm) for one UPipe stage, on bf16 tensor cores through
 // mma.sync m16n8k16 and ldmatrix, with cp.async double-buffered tiles in shared memory. Shapes are baked in:
 // head dim, query and KV heads (GQA: query head h reads KV head h / (Q_HEADS / KV_HEADS)), sequence length,
-// causal or not, and whether dK, dV are written as bf16 or accumulated into fp32.
-// module: attention_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}
+// causal or not, whether dK, dV are written as bf16 or accumulated into fp32, and how the Hopper backward sums dQ
+// over the key blocks: in key-block order, the same bits every run (DQ_ATOMIC = 0, the default), or by atomic adds
+// into a zeroed dq_ws in whatever order the blocks come (DQ_ATOMIC = 1: no block waits for another). The mma.sync
+// backward here always sums in order (an atomic variant of it spilled registers at D = 128).
+// module: attention_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}
 //
 // Layouts (row-major): q, o, dout [SEQ][Q_HEADS][HEAD_DIM] bf16; k, v [SEQ][KV_HEADS][HEAD_DIM] bf16;
 // lse [Q_HEADS][SEQ] fp32, natural log of the softmax denominator of the scaled scores (as PyTorch reports it);
-// delta [SEQ][Q_HEADS] fp32 = rowsum(dout * o); dq_ws [SEQ][Q_HEADS][HEAD_DIM] fp32 (written by bwd: no zeroing);
-// dq_prog [KV_HEADS][ceil(SEQ/128)] u32, zeroed before bwd (the progress counters that order the dQ sums).
+// delta [SEQ][Q_HEADS] fp32 = rowsum(dout * o); dq_ws [SEQ][Q_HEADS][HEAD_DIM] fp32 (written by bwd: zeroed before
+// it only when DQ_ATOMIC); dq_prog [KV_HEADS][ceil(SEQ/128)] u32, zeroed before bwd (the progress counters that
+// order the dQ sums).
 // Entries (geometry in gen/kernels_attn.c):
 //   fwd(q, k, v, o, lse)                                  grid (Q_HEADS, ceil(SEQ/128)), 128 threads
 //   bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv) grid (KV_HEADS, ceil(SEQ/128)), 256 threads;
@@ -23,6 +27,7 @@
 #define SEQ {{SEQ}}
 #define CAUSAL {{CAUSAL}}
 #define DKV_ACCUM {{DKV_ACCUM}}
+#define DQ_ATOMIC {{DQ_ATOMIC}}
 #define SOFTMAX_SCALE ((float)({{SCALE}}))
 // exp(x * scale) = exp2(x * scale * log2(e)): one FFMA and one EX2 per score
 #define SCALE_LOG2 ((float)({{SCALE}} * 1.4426950408889634))
@@ -128,15 +133,15 @@ __device__ __forceinline__ void st_relaxed(u32 *p, u32 v) {
 }
 __device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 __device__ __forceinline__ void sleep_ns(u32 ns) { asm volatile("nanosleep.u32 %0;\n" ::"r"(ns)); }
-// Poll the previous key block's progress counter until it has completed tile `it`; the value seen is kept in shared
-// memory (seen_at), so a block far behind its predecessor polls once per many tiles. The caller fences.
-__device__ __forceinline__ void wait_progress(const u32 *pp, u32 it, u32 seen_at) {
+// Poll the previous key block's progress counter until it has completed tile `it`; returns the value seen, which the
+// caller keeps, so that a block far behind its predecessor polls once per many tiles. The caller fences.
+__device__ __forceinline__ u32 wait_progress(const u32 *pp, u32 it) {
     u32 seen = ld_relaxed(pp);
     while (seen <= it) {
         sleep_ns(128);
         seen = ld_relaxed(pp);
     }
-    sts32(seen_at, seen);
+    return seen;
 }
 // blockIdx read where it is used, so that what is derived from it holds no register across the backward's loop
 __device__ __forceinline__ u32 ctaid_x() {
@@ -310,7 +315,7 @@ __device__ __forceinline__ void fwd_block(float (&acc)[2][FWD_DT][4], u32 rstat,
 }
 
 extern "C" __global__ void FWD_BOUNDS
-attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
+attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}(
     const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v, bf16 *__restrict__ o,
     float *__restrict__ lse) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -441,7 +446,7 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 #define BWD_BOUNDS __launch_bounds__(BWD_THREADS, 1)
 
 extern "C" __global__ void BWD_BOUNDS
-attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
+attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}(
     const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
     const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta,
     float *__restrict__ dq_ws, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
@@ -617,7 +622,7 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
             // wait until the previous key block has completed this tile (it runs, or ran, already: see above), and
             // publish that this block has completed the tiles before it
             const bool wait = ctaid_y() > 0 && lds32(sSeen) <= (u32)it, pub = it > 0 && publish();
-            if (wait) wait_progress(prog() - 1, (u32)it, sSeen);
+            if (wait) sts32(sSeen, wait_progress(prog() - 1, (u32)it));
             // acquire for the poll: the previous block's dQ writes of this tile come before ours; release for the
             // store: with the barrier at the top, every warp's dQ writes of the tiles before it are performed first
             if (wait || pub) fence_acq_rel();
@@ -739,7 +744,7 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 // dq = bf16(scale * dq_ws), eight elements per thread per step.
 #define DQ_BOUNDS __launch_bounds__(256)
 extern "C" __global__ void DQ_BOUNDS
-attention_bwd_dq_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
+attention_bwd_dq_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}(
     const float *__restrict__ dq_ws, bf16 *__restrict__ dq) {
     const long long n8 = (long long)SEQ * Q_HEADS * HEAD_DIM / 8;
     for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n8; i += (long long)gridDim.x * 256) {

@@ -1,47 +1,60 @@
 // attention_bwd_sm90.cuh: the attention backward for Hopper (sm_90a), included into attention.cu after
 // attention_sm90.cuh (whose mbarrier, TMA and wgmma helpers it uses). On other targets its entry traps: the runtime
-// calls it on sm_90a alone. Same contract, tile order and ordered dQ protocol as the mma.sync backward `bwd` of
-// attention.cu (read its comment): the dq_ws / dq_prog workspace and bwd_dq are shared by both.
+// calls it on sm_90a alone. Same contract and tile order as the mma.sync backward `bwd` of attention.cu (read its
+// comment); the dq_ws / dq_prog workspace and bwd_dq are shared by both.
 //
-// One block: 128 keys (key block blockIdx.y) of one KV head; a producer warp and two consumer warpgroups of 64 keys
-// each. The loop runs over the query tiles of 64 rows that see these keys (last first) and, within each, over the
-// query heads of the GQA group, as `bwd` does; dK and dV stay in registers for the whole loop. The producer streams
-// Q and dO by TMA (and lse, delta by cp.async) through a two-stage ring; K and V are loaded once. Per tile, a
+// One block: 128 keys (key block blockIdx.y) of one KV head; a producer warpgroup and two consumer warpgroups of 64
+// keys each. The loop runs over the query tiles of 64 rows that see these keys (last first) and, within each, over
+// the query heads of the GQA group, as `bwd` does; dK and dV stay in registers for the whole loop. Producer warp 0
+// streams Q and dO by TMA (and lse, delta by cp.async) through a two-stage ring; K and V are loaded once. Per tile, a
 // consumer computes transposed, so that P^T and dS^T come out of the accumulators in the A-operand layout:
 //   S^T = K Q^T, dP^T = V dO^T                  (wgmma, both operands K-major in shared memory)
 //   P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - delta)   (lse, delta per query row = per column)
-//   dV += P^T dO, dK += dS^T Q                  (A from registers, B = dO, Q read transposed)
+//   dV += P^T dO                                (A from registers, B = dO)
 //   dS^T to shared memory (bf16); after both consumers wrote theirs (one named barrier):
 //   dQ = dS K over all 128 keys, each consumer half of the head dimension (A = dS^T read transposed, B = K read
-//   transposed), then stored or added to dq_ws in key-block order.
-// Within a tile the products overlap the math: P^T is computed while dP^T runs, dS^T while dV runs, the dS store
-// and the barrier while dK runs. dS^T is double-buffered, so a consumer that is one barrier ahead does not overwrite
-// the tile the other is still multiplying.
+//   transposed), then dK += dS^T Q (A from registers, B = Q read transposed)
+// The products overlap the math: P^T is computed while dP^T runs, dS^T and its store while dV runs, and dQ goes to
+// shared memory (fp32) while dK runs. dS^T is double-buffered, so a consumer that is one barrier ahead does not
+// overwrite the tile the other is still multiplying.
+//
+// dQ leaves the block through producer warp 1, so that the consumers never wait on global memory: per tile it takes
+// the fp32 tile the consumers left in one of two shared buffers (named barriers: full, empty) and hands it to the
+// TMA unit whole, as a bulk tensor store (key block 0) or a bulk tensor add into dq_ws (the others). Ordered (the
+// default, DQ_ATOMIC = 0) it first waits until the previous key block's count in dq_prog says that block has
+// completed this tile, and publishes its own count once its writes are complete: the sums run in key-block order,
+// the same bits every run. Atomic (DQ_ATOMIC = 1) it adds at once, in whatever order the blocks come, into a dq_ws
+// the plan zeroed.
 //
 // Shared-memory tiles are TMA boxes with the 128-byte swizzle as in the forward: K, V [128 rows][64 columns] per
 // sub-tile (16 KiB), Q, dO [64 rows][64 columns] per sub-tile (8 KiB), dS^T [128 keys][64 rows] (16 KiB, written by
-// the consumers with the same swizzle).
+// the consumers with the same swizzle), dQ [64 rows][32 columns] fp32 per sub-tile (8 KiB).
 //
 // Entry (geometry in gen/kernels_attn.c, which must match BWD_SM90_SMEM):
-//   bwd_sm90(tm_q, tm_k, tm_v, tm_do, lse, delta, dq_ws, dq_prog, dk, dv)
+//   bwd_sm90(tm_q, tm_k, tm_v, tm_do, tm_dq, lse, delta, dq_prog, dk, dv)
 //       grid (KV_HEADS, ceil(SEQ/128)), 384 threads, BWD_SM90_SMEM bytes dynamic smem;
-//       tm_q, tm_do: tensor maps of q, dout with boxes (64, 1, 64); tm_k, tm_v: of k, v with boxes (64, 1, 128)
-//       (runtime/tma.h); the other arguments as for bwd.
+//       tm_q, tm_do: tensor maps of q, dout with boxes (64, 1, 64); tm_k, tm_v: of k, v with boxes (64, 1, 128);
+//       tm_dq: of dq_ws (fp32) with boxes (32, 1, 64) (runtime/tma.h); the other arguments as for bwd.
 
 #define B9_BM 64    // query rows per tile
 #define B9_BN 128   // keys per block: two consumer warpgroups of 64
 #define B9_STAGES 2 // depth of the Q, dO ring
 #define B9_BAR_C 3  // named barrier of the two consumer warpgroups (0: __syncthreads; 1, 2: the forward's)
+#define B9_BAR_DQF 4 // named barriers 4, 5: dQ buffer 0, 1 full (consumers arrive, the dQ warp waits)
+#define B9_BAR_DQE 6 // named barriers 6, 7: dQ buffer 0, 1 empty (the dQ warp arrives, consumers wait)
+#define B9_DQ_THREADS (256 + 32) // the two consumer warpgroups and the dQ warp
 static_assert(B9_BM == BWD_BM && B9_BN == BWD_BN, "the tile order and dq_prog are those of bwd");
 
 constexpr u32 B9_QSUB = B9_BM * 128;                       // bytes of one [64][64] bf16 sub-tile of Q or dO
 constexpr u32 B9_QTILE = HSUB * B9_QSUB;                   // one Q or dO tile
 constexpr u32 B9_DS = B9_BN * B9_BM * 2;                   // one dS^T tile [128 keys][64 rows]
+constexpr u32 B9_DQSUB = B9_BM * 128;                      // one [64][32] fp32 sub-tile of dQ
+constexpr u32 B9_DQ = HEAD_DIM / 32 * B9_DQSUB;            // one dQ tile [64 rows][HEAD_DIM] fp32
 constexpr u32 B9_OFF_V = H_TILE, B9_OFF_Q = B9_OFF_V + H_TILE, B9_OFF_DO = B9_OFF_Q + B9_STAGES * B9_QTILE,
-              B9_OFF_DS = B9_OFF_DO + B9_STAGES * B9_QTILE, B9_OFF_L = B9_OFF_DS + 2 * B9_DS,
-              B9_OFF_BAR = B9_OFF_L + B9_STAGES * 2 * B9_BM * 4;
-// barriers: kv_full, q_full[B9_STAGES], q_empty[B9_STAGES]; then the last progress read (one u32)
-constexpr u32 BWD_SM90_SMEM = B9_OFF_BAR + 8 * (1 + 2 * B9_STAGES) + 8 + 1024; // + the slack to align to 1024
+              B9_OFF_DS = B9_OFF_DO + B9_STAGES * B9_QTILE, B9_OFF_DQ = B9_OFF_DS + 2 * B9_DS,
+              B9_OFF_L = B9_OFF_DQ + 2 * B9_DQ, B9_OFF_BAR = B9_OFF_L + B9_STAGES * 2 * B9_BM * 4;
+// barriers: kv_full, q_full[B9_STAGES], q_empty[B9_STAGES]
+constexpr u32 BWD_SM90_SMEM = B9_OFF_BAR + 8 * (1 + 2 * B9_STAGES) + 1024; // + the slack to align to 1024
 static_assert(BWD_SM90_SMEM <= 227 * 1024, "the backward's tiles do not fit the 227 KiB a block may have");
 
 // d (64 x 64, f32) = (scale_d ? d : 0) + A B: A (64 x 16) and B (64 x 16) both K-major in shared memory.
@@ -97,6 +110,30 @@ __device__ __forceinline__ void cp_async_mbar_arrive(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// The bulk tensor copies out of shared memory (the dQ warp's): box (c0, c1, c2) of the tensor map written from, or
+// added to from, shared memory at src; one bulk group per tile, waited on for its reads of shared memory (the buffer
+// is free) and for its writes (the tile is in global memory).
+__device__ __forceinline__ void tma_store_3d(const tmap_t *map, int c0, int c1, int c2, u32 src) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_add_3d(const tmap_t *map, int c0, int c1, int c2, u32 src) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                     map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Orders the generic proxy's global accesses (the progress counters) with the TMA unit's (the dQ sums).
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
+__device__ __forceinline__ void sts_f2(u32 addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
 __device__ __forceinline__ float2 lds_f2(u32 addr) {
     float2 v;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
@@ -126,37 +163,42 @@ __device__ __forceinline__ void b9_probs(float (&st)[32], u32 sl, int key, int r
 }
 
 extern "C" __global__ void __launch_bounds__(HTHREADS, 1)
-attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}(
+attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}(
     const __grid_constant__ tmap_t tm_q, const __grid_constant__ tmap_t tm_k, const __grid_constant__ tmap_t tm_v,
-    const __grid_constant__ tmap_t tm_do, const float *__restrict__ lse, const float *__restrict__ delta,
-    float *__restrict__ dq_ws, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
+    const __grid_constant__ tmap_t tm_do, const __grid_constant__ tmap_t tm_dq, const float *__restrict__ lse,
+    const float *__restrict__ delta, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char hsmem[];
     const u32 base = (smem_addr(hsmem) + 1023u) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
     const u32 sK = base, sV = base + B9_OFF_V, sQ = base + B9_OFF_Q, sdO = base + B9_OFF_DO, sdS = base + B9_OFF_DS,
-              sL = base + B9_OFF_L, bars = base + B9_OFF_BAR, sSeen = bars + 8 * (1 + 2 * B9_STAGES);
+              sdQ = base + B9_OFF_DQ, sL = base + B9_OFF_L, bars = base + B9_OFF_BAR;
     auto q_full = [&](int s) { return bars + 8 * (1 + s); };
     auto q_empty = [&](int s) { return bars + 8 * (1 + B9_STAGES + s); };
     const int tid = threadIdx.x, kvh = blockIdx.x, n0 = blockIdx.y * B9_BN;
     constexpr int NM = (SEQ + B9_BM - 1) / B9_BM, NKB = (SEQ + B9_BN - 1) / B9_BN;
     const int m_first = CAUSAL ? n0 / B9_BM : 0; // query tiles before n0 see none of these keys when causal
     const int niters = GROUP * (NM - m_first);
+    // iteration it's query head and first row (the same tile at the same it in every key block: see bwd)
+    auto tile_of = [&](int it, int &h, int &m0) {
+        const int mi = it / GROUP;
+        h = kvh * GROUP + it - mi * GROUP;
+        m0 = (NM - 1 - mi) * B9_BM;
+    };
     if (tid == 0) {
         mbar_init(bars, 1);
         for (int s = 0; s < B9_STAGES; s++) {
             mbar_init(q_full(s), 1 + 32); // the producer's expect_tx arrival + one cp.async arrival per lane
             mbar_init(q_empty(s), 8);     // one arrival per consumer warp
         }
-        sts32(sSeen, 0u); // the predecessor's progress as last read
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
     if (tid < 128) {
-        // producer warpgroup: warp 0 streams the tiles (lane 0 the TMA copies, every lane a row of lse and delta)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        const int lane = tid & 31;
         if (tid < 32) {
-            const int lane = tid;
+            // producer warp 0 streams the tiles (lane 0 the TMA copies, every lane a row of lse and delta)
             if (lane == 0) {
                 mbar_expect_tx(bars, 2 * H_TILE);
 #pragma unroll
@@ -166,8 +208,9 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
                 }
             }
             for (int it = 0; it < niters; it++) {
-                const int s = it % B9_STAGES, mi = it / GROUP, h = kvh * GROUP + it - mi * GROUP;
-                const int m0 = (NM - 1 - mi) * B9_BM;
+                const int s = it % B9_STAGES;
+                int h, m0;
+                tile_of(it, h, m0);
                 if (it >= B9_STAGES) mbar_wait(q_empty(s), ((it / B9_STAGES) & 1) ^ 1);
                 if (lane == 0) {
                     mbar_expect_tx(q_full(s), 2 * B9_QTILE);
@@ -188,6 +231,44 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
                 cp_async_mbar_arrive(q_full(s));
             }
             cp_async_wait_all();
+        } else if (tid < 64) {
+            // producer warp 1 writes dQ (lane 0 the TMA and the progress counters); both buffers start empty
+            const bool ordered = !DQ_ATOMIC, publish = ordered && blockIdx.y + 1 < NKB;
+            u32 *const prog = dq_prog + blockIdx.x * NKB + blockIdx.y;
+            u32 seen = 0; // the previous key block's count as last read
+            bar_arrive(B9_BAR_DQE, B9_DQ_THREADS);
+            bar_arrive(B9_BAR_DQE + 1, B9_DQ_THREADS);
+            for (int it = 0; it < niters; it++) {
+                const int b = it & 1;
+                int h, m0;
+                tile_of(it, h, m0);
+                bar_sync(B9_BAR_DQF + b, B9_DQ_THREADS);
+                if (lane == 0) {
+                    if (ordered && n0 > 0 && seen <= (u32)it) {
+                        // the previous key block has completed this tile: its sums come before ours
+                        seen = wait_progress(prog - 1, (u32)it);
+                        fence_acq_rel();
+                        fence_proxy_async_global();
+                    }
+#pragma unroll
+                    for (int c = 0; c < HEAD_DIM / 32; c++) {
+                        const u32 src = sdQ + b * B9_DQ + c * B9_DQSUB;
+                        if (ordered && n0 == 0) tma_store_3d(&tm_dq, 32 * c, h, m0, src);
+                        else tma_add_3d(&tm_dq, 32 * c, h, m0, src);
+                    }
+                    bulk_commit();
+                    bulk_wait_read();
+                }
+                __syncwarp();
+                bar_arrive(B9_BAR_DQE + b, B9_DQ_THREADS);
+                if (lane == 0 && publish) {
+                    bulk_wait_done(); // this tile's sums are in global memory
+                    fence_proxy_async_global();
+                    fence_acq_rel();
+                    st_relaxed(prog, (u32)it + 1);
+                }
+            }
+            if (lane == 0) bulk_wait_done();
         }
         return;
     }
@@ -196,9 +277,6 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
     // ---- consumer warpgroup cw: keys n0 + 64 cw ... ----
     const int cw = (tid >> 7) - 1, wt = tid & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
     const int kl = cw * 64 + warp * 16 + g; // this thread's keys kl and kl + 8 of the block (accumulator rows)
-    const bool leader = wt == 0 && cw == 0; // polls and publishes the dQ progress
-    auto prog = [&]() { return dq_prog + ctaid_x() * NKB + ctaid_y(); };
-    auto publish = [&]() { return ctaid_y() + 1 < (u32)NKB; };
 
     float dva[HEAD_DIM / 2], dka[HEAD_DIM / 2];
 #pragma unroll
@@ -207,7 +285,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
 
     mbar_wait(bars, 0); // K, V
     for (int it = 0; it < niters; it++) {
-        const int s = it % B9_STAGES, mi = it / GROUP, m0 = (NM - 1 - mi) * B9_BM;
+        const int s = it % B9_STAGES, m0 = (NM - 1 - it / GROUP) * B9_BM;
         const u32 q = sQ + s * B9_QTILE, d_o = sdO + s * B9_QTILE, sl = sL + s * 2 * B9_BM * 4;
         const u32 ds = sdS + (it & 1) * B9_DS;
         mbar_wait(q_full(s), (it / B9_STAGES) & 1);
@@ -242,7 +320,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         for (int kk = 0; kk < 4; kk++) wgmma_pv(dva, pa[kk], sw128_desc(d_o + kk * 2048, B9_QSUB, 1024));
         wg_commit();
 
-        // ---- dS^T while dV runs; then dK += dS^T Q ----
+        // ---- dS^T and its store to shared memory while dV runs ----
         wg_wait<1>();
         reg_fence(dpt);
 #pragma unroll
@@ -256,12 +334,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         }
         u32 dsa[4][4];
         to_a_operands(dsa, dpt);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_pv(dka, dsa[kk], sw128_desc(q + kk * 2048, B9_QSUB, 1024));
-        wg_commit();
-
-        // ---- dS^T into shared memory: row kl (+ 8), columns 8 j + 2 t, + 1; chunk j of row kl at j ^ (kl & 7) ----
+        // row kl (+ 8), columns 8 j + 2 t, + 1; chunk j of row kl at j ^ (kl & 7)
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
 #pragma unroll
@@ -270,21 +343,10 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
                 sts32(ds + (kl + 8 * r) * 128 + ((j ^ g) << 4) + 4 * t, dsa[kk][i]);
             }
         fence_proxy_async();
-        if (leader) {
-            // wait until the previous key block has completed this tile (see bwd)
-            if (ctaid_y() > 0 && lds32(sSeen) <= (u32)it) {
-                wait_progress(prog() - 1, (u32)it, sSeen);
-                fence_acq_rel(); // acquire: the previous block's dQ writes of this tile come before ours
-            }
-        }
-        // both halves of dS^T are in; every consumer thread has issued its dQ writes of the tiles before this one
-        bar_sync(B9_BAR_C, 256);
-        if (leader && it > 0 && publish()) {
-            fence_acq_rel(); // release: those writes are performed before the count says so
-            st_relaxed(prog(), (u32)it);
-        }
+        bar_sync(B9_BAR_C, 256); // both halves of dS^T are in
 
-        // ---- dQ = dS K: 64 rows x this warpgroup's half of the head dimension, over the 128 keys ----
+        // ---- dQ = dS K (64 rows x this warpgroup's half of the head dimension, over the 128 keys), then
+        //      dK += dS^T Q ----
         float dq[HEAD_DIM / 4];
         wg_fence();
 #pragma unroll
@@ -293,38 +355,29 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
             wgmma_dq(dq, sw128_desc(ds + kk * 2048, 2048, 1024), sw128_desc(kb, H_SUBTILE, 1024), kk > 0);
         }
         wg_commit();
-        wg_wait<0>(); // dV, dK and dQ are in: the stage's Q, dO, lse, delta are free
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wgmma_pv(dka, dsa[kk], sw128_desc(q + kk * 2048, B9_QSUB, 1024));
+        wg_commit();
+
+        // ---- dQ to the dQ warp's buffer while dK runs: row 16 warp + g (+ 8), columns 8 j + 2 t of this half, in
+        //      sub-tiles of 32 columns with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r & 7)) ----
+        wg_wait<1>();
         reg_fence(dq);
+        const u32 dqb = sdQ + (it & 1) * B9_DQ;
+        bar_sync(B9_BAR_DQE + (it & 1), B9_DQ_THREADS);
+#pragma unroll
+        for (int j = 0; j < HEAD_DIM / 16; j++) {
+            const int col = cw * (HEAD_DIM / 2) + 8 * j, chunk = ((col & 31) >> 2) + (t >> 1);
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                sts_f2(dqb + (col >> 5) * B9_DQSUB + (warp * 16 + g + 8 * r) * 128 + ((chunk ^ g) << 4) + 8 * (t & 1),
+                       dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+        }
+        fence_proxy_async();
+        bar_arrive(B9_BAR_DQF + (it & 1), B9_DQ_THREADS);
+
+        wg_wait<0>(); // dK is in: the stage's Q, dO, lse, delta are free
         if (lane == 0) mbar_arrive(q_empty(s));
-
-        // ---- dQ stored (key block 0) or added to what the lower key blocks wrote ----
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int ic = (int)opaque((u32)it), mc = ic / GROUP, hc = kvh * GROUP + ic - mc * GROUP;
-            const int row = (NM - 1 - mc) * B9_BM + warp * 16 + g + 8 * r;
-            if (row < SEQ) {
-                float *p = dq_ws + ((long long)row * Q_HEADS + hc) * HEAD_DIM + cw * (HEAD_DIM / 2) + 2 * t;
-                if (n0 == 0) {
-#pragma unroll
-                    for (int j = 0; j < HEAD_DIM / 16; j++) {
-                        float2 w;
-                        w.x = dq[4 * j + 2 * r], w.y = dq[4 * j + 2 * r + 1];
-                        *(float2 *)(p + 8 * j) = w;
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < HEAD_DIM / 16; j++) red_add2(p + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-                }
-            }
-        }
-    }
-
-    if (publish()) {
-        bar_sync(B9_BAR_C, 256);
-        if (leader) {
-            fence_acq_rel();
-            st_relaxed(prog(), (u32)niters); // every tile of this block is complete
-        }
     }
 
     // dK carries the softmax scale that S = scale q k^T puts on it; dV does not

@@ -166,7 +166,7 @@ static void test_unknown_template(void **state) {
 static void test_includes_inlined(void **state) {
     (void)state;
     cp_kernel_spec k;
-    cp_k_attention(&k, 128, 4, 1, 1000, true, false);
+    cp_k_attention(&k, 128, 4, 1, 1000, true, false, false);
     cp_module_src m;
     char err[1024];
     assert_int_equal(cp_emit(&k, &m, err, sizeof err), 0);
@@ -175,8 +175,8 @@ static void test_includes_inlined(void **state) {
     assert_non_null(strstr(m.source, "attention_sm90.cuh: the attention forward for Hopper"));
     bool fwd90 = false, bwd90 = false;
     for (int i = 0; i < m.nentries; i++) {
-        fwd90 |= strcmp(m.entries[i], "attention_fwd_sm90_d128_q4_kv1_s1000_c1_a0") == 0;
-        bwd90 |= strcmp(m.entries[i], "attention_bwd_sm90_d128_q4_kv1_s1000_c1_a0") == 0;
+        fwd90 |= strcmp(m.entries[i], "attention_fwd_sm90_d128_q4_kv1_s1000_c1_a0_dqa0") == 0;
+        bwd90 |= strcmp(m.entries[i], "attention_bwd_sm90_d128_q4_kv1_s1000_c1_a0_dqa0") == 0;
     }
     assert_true(fwd90 && bwd90);
     cp_module_src_free(&m);

@@ -21,8 +21,9 @@
     } while (0)
 
 const char *attn_shape_str(const attn_shape *s, char *buf, int n) {
-    snprintf(buf, (size_t)n, "S=%lld QH=%d KVH=%d D=%lld %s%s", (long long)s->seq, s->q_heads, s->kv_heads,
-             (long long)s->head_dim, s->causal ? "causal" : "full", s->dkv_accum ? " acc" : "");
+    snprintf(buf, (size_t)n, "S=%lld QH=%d KVH=%d D=%lld %s%s%s", (long long)s->seq, s->q_heads, s->kv_heads,
+             (long long)s->head_dim, s->causal ? "causal" : "full", s->dkv_accum ? " acc" : "",
+             s->dq_atomic ? " atomic" : "");
     return buf;
 }
 
@@ -32,7 +33,8 @@ void attn_build(attn_mod *m, int n) {
     cp_jit_module *jits = calloc((size_t)n, sizeof *jits);
     for (int i = 0; i < n; i++) {
         const attn_shape *s = &m[i].sh;
-        cp_k_attention(&m[i].spec, s->head_dim, s->q_heads, s->kv_heads, s->seq, s->causal, s->dkv_accum);
+        cp_k_attention(&m[i].spec, s->head_dim, s->q_heads, s->kv_heads, s->seq, s->causal, s->dkv_accum,
+                       s->dq_atomic);
         if (cp_emit(&m[i].spec, &m[i].src, err, sizeof err) != 0) gu_fail("emit attention: %s", err);
         srcs[i] = m[i].src;
     }
@@ -81,15 +83,16 @@ void attn_free(attn_mod *m) {
     cp_kspec_free(&m->spec);
 }
 
-/* Tensor maps of the Hopper entries' operands q, k, v (and dout): query-side boxes of q_rows rows, key-side boxes of
- * CP_ATTN_SM90_BOX_ROWS rows. */
+/* Tensor maps of the Hopper entries' operands q, k, v (and dout, dq_ws): query-side boxes of q_rows rows, key-side
+ * boxes of CP_ATTN_SM90_BOX_ROWS rows; dq_ws is fp32. */
 static void hopper_tmaps(const attn_mod *m, cp_tmap *tm, int n, const void *const *ptr, int q_rows) {
     const attn_shape *h = &m->sh;
-    const int64_t heads[4] = {h->q_heads, h->kv_heads, h->kv_heads, h->q_heads};
-    const int rows[4] = {q_rows, CP_ATTN_SM90_BOX_ROWS, CP_ATTN_SM90_BOX_ROWS, q_rows};
+    const int64_t heads[5] = {h->q_heads, h->kv_heads, h->kv_heads, h->q_heads, h->q_heads};
+    const int rows[5] = {q_rows, CP_ATTN_SM90_BOX_ROWS, CP_ATTN_SM90_BOX_ROWS, q_rows, q_rows};
     char err[512];
     for (int j = 0; j < n; j++)
-        if (cp_tmap_heads(&tm[j], ptr[j], h->seq, heads[j], h->head_dim, rows[j], err, sizeof err)) gu_fail("%s", err);
+        if (cp_tmap_heads(&tm[j], ptr[j], j == 4 ? 4 : 2, h->seq, heads[j], h->head_dim, rows[j], err, sizeof err))
+            gu_fail("%s", err);
 }
 
 void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o, float *lse, cudaStream_t s) {
@@ -106,13 +109,17 @@ void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o,
 
 void attn_bwd(attn_mod *m, const void *q, const void *k, const void *v, const void *dout, const float *lse,
               const float *delta, float *dq_ws, void *dq, void *dk, void *dv, cudaStream_t s) {
-    /* bwd writes the whole fp32 dQ; only the progress counters after it start at zero */
+    /* an ordered bwd writes the whole fp32 dQ, and only the progress counters after it start at zero; an atomic
+     * one adds into all of it */
     void *prog = (char *)dq_ws + cp_k_attention_prog_offset(&m->spec);
-    AU_CUDA(cudaMemsetAsync(prog, 0, (size_t)cp_k_attention_prog_bytes(&m->spec), s));
+    if (m->sh.dq_atomic)
+        AU_CUDA(cudaMemsetAsync(dq_ws, 0, (size_t)cp_k_attention_workspace_bytes(&m->spec), s));
+    else
+        AU_CUDA(cudaMemsetAsync(prog, 0, (size_t)cp_k_attention_prog_bytes(&m->spec), s));
     if (m->hopper && !m->use_mma) {
-        cp_tmap tm[4];
-        hopper_tmaps(m, tm, 4, (const void *const[]){q, k, v, dout}, CP_ATTN_SM90_BWD_Q_ROWS);
-        void *args[] = {&tm[0], &tm[1], &tm[2], &tm[3], &lse, &delta, &dq_ws, &prog, &dk, &dv};
+        cp_tmap tm[5];
+        hopper_tmaps(m, tm, 5, (const void *const[]){q, k, v, dout, dq_ws}, CP_ATTN_SM90_BWD_Q_ROWS);
+        void *args[] = {&tm[0], &tm[1], &tm[2], &tm[3], &tm[4], &lse, &delta, &prog, &dk, &dv};
         AU_CUDA(cp_launch(m->bwd_sm90, &m->d_bwd_sm90, args, s));
     } else {
         void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq_ws, &prog, &dk, &dv};

@@ -20,6 +20,7 @@ typedef struct {
     int64_t seq, head_dim;
     int q_heads, kv_heads;
     bool causal, dkv_accum;
+    bool dq_atomic; /* dQ summed by atomic adds in any order (train.deterministic = false) */
 } attn_shape;
 
 typedef struct {
@@ -45,8 +46,8 @@ void attn_free(attn_mod *m);
  * m->use_mma). */
 void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o, float *lse, cudaStream_t s);
 /* Queue the backward: zero the progress counters of the workspace dq_ws (cp_k_attention_workspace_bytes; its fp32 dQ
- * is written whole by bwd), bwd (the Hopper one, with its tensor maps, where m->hopper and not m->use_mma), dq from
- * dq_ws. dk, dv are bf16, or fp32 added to when dkv_accum. */
+ * is written whole by an ordered bwd, and zeroed too for an atomic one), bwd (the Hopper one, with its tensor maps,
+ * where m->hopper and not m->use_mma), dq from dq_ws. dk, dv are bf16, or fp32 added to when dkv_accum. */
 void attn_bwd(attn_mod *m, const void *q, const void *k, const void *v, const void *dout, const float *lse,
               const float *delta, float *dq_ws, void *dq, void *dk, void *dv, cudaStream_t s);
 

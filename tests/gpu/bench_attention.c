@@ -1,7 +1,8 @@
 /* bench_attention.c: causal attention forward and backward at head_dim 128 (or 64), 32 query heads, 32K tokens, with
  * 32 and with 8 KV heads: median time of many runs (CUDA events) and TF/s by the brief's count (forward 4 S^2 H D / 2 when
  * causal, backward 2.5 times that). The backward time covers zeroing the dQ progress counters, bwd (whose dQ sums
- * are ordered, so the same bits run to run) and the dQ conversion.
+ * are ordered, so the same bits run to run) and the dQ conversion; on Hopper also with atomic dQ sums
+ * (train.deterministic = false), whose time covers zeroing the whole dQ workspace instead.
  * Then it runs tests/gpu/bench_attention_sdpa.py (PyTorch SDPA, FLASH_ATTENTION and CUDNN_ATTENTION backends) on the
  * same shapes, when python3 with torch is there, and prints both side by side.
  * On Hopper it times both forwards and both backwards: the wgmma ones the runtime runs and the mma.sync ones of sm_80
@@ -21,6 +22,7 @@ typedef struct {
     const char *name;
     int qh, kvh;
     double fwd_ms, bwd_ms;
+    double bwd_atomic_ms;          /* on Hopper: the backward with atomic dQ sums; < 0: not run */
     double fwd_mma_ms, bwd_mma_ms; /* on Hopper: the mma.sync kernels of sm_80 and sm_89 beside the wgmma ones; < 0:
                                       not run */
     double sdpa_fwd_ms[2], sdpa_bwd_ms[2]; /* flash, cudnn; < 0: not run */
@@ -46,23 +48,25 @@ static uint16_t *rand_bf16(int64_t n, uint64_t seed) {
 static double flops_fwd(int64_t S, int H, int64_t D) { return 4.0 * (double)S * (double)S * H * (double)D / 2; }
 
 static void bench(bench_row *r, int64_t S, int64_t D, int reps) {
-    attn_mod m;
-    memset(&m, 0, sizeof m);
-    m.sh = (attn_shape){S, D, r->qh, r->kvh, true, false};
-    attn_build(&m, 1);
+    attn_mod mods[2]; /* dQ sums ordered, atomic */
+    memset(mods, 0, sizeof mods);
+    mods[0].sh = (attn_shape){S, D, r->qh, r->kvh, true, false, false};
+    mods[1].sh = (attn_shape){S, D, r->qh, r->kvh, true, false, true};
+    attn_build(mods, 2);
+    attn_mod *const m = &mods[0];
     const int64_t nq = S * r->qh * D, nkv = S * r->kvh * D, nlse = S * r->qh;
     uint16_t *hq = rand_bf16(nq, 1), *hk = rand_bf16(nkv, 2), *hv = rand_bf16(nkv, 3), *hdo = rand_bf16(nq, 4);
     void *q = gu_malloc(nq * 2), *k = gu_malloc(nkv * 2), *v = gu_malloc(nkv * 2), *dout = gu_malloc(nq * 2),
          *o = gu_malloc(nq * 2), *dq = gu_malloc(nq * 2), *dk = gu_malloc(nkv * 2), *dv = gu_malloc(nkv * 2);
     float *lse = gu_malloc(nlse * 4), *delta = gu_malloc(nlse * 4),
-          *ws = gu_malloc((size_t)cp_k_attention_workspace_bytes(&m.spec));
+          *ws = gu_malloc((size_t)cp_k_attention_workspace_bytes(&m->spec)); /* the same bytes for both modules */
     gu_upload(q, hq, nq * 2);
     gu_upload(k, hk, nkv * 2);
     gu_upload(v, hv, nkv * 2);
     gu_upload(dout, hdo, nq * 2);
     /* delta = rowsum(dout * o) from the forward's output, computed once on the host (a memory-bound pass of
      * well under a millisecond on the GPU, not part of either kernel) */
-    attn_fwd(&m, q, k, v, o, lse, 0);
+    attn_fwd(m, q, k, v, o, lse, 0);
     if (cudaDeviceSynchronize() != cudaSuccess) gu_fail("fwd: %s", cudaGetErrorString(cudaGetLastError()));
     uint16_t *ho = malloc(nq * 2);
     gu_download(ho, o, nq * 2);
@@ -78,17 +82,19 @@ static void bench(bench_row *r, int64_t S, int64_t D, int reps) {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     double *t = malloc(sizeof(double) * (size_t)reps);
-    /* phases: the forward and backward the runtime uses, and on Hopper the mma.sync forward and backward too */
-    const char *phase_name[4] = {m.hopper ? "fwd (wgmma)" : "fwd", m.hopper ? "bwd (wgmma)" : "bwd", "fwd (mma.sync)",
-                                 "bwd (mma.sync)"};
-    double *phase_ms[4] = {&r->fwd_ms, &r->bwd_ms, &r->fwd_mma_ms, &r->bwd_mma_ms};
-    r->fwd_mma_ms = r->bwd_mma_ms = -1;
-    for (int phase = 0; phase < (m.hopper ? 4 : 2); phase++) {
-        m.use_mma = phase >= 2;
+    /* phases: the forward and backward the runtime uses, and on Hopper the backward with atomic dQ sums and the
+     * mma.sync forward and backward too */
+    const char *phase_name[5] = {m->hopper ? "fwd (wgmma)" : "fwd", m->hopper ? "bwd (wgmma)" : "bwd",
+                                 "bwd (wgmma, atomic dQ)", "fwd (mma.sync)", "bwd (mma.sync)"};
+    double *phase_ms[5] = {&r->fwd_ms, &r->bwd_ms, &r->bwd_atomic_ms, &r->fwd_mma_ms, &r->bwd_mma_ms};
+    r->fwd_mma_ms = r->bwd_mma_ms = r->bwd_atomic_ms = -1;
+    for (int phase = 0; phase < (m->hopper ? 5 : 2); phase++) {
+        attn_mod *pm = phase == 2 ? &mods[1] : m;
+        pm->use_mma = phase >= 3;
         for (int i = -2; i < reps; i++) { /* two warm-up runs */
             cudaEventRecord(e0, 0);
-            if (phase % 2 == 0) attn_fwd(&m, q, k, v, o, lse, 0);
-            else attn_bwd(&m, q, k, v, dout, lse, delta, ws, dq, dk, dv, 0);
+            if (phase == 0 || phase == 3) attn_fwd(pm, q, k, v, o, lse, 0);
+            else attn_bwd(pm, q, k, v, dout, lse, delta, ws, dq, dk, dv, 0);
             cudaEventRecord(e1, 0);
             if (cudaEventSynchronize(e1) != cudaSuccess)
                 gu_fail("%s: %s", phase_name[phase], cudaGetErrorString(cudaGetLastError()));
@@ -102,7 +108,7 @@ static void bench(bench_row *r, int64_t S, int64_t D, int reps) {
         printf("  %s %s: median %.3f ms, min %.3f, max %.3f over %d runs\n", r->name, phase_name[phase], med, t[0],
                t[reps - 1], reps);
     }
-    m.use_mma = false;
+    m->use_mma = false;
     /* a sanity look at the outputs: no NaN in o, dq */
     gu_download(ho, o, nq * 2);
     int64_t nan_o = gu_nan_bf16(ho, nq);
@@ -114,7 +120,8 @@ static void bench(bench_row *r, int64_t S, int64_t D, int reps) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gu_free_dev(bufs[i]);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    attn_free(&m);
+    attn_free(&mods[0]);
+    attn_free(&mods[1]);
 }
 
 /* The SDPA script beside this source: from the binary's folder build/tests/gpu up to the source tree. */
@@ -178,8 +185,8 @@ int main(int argc, char **argv) {
     }
     if (reps < 1) reps = 1;
     if (gu_init() != 0) return 0;
-    bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, -1, -1, {-1, -1}, {-1, -1}},
-                        {"GQA 32/8", 32, 8, 0, 0, -1, -1, {-1, -1}, {-1, -1}}};
+    bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, -1, -1, -1, {-1, -1}, {-1, -1}},
+                        {"GQA 32/8", 32, 8, 0, 0, -1, -1, -1, {-1, -1}, {-1, -1}}};
     const int nrows = 2;
     for (int i = 0; i < nrows; i++) bench(&rows[i], S, D, reps);
     if (sdpa) run_sdpa(rows, nrows, S, D, reps);
@@ -190,12 +197,15 @@ int main(int argc, char **argv) {
            "bwd TF/s", "f+b TF/s");
     for (int i = 0; i < nrows; i++) {
         const double F = flops_fwd(S, rows[i].qh, D);
-        /* cpgen as the runtime runs it, cpgen with the mma.sync kernels (on Hopper), then the peers */
-        const char *names[4] = {"cpgen", "cpgen mma.sync", "sdpa FLASH", "sdpa CUDNN"};
-        for (int j = 0; j < 4; j++) {
-            double f = j == 0 ? rows[i].fwd_ms : j == 1 ? rows[i].fwd_mma_ms : rows[i].sdpa_fwd_ms[j - 2],
-                   b = j == 0 ? rows[i].bwd_ms : j == 1 ? rows[i].bwd_mma_ms : rows[i].sdpa_bwd_ms[j - 2];
-            if (f < 0) continue;
+        /* cpgen as the runtime runs it, with atomic dQ sums and with the mma.sync kernels (on Hopper), then the
+         * peers */
+        const bench_row *w = &rows[i];
+        const char *names[5] = {"cpgen", "cpgen atomic dQ", "cpgen mma.sync", "sdpa FLASH", "sdpa CUDNN"};
+        for (int j = 0; j < 5; j++) {
+            /* the atomic row shares the forward */
+            double f = j == 0 ? w->fwd_ms : j == 1 ? w->fwd_ms : j == 2 ? w->fwd_mma_ms : w->sdpa_fwd_ms[j - 3],
+                   b = j == 0 ? w->bwd_ms : j == 1 ? w->bwd_atomic_ms : j == 2 ? w->bwd_mma_ms : w->sdpa_bwd_ms[j - 3];
+            if (f < 0 || b < 0) continue;
             char a[16], c[16], d[16];
             tfs(a, sizeof a, F, f);
             tfs(c, sizeof c, 2.5 * F, b);
