@@ -8,6 +8,7 @@
 #include "checkpoint.h"
 #include "commands.h"
 #include "exec.h"
+#include "ktune.h"
 #include "module.h"
 #include "plan.h"
 #include "report.h"
@@ -204,6 +205,49 @@ static bool build_plan(const cp_spec *spec, cp_plan *plan) {
     return false;
 }
 
+static void jit_opts_for(const cli *c, cp_jit_opts *o) {
+    memset(o, 0, sizeof *o);
+    char why[256];
+    if (c->arch) snprintf(o->arch, sizeof o->arch, "%s", c->arch);
+    else if (cp_gpu_count(why, sizeof why) > 0 && cp_device_arch(0, o->arch, sizeof o->arch) == 0) {
+    } else snprintf(o->arch, sizeof o->arch, "sm_90a");
+    o->no_cache = c->no_cache;
+}
+
+/* The kernel variants the plan runs (gen/ktune.h): with a bundle the ones it was built with (a bundle that cannot be
+ * opened is left to its check to report), else this machine's tuned winners for the architectures the kernels are
+ * built for (--arch, else the GPU's, else sm_90a), else the generator's defaults. A tuning cache that cannot be
+ * used is reported on warn (NULL: by another rank). */
+static void choose_variants(const cli *c, cp_plan *P, FILE *warn) {
+    if (c->bundle) {
+        cp_bundle b;
+        char err[CP_ERR_MAX];
+        if (cp_bundle_open(c->bundle, &b, err, sizeof err)) return;
+        const char **names = cp_xcalloc((size_t)CP_MAX(b.nmodules, 1), sizeof *names);
+        for (int i = 0; i < b.nmodules; i++) names[i] = b.modules[i].name;
+        cp_ktune_apply_bundle(P, names, b.nmodules);
+        free(names);
+        cp_bundle_close(&b);
+        return;
+    }
+    cp_jit_opts o;
+    jit_opts_for(c, &o);
+    char driver[32], path[CP_PATH_MAX + 16];
+    cp_driver_version(driver, sizeof driver);
+    cp_ktune_path(NULL, path, sizeof path);
+    cp_ktune_cache kc;
+    cp_ktune_load(path, &kc, warn);
+    cp_ktune_apply(P, &kc, c->arch ? c->arch : o.arch, driver);
+    cp_ktune_free(&kc);
+}
+
+/* build_plan with the kernel variants this command compiles and runs. */
+static bool plan_for_run(const cli *c, const cp_spec *spec, cp_plan *plan, FILE *warn) {
+    if (!build_plan(spec, plan)) return false;
+    choose_variants(c, plan, warn);
+    return true;
+}
+
 static int cmd_plan(const cli *c, cp_spec *spec) {
     cp_plan plan;
     char err[CP_ERR_MAX];
@@ -213,6 +257,7 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
             fprintf(stderr, "cpgen: %s\n", err);
             return CP_EXIT_USAGE;
         }
+        choose_variants(c, &plan, stderr);
         if (c->json) cp_plan_print_json(&plan, stdout);
         else {
             char a[32], g[32], h[32];
@@ -224,7 +269,7 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
         cp_plan_free(&plan);
         return 0;
     }
-    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+    if (!plan_for_run(c, spec, &plan, stderr)) return CP_EXIT_USAGE;
     if (c->json) cp_plan_print_json(&plan, stdout);
     else cp_plan_print(&plan, stdout, c->steps);
     if (c->svg && cp_plan_svg(&plan, c->svg, err, sizeof err)) {
@@ -238,19 +283,10 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
     return rc;
 }
 
-static void jit_opts_for(const cli *c, cp_jit_opts *o) {
-    memset(o, 0, sizeof *o);
-    char why[256];
-    if (c->arch) snprintf(o->arch, sizeof o->arch, "%s", c->arch);
-    else if (cp_gpu_count(why, sizeof why) > 0 && cp_device_arch(0, o->arch, sizeof o->arch) == 0) {
-    } else snprintf(o->arch, sizeof o->arch, "sm_90a");
-    o->no_cache = c->no_cache;
-}
-
 static int cmd_gen_or_build(const cli *c, cp_spec *spec) {
     cp_plan plan;
     char err[CP_ERR_MAX];
-    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+    if (!plan_for_run(c, spec, &plan, stderr)) return CP_EXIT_USAGE;
     int rc;
     if (!strcmp(c->command, "gen")) {
         if (!c->outdir) {
@@ -319,7 +355,7 @@ static int cmd_aot(const cli *c, cp_spec *spec) {
     if (!c->outdir) cp_fatal(CP_EXIT_USAGE, "aot needs a bundle folder: cpgen aot %s -o BUNDLE [--arch sm_90a,sm_80]", c->spec);
     cp_plan plan;
     char err[CP_ERR_MAX * 2];
-    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+    if (!plan_for_run(c, spec, &plan, stderr)) return CP_EXIT_USAGE;
     cp_jit_opts o;
     jit_opts_for(c, &o);
     cp_str cmd = {0};
@@ -353,7 +389,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         int rc = cmd_plan(c, spec);
         if (rc || (!c->resume && !c->bundle)) return rc;
         cp_plan plan; /* one plan for both checks */
-        if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+        if (!plan_for_run(c, spec, &plan, NULL)) return CP_EXIT_USAGE;
         if (c->resume) rc = check_resume(c, spec, &plan);
         if (!rc && c->bundle) {
             cp_bundle b;
@@ -370,10 +406,10 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         fprintf(stderr, "cpgen: %s\n", err);
         return CP_EXIT_USAGE;
     }
-    cp_plan plan;
-    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
     /* the plan is printed once: by this process, or by rank 0 of a launcher other than ours */
     bool lead = env.rank == 0, spawned = env.launcher == CP_LAUNCH_CPGEN;
+    cp_plan plan;
+    if (!plan_for_run(c, spec, &plan, lead && !spawned ? stderr : NULL)) return CP_EXIT_USAGE;
     if (lead && !spawned) cp_plan_print(&plan, stdout, false);
     if (!plan.fits) {
         if (lead) refuse(spec, &plan);
