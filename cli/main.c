@@ -37,6 +37,9 @@ static void usage(FILE *out) {
             "  tune    find the fastest settings on this machine: plan every candidate of the swept keys, measure the\n"
             "          fitting ones (layer-truncated steps at full length) within --budget, write a table, tune.jsonl,\n"
             "          tune.svg and tuned.lua into -o DIR (default runs/<spec>/tune)\n"
+            "  tune-kernels  time every variant of the plan's kernels that has some (the Hopper attention forward's\n"
+            "          K/V ring depth) on this GPU and keep the fastest in the kernel tuning cache, beside the JIT\n"
+            "          cache; run, aot, plan and build then use it. -o DIR also writes DIR/kernels.jsonl\n"
             "\n"
             "options:\n"
             "  --set KEY=VALUE   override any spec key, e.g. --set train.seq_len=1M --set parallel.gpus=8\n"
@@ -54,7 +57,7 @@ static void usage(FILE *out) {
             "  --json            (plan) print JSON\n"
             "  --steps           (plan) also print every step and buffer\n"
             "  --svg FILE        (plan) draw memory over the steps of one training step, GPU and host, into FILE\n"
-            "  -o DIR            (gen) output folder\n"
+            "  -o DIR            (gen, aot, tune, tune-kernels) output folder\n"
             "  --arch ARCH       (build, run) target, e.g. sm_90a or sm_80 (default: the GPU's, else sm_90a);\n"
             "                    (aot) one or more, e.g. --arch sm_90a,sm_80\n"
             "  --bundle DIR      (run) load the kernels from an AOT bundle made for this spec (same as cpgen run DIR\n"
@@ -95,7 +98,7 @@ static const char *need_value(int argc, char **argv, int *i) {
 }
 
 static void parse(int argc, char **argv, cli *c) {
-    static const char *commands[] = {"run", "plan", "gen", "build", "report", "aot", "tune"};
+    static const char *commands[] = {"run", "plan", "gen", "build", "report", "aot", "tune", "tune-kernels"};
     memset(c, 0, sizeof *c);
     c->argv = argv;
     for (int i = 1; i < argc; i++) {
@@ -381,6 +384,16 @@ static int cmd_tune(const cli *c, cp_spec *spec) {
     return rc;
 }
 
+static int cmd_tune_kernels(const cli *c, cp_spec *spec) {
+    cp_plan plan; /* every kernel in its default: the variants are what is timed */
+    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+    char err[CP_ERR_MAX * 2];
+    int rc = cp_cmd_tune_kernels(&plan, c->outdir, stdout, err, sizeof err);
+    if (rc) fprintf(stderr, "cpgen: %s\n", err);
+    cp_plan_free(&plan);
+    return rc ? CP_EXIT_FAIL : 0;
+}
+
 static int cmd_run(const cli *c, cp_spec *spec) {
     char why[512];
     int gpus = cp_gpu_count(why, sizeof why);
@@ -566,5 +579,6 @@ int main(int argc, char **argv) {
     if (!strcmp(c.command, "gen") || !strcmp(c.command, "build")) return cmd_gen_or_build(&c, &spec);
     if (!strcmp(c.command, "aot")) return cmd_aot(&c, &spec);
     if (!strcmp(c.command, "tune")) return cmd_tune(&c, &spec);
+    if (!strcmp(c.command, "tune-kernels")) return cmd_tune_kernels(&c, &spec);
     return cmd_run(&c, &spec);
 }
