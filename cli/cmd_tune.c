@@ -140,9 +140,10 @@ static void time_kernels(cp_tune *t, int i, const cp_tune_opts *o, double second
     cp_tune_sets_free(sets, nsets);
     size_t len = 0;
     char *text = rc ? NULL : cp_read_file(path, &len);
-    if (rc == -1) snprintf(t->kern_note, sizeof t->kern_note, "kernel variants not timed: ran past %.0f s; log %s", seconds, log);
-    else if (rc) snprintf(t->kern_note, sizeof t->kern_note, "kernel variants not timed: cpgen tune-kernels failed (exit %d); log %s", rc, log);
-    else if (!text) snprintf(t->kern_note, sizeof t->kern_note, "kernel variants not timed: no kernels.jsonl came back; log %s", log);
+    const size_t nn = sizeof t->kern_note;
+    if (rc == -1) snprintf(t->kern_note, nn, "kernel variants not timed: ran past %.0f s; log %s", seconds, log);
+    else if (rc) snprintf(t->kern_note, nn, "kernel variants not timed: cpgen tune-kernels failed (exit %d); log %s", rc, log);
+    else if (!text) snprintf(t->kern_note, nn, "kernel variants not timed: no kernels.jsonl came back; log %s", log);
     if (!text) {
         fprintf(out, "%s\n", t->kern_note);
         return;

@@ -216,7 +216,7 @@ static int write_jsonl(const char *outdir, const cp_ktune_entry *got, int n, cha
 }
 
 int cp_cmd_tune_kernels(const cp_plan *P, const char *outdir, FILE *out, char *err, int errlen) {
-    char why[256], arch[16], driver[32];
+    char why[256], arch[256], driver[32]; /* arch: room for cp_device_arch's message */
     if (cp_gpu_count(why, sizeof why) <= 0) {
         fprintf(out, "no GPU (%s): kernel timing skipped; the kernel tuning cache is unchanged\n", why);
         return 0;
@@ -232,7 +232,8 @@ int cp_cmd_tune_kernels(const cp_plan *P, const char *outdir, FILE *out, char *e
         job *j = &jobs[njobs];
         if (!cp_k_variants(&P->modules[m], &j->v) || strcmp(j->v.arch, arch)) continue;
         bool seen = false;
-        for (int i = 0; i < njobs; i++) seen |= !strcmp(jobs[i].v.kernel, j->v.kernel) && !strcmp(jobs[i].v.shape, j->v.shape);
+        for (int i = 0; i < njobs; i++)
+            seen |= !strcmp(jobs[i].v.kernel, j->v.kernel) && !strcmp(jobs[i].v.shape, j->v.shape);
         if (seen) continue;
         j->k = &P->modules[m];
         j->first = nmods;
@@ -256,7 +257,7 @@ int cp_cmd_tune_kernels(const cp_plan *P, const char *outdir, FILE *out, char *e
         }
     cp_jit_opts jo;
     memset(&jo, 0, sizeof jo);
-    snprintf(jo.arch, sizeof jo.arch, "%s", arch);
+    snprintf(jo.arch, sizeof jo.arch, "%.15s", arch);
     double t0 = cp_now();
     if (!rc) rc = cp_jit_compile(src, nmods, &jo, jit, err, errlen);
     if (!rc) {
@@ -274,7 +275,7 @@ int cp_cmd_tune_kernels(const cp_plan *P, const char *outdir, FILE *out, char *e
             rc = cp_errf(err, errlen, "internal: cpgen tune-kernels cannot time %s", j->v.kernel);
         else rc = time_attn_fwd(j, src + j->first, jit + j->first, &got[x], out, err, errlen);
         if (rc) break;
-        snprintf(got[x].arch, sizeof got[x].arch, "%s", arch);
+        snprintf(got[x].arch, sizeof got[x].arch, "%.15s", arch);
         snprintf(got[x].driver, sizeof got[x].driver, "%s", driver);
         snprintf(got[x].cpgen, sizeof got[x].cpgen, "%s", CP_VERSION);
         cp_ktune_entry_print(out, &got[x]);

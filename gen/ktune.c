@@ -60,7 +60,8 @@ static int get_int(const cp_json *j, const char *key, int *out, char *why, int w
 
 int cp_ktune_entry_parse(const cp_json *j, cp_ktune_entry *e, char *why, int whylen) {
     memset(e, 0, sizeof *e);
-    if (j->type != CP_JSON_OBJECT) return cp_errf(why, whylen, "an entry is a %s, not an object", cp_json_type_name(j->type));
+    if (j->type != CP_JSON_OBJECT)
+        return cp_errf(why, whylen, "an entry is a %s, not an object", cp_json_type_name(j->type));
     if (get_str(j, "arch", e->arch, sizeof e->arch, why, whylen) ||
         get_str(j, "driver", e->driver, sizeof e->driver, why, whylen) ||
         get_str(j, "kernel", e->kernel, sizeof e->kernel, why, whylen) ||
@@ -105,7 +106,8 @@ void cp_ktune_entry_print(FILE *out, const cp_ktune_entry *e) {
         if (e->values[i] == e->def) fprintf(out, "  default");
         if (e->values[i] == e->winner) {
             fprintf(out, "%s winner", e->values[i] == e->def ? "," : " ");
-            if (e->winner != e->def && def > 0) fprintf(out, ", %.1f%% faster than the default", 100 * (1 - e->ms[i] / def));
+            if (e->winner != e->def && def > 0)
+                fprintf(out, ", %.1f%% faster than the default", 100 * (1 - e->ms[i] / def));
         }
         fputc('\n', out);
     }

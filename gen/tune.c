@@ -311,7 +311,8 @@ void cp_tune_print(const cp_tune *t, FILE *out, int max) {
         for (int a = 0; a < ax->naxes; a++) fprintf(out, "%s=%s ", short_key(ax->axes[a].key), t->c[i].values[a]);
         fprintf(out, "\n      %s\n", t->c[i].why);
     }
-    if (t->nkern || t->kern_note[0]) fprintf(out, "\nkernel variants, timed on this GPU (the winners go to the kernel tuning cache):\n");
+    if (t->nkern || t->kern_note[0])
+        fprintf(out, "\nkernel variants, timed on this GPU (the winners go to the kernel tuning cache):\n");
     for (int k = 0; k < t->nkern; k++) cp_ktune_entry_print(out, &t->kern[k]);
     if (t->kern_note[0]) fprintf(out, "  %s\n", t->kern_note);
 }
