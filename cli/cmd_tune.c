@@ -1,6 +1,11 @@
 /* cmd_tune.c: `cpgen tune`: plan every candidate (gen/tune.c), measure the fitting ones on the GPU in order of
  * predicted time until the budget is spent, rank, and write the table, tune.jsonl, tune.svg and tuned.lua.
  *
+ * Kernel variants (kernels.h cp_kvariants) are timed first, for the plan's likeliest winner, by a child `cpgen
+ * tune-kernels` of its spec, which records the fastest in the kernel tuning cache; every later child run takes them
+ * from there, so the measurements already run the tuned kernels. Where the measured winner's attention has other
+ * shapes (another U), its kernels are timed as well at the end, within the budget.
+ *
  * A measurement is a child `cpgen run` of the candidate's spec truncated to L layers at the full sequence length, for
  * a few steps: the child starts as many ranks as the plan has GPUs, exactly as a run would, and gives back its GPU
  * memory when it exits. Its median step is set against the L-layer plan's prediction, and that ratio scales the
@@ -24,6 +29,19 @@
 #define STEPS 3            /* the first warms up; the median of the others is the step */
 #define STEPS_SET "train.steps=3"
 #define STARTUP_GUESS 20.0 /* seconds a child spends before its first step (cached kernels, pinning, weights) */
+#define KERNELS_MIN 60.0   /* seconds kernel timing may take at least (compiling each variant, cold), budget allowing */
+
+/* The next line of [*p, end) that is a JSON value, parsed into j (free it); false at the end. */
+static bool next_json_line(char **p, char *end, cp_json *j) {
+    while (*p < end) {
+        char *nl = memchr(*p, '\n', (size_t)(end - *p));
+        if (!nl) nl = end;
+        char *line = *p, e[128];
+        *p = nl + 1;
+        if (nl > line && !cp_json_parse(line, (size_t)(nl - line), j, e, sizeof e)) return true;
+    }
+    return false;
+}
 
 /* The median step time and the largest measured GPU memory in a run's metrics.jsonl; -1 with why. */
 static int read_metrics(const char *path, double *step, int64_t *peak, char *why, int whylen) {
@@ -33,12 +51,8 @@ static int read_metrics(const char *path, double *step, int64_t *peak, char *why
     double secs[64];
     int n = 0;
     *peak = 0;
-    for (char *p = text, *nl; p < text + len; p = nl + 1) {
-        nl = memchr(p, '\n', (size_t)(text + len - p));
-        if (!nl) nl = text + len;
-        cp_json o;
-        char e[128];
-        if (nl == p || cp_json_parse(p, (size_t)(nl - p), &o, e, sizeof e)) continue;
+    cp_json o;
+    for (char *p = text; next_json_line(&p, text + len, &o);) {
         const cp_json *s = cp_json_get(&o, "seconds"), *m = cp_json_get(&o, "mem_measured");
         if (s && s->type == CP_JSON_NUMBER && n < 64) secs[n++] = s->number;
         if (m && m->type == CP_JSON_NUMBER) *peak = CP_MAX(*peak, (int64_t)m->number);
@@ -89,6 +103,66 @@ static int run_child(char **argv, const char *log, double deadline) {
     }
 }
 
+/* The argv of a child `cpgen COMMAND SPEC --set S...` then tail: NULL-terminated, its strings borrowed (free the
+ * array alone). */
+static char **child_argv(const char *command, const char *spec, char **sets, int nsets, const char *const *tail,
+                         int ntail) {
+    char **argv = cp_xcalloc((size_t)(2 * nsets + ntail + 4), sizeof *argv);
+    int k = 0;
+    argv[k++] = "cpgen";
+    argv[k++] = (char *)command;
+    argv[k++] = (char *)spec;
+    for (int s = 0; s < nsets; s++) {
+        argv[k++] = "--set";
+        argv[k++] = sets[s];
+    }
+    for (int s = 0; s < ntail; s++) argv[k++] = (char *)tail[s];
+    return argv;
+}
+
+/* Time the kernel variants of candidate i's plan in a child `cpgen tune-kernels` with at most `seconds` of wall time:
+ * the child keeps the winners in the kernel tuning cache, and its DIR/kernels.jsonl comes into t. */
+static void time_kernels(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FILE *out) {
+    char dir[CP_PATH_MAX + 64], log[CP_PATH_MAX + 80], path[CP_PATH_MAX + 96];
+    snprintf(dir, sizeof dir, "%s/kernels/c%04d", o->outdir, i);
+    snprintf(log, sizeof log, "%s/kernels/c%04d.log", o->outdir, i);
+    snprintf(path, sizeof path, "%s/kernels.jsonl", dir);
+    int nsets;
+    char **sets = cp_tune_candidate_sets(t, i, o->sets, o->nsets, NULL, 0, &nsets);
+    const char *tail[] = {"-o", dir};
+    char **argv = child_argv("tune-kernels", o->spec_arg, sets, nsets, tail, 2);
+    (void)cp_mkdir_p(dir);
+    fprintf(out, "timing the kernel variants of candidate %d (U=%d): ", i, t->c[i].U);
+    fflush(out);
+    double t0 = cp_now();
+    int rc = run_child(argv, log, t0 + seconds);
+    free(argv);
+    cp_tune_sets_free(sets, nsets);
+    size_t len = 0;
+    char *text = rc ? NULL : cp_read_file(path, &len);
+    const size_t nn = sizeof t->kern_note;
+    if (rc == -1) snprintf(t->kern_note, nn, "kernel variants not timed: ran past %.0f s; log %s", seconds, log);
+    else if (rc) snprintf(t->kern_note, nn, "kernel variants not timed: cpgen tune-kernels failed (exit %d); log %s", rc, log);
+    else if (!text) snprintf(t->kern_note, nn, "kernel variants not timed: no kernels.jsonl came back; log %s", log);
+    if (!text) {
+        fprintf(out, "%s\n", t->kern_note);
+        return;
+    }
+    int shapes = 0;
+    cp_json j;
+    for (char *p = text; next_json_line(&p, text + len, &j);) {
+        cp_ktune_entry e;
+        char why[256];
+        if (!cp_ktune_entry_parse(&j, &e, why, sizeof why)) {
+            cp_tune_add_kernel(t, &e);
+            fprintf(out, "%s%s %s -> %s %d", shapes++ ? "; " : "", e.kernel, e.shape, e.param, e.winner);
+        }
+        cp_json_free(&j);
+    }
+    free(text);
+    fprintf(out, "%s in %.0f s\n", shapes ? "" : "no kernel with variants runs on this GPU", cp_now() - t0);
+}
+
 /* Measure candidate i with at most `seconds` of wall time. */
 static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FILE *out) {
     cp_tune_cand *c = &t->c[i];
@@ -118,15 +192,7 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
     }
     double t_trunc = P.t_step;
     cp_plan_free(&P);
-    char **argv = cp_xcalloc((size_t)(2 * nsets + 4), sizeof *argv);
-    int k = 0;
-    argv[k++] = "cpgen";
-    argv[k++] = "run";
-    argv[k++] = (char *)o->spec_arg;
-    for (int s = 0; s < nsets; s++) {
-        argv[k++] = "--set";
-        argv[k++] = sets[s];
-    }
+    char **argv = child_argv("run", o->spec_arg, sets, nsets, NULL, 0);
     (void)cp_mkdir_p(dir);
     fprintf(out, "measuring %d/%d (candidate %d, %d of %d layers, %d steps): ", c->rank, t->nranked, i, L, c->layers,
             STEPS);
@@ -175,12 +241,17 @@ int cp_cmd_tune(const cp_spec *spec, const cp_tune_opts *o, FILE *out, char *err
     char why[256];
     int gpus = o->plan_only ? 0 : cp_gpu_count(why, sizeof why);
     if (o->plan_only) {
-        fprintf(out, "--plan-only: candidates ranked by the plan's predicted step; nothing was measured\n\n");
+        fprintf(out, "--plan-only: candidates ranked by the plan's predicted step; nothing was measured and no kernel "
+                "variant timed\n\n");
     } else if (gpus <= 0) {
-        fprintf(out, "no GPU found (%s): candidates ranked by the plan's predicted step; nothing was measured (run "
-                "cpgen tune on the GPU machine to measure)\n\n", why);
+        fprintf(out, "no GPU found (%s): candidates ranked by the plan's predicted step; nothing was measured, and kernel "
+                "timing was skipped: the kernel tuning cache is unchanged (run cpgen tune on the GPU machine to "
+                "measure)\n\n", why);
     } else {
         double deadline = t0 + o->budget;
+        /* the likeliest winner's kernels first, so that every measurement of its shapes runs the tuned ones */
+        const int first = t.order[0];
+        time_kernels(&t, first, o, CP_MIN(deadline - cp_now(), CP_MAX(KERNELS_MIN, o->budget / 4)), out);
         int done = 0;
         for (int r = 0; r < t.nranked; r++) {
             cp_tune_cand *c = &t.c[t.order[r]];
@@ -199,8 +270,15 @@ int cp_cmd_tune(const cp_spec *spec, const cp_tune_opts *o, FILE *out, char *err
             measure(&t, t.order[r], o, CP_MIN(share, left), out);
             done += c->measured;
         }
-        fprintf(out, "measured %d candidates in %.0f s of a %.0f s budget\n\n", done, cp_now() - t0, o->budget);
         cp_tune_rank(&t);
+        /* the winner's kernels as well where its attention has other shapes than those timed */
+        const cp_tune_cand *w = &t.c[t.order[0]], *f = &t.c[first];
+        if (w->U != f->U || w->C != f->C || w->S != f->S) {
+            if (deadline - cp_now() > STARTUP_GUESS) time_kernels(&t, t.order[0], o, deadline - cp_now(), out);
+            else snprintf(t.kern_note, sizeof t.kern_note, "the winner's kernel variants (U=%d) were not timed: the "
+                          "--budget was spent; cpgen tune-kernels with the winner's values (tuned.lua) times them", w->U);
+        }
+        fprintf(out, "measured %d candidates in %.0f s of a %.0f s budget\n\n", done, cp_now() - t0, o->budget);
     }
     cp_tune_print(&t, out, 40);
     int rc = 0;
@@ -220,6 +298,11 @@ int cp_cmd_tune(const cp_spec *spec, const cp_tune_opts *o, FILE *out, char *err
                 "%s/tuned.lua; train with it: cpgen run %s/tuned.lua\n", w->t_full,
                 w->measured ? "measured" : "planned", w->U, (double)w->gpu_peak / (1 << 30), o->outdir, o->outdir,
                 o->outdir, o->outdir);
+        if (t.nkern) {
+            cp_ktune_path(NULL, path, sizeof path);
+            fprintf(out, "the fastest kernel variants are in the kernel tuning cache %s, where run and aot take them "
+                    "on this machine\n", path);
+        }
     }
     cp_tune_free(&t);
     return rc ? CP_EXIT_FAIL : 0;

@@ -29,6 +29,12 @@ typedef struct cp_bundle cp_bundle;
 int cp_cmd_bundle_check(const cp_plan *plan, const char *dir, const char *arch, const char *rebuild, cp_bundle *b,
                         FILE *out, char *err, int errlen);
 
+/* `cpgen tune-kernels` (cli/cmd_tune_kernels.c): time every variant of the plan's kernels that have variants
+ * (kernels.h cp_kvariants) on this GPU, record the fastest in the kernel tuning cache (gen/ktune.h), print a table
+ * and, with outdir, write outdir/kernels.jsonl (one cache entry per line, every variant's time). Without a GPU it
+ * says so and writes nothing. 0, or -1 with a message. */
+int cp_cmd_tune_kernels(const cp_plan *plan, const char *outdir, FILE *out, char *err, int errlen);
+
 /* `cpgen tune` (cli/cmd_tune.c). */
 typedef struct {
     const char *spec_arg;        /* the spec as given: a file or a shipped name */

@@ -8,6 +8,7 @@
 #include "checkpoint.h"
 #include "commands.h"
 #include "exec.h"
+#include "ktune.h"
 #include "module.h"
 #include "plan.h"
 #include "report.h"
@@ -35,7 +36,11 @@ static void usage(FILE *out) {
             "          BUNDLE` then loads its cubins and never compiles, so NVRTC is not needed where it runs\n"
             "  tune    find the fastest settings on this machine: plan every candidate of the swept keys, measure the\n"
             "          fitting ones (layer-truncated steps at full length) within --budget, write a table, tune.jsonl,\n"
-            "          tune.svg and tuned.lua into -o DIR (default runs/<spec>/tune)\n"
+            "          tune.svg and tuned.lua into -o DIR (default runs/<spec>/tune); first it times the kernel\n"
+            "          variants of the likeliest winner (tune-kernels)\n"
+            "  tune-kernels  time every variant of the plan's kernels that has some (the Hopper attention forward's\n"
+            "          K/V ring depth) on this GPU and keep the fastest in the kernel tuning cache, beside the JIT\n"
+            "          cache; run, aot, plan and build then use it. -o DIR also writes DIR/kernels.jsonl\n"
             "\n"
             "options:\n"
             "  --set KEY=VALUE   override any spec key, e.g. --set train.seq_len=1M --set parallel.gpus=8\n"
@@ -53,7 +58,7 @@ static void usage(FILE *out) {
             "  --json            (plan) print JSON\n"
             "  --steps           (plan) also print every step and buffer\n"
             "  --svg FILE        (plan) draw memory over the steps of one training step, GPU and host, into FILE\n"
-            "  -o DIR            (gen) output folder\n"
+            "  -o DIR            (gen, aot, tune, tune-kernels) output folder\n"
             "  --arch ARCH       (build, run) target, e.g. sm_90a or sm_80 (default: the GPU's, else sm_90a);\n"
             "                    (aot) one or more, e.g. --arch sm_90a,sm_80\n"
             "  --bundle DIR      (run) load the kernels from an AOT bundle made for this spec (same as cpgen run DIR\n"
@@ -94,7 +99,7 @@ static const char *need_value(int argc, char **argv, int *i) {
 }
 
 static void parse(int argc, char **argv, cli *c) {
-    static const char *commands[] = {"run", "plan", "gen", "build", "report", "aot", "tune"};
+    static const char *commands[] = {"run", "plan", "gen", "build", "report", "aot", "tune", "tune-kernels"};
     memset(c, 0, sizeof *c);
     c->argv = argv;
     for (int i = 1; i < argc; i++) {
@@ -204,6 +209,49 @@ static bool build_plan(const cp_spec *spec, cp_plan *plan) {
     return false;
 }
 
+static void jit_opts_for(const cli *c, cp_jit_opts *o) {
+    memset(o, 0, sizeof *o);
+    char why[256];
+    if (c->arch) snprintf(o->arch, sizeof o->arch, "%s", c->arch);
+    else if (cp_gpu_count(why, sizeof why) > 0 && cp_device_arch(0, o->arch, sizeof o->arch) == 0) {
+    } else snprintf(o->arch, sizeof o->arch, "sm_90a");
+    o->no_cache = c->no_cache;
+}
+
+/* The kernel variants the plan runs (gen/ktune.h): with a bundle the ones it was built with (a bundle that cannot be
+ * opened is left to its check to report), else this machine's tuned winners for the architectures the kernels are
+ * built for (--arch, else the GPU's, else sm_90a), else the generator's defaults. A tuning cache that cannot be
+ * used is reported on warn (NULL: by another rank). */
+static void choose_variants(const cli *c, cp_plan *P, FILE *warn) {
+    if (c->bundle) {
+        cp_bundle b;
+        char err[CP_ERR_MAX];
+        if (cp_bundle_open(c->bundle, &b, err, sizeof err)) return;
+        const char **names = cp_xcalloc((size_t)CP_MAX(b.nmodules, 1), sizeof *names);
+        for (int i = 0; i < b.nmodules; i++) names[i] = b.modules[i].name;
+        cp_ktune_apply_bundle(P, names, b.nmodules);
+        free(names);
+        cp_bundle_close(&b);
+        return;
+    }
+    cp_jit_opts o;
+    jit_opts_for(c, &o);
+    char driver[32], path[CP_PATH_MAX + 16];
+    cp_driver_version(driver, sizeof driver);
+    cp_ktune_path(NULL, path, sizeof path);
+    cp_ktune_cache kc;
+    cp_ktune_load(path, &kc, warn);
+    cp_ktune_apply(P, &kc, c->arch ? c->arch : o.arch, driver);
+    cp_ktune_free(&kc);
+}
+
+/* build_plan with the kernel variants this command compiles and runs. */
+static bool plan_for_run(const cli *c, const cp_spec *spec, cp_plan *plan, FILE *warn) {
+    if (!build_plan(spec, plan)) return false;
+    choose_variants(c, plan, warn);
+    return true;
+}
+
 static int cmd_plan(const cli *c, cp_spec *spec) {
     cp_plan plan;
     char err[CP_ERR_MAX];
@@ -213,6 +261,7 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
             fprintf(stderr, "cpgen: %s\n", err);
             return CP_EXIT_USAGE;
         }
+        choose_variants(c, &plan, stderr);
         if (c->json) cp_plan_print_json(&plan, stdout);
         else {
             char a[32], g[32], h[32];
@@ -224,7 +273,7 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
         cp_plan_free(&plan);
         return 0;
     }
-    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+    if (!plan_for_run(c, spec, &plan, stderr)) return CP_EXIT_USAGE;
     if (c->json) cp_plan_print_json(&plan, stdout);
     else cp_plan_print(&plan, stdout, c->steps);
     if (c->svg && cp_plan_svg(&plan, c->svg, err, sizeof err)) {
@@ -238,19 +287,10 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
     return rc;
 }
 
-static void jit_opts_for(const cli *c, cp_jit_opts *o) {
-    memset(o, 0, sizeof *o);
-    char why[256];
-    if (c->arch) snprintf(o->arch, sizeof o->arch, "%s", c->arch);
-    else if (cp_gpu_count(why, sizeof why) > 0 && cp_device_arch(0, o->arch, sizeof o->arch) == 0) {
-    } else snprintf(o->arch, sizeof o->arch, "sm_90a");
-    o->no_cache = c->no_cache;
-}
-
 static int cmd_gen_or_build(const cli *c, cp_spec *spec) {
     cp_plan plan;
     char err[CP_ERR_MAX];
-    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+    if (!plan_for_run(c, spec, &plan, stderr)) return CP_EXIT_USAGE;
     int rc;
     if (!strcmp(c->command, "gen")) {
         if (!c->outdir) {
@@ -319,7 +359,7 @@ static int cmd_aot(const cli *c, cp_spec *spec) {
     if (!c->outdir) cp_fatal(CP_EXIT_USAGE, "aot needs a bundle folder: cpgen aot %s -o BUNDLE [--arch sm_90a,sm_80]", c->spec);
     cp_plan plan;
     char err[CP_ERR_MAX * 2];
-    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+    if (!plan_for_run(c, spec, &plan, stderr)) return CP_EXIT_USAGE;
     cp_jit_opts o;
     jit_opts_for(c, &o);
     cp_str cmd = {0};
@@ -345,6 +385,16 @@ static int cmd_tune(const cli *c, cp_spec *spec) {
     return rc;
 }
 
+static int cmd_tune_kernels(const cli *c, cp_spec *spec) {
+    cp_plan plan; /* every kernel in its default: the variants are what is timed */
+    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+    char err[CP_ERR_MAX * 2];
+    int rc = cp_cmd_tune_kernels(&plan, c->outdir, stdout, err, sizeof err);
+    if (rc) fprintf(stderr, "cpgen: %s\n", err);
+    cp_plan_free(&plan);
+    return rc ? CP_EXIT_FAIL : 0;
+}
+
 static int cmd_run(const cli *c, cp_spec *spec) {
     char why[512];
     int gpus = cp_gpu_count(why, sizeof why);
@@ -353,7 +403,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         int rc = cmd_plan(c, spec);
         if (rc || (!c->resume && !c->bundle)) return rc;
         cp_plan plan; /* one plan for both checks */
-        if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
+        if (!plan_for_run(c, spec, &plan, NULL)) return CP_EXIT_USAGE;
         if (c->resume) rc = check_resume(c, spec, &plan);
         if (!rc && c->bundle) {
             cp_bundle b;
@@ -370,10 +420,10 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         fprintf(stderr, "cpgen: %s\n", err);
         return CP_EXIT_USAGE;
     }
-    cp_plan plan;
-    if (!build_plan(spec, &plan)) return CP_EXIT_USAGE;
     /* the plan is printed once: by this process, or by rank 0 of a launcher other than ours */
     bool lead = env.rank == 0, spawned = env.launcher == CP_LAUNCH_CPGEN;
+    cp_plan plan;
+    if (!plan_for_run(c, spec, &plan, lead && !spawned ? stderr : NULL)) return CP_EXIT_USAGE;
     if (lead && !spawned) cp_plan_print(&plan, stdout, false);
     if (!plan.fits) {
         if (lead) refuse(spec, &plan);
@@ -530,5 +580,6 @@ int main(int argc, char **argv) {
     if (!strcmp(c.command, "gen") || !strcmp(c.command, "build")) return cmd_gen_or_build(&c, &spec);
     if (!strcmp(c.command, "aot")) return cmd_aot(&c, &spec);
     if (!strcmp(c.command, "tune")) return cmd_tune(&c, &spec);
+    if (!strcmp(c.command, "tune-kernels")) return cmd_tune_kernels(&c, &spec);
     return cmd_run(&c, &spec);
 }

@@ -42,6 +42,7 @@ void cp_kspec_set_double(cp_kernel_spec *k, const char *key, double v) {
 
 void cp_kspec_copy(cp_kernel_spec *dst, const cp_kernel_spec *src) {
     cp_kspec_init(dst, src->family);
+    memcpy(dst->tag, src->tag, sizeof dst->tag);
     for (int i = 0; i < src->nparams; i++) cp_kspec_set_str(dst, src->params[i].key, src->params[i].value);
 }
 
@@ -65,6 +66,45 @@ static int emit_expanded(const char *family, const char *tmpl, const cp_kernel_s
                          int errlen);
 
 static bool is_key_char(char c) { return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
+
+/* A variant's name tag: "_<tag>" inserted into the emitted text at each of the n offsets cuts (the end of the module
+ * line's name and of every entry's name), and appended to out's names. Returns 0, or -1 with a message. */
+static int apply_tag(const char *family, const char *tag, cp_str *s, size_t *cuts, int n, cp_module_src *out,
+                     char *err, int errlen) {
+    size_t tl = strlen(tag);
+    bool ok = tl > 0 && tl < CP_KTAG_MAX;
+    for (size_t i = 0; i < tl && ok; i++) ok = (tag[i] >= 'a' && tag[i] <= 'z') || (tag[i] >= '0' && tag[i] <= '9');
+    if (!ok) return cp_errf(err, errlen, "kernel %s: variant tag \"%s\" must be lowercase letters and digits", family, tag);
+    size_t longest = strlen(out->name);
+    for (int e = 0; e < out->nentries; e++) longest = CP_MAX(longest, strlen(out->entries[e]));
+    if (longest + 1 + tl >= CP_KNAME_MAX)
+        return cp_errf(err, errlen, "kernel %s: names with the variant tag %s pass %d characters", family, tag,
+                       CP_KNAME_MAX - 1);
+    for (int i = 1; i < n; i++) /* in text order: the module line need not come first */
+        for (int j = i; j > 0 && cuts[j] < cuts[j - 1]; j--) {
+            size_t x = cuts[j];
+            cuts[j] = cuts[j - 1];
+            cuts[j - 1] = x;
+        }
+    cp_str t = {0};
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        cp_str_append(&t, s->data + at, cuts[i] - at);
+        cp_str_printf(&t, "_%s", tag);
+        at = cuts[i];
+    }
+    cp_str_append(&t, s->data + at, s->len - at);
+    cp_str_free(s);
+    *s = t;
+    char *names[1 + CP_MAX_ENTRIES] = {out->name}; /* each has room: checked above */
+    for (int e = 0; e < out->nentries; e++) names[1 + e] = out->entries[e];
+    for (int i = 0; i <= out->nentries; i++) {
+        size_t l = strlen(names[i]);
+        names[i][l] = '_';
+        memcpy(names[i] + l + 1, tag, tl + 1);
+    }
+    return 0;
+}
 
 /* A line `#include "NAME.cuh"` of a template is replaced by the embedded templates/NAME.cuh (one level deep), so an
  * emitted module stays one self-contained source: the JIT cache key and the kept .cu cover everything compiled.
@@ -171,6 +211,8 @@ static int emit_expanded(const char *family, const char *tmpl, const cp_kernel_s
     }
     memcpy(out->name, mod, ml);
     out->name[ml] = 0;
+    size_t cuts[1 + CP_MAX_ENTRIES]; /* where a variant tag goes: after the module line's name and each entry's */
+    cuts[0] = (size_t)(mod + ml - s.data);
     /* entries */
     const char *suffix = out->name + strlen(family);
     const char *decl = "extern \"C\" __global__";
@@ -204,12 +246,14 @@ static int emit_expanded(const char *family, const char *tmpl, const cp_kernel_s
             snprintf(err, errlen, "templates/%s.cu: more than %d kernels in one module", family, CP_MAX_ENTRIES);
             goto fail;
         }
+        cuts[1 + out->nentries] = (size_t)(b - s.data);
         snprintf(out->entries[out->nentries++], CP_KNAME_MAX, "%s", name);
     }
     if (out->nentries == 0) {
         snprintf(err, errlen, "templates/%s.cu: no extern \"C\" __global__ kernel", family);
         goto fail;
     }
+    if (k->tag[0] && apply_tag(family, k->tag, &s, cuts, 1 + out->nentries, out, err, errlen)) goto fail;
     out->source = s.data;
     return 0;
 fail:

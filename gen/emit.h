@@ -6,7 +6,10 @@
  *  - the first line containing "module:" names the module with placeholders, e.g. "// module: rmsnorm_h{{HIDDEN}}";
  *    the module name starts with the family name (the template's file stem);
  *  - kernels are `extern "C" __global__` and named <family>_<role><suffix>, where the suffix is the module
- *    name minus the family prefix: module rmsnorm_h4096 has entries rmsnorm_fwd_h4096, rmsnorm_bwd_h4096. */
+ *    name minus the family prefix: module rmsnorm_h4096 has entries rmsnorm_fwd_h4096, rmsnorm_bwd_h4096;
+ *  - a spec's variant tag (a kernel variant other than the generator's default, kernels.h cp_kvariants) is appended
+ *    by the emitter as _<tag> to the module name, on its module line, and to every entry's name, so that templates
+ *    need no placeholder for it in every name and two variants of one shape never share a name. */
 #ifndef CP_EMIT_H
 #define CP_EMIT_H
 
@@ -15,6 +18,7 @@
 #define CP_MAX_PARAMS 24
 #define CP_MAX_ENTRIES 8
 #define CP_KNAME_MAX 128
+#define CP_KTAG_MAX 16
 
 typedef struct {
     char key[32];
@@ -24,6 +28,7 @@ typedef struct {
 /* A request for one module: which template, with which values. */
 typedef struct {
     char family[32];
+    char tag[CP_KTAG_MAX]; /* the variant's name tag ([a-z0-9]), empty for the generator's default */
     int nparams;
     cp_param params[CP_MAX_PARAMS];
 } cp_kernel_spec;
@@ -46,7 +51,7 @@ typedef struct {
 } cp_module_src;
 
 /* Emit one module. Returns 0, or -1 with a message in err (unknown template, unknown or unused placeholder,
- * bad module line, entry not following the naming convention). */
+ * bad module line, entry not following the naming convention, a bad variant tag). */
 int cp_emit(const cp_kernel_spec *k, cp_module_src *out, char *err, int errlen);
 /* Same, from template text given directly (tests). */
 int cp_emit_text(const char *family, const char *template_text, const cp_kernel_spec *k, cp_module_src *out,

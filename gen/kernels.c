@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels_attn.h"
 #include "util.h"
 
 /* Threads per block of the element-wise kernels, and how many units (16-byte vectors) each thread moves per loop
@@ -22,6 +23,22 @@ const char *cp_kspec_get(const cp_kernel_spec *k, const char *key) {
     for (int i = 0; i < k->nparams; i++)
         if (strcmp(k->params[i].key, key) == 0) return k->params[i].value;
     return NULL;
+}
+
+bool cp_k_variants(const cp_kernel_spec *k, cp_kvariants *v) {
+    memset(v, 0, sizeof *v);
+    return strcmp(k->family, "attention") == 0 && cp_k_attention_variants(k, v);
+}
+
+void cp_k_set_variant(cp_kernel_spec *k, const cp_kvariants *v, int value) {
+    cp_kspec_set_int(k, v->param, value);
+    if (value == v->def) k->tag[0] = 0;
+    else snprintf(k->tag, sizeof k->tag, "%s%d", v->tag, value);
+}
+
+int cp_k_variant(const cp_kernel_spec *k, const cp_kvariants *v) {
+    const char *s = cp_kspec_get(k, v->param);
+    return s ? atoi(s) : v->def;
 }
 
 static int64_t get_int(const cp_kernel_spec *k, const char *key) {

@@ -115,4 +115,28 @@ int64_t cp_k_scratch_bytes(const cp_kernel_spec *k, const char *role, int64_t n)
 /* The value of a compile-time parameter of a kernel spec, or NULL. */
 const char *cp_kspec_get(const cp_kernel_spec *k, const char *key);
 
+/* Kernel variants: a compile-time value of a module that changes one entry's speed and never its results (the Hopper
+ * attention forward's K/V ring depth; attention is the only family with variants). A plan gets the generator's
+ * default; `cpgen tune` times the others on the GPU and the tuning cache (gen/ktune.h) keeps the fastest per
+ * machine and shape, which `run` and `aot` then take. */
+#define CP_KVAR_MAX 8
+typedef struct {
+    char kernel[32];            /* <family>.<role> of the entry that varies: "attention.fwd_sm90" */
+    char arch[16];              /* the architecture that runs that entry: "sm_90a" */
+    char shape[96];             /* the values its speed depends on: "d128 q24 kv8 s32768 causal" */
+    char param[24];             /* the compile-time value varied: "FWD_STAGES" */
+    char what[24];              /* what the value means, for output: "K/V stages" */
+    char tag[8];                /* the name tag of variant v is <tag><v>: "kvs3" */
+    int n, values[CP_KVAR_MAX]; /* the candidates, ascending; each compiles and fits the entry's limits */
+    int def;                    /* the generator's default, one of values */
+} cp_kvariants;
+
+/* The variants of k's module: true with *v filled, false for a module without any. */
+bool cp_k_variants(const cp_kernel_spec *k, cp_kvariants *v);
+/* Give k the variant `value` (one of v->values): the compile-time value, and the name tag unless it is the default,
+ * so the default emits exactly what a spec that never had a variant set does. */
+void cp_k_set_variant(cp_kernel_spec *k, const cp_kvariants *v, int value);
+/* The variant k has now. */
+int cp_k_variant(const cp_kernel_spec *k, const cp_kvariants *v);
+
 #endif

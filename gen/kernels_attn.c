@@ -10,12 +10,21 @@
 
 enum { FWD_BM = 128, FWD_BN = 64, FWD_THREADS = 128, BWD_BM = 64, BWD_BN = 128, BWD_THREADS = 256,
        DQ_THREADS = 256, DQ_MAX_BLOCKS = 65536 };
-/* the Hopper kernels (templates/attention_sm90.cuh: HBM, HSTAGES, H_SMEM; attention_bwd_sm90.cuh: B9_STAGES,
- * BWD_SM90_SMEM) */
-enum { H_BM = 128, H_THREADS = 384, B9_STAGES = 2 };
+/* the Hopper kernels (templates/attention_sm90.cuh: HBM, HSTAGES = FWD_STAGES, H_SMEM; attention_bwd_sm90.cuh:
+ * B9_STAGES, BWD_SM90_SMEM); the dynamic shared memory a block may have on sm_90 */
+enum { H_BM = 128, H_THREADS = 384, B9_STAGES = 2, H_SMEM_MAX = 227 * 1024 };
 
 /* Bytes of a TMA tile of `rows` rows of head_dim bf16: 64-column sub-tiles of rows x 128 bytes. */
 static int64_t sm90_tile(int64_t rows, int64_t head_dim) { return head_dim / 64 * rows * 128; }
+
+/* fwd_sm90's dynamic shared memory with a K/V ring of `stages`: Q; the K, V ring; its mbarriers; slack to align the
+ * tiles to 1024 bytes (the template's H_SMEM) */
+static int64_t fwd_sm90_smem(int64_t head_dim, int64_t stages) {
+    return (1 + 2 * stages) * sm90_tile(H_BM, head_dim) + 8 * (1 + 4 * stages) + 1024;
+}
+
+/* The default depth of fwd_sm90's K/V ring, the constant the template had before the depth became a variant. */
+static int fwd_sm90_stages_default(int64_t head_dim) { return head_dim == 128 ? 2 : 4; }
 
 bool cp_k_attention_hopper(const char *arch) { return arch && strcmp(arch, "sm_90a") == 0; }
 
@@ -39,12 +48,33 @@ void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_hea
     cp_kspec_set_int(k, "DKV_ACCUM", dkv_accum);
     cp_kspec_set_int(k, "DQ_ATOMIC", dq_atomic);
     cp_kspec_set_double(k, "SCALE", 1.0 / sqrt((double)head_dim));
+    cp_kspec_set_int(k, "FWD_STAGES", fwd_sm90_stages_default(head_dim));
 }
 
 static int64_t param(const cp_kernel_spec *k, const char *key) {
     for (int i = 0; i < k->nparams; i++)
         if (strcmp(k->params[i].key, key) == 0) return strtoll(k->params[i].value, NULL, 10);
     return -1;
+}
+
+/* fwd_sm90's K/V ring depths: from 2, since a consumer computes the scores of tile i (the K of one stage) while P V of
+ * tile i - 1 (the V of the one before) runs, up to the most that fit the shared memory. The ring holds whole tiles,
+ * so the depth changes when copies are issued, never what is computed: every depth gives the same bits. */
+bool cp_k_attention_variants(const cp_kernel_spec *k, cp_kvariants *v) {
+    const int64_t D = param(k, "HEAD_DIM"), QH = param(k, "Q_HEADS"), KVH = param(k, "KV_HEADS"), S = param(k, "SEQ"),
+                  causal = param(k, "CAUSAL");
+    if (strcmp(k->family, "attention") != 0 || D < 1 || QH < 1 || KVH < 1 || S < 1) return false;
+    memset(v, 0, sizeof *v);
+    snprintf(v->kernel, sizeof v->kernel, "attention.fwd_sm90");
+    snprintf(v->arch, sizeof v->arch, "sm_90a");
+    snprintf(v->shape, sizeof v->shape, "d%lld q%lld kv%lld s%lld %s", (long long)D, (long long)QH, (long long)KVH,
+             (long long)S, causal == 1 ? "causal" : "full");
+    snprintf(v->param, sizeof v->param, "FWD_STAGES");
+    snprintf(v->what, sizeof v->what, "K/V stages");
+    snprintf(v->tag, sizeof v->tag, "kvs");
+    for (int st = 2; v->n < CP_KVAR_MAX && fwd_sm90_smem(D, st) <= H_SMEM_MAX; st++) v->values[v->n++] = st;
+    v->def = fwd_sm90_stages_default(D);
+    return v->n > 0;
 }
 
 int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) {
@@ -60,12 +90,12 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         d->block = FWD_THREADS;
         d->smem = (unsigned)((FWD_BM + 4 * FWD_BN) * D * 2 + FWD_THREADS * 32); /* Q; K, V double-buffered; row stats */
     } else if (strcmp(role, "fwd_sm90") == 0) {
-        const int64_t tile = sm90_tile(H_BM, D), stages = D == 128 ? 2 : 4;
+        const int64_t stages = param(k, "FWD_STAGES");
+        if (stages < 1) return -1;
         d->grid[0] = (unsigned)QH;
         d->grid[1] = (unsigned)((S + H_BM - 1) / H_BM);
         d->block = H_THREADS;
-        /* Q; the K, V ring; its mbarriers; slack to align the tiles to 1024 bytes */
-        d->smem = (unsigned)((1 + 2 * stages) * tile + 8 * (1 + 4 * stages) + 1024);
+        d->smem = (unsigned)fwd_sm90_smem(D, stages);
     } else if (strcmp(role, "bwd") == 0) {
         d->grid[0] = (unsigned)KVH;
         d->grid[1] = (unsigned)((S + BWD_BN - 1) / BWD_BN);

@@ -31,6 +31,10 @@ bool cp_k_attention_hopper(const char *arch);
  * -1 for another role or a spec that is not attention. */
 int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d);
 
+/* The variants of an attention module (kernels.h cp_kvariants, through cp_k_variants): the depths of fwd_sm90's K/V
+ * ring (FWD_STAGES) that fit its shared memory, default 2 for head_dim 128 and 4 for 64. */
+bool cp_k_attention_variants(const cp_kernel_spec *k, cp_kvariants *v);
+
 /* Bytes of the backward's workspace: the fp32 dQ, S * QH * D * 4, then the progress counters (prog_bytes). */
 int64_t cp_k_attention_workspace_bytes(const cp_kernel_spec *k);
 /* Where the progress counters start in the workspace (S * QH * D * 4), and their bytes: KVH * ceil(S/128) * 4,

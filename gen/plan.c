@@ -1659,6 +1659,7 @@ void cp_plan_free(cp_plan *P) {
     free(P->bufs);
     free(P->steps);
     free(P->modules);
+    free(P->kchoices);
     free(P->stages);
     free(P->unit_elems);
     free(P->unit_padded);

@@ -134,6 +134,15 @@ typedef struct {
     bool kv_last;     /* dK and dV are sent back after this stage (last stage of the group) */
 } cp_stage_rank;
 
+/* The variant a module with variants (kernels.h cp_kvariants) runs, and where that choice came from (gen/ktune.h). */
+typedef enum { CP_KVAR_DEFAULT, CP_KVAR_CACHE, CP_KVAR_BUNDLE } cp_kvar_source;
+typedef struct {
+    int module;            /* index into modules */
+    int value;             /* the variant it runs */
+    cp_kvar_source source;
+    char note[200];        /* where it came from, or why it is the default, for the plan's output */
+} cp_kchoice;
+
 typedef struct {
     cp_spec spec;
     int C;                 /* ranks of the Ulysses/FSDP group */
@@ -162,6 +171,9 @@ typedef struct {
     int micro_steps;
     int nmodules, capmodules;
     cp_kernel_spec *modules;
+    int nkchoices;
+    cp_kchoice *kchoices;  /* the variant of each module that has variants, once cp_ktune_apply or
+                              cp_ktune_apply_bundle chose them; none before (every module its default) */
 
     /* results */
     cp_layer_layout layout;                           /* of every transformer layer */

@@ -1,6 +1,7 @@
 /* plan_print.c: the plan as text (the startup table and `cpgen plan`) and as JSON for tools. */
 #include <string.h>
 
+#include "kernels.h"
 #include "plan.h"
 #include "util.h"
 
@@ -67,6 +68,28 @@ static void print_attention_output(const cp_plan *P, FILE *out) {
         fprintf(out, "                        the backward skips %.4g TFLOP of attention forward per step (%.2f s at "
                      "%.0f TF/s)\n",
                 P->flops_attn_saved / 1e12, P->flops_attn_saved / (fwd_rate * 1e12), fwd_rate);
+}
+
+/* The variants of choice c's module into v (kernels.h cp_kvariants); true when an earlier choice has the same kernel
+ * and shape (modules that differ only in what that kernel does not depend on, such as dkv_accum, share one line). */
+static bool kchoice_repeats(const cp_plan *P, int c, cp_kvariants *v) {
+    cp_k_variants(&P->modules[P->kchoices[c].module], v);
+    for (int i = 0; i < c; i++) {
+        cp_kvariants w;
+        cp_k_variants(&P->modules[P->kchoices[i].module], &w);
+        if (!strcmp(w.kernel, v->kernel) && !strcmp(w.shape, v->shape)) return true;
+    }
+    return false;
+}
+
+/* One line per kernel with variants: which one runs and where that choice came from. */
+static void print_kernel_variants(const cp_plan *P, FILE *out) {
+    for (int c = 0, n = 0; c < P->nkchoices; c++) {
+        cp_kvariants v;
+        if (kchoice_repeats(P, c, &v)) continue;
+        const cp_kchoice *k = &P->kchoices[c];
+        fprintf(out, "  %-9s %s %s: %d %s, %s\n", n++ ? "" : "kernels", v.kernel, v.shape, k->value, v.what, k->note);
+    }
 }
 
 static void print_stage_table(const cp_plan *P, FILE *out) {
@@ -140,6 +163,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     fprintf(out, "  tiles     MLP %s tokens (%lld tile%s) | loss %s tokens (%lld tile%s)\n",
             cp_fmt_length(P->mlp_tile, a, sizeof a), nm, nm == 1 ? "" : "s", cp_fmt_length(P->loss_tile, b, sizeof b),
             nl, nl == 1 ? "" : "s");
+    print_kernel_variants(P, out);
     const int64_t D = P->spec.model.head_dim;
     fprintf(out, "  machine   GPU %s | host %s | bf16 GEMM %.0f TF/s | attention fwd %.0f, bwd %.0f TF/s | "
                  "HBM %.0f GB/s | host link %.0f GB/s | all-to-all %.0f GB/s | all-gather %.0f GB/s\n",
@@ -323,6 +347,23 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
     for (int i = 0; i < P->nmodules; i++) {
         fprintf(out, "%s", i ? ", " : "");
         json_str(out, P->modules[i].family);
+    }
+    fprintf(out, "],\n  \"kernel_variants\": [");
+    static const char *sources[] = {"default", "cache", "bundle"};
+    for (int c = 0, n = 0; c < P->nkchoices; c++) {
+        cp_kvariants v;
+        if (kchoice_repeats(P, c, &v)) continue;
+        const cp_kchoice *k = &P->kchoices[c];
+        fprintf(out, "%s{\"kernel\": ", n++ ? ", " : "");
+        json_str(out, v.kernel);
+        fprintf(out, ", \"shape\": ");
+        json_str(out, v.shape);
+        fprintf(out, ", \"param\": ");
+        json_str(out, v.param);
+        fprintf(out, ", \"value\": %d, \"default\": %d, \"source\": \"%s\", \"note\": ", k->value, v.def,
+                sources[k->source]);
+        json_str(out, k->note);
+        fprintf(out, "}");
     }
     fprintf(out, "],\n  \"fits\": %s,\n  \"why\": ", P->fits ? "true" : "false");
     json_str(out, P->why);

@@ -224,6 +224,15 @@ int cp_tune_plan(cp_tune *t, const cp_tune_axes *ax, const char *path, const cha
     return 0;
 }
 
+void cp_tune_add_kernel(cp_tune *t, const cp_ktune_entry *e) {
+    int at = t->nkern;
+    for (int k = 0; k < t->nkern; k++)
+        if (!strcmp(t->kern[k].kernel, e->kernel) && !strcmp(t->kern[k].shape, e->shape)) at = k;
+    if (at == CP_TUNE_MAX_KERNELS) return;
+    t->kern[at] = *e;
+    if (at == t->nkern) t->nkern++;
+}
+
 static const cp_tune *sort_ctx;
 static int by_time(const void *x, const void *y) {
     const cp_tune_cand *a = &sort_ctx->c[*(const int *)x], *b = &sort_ctx->c[*(const int *)y];
@@ -302,6 +311,10 @@ void cp_tune_print(const cp_tune *t, FILE *out, int max) {
         for (int a = 0; a < ax->naxes; a++) fprintf(out, "%s=%s ", short_key(ax->axes[a].key), t->c[i].values[a]);
         fprintf(out, "\n      %s\n", t->c[i].why);
     }
+    if (t->nkern || t->kern_note[0])
+        fprintf(out, "\nkernel variants, timed on this GPU (the winners go to the kernel tuning cache):\n");
+    for (int k = 0; k < t->nkern; k++) cp_ktune_entry_print(out, &t->kern[k]);
+    if (t->kern_note[0]) fprintf(out, "  %s\n", t->kern_note);
 }
 
 /* ---------------------------------------------------------------- tune.jsonl */
@@ -351,6 +364,10 @@ int cp_tune_write_jsonl(const cp_tune *t, const char *path, char *err, int errle
             }
         }
         cp_str_printf(&s, "}\n");
+    }
+    for (int k = 0; k < t->nkern; k++) {
+        cp_ktune_entry_json(&s, &t->kern[k]);
+        cp_str_printf(&s, "\n");
     }
     int rc = cp_write_file_atomic(path, s.data ? s.data : "", s.len);
     cp_str_free(&s);

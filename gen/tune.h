@@ -8,12 +8,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ktune.h"
 #include "plan.h"
 #include "spec.h"
 
 #define CP_TUNE_MAX_AXES 12
 #define CP_TUNE_MAX_VALUES 32
 #define CP_TUNE_VALUE_MAX 48
+#define CP_TUNE_MAX_KERNELS 16
 
 typedef struct {
     char key[64]; /* a spec key path, e.g. "parallel.upipe_heads" */
@@ -55,6 +57,11 @@ typedef struct {
     cp_tune_cand *c;     /* in order of enumeration */
     int *order;          /* indices of c by rank: the unique fitting ones first, by t_full */
     int nranked;
+    /* the kernel variants timed on the GPU (cli/cmd_tune.c, through cpgen tune-kernels), one entry per kernel and
+     * shape, and why none were or what went wrong */
+    int nkern;
+    cp_ktune_entry kern[CP_TUNE_MAX_KERNELS];
+    char kern_note[CP_ERR_MAX];
 } cp_tune;
 
 /* The default axes for spec: every valid parallel.upipe_heads, parallel.mlp_tile and parallel.loss_tile ("auto" and
@@ -70,6 +77,8 @@ int cp_tune_sweep(cp_tune_axes *ax, const char *arg, const char *path, const cha
  * (too many combinations). */
 int cp_tune_plan(cp_tune *t, const cp_tune_axes *ax, const char *path, const char *const *sets, int nsets, char *err,
                  int errlen);
+/* Add a kernel timing to t, replacing one of the same kernel and shape (at most CP_TUNE_MAX_KERNELS are kept). */
+void cp_tune_add_kernel(cp_tune *t, const cp_ktune_entry *e);
 /* Rank again after measurements: measured candidates first by t_full, then the rest by the plan. */
 void cp_tune_rank(cp_tune *t);
 void cp_tune_free(cp_tune *t);
@@ -83,9 +92,11 @@ char **cp_tune_candidate_sets(const cp_tune *t, int i, const char *const *sets, 
 void cp_tune_sets_free(char **sets, int n);
 
 /* The table on out: one row per unique candidate in rank order (at most max rows, then a count), the skipped ones
- * with their reason. */
+ * with their reason; then the kernel variants timed, each variant's time with the winner marked. */
 void cp_tune_print(const cp_tune *t, FILE *out, int max);
-/* dir/tune.jsonl: one JSON object per candidate, every figure. 0, or -1 with a message. */
+/* dir/tune.jsonl: one JSON object per candidate ("candidate": its index), every figure; then one per kernel shape
+ * timed (a kernel tuning cache entry, gen/ktune.h: "kernel", "shape", "ms" of every variant, "winner"). 0, or -1 with
+ * a message. */
 int cp_tune_write_jsonl(const cp_tune *t, const char *path, char *err, int errlen);
 /* dir/tune.svg: step time and peak GPU memory against the UPipe chunk size U, one line per combination of the other
  * axes' values (the best 8), the winner marked (id "winner"). 0, or -1 with a message. */

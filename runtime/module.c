@@ -40,6 +40,32 @@ int cp_device_arch(int dev, char *arch, size_t n) {
     return 0;
 }
 
+int cp_driver_version(char *out, size_t n) {
+    out[0] = 0;
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (nvml) {
+        int (*init)(void), (*version)(char *, unsigned), (*shutdown)(void);
+        *(void **)&init = dlsym(nvml, "nvmlInit_v2");
+        *(void **)&version = dlsym(nvml, "nvmlSystemGetDriverVersion");
+        *(void **)&shutdown = dlsym(nvml, "nvmlShutdown");
+        char v[96] = "";
+        if (init && version && shutdown && init() == 0) {
+            if (version(v, sizeof v) != 0) v[0] = 0;
+            shutdown();
+        }
+        dlclose(nvml);
+        if (v[0]) {
+            snprintf(out, n, "%s", v);
+            return 0;
+        }
+    }
+    char why[256];
+    int cuda = 0;
+    if (cp_gpu_count(why, sizeof why) <= 0 || cudaDriverGetVersion(&cuda) != cudaSuccess || cuda <= 0) return -1;
+    snprintf(out, n, "cuda %d.%d", cuda / 1000, cuda % 1000 / 10);
+    return 0;
+}
+
 int cp_module_load(cp_module *m, const char *name, const void *image, size_t len, char *err, int errlen) {
     memset(m, 0, sizeof *m);
     snprintf(m->name, sizeof m->name, "%s", name);

@@ -17,6 +17,11 @@ int cp_gpu_count(char *why, int n);
  * target), "sm_80" for 8.0, "sm_89" for 8.9, ... Returns 0, or -1 with the CUDA error in arch. */
 int cp_device_arch(int dev, char *arch, size_t n);
 
+/* The NVIDIA driver's version, the machine's key into the kernel tuning cache (gen/ktune.h): its release from NVML
+ * ("580.82.07"), else the CUDA version it supports ("cuda 13.0"). Returns 0, or -1 with out "" when there is no
+ * driver. Needs no GPU context. */
+int cp_driver_version(char *out, size_t n);
+
 typedef struct {
     char name[CP_KNAME_MAX];
     cudaLibrary_t lib;

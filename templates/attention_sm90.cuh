@@ -24,7 +24,7 @@
 #define HBM 128                            // query rows per block: two consumer warpgroups of 64
 #define HBN 128                            // keys per K, V tile
 #define HSUB (HEAD_DIM / 64)               // 64-column sub-tiles of a row
-#define HSTAGES (HEAD_DIM == 128 ? 2 : 4)  // depth of the K, V ring
+#define HSTAGES {{FWD_STAGES}}             // depth of the K, V ring: a variant the generator picks (kernels_attn.c)
 #define HTHREADS 384
 #define H_TURN0 1                          // named barriers 1, 2: consumer 0's, 1's turn to issue products
 static_assert(HBM == HBN, "a causal block has one diagonal tile only when query and key tiles are equal");

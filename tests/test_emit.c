@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "emit.h"
@@ -75,6 +76,39 @@ static void test_launch_bounds(void **state) {
     assert_int_equal(m.nentries, 1);
     assert_string_equal(m.entries[0], "fam_fwd_h4096");
     cp_module_src_free(&m);
+    cp_kspec_free(&k);
+}
+
+/* A variant tag goes after the module line's name and every entry's, and nowhere else; only [a-z0-9] is a tag. */
+static void test_variant_tag(void **state) {
+    (void)state;
+    cp_kernel_spec k;
+    spec_h_eps(&k);
+    snprintf(k.tag, sizeof k.tag, "kvs3");
+    cp_module_src m;
+    char err[1024];
+    assert_int_equal(cp_emit_text("fam", GOOD, &k, &m, err, sizeof err), 0);
+    assert_string_equal(m.name, "fam_h4096_kvs3");
+    assert_int_equal(m.nentries, 2);
+    assert_string_equal(m.entries[0], "fam_fwd_h4096_kvs3");
+    assert_string_equal(m.entries[1], "fam_bwd_h4096_kvs3");
+    assert_string_equal(m.source, "// module: fam_h4096_kvs3\n"
+                                  "#include <cuda_bf16.h>\n"
+                                  "extern \"C\" __global__ void fam_fwd_h4096_kvs3(float *x) { x[0] = 1.0000000000000001e-05; }\n"
+                                  "extern \"C\" __global__ void fam_bwd_h4096_kvs3 (float *x) { x[0] = 4096; }\n");
+    char name[CP_KNAME_MAX];
+    cp_entry_name("fam", m.name, "bwd", name);
+    assert_string_equal(name, "fam_bwd_h4096_kvs3");
+    cp_module_src_free(&m);
+
+    cp_kernel_spec copy; /* a copy keeps the tag */
+    cp_kspec_copy(&copy, &k);
+    assert_string_equal(copy.tag, "kvs3");
+    cp_kspec_free(&copy);
+
+    snprintf(k.tag, sizeof k.tag, "Kvs_3");
+    assert_int_equal(cp_emit_text("fam", GOOD, &k, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "variant tag \"Kvs_3\""));
     cp_kspec_free(&k);
 }
 
@@ -196,6 +230,7 @@ int main(void) {
         cmocka_unit_test(test_includes_inlined),
         cmocka_unit_test(test_fills_and_finds_entries),
         cmocka_unit_test(test_launch_bounds),
+        cmocka_unit_test(test_variant_tag),
         cmocka_unit_test(test_unknown_placeholder),
         cmocka_unit_test(test_unused_value),
         cmocka_unit_test(test_missing_module_line),

@@ -1,6 +1,7 @@
 /* test_kernels_compile.c: every kernel module that the shipped specs' plans ask for is emitted from the templates and
- * compiled with NVRTC for Hopper (sm_90a) and Ampere (sm_80), cold (a fresh cache folder), with no register spills;
- * then `cpgen gen` and `cpgen build` run on the tiny spec. Needs NVRTC but no GPU. */
+ * compiled with NVRTC for Hopper (sm_90a) and Ampere (sm_80), cold (a fresh cache folder), with no register spills,
+ * and every variant of those that have variants for the architecture that runs it; then `cpgen gen` and
+ * `cpgen build` run on the tiny spec. Needs NVRTC but no GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,8 @@
 #include "commands.h"
 #include "emit.h"
 #include "jit.h"
+#include "kernels.h"
+#include "kernels_attn.h"
 #include "plan.h"
 #include "spec.h"
 #include "util.h"
@@ -132,6 +135,70 @@ static void test_all_modules_compile_without_spills(void **state) {
     free(mods);
 }
 
+/* Every variant of every module with variants (kernels.h cp_kvariants: the Hopper attention forward's K/V ring
+ * depths) in the shipped specs' plans, beside the defaults compiled above: each compiles for the architecture that
+ * runs it without spills, and its entry's shared memory fits the 227 KiB a block may have. */
+static void test_variants_compile_without_spills(void **state) {
+    (void)state;
+    int n = 0;
+    cp_module_src mods[64];
+    int64_t smem[64];
+    for (size_t s = 0; s < CP_ARRAY_LEN(SPECS); s++) {
+        cp_plan plan;
+        load_plan(SPECS[s], &plan);
+        for (int i = 0; i < plan.nmodules; i++) {
+            cp_kvariants v;
+            if (!cp_k_variants(&plan.modules[i], &v)) continue;
+            assert_string_equal(v.arch, "sm_90a");
+            assert_int_equal(cp_k_variant(&plan.modules[i], &v), v.def); /* a plan starts with the defaults */
+            for (int x = 0; x < v.n; x++) {
+                if (v.values[x] == v.def) continue;
+                cp_kernel_spec k;
+                cp_kspec_copy(&k, &plan.modules[i]);
+                cp_k_set_variant(&k, &v, v.values[x]);
+                cp_module_src m;
+                char err[2048];
+                if (cp_emit(&k, &m, err, sizeof err)) fail_msg("%s: %s", SPECS[s], err);
+                bool seen = false;
+                for (int j = 0; j < n; j++) seen |= !strcmp(mods[j].name, m.name);
+                cp_kdims d;
+                assert_int_equal(cp_k_attention_dims(&k, "fwd_sm90", &d), 0);
+                cp_kspec_free(&k);
+                if (seen) {
+                    cp_module_src_free(&m);
+                    continue;
+                }
+                assert_true(n < (int)CP_ARRAY_LEN(mods));
+                smem[n] = d.smem;
+                mods[n++] = m;
+            }
+        }
+        cp_plan_free(&plan);
+    }
+    assert_true(n >= 5); /* head_dim 64 and 128 both have variants besides the default */
+    cp_jit_module *out = cp_xcalloc((size_t)n, sizeof *out);
+    cp_jit_opts o;
+    opts_for(&o, "sm_90a");
+    char err[16384];
+    double t0 = cp_now();
+    if (cp_jit_compile(mods, n, &o, out, err, sizeof err) != 0) fail_msg("sm_90a: %s", err);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(out[i].nentries, mods[i].nentries);
+        assert_true(smem[i] <= 227 * 1024);
+        for (int e = 0; e < out[i].nentries; e++) {
+            const cp_entry_info *x = &out[i].entries[e];
+            if (x->spill_stores > 0 || x->spill_loads > 0)
+                fail_msg("%s spills: %d B stores, %d B loads, %d registers", x->name, x->spill_stores, x->spill_loads,
+                         x->registers);
+        }
+        print_message("%s: fwd_sm90 with %lld bytes of shared memory\n", mods[i].name, (long long)smem[i]);
+        cp_jit_module_free(&out[i]);
+        cp_module_src_free(&mods[i]);
+    }
+    print_message("sm_90a: %d variants compiled in %.1f s\n", n, cp_now() - t0);
+    free(out);
+}
+
 /* `cpgen gen` writes one stand-alone .cu per module; `cpgen build` prints the table and, with the cache warm from
  * the test above, loads everything from it. */
 static void test_gen_and_build_commands(void **state) {
@@ -175,6 +242,7 @@ static void test_gen_and_build_commands(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_all_modules_compile_without_spills),
+        cmocka_unit_test(test_variants_compile_without_spills),
         cmocka_unit_test(test_gen_and_build_commands),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

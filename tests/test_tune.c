@@ -1,7 +1,9 @@
 /* test_tune.c: `cpgen tune` without a GPU: the default axes (the valid UPipe sizes, tiles that divide the tokens per
- * GPU), --sweep's checks, candidates skipped with their reason, the ranking by the plan, tune.jsonl, tune.svg (XML,
- * both panels, their axes, one line per combination of the other axes, the winner) and tuned.lua (loads, and equals
- * the input spec with the command's sets and the winner's values). */
+ * GPU), --sweep's checks, candidates skipped with their reason, the ranking by the plan, tune.jsonl (candidates, then
+ * the kernel variants timed), the table's kernel rows, tune.svg (XML, both panels, their axes, one line per
+ * combination of the other axes, the winner) and tuned.lua (loads, and equals the input spec with the command's sets
+ * and the winner's values); the commands `tune` and `tune-kernels` say that kernel timing needs a GPU and leave the
+ * kernel tuning cache alone. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,7 +18,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "json.h"
+#include "module.h"
 #include "source_tree.h"
 #include "spec.h"
 #include "spec_write.h"
@@ -156,16 +160,50 @@ static void test_outputs(void **state) {
     plan_3b(&t, sets, 2);
     char path[512], err[CP_ERR_MAX];
 
-    /* tune.jsonl: one object per candidate, the winner's figures */
+    /* the kernel variants timed (as cpgen tune-kernels reports them): a second timing of a shape replaces the first */
+    cp_ktune_entry k = {.arch = "sm_90a", .driver = "580.82.07", .kernel = "attention.fwd_sm90",
+                        .shape = "d128 q24 kv8 s131072 causal", .param = "FWD_STAGES", .def = 2, .winner = 2, .n = 2,
+                        .values = {2, 3}, .ms = {300.5, 310.25}, .flops = 1.0e14, .cpgen = CP_VERSION};
+    cp_tune_add_kernel(&t, &k);
+    k.winner = 3, k.ms[1] = 290.0;
+    cp_tune_add_kernel(&t, &k);
+    cp_ktune_entry k2 = k;
+    snprintf(k2.shape, sizeof k2.shape, "d128 q12 kv4 s131072 causal");
+    cp_tune_add_kernel(&t, &k2);
+    assert_int_equal(t.nkern, 2);
+    char *table = NULL;
+    size_t tlen = 0;
+    FILE *f = open_memstream(&table, &tlen);
+    cp_tune_print(&t, f, 40);
+    fclose(f);
+    assert_non_null(strstr(table, "kernel variants, timed on this GPU"));
+    assert_non_null(strstr(table, "  attention.fwd_sm90 d128 q24 kv8 s131072 causal (sm_90a, driver 580.82.07)\n"
+                                  "    FWD_STAGES  2    300.500 ms    333 TF/s  default\n"
+                                  "    FWD_STAGES  3    290.000 ms    345 TF/s  winner, 3.5% faster than the default\n"));
+    free(table);
+
+    /* tune.jsonl: one object per candidate, the winner's figures; then one per kernel shape timed */
     snprintf(path, sizeof path, "%s/tune.jsonl", root);
     assert_int_equal(cp_tune_write_jsonl(&t, path, err, sizeof err), 0);
     char *text = read_text(path);
-    int lines = 0, winners = 0, skipped = 0;
+    int lines = 0, winners = 0, skipped = 0, kernels = 0;
     for (char *p = text, *nl; *p; p = nl + 1) {
         nl = strchr(p, '\n');
         assert_non_null(nl);
         cp_json o;
         if (cp_json_parse(p, (size_t)(nl - p), &o, err, sizeof err)) fail_msg("line %d: %s", lines + 1, err);
+        if (cp_json_get(&o, "kernel")) {
+            cp_ktune_entry e;
+            assert_int_equal(cp_ktune_entry_parse(&o, &e, err, sizeof err), 0);
+            assert_string_equal(e.shape, t.kern[kernels].shape);
+            assert_int_equal(e.winner, 3);
+            assert_true(e.ms[0] == 300.5 && e.ms[1] == 290.0);
+            assert_null(cp_json_get(&o, "candidate"));
+            kernels++;
+            cp_json_free(&o);
+            continue;
+        }
+        assert_int_equal(kernels, 0); /* the candidates come first */
         const cp_json *rank = cp_json_get(&o, "rank"), *cand = cp_json_get(&o, "candidate");
         assert_int_equal(cand->integer, lines);
         if (cp_json_get(&o, "skipped")) skipped++;
@@ -182,6 +220,7 @@ static void test_outputs(void **state) {
     }
     free(text);
     assert_int_equal(lines, t.n);
+    assert_int_equal(kernels, 2);
     assert_int_equal(winners, 1);
     assert_int_equal(skipped, 14);
 
@@ -227,6 +266,60 @@ static void test_outputs(void **state) {
     cp_tune_free(&t);
 }
 
+/* Without a GPU, `cpgen tune` ranks by the plan and says that kernel timing was skipped, and `cpgen tune-kernels`
+ * says so too: neither writes the kernel tuning cache, nor kernels.jsonl. (On a GPU machine they would measure:
+ * skipped there.) */
+static void test_no_gpu_no_kernel_timing(void **state) {
+    (void)state;
+    char why[256];
+    if (cp_gpu_count(why, sizeof why) > 0) {
+        print_message("a GPU is here: the commands would measure, so this test is skipped\n");
+        return;
+    }
+    char xdg[300], cache[400], outdir[300], path[400], err[CP_ERR_MAX];
+    snprintf(xdg, sizeof xdg, "%s/xdg", root);
+    snprintf(cache, sizeof cache, "%s/cpgen/tuning.json", xdg);
+    snprintf(outdir, sizeof outdir, "%s/nogpu", root);
+    const char *old = getenv("XDG_CACHE_HOME");
+    char *saved = old ? cp_xstrdup(old) : NULL;
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    const char *sets[] = {"parallel.gpus=1"}, *sweeps[] = {"parallel.upipe_heads=2,4", "parallel.mlp_tile=auto",
+                                                           "parallel.loss_tile=auto", "parallel.checkpoint_every=auto",
+                                                           "parallel.optimizer=auto", "parallel.attention_output=auto"};
+    cp_spec spec;
+    assert_int_equal(cp_spec_load("tiny", sets, 1, &spec, err, sizeof err), 0);
+    cp_tune_opts o = {.spec_arg = "tiny", .sets = sets, .nsets = 1, .sweeps = sweeps, .nsweeps = 6, .budget = 60,
+                      .outdir = outdir};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    int rc = cp_cmd_tune(&spec, &o, f, err, sizeof err);
+    fclose(f);
+    if (rc) fail_msg("cpgen tune: %s\n%s", err, text);
+    assert_non_null(strstr(text, "no GPU found"));
+    assert_non_null(strstr(text, "kernel timing was skipped: the kernel tuning cache is unchanged"));
+    assert_null(strstr(text, "kernel variants, timed"));
+    free(text);
+
+    cp_plan P;
+    assert_int_equal(cp_plan_build(&spec, &P, err, sizeof err), 0);
+    f = open_memstream(&text, &len);
+    assert_int_equal(cp_cmd_tune_kernels(&P, outdir, f, err, sizeof err), 0);
+    fclose(f);
+    assert_non_null(strstr(text, "kernel timing skipped; the kernel tuning cache is unchanged"));
+    free(text);
+    cp_plan_free(&P);
+    struct stat st;
+    snprintf(path, sizeof path, "%s/kernels.jsonl", outdir);
+    assert_int_equal(stat(path, &st), -1);
+    assert_int_equal(stat(cache, &st), -1);
+    snprintf(path, sizeof path, "%s/tune.jsonl", outdir); /* the rest of tune's work is done */
+    assert_int_equal(stat(path, &st), 0);
+    if (saved) setenv("XDG_CACHE_HOME", saved, 1);
+    else unsetenv("XDG_CACHE_HOME");
+    free(saved);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     go_to_source_tree(argv[0], "tests/specs_bad");
@@ -234,6 +327,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_default_axes),
         cmocka_unit_test(test_candidates_skipped_and_ranked),
         cmocka_unit_test(test_outputs),
+        cmocka_unit_test(test_no_gpu_no_kernel_timing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

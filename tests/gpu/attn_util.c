@@ -35,6 +35,8 @@ void attn_build(attn_mod *m, int n) {
         const attn_shape *s = &m[i].sh;
         cp_k_attention(&m[i].spec, s->head_dim, s->q_heads, s->kv_heads, s->seq, s->causal, s->dkv_accum,
                        s->dq_atomic);
+        cp_kvariants v;
+        if (m[i].fwd_stages && cp_k_variants(&m[i].spec, &v)) cp_k_set_variant(&m[i].spec, &v, m[i].fwd_stages);
         if (cp_emit(&m[i].spec, &m[i].src, err, sizeof err) != 0) gu_fail("emit attention: %s", err);
         srcs[i] = m[i].src;
     }

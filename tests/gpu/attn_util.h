@@ -25,6 +25,8 @@ typedef struct {
 
 typedef struct {
     attn_shape sh;
+    int fwd_stages;  /* set before attn_build: this variant of fwd_sm90's K/V ring (kernels.h cp_kvariants); 0: the
+                        generator's default */
     cp_kernel_spec spec;
     cp_module_src src;
     cp_jit_module jit;

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# gpu-tune-check.sh: on one H200 (sm_90a), with a build tree made elsewhere: the kernel variants and the kernel
+# tuning cache. test_attention_variants (every depth of fwd_sm90's K/V ring gives the default's bits), then
+# `cpgen tune-kernels` on the 3B shape's attention at 32K and 128K (each variant timed, the winner recorded), then
+# `cpgen plan` at both lengths, which must take the winners from the cache, and once more with the cache file made bad,
+# which must be ignored with one warning. The cache and the JIT cache live under $OUT (XDG_CACHE_HOME), so the
+# machine's own are left alone. Ends with the timing tables. Logs under $OUT.
+# PARTS (default "variants kernels") picks parts; "tune" adds cpgen tune llama3b --seq 32K --budget ${BUDGET:-5m}.
+# usage: tools/gpu-tune-check.sh [BUILD_DIR]
+set -u
+B=${1:-build}
+out=${OUT:-out}
+mkdir -p "$out"
+PARTS=${PARTS:-variants kernels}
+source "$(dirname "$0")/check_common.sh"
+export XDG_CACHE_HOME="$(cd "$out" && pwd)/cache" # absolute: the XDG spec ignores relative values
+cache="$XDG_CACHE_HOME/cpgen/tuning.json"
+rm -f "$cache"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+
+if want variants; then
+  GREP='PASSED.*|FAILED.*' run variants 600 "$B/tests/gpu/test_attention_variants"
+fi
+if want kernels; then
+  for seq in 32K 128K; do
+    GREP='wrote [0-9]+ winners? to the kernel tuning cache' run "tune_kernels_$seq" 600 \
+      "$B/cpgen" tune-kernels llama3b --seq "$seq" -o "$out/kernels_$seq"
+    GREP='kernels   .*' run "plan_$seq" 120 "$B/cpgen" plan llama3b --seq "$seq"
+    grep -q "from the tuning cache" "$out/plan_$seq.log" || note "FAIL plan_$seq: the plan did not take the cached winner"
+  done
+  if [ -f "$cache" ]; then
+    cp "$cache" "$out/tuning.json"
+    printf '{"format": "cpgen-tuning-1", "entries": [' >"$cache" # cut short: not JSON
+    GREP='warning: kernel tuning cache .* ignored' run plan_bad_cache 120 "$B/cpgen" plan llama3b --seq 32K
+    [ "$(grep -c 'kernel tuning cache .* ignored' "$out/plan_bad_cache.log")" = 1 ] &&
+      grep -q "K/V stages, the default" "$out/plan_bad_cache.log" ||
+      note "FAIL plan_bad_cache: expected one warning and the default kernels"
+    cp "$out/tuning.json" "$cache"
+  fi
+fi
+if want tune; then
+  GREP='kernel variants of candidate .*' run tune 900 "$B/cpgen" tune llama3b --seq 32K --budget "${BUDGET:-5m}" \
+    -o "$out/tune"
+fi
+
+echo
+for seq in 32K 128K; do
+  [ -f "$out/tune_kernels_$seq.log" ] && sed -n '/^kernel timing/,/^wrote/p' "$out/tune_kernels_$seq.log"
+done
+[ -f "$out/tune.log" ] && sed -n '/^kernel variants, timed/,/^$/p' "$out/tune.log"
+echo
+cat "$sum"
+! grep -qE 'FAIL|rc=[1-9]' "$sum"
