@@ -215,9 +215,11 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
         }
         if (c->json) cp_plan_print_json(&plan, stdout);
         else {
-            char a[32], g[32], h[32];
-            printf("max-seq: %s tokens (%lld) fit %d GPU%s of %s with %s host memory\n\n",
-                   cp_fmt_length(best, a, sizeof a), (long long)best, plan.C, plan.C > 1 ? "s" : "",
+            char a[32], g[32], h[32], r[48] = "";
+            int gpus = plan.C * plan.ring; /* the GPUs one sequence spans */
+            if (plan.ring > 1) snprintf(r, sizeof r, " (ring %d x %d)", plan.ring, plan.C);
+            printf("max-seq: %s tokens (%lld) fit %d GPU%s%s of %s with %s host memory\n\n",
+                   cp_fmt_length(best, a, sizeof a), (long long)best, gpus, gpus > 1 ? "s" : "", r,
                    cp_fmt_bytes(spec->machine.gpu_mem, g, sizeof g), cp_fmt_bytes(spec->machine.host_mem, h, sizeof h));
             cp_plan_print(&plan, stdout, c->steps);
         }
