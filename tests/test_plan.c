@@ -1,6 +1,6 @@
 /* test_plan.c: the plan's memory model against arithmetic written out term by term, the UPipe stage tables,
  * the arena packing (no two buffers alive at once share a byte), --max-seq and the JSON output; replicas, and ring
- * attention's stages, memory and --max-seq. */
+ * attention's stages, memory, --max-seq and refusals. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,9 +13,12 @@
 
 #include <cmocka.h>
 
+#include "exec.h"
 #include "plan.h"
 #include "plan_internal.h"
 #include "ring.h"
+#include "sh.h"
+#include "source_tree.h"
 #include "spec.h"
 
 static void load(const char *name, cp_spec *s, int nsets, ...) {
@@ -1030,6 +1033,55 @@ static void test_ring_max_seq(void **state) {
     cp_plan_free(&best);
 }
 
+/* What cannot run yet is refused before any GPU is touched, naming the key, each missing piece and the fix; `cpgen
+ * run` exits 2 with it (here, without a GPU, after printing the plan, as a GPU machine would before its first
+ * allocation). A ring of u = 2 query heads per stage also needs the LSE row stride in the attention kernels. */
+static void test_ring_refusals(void **state) {
+    (void)state;
+    cp_spec s;
+    cp_plan p;
+    char err[CP_ERR_MAX];
+    load("llama8b", &s, 3, "parallel.gpus=8", "parallel.ring=4", "train.seq_len=1M");
+    build(&s, &p);
+    assert_int_equal(cp_exec_supports(&p, err, sizeof err), -1);
+    if (!strstr(err, "<embedded>/llama8b.lua: parallel.ring = 4 (32 GPUs in all): this build plans ring attention "
+                     "but cannot run it yet; missing: (1) the ring communicator") ||
+        !strstr(err, "send/recv over it, for ring_send_k, ring_send_v, ring_send_dkv") ||
+        !strstr(err, "(2) argument builders in runtime/exec_args.c for attn_merge_init, attn_fwd_half, attn_merge, "
+                     "cast_o, attn_bwd_half, ring_add_dq, ring_add_dkv") ||
+        !strstr(err, "(3) RoPE at a ring rank's zigzag positions for rope_q, rope_k, rope_dq, rope_dk") ||
+        strstr(err, "(4)") || !strstr(err, "Train with parallel.ring = 1 (parallel.replicas adds GPUs"))
+        fail_msg("%s", err);
+    cp_plan_free(&p);
+    load("llama8b", &s, 4, "parallel.gpus=8", "parallel.ring=4", "train.seq_len=1M", "parallel.upipe_heads=16");
+    build(&s, &p);
+    assert_int_equal(cp_exec_supports(&p, err, sizeof err), -1);
+    if (!strstr(err, "(4) the LSE row stride as a kernel argument of templates/attention.cu, attention_sm90.cuh and "
+                     "attention_bwd_sm90.cuh: a half-block launch (SEQ = 131072) of 2 query heads per GPU reads and "
+                     "writes LSE rows 262144 apart"))
+        fail_msg("%s", err);
+    cp_plan_free(&p);
+    char *out;
+    assert_int_equal(sh("build/cpgen run llama8b --gpus 8 --set parallel.ring=4 --seq 1M", &out), 2);
+    if (!strstr(out, "cpgen: <embedded>/llama8b.lua: parallel.ring = 4 (32 GPUs in all)") ||
+        !strstr(out, "Train with parallel.ring = 1"))
+        fail_msg("%s", out);
+    free(out);
+    /* the spec's own refusal: a length the zigzag cannot cut, with the two nearest that it can */
+    assert_int_equal(sh("build/cpgen plan llama8b --gpus 8 --set parallel.ring=4 --seq 1000032", &out), 2);
+    if (!strstr(out, "train.seq_len = 1000032: with ring = 4 the sequence is cut into 2 x ring = 8 zigzag chunks") ||
+        !strstr(out, "it must be a multiple of 2 x ring x gpus = 64; use 1000000 or 1000064"))
+        fail_msg("%s", out);
+    free(out);
+    /* nothing fits: --max-seq says why at the shortest length (1K tokens on each of the 32 GPUs) */
+    assert_int_equal(sh("build/cpgen plan llama8b --gpus 8 --set parallel.ring=4 --set machine.gpu_mem=16G --max-seq",
+                        &out), 2);
+    if (!strstr(out, "<embedded>/llama8b.lua: no sequence length fits, not even 32768 tokens: ") ||
+        !strstr(out, "the machine has"))
+        fail_msg("%s", out);
+    free(out);
+}
+
 static void test_json_parses(void **state) {
     (void)state;
     cp_spec s;
@@ -1071,7 +1123,9 @@ static void test_json_parses(void **state) {
     cp_plan_free(&p);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    (void)argc;
+    go_to_source_tree(argv[0], "tests/specs_bad"); /* the cpgen binary is build/cpgen from there */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_arithmetic),
         cmocka_unit_test(test_upipe_auto),
@@ -1086,7 +1140,7 @@ int main(void) {
         cmocka_unit_test(test_max_seq_none_fits), cmocka_unit_test(test_json_parses),
         cmocka_unit_test(test_replicas),     cmocka_unit_test(test_ring_8b_arithmetic),
         cmocka_unit_test(test_ring_stage_tables), cmocka_unit_test(test_ring_rope_runs),
-        cmocka_unit_test(test_ring_max_seq),
+        cmocka_unit_test(test_ring_max_seq), cmocka_unit_test(test_ring_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
