@@ -1,6 +1,7 @@
 /* plan.c: turn a validated spec into the program of one training step for one rank: the UPipe stage table,
- * the ordered steps over named buffers (forward, recompute, backward, optimizer), and from them each buffer's
- * lifetime and arena offset, the FLOPs and the predicted time. The runtime allocates exactly these arenas. */
+ * the ordered steps over named buffers (forward, recompute, backward, optimizer; with a ring, each stage's attention
+ * goes round it), and from them each buffer's lifetime and arena offset, the FLOPs and the predicted time. The runtime
+ * allocates exactly these arenas. */
 #include "plan.h"
 
 #include <math.h>

@@ -323,12 +323,11 @@ static void print_ring_json(const cp_plan *P, FILE *out) {
             (long long)P->group_tokens, (long long)(P->group_tokens / 2));
     for (int p = 0; p < R; p++) {
         fprintf(out, "%s[", p ? ", " : "");
-        for (int k = 0; k < R; k++) {
-            int src = cp_ring_step_of(R, p, k).source;
+        fprintf(out, "{\"source\": %d, \"causal\": true}", p); /* step 0: the own block */
+        for (int k = 1; k < R; k++) {
             cp_ring_half a = cp_ring_half_of(R, p, k, 0), b = cp_ring_half_of(R, p, k, 1);
-            if (k == 0) fprintf(out, "{\"source\": %d, \"causal\": true}", src);
-            else fprintf(out, ", {\"source\": %d, \"halves\": [[%d, %d], [%d, %d]]}", src, a.q_half, a.k_half, b.q_half,
-                         b.k_half);
+            fprintf(out, ", {\"source\": %d, \"halves\": [[%d, %d], [%d, %d]]}", cp_ring_step_of(R, p, k).source,
+                    a.q_half, a.k_half, b.q_half, b.k_half);
         }
         fprintf(out, "]");
     }

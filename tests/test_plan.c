@@ -851,7 +851,7 @@ static void test_ring_8b_arithmetic(void **state) {
     cp_plan_free(&two);
 }
 
-/* The steps with indices in [from, to) of layer `layer`, phase `ph` and stage `st`, in order: their count. */
+/* The steps of layer `layer`, phase `ph` and stage `st`, in order, into out (at most max): their count. */
 static int stage_steps(const cp_plan *p, int layer, cp_phase ph, int st, const cp_step **out, int max) {
     int n = 0;
     for (int i = 0; i < p->nsteps && n < max; i++) {
