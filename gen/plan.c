@@ -488,16 +488,16 @@ static half_span span_of(int R, int k, int part) {
     return h;
 }
 
-/* The K/V block in hand at ring step k (kv[0] K, kv[1] V): the stage's own at step 0, else the receive slot it
- * arrived in. Before the last step it goes on to the ring's next rank while the previous rank's arrives in the other
- * slot: a send/recv each, on the comm stream over the ring communicator, under the attention on the block in hand
- * (that slot was the one in hand a step ago, so they wait for that step's attention). */
+/* The K/V block in hand at ring step k (kv[0] K, kv[1] V): the stage's own at step 0, else receive slot (k - 1) % 2,
+ * which it arrived in. Before the last step it goes on to the ring's next rank while the previous rank's arrives in
+ * slot k % 2: a send/recv each, on the comm stream over the ring communicator, under the attention on the block in
+ * hand (that slot was the one in hand a step ago, so they wait for that step's attention). */
 static void ring_block(builder *B, const bufset *b, int k, int kv[2]) {
     cp_plan *P = B->P;
-    kv[0] = k ? b->ring_k[k % 2] : b->k_head;
-    kv[1] = k ? b->ring_v[k % 2] : b->v_head;
+    kv[0] = k ? b->ring_k[(k - 1) % 2] : b->k_head;
+    kv[1] = k ? b->ring_v[(k - 1) % 2] : b->v_head;
     if (k + 1 == P->ring) return;
-    const int to[2] = {b->ring_k[(k + 1) % 2], b->ring_v[(k + 1) % 2]};
+    const int to[2] = {b->ring_k[k % 2], b->ring_v[k % 2]};
     for (int i = 0; i < 2; i++) {
         cp_step *s = collective(B, CP_OP_SENDRECV, i ? "ring_send_v" : "ring_send_k", P->bufs[to[i]].bytes);
         rd(s, P, kv[i]);
@@ -1037,10 +1037,12 @@ static void ring_buffers(cp_plan *P, const modset *M, bufset *b) {
     cp_ring_terms_of(P->ring, P->group_tokens, P->u, P->kvr, P->spec.model.head_dim, &t);
     char name[48];
     for (int j = 0; j < 2; j++) {
-        snprintf(name, sizeof name, "ring_k.%d", j);
-        b->ring_k[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_RING, t.kv_block / 2, false);
-        snprintf(name, sizeof name, "ring_v.%d", j);
-        b->ring_v[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_RING, t.kv_block / 2, false);
+        if (j * t.kv_block < t.kv_recv) { /* the K/V slots a ring uses: two, or one with P = 2 */
+            snprintf(name, sizeof name, "ring_k.%d", j);
+            b->ring_k[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_RING, t.kv_block / 2, false);
+            snprintf(name, sizeof name, "ring_v.%d", j);
+            b->ring_v[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_RING, t.kv_block / 2, false);
+        }
         snprintf(name, sizeof name, "ring_dkv.%d.f32", j);
         b->ring_dkv[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_RING, t.dkv_recv / 2, false);
     }

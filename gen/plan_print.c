@@ -157,15 +157,16 @@ static void print_ring(const cp_plan *P, FILE *out) {
     }
     cp_ring_terms t;
     cp_ring_terms_of(R, L, P->u, P->kvr, D, &t);
-    fprintf(out, "  per GPU and stage: K/V block %s and 2 receive buffers %s | merged output %s, a launch's LSE %s | "
+    fprintf(out, "  per GPU and stage: K/V block %s, receive buffers %s | merged output %s, a launch's LSE %s | "
                  "dK, dV accumulator %s, 2 receive buffers %s, a step's own %s | a half launch's dQ %s\n",
             cp_fmt_bytes(t.kv_block, a, sizeof a), cp_fmt_bytes(t.kv_recv, b, sizeof b),
             cp_fmt_bytes(t.o_acc, c, sizeof c), cp_fmt_bytes(t.lse_blk, d, sizeof d),
             cp_fmt_bytes(t.dkv_block, e, sizeof e), cp_fmt_bytes(t.dkv_recv, f, sizeof f),
             cp_fmt_bytes(t.dkv_step, g, sizeof g), cp_fmt_bytes(t.dq_half, h, sizeof h));
-    fprintf(out, "  sent per GPU and stage: %s forward (%d blocks), %s backward (%d blocks, %d accumulator hops) at %.0f "
-                 "GB/s; per step %s of send/recv, %s of it not under the attention on the block in hand\n",
-            cp_fmt_bytes(t.fwd_sent, a, sizeof a), R - 1, cp_fmt_bytes(t.bwd_sent, b, sizeof b), R - 1, R,
+    const char *blocks = R > 2 ? "blocks" : "block";
+    fprintf(out, "  sent per GPU and stage: %s forward (%d %s), %s backward (%d %s, %d accumulator hops) at %.0f GB/s; "
+                 "per step %s of send/recv, %s of it not under the attention on the block in hand\n",
+            cp_fmt_bytes(t.fwd_sent, a, sizeof a), R - 1, blocks, cp_fmt_bytes(t.bwd_sent, b, sizeof b), R - 1, blocks, R,
             P->spec.machine.net_gbps, fmt_seconds(P->t_ring, c, sizeof c),
             fmt_seconds(P->t_ring_exposed, d, sizeof d));
 }

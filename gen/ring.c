@@ -55,7 +55,7 @@ int64_t cp_ring_kv_bytes(int64_t group_tokens, int kv_heads_per_rank, int64_t he
 void cp_ring_terms_of(int P, int64_t group_tokens, int u, int kvr, int64_t head_dim, cp_ring_terms *t) {
     const int64_t L = group_tokens, F32 = 4;
     t->kv_block = cp_ring_kv_bytes(L, kvr, head_dim);
-    t->kv_recv = P > 1 ? 2 * t->kv_block : 0;
+    t->kv_recv = (P > 2 ? 2 : P - 1) * t->kv_block;
     t->o_acc = P > 1 ? L * u * head_dim * F32 : 0;
     t->lse_blk = P > 1 ? (int64_t)u * L * F32 : 0;
     t->dkv_block = 2 * L * kvr * head_dim * F32;

@@ -52,7 +52,7 @@ int64_t cp_ring_kv_bytes(int64_t group_tokens, int kv_heads_per_rank, int64_t he
 typedef struct {
     int64_t kv_block;  /* one K/V block as it travels: cp_ring_kv_bytes(L, kvr, D) */
     int64_t kv_recv;   /* two receive buffers: the block in hand and the one arriving (the own block stays in the
-                        * stage's K and V) */
+                        * stage's K and V); one with P = 2, whose one received block arrives under the own */
     int64_t o_acc;     /* the merged output, fp32 [L][u][D]; each launch's partial output is the stage's bf16 O */
     int64_t lse_blk;   /* a launch's partial LSE, fp32 [u][L]; the merged one is the stage's slice of the layer's LSE,
                         * which the backward reads */

@@ -924,18 +924,20 @@ static void test_ring_stage_tables(void **state) {
     assert_int_equal(st[10]->ring_step, 1);
     assert_int_equal(st[20]->ring_step, 3);
     assert_op(&p, st[4], 0, "k_heads", 0, L * D * 2);
-    assert_op(&p, st[4], 1, "ring_k.1", 0, L * D * 2);
+    assert_op(&p, st[4], 1, "ring_k.0", 0, L * D * 2);
     /* part 0 of step 1: query half 1 against key half 0, at every position */
     assert_op(&p, st[10], 0, "q_heads", c * D * 2, c * D * 2);
-    assert_op(&p, st[10], 1, "ring_k.1", 0, c * D * 2);
-    assert_op(&p, st[10], 2, "ring_v.1", 0, c * D * 2);
+    assert_op(&p, st[10], 1, "ring_k.0", 0, c * D * 2);
+    assert_op(&p, st[10], 2, "ring_v.0", 0, c * D * 2);
     assert_op(&p, st[10], 3, "o_heads", c * D * 2, c * D * 2);
     assert_op(&p, st[10], 4, "ring_lse", c * 4, c * 4);
     assert_op(&p, st[11], 2, "ring_o.f32", c * D * 4, c * D * 4);
     assert_op(&p, st[11], 3, "lse", 1 * 1 * L * 4 + c * 4, c * 4); /* stage 1's LSE row, its second half */
     /* part 1: half 0 or 1 by the position: both halves */
     assert_op(&p, st[12], 0, "q_heads", 0, L * D * 2);
-    assert_op(&p, st[12], 1, "ring_k.1", 0, L * D * 2);
+    assert_op(&p, st[12], 1, "ring_k.0", 0, L * D * 2);
+    assert_op(&p, st[14], 0, "ring_k.1", 0, L * D * 2); /* step 2's block, passed on into the slot step 1 used */
+    assert_op(&p, st[14], 1, "ring_k.0", 0, L * D * 2);
     /* the stage's attention FLOPs: 4 ring steps of 2 L^2 D each, the causal forward 2 S^2 D of one head over 4 */
     assert_true(fabs(flops - 4 * 2.0 * (double)L * L * D) < 1);
     assert_true(fabs(flops - 2.0 * (double)(4 * L) * (4 * L) * D / 4) < 1);

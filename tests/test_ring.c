@@ -131,6 +131,11 @@ static void test_ring_terms_8b_8m(void **state) {
     /* a ring of 1 adds nothing and sends nothing */
     cp_ring_terms one;
     cp_ring_terms_of(1, S, 1, 1, 128, &one);
+    /* a ring of 2 receives one block per stage, under the own block's attention: one slot */
+    cp_ring_terms two;
+    cp_ring_terms_of(2, L, 1, 1, 128, &two);
+    assert_int_equal(two.kv_recv, two.kv_block);
+    assert_int_equal(two.dkv_recv, 2 * two.dkv_block); /* an accumulator still arrives while one is in hand */
     assert_true(one.kv_recv == 0 && one.o_acc == 0 && one.lse_blk == 0 && one.dkv_recv == 0 && one.dkv_step == 0 &&
                 one.dq_half == 0 && one.fwd_sent == 0 && one.bwd_sent == 0);
     /* a rank's 4 stages (H / U) of u = 1 query head, P = 4 ring steps each, over the 32 ranks: the causal forward
