@@ -264,9 +264,11 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
         choose_variants(c, &plan, stderr);
         if (c->json) cp_plan_print_json(&plan, stdout);
         else {
-            char a[32], g[32], h[32];
-            printf("max-seq: %s tokens (%lld) fit %d GPU%s of %s with %s host memory\n\n",
-                   cp_fmt_length(best, a, sizeof a), (long long)best, plan.C, plan.C > 1 ? "s" : "",
+            char a[32], g[32], h[32], r[48] = "";
+            int gpus = plan.C * plan.ring; /* the GPUs one sequence spans */
+            if (plan.ring > 1) snprintf(r, sizeof r, " (ring %d x %d)", plan.ring, plan.C);
+            printf("max-seq: %s tokens (%lld) fit %d GPU%s%s of %s with %s host memory\n\n",
+                   cp_fmt_length(best, a, sizeof a), (long long)best, gpus, gpus > 1 ? "s" : "", r,
                    cp_fmt_bytes(spec->machine.gpu_mem, g, sizeof g), cp_fmt_bytes(spec->machine.host_mem, h, sizeof h));
             cp_plan_print(&plan, stdout, c->steps);
         }
@@ -401,10 +403,15 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     if (gpus <= 0) {
         printf("cpgen: no GPU found (%s): printing the plan of %s instead of training.\n\n", why, spec->path);
         int rc = cmd_plan(c, spec);
-        if (rc || (!c->resume && !c->bundle)) return rc;
-        cp_plan plan; /* one plan for both checks */
+        if (rc || (!c->resume && !c->bundle && spec->parallel.ring == 1)) return rc;
+        cp_plan plan; /* one plan for the checks a GPU run makes before its GPU is set up */
         if (!plan_for_run(c, spec, &plan, NULL)) return CP_EXIT_USAGE;
-        if (c->resume) rc = check_resume(c, spec, &plan);
+        char err[CP_ERR_MAX];
+        if (cp_exec_supports(&plan, err, sizeof err)) {
+            fprintf(stderr, "cpgen: %s\n", err);
+            rc = CP_EXIT_USAGE;
+        }
+        if (!rc && c->resume) rc = check_resume(c, spec, &plan);
         if (!rc && c->bundle) {
             cp_bundle b;
             printf("\n");

@@ -1,6 +1,7 @@
 /* plan.c: turn a validated spec into the program of one training step for one rank: the UPipe stage table,
- * the ordered steps over named buffers (forward, recompute, backward, optimizer), and from them each buffer's
- * lifetime and arena offset, the FLOPs and the predicted time. The runtime allocates exactly these arenas. */
+ * the ordered steps over named buffers (forward, recompute, backward, optimizer; with a ring, each stage's attention
+ * goes round it), and from them each buffer's lifetime and arena offset, the FLOPs and the predicted time. The runtime
+ * allocates exactly these arenas. */
 #include "plan.h"
 
 #include <math.h>
@@ -19,6 +20,7 @@ typedef struct {
     cp_plan *P;
     cp_phase phase;
     int layer, stage, tile;
+    int ring_step, ring_part; /* copied into each step (cp_step says what they mean), -1 outside a ring */
 } builder;
 
 static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
@@ -52,6 +54,8 @@ static cp_step *add_step(builder *B, cp_opkind kind, const char *what) {
     s->layer = B->layer;
     s->stage = B->stage;
     s->tile = B->tile;
+    s->ring_step = B->ring_step;
+    s->ring_part = B->ring_part;
     s->module = -1;
     s->stream = kind == CP_OP_COPY_D2H || kind == CP_OP_COPY_H2D ? CP_STREAM_COPY
                 : (kind >= CP_OP_ALLTOALL && kind <= CP_OP_ALLREDUCE) || kind == CP_OP_SENDRECV ? CP_STREAM_COMM
@@ -233,6 +237,8 @@ typedef struct {
     int do_head, delta_head, dq_head, dk_head, dv_head, dkv_acc, dq_acc;
     int mlp_gate, mlp_up, mlp_act;
     int gemm_ws, norm_part, sumsq_part;          /* scratch of the deterministic reductions */
+    /* ring attention (cp_ring_terms says what each holds); -1 without a ring */
+    int ring_k[2], ring_v[2], ring_o, ring_lse, ring_dkv[2], ring_dkv_step, dq_half;
 } bufset;
 
 #define BF16 2
@@ -358,7 +364,25 @@ static void zero_def(builder *B, int buf, int64_t off, int64_t bytes) {
 typedef struct {
     int norm_h, norm_d, rope, swiglu, loss, embed, adamw, cast, delta, attn;
     int lay_q, lay_kv, lay_delta; /* ulysses layout modules */
+    int attn_half, merge;         /* ring: attention over half blocks with no mask, the LSE merge; -1 without */
 } modset;
+
+/* RoPE in place on the first T rows of `heads` heads of `buf`. With a ring, a rank's rows sit at one or two runs of
+ * consecutive positions (cp_ring_rope_runs): one launch per run any rank may have, each the rank's run `ring_part`
+ * (found by the executor from its ring position), so each covers the whole buffer here. */
+static void rope(builder *B, int module, const char *role, const char *what, int buf, int64_t heads) {
+    cp_plan *P = B->P;
+    int64_t T = P->T, D = P->spec.model.head_dim;
+    int runs = cp_ring_rope_nruns(P->ring, P->C);
+    for (int r = 0; r < runs; r++) {
+        B->ring_part = P->ring > 1 ? r : -1;
+        cp_step *k = kernel(B, module, role, what, (double)T * heads * D * 2 * BF16 / runs);
+        use(k, P, buf, 0, T * heads * D * BF16, CP_RW);
+        k->count = T;
+        k->heads = heads;
+    }
+    B->ring_part = -1;
+}
 
 /* A stage's Q (and, at a group's first stage, K and V): projection, optional qk-norm, RoPE, all-to-all into head
  * layout. Used by the forward, the recompute and the backward alike. */
@@ -381,10 +405,7 @@ static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_r
         wr(k, P, b->q_rstd);
         k->count = T * U; /* qk-norm: one row per head */
     }
-    cp_step *r = kernel(B, M->rope, "fwd", "rope_q", (double)T * U * D * 2 * BF16);
-    rw(r, P, b->q_tok);
-    r->count = T;
-    r->heads = U;
+    rope(B, M->rope, "fwd", "rope_q", b->q_tok, U);
     if (P->C > 1) {
         cp_step *pk = kernel(B, M->lay_q, "pack", "pack_q", (double)T * U * D * 2 * BF16);
         rd(pk, P, b->q_tok);
@@ -413,10 +434,7 @@ static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_r
                 wr(k, P, b->k_rstd);
                 k->count = T * nkv;
             }
-            cp_step *kr = kernel(B, M->rope, "fwd", "rope_k", (double)T * nkv * D * 2 * BF16);
-            rw(kr, P, b->k_tok);
-            kr->count = T;
-            kr->heads = nkv;
+            rope(B, M->rope, "fwd", "rope_k", b->k_tok, nkv);
         }
         if (P->C > 1) {
             int64_t sent = T * (int64_t)P->C * P->kvr * D * BF16; /* each rank receives kvr heads of T tokens */
@@ -430,23 +448,210 @@ static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_r
     }
 }
 
+/* The causal attention forward of a stage's u heads per rank, 2 S^2 u D: with a ring, its P steps over the group's
+ * blocks (the same work each: gen/ring.h). */
 static double attn_fwd_flops(const cp_plan *P) {
-    const cp_model *m = &P->spec.model;
-    return 4.0 * (double)P->S * (double)P->S * (double)P->u * (double)m->head_dim / 2.0;
+    return P->ring * cp_ring_step_fwd_flops(P->group_tokens, P->u, P->spec.model.head_dim);
+}
+
+/* ---------------------------------------------------------------- ring attention (parallel.ring = P > 1) */
+
+/* Rows [h0 c, h1 c) of a head-layout buffer of the group's L = 2c tokens (halves h0 .. h1 - 1), rows of `row` bytes
+ * from byte `base`. */
+static void halves(cp_step *s, const cp_plan *P, int buf, int64_t base, int h0, int h1, int64_t row, int access) {
+    int64_t c = P->group_tokens / 2;
+    use(s, P, buf, base + h0 * c * row, (h1 - h0) * c * row, access);
+}
+
+/* Columns [h0 c, h1 c) of a stage's u LSE rows (fp32, stride L) from byte `base`: from the first row's first column
+ * to the last row's last. */
+static void lse_halves(cp_step *s, const cp_plan *P, int buf, int64_t base, int h0, int h1, int access) {
+    int64_t L = P->group_tokens, c = L / 2;
+    use(s, P, buf, base + h0 * c * F32, ((P->u - 1) * L + (h1 - h0) * c) * F32, access);
+}
+
+/* The query halves [q0, q1) and key halves [k0, k1) that half launch `part` of ring step k takes at some ring
+ * position: one plan serves them all, so its operands cover each. */
+typedef struct {
+    int q0, q1, k0, k1;
+} half_span;
+
+static half_span span_of(int R, int k, int part) {
+    half_span h = {2, 0, 2, 0};
+    for (int p = 0; p < R; p++) {
+        cp_ring_half x = cp_ring_half_of(R, p, k, part);
+        h.q0 = CP_MIN(h.q0, x.q_half);
+        h.q1 = CP_MAX(h.q1, x.q_half + 1);
+        h.k0 = CP_MIN(h.k0, x.k_half);
+        h.k1 = CP_MAX(h.k1, x.k_half + 1);
+    }
+    return h;
+}
+
+/* The K/V block in hand at ring step k (kv[0] K, kv[1] V): the stage's own at step 0, else receive slot (k - 1) % 2,
+ * which it arrived in. Before the last step it goes on to the ring's next rank while the previous rank's arrives in
+ * slot k % 2: a send/recv each, on the comm stream over the ring communicator, under the attention on the block in
+ * hand (that slot was the one in hand a step ago, so they wait for that step's attention). */
+static void ring_block(builder *B, const bufset *b, int k, int kv[2]) {
+    cp_plan *P = B->P;
+    kv[0] = k ? b->ring_k[(k - 1) % 2] : b->k_head;
+    kv[1] = k ? b->ring_v[(k - 1) % 2] : b->v_head;
+    if (k + 1 == P->ring) return;
+    const int to[2] = {b->ring_k[k % 2], b->ring_v[k % 2]};
+    for (int i = 0; i < 2; i++) {
+        cp_step *s = collective(B, CP_OP_SENDRECV, i ? "ring_send_v" : "ring_send_k", P->bufs[to[i]].bytes);
+        rd(s, P, kv[i]);
+        wr(s, P, to[i]);
+        s->comm = CP_COMM_RING;
+    }
+}
+
+/* Stage s's attention over the ring: at ring step k the K/V block of position (p - k) mod P (gen/ring.h), the own
+ * block causal in one launch, a received one in two half-block launches; each launch's partial output (o_heads) and
+ * LSE (ring_lse) merged into ring_o and the stage's slice of the layer's LSE; then the merged output in bf16 back in
+ * o_heads, for the all-to-all back. */
+static void ring_attention(builder *B, const bufset *b, const modset *M, int s, int lse_buf) {
+    cp_plan *P = B->P;
+    const int R = P->ring;
+    const int64_t L = P->group_tokens, c = L / 2, D = P->spec.model.head_dim, u = P->u;
+    const int64_t qrow = u * D * BF16, kvrow = P->kvr * D * BF16, orow = u * D * F32, lse0 = s * u * L * F32;
+    const double step = cp_ring_step_fwd_flops(L, P->u, D);
+    for (int k = 0; k < R; k++) {
+        B->ring_step = k;
+        int kv[2];
+        ring_block(B, b, k, kv);
+        if (k == 0) { /* every query row: the merge starts from it */
+            cp_step *a = kernel(B, M->attn, "fwd", "attn_fwd", 0);
+            rd(a, P, b->q_head);
+            rd(a, P, kv[0]);
+            rd(a, P, kv[1]);
+            wr(a, P, b->o_head);
+            wr(a, P, b->ring_lse);
+            a->flops = step;
+            a->lse_stride = L;
+            cp_step *m = kernel(B, M->merge, "init", "attn_merge_init", (double)L * u * (D * (BF16 + F32) + 2 * F32));
+            rd(m, P, b->o_head);
+            rd(m, P, b->ring_lse);
+            wr(m, P, b->ring_o);
+            use(m, P, lse_buf, lse0, u * L * F32, s == 0 ? CP_DEF : CP_WRITE);
+            m->count = L;
+            m->heads = u;
+            m->lse_stride = L;
+            continue;
+        }
+        for (int part = 0; part < 2; part++) {
+            B->ring_part = part;
+            half_span h = span_of(R, k, part);
+            cp_step *a = kernel(B, M->attn_half, "fwd", "attn_fwd_half", 0);
+            halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
+            halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
+            halves(a, P, kv[1], 0, h.k0, h.k1, kvrow, CP_READ);
+            halves(a, P, b->o_head, 0, h.q0, h.q1, qrow, CP_WRITE);
+            lse_halves(a, P, b->ring_lse, 0, h.q0, h.q1, CP_WRITE);
+            a->flops = step / 2;
+            a->lse_stride = L;
+            cp_step *m = kernel(B, M->merge, "fwd", "attn_merge", (double)c * u * (D * (BF16 + 2 * F32) + 3 * F32));
+            halves(m, P, b->o_head, 0, h.q0, h.q1, qrow, CP_READ);
+            lse_halves(m, P, b->ring_lse, 0, h.q0, h.q1, CP_READ);
+            halves(m, P, b->ring_o, 0, h.q0, h.q1, orow, CP_RW);
+            lse_halves(m, P, lse_buf, lse0, h.q0, h.q1, CP_RW);
+            m->count = c;
+            m->heads = u;
+            m->lse_stride = L;
+        }
+        B->ring_part = -1;
+    }
+    B->ring_step = -1;
+    cp_step *cv = kernel(B, M->cast, "f32_to_bf16", "cast_o", (double)L * u * D * (F32 + BF16));
+    rd(cv, P, b->ring_o);
+    wr(cv, P, b->o_head);
+    cv->count = L * u * D;
+}
+
+/* Stage s's attention backward over the ring, with the merged LSE and the stage's delta (no merge: each block's
+ * backward is exact with them). The K/V blocks go round again; each block's dK, dV travel with it in ring_dkv, come
+ * home after P hops into ring_dkv[*home], and stay there for the next stage of a GQA group to add to (the caller
+ * clears it at the group's first). At a received block the step's own dK, dV collect in ring_dkv_step and are added
+ * once the accumulator has arrived, so its hop runs under the step's attention. dQ: the own block's launch writes
+ * the stage's dQ workspace, each half launch's is added to its rows. */
+static void ring_attention_bwd(builder *B, const bufset *b, const modset *M, int s, int lse_buf, int *home) {
+    cp_plan *P = B->P;
+    const int R = P->ring;
+    const int64_t L = P->group_tokens, c = L / 2, D = P->spec.model.head_dim, u = P->u, kvr = P->kvr;
+    const int64_t qrow = u * D * BF16, kvrow = kvr * D * BF16, q32 = u * D * F32, kv32 = kvr * D * F32;
+    const int64_t lse0 = s * u * L * F32;
+    const double step = 2.5 * cp_ring_step_fwd_flops(L, P->u, D);
+    const cp_kernel_spec *half = &P->modules[M->attn_half];
+    for (int k = 0; k < R; k++) {
+        B->ring_step = k;
+        int kv[2], acc = b->ring_dkv[(*home + k) % 2];
+        ring_block(B, b, k, kv);
+        if (k == 0) {
+            cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
+            rd(a, P, b->q_head);
+            rd(a, P, kv[0]);
+            rd(a, P, kv[1]);
+            rd(a, P, b->do_head);
+            use(a, P, lse_buf, lse0, u * L * F32, CP_READ);
+            rd(a, P, b->delta_head);
+            rw(a, P, b->dq_acc);
+            rw(a, P, acc);
+            a->flops = step;
+            a->lse_stride = L;
+        } else {
+            zero(B, b->ring_dkv_step, P->bufs[b->ring_dkv_step].bytes);
+            for (int part = 0; part < 2; part++) {
+                B->ring_part = part;
+                half_span h = span_of(R, k, part);
+                zero_def(B, b->dq_half, cp_k_attention_prog_offset(half), cp_k_attention_prog_bytes(half));
+                cp_step *a = kernel(B, M->attn_half, "bwd", "attn_bwd_half", 0);
+                halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
+                halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
+                halves(a, P, kv[1], 0, h.k0, h.k1, kvrow, CP_READ);
+                halves(a, P, b->do_head, 0, h.q0, h.q1, qrow, CP_READ);
+                lse_halves(a, P, lse_buf, lse0, h.q0, h.q1, CP_READ);
+                halves(a, P, b->delta_head, 0, h.q0, h.q1, u * F32, CP_READ);
+                rw(a, P, b->dq_half);
+                halves(a, P, b->ring_dkv_step, 0, h.k0, h.k1, kv32, CP_RW);     /* dK */
+                halves(a, P, b->ring_dkv_step, L * kv32, h.k0, h.k1, kv32, CP_RW); /* dV */
+                a->flops = step / 2;
+                a->lse_stride = L;
+                cp_step *d = kernel(B, M->cast, "add_f32", "ring_add_dq", 3.0 * (double)c * q32);
+                use(d, P, b->dq_half, 0, c * q32, CP_READ);
+                halves(d, P, b->dq_acc, 0, h.q0, h.q1, q32, CP_RW);
+                d->count = c * u * D;
+            }
+            B->ring_part = -1;
+            cp_step *d = kernel(B, M->cast, "add_f32", "ring_add_dkv", 3.0 * (double)P->bufs[acc].bytes);
+            rd(d, P, b->ring_dkv_step);
+            rw(d, P, acc);
+            d->count = 2 * L * kvr * D;
+        }
+        cp_step *hop = collective(B, CP_OP_SENDRECV, "ring_send_dkv", P->bufs[acc].bytes);
+        rd(hop, P, acc);
+        wr(hop, P, b->ring_dkv[(*home + k + 1) % 2]);
+        hop->comm = CP_COMM_RING;
+    }
+    B->ring_step = -1;
+    *home = (*home + R) % 2;
 }
 
 /* Attention of stage s, then (all-to-all back and) unpack into attn_out's columns of the stage. */
 static void stage_attention(builder *B, const bufset *b, const modset *M, int s, int lse_buf, int attn_buf) {
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
-    int64_t T = P->T, S = P->S, D = m->head_dim, U = P->U, u = P->u;
-    cp_step *a = kernel(B, M->attn, "fwd", "attn_fwd", 0);
-    rd(a, P, b->q_head);
-    rd(a, P, b->k_head);
-    rd(a, P, b->v_head);
-    wr(a, P, b->o_head);
-    use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, s == 0 ? CP_DEF : CP_WRITE);
-    a->flops = attn_fwd_flops(P);
+    int64_t T = P->T, S = P->group_tokens, D = m->head_dim, U = P->U, u = P->u;
+    if (P->ring > 1) {
+        ring_attention(B, b, M, s, lse_buf);
+    } else {
+        cp_step *a = kernel(B, M->attn, "fwd", "attn_fwd", 0);
+        rd(a, P, b->q_head);
+        rd(a, P, b->k_head);
+        rd(a, P, b->v_head);
+        wr(a, P, b->o_head);
+        use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, s == 0 ? CP_DEF : CP_WRITE);
+        a->flops = attn_fwd_flops(P);
+    }
     int from = b->o_head;
     if (P->C > 1) {
         cp_step *c = collective(B, CP_OP_ALLTOALL, "a2a_o", T * U * D * BF16);
@@ -600,12 +805,9 @@ static void rope_norm_backward(builder *B, const bufset *b, const modset *M, con
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
     int64_t T = P->T, D = m->head_dim;
-    cp_step *k = kernel(B, M->rope, "bwd", what, (double)T * nh * D * 2 * BF16);
-    use(k, P, dbuf, 0, T * nh * D * BF16, CP_RW);
-    k->count = T;
-    k->heads = nh;
+    rope(B, M->rope, "bwd", what, dbuf, nh);
     if (!m->qk_norm) return;
-    k = kernel(B, M->norm_d, "bwd", "qk_norm_bwd", (double)T * nh * D * 3 * BF16);
+    cp_step *k = kernel(B, M->norm_d, "bwd", "qk_norm_bwd", (double)T * nh * D * 3 * BF16);
     use(k, P, dbuf, 0, T * nh * D * BF16, CP_RW);
     rd(k, P, raw);
     op_weight(k, P, w, nw, CP_READ);
@@ -619,9 +821,10 @@ static void rope_norm_backward(builder *B, const bufset *b, const modset *M, con
 static void attention_backward(builder *B, const bufset *b, const modset *M, const unit_ref *w, int lse_buf) {
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
-    int64_t T = P->T, S = P->S, D = m->head_dim, U = P->U, u = P->u, C = P->C;
+    int64_t T = P->T, S = P->group_tokens, D = m->head_dim, U = P->U, u = P->u, C = P->C;
     int64_t nkv = P->repl > 1 ? m->kv_heads : C * P->kvr;
     bool first_dx = true;
+    int home = 0; /* ring: the receive slot the own block's dK, dV come home to */
     for (int s = 0; s < P->nstages; s++) {
         B->stage = s;
         const cp_stage_rank *e = &P->stages[s * C];
@@ -641,10 +844,10 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
             use(a, P, b->a2a_send, 0, sz[i], CP_READ);
             wr(a, P, dst[i]);
         }
-        bool accum = P->group_len > 1;
-        if (accum && e->kv_fresh) {
-            zero(B, b->dkv_acc, P->bufs[b->dkv_acc].bytes);
-        }
+        /* the group's dK, dV in fp32, summed over its stages (and with a ring over the ring's positions), or -1 where
+         * the kernel writes them in bf16 */
+        int dkv = P->ring > 1 ? b->ring_dkv[home] : P->group_len > 1 ? b->dkv_acc : -1;
+        if (dkv >= 0 && e->kv_fresh) zero(B, dkv, P->bufs[dkv].bytes);
         /* ordered, the dQ workspace is written whole by the kernel and only its progress counters start at zero;
          * atomic, the kernel adds into all of it */
         const cp_kernel_spec *ak = &P->modules[M->attn];
@@ -652,20 +855,25 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
             zero_def(B, b->dq_acc, cp_k_attention_prog_offset(ak), cp_k_attention_prog_bytes(ak));
         else
             zero_def(B, b->dq_acc, 0, cp_k_attention_workspace_bytes(ak));
-        cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
-        rd(a, P, b->q_head);
-        rd(a, P, b->k_head);
-        rd(a, P, b->v_head);
-        rd(a, P, b->do_head);
-        use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, CP_READ);
-        rd(a, P, b->delta_head);
-        rw(a, P, b->dq_acc);
-        if (accum) rw(a, P, b->dkv_acc);
-        else {
-            wr(a, P, b->dk_head);
-            wr(a, P, b->dv_head);
+        if (P->ring > 1) {
+            ring_attention_bwd(B, b, M, s, lse_buf, &home);
+            dkv = b->ring_dkv[home];
+        } else {
+            cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
+            rd(a, P, b->q_head);
+            rd(a, P, b->k_head);
+            rd(a, P, b->v_head);
+            rd(a, P, b->do_head);
+            use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, CP_READ);
+            rd(a, P, b->delta_head);
+            rw(a, P, b->dq_acc);
+            if (dkv >= 0) rw(a, P, dkv);
+            else {
+                wr(a, P, b->dk_head);
+                wr(a, P, b->dv_head);
+            }
+            a->flops = 2.5 * attn_fwd_flops(P);
         }
-        a->flops = 2.5 * attn_fwd_flops(P);
         cp_step *cv = kernel(B, M->attn, "bwd_dq", "attn_bwd_dq", (double)S * u * D * (F32 + BF16));
         rd(cv, P, b->dq_acc);
         wr(cv, P, b->dq_head);
@@ -685,14 +893,13 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
         first_dx = false;
         if (!e->kv_last) continue;
         /* dK, dV of the group: back to token layout once */
-        int dk = accum ? b->dkv_acc : b->dk_head;
         const int dtok[2] = {b->k_tok, b->v_tok};
         for (int i = 0; i < 2; i++) {
             int64_t head_bytes = S * P->kvr * D * BF16;
-            int src = accum ? b->dk_head : (i ? b->dv_head : b->dk_head);
-            if (accum) {
+            int src = dkv >= 0 ? b->dk_head : (i ? b->dv_head : b->dk_head);
+            if (dkv >= 0) {
                 cp_step *k = kernel(B, M->cast, "f32_to_bf16", i ? "cast_dv" : "cast_dk", 3.0 * (double)head_bytes);
-                use(k, P, dk, (int64_t)i * S * P->kvr * D * F32, S * P->kvr * D * F32, CP_READ);
+                use(k, P, dkv, (int64_t)i * S * P->kvr * D * F32, S * P->kvr * D * F32, CP_READ);
                 use(k, P, b->dk_head, 0, head_bytes, CP_WRITE);
                 k->count = S * P->kvr * D;
                 src = b->dk_head;
@@ -709,12 +916,7 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
                 use(k, P, b->a2a_recv, 0, sent, CP_READ);
                 use(k, P, dtok[i], 0, T * nkv * D * BF16, P->repl > 1 ? CP_RW : CP_WRITE);
                 src = dtok[i];
-            } else if (!accum) {
-                src = i ? b->dv_head : b->dk_head;
-            } else {
-                /* one rank, accumulated: the cast wrote dk_head; copy into the token buffer is the same layout */
-                src = b->dk_head;
-            }
+            } /* one rank: head layout is token layout, so src is already where the projections read */
             int64_t grp = s / P->group_len;
             int64_t row0 = P->repl > 1 ? 0 : grp * nkv;
             if (i == 0) rope_norm_backward(B, b, M, w, src, b->k_raw, b->k_rstd, CP_W_KNORM, nkv, "rope_dk");
@@ -800,10 +1002,20 @@ static void make_modules(cp_plan *P, modset *M) {
     M->adamw = module_of(P, &k);
     cp_k_attn_delta(&k, D);
     M->delta = module_of(P, &k);
-    cp_k_attention(&k, D, P->u, P->kvr, P->S, true, P->group_len > 1, !P->spec.train.deterministic);
+    /* with a ring, the own block's launch adds its dK, dV to the travelling fp32 accumulator */
+    bool ring = P->ring > 1;
+    cp_k_attention(&k, D, P->u, P->kvr, P->group_tokens, true, ring || P->group_len > 1,
+                   !P->spec.train.deterministic);
     M->attn = module_of(P, &k);
+    M->attn_half = M->merge = -1;
+    if (ring) {
+        cp_k_attention(&k, D, P->u, P->kvr, P->group_tokens / 2, false, true, !P->spec.train.deterministic);
+        M->attn_half = module_of(P, &k);
+        cp_k_attn_merge(&k, D);
+        M->merge = module_of(P, &k);
+    }
     M->cast = -1;
-    if (P->group_len > 1 || (P->C > 1 && shard_accumulates(P, 0))) {
+    if (ring || P->group_len > 1 || (P->C > 1 && shard_accumulates(P, 0))) {
         cp_k_cast(&k);
         M->cast = module_of(P, &k);
     }
@@ -820,9 +1032,37 @@ static void make_modules(cp_plan *P, modset *M) {
     }
 }
 
+/* What a ring adds to a stage (cp_ring_terms_of, term by term): the K and V blocks arriving, the merge's output and
+ * a launch's partial LSE, the travelling dK, dV accumulators and a step's own part, a half launch's dQ workspace. */
+static void ring_buffers(cp_plan *P, const modset *M, bufset *b) {
+    for (int j = 0; j < 2; j++) b->ring_k[j] = b->ring_v[j] = b->ring_dkv[j] = -1;
+    b->ring_o = b->ring_lse = b->ring_dkv_step = b->dq_half = -1;
+    if (P->ring == 1) return;
+    cp_ring_terms t;
+    cp_ring_terms_of(P->ring, P->group_tokens, P->u, P->kvr, P->spec.model.head_dim, &t);
+    char name[48];
+    for (int j = 0; j < 2; j++) {
+        if (j * t.kv_block < t.kv_recv) { /* the K/V slots a ring uses: two, or one with P = 2 */
+            snprintf(name, sizeof name, "ring_k.%d", j);
+            b->ring_k[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_RING, t.kv_block / 2, false);
+            snprintf(name, sizeof name, "ring_v.%d", j);
+            b->ring_v[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_RING, t.kv_block / 2, false);
+        }
+        snprintf(name, sizeof name, "ring_dkv.%d.f32", j);
+        b->ring_dkv[j] = add_buf(P, name, CP_SPACE_GPU, CP_CAT_RING, t.dkv_recv / 2, false);
+    }
+    b->ring_o = add_buf(P, "ring_o.f32", CP_SPACE_GPU, CP_CAT_RING, t.o_acc, false);
+    b->ring_lse = add_buf(P, "ring_lse", CP_SPACE_GPU, CP_CAT_RING, t.lse_blk, false);
+    b->ring_dkv_step = add_buf(P, "ring_dkv_step.f32", CP_SPACE_GPU, CP_CAT_RING, t.dkv_step, false);
+    /* the fp32 dQ of a half launch, then its progress counters (kernels_attn.h) */
+    b->dq_half = add_buf(P, "dq_half.f32", CP_SPACE_GPU, CP_CAT_RING,
+                         cp_k_attention_workspace_bytes(&P->modules[M->attn_half]), false);
+}
+
 static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
     const cp_model *m = &P->spec.model;
-    int64_t T = P->T, S = P->S, hid = m->hidden, D = m->head_dim, H = m->heads, F = m->ffn, V = m->vocab;
+    /* S: the head layout's length, the group's tokens */
+    int64_t T = P->T, S = P->group_tokens, hid = m->hidden, D = m->head_dim, H = m->heads, F = m->ffn, V = m->vocab;
     int64_t U = P->U, u = P->u, C = P->C, L = m->layers, shard = P->params_shard;
     int64_t nkv = P->repl > 1 ? m->kv_heads : C * P->kvr;
     cp_space opt = P->opt_on_host ? CP_SPACE_HOST : CP_SPACE_GPU;
@@ -945,8 +1185,9 @@ static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
     b->dq_acc = add_buf(P, "dq_accum.f32", CP_SPACE_GPU, CP_CAT_ATTN,
                         cp_k_attention_workspace_bytes(&P->modules[M->attn]), false);
     b->dkv_acc = -1;
-    if (P->group_len > 1)
+    if (P->group_len > 1 && P->ring == 1) /* a ring sums a group's dK, dV in its home accumulator */
         b->dkv_acc = add_buf(P, "dkv_accum.f32", CP_SPACE_GPU, CP_CAT_ATTN, 2 * S * P->kvr * D * F32, false);
+    ring_buffers(P, M, b);
     b->mlp_gate = add_buf(P, "mlp_gate", CP_SPACE_GPU, CP_CAT_MLP, P->mlp_tile * F * BF16, false);
     b->mlp_up = add_buf(P, "mlp_up", CP_SPACE_GPU, CP_CAT_MLP, P->mlp_tile * F * BF16, false);
     b->mlp_act = add_buf(P, "mlp_act", CP_SPACE_GPU, CP_CAT_MLP, P->mlp_tile * F * BF16, false);
@@ -989,7 +1230,8 @@ static void copy_attention(builder *B, const bufset *b, int l, cp_opkind dir) {
 static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     const cp_model *m = &P->spec.model;
     int64_t T = P->T, hid = m->hidden, V = m->vocab, L = m->layers, C = P->C;
-    builder B = {.P = P, .phase = CP_PHASE_FWD, .layer = -1, .stage = -1, .tile = -1};
+    builder B = {.P = P, .phase = CP_PHASE_FWD, .layer = -1, .stage = -1, .tile = -1,
+                 .ring_step = -1, .ring_part = -1};
     int head_unit = P->nunits - 1;
     bool tied = m->tie_embeddings;
     cp_step *s;
@@ -1197,33 +1439,41 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
 
 /* ---------------------------------------------------------------- cost model */
 
+/* What the ring's send/recvs in hand (`send` seconds) leave exposed beyond the attention under them (`attn`);
+ * both start over. */
+static double ring_exposed(double *send, double *attn) {
+    double e = CP_MAX(0.0, *send - *attn);
+    *send = *attn = 0;
+    return e;
+}
+
 static void cost_model(cp_plan *P) {
     const cp_machine *mc = &P->spec.machine;
     const int mb = P->spec.train.micro_batches;
     double C = P->C, frac = (C - 1) / C;
     P->flops_attn = P->flops_other = 0;
-    P->t_compute = P->t_attn = P->t_comm = P->t_copy = 0;
+    P->t_compute = P->t_attn = P->t_comm = P->t_copy = P->t_ring = P->t_ring_exposed = 0;
     double layer_compute = 0, layer_hidden = 0, exposed = 0;
     int cur_layer = -2;
     /* attention kernels: the forward's and the backward's own rates at this head_dim, FLOP/s */
     const double attn_rate[2] = {cp_machine_attn_tflops(mc, false, P->spec.model.head_dim) * 1e12,
                                  cp_machine_attn_tflops(mc, true, P->spec.model.head_dim) * 1e12};
-    /* A ring send/recv overlaps the attention on the block in hand: the attention launches after it in the same
-     * stage, up to the next send/recv; only what it takes beyond them is exposed (cp_ring_exposed). */
+    /* A ring's send/recvs overlap the attention on the block in hand: the attention launches after them in the same
+     * stage, up to the next send/recv after one of those; only what they take beyond them is exposed (as
+     * cp_ring_exposed prices one block). Send/recvs with no attention between them (K then V) run one after the
+     * other. */
     double ring_send = 0, ring_attn = 0;
     int ring_key = -1;
     for (int i = 0; i < P->nsteps; i++) {
         cp_step *s = &P->steps[i];
         int stage_key = ((s->layer + 1) * CP_PHASE_COUNT + (int)s->phase) * (P->nstages + 1) + s->stage + 1;
-        if (ring_send > 0 && (s->kind == CP_OP_SENDRECV || stage_key != ring_key)) {
-            exposed += CP_MAX(0.0, ring_send - ring_attn);
-            ring_send = ring_attn = 0;
-        }
+        if (ring_send > 0 && ((s->kind == CP_OP_SENDRECV && ring_attn > 0) || stage_key != ring_key))
+            P->t_ring_exposed += ring_exposed(&ring_send, &ring_attn);
         double reps = i < P->micro_steps && !s->last_micro ? mb : 1;
         double t = 0;
         switch (s->kind) {
         case CP_OP_KERNEL:
-            if (s->flops > 0) t = s->flops / attn_rate[strcmp(s->what, "attn_bwd") == 0];
+            if (s->flops > 0) t = s->flops / attn_rate[strcmp(s->role, "bwd") == 0];
             else t = s->bytes / (mc->hbm_gbps * 1e9);
             t += 2e-6;
             break;
@@ -1278,7 +1528,8 @@ static void cost_model(cp_plan *P) {
             layer_compute += t;
         } else if (s->kind == CP_OP_SENDRECV) {
             P->t_comm += t;
-            ring_send = t;
+            P->t_ring += t;
+            ring_send += t;
             ring_key = stage_key;
         } else if (s->kind == CP_OP_ALLTOALL || (s->kind == CP_OP_ALLREDUCE && !s->last_micro)) {
             P->t_comm += t;
@@ -1291,7 +1542,8 @@ static void cost_model(cp_plan *P) {
             layer_hidden += t;
         }
     }
-    exposed += CP_MAX(0.0, layer_hidden - layer_compute) + CP_MAX(0.0, ring_send - ring_attn);
+    P->t_ring_exposed += ring_exposed(&ring_send, &ring_attn);
+    exposed += CP_MAX(0.0, layer_hidden - layer_compute) + P->t_ring_exposed;
     P->t_comm_exposed = exposed;
     P->t_step = P->t_compute + exposed;
 }
@@ -1329,7 +1581,8 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     P->replicas = par->replicas;
     P->ring = par->ring;
     P->S = spec->train.seq_len;
-    P->T = P->S / P->C;
+    P->group_tokens = P->S / P->ring;
+    P->T = P->group_tokens / P->C;
     if (stage_table(P, err, errlen)) return -1;
     P->mlp_tile = par->mlp_tile ? par->mlp_tile : largest_divisor_at_most(P->T, 4096);
     int64_t loss_cap = CP_MAX((int64_t)1, ((int64_t)512 << 20) / (m->vocab * BF16));
@@ -1636,19 +1889,8 @@ static int plan_build(const cp_spec *spec, cp_plan *P, bool fill, char *err, int
     return fill ? keep_attention(P, err, errlen) : 0;
 }
 
-/* Ring attention's steps (K, V blocks sent around, partial outputs merged by their LSE) are not in the program yet:
- * a plan without them would price and size a ring's attention wrongly, so there is none rather than a wrong one. */
-static int ring_unplanned(const cp_spec *spec, char *err, int errlen) {
-    if (spec->parallel.ring == 1) return 0;
-    snprintf(err, errlen, "%s: parallel.ring = %d: ring attention across groups is not planned yet (its send/recv and "
-             "LSE-merge steps are not in the program); use parallel.ring = 1, with parallel.replicas for more GPUs",
-             spec->path, spec->parallel.ring);
-    return -1;
-}
-
 int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     memset(P, 0, sizeof *P);
-    if (ring_unplanned(spec, err, errlen)) return -1;
     return plan_build(spec, P, true, err, errlen);
 }
 
@@ -1669,13 +1911,13 @@ void cp_plan_free(cp_plan *P) {
 
 int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errlen) {
     memset(best, 0, sizeof *best);
-    if (ring_unplanned(spec, err, errlen)) return 0;
     cp_spec s = *spec;
-    /* answers are multiples of 1K tokens per GPU (and of the explicit tile sizes) */
+    /* answers are multiples of 1K tokens per GPU (and of the explicit tile sizes), over the GPUs of a sequence: a
+     * ring's groups, each holding 2 zigzag chunks split over its GPUs */
     int64_t gran = 1024;
     if (s.parallel.mlp_tile) gran = lcm(gran, s.parallel.mlp_tile);
     if (s.parallel.loss_tile) gran = lcm(gran, s.parallel.loss_tile);
-    gran *= s.parallel.gpus;
+    gran *= (int64_t)s.parallel.gpus * s.parallel.ring;
     int64_t lo = 1, hi = ((int64_t)1 << 40) / gran, found = 0;
     memset(best, 0, sizeof *best);
     char e2[CP_ERR_MAX];

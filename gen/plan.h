@@ -35,6 +35,7 @@ typedef enum {
     CP_CAT_MLP,         /* MLP tile */
     CP_CAT_LOSS,        /* LM-head / loss tile */
     CP_CAT_COMM,        /* all-to-all send/receive staging */
+    CP_CAT_RING,        /* ring attention: K/V blocks received, the merged output, the travelling dK, dV */
     CP_CAT_WORKSPACE,   /* tokens, targets, scalars, GEMM workspace */
     CP_CAT_COUNT
 } cp_cat;
@@ -120,6 +121,14 @@ typedef struct {
     double flops, bytes;  /* work done, for the cost model */
     double seconds;       /* predicted by the cost model */
     cp_comm_kind comm;    /* collectives: the communicator (the Ulysses group unless said) */
+    /* Ring attention (parallel.ring > 1). One plan serves every ring position; what depends on the position (which
+     * half blocks a launch takes, where a rank's RoPE positions start) the executor finds from its position with
+     * gen/ring.h, and such a step's operands cover what any position touches. */
+    int ring_step;        /* the ring step k (0 .. ring - 1) whose K/V block a step sends, attends to or merges; -1 */
+    int ring_part;        /* a step k > 0's half-block launch (cp_ring_half_of) its attention, merge or dQ sum
+                           * belongs to; a RoPE launch's run (cp_ring_rope_runs); -1 */
+    int64_t lse_stride;   /* attention and merges of a ring: the row stride of their LSE operand in elements (the
+                           * group's tokens, whatever the launch's SEQ); 0 elsewhere (the module's SEQ) */
     bool last_micro;      /* runs in the last micro-batch only: the all-reduce of gradients accumulated over them */
 } cp_step;
 
@@ -147,7 +156,8 @@ typedef struct {
     cp_spec spec;
     int C;                 /* ranks of the Ulysses/FSDP group */
     int replicas, ring;    /* R groups with their own sequences, P groups per sequence: R * P * C ranks in all */
-    int64_t S, T;          /* tokens in all / per rank */
+    int64_t S, T;          /* tokens of a sequence / per rank */
+    int64_t group_tokens;  /* a group's share of the sequence, S / ring: the length of the head layout */
     int U, nstages;        /* heads per stage, stages per layer */
     int u;                 /* query heads per rank per stage */
     int kvr;               /* KV heads per rank per stage */
@@ -193,6 +203,9 @@ typedef struct {
     double flops_attn, flops_other;                   /* one optimizer step, this rank */
     double flops_attn_saved;                          /* attention forward the backward does not redo (kept layers) */
     double t_compute, t_attn, t_comm, t_comm_exposed, t_copy, t_step; /* seconds */
+    double t_ring, t_ring_exposed;                    /* the ring's send/recvs (in t_comm), and what of them the
+                                                       * attention on the block in hand does not hide (in
+                                                       * t_comm_exposed) */
     bool fits;
     char why[512];         /* when !fits: what does not fit and by how much */
 } cp_plan;

@@ -3,17 +3,21 @@
 
 #include "kernels.h"
 #include "plan.h"
+#include "ring.h"
 #include "util.h"
 
-static const char *cat_names[CP_CAT_COUNT] = {
+static const char *cat_names[] = {
     "parameters (bf16 shard)", "master weights (fp32 shard)", "AdamW moments (fp32 shard)", "gradients (fp32 shard)",
     "gathered layer weights", "full gradients before reduce-scatter", "checkpoints (layer inputs)",
     "kept attention outputs and LSE", "layer activations", "attention working set (one stage)",
     "attention output, LSE, delta", "MLP tile", "loss tile (logits)", "all-to-all buffers",
-    "tokens, scalars, GEMM workspace"};
-static const char *cat_keys[CP_CAT_COUNT] = {"params", "master", "optim", "grads", "gathered", "unit_grads",
-                                             "ckpt", "attn_saved", "act", "attn", "attn_kept", "mlp", "loss",
-                                             "comm", "workspace"};
+    "ring attention (blocks, merge, dK/dV)", "tokens, scalars, GEMM workspace"};
+static const char *cat_keys[] = {"params", "master", "optim", "grads", "gathered", "unit_grads",
+                                 "ckpt", "attn_saved", "act", "attn", "attn_kept", "mlp", "loss",
+                                 "comm", "ring", "workspace"};
+
+_Static_assert(CP_ARRAY_LEN(cat_names) == CP_CAT_COUNT && CP_ARRAY_LEN(cat_keys) == CP_CAT_COUNT,
+               "a name and a JSON key for every memory category");
 
 const char *cp_cat_name(cp_cat c) { return c < CP_CAT_COUNT ? cat_names[c] : "?"; }
 
@@ -29,13 +33,13 @@ const char *cp_phase_name(cp_phase p) {
 }
 
 /* Tokens one group trains on per optimizer step: its micro-batches of sequences (a ring's groups share one). */
-static double tokens_per_step(const cp_plan *P) { return (double)P->S * P->spec.train.micro_batches / P->ring; }
+static double tokens_per_step(const cp_plan *P) { return (double)P->group_tokens * P->spec.train.micro_batches; }
 
 /* Bytes one layer keeps of its attention: its output in token layout (T x H x head_dim bf16) and its heads' LSE
- * ((H / C) x S fp32). */
+ * ((H / C) x the group's tokens, fp32). */
 static int64_t attn_kept_bytes(const cp_plan *P) {
     const cp_model *m = &P->spec.model;
-    return P->T * m->heads * m->head_dim * 2 + m->heads / P->C * P->S * 4;
+    return P->T * m->heads * m->head_dim * 2 + m->heads / P->C * P->group_tokens * 4;
 }
 
 /* "; kept on the GPU for layers a-b (size)" for [first, first + n), appended at line + *n; nothing for count 0. */
@@ -123,6 +127,73 @@ static void print_stage_table(const cp_plan *P, FILE *out) {
     }
 }
 
+/* Seconds as "1.23 s" or "4.56 ms". */
+static const char *fmt_seconds(double t, char *buf, size_t n) {
+    if (t >= 1) snprintf(buf, n, "%.2f s", t);
+    else snprintf(buf, n, "%.2f ms", t * 1e3);
+    return buf;
+}
+
+/* Ring step k of position p as a table cell: "j: causal" for the own block j = p, else "j: " and its two half
+ * launches, query half Q against key half K as qQkK. */
+static void ring_cell(int R, int p, int k, char *cell, size_t n) {
+    cp_ring_step st = cp_ring_step_of(R, p, k);
+    if (k == 0) {
+        snprintf(cell, n, "%d: causal", st.source);
+        return;
+    }
+    cp_ring_half a = cp_ring_half_of(R, p, k, 0), b = cp_ring_half_of(R, p, k, 1);
+    snprintf(cell, n, "%d: q%dk%d q%dk%d", st.source, a.q_half, a.k_half, b.q_half, b.k_half);
+}
+
+/* The ring's schedule (gen/ring.h), what it adds per GPU and stage (cp_ring_terms), and what its send/recvs cost;
+ * nothing without a ring. */
+static void print_ring(const cp_plan *P, FILE *out) {
+    const int R = P->ring;
+    if (R == 1) return;
+    const int64_t L = P->group_tokens, D = P->spec.model.head_dim;
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32];
+    fprintf(out, "\nRing: %d groups share each sequence, cut into %d zigzag chunks of %s tokens; position p holds chunks "
+                 "p and %d - p (%s tokens, %s per GPU). Every UPipe stage takes %d ring steps: at step k position p "
+                 "attends to the K/V block of position (p - k) mod %d, its own causal, a received one in two "
+                 "half-block launches with no mask (qQkK: query half Q against key half K)\n",
+            R, 2 * R, cp_fmt_length(L / 2, a, sizeof a), 2 * R - 1, cp_fmt_length(L, b, sizeof b),
+            cp_fmt_length(P->T, c, sizeof c), R, R);
+    int shown = 0, cols = CP_MIN(R, 8);
+    fprintf(out, "  position  chunks  ");
+    for (int k = 0; k < cols; k++) fprintf(out, " step %-11d", k);
+    fprintf(out, "%s\n", R > cols ? " ..." : "");
+    for (int p = 0; p < R; p++) {
+        if (R > 12 && p >= 6 && p < R - 4) {
+            if (!shown++) fprintf(out, "  ...\n");
+            continue;
+        }
+        char chunks[32];
+        snprintf(chunks, sizeof chunks, "%d, %d", p, 2 * R - 1 - p);
+        fprintf(out, "  %8d  %-8s", p, chunks);
+        for (int k = 0; k < cols; k++) {
+            char cell[40];
+            ring_cell(R, p, k, cell, sizeof cell);
+            fprintf(out, " %-16s", cell);
+        }
+        fprintf(out, "\n");
+    }
+    cp_ring_terms t;
+    cp_ring_terms_of(R, L, P->u, P->kvr, D, &t);
+    fprintf(out, "  per GPU and stage: K/V block %s, receive buffers %s | merged output %s, a launch's LSE %s | "
+                 "dK, dV accumulator %s, 2 receive buffers %s, a step's own %s | a half launch's dQ %s\n",
+            cp_fmt_bytes(t.kv_block, a, sizeof a), cp_fmt_bytes(t.kv_recv, b, sizeof b),
+            cp_fmt_bytes(t.o_acc, c, sizeof c), cp_fmt_bytes(t.lse_blk, d, sizeof d),
+            cp_fmt_bytes(t.dkv_block, e, sizeof e), cp_fmt_bytes(t.dkv_recv, f, sizeof f),
+            cp_fmt_bytes(t.dkv_step, g, sizeof g), cp_fmt_bytes(t.dq_half, h, sizeof h));
+    const char *blocks = R > 2 ? "blocks" : "block";
+    fprintf(out, "  sent per GPU and stage: %s forward (%d %s), %s backward (%d %s, %d accumulator hops) at %.0f GB/s; "
+                 "per step %s of send/recv, %s of it not under the attention on the block in hand\n",
+            cp_fmt_bytes(t.fwd_sent, a, sizeof a), R - 1, blocks, cp_fmt_bytes(t.bwd_sent, b, sizeof b), R - 1, blocks, R,
+            P->spec.machine.net_gbps, fmt_seconds(P->t_ring, c, sizeof c),
+            fmt_seconds(P->t_ring_exposed, d, sizeof d));
+}
+
 void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     const cp_spec *sp = &P->spec;
     const cp_model *m = &sp->model;
@@ -172,6 +243,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             mc->a2a_gbps, mc->allgather_gbps);
     print_attention_output(P, out);
     print_stage_table(P, out);
+    print_ring(P, out);
 
     fprintf(out, "\nGPU memory per GPU                         %14s %14s\n", "all buffers", "live at peak");
     for (int k = 0; k < CP_CAT_COUNT; k++) {
@@ -187,7 +259,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     fprintf(out, "  %-40s %14s   (buffers whose lifetimes do not overlap share bytes)\n", "arena",
             cp_fmt_bytes(P->gpu_arena, a, sizeof a));
     fprintf(out, "  %-40s %14s\n", "reserve: CUDA context, modules, libraries", cp_fmt_bytes(mc->reserve, a, sizeof a));
-    if (P->C > 1)
+    if (cp_plan_reserve(P) > mc->reserve)
         fprintf(out, "  %-40s %14s\n", "reserve: NCCL buffers", cp_fmt_bytes(mc->comm_reserve, a, sizeof a));
     fprintf(out, "  %-40s %14s   of %s\n", "peak", cp_fmt_bytes(P->gpu_peak, a, sizeof a),
             cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
@@ -211,10 +283,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             flops / 1e12, P->flops_attn / 1e12, P->flops_other / 1e12, (long long)P->nsteps, P->nmodules);
     char t[6][24];
     const double ts[6] = {P->t_step, P->t_compute, P->t_attn, P->t_comm_exposed, P->t_comm, P->t_copy};
-    for (int k = 0; k < 6; k++) {
-        if (ts[k] >= 1) snprintf(t[k], sizeof t[k], "%.2f s", ts[k]);
-        else snprintf(t[k], sizeof t[k], "%.2f ms", ts[k] * 1e3);
-    }
+    for (int k = 0; k < 6; k++) fmt_seconds(ts[k], t[k], sizeof t[k]);
     fprintf(out, "predicted step: %s = compute %s (attention %s) + exposed communication %s (all communication %s, "
                  "host copies %s)\n",
             t[0], t[1], t[2], t[3], t[4], t[5]);
@@ -269,6 +338,34 @@ static void json_str(FILE *out, const char *s) {
     fputc('"', out);
 }
 
+/* "ring": the schedule of every position (step k: the source block, the own one causal, a received one as its two
+ * half launches [query half, key half]), the terms per GPU and stage, and the send/recv time per step; only with a
+ * ring. */
+static void print_ring_json(const cp_plan *P, FILE *out) {
+    const int R = P->ring;
+    if (R == 1) return;
+    fprintf(out, "  \"ring\": {\"positions\": %d, \"group_tokens\": %lld, \"chunk_tokens\": %lld, \"schedule\": [", R,
+            (long long)P->group_tokens, (long long)(P->group_tokens / 2));
+    for (int p = 0; p < R; p++) {
+        fprintf(out, "%s[", p ? ", " : "");
+        fprintf(out, "{\"source\": %d, \"causal\": true}", p); /* step 0: the own block */
+        for (int k = 1; k < R; k++) {
+            cp_ring_half a = cp_ring_half_of(R, p, k, 0), b = cp_ring_half_of(R, p, k, 1);
+            fprintf(out, ", {\"source\": %d, \"halves\": [[%d, %d], [%d, %d]]}", cp_ring_step_of(R, p, k).source,
+                    a.q_half, a.k_half, b.q_half, b.k_half);
+        }
+        fprintf(out, "]");
+    }
+    cp_ring_terms t;
+    cp_ring_terms_of(R, P->group_tokens, P->u, P->kvr, P->spec.model.head_dim, &t);
+    fprintf(out, "],\n    \"per_stage\": {\"kv_block\": %lld, \"kv_recv\": %lld, \"o_acc\": %lld, \"lse_blk\": %lld, "
+                 "\"dkv_block\": %lld, \"dkv_recv\": %lld, \"dkv_step\": %lld, \"dq_half\": %lld, \"fwd_sent\": %lld, "
+                 "\"bwd_sent\": %lld},\n    \"sendrecv_seconds\": %.6g, \"sendrecv_exposed_seconds\": %.6g},\n",
+            (long long)t.kv_block, (long long)t.kv_recv, (long long)t.o_acc, (long long)t.lse_blk,
+            (long long)t.dkv_block, (long long)t.dkv_recv, (long long)t.dkv_step, (long long)t.dq_half,
+            (long long)t.fwd_sent, (long long)t.bwd_sent, P->t_ring, P->t_ring_exposed);
+}
+
 void cp_plan_print_json(const cp_plan *P, FILE *out) {
     const cp_spec *sp = &P->spec;
     const cp_model *m = &sp->model;
@@ -297,6 +394,7 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
     if (P->replicas * P->ring > 1) /* only for runs of several groups: one group's JSON stays as it was */
         fprintf(out, "  \"groups\": {\"replicas\": %d, \"ring\": %d, \"gpus\": %d, \"world\": %d},\n", P->replicas,
                 P->ring, P->C, P->replicas * P->ring * P->C);
+    print_ring_json(P, out);
     int64_t kept = attn_kept_bytes(P);
     fprintf(out, "  \"attention_output\": {\"mode\": \"%s\", \"host_layers\": %d, \"gpu_layers\": %d, "
                  "\"recompute_layers\": %d, \"bytes_per_layer\": %lld, \"gpu_bytes\": %lld, \"host_bytes\": %lld, "

@@ -17,7 +17,7 @@
 enum { G_PARAMS, G_GRADS, G_OPTIM, G_CKPT, G_ACT, G_ATTN, G_KEPT, G_TILES, G_WORK, G_COUNT };
 static const char *const group_names[G_COUNT] = {
     "parameters (shard + gathered layers)", "gradients (shard + layer in backward)", "optimizer state (master, AdamW)",
-    "checkpoints", "activations", "attention working set (+ all-to-all)", "kept outputs (attention out, LSE)",
+    "checkpoints", "activations", "attention working set (+ all-to-all, ring)", "kept outputs (attention out, LSE)",
     "tiles (MLP, loss)", "workspace"};
 static const char *const group_colors[G_COUNT] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
                                                   "#edc948", "#b07aa1", "#ff9da7", "#9c755f"};
@@ -30,7 +30,7 @@ static int group_of(cp_cat c) {
     case CP_CAT_MASTER: case CP_CAT_OPTIM: return G_OPTIM;
     case CP_CAT_CKPT: return G_CKPT;
     case CP_CAT_ACT: return G_ACT;
-    case CP_CAT_ATTN: case CP_CAT_COMM: return G_ATTN;
+    case CP_CAT_ATTN: case CP_CAT_COMM: case CP_CAT_RING: return G_ATTN;
     case CP_CAT_ATTN_KEPT: return G_KEPT;
     case CP_CAT_MLP: case CP_CAT_LOSS: return G_TILES;
     default: return G_WORK;

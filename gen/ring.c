@@ -24,6 +24,14 @@ cp_ring_step cp_ring_step_of(int P, int p, int k) {
     return s;
 }
 
+cp_ring_half cp_ring_half_of(int P, int p, int k, int part) {
+    if (part == 0) return (cp_ring_half){1, 0};
+    int h = cp_ring_step_of(P, p, k).source < p ? 0 : 1;
+    return (cp_ring_half){h, h};
+}
+
+int cp_ring_rope_nruns(int P, int C) { return P > 1 && C % 2 ? 2 : 1; }
+
 int cp_ring_rope_runs(int P, int p, int64_t seq_len, int C, int r, cp_ring_rope_run run[2]) {
     int64_t c = seq_len / (2 * P), T = 2 * c / C, first = (int64_t)r * T, end = first + T;
     int n = 0;
@@ -47,11 +55,13 @@ int64_t cp_ring_kv_bytes(int64_t group_tokens, int kv_heads_per_rank, int64_t he
 void cp_ring_terms_of(int P, int64_t group_tokens, int u, int kvr, int64_t head_dim, cp_ring_terms *t) {
     const int64_t L = group_tokens, F32 = 4;
     t->kv_block = cp_ring_kv_bytes(L, kvr, head_dim);
-    t->kv_recv = P > 1 ? 2 * t->kv_block : 0;
+    t->kv_recv = (P > 2 ? 2 : P - 1) * t->kv_block;
     t->o_acc = P > 1 ? L * u * head_dim * F32 : 0;
-    t->lse_acc = P > 1 ? (int64_t)u * L * F32 : 0;
+    t->lse_blk = P > 1 ? (int64_t)u * L * F32 : 0;
     t->dkv_block = 2 * L * kvr * head_dim * F32;
     t->dkv_recv = P > 1 ? 2 * t->dkv_block : 0;
+    t->dkv_step = P > 1 ? t->dkv_block : 0;
+    t->dq_half = P > 1 ? L / 2 * u * head_dim * F32 : 0;
     t->fwd_sent = (int64_t)(P - 1) * t->kv_block;
     t->bwd_sent = (int64_t)(P - 1) * t->kv_block + (P > 1 ? (int64_t)P * t->dkv_block : 0);
 }

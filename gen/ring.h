@@ -52,17 +52,36 @@ int64_t cp_ring_kv_bytes(int64_t group_tokens, int kv_heads_per_rank, int64_t he
 typedef struct {
     int64_t kv_block;  /* one K/V block as it travels: cp_ring_kv_bytes(L, kvr, D) */
     int64_t kv_recv;   /* two receive buffers: the block in hand and the one arriving (the own block stays in the
-                        * stage's K and V) */
-    int64_t o_acc;     /* the merged output, fp32 [L][u][D]; each block's partial output is the stage's bf16 O */
-    int64_t lse_acc;   /* its LSE, fp32 [u][L]; each block's is the stage's LSE slice */
-    int64_t dkv_block; /* a block's dK, dV accumulator, fp32, travelling with the block in the backward */
-    int64_t dkv_recv;  /* two of them: the one in hand and the one arriving */
+                        * stage's K and V); one with P = 2, whose one received block arrives under the own */
+    int64_t o_acc;     /* the merged output, fp32 [L][u][D]; each launch's partial output is the stage's bf16 O */
+    int64_t lse_blk;   /* a launch's partial LSE, fp32 [u][L]; the merged one is the stage's slice of the layer's LSE,
+                        * which the backward reads */
+    int64_t dkv_block; /* a block's dK, dV accumulator, fp32 [2][L][kvr][D], travelling with the block in the
+                        * backward */
+    int64_t dkv_recv;  /* two of them: the one in hand and the one arriving. The own block's comes home into one and,
+                        * over the stages of a GQA group, goes round again from there, so it sums the whole group */
+    int64_t dkv_step;  /* a ring step's own dK, dV (fp32, as dkv_block), added to the arriving accumulator once it is
+                        * there: so the accumulator's hop overlaps the next step's attention */
+    int64_t dq_half;   /* the fp32 dQ of a half-block launch, [L/2][u][D] (without the kernel's progress counters),
+                        * added into the stage's dQ */
     int64_t fwd_sent;  /* bytes sent per stage in the forward: P - 1 K/V blocks */
     int64_t bwd_sent;  /* in the backward: P - 1 K/V blocks, and P accumulators (P - 1 hops with the blocks, the last
                         * one home to the block's owner) */
 } cp_ring_terms;
 
 void cp_ring_terms_of(int P, int64_t group_tokens, int u, int kvr, int64_t head_dim, cp_ring_terms *t);
+/* A ring step k >= 1 as two launches over half blocks with no mask, the same two at every position, so that one plan
+ * serves every ring position: part 0 is query half 1 against key half 0, which every such step computes; part 1 is
+ * query half h against key half h, h = 0 for a block from an earlier position (both query halves see its half 0)
+ * and 1 for one from a later position (query half 1 sees its half 1 too). Each is a c x c block of chunks, so a step
+ * is exactly the pairs of cp_ring_step_of. */
+typedef struct {
+    int q_half, k_half;
+} cp_ring_half;
+cp_ring_half cp_ring_half_of(int P, int p, int k, int part);
+/* The most RoPE runs (cp_ring_rope_runs) any rank of a ring of P groups of C GPUs has: 2 where an odd C makes a rank
+ * straddle its group's two chunks (P > 1), else 1. */
+int cp_ring_rope_nruns(int P, int C);
 /* Forward FLOPs of one ring step for u query heads: every step is the same work, 2 L^2 u D (a causal L x L block,
  * or a full L x L/2 one), so the P steps sum to the causal forward 2 S^2 D per head over the ring. */
 double cp_ring_step_fwd_flops(int64_t group_tokens, int u, int64_t head_dim);

@@ -1205,9 +1205,9 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->gemm_tflops = 700; /* inside the 3B step on an H200: 693 (32K) and 670 (128K); the 1B's at 32K: 761 */
     /* the Hopper kernels inside the 3B and 1B steps on an H200 (CPGEN_PROFILE, docs/PERF.md, 2026-12-01) */
     m->attn_fwd_tflops = 615;
-    m->attn_bwd_tflops = 340;
+    m->attn_bwd_tflops = 480;
     m->attn_fwd_tflops_d64 = 440;
-    m->attn_bwd_tflops_d64 = 312;
+    m->attn_bwd_tflops_d64 = 360;
     m->hbm_gbps = 4300;
     m->host_gbps = 55;
     m->a2a_gbps = 328;

@@ -196,7 +196,7 @@ int cp_tune_plan(cp_tune *t, const cp_tune_axes *ax, const char *path, const cha
         c->C = P.C;
         c->S = P.S;
         c->layers = (int)spec.model.layers;
-        c->tokens = P.S * spec.train.micro_batches;
+        c->tokens = P.group_tokens * spec.train.micro_batches;
         c->mlp_tile = P.mlp_tile;
         c->loss_tile = P.loss_tile;
         c->ckpt_every = P.ckpt_every;

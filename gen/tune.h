@@ -35,7 +35,7 @@ typedef struct {
     int same_as;         /* index of an earlier candidate with the same resolved plan, or -1 */
     /* the resolved plan */
     int U, ckpt_every, ckpt_host_layers, attn_host_layers, attn_gpu_layers, C, layers;
-    int64_t mlp_tile, loss_tile, S, tokens; /* tokens per optimizer step, all ranks */
+    int64_t mlp_tile, loss_tile, S, tokens; /* tokens per optimizer step of one group (its C ranks) */
     bool opt_on_host;
     double t_plan;              /* predicted step, seconds */
     double layer_fraction;      /* the share of the plan's step time spent in layers (the rest: embedding, loss, optimizer) */

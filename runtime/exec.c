@@ -10,6 +10,7 @@
 #include "bundle.h"
 #include "emit.h"
 #include "jit.h"
+#include "kernels.h"
 #include "util.h"
 #include "weights.h"
 
@@ -209,14 +210,55 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     return 0;
 }
 
+/* Appends `name` to the list "a, b, ..." in buf unless it is there. */
+static void add_name(char *buf, size_t n, const char *name) {
+    size_t len = strlen(name);
+    for (const char *p = buf; (p = strstr(p, name)); p += len)
+        if ((p == buf || p[-1] == ' ') && (p[len] == ',' || p[len] == 0)) return;
+    size_t at = strlen(buf);
+    snprintf(buf + at, n - at, "%s%s", at ? ", " : "", name);
+}
+
 int cp_exec_supports(const cp_plan *P, char *err, int errlen) {
-    const cp_parallel *par = &P->spec.parallel;
-    if (par->ring > 1)
-        return cp_errf(err, errlen, "%s: the plan has parallel.ring = %d (%d GPUs in all): this build plans rings but "
-                       "does not execute them yet (their communicators and the ring's send/recv and LSE-merge steps); "
-                       "use `cpgen plan` for them, and ring = 1 to train", P->spec.path, par->ring,
-                       par->replicas * par->ring * par->gpus);
-    return 0;
+    if (P->ring == 1) return 0;
+    /* the steps of each missing piece, by name; and whether a half-block attention launch needs the LSE row stride
+     * as an argument (several query heads per stage: their LSE rows lie the group's tokens apart, the kernels take
+     * them SEQ apart) */
+    char kinds[256] = "", builders[512] = "", ropes[256] = "";
+    const cp_kernel_spec *strided = NULL;
+    for (int i = 0; i < P->nsteps; i++) {
+        const cp_step *s = &P->steps[i];
+        exec_gap g = exec_step_gap(s);
+        if (g == GAP_KIND) add_name(kinds, sizeof kinds, s->what);
+        else if (g == GAP_BUILDER) add_name(builders, sizeof builders, s->what);
+        else if (g == GAP_RING_POSITION) add_name(ropes, sizeof ropes, s->what);
+        if (s->kind != CP_OP_KERNEL || s->module < 0 || !s->lse_stride) continue;
+        const cp_kernel_spec *k = &P->modules[s->module];
+        const char *qh = cp_kspec_get(k, "Q_HEADS"), *seq = cp_kspec_get(k, "SEQ");
+        if (!strcmp(k->family, "attention") && qh && seq && atoll(qh) > 1 && atoll(seq) != s->lse_stride) strided = k;
+    }
+    char missing[CP_ERR_MAX];
+    int n = 0, piece = 0;
+    n += snprintf(missing + n, sizeof missing - (size_t)n, "(%d) the ring communicator (runtime/world.c makes the "
+                  "Ulysses group's and the shard's only)%s%s", ++piece, *kinds ? " and send/recv over it, for " : "",
+                  kinds);
+    if (*builders && n < (int)sizeof missing)
+        n += snprintf(missing + n, sizeof missing - (size_t)n, "; (%d) argument builders in runtime/exec_args.c for %s "
+                      "(a half-block launch, its merge and its dQ sum take their rows from the rank's ring position: "
+                      "cp_ring_half_of)", ++piece, builders);
+    if (*ropes && n < (int)sizeof missing)
+        n += snprintf(missing + n, sizeof missing - (size_t)n, "; (%d) RoPE at a ring rank's zigzag positions for %s "
+                      "(k_rope gives pos0 = rank x T; a ring rank's rows are the runs of cp_ring_rope_runs)", ++piece,
+                      ropes);
+    if (strided && n < (int)sizeof missing)
+        n += snprintf(missing + n, sizeof missing - (size_t)n, "; (%d) the LSE row stride as a kernel argument of "
+                      "templates/attention.cu, attention_sm90.cuh and attention_bwd_sm90.cuh: a half-block launch "
+                      "(SEQ = %s) of %s query heads per GPU reads and writes LSE rows %lld apart", ++piece,
+                      cp_kspec_get(strided, "SEQ"), cp_kspec_get(strided, "Q_HEADS"), (long long)P->group_tokens);
+    return cp_errf(err, errlen, "%s: parallel.ring = %d (%d GPUs in all): this build plans ring attention but cannot "
+                   "run it yet; missing: %s. Train with parallel.ring = 1 (parallel.replicas adds GPUs, each group "
+                   "with sequences of its own); `cpgen plan` plans rings", P->spec.path, P->ring,
+                   P->replicas * P->ring * P->C, missing);
 }
 
 int cp_exec_create(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char *err, int errlen) {

@@ -532,6 +532,14 @@ static const struct {
     {"cast_dv", k_cast},          {"grad_norm", k_grad_norm},   {"adamw", k_adamw},
 };
 
+exec_gap exec_step_gap(const cp_step *s) {
+    if (s->kind == CP_OP_SENDRECV || s->kind >= CP_OP_COUNT) return GAP_KIND;
+    if (s->kind != CP_OP_KERNEL || s->module < 0) return GAP_NONE;
+    for (size_t k = 0; k < CP_ARRAY_LEN(KERNEL_STEPS); k++)
+        if (!strcmp(KERNEL_STEPS[k].what, s->what)) return s->ring_part >= 0 ? GAP_RING_POSITION : GAP_NONE;
+    return GAP_BUILDER;
+}
+
 /* GEMM: operands A, B, (C), D with the plan's cp_gemm; every operand must hold the rows its leading dimension
  * implies. */
 static int prep_gemm(pctx *c) {

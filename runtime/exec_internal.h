@@ -137,6 +137,10 @@ static inline uint16_t exec_to_bf16(float f) {
 /* exec_args.c: the prepared steps */
 const char *exec_step_desc(const cp_plan *P, int i, char *buf, size_t n);
 int exec_prep_step(cp_exec *ex, int i, char *err, int errlen);
+/* What this executor lacks to run a step as the plan means it: nothing, the step's kind, an argument builder for
+ * its `what`, or (a builder there) the offsets a ring position decides (cp_step.ring_part). */
+typedef enum { GAP_NONE, GAP_KIND, GAP_BUILDER, GAP_RING_POSITION } exec_gap;
+exec_gap exec_step_gap(const cp_step *s);
 
 /* exec_order.c: what the steps wait for, and the plan's weight ranges */
 int exec_check_weight_ranges(const cp_exec *ex, char *err, int errlen);

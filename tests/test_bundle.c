@@ -14,13 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bundle.h"
 #include "jit.h"
 #include "module.h"
 #include "plan.h"
+#include "sh.h"
 #include "sha256.h"
 #include "source_tree.h"
 #include "spec.h"
@@ -28,20 +28,6 @@
 #include "util.h"
 
 static char root[256], bundle[300];
-
-/* Run a shell command; its exit status, its stdout and stderr together in out (owned). */
-static int sh(const char *cmd, char **out) {
-    char full[2048];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    cp_str s = {0};
-    char buf[4096];
-    size_t n;
-    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) cp_str_append(&s, buf, n);
-    int st = p ? pclose(p) : -1;
-    *out = s.data ? s.data : cp_xstrdup("");
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static int group_setup(void **state) {
     (void)state;

@@ -1,5 +1,6 @@
 /* test_plan.c: the plan's memory model against arithmetic written out term by term, the UPipe stage tables,
- * the arena packing (no two buffers alive at once share a byte), --max-seq and the JSON output. */
+ * the arena packing (no two buffers alive at once share a byte), --max-seq and the JSON output; replicas, and ring
+ * attention's stages, memory, --max-seq and refusals. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,8 +13,12 @@
 
 #include <cmocka.h>
 
+#include "exec.h"
 #include "plan.h"
 #include "plan_internal.h"
+#include "ring.h"
+#include "sh.h"
+#include "source_tree.h"
 #include "spec.h"
 
 static void load(const char *name, cp_spec *s, int nsets, ...) {
@@ -745,22 +750,338 @@ static void test_replicas(void **state) {
     cp_plan_free(&p2);
 }
 
-/* A ring is refused by the planner, with the key and the way out, until its steps are in the program. */
-static void test_ring_refused(void **state) {
+/* The 8B shape at 8M tokens on 32 GPUs (ring 4 x 8 GPUs, U = 8), attention recomputed: a group holds L = S/4 = 2M
+ * tokens in head layout (u = 1 query head and 1 KV head per GPU per stage), each GPU T = 256K in token layout. */
+static const char *const RING_8M[] = {"parallel.gpus=8", "parallel.ring=4", "train.seq_len=8M",
+                                      "parallel.attention_output=recompute"};
+
+static void load_ring_8m(cp_spec *s, const char *extra) {
+    if (extra) load("llama8b", s, 5, RING_8M[0], RING_8M[1], RING_8M[2], RING_8M[3], extra);
+    else load("llama8b", s, 4, RING_8M[0], RING_8M[1], RING_8M[2], RING_8M[3]);
+}
+
+static bool has_buf(const cp_plan *p, const char *name) {
+    for (int i = 0; i < p->nbufs; i++)
+        if (!strcmp(p->bufs[i].name, name)) return true;
+    return false;
+}
+
+/* Memory term by term: every buffer of a ring of 4 at 8M is the buffer of one group at 2M (the same T and head
+ * layout), the ring adds its terms (cp_ring_terms_of) and drops the GQA group's dK, dV accumulator (the ring's home
+ * accumulator sums the group); with 2 replicas (64 GPUs) every byte is the same again. The model states are the
+ * group's shards. The attention FLOPs per GPU are the whole sequence's over 32 GPUs. */
+static void test_ring_8b_arithmetic(void **state) {
+    (void)state;
+    cp_spec s, s1, s2;
+    load_ring_8m(&s, NULL);
+    load("llama8b", &s1, 3, "parallel.gpus=8", "train.seq_len=2M", "parallel.attention_output=recompute");
+    load_ring_8m(&s2, "parallel.replicas=2");
+    cp_plan p, one, two;
+    build(&s, &p);
+    build(&s1, &one);
+    build(&s2, &two);
+    const int64_t h = 4096, H = 32, D = 128, C = 8, R = 4, S = 8LL << 20, L = S / R, c = L / 2, T = L / C;
+    assert_int_equal(p.ring, 4);
+    assert_int_equal(p.group_tokens, 2097152);
+    assert_int_equal(p.T, 262144);
+    assert_int_equal(p.T, one.T);
+    assert_int_equal(p.u, 1);
+    assert_int_equal(p.kvr, 1);
+    assert_int_equal(p.group_len, 4);
+    assert_int_equal(p.params_shard, one.params_shard);
+    /* token layout: this GPU's T tokens */
+    assert_int_equal(buf(&p, "ckpt.0")->bytes, T * h * 2);                 /* 2 GiB */
+    assert_int_equal(buf(&p, "attn_out")->bytes, T * H * D * 2);           /* 2 GiB */
+    assert_int_equal(buf(&p, "q_stage")->bytes, T * 8 * D * 2);            /* the stage's 8 heads: 512 MiB */
+    assert_int_equal(buf(&p, "a2a_send")->bytes, T * 8 * D * 2);
+    /* head layout: the group's L tokens, one head */
+    assert_int_equal(buf(&p, "q_heads")->bytes, L * 1 * D * 2);            /* 512 MiB */
+    assert_int_equal(buf(&p, "k_heads")->bytes, L * 1 * D * 2);
+    assert_int_equal(buf(&p, "o_heads")->bytes, L * 1 * D * 2);
+    assert_int_equal(buf(&p, "delta_heads")->bytes, L * 4);                 /* 8 MiB */
+    assert_int_equal(buf(&p, "lse")->bytes, (H / C) * L * 4);              /* 32 MiB */
+    assert_int_equal(buf(&p, "dq_accum.f32")->bytes, L * D * 4 + (L / 128) * 4); /* 1 GiB + 64 KiB of counters */
+    assert_false(has_buf(&p, "dkv_accum.f32"));
+    /* the ring's terms: K, V arriving (two slots each), the merge, the travelling dK, dV, a half launch's dQ */
+    cp_ring_terms t;
+    cp_ring_terms_of(4, L, 1, 1, D, &t);
+    assert_int_equal(buf(&p, "ring_k.0")->bytes, L * D * 2);                /* 512 MiB: half a K/V block */
+    assert_int_equal(buf(&p, "ring_k.0")->bytes + buf(&p, "ring_v.0")->bytes, t.kv_block);
+    assert_int_equal(buf(&p, "ring_k.1")->bytes + buf(&p, "ring_v.1")->bytes + t.kv_block, t.kv_recv);
+    assert_int_equal(buf(&p, "ring_o.f32")->bytes, L * D * 4);              /* 1 GiB */
+    assert_int_equal(buf(&p, "ring_o.f32")->bytes, t.o_acc);
+    assert_int_equal(buf(&p, "ring_lse")->bytes, L * 4);                    /* 8 MiB */
+    assert_int_equal(buf(&p, "ring_lse")->bytes, t.lse_blk);
+    assert_int_equal(buf(&p, "ring_dkv.0.f32")->bytes, 2 * L * D * 4);      /* 2 GiB */
+    assert_int_equal(buf(&p, "ring_dkv.0.f32")->bytes + buf(&p, "ring_dkv.1.f32")->bytes, t.dkv_recv);
+    assert_int_equal(buf(&p, "ring_dkv_step.f32")->bytes, t.dkv_step);
+    assert_int_equal(buf(&p, "dq_half.f32")->bytes, c * D * 4 + (c / 128) * 4); /* 512 MiB + 32 KiB */
+    assert_int_equal(buf(&p, "dq_half.f32")->bytes, t.dq_half + (c / 128) * 4);
+    int64_t ring = t.kv_recv + t.o_acc + t.lse_blk + t.dkv_recv + t.dkv_step + t.dq_half + (c / 128) * 4;
+    assert_int_equal(ring, 10208968704LL); /* 9.51 GiB */
+    assert_int_equal(p.cat_bytes[CP_CAT_RING], ring);
+    /* against one group at 2M: the same bytes in every category but the ring's and the stage's working set, which
+     * lost the 2 GiB dK, dV accumulator */
+    for (int k = 0; k < CP_CAT_COUNT; k++) {
+        if (k == CP_CAT_RING || k == CP_CAT_ATTN) continue;
+        if (p.cat_bytes[k] != one.cat_bytes[k]) fail_msg("%s: %lld against %lld", cp_cat_name((cp_cat)k),
+                                                         (long long)p.cat_bytes[k], (long long)one.cat_bytes[k]);
+    }
+    assert_int_equal(one.cat_bytes[CP_CAT_RING], 0);
+    assert_int_equal(one.cat_bytes[CP_CAT_ATTN] - p.cat_bytes[CP_CAT_ATTN], 2 * L * D * 4);
+    /* what that makes per GPU, and that it fits a 139.79 GiB H200 */
+    assert_int_equal(p.gpu_live_peak, 107435238656LL);
+    assert_int_equal(p.gpu_arena, 109582722304LL);
+    assert_int_equal(p.gpu_peak, p.gpu_arena + (560LL << 20) + (1280LL << 20)); /* + reserve + NCCL reserve */
+    assert_true(p.fits);
+    /* 2 replicas: 64 GPUs, the same bytes, the same program (the shard all-reduces are there with a ring already) */
+    assert_int_equal(two.replicas * two.ring * two.C, 64);
+    assert_int_equal(two.gpu_arena, p.gpu_arena);
+    assert_int_equal(two.gpu_peak, p.gpu_peak);
+    assert_int_equal(two.host_arena, p.host_arena);
+    for (int k = 0; k < CP_CAT_COUNT; k++) assert_int_equal(two.cat_bytes[k], p.cat_bytes[k]);
+    for (int i = 0; i < p.nbufs; i++) assert_int_equal(two.bufs[i].bytes, p.bufs[i].bytes);
+    assert_int_equal(two.nsteps, p.nsteps);
+    assert_true(fabs(two.t_compute - p.t_compute) < 1e-9);
+    /* attention per GPU: the causal forward 2 S^2 H D of 32 layers over 32 GPUs, recomputed once, backward 2.5x */
+    double fwd = 2.0 * (double)S * S * H * D * 32 / 32;
+    assert_true(fabs(p.flops_attn / (4.5 * fwd) - 1) < 1e-12);
+    cp_plan_free(&p);
+    cp_plan_free(&one);
+    cp_plan_free(&two);
+}
+
+/* The steps of layer `layer`, phase `ph` and stage `st`, in order, into out (at most max): their count. */
+static int stage_steps(const cp_plan *p, int layer, cp_phase ph, int st, const cp_step **out, int max) {
+    int n = 0;
+    for (int i = 0; i < p->nsteps && n < max; i++) {
+        const cp_step *x = &p->steps[i];
+        if (x->layer == layer && x->phase == ph && x->stage == st) out[n++] = x;
+    }
+    return n;
+}
+
+/* An operand's buffer name, offset and bytes. */
+static void assert_op(const cp_plan *p, const cp_step *x, int j, const char *name, int64_t off, int64_t bytes) {
+    const cp_operand *o = &x->ops[j];
+    if (strcmp(p->bufs[o->buf].name, name) || o->offset != off || o->bytes != bytes)
+        fail_msg("%s ring step %d part %d operand %d: %s [%lld, +%lld), expected %s [%lld, +%lld)", x->what,
+                 x->ring_step, x->ring_part, j, p->bufs[o->buf].name, (long long)o->offset, (long long)o->bytes, name,
+                 (long long)off, (long long)bytes);
+}
+
+/* The stage table with rings: a forward stage is, after its Q (K, V) projection and all-to-all, P ring steps: K and
+ * V sent on (not at the last step) while the block in hand is attended to (its own causal, a received one in two half
+ * launches), each launch's result merged by LSE; then the merged output cast back for the all-to-all. Operands: the
+ * part-0 launch takes query half 1 and key half 0 at every position, exactly; part 1's half depends on the position,
+ * so it covers both. The backward sends K, V round again and every accumulator home; bytes sent are the terms. */
+static void test_ring_stage_tables(void **state) {
+    (void)state;
+    cp_spec s;
+    load_ring_8m(&s, NULL);
+    cp_plan p;
+    build(&s, &p);
+    const int64_t D = 128, L = 2097152, c = L / 2;
+    cp_ring_terms t;
+    cp_ring_terms_of(4, L, 1, 1, D, &t);
+    const cp_step *st[512];
+    int n = stage_steps(&p, 0, CP_PHASE_FWD, 1, st, 512);
+    /* stage 1 of a GQA group: K, V kept, Q projected, roped and sent */
+    const char *want[] = {"q_proj", "rope_q", "pack_q", "a2a_q",
+                          "ring_send_k", "ring_send_v", "attn_fwd", "attn_merge_init",
+                          "ring_send_k", "ring_send_v", "attn_fwd_half", "attn_merge", "attn_fwd_half", "attn_merge",
+                          "ring_send_k", "ring_send_v", "attn_fwd_half", "attn_merge", "attn_fwd_half", "attn_merge",
+                          "attn_fwd_half", "attn_merge", "attn_fwd_half", "attn_merge",
+                          "cast_o", "a2a_o", "unpack_o"};
+    assert_int_equal(n, (int)(sizeof want / sizeof *want));
+    double flops = 0;
+    int64_t sent = 0;
+    int nhalf = 0, nmerge = 0;
+    for (int i = 0; i < n; i++) {
+        const cp_step *x = st[i];
+        if (strcmp(x->what, want[i])) fail_msg("forward stage step %d: %s, expected %s", i, x->what, want[i]);
+        flops += x->flops * (x->kind == CP_OP_KERNEL);
+        bool ringed = i >= 4 && i < 24;
+        if (!ringed) assert_int_equal(x->ring_step, -1);
+        if (x->kind == CP_OP_SENDRECV) {
+            assert_int_equal(x->comm, CP_COMM_RING);
+            assert_int_equal(x->stream, CP_STREAM_COMM);
+            assert_int_equal(x->count, L * D * 2);
+            assert_true(fabs(x->seconds - ((double)L * D * 2 / 40e9 + 20e-6)) < 1e-12);
+            sent += x->count;
+        }
+        bool half = !strcmp(x->what, "attn_fwd_half"), merge = !strcmp(x->what, "attn_merge");
+        if (half || merge) { /* part 0, then part 1, of each step k >= 1 */
+            assert_true(x->ring_step >= 1);
+            assert_int_equal(x->ring_part, (half ? nhalf++ : nmerge++) % 2);
+            assert_int_equal(x->lse_stride, L);
+        }
+    }
+    assert_int_equal(sent, t.fwd_sent); /* 3 K/V blocks of 1 GiB */
+    /* ring steps 0..3 in order; the received block comes from the slot the send before it filled */
+    assert_int_equal(st[6]->ring_step, 0);
+    assert_int_equal(st[6]->ring_part, -1);
+    assert_int_equal(st[10]->ring_step, 1);
+    assert_int_equal(st[20]->ring_step, 3);
+    assert_op(&p, st[4], 0, "k_heads", 0, L * D * 2);
+    assert_op(&p, st[4], 1, "ring_k.0", 0, L * D * 2);
+    /* part 0 of step 1: query half 1 against key half 0, at every position */
+    assert_op(&p, st[10], 0, "q_heads", c * D * 2, c * D * 2);
+    assert_op(&p, st[10], 1, "ring_k.0", 0, c * D * 2);
+    assert_op(&p, st[10], 2, "ring_v.0", 0, c * D * 2);
+    assert_op(&p, st[10], 3, "o_heads", c * D * 2, c * D * 2);
+    assert_op(&p, st[10], 4, "ring_lse", c * 4, c * 4);
+    assert_op(&p, st[11], 2, "ring_o.f32", c * D * 4, c * D * 4);
+    assert_op(&p, st[11], 3, "lse", 1 * 1 * L * 4 + c * 4, c * 4); /* stage 1's LSE row, its second half */
+    /* part 1: half 0 or 1 by the position: both halves */
+    assert_op(&p, st[12], 0, "q_heads", 0, L * D * 2);
+    assert_op(&p, st[12], 1, "ring_k.0", 0, L * D * 2);
+    assert_op(&p, st[14], 0, "ring_k.1", 0, L * D * 2); /* step 2's block, passed on into the slot step 1 used */
+    assert_op(&p, st[14], 1, "ring_k.0", 0, L * D * 2);
+    /* the stage's attention FLOPs: 4 ring steps of 2 L^2 D each, the causal forward 2 S^2 D of one head over 4 */
+    assert_true(fabs(flops - 4 * 2.0 * (double)L * L * D) < 1);
+    assert_true(fabs(flops - 2.0 * (double)(4 * L) * (4 * L) * D / 4) < 1);
+    /* the backward of the last stage: K, V round again, P accumulator hops, the last home into slot 0 (P even) */
+    n = stage_steps(&p, 31, CP_PHASE_BWD, 3, st, 512);
+    int kv = 0, hops = 0, halves = 0, adds = 0;
+    sent = 0;
+    const char *last_hop = NULL;
+    for (int i = 0; i < n; i++) {
+        const cp_step *x = st[i];
+        if (x->kind == CP_OP_SENDRECV) sent += x->count;
+        kv += !strcmp(x->what, "ring_send_k") + !strcmp(x->what, "ring_send_v");
+        halves += !strcmp(x->what, "attn_bwd_half");
+        adds += !strcmp(x->what, "ring_add_dq");
+        if (!strcmp(x->what, "ring_send_dkv")) {
+            hops++;
+            assert_int_equal(x->count, 2 * L * D * 4);
+            last_hop = p.bufs[x->ops[1].buf].name;
+        }
+        if (!strcmp(x->what, "cast_dk")) assert_string_equal(p.bufs[x->ops[0].buf].name, "ring_dkv.0.f32");
+    }
+    assert_int_equal(kv, 6);
+    assert_int_equal(hops, 4);
+    assert_int_equal(halves, 6);
+    assert_int_equal(adds, 6);
+    assert_string_equal(last_hop, "ring_dkv.0.f32");
+    assert_int_equal(sent, t.bwd_sent); /* 3 blocks and 4 hops of 2 GiB: 11 GiB */
+    /* every send/recv is counted; only what no attention runs under is exposed: each backward stage's last hop home,
+     * less the dQ conversion that follows it (an attention launch, and no reader of the hop) */
+    double sr = 0, dq = 0;
+    for (int i = 0; i < p.nsteps; i++) {
+        if (p.steps[i].kind == CP_OP_SENDRECV) sr += p.steps[i].seconds;
+        if (!strcmp(p.steps[i].what, "attn_bwd_dq")) dq = p.steps[i].seconds;
+    }
+    assert_true(fabs(p.t_ring - sr) < 1e-9);
+    assert_true(dq > 0);
+    assert_true(fabs(p.t_ring_exposed - 32 * 4 * (cp_ring_sendrecv_seconds(2 * L * D * 4, 40) - dq)) < 1e-9);
+    /* the startup table shows the schedule */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cp_plan_print(&p, f, false);
+    fclose(f);
+    if (!strstr(text, "         1  1, 6     1: causal        0: q1k0 q0k0     3: q1k0 q1k1     2: q1k0 q1k1") ||
+        !strstr(text, "ring attention (blocks, merge, dK/dV)          9.51 GiB") ||
+        !strstr(text, "sent per GPU and stage: 3.00 GiB forward (3 blocks), 11.00 GiB backward (3 blocks, 4 "
+                      "accumulator hops)"))
+        fail_msg("%s", text);
+    free(text);
+    cp_plan_free(&p);
+}
+
+/* With an odd number of GPUs per group a rank's rows can straddle its two chunks: every RoPE launch site has one
+ * launch per run (the tiny shape on 1 GPU per group, ring 2: chunks 0 and 3 of position 0 on the one rank). */
+static void test_ring_rope_runs(void **state) {
+    (void)state;
+    cp_spec s;
+    load("tiny", &s, 2, "parallel.gpus=1", "parallel.ring=2");
+    cp_plan p;
+    build(&s, &p);
+    int runs[2] = {0};
+    for (int i = 0; i < p.nsteps; i++) {
+        const cp_step *x = &p.steps[i];
+        if (strncmp(x->what, "rope_", 5)) continue;
+        assert_true(x->ring_part == 0 || x->ring_part == 1);
+        runs[x->ring_part]++;
+        assert_int_equal(x->count, p.T);
+    }
+    assert_true(runs[0] > 0);
+    assert_int_equal(runs[0], runs[1]);
+    cp_plan_free(&p);
+    /* an even number: one run each, still marked for the executor (its positions are the zigzag's) */
+    load_ring_8m(&s, NULL);
+    build(&s, &p);
+    for (int i = 0; i < p.nsteps; i++)
+        if (!strncmp(p.steps[i].what, "rope_", 5)) assert_int_equal(p.steps[i].ring_part, 0);
+    cp_plan_free(&p);
+}
+
+/* `cpgen plan llama8b --gpus 8 --set parallel.ring=4 --max-seq`: the longest sequence on 32 GPUs. */
+static void test_ring_max_seq(void **state) {
     (void)state;
     cp_spec s;
     load("llama8b", &s, 2, "parallel.gpus=8", "parallel.ring=4");
+    cp_plan best;
+    char err[CP_ERR_MAX];
+    int64_t n = cp_plan_max_seq(&s, &best, err, sizeof err);
+    if (n <= 0) fail_msg("%s", err);
+    assert_int_equal(n, 25329664); /* 24736K: 773K per GPU */
+    assert_int_equal(n % (1024 * 32), 0);
+    assert_int_equal(best.S, n);
+    assert_int_equal(best.T, n / 32);
+    assert_true(best.fits);
+    assert_true(best.t_step > 0);
+    cp_plan_free(&best);
+}
+
+/* What cannot run yet is refused before any GPU is touched, naming the key, each missing piece and the fix; `cpgen
+ * run` exits 2 with it (here, without a GPU, after printing the plan, as a GPU machine would before its first
+ * allocation). A ring of u = 2 query heads per stage also needs the LSE row stride in the attention kernels. */
+static void test_ring_refusals(void **state) {
+    (void)state;
+    cp_spec s;
     cp_plan p;
     char err[CP_ERR_MAX];
-    assert_int_equal(cp_plan_build(&s, &p, err, sizeof err), -1);
-    if (!strstr(err, "<embedded>/llama8b.lua: parallel.ring = 4: ring attention across groups is not planned yet") ||
-        !strstr(err, "use parallel.ring = 1, with parallel.replicas for more GPUs"))
+    load("llama8b", &s, 3, "parallel.gpus=8", "parallel.ring=4", "train.seq_len=1M");
+    build(&s, &p);
+    assert_int_equal(cp_exec_supports(&p, err, sizeof err), -1);
+    if (!strstr(err, "<embedded>/llama8b.lua: parallel.ring = 4 (32 GPUs in all): this build plans ring attention "
+                     "but cannot run it yet; missing: (1) the ring communicator") ||
+        !strstr(err, "send/recv over it, for ring_send_k, ring_send_v, ring_send_dkv") ||
+        !strstr(err, "(2) argument builders in runtime/exec_args.c for attn_merge_init, attn_fwd_half, attn_merge, "
+                     "cast_o, attn_bwd_half, ring_add_dq, ring_add_dkv") ||
+        !strstr(err, "(3) RoPE at a ring rank's zigzag positions for rope_q, rope_k, rope_dq, rope_dk") ||
+        strstr(err, "(4)") || !strstr(err, "Train with parallel.ring = 1 (parallel.replicas adds GPUs"))
         fail_msg("%s", err);
-    assert_int_equal(p.nsteps, 0);
-    err[0] = 0;
-    assert_int_equal(cp_plan_max_seq(&s, &p, err, sizeof err), 0);
-    assert_non_null(strstr(err, "parallel.ring = 4"));
-    assert_null(p.steps);
+    cp_plan_free(&p);
+    load("llama8b", &s, 4, "parallel.gpus=8", "parallel.ring=4", "train.seq_len=1M", "parallel.upipe_heads=16");
+    build(&s, &p);
+    assert_int_equal(cp_exec_supports(&p, err, sizeof err), -1);
+    if (!strstr(err, "(4) the LSE row stride as a kernel argument of templates/attention.cu, attention_sm90.cuh and "
+                     "attention_bwd_sm90.cuh: a half-block launch (SEQ = 131072) of 2 query heads per GPU reads and "
+                     "writes LSE rows 262144 apart"))
+        fail_msg("%s", err);
+    cp_plan_free(&p);
+    char *out;
+    assert_int_equal(sh("build/cpgen run llama8b --gpus 8 --set parallel.ring=4 --seq 1M", &out), 2);
+    if (!strstr(out, "cpgen: <embedded>/llama8b.lua: parallel.ring = 4 (32 GPUs in all)") ||
+        !strstr(out, "Train with parallel.ring = 1"))
+        fail_msg("%s", out);
+    free(out);
+    /* the spec's own refusal: a length the zigzag cannot cut, with the two nearest that it can */
+    assert_int_equal(sh("build/cpgen plan llama8b --gpus 8 --set parallel.ring=4 --seq 1000032", &out), 2);
+    if (!strstr(out, "train.seq_len = 1000032: with ring = 4 the sequence is cut into 2 x ring = 8 zigzag chunks") ||
+        !strstr(out, "it must be a multiple of 2 x ring x gpus = 64; use 1000000 or 1000064"))
+        fail_msg("%s", out);
+    free(out);
+    /* nothing fits: --max-seq says why at the shortest length (1K tokens on each of the 32 GPUs) */
+    assert_int_equal(sh("build/cpgen plan llama8b --gpus 8 --set parallel.ring=4 --set machine.gpu_mem=16G --max-seq",
+                        &out), 2);
+    if (!strstr(out, "<embedded>/llama8b.lua: no sequence length fits, not even 32768 tokens: ") ||
+        !strstr(out, "the machine has"))
+        fail_msg("%s", out);
+    free(out);
 }
 
 static void test_json_parses(void **state) {
@@ -775,17 +1096,38 @@ static void test_json_parses(void **state) {
     FILE *f = fdopen(fd, "w");
     cp_plan_print_json(&p, f);
     fclose(f);
-    char cmd[256];
+    char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
              "assert d[\"parallel\"][\"gpus\"]==2 and d[\"memory\"][\"gpu_arena\"]>0 and len(d[\"stages\"])==%d' %s",
              p.nstages, path);
     assert_int_equal(system(cmd), 0);
+    cp_plan_free(&p);
+    /* a ring's schedule and terms: position 1 (chunks 1 and 6) takes block 0 through query halves 1 and 0 against key
+     * half 0; the ring's buffers in the memory table */
+    load_ring_8m(&s, NULL);
+    build(&s, &p);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    cp_plan_print_json(&p, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d[\"ring\"]; "
+             "assert r[\"positions\"]==4 and r[\"group_tokens\"]==2097152 and r[\"chunk_tokens\"]==1048576; "
+             "assert r[\"schedule\"][1][0]=={\"source\":1,\"causal\":True}; "
+             "assert r[\"schedule\"][1][1]=={\"source\":0,\"halves\":[[1,0],[0,0]]}; "
+             "assert r[\"schedule\"][0][1]=={\"source\":3,\"halves\":[[1,0],[1,1]]}; "
+             "assert r[\"per_stage\"][\"bwd_sent\"]==11*2**30 and d[\"memory\"][\"gpu\"][\"ring\"]==10208968704; "
+             "assert d[\"groups\"][\"world\"]==32' %s",
+             path);
+    assert_int_equal(system(cmd), 0);
     unlink(path);
     cp_plan_free(&p);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    (void)argc;
+    go_to_source_tree(argv[0], "tests/specs_bad"); /* the cpgen binary is build/cpgen from there */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_arithmetic),
         cmocka_unit_test(test_upipe_auto),
@@ -798,7 +1140,9 @@ int main(void) {
         cmocka_unit_test(test_refuses_when_too_small),
         cmocka_unit_test(test_host_memory), cmocka_unit_test(test_max_seq),
         cmocka_unit_test(test_max_seq_none_fits), cmocka_unit_test(test_json_parses),
-        cmocka_unit_test(test_replicas),     cmocka_unit_test(test_ring_refused),
+        cmocka_unit_test(test_replicas),     cmocka_unit_test(test_ring_8b_arithmetic),
+        cmocka_unit_test(test_ring_stage_tables), cmocka_unit_test(test_ring_rope_runs),
+        cmocka_unit_test(test_ring_max_seq), cmocka_unit_test(test_ring_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

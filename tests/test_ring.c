@@ -1,8 +1,9 @@
 /* test_ring.c: ring attention over a zigzag split (gen/ring.c) and the LSE merge (tests/ref's ref_attn_merge, the
  * math of templates/attn_merge.cu). The schedule: at every ring step each (query chunk, key chunk) pair it computes
  * is computed with the mask the global causal order gives it, every pair at or below the diagonal is computed once
- * over all positions and steps, and every step is the same work. The math: ring attention of a causal sequence,
- * block by block with the schedule and merged by LSE, equals the float64 reference of the whole sequence. */
+ * over all positions and steps, and every step is the same work; the plan's two half-block launches of a step are
+ * its pairs. The math: ring attention of a causal sequence, block by block with the schedule (or half block by half
+ * block, as the plan launches it) and merged by LSE, equals the float64 reference of the whole sequence. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +15,7 @@
 
 #include "ref/ref.h"
 #include "ring.h"
+#include "util.h"
 
 #define MAXP 8
 
@@ -69,6 +71,44 @@ static void test_zigzag_classification(void **state) {
     assert_int_equal(cp_ring_kv_bytes(2097152, 1, 128), 1073741824LL);
 }
 
+/* The two half-block launches of a step k >= 1 (what one plan runs at every position) are exactly the (query half,
+ * key half) pairs cp_ring_step_of gives the position, each once; part 0 is the same pair at every position. And the
+ * most RoPE runs a rank has is what cp_ring_rope_runs gives the ranks. */
+static void test_half_launches(void **state) {
+    (void)state;
+    for (int P = 2; P <= MAXP; P++)
+        for (int p = 0; p < P; p++)
+            for (int k = 1; k < P; k++) {
+                cp_ring_step s = cp_ring_step_of(P, p, k);
+                int want[2][2] = {{0}}, got[2][2] = {{0}};
+                for (int qh = s.q_half0; qh < s.q_half1; qh++)
+                    for (int kh = s.k_half0; kh < s.k_half1; kh++) want[qh][kh] = 1;
+                for (int part = 0; part < 2; part++) {
+                    cp_ring_half h = cp_ring_half_of(P, p, k, part);
+                    got[h.q_half][h.k_half]++;
+                    if (part == 0) assert_true(h.q_half == 1 && h.k_half == 0);
+                }
+                for (int qh = 0; qh < 2; qh++)
+                    for (int kh = 0; kh < 2; kh++)
+                        if (got[qh][kh] != want[qh][kh])
+                            fail_msg("P=%d p=%d step %d: halves (%d, %d) launched %d times, the step has %d", P, p, k,
+                                     qh, kh, got[qh][kh], want[qh][kh]);
+            }
+    /* P = 4, position 1: from 0 (an earlier position) q0k0, from 3 and 2 q1k1 */
+    assert_int_equal(cp_ring_half_of(4, 1, 1, 1).q_half, 0);
+    assert_int_equal(cp_ring_half_of(4, 1, 2, 1).k_half, 1);
+    for (int P = 1; P <= MAXP; P++)
+        for (int C = 1; C <= 8; C++) {
+            int most = 0;
+            for (int p = 0; p < P; p++)
+                for (int r = 0; r < C; r++) {
+                    cp_ring_rope_run run[2];
+                    most = CP_MAX(most, cp_ring_rope_runs(P, p, 2LL * P * C * 4, C, r, run));
+                }
+            assert_int_equal(cp_ring_rope_nruns(P, C), most);
+        }
+}
+
 /* The 8B shape (32 heads, 8 KV heads, head_dim 128) at 8M tokens on 32 GPUs, ring 4 x 8 GPUs, UPipe U = 8: a group
  * holds S/P = 2M tokens; u = 1 query head and kvr = 1 KV head per rank per stage. With 2 replicas (64 GPUs) every
  * GPU's terms are the same: replicas add sequences, not buffers. */
@@ -81,16 +121,23 @@ static void test_ring_terms_8b_8m(void **state) {
     assert_int_equal(t.kv_block, 1LL << 30);
     assert_int_equal(t.kv_recv, 2LL << 30);
     assert_int_equal(t.o_acc, 2097152LL * 128 * 4);            /* 1 GiB */
-    assert_int_equal(t.lse_acc, 8LL << 20);                    /* 8 MiB */
+    assert_int_equal(t.lse_blk, 8LL << 20);                    /* 8 MiB */
     assert_int_equal(t.dkv_block, 2LL << 30);                  /* dK, dV fp32 */
     assert_int_equal(t.dkv_recv, 4LL << 30);
+    assert_int_equal(t.dkv_step, 2LL << 30);                   /* a step's own dK, dV */
+    assert_int_equal(t.dq_half, 1048576LL * 128 * 4);          /* a half block's fp32 dQ: 512 MiB */
     assert_int_equal(t.fwd_sent, 3LL << 30);                   /* 3 blocks of 1 GiB */
     assert_int_equal(t.bwd_sent, (3LL << 30) + 4 * (2LL << 30)); /* 3 blocks, 4 accumulator hops: 11 GiB */
     /* a ring of 1 adds nothing and sends nothing */
     cp_ring_terms one;
     cp_ring_terms_of(1, S, 1, 1, 128, &one);
-    assert_true(one.kv_recv == 0 && one.o_acc == 0 && one.lse_acc == 0 && one.dkv_recv == 0 && one.fwd_sent == 0 &&
-                one.bwd_sent == 0);
+    /* a ring of 2 receives one block per stage, under the own block's attention: one slot */
+    cp_ring_terms two;
+    cp_ring_terms_of(2, L, 1, 1, 128, &two);
+    assert_int_equal(two.kv_recv, two.kv_block);
+    assert_int_equal(two.dkv_recv, 2 * two.dkv_block); /* an accumulator still arrives while one is in hand */
+    assert_true(one.kv_recv == 0 && one.o_acc == 0 && one.lse_blk == 0 && one.dkv_recv == 0 && one.dkv_step == 0 &&
+                one.dq_half == 0 && one.fwd_sent == 0 && one.bwd_sent == 0);
     /* a rank's 4 stages (H / U) of u = 1 query head, P = 4 ring steps each, over the 32 ranks: the causal forward
      * 2 S^2 H D of the whole sequence */
     double per_rank = 4 * 4 * cp_ring_step_fwd_flops(L, 1, 128);
@@ -194,9 +241,9 @@ static void block_attention(const double *q, const double *k, const double *v, i
 
 /* Ring attention of a causal sequence of 2P chunks of c tokens, every position's blocks merged by LSE, against the
  * float64 reference of the whole sequence: the output within bf16 rounding of each block's partial output, the lse
- * within fp32 rounding. */
-static void test_ring_attention_matches_reference(void **state) {
-    (void)state;
+ * within fp32 rounding. Each step k > 0 as one launch over the step's halves (cp_ring_step_of) or, with `halves`, as
+ * the plan runs it: two c x c launches (cp_ring_half_of), each merged over its query half at once. */
+static void ring_attention_matches_reference(bool halves) {
     enum { P = 4, c = 3, QH = 4, KVH = 2, D = 8, S = 2 * P * c, L = 2 * c };
     static double q[S * QH * D], k[S * KVH * D], v[S * KVH * D], o_ref[S * QH * D], lse_ref[QH * S];
     uint64_t seed = 42;
@@ -220,16 +267,23 @@ static void test_ring_attention_matches_reference(void **state) {
         uint16_t o_blk[L * QH * D];
         for (int st = 0; st < P; st++) {
             cp_ring_step s = cp_ring_step_of(P, p, st);
-            int64_t q0 = (int64_t)s.q_half0 * c, nq = (int64_t)(s.q_half1 - s.q_half0) * c;
-            int64_t k0 = (int64_t)s.k_half0 * c, nk = (int64_t)(s.k_half1 - s.k_half0) * c;
-            block_attention(lq + q0 * QH * D, lk[s.source] + k0 * KVH * D, lv[s.source] + k0 * KVH * D, nq, nk, QH,
-                            KVH, D, s.causal, o_blk + q0 * QH * D, lse_blk + q0, L);
-            if (st == 0) { /* the own block covers every query row: the merge's starting point */
-                assert_true(nq == L);
-                for (int i = 0; i < L * QH * D; i++) o_acc[i] = bf16_to_f32(o_blk[i]);
-                memcpy(lse_acc, lse_blk, sizeof lse_acc);
-            } else { /* a range of query rows: offset rows and lse columns, lse rows keep their stride */
-                ref_attn_merge(o_blk + q0 * QH * D, lse_blk + q0, o_acc + q0 * QH * D, lse_acc + q0, nq, QH, D, L);
+            for (int part = 0; part < (halves && st ? 2 : 1); part++) {
+                if (halves && st) { /* the plan's launch: one half of queries against one half of keys */
+                    cp_ring_half h = cp_ring_half_of(P, p, st, part);
+                    s.q_half0 = h.q_half, s.q_half1 = h.q_half + 1, s.k_half0 = h.k_half, s.k_half1 = h.k_half + 1;
+                }
+                int64_t q0 = (int64_t)s.q_half0 * c, nq = (int64_t)(s.q_half1 - s.q_half0) * c;
+                int64_t k0 = (int64_t)s.k_half0 * c, nk = (int64_t)(s.k_half1 - s.k_half0) * c;
+                block_attention(lq + q0 * QH * D, lk[s.source] + k0 * KVH * D, lv[s.source] + k0 * KVH * D, nq, nk,
+                                QH, KVH, D, s.causal, o_blk + q0 * QH * D, lse_blk + q0, L);
+                if (st == 0) { /* the own block covers every query row: the merge's starting point */
+                    assert_true(nq == L);
+                    for (int i = 0; i < L * QH * D; i++) o_acc[i] = bf16_to_f32(o_blk[i]);
+                    memcpy(lse_acc, lse_blk, sizeof lse_acc);
+                } else { /* a range of query rows: offset rows and lse columns, lse rows keep their stride */
+                    ref_attn_merge(o_blk + q0 * QH * D, lse_blk + q0, o_acc + q0 * QH * D, lse_acc + q0, nq, QH, D,
+                                   L);
+                }
             }
         }
         for (int h = 0; h < 2; h++) {
@@ -245,15 +299,23 @@ static void test_ring_attention_matches_reference(void **state) {
                 }
         }
     }
-    print_message("ring of %d, %d tokens: max |o - ref| %.2e, max |lse - ref| %.2e\n", P, S, max_o, max_lse);
+    print_message("ring of %d, %d tokens%s: max |o - ref| %.2e, max |lse - ref| %.2e\n", P, S,
+                  halves ? " in half-block launches" : "", max_o, max_lse);
     assert_true(max_o < 8e-3);  /* the partial outputs are bf16: half a unit of 2^-8 on values below 1 */
     assert_true(max_lse < 2e-6);
     assert_true(max_o > 0);     /* bf16 partials do round: the comparison measures something */
 }
 
+static void test_ring_attention_matches_reference(void **state) {
+    (void)state;
+    ring_attention_matches_reference(false);
+    ring_attention_matches_reference(true);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zigzag_classification),
+        cmocka_unit_test(test_half_launches),
         cmocka_unit_test(test_ring_terms_8b_8m),
         cmocka_unit_test(test_rope_runs),
         cmocka_unit_test(test_merge_by_hand),

@@ -7,7 +7,8 @@
  * same shapes, when python3 with torch is there, and prints both side by side.
  * On Hopper it times both forwards and both backwards: the wgmma ones the runtime runs and the mma.sync ones of sm_80
  * and sm_89.
- * Options: --seq N (default 32768), --head-dim 64|128 (default 128), --reps N (default 10), --no-sdpa. */
+ * Options: --seq N (default 32768), --head-dim 64|128 (default 128), --reps N (default 10), --no-sdpa, --quick (only
+ * what the runtime runs beside SDPA's CUDNN backend: no mma.sync kernels on Hopper, no FLASH backend). */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,7 +48,7 @@ static uint16_t *rand_bf16(int64_t n, uint64_t seed) {
 
 static double flops_fwd(int64_t S, int H, int64_t D) { return 4.0 * (double)S * (double)S * H * (double)D / 2; }
 
-static void bench(bench_row *r, int64_t S, int64_t D, int reps) {
+static void bench(bench_row *r, int64_t S, int64_t D, int reps, bool quick) {
     attn_mod mods[2]; /* dQ sums ordered, atomic */
     memset(mods, 0, sizeof mods);
     mods[0].sh = (attn_shape){S, D, r->qh, r->kvh, true, false, false};
@@ -88,7 +89,7 @@ static void bench(bench_row *r, int64_t S, int64_t D, int reps) {
                                  "bwd (wgmma, atomic dQ)", "fwd (mma.sync)", "bwd (mma.sync)"};
     double *phase_ms[5] = {&r->fwd_ms, &r->bwd_ms, &r->bwd_atomic_ms, &r->fwd_mma_ms, &r->bwd_mma_ms};
     r->fwd_mma_ms = r->bwd_mma_ms = r->bwd_atomic_ms = -1;
-    for (int phase = 0; phase < (m->hopper ? 5 : 2); phase++) {
+    for (int phase = 0; phase < (m->hopper ? (quick ? 3 : 5) : 2); phase++) {
         attn_mod *pm = phase == 2 ? &mods[1] : m;
         pm->use_mma = phase >= 3;
         for (int i = -2; i < reps; i++) { /* two warm-up runs */
@@ -134,15 +135,15 @@ static void sdpa_script(char *out, size_t n) {
     snprintf(out, n, "%s/../../../tests/gpu/bench_attention_sdpa.py", exe);
 }
 
-static void run_sdpa(bench_row *rows, int nrows, int64_t S, int64_t D, int reps) {
+static void run_sdpa(bench_row *rows, int nrows, int64_t S, int64_t D, int reps, bool quick) {
     char script[PATH_MAX + 64], cmd[PATH_MAX + 256];
     sdpa_script(script, sizeof script);
     if (access(script, R_OK) != 0) {
         printf("(no %s: SDPA comparison skipped)\n", script);
         return;
     }
-    snprintf(cmd, sizeof cmd, "python3 '%s' --seq %lld --head-dim %lld --reps %d 2>&1", script, (long long)S,
-             (long long)D, reps);
+    snprintf(cmd, sizeof cmd, "python3 '%s' --seq %lld --head-dim %lld --reps %d%s 2>&1", script, (long long)S,
+             (long long)D, reps, quick ? " --cudnn-only" : "");
     printf("\n$ %s\n", cmd);
     fflush(stdout);
     FILE *p = popen(cmd, "r");
@@ -172,14 +173,15 @@ static void tfs(char *buf, size_t n, double flops, double ms) {
 int main(int argc, char **argv) {
     int64_t S = 32768, D = 128;
     int reps = 10;
-    bool sdpa = true;
+    bool sdpa = true, quick = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seq") && i + 1 < argc) S = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc) D = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-sdpa")) sdpa = false;
+        else if (!strcmp(argv[i], "--quick")) quick = true;
         else {
-            fprintf(stderr, "usage: bench_attention [--seq N] [--head-dim 64|128] [--reps N] [--no-sdpa]\n");
+            fprintf(stderr, "usage: bench_attention [--seq N] [--head-dim 64|128] [--reps N] [--no-sdpa] [--quick]\n");
             return 2;
         }
     }
@@ -188,8 +190,8 @@ int main(int argc, char **argv) {
     bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, -1, -1, -1, {-1, -1}, {-1, -1}},
                         {"GQA 32/8", 32, 8, 0, 0, -1, -1, -1, {-1, -1}, {-1, -1}}};
     const int nrows = 2;
-    for (int i = 0; i < nrows; i++) bench(&rows[i], S, D, reps);
-    if (sdpa) run_sdpa(rows, nrows, S, D, reps);
+    for (int i = 0; i < nrows; i++) bench(&rows[i], S, D, reps, quick);
+    if (sdpa) run_sdpa(rows, nrows, S, D, reps, quick);
 
     printf("\ncausal attention, S=%lld, D=%lld, 32 query heads; TF/s = fwd 4*S^2*H*D/2, bwd 2.5x fwd\n", (long long)S,
            (long long)D);
