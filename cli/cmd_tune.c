@@ -190,7 +190,8 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
         cp_tune_sets_free(sets, nsets);
         return;
     }
-    double t_trunc = P.t_step;
+    double t_trunc = P.t_step, trunc_layer_fraction = cp_tune_layer_fraction(&P);
+    c->measured_plan_peak = P.gpu_peak;
     cp_plan_free(&P);
     char **argv = child_argv("run", o->spec_arg, sets, nsets, NULL, 0);
     (void)cp_mkdir_p(dir);
@@ -208,11 +209,12 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
         c->measured = true;
         c->measured_layers = L;
         c->t_full = c->measured_step / t_trunc * c->t_plan;
-        c->per_layer = c->measured_step * c->layer_fraction / L;
+        c->per_layer = c->measured_step * trunc_layer_fraction / L;
     }
     if (c->measured)
-        fprintf(out, "%.3f s per %d-layer step (plan %.3f s) -> %.3f s at full depth; peak %.2f GiB; %.0f s\n",
-                c->measured_step, L, t_trunc, c->t_full, (double)c->measured_peak / (1 << 30), took);
+        fprintf(out, "%.3f s per %d-layer step (plan %.3f s) -> %.3f s at full depth; peak %.2f GiB (plan %.2f); %.0f s\n",
+                c->measured_step, L, t_trunc, c->t_full, (double)c->measured_peak / (1 << 30),
+                (double)c->measured_plan_peak / (1 << 30), took);
     else fprintf(out, "%s\n", c->note);
     free(argv);
     cp_tune_sets_free(sets, nsets);

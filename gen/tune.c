@@ -207,12 +207,7 @@ int cp_tune_plan(cp_tune *t, const cp_tune_axes *ax, const char *path, const cha
         c->t_plan = c->t_full = P.t_step;
         c->gpu_peak = P.gpu_peak;
         c->host_peak = P.host_peak;
-        double in_layers = 0, all = 0;
-        for (int s = 0; s < P.nsteps; s++) {
-            all += P.steps[s].seconds;
-            if (P.steps[s].layer >= 0) in_layers += P.steps[s].seconds;
-        }
-        c->layer_fraction = all > 0 ? in_layers / all : 1;
+        c->layer_fraction = cp_tune_layer_fraction(&P);
         cp_plan_free(&P);
         for (int k = 0; k < i && c->fits; k++)
             if (t->c[k].fits && t->c[k].same_as < 0 && same_plan(&t->c[k], c)) {
@@ -276,20 +271,20 @@ void cp_tune_print(const cp_tune *t, FILE *out, int max) {
         for (int v = 0; v < ax->axes[a].nvalues; v++) w[a] = CP_MAX(w[a], (int)strlen(ax->axes[a].values[v]));
         fprintf(out, "  %*s", w[a], short_key(ax->axes[a].key));
     }
-    fprintf(out, "  %10s  %10s  %10s  %9s  %9s  %9s\n", "GPU plan", "host plan", "GPU meas", "s/layer", "step (s)",
+    fprintf(out, "  %10s  %10s  %15s  %9s  %9s  %9s\n", "GPU plan", "host plan", "L-layer GiB", "s/layer", "step (s)",
             "tok/s/GPU");
     int shown = 0;
     for (int r = 0; r < t->nranked && shown < max; r++, shown++) {
         const cp_tune_cand *c = &t->c[t->order[r]];
         fprintf(out, "%4d", c->rank);
         for (int a = 0; a < ax->naxes; a++) fprintf(out, "  %*s", w[a], c->values[a]);
-        char meas[32] = "-", layer[32] = "-", tps[32];
-        if (c->measured) {
-            snprintf(meas, sizeof meas, "%.2f GiB", gib(c->measured_peak));
+        char meas[48] = "-", layer[32] = "-", tps[32];
+        if (c->measured) { /* the truncated model's peak, measured/planned */
+            snprintf(meas, sizeof meas, "%.2f/%.2f", gib(c->measured_peak), gib(c->measured_plan_peak));
             snprintf(layer, sizeof layer, "%.3f", c->per_layer);
         }
         cp_fmt_count((double)c->tokens / c->C / c->t_full, tps, sizeof tps);
-        fprintf(out, "  %6.2f GiB  %6.2f GiB  %10s  %9s  %9.3f  %9s  %s\n", gib(c->gpu_peak), gib(c->host_peak), meas,
+        fprintf(out, "  %6.2f GiB  %6.2f GiB  %15s  %9s  %9.3f  %9s  %s\n", gib(c->gpu_peak), gib(c->host_peak), meas,
                 layer, c->t_full, tps, c->measured ? "measured" : "planned");
         if (c->note[0]) fprintf(out, "      %s\n", c->note);
     }
@@ -352,7 +347,8 @@ int cp_tune_write_jsonl(const cp_tune *t, const char *path, char *err, int errle
                 cp_json_put_number(&s, c->measured_step);
                 cp_str_printf(&s, ",\"seconds_per_layer\":");
                 cp_json_put_number(&s, c->per_layer);
-                cp_str_printf(&s, ",\"measured_gpu_peak\":%lld", (long long)c->measured_peak);
+                cp_str_printf(&s, ",\"measured_gpu_peak\":%lld,\"measured_plan_gpu_peak\":%lld", (long long)c->measured_peak,
+                              (long long)c->measured_plan_peak);
             }
             cp_str_printf(&s, ",\"step_seconds\":");
             cp_json_put_number(&s, c->t_full);
@@ -373,6 +369,15 @@ int cp_tune_write_jsonl(const cp_tune *t, const char *path, char *err, int errle
     cp_str_free(&s);
     if (rc) return cp_errf(err, errlen, "cannot write %s (%s)", path, strerror(errno));
     return 0;
+}
+
+double cp_tune_layer_fraction(const cp_plan *P) {
+    double in_layers = 0, all = 0;
+    for (int s = 0; s < P->nsteps; s++) {
+        all += P->steps[s].seconds;
+        if (P->steps[s].layer >= 0) in_layers += P->steps[s].seconds;
+    }
+    return all > 0 ? in_layers / all : 1;
 }
 
 /* ---------------------------------------------------------------- tune.svg */
@@ -405,7 +410,7 @@ int cp_tune_svg(const cp_tune *t, const char *path, char *err, int errlen) {
         x0 = fmin(x0, c->U);
         x1 = fmax(x1, c->U);
         tmax = fmax(tmax, c->t_full);
-        mmax = fmax(mmax, gib(c->measured ? CP_MAX(c->measured_peak, c->gpu_peak) : c->gpu_peak));
+        mmax = fmax(mmax, gib(c->gpu_peak));
     }
     if (x1 <= x0) x0 -= 1, x1 += 1;
     const cp_tune_cand *win = &t->c[t->order[0]];
@@ -413,13 +418,15 @@ int cp_tune_svg(const cp_tune *t, const char *path, char *err, int errlen) {
     char title[256];
     snprintf(title, sizeof title, "cpgen tune: %d candidates, %d fit; winner U=%d, %.3f s per step (%s)", t->n,
              t->nranked, win->U, win->t_full, win->measured ? "measured" : "planned");
-    if (cp_svg_begin(&s, path, 1100, 560, title, err, errlen)) return -1;
+    if (cp_svg_begin(&s, path, 1100, 500 + 13 * SVG_SERIES + 30, title, err, errlen)) return -1;
     cp_svg_panel pt = {70, 60, 400, 360, x0, x1, 0, tmax * 1.1};
     cp_svg_panel pm = {560, 60, 400, 360, x0, x1, 0, mmax * 1.1};
     const char *colors[SVG_SERIES] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
     for (int p = 0; p < 2; p++) {
         const cp_svg_panel *pp = p ? &pm : &pt;
-        cp_svg_panel_begin(&s, pp, p ? "memory" : "time", p ? "peak GPU memory per GPU" : "step time, full depth",
+        /* memory as planned at full depth: a measurement ran a truncated model, whose peak the table and tune.jsonl
+         * set against its own plan */
+        cp_svg_panel_begin(&s, pp, p ? "memory" : "time", p ? "peak GPU memory per GPU (plan, full depth)" : "step time, full depth",
                            "UPipe chunk size U (heads per stage)", p ? "GiB" : "seconds");
         for (int g = 0; g < ng; g++) {
             const cp_tune_cand *head = &t->c[group[g]];
@@ -433,7 +440,7 @@ int cp_tune_svg(const cp_tune *t, const char *path, char *err, int errlen) {
                         if (a != ua && strcmp(c->values[a], head->values[a])) same = false;
                     if (!same) continue;
                     xs[n] = u;
-                    ys[n++] = p ? gib(c->measured ? c->measured_peak : c->gpu_peak) : c->t_full;
+                    ys[n++] = p ? gib(c->gpu_peak) : c->t_full;
                     break;
                 }
             cp_str name = {0};
@@ -441,16 +448,18 @@ int cp_tune_svg(const cp_tune *t, const char *path, char *err, int errlen) {
                 if (a != ua) cp_str_printf(&name, "%s%s=%s", name.len ? " " : "", short_key(t->axes.axes[a].key),
                                            head->values[a]);
             cp_svg_series(&s, pp, xs, ys, n, colors[g], name.data ? name.data : "all");
-            if (p == 0) cp_svg_legend(&s, 70, 450 + 13 * g, colors[g], name.data ? name.data : "all");
+            if (p == 0) cp_svg_legend(&s, 70, 490 + 13 * g, colors[g], name.data ? name.data : "all");
             cp_str_free(&name);
         }
-        double wy = p ? gib(win->measured ? win->measured_peak : win->gpu_peak) : win->t_full;
+        double wy = p ? gib(win->gpu_peak) : win->t_full;
         fprintf(s.f, "<circle %s cx=\"%.1f\" cy=\"%.1f\" r=\"7\" fill=\"none\" stroke=\"black\" stroke-width=\"2\"/>\n",
                 p ? "class=\"winner\"" : "id=\"winner\" class=\"winner\"", cp_svg_px(pp, win->U), cp_svg_py(pp, wy));
         cp_svg_text(&s, cp_svg_px(pp, win->U) + 10, cp_svg_py(pp, wy) - 10, "start", 11, "black", "winner");
         cp_svg_panel_end(&s);
     }
-    if (more) cp_svg_text(&s, 560, 450, "start", 11, "#555", "%d more combinations of the other axes in tune.jsonl", more);
+    if (more)
+        cp_svg_text(&s, 70, 490 + 13 * ng + 6, "start", 11, "#555", "%d more combinations of the other axes in tune.jsonl",
+                    more);
     return cp_svg_end(&s, err, errlen);
 }
 

@@ -46,7 +46,8 @@ typedef struct {
     double measured_step;       /* its median step, seconds */
     double per_layer;           /* measured seconds per layer */
     double t_full;              /* the full-depth step: measured and extrapolated, else t_plan */
-    int64_t measured_peak;      /* GPU bytes, largest at a step's end */
+    int64_t measured_peak;      /* GPU bytes, largest at a step's end, of the truncated model */
+    int64_t measured_plan_peak; /* the truncated model's planned GPU peak, to set the measured one against */
     char note[1600];            /* why it was not measured, or what went wrong */
     int rank;                   /* 1 = the winner; 0 for skipped and duplicate candidates */
 } cp_tune_cand;
@@ -108,5 +109,7 @@ int cp_tune_write_lua(const cp_tune *t, const char *path, const cp_spec *input, 
 
 /* "10m", "90s", "1h", "600": seconds; -1 when malformed. */
 double cp_tune_parse_budget(const char *s);
+/* The share of a plan's predicted step spent in its layers (the rest: embedding, loss, optimizer). */
+double cp_tune_layer_fraction(const cp_plan *P);
 
 #endif

@@ -241,6 +241,31 @@ static void test_outputs(void **state) {
     assert_int_equal(xml_count(svg, "data-name", "gpu_mem=143150M gpus=1 mlp_tile=auto"), 2);
     assert_int_equal(xml_count(svg, "data-name", "gpu_mem=4G gpus=2 mlp_tile=auto"), 0); /* none fits */
     assert_int_equal(xml_count(svg, "class", "series"), 2 * 4);
+    /* a measurement of a truncated model leaves the memory panel (the full-depth plan's) as it was, and the table
+     * sets its peak against its own plan's */
+    cp_tune_cand *w = &t.c[t.order[0]];
+    w->measured = true;
+    w->measured_layers = 1;
+    w->measured_step = w->per_layer = 1.0;
+    w->measured_peak = 3LL << 30;
+    w->measured_plan_peak = 13LL << 28; /* 3.25 GiB */
+    snprintf(path, sizeof path, "%s/tune_measured.svg", root);
+    assert_int_equal(cp_tune_svg(&t, path, err, sizeof err), 0);
+    char *svg2 = read_text(path);
+    const char *mem = strstr(svg, "id=\"memory\""), *mem2 = strstr(svg2, "id=\"memory\"");
+    assert_non_null(mem);
+    assert_non_null(mem2);
+    assert_string_equal(mem, mem2);
+    free(svg2);
+    char *tab = NULL;
+    size_t tablen = 0;
+    FILE *tf = open_memstream(&tab, &tablen);
+    cp_tune_print(&t, tf, 3);
+    fclose(tf);
+    assert_non_null(strstr(tab, "3.00/3.25"));
+    assert_non_null(strstr(tab, "L-layer GiB"));
+    free(tab);
+    w->measured = false;
     free(svg);
 
     /* tuned.lua: the input, the command's sets and the winner */
