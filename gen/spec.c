@@ -1203,7 +1203,8 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->host_runtime = 320 * MIB;  /* measured on H200 hosts: 180-340 MiB added beside the arena once steps run */
     m->peak_tflops = 790; /* an 8192^3 bf16 GEMM on random data on an H200 */
     m->gemm_tflops = 700; /* inside the 3B step on an H200: 693 (32K) and 670 (128K); the 1B's at 32K: 761 */
-    /* the Hopper kernels inside the 3B and 1B steps on an H200 (CPGEN_PROFILE, docs/PERF.md, 2026-12-01) */
+    /* the Hopper kernels inside the 3B and 1B steps on an H200 (CPGEN_PROFILE and whole steps, docs/PERF.md,
+     * 2026-12-01) */
     m->attn_fwd_tflops = 615;
     m->attn_bwd_tflops = 480;
     m->attn_fwd_tflops_d64 = 440;
