@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "exec.h"
+#include "kernels_attn.h"
 #include "plan.h"
 #include "plan_internal.h"
 #include "ring.h"
@@ -371,6 +372,42 @@ static void test_kept_attention_memory(void **state) {
 }
 
 /* The Llama-3.1-8B shape on 8 GPUs at 5M tokens with 80 GB GPUs, every checkpoint on the host. */
+/* The memset before each attention backward: ordered dQ sums (the default) zero the progress counters after the
+ * fp32 dQ only, atomic ones (train.deterministic = false) the whole workspace they add into; the attention module
+ * is built for the one or the other. */
+static void test_dq_order(void **state) {
+    (void)state;
+    for (int det = 0; det < 2; det++) {
+        const char *sets[] = {"train.seq_len=32K", det ? "train.deterministic=true" : "train.deterministic=false"};
+        cp_plan p;
+        plan_of(&p, 2, sets);
+        int found = 0;
+        for (int i = 0; i < p.nsteps; i++) {
+            const cp_step *st = &p.steps[i];
+            if (st->kind != CP_OP_KERNEL || strcmp(st->what, "attn_bwd") != 0) continue;
+            const cp_kernel_spec *ak = &p.modules[st->module];
+            bool atomic = false;
+            for (int k = 0; k < ak->nparams; k++)
+                if (!strcmp(ak->params[k].key, "DQ_ATOMIC")) atomic = strcmp(ak->params[k].value, "1") == 0;
+            assert_int_equal(atomic, !det);
+            /* the memset of the dQ workspace just before it */
+            const int ws = st->ops[6].buf;
+            const cp_step *z = NULL;
+            for (int j = i - 1; j >= 0 && !z; j--)
+                if (p.steps[j].kind == CP_OP_MEMSET && p.steps[j].ops[0].buf == ws) z = &p.steps[j];
+            assert_non_null(z);
+            const int64_t off = det ? cp_k_attention_prog_offset(ak) : 0,
+                          bytes = det ? cp_k_attention_prog_bytes(ak) : cp_k_attention_workspace_bytes(ak);
+            assert_int_equal(z->ops[0].offset, off);
+            assert_int_equal(z->ops[0].bytes, bytes);
+            assert_int_equal(bytes, det ? 8 * 256 * 4 : 32768LL * 24 * 128 * 4 + 8 * 256 * 4); /* 8 KV heads x 256 key blocks */
+            found++;
+        }
+        assert_int_equal(found, 28);
+        cp_plan_free(&p);
+    }
+}
+
 static void test_8b_arithmetic(void **state) {
     (void)state;
     cp_spec s;
@@ -1135,6 +1172,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_grad_accum),  cmocka_unit_test(test_8b_arithmetic),
         cmocka_unit_test(test_kept_attention_3b), cmocka_unit_test(test_kept_attention_3b_longest),
         cmocka_unit_test(test_kept_attention_memory),
+        cmocka_unit_test(test_dq_order),
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
         cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
         cmocka_unit_test(test_refuses_when_too_small),
