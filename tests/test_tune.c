@@ -53,6 +53,16 @@ static void values_are(const cp_tune_axis *x, const char *const *want, int n) {
     for (int i = 0; i < n; i++) assert_string_equal(x->values[i], want[i]);
 }
 
+/* cp_tune_print's table for the first max candidates, as a string to free */
+static char *table_of(const cp_tune *t, int max) {
+    char *table = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&table, &len);
+    cp_tune_print(t, f, max);
+    fclose(f);
+    return table;
+}
+
 static void test_default_axes(void **state) {
     (void)state;
     cp_spec s;
@@ -171,11 +181,7 @@ static void test_outputs(void **state) {
     snprintf(k2.shape, sizeof k2.shape, "d128 q12 kv4 s131072 causal");
     cp_tune_add_kernel(&t, &k2);
     assert_int_equal(t.nkern, 2);
-    char *table = NULL;
-    size_t tlen = 0;
-    FILE *f = open_memstream(&table, &tlen);
-    cp_tune_print(&t, f, 40);
-    fclose(f);
+    char *table = table_of(&t, 40);
     assert_non_null(strstr(table, "kernel variants, timed on this GPU"));
     assert_non_null(strstr(table, "  attention.fwd_sm90 d128 q24 kv8 s131072 causal (sm_90a, driver 580.82.07)\n"
                                   "    FWD_STAGES  2    300.500 ms    333 TF/s  default\n"
@@ -257,11 +263,7 @@ static void test_outputs(void **state) {
     assert_non_null(mem2);
     assert_string_equal(mem, mem2);
     free(svg2);
-    char *tab = NULL;
-    size_t tablen = 0;
-    FILE *tf = open_memstream(&tab, &tablen);
-    cp_tune_print(&t, tf, 3);
-    fclose(tf);
+    char *tab = table_of(&t, 3);
     assert_non_null(strstr(tab, "3.00/3.25"));
     assert_non_null(strstr(tab, "L-layer GiB"));
     free(tab);
