@@ -361,6 +361,13 @@ static void zero_def(builder *B, int buf, int64_t off, int64_t bytes) {
     s->bytes = (double)bytes;
 }
 
+/* Before an attention backward into the dQ workspace `buf` of module k: ordered, the kernel writes the fp32 dQ whole
+ * and only its progress counters start at zero; atomic (train.deterministic = false), it adds into all of it. */
+static void zero_dq_workspace(builder *B, int buf, const cp_kernel_spec *k) {
+    if (B->P->spec.train.deterministic) zero_def(B, buf, cp_k_attention_prog_offset(k), cp_k_attention_prog_bytes(k));
+    else zero_def(B, buf, 0, cp_k_attention_workspace_bytes(k));
+}
+
 typedef struct {
     int norm_h, norm_d, rope, swiglu, loss, embed, adamw, cast, delta, attn;
     int lay_q, lay_kv, lay_delta; /* ulysses layout modules */
@@ -585,7 +592,7 @@ static void ring_attention_bwd(builder *B, const bufset *b, const modset *M, int
             for (int part = 0; part < 2; part++) {
                 B->ring_part = part;
                 cp_ring_span h = cp_ring_half_span(R, k, part);
-                zero_def(B, b->dq_half, cp_k_attention_prog_offset(half), cp_k_attention_prog_bytes(half));
+                zero_dq_workspace(B, b->dq_half, half);
                 cp_step *a = kernel(B, M->attn_half, "bwd", "attn_bwd_half", 0);
                 halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
                 halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
@@ -830,13 +837,7 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
          * the kernel writes them in bf16 */
         int dkv = P->ring > 1 ? b->ring_dkv[home] : P->group_len > 1 ? b->dkv_acc : -1;
         if (dkv >= 0 && e->kv_fresh) zero(B, dkv, P->bufs[dkv].bytes);
-        /* ordered, the dQ workspace is written whole by the kernel and only its progress counters start at zero;
-         * atomic, the kernel adds into all of it */
-        const cp_kernel_spec *ak = &P->modules[M->attn];
-        if (P->spec.train.deterministic)
-            zero_def(B, b->dq_acc, cp_k_attention_prog_offset(ak), cp_k_attention_prog_bytes(ak));
-        else
-            zero_def(B, b->dq_acc, 0, cp_k_attention_workspace_bytes(ak));
+        zero_dq_workspace(B, b->dq_acc, &P->modules[M->attn]);
         if (P->ring > 1) {
             ring_attention_bwd(B, b, M, s, lse_buf, &home);
             dkv = b->ring_dkv[home];

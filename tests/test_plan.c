@@ -988,6 +988,21 @@ static void test_ring_stage_tables(void **state) {
         fail_msg("%s", text);
     free(text);
     cp_plan_free(&p);
+    /* train.deterministic = false: a half launch adds its dQ into all of its workspace, so all of it starts at zero
+     * (ordered, only the progress counters do) */
+    load_ring_8m(&s, "train.deterministic=false");
+    build(&s, &p);
+    int zeroed = 0;
+    for (int i = 0; i < p.nsteps; i++) {
+        const cp_step *x = &p.steps[i];
+        const cp_buffer *b = &p.bufs[x->ops[0].buf];
+        if (x->kind != CP_OP_MEMSET || strcmp(b->name, "dq_half.f32")) continue;
+        assert_int_equal(x->ops[0].offset, 0);
+        assert_int_equal(x->ops[0].bytes, b->bytes);
+        zeroed++;
+    }
+    assert_int_equal(zeroed, 32 * 4 * 3 * 2); /* layers x stages x received blocks x parts */
+    cp_plan_free(&p);
 }
 
 /* With an odd number of GPUs per group a rank's rows can straddle its two chunks: every RoPE launch site has one
