@@ -112,6 +112,12 @@ int cp_nccl_group_end(cp_nccl_comm *c, char *err, int errlen);
 int cp_nccl_all_to_all(cp_nccl_comm *c, const void *send, void *recv, size_t count, ncclDataType_t t,
                        cudaStream_t stream, char *err, int errlen);
 
+/* Send count elements of send to rank `to` while count elements from rank `from` arrive in recv, in one group: a
+ * ring's ranks each send to the next and receive from the previous, and grouped, no rank's send waits for a receive
+ * its peer has not posted yet. send and recv must not overlap. */
+int cp_nccl_send_recv(cp_nccl_comm *c, const void *send, int to, void *recv, int from, size_t count,
+                      ncclDataType_t t, cudaStream_t stream, char *err, int errlen);
+
 /* Wait until event (when not NULL) or else everything on stream has finished, checking the communicator for an
  * asynchronous error meanwhile. On an error, or when timeout_s (<= 0: c->timeout_s) passes first, the
  * communicator is aborted and the message says which. what names the work in messages ("the step's all-to-all"). */
