@@ -77,9 +77,9 @@ int cp_nccl_unique_id(ncclUniqueId *id, char *err, int errlen);
  * timeout_s (<= 0: 300 s) for every rank to join, then aborts. Loads the library if needed. */
 int cp_nccl_init(cp_nccl_comm *c, int rank, int size, const ncclUniqueId *id, double timeout_s, char *err, int errlen);
 
-/* Split parent into the communicators of a run of several groups (replicas): every rank of parent calls it, and
- * those passing the same color (>= 0) get one communicator, ranked by key (0..size-1, distinct within a color),
- * which must be `size` ranks. Non-blocking like cp_nccl_init, with parent's deadline. Needs NCCL 2.18 or newer
+/* Split parent into the communicators of a run of several groups (replicas, a ring): every rank of parent calls
+ * it, and those passing the same color (>= 0) get one communicator, ranked by key (0..size-1, distinct within a
+ * color), which must be `size` ranks. Non-blocking like cp_nccl_init, with parent's deadline. Needs NCCL 2.18 or newer
  * (ncclCommSplit); an older library gets a message saying so. `what` names the communicator in messages. */
 int cp_nccl_split(cp_nccl_comm *parent, int color, int key, int size, const char *what, cp_nccl_comm *c, char *err,
                   int errlen);

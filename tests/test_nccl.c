@@ -310,7 +310,7 @@ static void test_split_errors(void **state) {
     fake.CommSplit = NULL;
     assert_int_equal(cp_nccl_split(&world, 0, 0, 2, "shard", &c, err, sizeof err), -1);
     assert_contains(err, "rank 1: the shard communicator needs ncclCommSplit, which NCCL 2.28.9 lacks: runs of several "
-                         "replicas need NCCL 2.18 or newer");
+                         "groups (parallel.replicas, parallel.ring) need NCCL 2.18 or newer");
     fake = old;
     F.split_rc = ncclInvalidUsage;
     assert_int_equal(cp_nccl_split(&world, 1, 0, 2, "ulysses", &c, err, sizeof err), -1);
