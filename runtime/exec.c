@@ -278,8 +278,8 @@ int cp_exec_create(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char 
     int rc = exec_place_rank(ex, err, errlen);
     const cp_nccl_comm *ring = ex->o.ring_comm;
     if (!rc && P->ring > 1 && (!ring || ring->size != P->ring || ring->rank != ex->ring_pos))
-        rc = cp_errf(err, errlen, "the plan has a ring of %d groups: each rank needs the ring's communicator (%d ranks, "
-                     "this one at ring position %d; cp_world_split makes it)", P->ring, P->ring, ex->ring_pos);
+        rc = cp_errf(err, errlen, "the plan has a ring of %d groups: each rank needs the ring's communicator (%d "
+                     "ranks, this one at ring position %d; cp_world_split makes it)", P->ring, P->ring, ex->ring_pos);
     if (rc || setup(ex, err, errlen)) {
         cp_exec_destroy(ex);
         return -1;

@@ -173,8 +173,9 @@ int cp_exec_dry(cp_exec **out, const cp_plan *plan, const cp_exec_opts *o, char 
 typedef struct {
     int launches;           /* kernel launches: 0 for a step that is not a kernel, or one with nothing to do here */
     int nargs[2];
-    uint64_t args[2][CP_EXEC_MAXARGS];   /* each launch's arguments fixed at preparation, pointers and integers widened to 64
-                             * bits; 0 for one read at each launch (the loss scale, AdamW's numbers) or a tensor map */
+    /* each launch's arguments fixed at preparation, pointers and integers widened to 64 bits; 0 for one read at each
+     * launch (the loss scale, AdamW's numbers) or a tensor map */
+    uint64_t args[2][CP_EXEC_MAXARGS];
     const void *src;        /* collectives: what is sent, and where it is received */
     const void *dst;
     size_t count;           /* elements per peer */

@@ -84,8 +84,8 @@ static int need_align(pctx *c, int j, int a) {
 /* Operand j's view moved `bytes` in: where a plan's operand covers the rows of every rank, this rank's start there. */
 static int shift(pctx *c, int j, int64_t bytes) {
     if (bytes < 0 || bytes > opbytes(c, j))
-        return pfail(c, "operand %d (%s + %lld, %lld bytes) has no byte %lld for this rank's rows", j, opbuf(c, j)->name,
-                     (long long)opoff(c, j), (long long)opbytes(c, j), (long long)bytes);
+        return pfail(c, "operand %d (%s + %lld, %lld bytes) has no byte %lld for this rank's rows", j,
+                     opbuf(c, j)->name, (long long)opoff(c, j), (long long)opbytes(c, j), (long long)bytes);
     c->p[j] += bytes;
     c->n[j] -= bytes;
     return 0;

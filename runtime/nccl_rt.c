@@ -302,7 +302,8 @@ int cp_nccl_split(cp_nccl_comm *parent, int color, int key, int size, const char
         char v[32];
         cp_nccl_version_str(api_version, v, sizeof v);
         return cp_errf(err, errlen, "rank %d: the %s communicator needs ncclCommSplit, which NCCL %s lacks: runs of "
-                       "several groups (parallel.replicas, parallel.ring) need NCCL 2.18 or newer; %s", parent->rank, what, v, INSTALL_HINT);
+                       "several groups (parallel.replicas, parallel.ring) need NCCL 2.18 or newer; %s", parent->rank,
+                       what, v, INSTALL_HINT);
     }
     c->rank = key;
     c->size = size;

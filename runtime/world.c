@@ -99,7 +99,7 @@ int cp_world_split(cp_world *w, const cp_rank_layout *L, char *err, int errlen) 
      * group's Ulysses group, the shard of groups of one GPU, a ring of single GPUs), else split off the run's. The
      * layout alone decides, so every rank makes the same splits in the same order. */
     cp_nccl_comm *own[CP_COMM_COUNT] = {[CP_COMM_ULYSSES] = &w->group, [CP_COMM_RING] = &w->ring,
-                                        [CP_COMM_SHARD] = &w->shard, [CP_COMM_WORLD] = &w->comm};
+                                        [CP_COMM_SHARD] = &w->shard}; /* the run's holds every rank: never split */
     for (int k = 0; k < CP_COMM_COUNT; k++) {
         int color, key, n = cp_world_comm_place(L, w->rank, (cp_comm_kind)k, &color, &key);
         if (n == 1) continue;
@@ -115,7 +115,8 @@ int cp_world_split(cp_world *w, const cp_rank_layout *L, char *err, int errlen) 
 
 void cp_world_leave(cp_world *w) {
     char err[CP_ERR_MAX];
-    cp_nccl_comm *own[] = {&w->group, &w->ring, &w->shard, &w->comm}; /* the split ones before the run's they came from */
+    /* the split ones before the run's they came from */
+    cp_nccl_comm *own[] = {&w->group, &w->ring, &w->shard, &w->comm};
     for (size_t k = 0; k < sizeof own / sizeof own[0]; k++)
         if (own[k]->comm && cp_nccl_destroy(own[k], err, sizeof err))
             fprintf(stderr, "cpgen: rank %d: %s\n", w->rank, err);

@@ -218,7 +218,8 @@ static void ring_ranks(int halves_seen[2], const char *name, int nsets, const ch
             cp_exec_prepared_step(ex, i, &x);
             const uint64_t *a = x.args[0];
             cp_ring_half h = {-1, -1};
-            if (st->ring_part >= 0 && st->ring_step > 0) h = cp_ring_half_of(p.ring, pl.ring_pos, st->ring_step, st->ring_part);
+            if (st->ring_part >= 0 && st->ring_step > 0)
+                h = cp_ring_half_of(p.ring, pl.ring_pos, st->ring_step, st->ring_part);
             const int64_t lse0 = (int64_t)st->stage * u * Lg * 4; /* the stage's LSE row */
             if (!strcmp(st->what, "attn_fwd_half")) { /* fwd(q, k, v, o, lse) */
                 assert_int_equal(x.launches, 1);
@@ -229,7 +230,7 @@ static void ring_ranks(int halves_seen[2], const char *name, int nsets, const ch
                 assert_int_equal(a[4], addr(ex, &p, st, 4, h.q_half * c * 4));
                 halves_seen[h.q_half]++;
                 counted[0]++;
-            } else if (!strcmp(st->what, "attn_bwd_half")) { /* bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv) */
+            } else if (!strcmp(st->what, "attn_bwd_half")) { /* bwd(q, k, v, dout, lse, delta, dq_ws, prog, dk, dv) */
                 assert_int_equal(x.launches, 1);
                 assert_int_equal(a[0], addr(ex, &p, st, 0, h.q_half * c * qrow));
                 assert_int_equal(a[1], addr(ex, &p, st, 1, h.k_half * c * kvrow));
