@@ -527,6 +527,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
             t.comm = w.of_kind[CP_COMM_ULYSSES];
             t.shard_comm = groups ? w.of_kind[CP_COMM_SHARD] : NULL;
             t.world_comm = groups ? w.of_kind[CP_COMM_WORLD] : NULL;
+            t.ring_comm = w.of_kind[CP_COMM_RING];
             t.base_free = w.base_free;
         }
     }

@@ -361,6 +361,13 @@ static void zero_def(builder *B, int buf, int64_t off, int64_t bytes) {
     s->bytes = (double)bytes;
 }
 
+/* Before an attention backward into the dQ workspace `buf` of module k: ordered, the kernel writes the fp32 dQ whole
+ * and only its progress counters start at zero; atomic (train.deterministic = false), it adds into all of it. */
+static void zero_dq_workspace(builder *B, int buf, const cp_kernel_spec *k) {
+    if (B->P->spec.train.deterministic) zero_def(B, buf, cp_k_attention_prog_offset(k), cp_k_attention_prog_bytes(k));
+    else zero_def(B, buf, 0, cp_k_attention_workspace_bytes(k));
+}
+
 typedef struct {
     int norm_h, norm_d, rope, swiglu, loss, embed, adamw, cast, delta, attn;
     int lay_q, lay_kv, lay_delta; /* ulysses layout modules */
@@ -470,24 +477,6 @@ static void lse_halves(cp_step *s, const cp_plan *P, int buf, int64_t base, int 
     use(s, P, buf, base + h0 * c * F32, ((P->u - 1) * L + (h1 - h0) * c) * F32, access);
 }
 
-/* The query halves [q0, q1) and key halves [k0, k1) that half launch `part` of ring step k takes at some ring
- * position: one plan serves them all, so its operands cover each. */
-typedef struct {
-    int q0, q1, k0, k1;
-} half_span;
-
-static half_span span_of(int R, int k, int part) {
-    half_span h = {2, 0, 2, 0};
-    for (int p = 0; p < R; p++) {
-        cp_ring_half x = cp_ring_half_of(R, p, k, part);
-        h.q0 = CP_MIN(h.q0, x.q_half);
-        h.q1 = CP_MAX(h.q1, x.q_half + 1);
-        h.k0 = CP_MIN(h.k0, x.k_half);
-        h.k1 = CP_MAX(h.k1, x.k_half + 1);
-    }
-    return h;
-}
-
 /* The K/V block in hand at ring step k (kv[0] K, kv[1] V): the stage's own at step 0, else receive slot (k - 1) % 2,
  * which it arrived in. Before the last step it goes on to the ring's next rank while the previous rank's arrives in
  * slot k % 2: a send/recv each, on the comm stream over the ring communicator, under the attention on the block in
@@ -541,7 +530,7 @@ static void ring_attention(builder *B, const bufset *b, const modset *M, int s, 
         }
         for (int part = 0; part < 2; part++) {
             B->ring_part = part;
-            half_span h = span_of(R, k, part);
+            cp_ring_span h = cp_ring_half_span(R, k, part);
             cp_step *a = kernel(B, M->attn_half, "fwd", "attn_fwd_half", 0);
             halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
             halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
@@ -602,8 +591,8 @@ static void ring_attention_bwd(builder *B, const bufset *b, const modset *M, int
             zero(B, b->ring_dkv_step, P->bufs[b->ring_dkv_step].bytes);
             for (int part = 0; part < 2; part++) {
                 B->ring_part = part;
-                half_span h = span_of(R, k, part);
-                zero_def(B, b->dq_half, cp_k_attention_prog_offset(half), cp_k_attention_prog_bytes(half));
+                cp_ring_span h = cp_ring_half_span(R, k, part);
+                zero_dq_workspace(B, b->dq_half, half);
                 cp_step *a = kernel(B, M->attn_half, "bwd", "attn_bwd_half", 0);
                 halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
                 halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
@@ -848,13 +837,7 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
          * the kernel writes them in bf16 */
         int dkv = P->ring > 1 ? b->ring_dkv[home] : P->group_len > 1 ? b->dkv_acc : -1;
         if (dkv >= 0 && e->kv_fresh) zero(B, dkv, P->bufs[dkv].bytes);
-        /* ordered, the dQ workspace is written whole by the kernel and only its progress counters start at zero;
-         * atomic, the kernel adds into all of it */
-        const cp_kernel_spec *ak = &P->modules[M->attn];
-        if (P->spec.train.deterministic)
-            zero_def(B, b->dq_acc, cp_k_attention_prog_offset(ak), cp_k_attention_prog_bytes(ak));
-        else
-            zero_def(B, b->dq_acc, 0, cp_k_attention_workspace_bytes(ak));
+        zero_dq_workspace(B, b->dq_acc, &P->modules[M->attn]);
         if (P->ring > 1) {
             ring_attention_bwd(B, b, M, s, lse_buf, &home);
             dkv = b->ring_dkv[home];

@@ -30,16 +30,32 @@ cp_ring_half cp_ring_half_of(int P, int p, int k, int part) {
     return (cp_ring_half){h, h};
 }
 
+cp_ring_span cp_ring_half_span(int P, int k, int part) {
+    cp_ring_span s = {2, 0, 2, 0};
+    for (int p = 0; p < P; p++) {
+        cp_ring_half x = cp_ring_half_of(P, p, k, part);
+        s.q0 = CP_MIN(s.q0, x.q_half);
+        s.q1 = CP_MAX(s.q1, x.q_half + 1);
+        s.k0 = CP_MIN(s.k0, x.k_half);
+        s.k1 = CP_MAX(s.k1, x.k_half + 1);
+    }
+    return s;
+}
+
 int cp_ring_rope_nruns(int P, int C) { return P > 1 && C % 2 ? 2 : 1; }
 
 int cp_ring_rope_runs(int P, int p, int64_t seq_len, int C, int r, cp_ring_rope_run run[2]) {
+    if (P == 1) { /* no zigzag: seq_len need only split into C slices */
+        run[0] = (cp_ring_rope_run){.row0 = 0, .rows = seq_len / C, .pos0 = (int64_t)r * (seq_len / C)};
+        return 1;
+    }
     int64_t c = seq_len / (2 * P), T = 2 * c / C, first = (int64_t)r * T, end = first + T;
     int n = 0;
     for (int half = 0; half < 2; half++) {
         int64_t lo = CP_MAX(first, half * c), hi = CP_MIN(end, (half + 1) * c);
         if (lo >= hi) continue;
         int64_t pos0 = (int64_t)cp_ring_chunk(P, p, half) * c + (lo - half * c);
-        if (n == 1 && run[0].pos0 + run[0].rows == pos0) { /* adjacent chunks (P = 1): one run */
+        if (n == 1 && run[0].pos0 + run[0].rows == pos0) { /* adjacent chunks (p = P - 1): one run */
             run[0].rows += hi - lo;
             continue;
         }

@@ -40,8 +40,9 @@ typedef struct {
 } cp_ring_rope_run;
 /* Where rank r of C in ring position p's group (of P, sequence of seq_len tokens) holds its tokens: the group holds
  * chunks p and 2P-1-p of c = seq_len / 2P tokens, in that order, and rank r its rows [r T, (r + 1) T), T = 2c / C.
- * Fills run[] and returns 1 run, or 2 when the rank's rows straddle the two chunks (only an odd C makes that). With
- * P = 1 the chunks are adjacent: one run at r T, as without a ring. seq_len must be a multiple of 2 P C. */
+ * Fills run[] and returns 1 run, or 2 when the rank's rows straddle the two chunks (only an odd C makes that);
+ * seq_len must be a multiple of 2 P C. With P = 1 (no ring) one run at r T, T = seq_len / C, seq_len a multiple
+ * of C. The data's slices and the executor's RoPE positions both come from here. */
 int cp_ring_rope_runs(int P, int p, int64_t seq_len, int C, int r, cp_ring_rope_run run[2]);
 /* Bytes of one rank's K and V block of a stage as it travels the ring: 2 (K and V) x tokens of the group x KV heads
  * per rank x head_dim x 2 (bf16). */
@@ -79,6 +80,13 @@ typedef struct {
     int q_half, k_half;
 } cp_ring_half;
 cp_ring_half cp_ring_half_of(int P, int p, int k, int part);
+/* The halves half launch `part` of step k takes at any position of the ring: query halves [q0, q1) and key halves
+ * [k0, k1). The plan's operands of such a launch cover these, and a rank's launch starts (cp_ring_half_of's half -
+ * q0 or k0) halves into them. */
+typedef struct {
+    int q0, q1, k0, k1;
+} cp_ring_span;
+cp_ring_span cp_ring_half_span(int P, int k, int part);
 /* The most RoPE runs (cp_ring_rope_runs) any rank of a ring of P groups of C GPUs has: 2 where an odd C makes a rank
  * straddle its group's two chunks (P > 1), else 1. */
 int cp_ring_rope_nruns(int P, int C);

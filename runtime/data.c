@@ -447,9 +447,9 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
                        (long long)S);
     int64_t T = S / parts;
     /* the slice in up to two runs of consecutive positions (a rank's tokens may straddle the two zigzag chunks);
-     * without a ring, one run at rank x T (seq_len need not split into 2 x gpus then) */
-    cp_ring_rope_run run[2] = {{.row0 = 0, .rows = T, .pos0 = (int64_t)sl->rank * T}};
-    int nruns = sl->ring > 1 ? cp_ring_rope_runs(sl->ring, sl->ring_pos, S, sl->gpus, sl->rank, run) : 1;
+     * without a ring, one run at rank x T */
+    cp_ring_rope_run run[2];
+    int nruns = cp_ring_rope_runs(sl->ring, sl->ring_pos, S, sl->gpus, sl->rank, run);
     int rc = 0;
     if (d->synthetic) {
         /* the other replicas' sequences only for their target counts (the loss is divided by the round's) */

@@ -11,6 +11,7 @@
 #include "emit.h"
 #include "jit.h"
 #include "kernels.h"
+#include "ranks.h"
 #include "util.h"
 #include "weights.h"
 
@@ -101,7 +102,7 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     /* a measurement of communication's exposed time: the step without its collectives (wrong numbers, same work
      * otherwise) against the step with them */
     const char *skip = getenv("CPGEN_BENCH_SKIP_COMM");
-    ex->skip_comm = P->C > 1 && skip && !strcmp(skip, "1");
+    ex->skip_comm = (P->C > 1 || P->ring > 1) && skip && !strcmp(skip, "1");
     if (ex->skip_comm && ex->o.out)
         fprintf(ex->o.out, "CPGEN_BENCH_SKIP_COMM=1: collectives are replaced by copies of this rank's own blocks on "
                            "the GPU, but the step's 8-byte all-reduce, which keeps the ranks in step; losses and weights "
@@ -210,55 +211,50 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     return 0;
 }
 
-/* Appends `name` to the list "a, b, ..." in buf unless it is there. */
-static void add_name(char *buf, size_t n, const char *name) {
-    size_t len = strlen(name);
-    for (const char *p = buf; (p = strstr(p, name)); p += len)
-        if ((p == buf || p[-1] == ' ') && (p[len] == ',' || p[len] == 0)) return;
-    size_t at = strlen(buf);
-    snprintf(buf + at, n - at, "%s%s", at ? ", " : "", name);
-}
-
 int cp_exec_supports(const cp_plan *P, char *err, int errlen) {
     if (P->ring == 1) return 0;
-    /* the steps of each missing piece, by name; and whether a half-block attention launch needs the LSE row stride
-     * as an argument (several query heads per stage: their LSE rows lie the group's tokens apart, the kernels take
-     * them SEQ apart) */
-    char kinds[256] = "", builders[512] = "", ropes[256] = "";
-    const cp_kernel_spec *strided = NULL;
+    /* A half-block launch of a ring (SEQ = half the group's tokens) reads and writes its LSE rows the group's tokens
+     * apart, while the attention kernels take them SEQ apart: with one query head per GPU and stage there is one row
+     * and no stride to take. */
     for (int i = 0; i < P->nsteps; i++) {
         const cp_step *s = &P->steps[i];
-        exec_gap g = exec_step_gap(s);
-        if (g == GAP_KIND) add_name(kinds, sizeof kinds, s->what);
-        else if (g == GAP_BUILDER) add_name(builders, sizeof builders, s->what);
-        else if (g == GAP_RING_POSITION) add_name(ropes, sizeof ropes, s->what);
         if (s->kind != CP_OP_KERNEL || s->module < 0 || !s->lse_stride) continue;
         const cp_kernel_spec *k = &P->modules[s->module];
         const char *qh = cp_kspec_get(k, "Q_HEADS"), *seq = cp_kspec_get(k, "SEQ");
-        if (!strcmp(k->family, "attention") && qh && seq && atoll(qh) > 1 && atoll(seq) != s->lse_stride) strided = k;
+        if (strcmp(k->family, "attention") || !qh || !seq || atoll(qh) < 2 || atoll(seq) == s->lse_stride) continue;
+        return cp_errf(err, errlen, "%s: parallel.ring = %d (%d GPUs in all) with %s query heads per GPU and stage: "
+                       "this build runs rings of one; a half-block attention launch (SEQ = %s) reads and writes LSE "
+                       "rows %lld apart, and the attention kernels (templates/attention.cu, attention_sm90.cuh, "
+                       "attention_bwd_sm90.cuh) lack the LSE row stride as an argument. Set parallel.upipe_heads = %d "
+                       "(one query head per GPU and stage), or train with parallel.ring = 1", P->spec.path, P->ring,
+                       P->replicas * P->ring * P->C, qh, seq, (long long)s->lse_stride, P->C);
     }
-    char missing[CP_ERR_MAX];
-    int n = 0, piece = 0;
-    n += snprintf(missing + n, sizeof missing - (size_t)n, "(%d) the ring communicator (runtime/world.c makes the "
-                  "Ulysses group's and the shard's only)%s%s", ++piece, *kinds ? " and send/recv over it, for " : "",
-                  kinds);
-    if (*builders && n < (int)sizeof missing)
-        n += snprintf(missing + n, sizeof missing - (size_t)n, "; (%d) argument builders in runtime/exec_args.c for %s "
-                      "(a half-block launch, its merge and its dQ sum take their rows from the rank's ring position: "
-                      "cp_ring_half_of)", ++piece, builders);
-    if (*ropes && n < (int)sizeof missing)
-        n += snprintf(missing + n, sizeof missing - (size_t)n, "; (%d) RoPE at a ring rank's zigzag positions for %s "
-                      "(k_rope gives pos0 = rank x T; a ring rank's rows are the runs of cp_ring_rope_runs)", ++piece,
-                      ropes);
-    if (strided && n < (int)sizeof missing)
-        n += snprintf(missing + n, sizeof missing - (size_t)n, "; (%d) the LSE row stride as a kernel argument of "
-                      "templates/attention.cu, attention_sm90.cuh and attention_bwd_sm90.cuh: a half-block launch "
-                      "(SEQ = %s) of %s query heads per GPU reads and writes LSE rows %lld apart", ++piece,
-                      cp_kspec_get(strided, "SEQ"), cp_kspec_get(strided, "Q_HEADS"), (long long)P->group_tokens);
-    return cp_errf(err, errlen, "%s: parallel.ring = %d (%d GPUs in all): this build plans ring attention but cannot "
-                   "run it yet; missing: %s. Train with parallel.ring = 1 (parallel.replicas adds GPUs, each group "
-                   "with sequences of its own); `cpgen plan` plans rings", P->spec.path, P->ring,
-                   P->replicas * P->ring * P->C, missing);
+    return 0;
+}
+
+int exec_place_rank(cp_exec *ex, char *err, int errlen) {
+    const cp_plan *P = ex->P;
+    ex->ring_pos = 0;
+    ex->ring_to = ex->ring_from = -1;
+    if (P->replicas * P->ring == 1) return 0; /* one group: its ranks are the run's, world_rank may be left 0 */
+    cp_rank_layout L = {P->replicas, P->ring, P->C};
+    int world = cp_rank_world(&L), me = ex->o.world_rank;
+    if (me < 0 || me >= world || cp_rank_of(&L, me).local != ex->o.rank)
+        return cp_errf(err, errlen, "rank %d of the run (of %d) is not rank %d of its group of %d GPUs: ranks are "
+                       "numbered (replica x ring + ring position) x gpus + the rank in the group (gen/ranks.c); the "
+                       "caller's ranks disagree with the plan's layout", me, world, ex->o.rank, P->C);
+    ex->ring_pos = cp_rank_of(&L, me).ring_pos;
+    if (P->ring == 1) return 0;
+    /* the ring's neighbours, as the ring communicator numbers its members (cp_world_split ranks them so) */
+    int *members = cp_xmalloc(sizeof(int) * (size_t)world), color;
+    int n = cp_rank_comm(&L, me, CP_COMM_RING, &color, members);
+    int next = cp_rank_ring_next(&L, me), prev = cp_rank_ring_prev(&L, me);
+    for (int k = 0; k < n; k++) {
+        if (members[k] == next) ex->ring_to = k;
+        if (members[k] == prev) ex->ring_from = k;
+    }
+    free(members);
+    return 0;
 }
 
 int cp_exec_create(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char *err, int errlen) {
@@ -279,7 +275,12 @@ int cp_exec_create(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char 
     ex->dev = ex->o.device;
     ex->bufptr = cp_xcalloc((size_t)(P->nbufs ? P->nbufs : 1), sizeof *ex->bufptr);
     ex->x = cp_xcalloc((size_t)(P->nsteps ? P->nsteps : 1), sizeof *ex->x);
-    if (setup(ex, err, errlen)) {
+    int rc = exec_place_rank(ex, err, errlen);
+    const cp_nccl_comm *ring = ex->o.ring_comm;
+    if (!rc && P->ring > 1 && (!ring || ring->size != P->ring || ring->rank != ex->ring_pos))
+        rc = cp_errf(err, errlen, "the plan has a ring of %d groups: each rank needs the ring's communicator (%d "
+                     "ranks, this one at ring position %d; cp_world_split makes it)", P->ring, P->ring, ex->ring_pos);
+    if (rc || setup(ex, err, errlen)) {
         cp_exec_destroy(ex);
         return -1;
     }

@@ -26,10 +26,12 @@ typedef struct {
     int device;     /* the CUDA device of this rank */
     int rank;       /* this process's rank among the plan's C GPUs (0 with one) */
     cp_nccl_comm *comm; /* the C ranks' communicator; NULL with one GPU */
-    /* Several groups (parallel.replicas): the communicator of the ranks holding the same shard in every group (the
-     * plan's shard_allreduce and loss_allreduce), and the run's (the loss of cp_exec_gradients, the watchdog); NULL
-     * with one group. world_rank: this process's rank in the run (rank with one group): rank 0 alone speaks. */
-    cp_nccl_comm *shard_comm, *world_comm;
+    /* Several groups (parallel.replicas, parallel.ring): the communicator of the ranks holding the same shard in
+     * every group (the plan's shard_allreduce and loss_allreduce), and the run's (the loss of cp_exec_gradients, the
+     * watchdog); NULL with one group. ring_comm: with a ring, the ring's (its K/V blocks and dK, dV passed on), its
+     * ranks in ring order. world_rank: this process's rank in the run (rank with one group): rank 0 alone speaks;
+     * with several groups it also gives the ring position (gen/ranks.c). */
+    cp_nccl_comm *shard_comm, *world_comm, *ring_comm;
     int world_rank;
     int64_t base_free;  /* the device's free memory before this process used it (cp_exec_device_free), when the
                          * CUDA context exists before the executor; 0: measured at its creation */
@@ -82,9 +84,9 @@ int64_t cp_exec_device_free(int dev);
  * before anything else in the process creates a CUDA context, so that the context's memory is measured too. */
 int cp_exec_create(cp_exec **out, const cp_plan *plan, const cp_exec_opts *o, char *err, int errlen);
 
-/* Whether this executor runs the plan at all: 0, or -1 with a message naming each piece it lacks and the steps that
- * need it (rings are planned, but their communicator, send/recvs, half-block launches and zigzag RoPE are not
- * executed yet; replica groups run). cp_exec_create, cp_exec_check and `cpgen run` ask it before anything else. */
+/* Whether this executor runs the plan at all: 0, or -1 with a message saying what it lacks and what to change (a ring
+ * of several query heads per GPU and stage: the attention kernels do not take the LSE row stride its half-block
+ * launches need). cp_exec_create, cp_exec_check and `cpgen run` ask it before anything else. */
 int cp_exec_supports(const cp_plan *plan, char *err, int errlen);
 void cp_exec_destroy(cp_exec *ex);
 const cp_exec_startup *cp_exec_startup_info(const cp_exec *ex);
@@ -159,6 +161,27 @@ typedef struct {
  * and a proof that every pair of steps on different streams touching the same bytes is ordered by them. Returns 0,
  * or -1 with a message naming the step. */
 int cp_exec_check(const cp_plan *plan, cp_exec_check_report *rep, char *err, int errlen);
+
+/* For tests: the executor cp_exec_check makes, without a GPU, as rank o->rank (and o->world_rank, which places it in
+ * a ring) would make it; o may be NULL for rank 0. Every step is prepared against made-up addresses (cp_exec_buffer
+ * gives them), nothing is launched, no communicator is used. Returns 0, or -1 with a message naming the step;
+ * cp_exec_destroy frees it. */
+int cp_exec_dry(cp_exec **out, const cp_plan *plan, const cp_exec_opts *o, char *err, int errlen);
+
+/* For tests: what the executor prepared for step i. */
+#define CP_EXEC_MAXARGS 16 /* arguments of one kernel launch */
+typedef struct {
+    int launches;           /* kernel launches: 0 for a step that is not a kernel, or one with nothing to do here */
+    int nargs[2];
+    /* each launch's arguments fixed at preparation, pointers and integers widened to 64 bits; 0 for one read at each
+     * launch (the loss scale, AdamW's numbers) or a tensor map */
+    uint64_t args[2][CP_EXEC_MAXARGS];
+    const void *src;        /* collectives: what is sent, and where it is received */
+    const void *dst;
+    size_t count;           /* elements per peer */
+    int to, from;           /* a ring's send/recv: the ring communicator's ranks sent to and received from; else -1 */
+} cp_exec_prepared;
+void cp_exec_prepared_step(const cp_exec *ex, int i, cp_exec_prepared *out);
 
 /* The waits between streams the executor enqueues for the plan, without a GPU, as the step trace draws them:
  * *waits (owned by the caller) gets *n pairs. Returns 0, or -1 with a message as cp_exec_check. */

@@ -11,6 +11,7 @@
 
 #include "kernels.h"
 #include "kernels_attn.h"
+#include "ring.h"
 #include "util.h"
 
 /* ---------------------------------------------------------------- messages */
@@ -34,6 +35,10 @@ typedef struct {
     xstep *x;
     char *err;
     int errlen;
+    /* each operand as this rank's launch sees it: its address and the bytes from there to the operand's end (the
+     * plan's, unless moved to this rank's rows: shift) */
+    char *p[CP_MAX_OPERANDS];
+    int64_t n[CP_MAX_OPERANDS];
 } pctx;
 
 static int pfail(pctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -48,9 +53,11 @@ static int pfail(pctx *c, const char *fmt, ...) {
     return -1;
 }
 
-static char *opp(const pctx *c, int j) { return (char *)c->ex->bufptr[c->s->ops[j].buf] + c->s->ops[j].offset; }
-static int64_t opbytes(const pctx *c, int j) { return c->s->ops[j].bytes; }
+static char *opp(const pctx *c, int j) { return c->p[j]; }
+static int64_t opbytes(const pctx *c, int j) { return c->n[j]; }
 static const cp_buffer *opbuf(const pctx *c, int j) { return &c->ex->P->bufs[c->s->ops[j].buf]; }
+/* where operand j's view starts in its buffer */
+static int64_t opoff(const pctx *c, int j) { return c->p[j] - (char *)c->ex->bufptr[c->s->ops[j].buf]; }
 
 static int need_ops(pctx *c, int n) {
     if (c->s->nops != n) return pfail(c, "%d operands, expected %d", c->s->nops, n);
@@ -69,10 +76,36 @@ static int need_bytes(pctx *c, int j, int64_t bytes) {
 
 static int need_align(pctx *c, int j, int a) {
     if ((uintptr_t)opp(c, j) % (uintptr_t)a)
-        return pfail(c, "operand %d (%s + %lld) is not %d-byte aligned", j, opbuf(c, j)->name,
-                     (long long)c->s->ops[j].offset, a);
+        return pfail(c, "operand %d (%s + %lld) is not %d-byte aligned", j, opbuf(c, j)->name, (long long)opoff(c, j),
+                     a);
     return 0;
 }
+
+/* Operand j's view moved `bytes` in: where a plan's operand covers the rows of every rank, this rank's start there. */
+static int shift(pctx *c, int j, int64_t bytes) {
+    if (bytes < 0 || bytes > opbytes(c, j))
+        return pfail(c, "operand %d (%s + %lld, %lld bytes) has no byte %lld for this rank's rows", j,
+                     opbuf(c, j)->name, (long long)opoff(c, j), (long long)opbytes(c, j), (long long)bytes);
+    c->p[j] += bytes;
+    c->n[j] -= bytes;
+    return 0;
+}
+
+/* A ring's half-block launch, or the merge or dQ sum of one (cp_step.ring_part >= 0 at ring step k >= 1; gen/ring.h):
+ * one plan serves every ring position, so each operand of such a step covers the halves any position takes
+ * (cp_ring_half_span) and this rank's launch starts at its own (cp_ring_half_of at its ring position). */
+static int ring_halves(pctx *c, cp_ring_half *mine, cp_ring_span *span) {
+    const cp_plan *P = c->ex->P;
+    int k = c->s->ring_step, part = c->s->ring_part;
+    if (P->ring < 2 || k < 1 || k >= P->ring || part < 0 || part > 1)
+        return pfail(c, "a half-block step at ring step %d, part %d, of a ring of %d", k, part, P->ring);
+    *mine = cp_ring_half_of(P->ring, c->ex->ring_pos, k, part);
+    *span = cp_ring_half_span(P->ring, k, part);
+    return 0;
+}
+
+/* Operand j at this rank's half `half` of an operand whose first half is `first`, `bytes` per half. */
+static int at_half(pctx *c, int j, int half, int first, int64_t bytes) { return shift(c, j, (half - first) * bytes); }
 
 static const cp_kernel_spec *kspec(const pctx *c) { return &c->ex->P->modules[c->s->module]; }
 
@@ -211,21 +244,31 @@ static int k_norm_bwd(pctx *c) { return need_ops(c, 7) ? -1 : norm_bwd(c, 0, 1, 
 static int k_qk_norm_bwd(pctx *c) { return need_ops(c, 6) ? -1 : norm_bwd(c, 0, 1, 2, 3, -1, 0, 4, 5); }
 
 /* rope_q, rope_k (fwd), rope_dq, rope_dk (bwd): in place on [n][heads][D], row r at position pos0 + r:
- * fwd/bwd(x, n, heads, pos0) */
+ * fwd/bwd(x, n, heads, pos0). This rank's T rows lie at the positions of its runs (cp_ring_rope_runs: one at rank x T
+ * without a ring, one or two under a ring's zigzag); a ring plan has a launch per run a rank may have, this one run
+ * ring_part of the rank's, which launches nothing where the rank has fewer. */
 static int k_rope(pctx *c) {
     if (need_ops(c, 1)) return -1;
-    int64_t n = c->s->count, heads = c->s->heads, D = kint(c, "D");
-    if (n < 1 || heads < 1) return pfail(c, "%lld rows of %lld heads", (long long)n, (long long)heads);
-    if (opbytes(c, 0) != n * heads * D * 2)
-        return pfail(c, "%lld bytes are not %lld rows of %lld heads of %lld", (long long)opbytes(c, 0), (long long)n,
+    const cp_plan *P = c->ex->P;
+    int64_t T = c->s->count, heads = c->s->heads, D = kint(c, "D");
+    if (T < 1 || heads < 1) return pfail(c, "%lld rows of %lld heads", (long long)T, (long long)heads);
+    if (opbytes(c, 0) != T * heads * D * 2)
+        return pfail(c, "%lld bytes are not %lld rows of %lld heads of %lld", (long long)opbytes(c, 0), (long long)T,
                      (long long)heads, (long long)D);
-    if (need_align(c, 0, 16)) return -1;
+    cp_ring_rope_run run[2];
+    int runs = cp_ring_rope_runs(P->ring, c->ex->ring_pos, P->S, P->C, c->ex->o.rank, run);
+    int64_t rows = 0;
+    for (int k = 0; k < runs; k++) rows += run[k].rows;
+    if (rows != T) return pfail(c, "%lld rows, the rank's runs of positions hold %lld", (long long)T, (long long)rows);
+    int part = CP_MAX(c->s->ring_part, 0);
+    if (part >= runs) return 0; /* one run here: the launch for a second has nothing to do */
+    if (shift(c, 0, run[part].row0 * heads * D * 2) || need_align(c, 0, 16)) return -1;
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, c->s->role, n, heads, l)) return -1;
+    if (launch_of(c, c->s->role, run[part].rows, heads, l)) return -1;
     a_ptr(l, opp(c, 0));
-    a_i64(l, n);
+    a_i64(l, run[part].rows);
     a_i32(l, (int)heads);
-    a_i64(l, (int64_t)c->ex->o.rank * c->ex->P->T); /* this rank's slice starts at position rank * T */
+    a_i64(l, run[part].pos0);
     return 0;
 }
 
@@ -285,19 +328,20 @@ static int k_attn_fwd(pctx *c) {
 }
 
 /* attn_bwd: operands q, k, v, dout, lse (the stage's slice), delta, the dQ workspace (fp32 dQ, written, or added to
- * when DQ_ATOMIC; then the progress counters; the plan zeroes what must start at zero), then dkv_accum (fp32 dK then
- * dV, +=) or dk, dv (bf16): bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv), or on Hopper
+ * when DQ_ATOMIC; then the progress counters; the plan zeroes what must start at zero), then dK and dV: fp32 added to
+ * (DKV_ACCUM), in one operand of dK then dV (dkv_accum, a ring's accumulator) or in two (a ring's half launch), else
+ * bf16 written, two operands: bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv), or on Hopper
  * bwd_sm90(tensor maps of q, k, v, dout, dq_ws; lse, delta, dq_prog, dk, dv) */
 static int k_attn_bwd(pctx *c) {
-    bool acc = kint(c, "DKV_ACCUM") == 1;
-    if (need_ops(c, acc ? 8 : 9)) return -1;
+    bool acc = kint(c, "DKV_ACCUM") == 1, apart = !acc || c->s->nops == 9;
+    if (need_ops(c, apart ? 9 : 8)) return -1;
     int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
+    int64_t dkv = S * KH * D * (acc ? 4 : 2); /* dK or dV */
     if (need_bytes(c, 0, S * QH * D * 2) || need_bytes(c, 1, S * KH * D * 2) || need_bytes(c, 2, S * KH * D * 2) ||
         need_bytes(c, 3, S * QH * D * 2) || need_bytes(c, 4, QH * S * 4) || need_bytes(c, 5, S * QH * 4) ||
         need_bytes(c, 6, cp_k_attention_workspace_bytes(kspec(c))))
         return -1;
-    if (acc ? need_bytes(c, 7, 2 * S * KH * D * 4) : (need_bytes(c, 7, S * KH * D * 2) || need_bytes(c, 8, S * KH * D * 2)))
-        return -1;
+    if (apart ? need_bytes(c, 7, dkv) || need_bytes(c, 8, dkv) : need_bytes(c, 7, 2 * dkv)) return -1;
     for (int j = 0; j < c->s->nops; j++)
         if (need_align(c, j, 16)) return -1;
     xlaunch *l = &c->x->L[0];
@@ -313,7 +357,60 @@ static int k_attn_bwd(pctx *c) {
     }
     a_ptr(l, opp(c, 6) + cp_k_attention_prog_offset(kspec(c)));
     a_ptr(l, opp(c, 7));
-    a_ptr(l, acc ? opp(c, 7) + S * KH * D * 4 : opp(c, 8));
+    a_ptr(l, apart ? opp(c, 8) : opp(c, 7) + dkv);
+    return 0;
+}
+
+/* attn_fwd_half, attn_bwd_half: a ring's half-block launches, attn_fwd's and attn_bwd's operands and launches over
+ * this rank's query half and key half of a received block (the module's SEQ is a half, c rows; no mask): q, o, dout,
+ * delta at the query half's rows, k, v and the fp32 dK, dV at the key half's, the LSE at the query half's columns;
+ * the half launch's dQ workspace (attn_bwd_half's operand 6) is its own. */
+static int attn_half(pctx *c, int nops) {
+    cp_ring_half h;
+    cp_ring_span sp;
+    if (need_ops(c, nops) || ring_halves(c, &h, &sp)) return -1;
+    int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
+    const int64_t q = S * QH * D * 2, kv = S * KH * D * 2, lse = S * 4;
+    if (at_half(c, 0, h.q_half, sp.q0, q) || at_half(c, 1, h.k_half, sp.k0, kv) || at_half(c, 2, h.k_half, sp.k0, kv))
+        return -1;
+    if (nops == 5) /* q, k, v, o, lse */
+        return at_half(c, 3, h.q_half, sp.q0, q) || at_half(c, 4, h.q_half, sp.q0, lse) ? -1 : k_attn_fwd(c);
+    /* q, k, v, dout, lse, delta, dq_ws, dK, dV */
+    if (at_half(c, 3, h.q_half, sp.q0, q) || at_half(c, 4, h.q_half, sp.q0, lse) ||
+        at_half(c, 5, h.q_half, sp.q0, S * QH * 4) || at_half(c, 7, h.k_half, sp.k0, 2 * kv) ||
+        at_half(c, 8, h.k_half, sp.k0, 2 * kv))
+        return -1;
+    return k_attn_bwd(c);
+}
+static int k_attn_fwd_half(pctx *c) { return attn_half(c, 5); }
+static int k_attn_bwd_half(pctx *c) { return attn_half(c, 9); }
+
+/* attn_merge_init, attn_merge: operands o_blk (bf16 [n][heads][D]), lse_blk, o_acc (fp32 [n][heads][D]), lse_acc
+ * (the LSE operands rows of lse_stride): init or fwd(o_blk, lse_blk, o_acc, lse_acc, n, heads, lse_stride). The
+ * merge of a half launch's output takes the rows of this rank's query half, and the columns of its LSE rows. */
+static int k_attn_merge(pctx *c) {
+    if (need_ops(c, 4)) return -1;
+    int64_t n = c->s->count, heads = c->s->heads, D = kint(c, "D"), stride = c->s->lse_stride;
+    if (n < 1 || heads < 1 || stride < n)
+        return pfail(c, "%lld rows of %lld heads, LSE rows %lld apart", (long long)n, (long long)heads,
+                     (long long)stride);
+    const int64_t o16 = n * heads * D * 2, o32 = n * heads * D * 4, lse = ((heads - 1) * stride + n) * 4;
+    if (c->s->ring_part >= 0) {
+        cp_ring_half h;
+        cp_ring_span sp;
+        if (ring_halves(c, &h, &sp) || at_half(c, 0, h.q_half, sp.q0, o16) || at_half(c, 1, h.q_half, sp.q0, n * 4) ||
+            at_half(c, 2, h.q_half, sp.q0, o32) || at_half(c, 3, h.q_half, sp.q0, n * 4))
+            return -1;
+    }
+    if (need_bytes(c, 0, o16) || need_bytes(c, 1, lse) || need_bytes(c, 2, o32) || need_bytes(c, 3, lse) ||
+        need_align(c, 0, 16) || need_align(c, 1, 4) || need_align(c, 2, 16) || need_align(c, 3, 4))
+        return -1;
+    xlaunch *l = &c->x->L[0];
+    if (launch_of(c, c->s->role, n, heads, l)) return -1;
+    for (int j = 0; j < 4; j++) a_ptr(l, opp(c, j));
+    a_i64(l, n);
+    a_i32(l, (int)heads);
+    a_i64(l, stride);
     return 0;
 }
 
@@ -442,22 +539,37 @@ static int k_attn_delta(pctx *c) {
     return 0;
 }
 
-/* grad_accum (C > 1, micro-batches > 1): operands this rank's gradient shard of a unit, the unit's full gradients:
- * add_f32(shard, full + rank * shard, n) before the reduce-scatter overwrites the shard with the sum */
-static int k_grad_accum(pctx *c) {
-    if (need_ops(c, 2)) return -1;
-    const cp_exec *ex = c->ex;
+/* add_f32(src f32[n], dst f32[n] +=, n) on operands 0 (src) and 1 (dst) as the step's builder placed them */
+static int add_f32(pctx *c) {
     int64_t n = c->s->count;
-    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * 4 * ex->P->C)) return -1;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * 4)) return -1;
     xlaunch *l = &c->x->L[0];
     if (launch_of(c, "add_f32", n, 0, l)) return -1;
     a_ptr(l, opp(c, 0));
-    a_ptr(l, opp(c, 1) + (size_t)ex->o.rank * (size_t)n * 4);
+    a_ptr(l, opp(c, 1));
     a_i64(l, n);
     return 0;
 }
 
-/* cast_dk, cast_dv: operands src f32, dst bf16: f32_to_bf16(src, dst, n) */
+/* grad_accum (C > 1, micro-batches > 1): operands this rank's gradient shard of a unit, the unit's full gradients:
+ * add_f32(shard, full + rank * shard, n) before the reduce-scatter overwrites the shard with the sum */
+static int k_grad_accum(pctx *c) {
+    return need_ops(c, 2) || shift(c, 1, (int64_t)c->ex->o.rank * c->s->count * 4) ? -1 : add_f32(c);
+}
+
+/* ring_add_dkv: operands a ring step's own dK, dV and the accumulator that arrived; ring_add_dq: a half launch's dQ
+ * and the stage's dQ workspace, at the rows of this rank's query half: add_f32(src, dst, n) */
+static int k_ring_add(pctx *c) {
+    if (need_ops(c, 2)) return -1;
+    if (c->s->ring_part >= 0) {
+        cp_ring_half h;
+        cp_ring_span sp;
+        if (ring_halves(c, &h, &sp) || at_half(c, 1, h.q_half, sp.q0, c->s->count * 4)) return -1;
+    }
+    return add_f32(c);
+}
+
+/* cast_dk, cast_dv, cast_o (a ring's merged output): operands src f32, dst bf16: f32_to_bf16(src, dst, n) */
 static int k_cast(pctx *c) {
     if (need_ops(c, 2)) return -1;
     int64_t n = c->s->count;
@@ -523,7 +635,10 @@ static const struct {
     {"k_norm", k_norm_fwd},       {"norm1_bwd", k_norm_bwd_resid}, {"norm2_bwd", k_norm_bwd_resid},
     {"final_norm_bwd", k_norm_bwd}, {"qk_norm_bwd", k_qk_norm_bwd}, {"rope_q", k_rope},
     {"rope_k", k_rope},           {"rope_dq", k_rope},          {"rope_dk", k_rope},
-    {"attn_fwd", k_attn_fwd},     {"attn_bwd", k_attn_bwd},     {"attn_bwd_dq", k_attn_bwd_dq},     {"unpack_o", k_unpack},
+    {"attn_fwd", k_attn_fwd},     {"attn_bwd", k_attn_bwd},     {"attn_bwd_dq", k_attn_bwd_dq},
+    {"attn_fwd_half", k_attn_fwd_half}, {"attn_bwd_half", k_attn_bwd_half}, {"attn_merge_init", k_attn_merge},
+    {"attn_merge", k_attn_merge}, {"cast_o", k_cast},         {"ring_add_dq", k_ring_add},
+    {"ring_add_dkv", k_ring_add}, {"unpack_o", k_unpack},
     {"pack_do", k_pack},          {"pack_delta", k_pack},       {"pack_q", k_pack},
     {"pack_k", k_pack},           {"pack_v", k_pack},           {"unpack_dq", k_unpack},
     {"unpack_dk", k_unpack},      {"unpack_dv", k_unpack},      {"grad_accum", k_grad_accum},
@@ -531,14 +646,6 @@ static const struct {
     {"loss_sum", k_loss_sum},     {"attn_delta", k_attn_delta}, {"cast_dk", k_cast},
     {"cast_dv", k_cast},          {"grad_norm", k_grad_norm},   {"adamw", k_adamw},
 };
-
-exec_gap exec_step_gap(const cp_step *s) {
-    if (s->kind == CP_OP_SENDRECV || s->kind >= CP_OP_COUNT) return GAP_KIND;
-    if (s->kind != CP_OP_KERNEL || s->module < 0) return GAP_NONE;
-    for (size_t k = 0; k < CP_ARRAY_LEN(KERNEL_STEPS); k++)
-        if (!strcmp(KERNEL_STEPS[k].what, s->what)) return s->ring_part >= 0 ? GAP_RING_POSITION : GAP_NONE;
-    return GAP_BUILDER;
-}
 
 /* GEMM: operands A, B, (C), D with the plan's cp_gemm; every operand must hold the rows its leading dimension
  * implies. */
@@ -563,27 +670,33 @@ static int prep_gemm(pctx *c) {
     return x->gemm < 0 ? -1 : 0;
 }
 
-/* The plan's collectives over the C ranks (gen/plan.c says what each moves):
+/* The plan's collectives (gen/plan.c says what each moves), over the C ranks of the Ulysses group unless said:
  *   all-to-all      operands send (C equal blocks, one per rank), recv: bytes, moved as bytes
  *   all-gather      operands this rank's shard of a unit (bf16), the gathered unit: the shards in rank order
  *   reduce-scatter  operands the unit's full fp32 gradients, this rank's shard: summed over the ranks
- *   all-reduce      operand the loss sum and the gradient's sum of squares (fp32), summed in place */
+ *   all-reduce      operand the loss sum and the gradient's sum of squares (fp32), or a gradient shard summed across
+ *                   the groups (the shard's communicator), in place
+ *   send/recv       operands what goes to the ring's next rank, what arrives from its previous one: bytes, each way
+ *                   (the ring's communicator) */
 static int prep_collective(pctx *c) {
     const cp_plan *P = c->ex->P;
     const cp_step *s = c->s;
     xstep *x = c->x;
     int64_t C = P->C;
     x->kind = X_COLL;
-    /* the ranks of the step's communicator: the Ulysses group's unless the plan says otherwise */
+    /* the ranks of the step's communicator, and what may run over it: the Ulysses group's carries everything but a
+     * ring's send/recvs, the ring's those alone, and the shard's and the run's all-reduces */
     int64_t groups = (int64_t)P->replicas * P->ring, ranks = s->comm == CP_COMM_SHARD ? groups
                                                           : s->comm == CP_COMM_WORLD ? groups * C
+                                                          : s->comm == CP_COMM_RING ? P->ring
                                                           : s->comm == CP_COMM_ULYSSES ? C : 0;
     if (!ranks) return pfail(c, "a collective over the %s communicator, which this runtime does not make",
                              cp_comm_kind_name(s->comm));
     if (ranks < 2) return pfail(c, "a collective over a %s communicator of one rank", cp_comm_kind_name(s->comm));
-    if (s->comm != CP_COMM_ULYSSES && s->kind != CP_OP_ALLREDUCE)
-        return pfail(c, "a %s over the %s communicator: only all-reduces cross groups", cp_opkind_name(s->kind),
-                     cp_comm_kind_name(s->comm));
+    bool sendrecv = s->kind == CP_OP_SENDRECV;
+    if (s->comm == CP_COMM_ULYSSES ? sendrecv : s->comm == CP_COMM_RING ? !sendrecv : s->kind != CP_OP_ALLREDUCE)
+        return pfail(c, "a %s over the %s communicator: send/recvs go over the ring's, and only all-reduces over the "
+                     "shard's or the run's", cp_opkind_name(s->kind), cp_comm_kind_name(s->comm));
     switch (s->kind) {
     case CP_OP_ALLTOALL:
         if (need_ops(c, 2) || need_bytes(c, 0, s->count) || need_bytes(c, 1, s->count)) return -1;
@@ -617,6 +730,17 @@ static int prep_collective(pctx *c) {
         x->count = (size_t)(s->count / 4);
         x->dtype = ncclFloat32;
         return 0;
+    case CP_OP_SENDRECV:
+        if (need_ops(c, 2) || need_bytes(c, 0, s->count) || need_bytes(c, 1, s->count)) return -1;
+        if (c->ex->ring_to < 0 || c->ex->ring_from < 0)
+            return pfail(c, "a send/recv, but this rank has no ring neighbours (ring position %d of %d)",
+                         c->ex->ring_pos, P->ring);
+        x->src = opp(c, 0), x->dst = opp(c, 1);
+        x->count = (size_t)s->count;
+        x->dtype = ncclUint8;
+        x->to = c->ex->ring_to;
+        x->from = c->ex->ring_from;
+        return 0;
     default:
         return pfail(c, "not a collective");
     }
@@ -628,9 +752,15 @@ int exec_prep_step(cp_exec *ex, int i, char *err, int errlen) {
     xstep *x = &ex->x[i];
     memset(x, 0, sizeof *x);
     x->event = x->marker = -1;
+    x->to = x->from = -1;
     x->gemm = -1;
     x->stream = s->stream;
     pctx c = {.ex = ex, .i = i, .s = s, .x = x, .err = err, .errlen = errlen};
+    for (int j = 0; j < s->nops; j++) {
+        char *b = ex->bufptr[s->ops[j].buf];
+        c.p[j] = b ? b + s->ops[j].offset : NULL;
+        c.n[j] = s->ops[j].bytes;
+    }
     switch (s->kind) {
     case CP_OP_KERNEL:
         if (s->module < 0) {
@@ -683,6 +813,7 @@ int exec_prep_step(cp_exec *ex, int i, char *err, int errlen) {
     case CP_OP_ALLGATHER:
     case CP_OP_REDUCE_SCATTER:
     case CP_OP_ALLREDUCE:
+    case CP_OP_SENDRECV:
         return prep_collective(&c);
     default:
         return pfail(&c, "a step kind this runtime does not know");

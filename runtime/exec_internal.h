@@ -19,7 +19,7 @@
 #include "trace.h"
 
 
-#define MAXARGS 16
+#define MAXARGS CP_EXEC_MAXARGS
 #define PIN_PIECE ((int64_t)8 << 30) /* pinned host allocations are at most 8 GiB each, made in parallel */
 #define PROGRESS_AFTER 3.0           /* seconds: steps expected to run longer report progress */
 
@@ -47,6 +47,7 @@ typedef struct {
     size_t bytes;
     size_t count;         /* X_COLL: elements per rank (all-to-all: to each peer) */
     ncclDataType_t dtype; /* X_COLL */
+    int to, from;         /* a ring's send/recv: the ring communicator's ranks it sends to and receives from */
     int wait0, nwait; /* into ex->waits: events of other streams to wait for */
     int event;        /* recorded after the step when another stream waits for it, else -1 */
     int marker;       /* progress marker recorded before the step, or -1 */
@@ -117,6 +118,9 @@ struct cp_exec {
     double last_seconds;
     int updates;
     bool dry; /* cp_exec_check: no GPU; addresses are made up, nothing is launched */
+    /* this rank's place in a ring (exec_place_rank): its position, and the ring communicator's ranks of the next
+     * rank (sent to) and the previous one (received from); 0, -1, -1 without a ring */
+    int ring_pos, ring_to, ring_from;
     int *event_step; /* the step recording each event */
 };
 
@@ -134,13 +138,13 @@ static inline uint16_t exec_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* exec.c: this rank's place in the run from o.world_rank (gen/ranks.c): ring_pos, ring_to, ring_from. Returns 0, or
+ * -1 when o.rank is not the place of o.world_rank in its group. */
+int exec_place_rank(cp_exec *ex, char *err, int errlen);
+
 /* exec_args.c: the prepared steps */
 const char *exec_step_desc(const cp_plan *P, int i, char *buf, size_t n);
 int exec_prep_step(cp_exec *ex, int i, char *err, int errlen);
-/* What this executor lacks to run a step as the plan means it: nothing, the step's kind, an argument builder for
- * its `what`, or (a builder there) the offsets a ring position decides (cp_step.ring_part). */
-typedef enum { GAP_NONE, GAP_KIND, GAP_BUILDER, GAP_RING_POSITION } exec_gap;
-exec_gap exec_step_gap(const cp_step *s);
 
 /* exec_order.c: what the steps wait for, and the plan's weight ranges */
 int exec_check_weight_ranges(const cp_exec *ex, char *err, int errlen);

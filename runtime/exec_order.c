@@ -212,11 +212,13 @@ static int verify_order(const cp_exec *ex, int from, int to, int64_t *pairs, cha
     return rc;
 }
 
-/* An executor without a GPU: made-up addresses with the arenas' alignment (1 TiB for the GPU arena, 2 TiB for the
- * host arena), every step prepared, the waits between streams and the markers built. *rc: 0, or -1 with a message. */
-static cp_exec *dry_exec(const cp_plan *P, int *rc, char *err, int errlen) {
+/* An executor without a GPU for the rank o names (NULL: rank 0): made-up addresses with the arenas' alignment (1 TiB
+ * for the GPU arena, 2 TiB for the host arena), every step prepared, the waits between streams and the markers
+ * built. *rc: 0, or -1 with a message. */
+static cp_exec *dry_exec(const cp_plan *P, const cp_exec_opts *o, int *rc, char *err, int errlen) {
     cp_exec *ex = cp_xcalloc(1, sizeof *ex);
     ex->P = P;
+    if (o) ex->o = *o;
     ex->dry = true;
     ex->info.sms = 132;
     ex->bufptr = cp_xcalloc((size_t)(P->nbufs ? P->nbufs : 1), sizeof *ex->bufptr);
@@ -225,7 +227,7 @@ static cp_exec *dry_exec(const cp_plan *P, int *rc, char *err, int errlen) {
     exec_host_pieces(ex);
     for (int i = 0; i < ex->npieces; i++) ex->pieces[i].p = (char *)((uintptr_t)1 << 41) + ex->pieces[i].start;
     exec_place_buffers(ex);
-    *rc = 0;
+    *rc = exec_place_rank(ex, err, errlen);
     for (int i = 0; i < P->nsteps && !*rc; i++) *rc = exec_prep_step(ex, i, err, errlen);
     if (!*rc) *rc = exec_check_weight_ranges(ex, err, errlen);
     if (!*rc) {
@@ -240,7 +242,7 @@ int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int er
     memset(rep, 0, sizeof *rep);
     if (cp_exec_supports(P, err, errlen)) return -1;
     int rc;
-    cp_exec *ex = dry_exec(P, &rc, err, errlen);
+    cp_exec *ex = dry_exec(P, NULL, &rc, err, errlen);
     if (!rc) {
         rc = verify_order(ex, 0, P->micro_steps, &rep->ordered_pairs, err, errlen);
         if (!rc) rc = verify_order(ex, P->micro_steps, P->nsteps, &rep->ordered_pairs, err, errlen);
@@ -262,6 +264,36 @@ int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int er
     return rc;
 }
 
+int cp_exec_dry(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char *err, int errlen) {
+    *out = NULL;
+    if (cp_exec_supports(P, err, errlen)) return -1;
+    int rc;
+    cp_exec *ex = dry_exec(P, o, &rc, err, errlen);
+    if (rc) {
+        cp_exec_destroy(ex);
+        return -1;
+    }
+    *out = ex;
+    return 0;
+}
+
+void cp_exec_prepared_step(const cp_exec *ex, int i, cp_exec_prepared *out) {
+    memset(out, 0, sizeof *out);
+    const xstep *x = &ex->x[i];
+    out->launches = x->nl;
+    for (int k = 0; k < x->nl; k++) {
+        const xlaunch *l = &x->L[k];
+        out->nargs[k] = l->nargs;
+        for (int a = 0; a < l->nargs; a++) /* a value fixed at preparation is stored in the launch itself */
+            out->args[k][a] = l->args[a] == &l->val[a] ? l->val[a] : 0;
+    }
+    out->src = x->src;
+    out->dst = x->dst;
+    out->count = x->count;
+    out->to = x->to;
+    out->from = x->from;
+}
+
 /* ---------------------------------------------------------------- the waits, for the step trace */
 
 int exec_wait_pairs(const cp_exec *ex, cp_trace_wait **out) {
@@ -279,7 +311,7 @@ int cp_exec_plan_waits(const cp_plan *P, cp_trace_wait **waits, int *n, char *er
     *n = 0;
     if (cp_exec_supports(P, err, errlen)) return -1;
     int rc;
-    cp_exec *ex = dry_exec(P, &rc, err, errlen);
+    cp_exec *ex = dry_exec(P, NULL, &rc, err, errlen);
     if (!rc) *n = exec_wait_pairs(ex, waits);
     cp_exec_destroy(ex);
     return rc;

@@ -35,14 +35,16 @@ static cudaError_t local_stand_in(const cp_exec *ex, int i, cudaStream_t st) {
         const char *mine = src + (size_t)ex->o.rank * b;
         return mine == dst ? cudaSuccess : cudaMemcpyAsync(dst, mine, b, cudaMemcpyDeviceToDevice, st);
     }
+    case CP_OP_SENDRECV: return cudaMemcpyAsync(dst, src, b, cudaMemcpyDeviceToDevice, st); /* the own block again */
     default: return cudaSuccess;
     }
 }
 
-/* The communicator a step's collective runs over (cp_step.comm): the Ulysses group's, the shard's across groups, or
- * the run's. */
+/* The communicator a step's collective runs over (cp_step.comm): the Ulysses group's, the ring's, the shard's across
+ * groups, or the run's. */
 static cp_nccl_comm *step_comm(const cp_exec *ex, int i) {
     switch (ex->P->steps[i].comm) {
+    case CP_COMM_RING: return ex->o.ring_comm;
     case CP_COMM_SHARD: return ex->o.shard_comm;
     case CP_COMM_WORLD: return ex->o.world_comm;
     default: return ex->o.comm;
@@ -61,6 +63,8 @@ static int run_collective(cp_exec *ex, int i, cudaStream_t st, char *err, int er
     case CP_OP_REDUCE_SCATTER:
         return cp_nccl_reduce_scatter(cm, x->src, x->dst, x->count, x->dtype, ncclSum, st, err, errlen);
     case CP_OP_ALLREDUCE: return cp_nccl_all_reduce(cm, x->src, x->dst, x->count, x->dtype, ncclSum, st, err, errlen);
+    case CP_OP_SENDRECV:
+        return cp_nccl_send_recv(cm, x->src, x->to, x->dst, x->from, x->count, x->dtype, st, err, errlen);
     default: return cp_errf(err, errlen, "step %d is not a collective", i);
     }
 }

@@ -302,7 +302,8 @@ int cp_nccl_split(cp_nccl_comm *parent, int color, int key, int size, const char
         char v[32];
         cp_nccl_version_str(api_version, v, sizeof v);
         return cp_errf(err, errlen, "rank %d: the %s communicator needs ncclCommSplit, which NCCL %s lacks: runs of "
-                       "several replicas need NCCL 2.18 or newer; %s", parent->rank, what, v, INSTALL_HINT);
+                       "several groups (parallel.replicas, parallel.ring) need NCCL 2.18 or newer; %s", parent->rank,
+                       what, v, INSTALL_HINT);
     }
     c->rank = key;
     c->size = size;
@@ -427,6 +428,56 @@ int cp_nccl_group_end(cp_nccl_comm *c, char *err, int errlen) {
     return settle(c, api->GroupEnd(), "ncclGroupEnd", "a peer is stuck or gone", c->timeout_s, err, errlen);
 }
 
+/* send and recv, `bytes` each, must not overlap: a block would be overwritten before it is sent. */
+static int check_apart(const cp_nccl_comm *c, const char *call, const void *send, const void *recv, size_t bytes,
+                       char *err, int errlen) {
+    uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+    if (bytes && s < r + bytes && r < s + bytes)
+        return cp_errf(err, errlen, "rank %d: %s: send and recv overlap (%zu bytes each): a block would be "
+                    "overwritten before it is sent; give them separate buffers", c->rank, call, bytes);
+    return 0;
+}
+
+/* Pairs i = 0..n-1 of a send and a receive in one NCCL group: count elements at send + i x stride bytes go to rank
+ * to + i while count elements from rank from + i land at recv + i x stride. Every call is queued before any of them
+ * can block; within the group NCCL runs them together, so their order does not matter and no two ranks sending to
+ * each other wait in a cycle. `call` names the work in messages. */
+static int grouped_pairs(cp_nccl_comm *c, const char *call, const void *send, void *recv, size_t count,
+                         ncclDataType_t t, size_t stride, int n, int to, int from, cudaStream_t stream, char *err,
+                         int errlen) {
+    if (cp_nccl_group_start(c, err, errlen)) return -1;
+    ncclResult_t first = ncclSuccess;
+    const char *first_call = NULL;
+    int first_peer = -1;
+    for (int i = 0; i < n; i++) {
+        const char *which = "ncclSend";
+        int peer = to + i;
+        ncclResult_t q = api->Send((const char *)send + stride * (size_t)i, count, t, peer, c->comm, stream);
+        if (q == ncclSuccess || q == ncclInProgress) {
+            which = "ncclRecv";
+            peer = from + i;
+            q = api->Recv((char *)recv + stride * (size_t)i, count, t, peer, c->comm, stream);
+        }
+        if (q != ncclSuccess && q != ncclInProgress) {
+            first = q;
+            first_call = which;
+            first_peer = peer;
+            break;
+        }
+    }
+    /* The group is closed even after a failed call: NCCL's group depth is per thread and would stay open. */
+    ncclResult_t end = api->GroupEnd();
+    char what[96];
+    if (first != ncclSuccess) {
+        snprintf(what, sizeof what, "%s: %s with peer %d", call, first_call, first_peer);
+        int rc = nccl_fail(c, first, what, ABORTED, err, errlen);
+        cp_nccl_abort(c);
+        return rc;
+    }
+    snprintf(what, sizeof what, "%s: ncclGroupEnd", call);
+    return settle(c, end, what, "a peer is stuck or gone", c->timeout_s, err, errlen);
+}
+
 int cp_nccl_all_to_all(cp_nccl_comm *c, const void *send, void *recv, size_t count, ncclDataType_t t,
                        cudaStream_t stream, char *err, int errlen) {
     const char *call = "all-to-all";
@@ -434,41 +485,22 @@ int cp_nccl_all_to_all(cp_nccl_comm *c, const void *send, void *recv, size_t cou
         check_buf(c, call, "recv", recv, count, t, (size_t)c->size, err, errlen))
         return -1;
     if (count == 0) return 0;
-    size_t block = count * cp_nccl_type_size(t), total = block * (size_t)c->size;
-    uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
-    if (s < r + total && r < s + total)
-        return cp_errf(err, errlen, "rank %d: all-to-all: send and recv overlap (%zu bytes each): a block would be "
-                    "overwritten before it is sent; give them separate buffers", c->rank, total);
-    if (cp_nccl_group_start(c, err, errlen)) return -1;
-    /* Every send and receive is queued before any of them can block; within the group NCCL runs them together, so
-     * the order of peers does not matter and the own block is a send to self. */
-    ncclResult_t first = ncclSuccess;
-    const char *first_call = NULL;
-    int first_peer = -1;
-    for (int p = 0; p < c->size; p++) {
-        const char *which = "ncclSend";
-        ncclResult_t q = api->Send((const char *)send + block * (size_t)p, count, t, p, c->comm, stream);
-        if (q == ncclSuccess || q == ncclInProgress) {
-            which = "ncclRecv";
-            q = api->Recv((char *)recv + block * (size_t)p, count, t, p, c->comm, stream);
-        }
-        if (q != ncclSuccess && q != ncclInProgress) {
-            first = q;
-            first_call = which;
-            first_peer = p;
-            break;
-        }
-    }
-    /* The group is closed even after a failed call: NCCL's group depth is per thread and would stay open. */
-    ncclResult_t end = api->GroupEnd();
-    if (first != ncclSuccess) {
-        char what[64];
-        snprintf(what, sizeof what, "all-to-all: %s with peer %d", first_call, first_peer);
-        int rc = nccl_fail(c, first, what, ABORTED, err, errlen);
-        cp_nccl_abort(c);
-        return rc;
-    }
-    return settle(c, end, "all-to-all: ncclGroupEnd", "a peer is stuck or gone", c->timeout_s, err, errlen);
+    size_t block = count * cp_nccl_type_size(t);
+    if (check_apart(c, call, send, recv, block * (size_t)c->size, err, errlen)) return -1;
+    /* block p to and from rank p, the own block a send to self */
+    return grouped_pairs(c, call, send, recv, count, t, block, c->size, 0, 0, stream, err, errlen);
+}
+
+int cp_nccl_send_recv(cp_nccl_comm *c, const void *send, int to, void *recv, int from, size_t count,
+                      ncclDataType_t t, cudaStream_t stream, char *err, int errlen) {
+    const char *call = "send/recv";
+    if (check_comm(c, call, err, errlen) || check_peer(c, call, to, err, errlen) ||
+        check_peer(c, call, from, err, errlen) || check_buf(c, call, "send", send, count, t, 1, err, errlen) ||
+        check_buf(c, call, "recv", recv, count, t, 1, err, errlen))
+        return -1;
+    if (count == 0) return 0;
+    if (check_apart(c, call, send, recv, count * cp_nccl_type_size(t), err, errlen)) return -1;
+    return grouped_pairs(c, call, send, recv, count, t, 0, 1, to, from, stream, err, errlen);
 }
 
 /* ------------------------------------------------------------------------------------------------------------

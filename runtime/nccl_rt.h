@@ -77,9 +77,9 @@ int cp_nccl_unique_id(ncclUniqueId *id, char *err, int errlen);
  * timeout_s (<= 0: 300 s) for every rank to join, then aborts. Loads the library if needed. */
 int cp_nccl_init(cp_nccl_comm *c, int rank, int size, const ncclUniqueId *id, double timeout_s, char *err, int errlen);
 
-/* Split parent into the communicators of a run of several groups (replicas): every rank of parent calls it, and
- * those passing the same color (>= 0) get one communicator, ranked by key (0..size-1, distinct within a color),
- * which must be `size` ranks. Non-blocking like cp_nccl_init, with parent's deadline. Needs NCCL 2.18 or newer
+/* Split parent into the communicators of a run of several groups (replicas, a ring): every rank of parent calls
+ * it, and those passing the same color (>= 0) get one communicator, ranked by key (0..size-1, distinct within a
+ * color), which must be `size` ranks. Non-blocking like cp_nccl_init, with parent's deadline. Needs NCCL 2.18 or newer
  * (ncclCommSplit); an older library gets a message saying so. `what` names the communicator in messages. */
 int cp_nccl_split(cp_nccl_comm *parent, int color, int key, int size, const char *what, cp_nccl_comm *c, char *err,
                   int errlen);
@@ -111,6 +111,12 @@ int cp_nccl_group_end(cp_nccl_comm *c, char *err, int errlen);
  * this rank's own block included. */
 int cp_nccl_all_to_all(cp_nccl_comm *c, const void *send, void *recv, size_t count, ncclDataType_t t,
                        cudaStream_t stream, char *err, int errlen);
+
+/* Send count elements of send to rank `to` while count elements from rank `from` arrive in recv, in one group: a
+ * ring's ranks each send to the next and receive from the previous, and grouped, no rank's send waits for a receive
+ * its peer has not posted yet. send and recv must not overlap. */
+int cp_nccl_send_recv(cp_nccl_comm *c, const void *send, int to, void *recv, int from, size_t count,
+                      ncclDataType_t t, cudaStream_t stream, char *err, int errlen);
 
 /* Wait until event (when not NULL) or else everything on stream has finished, checking the communicator for an
  * asynchronous error meanwhile. On an error, or when timeout_s (<= 0: c->timeout_s) passes first, the

@@ -375,6 +375,7 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     eo.comm = o->comm;
     eo.shard_comm = o->shard_comm;
     eo.world_comm = o->world_comm;
+    eo.ring_comm = o->ring_comm;
     eo.base_free = o->base_free;
     /* the trace is of the first group: the others run the same steps, and their part files would share its names */
     eo.trace_path = o->world_rank < P->C ? o->trace_path : NULL;

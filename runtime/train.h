@@ -24,10 +24,11 @@ typedef struct {
      * Every rank trains its slice of each sequence; rank 0 alone prints, writes metrics.jsonl and checkpoints. */
     int rank, device;
     cp_nccl_comm *comm;
-    /* several groups (parallel.replicas): this process's rank in the run (rank 0 alone prints and writes), the
-     * communicators of its shard across the groups and of the run (exec.h); with one group world_rank = rank */
+    /* several groups (parallel.replicas, parallel.ring): this process's rank in the run (rank 0 alone prints and
+     * writes), the communicators of its shard across the groups, of the run and of its ring (exec.h); with one group
+     * world_rank = rank */
     int world_rank;
-    cp_nccl_comm *shard_comm, *world_comm;
+    cp_nccl_comm *shard_comm, *world_comm, *ring_comm;
     int64_t base_free; /* cp_world's: the device's free memory before this process's context */
     const char *trace_path; /* --trace: write step trace_step (from 1, in this run) as a step trace (trace.h) */
     int trace_step;

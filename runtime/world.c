@@ -94,32 +94,29 @@ int cp_world_split(cp_world *w, const cp_rank_layout *L, char *err, int errlen) 
         return cp_errf(err, errlen, "rank %d: the run has %d ranks, its plan %d x %d x %d = %d: start one process per "
                        "GPU of the plan (replicas x ring x gpus)", w->rank, w->size, L->replicas, L->ring, L->gpus,
                        cp_rank_world(L));
-    if (L->ring > 1)
-        return cp_errf(err, errlen, "rank %d: parallel.ring = %d: the ring's communicators are not made yet; use "
-                       "ring = 1", w->rank, L->ring);
     w->group_rank = cp_rank_of(L, w->rank).local;
-    w->of_kind[CP_COMM_WORLD] = w->size > 1 ? &w->comm : NULL;
-    if (L->replicas == 1) { /* one group: the run's communicator is the group's, as with no replicas at all */
-        w->of_kind[CP_COMM_ULYSSES] = w->of_kind[CP_COMM_WORLD];
-        return 0;
-    }
-    if (L->gpus == 1) { /* groups of one GPU: the shard's members are every rank, in rank order */
-        w->of_kind[CP_COMM_SHARD] = &w->comm;
-        return 0;
-    }
-    const cp_comm_kind kinds[] = {CP_COMM_ULYSSES, CP_COMM_SHARD};
-    cp_nccl_comm *made[] = {&w->group, &w->shard};
-    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-        int color, key, n = cp_world_comm_place(L, w->rank, kinds[k], &color, &key);
-        if (cp_nccl_split(&w->comm, color, key, n, cp_comm_kind_name(kinds[k]), made[k], err, errlen)) return -1;
-        w->of_kind[kinds[k]] = made[k];
+    /* Each kind's communicator: none where it would be this rank alone, the run's own where it holds every rank (one
+     * group's Ulysses group, the shard of groups of one GPU, a ring of single GPUs), else split off the run's. The
+     * layout alone decides, so every rank makes the same splits in the same order. */
+    cp_nccl_comm *own[CP_COMM_COUNT] = {[CP_COMM_ULYSSES] = &w->group, [CP_COMM_RING] = &w->ring,
+                                        [CP_COMM_SHARD] = &w->shard}; /* the run's holds every rank: never split */
+    for (int k = 0; k < CP_COMM_COUNT; k++) {
+        int color, key, n = cp_world_comm_place(L, w->rank, (cp_comm_kind)k, &color, &key);
+        if (n == 1) continue;
+        if (n == w->size) {
+            w->of_kind[k] = &w->comm;
+            continue;
+        }
+        if (cp_nccl_split(&w->comm, color, key, n, cp_comm_kind_name((cp_comm_kind)k), own[k], err, errlen)) return -1;
+        w->of_kind[k] = own[k];
     }
     return 0;
 }
 
 void cp_world_leave(cp_world *w) {
     char err[CP_ERR_MAX];
-    cp_nccl_comm *own[] = {&w->group, &w->shard, &w->comm}; /* the split ones before the run's they came from */
+    /* the split ones before the run's they came from */
+    cp_nccl_comm *own[] = {&w->group, &w->ring, &w->shard, &w->comm};
     for (size_t k = 0; k < sizeof own / sizeof own[0]; k++)
         if (own[k]->comm && cp_nccl_destroy(own[k], err, sizeof err))
             fprintf(stderr, "cpgen: rank %d: %s\n", w->rank, err);
@@ -127,6 +124,7 @@ void cp_world_leave(cp_world *w) {
 
 void cp_world_abort(cp_world *w) {
     cp_nccl_abort(&w->group);
+    cp_nccl_abort(&w->ring);
     cp_nccl_abort(&w->shard);
     cp_nccl_abort(&w->comm);
 }

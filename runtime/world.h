@@ -16,9 +16,10 @@ typedef struct {
     int rank, size, device; /* device: the CUDA device of this rank (its local rank) */
     int64_t base_free;      /* the device's free memory before this process made its context (-1: no NVML) */
     cp_nccl_comm comm;      /* every rank of the run */
-    /* A run of several groups (replicas): the communicators split off the run's (cp_world_split). group: this
-     * rank's Ulysses group; shard: the ranks of its local rank in every group. Unused (comm NULL) with one group. */
-    cp_nccl_comm group, shard;
+    /* A run of several groups (replicas, a ring): the communicators split off the run's (cp_world_split). group:
+     * this rank's Ulysses group; ring: the ranks of its replica and local rank, in ring order; shard: the ranks of
+     * its local rank in every group. Unused (comm NULL) where the run's own serves, or none is needed. */
+    cp_nccl_comm group, ring, shard;
     cp_nccl_comm *of_kind[CP_COMM_COUNT]; /* the communicator of each kind; NULL where it would be this rank alone */
     int group_rank;                       /* this rank within its Ulysses group (its local rank) */
 } cp_world;
@@ -31,10 +32,11 @@ int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[
  * cp_rank_comm's members). Returns the communicator's size. A pure function, so every rank splits alike. */
 int cp_world_comm_place(const cp_rank_layout *L, int rank, cp_comm_kind kind, int *color, int *key);
 
-/* The communicators of each kind for layout L (whose ranks must be the run's): with one group the run's own serves
- * as the Ulysses group's and nothing is split (no extra initialisation); with several, the Ulysses group's and the
- * shard's are split off the run's (the shard's is the run's itself when groups are single GPUs). Every rank calls
- * it. Returns 0, or -1 with a message naming this rank (the run's communicator is aborted then). */
+/* The communicators of each kind for layout L (whose ranks must be the run's): the run's own for a kind whose
+ * communicator holds every rank (so one group splits nothing, no extra initialisation), none for one that would
+ * hold this rank alone, and the others (the Ulysses group's, the ring's, the shard's of several groups) split off
+ * the run's. Every rank calls it. Returns 0, or -1 with a message naming this rank (the run's communicator is
+ * aborted then). */
 int cp_world_split(cp_world *w, const cp_rank_layout *L, char *err, int errlen);
 void cp_world_leave(cp_world *w);
 /* After an error: every communicator of this rank aborted, so the other ranks stop at their next collective. */

@@ -18,6 +18,8 @@
 
 #include "exec.h"
 #include "plan.h"
+#include "ranks.h"
+#include "ring.h"
 #include "spec.h"
 
 /* Plan `name` with overrides, check it, print what the executor derived; returns the report. */
@@ -171,20 +173,184 @@ static void test_replicas(void **state) {
           "parallel.upipe_heads=8");
 }
 
-/* Rings are planned but not executed: the check says what is missing rather than reading their steps. */
-static void test_refuses_rings(void **state) {
+/* Operand j of step st in ex's made-up arena, `off` bytes into its buffer. */
+static uint64_t addr(const cp_exec *ex, const cp_plan *p, const cp_step *st, int j, int64_t off) {
+    return (uint64_t)(uintptr_t)cp_exec_buffer(ex, p->bufs[st->ops[j].buf].name) + (uint64_t)off;
+}
+
+/* Where the ring communicator (its members in ring order, gen/ranks.c) numbers world rank `who`, seen from `me`. */
+static int ring_index(const cp_rank_layout *L, int me, int who) {
+    int members[64], color, n = cp_rank_comm(L, me, CP_COMM_RING, &color, members);
+    for (int k = 0; k < n; k++)
+        if (members[k] == who) return k;
+    return -1;
+}
+
+/* What each rank of a ring of one query head per GPU and stage prepares, checked against gen/ring.c and gen/ranks.c
+ * by the arguments' values: every step prepared; each half-block launch (attention forward and backward), its merge
+ * and its dQ sum at the rows and LSE columns of the query and key halves cp_ring_half_of gives the rank's ring
+ * position; each RoPE launch at the rows and positions of the rank's run cp_ring_rope_runs gives (none for a second
+ * run the rank does not have); each send/recv whole, to the ring's next rank and from its previous one as the ring
+ * communicator numbers them. Returns how many half launches took query half 0 and half 1, over all ranks. */
+static void ring_ranks(int halves_seen[2], const char *name, int nsets, const char *const *sets) {
+    cp_spec sp;
+    char err[CP_ERR_MAX];
+    if (cp_spec_load(name, sets, nsets, &sp, err, sizeof err)) fail_msg("spec %s: %s", name, err);
+    cp_plan p;
+    if (cp_plan_build(&sp, &p, err, sizeof err)) fail_msg("plan %s: %s", name, err);
+    assert_true(p.ring > 1);
+    assert_int_equal(p.u, 1);
+    assert_int_equal(cp_exec_supports(&p, err, sizeof err), 0);
+    cp_exec_check_report rep;
+    if (cp_exec_check(&p, &rep, err, sizeof err)) fail_msg("%s: %s", name, err);
+    const cp_rank_layout L = {p.replicas, p.ring, p.C};
+    const int64_t Lg = p.group_tokens, c = Lg / 2, D = p.spec.model.head_dim, u = p.u, kvr = p.kvr;
+    const int64_t qrow = u * D * 2, kvrow = kvr * D * 2, kv32 = kvr * D * 4;
+    int counted[8] = {0}; /* half fwd, half bwd, merges, dQ sums, RoPE launches, RoPE launches left out, send/recvs */
+    for (int w = 0; w < cp_rank_world(&L); w++) {
+        cp_rank_place pl = cp_rank_of(&L, w);
+        cp_exec_opts o = {.rank = pl.local, .world_rank = w};
+        cp_exec *ex;
+        if (cp_exec_dry(&ex, &p, &o, err, sizeof err)) fail_msg("%s, rank %d: %s", name, w, err);
+        for (int i = 0; i < p.nsteps; i++) {
+            const cp_step *st = &p.steps[i];
+            cp_exec_prepared x;
+            cp_exec_prepared_step(ex, i, &x);
+            const uint64_t *a = x.args[0];
+            cp_ring_half h = {-1, -1};
+            if (st->ring_part >= 0 && st->ring_step > 0)
+                h = cp_ring_half_of(p.ring, pl.ring_pos, st->ring_step, st->ring_part);
+            const int64_t lse0 = (int64_t)st->stage * u * Lg * 4; /* the stage's LSE row */
+            if (!strcmp(st->what, "attn_fwd_half")) { /* fwd(q, k, v, o, lse) */
+                assert_int_equal(x.launches, 1);
+                assert_int_equal(a[0], addr(ex, &p, st, 0, h.q_half * c * qrow));
+                assert_int_equal(a[1], addr(ex, &p, st, 1, h.k_half * c * kvrow));
+                assert_int_equal(a[2], addr(ex, &p, st, 2, h.k_half * c * kvrow));
+                assert_int_equal(a[3], addr(ex, &p, st, 3, h.q_half * c * qrow));
+                assert_int_equal(a[4], addr(ex, &p, st, 4, h.q_half * c * 4));
+                halves_seen[h.q_half]++;
+                counted[0]++;
+            } else if (!strcmp(st->what, "attn_bwd_half")) { /* bwd(q, k, v, dout, lse, delta, dq_ws, prog, dk, dv) */
+                assert_int_equal(x.launches, 1);
+                assert_int_equal(a[0], addr(ex, &p, st, 0, h.q_half * c * qrow));
+                assert_int_equal(a[1], addr(ex, &p, st, 1, h.k_half * c * kvrow));
+                assert_int_equal(a[2], addr(ex, &p, st, 2, h.k_half * c * kvrow));
+                assert_int_equal(a[3], addr(ex, &p, st, 3, h.q_half * c * qrow));
+                assert_int_equal(a[4], addr(ex, &p, st, 4, lse0 + h.q_half * c * 4));
+                assert_int_equal(a[5], addr(ex, &p, st, 5, h.q_half * c * u * 4));
+                assert_int_equal(a[6], addr(ex, &p, st, 6, 0));
+                assert_int_equal(a[8], addr(ex, &p, st, 7, h.k_half * c * kv32));
+                assert_int_equal(a[9], addr(ex, &p, st, 8, Lg * kv32 + h.k_half * c * kv32));
+                counted[1]++;
+            } else if (!strcmp(st->what, "attn_merge")) { /* fwd(o_blk, lse_blk, o_acc, lse_acc, n, heads, stride) */
+                assert_int_equal(x.launches, 1);
+                assert_int_equal(a[0], addr(ex, &p, st, 0, h.q_half * c * qrow));
+                assert_int_equal(a[1], addr(ex, &p, st, 1, h.q_half * c * 4));
+                assert_int_equal(a[2], addr(ex, &p, st, 2, h.q_half * c * u * D * 4));
+                assert_int_equal(a[3], addr(ex, &p, st, 3, lse0 + h.q_half * c * 4));
+                assert_true(a[4] == (uint64_t)c && a[5] == (uint64_t)u && a[6] == (uint64_t)Lg);
+                counted[2]++;
+            } else if (!strcmp(st->what, "ring_add_dq")) { /* add_f32(src, dst, n) */
+                assert_int_equal(x.launches, 1);
+                assert_int_equal(a[0], addr(ex, &p, st, 0, 0));
+                assert_int_equal(a[1], addr(ex, &p, st, 1, h.q_half * c * u * D * 4));
+                assert_int_equal(a[2], c * u * D);
+                counted[3]++;
+            } else if (!strncmp(st->what, "rope_", 5)) { /* fwd/bwd(x, n, heads, pos0) */
+                cp_ring_rope_run run[2];
+                int runs = cp_ring_rope_runs(p.ring, pl.ring_pos, p.S, p.C, pl.local, run);
+                int part = st->ring_part;
+                assert_true(part >= 0 && part < 2);
+                if (part >= runs) {
+                    assert_int_equal(x.launches, 0);
+                    counted[5]++;
+                    continue;
+                }
+                assert_int_equal(x.launches, 1);
+                assert_int_equal(a[0], addr(ex, &p, st, 0, run[part].row0 * st->heads * D * 2));
+                assert_int_equal(a[1], run[part].rows);
+                assert_int_equal(a[2], st->heads);
+                assert_int_equal(a[3], run[part].pos0);
+                counted[4]++;
+            } else if (st->kind == CP_OP_SENDRECV) {
+                assert_int_equal(x.to, ring_index(&L, w, cp_rank_ring_next(&L, w)));
+                assert_int_equal(x.from, ring_index(&L, w, cp_rank_ring_prev(&L, w)));
+                assert_int_equal(x.to, (pl.ring_pos + 1) % p.ring); /* the ring's members in ring order */
+                assert_int_equal(x.from, (pl.ring_pos + p.ring - 1) % p.ring);
+                assert_ptr_equal(x.src, (const void *)(uintptr_t)addr(ex, &p, st, 0, 0));
+                assert_ptr_equal(x.dst, (const void *)(uintptr_t)addr(ex, &p, st, 1, 0));
+                assert_int_equal(x.count, st->count);
+                assert_int_equal(st->ops[0].bytes, st->count);
+                assert_int_equal(st->ops[1].bytes, st->count);
+                counted[6]++;
+            } else if (st->kind == CP_OP_KERNEL && st->module >= 0) {
+                assert_true(x.launches >= 1); /* every other kernel step has its launch */
+            }
+        }
+        cp_exec_destroy(ex);
+    }
+    printf("  %-8s", name);
+    for (int i = 0; i < nsets; i++) printf(" %s", sets[i]);
+    printf("\n    %d ranks: %d half launches forward, %d backward, %d merges and %d dQ sums of them; %d RoPE launches "
+           "(%d left out: a second run the rank does not have); %d send/recvs; %d cross-stream waits\n",
+           cp_rank_world(&L), counted[0], counted[1], counted[2], counted[3], counted[4], counted[5], counted[6],
+           rep.waits);
+    assert_true(counted[0] > 0 && counted[0] == counted[1] && counted[0] == counted[2] && counted[0] == counted[3]);
+    assert_true(counted[4] > 0 && counted[6] > 0);
+    cp_plan_free(&p);
+}
+
+/* Rings of one query head per GPU and stage run: every rank of ring 2 x 1 GPU and ring 4 x 2 GPUs of tiny, of ring
+ * 2 x 3 GPUs (a rank straddling its group's two chunks: two RoPE runs) and of two layers of the 8B shape (ring 2 x 4
+ * GPUs) prepares every step at its own ring position. A rank whose group rank disagrees with its place in the run
+ * is refused. */
+static void test_rings(void **state) {
+    (void)state;
+    int seen[2] = {0};
+    const char *r2[] = {"parallel.ring=2", "parallel.upipe_heads=1"};
+    ring_ranks(seen, "tiny", 2, r2);
+    const char *r4[] = {"parallel.ring=4", "parallel.gpus=2", "parallel.upipe_heads=2"};
+    ring_ranks(seen, "tiny", 3, r4);
+    const char *odd[] = {"parallel.ring=2", "parallel.gpus=3", "model.heads=3", "model.kv_heads=3",
+                         "parallel.upipe_heads=3", "train.seq_len=3K"};
+    ring_ranks(seen, "tiny", 6, odd);
+    const char *host[] = {"parallel.ring=2", "parallel.upipe_heads=1", "parallel.offload=all",
+                          "parallel.optimizer=host", "train.micro_batches=2"};
+    ring_ranks(seen, "tiny", 5, host);
+    const char *b8[] = {"parallel.ring=2", "parallel.gpus=4", "parallel.upipe_heads=4", "model.layers=2",
+                        "train.seq_len=16K"};
+    ring_ranks(seen, "llama8b", 5, b8);
+    assert_true(seen[0] > 0 && seen[1] > 0); /* both query halves, by position */
+    /* rank 1 of the run is local rank 0 of ring 2 x 1 GPU's second group, not local rank 1 */
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    if (cp_spec_load("tiny", r2, 2, &s, err, sizeof err)) fail_msg("spec: %s", err);
+    cp_plan p;
+    if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("plan: %s", err);
+    cp_exec_opts o = {.rank = 1, .world_rank = 1};
+    cp_exec *ex;
+    assert_int_equal(cp_exec_dry(&ex, &p, &o, err, sizeof err), -1);
+    if (!strstr(err, "rank 1 of the run (of 2) is not rank 1 of its group of 1 GPUs")) fail_msg("%s", err);
+    cp_plan_free(&p);
+}
+
+/* A ring of several query heads per GPU and stage is refused before anything is prepared, saying why and what to
+ * set: its half launches would need the LSE row stride in the attention kernels. */
+static void test_refuses_strided_rings(void **state) {
     (void)state;
     cp_spec s;
     char err[CP_ERR_MAX];
-    const char *sets[] = {"parallel.ring=2"};
-    if (cp_spec_load("tiny", sets, 1, &s, err, sizeof err)) fail_msg("spec: %s", err);
+    const char *sets[] = {"parallel.ring=2", "parallel.upipe_heads=2"};
+    if (cp_spec_load("tiny", sets, 2, &s, err, sizeof err)) fail_msg("spec: %s", err);
     cp_plan p;
     if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("plan: %s", err);
     cp_exec_check_report r;
     assert_int_equal(cp_exec_check(&p, &r, err, sizeof err), -1);
-    if (!strstr(err, "<embedded>/tiny.lua: parallel.ring = 2 (2 GPUs in all): this build plans ring attention but "
-                     "cannot run it yet; missing: (1) the ring communicator") ||
-        !strstr(err, "Train with parallel.ring = 1"))
+    if (!strstr(err, "<embedded>/tiny.lua: parallel.ring = 2 (2 GPUs in all) with 2 query heads per GPU and stage: "
+                     "this build runs rings of one; a half-block attention launch (SEQ = 512) reads and writes LSE "
+                     "rows 1024 apart, and the attention kernels (templates/attention.cu, attention_sm90.cuh, "
+                     "attention_bwd_sm90.cuh) lack the LSE row stride as an argument. Set parallel.upipe_heads = 1 "
+                     "(one query head per GPU and stage), or train with parallel.ring = 1"))
         fail_msg("%s", err);
     assert_int_equal(r.steps, 0);
     cp_trace_wait *w = NULL;
@@ -192,6 +358,9 @@ static void test_refuses_rings(void **state) {
     assert_int_equal(cp_exec_plan_waits(&p, &w, &n, err, sizeof err), -1);
     assert_int_equal(n, 0);
     assert_null(w);
+    cp_exec *ex = NULL;
+    assert_int_equal(cp_exec_dry(&ex, &p, NULL, err, sizeof err), -1);
+    assert_null(ex);
     cp_plan_free(&p);
 }
 
@@ -203,7 +372,8 @@ int main(void) {
         cmocka_unit_test(test_parallel),
         cmocka_unit_test(test_attention_output),
         cmocka_unit_test(test_replicas),
-        cmocka_unit_test(test_refuses_rings),
+        cmocka_unit_test(test_rings),
+        cmocka_unit_test(test_refuses_strided_rings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

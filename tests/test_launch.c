@@ -670,7 +670,8 @@ static void test_comm_places(void **state) {
 }
 
 /* Splitting without NCCL: one group splits nothing (the run's communicator is the group's, as before replicas);
- * groups of one GPU use the run's as the shard's; a plan whose ranks are not the run's, or a ring, is refused. */
+ * groups of one GPU use the run's as the shard's, and a ring of them as the ring's too; a plan whose ranks are not
+ * the run's is refused. */
 static void test_world_split(void **state) {
     (void)state;
     cp_world w;
@@ -692,13 +693,67 @@ static void test_world_split(void **state) {
     assert_int_equal(cp_world_split(&w, &wrong, err, sizeof err), -1);
     assert_string_equal(err, "rank 5: the run has 8 ranks, its plan 2 x 1 x 2 = 4: start one process per GPU of the "
                              "plan (replicas x ring x gpus)");
-    cp_rank_layout ring = {1, 2, 4};
-    assert_int_equal(cp_world_split(&w, &ring, err, sizeof err), -1);
-    assert_string_equal(err, "rank 5: parallel.ring = 2: the ring's communicators are not made yet; use ring = 1");
+    /* a ring of single GPUs is the run: its communicator and the shard's are the run's own */
+    cp_rank_layout ring_of_ones = {1, 8, 1};
+    assert_int_equal(cp_world_split(&w, &ring_of_ones, err, sizeof err), 0);
+    assert_null(w.of_kind[CP_COMM_ULYSSES]);
+    assert_ptr_equal(w.of_kind[CP_COMM_RING], &w.comm);
+    assert_ptr_equal(w.of_kind[CP_COMM_SHARD], &w.comm);
+    assert_int_equal(w.group_rank, 0);
     /* several groups of several GPUs split the run's communicator, which NCCL must make: without it, the message */
     cp_rank_layout hybrid = {2, 1, 4};
     assert_int_equal(cp_world_split(&w, &hybrid, err, sizeof err), -1);
     assert_string_equal(err, "ncclCommSplit: NCCL is not loaded (cp_nccl_load)");
+}
+
+/* The splits a ring makes, on a fake ncclCommSplit that records them: rank 5 of ring 2 x 4 GPUs (ring position 1,
+ * local rank 1) gets its Ulysses group (colour 1, rank 1 of 4), its ring (colour 1: the ranks of local rank 1, rank
+ * 1 of 2: its ring position) and its shard (colour 1, rank 1 of 2), in that order, every rank alike; with 2
+ * replicas of a ring of 2 single GPUs, rank 3 (replica 1, position 1) only its ring (colour 1, rank 1 of 2), the
+ * shard being the run. */
+static struct {
+    int n, color[4], key[4];
+} splits;
+static ncclResult_t fake_split(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *cfg) {
+    (void)c, (void)cfg;
+    splits.color[splits.n] = color;
+    splits.key[splits.n++] = key;
+    *out = (ncclComm_t)(uintptr_t)(0x100 + splits.n);
+    return ncclSuccess;
+}
+
+static void test_world_split_ring(void **state) {
+    (void)state;
+    cp_nccl_api fake = {.CommSplit = fake_split};
+    cp_nccl_use_api(&fake, 22809);
+    cp_world w;
+    memset(&w, 0, sizeof w);
+    w.comm = (cp_nccl_comm){.comm = (ncclComm_t)(uintptr_t)0x100, .rank = 5, .size = 8, .timeout_s = 5};
+    w.rank = 5;
+    w.size = 8;
+    memset(&splits, 0, sizeof splits);
+    cp_rank_layout ring = {1, 2, 4};
+    assert_int_equal(cp_world_split(&w, &ring, err, sizeof err), 0);
+    assert_int_equal(splits.n, 3);
+    assert_ptr_equal(w.of_kind[CP_COMM_ULYSSES], &w.group);
+    assert_ptr_equal(w.of_kind[CP_COMM_RING], &w.ring);
+    assert_ptr_equal(w.of_kind[CP_COMM_SHARD], &w.shard);
+    assert_ptr_equal(w.of_kind[CP_COMM_WORLD], &w.comm);
+    assert_true(splits.color[0] == 1 && splits.key[0] == 1 && w.group.size == 4 && w.group.rank == 1);
+    assert_true(splits.color[1] == 1 && splits.key[1] == 1 && w.ring.size == 2 && w.ring.rank == 1);
+    assert_true(splits.color[2] == 1 && splits.key[2] == 1 && w.shard.size == 2 && w.shard.rank == 1);
+    assert_int_equal(w.group_rank, 1);
+    memset(&splits, 0, sizeof splits);
+    w.comm.rank = w.rank = 3;
+    w.comm.size = w.size = 4;
+    cp_rank_layout replicas_of_rings = {2, 2, 1};
+    assert_int_equal(cp_world_split(&w, &replicas_of_rings, err, sizeof err), 0);
+    assert_int_equal(splits.n, 1);
+    assert_true(splits.color[0] == 1 && splits.key[0] == 1 && w.ring.size == 2 && w.ring.rank == 1);
+    assert_null(w.of_kind[CP_COMM_ULYSSES]);
+    assert_ptr_equal(w.of_kind[CP_COMM_RING], &w.ring);
+    assert_ptr_equal(w.of_kind[CP_COMM_SHARD], &w.comm);
+    cp_nccl_use_api(NULL, 0);
 }
 
 int main(int argc, char **argv) {
@@ -724,6 +779,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_auto_gpus, clear_env),
         cmocka_unit_test(test_comm_places),
         cmocka_unit_test(test_world_split),
+        cmocka_unit_test(test_world_split_ring),
         cmocka_unit_test_setup_teardown(test_spawn_ok, spawn_setup, spawn_teardown),
         cmocka_unit_test_setup_teardown(test_spawn_keeps_user_nvls, spawn_setup, spawn_teardown),
         cmocka_unit_test_setup_teardown(test_spawn_exit_code, spawn_setup, spawn_teardown),

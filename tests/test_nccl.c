@@ -2,8 +2,9 @@
  * messages saying what to install; the real libnccl.so.2 is loaded when the machine has one. The rest runs on a
  * fake function table (cp_nccl_use_api): non-blocking initialisation settled by polling, its timeout and
  * asynchronous errors (the communicator aborted), the blocking fallback, argument checks, error messages naming
- * the rank, the call and the fix, the all-to-all's grouped sends and receives (group closed even after a failed
- * send), the watchdog's completion, timeout and error paths, destroy, and the split into a run's group communicators. */
+ * the rank, the call and the fix, the all-to-all's and the ring send/recv's grouped sends and receives (group
+ * closed even after a failed send), the watchdog's completion, timeout and error paths, destroy, and the split into
+ * a run's group communicators. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -309,7 +310,7 @@ static void test_split_errors(void **state) {
     fake.CommSplit = NULL;
     assert_int_equal(cp_nccl_split(&world, 0, 0, 2, "shard", &c, err, sizeof err), -1);
     assert_contains(err, "rank 1: the shard communicator needs ncclCommSplit, which NCCL 2.28.9 lacks: runs of several "
-                         "replicas need NCCL 2.18 or newer");
+                         "groups (parallel.replicas, parallel.ring) need NCCL 2.18 or newer");
     fake = old;
     F.split_rc = ncclInvalidUsage;
     assert_int_equal(cp_nccl_split(&world, 1, 0, 2, "ulysses", &c, err, sizeof err), -1);
@@ -432,6 +433,42 @@ static void test_all_to_all_send_fails(void **state) {
     assert_int_equal(F.aborts, 1);
 }
 
+/* A ring's send/recv: one group of a send to the next rank and a receive from the previous one (here rank 1 of 4:
+ * to 2, from 0), whole buffers; in a ring of 2 both are the same peer. Bad peers and overlapping buffers are caught
+ * before NCCL sees anything; a failed send still closes the group and aborts the communicator. */
+static void test_send_recv(void **state) {
+    (void)state;
+    cp_nccl_comm c = comm_of(4);
+    float send[8], recv[8];
+    F.send_base = send;
+    F.recv_base = recv;
+    assert_int_equal(cp_nccl_send_recv(&c, send, 2, recv, 0, 8, ncclFloat32, NULL, err, sizeof err), 0);
+    assert_int_equal(F.group_starts, 1);
+    assert_int_equal(F.group_ends, 1);
+    assert_int_equal(F.group_depth, 0);
+    assert_int_equal(F.ncalls, 2);
+    assert_true(F.calls[0].op == 's' && F.calls[0].peer == 2 && F.calls[0].off == 0 && F.calls[0].count == 8);
+    assert_true(F.calls[1].op == 'r' && F.calls[1].peer == 0 && F.calls[1].off == 0 && F.calls[1].count == 8);
+    F.ncalls = 0;
+    assert_int_equal(cp_nccl_send_recv(&c, send, 0, recv, 0, 8, ncclFloat32, NULL, err, sizeof err), 0);
+    assert_true(F.ncalls == 2 && F.calls[0].peer == 0 && F.calls[1].peer == 0);
+    F.ncalls = 0;
+    assert_int_equal(cp_nccl_send_recv(&c, send, 2, recv, 0, 0, ncclFloat32, NULL, err, sizeof err), 0);
+    assert_int_equal(F.ncalls, 0);
+    assert_int_equal(cp_nccl_send_recv(&c, send, 4, recv, 0, 8, ncclFloat32, NULL, err, sizeof err), -1);
+    assert_contains(err, "rank 1: send/recv: peer 4 is not a rank of this communicator (0 to 3)");
+    assert_int_equal(cp_nccl_send_recv(&c, send, 2, send + 4, 0, 8, ncclFloat32, NULL, err, sizeof err), -1);
+    assert_contains(err, "rank 1: send/recv: send and recv overlap (32 bytes each)");
+    assert_int_equal(F.ncalls, 0);
+    assert_int_equal(F.aborts, 0);
+    F.fail_send_peer = 2;
+    assert_int_equal(cp_nccl_send_recv(&c, send, 2, recv, 0, 8, ncclFloat32, NULL, err, sizeof err), -1);
+    assert_contains(err, "rank 1: send/recv: ncclSend with peer 2: ncclInternalError");
+    assert_contains(err, "the communicator was aborted");
+    assert_int_equal(F.group_depth, 0);
+    assert_int_equal(F.aborts, 1);
+}
+
 /* ------------------------------------------------------------------------------------------------------------
  * the watchdog */
 
@@ -517,6 +554,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_collective_in_progress, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_all_to_all, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_all_to_all_send_fails, use_fake, forget),
+        cmocka_unit_test_setup_teardown(test_send_recv, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_wait_completes, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_wait_timeout, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_wait_async_error, use_fake, forget),

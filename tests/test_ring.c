@@ -94,6 +94,15 @@ static void test_half_launches(void **state) {
                             fail_msg("P=%d p=%d step %d: halves (%d, %d) launched %d times, the step has %d", P, p, k,
                                      qh, kh, got[qh][kh], want[qh][kh]);
             }
+    /* the span of a launch over the positions: part 0 is one pair everywhere; part 1 takes both halves at every step
+     * k >= 1, since positions p >= k hold a block from an earlier position (halves 0) and p < k from a later one
+     * (halves 1) */
+    for (int P = 2; P <= MAXP; P++)
+        for (int k = 1; k < P; k++) {
+            cp_ring_span a = cp_ring_half_span(P, k, 0), b = cp_ring_half_span(P, k, 1);
+            assert_true(a.q0 == 1 && a.q1 == 2 && a.k0 == 0 && a.k1 == 1);
+            assert_true(b.q0 == 0 && b.q1 == 2 && b.k0 == 0 && b.k1 == 2);
+        }
     /* P = 4, position 1: from 0 (an earlier position) q0k0, from 3 and 2 q1k1 */
     assert_int_equal(cp_ring_half_of(4, 1, 1, 1).q_half, 0);
     assert_int_equal(cp_ring_half_of(4, 1, 2, 1).k_half, 1);
@@ -179,6 +188,9 @@ static void test_rope_runs(void **state) {
             for (int64_t x = 0; x < S; x++) assert_int_equal(seen[x], 1);
         }
     cp_ring_rope_run run[2];
+    /* no ring: seq_len need only split into C slices (15 = 3 x 5, not a multiple of 2 x 3) */
+    assert_int_equal(cp_ring_rope_runs(1, 0, 15, 3, 2, run), 1);
+    assert_true(run[0].row0 == 0 && run[0].rows == 5 && run[0].pos0 == 10);
     assert_int_equal(cp_ring_rope_runs(4, 1, 48, 3, 1, run), 2);
     assert_int_equal(run[0].row0, 0);
     assert_int_equal(run[0].rows, 2);

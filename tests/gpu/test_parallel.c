@@ -1,12 +1,13 @@
 /* test_parallel.c: one GPU against several on the same weights and tokens (needs CPGEN_TEST_GPUS GPUs, default 2).
  * For each case the parent computes the reference on one GPU (cp_exec_gradients: the loss and every gradient of one
  * step's micro-batches), saves the gradients as a Hugging Face checkpoint, then starts one copy of itself per GPU
- * (cp_launch_spawn); the ranks meet (cp_world_join), compute the same step with the case's parallel plan (Ulysses
- * all-to-all, UPipe stages, FSDP gathers and reduce-scatters), gather the gradients, and rank 0 compares them,
- * tensor by tensor in Hugging Face order (the query heads' storage order differs between plans): the loss within
- * 1e-3 relative, every gradient with cosine >= 0.999 and its norm within 1e-2. Output under $OUT/parallel (else
- * /tmp/cpgen-test/parallel). CPGEN_TEST_CASES="a b" runs only the cases whose names start with a or b. Exit 0 when
- * every case run agrees. */
+ * (cp_launch_spawn); the ranks meet (cp_world_join, cp_world_split), compute the same step with the case's parallel
+ * plan (Ulysses all-to-all, UPipe stages, FSDP gathers and reduce-scatters; for a ring case the N GPUs as a ring of
+ * `ring` groups, K/V blocks passed round and gradient shards all-reduced across the groups), gather the gradients,
+ * and rank 0 compares them, tensor by tensor in Hugging Face order (the query heads' storage order differs between
+ * plans): the loss within 1e-3 relative, every gradient with cosine >= 0.999 and its norm within 1e-2. Output under
+ * $OUT/parallel (else /tmp/cpgen-test/parallel). CPGEN_TEST_CASES="a b" runs only the cases whose names start with a
+ * or b. Exit 0 when every case run agrees. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,19 +27,23 @@
 typedef struct {
     const char *name, *spec;
     const char *sets[6]; /* with parallel.gpus set by the test */
+    int ring;            /* 1: one group; more: the GPUs as a ring of this many groups, one query head per GPU
+                          * and stage */
 } pcase;
 
 /* U = C (UPipe), U = H (plain Ulysses), KV heads fewer than GPUs, GQA 3, micro-batches, Qwen3 with tied
- * embeddings, two layers of the 8B shape */
+ * embeddings, two layers of the 8B shape; rings of 2 groups of tiny and of two layers of the 8B shape */
 static const pcase CASES[] = {
-    {"tiny_upipe", "tiny", {"parallel.upipe_heads=2", "train.micro_batches=1"}},
-    {"tiny_ulysses", "tiny", {"parallel.upipe_heads=4", "train.micro_batches=1"}},
-    {"tiny_kv1", "tiny", {"model.kv_heads=1", "parallel.upipe_heads=2", "train.micro_batches=1"}},
-    {"tiny_mb3", "tiny", {"train.micro_batches=3"}},
-    {"tiny_qwen3_tied", "tiny", {"model.family=qwen3", "model.tie_embeddings=true", "train.micro_batches=1"}},
-    {"l3b_gqa3_8k", "llama3b", {"model.layers=2", "train.seq_len=8K", "parallel.upipe_heads=auto"}},
-    {"l8b_16k", "llama8b", {"model.layers=2", "train.seq_len=16K", "model.vocab=32768", "parallel.upipe_heads=2"}},
-    {"l8b_64k", "llama8b", {"model.layers=2", "train.seq_len=64K", "model.vocab=32768", "parallel.upipe_heads=32"}},
+    {"tiny_upipe", "tiny", {"parallel.upipe_heads=2", "train.micro_batches=1"}, 1},
+    {"tiny_ulysses", "tiny", {"parallel.upipe_heads=4", "train.micro_batches=1"}, 1},
+    {"tiny_kv1", "tiny", {"model.kv_heads=1", "parallel.upipe_heads=2", "train.micro_batches=1"}, 1},
+    {"tiny_mb3", "tiny", {"train.micro_batches=3"}, 1},
+    {"tiny_qwen3_tied", "tiny", {"model.family=qwen3", "model.tie_embeddings=true", "train.micro_batches=1"}, 1},
+    {"l3b_gqa3_8k", "llama3b", {"model.layers=2", "train.seq_len=8K", "parallel.upipe_heads=auto"}, 1},
+    {"l8b_16k", "llama8b", {"model.layers=2", "train.seq_len=16K", "model.vocab=32768", "parallel.upipe_heads=2"}, 1},
+    {"l8b_64k", "llama8b", {"model.layers=2", "train.seq_len=64K", "model.vocab=32768", "parallel.upipe_heads=32"}, 1},
+    {"tiny_ring2", "tiny", {"train.micro_batches=2"}, 2},
+    {"l8b_ring2_16k", "llama8b", {"model.layers=2", "train.seq_len=16K", "model.vocab=32768"}, 2},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
@@ -57,13 +62,21 @@ static bool selected(const pcase *c) {
     return false;
 }
 
+/* The case's plan for `gpus` GPUs in all: one group, or a ring case's ring of groups of gpus / ring (U = their GPUs:
+ * one query head per GPU and stage, what a ring runs); its reference (gpus = 1) has no ring and the same U. */
 static int plan_case(const pcase *c, int gpus, cp_plan *p, char *err, int errlen) {
-    const char *sets[8];
-    int n = 0;
-    char g[32];
-    snprintf(g, sizeof g, "parallel.gpus=%d", gpus);
+    const char *sets[10];
+    int n = 0, ring = gpus > 1 && c->ring > 1 ? c->ring : 1;
+    char g[32], r[32], u[48];
+    snprintf(g, sizeof g, "parallel.gpus=%d", gpus / ring);
     sets[n++] = g;
     sets[n++] = "parallel.optimizer=gpu";
+    if (c->ring > 1) {
+        snprintf(r, sizeof r, "parallel.ring=%d", ring);
+        snprintf(u, sizeof u, "parallel.upipe_heads=%d", CP_MAX(gpus / c->ring, 1));
+        sets[n++] = r;
+        sets[n++] = u;
+    }
     for (int i = 0; i < 6 && c->sets[i]; i++) sets[n++] = c->sets[i];
     cp_spec s;
     if (cp_spec_load(c->spec, sets, n, &s, err, errlen) || cp_plan_build(&s, p, err, errlen)) return -1;
@@ -74,22 +87,25 @@ static int plan_case(const pcase *c, int gpus, cp_plan *p, char *err, int errlen
     return 0;
 }
 
-/* The gradients of step 1 (all micro-batches) at the spec's random init: loss, and the full flat gradients. */
-static int gradients(const cp_plan *p, int rank, int device, cp_nccl_comm *comm, double *loss, float *flat,
-                     char *err, int errlen) {
-    cp_exec_opts eo = {.rank = rank, .device = device, .comm = comm};
+/* The gradients of step 1 (all micro-batches) at the spec's random init: loss, and the full flat gradients. eo says
+ * which rank this is and its communicators (exec.h). */
+static int gradients(const cp_plan *p, const cp_exec_opts *eo, double *loss, float *flat, char *err, int errlen) {
     cp_exec *ex;
-    if (cp_exec_create(&ex, p, &eo, err, errlen)) return -1;
+    if (cp_exec_create(&ex, p, eo, err, errlen)) return -1;
     cp_weights_init_random(p, p->spec.init.seed, p->spec.init.std, flat);
     int rc = cp_exec_load_weights(ex, flat, err, errlen);
     cp_dataset d;
     int mb = p->spec.train.micro_batches;
     int32_t *tok = cp_xmalloc(sizeof(int32_t) * (size_t)(p->T * mb)), *tgt = cp_xmalloc(sizeof(int32_t) * (size_t)(p->T * mb));
     int64_t all = 0;
+    cp_rank_layout L = {p->replicas, p->ring, p->C};
+    cp_rank_place pl = cp_rank_of(&L, eo->world_rank);
+    cp_data_slice sl = {.replica = pl.replica, .replicas = p->replicas, .ring_pos = pl.ring_pos, .ring = p->ring,
+                        .rank = eo->rank, .gpus = p->C};
     if (!rc) rc = cp_dataset_open(&d, &p->spec, err, errlen);
     for (int b = 0; b < mb && !rc; b++) {
-        rc = cp_dataset_next(&d, rank, p->C, tok + (size_t)b * p->T, tgt + (size_t)b * p->T, err, errlen);
-        all += d.targets_seq;
+        rc = cp_dataset_next_slice(&d, &sl, tok + (size_t)b * p->T, tgt + (size_t)b * p->T, err, errlen);
+        all += d.targets_round;
     }
     if (!rc) cp_dataset_close(&d);
     if (!rc) rc = cp_exec_gradients(ex, tok, tgt, all, loss, err, errlen);
@@ -186,7 +202,8 @@ int main(int argc, char **argv) {
                 return 1;
             }
             float *flat = cp_xmalloc(sizeof(float) * (size_t)cp_weights_elems(&p));
-            int rc = gradients(&p, 0, 0, NULL, &loss, flat, err, sizeof err);
+            const cp_exec_opts one = {0};
+            int rc = gradients(&p, &one, &loss, flat, err, sizeof err);
             if (!rc) rc = save_grads(&p, &CASES[k], 1, loss, flat, err, sizeof err);
             free(flat);
             cp_plan_free(&p);
@@ -226,15 +243,26 @@ int main(int argc, char **argv) {
         double loss;
         rc = plan_case(&CASES[k], w.size, &p, err, sizeof err);
         if (rc) break;
+        /* the case's communicators, as `cpgen run` makes them (cli/main.c) */
+        cp_rank_layout L = {p.replicas, p.ring, p.C};
+        rc = cp_world_split(&w, &L, err, sizeof err);
+        bool groups = p.replicas * p.ring > 1;
+        cp_exec_opts eo = {.rank = w.group_rank, .world_rank = w.rank, .device = w.device,
+                           .comm = w.of_kind[CP_COMM_ULYSSES], .ring_comm = w.of_kind[CP_COMM_RING],
+                           .shard_comm = groups ? w.of_kind[CP_COMM_SHARD] : NULL,
+                           .world_comm = groups ? w.of_kind[CP_COMM_WORLD] : NULL};
         float *flat = cp_xmalloc(sizeof(float) * (size_t)cp_weights_elems(&p));
-        rc = gradients(&p, w.rank, w.device, &w.comm, &loss, flat, err, sizeof err);
+        if (!rc) rc = gradients(&p, &eo, &loss, flat, err, sizeof err);
         if (!rc && w.rank == 0) rc = save_grads(&p, &CASES[k], w.size, loss, flat, err, sizeof err);
         free(flat);
         cp_plan_free(&p);
+        cp_nccl_comm *split[] = {&w.group, &w.ring, &w.shard}; /* the next case splits its own */
+        for (int j = 0; j < 3 && !rc; j++)
+            if (split[j]->comm) rc = cp_nccl_destroy(split[j], err, sizeof err);
     }
     if (rc) {
         fprintf(stderr, "test_parallel: rank %d: %s\n", w.rank, err);
-        cp_nccl_abort(&w.comm);
+        cp_world_abort(&w);
         return 1;
     }
     cp_world_leave(&w);
