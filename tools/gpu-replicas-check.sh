@@ -20,25 +20,6 @@ PARTS=${PARTS:-curve resume hybrid}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 common=(--set train.steps=20 --set train.warmup=5 --set parallel.upipe_heads=2 --set train.save_every=10)
 
-# compare A B [FROM]: losses and norms of two metrics files, steps FROM.. (1-based), and B's memory against its plan
-compare() {
-  python3 - "$@" <<'PY' | tee -a "$sum"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-first = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-a = [r for r in a if r["step"] >= first]
-b = [r for r in b if r["step"] >= first]
-assert len(a) == len(b) > 0, f"{len(a)} against {len(b)} steps"
-lrel = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
-nrel = max(abs(x["norm"] - y["norm"]) / abs(x["norm"]) for x, y in zip(a, b))
-mem = max(abs(r["mem_measured"] - r["mem_planned"]) / r["mem_planned"] for r in b)
-ok = lrel <= 1e-3 and nrel <= 1e-2 and mem <= 0.01
-print(f"{sys.argv[2]} against {sys.argv[1]}, steps {first}-{a[-1]['step']}: loss {lrel:.2e} (<= 1e-3), norm "
-      f"{nrel:.2e} (<= 1e-2) relative; memory {100 * mem:.2f}% from the plan (<= 1%) {'OK' if ok else 'FAILED'}")
-PY
-}
-
 if want curve; then
   CUDA_VISIBLE_DEVICES=0 run one_gpu_mb2 300 "$B/cpgen" run tiny "${common[@]}" --set train.micro_batches=2 \
     --set "train.out_dir=$out/runs/mb2"

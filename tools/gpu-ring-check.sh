@@ -24,25 +24,6 @@ PARTS=${PARTS:-grads curve resume comm}
 common=(--set train.steps=20 --set train.warmup=5 --set parallel.upipe_heads=1 --set train.save_every=10)
 ring=(--set parallel.gpus=1 --set parallel.ring=2)
 
-# compare A B [FROM]: losses and norms of two metrics files, steps FROM.. (1-based), and B's memory against its plan
-compare() {
-  python3 - "$@" <<'PY' | tee -a "$sum"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-first = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-a = [r for r in a if r["step"] >= first]
-b = [r for r in b if r["step"] >= first]
-assert len(a) == len(b) > 0, f"{len(a)} against {len(b)} steps"
-lrel = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
-nrel = max(abs(x["norm"] - y["norm"]) / abs(x["norm"]) for x, y in zip(a, b))
-mem = max(abs(r["mem_measured"] - r["mem_planned"]) / r["mem_planned"] for r in b)
-ok = lrel <= 1e-3 and nrel <= 1e-2 and mem <= 0.01
-print(f"{sys.argv[2]} against {sys.argv[1]}, steps {first}-{a[-1]['step']}: loss {lrel:.2e} (<= 1e-3), norm "
-      f"{nrel:.2e} (<= 1e-2) relative; memory {100 * mem:.2f}% from the plan (<= 1%) {'OK' if ok else 'FAILED'}")
-PY
-}
-
 if want grads; then
   GREP='[0-9]+ of [0-9]+ cases agree' CPGEN_TEST_GPUS=2 CPGEN_TEST_CASES="tiny_ring2 l8b_ring2" OUT=$out \
     run test_parallel_ring 600 "$B/tests/gpu/test_parallel"
