@@ -539,17 +539,21 @@ static int k_attn_delta(pctx *c) {
     return 0;
 }
 
-/* add_f32(src f32[n], dst f32[n] +=, n) on operands 0 (src) and 1 (dst) as the step's builder placed them */
-static int add_f32(pctx *c) {
+/* An elementwise launch of the cast module, role(src f32[n], dst[n], n), on operands 0 (src) and 1 (dst, dst_elem
+ * bytes an element) as the step's builder placed them. */
+static int cast_launch(pctx *c, const char *role, int64_t dst_elem) {
     int64_t n = c->s->count;
-    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * 4)) return -1;
+    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * dst_elem)) return -1;
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, "add_f32", n, 0, l)) return -1;
+    if (launch_of(c, role, n, 0, l)) return -1;
     a_ptr(l, opp(c, 0));
     a_ptr(l, opp(c, 1));
     a_i64(l, n);
     return 0;
 }
+
+/* add_f32(src f32[n], dst f32[n] +=, n) */
+static int add_f32(pctx *c) { return cast_launch(c, "add_f32", 4); }
 
 /* grad_accum (C > 1, micro-batches > 1): operands this rank's gradient shard of a unit, the unit's full gradients:
  * add_f32(shard, full + rank * shard, n) before the reduce-scatter overwrites the shard with the sum */
@@ -570,17 +574,7 @@ static int k_ring_add(pctx *c) {
 }
 
 /* cast_dk, cast_dv, cast_o (a ring's merged output): operands src f32, dst bf16: f32_to_bf16(src, dst, n) */
-static int k_cast(pctx *c) {
-    if (need_ops(c, 2)) return -1;
-    int64_t n = c->s->count;
-    if (need_bytes(c, 0, n * 4) || need_bytes(c, 1, n * 2)) return -1;
-    xlaunch *l = &c->x->L[0];
-    if (launch_of(c, "f32_to_bf16", n, 0, l)) return -1;
-    a_ptr(l, opp(c, 0));
-    a_ptr(l, opp(c, 1));
-    a_i64(l, n);
-    return 0;
-}
+static int k_cast(pctx *c) { return need_ops(c, 2) ? -1 : cast_launch(c, "f32_to_bf16", 2); }
 
 /* grad_norm: operands grads, sumsq_partials, loss_sum float 1, sumsq's counter in loss_sum:
  * sumsq(grad f32[n], n, partial f64[grid], counter u32, out f32[1] +=) */
