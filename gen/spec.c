@@ -1203,10 +1203,10 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->host_runtime = 320 * MIB;  /* measured on H200 hosts: 180-340 MiB added beside the arena once steps run */
     m->peak_tflops = 790; /* an 8192^3 bf16 GEMM on random data on an H200 */
     m->gemm_tflops = 700; /* inside the 3B step on an H200: 693 (32K) and 670 (128K); the 1B's at 32K: 761 */
-    /* the Hopper kernels inside the 3B and 1B steps on an H200 (CPGEN_PROFILE and whole steps, docs/PERF.md,
-     * 2026-12-01) */
-    m->attn_fwd_tflops = 615;
-    m->attn_bwd_tflops = 480;
+    /* the Hopper kernels on an H200: at head_dim 128 bench_attention's causal 32/8 heads at 32K and 128K with the
+     * head-major launch order (docs/PERF.md, 2026-12-01, evening); at 64 inside the 1B step (CPGEN_PROFILE) */
+    m->attn_fwd_tflops = 650;
+    m->attn_bwd_tflops = 510;
     m->attn_fwd_tflops_d64 = 440;
     m->attn_bwd_tflops_d64 = 360;
     m->hbm_gbps = 4300;
