@@ -33,7 +33,8 @@
 //
 // Entry (geometry in gen/kernels_attn.c, which must match BWD_SM90_SMEM):
 //   bwd_sm90(tm_q, tm_k, tm_v, tm_do, tm_dq, lse, delta, dq_prog, dk, dv)
-//       grid (KV_HEADS, ceil(SEQ/128)), 384 threads, BWD_SM90_SMEM bytes dynamic smem;
+//       grid (KV_HEADS, ceil(SEQ/128)), 384 threads, BWD_SM90_SMEM bytes dynamic smem (the block's KV head and key
+//       block come from its place in the launch order: head_major_block);
 //       tm_q, tm_do: tensor maps of q, dout with boxes (64, 1, 64); tm_k, tm_v: of k, v with boxes (64, 1, 128);
 //       tm_dq: of dq_ws (fp32) with boxes (32, 1, 64) (runtime/tma.h); the other arguments as for bwd.
 
