@@ -3,7 +3,8 @@
 # reference (test_attention) and PyTorch SDPA in fp32 (attention_sdpa.py), then bench_attention beside SDPA's FLASH
 # and CUDNN backends in the same call: causal, 32 query heads, 32/32 and 32/8 heads, at the lengths and head dims of
 # BENCH (default "32768:128 32768:64 131072:128"). The bench tables are printed again last. Logs under $OUT.
-# usage: tools/gpu-attention-check.sh [BUILD_DIR] [test|bench|all]
+# BENCH_ARGS adds options to every bench_attention run (--quick: only the kernels the runtime runs, beside CUDNN).
+# usage: [BENCH=...] [REPS=10] [BENCH_ARGS=--quick] tools/gpu-attention-check.sh [BUILD_DIR] [test|bench|all]
 set -u
 B=${1:-build}
 what=${2:-all}
@@ -21,7 +22,7 @@ if [ "$what" != test ]; then
   : >"$out/bench_tables.txt"
   for sd in ${BENCH:-32768:128 32768:64 131072:128}; do
     S=${sd%%:*} D=${sd##*:}
-    "$B/tests/gpu/bench_attention" --seq "$S" --head-dim "$D" --reps "${REPS:-10}" >"$out/bench_${S}_d$D.log" 2>&1 || rc=1
+    "$B/tests/gpu/bench_attention" --seq "$S" --head-dim "$D" --reps "${REPS:-10}" ${BENCH_ARGS:-} >"$out/bench_${S}_d$D.log" 2>&1 || rc=1
     sed -n '/^causal attention/,$p' "$out/bench_${S}_d$D.log" >>"$out/bench_tables.txt"
   done
   echo; cat "$out/bench_tables.txt"
