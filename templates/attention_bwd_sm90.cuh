@@ -3,11 +3,12 @@
 // calls it on sm_90a alone. Same contract and tile order as the mma.sync backward `bwd` of attention.cu (read its
 // comment); the dq_ws / dq_prog workspace and bwd_dq are shared by both.
 //
-// One block: 128 keys (one key block, from head_major_block) of one KV head; a producer warpgroup and two consumer warpgroups of 64
-// keys each. The loop runs over the query tiles of 64 rows that see these keys (last first) and, within each, over
-// the query heads of the GQA group, as `bwd` does; dK and dV stay in registers for the whole loop. Producer warp 0
-// streams Q and dO by TMA (and lse, delta by cp.async) through a two-stage ring; K and V are loaded once. Per tile, a
-// consumer computes transposed, so that P^T and dS^T come out of the accumulators in the A-operand layout:
+// One block: 128 keys (one key block, from head_major_block) of one KV head; a producer warpgroup and two consumer
+// warpgroups of 64 keys each. The loop runs over the query tiles of 64 rows that see these keys (last first) and,
+// within each, over the query heads of the GQA group, as `bwd` does; dK and dV stay in registers for the whole
+// loop. Producer warp 0 streams Q and dO by TMA (and lse, delta by cp.async) through a two-stage ring; K and V are
+// loaded once. Per tile, a consumer computes transposed, so that P^T and dS^T come out of the accumulators in the
+// A-operand layout:
 //   S^T = K Q^T, dP^T = V dO^T                  (wgmma, both operands K-major in shared memory)
 //   P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - delta)   (lse, delta per query row = per column)
 //   dV += P^T dO                                (A from registers, B = dO)
@@ -24,8 +25,8 @@
 // default, DQ_ATOMIC = 0) it first waits until the previous key block's count in dq_prog says that block has
 // completed this tile, and publishes its own count once its writes are complete: the sums run in key-block order,
 // the same bits every run. The previous key block of a head starts before this one (head_major_block: the block
-// before in the launch order), so the wait cannot deadlock. Atomic (DQ_ATOMIC = 1) it adds at once, in whatever order the blocks come, into a dq_ws
-// the plan zeroed.
+// before in the launch order), so the wait cannot deadlock. Atomic (DQ_ATOMIC = 1) it adds at once, in whatever
+// order the blocks come, into a dq_ws the plan zeroed.
 //
 // Shared-memory tiles are TMA boxes with the 128-byte swizzle as in the forward: K, V [128 rows][64 columns] per
 // sub-tile (16 KiB), Q, dO [64 rows][64 columns] per sub-tile (8 KiB), dS^T [128 keys][64 rows] (16 KiB, written by
@@ -135,7 +136,7 @@ __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence
 // The dQ warp's side of the progress counters. The successor of a block in the chain of dQ sums waits on this
 // block's count, so each microsecond between our sums landing and the successor seeing it is paid once per link
 // of the chain: a release store and an acquire poll with no sleep, not full fences and wait_progress's sleeps (at
-// 32K, 32 heads, head-major: ordered 491 TF/s before, 529 after, atomic sums 520).
+// 32K, 32 heads, that took ordered sums from 9% behind atomic ones to level with them).
 __device__ __forceinline__ void st_release(u32 *p, u32 v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
