@@ -403,15 +403,10 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     if (gpus <= 0) {
         printf("cpgen: no GPU found (%s): printing the plan of %s instead of training.\n\n", why, spec->path);
         int rc = cmd_plan(c, spec);
-        if (rc || (!c->resume && !c->bundle && spec->parallel.ring == 1)) return rc;
+        if (rc || (!c->resume && !c->bundle)) return rc;
         cp_plan plan; /* one plan for the checks a GPU run makes before its GPU is set up */
         if (!plan_for_run(c, spec, &plan, NULL)) return CP_EXIT_USAGE;
-        char err[CP_ERR_MAX];
-        if (cp_exec_supports(&plan, err, sizeof err)) {
-            fprintf(stderr, "cpgen: %s\n", err);
-            rc = CP_EXIT_USAGE;
-        }
-        if (!rc && c->resume) rc = check_resume(c, spec, &plan);
+        if (c->resume) rc = check_resume(c, spec, &plan);
         if (!rc && c->bundle) {
             cp_bundle b;
             printf("\n");
@@ -434,11 +429,6 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     if (lead && !spawned) cp_plan_print(&plan, stdout, false);
     if (!plan.fits) {
         if (lead) refuse(spec, &plan);
-        cp_plan_free(&plan);
-        return CP_EXIT_USAGE;
-    }
-    if (cp_exec_supports(&plan, err, sizeof err)) { /* before any process is started or GPU set up */
-        if (lead) fprintf(stderr, "cpgen: %s\n", err);
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }

@@ -44,6 +44,7 @@ void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_hea
     cp_kspec_set_int(k, "Q_HEADS", q_heads);
     cp_kspec_set_int(k, "KV_HEADS", kv_heads);
     cp_kspec_set_int(k, "SEQ", seq);
+    cp_kspec_set_int(k, "LSE_STRIDE", seq);
     cp_kspec_set_int(k, "CAUSAL", causal);
     cp_kspec_set_int(k, "DKV_ACCUM", dkv_accum);
     cp_kspec_set_int(k, "DQ_ATOMIC", dq_atomic);
@@ -55,6 +56,17 @@ static int64_t param(const cp_kernel_spec *k, const char *key) {
     for (int i = 0; i < k->nparams; i++)
         if (strcmp(k->params[i].key, key) == 0) return strtoll(k->params[i].value, NULL, 10);
     return -1;
+}
+
+void cp_k_attention_lse_stride(cp_kernel_spec *k, int64_t stride) {
+    if (strcmp(k->family, "attention") != 0 || stride < param(k, "SEQ"))
+        cp_fatal(CP_EXIT_FAIL, "attention: LSE rows %lld apart, fewer than the module's %lld tokens (a plan bug)",
+                 (long long)stride, (long long)param(k, "SEQ"));
+    cp_kspec_set_int(k, "LSE_STRIDE", stride);
+}
+
+int64_t cp_k_attention_lse_bytes(const cp_kernel_spec *k) {
+    return ((param(k, "Q_HEADS") - 1) * param(k, "LSE_STRIDE") + param(k, "SEQ")) * 4;
 }
 
 /* fwd_sm90's K/V ring depths: from 2, since a consumer computes the scores of tile i (the K of one stage) while P V of

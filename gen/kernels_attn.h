@@ -1,6 +1,6 @@
 /* kernels_attn.h: launch geometry and workspace of the attention module made by cp_k_attention (kernels.h).
  * Entries (templates/attention.cu; bf16 = uint16_t on the host):
- *   fwd(q, k, v, o, lse f32)
+ *   fwd(q, k, v, o, lse f32): lse [QH] rows of S, LSE_STRIDE apart (S unless cp_k_attention_lse_stride)
  *   bwd(q, k, v, dout, lse f32, delta f32, dq_ws f32, dq_prog u32, dk, dv): dq_ws [S][QH][D] fp32 is the dQ
  *       workspace: dS K summed over the key blocks, ordered (bwd writes it whole, in key-block order: the same bits
  *       run to run) or, when dq_atomic, added into a dq_ws the caller zeroes before every bwd. dq_prog
@@ -34,6 +34,13 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d);
 /* The variants of an attention module (kernels.h cp_kvariants, through cp_k_variants): the depths of fwd_sm90's K/V
  * ring (FWD_STAGES) that fit its shared memory, default 2 for head_dim 128 and 4 for 64. */
 bool cp_k_attention_variants(const cp_kernel_spec *k, cp_kvariants *v);
+
+/* The LSE rows of the module's kernels `stride` floats apart instead of SEQ (stride >= SEQ): a ring's half-block
+ * launches, whose SEQ is half the group's tokens, read and write columns of the stage's LSE rows of the group's
+ * tokens. cp_k_attention_lse_bytes: the bytes the LSE operand spans, from its first row's first column to its last
+ * row's last: ((QH - 1) * stride + SEQ) * 4. */
+void cp_k_attention_lse_stride(cp_kernel_spec *k, int64_t stride);
+int64_t cp_k_attention_lse_bytes(const cp_kernel_spec *k);
 
 /* Bytes of the backward's workspace: the fp32 dQ, S * QH * D * 4, then the progress counters (prog_bytes). */
 int64_t cp_k_attention_workspace_bytes(const cp_kernel_spec *k);

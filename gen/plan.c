@@ -993,6 +993,7 @@ static void make_modules(cp_plan *P, modset *M) {
     M->attn_half = M->merge = -1;
     if (ring) {
         cp_k_attention(&k, D, P->u, P->kvr, P->group_tokens / 2, false, true, !P->spec.train.deterministic);
+        cp_k_attention_lse_stride(&k, P->group_tokens); /* columns of the stage's LSE rows: lse_halves */
         M->attn_half = module_of(P, &k);
         cp_k_attn_merge(&k, D);
         M->merge = module_of(P, &k);

@@ -211,27 +211,6 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     return 0;
 }
 
-int cp_exec_supports(const cp_plan *P, char *err, int errlen) {
-    if (P->ring == 1) return 0;
-    /* A half-block launch of a ring (SEQ = half the group's tokens) reads and writes its LSE rows the group's tokens
-     * apart, while the attention kernels take them SEQ apart: with one query head per GPU and stage there is one row
-     * and no stride to take. */
-    for (int i = 0; i < P->nsteps; i++) {
-        const cp_step *s = &P->steps[i];
-        if (s->kind != CP_OP_KERNEL || s->module < 0 || !s->lse_stride) continue;
-        const cp_kernel_spec *k = &P->modules[s->module];
-        const char *qh = cp_kspec_get(k, "Q_HEADS"), *seq = cp_kspec_get(k, "SEQ");
-        if (strcmp(k->family, "attention") || !qh || !seq || atoll(qh) < 2 || atoll(seq) == s->lse_stride) continue;
-        return cp_errf(err, errlen, "%s: parallel.ring = %d (%d GPUs in all) with %s query heads per GPU and stage: "
-                       "this build runs rings of one; a half-block attention launch (SEQ = %s) reads and writes LSE "
-                       "rows %lld apart, and the attention kernels (templates/attention.cu, attention_sm90.cuh, "
-                       "attention_bwd_sm90.cuh) lack the LSE row stride as an argument. Set parallel.upipe_heads = %d "
-                       "(one query head per GPU and stage), or train with parallel.ring = 1", P->spec.path, P->ring,
-                       P->replicas * P->ring * P->C, qh, seq, (long long)s->lse_stride, P->C);
-    }
-    return 0;
-}
-
 int exec_place_rank(cp_exec *ex, char *err, int errlen) {
     const cp_plan *P = ex->P;
     ex->ring_pos = 0;
@@ -259,7 +238,6 @@ int exec_place_rank(cp_exec *ex, char *err, int errlen) {
 
 int cp_exec_create(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char *err, int errlen) {
     *out = NULL;
-    if (cp_exec_supports(P, err, errlen)) return -1;
     if (P->C > 1 && (!o || !o->comm || o->comm->size != P->C || o->rank != o->comm->rank))
         return cp_errf(err, errlen, "the plan has %d GPUs: each needs its own process with a communicator of all %d "
                        "(`cpgen run` starts them; under mpirun or srun, start one process per GPU)", P->C, P->C);

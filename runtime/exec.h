@@ -84,10 +84,6 @@ int64_t cp_exec_device_free(int dev);
  * before anything else in the process creates a CUDA context, so that the context's memory is measured too. */
 int cp_exec_create(cp_exec **out, const cp_plan *plan, const cp_exec_opts *o, char *err, int errlen);
 
-/* Whether this executor runs the plan at all: 0, or -1 with a message saying what it lacks and what to change (a ring
- * of several query heads per GPU and stage: the attention kernels do not take the LSE row stride its half-block
- * launches need). cp_exec_create, cp_exec_check and `cpgen run` ask it before anything else. */
-int cp_exec_supports(const cp_plan *plan, char *err, int errlen);
 void cp_exec_destroy(cp_exec *ex);
 const cp_exec_startup *cp_exec_startup_info(const cp_exec *ex);
 

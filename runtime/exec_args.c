@@ -305,11 +305,21 @@ static int a_tmaps(pctx *c, xlaunch *l, int n, const tmap_arg *t) {
 
 /* attn_fwd: operands q, k, v, o, lse (the stage's slice): fwd(q, k, v, o, lse), or on Hopper
  * fwd_sm90(tensor maps of q, k, v; o, lse) */
+/* The LSE operand (j) of an attention launch: its rows LSE_STRIDE apart as the module was compiled, and as the plan
+ * laid them out (a ring's launches say where they take their rows from: cp_step.lse_stride). */
+static int need_lse(pctx *c, int j) {
+    const int64_t stride = kint(c, "LSE_STRIDE");
+    if (c->s->lse_stride && c->s->lse_stride != stride)
+        return pfail(c, "LSE rows %lld apart in the plan, %lld in the module", (long long)c->s->lse_stride,
+                     (long long)stride);
+    return need_bytes(c, j, cp_k_attention_lse_bytes(kspec(c)));
+}
+
 static int k_attn_fwd(pctx *c) {
     if (need_ops(c, 5)) return -1;
     int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
     if (need_bytes(c, 0, S * QH * D * 2) || need_bytes(c, 1, S * KH * D * 2) || need_bytes(c, 2, S * KH * D * 2) ||
-        need_bytes(c, 3, S * QH * D * 2) || need_bytes(c, 4, QH * S * 4))
+        need_bytes(c, 3, S * QH * D * 2) || need_lse(c, 4))
         return -1;
     for (int j = 0; j < 5; j++)
         if (need_align(c, j, 16)) return -1;
@@ -338,7 +348,7 @@ static int k_attn_bwd(pctx *c) {
     int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
     int64_t dkv = S * KH * D * (acc ? 4 : 2); /* dK or dV */
     if (need_bytes(c, 0, S * QH * D * 2) || need_bytes(c, 1, S * KH * D * 2) || need_bytes(c, 2, S * KH * D * 2) ||
-        need_bytes(c, 3, S * QH * D * 2) || need_bytes(c, 4, QH * S * 4) || need_bytes(c, 5, S * QH * 4) ||
+        need_bytes(c, 3, S * QH * D * 2) || need_lse(c, 4) || need_bytes(c, 5, S * QH * 4) ||
         need_bytes(c, 6, cp_k_attention_workspace_bytes(kspec(c))))
         return -1;
     if (apart ? need_bytes(c, 7, dkv) || need_bytes(c, 8, dkv) : need_bytes(c, 7, 2 * dkv)) return -1;

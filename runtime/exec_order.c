@@ -240,7 +240,6 @@ static cp_exec *dry_exec(const cp_plan *P, const cp_exec_opts *o, int *rc, char 
 
 int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int errlen) {
     memset(rep, 0, sizeof *rep);
-    if (cp_exec_supports(P, err, errlen)) return -1;
     int rc;
     cp_exec *ex = dry_exec(P, NULL, &rc, err, errlen);
     if (!rc) {
@@ -266,7 +265,6 @@ int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int er
 
 int cp_exec_dry(cp_exec **out, const cp_plan *P, const cp_exec_opts *o, char *err, int errlen) {
     *out = NULL;
-    if (cp_exec_supports(P, err, errlen)) return -1;
     int rc;
     cp_exec *ex = dry_exec(P, o, &rc, err, errlen);
     if (rc) {
@@ -309,7 +307,6 @@ int exec_wait_pairs(const cp_exec *ex, cp_trace_wait **out) {
 int cp_exec_plan_waits(const cp_plan *P, cp_trace_wait **waits, int *n, char *err, int errlen) {
     *waits = NULL;
     *n = 0;
-    if (cp_exec_supports(P, err, errlen)) return -1;
     int rc;
     cp_exec *ex = dry_exec(P, NULL, &rc, err, errlen);
     if (!rc) *n = exec_wait_pairs(ex, waits);

@@ -8,7 +8,8 @@
 // module: attention_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}
 //
 // Layouts (row-major): q, o, dout [SEQ][Q_HEADS][HEAD_DIM] bf16; k, v [SEQ][KV_HEADS][HEAD_DIM] bf16;
-// lse [Q_HEADS][SEQ] fp32, natural log of the softmax denominator of the scaled scores (as PyTorch reports it);
+// lse [Q_HEADS] rows of SEQ fp32 LSE_STRIDE apart (SEQ, but the group's tokens in a ring's half-block launches:
+// gen/plan.c), natural log of the softmax denominator of the scaled scores (as PyTorch reports it);
 // delta [SEQ][Q_HEADS] fp32 = rowsum(dout * o); dq_ws [SEQ][Q_HEADS][HEAD_DIM] fp32 (written by bwd: zeroed before
 // it only when DQ_ATOMIC); dq_prog [KV_HEADS][ceil(SEQ/128)] u32, zeroed before bwd (the progress counters that
 // order the dQ sums).
@@ -25,6 +26,7 @@
 #define Q_HEADS {{Q_HEADS}}
 #define KV_HEADS {{KV_HEADS}}
 #define SEQ {{SEQ}}
+#define LSE_STRIDE {{LSE_STRIDE}}
 #define CAUSAL {{CAUSAL}}
 #define DKV_ACCUM {{DKV_ACCUM}}
 #define DQ_ATOMIC {{DQ_ATOMIC}}
@@ -392,7 +394,8 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 #pragma unroll
             for (int j = 0; j < FWD_DT; j++) acc[mt][j][2 * hf] *= inv, acc[mt][j][2 * hf + 1] *= inv;
             const int row = m0 + warp * 32 + mt * 16 + g + hf * 8;
-            if (t == 0 && row < SEQ) lse[(long long)h * SEQ + row] = lds_f32(rstat + (mt * 2 + hf) * 8) * SOFTMAX_SCALE + logf(l);
+            if (t == 0 && row < SEQ)
+                lse[(long long)h * LSE_STRIDE + row] = lds_f32(rstat + (mt * 2 + hf) * 8) * SOFTMAX_SCALE + logf(l);
         }
     __syncwarp();
 #pragma unroll
@@ -477,7 +480,7 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
         load_rows<BWD_BM, BWD_THREADS, QS>(sdO + stage * BWD_BM * ROWB, dout + off, SEQ - m0, tid);
         if (tid < BWD_BM) {
             const bool ok = m0 + tid < SEQ;
-            cp_async4(sL + (stage * BWD_BM + tid) * 4, lse + (long long)h * SEQ + (ok ? m0 + tid : 0), ok);
+            cp_async4(sL + (stage * BWD_BM + tid) * 4, lse + (long long)h * LSE_STRIDE + (ok ? m0 + tid : 0), ok);
         } else if (tid < 2 * BWD_BM) {
             const int r = tid - BWD_BM;
             const bool ok = m0 + r < SEQ;

@@ -246,7 +246,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
                 for (int i = 0; i < 2; i++) {
                     const int r = lane + 32 * i, row = m0 + r;
                     const bool ok = row < SEQ;
-                    cp_async4(sl + r * 4, lse + (long long)h * SEQ + (ok ? row : 0), ok);
+                    cp_async4(sl + r * 4, lse + (long long)h * LSE_STRIDE + (ok ? row : 0), ok);
                     cp_async4(sl + (B9_BM + r) * 4, delta + (long long)(ok ? row : 0) * Q_HEADS + h, ok);
                 }
                 cp_async_mbar_arrive(q_full(s));

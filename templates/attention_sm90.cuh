@@ -319,7 +319,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
 #pragma unroll
             for (int j = 0; j < HEAD_DIM / 8; j++)
                 *(u32 *)(dst + 8 * j) = pack_bf16(acc[4 * j + 2 * r] * inv, acc[4 * j + 2 * r + 1] * inv);
-            if (t == 0) lse[(long long)h * SEQ + row] = mrow[r] * SOFTMAX_SCALE + logf(l);
+            if (t == 0) lse[(long long)h * LSE_STRIDE + row] = mrow[r] * SOFTMAX_SCALE + logf(l);
         }
     }
 }

@@ -186,21 +186,20 @@ static int ring_index(const cp_rank_layout *L, int me, int who) {
     return -1;
 }
 
-/* What each rank of a ring of one query head per GPU and stage prepares, checked against gen/ring.c and gen/ranks.c
- * by the arguments' values: every step prepared; each half-block launch (attention forward and backward), its merge
+/* What each rank of a ring of `heads` query heads per GPU and stage prepares, checked against gen/ring.c and
+ * gen/ranks.c by the arguments' values: every step prepared; each half-block launch (attention forward and backward), its merge
  * and its dQ sum at the rows and LSE columns of the query and key halves cp_ring_half_of gives the rank's ring
  * position; each RoPE launch at the rows and positions of the rank's run cp_ring_rope_runs gives (none for a second
  * run the rank does not have); each send/recv whole, to the ring's next rank and from its previous one as the ring
  * communicator numbers them. Returns how many half launches took query half 0 and half 1, over all ranks. */
-static void ring_ranks(int halves_seen[2], const char *name, int nsets, const char *const *sets) {
+static void ring_ranks(int halves_seen[2], int heads, const char *name, int nsets, const char *const *sets) {
     cp_spec sp;
     char err[CP_ERR_MAX];
     if (cp_spec_load(name, sets, nsets, &sp, err, sizeof err)) fail_msg("spec %s: %s", name, err);
     cp_plan p;
     if (cp_plan_build(&sp, &p, err, sizeof err)) fail_msg("plan %s: %s", name, err);
     assert_true(p.ring > 1);
-    assert_int_equal(p.u, 1);
-    assert_int_equal(cp_exec_supports(&p, err, sizeof err), 0);
+    assert_int_equal(p.u, heads);
     cp_exec_check_report rep;
     if (cp_exec_check(&p, &rep, err, sizeof err)) fail_msg("%s: %s", name, err);
     const cp_rank_layout L = {p.replicas, p.ring, p.C};
@@ -308,18 +307,26 @@ static void test_rings(void **state) {
     (void)state;
     int seen[2] = {0};
     const char *r2[] = {"parallel.ring=2", "parallel.upipe_heads=1"};
-    ring_ranks(seen, "tiny", 2, r2);
+    ring_ranks(seen, 1, "tiny", 2, r2);
+    /* two and four query heads per GPU and stage: the half launches take columns of LSE rows L apart */
+    const char *u2[] = {"parallel.ring=2", "parallel.upipe_heads=2"};
+    ring_ranks(seen, 2, "tiny", 2, u2);
+    const char *u4[] = {"parallel.ring=2", "parallel.upipe_heads=4", "parallel.offload=all"};
+    ring_ranks(seen, 4, "tiny", 3, u4);
     const char *r4[] = {"parallel.ring=4", "parallel.gpus=2", "parallel.upipe_heads=2"};
-    ring_ranks(seen, "tiny", 3, r4);
+    ring_ranks(seen, 1, "tiny", 3, r4);
     const char *odd[] = {"parallel.ring=2", "parallel.gpus=3", "model.heads=3", "model.kv_heads=3",
                          "parallel.upipe_heads=3", "train.seq_len=3K"};
-    ring_ranks(seen, "tiny", 6, odd);
+    ring_ranks(seen, 1, "tiny", 6, odd);
     const char *host[] = {"parallel.ring=2", "parallel.upipe_heads=1", "parallel.offload=all",
                           "parallel.optimizer=host", "train.micro_batches=2"};
-    ring_ranks(seen, "tiny", 5, host);
+    ring_ranks(seen, 1, "tiny", 5, host);
     const char *b8[] = {"parallel.ring=2", "parallel.gpus=4", "parallel.upipe_heads=4", "model.layers=2",
                         "train.seq_len=16K"};
-    ring_ranks(seen, "llama8b", 5, b8);
+    ring_ranks(seen, 1, "llama8b", 5, b8);
+    const char *b8u2[] = {"parallel.ring=2", "parallel.gpus=4", "parallel.upipe_heads=8", "model.layers=2",
+                          "train.seq_len=16K"};
+    ring_ranks(seen, 2, "llama8b", 5, b8u2);
     assert_true(seen[0] > 0 && seen[1] > 0); /* both query halves, by position */
     /* rank 1 of the run is local rank 0 of ring 2 x 1 GPU's second group, not local rank 1 */
     cp_spec s;
@@ -334,36 +341,6 @@ static void test_rings(void **state) {
     cp_plan_free(&p);
 }
 
-/* A ring of several query heads per GPU and stage is refused before anything is prepared, saying why and what to
- * set: its half launches would need the LSE row stride in the attention kernels. */
-static void test_refuses_strided_rings(void **state) {
-    (void)state;
-    cp_spec s;
-    char err[CP_ERR_MAX];
-    const char *sets[] = {"parallel.ring=2", "parallel.upipe_heads=2"};
-    if (cp_spec_load("tiny", sets, 2, &s, err, sizeof err)) fail_msg("spec: %s", err);
-    cp_plan p;
-    if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("plan: %s", err);
-    cp_exec_check_report r;
-    assert_int_equal(cp_exec_check(&p, &r, err, sizeof err), -1);
-    if (!strstr(err, "<embedded>/tiny.lua: parallel.ring = 2 (2 GPUs in all) with 2 query heads per GPU and stage: "
-                     "this build runs rings of one; a half-block attention launch (SEQ = 512) reads and writes LSE "
-                     "rows 1024 apart, and the attention kernels (templates/attention.cu, attention_sm90.cuh, "
-                     "attention_bwd_sm90.cuh) lack the LSE row stride as an argument. Set parallel.upipe_heads = 1 "
-                     "(one query head per GPU and stage), or train with parallel.ring = 1"))
-        fail_msg("%s", err);
-    assert_int_equal(r.steps, 0);
-    cp_trace_wait *w = NULL;
-    int n = -1;
-    assert_int_equal(cp_exec_plan_waits(&p, &w, &n, err, sizeof err), -1);
-    assert_int_equal(n, 0);
-    assert_null(w);
-    cp_exec *ex = NULL;
-    assert_int_equal(cp_exec_dry(&ex, &p, NULL, err, sizeof err), -1);
-    assert_null(ex);
-    cp_plan_free(&p);
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny),
@@ -373,7 +350,6 @@ int main(void) {
         cmocka_unit_test(test_attention_output),
         cmocka_unit_test(test_replicas),
         cmocka_unit_test(test_rings),
-        cmocka_unit_test(test_refuses_strided_rings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

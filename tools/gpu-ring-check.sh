@@ -3,10 +3,10 @@
 # one GPU doing the same work. `parallel.ring = 2` of one GPU each holds zigzag chunks 0, 3 and 1, 2 of every
 # sequence, passes K/V blocks (forward) and dK, dV (backward) between the two over send/recv, and all-reduces its
 # gradient shards across the groups; one GPU trains the whole sequence. Both plans use one query head per UPipe stage
-# (parallel.upipe_heads = 1), the rings this build runs.
-#   1. (grads) build/tests/gpu/test_parallel's ring cases: the gradients of one step, tiny and 2 layers of the 8B
-#      shape at 16K, 1 GPU against ring 2 x 1 GPU: loss within 1e-3 relative, every tensor's gradient with cosine
-#      >= 0.999 and its norm within 1e-2.
+# (parallel.upipe_heads = 1) unless said.
+#   1. (grads) build/tests/gpu/test_parallel's ring cases: the gradients of one step, tiny (one and two query heads
+#      per stage) and 2 layers of the 8B shape at 16K, 1 GPU against ring 2 x 1 GPU: loss within 1e-3 relative,
+#      every tensor's gradient with cosine >= 0.999 and its norm within 1e-2.
 #   2. (curve) tiny trained 20 steps both ways: every step's loss within 1e-3 relative and gradient norm within 1e-2
 #      relative (the bounds of test_parallel); the ring's measured peak per GPU within 1% of the plan's.
 #   3. (resume) the ring's step-10 checkpoint resumed as a ring: steps 11-20 within 1e-3 of the uninterrupted run.

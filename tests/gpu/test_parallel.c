@@ -28,11 +28,12 @@ typedef struct {
     const char *name, *spec;
     const char *sets[6]; /* with parallel.gpus set by the test */
     int ring;            /* 1: one group; more: the GPUs as a ring of this many groups, one query head per GPU
-                          * and stage */
+                          * and stage unless the case's sets say otherwise */
 } pcase;
 
 /* U = C (UPipe), U = H (plain Ulysses), KV heads fewer than GPUs, GQA 3, micro-batches, Qwen3 with tied
- * embeddings, two layers of the 8B shape; rings of 2 groups of tiny and of two layers of the 8B shape */
+ * embeddings, two layers of the 8B shape; rings of 2 groups of tiny (one and two query heads per GPU and stage) and
+ * of two layers of the 8B shape */
 static const pcase CASES[] = {
     {"tiny_upipe", "tiny", {"parallel.upipe_heads=2", "train.micro_batches=1"}, 1},
     {"tiny_ulysses", "tiny", {"parallel.upipe_heads=4", "train.micro_batches=1"}, 1},
@@ -43,6 +44,7 @@ static const pcase CASES[] = {
     {"l8b_16k", "llama8b", {"model.layers=2", "train.seq_len=16K", "model.vocab=32768", "parallel.upipe_heads=2"}, 1},
     {"l8b_64k", "llama8b", {"model.layers=2", "train.seq_len=64K", "model.vocab=32768", "parallel.upipe_heads=32"}, 1},
     {"tiny_ring2", "tiny", {"train.micro_batches=2"}, 2},
+    {"tiny_ring2_u2", "tiny", {"train.micro_batches=1", "parallel.upipe_heads=2"}, 2},
     {"l8b_ring2_16k", "llama8b", {"model.layers=2", "train.seq_len=16K", "model.vocab=32768"}, 2},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
@@ -62,8 +64,9 @@ static bool selected(const pcase *c) {
     return false;
 }
 
-/* The case's plan for `gpus` GPUs in all: one group, or a ring case's ring of groups of gpus / ring (U = their GPUs:
- * one query head per GPU and stage, what a ring runs); its reference (gpus = 1) has no ring and the same U. */
+/* The case's plan for `gpus` GPUs in all: one group, or a ring case's ring of groups of gpus / ring (U = their GPUs,
+ * one query head per GPU and stage, unless the case's sets, which come last, say otherwise); its reference
+ * (gpus = 1) has no ring and the same U. */
 static int plan_case(const pcase *c, int gpus, cp_plan *p, char *err, int errlen) {
     const char *sets[10];
     int n = 0, ring = gpus > 1 && c->ring > 1 ? c->ring : 1;
