@@ -27,6 +27,11 @@ const char *attn_shape_str(const attn_shape *s, char *buf, int n) {
     return buf;
 }
 
+int64_t attn_lse_stride(const attn_mod *m) { return m->lse_stride ? m->lse_stride : m->sh.seq; }
+size_t attn_lse_bytes(const attn_mod *m) {
+    return (size_t)(((m->sh.q_heads - 1) * attn_lse_stride(m) + m->sh.seq) * 4);
+}
+
 void attn_build(attn_mod *m, int n) {
     char err[8192];
     cp_module_src *srcs = calloc((size_t)n, sizeof *srcs);
@@ -35,6 +40,7 @@ void attn_build(attn_mod *m, int n) {
         const attn_shape *s = &m[i].sh;
         cp_k_attention(&m[i].spec, s->head_dim, s->q_heads, s->kv_heads, s->seq, s->causal, s->dkv_accum,
                        s->dq_atomic);
+        if (m[i].lse_stride) cp_k_attention_lse_stride(&m[i].spec, m[i].lse_stride);
         cp_kvariants v;
         if (m[i].fwd_stages && cp_k_variants(&m[i].spec, &v)) cp_k_set_variant(&m[i].spec, &v, m[i].fwd_stages);
         if (cp_emit(&m[i].spec, &m[i].src, err, sizeof err) != 0) gu_fail("emit attention: %s", err);

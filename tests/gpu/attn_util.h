@@ -27,6 +27,8 @@ typedef struct {
     attn_shape sh;
     int fwd_stages;  /* set before attn_build: this variant of fwd_sm90's K/V ring (kernels.h cp_kvariants); 0: the
                         generator's default */
+    int64_t lse_stride; /* set before attn_build: the LSE rows this far apart (cp_k_attention_lse_stride, as in a
+                           ring's half-block module); 0: seq */
     cp_kernel_spec spec;
     cp_module_src src;
     cp_jit_module jit;
@@ -39,6 +41,9 @@ typedef struct {
 } attn_mod;
 
 /* "S=4097 QH=4 KVH=1 D=128 causal" into buf. */
+/* The module's LSE row stride and the bytes its LSE spans: ((QH - 1) * stride + S) * 4. */
+int64_t attn_lse_stride(const attn_mod *m);
+size_t attn_lse_bytes(const attn_mod *m);
 const char *attn_shape_str(const attn_shape *s, char *buf, int n);
 /* Emit, compile (all at once, on every core), load n modules; prints each entry's registers, shared memory and
  * spills. Fails (gu_fail) on any error. */

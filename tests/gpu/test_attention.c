@@ -40,6 +40,17 @@ static const attn_shape SHAPES[] = {
     {4097, 128, 4, 1, true, false, true}, {1000, 128, 3, 1, false, true, true}, {2048, 64, 4, 4, true, false, true},
 };
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
+/* LSE rows further apart than the module's tokens: twice, as a ring's half-block launches take them, and one causal
+ * module at 1.5 times */
+static const struct {
+    attn_shape sh;
+    int64_t lse_stride;
+} SSHAPES[] = {
+    {{1000, 128, 3, 1, false, true, false}, 2000},
+    {{2049, 64, 4, 2, false, true, false}, 4098},
+    {{1000, 128, 2, 2, true, false, false}, 1500},
+};
+#define NSSHAPES ((int)(sizeof SSHAPES / sizeof SSHAPES[0]))
 #define BOUND 1e-2
 
 /* determinism only (no reference: too long for the CPU) */
@@ -54,7 +65,7 @@ static const int REPEAT[] = {4, 5, 8, 10, 6};
 #define NREPEAT ((int)(sizeof REPEAT / sizeof REPEAT[0]))
 #define REPEAT_RUNS 3
 
-static attn_mod mods[NSHAPES + NDSHAPES];
+static attn_mod mods[NSHAPES + NDSHAPES + NSSHAPES];
 static uint64_t seed = 1;
 
 /* ---- the reference on all cores: rows in chunks, round robin; private dk, dv summed afterwards ---- */
@@ -147,6 +158,25 @@ typedef struct {
     void *dk_mma, *dv_mma;
 } host_io;
 
+/* The forward's LSE from the device: the S columns of each of the QH rows, which lie LSE_STRIDE apart (span: the
+ * host copy of the device's bytes). Between the rows of a strided module the bytes must still hold the poison: no
+ * kernel writes there. */
+static float *lse_rows(const attn_mod *m, const float *dev, float *span) {
+    const attn_shape *s = &m->sh;
+    const int64_t ls = attn_lse_stride(m);
+    gu_download(span, dev, attn_lse_bytes(m));
+    float *rows = malloc(sizeof(float) * (size_t)(s->seq * s->q_heads));
+    for (int h = 0; h < s->q_heads; h++) {
+        memcpy(rows + h * s->seq, span + h * ls, sizeof(float) * (size_t)s->seq);
+        for (int64_t i = s->seq; h + 1 < s->q_heads && i < ls; i++) {
+            uint32_t b;
+            memcpy(&b, span + h * ls + i, 4);
+            if (b != 0xFFFFFFFFu) gu_fail("the forward wrote between LSE rows: head %d, column %lld", h, (long long)i);
+        }
+    }
+    return rows;
+}
+
 /* Run fwd then bwd of module m on fresh random inputs; results in io (host). */
 static void run_shape(attn_mod *m, host_io *io) {
     const attn_shape *s = &m->sh;
@@ -160,37 +190,40 @@ static void run_shape(attn_mod *m, host_io *io) {
     io->v = gu_rand_bf16(&rng, io->nkv, 1.0);
     io->dout = gu_rand_bf16(&rng, io->nq, 1.0);
     size_t bq = (size_t)io->nq * 2, bkv = (size_t)io->nkv * 2, blse = (size_t)io->nlse * 4;
+    size_t bspan = attn_lse_bytes(m); /* the LSE's rows, LSE_STRIDE apart */
     size_t bdkv = s->dkv_accum ? (size_t)io->nkv * 4 : bkv;
     void *q = gu_malloc(bq), *k = gu_malloc(bkv), *v = gu_malloc(bkv), *dout = gu_malloc(bq), *o = gu_malloc(bq),
          *dq = gu_malloc(bq), *dk = gu_malloc(bdkv), *dv = gu_malloc(bdkv);
-    float *lse = gu_malloc(blse), *delta = gu_malloc(blse),
-          *ws = gu_malloc((size_t)cp_k_attention_workspace_bytes(&m->spec));
+    float *lse = gu_malloc(bspan), *delta = gu_malloc(blse),
+          *ws = gu_malloc((size_t)cp_k_attention_workspace_bytes(&m->spec)), *span = malloc(bspan);
     gu_upload(q, io->q, bq);
     gu_upload(k, io->k, bkv);
     gu_upload(v, io->v, bkv);
     gu_upload(dout, io->dout, bq);
     gu_poison(o, bq);
-    gu_poison(lse, blse);
+    gu_poison(lse, bspan);
     attn_fwd(m, q, k, v, o, lse, 0);
     if (cudaDeviceSynchronize() != cudaSuccess) gu_fail("attention fwd failed: %s", cudaGetErrorString(cudaGetLastError()));
     io->o = malloc(bq);
-    io->lse = malloc(blse);
     gu_download(io->o, o, bq);
-    gu_download(io->lse, lse, blse);
+    io->lse = lse_rows(m, lse, span);
     if (m->hopper) {
+        float *hopper_span = malloc(bspan); /* the backward reads the Hopper forward's LSE */
+        memcpy(hopper_span, span, bspan);
         gu_poison(o, bq);
-        gu_poison(lse, blse);
+        gu_poison(lse, bspan);
         m->use_mma = true;
         attn_fwd(m, q, k, v, o, lse, 0);
         m->use_mma = false;
         if (cudaDeviceSynchronize() != cudaSuccess)
             gu_fail("attention fwd (mma.sync) failed: %s", cudaGetErrorString(cudaGetLastError()));
         io->o_mma = malloc(bq);
-        io->lse_mma = malloc(blse);
         gu_download(io->o_mma, o, bq);
-        gu_download(io->lse_mma, lse, blse);
-        gu_upload(lse, io->lse, blse);
+        io->lse_mma = lse_rows(m, lse, span);
+        gu_upload(lse, hopper_span, bspan);
+        free(hopper_span);
     }
+    free(span);
 
     io->delta = row_delta(io->dout, io->o, io->nlse, s->head_dim);
     gu_upload(delta, io->delta, blse);
@@ -282,6 +315,7 @@ static void check_shape(void **state) {
     const attn_shape *s = &m->sh;
     char name[96];
     attn_shape_str(s, name, sizeof name);
+    if (m->lse_stride) snprintf(name + strlen(name), sizeof name - strlen(name), " lse %lld", (long long)m->lse_stride);
     host_io io;
     memset(&io, 0, sizeof io);
     double t0 = cp_now();
@@ -431,8 +465,10 @@ int main(int argc, char **argv) {
     gu_cmocka = true;
     for (int i = 0; i < NSHAPES; i++) mods[i].sh = SHAPES[i];
     for (int i = 0; i < NDSHAPES; i++) mods[NSHAPES + i].sh = DSHAPES[i];
-    attn_build(mods, NSHAPES + NDSHAPES);
-    enum { NTESTS = NSHAPES + NREPEAT + NDSHAPES };
+    attn_mod *strided = &mods[NSHAPES + NDSHAPES];
+    for (int i = 0; i < NSSHAPES; i++) strided[i].sh = SSHAPES[i].sh, strided[i].lse_stride = SSHAPES[i].lse_stride;
+    attn_build(mods, NSHAPES + NDSHAPES + NSSHAPES);
+    enum { NTESTS = NSHAPES + NREPEAT + NDSHAPES + NSSHAPES };
     struct CMUnitTest tests[NTESTS];
     char names[NTESTS][112];
     for (int i = 0; i < NSHAPES; i++) {
@@ -446,8 +482,15 @@ int main(int argc, char **argv) {
         snprintf(names[NSHAPES + i], sizeof names[NSHAPES + i], "repeatable %s", sh);
         tests[NSHAPES + i] = (struct CMUnitTest){names[NSHAPES + i], check_repeatable, NULL, NULL, m};
     }
+    for (int i = 0; i < NSSHAPES; i++) {
+        const int t = NSHAPES + NREPEAT + NDSHAPES + i;
+        char sh[64];
+        attn_shape_str(&SSHAPES[i].sh, sh, sizeof sh);
+        snprintf(names[t], sizeof names[t], "%s, LSE rows %lld apart", sh, (long long)SSHAPES[i].lse_stride);
+        tests[t] = (struct CMUnitTest){names[t], check_shape, NULL, NULL, &strided[i]};
+    }
     int fails = _cmocka_run_group_tests("attention", tests, NTESTS, NULL, NULL);
     gu_print_table();
-    for (int i = 0; i < NSHAPES + NDSHAPES; i++) attn_free(&mods[i]);
+    for (int i = 0; i < NSHAPES + NDSHAPES + NSSHAPES; i++) attn_free(&mods[i]);
     return fails;
 }
