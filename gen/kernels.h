@@ -62,7 +62,8 @@ void cp_k_adamw(cp_kernel_spec *k);
  * unpack_add(src, dst, dst_row_stride_bytes i64): dst += sum over replicas (bf16 rows of ROW_BYTES/2 elements,
  * summed in fp32, rounded once). ROW_BYTES must be a multiple of 4. */
 void cp_k_ulysses(cp_kernel_spec *k, int gpus, int repl, int64_t tokens, int nout, int64_t row_bytes);
-/* attention on head layout: q[S][QH][D], k,v[S][KVH][D], o[S][QH][D], lse[QH][S] (natural log); query head j uses
+/* attention on head layout: q[S][QH][D], k,v[S][KVH][D], o[S][QH][D], lse[QH][S] (natural log; its rows further
+ * apart after cp_k_attention_lse_stride, gen/kernels_attn.h); query head j uses
  * KV head j/(QH/KVH). fwd(q, k, v, o, lse); bwd(q, k, v, dout, lse, delta[S][QH], dq_ws f32[S][QH][D] (written;
  * zeroed before when dq_atomic), dq_prog u32 (zeroed before), dk, dv), then bwd_dq(dq_ws, dq) writes
  * dq = bf16(scale * dq_ws). Every output is the same bits run to run unless dq_atomic, which sums dQ over the key
