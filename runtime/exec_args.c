@@ -303,8 +303,6 @@ static int a_tmaps(pctx *c, xlaunch *l, int n, const tmap_arg *t) {
     return 0;
 }
 
-/* attn_fwd: operands q, k, v, o, lse (the stage's slice): fwd(q, k, v, o, lse), or on Hopper
- * fwd_sm90(tensor maps of q, k, v; o, lse) */
 /* The LSE operand (j) of an attention launch: its rows LSE_STRIDE apart as the module was compiled, and as the plan
  * laid them out (a ring's launches say where they take their rows from: cp_step.lse_stride). */
 static int need_lse(pctx *c, int j) {
@@ -315,6 +313,8 @@ static int need_lse(pctx *c, int j) {
     return need_bytes(c, j, cp_k_attention_lse_bytes(kspec(c)));
 }
 
+/* attn_fwd: operands q, k, v, o, lse (the stage's slice): fwd(q, k, v, o, lse), or on Hopper
+ * fwd_sm90(tensor maps of q, k, v; o, lse) */
 static int k_attn_fwd(pctx *c) {
     if (need_ops(c, 5)) return -1;
     int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
