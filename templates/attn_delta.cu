@@ -1,45 +1,28 @@
 // module: attn_delta_d{{D}}
 // delta = rowsum(dout * out) for the attention backward, per (token, head) row of D bf16 values, in fp32
-// (arguments: gen/kernels.h). TPR threads per row (a power of two up to 32), NV vectors of VEC values each;
-// a block of BLOCK threads covers BLOCK / TPR rows.
-#include <cuda_bf16.h>
-
-typedef long long i64;
-typedef __nv_bfloat16 bf16;
-
-#define D {{D}}
-#define VEC {{VEC}}
-#define TPR {{TPR}}
-#define NV {{NV}}
-#define BLOCK {{BLOCK}}
-#define NVEC (D / VEC)
-
-static_assert(D % VEC == 0 && 32 % TPR == 0 && BLOCK % 32 == 0, "shape");
-static_assert(NV * TPR >= NVEC && (NV - 1) * TPR < NVEC, "NV vectors per thread cover the row");
-
-template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
-typedef bvec<VEC> vec_t;
+// (arguments: gen/kernels.h), rows laid out over threads as head_rows.cuh says.
+#include "head_rows.cuh"
 
 extern "C" __global__ void attn_delta_fwd_d{{D}}(const bf16 *dout, const bf16 *out, float *delta, i64 n, int heads);
 
 __global__ void __launch_bounds__(BLOCK) attn_delta_fwd_d{{D}}(const bf16 *__restrict__ dout, const bf16 *__restrict__ out,
                                                           float *__restrict__ delta, i64 n, int heads) {
     const i64 rows = n * heads;
-    const i64 row = ((i64)blockIdx.x * BLOCK + threadIdx.x) / TPR;
+    const i64 row = thread_row();
     const int lane = threadIdx.x % TPR;
     const bool valid = row < rows; // rows past the end compute on the last row (for the shuffles), store nothing
     const i64 base = (valid ? row : rows - 1) * D;
-    vec_t a[NV], b[NV];
+    bvec_t a[NV], b[NV];
 #pragma unroll
     for (int k = 0; k < NV; k++)
-        if (NV * TPR == NVEC || lane + k * TPR < NVEC) {
-            a[k] = reinterpret_cast<const vec_t *>(dout + base)[lane + k * TPR];
-            b[k] = reinterpret_cast<const vec_t *>(out + base)[lane + k * TPR];
+        if (IN_ROW(k)) {
+            a[k] = reinterpret_cast<const bvec_t *>(dout + base)[lane + k * TPR];
+            b[k] = reinterpret_cast<const bvec_t *>(out + base)[lane + k * TPR];
         }
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; k++)
-        if (NV * TPR == NVEC || lane + k * TPR < NVEC)
+        if (IN_ROW(k))
 #pragma unroll
             for (int i = 0; i < VEC; i++) s = fmaf(__bfloat162float(a[k].h[i]), __bfloat162float(b[k].h[i]), s);
 #pragma unroll

@@ -6,40 +6,18 @@
 //   init: o_acc = o_blk, lse_acc = lse_blk (the first block);
 //   fwd:  lse = logaddexp(lse_acc, lse_blk); o_acc = exp(lse_acc - lse) o_acc + exp(lse_blk - lse) o_blk;
 //         lse_acc = lse. A row that no key reached yet (lse = -inf on both sides) stays as it is.
-// Per (token, head) row of D values: TPR threads per row (a power of two up to 32), NV vectors of VEC values each;
-// a block of BLOCK threads covers BLOCK / TPR rows. lse rows are [heads][lse_stride], so a range of query rows
-// (half of a zigzag block) is merged by offsetting the pointers.
-#include <cuda_bf16.h>
+// Per (token, head) row of D values, laid out over threads as head_rows.cuh says. lse rows are [heads][lse_stride],
+// so a range of query rows (half of a zigzag block) is merged by offsetting the pointers.
+#include "head_rows.cuh"
 
-typedef long long i64;
-typedef __nv_bfloat16 bf16;
-
-#define D {{D}}
-#define VEC {{VEC}}
-#define TPR {{TPR}}
-#define NV {{NV}}
-#define BLOCK {{BLOCK}}
-#define NVEC (D / VEC)
 #define NEG_INF __int_as_float(0xff800000)
-
-static_assert(D % VEC == 0 && 32 % TPR == 0 && BLOCK % 32 == 0, "shape");
-static_assert(NV * TPR >= NVEC && (NV - 1) * TPR < NVEC, "NV vectors per thread cover the row");
-
-template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
-template <int N> struct __align__(4 * N) fvec { float f[N]; };
-typedef bvec<VEC> bvec_t;
-typedef fvec<VEC> fvec_t;
 
 extern "C" __global__ void attn_merge_init_d{{D}}(const bf16 *o_blk, const float *lse_blk, float *o_acc, float *lse_acc,
                                                  i64 n, int heads, i64 lse_stride);
 extern "C" __global__ void attn_merge_fwd_d{{D}}(const bf16 *o_blk, const float *lse_blk, float *o_acc, float *lse_acc,
                                                 i64 n, int heads, i64 lse_stride);
 
-// True when vector k of this lane lies in the row (the last lanes may have one vector fewer).
-#define IN_ROW(k) (NV * TPR == NVEC || lane + (k) * TPR < NVEC)
-
-// The (token, head) row of this thread, and where that row's lse sits in [heads][lse_stride].
-__device__ __forceinline__ i64 thread_row() { return ((i64)blockIdx.x * BLOCK + threadIdx.x) / TPR; }
+// Where a (token, head) row's lse sits in [heads][lse_stride].
 __device__ __forceinline__ i64 lse_index(i64 row, int heads, i64 lse_stride) {
     return (row % heads) * lse_stride + row / heads;
 }
