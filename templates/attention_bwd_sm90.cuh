@@ -60,33 +60,20 @@ constexpr u32 B9_OFF_V = H_TILE, B9_OFF_Q = B9_OFF_V + H_TILE, B9_OFF_DO = B9_OF
 constexpr u32 BWD_SM90_SMEM = B9_OFF_BAR + 8 * (1 + 2 * B9_STAGES) + 1024; // + the slack to align to 1024
 static_assert(BWD_SM90_SMEM <= 227 * 1024, "the backward's tiles do not fit the 227 KiB a block may have");
 
-// d (64 x 64, f32) = (scale_d ? d : 0) + A B: A (64 x 16) and B (64 x 16) both K-major in shared memory.
+// d (64 x 64, f32) = (scale_d ? d : 0) + A B, both operands in shared memory: A (64 x 16) and B (64 x 16) K-major
+// (TRANS = 0), or A M-major and B (16 x 64) N-major (TRANS = 1: imm-trans-a = imm-trans-b = 1).
+template <int TRANS>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], unsigned long long da, unsigned long long db, int scale_d) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 "}, %32, %33, p, 1, 1, %35, %35;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// d (64 x 64, f32) = (scale_d ? d : 0) + A B: A (64 x 16) M-major and B (16 x 64) N-major in shared memory
-// (imm-trans-a = imm-trans-b = 1).
-__device__ __forceinline__ void wgmma_tt_n64(float (&d)[32], unsigned long long da, unsigned long long db, int scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(scale_d));
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS));
 }
 
 // d (64 x 32, f32) = (scale_d ? d : 0) + A B: A (64 x 16) M-major and B (16 x 32) N-major in shared memory.
@@ -101,7 +88,7 @@ __device__ __forceinline__ void wgmma_tt_n32(float (&d)[16], unsigned long long 
 }
 
 #if HEAD_DIM == 128
-#define wgmma_dq wgmma_tt_n64
+#define wgmma_dq wgmma_ss_n64<1>
 #else
 #define wgmma_dq wgmma_tt_n32
 #endif
@@ -315,13 +302,13 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
             const u32 ko = (ks >> 2) * H_SUBTILE + (ks & 3) * 32, qo = (ks >> 2) * B9_QSUB + (ks & 3) * 32;
-            wgmma_ss_n64(st, sw128_desc(ka + ko, 16, 1024), sw128_desc(q + qo, 16, 1024), ks > 0);
+            wgmma_ss_n64<0>(st, sw128_desc(ka + ko, 16, 1024), sw128_desc(q + qo, 16, 1024), ks > 0);
         }
         wg_commit();
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
             const u32 ko = (ks >> 2) * H_SUBTILE + (ks & 3) * 32, qo = (ks >> 2) * B9_QSUB + (ks & 3) * 32;
-            wgmma_ss_n64(dpt, sw128_desc(va + ko, 16, 1024), sw128_desc(d_o + qo, 16, 1024), ks > 0);
+            wgmma_ss_n64<0>(dpt, sw128_desc(va + ko, 16, 1024), sw128_desc(d_o + qo, 16, 1024), ks > 0);
         }
         wg_commit();
 
