@@ -33,13 +33,10 @@
 
 /* The next line of [*p, end) that is a JSON value, parsed into j (free it); false at the end. */
 static bool next_json_line(char **p, char *end, cp_json *j) {
-    while (*p < end) {
-        char *nl = memchr(*p, '\n', (size_t)(end - *p));
-        if (!nl) nl = end;
-        char *line = *p, e[128];
-        *p = nl + 1;
-        if (nl > line && !cp_json_parse(line, (size_t)(nl - line), j, e, sizeof e)) return true;
-    }
+    char *line, e[128];
+    size_t n;
+    while (cp_next_line(p, end, &line, &n))
+        if (n && !cp_json_parse(line, n, j, e, sizeof e)) return true;
     return false;
 }
 

@@ -192,6 +192,16 @@ char *cp_read_file(const char *path, size_t *len) {
     return s.data;
 }
 
+bool cp_next_line(char **p, char *end, char **line, size_t *n) {
+    if (*p >= end) return false;
+    char *nl = memchr(*p, '\n', (size_t)(end - *p));
+    if (!nl) nl = end;
+    *line = *p;
+    *n = (size_t)(nl - *p);
+    *p = nl + 1;
+    return true;
+}
+
 int cp_pread_all(int fd, void *buf, int64_t len, int64_t off, const char *path, const char *fix, char *err,
                  int errlen) {
     char *p = buf;

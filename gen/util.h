@@ -54,6 +54,9 @@ void cp_str_free(cp_str *s);
 
 /* Read a whole file; NULL with errno set on failure. */
 char *cp_read_file(const char *path, size_t *len);
+/* The next line of the text [*p, end), without its newline, as [*line, *line + *n), and *p past it; false at the
+ * end. For reading JSON-lines files such as metrics.jsonl. */
+bool cp_next_line(char **p, char *end, char **line, size_t *n);
 /* Read exactly len bytes at off, retrying short reads. -1 with a message naming path on an error or an early end
  * of file (then `fix` ends the message: what the user should do about a truncated file). */
 int cp_pread_all(int fd, void *buf, int64_t len, int64_t off, const char *path, const char *fix, char *err,

@@ -37,14 +37,14 @@ static int read_metrics(const char *path, const char *out_dir, metrics *mt, char
     if (!text)
         return cp_errf(err, errlen, "cannot read %s: is %s the out_dir of a run (train.out_dir)?", path, out_dir);
     int line = 0, rc = 0;
-    for (char *p = text, *nl; p < text + len && !rc; p = nl + 1) {
-        nl = memchr(p, '\n', (size_t)(text + len - p));
-        if (!nl) nl = text + len;
+    char *p = text, *l;
+    size_t n;
+    while (!rc && cp_next_line(&p, text + len, &l, &n)) {
         line++;
-        if (nl == p) continue;
+        if (!n) continue;
         cp_json o;
         char why[256];
-        if (cp_json_parse(p, (size_t)(nl - p), &o, why, sizeof why)) {
+        if (cp_json_parse(l, n, &o, why, sizeof why)) {
             rc = cp_errf(err, errlen, "%s:%d: %s", path, line, why);
             break;
         }

@@ -97,9 +97,9 @@ static int metrics_keep(const char *path, int upto, char *err, int errlen) {
     if (!text) return errno == ENOENT ? 0 : cp_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
     cp_str keep = {0};
     char e2[256];
-    for (char *line = text; line < text + len;) {
-        char *nl = memchr(line, '\n', (size_t)(text + len - line));
-        size_t n = nl ? (size_t)(nl - line) : (size_t)(text + len - line);
+    char *p = text, *line;
+    size_t n;
+    while (cp_next_line(&p, text + len, &line, &n)) {
         cp_json j;
         /* a line that does not parse is the torn last line of a crash: dropped */
         if (!cp_json_parse(line, n, &j, e2, sizeof e2)) {
@@ -110,7 +110,6 @@ static int metrics_keep(const char *path, int upto, char *err, int errlen) {
             }
         }
         cp_json_free(&j);
-        line += n + 1;
     }
     int rc = 0;
     if (cp_write_file_atomic(path, keep.data ? keep.data : "", keep.len) != 0)

@@ -193,16 +193,15 @@ static int metric_steps(const char *path, int *steps, int cap) {
     char *t = cp_read_file(path, &len), err[256];
     if (!t) fail_msg("%s: cannot read", path);
     int n = 0;
-    for (char *line = t; line < t + len && n < cap;) {
-        char *nl = memchr(line, '\n', (size_t)(t + len - line));
-        size_t l = nl ? (size_t)(nl - line) : (size_t)(t + len - line);
+    char *p = t, *line;
+    size_t l;
+    while (n < cap && cp_next_line(&p, t + len, &line, &l)) {
         cp_json j;
         if (cp_json_parse(line, l, &j, err, sizeof err)) fail_msg("%s: a line does not parse: %s", path, err);
         const cp_json *s = cp_json_get(&j, "step");
         assert_true(s && s->is_int);
         steps[n++] = (int)s->integer;
         cp_json_free(&j);
-        line += l + 1;
     }
     free(t);
     return n;
