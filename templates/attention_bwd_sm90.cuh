@@ -281,19 +281,26 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
 
     // ---- consumer warpgroup cw: keys n0 + 64 cw ... ----
-    const int cw = (tid >> 7) - 1, wt = tid & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
+    const int cw = warpgroup_uniform() - 1, wt = tid & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
     const int kl = cw * 64 + warp * 16 + g; // this thread's keys kl and kl + 8 of the block (accumulator rows)
 
     float dva[HEAD_DIM / 2], dka[HEAD_DIM / 2];
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; i++) dva[i] = 0.f, dka[i] = 0.f;
     const u32 ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128; // this warpgroup's 64 rows of each K, V sub-tile
+    const unsigned long long dk_rows = sw128_desc(ka, 16, 1024), dv_rows = sw128_desc(va, 16, 1024);
+    // dQ's B: K read transposed, this warpgroup's half of the head dimension
+    const unsigned long long dk_cols = sw128_desc(sK + (HEAD_DIM == 128 ? cw * H_SUBTILE : cw * 64), H_SUBTILE, 1024);
 
     mbar_wait(bars, 0); // K, V
     for (int it = 0; it < niters; it++) {
         const int s = it % B9_STAGES, m0 = (NM - 1 - it / GROUP) * B9_BM;
         const u32 q = sQ + s * B9_QTILE, d_o = sdO + s * B9_QTILE, sl = sL + s * 2 * B9_BM * 4;
         const u32 ds = sdS + (it & 1) * B9_DS;
+        // Q and dO K-major (S^T, dP^T) and N-major (dV, dK); dS^T M-major (dQ)
+        const unsigned long long dq_k = sw128_desc(q, 16, 1024), ddo_k = sw128_desc(d_o, 16, 1024),
+                                 dq_n = sw128_desc(q, B9_QSUB, 1024), ddo_n = sw128_desc(d_o, B9_QSUB, 1024),
+                                 dds = sw128_desc(ds, 2048, 1024);
         mbar_wait(q_full(s), (it / B9_STAGES) & 1);
 
         // ---- S^T = K Q^T, dP^T = V dO^T ----
@@ -302,13 +309,13 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
             const u32 ko = (ks >> 2) * H_SUBTILE + (ks & 3) * 32, qo = (ks >> 2) * B9_QSUB + (ks & 3) * 32;
-            wgmma_ss_n64<0>(st, sw128_desc(ka + ko, 16, 1024), sw128_desc(q + qo, 16, 1024), ks > 0);
+            wgmma_ss_n64<0>(st, desc_plus(dk_rows, ko), desc_plus(dq_k, qo), ks > 0);
         }
         wg_commit();
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
             const u32 ko = (ks >> 2) * H_SUBTILE + (ks & 3) * 32, qo = (ks >> 2) * B9_QSUB + (ks & 3) * 32;
-            wgmma_ss_n64<0>(dpt, sw128_desc(va + ko, 16, 1024), sw128_desc(d_o + qo, 16, 1024), ks > 0);
+            wgmma_ss_n64<0>(dpt, desc_plus(dv_rows, ko), desc_plus(ddo_k, qo), ks > 0);
         }
         wg_commit();
 
@@ -323,7 +330,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         to_a_operands(pa, st);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_pv(dva, pa[kk], sw128_desc(d_o + kk * 2048, B9_QSUB, 1024));
+        for (int kk = 0; kk < 4; kk++) wgmma_pv(dva, pa[kk], desc_plus(ddo_n, kk * 2048));
         wg_commit();
 
         // ---- dS^T and its store to shared memory while dV runs ----
@@ -356,13 +363,11 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         float dq[HEAD_DIM / 4];
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < B9_BN / 16; kk++) {
-            const u32 kb = sK + kk * 2048 + (HEAD_DIM == 128 ? cw * H_SUBTILE : cw * 64);
-            wgmma_dq(dq, sw128_desc(ds + kk * 2048, 2048, 1024), sw128_desc(kb, H_SUBTILE, 1024), kk > 0);
-        }
+        for (int kk = 0; kk < B9_BN / 16; kk++)
+            wgmma_dq(dq, desc_plus(dds, kk * 2048), desc_plus(dk_cols, kk * 2048), kk > 0);
         wg_commit();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_pv(dka, dsa[kk], sw128_desc(q + kk * 2048, B9_QSUB, 1024));
+        for (int kk = 0; kk < 4; kk++) wgmma_pv(dka, dsa[kk], desc_plus(dq_n, kk * 2048));
         wg_commit();
 
         // ---- dQ to the dQ warp's buffer while dK runs: row 16 warp + g (+ 8), columns 8 j + 2 t of this half, in

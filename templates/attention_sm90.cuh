@@ -90,6 +90,13 @@ __device__ __forceinline__ unsigned long long sw128_desc(u32 addr, u32 lbo, u32 
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)((lbo & 0x3FFFF) >> 4) << 16 |
            (unsigned long long)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
 }
+// The descriptor `bytes` further on in shared memory. The start address is the low field, in 16-byte units, and no
+// tile reaches the field's end, so an add moves it. Built afresh with its masks and shifts, each descriptor took
+// about a dozen instructions in front of its wgmma; moved by adds, three to five.
+__device__ __forceinline__ unsigned long long desc_plus(unsigned long long d, u32 bytes) { return d + (bytes >> 4); }
+// The warpgroup of this thread, which the compiler can then tell is the same in the whole warp: the descriptors
+// built from it live in uniform registers, where wgmma reads them, not in per-thread ones moved over each time.
+__device__ __forceinline__ int warpgroup_uniform() { return __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0); }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // Until at most N of this warpgroup's committed groups are pending (groups complete in order).
@@ -142,18 +149,20 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const u32 (&a)[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-// d (64 x 64, f32) += A B: A (64 x 16) from registers, B (16 x 64) N-major in shared memory (imm-trans-b = 1).
-__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const u32 (&a)[4], unsigned long long db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+// d (64 x 64, f32) = (scale_d ? d : 0) + A B: A (64 x 16) from registers, B in shared memory (16 x 64) N-major
+// (TRANS_B = 1, the default: P V) or (64 x 16) K-major (TRANS_B = 0).
+template <int TRANS_B = 1>
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const u32 (&a)[4], unsigned long long db, int scale_d = 1) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TRANS_B));
 }
 
 #if HEAD_DIM == 128
@@ -225,19 +234,20 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
     auto v_full = [&](int s) { return bars + 8 * (1 + HSTAGES + s); };
     auto k_empty = [&](int s) { return bars + 8 * (1 + 2 * HSTAGES + s); };
     auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * HSTAGES + s); };
-    const u32 qa = sQ + cw * 64 * 128; // this warpgroup's 64 rows in each Q sub-tile
-    auto issue_s = [&](int s) {        // S = Q K^T of the tile in stage s
+    const unsigned long long dq = sw128_desc(sQ + cw * 64 * 128, 16, 1024); // this warpgroup's 64 rows of Q
+    auto issue_s = [&](int s) { // S = Q K^T of the tile in stage s
+        const unsigned long long dk = sw128_desc(sK + s * H_TILE, 16, 1024);
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
             const u32 off = (ks >> 2) * H_SUBTILE + (ks & 3) * 32;
-            wgmma_ss_n128(sc, sw128_desc(qa + off, 16, 1024), sw128_desc(sK + s * H_TILE + off, 16, 1024), ks > 0);
+            wgmma_ss_n128(sc, desc_plus(dq, off), desc_plus(dk, off), ks > 0);
         }
         wg_commit();
     };
     auto issue_pv = [&](int s) { // O += P V of the tile in stage s
+        const unsigned long long dv = sw128_desc(sV + s * H_TILE, H_SUBTILE, 1024);
 #pragma unroll
-        for (int kk = 0; kk < HBN / 16; kk++)
-            wgmma_pv(acc, pa[kk], sw128_desc(sV + s * H_TILE + kk * 2048, H_SUBTILE, 1024));
+        for (int kk = 0; kk < HBN / 16; kk++) wgmma_pv(acc, pa[kk], desc_plus(dv, kk * 2048));
         wg_commit();
     };
 
@@ -377,7 +387,7 @@ attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-        fwd_sm90_consumer(sQ, sK, sV, bars, (tid >> 7) - 1, h, m0, ntiles, o, lse);
+        fwd_sm90_consumer(sQ, sK, sV, bars, warpgroup_uniform() - 1, h, m0, ntiles, o, lse);
     }
 #else
     __trap();
