@@ -1208,7 +1208,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->attn_fwd_tflops = 650;
     m->attn_bwd_tflops = 510;
     m->attn_fwd_tflops_d64 = 440;
-    m->attn_bwd_tflops_d64 = 360;
+    m->attn_bwd_tflops_d64 = 375;
     m->hbm_gbps = 4300;
     m->host_gbps = 55;
     m->a2a_gbps = 328;
