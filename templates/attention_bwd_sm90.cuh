@@ -9,7 +9,8 @@
 // loop. Producer warp 0 streams Q and dO by TMA (and lse, delta by cp.async) through a two-stage ring; K and V are
 // loaded once. Per tile, a consumer computes transposed, so that P^T and dS^T come out of the accumulators in the
 // A-operand layout:
-//   S^T = K Q^T, dP^T = V dO^T                  (wgmma, both operands K-major in shared memory)
+//   S^T = K Q^T, dP^T = V dO^T                  (wgmma, both operands K-major in shared memory; at head_dim 64
+//                                                K and V from registers, B9_KV_REGS)
 //   P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - delta)   (lse, delta per query row = per column)
 //   dV += P^T dO                                (A from registers, B = dO)
 //   dS^T to shared memory (bf16); after both consumers wrote theirs (one named barrier):
