@@ -13,15 +13,21 @@
 //                                                K and V from registers, B9_KV_REGS)
 //   P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - delta)   (lse, delta per query row = per column)
 //   dV += P^T dO                                (A from registers, B = dO)
-//   dS^T to shared memory (bf16); after both consumers wrote theirs (one named barrier):
-//   dQ = dS K over all 128 keys, each consumer half of the head dimension (A = dS^T read transposed, B = K read
-//   transposed), then dK += dS^T Q (A from registers, B = Q read transposed)
-// The products overlap the math: P^T is computed while dP^T runs, dS^T and its store while dV runs, and dQ goes to
-// shared memory (fp32) while dK runs. dS^T is double-buffered, so a consumer that is one barrier ahead does not
-// overwrite the tile the other is still multiplying.
+//   dK += dS^T Q                                (A from registers, B = Q read transposed)
+//   dS^T to shared memory (bf16), while dK runs
+//   dQ = dS K, the whole tile over all 128 keys (A = dS^T read transposed, B = K read transposed): the work of one
+//   consumer, the tile's owner, consumer (tile & 1); it waits for the other's half of dS^T (named barrier "dS
+//   full"), and its fp32 result goes to shared memory for the dQ warp.
+// The products overlap the math: P^T is computed while dP^T runs, dS^T and its store while dV and dK run. Owning
+// dQ by turns is what keeps the tensor cores fed: when both consumers computed half of every tile's dQ, both
+// waited at one barrier per tile for the whole dS^T, so their idle phases fell together; now only the owner waits,
+// and while it computes dQ the other is already issuing the next tile's S^T and dP^T (at 32K, 32/32 heads, the
+// backward went from 526 to 557 TF/s; its n128 products also read a quarter less of dQ's operands). dS^T is
+// double-buffered: the other consumer writes its half of buffer b only once the owner's dQ of two tiles before has
+// read it (named barrier "dS empty").
 //
 // dQ leaves the block through producer warp 1, so that the consumers never wait on global memory: per tile it takes
-// the fp32 tile the consumers left in one of two shared buffers (named barriers: full, empty) and hands it to the
+// the fp32 tile the owner left in its shared buffer (named barriers: full, empty) and hands it to the
 // TMA unit whole, as a bulk tensor store (key block 0) or a bulk tensor add into dq_ws (the others). Ordered (the
 // default, DQ_ATOMIC = 0) it first waits until the previous key block's count in dq_prog says that block has
 // completed this tile, and publishes its own count once its writes are complete: the sums run in key-block order,
@@ -43,10 +49,11 @@
 #define B9_BM 64    // query rows per tile
 #define B9_BN 128   // keys per block: two consumer warpgroups of 64
 #define B9_STAGES 2 // depth of the Q, dO ring
-#define B9_BAR_C 3  // named barrier of the two consumer warpgroups (0: __syncthreads; 1, 2: the forward's)
-#define B9_BAR_DQF 4 // named barriers 4, 5: dQ buffer 0, 1 full (consumers arrive, the dQ warp waits)
-#define B9_BAR_DQE 6 // named barriers 6, 7: dQ buffer 0, 1 empty (the dQ warp arrives, consumers wait)
-#define B9_DQ_THREADS (256 + 32) // the two consumer warpgroups and the dQ warp
+#define B9_BAR_DQF 4 // named barriers 4, 5: dQ buffer 0, 1 full (its owner arrives, the dQ warp waits)
+#define B9_BAR_DQE 6 // named barriers 6, 7: dQ buffer 0, 1 empty (the dQ warp arrives, its owner waits)
+#define B9_BAR_DSF 8 // named barriers 8, 9: the other consumer's half of dS^T buffer 0, 1 is in (it arrives)
+#define B9_BAR_DSE 10 // named barriers 10, 11: dS^T buffer 0, 1 read by its owner's dQ (the owner arrives)
+#define B9_DQ_THREADS (128 + 32) // a consumer warpgroup and the dQ warp
 static_assert(B9_BM == BWD_BM && B9_BN == BWD_BN, "the tile order and dq_prog are those of bwd");
 
 constexpr u32 B9_QSUB = B9_BM * 128;                       // bytes of one [64][64] bf16 sub-tile of Q or dO
@@ -77,17 +84,6 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], unsigned long long 
                  : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS));
 }
 
-// d (64 x 32, f32) = (scale_d ? d : 0) + A B: A (64 x 16) M-major and B (16 x 32) N-major in shared memory.
-__device__ __forceinline__ void wgmma_tt_n32(float (&d)[16], unsigned long long da, unsigned long long db, int scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-                 "}, %16, %17, p, 1, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-
 // At head_dim 64 the consumers have the registers to hold their 64 rows of K and of V as A operands for the whole
 // block, so S^T and dP^T read only Q and dO from shared memory: 32 KiB less per tile of the 208 the block moves
 // through it (at 32K, 32/8 heads, the backward went from 406 to 426 TF/s). At 128 the accumulators of dK and dV
@@ -105,9 +101,9 @@ __device__ __forceinline__ void load_a_operands(u32 (&a)[4][4], u32 tile, int ro
 }
 
 #if HEAD_DIM == 128
-#define wgmma_dq wgmma_ss_n64<1>
+#define wgmma_dq wgmma_ss_n128<1>
 #else
-#define wgmma_dq wgmma_tt_n32
+#define wgmma_dq wgmma_ss_n64<1>
 #endif
 
 // Writes of st.shared become visible to the async proxy (the wgmma operand reads) that follows a barrier.
@@ -306,8 +302,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
     for (int i = 0; i < HEAD_DIM / 2; i++) dva[i] = 0.f, dka[i] = 0.f;
     const u32 ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128; // this warpgroup's 64 rows of each K, V sub-tile
     const unsigned long long dk_rows = sw128_desc(ka, 16, 1024), dv_rows = sw128_desc(va, 16, 1024);
-    // dQ's B: K read transposed, this warpgroup's half of the head dimension
-    const unsigned long long dk_cols = sw128_desc(sK + (HEAD_DIM == 128 ? cw * H_SUBTILE : cw * 64), H_SUBTILE, 1024);
+    const unsigned long long dk_cols = sw128_desc(sK, H_SUBTILE, 1024); // dQ's B: K read transposed
 
     mbar_wait(bars, 0); // K, V
 #if B9_KV_REGS
@@ -315,6 +310,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
     load_a_operands(kreg, ka, warp * 16 + g, g, t);
     load_a_operands(vreg, va, warp * 16 + g, g, t);
 #endif
+    if (cw < niters) bar_arrive(B9_BAR_DSE + cw, 256); // dS^T buffer cw is free for the other's half of tile cw
     for (int it = 0; it < niters; it++) {
         const int s = it % B9_STAGES, m0 = (NM - 1 - it / GROUP) * B9_BM;
         const u32 q = sQ + s * B9_QTILE, d_o = sdO + s * B9_QTILE, sl = sL + s * 2 * B9_BM * 4;
@@ -378,6 +374,15 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         }
         u32 dsa[4][4];
         to_a_operands(dsa, dpt);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wgmma_pv(dka, dsa[kk], desc_plus(dq_n, kk * 2048)); // dK += dS^T Q
+        wg_commit();
+
+        // ---- dS^T to shared memory while dK runs; the tile's owner then computes its dQ ----
+        const int b = it & 1;
+        const bool own = b == cw;
+        if (!own) bar_sync(B9_BAR_DSE + b, 256); // the owner's dQ of two tiles ago has read this buffer
         // row kl (+ 8), columns 8 j + 2 t, + 1; chunk j of row kl at j ^ (kl & 7)
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
@@ -387,39 +392,41 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
                 sts32(ds + (kl + 8 * r) * 128 + ((j ^ g) << 4) + 4 * t, dsa[kk][i]);
             }
         fence_proxy_async();
-        bar_sync(B9_BAR_C, 256); // both halves of dS^T are in
+        if (!own) {
+            bar_arrive(B9_BAR_DSF + b, 256);
+            wg_wait<0>(); // dK is in: the stage's Q, dO, lse, delta are free
+            if (lane == 0) mbar_arrive(q_empty(s));
+            continue;
+        }
+        bar_sync(B9_BAR_DSF + b, 256); // the other half of dS^T is in
+        wg_wait<0>(); // dK is in: the stage is free, and so are dsa's registers for dq
+        if (lane == 0) mbar_arrive(q_empty(s));
 
-        // ---- dQ = dS K (64 rows x this warpgroup's half of the head dimension, over the 128 keys), then
-        //      dK += dS^T Q ----
-        float dq[HEAD_DIM / 4];
+        // ---- dQ = dS K: the tile's 64 rows, all HEAD_DIM columns, over the 128 keys ----
+        float dq[HEAD_DIM / 2];
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < B9_BN / 16; kk++)
             wgmma_dq(dq, desc_plus(dds, kk * 2048), desc_plus(dk_cols, kk * 2048), kk > 0);
         wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_pv(dka, dsa[kk], desc_plus(dq_n, kk * 2048));
-        wg_commit();
-
-        // ---- dQ to the dQ warp's buffer while dK runs: row 16 warp + g (+ 8), columns 8 j + 2 t of this half, in
-        //      sub-tiles of 32 columns with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r & 7)) ----
-        wg_wait<1>();
+        wg_wait<0>();
         reg_fence(dq);
-        const u32 dqb = sdQ + (it & 1) * B9_DQ;
-        bar_sync(B9_BAR_DQE + (it & 1), B9_DQ_THREADS);
+        if (it + 2 < niters) bar_arrive(B9_BAR_DSE + b, 256); // the other may write its half of tile it + 2 here
+
+        // ---- dQ to the dQ warp's buffer: row 16 warp + g (+ 8), columns 8 j + 2 t, in sub-tiles of 32 columns
+        //      with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r & 7)) ----
+        const u32 dqb = sdQ + b * B9_DQ;
+        bar_sync(B9_BAR_DQE + b, B9_DQ_THREADS);
 #pragma unroll
-        for (int j = 0; j < HEAD_DIM / 16; j++) {
-            const int col = cw * (HEAD_DIM / 2) + 8 * j, chunk = ((col & 31) >> 2) + (t >> 1);
+        for (int j = 0; j < HEAD_DIM / 8; j++) {
+            const int col = 8 * j, chunk = ((col & 31) >> 2) + (t >> 1);
 #pragma unroll
             for (int r = 0; r < 2; r++)
                 sts_f2(dqb + (col >> 5) * B9_DQSUB + (warp * 16 + g + 8 * r) * 128 + ((chunk ^ g) << 4) + 8 * (t & 1),
                        dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
         }
         fence_proxy_async();
-        bar_arrive(B9_BAR_DQF + (it & 1), B9_DQ_THREADS);
-
-        wg_wait<0>(); // dK is in: the stage's Q, dO, lse, delta are free
-        if (lane == 0) mbar_arrive(q_empty(s));
+        bar_arrive(B9_BAR_DQF + b, B9_DQ_THREADS);
     }
 
     // dK carries the softmax scale that S = scale q k^T puts on it; dV does not

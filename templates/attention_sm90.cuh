@@ -109,7 +109,9 @@ template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// d (64 x 128, f32) = (scale_d ? d : 0) + A B: A (64 x 16) and B (128 x 16) both K-major in shared memory.
+// d (64 x 128, f32) = (scale_d ? d : 0) + A B, both operands in shared memory: A (64 x 16) and B (128 x 16) K-major
+// (TRANS = 0), or A M-major and B (16 x 128) N-major (TRANS = 1).
+template <int TRANS = 0>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], unsigned long long da, unsigned long long db, int scale_d) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -117,7 +119,7 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], unsigned long long
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 "}, %64, %65, p, 1, 1, %67, %67;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -126,7 +128,7 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], unsigned long long
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(scale_d));
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS));
 }
 
 // d (64 x 128, f32) += A B: A (64 x 16) from registers, B (16 x 128) N-major in shared memory (imm-trans-b = 1).
