@@ -1206,9 +1206,9 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     /* the Hopper kernels on an H200: at head_dim 128 bench_attention's causal 32/8 heads at 32K and 128K with the
      * head-major launch order (docs/PERF.md, 2026-12-01, evening); at 64 inside the 1B step (CPGEN_PROFILE) */
     m->attn_fwd_tflops = 650;
-    m->attn_bwd_tflops = 510;
+    m->attn_bwd_tflops = 535;
     m->attn_fwd_tflops_d64 = 440;
-    m->attn_bwd_tflops_d64 = 375;
+    m->attn_bwd_tflops_d64 = 405;
     m->hbm_gbps = 4300;
     m->host_gbps = 55;
     m->a2a_gbps = 328;
