@@ -73,6 +73,12 @@ static void use(cp_step *s, const cp_plan *P, int buf, int64_t off, int64_t byte
 static void rd(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_READ); }
 static void wr(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_WRITE); }
 static void rw(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_RW); }
+/* An attention kernel's q, k and v. */
+static void rd_qkv(cp_step *s, const cp_plan *P, int q, int k, int v) {
+    rd(s, P, q);
+    rd(s, P, k);
+    rd(s, P, v);
+}
 
 static bool kspec_equal(const cp_kernel_spec *a, const cp_kernel_spec *b) {
     if (strcmp(a->family, b->family) != 0 || a->nparams != b->nparams) return false;
@@ -511,9 +517,7 @@ static void ring_attention(builder *B, const bufset *b, const modset *M, int s, 
         ring_block(B, b, k, kv);
         if (k == 0) { /* every query row: the merge starts from it */
             cp_step *a = kernel(B, M->attn, "fwd", "attn_fwd", 0);
-            rd(a, P, b->q_head);
-            rd(a, P, kv[0]);
-            rd(a, P, kv[1]);
+            rd_qkv(a, P, b->q_head, kv[0], kv[1]);
             wr(a, P, b->o_head);
             wr(a, P, b->ring_lse);
             a->flops = step;
@@ -577,9 +581,7 @@ static void ring_attention_bwd(builder *B, const bufset *b, const modset *M, int
         ring_block(B, b, k, kv);
         if (k == 0) {
             cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
-            rd(a, P, b->q_head);
-            rd(a, P, kv[0]);
-            rd(a, P, kv[1]);
+            rd_qkv(a, P, b->q_head, kv[0], kv[1]);
             rd(a, P, b->do_head);
             use(a, P, lse_buf, lse0, u * L * F32, CP_READ);
             rd(a, P, b->delta_head);
@@ -634,9 +636,7 @@ static void stage_attention(builder *B, const bufset *b, const modset *M, int s,
         ring_attention(B, b, M, s, lse_buf);
     } else {
         cp_step *a = kernel(B, M->attn, "fwd", "attn_fwd", 0);
-        rd(a, P, b->q_head);
-        rd(a, P, b->k_head);
-        rd(a, P, b->v_head);
+        rd_qkv(a, P, b->q_head, b->k_head, b->v_head);
         wr(a, P, b->o_head);
         use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, s == 0 ? CP_DEF : CP_WRITE);
         a->flops = attn_fwd_flops(P);
@@ -843,9 +843,7 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
             dkv = b->ring_dkv[home];
         } else {
             cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
-            rd(a, P, b->q_head);
-            rd(a, P, b->k_head);
-            rd(a, P, b->v_head);
+            rd_qkv(a, P, b->q_head, b->k_head, b->v_head);
             rd(a, P, b->do_head);
             use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, CP_READ);
             rd(a, P, b->delta_head);

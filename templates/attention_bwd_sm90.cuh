@@ -301,8 +301,11 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; i++) dva[i] = 0.f, dka[i] = 0.f;
     const u32 ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128; // this warpgroup's 64 rows of each K, V sub-tile
-    const unsigned long long dk_rows = sw128_desc(ka, 16, 1024), dv_rows = sw128_desc(va, 16, 1024);
-    const unsigned long long dk_cols = sw128_desc(sK, H_SUBTILE, 1024); // dQ's B: K read transposed
+    // shared-memory descriptors (desc_*): K read transposed as dQ's B; this warpgroup's rows of K, V (S^T, dP^T)
+    const unsigned long long desc_k_cols = sw128_desc(sK, H_SUBTILE, 1024);
+#if !B9_KV_REGS
+    const unsigned long long desc_k_rows = sw128_desc(ka, 16, 1024), desc_v_rows = sw128_desc(va, 16, 1024);
+#endif
 
     mbar_wait(bars, 0); // K, V
 #if B9_KV_REGS
@@ -316,9 +319,9 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         const u32 q = sQ + s * B9_QTILE, d_o = sdO + s * B9_QTILE, sl = sL + s * 2 * B9_BM * 4;
         const u32 ds = sdS + (it & 1) * B9_DS;
         // Q and dO K-major (S^T, dP^T) and N-major (dV, dK); dS^T M-major (dQ)
-        const unsigned long long dq_k = sw128_desc(q, 16, 1024), ddo_k = sw128_desc(d_o, 16, 1024),
-                                 dq_n = sw128_desc(q, B9_QSUB, 1024), ddo_n = sw128_desc(d_o, B9_QSUB, 1024),
-                                 dds = sw128_desc(ds, 2048, 1024);
+        const unsigned long long desc_q_k = sw128_desc(q, 16, 1024), desc_do_k = sw128_desc(d_o, 16, 1024),
+                                 desc_q_n = sw128_desc(q, B9_QSUB, 1024), desc_do_n = sw128_desc(d_o, B9_QSUB, 1024),
+                                 desc_ds = sw128_desc(ds, 2048, 1024);
         mbar_wait(q_full(s), (it / B9_STAGES) & 1);
 
         // ---- S^T = K Q^T, dP^T = V dO^T ----
@@ -326,22 +329,22 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         wg_fence();
 #if B9_KV_REGS
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) wgmma_rs_n64<0>(st, kreg[ks], desc_plus(dq_k, ks * 32), ks > 0);
+        for (int ks = 0; ks < 4; ks++) wgmma_rs_n64<0>(st, kreg[ks], desc_plus(desc_q_k, ks * 32), ks > 0);
         wg_commit();
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) wgmma_rs_n64<0>(dpt, vreg[ks], desc_plus(ddo_k, ks * 32), ks > 0);
+        for (int ks = 0; ks < 4; ks++) wgmma_rs_n64<0>(dpt, vreg[ks], desc_plus(desc_do_k, ks * 32), ks > 0);
         wg_commit();
 #else
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
             const u32 ko = (ks >> 2) * H_SUBTILE + (ks & 3) * 32, qo = (ks >> 2) * B9_QSUB + (ks & 3) * 32;
-            wgmma_ss_n64<0>(st, desc_plus(dk_rows, ko), desc_plus(dq_k, qo), ks > 0);
+            wgmma_ss_n64<0>(st, desc_plus(desc_k_rows, ko), desc_plus(desc_q_k, qo), ks > 0);
         }
         wg_commit();
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
             const u32 ko = (ks >> 2) * H_SUBTILE + (ks & 3) * 32, qo = (ks >> 2) * B9_QSUB + (ks & 3) * 32;
-            wgmma_ss_n64<0>(dpt, desc_plus(dv_rows, ko), desc_plus(ddo_k, qo), ks > 0);
+            wgmma_ss_n64<0>(dpt, desc_plus(desc_v_rows, ko), desc_plus(desc_do_k, qo), ks > 0);
         }
         wg_commit();
 #endif
@@ -357,7 +360,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         to_a_operands(pa, st);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_pv(dva, pa[kk], desc_plus(ddo_n, kk * 2048));
+        for (int kk = 0; kk < 4; kk++) wgmma_pv(dva, pa[kk], desc_plus(desc_do_n, kk * 2048));
         wg_commit();
 
         // ---- dS^T and its store to shared memory while dV runs ----
@@ -376,7 +379,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         to_a_operands(dsa, dpt);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_pv(dka, dsa[kk], desc_plus(dq_n, kk * 2048)); // dK += dS^T Q
+        for (int kk = 0; kk < 4; kk++) wgmma_pv(dka, dsa[kk], desc_plus(desc_q_n, kk * 2048)); // dK += dS^T Q
         wg_commit();
 
         // ---- dS^T to shared memory while dK runs; the tile's owner then computes its dQ ----
@@ -407,7 +410,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < B9_BN / 16; kk++)
-            wgmma_dq(dq, desc_plus(dds, kk * 2048), desc_plus(dk_cols, kk * 2048), kk > 0);
+            wgmma_dq(dq, desc_plus(desc_ds, kk * 2048), desc_plus(desc_k_cols, kk * 2048), kk > 0);
         wg_commit();
         wg_wait<0>();
         reg_fence(dq);

@@ -236,20 +236,20 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
     auto v_full = [&](int s) { return bars + 8 * (1 + HSTAGES + s); };
     auto k_empty = [&](int s) { return bars + 8 * (1 + 2 * HSTAGES + s); };
     auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * HSTAGES + s); };
-    const unsigned long long dq = sw128_desc(sQ + cw * 64 * 128, 16, 1024); // this warpgroup's 64 rows of Q
+    const unsigned long long desc_q = sw128_desc(sQ + cw * 64 * 128, 16, 1024); // this warpgroup's 64 rows of Q
     auto issue_s = [&](int s) { // S = Q K^T of the tile in stage s
-        const unsigned long long dk = sw128_desc(sK + s * H_TILE, 16, 1024);
+        const unsigned long long desc_k = sw128_desc(sK + s * H_TILE, 16, 1024);
 #pragma unroll
         for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
             const u32 off = (ks >> 2) * H_SUBTILE + (ks & 3) * 32;
-            wgmma_ss_n128(sc, desc_plus(dq, off), desc_plus(dk, off), ks > 0);
+            wgmma_ss_n128(sc, desc_plus(desc_q, off), desc_plus(desc_k, off), ks > 0);
         }
         wg_commit();
     };
     auto issue_pv = [&](int s) { // O += P V of the tile in stage s
-        const unsigned long long dv = sw128_desc(sV + s * H_TILE, H_SUBTILE, 1024);
+        const unsigned long long desc_v = sw128_desc(sV + s * H_TILE, H_SUBTILE, 1024);
 #pragma unroll
-        for (int kk = 0; kk < HBN / 16; kk++) wgmma_pv(acc, pa[kk], desc_plus(dv, kk * 2048));
+        for (int kk = 0; kk < HBN / 16; kk++) wgmma_pv(acc, pa[kk], desc_plus(desc_v, kk * 2048));
         wg_commit();
     };
 
