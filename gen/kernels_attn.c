@@ -10,8 +10,8 @@
 
 enum { FWD_BM = 128, FWD_BN = 64, FWD_THREADS = 128, BWD_BM = 64, BWD_BN = 128, BWD_THREADS = 256,
        DQ_THREADS = 256, DQ_MAX_BLOCKS = 65536 };
-/* the Hopper kernels (templates/attention_sm90.cuh: HBM, HSTAGES = FWD_STAGES, H_SMEM; attention_bwd_sm90.cuh:
- * B9_STAGES, BWD_SM90_SMEM); the dynamic shared memory a block may have on sm_90 */
+/* the Hopper kernels (templates/attention_sm90.cuh: HBM, HTHREADS, HSTAGES = FWD_STAGES, H_SMEM;
+ * attention_bwd_sm90.cuh: B9_THREADS, B9_STAGES, BWD_SM90_SMEM); the dynamic shared memory a block may have on sm_90 */
 enum { H_BM = 128, H_THREADS = 384, B9_STAGES = 2, H_SMEM_MAX = 227 * 1024 };
 
 /* Bytes of a TMA tile of `rows` rows of head_dim bf16: 64-column sub-tiles of rows x 128 bytes. */

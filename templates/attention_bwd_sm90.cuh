@@ -49,6 +49,7 @@
 #define B9_BM 64    // query rows per tile
 #define B9_BN 128   // keys per block: two consumer warpgroups of 64
 #define B9_STAGES 2 // depth of the Q, dO ring
+#define B9_THREADS 384 // a producer warpgroup and two consumer warpgroups, whatever the forward's count
 #define B9_BAR_DQF 4 // named barriers 4, 5: dQ buffer 0, 1 full (its owner arrives, the dQ warp waits)
 #define B9_BAR_DQE 6 // named barriers 6, 7: dQ buffer 0, 1 empty (the dQ warp arrives, its owner waits)
 #define B9_BAR_DSF 8 // named barriers 8, 9: the other consumer's half of dS^T buffer 0, 1 is in (it arrives)
@@ -181,7 +182,7 @@ __device__ __forceinline__ void b9_probs(float (&st)[32], u32 sl, int key, int r
     }
 }
 
-extern "C" __global__ void __launch_bounds__(HTHREADS, 1)
+extern "C" __global__ void __launch_bounds__(B9_THREADS, 1)
 attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}(
     const __grid_constant__ tmap_t tm_q, const __grid_constant__ tmap_t tm_k, const __grid_constant__ tmap_t tm_v,
     const __grid_constant__ tmap_t tm_do, const __grid_constant__ tmap_t tm_dq, const float *__restrict__ lse,
