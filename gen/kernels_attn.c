@@ -10,17 +10,23 @@
 
 enum { FWD_BM = 128, FWD_BN = 64, FWD_THREADS = 128, BWD_BM = 64, BWD_BN = 128, BWD_THREADS = 256,
        DQ_THREADS = 256, DQ_MAX_BLOCKS = 65536 };
-/* the Hopper kernels (templates/attention_sm90.cuh: HBM, HTHREADS, HSTAGES = FWD_STAGES, H_SMEM;
+/* the Hopper kernels (templates/attention_sm90.cuh: H_CONSUMERS = FWD_CONSUMERS, HSTAGES = FWD_STAGES, H_SMEM;
  * attention_bwd_sm90.cuh: B9_THREADS, B9_STAGES, BWD_SM90_SMEM); the dynamic shared memory a block may have on sm_90 */
-enum { H_BM = 128, H_THREADS = 384, B9_STAGES = 2, H_SMEM_MAX = 227 * 1024 };
+enum { H_THREADS = 384, B9_STAGES = 2, H_SMEM_MAX = 227 * 1024 };
 
 /* Bytes of a TMA tile of `rows` rows of head_dim bf16: 64-column sub-tiles of rows x 128 bytes. */
 static int64_t sm90_tile(int64_t rows, int64_t head_dim) { return head_dim / 64 * rows * 128; }
 
-/* fwd_sm90's dynamic shared memory with a K/V ring of `stages`: Q; the K, V ring; its mbarriers; slack to align the
- * tiles to 1024 bytes (the template's H_SMEM) */
+/* fwd_sm90's consumer warpgroups of 64 query rows: three at head_dim 64, where the exponentials of a tile take as
+ * long as its products, else two */
+static int fwd_sm90_consumers(int64_t head_dim) { return head_dim == 64 ? 3 : 2; }
+
+/* fwd_sm90's query rows per block, and its dynamic shared memory with a K/V ring of `stages`: Q in boxes of 128
+ * rows; the K, V ring; its mbarriers; slack to align the tiles to 1024 bytes (the template's H_SMEM) */
+static int64_t fwd_sm90_rows(int64_t head_dim) { return 64 * fwd_sm90_consumers(head_dim); }
 static int64_t fwd_sm90_smem(int64_t head_dim, int64_t stages) {
-    return (1 + 2 * stages) * sm90_tile(H_BM, head_dim) + 8 * (1 + 4 * stages) + 1024;
+    const int64_t qboxes = (fwd_sm90_rows(head_dim) + 127) / 128;
+    return (qboxes + 2 * stages) * sm90_tile(128, head_dim) + 8 * (1 + 4 * stages) + 1024;
 }
 
 /* The default depth of fwd_sm90's K/V ring, the constant the template had before the depth became a variant. */
@@ -50,6 +56,7 @@ void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_hea
     cp_kspec_set_int(k, "DQ_ATOMIC", dq_atomic);
     cp_kspec_set_double(k, "SCALE", 1.0 / sqrt((double)head_dim));
     cp_kspec_set_int(k, "FWD_STAGES", fwd_sm90_stages_default(head_dim));
+    cp_kspec_set_int(k, "FWD_CONSUMERS", fwd_sm90_consumers(head_dim));
 }
 
 static int64_t param(const cp_kernel_spec *k, const char *key) {
@@ -105,8 +112,8 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         const int64_t stages = param(k, "FWD_STAGES");
         if (stages < 1) return -1;
         d->grid[0] = (unsigned)QH;
-        d->grid[1] = (unsigned)((S + H_BM - 1) / H_BM);
-        d->block = H_THREADS;
+        d->grid[1] = (unsigned)((S + fwd_sm90_rows(D) - 1) / fwd_sm90_rows(D));
+        d->block = (unsigned)(128 * (1 + fwd_sm90_consumers(D)));
         d->smem = (unsigned)fwd_sm90_smem(D, stages);
     } else if (strcmp(role, "bwd") == 0) {
         d->grid[0] = (unsigned)KVH;

@@ -5,10 +5,10 @@
 // The FlashAttention-3 structure. One producer warp streams Q once and the K, V tiles through a ring of
 // shared-memory stages with the tensor memory accelerator (cp.async.bulk.tensor; each stage's arrival counted in
 // bytes on an mbarrier, its release by the consumers on another). Two consumer warpgroups of 64 query rows each
-// compute S = Q K^T with wgmma from shared memory and O += P V with P from registers. The consumers take turns
-// issuing their products (two named barriers), so one's softmax runs while the other's products occupy the tensor
-// cores; within a consumer, the scores of tile i are computed while P V of tile i - 1 runs. setmaxnreg moves
-// registers from the producer warpgroup to the consumers.
+// (three at head_dim 64) compute S = Q K^T with wgmma from shared memory and O += P V with P from registers. The
+// consumers take turns issuing their products (a ring of named barriers), so one's softmax runs while another's
+// products occupy the tensor cores; within a consumer, the scores of tile i are computed while P V of tile i - 1
+// runs. setmaxnreg moves registers from the producer warpgroup to the consumers.
 //
 // Shared-memory tiles are the TMA boxes: [128 rows][64 columns] bf16 with the 128-byte swizzle (16-byte chunk c of
 // row r at chunk c ^ (r & 7)); a row of HEAD_DIM = 128 is two such sub-tiles. The wgmma descriptors read them
@@ -16,23 +16,27 @@
 // and N-major for V (the same layout read transposed: k-steps of 16 keys are 2048 bytes apart, 64-column
 // sub-tiles one sub-tile apart).
 //
-// Entry (geometry in gen/kernels_attn.c, which must match HBM, HBN, HSTAGES and H_SMEM):
-//   fwd_sm90(tm_q, tm_k, tm_v, o, lse)   grid (Q_HEADS, ceil(SEQ/128)), 384 threads, H_SMEM bytes dynamic smem
+// Entry (geometry in gen/kernels_attn.c, which must match H_CONSUMERS, HBM, HBN, HSTAGES and H_SMEM):
+//   fwd_sm90(tm_q, tm_k, tm_v, o, lse)   grid (Q_HEADS, ceil(SEQ/HBM)), HTHREADS threads, H_SMEM bytes dynamic smem
 //   (the block's head and query tile come from its place in the launch order: head_major_block);
 //   tm_q, tm_k, tm_v: tensor maps of q, k, v as (HEAD_DIM, heads, SEQ) bf16 with boxes (64, 1, 128) and the
 //   128-byte swizzle (runtime/tma.h); o, lse as in attention.cu.
 
-#define HBM 128                            // query rows per block: two consumer warpgroups of 64
+// Consumer warpgroups of 64 query rows: two, or three at head_dim 64, where a tile's exponentials take as long as its
+// products and a third warpgroup's softmax fills the MUFU while the other two wait on theirs.
+#define H_CONSUMERS {{FWD_CONSUMERS}}
+#define HBM (64 * H_CONSUMERS)             // query rows per block
 #define HBN 128                            // keys per K, V tile
+#define HQBOX ((HBM + 127) / 128)          // 128-row boxes of Q (rows past the block's are loaded and not read)
 #define HSUB (HEAD_DIM / 64)               // 64-column sub-tiles of a row
 #define HSTAGES {{FWD_STAGES}}             // depth of the K, V ring: a variant the generator picks (kernels_attn.c)
-#define HTHREADS 384
-#define H_TURN0 1                          // named barriers 1, 2: consumer 0's, 1's turn to issue products
-static_assert(HBM == HBN, "a causal block has one diagonal tile only when query and key tiles are equal");
+#define HTHREADS (128 * (1 + H_CONSUMERS))
+#define H_TURN0 1                          // named barriers 1 ...: consumer 0's, 1's ... turn to issue products
+static_assert(H_CONSUMERS == 2 || (H_CONSUMERS == 3 && HEAD_DIM == 64), "two consumers, or three at head_dim 64");
 
 constexpr u32 H_SUBTILE = 128 * 128;                      // bytes of one [128][64] bf16 sub-tile
-constexpr u32 H_TILE = HSUB * H_SUBTILE;                  // one Q, K or V tile
-constexpr u32 H_OFF_K = H_TILE, H_OFF_V = H_OFF_K + HSTAGES * H_TILE, H_OFF_BAR = H_OFF_V + HSTAGES * H_TILE;
+constexpr u32 H_TILE = HSUB * H_SUBTILE;                  // one Q box, K or V tile
+constexpr u32 H_OFF_K = HQBOX * H_TILE, H_OFF_V = H_OFF_K + HSTAGES * H_TILE, H_OFF_BAR = H_OFF_V + HSTAGES * H_TILE;
 constexpr u32 H_SMEM = H_OFF_BAR + 8 * (1 + 4 * HSTAGES) + 1024; // + the slack to align the base to 1024
 static_assert(H_SMEM <= 227 * 1024, "the K, V ring does not fit the 227 KiB of shared memory a block may have");
 
@@ -186,7 +190,8 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[HBN / 2], float (&mrow)
         for (int j = 0; j < HBN / 8; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float ms = mx * SCALE_LOG2;
+        // a block taller than a tile has rows whose first tiles are all masked: their max stays -inf, and P 0
+        const float ms = HBM > HBN && mx == NEG_INF ? 0.f : mx * SCALE_LOG2;
         alpha[r] = ex2(mrow[r] * SCALE_LOG2 - ms); // 0 on the first tile (mrow = -inf)
         mrow[r] = mx;
         float sum = 0.f;
@@ -211,11 +216,12 @@ template <int KS> __device__ __forceinline__ void to_a_operands(u32 (&a)[KS][4],
         for (int i = 0; i < 4; i++) a[kk][i] = pack_bf16(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
 }
 
-// The consumers take turns issuing products: a turn begins when the other consumer ended its previous one.
-// Consumer 0 has the first turn; consumer 1 skips its last end, which no turn of consumer 0 would wait for.
+// The consumers take turns issuing products, in a ring: a turn begins when the consumer before ended its previous
+// one. Consumer 0 has the first turn; the last consumer skips its last end, which no turn of consumer 0 would wait
+// for.
 __device__ __forceinline__ void turn_begin(int cw) { bar_sync(H_TURN0 + cw, 256); }
 __device__ __forceinline__ void turn_end(int cw, bool last) {
-    if (cw == 0 || !last) bar_arrive(H_TURN0 + (cw ^ 1), 256);
+    if (cw < H_CONSUMERS - 1 || !last) bar_arrive(H_TURN0 + (cw + 1) % H_CONSUMERS, 256);
 }
 
 // A consumer warpgroup's work: rows m0 + cw * 64 ... of head h against ntiles key tiles, last tile first.
@@ -253,8 +259,24 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
         wg_commit();
     };
 
-    if (cw == 1) bar_arrive(H_TURN0, 256); // consumer 0 has the first turn
-    mbar_wait(bars, 0);                    // Q
+    // keys past the row (causal) or past the end: the first n_masked tiles, last key tile first; one when query and key
+    // tiles are equal, two for a block of 192 rows
+    const int n_masked = CAUSAL ? ntiles - m0 / HBN : SEQ % HBN != 0;
+    auto mask_tile = [&](int it) {
+        const int n0 = (ntiles - 1 - it) * HBN;
+#pragma unroll
+        for (int j = 0; j < HBN / 8; j++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = n0 + 8 * j + 2 * t + e;
+                    if (key >= SEQ || (CAUSAL && key > r0 + 8 * r)) sc[4 * j + 2 * r + e] = NEG_INF;
+                }
+    };
+
+    if (cw == H_CONSUMERS - 1) bar_arrive(H_TURN0, 256); // consumer 0 has the first turn
+    mbar_wait(bars, 0);                                  // Q
 
     // ---- tile 0 (the last key tile): scores, mask, softmax ----
     mbar_wait(k_full(0), 0);
@@ -265,18 +287,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
     wg_wait<0>();
     reg_fence(sc);
     if (lane == 0) mbar_arrive(k_empty(0)); // this warp is done with K
-    if (CAUSAL || SEQ % HBN != 0) {         // the diagonal tile when causal, else the ragged last one
-        const int n0 = (ntiles - 1) * HBN;
-#pragma unroll
-        for (int j = 0; j < HBN / 8; j++)
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int key = n0 + 8 * j + 2 * t + e;
-                    if (key >= SEQ || (CAUSAL && key > r0 + 8 * r)) sc[4 * j + 2 * r + e] = NEG_INF;
-                }
-    }
+    if (CAUSAL || SEQ % HBN != 0) mask_tile(0);
     softmax_tile(sc, mrow, lrow, alpha);
     to_a_operands(pa, sc);
 
@@ -293,6 +304,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
         wg_wait<1>(); // the scores are in
         reg_fence(sc);
         if (lane == 0) mbar_arrive(k_empty(s));
+        if (HBM > HBN && CAUSAL && it < n_masked) mask_tile(it);
         softmax_tile(sc, mrow, lrow, alpha);
         wg_wait<0>(); // P V of the previous tile is in: its P registers and V stage are free
         reg_fence(acc);
@@ -350,14 +362,15 @@ attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
     const int tid = threadIdx.x, kvh = h / GROUP;
     // the blocks with the most key tiles (largest m0 when causal) start first
     const int mb = gridDim.y - 1 - tile, m0 = mb * HBM;
-    const int ntiles = CAUSAL ? mb + 1 : (SEQ + HBN - 1) / HBN;
+    constexpr int NT = (SEQ + HBN - 1) / HBN;
+    const int ntiles = !CAUSAL ? NT : HBM == HBN ? mb + 1 : min((m0 + HBM + HBN - 1) / HBN, NT);
     if (tid == 0) {
         mbar_init(bars, 1);
         for (int s = 0; s < HSTAGES; s++) {
             mbar_init(bars + 8 * (1 + s), 1);                   // k_full: the producer's arrival + bytes
             mbar_init(bars + 8 * (1 + HSTAGES + s), 1);         // v_full
-            mbar_init(bars + 8 * (1 + 2 * HSTAGES + s), 8);     // k_empty: one arrival per consumer warp
-            mbar_init(bars + 8 * (1 + 3 * HSTAGES + s), 8);     // v_empty
+            mbar_init(bars + 8 * (1 + 2 * HSTAGES + s), 4 * H_CONSUMERS); // k_empty: one arrival per consumer warp
+            mbar_init(bars + 8 * (1 + 3 * HSTAGES + s), 4 * H_CONSUMERS); // v_empty
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -367,9 +380,15 @@ attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         // producer warpgroup: one thread issues every copy
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (tid == 0) {
-            mbar_expect_tx(bars, H_TILE);
+            // a box that would start past the end is not loaded: its rows are no consumer's to store
+            const int qboxes = HQBOX == 1 ? 1 : min(HQBOX, (SEQ - m0 + 127) / 128);
+            mbar_expect_tx(bars, qboxes * H_TILE);
 #pragma unroll
-            for (int c = 0; c < HSUB; c++) tma_load_3d(sQ + c * H_SUBTILE, &tm_q, 64 * c, h, m0, bars);
+            for (int b = 0; b < HQBOX; b++)
+                if (b < qboxes)
+#pragma unroll
+                    for (int c = 0; c < HSUB; c++)
+                        tma_load_3d(sQ + b * H_TILE + c * H_SUBTILE, &tm_q, 64 * c, h, m0 + 128 * b, bars);
             for (int it = 0; it < ntiles; it++) {
                 const int s = it % HSTAGES, n0 = (ntiles - 1 - it) * HBN;
                 const u32 ph = ((it / HSTAGES) & 1) ^ 1; // the consumers' release of this stage's previous use
@@ -388,7 +407,9 @@ attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+        // the producer's registers to the consumers; per thread of a warpgroup the file holds 512: 24 + 2 x 240, 24 + 3 x 160
+        if (H_CONSUMERS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+        else asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
         fwd_sm90_consumer(sQ, sK, sV, bars, warpgroup_uniform() - 1, h, m0, ntiles, o, lse);
     }
 #else
