@@ -199,6 +199,28 @@ static void test_variants_compile_without_spills(void **state) {
     free(out);
 }
 
+/* fwd_sm90's launch geometry follows its consumers: 128-row blocks of 384 threads at head_dim 128, 192-row blocks of
+ * 512 threads at 64 (three consumer warpgroups), Q held in boxes of 128 rows before the K, V ring. */
+static void test_fwd_sm90_geometry(void **state) {
+    (void)state;
+    struct {
+        int64_t D, seq;
+        unsigned rows, threads, qboxes;
+    } want[] = {{128, 32768, 128, 384, 1}, {128, 1000, 128, 384, 1}, {64, 32768, 192, 512, 2}, {64, 100, 192, 512, 2}};
+    for (size_t c = 0; c < CP_ARRAY_LEN(want); c++) {
+        cp_kernel_spec k;
+        cp_k_attention(&k, want[c].D, 8, 2, want[c].seq, true, false, false);
+        cp_kdims d;
+        assert_int_equal(cp_k_attention_dims(&k, "fwd_sm90", &d), 0);
+        assert_int_equal(d.grid[0], 8);
+        assert_int_equal(d.grid[1], (want[c].seq + want[c].rows - 1) / want[c].rows);
+        assert_int_equal(d.block, want[c].threads);
+        const unsigned tile = (unsigned)want[c].D * 256, stages = want[c].D == 128 ? 2 : 4; /* the default rings */
+        assert_int_equal(d.smem, (want[c].qboxes + 2 * stages) * tile + 8 * (1 + 4 * stages) + 1024);
+        cp_kspec_free(&k);
+    }
+}
+
 /* `cpgen gen` writes one stand-alone .cu per module; `cpgen build` prints the table and, with the cache warm from
  * the test above, loads everything from it. */
 static void test_gen_and_build_commands(void **state) {
@@ -243,6 +265,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_all_modules_compile_without_spills),
         cmocka_unit_test(test_variants_compile_without_spills),
+        cmocka_unit_test(test_fwd_sm90_geometry),
         cmocka_unit_test(test_gen_and_build_commands),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
