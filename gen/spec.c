@@ -1207,7 +1207,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
      * head-major launch order (docs/PERF.md, 2026-12-01, evening); at 64 inside the 1B step (CPGEN_PROFILE) */
     m->attn_fwd_tflops = 650;
     m->attn_bwd_tflops = 535;
-    m->attn_fwd_tflops_d64 = 440;
+    m->attn_fwd_tflops_d64 = 518;
     m->attn_bwd_tflops_d64 = 405;
     m->hbm_gbps = 4300;
     m->host_gbps = 55;
