@@ -225,8 +225,9 @@ __device__ __forceinline__ void turn_end(int cw, bool last) {
 }
 
 // A consumer warpgroup's work: rows m0 + cw * 64 ... of head h against ntiles key tiles, last tile first.
-// Pipelined within the warpgroup as well: the scores of tile i are computed while P V of tile i - 1 runs, and the
-// softmax of tile i overlaps that product (and the other consumer's turn).
+// Pipelined within the warpgroup as well: the scores of tile i are computed while P V of tile i - 1 runs. The softmax
+// of tile i overlaps the other consumers' turns; the compiler waits for P V of tile i - 1 before its exponentials, and
+// keeping that wait below them gained nothing (docs/PERF.md, "three consumers").
 __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 bars, int cw, int h, int m0, int ntiles,
                                                   bf16 *__restrict__ o, float *__restrict__ lse) {
     const int wt = threadIdx.x & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
