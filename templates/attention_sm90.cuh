@@ -408,7 +408,8 @@ attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
             }
         }
     } else {
-        // the producer's registers to the consumers; per thread of a warpgroup the file holds 512: 24 + 2 x 240, 24 + 3 x 160
+        // the producer's registers to the consumers; the file holds 512 per thread of a warpgroup: 24 + 2 x 240,
+        // 24 + 3 x 160
         if (H_CONSUMERS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
         else asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
         fwd_sm90_consumer(sQ, sK, sV, bars, warpgroup_uniform() - 1, h, m0, ntiles, o, lse);
