@@ -12,7 +12,7 @@ enum { FWD_BM = 128, FWD_BN = 64, FWD_THREADS = 128, BWD_BM = 64, BWD_BN = 128, 
        DQ_THREADS = 256, DQ_MAX_BLOCKS = 65536 };
 /* the Hopper kernels (templates/attention_sm90.cuh: H_CONSUMERS = FWD_CONSUMERS, HSTAGES = FWD_STAGES, H_SMEM;
  * attention_bwd_sm90.cuh: B9_THREADS, B9_STAGES, BWD_SM90_SMEM); the dynamic shared memory a block may have on sm_90 */
-enum { H_THREADS = 384, B9_STAGES = 2, H_SMEM_MAX = 227 * 1024 };
+enum { B9_THREADS = 384, B9_STAGES = 2, H_SMEM_MAX = 227 * 1024 };
 
 /* Bytes of a TMA tile of `rows` rows of head_dim bf16: 64-column sub-tiles of rows x 128 bytes. */
 static int64_t sm90_tile(int64_t rows, int64_t head_dim) { return head_dim / 64 * rows * 128; }
@@ -125,7 +125,7 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         const int64_t ktile = sm90_tile(BWD_BN, D), qtile = sm90_tile(BWD_BM, D);
         d->grid[0] = (unsigned)KVH;
         d->grid[1] = (unsigned)((S + BWD_BN - 1) / BWD_BN);
-        d->block = H_THREADS;
+        d->block = B9_THREADS;
         /* K, V; the Q, dO ring; dS^T and dQ (fp32) double-buffered; lse, delta per stage; the mbarriers; slack to
          * align the tiles to 1024 bytes */
         d->smem = (unsigned)(2 * ktile + 2 * B9_STAGES * qtile + 2 * BWD_BN * BWD_BM * 2 + 2 * BWD_BM * D * 4 +

@@ -1204,7 +1204,8 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->peak_tflops = 790; /* an 8192^3 bf16 GEMM on random data on an H200 */
     m->gemm_tflops = 700; /* inside the 3B step on an H200: 693 (32K) and 670 (128K); the 1B's at 32K: 761 */
     /* the Hopper kernels on an H200: at head_dim 128 bench_attention's causal 32/8 heads at 32K and 128K with the
-     * head-major launch order (docs/PERF.md, 2026-12-01, evening); at 64 inside the 1B step (CPGEN_PROFILE) */
+     * head-major launch order (docs/PERF.md, 2026-12-01, evening); at 64 inside the 1B step (CPGEN_PROFILE), the
+     * forward then moved by the three-consumer kernel's measured gain (2026-12-01, three consumers) */
     m->attn_fwd_tflops = 650;
     m->attn_bwd_tflops = 535;
     m->attn_fwd_tflops_d64 = 518;
