@@ -311,25 +311,40 @@ int cp_nccl_split(cp_nccl_comm *parent, int color, int key, int size, const char
     c->nonblocking = parent->nonblocking;
     char call[128];
     snprintf(call, sizeof call, "ncclCommSplit into the %s communicator (colour %d, %d ranks)", what, color, size);
-    ncclComm_t comm = NULL;
+    const char *why = "a rank of the run did not reach it (every rank splits the run's communicator alike)";
+    /* NCCL writes the new handle through the pointer it is given when the split has finished: on a non-blocking
+     * parent that is later, from NCCL's own thread, after this call has returned. So the pointer is c->comm itself,
+     * which lives as long as c (the world's communicators live in cp_world), never a local. */
     ncclResult_t r;
     if (parent->nonblocking) {
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
         cfg.blocking = 0;
-        r = api->CommSplit(parent->comm, color, key, &comm, &cfg);
+        r = api->CommSplit(parent->comm, color, key, &c->comm, &cfg);
     } else {
-        r = api->CommSplit(parent->comm, color, key, &comm, NULL);
+        r = api->CommSplit(parent->comm, color, key, &c->comm, NULL);
     }
-    c->comm = comm;
-    if (r != ncclSuccess && r != ncclInProgress && !comm) {
+    if (r != ncclSuccess && r != ncclInProgress) {
         /* the parent's other ranks wait in the split for this one: stop them */
-        int rc = nccl_fail(c, r, call, ABORTED, err, errlen);
+        int rc = nccl_fail(parent, r, call, ABORTED, err, errlen);
+        cp_nccl_abort(parent);
+        memset(c, 0, sizeof *c);
+        return rc;
+    }
+    /* Until the split is done the parent is busy (NCCL refuses a second split or a collective on it, "Attempt to
+     * use communicator before the previous operation returned ncclSuccess"), and the new handle is not there yet:
+     * wait on the parent first, which settle() aborts on an error or at the deadline. */
+    if (settle(parent, r, call, why, c->timeout_s, err, errlen)) {
+        memset(c, 0, sizeof *c);
+        return -1;
+    }
+    if (!__atomic_load_n(&c->comm, __ATOMIC_ACQUIRE)) {
+        int rc = cp_errf(err, errlen, "rank %d: %s finished without giving a communicator (NCCL %d): rerun with "
+                         "NCCL_DEBUG=INFO and report it with the NCCL version", parent->rank, call, api_version);
         cp_nccl_abort(parent);
         return rc;
     }
-    /* a non-blocking split settles on the new communicator (and the parent, which it keeps busy meanwhile) */
-    if (settle(c, r, call, "a rank of the run did not reach it (every rank splits the run's communicator alike)",
-               c->timeout_s, err, errlen)) {
+    /* then the new communicator itself, which reports its own state from now on */
+    if (settle(c, c->nonblocking ? ncclInProgress : ncclSuccess, call, why, c->timeout_s, err, errlen)) {
         cp_nccl_abort(parent);
         return -1;
     }

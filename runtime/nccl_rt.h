@@ -79,8 +79,10 @@ int cp_nccl_init(cp_nccl_comm *c, int rank, int size, const ncclUniqueId *id, do
 
 /* Split parent into the communicators of a run of several groups (replicas, a ring): every rank of parent calls
  * it, and those passing the same color (>= 0) get one communicator, ranked by key (0..size-1, distinct within a
- * color), which must be `size` ranks. Non-blocking like cp_nccl_init, with parent's deadline. Needs NCCL 2.18 or newer
- * (ncclCommSplit); an older library gets a message saying so. `what` names the communicator in messages. */
+ * color), which must be `size` ranks. Non-blocking like cp_nccl_init, with parent's deadline: it returns once the
+ * split is done on this rank (the parent free again, the new handle in c), so splits follow one another. Needs NCCL
+ * 2.18 or newer (ncclCommSplit); an older library gets a message saying so. `what` names the communicator in
+ * messages. */
 int cp_nccl_split(cp_nccl_comm *parent, int color, int key, int size, const char *what, cp_nccl_comm *c, char *err,
                   int errlen);
 

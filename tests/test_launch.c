@@ -710,25 +710,41 @@ static void test_world_split(void **state) {
  * local rank 1) gets its Ulysses group (colour 1, rank 1 of 4), its ring (colour 1: the ranks of local rank 1, rank
  * 1 of 2: its ring position) and its shard (colour 1, rank 1 of 2), in that order, every rank alike; with 2
  * replicas of a ring of 2 single GPUs, rank 3 (replica 1, position 1) only its ring (colour 1, rank 1 of 2), the
- * shard being the run. */
+ * shard being the run. The fake splits as NCCL does on a non-blocking communicator: it returns with no handle,
+ * keeps the parent busy for a poll (refusing another split meanwhile) and writes the handle when it is done. */
+#define RUN_COMM ((ncclComm_t)(uintptr_t)0x100)
 static struct {
-    int n, color[4], key[4];
+    int n, color[4], key[4], refused;
+    ncclComm_t *pending; /* the split in progress: where its handle goes */
+    int polls;
 } splits;
 static ncclResult_t fake_split(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *cfg) {
-    (void)c, (void)cfg;
+    (void)cfg;
+    if (c != RUN_COMM || splits.pending) return splits.refused++, ncclInvalidArgument;
     splits.color[splits.n] = color;
     splits.key[splits.n++] = key;
-    *out = (ncclComm_t)(uintptr_t)(0x100 + splits.n);
+    *out = NULL;
+    splits.pending = out;
+    splits.polls = 1;
+    return ncclInProgress;
+}
+static ncclResult_t fake_async(ncclComm_t c, ncclResult_t *st) {
+    if (!c) return ncclInvalidArgument;
+    *st = ncclSuccess;
+    if (c == RUN_COMM && splits.pending) {
+        if (splits.polls-- > 0) *st = ncclInProgress;
+        else *splits.pending = (ncclComm_t)(uintptr_t)(0x100 + splits.n), splits.pending = NULL;
+    }
     return ncclSuccess;
 }
 
 static void test_world_split_ring(void **state) {
     (void)state;
-    cp_nccl_api fake = {.CommSplit = fake_split};
+    cp_nccl_api fake = {.CommSplit = fake_split, .CommGetAsyncError = fake_async};
     cp_nccl_use_api(&fake, 22809);
     cp_world w;
     memset(&w, 0, sizeof w);
-    w.comm = (cp_nccl_comm){.comm = (ncclComm_t)(uintptr_t)0x100, .rank = 5, .size = 8, .timeout_s = 5};
+    w.comm = (cp_nccl_comm){.comm = RUN_COMM, .rank = 5, .size = 8, .timeout_s = 5, .nonblocking = true};
     w.rank = 5;
     w.size = 8;
     memset(&splits, 0, sizeof splits);
@@ -742,6 +758,8 @@ static void test_world_split_ring(void **state) {
     assert_true(splits.color[0] == 1 && splits.key[0] == 1 && w.group.size == 4 && w.group.rank == 1);
     assert_true(splits.color[1] == 1 && splits.key[1] == 1 && w.ring.size == 2 && w.ring.rank == 1);
     assert_true(splits.color[2] == 1 && splits.key[2] == 1 && w.shard.size == 2 && w.shard.rank == 1);
+    assert_true(w.group.comm && w.ring.comm && w.shard.comm);
+    assert_int_equal(splits.refused, 0);
     assert_int_equal(w.group_rank, 1);
     memset(&splits, 0, sizeof splits);
     w.comm.rank = w.rank = 3;
@@ -750,6 +768,8 @@ static void test_world_split_ring(void **state) {
     assert_int_equal(cp_world_split(&w, &replicas_of_rings, err, sizeof err), 0);
     assert_int_equal(splits.n, 1);
     assert_true(splits.color[0] == 1 && splits.key[0] == 1 && w.ring.size == 2 && w.ring.rank == 1);
+    assert_non_null(w.ring.comm);
+    assert_int_equal(splits.refused, 0);
     assert_null(w.of_kind[CP_COMM_ULYSSES]);
     assert_ptr_equal(w.of_kind[CP_COMM_RING], &w.ring);
     assert_ptr_equal(w.of_kind[CP_COMM_SHARD], &w.comm);

@@ -46,6 +46,11 @@ static struct {
     int blocking_seen, config_inits, plain_inits;
     int splits, split_color, split_key, split_blocking; /* the last ncclCommSplit's arguments */
     ncclResult_t split_rc;
+    /* A non-blocking split in progress, as NCCL runs it: the new handle stays NULL and the parent reports
+     * ncclInProgress for split_polls more polls; then the handle is written through split_out (NCCL's own thread
+     * does this after ncclCommSplit has returned). Meanwhile NCCL refuses any call on the parent (busy_calls). */
+    ncclComm_t *split_out;
+    int split_polls, busy_calls;
     int aborts, finalizes, destroys, group_depth, group_starts, group_ends;
     const void *send_base;
     const void *recv_base;
@@ -71,20 +76,43 @@ static ncclResult_t f_init(ncclComm_t *c, int n, ncclUniqueId id, int rank) {
     return F.init_rc;
 }
 #define FAKE_SPLIT_COMM ((ncclComm_t)(uintptr_t)0x2000)
+/* NCCL's ncclCommEnsureReady: a call on a parent whose split is still running is refused. */
+static bool busy(ncclComm_t c) {
+    if (c != FAKE_COMM || !F.split_out) return false;
+    F.busy_calls++;
+    return true;
+}
 static ncclResult_t f_split(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *cfg) {
-    (void)c;
+    if (!c) return ncclInvalidArgument;
+    if (busy(c)) return ncclInvalidArgument;
     F.splits++;
     F.split_color = color;
     F.split_key = key;
     F.split_blocking = cfg ? cfg->blocking : 1;
-    *out = F.split_rc == ncclSuccess || F.split_rc == ncclInProgress ? FAKE_SPLIT_COMM : NULL;
+    *out = NULL; /* NCCL_COMM_NULL until the split is done */
+    if (F.split_rc == ncclInProgress) F.split_out = out;
+    else if (F.split_rc == ncclSuccess) *out = FAKE_SPLIT_COMM;
     return F.split_rc;
 }
 static ncclResult_t f_finalize(ncclComm_t c) { return (void)c, F.finalizes++, ncclSuccess; }
 static ncclResult_t f_destroy(ncclComm_t c) { return (void)c, F.destroys++, ncclSuccess; }
-static ncclResult_t f_abort(ncclComm_t c) { return (void)c, F.aborts++, ncclSuccess; }
+static ncclResult_t f_abort(ncclComm_t c) {
+    if (c == FAKE_COMM) F.split_out = NULL; /* the split is abandoned */
+    return F.aborts++, ncclSuccess;
+}
 static ncclResult_t f_async(ncclComm_t c, ncclResult_t *st) {
-    (void)c;
+    if (!c) return ncclInvalidArgument; /* NCCL's CommCheck */
+    if (c == FAKE_COMM && F.split_out) {
+        if (F.split_polls > 0) {
+            F.split_polls--;
+            *st = ncclInProgress;
+        } else {
+            *F.split_out = FAKE_SPLIT_COMM;
+            F.split_out = NULL;
+            *st = ncclSuccess;
+        }
+        return ncclSuccess;
+    }
     if (F.async_polls > 0) {
         F.async_polls--;
         *st = ncclInProgress;
@@ -94,11 +122,11 @@ static ncclResult_t f_async(ncclComm_t c, ncclResult_t *st) {
     return ncclSuccess;
 }
 static ncclResult_t f_all_gather(const void *s, void *r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
-    return (void)s, (void)r, (void)n, (void)t, (void)c, (void)st, F.coll_rc;
+    return (void)s, (void)r, (void)n, (void)t, (void)st, busy(c) ? ncclInvalidArgument : F.coll_rc;
 }
 static ncclResult_t f_reduce(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
                              cudaStream_t st) {
-    return (void)s, (void)r, (void)n, (void)t, (void)op, (void)c, (void)st, F.coll_rc;
+    return (void)s, (void)r, (void)n, (void)t, (void)op, (void)st, busy(c) ? ncclInvalidArgument : F.coll_rc;
 }
 static ncclResult_t f_send(const void *b, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
     (void)t, (void)c, (void)st;
@@ -296,6 +324,35 @@ static void test_split(void **state) {
     assert_int_equal(cp_nccl_destroy(&shard, err, sizeof err), 0);
     assert_int_equal(F.destroys, 1);
     assert_ptr_equal(world.comm, FAKE_COMM); /* the parent stays */
+}
+
+/* NCCL's non-blocking split returns at once with no handle, writes the handle from its own thread when the split is
+ * done, and refuses the parent until then. The splits a layout makes one after another (Ulysses group, then ring,
+ * then shard) each wait for that, so the next finds the parent free and every handle is there. */
+static void test_split_late(void **state) {
+    (void)state;
+    cp_nccl_comm world = comm_of(8), group, ring;
+    F.split_rc = ncclInProgress;
+    F.split_polls = 3;
+    assert_int_equal(cp_nccl_split(&world, 0, 1, 4, "ulysses", &group, err, sizeof err), 0);
+    assert_ptr_equal(group.comm, FAKE_SPLIT_COMM);
+    assert_int_equal(F.split_polls, 0);
+    F.split_polls = 2;
+    assert_int_equal(cp_nccl_split(&world, 1, 0, 2, "ring", &ring, err, sizeof err), 0);
+    assert_ptr_equal(ring.comm, FAKE_SPLIT_COMM);
+    assert_int_equal(F.splits, 2);
+    assert_int_equal(F.busy_calls, 0);
+    assert_int_equal(cp_nccl_all_reduce(&world, err, err, 1, ncclInt8, ncclSum, NULL, err, sizeof err), 0);
+    assert_int_equal(F.busy_calls, 0);
+    assert_false(world.aborted);
+    /* a split that never finishes ends at the parent's deadline, the parent aborted, with the split named */
+    world.timeout_s = 0.05;
+    F.split_polls = 1 << 30;
+    cp_nccl_comm shard;
+    assert_int_equal(cp_nccl_split(&world, 2, 0, 2, "shard", &shard, err, sizeof err), -1);
+    assert_contains(err, "ncclCommSplit into the shard communicator (colour 2, 2 ranks) did not finish within");
+    assert_true(world.aborted);
+    assert_null(shard.comm);
 }
 
 /* A library before 2.18 has no ncclCommSplit: the message names the version to install; a place outside the group
@@ -547,6 +604,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_init_async_error, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_init_blocking_fallback, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_split, use_fake, forget),
+        cmocka_unit_test_setup_teardown(test_split_late, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_split_errors, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_destroy, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_bad_arguments, use_fake, forget),
