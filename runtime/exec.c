@@ -417,6 +417,7 @@ bool cp_exec_host_state(cp_exec *ex, const float **master, const float **m, cons
 
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen) {
     if (ex->P->C > 1) return gather_full(ex, "master.f32", flat, err, errlen);
+    if (!flat) return 0; /* a group of one GPU gathers nothing: a rank that keeps nothing has nothing to do */
     int b = buf_index(ex, "master.f32");
     if (b < 0) return cp_errf(err, errlen, "the plan has no master.f32");
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
@@ -451,6 +452,10 @@ static int get(cp_exec *ex, const char *name, void *dst, size_t n, char *err, in
 
 int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *err, int errlen) {
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
+    if (ex->P->C == 1 && !m && !v) { /* nothing to gather, nothing to copy: the count alone */
+        if (updates) *updates = ex->updates;
+        return 0;
+    }
     CK(cudaDeviceSynchronize(), "finishing the step before reading the optimizer state");
     int rc = 0;
     if (ex->P->C > 1) { /* both moments, on every rank alike: the gathers are collectives */

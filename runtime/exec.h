@@ -99,7 +99,8 @@ int cp_exec_load_shard(cp_exec *ex, const float *shard, char *err, int errlen);
  * below). For checkpoints without copies of the model. */
 bool cp_exec_host_state(cp_exec *ex, const float **master, const float **m, const float **v);
 /* The fp32 master weights back into flat (the full model; with several GPUs gathered from every rank: every rank
- * calls it, and flat may be NULL on all but the one that needs them). */
+ * calls it, and flat may be NULL on all but the one that needs them). With one GPU a NULL flat does nothing: in a
+ * run of groups of one GPU (replicas, a ring) only the writing rank reads. */
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen);
 
 /* AdamW's state, for checkpoints: the moments m and v (adam_m.f32, adam_v.f32, on the GPU or the host as the plan

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "exec.h"
+#include "exec_internal.h"
 #include "plan.h"
 #include "ranks.h"
 #include "ring.h"
@@ -341,6 +342,32 @@ static void test_rings(void **state) {
     cp_plan_free(&p);
 }
 
+/* A checkpoint of a run of groups of one GPU (2 replicas, or a ring of 2): every rank saves, and only the run's rank
+ * 0 keeps the model, so the others read the weights and moments into nothing. With one GPU there is nothing to
+ * gather either, so such a rank does nothing: no copy into a NULL array, no GPU call at all (this runs without
+ * one). */
+static void test_save_on_ranks_that_keep_nothing(void **state) {
+    (void)state;
+    const char *sets[][2] = {{"parallel.replicas=2", "parallel.gpus=1"}, {"parallel.ring=2", "parallel.gpus=1"}};
+    for (int k = 0; k < 2; k++) {
+        cp_spec s;
+        char err[CP_ERR_MAX];
+        if (cp_spec_load("tiny", sets[k], 2, &s, err, sizeof err)) fail_msg("%s", err);
+        cp_plan p;
+        if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("%s", err);
+        assert_int_equal(p.C, 1);
+        struct cp_exec ex;
+        memset(&ex, 0, sizeof ex);
+        ex.P = &p;
+        ex.updates = 7;
+        int updates = -1;
+        if (cp_exec_read_weights(&ex, NULL, err, sizeof err)) fail_msg("%s: %s", sets[k][0], err);
+        if (cp_exec_read_optimizer(&ex, NULL, NULL, &updates, err, sizeof err)) fail_msg("%s: %s", sets[k][0], err);
+        assert_int_equal(updates, 7);
+        cp_plan_free(&p);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny),
@@ -350,6 +377,7 @@ int main(void) {
         cmocka_unit_test(test_attention_output),
         cmocka_unit_test(test_replicas),
         cmocka_unit_test(test_rings),
+        cmocka_unit_test(test_save_on_ranks_that_keep_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
