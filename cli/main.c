@@ -524,7 +524,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     if (!rc) rc = cp_train_run(&plan, &t, NULL, err, sizeof err);
     if (rc) fprintf(stderr, "cpgen: %s\n", err);
     if (joined) {
-        if (rc) cp_world_abort(&w); /* the others stop at their next collective instead of waiting */
+        if (rc) cp_world_fail(&w, err); /* the others hear why and stop now, instead of at a deadline */
         else cp_world_leave(&w);
     }
     if (c->bundle) cp_bundle_close(&bundle);

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,15 +173,54 @@ static const char *result_hint(ncclResult_t r) {
     }
 }
 
+/* ------------------------------------------------------------------------------------------------------------
+ * news of a peer gone */
+
+static char stop_why[1024];
+static atomic_int stop_state; /* 0: none, 1: being written, 2: stop_why holds the reason */
+static atomic_bool news_expected;
+
+void cp_nccl_stop_all(const char *why) {
+    if (!why) { /* tests start afresh */
+        atomic_store(&stop_state, 0);
+        return;
+    }
+    int none = 0;
+    if (!atomic_compare_exchange_strong(&stop_state, &none, 1)) return; /* the first reason stays */
+    snprintf(stop_why, sizeof stop_why, "%s", why);
+    atomic_store(&stop_state, 2);
+}
+
+const char *cp_nccl_stop_reason(void) { return atomic_load(&stop_state) == 2 ? stop_why : NULL; }
+
+void cp_nccl_expect_news(bool on) { atomic_store(&news_expected, on); }
+
+/* "; rank K is gone: ..." for a message about an error, where the run's watch knows why: the news of a dead peer
+ * and NCCL's own error (a closed connection) race, so with a watch running an error waits a moment for it. */
+static void peer_note(char *buf, size_t n) {
+    buf[0] = 0;
+    const char *why = cp_nccl_stop_reason();
+    for (double until = cp_now() + 2.0; !why && atomic_load(&news_expected) && cp_now() < until;) {
+        sleep_s(0.01);
+        why = cp_nccl_stop_reason();
+    }
+    if (why) snprintf(buf, n, "; meanwhile: %s", why);
+}
+
+/* A wait's poll: the news of a gone peer ends it, the communicator aborted. */
+static int stopped(cp_nccl_comm *c, const char *what, char *err, int errlen);
+
 /* "rank R: call: ncclX (text); NCCL says: last; hint". */
 static int nccl_fail(const cp_nccl_comm *c, ncclResult_t r, const char *call, const char *extra, char *err,
                      int errlen) {
     const char *text = api && api->GetErrorString ? api->GetErrorString(r) : NULL;
     const char *last = api && api->GetLastError ? api->GetLastError(c ? c->comm : NULL) : NULL;
-    char rank[32] = "";
+    char rank[32] = "", note[1100];
     if (c) snprintf(rank, sizeof rank, "rank %d: ", c->rank);
-    return cp_errf(err, errlen, "%s%s: %s (%s)%s%s; %s%s", rank, call, result_name(r), text ? text : "",
-                last && *last ? "; NCCL says: " : "", last && *last ? last : "", result_hint(r), extra ? extra : "");
+    peer_note(note, sizeof note);
+    return cp_errf(err, errlen, "%s%s: %s (%s)%s%s; %s%s%s", rank, call, result_name(r), text ? text : "",
+                last && *last ? "; NCCL says: " : "", last && *last ? last : "", result_hint(r), note,
+                extra ? extra : "");
 }
 
 void cp_nccl_abort(cp_nccl_comm *c) {
@@ -191,6 +231,14 @@ void cp_nccl_abort(cp_nccl_comm *c) {
 }
 
 static const char *const ABORTED = "; the communicator was aborted, so that no rank waits on it forever";
+
+static int stopped(cp_nccl_comm *c, const char *what, char *err, int errlen) {
+    const char *why = cp_nccl_stop_reason();
+    if (!why) return 0;
+    cp_errf(err, errlen, "rank %d: stopped waiting for %s: %s%s", c->rank, what, why, ABORTED);
+    cp_nccl_abort(c);
+    return -1;
+}
 
 static int check_comm(const cp_nccl_comm *c, const char *call, char *err, int errlen) {
     if (!api) return cp_errf(err, errlen, "%s: NCCL is not loaded (cp_nccl_load)", call);
@@ -237,8 +285,12 @@ static int settle(cp_nccl_comm *c, ncclResult_t r, const char *call, const char 
             cp_nccl_abort(c);
             return rc;
         }
+        if (stopped(c, call, err, errlen)) return -1;
         if (cp_now() >= deadline) {
-            cp_errf(err, errlen, "rank %d: %s did not finish within %.3g s: %s%s", c->rank, call, timeout_s, what, ABORTED);
+            char note[1100];
+            peer_note(note, sizeof note);
+            cp_errf(err, errlen, "rank %d: %s did not finish within %.3g s: %s%s%s", c->rank, call, timeout_s, what,
+                    note, ABORTED);
             cp_nccl_abort(c);
             return -1;
         }
@@ -546,9 +598,12 @@ int cp_nccl_wait_for(cp_nccl_comm *c, int (*done)(void *ctx, char *err, int errl
             cp_nccl_abort(c);
             return rc;
         }
+        if (stopped(c, what, err, errlen)) return -1;
         if (cp_now() >= deadline) {
+            char note[1100];
+            peer_note(note, sizeof note);
             cp_errf(err, errlen, "rank %d: %s did not finish within %.3g s: a peer is stuck or gone (its output may say "
-                 "why); NCCL_DEBUG=INFO shows what NCCL waits for%s", c->rank, what, timeout_s, ABORTED);
+                 "why); NCCL_DEBUG=INFO shows what NCCL waits for%s%s", c->rank, what, timeout_s, note, ABORTED);
             cp_nccl_abort(c);
             return -1;
         }

@@ -120,6 +120,18 @@ int cp_nccl_all_to_all(cp_nccl_comm *c, const void *send, void *recv, size_t cou
 int cp_nccl_send_recv(cp_nccl_comm *c, const void *send, int to, void *recv, int from, size_t count,
                       ncclDataType_t t, cudaStream_t stream, char *err, int errlen);
 
+/* News from outside NCCL that ends every wait of this process: another rank of the run is known to be gone (the
+ * run's watch, world.c, calls it from its own thread with "rank K is gone: ..." or "rank K failed: ..."). The first
+ * reason stays; from then on every poll of a wait or of a non-blocking call fails with it, aborting the
+ * communicator, so a rank stops at once, naming the rank that died, instead of waiting for its deadline. NULL
+ * forgets the reason (tests). */
+void cp_nccl_stop_all(const char *why);
+/* The reason given to cp_nccl_stop_all, or NULL. */
+const char *cp_nccl_stop_reason(void);
+/* A watch is running: a message about an NCCL error or a timeout waits up to 2 s for its news, so that it can
+ * name the rank behind it (NCCL's own error for a closed connection usually comes first). */
+void cp_nccl_expect_news(bool on);
+
 /* Wait until event (when not NULL) or else everything on stream has finished, checking the communicator for an
  * asynchronous error meanwhile. On an error, or when timeout_s (<= 0: c->timeout_s) passes first, the
  * communicator is aborted and the message says which. what names the work in messages ("the step's all-to-all"). */

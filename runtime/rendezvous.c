@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,11 +29,12 @@
 #define RDV_MAX_GATHER 4096
 #define RDV_HELLO_WAIT_S 5.0 /* how long a fresh connection has to introduce itself before it is dropped */
 
-enum { M_HELLO = 1, M_WELCOME, M_REFUSE, M_BCAST, M_BARRIER, M_RELEASE, M_GATHER, M_GATHERED };
+enum { M_HELLO = 1, M_WELCOME, M_REFUSE, M_BCAST, M_BARRIER, M_RELEASE, M_GATHER, M_GATHERED, M_BYE, M_FAIL, M_GONE };
+#define RDV_MAX_NEWS 2048 /* the longest failure message a rank passes on */
 
 static const char *msg_name(unsigned t) {
     static const char *const names[] = {"?", "hello", "welcome", "refusal", "broadcast", "barrier", "barrier release",
-                                        "all-gather", "all-gather result"};
+                                        "all-gather", "all-gather result", "goodbye", "failure", "news of a rank"};
     return t < sizeof names / sizeof names[0] ? names[t] : "unknown message";
 }
 
@@ -42,6 +44,14 @@ struct cp_rdv {
     int *fd;           /* rank 0: fd[p] is rank p's connection (fd[0] unused); others: fd[0] is rank 0's */
     char (*peer)[128]; /* "rank p (address:port)", indexed like fd */
     bool broken;
+    /* the watch (cp_rdv_watch): a thread that owns every read from then on */
+    bool watching;
+    pthread_t watcher;
+    int wake[2];                /* a pipe: closing the rendezvous wakes the watcher */
+    pthread_mutex_t send_lock;  /* the watcher passes news on while this rank may say goodbye or fail */
+    unsigned char *left;        /* indexed like fd: the peer said goodbye or failed, so its closing is no news */
+    cp_rdv_peer_gone on_gone;
+    void *ctx;
 };
 
 static void put32(unsigned char *p, uint32_t v) {
@@ -459,6 +469,13 @@ void cp_rdv_set_timeout(cp_rdv *r, double timeout_s) {
 
 void cp_rdv_close(cp_rdv *r) {
     if (!r) return;
+    if (r->watching) {
+        close(r->wake[1]); /* the watcher's poll wakes on the pipe's end */
+        pthread_join(r->watcher, NULL);
+        close(r->wake[0]);
+        pthread_mutex_destroy(&r->send_lock);
+    }
+    free(r->left);
     if (r->fd)
         for (int p = 0; p < r->size; p++)
             if (r->fd[p] >= 0) close(r->fd[p]);
@@ -469,6 +486,9 @@ void cp_rdv_close(cp_rdv *r) {
 
 static int usable(const cp_rdv *r, const char *what, char *err, int errlen) {
     if (!r) return cp_errf(err, errlen, "%s: the rendezvous is not open", what);
+    if (r->watching)
+        return cp_errf(err, errlen, "rank %d: %s after cp_rdv_watch: the watch owns the connections (a cpgen bug)",
+                       r->rank, what);
     if (r->broken)
         return cp_errf(err, errlen, "rank %d: %s after a failed rendezvous operation: the connections are in an unknown "
                     "state; close the rendezvous and stop", r->rank, what);
@@ -533,6 +553,142 @@ int cp_rdv_allgather(cp_rdv *r, const int64_t *mine, int count, int64_t *all, ch
     free(buf);
     return rc;
 }
+
+/* ------------------------------------------------------------------------------------------------------------
+ * the watch: the star kept for the run, so that every rank hears at once of a rank that died or failed */
+
+/* One message of news or goodbye, all under the send lock (the watcher and this rank's own thread both send). A
+ * peer that does not take it within two seconds is left alone: news is best effort, the waits' deadlines remain. */
+static void send_news(cp_rdv *r, int idx, unsigned type, int about, const char *text) {
+    size_t tl = text ? strnlen(text, RDV_MAX_NEWS) : 0;
+    unsigned char payload[4 + RDV_MAX_NEWS];
+    size_t n = 0;
+    if (type == M_GONE) put32(payload, (uint32_t)about), n = 4;
+    if (tl) memcpy(payload + n, text, tl), n += tl;
+    unsigned char h[16];
+    put32(h, RDV_MAGIC), put32(h + 4, type), put32(h + 8, (uint32_t)n), put32(h + 12, (uint32_t)r->rank);
+    double d = cp_now() + 2.0;
+    int e = 0;
+    pthread_mutex_lock(&r->send_lock);
+    if (r->fd[idx] >= 0 && io_all(r->fd[idx], h, sizeof h, true, d, &e) == IO_OK && n)
+        (void)io_all(r->fd[idx], payload, n, true, d, &e);
+    pthread_mutex_unlock(&r->send_lock);
+}
+
+/* Rank `about` is gone (why: "failed: ..." or "is gone: ..."): rank 0 tells every other rank still there, then this
+ * rank's own callback hears it. */
+static void gone(cp_rdv *r, int about, const char *why) {
+    if (r->rank == 0)
+        for (int p = 1; p < r->size; p++)
+            if (p != about && !__atomic_load_n(&r->left[p], __ATOMIC_RELAXED)) send_news(r, p, M_GONE, about, why);
+    r->on_gone(r->ctx, about, why);
+}
+
+/* One message, or the end of connection idx: returns false when that connection is done. */
+static bool watch_one(cp_rdv *r, int idx) {
+    int peer = r->rank == 0 ? idx : 0, e = 0;
+    unsigned char h[16];
+    char text[RDV_MAX_NEWS + 64];
+    double d = cp_now() + 5.0; /* a message that has begun arrives whole at once */
+    io_result res = io_all(r->fd[idx], h, sizeof h, false, d, &e);
+    uint32_t type = res == IO_OK ? get32(h + 4) : 0, len = res == IO_OK ? get32(h + 8) : 0;
+    if (res == IO_OK && (get32(h) != RDV_MAGIC || len > 4 + RDV_MAX_NEWS)) res = IO_ERROR;
+    unsigned char payload[4 + RDV_MAX_NEWS + 1];
+    if (res == IO_OK && len) res = io_all(r->fd[idx], payload, len, false, d, &e);
+    if (res != IO_OK) {
+        if (!r->left[idx]) {
+            __atomic_store_n(&r->left[idx], 1, __ATOMIC_RELAXED);
+            snprintf(text, sizeof text, "is gone: its connection to %s closed without a word (the process was "
+                     "killed or crashed, or its node or the network failed)", r->rank == 0 ? "rank 0" : "this rank");
+            gone(r, peer, text);
+        }
+        return false;
+    }
+    if (type == M_BYE) {
+        __atomic_store_n(&r->left[idx], 1, __ATOMIC_RELAXED);
+    } else if (type == M_FAIL && r->rank == 0 && len <= RDV_MAX_NEWS) {
+        __atomic_store_n(&r->left[idx], 1, __ATOMIC_RELAXED);
+        snprintf(text, sizeof text, "failed: %.*s", (int)len, (const char *)payload);
+        gone(r, peer, text);
+    } else if (type == M_GONE && r->rank != 0 && len >= 4) {
+        int about = (int)get32(payload);
+        snprintf(text, sizeof text, "%.*s", (int)(len - 4), (const char *)payload + 4);
+        if (about == 0) __atomic_store_n(&r->left[0], 1, __ATOMIC_RELAXED); /* rank 0 itself failed: its closing is no more news */
+        if (about >= 0 && about < r->size) r->on_gone(r->ctx, about, text);
+    }
+    return true;
+}
+
+static void *watch_main(void *arg) {
+    cp_rdv *r = arg;
+    int n = r->rank == 0 ? r->size : 1;
+    struct pollfd *pf = calloc((size_t)n + 1, sizeof *pf);
+    int *idx = calloc((size_t)n + 1, sizeof *idx);
+    bool *open_ = calloc((size_t)n, sizeof *open_);
+    if (!pf || !idx || !open_) goto out;
+    for (int i = r->rank == 0 ? 1 : 0; i < n; i++) open_[i] = r->fd[i] >= 0;
+    for (;;) {
+        int k = 0;
+        pf[k++] = (struct pollfd){.fd = r->wake[0], .events = POLLIN};
+        for (int i = 0; i < n; i++)
+            if (open_[i]) idx[k] = i, pf[k++] = (struct pollfd){.fd = r->fd[i], .events = POLLIN};
+        if (k == 1) break; /* every peer has left */
+        if (poll(pf, (nfds_t)k, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (pf[0].revents) break; /* closing */
+        for (int j = 1; j < k; j++)
+            if (pf[j].revents && !watch_one(r, idx[j])) open_[idx[j]] = false;
+    }
+out:
+    free(pf);
+    free(idx);
+    free(open_);
+    return NULL;
+}
+
+int cp_rdv_watch(cp_rdv *r, cp_rdv_peer_gone on_gone, void *ctx, char *err, int errlen) {
+    if (usable(r, "watch", err, errlen)) return -1;
+    if (!on_gone) return cp_errf(err, errlen, "rank %d: cp_rdv_watch: no callback", r->rank);
+    if (r->size == 1) return 0;
+    r->left = calloc((size_t)r->size, 1);
+    if (!r->left) return cp_errf(err, errlen, "rank %d: out of memory for the watch", r->rank);
+    if (pipe2(r->wake, O_CLOEXEC) != 0)
+        return cp_errf(err, errlen, "rank %d: the watch's pipe: %s", r->rank, strerror(errno));
+    pthread_mutex_init(&r->send_lock, NULL);
+    r->on_gone = on_gone;
+    r->ctx = ctx;
+    int e = pthread_create(&r->watcher, NULL, watch_main, r);
+    if (e) {
+        close(r->wake[0]);
+        close(r->wake[1]);
+        pthread_mutex_destroy(&r->send_lock);
+        return cp_errf(err, errlen, "rank %d: starting the watch: %s", r->rank, strerror(e));
+    }
+    r->watching = true;
+    return 0;
+}
+
+/* To every peer this rank is connected to: rank 0's news goes to all, another rank's to rank 0, which passes a
+ * failure on. */
+static void tell_peers(cp_rdv *r, unsigned type, const char *text) {
+    if (!r || !r->watching) return;
+    if (r->rank == 0) {
+        for (int p = 1; p < r->size; p++)
+            if (!__atomic_load_n(&r->left[p], __ATOMIC_RELAXED)) send_news(r, p, type == M_FAIL ? M_GONE : type, 0, text);
+    } else {
+        send_news(r, 0, type, r->rank, text);
+    }
+}
+
+void cp_rdv_say_fail(cp_rdv *r, const char *why) {
+    char text[RDV_MAX_NEWS + 16];
+    snprintf(text, sizeof text, "%s%s", r && r->rank == 0 ? "failed: " : "", why ? why : "(no message)");
+    tell_peers(r, M_FAIL, text);
+}
+
+void cp_rdv_say_bye(cp_rdv *r) { tell_peers(r, M_BYE, NULL); }
 
 /* ------------------------------------------------------------------------------------------------------------
  * file rendezvous

@@ -48,7 +48,22 @@ int cp_rdv_allgather(cp_rdv *r, const int64_t *mine, int count, int64_t *all, ch
 /* The deadline of later operations (the barrier before a long start-up step may need more than the default). */
 void cp_rdv_set_timeout(cp_rdv *r, double timeout_s);
 
-/* Close the connections. r may be NULL. After a failed operation the handle is only good for closing. */
+/* After the meeting, the star can stay open for the whole run as the ranks' news line: a thread (the watch) reads
+ * every connection from then on, and when a rank's connection closes without a goodbye (it was killed, crashed, or
+ * its node failed) or it says it failed, every other rank's on_gone is called once for it, from that thread, with
+ * its rank and a phrase ("is gone: ...", "failed: <its message>"): rank 0 sees its peers directly and passes the
+ * news on; the others see rank 0 directly. No other rendezvous operation may follow. Returns 0, or -1 with a
+ * message. A world of one rank watches nothing. */
+typedef void (*cp_rdv_peer_gone)(void *ctx, int rank, const char *why);
+int cp_rdv_watch(cp_rdv *r, cp_rdv_peer_gone on_gone, void *ctx, char *err, int errlen);
+/* This rank failed with message why: tell the others (through rank 0) before it stops. Best effort, at most a few
+ * seconds; r may be NULL or not watching (nothing happens). */
+void cp_rdv_say_fail(cp_rdv *r, const char *why);
+/* This rank leaves normally: its closing connection is no news to the others. */
+void cp_rdv_say_bye(cp_rdv *r);
+
+/* Close the connections (and stop the watch). r may be NULL. After a failed operation the handle is only good for
+ * closing. */
 void cp_rdv_close(cp_rdv *r);
 
 /* Hand n bytes (at most 64 KiB) from rank 0 to the others through the file at path: rank 0 writes it (a temporary

@@ -1,9 +1,12 @@
 /* world.c: the ranks of a run meet and make their communicator (see world.h). */
 #include "world.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -61,19 +64,23 @@ int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[
         if (cp_rdv_open(&r, &o, err, errlen)) return -1;
         int rc = cp_rdv_bcast(r, &id, sizeof id, err, errlen);
         if (!rc) rc = cp_rdv_allgather(r, plan_key, PLAN_KEYS, all, err, errlen);
-        cp_rdv_close(r);
-        if (rc) return -1;
-        for (int k = 0; k < w->size; k++)
+        for (int k = 0; k < w->size && !rc; k++)
             if (memcmp(all + k * PLAN_KEYS, plan_key, sizeof(int64_t) * PLAN_KEYS))
-                return cp_errf(err, errlen, "rank %d planned differently from rank %d (spec hash or arena sizes): "
-                               "every rank must run the same cpgen with the same spec and --set options", k, w->rank);
+                rc = cp_errf(err, errlen, "rank %d planned differently from rank %d (spec hash or arena sizes): "
+                             "every rank must run the same cpgen with the same spec and --set options", k, w->rank);
+        /* the star stays as the run's news line: from here on a rank that dies is known to all at once */
+        if (!rc) rc = cp_world_watch(w, r, err, errlen);
+        else cp_rdv_close(r);
+        if (rc) return -1;
     }
     /* CPGEN_NCCL_TIMEOUT: seconds a rank waits for the others (joining, a collective's call) before it gives up */
     const char *ts = getenv("CPGEN_NCCL_TIMEOUT");
     double timeout = ts && *ts ? strtod(ts, NULL) : 0;
     if (cp_nccl_init(&w->comm, w->rank, w->size, &id, timeout, err, errlen)) {
         snprintf(m, sizeof m, "%s", err);
-        return cp_errf(err, errlen, "rank %d: %s", w->rank, m);
+        cp_errf(err, errlen, "rank %d: %s", w->rank, m);
+        cp_world_fail(w, err);
+        return -1;
     }
     return 0;
 }
@@ -113,6 +120,63 @@ int cp_world_split(cp_world *w, const cp_rank_layout *L, char *err, int errlen) 
     return 0;
 }
 
+/* ------------------------------------------------------------------------------------------------------------
+ * the watch: news of a rank gone */
+
+typedef struct {
+    int rank;
+    double grace_s;
+} stopper;
+
+static atomic_bool stopping;
+
+/* Started with the first news: the main thread normally stops within a poll of its next wait (cp_nccl_stop_all);
+ * where it is stuck in a call no deadline reaches (a GPU wait on a collective whose peer is dead, an abort that
+ * does not return), this ends the process. */
+static void *stop_after_grace(void *arg) {
+    stopper s = *(stopper *)arg;
+    free(arg);
+    for (double until = cp_now() + s.grace_s; cp_now() < until;) usleep(20000);
+    fprintf(stderr, "cpgen: rank %d: stopping: %s; this rank did not stop by itself within %.3g s of hearing it (a "
+            "wait that no deadline reaches), so it exits now\n", s.rank, cp_nccl_stop_reason(), s.grace_s);
+    fflush(stderr);
+    _exit(CP_EXIT_FAIL);
+}
+
+static void on_peer_gone(void *ctx, int rank, const char *why) {
+    const cp_world *w = ctx;
+    char m[CP_ERR_MAX];
+    snprintf(m, sizeof m, "rank %d %s", rank, why);
+    cp_nccl_stop_all(m);
+    if (atomic_exchange(&stopping, true)) return;
+    stopper *s = malloc(sizeof *s);
+    pthread_t t;
+    if (!s) _exit(CP_EXIT_FAIL);
+    *s = (stopper){w->rank, w->stop_grace_s > 0 ? w->stop_grace_s : 10.0};
+    if (pthread_create(&t, NULL, stop_after_grace, s) != 0) {
+        fprintf(stderr, "cpgen: rank %d: stopping: %s\n", w->rank, m);
+        _exit(CP_EXIT_FAIL);
+    }
+    pthread_detach(t);
+}
+
+int cp_world_watch(cp_world *w, cp_rdv *r, char *err, int errlen) {
+    w->rdv = r;
+    if (cp_rdv_watch(r, on_peer_gone, w, err, errlen)) {
+        cp_rdv_close(r);
+        w->rdv = NULL;
+        return -1;
+    }
+    cp_nccl_expect_news(true);
+    return 0;
+}
+
+static void close_news(cp_world *w) {
+    cp_nccl_expect_news(false);
+    cp_rdv_close(w->rdv);
+    w->rdv = NULL;
+}
+
 void cp_world_leave(cp_world *w) {
     char err[CP_ERR_MAX];
     /* the split ones before the run's they came from */
@@ -120,6 +184,14 @@ void cp_world_leave(cp_world *w) {
     for (size_t k = 0; k < sizeof own / sizeof own[0]; k++)
         if (own[k]->comm && cp_nccl_destroy(own[k], err, sizeof err))
             fprintf(stderr, "cpgen: rank %d: %s\n", w->rank, err);
+    cp_rdv_say_bye(w->rdv);
+    close_news(w);
+}
+
+void cp_world_fail(cp_world *w, const char *why) {
+    cp_rdv_say_fail(w->rdv, why);
+    cp_world_abort(w);
+    close_news(w);
 }
 
 void cp_world_abort(cp_world *w) {

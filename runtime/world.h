@@ -22,6 +22,9 @@ typedef struct {
     cp_nccl_comm group, ring, shard;
     cp_nccl_comm *of_kind[CP_COMM_COUNT]; /* the communicator of each kind; NULL where it would be this rank alone */
     int group_rank;                       /* this rank within its Ulysses group (its local rank) */
+    /* The TCP rendezvous, kept open for the run as its news line (cp_world_watch); NULL with the file rendezvous. */
+    struct cp_rdv *rdv;
+    double stop_grace_s; /* after news of a gone rank, how long this rank may take to stop by itself (<= 0: 10 s) */
 } cp_world;
 
 /* Join the run of env (already detected, env->size > 1). plan_key is what every rank must agree on (the spec's hash
@@ -38,8 +41,17 @@ int cp_world_comm_place(const cp_rank_layout *L, int rank, cp_comm_kind kind, in
  * the run's. Every rank calls it. Returns 0, or -1 with a message naming this rank (the run's communicator is
  * aborted then). */
 int cp_world_split(cp_world *w, const cp_rank_layout *L, char *err, int errlen);
+/* Watch the other ranks through the rendezvous r (which w keeps and closes): when one is killed, crashes or fails,
+ * this rank hears of it at once (rendezvous.h), every wait on NCCL ends with a message naming that rank
+ * (cp_nccl_stop_all), and if this process has not stopped by itself stop_grace_s later (stuck in a call that no
+ * deadline reaches), it says so and exits with code 1. cp_world_join calls it; tests call it directly. */
+int cp_world_watch(cp_world *w, struct cp_rdv *r, char *err, int errlen);
+/* Leave normally: the communicators finalized and destroyed, then a goodbye to the others. */
 void cp_world_leave(cp_world *w);
-/* After an error: every communicator of this rank aborted, so the other ranks stop at their next collective. */
+/* After an error (why): the others told why, through the watch, and every communicator of this rank aborted, so
+ * that they stop now instead of at their next collective's deadline. */
+void cp_world_fail(cp_world *w, const char *why);
+/* Every communicator of this rank aborted. */
 void cp_world_abort(cp_world *w);
 
 #endif
