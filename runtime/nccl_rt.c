@@ -383,9 +383,11 @@ int cp_nccl_split(cp_nccl_comm *parent, int color, int key, int size, const char
         return rc;
     }
     /* Until the split is done the parent is busy (NCCL refuses a second split or a collective on it, "Attempt to
-     * use communicator before the previous operation returned ncclSuccess"), and the new handle is not there yet:
-     * wait on the parent first, which settle() aborts on an error or at the deadline. */
-    if (settle(parent, r, call, why, c->timeout_s, err, errlen)) {
+     * use communicator before the previous operation returned ncclSuccess"), and the new handle is not there yet.
+     * The call's result does not say so: NCCL 2.28 returns ncclSuccess with the split still running on its thread.
+     * So a non-blocking parent is always polled until it is free (settle aborts it on an error or at the
+     * deadline). */
+    if (settle(parent, parent->nonblocking ? ncclInProgress : r, call, why, c->timeout_s, err, errlen)) {
         memset(c, 0, sizeof *c);
         return -1;
     }

@@ -46,9 +46,10 @@ static struct {
     int blocking_seen, config_inits, plain_inits;
     int splits, split_color, split_key, split_blocking; /* the last ncclCommSplit's arguments */
     ncclResult_t split_rc;
-    /* A non-blocking split in progress, as NCCL runs it: the new handle stays NULL and the parent reports
-     * ncclInProgress for split_polls more polls; then the handle is written through split_out (NCCL's own thread
-     * does this after ncclCommSplit has returned). Meanwhile NCCL refuses any call on the parent (busy_calls). */
+    /* A non-blocking split in progress, as NCCL 2.28 runs it: ncclCommSplit returns split_rc (ncclSuccess, as the
+     * real one does, or ncclInProgress) at once, the new handle stays NULL and the parent reports ncclInProgress
+     * for split_polls more polls; then the handle is written through split_out (NCCL's own thread does this after
+     * ncclCommSplit has returned). Meanwhile NCCL refuses any call on the parent (busy_calls). */
     ncclComm_t *split_out;
     int split_polls, busy_calls;
     int aborts, finalizes, destroys, group_depth, group_starts, group_ends;
@@ -90,8 +91,9 @@ static ncclResult_t f_split(ncclComm_t c, int color, int key, ncclComm_t *out, n
     F.split_key = key;
     F.split_blocking = cfg ? cfg->blocking : 1;
     *out = NULL; /* NCCL_COMM_NULL until the split is done */
-    if (F.split_rc == ncclInProgress) F.split_out = out;
-    else if (F.split_rc == ncclSuccess) *out = FAKE_SPLIT_COMM;
+    if (F.split_rc != ncclSuccess && F.split_rc != ncclInProgress) return F.split_rc; /* refused at the call */
+    if (cfg && !cfg->blocking) F.split_out = out; /* finished later, whatever the call returned */
+    else *out = FAKE_SPLIT_COMM;
     return F.split_rc;
 }
 static ncclResult_t f_finalize(ncclComm_t c) { return (void)c, F.finalizes++, ncclSuccess; }
@@ -326,13 +328,14 @@ static void test_split(void **state) {
     assert_ptr_equal(world.comm, FAKE_COMM); /* the parent stays */
 }
 
-/* NCCL's non-blocking split returns at once with no handle, writes the handle from its own thread when the split is
- * done, and refuses the parent until then. The splits a layout makes one after another (Ulysses group, then ring,
- * then shard) each wait for that, so the next finds the parent free and every handle is there. */
+/* NCCL's non-blocking split returns ncclSuccess at once with no handle (2.28's ncclCommSplit passes on the group's
+ * ncclInProgress as success), writes the handle from its own thread when the split is done, and refuses the parent
+ * until then. The splits a layout makes one after another (Ulysses group, then ring, then shard) each wait for that,
+ * so the next finds the parent free and every handle is there. */
 static void test_split_late(void **state) {
     (void)state;
     cp_nccl_comm world = comm_of(8), group, ring;
-    F.split_rc = ncclInProgress;
+    F.split_rc = ncclSuccess;
     F.split_polls = 3;
     assert_int_equal(cp_nccl_split(&world, 0, 1, 4, "ulysses", &group, err, sizeof err), 0);
     assert_ptr_equal(group.comm, FAKE_SPLIT_COMM);
