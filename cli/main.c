@@ -48,6 +48,9 @@ static void usage(FILE *out) {
             "  --seq LEN         same as --set train.seq_len=LEN\n"
             "  --gpu-mem SIZE    GPU memory to plan for (default 143150M, an H200); --set machine.gpu_mem=SIZE\n"
             "  --host-mem SIZE   host memory to plan for (default 128G); --set machine.host_mem=SIZE\n"
+            "  --ranks-per-gpu K (run, plan) K ranks share each GPU, each its own NCCL host over sockets: every\n"
+            "                    layout runs on fewer GPUs (an 8-GPU plan on one with K = 8), with the same\n"
+            "                    numbers and memory per rank, not the same speed; --set machine.ranks_per_gpu=K\n"
             "  --trace FILE      (run) write one step as a Chrome trace (Perfetto, chrome://tracing): every plan\n"
             "                    step per stream, measured beside the cost model's timeline, waits, plan memory\n"
             "  --trace-step N    (run) the step --trace writes, counted from 1 in this run (default 2)\n"
@@ -124,6 +127,8 @@ static void parse(int argc, char **argv, cli *c) {
             add_set(c, "machine.gpu_mem", need_value(argc, argv, &i));
         } else if (!strcmp(a, "--host-mem")) {
             add_set(c, "machine.host_mem", need_value(argc, argv, &i));
+        } else if (!strcmp(a, "--ranks-per-gpu")) {
+            add_set(c, "machine.ranks_per_gpu", need_value(argc, argv, &i));
         } else if (!strcmp(a, "--json")) {
             c->json = true;
         } else if (!strcmp(a, "--steps")) {
@@ -447,22 +452,30 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     int rc = 0;
     /* the run's processes: one per GPU of every group (replicas x ring x gpus) */
     cp_rank_layout layout = {plan.replicas, plan.ring, plan.C};
-    int world = cp_rank_world(&layout);
+    int world = cp_rank_world(&layout), share = cp_plan_ranks_per_gpu(&plan);
     if (world > 1 && env.launcher == CP_LAUNCH_NONE) {
-        /* one node, no launcher: start one copy of this command per GPU and wait for them */
-        if (world > gpus) {
-            if (world == plan.C)
+        /* one node, no launcher: start one copy of this command per rank and wait for them */
+        int need = (world + share - 1) / share; /* GPUs */
+        if (need > gpus) {
+            if (world == plan.C && share == 1)
                 fprintf(stderr, "cpgen: the plan has parallel.gpus = %d, this machine has %d GPU%s: use --gpus %d, or "
-                                "run under mpirun or srun across nodes (README, several GPUs)\n",
-                        plan.C, gpus, gpus == 1 ? "" : "s", gpus);
+                                "run under mpirun or srun across nodes (README, several GPUs), or check the layout "
+                                "with ranks sharing the GPUs here (--ranks-per-gpu %d)\n",
+                        plan.C, gpus, gpus == 1 ? "" : "s", gpus, (world + gpus - 1) / gpus);
             else
-                fprintf(stderr, "cpgen: the plan has %d replicas x %d GPUs = %d, this machine has %d GPU%s: use fewer "
-                                "replicas or GPUs, or run under mpirun or srun across nodes (README, several GPUs)\n",
-                        plan.replicas * plan.ring, plan.C, world, gpus, gpus == 1 ? "" : "s");
+                fprintf(stderr, "cpgen: the plan has %d replica%s x ring %d x %d GPUs = %d ranks, %d to a GPU: %d GPUs, "
+                                "this machine has %d: use fewer replicas or GPUs, run under mpirun or srun across "
+                                "nodes (README, several GPUs), or put more ranks on each GPU (--ranks-per-gpu %d)\n",
+                        plan.replicas, plan.replicas > 1 ? "s" : "", plan.ring, plan.C, world, share, need, gpus,
+                        (world + gpus - 1) / gpus);
             cp_plan_free(&plan);
             return CP_EXIT_USAGE;
         }
-        printf("\nstarting %d processes, one per GPU\n", world);
+        if (share > 1)
+            printf("\nstarting %d processes, %d to a GPU on %d GPU%s (each its own NCCL host: for the numbers and "
+                   "memory of the layout, not its speed)\n", world, share, need, need > 1 ? "s" : "");
+        else
+            printf("\nstarting %d processes, one per GPU\n", world);
         fflush(stdout);
         rc = cp_launch_spawn(world, c->argv, NULL, err, sizeof err);
         if (rc) fprintf(stderr, "cpgen: %s\n", err);
@@ -506,7 +519,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     if (world > 1) {
         int64_t key[3];
         plan_key(&plan, key);
-        rc = cp_world_join(&w, &env, key, err, sizeof err);
+        rc = cp_world_join(&w, &env, key, share, err, sizeof err);
         joined = rc == 0;
         if (!rc) rc = cp_world_split(&w, &layout, err, sizeof err);
         if (!rc) {

@@ -1610,14 +1610,31 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     return 0;
 }
 
-/* GPU memory per GPU outside the arena: the context and libraries, and NCCL's buffers when there are ranks. */
-int64_t cp_plan_reserve(const cp_plan *P) {
+/* NCCL's bytes per rank: on GPUs of their own, its NVLink buffers; where ranks share GPUs (NCCL over sockets), its
+ * kernels and host-side buffers need less of the GPU, and ranks that send and receive (all-to-all, a ring) more
+ * than ranks that only reduce. */
+int64_t cp_plan_comm_reserve(const cp_plan *P) {
     const cp_machine *mc = &P->spec.machine;
-    return mc->reserve + (P->C * P->replicas * P->ring > 1 ? mc->comm_reserve : 0);
+    if (P->C * P->replicas * P->ring == 1) return 0;
+    if (cp_plan_ranks_per_gpu(P) == 1) return mc->comm_reserve;
+    bool p2p = false;
+    for (int i = 0; i < P->nsteps && !p2p; i++) p2p = P->steps[i].kind == CP_OP_ALLTOALL || P->steps[i].kind == CP_OP_SENDRECV;
+    cp_rank_layout L = {P->replicas, P->ring, P->C};
+    return mc->comm_reserve_shared + (p2p ? mc->comm_reserve_p2p : 0) + cp_rank_splits(&L) * mc->comm_reserve_split;
 }
 
-/* The ranks that share one node's host memory: the run's GPUs, up to the 8 of a node. */
-int cp_plan_node_ranks(const cp_plan *P) { return CP_MIN(P->C * P->replicas * P->ring, 8); }
+/* GPU memory per GPU outside the arena: the context and libraries, and NCCL's buffers when there are ranks. */
+int64_t cp_plan_reserve(const cp_plan *P) { return P->spec.machine.reserve + cp_plan_comm_reserve(P); }
+
+/* The ranks that share one GPU: machine.ranks_per_gpu, at most the run's. */
+int cp_plan_ranks_per_gpu(const cp_plan *P) {
+    return CP_MIN(P->spec.machine.ranks_per_gpu, P->C * P->replicas * P->ring);
+}
+
+/* The ranks that share one node's host memory: the run's ranks, up to those of the 8 GPUs of a node. */
+int cp_plan_node_ranks(const cp_plan *P) {
+    return CP_MIN(P->C * P->replicas * P->ring, 8 * cp_plan_ranks_per_gpu(P));
+}
 
 /* Fill fits/why from the arenas against the machine. */
 static void judge(cp_plan *P) {
@@ -1631,13 +1648,18 @@ static void judge(cp_plan *P) {
     P->host_load = (int64_t)sizeof(float) * (P->C == 1 ? model : unit_max + P->params_shard);
     P->host_peak = P->host_arena + P->host_load + mc->host_reserve;
     P->host_run = P->host_arena + mc->host_runtime;
-    int ranks = cp_plan_node_ranks(P); /* every rank of a node holds its own */
+    int ranks = cp_plan_node_ranks(P), share = cp_plan_ranks_per_gpu(P); /* every rank holds its own */
     P->fits = true;
     P->why[0] = 0;
-    if (P->gpu_peak > mc->gpu_mem) {
+    if (P->gpu_peak * share > mc->gpu_mem) {
         P->fits = false;
-        snprintf(P->why, sizeof P->why, "GPU memory: needs %s per GPU, the machine has %s",
-                 cp_fmt_bytes(P->gpu_peak, a, sizeof a), cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
+        if (share > 1)
+            snprintf(P->why, sizeof P->why, "GPU memory: needs %s per rank, x %d ranks sharing each GPU = %s, the "
+                     "machine has %s", cp_fmt_bytes(P->gpu_peak, a, sizeof a), share,
+                     cp_fmt_bytes(P->gpu_peak * share, c, sizeof c), cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
+        else
+            snprintf(P->why, sizeof P->why, "GPU memory: needs %s per GPU, the machine has %s",
+                     cp_fmt_bytes(P->gpu_peak, a, sizeof a), cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
     } else if (P->host_peak * ranks > mc->host_mem) {
         P->fits = false;
         snprintf(P->why, sizeof P->why, "host memory: needs %s (%d rank%s on the node, each %s pinned, %s while the "

@@ -217,7 +217,9 @@ void cp_layer_layout_of(const cp_model *m, int C, cp_layer_layout *L);
 int cp_plan_build(const cp_spec *spec, cp_plan *plan, char *err, int errlen);
 void cp_plan_free(cp_plan *plan);
 int64_t cp_plan_reserve(const cp_plan *plan); /* per-GPU bytes outside the arena */
+int64_t cp_plan_comm_reserve(const cp_plan *plan); /* the part of it that is NCCL's */
 int cp_plan_node_ranks(const cp_plan *plan);  /* ranks sharing a node's host memory */
+int cp_plan_ranks_per_gpu(const cp_plan *plan); /* ranks sharing one GPU: its memory holds that many peaks */
 /* Where layer l keeps its attention output and LSE: CP_ATTN_GPU, CP_ATTN_HOST or CP_ATTN_RECOMPUTE (none). */
 cp_attn_keep cp_plan_attn_where(const cp_plan *plan, int layer);
 

@@ -230,6 +230,11 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
                     cp_fmt_length(P->S / P->ring, a, sizeof a), P->ring);
         fprintf(out, "\n");
     }
+    int world = P->replicas * P->ring * P->C, share = cp_plan_ranks_per_gpu(P);
+    if (share > 1)
+        fprintf(out, "  ranks     %d ranks on %d GPU%s, %d to a GPU, each its own NCCL host talking over sockets: "
+                     "the numbers and each rank's memory are the %d-GPU run's, the speed is not\n",
+                world, (world + share - 1) / share, world > share ? "s" : "", share, world);
     long long nm = P->T / P->mlp_tile, nl = P->T / P->loss_tile;
     fprintf(out, "  tiles     MLP %s tokens (%lld tile%s) | loss %s tokens (%lld tile%s)\n",
             cp_fmt_length(P->mlp_tile, a, sizeof a), nm, nm == 1 ? "" : "s", cp_fmt_length(P->loss_tile, b, sizeof b),
@@ -260,9 +265,15 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             cp_fmt_bytes(P->gpu_arena, a, sizeof a));
     fprintf(out, "  %-40s %14s\n", "reserve: CUDA context, modules, libraries", cp_fmt_bytes(mc->reserve, a, sizeof a));
     if (cp_plan_reserve(P) > mc->reserve)
-        fprintf(out, "  %-40s %14s\n", "reserve: NCCL buffers", cp_fmt_bytes(mc->comm_reserve, a, sizeof a));
-    fprintf(out, "  %-40s %14s   of %s\n", "peak", cp_fmt_bytes(P->gpu_peak, a, sizeof a),
-            cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
+        fprintf(out, "  %-40s %14s\n", share > 1 ? "reserve: NCCL over sockets" : "reserve: NCCL buffers",
+                cp_fmt_bytes(cp_plan_comm_reserve(P), a, sizeof a));
+    if (share > 1)
+        fprintf(out, "  %-40s %14s   x %d ranks sharing a GPU = %s of %s\n", "peak per rank",
+                cp_fmt_bytes(P->gpu_peak, a, sizeof a), share, cp_fmt_bytes(P->gpu_peak * share, c, sizeof c),
+                cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
+    else
+        fprintf(out, "  %-40s %14s   of %s\n", "peak", cp_fmt_bytes(P->gpu_peak, a, sizeof a),
+                cp_fmt_bytes(mc->gpu_mem, b, sizeof b));
     fprintf(out, "host memory per GPU\n");
     for (int k = 0; k < CP_CAT_COUNT; k++)
         if (P->cat_host_bytes[k])
@@ -272,7 +283,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     fprintf(out, "  %-40s %14s   (%s of it resident beside the arena during steps)\n",
             "reserve: driver, libraries, buffers", cp_fmt_bytes(mc->host_reserve, a, sizeof a),
             cp_fmt_bytes(mc->host_runtime, b, sizeof b));
-    fprintf(out, "  %-40s %14s   x %d GPUs of a node = %s of %s\n", "peak", cp_fmt_bytes(P->host_peak, a, sizeof a),
+    fprintf(out, "  %-40s %14s   x %d ranks of a node = %s of %s\n", "peak", cp_fmt_bytes(P->host_peak, a, sizeof a),
             cp_plan_node_ranks(P), cp_fmt_bytes(P->host_peak * cp_plan_node_ranks(P), b, sizeof b),
             cp_fmt_bytes(mc->host_mem, c, sizeof c));
 
@@ -290,7 +301,8 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     fprintf(out, "predicted rate: %s tokens/s per GPU | %.0f TF/s per GPU | %.0f%% MFU of %.0f TF/s\n",
             cp_fmt_count(tok / P->t_step, d, sizeof d), flops / P->t_step / 1e12,
             100.0 * flops / P->t_step / (mc->peak_tflops * 1e12), mc->peak_tflops);
-    if (P->fits) fprintf(out, "fits: yes (%s free per GPU)\n", cp_fmt_bytes(mc->gpu_mem - P->gpu_peak, a, sizeof a));
+    if (P->fits)
+        fprintf(out, "fits: yes (%s free per GPU)\n", cp_fmt_bytes(mc->gpu_mem - P->gpu_peak * share, a, sizeof a));
     else fprintf(out, "fits: NO: %s\n", P->why);
 
     if (!verbose) return;
@@ -394,6 +406,8 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
     if (P->replicas * P->ring > 1) /* only for runs of several groups: one group's JSON stays as it was */
         fprintf(out, "  \"groups\": {\"replicas\": %d, \"ring\": %d, \"gpus\": %d, \"world\": %d},\n", P->replicas,
                 P->ring, P->C, P->replicas * P->ring * P->C);
+    if (cp_plan_ranks_per_gpu(P) > 1) /* likewise only where ranks share GPUs */
+        fprintf(out, "  \"ranks_per_gpu\": %d,\n", cp_plan_ranks_per_gpu(P));
     print_ring_json(P, out);
     int64_t kept = attn_kept_bytes(P);
     fprintf(out, "  \"attention_output\": {\"mode\": \"%s\", \"host_layers\": %d, \"gpu_layers\": %d, "

@@ -49,6 +49,24 @@ int cp_rank_comm(const cp_rank_layout *L, int rank, cp_comm_kind kind, int *colo
     return n;
 }
 
+int cp_rank_comm_size(const cp_rank_layout *L, cp_comm_kind kind) {
+    switch (kind) {
+    case CP_COMM_ULYSSES: return L->gpus;
+    case CP_COMM_RING: return L->ring;
+    case CP_COMM_SHARD: return L->replicas * L->ring;
+    default: return cp_rank_world(L);
+    }
+}
+
+int cp_rank_splits(const cp_rank_layout *L) {
+    int n = 0;
+    for (int k = 0; k < CP_COMM_COUNT; k++) {
+        int size = cp_rank_comm_size(L, (cp_comm_kind)k);
+        n += size > 1 && size < cp_rank_world(L);
+    }
+    return n;
+}
+
 int cp_rank_node(int rank, int per_node) { return rank / per_node; }
 
 const char *cp_comm_kind_name(cp_comm_kind k) {

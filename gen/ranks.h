@@ -35,6 +35,11 @@ int cp_rank_ring_prev(const cp_rank_layout *L, int rank);
 /* The communicator of `kind` that `rank` joins: its number among those of that kind (the colour of a communicator
  * split), and its members in ascending order into out (room for cp_rank_world). Returns the member count. */
 int cp_rank_comm(const cp_rank_layout *L, int rank, cp_comm_kind kind, int *color, int *out);
+/* The members of a communicator of `kind` (every one of that kind has as many). */
+int cp_rank_comm_size(const cp_rank_layout *L, cp_comm_kind kind);
+/* How many communicators each rank splits off the run's: a kind is split where it holds more than the rank and
+ * fewer than all (one group's Ulysses group is the run's own; a kind of one rank is none). */
+int cp_rank_splits(const cp_rank_layout *L);
 /* The node of a rank when a launcher fills nodes of `per_node` GPUs in rank order. */
 int cp_rank_node(int rank, int per_node);
 const char *cp_comm_kind_name(cp_comm_kind k);

@@ -56,7 +56,8 @@ static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
     LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("host_gbps"),
-    LEAF("a2a_gbps"),    LEAF("allgather_gbps"), LEAF("net_gbps"), END};
+    LEAF("a2a_gbps"),    LEAF("allgather_gbps"), LEAF("net_gbps"), LEAF("ranks_per_gpu"),
+    LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), END};
 static const node TOP_KEYS[] = {
     {"model", MODEL_KEYS}, {"parallel", PARALLEL_KEYS}, {"train", TRAIN_KEYS}, {"data", DATA_KEYS},
     {"init", INIT_KEYS}, {"machine", MACHINE_KEYS}, END};
@@ -1215,6 +1216,14 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->a2a_gbps = 328;
     m->allgather_gbps = 278;
     m->net_gbps = 40; /* between nodes: one 400 Gb/s NIC per GPU, at the bus bandwidth NCCL reaches over it */
+    m->ranks_per_gpu = 1;
+    /* ranks sharing one H200, each its own NCCL host over sockets (no NVLink buffers), each rank's own bytes from
+     * NVML beyond its arena and machine.reserve (docs/PERF.md, 2026-12-02): 355.4 MiB with all-reduces alone (2
+     * replicas of tiny), 417.8 MiB with all-to-alls or a ring's send/recvs (Ulysses 2 and 4, ring 2), and 15.9 to
+     * 16.8 MiB more for each communicator split off the run's (replicas x Ulysses, ring x Ulysses, replicas x ring) */
+    m->comm_reserve_shared = 356 * MIB;
+    m->comm_reserve_p2p = 62 * MIB;
+    m->comm_reserve_split = 33 * MIB / 2;
     TRY(get_int(c, t, "machine", "gpu_mem", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->gpu_mem));
     TRY(get_int(c, t, "machine", "host_mem", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_mem));
     TRY(get_int(c, t, "machine", "reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->reserve));
@@ -1232,6 +1241,12 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
     TRY(get_num(c, t, "machine", "allgather_gbps", &m->allgather_gbps));
     TRY(get_num(c, t, "machine", "net_gbps", &m->net_gbps));
+    TRY(get_cint(c, t, "machine", "ranks_per_gpu", &m->ranks_per_gpu));
+    TRY(get_int(c, t, "machine", "comm_reserve_shared", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX,
+                &m->comm_reserve_shared));
+    TRY(get_int(c, t, "machine", "comm_reserve_p2p", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->comm_reserve_p2p));
+    TRY(get_int(c, t, "machine", "comm_reserve_split", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX,
+                &m->comm_reserve_split));
     lua_pop(c->L, 1);
     return 0;
 }
@@ -1457,6 +1472,17 @@ static int validate(ctx *c, cp_spec *s) {
     if (mc->reserve < 0) return fail(c, "machine.reserve", " = %lld: must not be negative", (long long)mc->reserve);
     if (mc->comm_reserve < 0)
         return fail(c, "machine.comm_reserve", " = %lld: must not be negative", (long long)mc->comm_reserve);
+    const struct {
+        const char *key;
+        int64_t v;
+    } shared[] = {{"machine.comm_reserve_shared", mc->comm_reserve_shared},
+                  {"machine.comm_reserve_p2p", mc->comm_reserve_p2p},
+                  {"machine.comm_reserve_split", mc->comm_reserve_split}};
+    for (size_t k = 0; k < sizeof shared / sizeof shared[0]; k++)
+        if (shared[k].v < 0) return fail(c, shared[k].key, " = %lld: must not be negative", (long long)shared[k].v);
+    if (mc->ranks_per_gpu < 1 || mc->ranks_per_gpu > 64)
+        return fail(c, "machine.ranks_per_gpu", " = %d: must be between 1 and 64 (ranks that share one GPU)",
+                    mc->ranks_per_gpu);
     if (mc->host_reserve < 0)
         return fail(c, "machine.host_reserve", " = %lld: must not be negative", (long long)mc->host_reserve);
     if (mc->host_runtime < 0 || mc->host_runtime > mc->host_reserve)

@@ -84,6 +84,12 @@ typedef struct {
     int64_t gpu_mem, host_mem;  /* bytes */
     int64_t reserve;            /* bytes per GPU outside the arena: CUDA context, modules, library workspaces */
     int64_t comm_reserve;       /* more per GPU when gpus > 1: NCCL's communicator and connection buffers */
+    int64_t comm_reserve_shared; /* instead, per rank where ranks share GPUs (NCCL over sockets): its kernels and
+                                  * buffers for collectives ... */
+    int64_t comm_reserve_p2p;    /* ... more where the rank also sends and receives (all-to-all, a ring) ... */
+    int64_t comm_reserve_split;  /* ... and more for each communicator split off the run's (replicas, rings) */
+    int ranks_per_gpu;          /* ranks that share one GPU (1: a GPU each); > 1 checks a layout on fewer GPUs, each
+                                 * rank its own NCCL host (launch.c): right numbers, not representative speed */
     int64_t host_reserve;       /* host bytes per process outside the pinned arena: driver, libraries, buffers */
     int64_t host_runtime;       /* the part of host_reserve that stays resident beside the arena during steps */
     double peak_tflops;         /* the bf16 ceiling MFU is counted against (one large GEMM alone) */

@@ -108,6 +108,12 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_num(o, "allgather_gbps", mc->allgather_gbps);
     /* only runs of several groups use it: a one-group spec writes what it wrote before */
     if (s->parallel.replicas * s->parallel.ring > 1) put_num(o, "net_gbps", mc->net_gbps);
+    if (mc->ranks_per_gpu > 1) {
+        put_int(o, "ranks_per_gpu", mc->ranks_per_gpu);
+        put_int(o, "comm_reserve_shared", mc->comm_reserve_shared);
+        put_int(o, "comm_reserve_p2p", mc->comm_reserve_p2p);
+        put_int(o, "comm_reserve_split", mc->comm_reserve_split);
+    }
     cp_str_printf(o, "  },\n}\n");
 }
 

@@ -79,6 +79,15 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     ex->nvml = ex->base_free_nvml >= 0 && ex->ctx_free_nvml >= 0;
     ex->info.nvml = ex->nvml;
     ex->info.mem_context = ex->nvml ? ex->base_free_nvml - ex->ctx_free_nvml : 0;
+    snprintf(ex->bus, sizeof ex->bus, "%s", bus);
+    if (cp_plan_ranks_per_gpu(P) > 1) {
+        /* other ranks allocate on this GPU meanwhile: only this process's own bytes mean anything */
+        int64_t own = exec_nvml_process_used(bus);
+        ex->per_process = own >= 0;
+        ex->info.per_process = ex->per_process;
+        ex->info.mem_context = CP_MAX(own, 0);
+        ex->nvml = ex->per_process;
+    }
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, ex->dev), "reading the GPU's properties");
     ex->info.sms = prop.multiProcessorCount;

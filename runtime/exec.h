@@ -54,7 +54,9 @@ typedef struct {
     int64_t targets;    /* target tokens (not ignored) in the step */
     bool skipped;       /* NaN or Inf loss or norm: the update was skipped */
     double seconds;     /* wall time of the step */
-    int64_t mem_used;   /* measured GPU memory of this process at the step's end (cp_exec_mem_used) */
+    int64_t mem_used;   /* measured GPU memory of this process at the step's end (cp_exec_mem_used); with several
+                         * ranks the most any rank measured, and mem_least the least */
+    int64_t mem_least;
     int64_t host_used;  /* measured host memory the run added since the executor's start (cp_exec_host_used) */
 } cp_step_result;
 
@@ -68,6 +70,9 @@ typedef struct {
     int64_t mem_modules;          /* kernel modules and the cuBLASLt handle */
     int64_t mem_arena;            /* the arena's cudaMalloc as the driver saw it */
     bool nvml;                    /* the context's memory was measured (NVML found) */
+    bool per_process;             /* ranks share the GPU and NVML counts this process's own bytes: memory figures
+                                   * are this rank's; false where they share it and NVML cannot (then they count
+                                   * the whole GPU) */
     int gemm_entries;             /* distinct GEMM shapes prepared */
     int events, cross_waits;      /* events recorded per micro-batch for cross-stream waits, and the waits */
     int sms;

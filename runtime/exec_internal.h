@@ -97,9 +97,12 @@ struct cp_exec {
     scalars sc;
     int32_t *staging;   /* pinned: [micro_batches][3][T] tokens, targets, rows sorted by token */
     int32_t *sort_count; /* [vocab + 1]: the counting sort of the tokens */
-    float *host_scalars; /* pinned: loss_sum[0..1] read back once per step */
+    float *host_scalars; /* pinned, 64 B: loss_sum[0..1] read back once per step; from byte 32 the memory figures
+                          * compared across the ranks (spread_memory) */
     float *loss_sum;    /* device */
     /* memory measurement */
+    char bus[64];     /* the GPU's PCI bus id, NVML's name for it */
+    bool per_process; /* ranks share the GPU: this process's own bytes from NVML, not the GPU's free memory */
     bool nvml;
     int64_t base_free_nvml, ctx_free_nvml, ctx_free_cuda;
     int64_t rss_base; /* resident host bytes before the host arena was pinned */
@@ -155,6 +158,7 @@ int exec_wait_pairs(const cp_exec *ex, cp_trace_wait **out);
 
 /* exec_mem.c: memory measurement and the arenas */
 int64_t exec_nvml_free(const char *bus_id);
+int64_t exec_nvml_process_used(const char *bus_id); /* -1 when NVML cannot say */
 int64_t exec_cuda_free_now(void);
 void *exec_pin_thread(void *arg);
 void exec_host_pieces(cp_exec *ex);

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "util.h"
 
@@ -15,26 +16,61 @@ typedef struct {
     unsigned long long total, free, used;
 } nvml_memory;
 
-/* Free bytes on the GPU with this PCI bus id from NVML, which needs no CUDA context. -1 when unavailable. */
-int64_t exec_nvml_free(const char *bus_id) {
-    static void *lib;
-    static int (*init)(void), (*by_bus)(const char *, void **), (*meminfo)(void *, nvml_memory *);
-    static bool tried, ok;
-    if (!tried) {
-        tried = true;
-        lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+/* nvmlProcessInfo_v2_t and _v3_t (the same fields) */
+typedef struct {
+    unsigned int pid;
+    unsigned long long used; /* usedGpuMemory; ~0ULL when NVML cannot tell */
+    unsigned int gpu_instance, compute_instance;
+} nvml_process;
+
+static struct {
+    bool tried, ok;
+    int (*by_bus)(const char *, void **);
+    int (*meminfo)(void *, nvml_memory *);
+    int (*processes)(void *, unsigned int *, nvml_process *); /* NULL where the library lacks it */
+} nvml;
+
+/* The GPU with this PCI bus id, through NVML loaded once (it needs no CUDA context). NULL when unavailable. */
+static void *nvml_device(const char *bus_id) {
+    if (!nvml.tried) {
+        nvml.tried = true;
+        void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+        int (*init)(void) = NULL;
         if (lib) {
             *(void **)&init = dlsym(lib, "nvmlInit_v2");
-            *(void **)&by_bus = dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
-            *(void **)&meminfo = dlsym(lib, "nvmlDeviceGetMemoryInfo");
-            ok = init && by_bus && meminfo && init() == 0;
+            *(void **)&nvml.by_bus = dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+            *(void **)&nvml.meminfo = dlsym(lib, "nvmlDeviceGetMemoryInfo");
+            *(void **)&nvml.processes = dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+            if (!nvml.processes) *(void **)&nvml.processes = dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2");
+            nvml.ok = init && nvml.by_bus && nvml.meminfo && init() == 0;
         }
     }
-    if (!ok) return -1;
     void *h = NULL;
+    return nvml.ok && nvml.by_bus(bus_id, &h) == 0 ? h : NULL;
+}
+
+/* Free bytes on the GPU with this PCI bus id from NVML. -1 when unavailable. */
+int64_t exec_nvml_free(const char *bus_id) {
+    void *h = nvml_device(bus_id);
     nvml_memory m;
-    if (by_bus(bus_id, &h) != 0 || meminfo(h, &m) != 0) return -1;
+    if (!h || nvml.meminfo(h, &m) != 0) return -1;
     return (int64_t)m.free;
+}
+
+/* This process's own bytes on the GPU with this bus id, as the driver counts them for it (its context, its
+ * allocations and its libraries'): where ranks share a GPU the free memory counts the others' too. -1 when NVML
+ * cannot say. */
+int64_t exec_nvml_process_used(const char *bus_id) {
+    void *h = nvml_device(bus_id);
+    if (!h || !nvml.processes) return -1;
+    enum { MOST = 256 };
+    nvml_process p[MOST];
+    unsigned int n = MOST;
+    if (nvml.processes(h, &n, p) != 0) return -1;
+    unsigned int me = (unsigned int)getpid();
+    for (unsigned int i = 0; i < n && i < MOST; i++)
+        if (p[i].pid == me) return p[i].used == ~0ULL ? -1 : (int64_t)p[i].used;
+    return -1;
 }
 
 int64_t exec_cuda_free_now(void) {
@@ -68,6 +104,7 @@ int64_t cp_exec_host_used(const cp_exec *ex) {
 }
 
 int64_t cp_exec_mem_used(const cp_exec *ex) {
+    if (ex->per_process) return exec_nvml_process_used(ex->bus);
     int64_t f = exec_cuda_free_now();
     if (f < 0) return -1;
     return (ex->nvml ? ex->base_free_nvml - ex->ctx_free_nvml : 0) + (ex->ctx_free_cuda - f);

@@ -203,6 +203,22 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
     return 0;
 }
 
+/* With several ranks, the most and the least GPU memory any rank measured and the most host memory it added: each
+ * rank's figure is its own, and the plan's must hold for every one. One all-reduce (max) of four integers in the
+ * step's scalars, after the step. */
+static int spread_memory(cp_exec *ex, cp_step_result *r, char *err, int errlen) {
+    int64_t *h = (int64_t *)((char *)ex->host_scalars + 32);
+    h[0] = r->mem_used, h[1] = -r->mem_used, h[2] = r->host_used, h[3] = -r->host_used;
+    char *d = (char *)ex->loss_sum + CP_SCALARS_MEMORY;
+    cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
+    CK(cudaMemcpyAsync(d, h, 4 * sizeof(int64_t), cudaMemcpyHostToDevice, st), "staging the memory figures");
+    if (cp_nccl_all_reduce(run_comm(ex), d, d, 4, ncclInt64, ncclMax, st, err, errlen)) return -1;
+    CK(cudaMemcpyAsync(h, d, 4 * sizeof(int64_t), cudaMemcpyDeviceToHost, st), "reading the memory figures");
+    if (exec_sync_stream(ex, st, "comparing the ranks' memory", err, errlen)) return -1;
+    r->mem_used = h[0], r->mem_least = -h[1], r->host_used = h[2];
+    return 0;
+}
+
 /* One sync: the loss sum and the gradient's sum of squares. */
 static int read_scalars(cp_exec *ex, char *err, int errlen) {
     cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
@@ -348,8 +364,9 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     if (!decided) r->loss = (double)ex->host_scalars[0] * ex->sc.loss_scale;
     r->skipped = skip;
     r->seconds = t_end - t0;
-    r->mem_used = cp_exec_mem_used(ex);
+    r->mem_used = r->mem_least = cp_exec_mem_used(ex);
     r->host_used = cp_exec_host_used(ex);
+    if (run_comm(ex) && spread_memory(ex, r, err, errlen)) return -1;
     ex->last_seconds = r->seconds;
     /* a trace that cannot be written is reported and the run goes on: the training is worth more than its picture */
     if (ex->tracing && exec_trace_write(ex, r->seconds, err, errlen)) fprintf(stderr, "cpgen: rank %d: %s\n", ex->o.rank, err);

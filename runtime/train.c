@@ -239,6 +239,8 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     res->mem_arena_measured = cp_exec_startup_info(ex)->mem_arena;
     res->min_loss = INFINITY;
     double flops = P->flops_attn + P->flops_other, peak = sp->machine.peak_tflops;
+    const int ranks = P->replicas * P->ring * P->C;
+    const bool own = cp_plan_ranks_per_gpu(P) == 1 || cp_exec_startup_info(ex)->per_process;
     if (!rc && out) {
         char from[48] = "";
         if (start) snprintf(from, sizeof from, " (from step %d)", start + 1);
@@ -275,8 +277,8 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                          "take more than machine.reserve%s; raise it so that the plan's limits hold\n",
                     cp_fmt_bytes(r.mem_used, a, sizeof a),
                     100.0 * (double)(r.mem_used - P->gpu_peak) / (double)P->gpu_peak,
-                    cp_fmt_bytes(P->gpu_peak, b, sizeof b), P->C > 1 ? " and NCCL" : "",
-                    P->C > 1 ? " + machine.comm_reserve" : "");
+                    cp_fmt_bytes(P->gpu_peak, b, sizeof b), ranks > 1 ? " and NCCL" : "",
+                    ranks > 1 ? " + machine.comm_reserve" : "");
         }
         times[step] = r.seconds;
         double tps = (double)P->T * mb / r.seconds, tf = flops / r.seconds / 1e12;
@@ -288,10 +290,11 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             if (r.skipped) snprintf(skip, sizeof skip, " | update skipped (%s, %d so far)",
                                     isfinite(r.loss) ? "non-finite norm" : "non-finite loss", res->skipped);
             fprintf(out, "step %d/%d | loss %.4f | norm %.2f | lr %.1e | %s | %s tok/s/GPU | %.*f TF/s | %.*f%% MFU | "
-                         "mem %.2f/%.2f GiB%s (measured/planned)%s\n",
+                         "mem %.2f/%.2f GiB%s (%s/planned)%s\n",
                     step + 1, tr->steps, r.loss, r.norm, hp.lr, fmt_time(r.seconds, a, sizeof a),
                     cp_fmt_count(tps, b, sizeof b), tf < 100 ? 1 : 0, tf, 100 * tf / peak < 10 ? 1 : 0,
-                    100 * tf / peak, (double)r.mem_used / (1 << 30), (double)P->gpu_peak / (1 << 30), host, skip);
+                    100 * tf / peak, (double)r.mem_used / (1 << 30), (double)P->gpu_peak / (1 << 30), host,
+                    ranks == 1 ? "measured" : own ? "largest rank measured" : "GPU measured, ranks sharing it", skip);
             fflush(out);
         }
         if (metrics) {
@@ -305,9 +308,13 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             json_num(metrics, "tflops", tf, false);
             json_num(metrics, "mfu", tf / peak, false);
             fprintf(metrics, "\"targets\":%lld,\"mem_measured\":%lld,\"mem_planned\":%lld,\"host_measured\":%lld,"
-                    "\"host_planned\":%lld,\"skipped\":%s}\n", (long long)r.targets, (long long)r.mem_used,
-                    (long long)P->gpu_peak, (long long)r.host_used, (long long)P->host_run,
-                    r.skipped ? "true" : "false");
+                    "\"host_planned\":%lld,", (long long)r.targets, (long long)r.mem_used, (long long)P->gpu_peak,
+                    (long long)r.host_used, (long long)P->host_run);
+            /* several ranks: mem_measured is the largest rank's, this the smallest's; where ranks share a GPU,
+             * mem_own says whether the figures are each rank's own (else the whole GPU's) */
+            if (ranks > 1) fprintf(metrics, "\"mem_measured_min\":%lld,", (long long)r.mem_least);
+            if (cp_plan_ranks_per_gpu(P) > 1) fprintf(metrics, "\"mem_own\":%s,", own ? "true" : "false");
+            fprintf(metrics, "\"skipped\":%s}\n", r.skipped ? "true" : "false");
             fflush(metrics);
         }
         if (tr->save_every > 0 && (step + 1) % tr->save_every == 0)

@@ -18,20 +18,43 @@
 
 enum { PLAN_KEYS = 3, MAX_RANKS = 512 };
 
-int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[3], char *err, int errlen) {
+/* Ranks that share a GPU: NCCL's check against two ranks of one host on one GPU compares host ids, so each rank
+ * becomes a host of its own, and NCCL joins them through its network transport as it would ranks on several nodes.
+ * On one node the loopback device carries it, and InfiniBand stays out (it would loop through the NIC). Variables
+ * the user set are kept, but the host id, which must differ per rank. Before NCCL reads its environment. */
+static void share_gpus(const cp_launch_env *env) {
+    char id[64];
+    snprintf(id, sizeof id, "cpgen-rank-%d", env->rank);
+    setenv("NCCL_HOSTID", id, 1);
+    if (env->local_size == env->size) {
+        setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+        setenv("NCCL_IB_DISABLE", "1", 0);
+    }
+}
+
+int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[3], int ranks_per_gpu, char *err,
+                  int errlen) {
     memset(w, 0, sizeof *w);
     w->env = *env;
     w->rank = env->rank;
     w->size = env->size;
-    w->device = env->local_rank;
+    if (ranks_per_gpu < 1) ranks_per_gpu = 1;
+    w->device = env->local_rank / ranks_per_gpu;
     if (w->size > MAX_RANKS) return cp_errf(err, errlen, "%d ranks: at most %d are supported", w->size, MAX_RANKS);
     char m[CP_ERR_MAX];
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess) return cp_cuda_errmsg(e, "counting the GPUs", err, errlen);
-    if (w->device >= ndev)
+    if (w->device >= ndev) {
+        if (ranks_per_gpu > 1)
+            return cp_errf(err, errlen, "rank %d: local rank %d with %d ranks to a GPU needs GPU %d, but this node has "
+                           "%d: start at most %d processes on each node, or put more on each GPU (--ranks-per-gpu)",
+                           w->rank, env->local_rank, ranks_per_gpu, w->device, ndev, ndev * ranks_per_gpu);
         return cp_errf(err, errlen, "rank %d: local rank %d, but this node has %d GPU%s: start at most one process per "
-                       "GPU on each node", w->rank, w->device, ndev, ndev == 1 ? "" : "s");
+                       "GPU on each node, or share the GPUs (--ranks-per-gpu)", w->rank, w->device, ndev,
+                       ndev == 1 ? "" : "s");
+    }
+    if (ranks_per_gpu > 1) share_gpus(env);
     w->base_free = cp_exec_device_free(w->device); /* before the context and NCCL's buffers exist */
     e = cudaSetDevice(w->device);
     if (e != cudaSuccess) {
@@ -76,9 +99,7 @@ int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[
     /* CPGEN_NCCL_TIMEOUT: seconds a rank waits for the others (joining, a collective's call) before it gives up */
     const char *ts = getenv("CPGEN_NCCL_TIMEOUT");
     double timeout = ts && *ts ? strtod(ts, NULL) : 0;
-    if (cp_nccl_init(&w->comm, w->rank, w->size, &id, timeout, err, errlen)) {
-        snprintf(m, sizeof m, "%s", err);
-        cp_errf(err, errlen, "rank %d: %s", w->rank, m);
+    if (cp_nccl_init(&w->comm, w->rank, w->size, &id, timeout, err, errlen)) { /* its message names the rank */
         cp_world_fail(w, err);
         return -1;
     }
@@ -109,7 +130,7 @@ int cp_world_split(cp_world *w, const cp_rank_layout *L, char *err, int errlen) 
                                         [CP_COMM_SHARD] = &w->shard}; /* the run's holds every rank: never split */
     for (int k = 0; k < CP_COMM_COUNT; k++) {
         int color, key, n = cp_world_comm_place(L, w->rank, (cp_comm_kind)k, &color, &key);
-        if (n == 1) continue;
+        if (n == 1) continue; /* the rule cp_rank_splits counts */
         if (n == w->size) {
             w->of_kind[k] = &w->comm;
             continue;

@@ -29,8 +29,12 @@ typedef struct {
 
 /* Join the run of env (already detected, env->size > 1). plan_key is what every rank must agree on (the spec's hash
  * and the arena sizes): a rank that planned otherwise stops every rank with a message naming it. Sets the CUDA
- * device before NCCL is initialised. Returns 0, or -1 with a message naming this rank. */
-int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[3], char *err, int errlen);
+ * device before NCCL is initialised: local rank / ranks_per_gpu. With ranks_per_gpu > 1 each rank is made its own
+ * NCCL host (NCCL_HOSTID), since NCCL refuses two ranks of one host on one GPU; it then connects them through its
+ * network path, over the loopback device when all ranks are on this node. Returns 0, or -1 with a message naming
+ * this rank. */
+int cp_world_join(cp_world *w, const cp_launch_env *env, const int64_t plan_key[3], int ranks_per_gpu, char *err,
+                  int errlen);
 /* Where a rank sits in the communicator of `kind` a split makes: its colour and its rank within it (the order of
  * cp_rank_comm's members). Returns the communicator's size. A pure function, so every rank splits alike. */
 int cp_world_comm_place(const cp_rank_layout *L, int rank, cp_comm_kind kind, int *color, int *key);

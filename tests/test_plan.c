@@ -654,6 +654,79 @@ static void test_refuses_when_too_small(void **state) {
     cp_plan_free(&p);
 }
 
+/* Ranks sharing GPUs (machine.ranks_per_gpu): each rank's peak is its arena, the reserve and NCCL over sockets (its
+ * kernels and collectives, more with send/recv or all-to-all, more per communicator split off the run's); K of them
+ * must fit one GPU, and K ranks per GPU of a node's 8 share its host memory. The same arenas as on GPUs of their
+ * own: the numbers and memory per rank are the layout's. */
+static void test_ranks_per_gpu(void **state) {
+    (void)state;
+    const struct {
+        const char *sets[4];
+        int world, splits;
+        bool p2p;
+    } cases[] = {
+        {{"parallel.gpus=1", "parallel.replicas=2"}, 2, 0, false},   /* all-reduces only */
+        {{"parallel.gpus=2"}, 2, 0, true},                           /* all-to-alls */
+        {{"parallel.gpus=1", "parallel.ring=2"}, 2, 0, true},        /* send/recv, the run's own communicator */
+        {{"parallel.gpus=2", "parallel.replicas=2"}, 4, 2, true},    /* Ulysses group and shard split */
+        {{"parallel.gpus=2", "parallel.ring=2"}, 4, 3, true},        /* Ulysses group, ring and shard */
+        {{"parallel.gpus=1", "parallel.replicas=2", "parallel.ring=2"}, 4, 1, true}, /* the ring */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int n = 0;
+        while (n < 4 && cases[k].sets[n]) n++;
+        cp_spec s, own;
+        const char *sets[6];
+        for (int i = 0; i < n; i++) sets[i] = cases[k].sets[i];
+        sets[n] = "train.micro_batches=2";
+        char err[CP_ERR_MAX];
+        if (cp_spec_load("tiny", sets, n + 1, &own, err, sizeof err)) fail_msg("%s", err);
+        char share[48];
+        snprintf(share, sizeof share, "machine.ranks_per_gpu=%d", cases[k].world);
+        sets[n + 1] = share;
+        if (cp_spec_load("tiny", sets, n + 2, &s, err, sizeof err)) fail_msg("%s", err);
+        cp_plan p, q;
+        build(&s, &p);
+        build(&own, &q);
+        assert_int_equal(cp_plan_ranks_per_gpu(&p), cases[k].world);
+        assert_int_equal(cp_plan_ranks_per_gpu(&q), 1);
+        assert_int_equal(p.gpu_arena, q.gpu_arena);
+        const cp_machine *mc = &s.machine;
+        int64_t comm = mc->comm_reserve_shared + (cases[k].p2p ? mc->comm_reserve_p2p : 0) +
+                       cases[k].splits * mc->comm_reserve_split;
+        assert_int_equal(cp_plan_comm_reserve(&p), comm);
+        assert_int_equal(p.gpu_peak, p.gpu_arena + mc->reserve + comm);
+        assert_int_equal(q.gpu_peak, q.gpu_arena + mc->reserve + mc->comm_reserve);
+        assert_int_equal(cp_plan_node_ranks(&p), cases[k].world);
+        if (!p.fits) fail_msg("case %zu: %s", k, p.why);
+        cp_plan_free(&p);
+        cp_plan_free(&q);
+    }
+    /* K peaks on one GPU: 8 ranks of the 8B shape's 2 layers at 32K fit an H200, not 40 GiB */
+    cp_spec s;
+    load("llama8b", &s, 5, "model.layers=2", "train.seq_len=32K", "parallel.gpus=8", "machine.ranks_per_gpu=8",
+         "machine.gpu_mem=40G");
+    cp_plan p;
+    build(&s, &p);
+    assert_false(p.fits);
+    assert_non_null(strstr(p.why, "x 8 ranks sharing each GPU"));
+    assert_true(p.gpu_peak < s.machine.gpu_mem && p.gpu_peak * 8 > s.machine.gpu_mem);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cp_plan_print(&p, f, false);
+    fclose(f);
+    assert_non_null(strstr(text, "8 ranks on 1 GPU, 8 to a GPU, each its own NCCL host"));
+    assert_non_null(strstr(text, "reserve: NCCL over sockets"));
+    free(text);
+    cp_plan_free(&p);
+    /* a count outside 1..64 is refused with the key named */
+    char err[CP_ERR_MAX];
+    const char *bad[] = {"machine.ranks_per_gpu=0"};
+    assert_int_equal(cp_spec_load("tiny", bad, 1, &s, err, sizeof err), -1);
+    assert_non_null(strstr(err, "machine.ranks_per_gpu = 0: must be between 1 and 64"));
+}
+
 /* Host memory per process: the pinned arena, the fp32 weights while they load (the whole model where one process
  * reads it, else the largest unit beside the rank's shard), and the reserve; a node too small is refused. */
 static void test_host_memory(void **state) {
@@ -1190,7 +1263,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dq_order),
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
         cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
-        cmocka_unit_test(test_refuses_when_too_small),
+        cmocka_unit_test(test_refuses_when_too_small), cmocka_unit_test(test_ranks_per_gpu),
         cmocka_unit_test(test_host_memory), cmocka_unit_test(test_max_seq),
         cmocka_unit_test(test_max_seq_none_fits), cmocka_unit_test(test_json_parses),
         cmocka_unit_test(test_replicas),     cmocka_unit_test(test_ring_8b_arithmetic),

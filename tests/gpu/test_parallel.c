@@ -235,7 +235,7 @@ int main(int argc, char **argv) {
     /* a rank */
     cp_world w;
     const int64_t key[3] = {NCASES, gpus, 0x7061726c};
-    if (cp_world_join(&w, &env, key, err, sizeof err)) {
+    if (cp_world_join(&w, &env, key, 1, err, sizeof err)) {
         fprintf(stderr, "test_parallel: %s\n", err);
         return 1;
     }
