@@ -354,13 +354,15 @@ static float *rank_shard(const cp_exec *ex, const float *flat) {
     return sh;
 }
 
-/* The full flat model from each rank's shard of the fp32 GPU buffer `name`: unit by unit, the shards are
- * all-gathered into a unit-gradient buffer, which holds nothing between steps, and copied out to flat; every rank
- * takes part, and a rank with flat NULL copies nothing (only rank 0 writes checkpoints). */
+/* The full flat model from each rank's shard of the fp32 buffer `name`: unit by unit, the shards are all-gathered
+ * into a unit-gradient buffer, which holds nothing between steps, and copied out to flat; every rank takes part,
+ * and a rank with flat NULL copies nothing (only rank 0 writes checkpoints). A shard in host memory (the optimizer
+ * on the host) is first copied to its own place in that buffer, and gathered there in place. */
 static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, int errlen) {
     const cp_plan *P = ex->P;
     int b = buf_index(ex, name);
-    if (b < 0 || P->bufs[b].space != CP_SPACE_GPU) return cp_errf(err, errlen, "the plan has no GPU buffer %s", name);
+    if (b < 0) return cp_errf(err, errlen, "the plan has no buffer %s", name);
+    bool on_host = P->bufs[b].space == CP_SPACE_HOST;
     int64_t most = 0;
     for (int u = 0; u < P->nunits; u++) most = CP_MAX(most, P->unit_padded[u]);
     int stage = -1;
@@ -376,6 +378,12 @@ static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, in
     for (int u = 0; u < P->nunits; u++) {
         int64_t part = P->unit_padded[u] / P->C;
         const float *src = (const float *)ex->bufptr[b] + P->unit_shard_off[u];
+        if (on_host) {
+            float *mine = (float *)ex->bufptr[stage] + part * ex->o.rank;
+            CK(cudaMemcpyAsync(mine, src, sizeof(float) * (size_t)part, cudaMemcpyHostToDevice, st),
+               "copying a host shard to the GPU to gather it");
+            src = mine;
+        }
         if (cp_nccl_all_gather(ex->o.comm, src, ex->bufptr[stage], (size_t)part, ncclFloat32, st, err, errlen)) return -1;
         if (flat)
             CK(cudaMemcpyAsync(flat + full, ex->bufptr[stage], sizeof(float) * (size_t)P->unit_padded[u],
