@@ -403,6 +403,11 @@ static void caller_dir(lua_State *L, char *dir, size_t len) {
 static void load_source(lua_State *L, source *src) {
     char chunk[CP_PATH_MAX + 1];
     snprintf(chunk, sizeof chunk, "@%s", src->shown);
+    if (src->len > 0 && src->text[0] == LUA_SIGNATURE[0]) { /* Lua's own message would not name the file */
+        free(src->owned);
+        src->owned = NULL;
+        luaL_error(L, "%s is a binary chunk (bytecode), refused: a spec loads Lua text only", chunk + 1);
+    }
     int st = luaL_loadbufferx(L, src->text, src->len, chunk, "t");
     free(src->owned);
     src->owned = NULL;
@@ -628,6 +633,30 @@ static int l_setmetatable(lua_State *L) {
     return 1;
 }
 
+/* load(chunk [, name [, mode [, env]]]) with the mode always "t"; a string that starts as bytecode gets a message
+ * that says why, in load's own way (nil and the message). */
+static int l_load_text(lua_State *L) {
+    size_t n;
+    const char *s = lua_type(L, 1) == LUA_TSTRING ? lua_tolstring(L, 1, &n) : NULL;
+    if (s && n > 0 && s[0] == LUA_SIGNATURE[0]) {
+        luaL_pushfail(L);
+        lua_pushliteral(L, "load: a binary chunk (bytecode) is refused: a spec loads Lua text only");
+        return 2;
+    }
+    if (lua_gettop(L) < 3) lua_settop(L, 3); /* not 4: an env given as nil differs from none */
+    lua_pushliteral(L, "t");
+    lua_replace(L, 3);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+static int l_no_dump(lua_State *L) {
+    return luaL_error(L, "string.dump: a spec may not make bytecode (cpgen loads Lua text only); keep the function "
+                         "itself, or its source text for load");
+}
+
 static void open_libs(lua_State *L) {
     /* No io, os or package: a spec computes a table; it has no business touching files except through dofile. */
     static const luaL_Reg libs[] = {{LUA_GNAME, luaopen_base},       {LUA_STRLIBNAME, luaopen_string},
@@ -639,6 +668,16 @@ static void open_libs(lua_State *L) {
     }
     lua_pushnil(L);
     lua_setglobal(L, "loadfile");
+    /* Bytecode skips the checks Lua's compiler makes, so a tampered binary chunk corrupts memory: every way a
+     * spec runs code (the file itself, dofile, cpgen.load, load) takes text only, and string.dump, which makes
+     * bytecode, is replaced by a function that says so. */
+    lua_getglobal(L, "load");
+    lua_pushcclosure(L, l_load_text, 1);
+    lua_setglobal(L, "load");
+    lua_getglobal(L, LUA_STRLIBNAME);
+    lua_pushcfunction(L, l_no_dump);
+    lua_setfield(L, -2, "dump");
+    lua_pop(L, 1);
     lua_getglobal(L, "setmetatable");
     lua_pushcclosure(L, l_setmetatable, 1);
     lua_setglobal(L, "setmetatable");

@@ -1,6 +1,7 @@
 /* test_fuzz_spec.c: a spec fuzzer. From a fixed seed it draws mutations of the shipped specs, tests/specs_ok and the
  * bad-spec corpus (wrong types, out-of-range and huge numbers, odd lengths and sizes, unknown and deleted keys, bad
- * --set strings, broken Lua text, Lua errors, endless loops and memory bombs) and loads each as `cpgen plan` does:
+ * --set strings, broken Lua text, Lua errors, tampered bytecode, endless loops and memory bombs) and loads each as
+ * `cpgen plan` does:
  * the spec, then the plan. Each case runs in its own process, so a crash or a hang is seen, not suffered: it must
  * end within the spec time limit with exit 0 (the plan built) or 2 (one line naming the case's file and a key or
  * a Lua location). A few cases also run through build/cpgen itself. Prints its counts of cases and outcomes. */
@@ -129,6 +130,11 @@ static const struct {
     {K_LUA, "print(setmetatable({}, {__tostring = function() return 1 end})) return @SPEC@"},
     {K_LUA, "\xef\xbb\xbfreturn @SPEC@"},
     {K_LUA, "\x1bLua"},
+    /* string.dump's output tampered byte by byte and loaded as bytecode: the known way out of a Lua sandbox */
+    {K_LUA, "local d = string.dump(function(a) local t = {a, 2, 3} return t[1] + #t + a.x end) "
+            "for i = 20, #d do for _, k in ipairs({1, 0x55, 0x80, 0xff}) do "
+            "local g = load(d:sub(1, i - 1) .. string.char((d:byte(i) + k) % 256) .. d:sub(i + 1), 'x', 'b') "
+            "if g then pcall(g, {x = 1}) end end end return @SPEC@"},
     {K_LUA, ""},
     {K_LOOP, "while true do end"},
     {K_LOOP, "repeat local x = 1 until false"},
