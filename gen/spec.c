@@ -963,6 +963,11 @@ static int get_str(ctx *c, int t, const char *sec, const char *key, char *out, s
     const char *s = lua_tolstring(L, -1, &n);
     if (n >= len) return fail(c, path, ": too long (%zu bytes; at most %zu)", n, len - 1);
     if (strlen(s) != n) return fail(c, path, ": contains a zero byte");
+    /* a path or source with a newline or an escape sequence is a slip, and would garble every message naming it */
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return fail(c, path, ": contains a control character (byte %#04x at offset %zu); remove it",
+                        (unsigned char)s[i], i);
     memcpy(out, s, n + 1);
     lua_pop(L, 1);
     return 0;
