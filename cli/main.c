@@ -179,6 +179,8 @@ static void parse(int argc, char **argv, cli *c) {
         cp_fatal(CP_EXIT_USAGE, "--resume is an option of run (cpgen run SPEC --resume DIR), not of %s", c->command);
     if (c->bundle && strcmp(c->command, "run"))
         cp_fatal(CP_EXIT_USAGE, "--bundle is an option of run (cpgen run SPEC --bundle DIR), not of %s", c->command);
+    if (!strcmp(c->command, "report") && argc != 3) /* not silently dropped: report reads no option */
+        cp_fatal(CP_EXIT_USAGE, "report takes one argument and no option: cpgen report OUT_DIR (a run's out_dir)");
     if (!c->spec) {
         usage(stderr);
         exit(CP_EXIT_USAGE);
@@ -554,6 +556,7 @@ int main(int argc, char **argv) {
             return CP_EXIT_USAGE;
         }
         printf("%s/report.svg: %d steps\n", c.spec, steps);
+        if (*err) fprintf(stderr, "cpgen: %s\n", err); /* what was skipped */
         return 0;
     }
     char bundle_spec[CP_PATH_MAX + 16];
