@@ -580,8 +580,8 @@ double cp_tune_parse_budget(const char *s) {
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || !(v > 0) || !isfinite(v)) return -1;
-    if (!strcmp(end, "") || !strcmp(end, "s")) return v;
-    if (!strcmp(end, "m") || !strcmp(end, "min")) return v * 60;
-    if (!strcmp(end, "h")) return v * 3600;
-    return -1;
+    double unit = !strcmp(end, "") || !strcmp(end, "s") ? 1 : !strcmp(end, "m") || !strcmp(end, "min") ? 60
+                  : !strcmp(end, "h") ? 3600 : -1;
+    /* past 30 days is a slip (1e308h is infinite, and a deadline of infinity never comes) */
+    return unit > 0 && v * unit <= 30 * 86400.0 ? v * unit : -1;
 }

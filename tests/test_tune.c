@@ -103,6 +103,9 @@ static void test_default_axes(void **state) {
     assert_true(cp_tune_parse_budget("10m") == 600 && cp_tune_parse_budget("90s") == 90 &&
                 cp_tune_parse_budget("1h") == 3600 && cp_tune_parse_budget("5") == 5);
     assert_true(cp_tune_parse_budget("ten") < 0 && cp_tune_parse_budget("-1m") < 0 && cp_tune_parse_budget("3d") < 0);
+    /* past 30 days, and an infinite time, are slips */
+    assert_true(cp_tune_parse_budget("720h") == 720 * 3600.0 && cp_tune_parse_budget("721h") < 0 &&
+                cp_tune_parse_budget("1e308h") < 0 && cp_tune_parse_budget("inf") < 0);
 }
 
 /* The 3B at 128K: nothing fits a GPU of 4 GiB (its bf16 parameters alone take 6 GiB, 3 GiB a GPU on two), and two GPUs cannot
@@ -334,6 +337,24 @@ static void test_generated_lua_runs_no_code(void **state) {
     cp_str_free(&lua);
 }
 
+/* An output folder that cannot be made is refused before any candidate is planned or measured. */
+static void test_unwritable_outdir(void **state) {
+    (void)state;
+    char err[CP_ERR_MAX];
+    cp_spec spec;
+    assert_int_equal(cp_spec_load("tiny", NULL, 0, &spec, err, sizeof err), 0);
+    cp_tune_opts o = {.spec_arg = "tiny", .budget = 60, .plan_only = true, .outdir = "/proc/cpgen-none/tune"};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    int rc = cp_cmd_tune(&spec, &o, f, err, sizeof err);
+    fclose(f);
+    assert_int_equal(rc, CP_EXIT_USAGE);
+    assert_non_null(strstr(err, "cannot create /proc/cpgen-none/tune"));
+    assert_null(strstr(text, "planned in"));
+    free(text);
+}
+
 /* Without a GPU, `cpgen tune` ranks by the plan and says that kernel timing was skipped, and `cpgen tune-kernels`
  * says so too: neither writes the kernel tuning cache, nor kernels.jsonl. (On a GPU machine they would measure:
  * skipped there.) */
@@ -396,6 +417,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_candidates_skipped_and_ranked),
         cmocka_unit_test(test_outputs),
         cmocka_unit_test(test_generated_lua_runs_no_code),
+        cmocka_unit_test(test_unwritable_outdir),
         cmocka_unit_test(test_no_gpu_no_kernel_timing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
