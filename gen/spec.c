@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -290,9 +291,41 @@ static bool embedded_source(const char *name, source *out) {
     return true;
 }
 
+/* A spec is a short program: reading past this is reading something else (/dev/zero would fill the memory). */
+#define SPEC_TEXT_MAX (16 * MIB)
+
+/* The text of a spec file; NULL with errno (EISDIR for a folder, EFBIG past SPEC_TEXT_MAX). */
+static char *read_spec_text(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) { /* read() would say EISDIR; stdio says EIO */
+        fclose(f);
+        errno = EISDIR;
+        return NULL;
+    }
+    cp_str s = {0};
+    char chunk[65536];
+    size_t n;
+    while (s.len <= SPEC_TEXT_MAX && (n = fread(chunk, 1, sizeof chunk, f)) > 0) cp_str_append(&s, chunk, n);
+    int e = ferror(f) ? EIO : s.len > SPEC_TEXT_MAX ? EFBIG : 0;
+    fclose(f);
+    if (e) {
+        cp_str_free(&s);
+        errno = e;
+        return NULL;
+    }
+    if (!s.data) cp_str_append(&s, "", 0);
+    *len = s.len;
+    return s.data;
+}
+
+/* Why a spec file could not be read, for messages. */
+static const char *read_why(int e) { return e == EFBIG ? "larger than 16 MiB, which no spec is" : strerror(e); }
+
 static bool file_source(const char *path, source *out, int *err) {
     size_t len;
-    char *text = cp_read_file(path, &len);
+    char *text = read_spec_text(path, &len);
     if (!text) {
         *err = errno;
         return false;
@@ -387,9 +420,9 @@ static bool find_source(const char *name, const char *dir, source *out, char *wh
         if (embedded_source(name, out) || embedded_source(full, out)) return true;
     }
     if (*joined)
-        snprintf(why, whylen, "cannot read '%s' (%s) nor '%s' (%s)", name, strerror(first_err), joined, strerror(e));
+        snprintf(why, whylen, "cannot read '%s' (%s) nor '%s' (%s)", name, read_why(first_err), joined, read_why(e));
     else
-        snprintf(why, whylen, "cannot read '%s' (%s)", name, strerror(first_err));
+        snprintf(why, whylen, "cannot read '%s' (%s)", name, read_why(first_err));
     return false;
 }
 
@@ -2174,8 +2207,8 @@ int cp_spec_load(const char *path, const char *const *sets, int nsets, cp_spec *
         ctx c = {.file = path, .err = err, .errlen = errlen};
         if (*near && e == ENOENT)
             return fail(&c, NULL, "cannot read spec: %s; did you mean the shipped spec '%s'? (shipped: %s)",
-                        strerror(e), near, names);
-        return fail(&c, NULL, "cannot read spec: %s; give a spec file or a shipped spec name (%s)", strerror(e), names);
+                        read_why(e), near, names);
+        return fail(&c, NULL, "cannot read spec: %s; give a spec file or a shipped spec name (%s)", read_why(e), names);
     }
     int rc = load_source_spec(&src, sets, nsets, out, err, errlen);
     free(src.owned);
