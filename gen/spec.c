@@ -95,12 +95,13 @@ typedef struct {
     const char *gpus_found; /* parallel.gpus = "auto": what was counted, said beside the rules it breaks */
 } ctx;
 
-/* Copies msg into err as one line: messages from Lua may hold newlines or tabs. */
+/* Copies msg into err as one line of plain text: messages from Lua may hold newlines or tabs, and a spec's own
+ * error() may hold any byte, terminal escape sequences included. */
 static void put_err(char *err, int errlen, const char *msg) {
     if (!err || errlen <= 0) return;
     snprintf(err, (size_t)errlen, "%s", msg);
     for (char *p = err; *p; p++)
-        if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = ' ';
 }
 
 /* The --set override that produced (or created the table holding) the value at path, or NULL. */

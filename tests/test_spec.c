@@ -596,6 +596,8 @@ static void test_bad_spec(void **state) {
     assert_contains(err, path);
     for (int i = 0; i < nexpect; i++) assert_contains(err, expect[i]);
     if (strchr(err, '\n')) fail_msg("message is not one line: %s", err);
+    for (const char *p = err; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) fail_msg("message holds control byte %#x: %s", *p, err);
     free(text);
 }
 
