@@ -1567,10 +1567,12 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.a2a_gbps", mc->a2a_gbps},
                  {"machine.allgather_gbps", mc->allgather_gbps},
                  {"machine.net_gbps", mc->net_gbps}};
+    /* the cost model divides work by these: 1e-300 TF/s made a step of 1e299 s, and 1e308 GB/s is infinite once in
+     * bytes per second */
     for (size_t i = 0; i < CP_ARRAY_LEN(rates); i++)
-        if (bad_pos(rates[i].v))
-            return fail(c, rates[i].path, " = %g: must be a positive rate (it divides work in the cost model)",
-                        rates[i].v);
+        if (bad_pos(rates[i].v) || rates[i].v < 1e-3 || rates[i].v > 1e6)
+            return fail(c, rates[i].path, " = %g: must be a rate between 0.001 and 1e6 (%s per GPU; it divides work "
+                        "in the cost model)", rates[i].v, strstr(rates[i].path, "tflops") ? "TF/s" : "GB/s");
 
     /* Cross-field rules. */
     int64_t H = m->heads, KV = m->kv_heads, C = p->gpus, S = tr->seq_len;
