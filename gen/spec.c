@@ -1699,6 +1699,7 @@ typedef struct {
     const source *src;
     cp_spec *spec;
     int rc;
+    bool out_of_memory; /* the spec failed on Lua's out-of-memory error (not on one it caught and went past) */
 } job;
 
 static int job_main(lua_State *L) {
@@ -1717,6 +1718,7 @@ static int job_main(lua_State *L) {
     if (st != LUA_OK) {
         const char *msg = lua_tostring(L, -1);
         if (!msg) msg = "error object is not a message";
+        j->out_of_memory = st == LUA_ERRMEM || strstr(msg, "not enough memory") != NULL;
         if (location_len(msg))
             put_err(c->err, c->errlen, msg);
         else
@@ -1818,7 +1820,7 @@ static int run_spec(const source *src, const char *const *sets, int nsets, cp_sp
     else
         lua_close(L);
     int rc = st == LUA_OK && !c.failed ? j.rc : -1;
-    if (rc && budget.over)
+    if (rc && budget.over && (st == LUA_ERRMEM || j.out_of_memory))
         fail(&c, NULL, "the spec used more than %lld MiB of memory; does it build a table or string without end?",
              SPEC_MEMORY_LIMIT / MIB);
     if (rc == 0) *out = *s;
