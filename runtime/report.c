@@ -198,6 +198,8 @@ static int draw_report(const metrics *mt, const char *out_dir, const char *svg_p
 
 int cp_report_write(const char *out_dir, char *err, int errlen) {
     char path[CP_PATH_MAX + 32], svg_path[CP_PATH_MAX + 32];
+    if (!*out_dir) /* "" would read /metrics.jsonl */
+        return cp_errf(err, errlen, "the out_dir is empty: give the folder of a run, cpgen report runs/NAME");
     if (strlen(out_dir) >= CP_PATH_MAX) /* a cut path would name another file */
         return cp_errf(err, errlen, "%.80s...: the folder's path is longer than %d bytes", out_dir, CP_PATH_MAX - 1);
     snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);

@@ -81,6 +81,8 @@ static void test_report(void **state) {
     tmpdir_remove(dir);
     assert_int_equal(cp_report_write(dir, err, sizeof err), -1);
     assert_non_null(strstr(err, "cannot read"));
+    assert_int_equal(cp_report_write("", err, sizeof err), -1); /* not /metrics.jsonl */
+    assert_non_null(strstr(err, "the out_dir is empty"));
 }
 
 static char *read_svg(size_t *len) {
