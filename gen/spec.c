@@ -1852,6 +1852,7 @@ typedef struct {
     double limit;         /* seconds */
     int32_t counter;      /* the parent has a GPU counter to ask */
     int32_t nsets;
+    int32_t fds; /* the descriptors sent with it: 1 the working folder, 2 stderr */
     uint64_t shown_len, text_len, sets_len; /* the body: the shown name, the text, the sets each ending in NUL */
 } loader_request;
 
@@ -1905,28 +1906,37 @@ static int recv_all(int fd, void *data, size_t n, double deadline) {
     return 1;
 }
 
-/* Sends the request's head with two descriptors: the working folder and stderr. */
-static bool send_head(int fd, const loader_request *q, int cwd, int errfd) {
-    int fds[2] = {cwd, errfd};
+/* Sends the request's head with two descriptors, the working folder and stderr, each where it is open (-1: not;
+ * q->fds says which came, so that the loader never takes one for the other). */
+static bool send_head(int fd, loader_request *q, int cwd, int errfd) {
+    int fds[2], n = 0;
+    q->fds = 0;
+    if (cwd >= 0) fds[n++] = cwd, q->fds |= 1;
+    if (errfd >= 0 && fcntl(errfd, F_GETFD) >= 0) fds[n++] = errfd, q->fds |= 2; /* 2>&- closes it */
     union {
         char buf[CMSG_SPACE(sizeof fds)];
         struct cmsghdr align;
     } u;
     memset(&u, 0, sizeof u);
     struct iovec iov = {.iov_base = (void *)q, .iov_len = sizeof *q};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof fds);
-    memcpy(CMSG_DATA(cm), fds, sizeof fds);
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (n) {
+        m.msg_control = u.buf;
+        m.msg_controllen = CMSG_SPACE(n * sizeof(int));
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, n * sizeof(int));
+    }
     ssize_t w;
     while ((w = sendmsg(fd, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
     }
     return w == (ssize_t)sizeof *q;
 }
 
-/* The loader's side of send_head; false at end of file. fds[] are -1 where none came. */
+/* The loader's side of send_head; false at end of file. fds[0] (the folder) and fds[1] (stderr) are -1 where none
+ * came. */
 static bool recv_head(int fd, loader_request *q, int fds[2]) {
     union {
         char buf[CMSG_SPACE(2 * sizeof(int))];
@@ -1939,10 +1949,17 @@ static bool recv_head(int fd, loader_request *q, int fds[2]) {
     }
     fds[0] = fds[1] = -1;
     if (r <= 0) return false;
+    int got[2] = {-1, -1}, n = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
-        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS && cm->cmsg_len == CMSG_LEN(2 * sizeof(int)))
-            memcpy(fds, CMSG_DATA(cm), 2 * sizeof(int));
-    return (size_t)r == sizeof *q || recv_all(fd, (char *)q + r, sizeof *q - (size_t)r, 0) == 1;
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            n = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            memcpy(got, CMSG_DATA(cm), (size_t)CP_MIN(n, 2) * sizeof(int));
+        }
+    if ((size_t)r != sizeof *q && recv_all(fd, (char *)q + r, sizeof *q - (size_t)r, 0) != 1) return false;
+    int k = 0;
+    if (q->fds & 1) fds[0] = k < n ? got[k++] : -1;
+    if (q->fds & 2) fds[1] = k < n ? got[k++] : -1;
+    return true;
 }
 
 /* The loader's gpu_counter: asks the parent. */
