@@ -218,6 +218,16 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
 }
 
 int cp_cmd_tune(const cp_spec *spec, const cp_tune_opts *o, FILE *out, char *err, int errlen) {
+    /* the output folder first: a path that cannot be written must not cost the measurements' minutes, nor be cut
+     * short in the paths below (a cut path names another file) */
+    if (strlen(o->outdir) >= CP_PATH_MAX) {
+        cp_errf(err, errlen, "-o %.80s...: the folder's path is longer than %d bytes", o->outdir, CP_PATH_MAX - 1);
+        return CP_EXIT_USAGE;
+    }
+    if (cp_mkdir_p(o->outdir)) {
+        cp_errf(err, errlen, "cannot create %s (%s); give another -o DIR", o->outdir, strerror(errno));
+        return CP_EXIT_USAGE;
+    }
     cp_tune_axes ax;
     cp_tune_default_axes(spec, &ax);
     for (int i = 0; i < o->nsweeps; i++)
@@ -282,7 +292,6 @@ int cp_cmd_tune(const cp_spec *spec, const cp_tune_opts *o, FILE *out, char *err
     cp_tune_print(&t, out, 40);
     int rc = 0;
     char path[CP_PATH_MAX + 32];
-    if (cp_mkdir_p(o->outdir)) rc = cp_errf(err, errlen, "cannot create %s (%s)", o->outdir, strerror(errno));
     snprintf(path, sizeof path, "%s/tune.jsonl", o->outdir);
     if (!rc) rc = cp_tune_write_jsonl(&t, path, err, errlen);
     snprintf(path, sizeof path, "%s/tune.svg", o->outdir);

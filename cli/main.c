@@ -184,6 +184,17 @@ static void parse(int argc, char **argv, cli *c) {
         cp_fatal(CP_EXIT_USAGE, "--resume is an option of run (cpgen run SPEC --resume DIR), not of %s", c->command);
     if (c->bundle && strcmp(c->command, "run"))
         cp_fatal(CP_EXIT_USAGE, "--bundle is an option of run (cpgen run SPEC --bundle DIR), not of %s", c->command);
+    /* an option a command would not read is refused, not silently dropped */
+    if ((c->nsweeps || c->budget || c->plan_only) && strcmp(c->command, "tune"))
+        cp_fatal(CP_EXIT_USAGE, "%s is an option of tune (cpgen tune SPEC %s), not of %s",
+                 c->nsweeps ? "--sweep" : c->budget ? "--budget" : "--plan-only",
+                 c->nsweeps ? "--sweep KEY=V1,V2" : c->budget ? "--budget 10m" : "--plan-only", c->command);
+    if (!strcmp(c->command, "tune") && (c->json || c->steps || c->max_seq || c->svg || c->arch || c->no_cache))
+        cp_fatal(CP_EXIT_USAGE, "%s is not an option of tune, which takes --set, --gpus, --seq, --gpu-mem, --host-mem, "
+                 "--sweep, --budget, --plan-only and -o", c->json ? "--json" : c->steps ? "--steps" : c->max_seq ?
+                 "--max-seq" : c->svg ? "--svg" : c->arch ? "--arch" : "--no-cache");
+    if (!strcmp(c->command, "report") && argc != 3) /* not silently dropped: report reads no option */
+        cp_fatal(CP_EXIT_USAGE, "report takes one argument and no option: cpgen report OUT_DIR (a run's out_dir)");
     if (!c->spec) {
         usage(stderr);
         exit(CP_EXIT_USAGE);
@@ -381,7 +392,8 @@ static int cmd_aot(const cli *c, cp_spec *spec) {
 
 static int cmd_tune(const cli *c, cp_spec *spec) {
     double budget = cp_tune_parse_budget(c->budget ? c->budget : "10m");
-    if (budget <= 0) cp_fatal(CP_EXIT_USAGE, "--budget %s: expected a time such as 10m, 90s or 1h", c->budget);
+    if (budget <= 0)
+        cp_fatal(CP_EXIT_USAGE, "--budget %s: expected a time such as 10m, 90s or 1h, at most 30 days", c->budget);
     char outdir[CP_PATH_MAX + 16], err[CP_ERR_MAX * 2];
     snprintf(outdir, sizeof outdir, "runs/%s/tune", spec->name);
     cp_tune_opts o = {.spec_arg = c->spec, .sets = c->sets, .nsets = c->nsets, .sweeps = c->sweeps,
@@ -567,6 +579,7 @@ int main(int argc, char **argv) {
             return CP_EXIT_USAGE;
         }
         printf("%s/report.svg: %d steps\n", c.spec, steps);
+        if (*err) fprintf(stderr, "cpgen: %s\n", err); /* what was skipped */
         return 0;
     }
     char bundle_spec[CP_PATH_MAX + 16];

@@ -5,12 +5,20 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -88,12 +96,13 @@ typedef struct {
     const char *gpus_found; /* parallel.gpus = "auto": what was counted, said beside the rules it breaks */
 } ctx;
 
-/* Copies msg into err as one line: messages from Lua may hold newlines or tabs. */
+/* Copies msg into err as one line of plain text: messages from Lua may hold newlines or tabs, and a spec's own
+ * error() may hold any byte, terminal escape sequences included. */
 static void put_err(char *err, int errlen, const char *msg) {
     if (!err || errlen <= 0) return;
     snprintf(err, (size_t)errlen, "%s", msg);
     for (char *p = err; *p; p++)
-        if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = ' ';
 }
 
 /* The --set override that produced (or created the table holding) the value at path, or NULL. */
@@ -284,9 +293,41 @@ static bool embedded_source(const char *name, source *out) {
     return true;
 }
 
+/* A spec is a short program: reading past this is reading something else (/dev/zero would fill the memory). */
+#define SPEC_TEXT_MAX (16 * MIB)
+
+/* The text of a spec file; NULL with errno (EISDIR for a folder, EFBIG past SPEC_TEXT_MAX). */
+static char *read_spec_text(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) { /* read() would say EISDIR; stdio says EIO */
+        fclose(f);
+        errno = EISDIR;
+        return NULL;
+    }
+    cp_str s = {0};
+    char chunk[65536];
+    size_t n;
+    while (s.len <= SPEC_TEXT_MAX && (n = fread(chunk, 1, sizeof chunk, f)) > 0) cp_str_append(&s, chunk, n);
+    int e = ferror(f) ? EIO : s.len > SPEC_TEXT_MAX ? EFBIG : 0;
+    fclose(f);
+    if (e) {
+        cp_str_free(&s);
+        errno = e;
+        return NULL;
+    }
+    if (!s.data) cp_str_append(&s, "", 0);
+    *len = s.len;
+    return s.data;
+}
+
+/* Why a spec file could not be read, for messages. */
+static const char *read_why(int e) { return e == EFBIG ? "larger than 16 MiB, which no spec is" : strerror(e); }
+
 static bool file_source(const char *path, source *out, int *err) {
     size_t len;
-    char *text = cp_read_file(path, &len);
+    char *text = read_spec_text(path, &len);
     if (!text) {
         *err = errno;
         return false;
@@ -381,9 +422,9 @@ static bool find_source(const char *name, const char *dir, source *out, char *wh
         if (embedded_source(name, out) || embedded_source(full, out)) return true;
     }
     if (*joined)
-        snprintf(why, whylen, "cannot read '%s' (%s) nor '%s' (%s)", name, strerror(first_err), joined, strerror(e));
+        snprintf(why, whylen, "cannot read '%s' (%s) nor '%s' (%s)", name, read_why(first_err), joined, read_why(e));
     else
-        snprintf(why, whylen, "cannot read '%s' (%s)", name, strerror(first_err));
+        snprintf(why, whylen, "cannot read '%s' (%s)", name, read_why(first_err));
     return false;
 }
 
@@ -404,6 +445,11 @@ static void caller_dir(lua_State *L, char *dir, size_t len) {
 static void load_source(lua_State *L, source *src) {
     char chunk[CP_PATH_MAX + 1];
     snprintf(chunk, sizeof chunk, "@%s", src->shown);
+    if (src->len > 0 && src->text[0] == LUA_SIGNATURE[0]) { /* Lua's own message would not name the file */
+        free(src->owned);
+        src->owned = NULL;
+        luaL_error(L, "%s is a binary chunk (bytecode), refused: a spec loads Lua text only", chunk + 1);
+    }
     int st = luaL_loadbufferx(L, src->text, src->len, chunk, "t");
     free(src->owned);
     src->owned = NULL;
@@ -609,12 +655,18 @@ void cp_spec_set_gpu_counter(cp_gpu_counter counter) { gpu_counter = counter; }
 void cp_spec_set_time_limit(double seconds) { spec_time_limit_s = seconds; }
 _Static_assert(LUA_EXTRASPACE >= sizeof(double), "the load deadline lives in the Lua state's extra space");
 
+/* Seconds the loader process (below) spent waiting for cpgen to count GPUs: not the spec's time. */
+static double waited_for_parent_s;
+
 static void time_hook(lua_State *L, lua_Debug *ar) {
     (void)ar;
     double deadline;
     memcpy(&deadline, lua_getextraspace(L), sizeof deadline);
-    if (cp_now() > deadline)
-        luaL_error(L, "the spec ran for more than %d s; does it loop forever?", (int)spec_time_limit_s);
+    if (cp_now() - waited_for_parent_s > deadline) {
+        char limit[32]; /* Lua's own %f would write 10 as 10.0 */
+        snprintf(limit, sizeof limit, "%g", spec_time_limit_s);
+        luaL_error(L, "the spec ran for more than %s s; does it loop forever?", limit);
+    }
 }
 
 /* Lua runs finalizers with hooks off, so a __gc that loops would never meet the time limit; a spec has no use for
@@ -629,6 +681,30 @@ static int l_setmetatable(lua_State *L) {
     return 1;
 }
 
+/* load(chunk [, name [, mode [, env]]]) with the mode always "t"; a string that starts as bytecode gets a message
+ * that says why, in load's own way (nil and the message). */
+static int l_load_text(lua_State *L) {
+    size_t n;
+    const char *s = lua_type(L, 1) == LUA_TSTRING ? lua_tolstring(L, 1, &n) : NULL;
+    if (s && n > 0 && s[0] == LUA_SIGNATURE[0]) {
+        luaL_pushfail(L);
+        lua_pushliteral(L, "load: a binary chunk (bytecode) is refused: a spec loads Lua text only");
+        return 2;
+    }
+    if (lua_gettop(L) < 3) lua_settop(L, 3); /* not 4: an env given as nil differs from none */
+    lua_pushliteral(L, "t");
+    lua_replace(L, 3);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+static int l_no_dump(lua_State *L) {
+    return luaL_error(L, "string.dump: a spec may not make bytecode (cpgen loads Lua text only); keep the function "
+                         "itself, or its source text for load");
+}
+
 static void open_libs(lua_State *L) {
     /* No io, os or package: a spec computes a table; it has no business touching files except through dofile. */
     static const luaL_Reg libs[] = {{LUA_GNAME, luaopen_base},       {LUA_STRLIBNAME, luaopen_string},
@@ -640,6 +716,16 @@ static void open_libs(lua_State *L) {
     }
     lua_pushnil(L);
     lua_setglobal(L, "loadfile");
+    /* Bytecode skips the checks Lua's compiler makes, so a tampered binary chunk corrupts memory: every way a
+     * spec runs code (the file itself, dofile, cpgen.load, load) takes text only, and string.dump, which makes
+     * bytecode, is replaced by a function that says so. */
+    lua_getglobal(L, "load");
+    lua_pushcclosure(L, l_load_text, 1);
+    lua_setglobal(L, "load");
+    lua_getglobal(L, LUA_STRLIBNAME);
+    lua_pushcfunction(L, l_no_dump);
+    lua_setfield(L, -2, "dump");
+    lua_pop(L, 1);
     lua_getglobal(L, "setmetatable");
     lua_pushcclosure(L, l_setmetatable, 1);
     lua_setglobal(L, "setmetatable");
@@ -925,6 +1011,11 @@ static int get_str(ctx *c, int t, const char *sec, const char *key, char *out, s
     const char *s = lua_tolstring(L, -1, &n);
     if (n >= len) return fail(c, path, ": too long (%zu bytes; at most %zu)", n, len - 1);
     if (strlen(s) != n) return fail(c, path, ": contains a zero byte");
+    /* a path or source with a newline or an escape sequence is a slip, and would garble every message naming it */
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return fail(c, path, ": contains a control character (byte %#04x at offset %zu); remove it",
+                        (unsigned char)s[i], i);
     memcpy(out, s, n + 1);
     lua_pop(L, 1);
     return 0;
@@ -1502,10 +1593,12 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.a2a_gbps", mc->a2a_gbps},
                  {"machine.allgather_gbps", mc->allgather_gbps},
                  {"machine.net_gbps", mc->net_gbps}};
+    /* the cost model divides work by these: 1e-300 TF/s made a step of 1e299 s, and 1e308 GB/s is infinite once in
+     * bytes per second */
     for (size_t i = 0; i < CP_ARRAY_LEN(rates); i++)
-        if (bad_pos(rates[i].v))
-            return fail(c, rates[i].path, " = %g: must be a positive rate (it divides work in the cost model)",
-                        rates[i].v);
+        if (bad_pos(rates[i].v) || rates[i].v < 1e-3 || rates[i].v > 1e6)
+            return fail(c, rates[i].path, " = %g: must be a rate between 0.001 and 1e6 (%s per GPU; it divides work "
+                        "in the cost model)", rates[i].v, strstr(rates[i].path, "tflops") ? "TF/s" : "GB/s");
 
     /* Cross-field rules. */
     int64_t H = m->heads, KV = m->kv_heads, C = p->gpus, S = tr->seq_len;
@@ -1632,6 +1725,7 @@ typedef struct {
     const source *src;
     cp_spec *spec;
     int rc;
+    bool out_of_memory; /* the spec failed on Lua's out-of-memory error (not on one it caught and went past) */
 } job;
 
 static int job_main(lua_State *L) {
@@ -1650,6 +1744,7 @@ static int job_main(lua_State *L) {
     if (st != LUA_OK) {
         const char *msg = lua_tostring(L, -1);
         if (!msg) msg = "error object is not a message";
+        j->out_of_memory = st == LUA_ERRMEM || strstr(msg, "not enough memory") != NULL;
         if (location_len(msg))
             put_err(c->err, c->errlen, msg);
         else
@@ -1687,7 +1782,7 @@ static int job_main(lua_State *L) {
 #define SPEC_MEMORY_LIMIT (1024 * MIB)
 
 typedef struct {
-    size_t used;
+    size_t used, peak;
     bool over;
 } lua_budget;
 
@@ -1705,6 +1800,7 @@ static void *budget_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     }
     void *p = realloc(ptr, nsize);
     if (p) b->used = b->used - old + nsize;
+    if (b->used > b->peak) b->peak = b->used;
     return p;
 }
 
@@ -1716,10 +1812,17 @@ static void name_from_path(const char *path, char *name, size_t len) {
     snprintf(name, len, "%.*s", (int)n, base);
 }
 
-static int load_source_spec(const source *src, const char *const *sets, int nsets, cp_spec *out, char *err,
-                            int errlen) {
+/* A Lua state that grew past this is not closed but left to the exit of the loader process, which then retires:
+ * its memory goes back at once, and closing a heap that large (slowly, under a sanitizer) would delay the answer. */
+#define LOADER_RETIRE_BYTES (64 * MIB)
+
+/* Runs the spec and checks the result into out, inside the loader process (below). *retire: the state grew past
+ * LOADER_RETIRE_BYTES and was left open. */
+static int run_spec(const source *src, const char *const *sets, int nsets, cp_spec *out, char *err, int errlen,
+                    bool *retire) {
     ctx c = {.file = src->shown, .sets = sets, .nsets = nsets, .err = err, .errlen = errlen};
     if (err && errlen > 0) err[0] = 0;
+    *retire = false;
     cp_spec *s = cp_xcalloc(1, sizeof *s);
     snprintf(s->path, sizeof s->path, "%s", src->shown);
     name_from_path(src->shown, s->name, sizeof s->name);
@@ -1738,13 +1841,392 @@ static int load_source_spec(const source *src, const char *const *sets, int nset
         const char *msg = lua_tostring(L, -1);
         fail(&c, NULL, "Lua error: %s", msg ? msg : "(no message)");
     }
-    lua_close(L);
+    if (budget.peak > LOADER_RETIRE_BYTES)
+        *retire = true;
+    else
+        lua_close(L);
     int rc = st == LUA_OK && !c.failed ? j.rc : -1;
-    if (rc && budget.over)
+    if (rc && budget.over && (st == LUA_ERRMEM || j.out_of_memory))
         fail(&c, NULL, "the spec used more than %lld MiB of memory; does it build a table or string without end?",
              SPEC_MEMORY_LIMIT / MIB);
     if (rc == 0) *out = *s;
     free(s);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * The loader process. The count hook stops Lua code at the time limit, but it never fires inside one call of a
+ * C function, and some library functions run as long as their arguments ask: a pattern that backtracks
+ * (string.rep("a", 300000):find(".-.-.-b")), a plain find of a long needle, string.rep of an empty string 1e18
+ * times, table.move over 1e15 empty slots, table.sort of millions of values. Wrapping each with deadline checks
+ * would leave open the next one nobody listed, and a thread cannot be stopped safely inside one; a process can.
+ * So specs run in a loader process, forked (no exec) at the first load and kept while loads keep coming (a fork
+ * per load costs milliseconds, far more than a load, and `cpgen tune` loads hundreds). Each load sends it the
+ * source text, the sets, the time limit and, as file descriptors, this process's working folder (for dofile) and
+ * stderr (for print); it runs the Lua and the checks and sends back the cp_spec or the message. cpgen kills it
+ * with SIGKILL when a load outlives the limit, and the next load starts another. A crash inside the Lua state
+ * ends the loader, not cpgen, and is reported as one. The hook stays, so a loop in Lua code is still stopped by
+ * the loader itself with its file and line. Memory stays bounded by the Lua allocator's budget, which every
+ * allocation of a state goes through, and a load that used much of it retires the loader (LOADER_RETIRE_BYTES).
+ * parallel.gpus = "auto" is counted by cpgen on the loader's request: counting may start CUDA, which a forked
+ * process must not use, and the count's time is not the spec's. */
+
+/* Time the loader has, past the limit its hook enforces, to report a Lua loop itself with its location. */
+#define LOADER_GRACE_S 1.0
+
+typedef struct {
+    double limit;         /* seconds */
+    int32_t counter;      /* the parent has a GPU counter to ask */
+    int32_t nsets;
+    int32_t fds; /* the descriptors sent with it: 1 the working folder, 2 stderr */
+    uint64_t shown_len, text_len, sets_len; /* the body: the shown name, the text, the sets each ending in NUL */
+} loader_request;
+
+typedef struct {
+    int32_t rc;
+    int32_t retire; /* the loader exits after this answer */
+    char err[CP_ERR_MAX];
+    cp_spec spec;
+} loader_answer;
+
+typedef struct {
+    int32_t count;
+    char found[sizeof(((cp_parallel *)0)->gpus_found)];
+} gpu_answer;
+
+enum { ASK_GPUS = 'G', ANSWER = 'R', LEAVING = 'Q' };
+
+static int loader_fd = -1; /* in the loader: its end of the socket */
+
+static bool send_all(int fd, const void *data, size_t n) {
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL); /* a peer gone is an error here, never SIGPIPE */
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+/* Reads n bytes, waiting at most until deadline (the cp_now() clock; 0: no deadline). 1 when read, 0 at end of
+ * file or on an error, -1 when the deadline passed. */
+static int recv_all(int fd, void *data, size_t n, double deadline) {
+    char *p = data;
+    while (n > 0) {
+        if (deadline > 0) {
+            double left = deadline - cp_now();
+            if (left <= 0) return -1;
+            struct pollfd pf = {.fd = fd, .events = POLLIN};
+            int pr = poll(&pf, 1, (int)(left * 1000) + 1);
+            if (pr < 0 && errno != EINTR) return 0;
+            if (pr <= 0) continue;
+        }
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return 0;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 1;
+}
+
+/* Sends the request's head with two descriptors, the working folder and stderr, each where it is open (-1: not;
+ * q->fds says which came, so that the loader never takes one for the other). */
+static bool send_head(int fd, loader_request *q, int cwd, int errfd) {
+    int fds[2], n = 0;
+    q->fds = 0;
+    if (cwd >= 0) fds[n++] = cwd, q->fds |= 1;
+    if (errfd >= 0 && fcntl(errfd, F_GETFD) >= 0) fds[n++] = errfd, q->fds |= 2; /* 2>&- closes it */
+    union {
+        char buf[CMSG_SPACE(sizeof fds)];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = {.iov_base = (void *)q, .iov_len = sizeof *q};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (n) {
+        m.msg_control = u.buf;
+        m.msg_controllen = CMSG_SPACE(n * sizeof(int));
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, n * sizeof(int));
+    }
+    ssize_t w;
+    while ((w = sendmsg(fd, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+    }
+    return w == (ssize_t)sizeof *q;
+}
+
+/* The loader's side of send_head; false at end of file. fds[0] (the folder) and fds[1] (stderr) are -1 where none
+ * came. */
+static bool recv_head(int fd, loader_request *q, int fds[2]) {
+    union {
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {.iov_base = q, .iov_len = sizeof *q};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    ssize_t r;
+    while ((r = recvmsg(fd, &m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+    }
+    fds[0] = fds[1] = -1;
+    if (r <= 0) return false;
+    int got[2] = {-1, -1}, n = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            n = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            memcpy(got, CMSG_DATA(cm), (size_t)CP_MIN(n, 2) * sizeof(int));
+        }
+    if ((size_t)r != sizeof *q && recv_all(fd, (char *)q + r, sizeof *q - (size_t)r, 0) != 1) return false;
+    int k = 0;
+    if (q->fds & 1) fds[0] = k < n ? got[k++] : -1;
+    if (q->fds & 2) fds[1] = k < n ? got[k++] : -1;
+    return true;
+}
+
+/* The loader's gpu_counter: asks the parent. */
+static int ask_parent_for_gpus(char *found, int len) {
+    double t0 = cp_now();
+    char ask = ASK_GPUS;
+    gpu_answer a;
+    if (!send_all(loader_fd, &ask, 1) || recv_all(loader_fd, &a, sizeof a, 0) != 1) {
+        snprintf(found, (size_t)len, "1 GPU (the GPUs could not be counted)");
+        return 1;
+    }
+    double waited = cp_now() - t0;
+    waited_for_parent_s += waited;
+    alarm(alarm(0) + (unsigned)waited + 1);
+    a.found[sizeof a.found - 1] = 0;
+    snprintf(found, (size_t)len, "%s", a.found);
+    return a.count;
+}
+
+/* One load in the loader. False when the loader should exit: the parent is gone, or the state was left large. */
+static bool serve_one(int fd) {
+    loader_request q;
+    int fds[2];
+    if (!recv_head(fd, &q, fds)) return false;
+    if (fds[0] >= 0 && fchdir(fds[0]) != 0) { /* the load then reads files from where the loader was */
+    }
+    if (fds[1] >= 0) dup2(fds[1], 2);
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    uint64_t body_len = q.shown_len + q.text_len + q.sets_len;
+    if (q.shown_len >= CP_PATH_MAX || q.nsets < 0 || body_len < q.text_len) return false;
+    char *body = malloc(body_len + 1);
+    const char **sets = calloc((size_t)q.nsets + 1, sizeof *sets);
+    loader_answer *a = calloc(1, sizeof *a);
+    if (!body || !sets || !a || recv_all(fd, body, body_len, 0) != 1) return false;
+    body[body_len] = 0;
+    source src = {.owned = NULL, .text = body + q.shown_len, .len = q.text_len};
+    snprintf(src.shown, sizeof src.shown, "%.*s", (int)q.shown_len, body);
+    const char *p = body + q.shown_len + q.text_len, *end = body + body_len;
+    for (int i = 0; i < q.nsets; i++) {
+        if (p >= end) return false;
+        sets[i] = p;
+        p += strlen(p) + 1;
+    }
+    spec_time_limit_s = q.limit;
+    waited_for_parent_s = 0;
+    gpu_counter = q.counter ? ask_parent_for_gpus : NULL;
+    /* a backstop should the parent die while this load is stuck in a C function: nobody else would stop it */
+    alarm((unsigned)(q.limit + LOADER_GRACE_S) + 2);
+    bool retire;
+    a->rc = run_spec(&src, sets, q.nsets, &a->spec, a->err, sizeof a->err, &retire);
+    alarm(0);
+    a->retire = retire;
+    char kind = ANSWER;
+    bool sent = send_all(fd, &kind, 1) && send_all(fd, a, sizeof *a);
+    free(body);
+    free(sets);
+    free(a);
+    return sent && !retire;
+}
+
+/* A loader that has had no load for this long leaves (saying so first): a process that loaded its spec and went on
+ * to train for hours keeps no second process, nor the copies of pages it writes that the loader still shares. */
+#define LOADER_IDLE_MS 2000
+
+static void loader_main(int fd) {
+    /* The parent's handlers are not the loader's business: a Ctrl-C handler that forwards to ranks, a test
+     * framework's crash handler that would carry on with the tests in here. Under AddressSanitizer its own
+     * handler stays, so a crash in the loader is reported with its stack. */
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGCHLD, SIGPIPE,
+#ifndef __SANITIZE_ADDRESS__
+                               SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT,
+#endif
+    };
+    for (size_t i = 0; i < CP_ARRAY_LEN(sigs); i++) signal(sigs[i], SIG_DFL);
+    /* It never writes to stdout: holding the parent's would keep a pipe's reader waiting after the parent ends. */
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+        dup2(null, 0);
+        dup2(null, 1);
+        close(null);
+    }
+    loader_fd = fd;
+    int32_t pid = (int32_t)getpid(); /* the parent's to kill, should a load outlive the limit */
+    if (!send_all(fd, &pid, sizeof pid)) _exit(0);
+    for (;;) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pf, 1, LOADER_IDLE_MS);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr == 0) {
+            char kind = LEAVING;
+            (void)send_all(fd, &kind, 1);
+            break;
+        }
+        if (pr < 0 || !serve_one(fd)) break;
+    }
+    _exit(0); /* not exit(): the parent's stdio buffers and atexit handlers are the parent's */
+}
+
+/* This process's loader: its socket and pid. Owned by one process: a fork of it that loads a spec starts its own.
+ * The loader is a grandchild (its parent exits at once), so that a loader that leaves is nobody's zombie. */
+static struct {
+    pid_t owner, pid;
+    int fd;
+} loader = {0, 0, -1};
+static pthread_mutex_t loader_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Forgets the loader, killing it first where it may be running a load. */
+static void loader_drop(bool kill_it) {
+    if (kill_it && loader.pid > 0) kill(loader.pid, SIGKILL);
+    if (loader.fd >= 0) close(loader.fd);
+    loader.pid = 0;
+    loader.fd = -1;
+}
+
+static int loader_start(char *why, size_t len) {
+    if (loader.owner != getpid()) { /* inherited from the process that forked this one: not ours to use */
+        if (loader.fd >= 0) close(loader.fd);
+        loader.pid = 0;
+        loader.fd = -1;
+        loader.owner = getpid();
+    }
+    if (loader.fd >= 0) return 0;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        snprintf(why, len, "socketpair: %s", strerror(errno));
+        return -1;
+    }
+    fflush(NULL); /* what this process has buffered must not be written twice, should the loader flush it */
+    pid_t mid = fork();
+    if (mid < 0) {
+        snprintf(why, len, "fork: %s", strerror(errno));
+        close(sv[0]);
+        close(sv[1]);
+        return -1;
+    }
+    if (mid == 0) {
+        close(sv[0]);
+        pid_t pid = fork();
+        if (pid == 0) loader_main(sv[1]);
+        _exit(pid < 0 ? 1 : 0);
+    }
+    close(sv[1]);
+    int st = 0;
+    while (waitpid(mid, &st, 0) < 0 && errno == EINTR) {
+    }
+    int32_t pid = 0;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || recv_all(sv[0], &pid, sizeof pid, cp_now() + 30) != 1 || pid <= 0) {
+        snprintf(why, len, "the process did not start");
+        close(sv[0]);
+        return -1;
+    }
+    loader.pid = pid;
+    loader.fd = sv[0];
+    return 0;
+}
+
+/* One load through the loader process; the answer into a, or -1 with the message already in c. */
+static int loader_call(ctx *c, const source *src, const char *const *sets, int nsets, loader_answer *a) {
+    cp_str body = {0};
+    loader_request q = {.limit = spec_time_limit_s, .counter = gpu_counter != NULL, .nsets = nsets};
+    q.shown_len = strlen(src->shown);
+    q.text_len = src->len;
+    cp_str_append(&body, src->shown, q.shown_len);
+    cp_str_append(&body, src->text, src->len);
+    for (int i = 0; i < nsets; i++) cp_str_append(&body, sets[i], strlen(sets[i]) + 1);
+    q.sets_len = body.len - q.shown_len - q.text_len;
+    int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    char why[128];
+    int rc = -1;
+    /* A loader that left or retired since the last load shows as a failed send or as its LEAVING word in place of
+     * an answer: then the load goes to a new one. A third time is not a race but a fault. */
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (loader_start(why, sizeof why) < 0) {
+            fail(c, NULL, "cannot start the process that runs specs: %s", why);
+            goto out;
+        }
+        if (!send_head(loader.fd, &q, cwd, 2) || !send_all(loader.fd, body.data, body.len)) {
+            loader_drop(false);
+            continue;
+        }
+        double deadline = cp_now() + q.limit + LOADER_GRACE_S;
+        bool timed_out = false, left = false;
+        for (;;) {
+            char kind;
+            int r = recv_all(loader.fd, &kind, 1, deadline);
+            if (r < 0) timed_out = true;
+            if (r != 1) break;
+            if (kind == LEAVING) {
+                left = true;
+                break;
+            }
+            if (kind == ASK_GPUS) {
+                double t0 = cp_now();
+                gpu_answer g = {.count = 1};
+                g.count = gpu_counter ? gpu_counter(g.found, sizeof g.found) : 1;
+                deadline += cp_now() - t0;
+                if (!send_all(loader.fd, &g, sizeof g)) break;
+                continue;
+            }
+            if (kind != ANSWER) break;
+            r = recv_all(loader.fd, a, sizeof *a, deadline);
+            if (r < 0) timed_out = true;
+            if (r != 1) break;
+            if (a->retire) loader_drop(false);
+            a->err[sizeof a->err - 1] = 0;
+            rc = 0;
+            goto out;
+        }
+        loader_drop(!left); /* stuck or dead: either way this one is done */
+        if (left) continue;
+        if (timed_out)
+            fail(c, NULL, "the spec ran for more than %g s and was stopped inside one call of a library function "
+                 "(a pattern that backtracks over a long string, string.rep, table.sort, ...); does it loop "
+                 "forever?", q.limit);
+        else
+            fail(c, NULL, "cpgen's spec loader crashed running the spec (it ended without an answer); this is a bug "
+                 "in cpgen");
+        goto out;
+    }
+    fail(c, NULL, "cannot hand the spec to the process that runs specs: it keeps leaving");
+out:
+    if (cwd >= 0) close(cwd);
+    cp_str_free(&body);
+    return rc;
+}
+
+static int load_source_spec(const source *src, const char *const *sets, int nsets, cp_spec *out, char *err,
+                            int errlen) {
+    ctx c = {.file = src->shown, .sets = sets, .nsets = nsets, .err = err, .errlen = errlen};
+    if (err && errlen > 0) err[0] = 0;
+    loader_answer *a = cp_xcalloc(1, sizeof *a);
+    pthread_mutex_lock(&loader_lock); /* one load at a time talks to the loader */
+    int rc = loader_call(&c, src, sets, nsets, a);
+    pthread_mutex_unlock(&loader_lock);
+    if (rc == 0) {
+        rc = a->rc;
+        put_err(err, errlen, a->err);
+        if (rc == 0) *out = a->spec;
+    }
+    free(a);
     return rc;
 }
 
@@ -1773,8 +2255,8 @@ int cp_spec_load(const char *path, const char *const *sets, int nsets, cp_spec *
         ctx c = {.file = path, .err = err, .errlen = errlen};
         if (*near && e == ENOENT)
             return fail(&c, NULL, "cannot read spec: %s; did you mean the shipped spec '%s'? (shipped: %s)",
-                        strerror(e), near, names);
-        return fail(&c, NULL, "cannot read spec: %s; give a spec file or a shipped spec name (%s)", strerror(e), names);
+                        read_why(e), near, names);
+        return fail(&c, NULL, "cannot read spec: %s; give a spec file or a shipped spec name (%s)", read_why(e), names);
     }
     int rc = load_source_spec(&src, sets, nsets, out, err, errlen);
     free(src.owned);

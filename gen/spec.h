@@ -130,7 +130,9 @@ int cp_spec_load_string(const char *chunkname, const char *source, const char *c
 /* Re-run the cross-field rules on a spec changed in C (the planner's --max-seq search). Same contract. */
 int cp_spec_check(const cp_spec *spec, char *err, int errlen);
 
-/* How long a spec's Lua may run before the load stops it (10 s unless changed; the spec fuzzer shortens it). */
+/* How long a spec's Lua may run before the load stops it (10 s unless changed; the spec fuzzer shortens it). The
+ * limit holds inside library calls too: specs run in a loader process that cpgen forks at the first load, keeps
+ * while loads come (it leaves after 2 s without one) and kills when a load outlives the limit. */
 void cp_spec_set_time_limit(double seconds);
 
 /* parallel.gpus = "auto" asks this function for the count (and a few words on where it came from) when a spec

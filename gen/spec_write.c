@@ -1,5 +1,7 @@
 /* spec_write.c: a validated spec written back as a Lua spec with every key spelled out (defaults resolved), so that
- * loading it gives the same cp_spec. An AOT bundle keeps its spec this way: it runs without the file it came from. */
+ * loading it gives the same cp_spec. An AOT bundle keeps its spec this way: it runs without the file it came from.
+ * Every text from outside (file names, paths, string values) goes through cp_lua_put_string or cp_lua_put_comment,
+ * so that none can end its string or comment and become code of the written file. */
 #include "spec_write.h"
 
 #include <stdio.h>
@@ -13,6 +15,13 @@ void cp_lua_put_string(cp_str *o, const char *s) {
         else cp_str_append(o, (const char *)p, 1);
     }
     cp_str_append(o, "\"", 1);
+}
+
+void cp_lua_put_comment(cp_str *o, const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p < 0x20 || *p == 0x7f) cp_str_printf(o, "\\%03u", *p); /* a newline would end the comment */
+        else cp_str_append(o, (const char *)p, 1);
+    }
 }
 
 static void put_str(cp_str *o, const char *key, const char *v) {
@@ -32,8 +41,9 @@ static void put_auto(cp_str *o, const char *key, long long v) {
 
 void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     const cp_model *m = &s->model;
-    cp_str_printf(o, "-- the resolved spec of %s: every key with its value, defaults included\nreturn {\n  model = {\n",
-                  s->path);
+    cp_str_printf(o, "-- the resolved spec of ");
+    cp_lua_put_comment(o, s->path);
+    cp_str_printf(o, ": every key with its value, defaults included\nreturn {\n  model = {\n");
     put_str(o, "family", cp_family_name(m->family));
     put_int(o, "vocab", m->vocab);
     put_int(o, "hidden", m->hidden);

@@ -13,6 +13,9 @@
 void cp_spec_write_lua(const cp_spec *s, cp_str *out);
 /* Append s to out as a Lua string literal: quotes, backslashes and control bytes escaped. */
 void cp_lua_put_string(cp_str *out, const char *s);
+/* Append s to out as the text of a -- comment: control bytes (a newline would end the comment, and the rest of the
+ * line become code) written as \ddd. */
+void cp_lua_put_comment(cp_str *out, const char *s);
 /* Whether two specs have the same values (their file names aside). */
 bool cp_spec_same(const cp_spec *a, const cp_spec *b);
 /* The keys whose values differ between two texts of cp_spec_write_lua, `a` the bundle's and `b` this run's, as

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "util.h"
@@ -94,11 +95,18 @@ static void tick_label(char *out, size_t n, double v, double step, double axis_m
     snprintf(out, n, "%g", v);
 }
 
+/* At most this many ticks on an axis. A range far from 0 and narrow next to its magnitude (steps 1e16 to 1e16 + 1)
+ * has a tick step that adding does not change, and the loop must end anyway. */
+#define MAX_TICKS 64
+
 static void axis_ticks(cp_svg *s, const cp_svg_panel *p, bool x_axis) {
     double a = x_axis ? p->x0 : p->y0, b = x_axis ? p->x1 : p->y1;
     double step = cp_svg_nice_step(b - a, x_axis ? 8 : 5);
     fprintf(s->f, "<g class=\"axis %s\">\n", x_axis ? "x" : "y");
-    for (double v = ceil(a / step) * step; v <= b + step * 1e-9; v += step) {
+    double first = ceil(a / step) * step;
+    for (int i = 0; i < MAX_TICKS && isfinite(a) && isfinite(b); i++) {
+        double v = first + i * step;
+        if (v > b + step * 1e-9 || (i > 0 && v == first + (i - 1) * step)) break;
         char label[32];
         tick_label(label, sizeof label, v, step, fmax(fabs(a), fabs(b)));
         if (x_axis) {
@@ -139,17 +147,44 @@ static void begin_series(cp_svg *s, const char *name) {
     fprintf(s->f, "\" d=\"");
 }
 
+/* A series of more points than this is drawn as the lowest and highest point of each of SERIES_MAX_POINTS / 2
+ * runs of consecutive points: a panel is a few hundred pixels wide, so the picture keeps every spike while its size
+ * stays bounded however long the run (a million steps would otherwise write tens of MB per line). */
+#define SERIES_MAX_POINTS 4096
+
+/* Appends point i to the path, skipping what has no place on the page (NaN: a gap). */
+static void series_point(cp_svg *s, const cp_svg_panel *p, const double *x, const double *y, int i, bool *pen) {
+    double px = cp_svg_px(p, x[i]), py = cp_svg_py(p, y[i]);
+    if (!isfinite(px) || !isfinite(py)) {
+        *pen = false;
+        return;
+    }
+    fprintf(s->f, "%s%.1f %.1f ", *pen ? "L" : "M", px, py);
+    *pen = true;
+}
+
 void cp_svg_series(cp_svg *s, const cp_svg_panel *p, const double *x, const double *y, int n, const char *color,
                    const char *name) {
     begin_series(s, name);
     bool pen = false;
-    for (int i = 0; i < n; i++) {
-        if (isnan(y[i])) {
-            pen = false;
-            continue;
+    if (n <= SERIES_MAX_POINTS) {
+        for (int i = 0; i < n; i++) series_point(s, p, x, y, i, &pen);
+    } else {
+        int runs = SERIES_MAX_POINTS / 2;
+        for (int r = 0; r < runs; r++) {
+            int from = (int)((int64_t)n * r / runs), to = (int)((int64_t)n * (r + 1) / runs), lo = -1, hi = -1;
+            for (int i = from; i < to; i++) {
+                if (isnan(y[i])) continue;
+                if (lo < 0 || y[i] < y[lo]) lo = i;
+                if (hi < 0 || y[i] > y[hi]) hi = i;
+            }
+            if (lo < 0) { /* nothing logged in this run: a gap */
+                pen = false;
+                continue;
+            }
+            series_point(s, p, x, y, CP_MIN(lo, hi), &pen);
+            if (hi != lo) series_point(s, p, x, y, CP_MAX(lo, hi), &pen);
         }
-        fprintf(s->f, "%s%.1f %.1f ", pen ? "L" : "M", cp_svg_px(p, x[i]), cp_svg_py(p, y[i]));
-        pen = true;
     }
     fprintf(s->f, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", color);
 }

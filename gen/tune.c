@@ -2,6 +2,7 @@
  * tune.jsonl, tune.svg and tuned.lua written from them. */
 #include "tune.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -465,26 +466,66 @@ int cp_tune_svg(const cp_tune *t, const char *path, char *err, int errlen) {
 
 /* ---------------------------------------------------------------- tuned.lua */
 
-/* A --set value as Lua: a boolean or a number as it is, anything else quoted (what --set makes of it). */
+/* Whether v is a Lua numeral that reads the same as code and through tonumber (what --set does with it): digits
+ * with an optional minus, point and exponent, or a hexadecimal integer. */
+static bool plain_numeral(const char *v) {
+    const char *p = v + (*v == '-');
+    if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) {
+        p += 2;
+        if (!isxdigit((unsigned char)*p)) return false;
+        while (isxdigit((unsigned char)*p)) p++;
+        return !*p;
+    }
+    int digits = 0;
+    while (isdigit((unsigned char)*p)) p++, digits++;
+    if (*p == '.') p++;
+    while (isdigit((unsigned char)*p)) p++, digits++;
+    if (!digits) return false;
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-') p++;
+        if (!isdigit((unsigned char)*p)) return false;
+        while (isdigit((unsigned char)*p)) p++;
+    }
+    return !*p;
+}
+
+/* A --set value as Lua, meaning what --set makes of it: a boolean or a plain number as it is, a string quoted, and
+ * anything else that Lua might read as a number (" 8", "0x1p3") through tonumber, which is the conversion --set
+ * uses. Never the text itself as code: a value is data. */
 static void lua_value(cp_str *o, const char *v) {
-    char *end;
-    errno = 0;
-    (void)strtod(v, &end);
-    if (!strcmp(v, "true") || !strcmp(v, "false") || (*v && !*end && !errno)) {
+    if (!strcmp(v, "true") || !strcmp(v, "false") || plain_numeral(v)) {
         cp_str_printf(o, "%s", v);
         return;
+    }
+    bool numberish = *v && strspn(v, "0123456789abcdefABCDEFxXpP.+- \t\n\v\f\r") == strlen(v);
+    if (numberish) {
+        cp_str_printf(o, "tonumber(");
+        cp_lua_put_string(o, v);
+        cp_str_printf(o, ") or ");
     }
     cp_lua_put_string(o, v);
 }
 
-/* { a = { b = VALUE } } for the key path "a.b" */
+/* { a = { b = VALUE } } for the key path "a.b"; a segment that is not a plain name is written as ["..."] */
 static void lua_override(cp_str *o, const char *set) {
     const char *eq = strchr(set, '=');
     int depth = 0;
     cp_str_printf(o, "  ");
     for (const char *p = set; p < eq;) {
         size_t len = strcspn(p, ".=");
-        cp_str_printf(o, "{ %.*s = ", (int)len, p);
+        bool name = len > 0 && (isalpha((unsigned char)p[0]) || p[0] == '_');
+        for (size_t k = 0; k < len; k++) name &= isalnum((unsigned char)p[k]) || p[k] == '_';
+        if (name) {
+            cp_str_printf(o, "{ %.*s = ", (int)len, p);
+        } else {
+            char *seg = cp_xstrdup(p);
+            seg[len] = 0;
+            cp_str_printf(o, "{ [");
+            cp_lua_put_string(o, seg);
+            cp_str_printf(o, "] = ");
+            free(seg);
+        }
         depth++;
         p += len + (p[len] == '.');
     }
@@ -501,10 +542,14 @@ int cp_tune_write_lua(const cp_tune *t, const char *path, const cp_spec *input, 
     bool shipped = !strncmp(input->path, "<embedded>/", 11);
     if (shipped) snprintf(base, sizeof base, "%s", input->name);
     else if (!realpath(input->path, base)) snprintf(base, sizeof base, "%s", input->path);
-    cp_str_printf(&o, "-- tuned.lua: %s with the winner of cpgen tune (%d candidates, %d distinct plans that fit): %.3f s "
-                  "per step, %s.\n"
-                  "-- Run it with: cpgen run %s\nreturn cpgen.extend(cpgen.load(", input->path, t->n, t->nranked,
-                  w->t_full, w->measured ? "measured and extrapolated to full depth" : "predicted by the plan", path);
+    /* file names and --set values are the user's: written through the Lua writers, never as they are */
+    cp_str_printf(&o, "-- tuned.lua: ");
+    cp_lua_put_comment(&o, input->path);
+    cp_str_printf(&o, " with the winner of cpgen tune (%d candidates, %d distinct plans that fit): %.3f s per step, "
+                  "%s.\n-- Run it with: cpgen run ", t->n, t->nranked, w->t_full,
+                  w->measured ? "measured and extrapolated to full depth" : "predicted by the plan");
+    cp_lua_put_comment(&o, path);
+    cp_str_printf(&o, "\nreturn cpgen.extend(cpgen.load(");
     cp_lua_put_string(&o, base);
     cp_str_printf(&o, "),\n");
     /* a spec's runs go to runs/<its file name> unless it says otherwise: keep the input's */
@@ -513,7 +558,9 @@ int cp_tune_write_lua(const cp_tune *t, const char *path, const cp_spec *input, 
     cp_str_printf(&o, " } }, -- the input's train.out_dir\n");
     for (int i = 0; i < nsets; i++) {
         lua_override(&o, sets[i]);
-        cp_str_printf(&o, ", -- --set %s\n", sets[i]);
+        cp_str_printf(&o, ", -- --set ");
+        cp_lua_put_comment(&o, sets[i]);
+        cp_str_printf(&o, "\n");
     }
     for (int a = 0; a < t->axes.naxes; a++) {
         char set[160];
@@ -533,8 +580,8 @@ double cp_tune_parse_budget(const char *s) {
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || !(v > 0) || !isfinite(v)) return -1;
-    if (!strcmp(end, "") || !strcmp(end, "s")) return v;
-    if (!strcmp(end, "m") || !strcmp(end, "min")) return v * 60;
-    if (!strcmp(end, "h")) return v * 3600;
-    return -1;
+    double unit = !strcmp(end, "") || !strcmp(end, "s") ? 1 : !strcmp(end, "m") || !strcmp(end, "min") ? 60
+                  : !strcmp(end, "h") ? 3600 : -1;
+    /* past 30 days is a slip (1e308h is infinite, and a deadline of infinity never comes) */
+    return unit > 0 && v * unit <= 30 * 86400.0 ? v * unit : -1;
 }

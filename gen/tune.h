@@ -107,7 +107,7 @@ int cp_tune_svg(const cp_tune *t, const char *path, char *err, int errlen);
 int cp_tune_write_lua(const cp_tune *t, const char *path, const cp_spec *input, const char *const *sets, int nsets,
                       char *err, int errlen);
 
-/* "10m", "90s", "1h", "600": seconds; -1 when malformed. */
+/* "10m", "90s", "1h", "600": seconds; -1 when malformed, not above 0 or above 30 days. */
 double cp_tune_parse_budget(const char *s);
 /* The share of a plan's predicted step spent in its layers (the rest: embedding, loss, optimizer). */
 double cp_tune_layer_fraction(const cp_plan *P);

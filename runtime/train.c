@@ -353,7 +353,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     if (!rc && metrics && lead) { /* the run's picture; a failure to draw it does not fail the run */
         char why[CP_ERR_MAX];
         if (cp_report_write(tr->out_dir, why, sizeof why) < 0) fprintf(out, "report: %s\n", why);
-        else fprintf(out, "report: %s/report.svg\n", tr->out_dir);
+        else fprintf(out, "report: %s/report.svg%s%s\n", tr->out_dir, *why ? "; " : "", why);
     }
     if (data_open) cp_dataset_close(&data);
     free(tok);

@@ -1,9 +1,10 @@
 /* test_fuzz_spec.c: a spec fuzzer. From a fixed seed it draws mutations of the shipped specs, tests/specs_ok and the
  * bad-spec corpus (wrong types, out-of-range and huge numbers, odd lengths and sizes, unknown and deleted keys, bad
- * --set strings, broken Lua text, Lua errors, endless loops and memory bombs) and loads each as `cpgen plan` does:
- * the spec, then the plan. Each case runs in its own process, so a crash or a hang is seen, not suffered: it must
- * end within the spec time limit with exit 0 (the plan built) or 2 (one line naming the case's file and a key or
- * a Lua location). A few cases also run through build/cpgen itself. Prints its counts of cases and outcomes. */
+ * --set strings, broken Lua text, Lua errors, tampered bytecode, endless loops in Lua and inside library calls, and
+ * memory bombs) and loads each as `cpgen plan` does: the spec, then the plan. Each case runs in its own process, so
+ * a crash or a hang is seen, not suffered: it must end within the spec time limit with exit 0 (the plan built) or 2
+ * (one line naming the case's file and a key or a Lua location). A few cases also run through build/cpgen itself.
+ * Prints its counts of cases and outcomes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -129,6 +130,11 @@ static const struct {
     {K_LUA, "print(setmetatable({}, {__tostring = function() return 1 end})) return @SPEC@"},
     {K_LUA, "\xef\xbb\xbfreturn @SPEC@"},
     {K_LUA, "\x1bLua"},
+    /* string.dump's output tampered byte by byte and loaded as bytecode: the known way out of a Lua sandbox */
+    {K_LUA, "local d = string.dump(function(a) local t = {a, 2, 3} return t[1] + #t + a.x end) "
+            "for i = 20, #d do for _, k in ipairs({1, 0x55, 0x80, 0xff}) do "
+            "local g = load(d:sub(1, i - 1) .. string.char((d:byte(i) + k) % 256) .. d:sub(i + 1), 'x', 'b') "
+            "if g then pcall(g, {x = 1}) end end end return @SPEC@"},
     {K_LUA, ""},
     {K_LOOP, "while true do end"},
     {K_LOOP, "repeat local x = 1 until false"},
@@ -138,6 +144,10 @@ static const struct {
     {K_LOOP, "local s = string.rep('x', 1 << 20) local t = {} while true do t[#t + 1] = s .. #t end"},
     {K_LOOP, "local s = string.rep('x', 1 << 16) local t = {} for i = 1, 1e12 do t[i] = {s .. i, i} end"},
     {K_LOOP, "local s = string.rep('x', 1 << 20) while true do s = s .. s end"},
+    /* endless inside one call of a library function, where the count hook never fires */
+    {K_LOOP, "string.rep('a', 300000):find('.-.-.-b') return @SPEC@"},
+    {K_LOOP, "string.rep('', 1e18) return @SPEC@"},
+    {K_LOOP, "table.move({}, 1, 1e15, 2) return @SPEC@"},
 };
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -441,6 +451,7 @@ static void finish_case(const fuzz_case *c, result *r, int status) {
     if (r->seconds > TIME_LIMIT_S + SLACK_S) r->out = O_TIMEOUT;
     else if (code == 0) r->out = O_PLANNED;
     else if (code != 2 && code != 3) r->out = O_CRASH;
+    else if (strstr(r->msg, "spec loader crashed")) r->out = O_CRASH; /* the process that runs the Lua died */
     else if (!*r->msg || strchr(r->msg, '\n') || !strstr(r->msg, c->path) || !names_a_key(r->msg, c->path))
         r->out = O_BAD_MESSAGE;
     else r->out = code == 2 ? O_SPEC_ERROR : O_PLAN_ERROR;

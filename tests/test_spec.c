@@ -1,6 +1,7 @@
 /* test_spec.c: spec loading: the shipped specs and their parameter counts, lengths, --set overrides, inheritance
- * (dofile, cpgen.load, cpgen.extend), defaults, the UPipe stage choice, cp_spec_check, and every bad spec in
- * tests/specs_bad/ (each file names the message fragments it must produce). */
+ * (dofile, cpgen.load, cpgen.extend), defaults, the UPipe stage choice, cp_spec_check, the time and memory limits
+ * inside library calls, and every bad spec in tests/specs_bad/ (each file names the message fragments it must
+ * produce). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,10 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "source_tree.h"
 #include "spec.h"
+#include "tmpdir.h"
 #include "util.h"
 
 #define BAD_DIR "tests/specs_bad"
@@ -477,6 +481,95 @@ static void test_missing_file(void **state) {
     assert_int_equal(strlen(small), sizeof small - 1);
 }
 
+/* The time limit holds inside one call of a library function, where Lua's count hook never fires, and memory
+ * stays bounded. Each case runs in a child process with an alarm and 2 GiB of address space, so a load that does
+ * not stop fails the test instead of hanging it. */
+#define LIMIT_S 1.0
+#define CASE_ALARM_S 30
+
+static const struct {
+    const char *text, *expect;
+} LIMIT_CASES[] = {
+    {"local s = string.rep('a', 300000) s:find('.-.-.-b') return cpgen.load('tiny')", "ran for more than 1 s"},
+    {"local h = string.rep('a', 1 << 24) h:find(string.rep('a', 1 << 23) .. 'b', 1, true) return cpgen.load('tiny')",
+     "ran for more than 1 s"},
+    {"string.rep('', 1e18) return cpgen.load('tiny')", "ran for more than 1 s"},
+    {"table.move({}, 1, 1e15, 2) return cpgen.load('tiny')", "ran for more than 1 s"},
+    {"while true do end", "limit.lua:1: the spec ran for more than 1 s; does it loop forever?"},
+    {"local s = string.rep('abc', 8e9) return cpgen.load('tiny')", "resulting string too large"},
+    {"local s = ('ab'):rep(6e8) return cpgen.load('tiny')", "more than 1024 MiB of memory"},
+    {"return dofile('/dev/zero')", "dofile: cannot read '/dev/zero' (larger than 16 MiB, which no spec is)"},
+};
+
+static void test_limits_inside_library_calls(void **state) {
+    (void)state;
+    size_t n = CP_ARRAY_LEN(LIMIT_CASES);
+    pid_t pid[CP_ARRAY_LEN(LIMIT_CASES)];
+    int fds[CP_ARRAY_LEN(LIMIT_CASES)];
+    double t0 = cp_now();
+    for (size_t i = 0; i < n; i++) { /* all at once: each takes the limit and more */
+        int p[2];
+        assert_int_equal(pipe(p), 0);
+        fflush(NULL);
+        pid[i] = fork();
+        assert_true(pid[i] >= 0);
+        if (pid[i] == 0) {
+            close(p[0]);
+            alarm(CASE_ALARM_S);
+            struct rlimit as = {.rlim_cur = 2ull << 30, .rlim_max = 2ull << 30};
+            if (setrlimit(RLIMIT_AS, &as) != 0) _exit(3);
+            cp_spec_set_time_limit(LIMIT_S);
+            char msg[CP_ERR_MAX];
+            int rc = cp_spec_load_string("limit.lua", LIMIT_CASES[i].text, NULL, 0, &spec, msg, sizeof msg);
+            if (rc == 0) snprintf(msg, sizeof msg, "(loaded)");
+            ssize_t w = write(p[1], msg, strlen(msg));
+            _exit(w < 0 ? 4 : 0);
+        }
+        close(p[1]);
+        fds[i] = p[0];
+    }
+    for (size_t i = 0; i < n; i++) {
+        char msg[CP_ERR_MAX] = "";
+        size_t got = 0;
+        ssize_t r;
+        while (got < sizeof msg - 1 && (r = read(fds[i], msg + got, sizeof msg - 1 - got)) > 0) got += (size_t)r;
+        msg[got] = 0;
+        close(fds[i]);
+        int st;
+        assert_int_equal(waitpid(pid[i], &st, 0), pid[i]);
+        if (WIFSIGNALED(st))
+            fail_msg("case %zu (%s): killed by signal %d%s", i, LIMIT_CASES[i].text, WTERMSIG(st),
+                     WTERMSIG(st) == SIGALRM ? ": the load did not stop" : "");
+        assert_int_equal(WEXITSTATUS(st), 0);
+        print_message("%s\n    %s\n", LIMIT_CASES[i].text, msg);
+        if (!strstr(msg, LIMIT_CASES[i].expect))
+            fail_msg("case %zu (%s): expected \"%s\" in: %s", i, LIMIT_CASES[i].text, LIMIT_CASES[i].expect, msg);
+        assert_contains(msg, "limit.lua");
+    }
+    /* the limit, the loader's grace to report a Lua loop itself, and a loaded machine's slack */
+    double took = cp_now() - t0;
+    if (took > LIMIT_S + 10) fail_msg("the cases took %.1f s with a limit of %.0f s", took, LIMIT_S);
+}
+
+/* A load runs where cpgen stands now: dofile's relative paths follow a change of folder between loads. */
+static void test_loads_follow_the_working_folder(void **state) {
+    (void)state;
+    load_ok("tiny", NULL, 0); /* the process that runs specs exists by now */
+    char here[PATH_MAX], dir[64];
+    assert_non_null(getcwd(here, sizeof here));
+    assert_int_equal(tmpdir_make(dir, sizeof dir, "spec-cwd"), 0);
+    char path[128];
+    snprintf(path, sizeof path, "%s/base.lua", dir);
+    const char *base = "return cpgen.extend(cpgen.load('tiny'), { model = { layers = 3 } })\n";
+    assert_int_equal(cp_write_file_atomic(path, base, strlen(base)), 0);
+    assert_int_equal(chdir(dir), 0);
+    int rc = cp_spec_load_string("top.lua", "return dofile('base.lua')", NULL, 0, &spec, err, sizeof err);
+    assert_int_equal(chdir(here), 0);
+    tmpdir_remove(dir);
+    if (rc) fail_msg("%s", err);
+    assert_int_equal(spec.model.layers, 3);
+}
+
 /* ------------------------------------------------------------------------------------------------------------
  * tests/specs_bad: one test per file. Header comment lines "-- expect: <fragment>" give fragments the message
  * must contain; "-- set: key=value" lines are passed as --set overrides. */
@@ -503,6 +596,8 @@ static void test_bad_spec(void **state) {
     assert_contains(err, path);
     for (int i = 0; i < nexpect; i++) assert_contains(err, expect[i]);
     if (strchr(err, '\n')) fail_msg("message is not one line: %s", err);
+    for (const char *p = err; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) fail_msg("message holds control byte %#x: %s", *p, err);
     free(text);
 }
 
@@ -557,6 +652,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_upipe_auto),    cmocka_unit_test(test_check),
         cmocka_unit_test(test_replicas_ring),
         cmocka_unit_test(test_names),         cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_limits_inside_library_calls), cmocka_unit_test(test_loads_follow_the_working_folder),
     };
     int failures = cmocka_run_group_tests_name("spec", tests, NULL, NULL);
     failures += run_bad_specs();

@@ -2,8 +2,9 @@
  * GPU), --sweep's checks, candidates skipped with their reason, the ranking by the plan, tune.jsonl (candidates, then
  * the kernel variants timed), the table's kernel rows, tune.svg (XML, both panels, their axes, one line per
  * combination of the other axes, the winner) and tuned.lua (loads, and equals the input spec with the command's sets
- * and the winner's values); the commands `tune` and `tune-kernels` say that kernel timing needs a GPU and leave the
- * kernel tuning cache alone. */
+ * and the winner's values; file names and --set values in it, and in a bundle's spec.lua, are data and never code);
+ * the commands `tune` and `tune-kernels` say that kernel timing needs a GPU and leave the kernel tuning cache
+ * alone. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -102,6 +103,9 @@ static void test_default_axes(void **state) {
     assert_true(cp_tune_parse_budget("10m") == 600 && cp_tune_parse_budget("90s") == 90 &&
                 cp_tune_parse_budget("1h") == 3600 && cp_tune_parse_budget("5") == 5);
     assert_true(cp_tune_parse_budget("ten") < 0 && cp_tune_parse_budget("-1m") < 0 && cp_tune_parse_budget("3d") < 0);
+    /* past 30 days, and an infinite time, are slips */
+    assert_true(cp_tune_parse_budget("720h") == 720 * 3600.0 && cp_tune_parse_budget("721h") < 0 &&
+                cp_tune_parse_budget("1e308h") < 0 && cp_tune_parse_budget("inf") < 0);
 }
 
 /* The 3B at 128K: nothing fits a GPU of 4 GiB (its bf16 parameters alone take 6 GiB, 3 GiB a GPU on two), and two GPUs cannot
@@ -293,6 +297,64 @@ static void test_outputs(void **state) {
     cp_tune_free(&t);
 }
 
+/* tuned.lua and a bundle's spec.lua hold the user's file names and --set values as data: a spec file whose name
+ * holds a newline and Lua code, and a --set value that Lua reads as a number only through tonumber, give files that
+ * load to the intended spec and run nothing else. */
+static void test_generated_lua_runs_no_code(void **state) {
+    (void)state;
+    char path[512], out[512], err[CP_ERR_MAX];
+    snprintf(path, sizeof path, "%s/x\nerror('injected by the file name') --.lua", root);
+    const char *text = "return cpgen.load('tiny')\n";
+    assert_int_equal(cp_write_file_atomic(path, text, strlen(text)), 0);
+    const char *sets[] = {"train.steps= 70", "train.out_dir=runs/\"quoted\" ]] --[[ x"};
+    cp_spec input;
+    if (cp_spec_load(path, sets, 2, &input, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(input.train.steps, 70);
+    cp_tune_axes ax = {0};
+    const char *sweeps[] = {"parallel.upipe_heads=2", "parallel.mlp_tile=auto"};
+    for (size_t i = 0; i < CP_ARRAY_LEN(sweeps); i++)
+        if (cp_tune_sweep(&ax, sweeps[i], path, sets, 2, err, sizeof err)) fail_msg("%s", err);
+    cp_tune t;
+    if (cp_tune_plan(&t, &ax, path, sets, 2, err, sizeof err)) fail_msg("%s", err);
+    snprintf(out, sizeof out, "%s/injected_tuned.lua", root);
+    assert_int_equal(cp_tune_write_lua(&t, out, &input, sets, 2, err, sizeof err), 0);
+    cp_spec tuned, expect;
+    if (cp_spec_load(out, NULL, 0, &tuned, err, sizeof err)) fail_msg("tuned.lua ran something else: %s", err);
+    const char *all[] = {sets[0], sets[1], "parallel.upipe_heads=2", "parallel.mlp_tile=auto"};
+    assert_int_equal(cp_spec_load(path, all, 4, &expect, err, sizeof err), 0);
+    assert_true(cp_spec_same(&tuned, &expect));
+    assert_int_equal(tuned.train.steps, 70);
+    assert_string_equal(tuned.train.out_dir, "runs/\"quoted\" ]] --[[ x");
+    cp_tune_free(&t);
+    /* the resolved spec of a bundle names its file in its first line */
+    cp_str lua = {0};
+    cp_spec_write_lua(&input, &lua);
+    cp_spec back;
+    if (cp_spec_load_string("resolved.lua", lua.data, NULL, 0, &back, err, sizeof err))
+        fail_msg("spec.lua ran something else: %s", err);
+    assert_true(cp_spec_same(&back, &input));
+    assert_non_null(strstr(lua.data, "x\\010error('injected by the file name')"));
+    cp_str_free(&lua);
+}
+
+/* An output folder that cannot be made is refused before any candidate is planned or measured. */
+static void test_unwritable_outdir(void **state) {
+    (void)state;
+    char err[CP_ERR_MAX];
+    cp_spec spec;
+    assert_int_equal(cp_spec_load("tiny", NULL, 0, &spec, err, sizeof err), 0);
+    cp_tune_opts o = {.spec_arg = "tiny", .budget = 60, .plan_only = true, .outdir = "/proc/cpgen-none/tune"};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    int rc = cp_cmd_tune(&spec, &o, f, err, sizeof err);
+    fclose(f);
+    assert_int_equal(rc, CP_EXIT_USAGE);
+    assert_non_null(strstr(err, "cannot create /proc/cpgen-none/tune"));
+    assert_null(strstr(text, "planned in"));
+    free(text);
+}
+
 /* Without a GPU, `cpgen tune` ranks by the plan and says that kernel timing was skipped, and `cpgen tune-kernels`
  * says so too: neither writes the kernel tuning cache, nor kernels.jsonl. (On a GPU machine they would measure:
  * skipped there.) */
@@ -354,6 +416,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_default_axes),
         cmocka_unit_test(test_candidates_skipped_and_ranked),
         cmocka_unit_test(test_outputs),
+        cmocka_unit_test(test_generated_lua_runs_no_code),
+        cmocka_unit_test(test_unwritable_outdir),
         cmocka_unit_test(test_no_gpu_no_kernel_timing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
