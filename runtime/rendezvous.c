@@ -596,8 +596,7 @@ static bool watch_one(cp_rdv *r, int idx) {
     unsigned char payload[4 + RDV_MAX_NEWS + 1];
     if (res == IO_OK && len) res = io_all(r->fd[idx], payload, len, false, d, &e);
     if (res != IO_OK) {
-        if (!r->left[idx]) {
-            __atomic_store_n(&r->left[idx], 1, __ATOMIC_RELAXED);
+        if (!__atomic_exchange_n(&r->left[idx], 1, __ATOMIC_RELAXED)) {
             snprintf(text, sizeof text, "is gone: its connection to %s closed without a word (the process was "
                      "killed or crashed, or its node or the network failed)", r->rank == 0 ? "rank 0" : "this rank");
             gone(r, peer, text);
@@ -613,7 +612,8 @@ static bool watch_one(cp_rdv *r, int idx) {
     } else if (type == M_GONE && r->rank != 0 && len >= 4) {
         int about = (int)get32(payload);
         snprintf(text, sizeof text, "%.*s", (int)(len - 4), (const char *)payload + 4);
-        if (about == 0) __atomic_store_n(&r->left[0], 1, __ATOMIC_RELAXED); /* rank 0 itself failed: its closing is no more news */
+        if (about == 0) /* rank 0 itself failed: its closing is no more news */
+            __atomic_store_n(&r->left[0], 1, __ATOMIC_RELAXED);
         if (about >= 0 && about < r->size) r->on_gone(r->ctx, about, text);
     }
     return true;
