@@ -358,20 +358,28 @@ static float *rank_shard(const cp_exec *ex, const float *flat) {
  * into a unit-gradient buffer, which holds nothing between steps, and copied out to flat; every rank takes part,
  * and a rank with flat NULL copies nothing (only rank 0 writes checkpoints). A shard in host memory (the optimizer
  * on the host) is first copied to its own place in that buffer, and gathered there in place. */
-static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, int errlen) {
+int exec_gather_through(const cp_exec *ex, const char *name, int *src, int *stage, char *err, int errlen) {
     const cp_plan *P = ex->P;
     int b = buf_index(ex, name);
     if (b < 0) return cp_errf(err, errlen, "the plan has no buffer %s", name);
-    bool on_host = P->bufs[b].space == CP_SPACE_HOST;
     int64_t most = 0;
     for (int u = 0; u < P->nunits; u++) most = CP_MAX(most, P->unit_padded[u]);
-    int stage = -1;
+    int s = -1;
     for (int i = 0; i < P->nbufs; i++)
         if (P->bufs[i].cat == CP_CAT_UNIT_GRADS && P->bufs[i].space == CP_SPACE_GPU && P->bufs[i].bytes >= most * 4 &&
-            (stage < 0 || P->bufs[i].bytes < P->bufs[stage].bytes))
-            stage = i;
-    if (stage < 0) return cp_errf(err, errlen, "no unit-gradient buffer holds the largest unit (%lld elements) to gather "
-                                  "%s through", (long long)most, name);
+            (s < 0 || P->bufs[i].bytes < P->bufs[s].bytes))
+            s = i;
+    if (s < 0) return cp_errf(err, errlen, "no unit-gradient buffer holds the largest unit (%lld elements) to gather "
+                              "%s through", (long long)most, name);
+    *src = b, *stage = s;
+    return 0;
+}
+
+static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, int errlen) {
+    const cp_plan *P = ex->P;
+    int b, stage;
+    if (exec_gather_through(ex, name, &b, &stage, err, errlen)) return -1;
+    bool on_host = P->bufs[b].space == CP_SPACE_HOST;
     cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
     CK(cudaDeviceSynchronize(), "finishing the step before gathering the model");
     int64_t full = 0;

@@ -157,6 +157,9 @@ void exec_build_markers(cp_exec *ex);
 int exec_wait_pairs(const cp_exec *ex, cp_trace_wait **out);
 
 /* exec_mem.c: memory measurement and the arenas */
+/* What gathers the full model from the ranks' shards of buffer `name` (checkpoints): the buffer (on the GPU or, with
+ * the optimizer on the host, in host memory) and the unit-gradient GPU buffer the units pass through. */
+int exec_gather_through(const cp_exec *ex, const char *name, int *src, int *stage, char *err, int errlen);
 int64_t exec_nvml_free(const char *bus_id);
 int64_t exec_nvml_process_used(const char *bus_id); /* -1 when NVML cannot say */
 int64_t exec_cuda_free_now(void);

@@ -368,6 +368,33 @@ static void test_save_on_ranks_that_keep_nothing(void **state) {
     }
 }
 
+/* A checkpoint of several GPUs gathers the master weights and both moments through a unit-gradient buffer, also
+ * where the optimizer keeps them in host memory (every rank stopped at the first save there: only GPU buffers were
+ * gathered). */
+static void test_checkpoint_gathers(void **state) {
+    (void)state;
+    const char *where[] = {"parallel.optimizer=gpu", "parallel.optimizer=host"};
+    for (int k = 0; k < 2; k++) {
+        cp_spec s;
+        char err[CP_ERR_MAX];
+        const char *sets[] = {"parallel.gpus=2", where[k]};
+        if (cp_spec_load("tiny", sets, 2, &s, err, sizeof err)) fail_msg("%s", err);
+        cp_plan p;
+        if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("%s", err);
+        struct cp_exec ex;
+        memset(&ex, 0, sizeof ex);
+        ex.P = &p;
+        const char *state_bufs[] = {"master.f32", "adam_m.f32", "adam_v.f32"};
+        for (int i = 0; i < 3; i++) {
+            int src = -1, stage = -1;
+            if (exec_gather_through(&ex, state_bufs[i], &src, &stage, err, sizeof err)) fail_msg("%s: %s", where[k], err);
+            assert_int_equal(p.bufs[src].space, k ? CP_SPACE_HOST : CP_SPACE_GPU);
+            assert_int_equal(p.bufs[stage].space, CP_SPACE_GPU);
+        }
+        cp_plan_free(&p);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny),
@@ -378,6 +405,7 @@ int main(void) {
         cmocka_unit_test(test_replicas),
         cmocka_unit_test(test_rings),
         cmocka_unit_test(test_save_on_ranks_that_keep_nothing),
+        cmocka_unit_test(test_checkpoint_gathers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
