@@ -70,6 +70,11 @@ static void use(cp_step *s, const cp_plan *P, int buf, int64_t off, int64_t byte
     if (bytes < 0) bytes = P->bufs[buf].bytes - off;
     s->ops[s->nops++] = (cp_operand){.buf = buf, .offset = off, .bytes = bytes, .access = access};
 }
+/* Operand on tile i's rows of buffer buf, `rows` bytes a tile: the stride a folded run of tiles moves it by. */
+static void use_tile(cp_step *s, const cp_plan *P, int buf, int64_t i, int64_t rows, int access) {
+    use(s, P, buf, i * rows, rows, access);
+    s->ops[s->nops - 1].stride = rows;
+}
 static void rd(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_READ); }
 static void wr(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_WRITE); }
 static void rw(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_RW); }
@@ -118,6 +123,21 @@ static cp_step *gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t
                         .lda = ta ? m : k, .ldb = tb ? k : n, .ldd = n};
     s->flops = 2.0 * (double)m * (double)n * (double)k;
     return s;
+}
+
+/* A run of n identical tiles (the MLP's, the loss's: n grows with the sequence) is added tile by tile, but the
+ * steps of tile 1, [body, nsteps), stand for tiles 1 .. n - 2 (cp_loop): called after them, this records the loop
+ * and returns the tile to continue from, less one (the caller's i++), so that the last tile is added next. Tiles 0
+ * and n - 1 stay steps of their own: the first starts lifetimes (CP_DEF) and the last ends them. */
+static int64_t fold_tiles(builder *B, int body, int64_t n) {
+    cp_plan *P = B->P;
+    if (n - 2 < 2) return 1; /* nothing to fold: tile 1 is the only one between */
+    if (P->nloops == P->caploops) {
+        P->caploops = P->caploops ? P->caploops * 2 : 64;
+        P->loops = cp_xrealloc(P->loops, sizeof *P->loops * (size_t)P->caploops);
+    }
+    P->loops[P->nloops++] = (cp_loop){.first = body, .nsteps = P->nsteps - body, .count = n - 2};
+    return n - 2;
 }
 
 /* A collective or a host copy of `bytes` (per rank). */
@@ -691,14 +711,16 @@ static void layer_forward(builder *B, const bufset *b, const modset *M, const un
     wr(k, P, b->rstd2);
     k->count = T;
     if (!mlp) return;
-    int64_t t = P->mlp_tile;
-    for (int64_t i = 0; i < T / t; i++) {
+    int64_t t = P->mlp_tile, ntiles = T / t;
+    int body = 0;
+    for (int64_t i = 0; i < ntiles; i++) {
         B->tile = (int)i;
+        if (i == 1) body = P->nsteps;
         const cp_weight gu[2] = {CP_W_GATE, CP_W_UP};
         const int gub[2] = {b->mlp_gate, b->mlp_up};
         for (int j = 0; j < 2; j++) {
             g = gemm(B, j ? "up_proj" : "gate_proj", t, F, hid, false, true);
-            use(g, P, b->xn2, i * t * hid * BF16, t * hid * BF16, CP_READ);
+            use_tile(g, P, b->xn2, i, t * hid * BF16, CP_READ);
             op_weight(g, P, w, gu[j], CP_READ);
             wr(g, P, gub[j]);
         }
@@ -710,9 +732,10 @@ static void layer_forward(builder *B, const bufset *b, const modset *M, const un
         g = gemm(B, "down_proj", t, hid, F, false, true);
         rd(g, P, b->mlp_act);
         op_weight(g, P, w, CP_W_DOWN, CP_READ);
-        use(g, P, b->h2, i * t * hid * BF16, t * hid * BF16, CP_READ);
-        use(g, P, out, i * t * hid * BF16, t * hid * BF16, i == 0 ? CP_DEF : CP_WRITE);
+        use_tile(g, P, b->h2, i, t * hid * BF16, CP_READ);
+        use_tile(g, P, out, i, t * hid * BF16, i == 0 ? CP_DEF : CP_WRITE);
         g->gemm.has_c = true;
+        if (i == 1) i = fold_tiles(B, body, ntiles);
     }
     B->tile = -1;
 }
@@ -721,15 +744,17 @@ static void layer_forward(builder *B, const bufset *b, const modset *M, const un
 static void mlp_backward(builder *B, const bufset *b, const modset *M, const unit_ref *w) {
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
-    int64_t T = P->T, hid = m->hidden, F = m->ffn, t = P->mlp_tile;
-    for (int64_t i = 0; i < T / t; i++) {
+    int64_t T = P->T, hid = m->hidden, F = m->ffn, t = P->mlp_tile, ntiles = T / t;
+    int body = 0;
+    for (int64_t i = 0; i < ntiles; i++) {
         B->tile = (int)i;
-        int64_t rows = i * t * hid * BF16, rbytes = t * hid * BF16;
+        if (i == 1) body = P->nsteps;
+        int64_t rbytes = t * hid * BF16;
         const cp_weight gu[2] = {CP_W_GATE, CP_W_UP};
         const int gub[2] = {b->mlp_gate, b->mlp_up};
         for (int j = 0; j < 2; j++) {
             cp_step *g = gemm(B, j ? "up_proj" : "gate_proj", t, F, hid, false, true);
-            use(g, P, b->xn2, rows, rbytes, CP_READ);
+            use_tile(g, P, b->xn2, i, rbytes, CP_READ);
             op_weight(g, P, w, gu[j], CP_READ);
             wr(g, P, gub[j]);
         }
@@ -740,13 +765,13 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
         k->count = t;
         /* dWdown += dres^T act */
         cp_step *g = gemm(B, "d_wdown", hid, F, t, true, false);
-        use(g, P, b->dres, rows, rbytes, CP_READ);
+        use_tile(g, P, b->dres, i, rbytes, CP_READ);
         rd(g, P, b->mlp_act);
         op_wgrad(g, P, w, CP_W_DOWN);
         g->gemm.accumulate = g->gemm.out_f32 = true;
         /* dact = dres Wdown, into act's buffer */
         g = gemm(B, "d_act", t, F, hid, false, false);
-        use(g, P, b->dres, rows, rbytes, CP_READ);
+        use_tile(g, P, b->dres, i, rbytes, CP_READ);
         op_weight(g, P, w, CP_W_DOWN, CP_READ);
         wr(g, P, b->mlp_act);
         k = kernel(B, M->swiglu, "bwd", "swiglu_bwd", 5.0 * (double)t * F * BF16);
@@ -757,15 +782,16 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
         for (int j = 0; j < 2; j++) {
             g = gemm(B, j ? "d_wup" : "d_wgate", F, hid, t, true, false);
             rd(g, P, gub[j]);
-            use(g, P, b->xn2, rows, rbytes, CP_READ);
+            use_tile(g, P, b->xn2, i, rbytes, CP_READ);
             op_wgrad(g, P, w, gu[j]);
             g->gemm.accumulate = g->gemm.out_f32 = true;
             g = gemm(B, j ? "d_xn2_up" : "d_xn2_gate", t, hid, F, false, false);
             rd(g, P, gub[j]);
             op_weight(g, P, w, gu[j], CP_READ);
-            use(g, P, b->dxn, rows, rbytes, j ? CP_RW : (i == 0 ? CP_DEF : CP_WRITE));
+            use_tile(g, P, b->dxn, i, rbytes, j ? CP_RW : (i == 0 ? CP_DEF : CP_WRITE));
             g->gemm.accumulate = j == 1;
         }
+        if (i == 1) i = fold_tiles(B, body, ntiles);
     }
     B->tile = -1;
 }
@@ -1272,30 +1298,33 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         zero(&B, b->g_head, P->bufs[b->g_head].bytes);
         if (tied) zero(&B, b->g_embed, P->bufs[b->g_embed].bytes);
     }
-    int64_t t = P->loss_tile;
-    for (int64_t i = 0; i < T / t; i++) {
+    int64_t t = P->loss_tile, ntiles = T / t;
+    int body = 0;
+    for (int64_t i = 0; i < ntiles; i++) {
         B.tile = (int)i;
-        int64_t rows = i * t * hid * BF16, rbytes = t * hid * BF16;
+        if (i == 1) body = P->nsteps;
+        int64_t rbytes = t * hid * BF16;
         cp_step *g = gemm(&B, "lm_head", t, V, hid, false, true);
-        use(g, P, b->xf, rows, rbytes, CP_READ);
+        use_tile(g, P, b->xf, i, rbytes, CP_READ);
         use(g, P, lm.wbuf, lm_off * BF16, V * hid * BF16, CP_READ);
         wr(g, P, b->logits);
         s = kernel(&B, M->loss, "fwdbwd", "loss", 2.0 * (double)t * V * BF16);
         rw(s, P, b->logits);
-        use(s, P, b->targets, i * t * 4, t * 4, CP_READ);
-        use(s, P, b->token_loss, i * t * F32, t * F32, i == 0 ? CP_DEF : CP_WRITE);
+        use_tile(s, P, b->targets, i, t * 4, CP_READ);
+        use_tile(s, P, b->token_loss, i, t * F32, i == 0 ? CP_DEF : CP_WRITE);
         s->count = t;
         B.phase = CP_PHASE_BWD;
         g = gemm(&B, "d_lm_head", V, hid, t, true, false);
         rd(g, P, b->logits);
-        use(g, P, b->xf, rows, rbytes, CP_READ);
+        use_tile(g, P, b->xf, i, rbytes, CP_READ);
         use(g, P, lm.gbuf, lm_off * F32, V * hid * F32, CP_RW);
         g->gemm.accumulate = g->gemm.out_f32 = true;
         g = gemm(&B, "d_x_final", t, hid, V, false, false);
         rd(g, P, b->logits);
         use(g, P, lm.wbuf, lm_off * BF16, V * hid * BF16, CP_READ);
-        use(g, P, b->dxf, rows, rbytes, i == 0 ? CP_DEF : CP_WRITE);
+        use_tile(g, P, b->dxf, i, rbytes, i == 0 ? CP_DEF : CP_WRITE);
         B.phase = CP_PHASE_FWD;
+        if (i == 1) i = fold_tiles(&B, body, ntiles);
     }
     B.tile = -1;
     B.phase = CP_PHASE_FWD;
@@ -1445,13 +1474,16 @@ static void cost_model(cp_plan *P) {
      * cp_ring_exposed prices one block). Send/recvs with no attention between them (K then V) run one after the
      * other. */
     double ring_send = 0, ring_attn = 0;
-    int ring_key = -1;
+    int ring_key = -1, lp = 0;
     for (int i = 0; i < P->nsteps; i++) {
         cp_step *s = &P->steps[i];
         int stage_key = ((s->layer + 1) * CP_PHASE_COUNT + (int)s->phase) * (P->nstages + 1) + s->stage + 1;
         if (ring_send > 0 && ((s->kind == CP_OP_SENDRECV && ring_attn > 0) || stage_key != ring_key))
             P->t_ring_exposed += ring_exposed(&ring_send, &ring_attn);
-        double reps = i < P->micro_steps && !s->last_micro ? mb : 1;
+        /* a folded loop's body runs once per tile it stands for (no ring step is in one) */
+        while (lp < P->nloops && i >= P->loops[lp].first + P->loops[lp].nsteps) lp++;
+        double tiles = lp < P->nloops && i >= P->loops[lp].first ? (double)P->loops[lp].count : 1;
+        double reps = (i < P->micro_steps && !s->last_micro ? mb : 1) * tiles;
         double t = 0;
         switch (s->kind) {
         case CP_OP_KERNEL:
@@ -1871,9 +1903,18 @@ static int plan_build(const cp_spec *spec, cp_plan *P, bool fill, char *err, int
     return fill ? keep_attention(P, err, errlen) : 0;
 }
 
-int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+int cp_plan_build_folded(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     memset(P, 0, sizeof *P);
     return plan_build(spec, P, true, err, errlen);
+}
+
+int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+    if (cp_plan_build_folded(spec, P, err, errlen)) return -1;
+    if (cp_plan_unfold(P, err, errlen)) {
+        cp_plan_free(P);
+        return -1;
+    }
+    return 0;
 }
 
 
@@ -1882,6 +1923,7 @@ void cp_plan_free(cp_plan *P) {
     for (int i = 0; i < P->nmodules; i++) cp_kspec_free(&P->modules[i]);
     free(P->bufs);
     free(P->steps);
+    free(P->loops);
     free(P->modules);
     free(P->kchoices);
     free(P->stages);
@@ -1938,7 +1980,7 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
     if (!found) {
         /* say why even the shortest length does not fit */
         s.train.seq_len = gran;
-        if (cp_spec_check(&s, e2, sizeof e2) == 0 && cp_plan_build(&s, &p, e2, sizeof e2) == 0) {
+        if (cp_spec_check(&s, e2, sizeof e2) == 0 && cp_plan_build_folded(&s, &p, e2, sizeof e2) == 0) {
             snprintf(e2, sizeof e2, "%s", p.fits ? "" : p.why);
             cp_plan_free(&p);
         }

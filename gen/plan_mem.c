@@ -157,7 +157,7 @@ static int by_step(const void *pa, const void *pb) {
 }
 
 /* The step where the most GPU bytes are live, and what is live there. */
-static void live_peak(cp_plan *P) {
+void cp_plan_live_peak(cp_plan *P) {
     int ne = 0;
     for (int i = 0; i < P->nbufs; i++)
         if (P->bufs[i].space == CP_SPACE_GPU) ne += 2 * P->bufs[i].nlive;
@@ -205,5 +205,39 @@ void cp_plan_assign_offsets(cp_plan *P) {
         if (b->space == CP_SPACE_GPU) P->cat_bytes[b->cat] += b->bytes;
         else P->cat_host_bytes[b->cat] += b->bytes;
     }
-    live_peak(P);
+    cp_plan_live_peak(P);
+}
+
+typedef struct {
+    int64_t lo, hi;
+    int buf;
+} placed;
+static int by_offset(const void *pa, const void *pb) {
+    const placed *a = pa, *b = pb;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+int cp_plan_check_packing(const cp_plan *P, char *err, int errlen) {
+    placed *p = cp_xmalloc(sizeof *p * (size_t)(P->nbufs + 1));
+    int rc = 0;
+    for (int sp = 0; sp < 2 && !rc; sp++) {
+        int n = 0;
+        for (int i = 0; i < P->nbufs; i++) {
+            const cp_buffer *b = &P->bufs[i];
+            if ((int)b->space == sp && b->nlive > 0)
+                p[n++] = (placed){b->offset, b->offset + align_up(b->bytes, CP_ARENA_ALIGN), i};
+        }
+        qsort(p, (size_t)n, sizeof *p, by_offset);
+        /* each buffer against those that start below its end: the pairs that share bytes */
+        for (int i = 0; i < n && !rc; i++)
+            for (int j = i + 1; j < n && p[j].lo < p[i].hi && !rc; j++) {
+                const cp_buffer *a = &P->bufs[p[i].buf], *b = &P->bufs[p[j].buf];
+                if (p[j].lo == p[j].hi || !cp_plan_lifetimes_overlap(a, b)) continue;
+                snprintf(err, errlen, "plan: %s and %s share bytes of the %s arena while both are live (a planner "
+                         "bug)", a->name, b->name, sp == CP_SPACE_GPU ? "GPU" : "host");
+                rc = -1;
+            }
+    }
+    free(p);
+    return rc;
 }
