@@ -24,8 +24,13 @@ int64_t cp_plan_flat_index(const cp_plan *P, int i) {
 }
 
 int64_t cp_plan_step_repeats(const cp_plan *P, int i) {
-    for (int k = 0; k < P->nloops && P->loops[k].first <= i; k++)
-        if (i < P->loops[k].first + P->loops[k].nsteps) return P->loops[k].count;
+    int lo = 0, hi = P->nloops; /* the loops are in step order: the last one starting at or before i */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (P->loops[mid].first <= i) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo > 0 && i < P->loops[lo - 1].first + P->loops[lo - 1].nsteps) return P->loops[lo - 1].count;
     return 1;
 }
 
