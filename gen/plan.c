@@ -1684,25 +1684,34 @@ static void judge(cp_plan *P) {
 typedef int (*plan_at)(const void *ctx, int x, cp_plan *out, char *err, int errlen);
 
 /* Bisection over the choices [lo, hi], whose plans fit on one side only: the smallest x that fits (`smallest`), or
- * the largest. The plan found replaces *best. Returns 1 when one fits, 0 when none does, -1 on an error. */
-static int bisect_fit(plan_at at, const void *ctx, int lo, int hi, bool smallest, cp_plan *best, char *err,
-                      int errlen) {
-    int found = 0;
+ * the largest. The plan found replaces *best. Returns 1 when one fits, 0 when none does, -1 on an error. With
+ * `miss` (and `smallest`), when none fits, *miss is the plan of hi, the last one tried, so that the caller that
+ * falls back to it does not build it again; else it is left empty. */
+static int bisect_fit(plan_at at, const void *ctx, int lo, int hi, bool smallest, cp_plan *best, cp_plan *miss,
+                      char *err, int errlen) {
+    int found = 0, top = hi;
+    if (miss) memset(miss, 0, sizeof *miss);
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
         cp_plan t;
-        if (at(ctx, mid, &t, err, errlen)) return -1;
+        if (at(ctx, mid, &t, err, errlen)) {
+            if (miss) cp_plan_free(miss);
+            return -1;
+        }
         bool fits = t.fits;
         if (fits) {
             cp_plan_free(best);
             *best = t;
             found = 1;
+        } else if (miss && smallest && mid == top) {
+            *miss = t;
         } else {
             cp_plan_free(&t);
         }
         if (fits == smallest) hi = mid - 1;
         else lo = mid + 1;
     }
+    if (found && miss) cp_plan_free(miss);
     return found;
 }
 
@@ -1724,9 +1733,14 @@ static int build_k(const cp_spec *spec, cp_plan *P, int k, char *err, int errlen
     /* auto: offload the fewest checkpoints that make it fit (each moved layer saves one GPU checkpoint;
      * moving any costs two staging buffers), searched by bisection since memory falls as more move; if none
      * does, all offloaded, whose refusal says what would fit */
-    int r = bisect_fit(plan_offloaded, spec, 1, L, true, P, err, errlen);
+    cp_plan all;
+    int r = bisect_fit(plan_offloaded, spec, 1, L, true, P, &all, err, errlen);
     if (r != 0) return r < 0 ? -1 : 0;
     cp_plan_free(P);
+    if (all.steps) { /* none fits: the bisection tried L last */
+        *P = all;
+        return 0;
+    }
     return plan_offloaded(spec, L, P, err, errlen);
 }
 
@@ -1739,12 +1753,19 @@ static int plan_spaced(const void *ctx, int k, cp_plan *out, char *err, int errl
  * layer with the fewest checkpoints offloaded; where that needs the host or does not fit, and `sparse` allows it,
  * also the smallest spacing k > 1 that fits with every checkpoint on the GPU (k up to about sqrt(L): beyond, the
  * k - 1 segment inputs outweigh the checkpoints saved), and of the two the one the cost model predicts faster. */
+static int sparser(const cp_spec *spec, cp_plan *P, char *err, int errlen);
 static int build_u(const cp_spec *spec, cp_plan *P, bool sparse, char *err, int errlen) {
+    if (spec->parallel.checkpoint_every > 0) return build_k(spec, P, spec->parallel.checkpoint_every, err, errlen);
+    if (build_k(spec, P, 1, err, errlen)) return -1;
+    return sparse ? sparser(spec, P, err, errlen) : 0;
+}
+
+/* build_u's second half: P is its plan with every layer checkpointed; where that needs the host or does not fit,
+ * the smallest spacing that fits instead, if the cost model predicts it faster. */
+static int sparser(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     cp_spec s = *spec;
-    if (s.parallel.checkpoint_every > 0) return build_k(&s, P, s.parallel.checkpoint_every, err, errlen);
-    if (build_k(&s, P, 1, err, errlen)) return -1;
-    if (!sparse || (P->fits && P->ckpt_host_layers == 0) || s.parallel.checkpoint == CP_CKPT_NONE ||
-        s.parallel.offload == CP_OFFLOAD_ALL)
+    if (s.parallel.checkpoint_every > 0 || (P->fits && P->ckpt_host_layers == 0) ||
+        s.parallel.checkpoint == CP_CKPT_NONE || s.parallel.offload == CP_OFFLOAD_ALL)
         return 0;
     /* memory falls with k up to about sqrt(L) (fewer checkpoints, more segment inputs): if the sparsest spacing
      * there does not fit, none does; else the smallest that fits, by bisection */
@@ -1758,7 +1779,7 @@ static int build_u(const cp_spec *spec, cp_plan *P, bool sparse, char *err, int 
         cp_plan_free(&t);
         return 0;
     }
-    if (bisect_fit(plan_spaced, &s, 2, kmax - 1, true, &t, err, errlen) < 0) {
+    if (bisect_fit(plan_spaced, &s, 2, kmax - 1, true, &t, NULL, err, errlen) < 0) {
         cp_plan_free(&t);
         return -1;
     }
@@ -1797,13 +1818,10 @@ static int build_stages(const cp_spec *spec, cp_plan *P, char *err, int errlen) 
     if (build_u(&s, P, false, err, errlen)) return -1;
     /* the stage of least memory does not fit with every layer checkpointed: no larger one does, and a sparser
      * spacing of checkpoints is the way left (larger stages come before sparser checkpoints, which recompute) */
-    if (!P->fits) {
-        cp_plan_free(P);
-        return build_u(&s, P, true, err, errlen);
-    }
+    if (!P->fits) return sparser(&s, P, err, errlen); /* build_u(&s, P, true), whose first half P is */
     /* memory grows with U: the largest that fits, by bisection over the valid values */
     stage_search c = {spec, U};
-    return bisect_fit(plan_staged, &c, 1, n - 1, false, P, err, errlen) < 0 ? -1 : 0;
+    return bisect_fit(plan_staged, &c, 1, n - 1, false, P, NULL, err, errlen) < 0 ? -1 : 0;
 }
 
 /* optimizer = "auto": in host memory when the model states alone (18 bytes per parameter per rank) would take over
@@ -1872,18 +1890,18 @@ static int keep_attention(cp_plan *P, char *err, int errlen) {
     if (plan_kept(&c, L, &gpu, err, errlen)) return -1;
     if (!gpu.fits) {
         cp_plan_free(&gpu);
-        if (bisect_fit(plan_kept, &c, 1, L - 1, false, &gpu, err, errlen) < 0) return -1;
+        if (bisect_fit(plan_kept, &c, 1, L - 1, false, &gpu, NULL, err, errlen) < 0) return -1;
     }
     int on_gpu = gpu.fits ? gpu.attn_gpu_layers : 0;
     if (on_gpu < L) {
         c.host_cap = -1;
         cp_plan host;
         memset(&host, 0, sizeof host);
-        int r = bisect_fit(plan_kept, &c, 1, L, false, &host, err, errlen);
+        int r = bisect_fit(plan_kept, &c, 1, L, false, &host, NULL, err, errlen);
         if (r > 0) {
             c.host_cap = host.attn_host_layers;
             mixed = host;
-            r = bisect_fit(plan_kept, &c, 1, on_gpu, false, &mixed, err, errlen);
+            r = bisect_fit(plan_kept, &c, 1, on_gpu, false, &mixed, NULL, err, errlen);
         }
         if (r < 0) {
             cp_plan_free(&gpu);
