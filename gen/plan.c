@@ -25,6 +25,12 @@ typedef struct {
 
 static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
+/* src into a zeroed field of n bytes, cut as snprintf cuts (a plan names thousands of steps: this is their cost) */
+static void set_name(char *dst, size_t n, const char *src) {
+    size_t len = strnlen(src, n - 1);
+    memcpy(dst, src, len);
+}
+
 static int add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, int64_t bytes, bool persistent) {
     if (P->nbufs == P->capbufs) {
         P->capbufs = P->capbufs ? P->capbufs * 2 : 64;
@@ -60,7 +66,7 @@ static cp_step *add_step(builder *B, cp_opkind kind, const char *what) {
     s->stream = kind == CP_OP_COPY_D2H || kind == CP_OP_COPY_H2D ? CP_STREAM_COPY
                 : (kind >= CP_OP_ALLTOALL && kind <= CP_OP_ALLREDUCE) || kind == CP_OP_SENDRECV ? CP_STREAM_COMM
                                                                        : CP_STREAM_COMPUTE;
-    snprintf(s->what, sizeof s->what, "%s", what);
+    set_name(s->what, sizeof s->what, what);
     return s;
 }
 
@@ -111,7 +117,7 @@ static int module_of(cp_plan *P, cp_kernel_spec *k) {
 static cp_step *kernel(builder *B, int module, const char *role, const char *what, double bytes) {
     cp_step *s = add_step(B, CP_OP_KERNEL, what);
     s->module = module;
-    snprintf(s->role, sizeof s->role, "%s", role);
+    set_name(s->role, sizeof s->role, role);
     s->bytes = bytes;
     return s;
 }
@@ -1631,6 +1637,13 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     modset M;
     make_modules(P, &M);
     make_buffers(P, &M, &b);
+    /* room for the program at once: growing it by doubling copied each step twice on average, a fifth of the
+     * planner's time. The shipped specs have up to 47 steps per layer and stage, 25 more per further ring step
+     * (attention recomputed), a third more where segments run their forward again (checkpoint_every > 1), and up to
+     * 96 per layer besides (MLP tiles folded); a program that outgrows this doubles it as before */
+    int64_t per_stage = (48 + 26 * (int64_t)(P->ring - 1)) * (P->ckpt_every > 1 ? 4 : 3) / 3;
+    P->capsteps = (int)CP_MIN((int64_t)1 << 24, 256 + m->layers * (P->nstages * per_stage + 96));
+    P->steps = cp_xmalloc(sizeof *P->steps * (size_t)P->capsteps);
     make_program(P, &b, &M);
     free(b.ckpt);
     free(b.seg);

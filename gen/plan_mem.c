@@ -145,46 +145,30 @@ static int64_t pack(cp_plan *P, cp_space space) {
     return top;
 }
 
-typedef struct {
-    int step;
-    int64_t delta;
-    int buf;
-} event;
-static int by_step(const void *pa, const void *pb) {
-    const event *a = pa, *b = pb;
-    if (a->step != b->step) return a->step < b->step ? -1 : 1;
-    return (a->delta > b->delta) - (a->delta < b->delta); /* frees before allocations at the same step */
-}
-
-/* The step where the most GPU bytes are live, and what is live there. */
+/* The step where the most GPU bytes are live, and what is live there: each lifetime adds its bytes at its first
+ * step and takes them at the one after its last, and the running sum is what is live at each step. */
 void cp_plan_live_peak(cp_plan *P) {
-    int ne = 0;
-    for (int i = 0; i < P->nbufs; i++)
-        if (P->bufs[i].space == CP_SPACE_GPU) ne += 2 * P->bufs[i].nlive;
-    event *ev = cp_xmalloc(sizeof(event) * (size_t)(ne + 1));
-    ne = 0;
+    int64_t *delta = cp_xcalloc((size_t)P->nsteps + 2, sizeof *delta);
     for (int i = 0; i < P->nbufs; i++) {
         const cp_buffer *b = &P->bufs[i];
         if (b->space != CP_SPACE_GPU) continue;
         int64_t size = align_up(b->bytes, CP_ARENA_ALIGN);
         for (int k = 0; k < b->nlive; k++) {
-            ev[ne++] = (event){b->live[k].start, size, i};
-            ev[ne++] = (event){b->live[k].end + 1, -size, i};
+            delta[b->live[k].start] += size;
+            delta[b->live[k].end + 1] -= size;
         }
     }
-    qsort(ev, (size_t)ne, sizeof(event), by_step);
     int64_t cur = 0;
     P->gpu_live_peak = 0;
     P->peak_step = 0;
-    for (int k = 0; k < ne; k++) {
-        cur += ev[k].delta;
-        bool step_done = k + 1 == ne || ev[k + 1].step != ev[k].step;
-        if (step_done && cur > P->gpu_live_peak) {
+    for (int s = 0; s < P->nsteps; s++) {
+        cur += delta[s];
+        if (cur > P->gpu_live_peak) {
             P->gpu_live_peak = cur;
-            P->peak_step = ev[k].step;
+            P->peak_step = s;
         }
     }
-    free(ev);
+    free(delta);
     memset(P->cat_at_peak, 0, sizeof P->cat_at_peak);
     for (int i = 0; i < P->nbufs; i++) {
         const cp_buffer *b = &P->bufs[i];
