@@ -1591,8 +1591,34 @@ cp_attn_keep cp_plan_attn_where(const cp_plan *P, int l) {
     return CP_ATTN_RECOMPUTE;
 }
 
-static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt_every, attn_split attn, char *err,
-                      int errlen) {
+static void judge(cp_plan *P);
+
+/* The least a plan can hold, from its buffers alone: every layer's checkpoint and kept attention output is written
+ * by the forward and read by the backward, so all of them are live at the loss together with what lives for the
+ * whole step; no packing puts any two of them on the same bytes. Each arena is at least their sum, rounded as the
+ * packing rounds (gen/plan_mem.c). */
+static void floor_arenas(const cp_plan *P, const bufset *b, int64_t *gpu, int64_t *host) {
+    *gpu = *host = 0;
+    const int L = (int)P->spec.model.layers;
+    bool *across = cp_xcalloc((size_t)P->nbufs, sizeof *across);
+    for (int l = 0; l < L; l++) {
+        const int kept[3] = {b->ckpt[l], b->attn_keep[l], b->lse_keep[l]};
+        for (int j = 0; j < 3; j++)
+            if (kept[j] >= 0) across[kept[j]] = true;
+    }
+    for (int i = 0; i < P->nbufs; i++) {
+        const cp_buffer *x = &P->bufs[i];
+        if (!x->persistent && !across[i]) continue;
+        *(x->space == CP_SPACE_GPU ? gpu : host) += align_up(x->bytes, CP_ARENA_ALIGN);
+    }
+    free(across);
+}
+
+/* One plan of the search with these choices. `quick` (a search that asks only whether some plan fits): where the
+ * floor of its arenas already does not fit the machine, the plan stops there, without steps, its arenas the floor
+ * and fits false, as judge() then finds again; one that may fit is built whole. */
+static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt_every, attn_split attn, bool quick,
+                      char *err, int errlen) {
     memset(P, 0, sizeof *P);
     P->spec = *spec;
     const cp_model *m = &spec->model;
@@ -1637,6 +1663,18 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     modset M;
     make_modules(P, &M);
     make_buffers(P, &M, &b);
+    if (quick) {
+        floor_arenas(P, &b, &P->gpu_arena, &P->host_arena);
+        judge(P);
+        if (!P->fits) {
+            free(b.ckpt);
+            free(b.seg);
+            free(b.attn_keep);
+            free(b.lse_keep);
+            return 0;
+        }
+        P->gpu_arena = P->host_arena = 0; /* the packing's, below */
+    }
     /* room for the program at once: growing it by doubling copied each step twice on average, a fifth of the
      * planner's time. The shipped specs have up to 47 steps per layer and stage, 25 more per further ring step
      * (attention recomputed), a third more where segments run their forward again (checkpoint_every > 1), and up to
@@ -1696,12 +1734,20 @@ static void judge(cp_plan *P) {
 /* The plan of choice x of a search (offloaded layers, checkpoint spacing, stage size), judged. */
 typedef int (*plan_at)(const void *ctx, int x, cp_plan *out, char *err, int errlen);
 
+/* What a search builds from: the spec, and whether it asks only if some plan fits (`quick`, --max-seq's lengths):
+ * then it stops at the first plan that fits, and a plan whose floor does not fit is not built (build_once). Every
+ * choice up to there is made as in a whole search, so the answer is the whole search's fits. */
+typedef struct {
+    const cp_spec *spec;
+    bool quick;
+} search;
+
 /* Bisection over the choices [lo, hi], whose plans fit on one side only: the smallest x that fits (`smallest`), or
  * the largest. The plan found replaces *best. Returns 1 when one fits, 0 when none does, -1 on an error. With
  * `miss` (and `smallest`), when none fits, *miss is the plan of hi, the last one tried, so that the caller that
  * falls back to it does not build it again; else it is left empty. */
 static int bisect_fit(plan_at at, const void *ctx, int lo, int hi, bool smallest, cp_plan *best, cp_plan *miss,
-                      char *err, int errlen) {
+                      bool quick, char *err, int errlen) {
     int found = 0, top = hi;
     if (miss) memset(miss, 0, sizeof *miss);
     while (lo <= hi) {
@@ -1716,6 +1762,7 @@ static int bisect_fit(plan_at at, const void *ctx, int lo, int hi, bool smallest
             cp_plan_free(best);
             *best = t;
             found = 1;
+            if (quick) break; /* one fits: all a quick search asks */
         } else if (miss && smallest && mid == top) {
             *miss = t;
         } else {
@@ -1730,31 +1777,33 @@ static int bisect_fit(plan_at at, const void *ctx, int lo, int hi, bool smallest
 
 /* Every layer checkpointed, x of them offloaded (the first ones). */
 static int plan_offloaded(const void *ctx, int x, cp_plan *out, char *err, int errlen) {
-    if (build_once(ctx, out, x, 1, attn_split_of(ctx), err, errlen)) return -1;
+    const search *q = ctx;
+    if (build_once(q->spec, out, x, 1, attn_split_of(q->spec), q->quick, err, errlen)) return -1;
     judge(out);
     return 0;
 }
 
 /* One stage size and checkpoint spacing k: the plan, with the fewest offloaded checkpoints that fit when offload
  * is auto. */
-static int build_k(const cp_spec *spec, cp_plan *P, int k, char *err, int errlen) {
+static int build_k(const search *q, cp_plan *P, int k, char *err, int errlen) {
+    const cp_spec *spec = q->spec;
     int L = (int)spec->model.layers;
     int host = spec->parallel.offload == CP_OFFLOAD_ALL ? L : 0;
-    if (build_once(spec, P, host, k, attn_split_of(spec), err, errlen)) return -1;
+    if (build_once(spec, P, host, k, attn_split_of(spec), q->quick, err, errlen)) return -1;
     judge(P);
     if (spec->parallel.offload != CP_OFFLOAD_AUTO || P->fits || k > 1) return 0;
     /* auto: offload the fewest checkpoints that make it fit (each moved layer saves one GPU checkpoint;
      * moving any costs two staging buffers), searched by bisection since memory falls as more move; if none
      * does, all offloaded, whose refusal says what would fit */
     cp_plan all;
-    int r = bisect_fit(plan_offloaded, spec, 1, L, true, P, &all, err, errlen);
+    int r = bisect_fit(plan_offloaded, q, 1, L, true, P, &all, q->quick, err, errlen);
     if (r != 0) return r < 0 ? -1 : 0;
     cp_plan_free(P);
-    if (all.steps) { /* none fits: the bisection tried L last */
+    if (all.unit_padded) { /* none fits: the bisection tried L last */
         *P = all;
         return 0;
     }
-    return plan_offloaded(spec, L, P, err, errlen);
+    return plan_offloaded(q, L, P, err, errlen);
 }
 
 /* Every k-th layer checkpointed, for the spacing search. */
@@ -1766,18 +1815,18 @@ static int plan_spaced(const void *ctx, int k, cp_plan *out, char *err, int errl
  * layer with the fewest checkpoints offloaded; where that needs the host or does not fit, and `sparse` allows it,
  * also the smallest spacing k > 1 that fits with every checkpoint on the GPU (k up to about sqrt(L): beyond, the
  * k - 1 segment inputs outweigh the checkpoints saved), and of the two the one the cost model predicts faster. */
-static int sparser(const cp_spec *spec, cp_plan *P, char *err, int errlen);
-static int build_u(const cp_spec *spec, cp_plan *P, bool sparse, char *err, int errlen) {
-    if (spec->parallel.checkpoint_every > 0) return build_k(spec, P, spec->parallel.checkpoint_every, err, errlen);
-    if (build_k(spec, P, 1, err, errlen)) return -1;
-    return sparse ? sparser(spec, P, err, errlen) : 0;
+static int sparser(const search *q, cp_plan *P, char *err, int errlen);
+static int build_u(const search *q, cp_plan *P, bool sparse, char *err, int errlen) {
+    if (q->spec->parallel.checkpoint_every > 0) return build_k(q, P, q->spec->parallel.checkpoint_every, err, errlen);
+    if (build_k(q, P, 1, err, errlen)) return -1;
+    return sparse ? sparser(q, P, err, errlen) : 0;
 }
 
 /* build_u's second half: P is its plan with every layer checkpointed; where that needs the host or does not fit,
  * the smallest spacing that fits instead, if the cost model predicts it faster. */
-static int sparser(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
-    cp_spec s = *spec;
-    if (s.parallel.checkpoint_every > 0 || (P->fits && P->ckpt_host_layers == 0) ||
+static int sparser(const search *q, cp_plan *P, char *err, int errlen) {
+    const cp_spec s = *q->spec;
+    if (s.parallel.checkpoint_every > 0 || (P->fits && (P->ckpt_host_layers == 0 || q->quick)) ||
         s.parallel.checkpoint == CP_CKPT_NONE || s.parallel.offload == CP_OFFLOAD_ALL)
         return 0;
     /* memory falls with k up to about sqrt(L) (fewer checkpoints, more segment inputs): if the sparsest spacing
@@ -1787,12 +1836,17 @@ static int sparser(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     kmax = CP_MIN(kmax, L);
     if (kmax < 2) return 0;
     cp_plan t;
-    if (build_k(&s, &t, kmax, err, errlen)) return -1;
-    if (!t.fits) {
-        cp_plan_free(&t);
+    if (build_k(q, &t, kmax, err, errlen)) return -1;
+    if (!t.fits || q->quick) { /* quick: P is the plan that fits */
+        if (t.fits) {
+            cp_plan_free(P);
+            *P = t;
+        } else {
+            cp_plan_free(&t);
+        }
         return 0;
     }
-    if (bisect_fit(plan_spaced, &s, 2, kmax - 1, true, &t, NULL, err, errlen) < 0) {
+    if (bisect_fit(plan_spaced, q, 2, kmax - 1, true, &t, NULL, false, err, errlen) < 0) {
         cp_plan_free(&t);
         return -1;
     }
@@ -1807,20 +1861,22 @@ static int sparser(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
 
 /* Stage size U[x], every layer checkpointed, for the stage search. */
 typedef struct {
-    const cp_spec *spec;
+    const search *q;
     const int64_t *U;
 } stage_search;
 
 static int plan_staged(const void *ctx, int x, cp_plan *out, char *err, int errlen) {
     const stage_search *c = ctx;
-    cp_spec s = *c->spec;
+    cp_spec s = *c->q->spec;
     s.parallel.upipe_heads = (int)c->U[x];
-    return build_u(&s, out, false, err, errlen);
+    search q = {&s, c->q->quick};
+    return build_u(&q, out, false, err, errlen);
 }
 
 /* The optimizer's place decided: the stage size, then the checkpoints. */
-static int build_stages(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
-    if (!spec->parallel.upipe_auto) return build_u(spec, P, true, err, errlen);
+static int build_stages(const search *sq, cp_plan *P, char *err, int errlen) {
+    const cp_spec *spec = sq->spec;
+    if (!spec->parallel.upipe_auto) return build_u(sq, P, true, err, errlen);
     /* upipe_heads = "auto": the largest stage that fits, since fewer, larger stages run larger projection GEMMs
      * and give the attention kernels more blocks at once (docs/PERF.md has the 3B step with 1 and 24 heads per
      * stage); failing that, the smallest, whose refusal says what would fit */
@@ -1828,29 +1884,33 @@ static int build_stages(const cp_spec *spec, cp_plan *P, char *err, int errlen) 
     int n = cp_spec_upipe_values(spec, U, 256);
     cp_spec s = *spec;
     s.parallel.upipe_heads = (int)(n > 0 ? U[0] : spec->parallel.upipe_heads);
-    if (build_u(&s, P, false, err, errlen)) return -1;
+    search q = {&s, sq->quick};
+    if (build_u(&q, P, false, err, errlen)) return -1;
     /* the stage of least memory does not fit with every layer checkpointed: no larger one does, and a sparser
      * spacing of checkpoints is the way left (larger stages come before sparser checkpoints, which recompute) */
-    if (!P->fits) return sparser(&s, P, err, errlen); /* build_u(&s, P, true), whose first half P is */
+    if (!P->fits) return sparser(&q, P, err, errlen); /* build_u(&q, P, true), whose first half P is */
+    if (sq->quick) return 0;
     /* memory grows with U: the largest that fits, by bisection over the valid values */
-    stage_search c = {spec, U};
-    return bisect_fit(plan_staged, &c, 1, n - 1, false, P, NULL, err, errlen) < 0 ? -1 : 0;
+    stage_search c = {sq, U};
+    return bisect_fit(plan_staged, &c, 1, n - 1, false, P, NULL, false, err, errlen) < 0 ? -1 : 0;
 }
 
 /* optimizer = "auto": in host memory when the model states alone (18 bytes per parameter per rank) would take over
  * 60% of the GPU. Else on the GPU, unless that plan gives something up (it does not fit, offloads checkpoints, or
  * recomputes segments) and the plan with the optimizer on the host fits and is faster by the cost model: its
  * update streams over the host link, but it frees 12 bytes per parameter of GPU memory for activations. */
-static int build_optimizer(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+static int build_optimizer(const cp_spec *spec, cp_plan *P, bool quick, char *err, int errlen) {
     cp_spec s = *spec;
-    if (s.parallel.optimizer != CP_OPT_AUTO) return build_stages(&s, P, err, errlen);
+    search q = {&s, quick};
+    if (s.parallel.optimizer != CP_OPT_AUTO) return build_stages(&q, P, err, errlen);
     int64_t states = cp_model_params(&s.model) * 18 / s.parallel.gpus;
     s.parallel.optimizer = states > s.machine.gpu_mem * 6 / 10 ? CP_OPT_HOST : CP_OPT_GPU;
-    if (build_stages(&s, P, err, errlen)) return -1;
-    if (s.parallel.optimizer == CP_OPT_HOST || (P->fits && P->ckpt_host_layers == 0 && P->ckpt_every <= 1)) return 0;
+    if (build_stages(&q, P, err, errlen)) return -1;
+    if (s.parallel.optimizer == CP_OPT_HOST || (P->fits && ((P->ckpt_host_layers == 0 && P->ckpt_every <= 1) || quick)))
+        return 0;
     s.parallel.optimizer = CP_OPT_HOST;
     cp_plan t;
-    if (build_stages(&s, &t, err, errlen)) return -1;
+    if (build_stages(&q, &t, err, errlen)) return -1;
     if (t.fits && (!P->fits || t.t_step < P->t_step)) {
         cp_plan_free(P);
         *P = t;
@@ -1872,7 +1932,7 @@ static int plan_kept(const void *ctx, int x, cp_plan *out, char *err, int errlen
     const kept_search *c = ctx;
     int L = (int)c->spec->model.layers;
     attn_split a = c->host_cap < 0 ? (attn_split){x, 0} : (attn_split){CP_MIN(c->host_cap, L - x), x};
-    if (build_once(c->spec, out, c->ckpt_host, c->ckpt_every, a, err, errlen)) return -1;
+    if (build_once(c->spec, out, c->ckpt_host, c->ckpt_every, a, false, err, errlen)) return -1;
     judge(out);
     return 0;
 }
@@ -1903,18 +1963,18 @@ static int keep_attention(cp_plan *P, char *err, int errlen) {
     if (plan_kept(&c, L, &gpu, err, errlen)) return -1;
     if (!gpu.fits) {
         cp_plan_free(&gpu);
-        if (bisect_fit(plan_kept, &c, 1, L - 1, false, &gpu, NULL, err, errlen) < 0) return -1;
+        if (bisect_fit(plan_kept, &c, 1, L - 1, false, &gpu, NULL, false, err, errlen) < 0) return -1;
     }
     int on_gpu = gpu.fits ? gpu.attn_gpu_layers : 0;
     if (on_gpu < L) {
         c.host_cap = -1;
         cp_plan host;
         memset(&host, 0, sizeof host);
-        int r = bisect_fit(plan_kept, &c, 1, L, false, &host, NULL, err, errlen);
+        int r = bisect_fit(plan_kept, &c, 1, L, false, &host, NULL, false, err, errlen);
         if (r > 0) {
             c.host_cap = host.attn_host_layers;
             mixed = host;
-            r = bisect_fit(plan_kept, &c, 1, on_gpu, false, &mixed, NULL, err, errlen);
+            r = bisect_fit(plan_kept, &c, 1, on_gpu, false, &mixed, NULL, false, err, errlen);
         }
         if (r < 0) {
             cp_plan_free(&gpu);
@@ -1930,7 +1990,7 @@ static int keep_attention(cp_plan *P, char *err, int errlen) {
 /* The plan: the optimizer's place and what follows from it; with `fill`, the kept attention outputs in the memory
  * left. */
 static int plan_build(const cp_spec *spec, cp_plan *P, bool fill, char *err, int errlen) {
-    if (build_optimizer(spec, P, err, errlen)) return -1;
+    if (build_optimizer(spec, P, false, err, errlen)) return -1;
     return fill ? keep_attention(P, err, errlen) : 0;
 }
 
@@ -1964,6 +2024,15 @@ void cp_plan_free(cp_plan *P) {
     memset(P, 0, sizeof *P);
 }
 
+int cp_plan_fits(const cp_spec *spec, bool quick, bool *fits, char *err, int errlen) {
+    cp_plan p;
+    memset(&p, 0, sizeof p);
+    int rc = build_optimizer(spec, &p, quick, err, errlen);
+    *fits = rc == 0 && p.fits;
+    cp_plan_free(&p);
+    return rc;
+}
+
 int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errlen) {
     memset(best, 0, sizeof *best);
     cp_spec s = *spec;
@@ -1974,17 +2043,14 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
     if (s.parallel.loss_tile) gran = lcm(gran, s.parallel.loss_tile);
     gran *= (int64_t)s.parallel.gpus * s.parallel.ring;
     int64_t lo = 1, hi = ((int64_t)1 << 40) / gran, found = 0;
-    memset(best, 0, sizeof *best);
     char e2[CP_ERR_MAX];
-    /* find a failing upper bound first, doubling */
+    /* each length is asked only whether it fits (cp_plan_fits, quick); the answer's plan is built whole at the end.
+     * Find a failing upper bound first, doubling */
     int64_t probe = CP_MAX((int64_t)1, s.train.seq_len / gran);
-    cp_plan p;
+    bool fits;
     for (;;) {
         s.train.seq_len = probe * gran;
-        if (cp_spec_check(&s, e2, sizeof e2) || plan_build(&s, &p, false, e2, sizeof e2)) break;
-        bool fits = p.fits;
-        cp_plan_free(&p);
-        if (!fits) break;
+        if (cp_spec_check(&s, e2, sizeof e2) || cp_plan_fits(&s, true, &fits, e2, sizeof e2) || !fits) break;
         lo = probe;
         if (probe >= hi) break;
         probe *= 2;
@@ -1994,23 +2060,30 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
     while (lo <= hi) {
         int64_t mid = lo + (hi - lo) / 2;
         s.train.seq_len = mid * gran;
-        if (cp_spec_check(&s, e2, sizeof e2) || plan_build(&s, &p, false, e2, sizeof e2)) {
+        if (cp_spec_check(&s, e2, sizeof e2) || cp_plan_fits(&s, true, &fits, e2, sizeof e2) || !fits) {
             hi = mid - 1;
             continue;
         }
-        if (p.fits) {
-            found = mid * gran;
-            if (best->steps) cp_plan_free(best);
-            *best = p;
-            lo = mid + 1;
-        } else {
-            cp_plan_free(&p);
-            hi = mid - 1;
+        found = mid * gran;
+        lo = mid + 1;
+    }
+    if (found) {
+        s.train.seq_len = found;
+        if (plan_build(&s, best, false, err, errlen)) {
+            cp_plan_free(best);
+            return 0;
+        }
+        if (!best->fits) { /* the quick search and the whole one disagree: a planner bug */
+            snprintf(err, errlen, "%s: plan: %lld tokens fit by the quick search but not by the whole one (%s)",
+                     spec->path, (long long)found, best->why);
+            cp_plan_free(best);
+            return 0;
         }
     }
     if (!found) {
         /* say why even the shortest length does not fit */
         s.train.seq_len = gran;
+        cp_plan p;
         if (cp_spec_check(&s, e2, sizeof e2) == 0 && cp_plan_build_folded(&s, &p, e2, sizeof e2) == 0) {
             snprintf(e2, sizeof e2, "%s", p.fits ? "" : p.why);
             cp_plan_free(&p);
