@@ -736,6 +736,31 @@ static void test_quick_fit_agrees(void **state) {
             assert_true(whole == (k == 0));
         }
     }
+    /* and on random small machines for the tiny shape, where every choice comes into play (offloaded checkpoints,
+     * their spacing, the stage size, the optimizer's place) and fits are near the machine's edge */
+    srand(2026);
+    int fit = 0, n = 200;
+    for (int i = 0; i < n; i++) {
+        char sets[6][64], err[CP_ERR_MAX];
+        snprintf(sets[0], 64, "model.layers=%d", 1 + rand() % 6);
+        snprintf(sets[1], 64, "parallel.gpus=%d", 1 + rand() % 2);
+        snprintf(sets[2], 64, "train.seq_len=%dK", 16 << (rand() % 7));
+        snprintf(sets[3], 64, "machine.gpu_mem=%dM", 1024 + rand() % 6144);
+        snprintf(sets[4], 64, "machine.host_mem=%dM", 4608 + rand() % 8192);
+        snprintf(sets[5], 64, "train.micro_batches=%d", 1 + rand() % 2);
+        const char *sp[6];
+        for (int j = 0; j < 6; j++) sp[j] = sets[j];
+        cp_spec s;
+        if (cp_spec_load("tiny", sp, 6, &s, err, sizeof err)) fail_msg("spec: %s", err);
+        bool quick, whole;
+        assert_int_equal(cp_plan_fits(&s, true, &quick, err, sizeof err), 0);
+        assert_int_equal(cp_plan_fits(&s, false, &whole, err, sizeof err), 0);
+        if (quick != whole) fail_msg("tiny %s %s %s %s %s: quick %d, whole %d", sp[0], sp[1], sp[2], sp[3], sp[4], quick,
+                                     whole);
+        fit += whole;
+    }
+    printf("  random tiny machines: %d of %d fit\n", fit, n);
+    assert_true(fit > n / 5 && fit < n * 4 / 5); /* both sides of the edge */
 }
 
 /* Every step's operands lie inside their buffers and refer to live bytes (liveness would have failed). */
