@@ -182,7 +182,7 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
     cp_plan P;
     char why[CP_ERR_MAX];
     if (cp_spec_load(o->spec_arg, (const char *const *)sets, nsets, &spec, why, sizeof why) ||
-        cp_plan_build(&spec, &P, why, sizeof why)) {
+        cp_plan_build_folded(&spec, &P, why, sizeof why)) { /* figures only */
         snprintf(c->note, sizeof c->note, "not measured: the %d-layer spec does not plan (%.150s)", L, why);
         cp_tune_sets_free(sets, nsets);
         return;

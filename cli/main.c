@@ -225,6 +225,14 @@ static bool build_plan(const cp_spec *spec, cp_plan *plan) {
     return false;
 }
 
+/* The flat program of a folded plan, for what lists or draws every step; false, with the message, on a planner bug. */
+static bool unfold_plan(cp_plan *plan) {
+    char err[CP_ERR_MAX * 2];
+    if (!cp_plan_unfold(plan, err, sizeof err)) return true;
+    fprintf(stderr, "cpgen: %s\n", err);
+    return false;
+}
+
 static void jit_opts_for(const cli *c, cp_jit_opts *o) {
     memset(o, 0, sizeof *o);
     char why[256];
@@ -278,6 +286,10 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
             return CP_EXIT_USAGE;
         }
         choose_variants(c, &plan, stderr);
+        if (c->steps && !unfold_plan(&plan)) {
+            cp_plan_free(&plan);
+            return CP_EXIT_FAIL;
+        }
         if (c->json) cp_plan_print_json(&plan, stdout);
         else {
             char a[32], g[32], h[32], r[48] = "";
@@ -291,7 +303,17 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
         cp_plan_free(&plan);
         return 0;
     }
-    if (!plan_for_run(c, spec, &plan, stderr)) return CP_EXIT_USAGE;
+    /* folded, so that planning takes the same time and memory at any length; flat only to list or draw every step */
+    char perr[CP_ERR_MAX * 2];
+    if (cp_plan_build_folded(spec, &plan, perr, sizeof perr)) {
+        fprintf(stderr, "cpgen: %s\n", perr);
+        return CP_EXIT_USAGE;
+    }
+    choose_variants(c, &plan, stderr);
+    if ((c->steps || c->svg) && !unfold_plan(&plan)) {
+        cp_plan_free(&plan);
+        return CP_EXIT_FAIL;
+    }
     if (c->json) cp_plan_print_json(&plan, stdout);
     else cp_plan_print(&plan, stdout, c->steps);
     if (c->svg && cp_plan_svg(&plan, c->svg, err, sizeof err)) {

@@ -25,6 +25,12 @@ typedef struct {
 
 static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
+/* src into a zeroed field of n bytes, cut as snprintf cuts (a plan names thousands of steps: this is their cost) */
+static void set_name(char *dst, size_t n, const char *src) {
+    size_t len = strnlen(src, n - 1);
+    memcpy(dst, src, len);
+}
+
 static int add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, int64_t bytes, bool persistent) {
     if (P->nbufs == P->capbufs) {
         P->capbufs = P->capbufs ? P->capbufs * 2 : 64;
@@ -60,7 +66,7 @@ static cp_step *add_step(builder *B, cp_opkind kind, const char *what) {
     s->stream = kind == CP_OP_COPY_D2H || kind == CP_OP_COPY_H2D ? CP_STREAM_COPY
                 : (kind >= CP_OP_ALLTOALL && kind <= CP_OP_ALLREDUCE) || kind == CP_OP_SENDRECV ? CP_STREAM_COMM
                                                                        : CP_STREAM_COMPUTE;
-    snprintf(s->what, sizeof s->what, "%s", what);
+    set_name(s->what, sizeof s->what, what);
     return s;
 }
 
@@ -69,6 +75,11 @@ static void use(cp_step *s, const cp_plan *P, int buf, int64_t off, int64_t byte
     if (s->nops == CP_MAX_OPERANDS) cp_fatal(CP_EXIT_FAIL, "plan: step %s has too many operands", s->what);
     if (bytes < 0) bytes = P->bufs[buf].bytes - off;
     s->ops[s->nops++] = (cp_operand){.buf = buf, .offset = off, .bytes = bytes, .access = access};
+}
+/* Operand on tile i's rows of buffer buf, `rows` bytes a tile: the stride a folded run of tiles moves it by. */
+static void use_tile(cp_step *s, const cp_plan *P, int buf, int64_t i, int64_t rows, int access) {
+    use(s, P, buf, i * rows, rows, access);
+    s->ops[s->nops - 1].stride = rows;
 }
 static void rd(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_READ); }
 static void wr(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_WRITE); }
@@ -106,7 +117,7 @@ static int module_of(cp_plan *P, cp_kernel_spec *k) {
 static cp_step *kernel(builder *B, int module, const char *role, const char *what, double bytes) {
     cp_step *s = add_step(B, CP_OP_KERNEL, what);
     s->module = module;
-    snprintf(s->role, sizeof s->role, "%s", role);
+    set_name(s->role, sizeof s->role, role);
     s->bytes = bytes;
     return s;
 }
@@ -118,6 +129,21 @@ static cp_step *gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t
                         .lda = ta ? m : k, .ldb = tb ? k : n, .ldd = n};
     s->flops = 2.0 * (double)m * (double)n * (double)k;
     return s;
+}
+
+/* A run of n identical tiles (the MLP's, the loss's: n grows with the sequence) is added tile by tile, but the
+ * steps of tile 1, [body, nsteps), stand for tiles 1 .. n - 2 (cp_loop): called after them, this records the loop
+ * and returns the tile to continue from, less one (the caller's i++), so that the last tile is added next. Tiles 0
+ * and n - 1 stay steps of their own: the first starts lifetimes (CP_DEF) and the last ends them. */
+static int64_t fold_tiles(builder *B, int body, int64_t n) {
+    cp_plan *P = B->P;
+    if (n - 2 < 2) return 1; /* nothing to fold: tile 1 is the only one between */
+    if (P->nloops == P->caploops) {
+        P->caploops = P->caploops ? P->caploops * 2 : 64;
+        P->loops = cp_xrealloc(P->loops, sizeof *P->loops * (size_t)P->caploops);
+    }
+    P->loops[P->nloops++] = (cp_loop){.first = body, .nsteps = P->nsteps - body, .count = n - 2};
+    return n - 2;
 }
 
 /* A collective or a host copy of `bytes` (per rank). */
@@ -691,14 +717,16 @@ static void layer_forward(builder *B, const bufset *b, const modset *M, const un
     wr(k, P, b->rstd2);
     k->count = T;
     if (!mlp) return;
-    int64_t t = P->mlp_tile;
-    for (int64_t i = 0; i < T / t; i++) {
+    int64_t t = P->mlp_tile, ntiles = T / t;
+    int body = 0;
+    for (int64_t i = 0; i < ntiles; i++) {
         B->tile = (int)i;
+        if (i == 1) body = P->nsteps;
         const cp_weight gu[2] = {CP_W_GATE, CP_W_UP};
         const int gub[2] = {b->mlp_gate, b->mlp_up};
         for (int j = 0; j < 2; j++) {
             g = gemm(B, j ? "up_proj" : "gate_proj", t, F, hid, false, true);
-            use(g, P, b->xn2, i * t * hid * BF16, t * hid * BF16, CP_READ);
+            use_tile(g, P, b->xn2, i, t * hid * BF16, CP_READ);
             op_weight(g, P, w, gu[j], CP_READ);
             wr(g, P, gub[j]);
         }
@@ -710,9 +738,10 @@ static void layer_forward(builder *B, const bufset *b, const modset *M, const un
         g = gemm(B, "down_proj", t, hid, F, false, true);
         rd(g, P, b->mlp_act);
         op_weight(g, P, w, CP_W_DOWN, CP_READ);
-        use(g, P, b->h2, i * t * hid * BF16, t * hid * BF16, CP_READ);
-        use(g, P, out, i * t * hid * BF16, t * hid * BF16, i == 0 ? CP_DEF : CP_WRITE);
+        use_tile(g, P, b->h2, i, t * hid * BF16, CP_READ);
+        use_tile(g, P, out, i, t * hid * BF16, i == 0 ? CP_DEF : CP_WRITE);
         g->gemm.has_c = true;
+        if (i == 1) i = fold_tiles(B, body, ntiles);
     }
     B->tile = -1;
 }
@@ -721,15 +750,17 @@ static void layer_forward(builder *B, const bufset *b, const modset *M, const un
 static void mlp_backward(builder *B, const bufset *b, const modset *M, const unit_ref *w) {
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
-    int64_t T = P->T, hid = m->hidden, F = m->ffn, t = P->mlp_tile;
-    for (int64_t i = 0; i < T / t; i++) {
+    int64_t T = P->T, hid = m->hidden, F = m->ffn, t = P->mlp_tile, ntiles = T / t;
+    int body = 0;
+    for (int64_t i = 0; i < ntiles; i++) {
         B->tile = (int)i;
-        int64_t rows = i * t * hid * BF16, rbytes = t * hid * BF16;
+        if (i == 1) body = P->nsteps;
+        int64_t rbytes = t * hid * BF16;
         const cp_weight gu[2] = {CP_W_GATE, CP_W_UP};
         const int gub[2] = {b->mlp_gate, b->mlp_up};
         for (int j = 0; j < 2; j++) {
             cp_step *g = gemm(B, j ? "up_proj" : "gate_proj", t, F, hid, false, true);
-            use(g, P, b->xn2, rows, rbytes, CP_READ);
+            use_tile(g, P, b->xn2, i, rbytes, CP_READ);
             op_weight(g, P, w, gu[j], CP_READ);
             wr(g, P, gub[j]);
         }
@@ -740,13 +771,13 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
         k->count = t;
         /* dWdown += dres^T act */
         cp_step *g = gemm(B, "d_wdown", hid, F, t, true, false);
-        use(g, P, b->dres, rows, rbytes, CP_READ);
+        use_tile(g, P, b->dres, i, rbytes, CP_READ);
         rd(g, P, b->mlp_act);
         op_wgrad(g, P, w, CP_W_DOWN);
         g->gemm.accumulate = g->gemm.out_f32 = true;
         /* dact = dres Wdown, into act's buffer */
         g = gemm(B, "d_act", t, F, hid, false, false);
-        use(g, P, b->dres, rows, rbytes, CP_READ);
+        use_tile(g, P, b->dres, i, rbytes, CP_READ);
         op_weight(g, P, w, CP_W_DOWN, CP_READ);
         wr(g, P, b->mlp_act);
         k = kernel(B, M->swiglu, "bwd", "swiglu_bwd", 5.0 * (double)t * F * BF16);
@@ -757,15 +788,16 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
         for (int j = 0; j < 2; j++) {
             g = gemm(B, j ? "d_wup" : "d_wgate", F, hid, t, true, false);
             rd(g, P, gub[j]);
-            use(g, P, b->xn2, rows, rbytes, CP_READ);
+            use_tile(g, P, b->xn2, i, rbytes, CP_READ);
             op_wgrad(g, P, w, gu[j]);
             g->gemm.accumulate = g->gemm.out_f32 = true;
             g = gemm(B, j ? "d_xn2_up" : "d_xn2_gate", t, hid, F, false, false);
             rd(g, P, gub[j]);
             op_weight(g, P, w, gu[j], CP_READ);
-            use(g, P, b->dxn, rows, rbytes, j ? CP_RW : (i == 0 ? CP_DEF : CP_WRITE));
+            use_tile(g, P, b->dxn, i, rbytes, j ? CP_RW : (i == 0 ? CP_DEF : CP_WRITE));
             g->gemm.accumulate = j == 1;
         }
+        if (i == 1) i = fold_tiles(B, body, ntiles);
     }
     B->tile = -1;
 }
@@ -1272,30 +1304,33 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         zero(&B, b->g_head, P->bufs[b->g_head].bytes);
         if (tied) zero(&B, b->g_embed, P->bufs[b->g_embed].bytes);
     }
-    int64_t t = P->loss_tile;
-    for (int64_t i = 0; i < T / t; i++) {
+    int64_t t = P->loss_tile, ntiles = T / t;
+    int body = 0;
+    for (int64_t i = 0; i < ntiles; i++) {
         B.tile = (int)i;
-        int64_t rows = i * t * hid * BF16, rbytes = t * hid * BF16;
+        if (i == 1) body = P->nsteps;
+        int64_t rbytes = t * hid * BF16;
         cp_step *g = gemm(&B, "lm_head", t, V, hid, false, true);
-        use(g, P, b->xf, rows, rbytes, CP_READ);
+        use_tile(g, P, b->xf, i, rbytes, CP_READ);
         use(g, P, lm.wbuf, lm_off * BF16, V * hid * BF16, CP_READ);
         wr(g, P, b->logits);
         s = kernel(&B, M->loss, "fwdbwd", "loss", 2.0 * (double)t * V * BF16);
         rw(s, P, b->logits);
-        use(s, P, b->targets, i * t * 4, t * 4, CP_READ);
-        use(s, P, b->token_loss, i * t * F32, t * F32, i == 0 ? CP_DEF : CP_WRITE);
+        use_tile(s, P, b->targets, i, t * 4, CP_READ);
+        use_tile(s, P, b->token_loss, i, t * F32, i == 0 ? CP_DEF : CP_WRITE);
         s->count = t;
         B.phase = CP_PHASE_BWD;
         g = gemm(&B, "d_lm_head", V, hid, t, true, false);
         rd(g, P, b->logits);
-        use(g, P, b->xf, rows, rbytes, CP_READ);
+        use_tile(g, P, b->xf, i, rbytes, CP_READ);
         use(g, P, lm.gbuf, lm_off * F32, V * hid * F32, CP_RW);
         g->gemm.accumulate = g->gemm.out_f32 = true;
         g = gemm(&B, "d_x_final", t, hid, V, false, false);
         rd(g, P, b->logits);
         use(g, P, lm.wbuf, lm_off * BF16, V * hid * BF16, CP_READ);
-        use(g, P, b->dxf, rows, rbytes, i == 0 ? CP_DEF : CP_WRITE);
+        use_tile(g, P, b->dxf, i, rbytes, i == 0 ? CP_DEF : CP_WRITE);
         B.phase = CP_PHASE_FWD;
+        if (i == 1) i = fold_tiles(&B, body, ntiles);
     }
     B.tile = -1;
     B.phase = CP_PHASE_FWD;
@@ -1445,13 +1480,16 @@ static void cost_model(cp_plan *P) {
      * cp_ring_exposed prices one block). Send/recvs with no attention between them (K then V) run one after the
      * other. */
     double ring_send = 0, ring_attn = 0;
-    int ring_key = -1;
+    int ring_key = -1, lp = 0;
     for (int i = 0; i < P->nsteps; i++) {
         cp_step *s = &P->steps[i];
         int stage_key = ((s->layer + 1) * CP_PHASE_COUNT + (int)s->phase) * (P->nstages + 1) + s->stage + 1;
         if (ring_send > 0 && ((s->kind == CP_OP_SENDRECV && ring_attn > 0) || stage_key != ring_key))
             P->t_ring_exposed += ring_exposed(&ring_send, &ring_attn);
-        double reps = i < P->micro_steps && !s->last_micro ? mb : 1;
+        /* a folded loop's body runs once per tile it stands for (no ring step is in one) */
+        while (lp < P->nloops && i >= P->loops[lp].first + P->loops[lp].nsteps) lp++;
+        double tiles = lp < P->nloops && i >= P->loops[lp].first ? (double)P->loops[lp].count : 1;
+        double reps = (i < P->micro_steps && !s->last_micro ? mb : 1) * tiles;
         double t = 0;
         switch (s->kind) {
         case CP_OP_KERNEL:
@@ -1553,8 +1591,34 @@ cp_attn_keep cp_plan_attn_where(const cp_plan *P, int l) {
     return CP_ATTN_RECOMPUTE;
 }
 
-static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt_every, attn_split attn, char *err,
-                      int errlen) {
+static void judge(cp_plan *P);
+
+/* The least a plan can hold, from its buffers alone: every layer's checkpoint and kept attention output is written
+ * by the forward and read by the backward, so all of them are live at the loss together with what lives for the
+ * whole step; no packing puts any two of them on the same bytes. Each arena is at least their sum, rounded as the
+ * packing rounds (gen/plan_mem.c). */
+static void floor_arenas(const cp_plan *P, const bufset *b, int64_t *gpu, int64_t *host) {
+    *gpu = *host = 0;
+    const int L = (int)P->spec.model.layers;
+    bool *across = cp_xcalloc((size_t)P->nbufs, sizeof *across);
+    for (int l = 0; l < L; l++) {
+        const int kept[3] = {b->ckpt[l], b->attn_keep[l], b->lse_keep[l]};
+        for (int j = 0; j < 3; j++)
+            if (kept[j] >= 0) across[kept[j]] = true;
+    }
+    for (int i = 0; i < P->nbufs; i++) {
+        const cp_buffer *x = &P->bufs[i];
+        if (!x->persistent && !across[i]) continue;
+        *(x->space == CP_SPACE_GPU ? gpu : host) += align_up(x->bytes, CP_ARENA_ALIGN);
+    }
+    free(across);
+}
+
+/* One plan of the search with these choices. `quick` (a search that asks only whether some plan fits): where the
+ * floor of its arenas already does not fit the machine, the plan stops there, without steps, its arenas the floor
+ * and fits false, as judge() then finds again; one that may fit is built whole. */
+static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt_every, attn_split attn, bool quick,
+                      char *err, int errlen) {
     memset(P, 0, sizeof *P);
     P->spec = *spec;
     const cp_model *m = &spec->model;
@@ -1599,6 +1663,25 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     modset M;
     make_modules(P, &M);
     make_buffers(P, &M, &b);
+    if (quick) {
+        floor_arenas(P, &b, &P->gpu_arena, &P->host_arena);
+        judge(P);
+        if (!P->fits) {
+            free(b.ckpt);
+            free(b.seg);
+            free(b.attn_keep);
+            free(b.lse_keep);
+            return 0;
+        }
+        P->gpu_arena = P->host_arena = 0; /* the packing's, below */
+    }
+    /* room for the program at once: growing it by doubling copied each step twice on average, a fifth of the
+     * planner's time. The shipped specs have up to 47 steps per layer and stage, 25 more per further ring step
+     * (attention recomputed), a third more where segments run their forward again (checkpoint_every > 1), and up to
+     * 96 per layer besides (MLP tiles folded); a program that outgrows this doubles it as before */
+    int64_t per_stage = (48 + 26 * (int64_t)(P->ring - 1)) * (P->ckpt_every > 1 ? 4 : 3) / 3;
+    P->capsteps = (int)CP_MIN((int64_t)1 << 24, 256 + m->layers * (P->nstages * per_stage + 96));
+    P->steps = cp_xmalloc(sizeof *P->steps * (size_t)P->capsteps);
     make_program(P, &b, &M);
     free(b.ckpt);
     free(b.seg);
@@ -1673,51 +1756,76 @@ static void judge(cp_plan *P) {
 /* The plan of choice x of a search (offloaded layers, checkpoint spacing, stage size), judged. */
 typedef int (*plan_at)(const void *ctx, int x, cp_plan *out, char *err, int errlen);
 
+/* What a search builds from: the spec, and whether it asks only if some plan fits (`quick`, --max-seq's lengths):
+ * then it stops at the first plan that fits, and a plan whose floor does not fit is not built (build_once). Every
+ * choice up to there is made as in a whole search, so the answer is the whole search's fits. */
+typedef struct {
+    const cp_spec *spec;
+    bool quick;
+} search;
+
 /* Bisection over the choices [lo, hi], whose plans fit on one side only: the smallest x that fits (`smallest`), or
- * the largest. The plan found replaces *best. Returns 1 when one fits, 0 when none does, -1 on an error. */
-static int bisect_fit(plan_at at, const void *ctx, int lo, int hi, bool smallest, cp_plan *best, char *err,
-                      int errlen) {
-    int found = 0;
+ * the largest. The plan found replaces *best. Returns 1 when one fits, 0 when none does, -1 on an error. With
+ * `miss` (and `smallest`), when none fits, *miss is the plan of hi, the last one tried, so that the caller that
+ * falls back to it does not build it again; else it is left empty. */
+static int bisect_fit(plan_at at, const void *ctx, int lo, int hi, bool smallest, cp_plan *best, cp_plan *miss,
+                      bool quick, char *err, int errlen) {
+    int found = 0, top = hi;
+    if (miss) memset(miss, 0, sizeof *miss);
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
         cp_plan t;
-        if (at(ctx, mid, &t, err, errlen)) return -1;
+        if (at(ctx, mid, &t, err, errlen)) {
+            if (miss) cp_plan_free(miss);
+            return -1;
+        }
         bool fits = t.fits;
         if (fits) {
             cp_plan_free(best);
             *best = t;
             found = 1;
+            if (quick) break; /* one fits: all a quick search asks */
+        } else if (miss && smallest && mid == top) {
+            *miss = t;
         } else {
             cp_plan_free(&t);
         }
         if (fits == smallest) hi = mid - 1;
         else lo = mid + 1;
     }
+    if (found && miss) cp_plan_free(miss);
     return found;
 }
 
 /* Every layer checkpointed, x of them offloaded (the first ones). */
 static int plan_offloaded(const void *ctx, int x, cp_plan *out, char *err, int errlen) {
-    if (build_once(ctx, out, x, 1, attn_split_of(ctx), err, errlen)) return -1;
+    const search *q = ctx;
+    if (build_once(q->spec, out, x, 1, attn_split_of(q->spec), q->quick, err, errlen)) return -1;
     judge(out);
     return 0;
 }
 
 /* One stage size and checkpoint spacing k: the plan, with the fewest offloaded checkpoints that fit when offload
  * is auto. */
-static int build_k(const cp_spec *spec, cp_plan *P, int k, char *err, int errlen) {
+static int build_k(const search *q, cp_plan *P, int k, char *err, int errlen) {
+    const cp_spec *spec = q->spec;
     int L = (int)spec->model.layers;
     int host = spec->parallel.offload == CP_OFFLOAD_ALL ? L : 0;
-    if (build_once(spec, P, host, k, attn_split_of(spec), err, errlen)) return -1;
+    if (build_once(spec, P, host, k, attn_split_of(spec), q->quick, err, errlen)) return -1;
     judge(P);
     if (spec->parallel.offload != CP_OFFLOAD_AUTO || P->fits || k > 1) return 0;
     /* auto: offload the fewest checkpoints that make it fit (each moved layer saves one GPU checkpoint;
      * moving any costs two staging buffers), searched by bisection since memory falls as more move; if none
      * does, all offloaded, whose refusal says what would fit */
-    int r = bisect_fit(plan_offloaded, spec, 1, L, true, P, err, errlen);
+    cp_plan all;
+    int r = bisect_fit(plan_offloaded, q, 1, L, true, P, &all, q->quick, err, errlen);
     if (r != 0) return r < 0 ? -1 : 0;
     cp_plan_free(P);
-    return plan_offloaded(spec, L, P, err, errlen);
+    if (all.unit_padded) { /* none fits: the bisection tried L last */
+        *P = all;
+        return 0;
+    }
+    return plan_offloaded(q, L, P, err, errlen);
 }
 
 /* Every k-th layer checkpointed, for the spacing search. */
@@ -1729,12 +1837,19 @@ static int plan_spaced(const void *ctx, int k, cp_plan *out, char *err, int errl
  * layer with the fewest checkpoints offloaded; where that needs the host or does not fit, and `sparse` allows it,
  * also the smallest spacing k > 1 that fits with every checkpoint on the GPU (k up to about sqrt(L): beyond, the
  * k - 1 segment inputs outweigh the checkpoints saved), and of the two the one the cost model predicts faster. */
-static int build_u(const cp_spec *spec, cp_plan *P, bool sparse, char *err, int errlen) {
-    cp_spec s = *spec;
-    if (s.parallel.checkpoint_every > 0) return build_k(&s, P, s.parallel.checkpoint_every, err, errlen);
-    if (build_k(&s, P, 1, err, errlen)) return -1;
-    if (!sparse || (P->fits && P->ckpt_host_layers == 0) || s.parallel.checkpoint == CP_CKPT_NONE ||
-        s.parallel.offload == CP_OFFLOAD_ALL)
+static int sparser(const search *q, cp_plan *P, char *err, int errlen);
+static int build_u(const search *q, cp_plan *P, bool sparse, char *err, int errlen) {
+    if (q->spec->parallel.checkpoint_every > 0) return build_k(q, P, q->spec->parallel.checkpoint_every, err, errlen);
+    if (build_k(q, P, 1, err, errlen)) return -1;
+    return sparse ? sparser(q, P, err, errlen) : 0;
+}
+
+/* build_u's second half: P is its plan with every layer checkpointed; where that needs the host or does not fit,
+ * the smallest spacing that fits instead, if the cost model predicts it faster. */
+static int sparser(const search *q, cp_plan *P, char *err, int errlen) {
+    const cp_spec s = *q->spec;
+    if (s.parallel.checkpoint_every > 0 || (P->fits && (P->ckpt_host_layers == 0 || q->quick)) ||
+        s.parallel.checkpoint == CP_CKPT_NONE || s.parallel.offload == CP_OFFLOAD_ALL)
         return 0;
     /* memory falls with k up to about sqrt(L) (fewer checkpoints, more segment inputs): if the sparsest spacing
      * there does not fit, none does; else the smallest that fits, by bisection */
@@ -1743,12 +1858,17 @@ static int build_u(const cp_spec *spec, cp_plan *P, bool sparse, char *err, int 
     kmax = CP_MIN(kmax, L);
     if (kmax < 2) return 0;
     cp_plan t;
-    if (build_k(&s, &t, kmax, err, errlen)) return -1;
-    if (!t.fits) {
-        cp_plan_free(&t);
+    if (build_k(q, &t, kmax, err, errlen)) return -1;
+    if (!t.fits || q->quick) { /* quick: P is the plan that fits */
+        if (t.fits) {
+            cp_plan_free(P);
+            *P = t;
+        } else {
+            cp_plan_free(&t);
+        }
         return 0;
     }
-    if (bisect_fit(plan_spaced, &s, 2, kmax - 1, true, &t, err, errlen) < 0) {
+    if (bisect_fit(plan_spaced, q, 2, kmax - 1, true, &t, NULL, false, err, errlen) < 0) {
         cp_plan_free(&t);
         return -1;
     }
@@ -1763,20 +1883,22 @@ static int build_u(const cp_spec *spec, cp_plan *P, bool sparse, char *err, int 
 
 /* Stage size U[x], every layer checkpointed, for the stage search. */
 typedef struct {
-    const cp_spec *spec;
+    const search *q;
     const int64_t *U;
 } stage_search;
 
 static int plan_staged(const void *ctx, int x, cp_plan *out, char *err, int errlen) {
     const stage_search *c = ctx;
-    cp_spec s = *c->spec;
+    cp_spec s = *c->q->spec;
     s.parallel.upipe_heads = (int)c->U[x];
-    return build_u(&s, out, false, err, errlen);
+    search q = {&s, c->q->quick};
+    return build_u(&q, out, false, err, errlen);
 }
 
 /* The optimizer's place decided: the stage size, then the checkpoints. */
-static int build_stages(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
-    if (!spec->parallel.upipe_auto) return build_u(spec, P, true, err, errlen);
+static int build_stages(const search *sq, cp_plan *P, char *err, int errlen) {
+    const cp_spec *spec = sq->spec;
+    if (!spec->parallel.upipe_auto) return build_u(sq, P, true, err, errlen);
     /* upipe_heads = "auto": the largest stage that fits, since fewer, larger stages run larger projection GEMMs
      * and give the attention kernels more blocks at once (docs/PERF.md has the 3B step with 1 and 24 heads per
      * stage); failing that, the smallest, whose refusal says what would fit */
@@ -1784,32 +1906,33 @@ static int build_stages(const cp_spec *spec, cp_plan *P, char *err, int errlen) 
     int n = cp_spec_upipe_values(spec, U, 256);
     cp_spec s = *spec;
     s.parallel.upipe_heads = (int)(n > 0 ? U[0] : spec->parallel.upipe_heads);
-    if (build_u(&s, P, false, err, errlen)) return -1;
+    search q = {&s, sq->quick};
+    if (build_u(&q, P, false, err, errlen)) return -1;
     /* the stage of least memory does not fit with every layer checkpointed: no larger one does, and a sparser
      * spacing of checkpoints is the way left (larger stages come before sparser checkpoints, which recompute) */
-    if (!P->fits) {
-        cp_plan_free(P);
-        return build_u(&s, P, true, err, errlen);
-    }
+    if (!P->fits) return sparser(&q, P, err, errlen); /* build_u(&q, P, true), whose first half P is */
+    if (sq->quick) return 0;
     /* memory grows with U: the largest that fits, by bisection over the valid values */
-    stage_search c = {spec, U};
-    return bisect_fit(plan_staged, &c, 1, n - 1, false, P, err, errlen) < 0 ? -1 : 0;
+    stage_search c = {sq, U};
+    return bisect_fit(plan_staged, &c, 1, n - 1, false, P, NULL, false, err, errlen) < 0 ? -1 : 0;
 }
 
 /* optimizer = "auto": in host memory when the model states alone (18 bytes per parameter per rank) would take over
  * 60% of the GPU. Else on the GPU, unless that plan gives something up (it does not fit, offloads checkpoints, or
  * recomputes segments) and the plan with the optimizer on the host fits and is faster by the cost model: its
  * update streams over the host link, but it frees 12 bytes per parameter of GPU memory for activations. */
-static int build_optimizer(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+static int build_optimizer(const cp_spec *spec, cp_plan *P, bool quick, char *err, int errlen) {
     cp_spec s = *spec;
-    if (s.parallel.optimizer != CP_OPT_AUTO) return build_stages(&s, P, err, errlen);
+    search q = {&s, quick};
+    if (s.parallel.optimizer != CP_OPT_AUTO) return build_stages(&q, P, err, errlen);
     int64_t states = cp_model_params(&s.model) * 18 / s.parallel.gpus;
     s.parallel.optimizer = states > s.machine.gpu_mem * 6 / 10 ? CP_OPT_HOST : CP_OPT_GPU;
-    if (build_stages(&s, P, err, errlen)) return -1;
-    if (s.parallel.optimizer == CP_OPT_HOST || (P->fits && P->ckpt_host_layers == 0 && P->ckpt_every <= 1)) return 0;
+    if (build_stages(&q, P, err, errlen)) return -1;
+    if (s.parallel.optimizer == CP_OPT_HOST || (P->fits && ((P->ckpt_host_layers == 0 && P->ckpt_every <= 1) || quick)))
+        return 0;
     s.parallel.optimizer = CP_OPT_HOST;
     cp_plan t;
-    if (build_stages(&s, &t, err, errlen)) return -1;
+    if (build_stages(&q, &t, err, errlen)) return -1;
     if (t.fits && (!P->fits || t.t_step < P->t_step)) {
         cp_plan_free(P);
         *P = t;
@@ -1831,7 +1954,7 @@ static int plan_kept(const void *ctx, int x, cp_plan *out, char *err, int errlen
     const kept_search *c = ctx;
     int L = (int)c->spec->model.layers;
     attn_split a = c->host_cap < 0 ? (attn_split){x, 0} : (attn_split){CP_MIN(c->host_cap, L - x), x};
-    if (build_once(c->spec, out, c->ckpt_host, c->ckpt_every, a, err, errlen)) return -1;
+    if (build_once(c->spec, out, c->ckpt_host, c->ckpt_every, a, false, err, errlen)) return -1;
     judge(out);
     return 0;
 }
@@ -1862,18 +1985,18 @@ static int keep_attention(cp_plan *P, char *err, int errlen) {
     if (plan_kept(&c, L, &gpu, err, errlen)) return -1;
     if (!gpu.fits) {
         cp_plan_free(&gpu);
-        if (bisect_fit(plan_kept, &c, 1, L - 1, false, &gpu, err, errlen) < 0) return -1;
+        if (bisect_fit(plan_kept, &c, 1, L - 1, false, &gpu, NULL, false, err, errlen) < 0) return -1;
     }
     int on_gpu = gpu.fits ? gpu.attn_gpu_layers : 0;
     if (on_gpu < L) {
         c.host_cap = -1;
         cp_plan host;
         memset(&host, 0, sizeof host);
-        int r = bisect_fit(plan_kept, &c, 1, L, false, &host, err, errlen);
+        int r = bisect_fit(plan_kept, &c, 1, L, false, &host, NULL, false, err, errlen);
         if (r > 0) {
             c.host_cap = host.attn_host_layers;
             mixed = host;
-            r = bisect_fit(plan_kept, &c, 1, on_gpu, false, &mixed, err, errlen);
+            r = bisect_fit(plan_kept, &c, 1, on_gpu, false, &mixed, NULL, false, err, errlen);
         }
         if (r < 0) {
             cp_plan_free(&gpu);
@@ -1889,13 +2012,22 @@ static int keep_attention(cp_plan *P, char *err, int errlen) {
 /* The plan: the optimizer's place and what follows from it; with `fill`, the kept attention outputs in the memory
  * left. */
 static int plan_build(const cp_spec *spec, cp_plan *P, bool fill, char *err, int errlen) {
-    if (build_optimizer(spec, P, err, errlen)) return -1;
+    if (build_optimizer(spec, P, false, err, errlen)) return -1;
     return fill ? keep_attention(P, err, errlen) : 0;
 }
 
-int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+int cp_plan_build_folded(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
     memset(P, 0, sizeof *P);
     return plan_build(spec, P, true, err, errlen);
+}
+
+int cp_plan_build(const cp_spec *spec, cp_plan *P, char *err, int errlen) {
+    if (cp_plan_build_folded(spec, P, err, errlen)) return -1;
+    if (cp_plan_unfold(P, err, errlen)) {
+        cp_plan_free(P);
+        return -1;
+    }
+    return 0;
 }
 
 
@@ -1904,6 +2036,7 @@ void cp_plan_free(cp_plan *P) {
     for (int i = 0; i < P->nmodules; i++) cp_kspec_free(&P->modules[i]);
     free(P->bufs);
     free(P->steps);
+    free(P->loops);
     free(P->modules);
     free(P->kchoices);
     free(P->stages);
@@ -1911,6 +2044,15 @@ void cp_plan_free(cp_plan *P) {
     free(P->unit_padded);
     free(P->unit_shard_off);
     memset(P, 0, sizeof *P);
+}
+
+int cp_plan_fits(const cp_spec *spec, bool quick, bool *fits, char *err, int errlen) {
+    cp_plan p;
+    memset(&p, 0, sizeof p);
+    int rc = build_optimizer(spec, &p, quick, err, errlen);
+    *fits = rc == 0 && p.fits;
+    cp_plan_free(&p);
+    return rc;
 }
 
 int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errlen) {
@@ -1923,17 +2065,14 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
     if (s.parallel.loss_tile) gran = lcm(gran, s.parallel.loss_tile);
     gran *= (int64_t)s.parallel.gpus * s.parallel.ring;
     int64_t lo = 1, hi = ((int64_t)1 << 40) / gran, found = 0;
-    memset(best, 0, sizeof *best);
     char e2[CP_ERR_MAX];
-    /* find a failing upper bound first, doubling */
+    /* each length is asked only whether it fits (cp_plan_fits, quick); the answer's plan is built whole at the end.
+     * Find a failing upper bound first, doubling */
     int64_t probe = CP_MAX((int64_t)1, s.train.seq_len / gran);
-    cp_plan p;
+    bool fits;
     for (;;) {
         s.train.seq_len = probe * gran;
-        if (cp_spec_check(&s, e2, sizeof e2) || plan_build(&s, &p, false, e2, sizeof e2)) break;
-        bool fits = p.fits;
-        cp_plan_free(&p);
-        if (!fits) break;
+        if (cp_spec_check(&s, e2, sizeof e2) || cp_plan_fits(&s, true, &fits, e2, sizeof e2) || !fits) break;
         lo = probe;
         if (probe >= hi) break;
         probe *= 2;
@@ -1943,24 +2082,31 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
     while (lo <= hi) {
         int64_t mid = lo + (hi - lo) / 2;
         s.train.seq_len = mid * gran;
-        if (cp_spec_check(&s, e2, sizeof e2) || plan_build(&s, &p, false, e2, sizeof e2)) {
+        if (cp_spec_check(&s, e2, sizeof e2) || cp_plan_fits(&s, true, &fits, e2, sizeof e2) || !fits) {
             hi = mid - 1;
             continue;
         }
-        if (p.fits) {
-            found = mid * gran;
-            if (best->steps) cp_plan_free(best);
-            *best = p;
-            lo = mid + 1;
-        } else {
-            cp_plan_free(&p);
-            hi = mid - 1;
+        found = mid * gran;
+        lo = mid + 1;
+    }
+    if (found) {
+        s.train.seq_len = found;
+        if (plan_build(&s, best, false, err, errlen)) {
+            cp_plan_free(best);
+            return 0;
+        }
+        if (!best->fits) { /* the quick search and the whole one disagree: a planner bug */
+            snprintf(err, errlen, "%s: plan: %lld tokens fit by the quick search but not by the whole one (%s)",
+                     spec->path, (long long)found, best->why);
+            cp_plan_free(best);
+            return 0;
         }
     }
     if (!found) {
         /* say why even the shortest length does not fit */
         s.train.seq_len = gran;
-        if (cp_spec_check(&s, e2, sizeof e2) == 0 && cp_plan_build(&s, &p, e2, sizeof e2) == 0) {
+        cp_plan p;
+        if (cp_spec_check(&s, e2, sizeof e2) == 0 && cp_plan_build_folded(&s, &p, e2, sizeof e2) == 0) {
             snprintf(e2, sizeof e2, "%s", p.fits ? "" : p.why);
             cp_plan_free(&p);
         }

@@ -80,8 +80,20 @@ typedef struct {
     int buf;
     int64_t offset; /* bytes into the buffer (a stage's columns, a tile's rows) */
     int64_t bytes;  /* extent touched */
+    int64_t stride; /* a tile's rows: bytes the offset moves from one tile to the next (cp_loop), else 0 */
     int access;     /* CP_READ, CP_WRITE (whole extent overwritten), CP_RW */
 } cp_operand;
+
+/* A folded run of identical tiles (MLP and loss tiles, whose number grows with the sequence): the first and last
+ * tiles of the run are steps of their own and the ones between are one copy of their steps, the body, which stands
+ * for `count` tiles; each repeat moves every operand by its stride and the step's tile by one. The first and last
+ * are kept so that every tile the body stands for sees the same lifetimes around it: what is live at a body step is
+ * live at that step of every tile it stands for, so lifetimes, packing and the live peak of the folded program are
+ * those of the flat one (cp_plan_unfold). */
+typedef struct {
+    int first, nsteps; /* the body: steps [first, first + nsteps) */
+    int64_t count;     /* tiles it stands for, at least 2 */
+} cp_loop;
 
 /* Row-major: D[m][n] = op(A)[m][k] op(B)[k][n] (+ C). A is stored [m][k], or [k][m] when trans_a; B is stored
  * [k][n], or [n][k] when trans_b (a weight W[out][in] used as x W^T). ld* are row strides in elements.
@@ -179,6 +191,8 @@ typedef struct {
     cp_step *steps;        /* one micro-batch: steps [0, micro_steps), repeated micro_batches times; then the
                               optimizer */
     int micro_steps;
+    int nloops, caploops;
+    cp_loop *loops;        /* a folded plan's runs of tiles, in step order; none in a flat plan (cp_plan_unfold) */
     int nmodules, capmodules;
     cp_kernel_spec *modules;
     int nkchoices;
@@ -213,8 +227,21 @@ typedef struct {
 /* The flat layout of one transformer layer's weights for C ranks. */
 void cp_layer_layout_of(const cp_model *m, int C, cp_layer_layout *L);
 
-/* Build the plan for a validated spec. Returns 0, or -1 with a message (a spec the planner cannot lay out). */
+/* Build the plan for a validated spec. Returns 0, or -1 with a message (a spec the planner cannot lay out). The
+ * plan is flat: every step the runtime runs, in order. */
 int cp_plan_build(const cp_spec *spec, cp_plan *plan, char *err, int errlen);
+/* The same plan folded: runs of identical tiles held once (cp_loop), so that its size and the time to build it do
+ * not grow with the sequence. Every figure (memory, arenas, offsets, time) is the flat plan's; what walks every step
+ * (the executor, --steps, --svg) takes cp_plan_unfold of it. */
+int cp_plan_build_folded(const cp_spec *spec, cp_plan *plan, char *err, int errlen);
+/* Expand a folded plan's loops in place into the flat program (nothing to do for a flat one): the steps, the
+ * lifetimes and the peak step in flat numbering; offsets, arenas and times stay. 0, or -1 with a message. */
+int cp_plan_unfold(cp_plan *plan, char *err, int errlen);
+/* Steps of the flat program, and the flat index of step i of this plan (the same in a flat plan). */
+int64_t cp_plan_flat_steps(const cp_plan *plan);
+int64_t cp_plan_flat_index(const cp_plan *plan, int i);
+/* How many times step i runs per micro-batch in the flat program: a loop body's count, else 1. */
+int64_t cp_plan_step_repeats(const cp_plan *plan, int i);
 void cp_plan_free(cp_plan *plan);
 int64_t cp_plan_reserve(const cp_plan *plan); /* per-GPU bytes outside the arena */
 int64_t cp_plan_comm_reserve(const cp_plan *plan); /* the part of it that is NCCL's */
@@ -223,7 +250,8 @@ int cp_plan_ranks_per_gpu(const cp_plan *plan); /* ranks sharing one GPU: its me
 /* Where layer l keeps its attention output and LSE: CP_ATTN_GPU, CP_ATTN_HOST or CP_ATTN_RECOMPUTE (none). */
 cp_attn_keep cp_plan_attn_where(const cp_plan *plan, int layer);
 
-/* The largest seq_len (a multiple of the required granularity) whose plan fits the spec's machine; 0 if none. */
+/* The largest seq_len (a multiple of the required granularity) whose plan fits the spec's machine; 0 if none. The
+ * plan of the answer is folded (cp_plan_build_folded). */
 int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errlen);
 
 /* Text and JSON renderings (gen/plan_print.c). */

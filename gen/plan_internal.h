@@ -1,4 +1,5 @@
-/* plan_internal.h: the passes over a built program that plan.c runs (gen/plan_mem.c). */
+/* plan_internal.h: the passes over a built program that plan.c and plan_fold.c run (gen/plan_mem.c), and the fit
+ * test --max-seq searches with (gen/plan.c), open to the tests. */
 #ifndef CP_PLAN_INTERNAL_H
 #define CP_PLAN_INTERNAL_H
 
@@ -14,5 +15,19 @@ void cp_plan_assign_offsets(cp_plan *P);
 
 /* True if two buffers' lifetimes share a step. */
 bool cp_plan_lifetimes_overlap(const cp_buffer *a, const cp_buffer *b);
+
+/* The most GPU bytes live at one step, that step and what is live there (gpu_live_peak, peak_step, cat_at_peak),
+ * from the lifetimes; part of cp_plan_assign_offsets. */
+void cp_plan_live_peak(cp_plan *P);
+
+/* -1 with a message if two buffers of one arena share bytes while both are live: the offsets against the lifetimes
+ * as they are now (cp_plan_unfold checks a folded plan's offsets against the flat program's lifetimes). */
+int cp_plan_check_packing(const cp_plan *P, char *err, int errlen);
+
+/* Whether the search of cp_plan_build (without the kept attention outputs, which never change whether a length fits:
+ * they take only memory left over) finds a plan of spec that fits the machine: the whole search, or (`quick`, as
+ * --max-seq probes lengths) the same choices up to the first plan that fits, building no plan whose floor (what
+ * lives across the loss) already does not fit. Both give the same answer. 0, or -1 with a message. */
+int cp_plan_fits(const cp_spec *spec, bool quick, bool *fits, char *err, int errlen);
 
 #endif

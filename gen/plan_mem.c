@@ -145,46 +145,30 @@ static int64_t pack(cp_plan *P, cp_space space) {
     return top;
 }
 
-typedef struct {
-    int step;
-    int64_t delta;
-    int buf;
-} event;
-static int by_step(const void *pa, const void *pb) {
-    const event *a = pa, *b = pb;
-    if (a->step != b->step) return a->step < b->step ? -1 : 1;
-    return (a->delta > b->delta) - (a->delta < b->delta); /* frees before allocations at the same step */
-}
-
-/* The step where the most GPU bytes are live, and what is live there. */
-static void live_peak(cp_plan *P) {
-    int ne = 0;
-    for (int i = 0; i < P->nbufs; i++)
-        if (P->bufs[i].space == CP_SPACE_GPU) ne += 2 * P->bufs[i].nlive;
-    event *ev = cp_xmalloc(sizeof(event) * (size_t)(ne + 1));
-    ne = 0;
+/* The step where the most GPU bytes are live, and what is live there: each lifetime adds its bytes at its first
+ * step and takes them at the one after its last, and the running sum is what is live at each step. */
+void cp_plan_live_peak(cp_plan *P) {
+    int64_t *delta = cp_xcalloc((size_t)P->nsteps + 2, sizeof *delta);
     for (int i = 0; i < P->nbufs; i++) {
         const cp_buffer *b = &P->bufs[i];
         if (b->space != CP_SPACE_GPU) continue;
         int64_t size = align_up(b->bytes, CP_ARENA_ALIGN);
         for (int k = 0; k < b->nlive; k++) {
-            ev[ne++] = (event){b->live[k].start, size, i};
-            ev[ne++] = (event){b->live[k].end + 1, -size, i};
+            delta[b->live[k].start] += size;
+            delta[b->live[k].end + 1] -= size;
         }
     }
-    qsort(ev, (size_t)ne, sizeof(event), by_step);
     int64_t cur = 0;
     P->gpu_live_peak = 0;
     P->peak_step = 0;
-    for (int k = 0; k < ne; k++) {
-        cur += ev[k].delta;
-        bool step_done = k + 1 == ne || ev[k + 1].step != ev[k].step;
-        if (step_done && cur > P->gpu_live_peak) {
+    for (int s = 0; s < P->nsteps; s++) {
+        cur += delta[s];
+        if (cur > P->gpu_live_peak) {
             P->gpu_live_peak = cur;
-            P->peak_step = ev[k].step;
+            P->peak_step = s;
         }
     }
-    free(ev);
+    free(delta);
     memset(P->cat_at_peak, 0, sizeof P->cat_at_peak);
     for (int i = 0; i < P->nbufs; i++) {
         const cp_buffer *b = &P->bufs[i];
@@ -205,5 +189,39 @@ void cp_plan_assign_offsets(cp_plan *P) {
         if (b->space == CP_SPACE_GPU) P->cat_bytes[b->cat] += b->bytes;
         else P->cat_host_bytes[b->cat] += b->bytes;
     }
-    live_peak(P);
+    cp_plan_live_peak(P);
+}
+
+typedef struct {
+    int64_t lo, hi;
+    int buf;
+} placed;
+static int by_offset(const void *pa, const void *pb) {
+    const placed *a = pa, *b = pb;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+int cp_plan_check_packing(const cp_plan *P, char *err, int errlen) {
+    placed *p = cp_xmalloc(sizeof *p * (size_t)(P->nbufs + 1));
+    int rc = 0;
+    for (int sp = 0; sp < 2 && !rc; sp++) {
+        int n = 0;
+        for (int i = 0; i < P->nbufs; i++) {
+            const cp_buffer *b = &P->bufs[i];
+            if ((int)b->space == sp && b->nlive > 0)
+                p[n++] = (placed){b->offset, b->offset + align_up(b->bytes, CP_ARENA_ALIGN), i};
+        }
+        qsort(p, (size_t)n, sizeof *p, by_offset);
+        /* each buffer against those that start below its end: the pairs that share bytes */
+        for (int i = 0; i < n && !rc; i++)
+            for (int j = i + 1; j < n && p[j].lo < p[i].hi && !rc; j++) {
+                const cp_buffer *a = &P->bufs[p[i].buf], *b = &P->bufs[p[j].buf];
+                if (p[j].lo == p[j].hi || !cp_plan_lifetimes_overlap(a, b)) continue;
+                snprintf(err, errlen, "plan: %s and %s share bytes of the %s arena while both are live (a planner "
+                         "bug)", a->name, b->name, sp == CP_SPACE_GPU ? "GPU" : "host");
+                rc = -1;
+            }
+    }
+    free(p);
+    return rc;
 }

@@ -259,8 +259,9 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     int64_t total = 0;
     for (int k = 0; k < CP_CAT_COUNT; k++) total += P->cat_bytes[k];
     const cp_step *ps = &P->steps[P->peak_step < P->nsteps ? P->peak_step : 0];
-    fprintf(out, "  %-40s %14s %14s   (at step %d: %s %s, layer %d)\n", "sum", cp_fmt_bytes(total, a, sizeof a),
-            cp_fmt_bytes(P->gpu_live_peak, b, sizeof b), P->peak_step, cp_phase_name(ps->phase), ps->what, ps->layer);
+    fprintf(out, "  %-40s %14s %14s   (at step %lld: %s %s, layer %d)\n", "sum", cp_fmt_bytes(total, a, sizeof a),
+            cp_fmt_bytes(P->gpu_live_peak, b, sizeof b), (long long)cp_plan_flat_index(P, P->peak_step),
+            cp_phase_name(ps->phase), ps->what, ps->layer);
     fprintf(out, "  %-40s %14s   (buffers whose lifetimes do not overlap share bytes)\n", "arena",
             cp_fmt_bytes(P->gpu_arena, a, sizeof a));
     fprintf(out, "  %-40s %14s\n", "reserve: CUDA context, modules, libraries", cp_fmt_bytes(mc->reserve, a, sizeof a));
@@ -291,7 +292,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     double tok = tokens_per_step(P) / P->C;
     fprintf(out, "\nwork per optimizer step, per GPU: %.4g TFLOP (attention %.4g, other %.4g); %lld steps, %d kernel "
                  "modules\n",
-            flops / 1e12, P->flops_attn / 1e12, P->flops_other / 1e12, (long long)P->nsteps, P->nmodules);
+            flops / 1e12, P->flops_attn / 1e12, P->flops_other / 1e12, (long long)cp_plan_flat_steps(P), P->nmodules);
     char t[6][24];
     const double ts[6] = {P->t_step, P->t_compute, P->t_attn, P->t_comm_exposed, P->t_comm, P->t_copy};
     for (int k = 0; k < 6; k++) fmt_seconds(ts[k], t[k], sizeof t[k]);
@@ -307,9 +308,14 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
 
     if (!verbose) return;
     fprintf(out, "\nsteps (one micro-batch, then the optimizer)\n");
-    for (int i = 0; i < P->nsteps; i++) {
+    for (int i = 0, lp = 0; i < P->nsteps; i++) {
         const cp_step *s = &P->steps[i];
-        fprintf(out, "  %6d %-9s L%-3d", i, cp_phase_name(s->phase), s->layer);
+        if (lp < P->nloops && P->loops[lp].first == i) { /* a folded plan: the body once, with its count */
+            fprintf(out, "  the next %d steps run for each of %lld tiles, from tile %d:\n", P->loops[lp].nsteps,
+                    (long long)P->loops[lp].count, s->tile);
+            lp++;
+        }
+        fprintf(out, "  %6lld %-9s L%-3d", (long long)cp_plan_flat_index(P, i), cp_phase_name(s->phase), s->layer);
         if (s->stage >= 0) fprintf(out, " s%-3d", s->stage);
         else fprintf(out, "     ");
         if (s->tile >= 0) fprintf(out, " t%-4d", s->tile);
@@ -323,7 +329,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
         }
         fprintf(out, "  %.0f us\n", s->seconds * 1e6);
     }
-    fprintf(out, "\nbuffers live at the peak (step %d)\n", P->peak_step);
+    fprintf(out, "\nbuffers live at the peak (step %lld)\n", (long long)cp_plan_flat_index(P, P->peak_step));
     for (int i = 0; i < P->nbufs; i++) {
         const cp_buffer *b = &P->bufs[i];
         if (b->space != CP_SPACE_GPU) continue;
@@ -455,7 +461,7 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
                  "\"comm_exposed\": %.6g, \"host_copies\": %.6g, \"tokens_per_s_per_gpu\": %.6g},\n",
             P->t_step, P->t_compute, P->t_attn, P->t_comm, P->t_comm_exposed, P->t_copy,
             tokens_per_step(P) / P->C / P->t_step);
-    fprintf(out, "  \"steps\": %d,\n  \"modules\": [", P->nsteps);
+    fprintf(out, "  \"steps\": %lld,\n  \"modules\": [", (long long)cp_plan_flat_steps(P));
     for (int i = 0; i < P->nmodules; i++) {
         fprintf(out, "%s", i ? ", " : "");
         json_str(out, P->modules[i].family);

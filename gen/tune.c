@@ -187,7 +187,7 @@ int cp_tune_plan(cp_tune *t, const cp_tune_axes *ax, const char *path, const cha
             continue;
         }
         cp_plan P;
-        if (cp_plan_build(&spec, &P, why, sizeof why)) {
+        if (cp_plan_build_folded(&spec, &P, why, sizeof why)) { /* figures only: no step is walked */
             snprintf(c->why, sizeof c->why, "%s", why);
             continue;
         }
@@ -374,9 +374,10 @@ int cp_tune_write_jsonl(const cp_tune *t, const char *path, char *err, int errle
 
 double cp_tune_layer_fraction(const cp_plan *P) {
     double in_layers = 0, all = 0;
-    for (int s = 0; s < P->nsteps; s++) {
-        all += P->steps[s].seconds;
-        if (P->steps[s].layer >= 0) in_layers += P->steps[s].seconds;
+    for (int s = 0; s < P->nsteps; s++) { /* a folded plan's loop body once per tile */
+        double t = P->steps[s].seconds * (double)cp_plan_step_repeats(P, s);
+        all += t;
+        if (P->steps[s].layer >= 0) in_layers += t;
     }
     return all > 0 ? in_layers / all : 1;
 }

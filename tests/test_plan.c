@@ -1,6 +1,7 @@
 /* test_plan.c: the plan's memory model against arithmetic written out term by term, the UPipe stage tables,
- * the arena packing (no two buffers alive at once share a byte), --max-seq and the JSON output; replicas, and ring
- * attention's stages, memory, --max-seq and refusals. */
+ * the arena packing (no two buffers alive at once share a byte), folded plans against their flat program, --max-seq
+ * (its quick fit test against the whole search) and the JSON output; replicas, and ring attention's stages, memory,
+ * --max-seq and refusals. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -625,6 +626,141 @@ static void test_arena_property(void **state) {
         cp_plan_free(&p);
     }
     assert_true(checked >= 40);
+}
+
+/* A folded plan (runs of tiles held once) against its flat program, the one cp_plan_build hands the runtime: the same
+ * figures, step numbers, offsets and live peak, every tile of a loop at its rows, and packing the flat program's own
+ * lifetimes from scratch gives the folded offsets again (so folding changes nothing but the planner's work). Over
+ * runs of 1 to 4 tiles (nothing or one tile folded), long ones, several micro-batches, segments, offloaded
+ * checkpoints, the optimizer on the host, replicas and a ring. */
+static void test_folded_matches_flat(void **state) {
+    (void)state;
+    static const char *cases[][6] = {
+        {"tiny"},
+        {"tiny", "train.seq_len=3K"},
+        {"tiny", "train.seq_len=6K"},
+        {"tiny", "train.seq_len=9K"},
+        {"tiny", "train.seq_len=12K", "parallel.loss_tile=512"},
+        {"tiny", "train.seq_len=1M"},
+        {"tiny", "parallel.ring=2", "train.seq_len=32K"},
+        {"tiny", "train.seq_len=64K", "parallel.offload=all", "parallel.optimizer=host"},
+        {"tiny", "parallel.gpus=2", "parallel.replicas=2", "train.seq_len=64K"},
+        {"llama1b", "parallel.gpus=1", "train.seq_len=256K", "parallel.checkpoint_every=4"},
+        {"llama3b", "parallel.gpus=1", "train.seq_len=128K"},
+        {"llama8b", "parallel.gpus=8", "train.seq_len=1M", "train.micro_batches=2"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int n = 1;
+        while (n < 6 && cases[c][n]) n++;
+        char err[CP_ERR_MAX];
+        cp_spec s;
+        if (cp_spec_load(cases[c][0], cases[c] + 1, n - 1, &s, err, sizeof err)) fail_msg("spec: %s", err);
+        cp_plan f, p;
+        if (cp_plan_build_folded(&s, &f, err, sizeof err)) fail_msg("folded: %s", err);
+        build(&s, &p);
+        assert_int_equal(p.nloops, 0);
+        int64_t tiles = p.T / p.mlp_tile;
+        if (tiles > 3) assert_true(f.nloops > 0);
+        assert_int_equal(cp_plan_flat_steps(&f), p.nsteps);
+        assert_int_equal(cp_plan_flat_index(&f, f.micro_steps), p.micro_steps);
+        assert_int_equal(cp_plan_flat_index(&f, f.peak_step), p.peak_step);
+        assert_int_equal(f.gpu_arena, p.gpu_arena);
+        assert_int_equal(f.host_arena, p.host_arena);
+        assert_int_equal(f.gpu_live_peak, p.gpu_live_peak);
+        assert_memory_equal(f.cat_at_peak, p.cat_at_peak, sizeof f.cat_at_peak);
+        assert_true(fabs(f.t_step - p.t_step) <= 1e-12 * p.t_step);
+        assert_true(fabs(f.flops_other - p.flops_other) <= 1e-12 * p.flops_other);
+        assert_true(f.fits == p.fits);
+        assert_int_equal(f.nbufs, p.nbufs);
+        for (int i = 0; i < f.nbufs; i++) assert_int_equal(f.bufs[i].offset, p.bufs[i].offset);
+        /* each folded step at its flat place; a loop's repeats at the next tiles and rows */
+        for (int i = 0, lp = 0; i < f.nsteps; i++) {
+            const cp_step *a = &f.steps[i];
+            int64_t reps = cp_plan_step_repeats(&f, i), at = cp_plan_flat_index(&f, i);
+            int64_t body = lp < f.nloops && i >= f.loops[lp].first ? f.loops[lp].nsteps : 0;
+            for (int64_t r = 0; r < reps; r++) {
+                const cp_step *b = &p.steps[at + r * body];
+                assert_string_equal(a->what, b->what);
+                assert_int_equal(a->layer, b->layer);
+                assert_int_equal(a->phase, b->phase);
+                assert_int_equal(a->tile + r, b->tile);
+                assert_int_equal(a->nops, b->nops);
+                for (int o = 0; o < a->nops; o++) {
+                    assert_int_equal(a->ops[o].buf, b->ops[o].buf);
+                    assert_int_equal(a->ops[o].offset + r * a->ops[o].stride, b->ops[o].offset);
+                    assert_int_equal(a->ops[o].bytes, b->ops[o].bytes);
+                }
+            }
+            if (body && i + 1 == f.loops[lp].first + f.loops[lp].nsteps) lp++;
+        }
+        /* the flat program's lifetimes packed afresh */
+        cp_plan_assign_offsets(&p);
+        assert_int_equal(p.gpu_arena, f.gpu_arena);
+        assert_int_equal(p.host_arena, f.host_arena);
+        for (int i = 0; i < f.nbufs; i++) assert_int_equal(f.bufs[i].offset, p.bufs[i].offset);
+        cp_plan_free(&f);
+        cp_plan_free(&p);
+    }
+}
+
+/* --max-seq asks each length only whether it fits, quickly (cp_plan_fits): the same answer as the whole search, at
+ * the shipped specs' longest lengths (docs/ARCHITECTURE.md, README) and one granule beyond, and far beyond, where
+ * plans stop at their floor. */
+static void test_quick_fit_agrees(void **state) {
+    (void)state;
+    static const struct {
+        const char *spec, *sets[3];
+        int64_t longest, gran;
+    } cases[] = {
+        {"tiny", {"parallel.gpus=1"}, 33039360, 1024},
+        {"llama1b", {"parallel.gpus=1"}, 2641920, 1024},
+        {"llama3b", {"parallel.gpus=1"}, 1398784, 1024},
+        {"llama8b", {"parallel.gpus=8"}, 7356416, 8192},
+        {"llama8b", {"parallel.gpus=8", "parallel.ring=8"}, 50659328, 65536},
+        {"qwen32b", {"parallel.gpus=8", "machine.host_mem=2T"}, 4022272, 8192},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t lens[] = {cases[c].longest, cases[c].longest + cases[c].gran, 4 * cases[c].longest};
+        for (size_t k = 0; k < 3; k++) {
+            char len[64], err[CP_ERR_MAX];
+            snprintf(len, sizeof len, "train.seq_len=%lld", (long long)lens[k]);
+            const char *sets[4] = {len};
+            int n = 1;
+            for (int j = 0; j < 3 && cases[c].sets[j]; j++) sets[n++] = cases[c].sets[j];
+            cp_spec s;
+            if (cp_spec_load(cases[c].spec, sets, n, &s, err, sizeof err)) fail_msg("spec: %s", err);
+            bool quick, whole;
+            assert_int_equal(cp_plan_fits(&s, true, &quick, err, sizeof err), 0);
+            assert_int_equal(cp_plan_fits(&s, false, &whole, err, sizeof err), 0);
+            if (quick != whole) fail_msg("%s %s: quick %d, whole %d", cases[c].spec, len, quick, whole);
+            assert_true(whole == (k == 0));
+        }
+    }
+    /* and on random small machines for the tiny shape, where every choice comes into play (offloaded checkpoints,
+     * their spacing, the stage size, the optimizer's place) and fits are near the machine's edge */
+    srand(2026);
+    int fit = 0, n = 200;
+    for (int i = 0; i < n; i++) {
+        char sets[6][64], err[CP_ERR_MAX];
+        snprintf(sets[0], 64, "model.layers=%d", 1 + rand() % 6);
+        snprintf(sets[1], 64, "parallel.gpus=%d", 1 + rand() % 2);
+        snprintf(sets[2], 64, "train.seq_len=%dK", 16 << (rand() % 7));
+        snprintf(sets[3], 64, "machine.gpu_mem=%dM", 1024 + rand() % 6144);
+        snprintf(sets[4], 64, "machine.host_mem=%dM", 4608 + rand() % 8192);
+        snprintf(sets[5], 64, "train.micro_batches=%d", 1 + rand() % 2);
+        const char *sp[6];
+        for (int j = 0; j < 6; j++) sp[j] = sets[j];
+        cp_spec s;
+        if (cp_spec_load("tiny", sp, 6, &s, err, sizeof err)) fail_msg("spec: %s", err);
+        bool quick, whole;
+        assert_int_equal(cp_plan_fits(&s, true, &quick, err, sizeof err), 0);
+        assert_int_equal(cp_plan_fits(&s, false, &whole, err, sizeof err), 0);
+        if (quick != whole) fail_msg("tiny %s %s %s %s %s: quick %d, whole %d", sp[0], sp[1], sp[2], sp[3], sp[4], quick,
+                                     whole);
+        fit += whole;
+    }
+    printf("  random tiny machines: %d of %d fit\n", fit, n);
+    assert_true(fit > n / 5 && fit < n * 4 / 5); /* both sides of the edge */
 }
 
 /* Every step's operands lie inside their buffers and refer to live bytes (liveness would have failed). */
@@ -1263,6 +1399,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dq_order),
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
         cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
+        cmocka_unit_test(test_folded_matches_flat), cmocka_unit_test(test_quick_fit_agrees),
         cmocka_unit_test(test_refuses_when_too_small), cmocka_unit_test(test_ranks_per_gpu),
         cmocka_unit_test(test_host_memory), cmocka_unit_test(test_max_seq),
         cmocka_unit_test(test_max_seq_none_fits), cmocka_unit_test(test_json_parses),
