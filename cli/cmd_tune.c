@@ -43,8 +43,9 @@ static bool next_json_line(char **p, char *end, cp_json *j) {
 /* The median step time and the largest measured GPU memory in a run's metrics.jsonl; -1 with why. */
 static int read_metrics(const char *path, double *step, int64_t *peak, char *why, int whylen) {
     size_t len;
-    char *text = cp_read_file(path, &len);
-    if (!text) return cp_errf(why, whylen, "no %s (%s)", path, strerror(errno));
+    char e[256];
+    char *text = cp_read_file_as(path, CP_FILE_METRICS, &len, e, sizeof e);
+    if (!text) return cp_errf(why, whylen, "no %s (%s)", path, e);
     double secs[64];
     int n = 0;
     *peak = 0;
@@ -136,7 +137,7 @@ static void time_kernels(cp_tune *t, int i, const cp_tune_opts *o, double second
     free(argv);
     cp_tune_sets_free(sets, nsets);
     size_t len = 0;
-    char *text = rc ? NULL : cp_read_file(path, &len);
+    char *text = rc ? NULL : cp_read_file_as(path, CP_FILE_CACHE, &len, NULL, 0);
     const size_t nn = sizeof t->kern_note;
     if (rc == -1) snprintf(t->kern_note, nn, "kernel variants not timed: ran past %.0f s; log %s", seconds, log);
     else if (rc) snprintf(t->kern_note, nn, "kernel variants not timed: cpgen tune-kernels failed (exit %d); log %s", rc, log);

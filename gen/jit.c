@@ -679,12 +679,12 @@ static void write_text(const char *path, const char *text) {
 
 static bool try_load(job *j, const char *path) {
     size_t len = 0;
-    char *d = cp_read_file(path, &len);
+    char why[256];
+    char *d = cp_read_file_as(path, CP_FILE_CUBIN, &len, why, sizeof why);
     if (!d) {
-        if (errno != ENOENT) fprintf(stderr, "cpgen: cache entry %s unreadable (%s), rebuilding\n", path, strerror(errno));
+        if (errno != ENOENT) fprintf(stderr, "cpgen: cache entry %s unreadable (%s), rebuilding\n", path, why);
         return false;
     }
-    char why[256];
     int rc = parse_entry((const unsigned char *)d, len, j->key, j->src, j->out, why, sizeof why);
     free(d);
     if (rc != 0) {
@@ -742,7 +742,14 @@ static void run_job(job *j, const pool *pl) {
 
     /* Ranks on one node share the cache: the first to take the lock compiles, the others wait and load. */
     with_ext(lock_path, sizeof lock_path, j->base, ".lock");
-    int lock = open(lock_path, O_RDWR | O_CREAT, 0644);
+    /* O_NONBLOCK and O_NOFOLLOW: a FIFO or a link put there must not block nor point the lock elsewhere; a lock
+     * that cannot be taken only costs a compile that another process may be doing too */
+    int lock = open(lock_path, O_RDWR | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0644);
+    struct stat lst;
+    if (lock >= 0 && (fstat(lock, &lst) != 0 || !S_ISREG(lst.st_mode))) {
+        close(lock);
+        lock = -1;
+    }
     if (lock >= 0 && flock(lock, LOCK_EX) != 0) {
         close(lock);
         lock = -1;

@@ -173,24 +173,131 @@ void cp_str_free(cp_str *s) {
     s->len = s->cap = 0;
 }
 
-char *cp_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    cp_str s = {0};
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) cp_str_append(&s, chunk, n);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        cp_str_free(&s);
-        errno = EIO;
-        return NULL;
+/* The bounds of cp_file_kind, in one place. A spec, a manifest or a state file is text a person could read: a few
+ * MiB is far beyond any real one. A cubin of the largest shipped plan is a few MiB; hundreds leave room. metrics.jsonl
+ * grows by ~300 bytes a step: 1 GiB is millions of steps. A safetensors index of the largest Hugging Face models is
+ * a few MiB; 100 MB is safetensors' own bound on a header. */
+static const struct {
+    const char *name;
+    int64_t max;
+} file_kinds[CP_FILE_KINDS] = {
+    [CP_FILE_ANY] = {"file", (int64_t)1 << 30},
+    [CP_FILE_SPEC] = {"spec", (int64_t)4 << 20},
+    [CP_FILE_MANIFEST] = {"bundle manifest", (int64_t)16 << 20},
+    [CP_FILE_CUBIN] = {"compiled kernel module", (int64_t)512 << 20},
+    [CP_FILE_STATE] = {"state file", (int64_t)16 << 20},
+    [CP_FILE_CACHE] = {"kernel tuning cache", (int64_t)64 << 20},
+    [CP_FILE_METRICS] = {"metrics file", (int64_t)1 << 30},
+    [CP_FILE_TRACE] = {"trace part", (int64_t)1 << 30},
+    [CP_FILE_INDEX] = {"safetensors index", 100000000},
+    [CP_FILE_DATA] = {"data file", -1},
+};
+
+int64_t cp_file_max(cp_file_kind kind) { return (unsigned)kind < CP_FILE_KINDS ? file_kinds[kind].max : 0; }
+
+const char *cp_file_kind_name(cp_file_kind kind) {
+    return (unsigned)kind < CP_FILE_KINDS ? file_kinds[kind].name : "file";
+}
+
+/* What a file of mode m is, when it is not a regular file. */
+static const char *type_name(mode_t m) {
+    if (S_ISDIR(m)) return "a folder";
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISLNK(m)) return "a symbolic link";
+    return "not a regular file";
+}
+
+static void say(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *why, size_t whylen, const char *fmt, ...) {
+    if (!why || !whylen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+}
+
+/* Refuse what st describes unless it is a regular file within the kind's bound; 0, or -1 with errno and why. */
+static int check_stat(const struct stat *st, cp_file_kind kind, char *why, size_t whylen) {
+    if (!S_ISREG(st->st_mode)) {
+        say(why, whylen, "%s, not a regular file", type_name(st->st_mode));
+        errno = S_ISDIR(st->st_mode) ? EISDIR : EINVAL;
+        return -1;
     }
-    if (!s.data) cp_str_append(&s, "", 0);
+    int64_t max = cp_file_max(kind);
+    if (max >= 0 && st->st_size > max) {
+        char a[32], b[32];
+        say(why, whylen, "%s, more than a %s can be (%s)", cp_fmt_bytes(st->st_size, a, sizeof a),
+            cp_file_kind_name(kind), cp_fmt_bytes(max, b, sizeof b));
+        errno = EFBIG;
+        return -1;
+    }
+    return 0;
+}
+
+int cp_open_file(const char *path, cp_file_kind kind, int64_t *size, char *why, size_t whylen) {
+    struct stat st;
+    /* stat first, so a device is never opened; O_NONBLOCK in case it was swapped for a FIFO since */
+    if (stat(path, &st) != 0 || check_stat(&st, kind, why, whylen) != 0) {
+        if (errno != EISDIR && errno != EINVAL && errno != EFBIG) say(why, whylen, "%s", strerror(errno));
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        say(why, whylen, "%s", strerror(errno));
+        return -1;
+    }
+    int flags = fstat(fd, &st) == 0 ? fcntl(fd, F_GETFL) : -1;
+    if (flags < 0 || check_stat(&st, kind, why, whylen) != 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        if (e != EISDIR && e != EINVAL && e != EFBIG) say(why, whylen, "%s", strerror(e));
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if (size) *size = st.st_size;
+    return fd;
+}
+
+char *cp_read_file_as(const char *path, cp_file_kind kind, size_t *len, char *why, size_t whylen) {
+    int64_t size;
+    int fd = cp_open_file(path, kind, &size, why, whylen);
+    if (fd < 0) return NULL;
+    int64_t max = cp_file_max(kind);
+    cp_str s = {0};
+    cp_str_append(&s, "", 0);
+    char chunk[65536];
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            int e = errno;
+            say(why, whylen, "%s", strerror(e));
+            close(fd);
+            cp_str_free(&s);
+            errno = e;
+            return NULL;
+        }
+        if (n == 0) break;
+        if (max >= 0 && (int64_t)(s.len + (size_t)n) > max) { /* it grew while read: a log being written, or worse */
+            char b[32];
+            say(why, whylen, "grew past %s, the most a %s can be, while it was read", cp_fmt_bytes(max, b, sizeof b),
+                cp_file_kind_name(kind));
+            close(fd);
+            cp_str_free(&s);
+            errno = EFBIG;
+            return NULL;
+        }
+        cp_str_append(&s, chunk, (size_t)n);
+    }
+    close(fd);
     if (len) *len = s.len;
     return s.data;
 }
+
+char *cp_read_file(const char *path, size_t *len) { return cp_read_file_as(path, CP_FILE_ANY, len, NULL, 0); }
 
 bool cp_next_line(char **p, char *end, char **line, size_t *n) {
     if (*p >= end) return false;

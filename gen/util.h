@@ -52,7 +52,39 @@ void cp_str_append(cp_str *s, const char *text, size_t n);
 void cp_str_printf(cp_str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cp_str_free(cp_str *s);
 
-/* Read a whole file; NULL with errno set on failure. */
+/* The kinds of file cpgen reads, each with the largest size it accepts (cp_file_max; the one table of bounds is in
+ * util.c). Only regular files are read: a FIFO, a device, a socket or a folder is refused without blocking, and a
+ * file larger than its kind can be is refused before it is read, so that a spec, cache or `latest` that is a link
+ * to /dev/zero, or a 40 GB file named manifest.json, costs nothing but a message. */
+typedef enum {
+    CP_FILE_ANY,      /* cp_read_file: a file of no particular kind (tests, tools) */
+    CP_FILE_SPEC,     /* a Lua spec, and what it loads with dofile or cpgen.load */
+    CP_FILE_MANIFEST, /* a bundle's manifest.json */
+    CP_FILE_CUBIN,    /* a compiled module: a bundle's cubin, a JIT cache entry */
+    CP_FILE_STATE,    /* small state: trainer_state.json, `latest`, a rendezvous file */
+    CP_FILE_CACHE,    /* the kernel tuning cache, kernels.jsonl */
+    CP_FILE_METRICS,  /* metrics.jsonl */
+    CP_FILE_TRACE,    /* one rank's part of a step trace */
+    CP_FILE_INDEX,    /* a safetensors index (model.safetensors.index.json) */
+    CP_FILE_DATA,     /* safetensors files and token shards: any size (their readers bound their headers) */
+    CP_FILE_KINDS
+} cp_file_kind;
+
+/* The largest file of this kind cpgen reads, in bytes; -1: no bound. */
+int64_t cp_file_max(cp_file_kind kind);
+/* "spec", "bundle manifest", ...: the kind in messages. */
+const char *cp_file_kind_name(cp_file_kind kind);
+
+/* Open path (links followed) for reading as a file of this kind, never blocking: it must be a regular file no
+ * larger than cp_file_max(kind). The descriptor (O_CLOEXEC) with the file's size in *size (may be NULL), or -1 with
+ * errno set and, in why (may be NULL), what is wrong as a phrase to put after the path: strerror's text, or "a
+ * FIFO, not a regular file", or "5.00 GiB, more than a spec can be (4.00 MiB)". errno is ENOENT only for a missing
+ * file, EISDIR for a folder, EINVAL for another kind of non-regular file, EFBIG for a file too large. */
+int cp_open_file(const char *path, cp_file_kind kind, int64_t *size, char *why, size_t whylen);
+/* Read a whole file of this kind (cp_open_file's checks), NUL-terminated, its length in *len (may be NULL); NULL
+ * with errno set and what is wrong in why (may be NULL). A file that grows past the bound while read is refused. */
+char *cp_read_file_as(const char *path, cp_file_kind kind, size_t *len, char *why, size_t whylen);
+/* cp_read_file_as of CP_FILE_ANY: NULL with errno set on failure. */
 char *cp_read_file(const char *path, size_t *len);
 /* The next line of the text [*p, end), without its newline, as [*line, *line + *n), and *p past it; false at the
  * end. For reading JSON-lines files such as metrics.jsonl. */

@@ -320,11 +320,11 @@ int cp_bundle_open(const char *dir, cp_bundle *b, char *err, int errlen) {
     char path[CP_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     size_t len;
-    char *text = cp_read_file(path, &len);
-    if (!text)
-        return cp_errf(err, errlen, "cannot read %s (%s): is %s a bundle made by cpgen aot?", path, strerror(errno), dir);
-    cp_json root;
     char why[256];
+    char *text = cp_read_file_as(path, CP_FILE_MANIFEST, &len, why, sizeof why);
+    if (!text)
+        return cp_errf(err, errlen, "cannot read %s (%s): is %s a bundle made by cpgen aot?", path, why, dir);
+    cp_json root;
     int rc = cp_json_parse(text, len, &root, why, sizeof why);
     free(text);
     if (rc) return cp_errf(err, errlen, "%s is not valid JSON (%s): rebuild the bundle with cpgen aot", path, why);
@@ -332,9 +332,10 @@ int cp_bundle_open(const char *dir, cp_bundle *b, char *err, int errlen) {
     cp_json_free(&root);
     if (!rc) {
         snprintf(path, sizeof path, "%s/spec.lua", dir);
-        b->spec_text = cp_read_file(path, &len);
-        if (!b->spec_text) rc = cp_errf(err, errlen, "cannot read %s (%s): the bundle is incomplete; rebuild it with "
-                                        "cpgen aot", path, strerror(errno));
+        b->spec_text = cp_read_file_as(path, CP_FILE_SPEC, &len, why, sizeof why);
+        if (!b->spec_text)
+            rc = cp_errf(err, errlen, "cannot read %s (%s): the bundle is incomplete or damaged; rebuild it with cpgen "
+                         "aot", path, why);
     }
     if (rc) cp_bundle_close(b);
     return rc;
@@ -366,10 +367,11 @@ static void *read_cubin(const cp_bundle *b, const cp_bundle_cubin *c, size_t *le
                         int errlen) {
     char path[CP_PATH_MAX + CP_KNAME_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", b->dir, c->file);
-    void *d = cp_read_file(path, len);
+    char why[256];
+    void *d = cp_read_file_as(path, CP_FILE_CUBIN, len, why, sizeof why);
     if (!d) {
-        cp_errf(err, errlen, "bundle %s: cubin %s is missing (%s): copy the whole bundle folder again, or rebuild it: "
-                "%s", b->dir, c->file, strerror(errno), rebuild);
+        cp_errf(err, errlen, "bundle %s: cubin %s is %s (%s): copy the whole bundle folder again, or rebuild it: %s",
+                b->dir, c->file, errno == ENOENT ? "missing" : "unreadable", why, rebuild);
         return NULL;
     }
     char sha[CP_SHA256_HEX];

@@ -400,7 +400,11 @@ static int resolve(const char *dir, char *out, size_t n, char *err, int errlen) 
     }
     snprintf(p, sizeof p, "%s/%s", dir, CP_CKPT_LATEST_NAME);
     size_t len;
-    char *text = cp_read_file(p, &len);
+    char why[256];
+    char *text = cp_read_file_as(p, CP_FILE_STATE, &len, why, sizeof why);
+    if (!text && errno != ENOENT)
+        return cp_errf(err, errlen, "--resume %s: %s cannot be read (%s): it should name the newest checkpoint folder; "
+                       "resume from a ckpt_<step> folder directly", dir, p, why);
     if (!text) {
         if (strstr(dir, ".tmp."))
             return cp_errf(err, errlen, "--resume %s: an incomplete checkpoint (a save that did not finish; it has no "
@@ -547,8 +551,11 @@ int cp_ckpt_open(const cp_plan *P, const char *dir, cp_ckpt *ck, char *err, int 
     char p[CP_PATH_MAX + 64];
     snprintf(p, sizeof p, "%s/%s", ck->dir, CP_CKPT_STATE_NAME);
     size_t len;
-    char *text = cp_read_file(p, &len);
-    if (!text) return cp_errf(err, errlen, "%s: cannot read: %s", p, strerror(errno));
+    char why[256];
+    char *text = cp_read_file_as(p, CP_FILE_STATE, &len, why, sizeof why);
+    if (!text)
+        return cp_errf(err, errlen, "%s: cannot read: %s; the checkpoint is damaged: resume from another ckpt_<step> "
+                       "folder", p, why);
     int rc = cp_ckpt_state_parse(text, len, p, &ck->state, err, errlen);
     free(text);
     if (!rc) rc = check_state(P, &ck->state, p, err, errlen);

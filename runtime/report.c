@@ -33,9 +33,11 @@ static void metrics_free(metrics *mt) {
 
 static int read_metrics(const char *path, const char *out_dir, metrics *mt, char *err, int errlen) {
     size_t len;
-    char *text = cp_read_file(path, &len);
+    char why[256];
+    char *text = cp_read_file_as(path, CP_FILE_METRICS, &len, why, sizeof why);
     if (!text)
-        return cp_errf(err, errlen, "cannot read %s: is %s the out_dir of a run (train.out_dir)?", path, out_dir);
+        return cp_errf(err, errlen, "cannot read %s (%s): is %s the out_dir of a run (train.out_dir)?", path, why,
+                       out_dir);
     int line = 0, rc = 0;
     char *p = text, *l;
     size_t n;

@@ -315,10 +315,10 @@ static void put_value(cp_str *o, const cp_json *v) {
 /* One rank's part into the merged events and rank records; rank 0's common record is kept. */
 static int merge_part(const char *part, int rank, events *e, cp_str *ranks, cp_str *common, char *err, int errlen) {
     size_t len;
-    char *text = cp_read_file(part, &len);
-    if (!text) return cp_errf(err, errlen, "reading the trace part %s: %s", part, strerror(errno));
-    cp_json j;
     char why[256];
+    char *text = cp_read_file_as(part, CP_FILE_TRACE, &len, why, sizeof why);
+    if (!text) return cp_errf(err, errlen, "reading the trace part %s: %s", part, why);
+    cp_json j;
     int rc = 0;
     if (cp_json_parse(text, len, &j, why, sizeof why)) {
         rc = cp_errf(err, errlen, "the trace part %s is not JSON (%s): was it written by another cpgen?", part, why);

@@ -93,8 +93,10 @@ static int save(cp_exec *ex, const cp_plan *P, bool writer, const cp_dataset *da
  * checkpoint, which the resumed run logs again), so the file has each step once. */
 static int metrics_keep(const char *path, int upto, char *err, int errlen) {
     size_t len;
-    char *text = cp_read_file(path, &len);
-    if (!text) return errno == ENOENT ? 0 : cp_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+    char why[256];
+    char *text = cp_read_file_as(path, CP_FILE_METRICS, &len, why, sizeof why);
+    if (!text)
+        return errno == ENOENT ? 0 : cp_errf(err, errlen, "%s: cannot read: %s; move it away to resume", path, why);
     cp_str keep = {0};
     char e2[256];
     char *p = text, *line;
