@@ -10,6 +10,7 @@
 #include "exec.h"
 #include "ktune.h"
 #include "module.h"
+#include "outputs.h"
 #include "plan.h"
 #include "report.h"
 #include "spec.h"
@@ -403,6 +404,11 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     if (gpus <= 0) {
         printf("cpgen: no GPU found (%s): printing the plan of %s instead of training.\n\n", why, spec->path);
         int rc = cmd_plan(c, spec);
+        char err[CP_ERR_MAX];
+        if (!rc && cp_run_outputs_check(spec, c->trace, err, sizeof err)) { /* as a run would find them */
+            fprintf(stderr, "cpgen: %s\n", err);
+            rc = CP_EXIT_USAGE;
+        }
         if (rc || (!c->resume && !c->bundle)) return rc;
         cp_plan plan; /* one plan for the checks a GPU run makes before its GPU is set up */
         if (!plan_for_run(c, spec, &plan, NULL)) return CP_EXIT_USAGE;

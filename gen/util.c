@@ -299,6 +299,64 @@ char *cp_read_file_as(const char *path, cp_file_kind kind, size_t *len, char *wh
 
 char *cp_read_file(const char *path, size_t *len) { return cp_read_file_as(path, CP_FILE_ANY, len, NULL, 0); }
 
+ssize_t cp_read_head(const char *path, char *buf, size_t n, char *why, size_t whylen) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        say(why, whylen, "%s", strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        say(why, whylen, "%s, not a regular file", type_name(st.st_mode));
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        say(why, whylen, "%s", strerror(errno));
+        return -1;
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            say(why, whylen, "%s", strerror(e));
+            close(fd);
+            errno = e;
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    return (ssize_t)got;
+}
+
+int cp_may_replace(const char *path, cp_ours_fn ours, const void *ctx, const char *what, const char *fix, char *err,
+                   int errlen) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT) return 0;
+        return cp_errf(err, errlen, "%s: cannot look at what is there (%s); %s", path, strerror(errno), fix);
+    }
+    if (!S_ISREG(st.st_mode))
+        return cp_errf(err, errlen, "%s exists and is %s, not %s: cpgen replaces only files it wrote; %s", path,
+                       type_name(st.st_mode), what, fix);
+    char head[CP_HEAD_MAX], why[256];
+    ssize_t n = cp_read_head(path, head, sizeof head, why, sizeof why);
+    if (n < 0) return cp_errf(err, errlen, "%s exists and cannot be read (%s); %s", path, why, fix);
+    if (n > 0 && (!ours || !ours(head, (size_t)n, ctx))) /* an empty file holds nothing to lose */
+        return cp_errf(err, errlen, "%s exists and is not %s: cpgen replaces only files it wrote; %s", path, what,
+                       fix);
+    return 0;
+}
+
+bool cp_same_file(const char *a, const char *b) {
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
 bool cp_next_line(char **p, char *end, char **line, size_t *n) {
     if (*p >= end) return false;
     char *nl = memchr(*p, '\n', (size_t)(end - *p));
@@ -331,19 +389,25 @@ int cp_pread_all(int fd, void *buf, int64_t len, int64_t off, const char *path, 
 
 int cp_write_file_atomic(const char *path, const void *data, size_t len) {
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int w = snprintf(tmp, sizeof tmp, "%s.tmp.%ld.XXXXXX", path, (long)getpid());
+    if (w < 0 || (size_t)w >= sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    /* a new name: a file of the user's that happens to be called "<path>.tmp.<pid>" is never truncated */
+    int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0) return -1;
+    if (fchmod(fd, 0644) != 0) goto fail; /* mkostemp makes 0600; outputs are read by others, as before */
     const char *p = data;
     size_t left = len;
     while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
+        ssize_t n = write(fd, p, left);
+        if (n < 0) {
             if (errno == EINTR) continue;
             goto fail;
         }
-        p += w;
-        left -= (size_t)w;
+        p += n;
+        left -= (size_t)n;
     }
     if (fsync(fd) != 0) goto fail;
     if (close(fd) != 0) {
@@ -368,7 +432,11 @@ fail: {
 
 int cp_mkdir_p(const char *path) {
     char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    struct stat st;
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
@@ -376,6 +444,12 @@ int cp_mkdir_p(const char *path) {
         *p = '/';
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+    /* EEXIST is also a file of that name: the folder is not there, and writing into it would fail less clearly */
+    if (stat(buf, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
     return 0;
 }
 

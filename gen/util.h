@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #define CP_VERSION "0.1.0"
 
@@ -86,6 +87,20 @@ int cp_open_file(const char *path, cp_file_kind kind, int64_t *size, char *why, 
 char *cp_read_file_as(const char *path, cp_file_kind kind, size_t *len, char *why, size_t whylen);
 /* cp_read_file_as of CP_FILE_ANY: NULL with errno set on failure. */
 char *cp_read_file(const char *path, size_t *len);
+/* Up to n bytes from the start of path, which must be a regular file (a link is not followed: it is refused), into
+ * buf; the count, or -1 with errno set and what is wrong in why. For looking at a file before replacing it. */
+ssize_t cp_read_head(const char *path, char *buf, size_t n, char *why, size_t whylen);
+
+/* Whether cpgen may put a file of its own at path, replacing what is there: nothing, or a regular file (not a link)
+ * that is empty or whose first bytes (up to CP_HEAD_MAX) `ours` recognises, given ctx, as what cpgen writes at that
+ * place (NULL: nothing is recognised). 0, or -1 with a message that names path, says it is not `what` and ends
+ * with `fix`. */
+#define CP_HEAD_MAX 4096
+typedef bool (*cp_ours_fn)(const char *head, size_t n, const void *ctx);
+int cp_may_replace(const char *path, cp_ours_fn ours, const void *ctx, const char *what, const char *fix, char *err,
+                   int errlen);
+/* Whether a and b name the same existing file (same device and inode). */
+bool cp_same_file(const char *a, const char *b);
 /* The next line of the text [*p, end), without its newline, as [*line, *line + *n), and *p past it; false at the
  * end. For reading JSON-lines files such as metrics.jsonl. */
 bool cp_next_line(char **p, char *end, char **line, size_t *n);
@@ -93,11 +108,13 @@ bool cp_next_line(char **p, char *end, char **line, size_t *n);
  * of file (then `fix` ends the message: what the user should do about a truncated file). */
 int cp_pread_all(int fd, void *buf, int64_t len, int64_t off, const char *path, const char *fix, char *err,
                  int errlen);
-/* Write a file atomically: write to "<path>.tmp.<pid>", fsync, rename. Returns 0 or -1 with errno. */
+/* Write a file atomically: write to a new file "<path>.tmp.<pid>.XXXXXX" (never one that exists), fsync, rename.
+ * Returns 0 or -1 with errno (the temporary file removed). The caller decides whether path may be replaced
+ * (cp_may_replace). */
 int cp_write_file_atomic(const char *path, const void *data, size_t len);
 /* Remove path and, when it is a folder, everything below it (links not followed); what is missing is no error. */
 void cp_remove_tree(const char *path);
-/* mkdir -p. Returns 0 or -1 with errno. */
+/* mkdir -p. Returns 0 or -1 with errno (ENOTDIR where a part of the path exists and is not a folder). */
 int cp_mkdir_p(const char *path);
 
 /* FNV-1a 64-bit hash, chainable. */

@@ -630,8 +630,14 @@ static int open_out(out_file *o, const char *dir, const char *name, char *err, i
     size_t n = strlen(o->path) + 32;
     o->tmp = cp_xmalloc(n);
     snprintf(o->tmp, n, "%s.tmp.%ld", o->path, (long)getpid());
-    o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (o->fd < 0) return cp_errf(err, errlen, "%s: cannot create: %s", o->tmp, strerror(errno));
+    /* O_EXCL: a new file, never one that is there already (nor what a link there points to) */
+    o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (o->fd < 0) {
+        int e = errno;
+        free(o->tmp);
+        o->tmp = NULL; /* not ours to remove */
+        return cp_errf(err, errlen, "%s: cannot create: %s", o->path, strerror(e));
+    }
     return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "data.h"
 #include "exec.h"
 #include "json.h"
+#include "outputs.h"
 #include "report.h"
 #include "util.h"
 #include "weights.h"
@@ -384,6 +385,11 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     /* a checkpoint is checked before the GPU is set up, so a wrong one costs no compile time */
     cp_ckpt ck;
     if (o->resume && cp_ckpt_open(P, o->resume, &ck, err, errlen)) return -1;
+    /* and what the run writes: only over cpgen's own files, found now rather than at the first save */
+    if (o->world_rank == 0 && cp_run_outputs_check(&P->spec, o->trace_path, err, errlen)) {
+        if (o->resume) cp_ckpt_close(&ck);
+        return -1;
+    }
     if (o->resume && P->C > 1) {
         /* a rank resuming reads the whole fp32 model, not one unit beside its shard as the plan counted */
         int ranks = cp_plan_node_ranks(P);
