@@ -549,6 +549,7 @@ static int count_gpus(char *found, int len) {
 }
 
 int main(int argc, char **argv) {
+    cp_check_stdout_at_exit(); /* first: its check runs after every other exit handler */
     cli c;
     parse(argc, argv, &c);
     cp_spec spec;

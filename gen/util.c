@@ -480,3 +480,35 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 }
 
 void cp_remove_tree(const char *path) { (void)nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static bool stdout_closed;
+
+static void check_stdout(void) {
+    if (stdout_closed) {
+        fprintf(stderr, "cpgen: stdout was closed: nothing that was printed could be written; run it with stdout "
+                        "open (a file, a pipe, or /dev/null to drop it)\n");
+        _exit(CP_EXIT_FAIL);
+    }
+    errno = 0;
+    bool flushed = fflush(stdout) == 0;
+    int e = errno;
+    if (flushed && !ferror(stdout)) return; /* ferror: a write that failed earlier, with its bytes lost */
+    fprintf(stderr, "cpgen: writing to stdout failed (%s): what was printed is incomplete; free space, or send the "
+                    "output where it can be written\n", flushed || !e ? "an earlier write failed" : strerror(e));
+    _exit(CP_EXIT_FAIL);
+}
+
+void cp_check_stdout_at_exit(void) {
+    /* A closed 0, 1 or 2 would be the number of the next file opened, and printing would write into it: each gets
+     * /dev/null, and a closed stdout fails the command at exit. */
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        int n = open("/dev/null", fd ? O_WRONLY : O_RDONLY);
+        if (n >= 0 && n != fd) { /* not the lowest free number: cannot happen, but never leave fd closed */
+            dup2(n, fd);
+            close(n);
+        }
+        if (fd == 1) stdout_closed = true;
+    }
+    (void)atexit(check_stdout);
+}

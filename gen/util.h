@@ -124,6 +124,11 @@ uint64_t cp_hash64(const void *data, size_t n, uint64_t seed);
 /* SplitMix64's finaliser: a well-mixed 64-bit function of z (seeds, counter-based random streams). */
 uint64_t cp_mix64(uint64_t z);
 
+/* Make the exit status 1, with a message, when what was printed on stdout could not all be written (a full disk,
+ * stdout closed): called first in main, so its check runs after every other exit handler. A closed stdin, stdout or
+ * stderr gets /dev/null, so that no file cpgen opens takes its number and receives its output. */
+void cp_check_stdout_at_exit(void);
+
 /* Monotonic wall clock in seconds. */
 double cp_now(void);
 
