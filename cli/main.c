@@ -180,6 +180,15 @@ static void parse(int argc, char **argv, cli *c) {
         cp_fatal(CP_EXIT_USAGE, "--resume is an option of run (cpgen run SPEC --resume DIR), not of %s", c->command);
     if (c->bundle && strcmp(c->command, "run"))
         cp_fatal(CP_EXIT_USAGE, "--bundle is an option of run (cpgen run SPEC --bundle DIR), not of %s", c->command);
+    /* output options a command would ignore: the user would look for a file that is never written */
+    static const char *with_o[] = {"gen", "aot", "tune", "tune-kernels"};
+    bool takes_o = false;
+    for (size_t k = 0; k < CP_ARRAY_LEN(with_o); k++) takes_o |= !strcmp(c->command, with_o[k]);
+    if (c->outdir && !takes_o)
+        cp_fatal(CP_EXIT_USAGE, "-o is an option of gen, aot, tune and tune-kernels, not of %s%s", c->command,
+                 !strcmp(c->command, "run") ? " (a run writes into train.out_dir: --set train.out_dir=DIR)" : "");
+    if (c->svg && strcmp(c->command, "plan"))
+        cp_fatal(CP_EXIT_USAGE, "--svg is an option of plan (cpgen plan SPEC --svg FILE), not of %s", c->command);
     if (!c->spec) {
         usage(stderr);
         exit(CP_EXIT_USAGE);
