@@ -777,7 +777,7 @@ static void run_job(job *j, const pool *pl) {
     nvrtcResult r = nv.CreateProgram(&prog, j->src->source, cu_name, 0, NULL, NULL);
     if (r != NVRTC_SUCCESS) {
         char what[256];
-        snprintf(what, sizeof what, "nvrtcCreateProgram failed (%s); out of memory? retry with fewer --jit-threads",
+        snprintf(what, sizeof what, "nvrtcCreateProgram failed (%s); out of host memory? free some and try again",
                  nv.GetErrorString(r));
         compile_failed(j, pl, what, NULL);
         goto done;
@@ -905,13 +905,14 @@ int cp_jit_compile(const cp_module_src *mods, int n, const cp_jit_opts *opts, cp
     cp_jit_cache_dir(opts, dir, sizeof dir);
     /* Room for "/<module>-<32 hex digits>.cubin" within a cp_jit_module's source_path. */
     if (strlen(dir) + CP_KNAME_MAX + 48 > sizeof out[0].source_path) {
-        snprintf(err, errlen, "the JIT cache folder path %s is too long (%zu characters, at most %zu); pass a shorter "
-                 "--cache-dir", dir, strlen(dir), sizeof out[0].source_path - CP_KNAME_MAX - 48);
+        snprintf(err, errlen, "the JIT cache folder path %s is too long (%zu characters, at most %zu); set "
+                 "XDG_CACHE_HOME to a shorter absolute path", dir, strlen(dir),
+                 sizeof out[0].source_path - CP_KNAME_MAX - 48);
         return -1;
     }
     if (cp_mkdir_p(dir) != 0) {
-        snprintf(err, errlen, "cannot create the JIT cache folder %s (%s); pass --cache-dir with a writable folder or "
-                 "set XDG_CACHE_HOME", dir, strerror(errno));
+        snprintf(err, errlen, "cannot create the JIT cache folder %s (%s); set XDG_CACHE_HOME to an absolute path "
+                 "of a folder you can write (the cache goes to $XDG_CACHE_HOME/cpgen)", dir, strerror(errno));
         return -1;
     }
 
