@@ -345,7 +345,10 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     }
     if (!rc && tr->save_every > 0 && ran > 0 && res->steps % tr->save_every != 0)
         rc = save(ex, P, lead, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
-    if (metrics) fclose(metrics);
+    /* a metrics line that could not be written (a full disk) fails the run: its record is incomplete */
+    if (metrics && (ferror(metrics) | (fclose(metrics) != 0)) && !rc)
+        rc = cp_errf(err, errlen, "writing %s failed (a full disk?): every step ran and was saved as the spec says, "
+                     "but this record of them is incomplete; free space before the next run", mpath);
     if (!rc && metrics && lead) { /* the run's picture; a failure to draw it does not fail the run */
         char why[CP_ERR_MAX];
         if (cp_report_write(tr->out_dir, why, sizeof why) < 0) fprintf(out, "report: %s\n", why);
