@@ -9,20 +9,39 @@
 
 #include "util.h"
 
+/* Whether a file beginning with head is a source cpgen gen wrote for the module whose new source is ctx: the
+ * emitted text starts with its template's first comment line, which a file of the user's would not. */
+static bool same_first_line(const char *head, size_t n, const void *ctx) {
+    const char *src = ctx;
+    size_t line = strcspn(src, "\n");
+    return line > 0 && n > line && !memcmp(head, src, line) && head[line] == '\n';
+}
+
 int cp_cmd_gen(const cp_plan *plan, const char *outdir, char *err, int errlen) {
     cp_module_src *mods;
     int n = cp_plan_emit(plan, &mods, err, errlen);
     if (n < 0) return -1;
     if (cp_mkdir_p(outdir) != 0) {
-        snprintf(err, errlen, "cannot create folder %s (%s)", outdir, strerror(errno));
+        snprintf(err, errlen, "cannot create folder %s (%s); give -o a folder you can write", outdir, strerror(errno));
         cp_module_srcs_free(mods, n);
         return -1;
+    }
+    /* every file is checked before any is written: a refusal leaves the folder as it was */
+    for (int i = 0; i < n; i++) {
+        char path[2048], what[CP_KNAME_MAX + 64];
+        snprintf(path, sizeof path, "%s/%s.cu", outdir, mods[i].name);
+        snprintf(what, sizeof what, "the source cpgen gen writes for module %s", mods[i].name);
+        if (cp_may_replace(path, same_first_line, mods[i].source, what, "give another -o, or move it away", err,
+                           errlen)) {
+            cp_module_srcs_free(mods, n);
+            return -1;
+        }
     }
     for (int i = 0; i < n; i++) {
         char path[2048];
         snprintf(path, sizeof path, "%s/%s.cu", outdir, mods[i].name);
         if (cp_write_file_atomic(path, mods[i].source, strlen(mods[i].source)) != 0) {
-            snprintf(err, errlen, "cannot write %s (%s)", path, strerror(errno));
+            snprintf(err, errlen, "cannot write %s (%s); give -o a folder you can write", path, strerror(errno));
             cp_module_srcs_free(mods, n);
             return -1;
         }

@@ -17,12 +17,14 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "json.h"
 #include "module.h"
+#include "svg.h"
 #include "tune.h"
 #include "util.h"
 
@@ -43,8 +45,9 @@ static bool next_json_line(char **p, char *end, cp_json *j) {
 /* The median step time and the largest measured GPU memory in a run's metrics.jsonl; -1 with why. */
 static int read_metrics(const char *path, double *step, int64_t *peak, char *why, int whylen) {
     size_t len;
-    char *text = cp_read_file(path, &len);
-    if (!text) return cp_errf(why, whylen, "no %s (%s)", path, strerror(errno));
+    char e[256];
+    char *text = cp_read_file_as(path, CP_FILE_METRICS, &len, e, sizeof e);
+    if (!text) return cp_errf(why, whylen, "no %s (%s)", path, e);
     double secs[64];
     int n = 0;
     *peak = 0;
@@ -136,7 +139,7 @@ static void time_kernels(cp_tune *t, int i, const cp_tune_opts *o, double second
     free(argv);
     cp_tune_sets_free(sets, nsets);
     size_t len = 0;
-    char *text = rc ? NULL : cp_read_file(path, &len);
+    char *text = rc ? NULL : cp_read_file_as(path, CP_FILE_CACHE, &len, NULL, 0);
     const size_t nn = sizeof t->kern_note;
     if (rc == -1) snprintf(t->kern_note, nn, "kernel variants not timed: ran past %.0f s; log %s", seconds, log);
     else if (rc) snprintf(t->kern_note, nn, "kernel variants not timed: cpgen tune-kernels failed (exit %d); log %s", rc, log);
@@ -217,13 +220,47 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
     cp_tune_sets_free(sets, nsets);
 }
 
+static bool starts(const char *head, size_t n, const char *prefix) {
+    size_t l = strlen(prefix);
+    return n >= l && !memcmp(head, prefix, l);
+}
+static bool jsonl_ours(const char *head, size_t n, const void *ctx) {
+    (void)ctx;
+    return starts(head, n, "{\"candidate\":");
+}
+static bool lua_ours(const char *head, size_t n, const void *ctx) {
+    (void)ctx;
+    return starts(head, n, "-- tuned.lua: ");
+}
+
+/* Whether tune.jsonl, tune.svg and tuned.lua may be written into outdir: each absent or one an earlier cpgen tune
+ * wrote, and tuned.lua not the spec being tuned (a tuned.lua tuned again would be replaced by a spec that loads
+ * itself). Checked before minutes of measuring, not after. */
+static int check_outputs(const cp_spec *spec, const char *outdir, char *err, int errlen) {
+    struct stat st;
+    if (stat(outdir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return cp_errf(err, errlen, "-o %s: not a folder; give -o a folder for tune.jsonl, tune.svg and tuned.lua",
+                       outdir);
+    char path[CP_PATH_MAX + 32];
+    const char *fix = "give another -o, or move it away";
+    snprintf(path, sizeof path, "%s/tuned.lua", outdir);
+    if (cp_same_file(path, spec->path))
+        return cp_errf(err, errlen, "%s is the spec being tuned: the result would replace it; give another -o", path);
+    if (cp_may_replace(path, lua_ours, NULL, "a tuned.lua of cpgen tune", fix, err, errlen)) return -1;
+    snprintf(path, sizeof path, "%s/tune.jsonl", outdir);
+    if (cp_may_replace(path, jsonl_ours, NULL, "a tune.jsonl of cpgen tune", fix, err, errlen)) return -1;
+    snprintf(path, sizeof path, "%s/tune.svg", outdir);
+    return cp_may_replace(path, cp_svg_is_ours, NULL, "a picture cpgen drew", fix, err, errlen);
+}
+
 int cp_cmd_tune(const cp_spec *spec, const cp_tune_opts *o, FILE *out, char *err, int errlen) {
     /* the output folder first: a path that cannot be written must not cost the measurements' minutes, nor be cut
-     * short in the paths below (a cut path names another file) */
+     * short in the paths below (a cut path names another file), nor hold files cpgen did not write */
     if (strlen(o->outdir) >= CP_PATH_MAX) {
         cp_errf(err, errlen, "-o %.80s...: the folder's path is longer than %d bytes", o->outdir, CP_PATH_MAX - 1);
         return CP_EXIT_USAGE;
     }
+    if (check_outputs(spec, o->outdir, err, errlen)) return CP_EXIT_USAGE;
     if (cp_mkdir_p(o->outdir)) {
         cp_errf(err, errlen, "cannot create %s (%s); give another -o DIR", o->outdir, strerror(errno));
         return CP_EXIT_USAGE;
@@ -292,6 +329,9 @@ int cp_cmd_tune(const cp_spec *spec, const cp_tune_opts *o, FILE *out, char *err
     cp_tune_print(&t, out, 40);
     int rc = 0;
     char path[CP_PATH_MAX + 32];
+    if (cp_mkdir_p(o->outdir))
+        rc = cp_errf(err, errlen, "cannot create %s (%s); give -o a folder you can write", o->outdir, strerror(errno));
+    else rc = check_outputs(spec, o->outdir, err, errlen); /* again: the measurements took minutes */
     snprintf(path, sizeof path, "%s/tune.jsonl", o->outdir);
     if (!rc) rc = cp_tune_write_jsonl(&t, path, err, errlen);
     snprintf(path, sizeof path, "%s/tune.svg", o->outdir);

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cuda_check.h"
 #include "kernels_attn.h"
@@ -198,8 +199,25 @@ done:
     return rc;
 }
 
+/* A kernels.jsonl that cpgen tune-kernels wrote: lines of cp_ktune_entry_json. */
+static bool jsonl_ours(const char *head, size_t n, const void *ctx) {
+    (void)ctx;
+    return n >= 9 && !memcmp(head, "{\"arch\": ", 9);
+}
+
+/* Whether outdir/kernels.jsonl may be written: checked before the timing, not after. */
+static int check_jsonl(const char *outdir, char *err, int errlen) {
+    char path[CP_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/kernels.jsonl", outdir);
+    struct stat st;
+    if (stat(outdir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return cp_errf(err, errlen, "-o %s: not a folder; give -o a folder for kernels.jsonl", outdir);
+    return cp_may_replace(path, jsonl_ours, NULL, "a kernels.jsonl of cpgen tune-kernels",
+                          "give another -o, or move it away", err, errlen);
+}
+
 /* outdir/kernels.jsonl: the n entries, one per line (none: an empty file, so that the caller knows none ran). */
-static int write_jsonl(const char *outdir, const cp_ktune_entry *got, int n, char *err, int errlen) {
+static int write_jsonl(const char *outdir, const cp_ktune_entry *got, int n, FILE *out, char *err, int errlen) {
     cp_str s = {0};
     for (int x = 0; x < n; x++) {
         cp_ktune_entry_json(&s, &got[x]);
@@ -207,19 +225,25 @@ static int write_jsonl(const char *outdir, const cp_ktune_entry *got, int n, cha
     }
     char path[CP_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/kernels.jsonl", outdir);
-    int rc = 0;
-    if (cp_mkdir_p(outdir)) rc = cp_errf(err, errlen, "cannot create %s (%s)", outdir, strerror(errno));
-    else if (cp_write_file_atomic(path, s.data ? s.data : "", s.len))
-        rc = cp_errf(err, errlen, "cannot write %s (%s)", path, strerror(errno));
+    int rc = check_jsonl(outdir, err, errlen);
+    if (rc) {
+    } else if (cp_mkdir_p(outdir)) {
+        rc = cp_errf(err, errlen, "cannot create %s (%s); give -o a folder you can write", outdir, strerror(errno));
+    } else if (cp_write_file_atomic(path, s.data ? s.data : "", s.len)) {
+        rc = cp_errf(err, errlen, "cannot write %s (%s); give -o a folder you can write", path, strerror(errno));
+    } else {
+        fprintf(out, "wrote %s (%d kernel shape%s)\n", path, n, n == 1 ? "" : "s");
+    }
     cp_str_free(&s);
     return rc;
 }
 
 int cp_cmd_tune_kernels(const cp_plan *P, const char *outdir, FILE *out, char *err, int errlen) {
     char why[256], arch[256], driver[32]; /* arch: room for cp_device_arch's message */
+    if (outdir && check_jsonl(outdir, err, errlen)) return -1;
     if (cp_gpu_count(why, sizeof why) <= 0) {
         fprintf(out, "no GPU (%s): kernel timing skipped; the kernel tuning cache is unchanged\n", why);
-        return 0;
+        return outdir ? write_jsonl(outdir, NULL, 0, out, err, errlen) : 0; /* -o is not ignored: nothing timed */
     }
     if (cp_device_arch(0, arch, sizeof arch)) return cp_errf(err, errlen, "cpgen tune-kernels: %s", arch);
     if (cp_driver_version(driver, sizeof driver))
@@ -242,7 +266,7 @@ int cp_cmd_tune_kernels(const cp_plan *P, const char *outdir, FILE *out, char *e
     }
     if (!njobs) {
         fprintf(out, "no kernel of this plan has variants on %s: nothing to time\n", arch);
-        return outdir ? write_jsonl(outdir, NULL, 0, err, errlen) : 0;
+        return outdir ? write_jsonl(outdir, NULL, 0, out, err, errlen) : 0;
     }
     cp_module_src *src = cp_xcalloc((size_t)nmods, sizeof *src);
     cp_jit_module *jit = cp_xcalloc((size_t)nmods, sizeof *jit);
@@ -292,7 +316,7 @@ int cp_cmd_tune_kernels(const cp_plan *P, const char *outdir, FILE *out, char *e
         cp_ktune_free(&kc);
         if (!rc) fprintf(out, "wrote %d winner%s to the kernel tuning cache %s\n", njobs, njobs > 1 ? "s" : "", path);
     }
-    if (!rc && outdir) rc = write_jsonl(outdir, got, njobs, err, errlen);
+    if (!rc && outdir) rc = write_jsonl(outdir, got, njobs, out, err, errlen);
     free(got);
     for (int i = 0; i < nmods; i++) {
         cp_jit_module_free(&jit[i]);

@@ -10,6 +10,7 @@
 #include "exec.h"
 #include "ktune.h"
 #include "module.h"
+#include "outputs.h"
 #include "plan.h"
 #include "report.h"
 #include "spec.h"
@@ -195,6 +196,15 @@ static void parse(int argc, char **argv, cli *c) {
                  "--max-seq" : c->svg ? "--svg" : c->arch ? "--arch" : "--no-cache");
     if (!strcmp(c->command, "report") && argc != 3) /* not silently dropped: report reads no option */
         cp_fatal(CP_EXIT_USAGE, "report takes one argument and no option: cpgen report OUT_DIR (a run's out_dir)");
+    /* output options a command would ignore: the user would look for a file that is never written */
+    static const char *with_o[] = {"gen", "aot", "tune", "tune-kernels"};
+    bool takes_o = false;
+    for (size_t k = 0; k < CP_ARRAY_LEN(with_o); k++) takes_o |= !strcmp(c->command, with_o[k]);
+    if (c->outdir && !takes_o)
+        cp_fatal(CP_EXIT_USAGE, "-o is an option of gen, aot, tune and tune-kernels, not of %s%s", c->command,
+                 !strcmp(c->command, "run") ? " (a run writes into train.out_dir: --set train.out_dir=DIR)" : "");
+    if (c->svg && strcmp(c->command, "plan"))
+        cp_fatal(CP_EXIT_USAGE, "--svg is an option of plan (cpgen plan SPEC --svg FILE), not of %s", c->command);
     if (!c->spec) {
         usage(stderr);
         exit(CP_EXIT_USAGE);
@@ -442,6 +452,11 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     if (gpus <= 0) {
         printf("cpgen: no GPU found (%s): printing the plan of %s instead of training.\n\n", why, spec->path);
         int rc = cmd_plan(c, spec);
+        char err[CP_ERR_MAX];
+        if (!rc && cp_run_outputs_check(spec, c->trace, err, sizeof err)) { /* as a run would find them */
+            fprintf(stderr, "cpgen: %s\n", err);
+            rc = CP_EXIT_USAGE;
+        }
         if (rc || (!c->resume && !c->bundle)) return rc;
         cp_plan plan; /* one plan for the checks a GPU run makes before its GPU is set up */
         if (!plan_for_run(c, spec, &plan, NULL)) return CP_EXIT_USAGE;
@@ -590,6 +605,7 @@ static int count_gpus(char *found, int len) {
 }
 
 int main(int argc, char **argv) {
+    cp_check_stdout_at_exit(); /* first: its check runs after every other exit handler */
     cli c;
     parse(argc, argv, &c);
     cp_spec spec;

@@ -679,12 +679,12 @@ static void write_text(const char *path, const char *text) {
 
 static bool try_load(job *j, const char *path) {
     size_t len = 0;
-    char *d = cp_read_file(path, &len);
+    char why[256];
+    char *d = cp_read_file_as(path, CP_FILE_CUBIN, &len, why, sizeof why);
     if (!d) {
-        if (errno != ENOENT) fprintf(stderr, "cpgen: cache entry %s unreadable (%s), rebuilding\n", path, strerror(errno));
+        if (errno != ENOENT) fprintf(stderr, "cpgen: cache entry %s unreadable (%s), rebuilding\n", path, why);
         return false;
     }
-    char why[256];
     int rc = parse_entry((const unsigned char *)d, len, j->key, j->src, j->out, why, sizeof why);
     free(d);
     if (rc != 0) {
@@ -742,7 +742,14 @@ static void run_job(job *j, const pool *pl) {
 
     /* Ranks on one node share the cache: the first to take the lock compiles, the others wait and load. */
     with_ext(lock_path, sizeof lock_path, j->base, ".lock");
-    int lock = open(lock_path, O_RDWR | O_CREAT, 0644);
+    /* O_NONBLOCK and O_NOFOLLOW: a FIFO or a link put there must not block nor point the lock elsewhere; a lock
+     * that cannot be taken only costs a compile that another process may be doing too */
+    int lock = open(lock_path, O_RDWR | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0644);
+    struct stat lst;
+    if (lock >= 0 && (fstat(lock, &lst) != 0 || !S_ISREG(lst.st_mode))) {
+        close(lock);
+        lock = -1;
+    }
     if (lock >= 0 && flock(lock, LOCK_EX) != 0) {
         close(lock);
         lock = -1;
@@ -770,7 +777,7 @@ static void run_job(job *j, const pool *pl) {
     nvrtcResult r = nv.CreateProgram(&prog, j->src->source, cu_name, 0, NULL, NULL);
     if (r != NVRTC_SUCCESS) {
         char what[256];
-        snprintf(what, sizeof what, "nvrtcCreateProgram failed (%s); out of memory? retry with fewer --jit-threads",
+        snprintf(what, sizeof what, "nvrtcCreateProgram failed (%s); out of host memory? free some and try again",
                  nv.GetErrorString(r));
         compile_failed(j, pl, what, NULL);
         goto done;
@@ -898,13 +905,14 @@ int cp_jit_compile(const cp_module_src *mods, int n, const cp_jit_opts *opts, cp
     cp_jit_cache_dir(opts, dir, sizeof dir);
     /* Room for "/<module>-<32 hex digits>.cubin" within a cp_jit_module's source_path. */
     if (strlen(dir) + CP_KNAME_MAX + 48 > sizeof out[0].source_path) {
-        snprintf(err, errlen, "the JIT cache folder path %s is too long (%zu characters, at most %zu); pass a shorter "
-                 "--cache-dir", dir, strlen(dir), sizeof out[0].source_path - CP_KNAME_MAX - 48);
+        snprintf(err, errlen, "the JIT cache folder path %s is too long (%zu characters, at most %zu); set "
+                 "XDG_CACHE_HOME to a shorter absolute path", dir, strlen(dir),
+                 sizeof out[0].source_path - CP_KNAME_MAX - 48);
         return -1;
     }
     if (cp_mkdir_p(dir) != 0) {
-        snprintf(err, errlen, "cannot create the JIT cache folder %s (%s); pass --cache-dir with a writable folder or "
-                 "set XDG_CACHE_HOME", dir, strerror(errno));
+        snprintf(err, errlen, "cannot create the JIT cache folder %s (%s); set XDG_CACHE_HOME to an absolute path "
+                 "of a folder you can write (the cache goes to $XDG_CACHE_HOME/cpgen)", dir, strerror(errno));
         return -1;
     }
 

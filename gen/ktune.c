@@ -139,11 +139,11 @@ static int parse_cache(const char *text, size_t len, cp_ktune_cache *c, char *wh
 int cp_ktune_load(const char *path, cp_ktune_cache *c, FILE *warn) {
     memset(c, 0, sizeof *c);
     size_t len;
-    char *text = cp_read_file(path, &len);
-    char why[512];
+    char why[512], e[256];
+    char *text = cp_read_file_as(path, CP_FILE_CACHE, &len, e, sizeof e);
     if (!text) {
         if (errno == ENOENT) return 0;
-        snprintf(why, sizeof why, "cannot be read (%s)", strerror(errno));
+        snprintf(why, sizeof why, "cannot be read (%s)", e);
     } else if (!parse_cache(text, len, c, why, sizeof why)) {
         free(text);
         return c->n;

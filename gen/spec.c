@@ -293,41 +293,10 @@ static bool embedded_source(const char *name, source *out) {
     return true;
 }
 
-/* A spec is a short program: reading past this is reading something else (/dev/zero would fill the memory). */
-#define SPEC_TEXT_MAX (16 * MIB)
-
-/* The text of a spec file; NULL with errno (EISDIR for a folder, EFBIG past SPEC_TEXT_MAX). */
-static char *read_spec_text(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) { /* read() would say EISDIR; stdio says EIO */
-        fclose(f);
-        errno = EISDIR;
-        return NULL;
-    }
-    cp_str s = {0};
-    char chunk[65536];
-    size_t n;
-    while (s.len <= SPEC_TEXT_MAX && (n = fread(chunk, 1, sizeof chunk, f)) > 0) cp_str_append(&s, chunk, n);
-    int e = ferror(f) ? EIO : s.len > SPEC_TEXT_MAX ? EFBIG : 0;
-    fclose(f);
-    if (e) {
-        cp_str_free(&s);
-        errno = e;
-        return NULL;
-    }
-    if (!s.data) cp_str_append(&s, "", 0);
-    *len = s.len;
-    return s.data;
-}
-
-/* Why a spec file could not be read, for messages. */
-static const char *read_why(int e) { return e == EFBIG ? "larger than 16 MiB, which no spec is" : strerror(e); }
-
-static bool file_source(const char *path, source *out, int *err) {
+/* why: what is wrong when it cannot be read (a folder, a FIFO, larger than a spec can be, missing). */
+static bool file_source(const char *path, source *out, int *err, char *why, size_t whylen) {
     size_t len;
-    char *text = read_spec_text(path, &len);
+    char *text = cp_read_file_as(path, CP_FILE_SPEC, &len, why, whylen);
     if (!text) {
         *err = errno;
         return false;
@@ -409,12 +378,12 @@ static bool find_source(const char *name, const char *dir, source *out, char *wh
         snprintf(full, sizeof full, "specs/%s", name);
         if (embedded_source(full, out) || embedded_source(name, out)) return true;
     }
-    if (file_source(name, out, &e)) return true;
-    int first_err = e;
+    char why1[256], why2[256];
+    if (file_source(name, out, &e, why1, sizeof why1)) return true;
     char joined[CP_PATH_MAX] = "";
     if (relative && dir && *dir && !is_embedded_path(dir)) {
         join_dir(dir, name, joined, sizeof joined);
-        if (file_source(joined, out, &e)) return true;
+        if (file_source(joined, out, &e, why2, sizeof why2)) return true;
     }
     if (relative) {
         char full[CP_PATH_MAX];
@@ -422,9 +391,9 @@ static bool find_source(const char *name, const char *dir, source *out, char *wh
         if (embedded_source(name, out) || embedded_source(full, out)) return true;
     }
     if (*joined)
-        snprintf(why, whylen, "cannot read '%s' (%s) nor '%s' (%s)", name, read_why(first_err), joined, read_why(e));
+        snprintf(why, whylen, "cannot read '%s' (%s) nor '%s' (%s)", name, why1, joined, why2);
     else
-        snprintf(why, whylen, "cannot read '%s' (%s)", name, read_why(first_err));
+        snprintf(why, whylen, "cannot read '%s' (%s)", name, why1);
     return false;
 }
 
@@ -2240,7 +2209,8 @@ int cp_spec_load_string(const char *chunkname, const char *text, const char *con
 int cp_spec_load(const char *path, const char *const *sets, int nsets, cp_spec *out, char *err, int errlen) {
     source src;
     int e = ENOENT;
-    bool found = file_source(path, &src, &e);
+    char why[256];
+    bool found = file_source(path, &src, &e, why, sizeof why);
     if (!found && e == ENOENT) {
         /* Not a file here: a shipped spec, by its source path ("specs/tiny.lua") or name ("tiny", "tiny.lua"). */
         char full[CP_PATH_MAX];
@@ -2255,8 +2225,8 @@ int cp_spec_load(const char *path, const char *const *sets, int nsets, cp_spec *
         ctx c = {.file = path, .err = err, .errlen = errlen};
         if (*near && e == ENOENT)
             return fail(&c, NULL, "cannot read spec: %s; did you mean the shipped spec '%s'? (shipped: %s)",
-                        read_why(e), near, names);
-        return fail(&c, NULL, "cannot read spec: %s; give a spec file or a shipped spec name (%s)", read_why(e), names);
+                        why, near, names);
+        return fail(&c, NULL, "cannot read spec: %s; give a spec file or a shipped spec name (%s)", why, names);
     }
     int rc = load_source_spec(&src, sets, nsets, out, err, errlen);
     free(src.owned);

@@ -3,10 +3,14 @@
 #include "svg.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "util.h"
 
@@ -22,15 +26,43 @@ static void put_escaped(FILE *f, const char *t) {
     }
 }
 
+#define SVG_HEAD "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\""
+
+bool cp_svg_is_ours(const char *head, size_t n, const void *ctx) {
+    (void)ctx;
+    /* the exact header cp_svg_begin writes, up to the title: another program's SVG is laid out otherwise */
+    static const char end[] = "\" font-family=\"sans-serif\">\n<title>";
+    size_t hl = strlen(SVG_HEAD), el = strlen(end);
+    if (n < hl || memcmp(head, SVG_HEAD, hl)) return false;
+    const char *nl = memchr(head + hl, '\n', n - hl); /* the end of the <svg ...> line; "<title>" follows */
+    if (!nl) return false;
+    size_t at = (size_t)(nl + 1 - head) + strlen("<title>");
+    return at <= n && at >= hl + el && !memcmp(head + at - el, end, el);
+}
+
 int cp_svg_begin(cp_svg *s, const char *path, int width, int height, const char *title, char *err, int errlen) {
     memset(s, 0, sizeof *s);
-    snprintf(s->path, sizeof s->path, "%s", path);
-    s->f = fopen(path, "w");
-    if (!s->f) return cp_errf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    if (snprintf(s->path, sizeof s->path, "%s", path) >= (int)sizeof s->path)
+        return cp_errf(err, errlen, "%.200s...: the path is too long for a picture", path);
+    struct stat st;
+    if (!*path || path[strlen(path) - 1] == '/' || (stat(path, &st) == 0 && S_ISDIR(st.st_mode)))
+        return cp_errf(err, errlen, "%s: give a file name for the picture, e.g. %s%smemory.svg", path, path,
+                       *path && path[strlen(path) - 1] != '/' ? "/" : "");
+    if (cp_may_replace(path, cp_svg_is_ours, NULL, "a picture cpgen drew", "move it away, or give another file", err,
+                       errlen))
+        return -1;
+    snprintf(s->tmp, sizeof s->tmp, "%s.tmp.%ld.XXXXXX", path, (long)getpid());
+    int fd = mkostemp(s->tmp, O_CLOEXEC);
+    if (fd < 0 || fchmod(fd, 0644) != 0 || !(s->f = fdopen(fd, "w"))) {
+        int e = errno;
+        if (fd >= 0) {
+            close(fd);
+            unlink(s->tmp);
+        }
+        return cp_errf(err, errlen, "cannot write %s: %s; give a path in a folder you can write", path, strerror(e));
+    }
     fprintf(s->f,
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
-            "font-family=\"sans-serif\">\n<title>",
+            SVG_HEAD "%d\" height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n<title>",
             width, height, width, height);
     put_escaped(s->f, title);
     fprintf(s->f, "</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
@@ -39,9 +71,17 @@ int cp_svg_begin(cp_svg *s, const char *path, int width, int height, const char 
 
 int cp_svg_end(cp_svg *s, char *err, int errlen) {
     fprintf(s->f, "</svg>\n");
-    bool bad = ferror(s->f);
-    if (fclose(s->f) || bad) return cp_errf(err, errlen, "writing %s failed: %s", s->path, strerror(errno));
+    errno = 0;
+    bool bad = fflush(s->f) != 0 || ferror(s->f) || fsync(fileno(s->f)) != 0;
+    int e = errno;
+    if (fclose(s->f) != 0 && !bad) bad = true, e = errno;
     s->f = NULL;
+    if (!bad && rename(s->tmp, s->path) != 0) bad = true, e = errno;
+    if (bad) {
+        unlink(s->tmp);
+        return cp_errf(err, errlen, "writing %s failed: %s; nothing was written there (free space, or give a path "
+                       "you can write)", s->path, e ? strerror(e) : "a write error");
+    }
     return 0;
 }
 

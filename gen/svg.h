@@ -9,6 +9,7 @@
 typedef struct {
     FILE *f;
     char path[1024];
+    char tmp[1100]; /* written here, renamed to path by cp_svg_end: a failed write leaves path as it was */
 } cp_svg;
 
 /* A plot area on the page (pixels) and the data ranges it shows. */
@@ -17,9 +18,12 @@ typedef struct {
     double x0, x1, y0, y1;
 } cp_svg_panel;
 
-/* Opens path and writes the header; -1 with a message in err. */
+/* Whether a file starting with these n bytes is a picture cpgen's SVG writer made (cp_svg_begin's header). */
+bool cp_svg_is_ours(const char *head, size_t n, const void *ctx);
+/* Starts a picture for path and writes the header; -1 with a message in err. A file already at path is replaced only
+ * if it is a picture cpgen made (cp_svg_is_ours): anything else is refused. */
 int cp_svg_begin(cp_svg *s, const char *path, int width, int height, const char *title, char *err, int errlen);
-/* Closes the document; -1 with a message when a write failed. */
+/* Finishes the document and puts it at path; -1 with a message when a write failed (path is then left as it was). */
 int cp_svg_end(cp_svg *s, char *err, int errlen);
 
 double cp_svg_px(const cp_svg_panel *p, double x);

@@ -173,23 +173,188 @@ void cp_str_free(cp_str *s) {
     s->len = s->cap = 0;
 }
 
-char *cp_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    cp_str s = {0};
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) cp_str_append(&s, chunk, n);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        cp_str_free(&s);
-        errno = EIO;
-        return NULL;
+/* The bounds of cp_file_kind, in one place. A spec, a manifest or a state file is text a person could read: a few
+ * MiB is far beyond any real one. A cubin of the largest shipped plan is a few MiB; hundreds leave room. metrics.jsonl
+ * grows by ~300 bytes a step: 1 GiB is millions of steps. A safetensors index of the largest Hugging Face models is
+ * a few MiB; 100 MB is safetensors' own bound on a header. */
+static const struct {
+    const char *name;
+    int64_t max;
+} file_kinds[CP_FILE_KINDS] = {
+    [CP_FILE_ANY] = {"file", (int64_t)1 << 30},
+    [CP_FILE_SPEC] = {"spec", (int64_t)4 << 20},
+    [CP_FILE_MANIFEST] = {"bundle manifest", (int64_t)16 << 20},
+    [CP_FILE_CUBIN] = {"compiled kernel module", (int64_t)512 << 20},
+    [CP_FILE_STATE] = {"state file", (int64_t)16 << 20},
+    [CP_FILE_CACHE] = {"kernel tuning cache", (int64_t)64 << 20},
+    [CP_FILE_METRICS] = {"metrics file", (int64_t)1 << 30},
+    [CP_FILE_TRACE] = {"trace part", (int64_t)1 << 30},
+    [CP_FILE_INDEX] = {"safetensors index", 100000000},
+    [CP_FILE_DATA] = {"data file", -1},
+};
+
+int64_t cp_file_max(cp_file_kind kind) { return (unsigned)kind < CP_FILE_KINDS ? file_kinds[kind].max : 0; }
+
+const char *cp_file_kind_name(cp_file_kind kind) {
+    return (unsigned)kind < CP_FILE_KINDS ? file_kinds[kind].name : "file";
+}
+
+/* What a file of mode m is, when it is not a regular file. */
+static const char *type_name(mode_t m) {
+    if (S_ISDIR(m)) return "a folder";
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISLNK(m)) return "a symbolic link";
+    return "not a regular file";
+}
+
+static void say(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *why, size_t whylen, const char *fmt, ...) {
+    if (!why || !whylen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+}
+
+/* Refuse what st describes unless it is a regular file within the kind's bound; 0, or -1 with errno and why. */
+static int check_stat(const struct stat *st, cp_file_kind kind, char *why, size_t whylen) {
+    if (!S_ISREG(st->st_mode)) {
+        say(why, whylen, "%s, not a regular file", type_name(st->st_mode));
+        errno = S_ISDIR(st->st_mode) ? EISDIR : EINVAL;
+        return -1;
     }
-    if (!s.data) cp_str_append(&s, "", 0);
+    int64_t max = cp_file_max(kind);
+    if (max >= 0 && st->st_size > max) {
+        char a[32], b[32];
+        say(why, whylen, "%s, more than a %s can be (%s)", cp_fmt_bytes(st->st_size, a, sizeof a),
+            cp_file_kind_name(kind), cp_fmt_bytes(max, b, sizeof b));
+        errno = EFBIG;
+        return -1;
+    }
+    return 0;
+}
+
+int cp_open_file(const char *path, cp_file_kind kind, int64_t *size, char *why, size_t whylen) {
+    struct stat st;
+    /* stat first, so a device is never opened; O_NONBLOCK in case it was swapped for a FIFO since */
+    if (stat(path, &st) != 0 || check_stat(&st, kind, why, whylen) != 0) {
+        if (errno != EISDIR && errno != EINVAL && errno != EFBIG) say(why, whylen, "%s", strerror(errno));
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        say(why, whylen, "%s", strerror(errno));
+        return -1;
+    }
+    int flags = fstat(fd, &st) == 0 ? fcntl(fd, F_GETFL) : -1;
+    if (flags < 0 || check_stat(&st, kind, why, whylen) != 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        if (e != EISDIR && e != EINVAL && e != EFBIG) say(why, whylen, "%s", strerror(e));
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if (size) *size = st.st_size;
+    return fd;
+}
+
+char *cp_read_file_as(const char *path, cp_file_kind kind, size_t *len, char *why, size_t whylen) {
+    int64_t size;
+    int fd = cp_open_file(path, kind, &size, why, whylen);
+    if (fd < 0) return NULL;
+    int64_t max = cp_file_max(kind);
+    cp_str s = {0};
+    cp_str_append(&s, "", 0);
+    char chunk[65536];
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            int e = errno;
+            say(why, whylen, "%s", strerror(e));
+            close(fd);
+            cp_str_free(&s);
+            errno = e;
+            return NULL;
+        }
+        if (n == 0) break;
+        if (max >= 0 && (int64_t)(s.len + (size_t)n) > max) { /* it grew while read: a log being written, or worse */
+            char b[32];
+            say(why, whylen, "grew past %s, the most a %s can be, while it was read", cp_fmt_bytes(max, b, sizeof b),
+                cp_file_kind_name(kind));
+            close(fd);
+            cp_str_free(&s);
+            errno = EFBIG;
+            return NULL;
+        }
+        cp_str_append(&s, chunk, (size_t)n);
+    }
+    close(fd);
     if (len) *len = s.len;
     return s.data;
+}
+
+char *cp_read_file(const char *path, size_t *len) { return cp_read_file_as(path, CP_FILE_ANY, len, NULL, 0); }
+
+ssize_t cp_read_head(const char *path, char *buf, size_t n, char *why, size_t whylen) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        say(why, whylen, "%s", strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        say(why, whylen, "%s, not a regular file", type_name(st.st_mode));
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        say(why, whylen, "%s", strerror(errno));
+        return -1;
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            say(why, whylen, "%s", strerror(e));
+            close(fd);
+            errno = e;
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    return (ssize_t)got;
+}
+
+int cp_may_replace(const char *path, cp_ours_fn ours, const void *ctx, const char *what, const char *fix, char *err,
+                   int errlen) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT) return 0;
+        return cp_errf(err, errlen, "%s: cannot look at what is there (%s); %s", path, strerror(errno), fix);
+    }
+    if (!S_ISREG(st.st_mode))
+        return cp_errf(err, errlen, "%s exists and is %s, not %s: cpgen replaces only files it wrote; %s", path,
+                       type_name(st.st_mode), what, fix);
+    char head[CP_HEAD_MAX], why[256];
+    ssize_t n = cp_read_head(path, head, sizeof head, why, sizeof why);
+    if (n < 0) return cp_errf(err, errlen, "%s exists and cannot be read (%s); %s", path, why, fix);
+    if (n > 0 && (!ours || !ours(head, (size_t)n, ctx))) /* an empty file holds nothing to lose */
+        return cp_errf(err, errlen, "%s exists and is not %s: cpgen replaces only files it wrote; %s", path, what,
+                       fix);
+    return 0;
+}
+
+bool cp_same_file(const char *a, const char *b) {
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
 bool cp_next_line(char **p, char *end, char **line, size_t *n) {
@@ -224,19 +389,25 @@ int cp_pread_all(int fd, void *buf, int64_t len, int64_t off, const char *path, 
 
 int cp_write_file_atomic(const char *path, const void *data, size_t len) {
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int w = snprintf(tmp, sizeof tmp, "%s.tmp.%ld.XXXXXX", path, (long)getpid());
+    if (w < 0 || (size_t)w >= sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    /* a new name: a file of the user's that happens to be called "<path>.tmp.<pid>" is never truncated */
+    int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0) return -1;
+    if (fchmod(fd, 0644) != 0) goto fail; /* mkostemp makes 0600; outputs are read by others, as before */
     const char *p = data;
     size_t left = len;
     while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
+        ssize_t n = write(fd, p, left);
+        if (n < 0) {
             if (errno == EINTR) continue;
             goto fail;
         }
-        p += w;
-        left -= (size_t)w;
+        p += n;
+        left -= (size_t)n;
     }
     if (fsync(fd) != 0) goto fail;
     if (close(fd) != 0) {
@@ -261,7 +432,11 @@ fail: {
 
 int cp_mkdir_p(const char *path) {
     char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    struct stat st;
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
@@ -269,6 +444,12 @@ int cp_mkdir_p(const char *path) {
         *p = '/';
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+    /* EEXIST is also a file of that name: the folder is not there, and writing into it would fail less clearly */
+    if (stat(buf, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
     return 0;
 }
 
@@ -299,3 +480,35 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 }
 
 void cp_remove_tree(const char *path) { (void)nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static bool stdout_closed;
+
+static void check_stdout(void) {
+    if (stdout_closed) {
+        fprintf(stderr, "cpgen: stdout was closed: nothing that was printed could be written; run it with stdout "
+                        "open (a file, a pipe, or /dev/null to drop it)\n");
+        _exit(CP_EXIT_FAIL);
+    }
+    errno = 0;
+    bool flushed = fflush(stdout) == 0;
+    int e = errno;
+    if (flushed && !ferror(stdout)) return; /* ferror: a write that failed earlier, with its bytes lost */
+    fprintf(stderr, "cpgen: writing to stdout failed (%s): what was printed is incomplete; free space, or send the "
+                    "output where it can be written\n", flushed || !e ? "an earlier write failed" : strerror(e));
+    _exit(CP_EXIT_FAIL);
+}
+
+void cp_check_stdout_at_exit(void) {
+    /* A closed 0, 1 or 2 would be the number of the next file opened, and printing would write into it: each gets
+     * /dev/null, and a closed stdout fails the command at exit. */
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        int n = open("/dev/null", fd ? O_WRONLY : O_RDONLY);
+        if (n >= 0 && n != fd) { /* not the lowest free number: cannot happen, but never leave fd closed */
+            dup2(n, fd);
+            close(n);
+        }
+        if (fd == 1) stdout_closed = true;
+    }
+    (void)atexit(check_stdout);
+}

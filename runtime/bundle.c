@@ -3,6 +3,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -64,33 +66,133 @@ static bool dir_empty(const char *dir) {
     return empty;
 }
 
-/* Whether a bundle may be written at dir: nothing there, an empty folder, or an earlier bundle. */
+/* Whether dir holds a bundle cpgen wrote and nothing else: a manifest of this format and only the files it names
+ * (manifest.json, spec.lua, src/<module>.cu, <arch>/<module>.cubin), none of them a link. Replacing dir deletes
+ * everything in it, so anything else there (a file of the user's, a manifest.json of another program) is reason to
+ * refuse. 0, or -1 with what is wrong in why. */
+static int only_a_bundle(const char *dir, char *why, size_t whylen) {
+    cp_bundle b;
+    char e[CP_ERR_MAX], m[CP_PATH_MAX + 32];
+    struct stat st;
+    snprintf(m, sizeof m, "%s/manifest.json", dir);
+    if (lstat(m, &st) != 0) {
+        snprintf(why, whylen, "it holds no bundle (no manifest.json)");
+        return -1;
+    }
+    if (cp_bundle_open(dir, &b, e, sizeof e)) {
+        snprintf(why, whylen, "its manifest.json is not one cpgen aot writes (%.400s)", e);
+        return -1;
+    }
+    int rc = 0;
+    DIR *d = opendir(dir);
+    if (!d) {
+        snprintf(why, whylen, "it cannot be listed (%s)", strerror(errno));
+        cp_bundle_close(&b);
+        return -1;
+    }
+    struct dirent *ent;
+    while (!rc && (ent = readdir(d))) {
+        const char *n = ent->d_name;
+        if (!strcmp(n, ".") || !strcmp(n, "..")) continue;
+        char p[CP_PATH_MAX + 300];
+        snprintf(p, sizeof p, "%s/%s", dir, n);
+        bool file = lstat(p, &st) == 0 && S_ISREG(st.st_mode), folder = !file && S_ISDIR(st.st_mode);
+        if (file && (!strcmp(n, "manifest.json") || !strcmp(n, "spec.lua"))) continue;
+        int arch = -1;
+        for (int a = 0; a < b.narchs; a++)
+            if (!strcmp(n, b.archs[a])) arch = a;
+        if (!folder || (strcmp(n, "src") && arch < 0)) {
+            snprintf(why, whylen, "it holds %s, which a bundle does not", n);
+            rc = -1;
+            break;
+        }
+        DIR *sd = opendir(p);
+        struct dirent *se;
+        if (!sd) {
+            snprintf(why, whylen, "%s cannot be listed (%s)", p, strerror(errno));
+            rc = -1;
+            break;
+        }
+        while (!rc && (se = readdir(sd))) {
+            const char *f = se->d_name;
+            if (!strcmp(f, ".") || !strcmp(f, "..")) continue;
+            char rel[2 * 256 + 8], q[CP_PATH_MAX + 2 * 256 + 16];
+            snprintf(rel, sizeof rel, "%s/%s", n, f);
+            snprintf(q, sizeof q, "%s/%s", dir, rel);
+            bool named = false;
+            for (int i = 0; i < b.nmodules && !named; i++) {
+                char src[CP_KNAME_MAX + 16];
+                snprintf(src, sizeof src, "src/%s.cu", b.modules[i].name);
+                named = arch < 0 ? !strcmp(rel, src) : !strcmp(rel, b.modules[i].cubins[arch].file);
+            }
+            if (!named || lstat(q, &st) != 0 || !S_ISREG(st.st_mode)) {
+                snprintf(why, whylen, "it holds %s, which its manifest does not name", rel);
+                rc = -1;
+            }
+        }
+        closedir(sd);
+    }
+    closedir(d);
+    cp_bundle_close(&b);
+    return rc;
+}
+
+/* Whether a bundle may be written at dir: nothing there, an empty folder, or an earlier bundle and nothing else. */
 static int may_write(const char *dir, char *err, int errlen) {
     struct stat st;
-    if (stat(dir, &st) != 0) return 0;
-    if (!S_ISDIR(st.st_mode)) return cp_errf(err, errlen, "%s exists and is not a folder: pick another -o", dir);
-    if (!dir_empty(dir) && !cp_bundle_is(dir))
-        return cp_errf(err, errlen, "%s is a folder that is not empty and holds no bundle (no manifest.json): cpgen "
-                       "replaces only a bundle; pick another -o or empty it", dir);
+    if (lstat(dir, &st) != 0) {
+        if (errno == ENOENT) return 0;
+        return cp_errf(err, errlen, "%s: cannot look at what is there (%s); pick another -o", dir, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode))
+        return cp_errf(err, errlen, "%s exists and is not a folder: cpgen replaces only a bundle it wrote; pick "
+                       "another -o", dir);
+    char why[CP_ERR_MAX];
+    if (!dir_empty(dir) && only_a_bundle(dir, why, sizeof why))
+        return cp_errf(err, errlen, "%s is a folder that is not empty and not a bundle written by cpgen aot: %s; cpgen "
+                       "replaces only a bundle, since replacing deletes what the folder holds: pick another -o, or "
+                       "move the folder away", dir, why);
     return 0;
 }
 
-/* Move the finished folder tmp to dir: an earlier bundle there is set aside, replaced and then removed. */
+/* rename(from, to) with renameat2's flags, falling back to a plain rename where the filesystem has no flags (then
+ * with RENAME_NOREPLACE only after checking that nothing is at to). */
+static int rename_flags(const char *from, const char *to, unsigned flags) {
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, flags) == 0) return 0;
+    if (errno != EINVAL && errno != ENOSYS) return -1;
+    struct stat st;
+    if (flags & RENAME_EXCHANGE) return -1; /* the caller moves the old one aside itself */
+    if (lstat(to, &st) == 0) {
+        errno = EEXIST;
+        return -1;
+    }
+    return rename(from, to);
+}
+
+/* Move the finished folder tmp to dir: an earlier bundle there is swapped out in one step (RENAME_EXCHANGE) and
+ * then removed; it is checked again first, in case something was put there while the kernels compiled. */
 static int put_in_place(const char *tmp, const char *dir, char *err, int errlen) {
     struct stat st;
     if (may_write(dir, err, errlen)) return -1;
-    if (stat(dir, &st) != 0) {
-        if (rename(tmp, dir) == 0) return 0;
+    if (lstat(dir, &st) != 0) {
+        if (rename_flags(tmp, dir, RENAME_NOREPLACE) == 0) return 0;
         return cp_errf(err, errlen, "cannot rename %s to %s (%s)", tmp, dir, strerror(errno));
     }
     if (dir_empty(dir)) {
-        if (rmdir(dir) != 0 || rename(tmp, dir) != 0)
+        if (rmdir(dir) != 0 || rename_flags(tmp, dir, RENAME_NOREPLACE) != 0)
             return cp_errf(err, errlen, "cannot put the bundle at %s (%s)", dir, strerror(errno));
         return 0;
     }
+    if (rename_flags(tmp, dir, RENAME_EXCHANGE) == 0) {
+        cp_remove_tree(tmp); /* now the old bundle */
+        return 0;
+    }
+    if (errno != EINVAL && errno != ENOSYS)
+        return cp_errf(err, errlen, "cannot replace the old bundle %s (%s)", dir, strerror(errno));
     char old[CP_PATH_MAX + 32];
     snprintf(old, sizeof old, "%s.old.%ld", dir, (long)getpid());
-    if (rename(dir, old) != 0) return cp_errf(err, errlen, "cannot move the old bundle %s aside (%s)", dir, strerror(errno));
+    if (rename_flags(dir, old, RENAME_NOREPLACE) != 0)
+        return cp_errf(err, errlen, "cannot move the old bundle %s aside to %s (%s)", dir, old, strerror(errno));
     if (rename(tmp, dir) != 0) {
         int e = errno;
         (void)rename(old, dir);
@@ -112,8 +214,15 @@ static void put_kv(cp_str *o, const char *indent, const char *key, const char *v
     cp_str_printf(o, "%s\n", comma ? "," : "");
 }
 
-int cp_bundle_write(const char *dir, const cp_plan *plan, const char *const *archs, int narchs, const cp_jit_opts *jo,
-                    const char *command, char *err, int errlen) {
+int cp_bundle_write(const char *dir_arg, const cp_plan *plan, const char *const *archs, int narchs,
+                    const cp_jit_opts *jo, const char *command, char *err, int errlen) {
+    /* "b/" is the folder b: the temporary folder goes beside it, not into it */
+    char dir[CP_PATH_MAX];
+    if (snprintf(dir, sizeof dir, "%s", dir_arg) >= (int)sizeof dir)
+        return cp_errf(err, errlen, "-o %.100s...: the path is too long", dir_arg);
+    for (size_t l = strlen(dir); l > 1 && dir[l - 1] == '/'; l--) dir[l - 1] = 0;
+    if (!*dir || !strcmp(dir, "/") || !strcmp(dir, ".") || !strcmp(dir, ".."))
+        return cp_errf(err, errlen, "-o '%s': give the bundle a folder of its own, e.g. -o tiny.bundle", dir_arg);
     if (narchs < 1 || narchs > CP_BUNDLE_MAX_ARCHS)
         return cp_errf(err, errlen, "a bundle holds 1 to %d architectures, not %d", CP_BUNDLE_MAX_ARCHS, narchs);
     for (int a = 0; a < narchs; a++)
@@ -133,11 +242,16 @@ int cp_bundle_write(const char *dir, const cp_plan *plan, const char *const *arc
     }
     int nv_major = 0, nv_minor = 0;
     if (!rc) rc = cp_nvrtc_version(&nv_major, &nv_minor, err, errlen);
-    char tmp[CP_PATH_MAX + 32];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+    char tmp[CP_PATH_MAX + 48];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.XXXXXX", dir, (long)getpid());
     bool made = false;
+    if (!rc) { /* a new folder: nothing of the user's is ever emptied or removed */
+        made = mkdtemp(tmp) != NULL;
+        if (!made || chmod(tmp, 0755) != 0)
+            rc = cp_errf(err, errlen, "cannot create a folder beside %s (%s): -o must be in a folder you can write",
+                         dir, strerror(errno));
+    }
     if (!rc) {
-        cp_remove_tree(tmp); /* a leftover of this pid's earlier attempt */
         char sub[CP_PATH_MAX + 64];
         snprintf(sub, sizeof sub, "%s/src", tmp);
         rc = cp_mkdir_p(sub);
@@ -146,7 +260,6 @@ int cp_bundle_write(const char *dir, const cp_plan *plan, const char *const *arc
             rc = cp_mkdir_p(sub);
         }
         if (rc) cp_errf(err, errlen, "cannot create %s (%s)", sub, strerror(errno));
-        made = true;
     }
     cp_str spec = {0}, man = {0};
     if (!rc) {
@@ -320,11 +433,11 @@ int cp_bundle_open(const char *dir, cp_bundle *b, char *err, int errlen) {
     char path[CP_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     size_t len;
-    char *text = cp_read_file(path, &len);
-    if (!text)
-        return cp_errf(err, errlen, "cannot read %s (%s): is %s a bundle made by cpgen aot?", path, strerror(errno), dir);
-    cp_json root;
     char why[256];
+    char *text = cp_read_file_as(path, CP_FILE_MANIFEST, &len, why, sizeof why);
+    if (!text)
+        return cp_errf(err, errlen, "cannot read %s (%s): is %s a bundle made by cpgen aot?", path, why, dir);
+    cp_json root;
     int rc = cp_json_parse(text, len, &root, why, sizeof why);
     free(text);
     if (rc) return cp_errf(err, errlen, "%s is not valid JSON (%s): rebuild the bundle with cpgen aot", path, why);
@@ -332,9 +445,10 @@ int cp_bundle_open(const char *dir, cp_bundle *b, char *err, int errlen) {
     cp_json_free(&root);
     if (!rc) {
         snprintf(path, sizeof path, "%s/spec.lua", dir);
-        b->spec_text = cp_read_file(path, &len);
-        if (!b->spec_text) rc = cp_errf(err, errlen, "cannot read %s (%s): the bundle is incomplete; rebuild it with "
-                                        "cpgen aot", path, strerror(errno));
+        b->spec_text = cp_read_file_as(path, CP_FILE_SPEC, &len, why, sizeof why);
+        if (!b->spec_text)
+            rc = cp_errf(err, errlen, "cannot read %s (%s): the bundle is incomplete or damaged; rebuild it with cpgen "
+                         "aot", path, why);
     }
     if (rc) cp_bundle_close(b);
     return rc;
@@ -366,10 +480,11 @@ static void *read_cubin(const cp_bundle *b, const cp_bundle_cubin *c, size_t *le
                         int errlen) {
     char path[CP_PATH_MAX + CP_KNAME_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", b->dir, c->file);
-    void *d = cp_read_file(path, len);
+    char why[256];
+    void *d = cp_read_file_as(path, CP_FILE_CUBIN, len, why, sizeof why);
     if (!d) {
-        cp_errf(err, errlen, "bundle %s: cubin %s is missing (%s): copy the whole bundle folder again, or rebuild it: "
-                "%s", b->dir, c->file, strerror(errno), rebuild);
+        cp_errf(err, errlen, "bundle %s: cubin %s is %s (%s): copy the whole bundle folder again, or rebuild it: %s",
+                b->dir, c->file, errno == ENOENT ? "missing" : "unreadable", why, rebuild);
         return NULL;
     }
     char sha[CP_SHA256_HEX];

@@ -59,8 +59,10 @@ bool cp_bundle_is(const char *path);
 int cp_bundle_plan_hash(const cp_plan *plan, char hex[CP_SHA256_HEX], char *err, int errlen);
 
 /* Compile every module of plan for each of archs (through the JIT cache of jo, NVRTC needed) and write the bundle
- * into dir atomically: a temporary folder beside it, renamed into place; an earlier bundle there is replaced, any
- * other folder that is not empty is refused. command is recorded in the manifest. 0, or -1 with a message. */
+ * into dir atomically: a new temporary folder beside it, renamed into place. An earlier bundle there is replaced if
+ * the folder holds only what its manifest names; any other folder that is not empty (a manifest.json of another
+ * program, a file of the user's beside a bundle) is refused, as is a file. command is recorded in the manifest. 0,
+ * or -1 with a message. */
 int cp_bundle_write(const char *dir, const cp_plan *plan, const char *const *archs, int narchs, const cp_jit_opts *jo,
                     const char *command, char *err, int errlen);
 

@@ -273,8 +273,59 @@ static bool is_dir(const char *p) {
     return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
+/* A name a save writes into a checkpoint folder, or a temporary one of those ("<name>.tmp.<pid>[.XXXXXX]"). */
+static bool ckpt_file_name(const char *n) {
+    static const char *const names[] = {CP_CKPT_STATE_NAME, CP_CKPT_OPTIM_NAME, CP_ST_SINGLE_NAME, CP_ST_INDEX_NAME,
+                                        "config.json"};
+    char base[256];
+    snprintf(base, sizeof base, "%s", n);
+    char *tmp = strstr(base, ".tmp.");
+    if (tmp) *tmp = 0;
+    for (size_t i = 0; i < CP_ARRAY_LEN(names); i++)
+        if (!strcmp(base, names[i])) return true;
+    int a, b, used = 0;
+    return sscanf(base, "model-%5d-of-%5d.safetensors%n", &a, &b, &used) == 2 && !base[used];
+}
+
+int cp_ckpt_dir_is_ours(const char *dir, bool complete, char *why, size_t whylen) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        snprintf(why, whylen, "it cannot be listed (%s)", strerror(errno));
+        return -1;
+    }
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[CP_PATH_MAX + 300];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (!ckpt_file_name(e->d_name) || lstat(p, &st) != 0 || !S_ISREG(st.st_mode)) {
+            snprintf(why, whylen, "it holds %s, which a checkpoint does not", e->d_name);
+            rc = -1;
+        }
+    }
+    closedir(d);
+    if (rc || !complete) return rc;
+    char p[CP_PATH_MAX + 64], e2[256];
+    snprintf(p, sizeof p, "%s/%s", dir, CP_CKPT_STATE_NAME);
+    size_t len;
+    char *text = cp_read_file_as(p, CP_FILE_STATE, &len, e2, sizeof e2);
+    if (!text) {
+        snprintf(why, whylen, "its %s cannot be read (%s)", CP_CKPT_STATE_NAME, e2);
+        return -1;
+    }
+    cp_ckpt_state st;
+    char e3[CP_ERR_MAX];
+    rc = cp_ckpt_state_parse(text, len, p, &st, e3, sizeof e3);
+    free(text);
+    if (rc) snprintf(why, whylen, "%.400s", e3);
+    return rc;
+}
+
 /* Remove ckpt_<n>.tmp.<pid> folders in out_dir whose process is gone: what a crash during a save left. A live
- * process's folder (another run writing into the same out_dir, or this one) is left alone. */
+ * process's folder (another run writing into the same out_dir, or this one), and one holding anything a save does
+ * not write, are left alone. */
 static void remove_dead_tmp(const char *out_dir) {
     DIR *d = opendir(out_dir);
     if (!d) return;
@@ -285,9 +336,9 @@ static void remove_dead_tmp(const char *out_dir) {
         int used = 0;
         if (sscanf(e->d_name, "ckpt_%lld.tmp.%ld%n", &step, &pid, &used) != 2 || e->d_name[used] || pid <= 0) continue;
         if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        char p[CP_PATH_MAX + 300];
+        char p[CP_PATH_MAX + 300], why[CP_ERR_MAX];
         snprintf(p, sizeof p, "%s/%s", out_dir, e->d_name);
-        cp_remove_tree(p);
+        if (!cp_ckpt_dir_is_ours(p, false, why, sizeof why)) cp_remove_tree(p);
     }
     closedir(d);
 }
@@ -302,8 +353,11 @@ static int install(const char *tmp, const char *final, char *err, int errlen) {
             return cp_errf(err, errlen, "renaming %s to %s failed: %s", tmp, final, strerror(errno));
         return 0;
     }
-    if (!S_ISDIR(sb.st_mode))
-        return cp_errf(err, errlen, "%s exists and is not a checkpoint folder: move it away and save again", final);
+    char why[CP_ERR_MAX];
+    if (!S_ISDIR(sb.st_mode) || cp_ckpt_dir_is_ours(final, true, why, sizeof why))
+        return cp_errf(err, errlen, "%s exists and is not a checkpoint cpgen saved%s%s: cpgen replaces only its own; "
+                       "move it away and save again", final, S_ISDIR(sb.st_mode) ? ": " : "",
+                       S_ISDIR(sb.st_mode) ? why : "");
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
         cp_remove_tree(tmp); /* now the old checkpoint */
         return 0;
@@ -312,7 +366,8 @@ static int install(const char *tmp, const char *final, char *err, int errlen) {
         return cp_errf(err, errlen, "replacing %s with %s failed: %s", final, tmp, strerror(errno));
     char old[CP_PATH_MAX + 128];
     snprintf(old, sizeof old, "%s.old.%ld", final, (long)getpid());
-    cp_remove_tree(old);
+    if (lstat(old, &sb) == 0) /* not removed: cpgen did not leave it (it removes its own below) */
+        return cp_errf(err, errlen, "%s is in the way of replacing %s: move it away and save again", old, final);
     if (rename(final, old) != 0)
         return cp_errf(err, errlen, "moving the old %s aside failed: %s", final, strerror(errno));
     if (rename(tmp, final) != 0) {
@@ -372,12 +427,24 @@ int cp_ckpt_write(const cp_plan *P, const char *out_dir, const cp_ckpt_state *st
     snprintf(file, sizeof file, "%s/%s", out_dir, CP_CKPT_LATEST_NAME);
     char name[64];
     int n = snprintf(name, sizeof name, "ckpt_%d\n", st->step);
+    char e2[CP_ERR_MAX];
+    if (cp_may_replace(file, cp_ckpt_latest_is_ours, NULL, "a `latest` file cpgen wrote", "move it away", e2,
+                       sizeof e2))
+        return cp_errf(err, errlen, "%s (the checkpoint %s itself is complete)", e2, final);
     if (cp_write_file_atomic(file, name, (size_t)n) != 0)
         return cp_errf(err, errlen, "%s: writing failed: %s (the checkpoint %s itself is complete)", file,
                        strerror(errno), final);
     fsync_dir(out_dir);
     if (path) snprintf(path, pathlen, "%s", final);
     return 0;
+}
+
+bool cp_ckpt_latest_is_ours(const char *head, size_t n, const void *ctx) {
+    (void)ctx;
+    size_t i = 5;
+    if (n < 6 || memcmp(head, "ckpt_", 5)) return false;
+    while (i < n && head[i] >= '0' && head[i] <= '9') i++;
+    return i > 5 && (i == n || (i + 1 == n && head[i] == '\n'));
 }
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -400,7 +467,11 @@ static int resolve(const char *dir, char *out, size_t n, char *err, int errlen) 
     }
     snprintf(p, sizeof p, "%s/%s", dir, CP_CKPT_LATEST_NAME);
     size_t len;
-    char *text = cp_read_file(p, &len);
+    char why[256];
+    char *text = cp_read_file_as(p, CP_FILE_STATE, &len, why, sizeof why);
+    if (!text && errno != ENOENT)
+        return cp_errf(err, errlen, "--resume %s: %s cannot be read (%s): it should name the newest checkpoint folder; "
+                       "resume from a ckpt_<step> folder directly", dir, p, why);
     if (!text) {
         if (strstr(dir, ".tmp."))
             return cp_errf(err, errlen, "--resume %s: an incomplete checkpoint (a save that did not finish; it has no "
@@ -547,8 +618,11 @@ int cp_ckpt_open(const cp_plan *P, const char *dir, cp_ckpt *ck, char *err, int 
     char p[CP_PATH_MAX + 64];
     snprintf(p, sizeof p, "%s/%s", ck->dir, CP_CKPT_STATE_NAME);
     size_t len;
-    char *text = cp_read_file(p, &len);
-    if (!text) return cp_errf(err, errlen, "%s: cannot read: %s", p, strerror(errno));
+    char why[256];
+    char *text = cp_read_file_as(p, CP_FILE_STATE, &len, why, sizeof why);
+    if (!text)
+        return cp_errf(err, errlen, "%s: cannot read: %s; the checkpoint is damaged: resume from another ckpt_<step> "
+                       "folder", p, why);
     int rc = cp_ckpt_state_parse(text, len, p, &ck->state, err, errlen);
     free(text);
     if (!rc) rc = check_state(P, &ck->state, p, err, errlen);

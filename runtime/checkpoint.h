@@ -68,8 +68,16 @@ typedef int (*cp_ckpt_hook)(void *ctx, const char *tmp_dir, const char *piece);
 
 /* Write <out_dir>/ckpt_<st->step>/ from the flat fp32 master weights and moments (cp_weights_elems elements, the
  * executor's layout), then <out_dir>/latest. An existing folder of that name (a step saved again after a resume) is
- * replaced atomically. path (may be NULL) gets the final folder. Returns 0, or -1 with a message; on failure no
+ * replaced atomically if it is a checkpoint cpgen saved (cp_ckpt_dir_is_ours), else refused, as is a `latest` that
+ * cpgen did not write. path (may be NULL) gets the final folder. Returns 0, or -1 with a message; on failure no
  * folder has the final name unless it was there before, untouched. */
+/* Whether dir holds only files a save writes (and their temporaries), none a link, and (complete) a
+ * trainer_state.json that parses: a folder cpgen may replace or, as a crash's leftover, remove. 0, or -1 with what
+ * is wrong in why. */
+int cp_ckpt_dir_is_ours(const char *dir, bool complete, char *why, size_t whylen);
+/* Whether a file starting with these n bytes is a `latest` cpgen wrote: "ckpt_<step>" and a newline. */
+bool cp_ckpt_latest_is_ours(const char *head, size_t n, const void *ctx);
+
 int cp_ckpt_write(const cp_plan *plan, const char *out_dir, const cp_ckpt_state *st, const float *master,
                   const float *m, const float *v, cp_ckpt_hook hook, void *hook_ctx, char *path, size_t pathlen,
                   char *err, int errlen);

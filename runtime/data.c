@@ -40,23 +40,17 @@ static void put_u32(unsigned char *p, uint32_t v) {
 
 /* Check one shard's header against its size. */
 static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *tb, char *err, int errlen) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return cp_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
+    int64_t size;
+    char why[256];
+    int fd = cp_open_file(path, CP_FILE_DATA, &size, why, sizeof why); /* a FIFO or device is refused, never read */
+    if (fd < 0)
+        return cp_errf(err, errlen, "%s: cannot open: %s; data.source must match token shard files only", path, why);
     int rc = 0;
-    if (fstat(fd, &sb) != 0) {
-        rc = cp_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        rc = cp_errf(err, errlen, "%s: not a regular file", path);
-        goto out;
-    }
-    if (sb.st_size < CP_TOK_HEADER) {
+    if (size < CP_TOK_HEADER) {
         rc = cp_errf(err, errlen,
                   "%s: %lld bytes, shorter than the %d-byte token shard header: truncated or not a token "
                   "shard (docs/DATA.md)",
-                  path, (long long)sb.st_size, CP_TOK_HEADER);
+                  path, (long long)size, CP_TOK_HEADER);
         goto out;
     }
     unsigned char h[CP_TOK_HEADER];
@@ -88,7 +82,7 @@ static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *t
                   (unsigned long long)reserved);
         goto out;
     }
-    uint64_t payload = (uint64_t)sb.st_size - CP_TOK_HEADER;
+    uint64_t payload = (uint64_t)size - CP_TOK_HEADER;
     if (n > payload / bytes) {
         rc = cp_errf(err, errlen,
                   "%s: the header says %llu tokens (%llu bytes) but the file holds %llu bytes after the "
@@ -177,8 +171,9 @@ int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool ad
     if (r->fd_shard != s) {
         if (r->fd >= 0) close(r->fd);
         r->fd_shard = -1;
-        r->fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (r->fd < 0) return cp_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        char why[256];
+        r->fd = cp_open_file(path, CP_FILE_DATA, NULL, why, sizeof why);
+        if (r->fd < 0) return cp_errf(err, errlen, "%s: cannot open: %s", path, why);
         r->fd_shard = s;
     }
     int tb = r->token_bytes[s];

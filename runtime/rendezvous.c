@@ -766,7 +766,11 @@ int cp_rdv_file_exchange(const char *path, const char *job_id, int rank, int siz
         /* Replacing a file of one of ours is the point (an earlier run's is stale); anything else there is the
          * user's, and a mistyped path should not destroy it. */
         size_t len = 0;
-        char *old = cp_read_file(path, &len);
+        char why[256];
+        char *old = cp_read_file_as(path, CP_FILE_STATE, &len, why, sizeof why);
+        if (!old && errno != ENOENT) /* a folder, a FIFO, a large file: the user's, never replaced */
+            return cp_errf(err, errlen, "rank 0: %s (CPGEN_RENDEZVOUS_FILE) exists and cannot be read as a cpgen "
+                        "rendezvous file (%s): not replacing it; choose a path of its own", path, why);
         if (old) {
             rdv_file f;
             int bad = parse_rdv_file(old, &f);
@@ -792,9 +796,10 @@ int cp_rdv_file_exchange(const char *path, const char *job_id, int rank, int siz
     char stale[256] = "";
     for (;;) {
         size_t len = 0;
-        char *text = cp_read_file(path, &len);
+        char why[256];
+        char *text = cp_read_file_as(path, CP_FILE_STATE, &len, why, sizeof why);
         if (!text && errno != ENOENT && errno != ESTALE)
-            return cp_errf(err, errlen, "rank %d: cannot read the rendezvous file %s: %s", rank, path, strerror(errno));
+            return cp_errf(err, errlen, "rank %d: cannot read the rendezvous file %s: %s", rank, path, why);
         if (text) {
             rdv_file f;
             if (parse_rdv_file(text, &f)) {

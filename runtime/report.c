@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "json.h"
 #include "spec.h"
@@ -90,10 +91,15 @@ static void take_line(metrics *mt, const char *l, size_t n, int line) {
 }
 
 static int read_metrics(const char *path, const char *out_dir, metrics *mt, char *err, int errlen) {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return cp_errf(err, errlen, "cannot read %s (%s): is %s the out_dir of a run (train.out_dir)?", path,
-                       strerror(errno), out_dir);
+    /* a regular file under the bound of its kind (never a device or a FIFO), then read line by line */
+    char why[256];
+    int fd = cp_open_file(path, CP_FILE_METRICS, NULL, why, sizeof why);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0) snprintf(why, sizeof why, "%s", strerror(errno)), close(fd);
+        return cp_errf(err, errlen, "cannot read %s (%s): is %s the out_dir of a run (train.out_dir)?", path, why,
+                       out_dir);
+    }
     char *buf = cp_xmalloc(MAX_LINE + 1);
     int line = 0;
     bool long_line = false; /* inside a line longer than MAX_LINE, whose rest is skipped */

@@ -194,14 +194,12 @@ static int parse_entry(const char *path, const char *name, const cp_json *v, int
 /* Open one safetensors file and append its tensors (with file index fi) to list. */
 static int open_one(const char *path, int fi, cp_st_file *f, tlist *list, char *err, int errlen) {
     f->path = cp_xstrdup(path);
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    char why[256];
+    f->fd = cp_open_file(path, CP_FILE_DATA, &f->size, why, sizeof why); /* a FIFO or device is refused, never read */
     if (f->fd < 0)
-        return cp_errf(err, errlen, "%s: cannot open: %s%s", path, strerror(errno),
-                    errno == ENOENT ? " (check the path, or the index that names this shard)" : "");
-    struct stat sb;
-    if (fstat(f->fd, &sb) != 0) return cp_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) return cp_errf(err, errlen, "%s: not a regular file", path);
-    f->size = sb.st_size;
+        return cp_errf(err, errlen, "%s: cannot open: %s%s", path, why,
+                    errno == ENOENT ? " (check the path, or the index that names this shard)"
+                                    : "; give a safetensors file, the index of one, or their folder");
     if (f->size < 8)
         return cp_errf(err, errlen,
                     "%s: the file is %lld bytes, shorter than the 8-byte header length that starts a "
@@ -336,12 +334,9 @@ static cp_st_file *add_file(cp_st_set *st) {
 
 static int open_index(const char *path, cp_st_set *st, tlist *list, char *err, int errlen) {
     size_t len;
-    struct stat sb;
-    if (stat(path, &sb) != 0) return cp_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    if (sb.st_size > CP_ST_MAX_HEADER)
-        return cp_errf(err, errlen, "%s: %lld bytes is too large for a safetensors index", path, (long long)sb.st_size);
-    char *text = cp_read_file(path, &len);
-    if (!text) return cp_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+    char why[256];
+    char *text = cp_read_file_as(path, CP_FILE_INDEX, &len, why, sizeof why);
+    if (!text) return cp_errf(err, errlen, "%s: cannot read the index: %s", path, why);
     cp_json root;
     char jerr[512];
     if (cp_json_parse(text, len, &root, jerr, sizeof jerr)) {
@@ -635,8 +630,14 @@ static int open_out(out_file *o, const char *dir, const char *name, char *err, i
     size_t n = strlen(o->path) + 32;
     o->tmp = cp_xmalloc(n);
     snprintf(o->tmp, n, "%s.tmp.%ld", o->path, (long)getpid());
-    o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (o->fd < 0) return cp_errf(err, errlen, "%s: cannot create: %s", o->tmp, strerror(errno));
+    /* O_EXCL: a new file, never one that is there already (nor what a link there points to) */
+    o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (o->fd < 0) {
+        int e = errno;
+        free(o->tmp);
+        o->tmp = NULL; /* not ours to remove */
+        return cp_errf(err, errlen, "%s: cannot create: %s", o->path, strerror(e));
+    }
     return 0;
 }
 

@@ -205,8 +205,17 @@ static void put_seconds3(cp_str *o, const char *key, const double v[CP_STREAM_CO
     cp_str_printf(o, ",\"%s\":[%.9f,%.9f,%.9f]", key, v[0], v[1], v[2]);
 }
 
-/* A whole trace file, atomically. */
+#define TRACE_HEAD "{\"displayTimeUnit\":\"ms\",\"traceEvents\":["
+
+bool cp_trace_is_ours(const char *head, size_t n, const void *ctx) {
+    (void)ctx;
+    return n >= strlen(TRACE_HEAD) && !memcmp(head, TRACE_HEAD, strlen(TRACE_HEAD));
+}
+
+/* A whole trace file, atomically; what is at path already is replaced only if it is a trace cpgen wrote. */
 static int write_trace(const char *path, const cp_str *out, char *err, int errlen) {
+    if (cp_may_replace(path, cp_trace_is_ours, NULL, "a trace cpgen wrote", "give --trace another file", err, errlen))
+        return -1;
     if (!cp_write_file_atomic(path, out->data, out->len)) return 0;
     return cp_errf(err, errlen, "writing the trace %s: %s; give --trace a file in a folder you can write", path,
                    strerror(errno));
@@ -216,7 +225,7 @@ int cp_trace_write(const cp_plan *P, const cp_trace_rank *r, const char *path, c
     int n = cp_trace_instances(P), mb;
     cp_str out = {0};
     events e = {&out, 0};
-    cp_str_printf(&out, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
+    cp_str_printf(&out, TRACE_HEAD);
     int64_t *by_cat = cp_plan_live_by_cat(P, CP_SPACE_GPU), *live = cp_xcalloc((size_t)P->nsteps + 1, sizeof *live);
     for (int i = 0; i < P->nsteps; i++)
         for (int c = 0; c < CP_CAT_COUNT; c++) live[i] += by_cat[(size_t)i * CP_CAT_COUNT + c];
@@ -315,10 +324,10 @@ static void put_value(cp_str *o, const cp_json *v) {
 /* One rank's part into the merged events and rank records; rank 0's common record is kept. */
 static int merge_part(const char *part, int rank, events *e, cp_str *ranks, cp_str *common, char *err, int errlen) {
     size_t len;
-    char *text = cp_read_file(part, &len);
-    if (!text) return cp_errf(err, errlen, "reading the trace part %s: %s", part, strerror(errno));
-    cp_json j;
     char why[256];
+    char *text = cp_read_file_as(part, CP_FILE_TRACE, &len, why, sizeof why);
+    if (!text) return cp_errf(err, errlen, "reading the trace part %s: %s", part, why);
+    cp_json j;
     int rc = 0;
     if (cp_json_parse(text, len, &j, why, sizeof why)) {
         rc = cp_errf(err, errlen, "the trace part %s is not JSON (%s): was it written by another cpgen?", part, why);
@@ -359,7 +368,7 @@ int cp_trace_merge(const char *path, int ranks, double timeout_s, char *err, int
     }
     cp_str out = {0}, rk = {0}, common = {0};
     events e = {&out, 0};
-    cp_str_printf(&out, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
+    cp_str_printf(&out, TRACE_HEAD);
     int rc = 0;
     for (int r = 0; r < ranks && !rc; r++) {
         cp_trace_part_path(path, r, part, sizeof part);
@@ -396,5 +405,6 @@ int cp_trace_check_path(const char *path, char *err, int errlen) {
     if (access(dir, W_OK) != 0)
         return cp_errf(err, errlen, "--trace %s: the folder %s cannot be written (%s); give a path in a folder you can "
                        "write", path, dir, strerror(errno));
-    return 0;
+    return cp_may_replace(path, cp_trace_is_ours, NULL, "a trace cpgen wrote", "give --trace another file", err,
+                          errlen);
 }

@@ -50,7 +50,11 @@ void cp_trace_part_path(const char *path, int rank, char *out, size_t n);
  * (atomically) and removes the parts. Returns 0, or -1 with a message (the parts are left where they are). */
 int cp_trace_merge(const char *path, int ranks, double timeout_s, char *err, int errlen);
 
-/* Before a run: that the trace's folder exists and can be written, so that a long run does not fail at its end. */
+/* Whether a file starting with these n bytes is a trace cpgen wrote (a whole trace or a rank's part). */
+bool cp_trace_is_ours(const char *head, size_t n, const void *ctx);
+
+/* Before a run: that the trace's folder exists and can be written, and that a file already at path is a trace cpgen
+ * wrote (nothing else is replaced), so that a long run does not fail at its end. */
 int cp_trace_check_path(const char *path, char *err, int errlen);
 
 /* ---------------------------------------------------------------- recording on the GPU */

@@ -12,6 +12,7 @@
 #include "data.h"
 #include "exec.h"
 #include "json.h"
+#include "outputs.h"
 #include "report.h"
 #include "util.h"
 #include "weights.h"
@@ -93,8 +94,10 @@ static int save(cp_exec *ex, const cp_plan *P, bool writer, const cp_dataset *da
  * checkpoint, which the resumed run logs again), so the file has each step once. */
 static int metrics_keep(const char *path, int upto, char *err, int errlen) {
     size_t len;
-    char *text = cp_read_file(path, &len);
-    if (!text) return errno == ENOENT ? 0 : cp_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+    char why[256];
+    char *text = cp_read_file_as(path, CP_FILE_METRICS, &len, why, sizeof why);
+    if (!text)
+        return errno == ENOENT ? 0 : cp_errf(err, errlen, "%s: cannot read: %s; move it away to resume", path, why);
     cp_str keep = {0};
     char e2[256];
     char *p = text, *line;
@@ -349,7 +352,10 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     }
     if (!rc && tr->save_every > 0 && ran > 0 && res->steps % tr->save_every != 0)
         rc = save(ex, P, lead, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
-    if (metrics) fclose(metrics);
+    /* a metrics line that could not be written (a full disk) fails the run: its record is incomplete */
+    if (metrics && (ferror(metrics) | (fclose(metrics) != 0)) && !rc)
+        rc = cp_errf(err, errlen, "writing %s failed (a full disk?): every step ran and was saved as the spec says, "
+                     "but this record of them is incomplete; free space before the next run", mpath);
     if (!rc && metrics && lead) { /* the run's picture; a failure to draw it does not fail the run */
         char why[CP_ERR_MAX];
         if (cp_report_write(tr->out_dir, why, sizeof why) < 0) fprintf(out, "report: %s\n", why);
@@ -389,6 +395,11 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     /* a checkpoint is checked before the GPU is set up, so a wrong one costs no compile time */
     cp_ckpt ck;
     if (o->resume && cp_ckpt_open(P, o->resume, &ck, err, errlen)) return -1;
+    /* and what the run writes: only over cpgen's own files, found now rather than at the first save */
+    if (o->world_rank == 0 && cp_run_outputs_check(&P->spec, o->trace_path, err, errlen)) {
+        if (o->resume) cp_ckpt_close(&ck);
+        return -1;
+    }
     if (o->resume && P->C > 1) {
         /* a rank resuming reads the whole fp32 model, not one unit beside its shard as the plan counted */
         int ranks = cp_plan_node_ranks(P);

@@ -294,7 +294,7 @@ static void test_command_line(void **state) {
     snprintf(cmd, sizeof cmd, "mkdir -p %s/notabundle && touch %s/notabundle/keep && build/cpgen aot tiny -o "
              "%s/notabundle", root, root, root);
     assert_int_equal(sh(cmd, &out), 1);
-    assert_non_null(strstr(out, "holds no bundle (no manifest.json)"));
+    assert_non_null(strstr(out, "not a bundle written by cpgen aot: it holds no bundle (no manifest.json)"));
     free(out);
     snprintf(cmd, sizeof cmd, "ls %s | grep -c tmp", root);
     assert_int_equal(sh(cmd, &out), 1); /* grep found nothing: no temporary folder was left */

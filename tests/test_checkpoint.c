@@ -352,7 +352,7 @@ static void test_write_atomic(void **state) {
     state_of(&p, &st, 9);
     assert_int_equal(cp_ckpt_write(&p, out, &st, a.w, a.m, a.v, NULL, NULL, NULL, 0, err, sizeof err), -1);
     printf("    refused: %s\n", err);
-    expect_contains(err, "ckpt_9 exists and is not a checkpoint folder");
+    expect_contains(err, "ckpt_9 exists and is not a checkpoint cpgen saved");
     struct stat sb;
     assert_int_equal(stat(path_in("atomic/ckpt_9"), &sb), 0);
     assert_false(S_ISDIR(sb.st_mode));
@@ -360,6 +360,31 @@ static void test_write_atomic(void **state) {
     t = read_text(latest);
     assert_string_equal(t, "ckpt_7\n");
     free(t);
+
+    /* a folder of that name that cpgen did not save (a file of the user's in it) is refused, not swapped out and
+     * removed; nor is a leftover-looking folder holding such a file, or a `latest` that cpgen did not write */
+    assert_int_equal(cp_mkdir_p(path_in("atomic/ckpt_11")), 0);
+    write_text(path_in("atomic/ckpt_11/notes.txt"), "mine");
+    state_of(&p, &st, 11);
+    assert_int_equal(cp_ckpt_write(&p, out, &st, a.w, a.m, a.v, NULL, NULL, NULL, 0, err, sizeof err), -1);
+    printf("    refused: %s\n", err);
+    expect_contains(err, "it holds notes.txt, which a checkpoint does not");
+    t = read_text(path_in("atomic/ckpt_11/notes.txt"));
+    assert_string_equal(t, "mine");
+    free(t);
+    assert_false(exists(path_in("atomic/ckpt_11/trainer_state.json")));
+    assert_int_equal(cp_mkdir_p(path_in("atomic/ckpt_2.tmp.%ld", (long)child)), 0);
+    write_text(path_in("atomic/ckpt_2.tmp.%ld/notes.txt", (long)child), "mine");
+    write_text(latest, "my own notes\n");
+    state_of(&p, &st, 13);
+    assert_int_equal(cp_ckpt_write(&p, out, &st, a.w, a.m, a.v, NULL, NULL, NULL, 0, err, sizeof err), -1);
+    printf("    refused: %s\n", err);
+    expect_contains(err, "latest exists and is not a `latest` file cpgen wrote");
+    assert_true(exists(path_in("atomic/ckpt_2.tmp.%ld/notes.txt", (long)child)));
+    t = read_text(latest);
+    assert_string_equal(t, "my own notes\n");
+    free(t);
+    write_text(latest, "ckpt_7\n");
 
     /* an out_dir that cannot be created */
     write_text(path_in("afile"), "x");
