@@ -1773,12 +1773,16 @@ static void *budget_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     return p;
 }
 
+/* The spec's name: its file's, less ".lua", with control characters as '_' (a file name may hold any byte, and the
+ * name goes into train.out_dir's default, where they are refused). */
 static void name_from_path(const char *path, char *name, size_t len) {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     size_t n = strlen(base);
     if (n > 4 && strcmp(base + n - 4, ".lua") == 0) n -= 4;
     snprintf(name, len, "%.*s", (int)n, base);
+    for (char *p = name; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '_';
 }
 
 /* A Lua state that grew past this is not closed but left to the exit of the loader process, which then retires:
