@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_checks.sh: the GPU checks' verdicts, proven without a GPU (run by tests/test_checks.c from the source tree).
 #   1. With nvidia-smi listing no GPU (a stand-in first on PATH), every check script (tools/gpu-*.sh,
-#      tools/bench-train.sh, tests/gpu/hf_check.sh) says "skipped: no GPU" and exits 77 before running anything.
+#      tools/bench-train.sh, tests/gpu/hf_check.sh, examples/eight_gpus.sh) says "skipped: no GPU" and exits 77
+#      before running anything.
 #   2. With a stand-in listing GPUs, tools/check_common.sh's helpers on made-up runs: compare passes two equal
 #      metrics files and fails one cut short, one run on, one with a step twice, one missing or empty, a loss, norm or
 #      memory over its bound, a loss that is null; run counts exit 0, failures, time limits and skips (77 with and
@@ -50,7 +51,7 @@ for f in cpgen tests/gpu/test_parallel tests/gpu/test_train_tiny tests/gpu/test_
   printf '#!/bin/sh\necho RAN "$0"; touch %s/ran\n' "$tmp" >"$tmp/build/$f"
   chmod +x "$tmp/build/$f"
 done
-for s in tools/gpu-*.sh tools/bench-train.sh tests/gpu/hf_check.sh; do
+for s in tools/gpu-*.sh tools/bench-train.sh tests/gpu/hf_check.sh examples/eight_gpus.sh; do
   PATH="$tmp/nogpu:$PATH" OUT="$tmp/out" HF_WORK="$tmp/hf" timeout 60 bash "$s" "$tmp/build" >"$tmp/log" 2>&1
   rc=$?
   [ ! -e "$tmp/ran" ] || { echo "    (it ran $(grep -m1 RAN "$tmp/log"))" >>"$tmp/log"; rc="$rc, ran a binary"; }
