@@ -16,7 +16,7 @@
 #   want PART                is PART among $PARTS
 #   need_gpus N WHAT         true when this machine has N GPUs; else WHAT is recorded as skipped
 #   note TEXT                print TEXT and add it to $out/summary.txt ($sum)
-#   pass TEXT / fail TEXT / skip TEXT   record a check passed, failed or skipped, with TEXT (noted)
+#   pass [TEXT] / fail TEXT / skip TEXT   record a check passed, failed or skipped, noting TEXT
 #   run NAME TIMEOUT COMMAND...   run COMMAND under a time limit (then SIGKILL 30 s later) into $out/NAME.log (with
 #                            SHOW=1 on the terminal too) and note its exit status, seconds and, when GREP is set, the
 #                            first match of that pattern in the log; exit 0 passes, 77 is a skip (with the log's line
@@ -33,6 +33,9 @@
 #   compare_loss WHAT A B STEPS [FROM]   the same steps, the loss only (within 1e-3 relative); WHAT names it
 #   finish                   print the failures and skips and exit 1 when a check failed, 77 when one was skipped (or
 #                            none was made: PARTS named nothing), else 0; every script ends with it
+# A new check script: `set -u`, B=${1:-build}, out=${OUT:-out}/NAME, mkdir -p "$out", PARTS=${PARTS:-...}, then
+# `. "$(dirname "$0")/check_common.sh"`; per part `if want P && need_gpus N P; then run ...; compare ...; fi`, each
+# bound it tests inline through check or fail; `finish` last.
 # Arrays are written ${a[@]+"${a[@]}"} where they may be empty: set -u on bash before 4.4 calls those unbound.
 
 gpus=0
