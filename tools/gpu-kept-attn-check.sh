@@ -7,7 +7,8 @@
 #             the GPU there) in the same call: step time, measured against planned memory, the plan's predicted step;
 #             the 128K recompute step is profiled (CPGEN_PROFILE=2), whose attention forward time is the ceiling of the
 #             saving.
-# About 8 minutes. Logs under $OUT (default out/kept-attn); a table at the end.
+# About 8 minutes. Logs under $OUT (default out/kept-attn); a table at the end. Exit 0 when every test and run passes,
+# 1 when one fails, 77 when one was skipped (tools/check_common.sh).
 # usage: [PARTS="tiny hf 32k 128k"] tools/gpu-kept-attn-check.sh [BUILD_DIR]
 set -u
 B=${1:-build}
@@ -56,3 +57,4 @@ done
 echo "== summary"; cat "$sum"
 echo "== the 3B shape on one GPU (step: the last step's wall time; plan: cpgen plan's predicted step)"
 cat "$table"
+finish

@@ -11,6 +11,8 @@
 # usage: [PARTS="noffload overhead longest"] [GPUS=1] [HOST_MEM=128G] [SPECS="llama3b llama8b"] [LAYERS=2]
 #   tools/gpu-memory-check.sh [BUILD_DIR]; logs under $OUT. On 2 H200s one step of the 3B shape's longest (2836K)
 #   takes about 390 s as 1 layer, of the 8B shape's (1752K with 256 GiB) about 455 s as 2.
+# Exit 0 when every run completes, 1 when one fails (or the plan fits nothing), 77 when fewer than GPUS GPUs are here
+# (tools/check_common.sh).
 set -u
 B=${1:-build}
 out=${OUT:-out}/memory-check
@@ -19,21 +21,18 @@ export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache}
 PARTS=${PARTS:-noffload overhead longest}
 G=${GPUS:-1}
 HOST=${HOST_MEM:-$((128 * G))G}
-want() { [[ " $PARTS " == *" $1 "* ]]; }
-sum="$out/summary.txt"
-: >"$sum"
-note() { echo "$*" | tee -a "$sum"; }
+. "$(dirname "$0")/check_common.sh"
+need_gpus "$G" "every part (GPUS=$G)" || finish
 plan() { "$B/cpgen" plan "$@" --gpus "$G" --host-mem "$HOST"; }
 # longest SPEC SETS...: the plan's longest sequence in tokens
 longest() { plan "$@" --max-seq 2>/dev/null | sed -n 's/.*(\([0-9]*\)).*/\1/p' | head -1; }
-run() { # name timeout args...
-  local name=$1 t=$2; shift 2
-  local t0=$(date +%s)
-  timeout "$t" "$B/cpgen" run "$@" --gpus "$G" --host-mem "$HOST" --set "train.out_dir=$out/runs/$name" \
-    >"$out/$name.log" 2>&1
-  local rc=$?
-  note "$(printf '%-22s rc=%-3d %5d s  ' "$name" "$rc" $(($(date +%s) - t0)))$(grep -E '^done:|^host memory:' \
-    "$out/$name.log" | sed 's/^done: //' | tr '\n' ' ')"
+# cpgen_run NAME TIMEOUT ARGS...: `cpgen run ARGS` on G GPUs with HOST of host memory (counted by check_common's
+# run), then its done: and host memory: lines
+cpgen_run() {
+  local name=$1 t=$2
+  shift 2
+  run "$name" "$t" "$B/cpgen" run "$@" --gpus "$G" --host-mem "$HOST" --set "train.out_dir=$out/runs/$name"
+  note "  $(grep -E '^done:|^host memory:' "$out/$name.log" | sed 's/^done: //' | tr '\n' ' ')"
 }
 # proof SPEC NAME SETS...: the plan's longest with SETS, then one step of its LAYERS-layer model at that length
 proof() {
@@ -41,19 +40,19 @@ proof() {
   shift 2
   local n
   n=$(longest "$spec" "$@")
-  [ -n "$n" ] || { note "$name: nothing fits"; return; }
+  [ -n "$n" ] || { fail "$name: the plan fits no length (cpgen plan $spec $* --max-seq)"; return; }
   mapfile -t keep < <(plan "$spec" --seq "$n" "$@" --json | tools/plan_sets.py "$layers")
   note "$name: the plan fits $n tokens on $G GPU(s) with $HOST of host memory; full depth: $(plan "$spec" --seq "$n" \
     "$@" | grep -E '^  peak|^predicted step' | tr -s ' ' | tr '\n' ' ')"
   note "  as $layers layer(s): ${keep[*]}"
-  run "${name}_${layers}l_$n" 590 "$spec" --seq "$n" --set train.steps=1 --set train.warmup=0 "$@" "${keep[@]}"
+  cpgen_run "${name}_${layers}l_$n" 590 "$spec" --seq "$n" --set train.steps=1 --set train.warmup=0 "$@" "${keep[@]}"
 }
 want noffload && proof llama3b l3b_noffload --set parallel.offload=none --set parallel.optimizer=gpu
 if want overhead; then
   # one step each: the 256K step takes about 190 s, and pinning 42 GiB and drawing the weights another 40
   for s in 128K 256K; do
-    run "l3b_${s}_gpu" 400 llama3b --seq "$s" --set parallel.offload=none --set train.steps=1 --set train.warmup=0
-    run "l3b_${s}_host" 400 llama3b --seq "$s" --set parallel.offload=all --set train.steps=1 --set train.warmup=0
+    cpgen_run "l3b_${s}_gpu" 400 llama3b --seq "$s" --set parallel.offload=none --set train.steps=1 --set train.warmup=0
+    cpgen_run "l3b_${s}_host" 400 llama3b --seq "$s" --set parallel.offload=all --set train.steps=1 --set train.warmup=0
   done
 fi
 if want longest; then
@@ -61,3 +60,4 @@ if want longest; then
 fi
 echo
 cat "$sum"
+finish

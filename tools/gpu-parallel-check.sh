@@ -18,6 +18,7 @@
 #   7. (ws) the attention working set of UPipe (U = N) against Ulysses (U = 24) where it is live at the peak: the 3B
 #      shape at 512K as 2 layers, one step each, measured peaks beside the plan's; (mem512) the full-depth 512K step.
 # The longest lengths on N GPUs: `GPUS=N PARTS=longest tools/gpu-memory-check.sh`.
+# Exit 0 when every check holds, 1 when one fails, 77 when fewer than N GPUs are here (tools/check_common.sh).
 # usage: [GPUS=2] [PARTS="grads curve resume hf fault mem speed comm ws mem512"] [COMM_SPECS="llama3b llama8b"]
 #   tools/gpu-parallel-check.sh [BUILD_DIR]; logs under $OUT.
 set -u
@@ -28,6 +29,7 @@ mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
 PARTS=${PARTS:-grads curve resume hf fault mem speed comm ws mem512}
 . "$(dirname "$0")/check_common.sh"
+need_gpus "$N" "every part (GPUS=$N)" || finish
 done_line() { grep -E "^done:" "$out/$1.log" | sed 's/^done: //'; }
 # upipe_vs_ulysses SEQ LAYERS: the 3B shape with UPipe stages of N heads and of all 24, the plan's attention working
 # set beside one step's measured peak
@@ -51,28 +53,18 @@ if want curve; then
       --set train.micro_batches=2 --set parallel.upipe_heads=2 --set train.save_every=10 \
       --set "train.out_dir=$out/runs/curve$g"
   done
-  python3 - "$out/runs/curve1/metrics.jsonl" "$out/runs/curve$N/metrics.jsonl" <<'PY' | tee -a "$sum"
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"tiny 20 steps, 1 vs N GPUs: step 1 {a[0]:.6f} / {b[0]:.6f}, step 20 {a[-1]:.6f} / {b[-1]:.6f}, "
-      f"worst relative difference {worst:.2e}")
-PY
+  compare_loss "tiny 20 steps, 1 vs $N GPUs" "$out/runs/curve1/metrics.jsonl" "$out/runs/curve$N/metrics.jsonl" 20
   # the optimizer in host memory on every rank (each updates its shard on the CPU) against the GPU's
   run "tiny_curve_${N}_host" 120 "$B/cpgen" run tiny --gpus "$N" --set train.steps=20 --set train.warmup=5 \
     --set train.micro_batches=2 --set parallel.upipe_heads=2 --set parallel.optimizer=host \
     --set "train.out_dir=$out/runs/curve${N}_host"
-  python3 - "$out/runs/curve$N/metrics.jsonl" "$out/runs/curve${N}_host/metrics.jsonl" <<'PY' | tee -a "$sum"
-import json, sys
-a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:3])
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"tiny 20 steps on N GPUs, optimizer on the host vs the GPU: worst relative difference {worst:.2e} "
-      f"{'(within 1e-3)' if worst <= 1e-3 else 'OVER 1e-3'}")
-PY
+  compare_loss "tiny 20 steps on $N GPUs, optimizer on the host vs the GPU" "$out/runs/curve$N/metrics.jsonl" \
+    "$out/runs/curve${N}_host/metrics.jsonl" 20
 fi
 
-if want resume && want curve; then
+if want resume && ! want curve; then
+  fail "resume: resumes the curve part's checkpoints; PARTS must hold curve too"
+elif want resume; then
   # each curve's checkpoint at step 10, resumed on the other GPU count: steps 11-20 against the uninterrupted run
   # of that count (the first 10 steps were summed in another order, hence a bound and not bit equality)
   for from in 1 "$N"; do
@@ -80,25 +72,20 @@ if want resume && want curve; then
     run "resume_${from}_to_$to" 120 "$B/cpgen" run tiny --gpus "$to" --set train.steps=20 --set train.warmup=5 \
       --set train.micro_batches=2 --set parallel.upipe_heads=2 --set "train.out_dir=$out/runs/resume$from" \
       --resume "$out/runs/curve$from/ckpt_10"
-    python3 - "$out/runs/curve$to/metrics.jsonl" "$out/runs/resume$from/metrics.jsonl" "$from" "$to" <<'PY' | tee -a "$sum"
-import json, sys
-ref = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
-got = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
-steps = sorted(s for s in got if s > 10)
-worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in steps)
-print(f"resumed on {sys.argv[4]} GPU(s) from {sys.argv[3]} GPU(s)' step 10: steps {steps[0]}-{steps[-1]}, worst relative "
-      f"difference to the uninterrupted run {worst:.2e} {'(within 1e-3)' if worst <= 1e-3 else 'OVER 1e-3'}")
-PY
+    compare_loss "resumed on $to GPU(s) from $from GPU(s)' step 10, against the uninterrupted run" \
+      "$out/runs/curve$to/metrics.jsonl" "$out/runs/resume$from/metrics.jsonl" 20 11
   done
 fi
 
 if want hf; then
   d=/tmp/cpgen-hf-par
-  OUT=$out HF_WORK=$d tests/gpu/hf_check.sh "$B" tiny >"$out/hf_1gpu.log" 2>&1
+  OUT=$out HF_WORK=$d run hf_1gpu 600 tests/gpu/hf_check.sh "$B" tiny
   run hf_run_n 120 "$B/cpgen" run tiny --gpus "$N" --set train.steps=20 --set train.warmup=5 \
     --set init.from=hf --set "init.path=$d/tiny/model" --set "train.out_dir=$d/tiny/run_n"
+  # the one-GPU export's metrics are replaced by the N-GPU run's: a run that left none must not leave the old ones
+  rm -f "$d/tiny/metrics.jsonl"
   cp "$d/tiny/run_n/metrics.jsonl" "$d/tiny/metrics.jsonl"
-  python3 tests/gpu/hf_compare.py "$d/tiny" 2>&1 | grep -v "Loading weights" >"$out/hf_compare_n.log"
+  run hf_compare_n 300 python3 tests/gpu/hf_compare.py "$d/tiny"
   note "transformers against cpgen on $N GPUs: $(grep -E '^loss curve' "$out/hf_compare_n.log") $(tail -1 "$out/hf_compare_n.log")"
 fi
 
@@ -133,12 +120,25 @@ if want fault; then
       --set "train.out_dir=$out/runs/fault" >"$out/fault_rank$r.log" 2>&1 &
     pids[$r]=$!
   done
-  for _ in $(seq 60); do grep -q "^step " "$out/fault_rank0.log" && break; sleep 1; done
+  stepping=0
+  for _ in $(seq 60); do grep -q "^step " "$out/fault_rank0.log" && { stepping=1; break; }; sleep 1; done
+  [ $stepping = 1 ] || fail "fault: rank 0 printed no step line within 60 s: rank 1 is killed before the run is under way"
   kill -9 "${pids[1]}"
   t0=$(date +%s)
-  timeout 120 tail --pid="${pids[0]}" -f /dev/null || { kill -9 "${pids[0]}"; note "fault: rank 0 HUNG (killed after 120 s)"; }
+  hung=0
+  timeout 120 tail --pid="${pids[0]}" -f /dev/null || { kill -9 "${pids[0]}"; hung=1; }
   wait "${pids[0]}"
-  note "fault: rank 1 killed; rank 0 exited rc=$? after $(($(date +%s) - t0)) s: $(grep -E '^cpgen:' "$out/fault_rank0.log" | tail -1 | cut -c1-300)"
+  rc=$?
+  msg=$(grep -E '^cpgen:' "$out/fault_rank0.log" | tail -1 | cut -c1-300)
+  note "fault: rank 1 killed; rank 0 exited rc=$rc after $(($(date +%s) - t0)) s: $msg"
+  # rank 0 must stop by itself, with a failure status and a message that names it
+  if [ $hung = 1 ]; then
+    fail "fault: rank 0 HUNG (killed after 120 s)"
+  elif [ $rc = 0 ] || [[ $msg != *"rank 0"* ]]; then
+    fail "fault: rank 0 exited rc=$rc with ${msg:-no cpgen: line}: expected a failure status and a message naming rank 0"
+  else
+    pass
+  fi
 fi
 
 if want comm; then
@@ -151,7 +151,9 @@ if want comm; then
         --set "train.out_dir=$out/runs/${spec}_comm_$skip"
     done
     sed -n '/^profile of the step/,/^step /p' "$out/${spec}_comm_0.log" | head -34 | tee -a "$sum"
-    python3 - "$out/runs/${spec}_comm_0/metrics.jsonl" "$out/runs/${spec}_comm_1/metrics.jsonl" "$spec" <<'PY' | tee -a "$sum"
+    # figures, no bound; it fails where a run left no second step to read
+    check "comm $spec" python3 - "$out/runs/${spec}_comm_0/metrics.jsonl" "$out/runs/${spec}_comm_1/metrics.jsonl" \
+      "$spec" <<'PY'
 import json, sys
 t = [json.loads(list(open(f))[1])["seconds"] for f in sys.argv[1:3]]  # the second step of each
 print(f"{sys.argv[3]} 128K: step {t[0]:.2f} s with communication, {t[1]:.2f} s without: "
@@ -168,3 +170,4 @@ fi
 echo
 cat "$sum"
 grep -E "agree|DIFFER|cases" "$out/test_parallel.log" 2>/dev/null
+finish

@@ -3,16 +3,17 @@
 # (copy task, variants, export for the PyTorch comparison), the comparison with transformers (UPipe stages of four
 # and two heads), and a two-layer Llama-3.1-8B-shaped model at 128K tokens (progress lines, speed, measured against
 # planned memory), also with its checkpoints offloaded to the host.
-# Logs under $OUT (default out/); a summary at the end.
+# Logs under $OUT (default out/); a summary at the end. Exit 0 when every test and run passes, 1 when one fails, 77
+# when one was skipped (tools/check_common.sh).
 # usage: [PARTS="gemm tiny hf hf2 l8b l8b_off"] tools/gpu-train-check.sh [BUILD_DIR]
 set -u
 B=${1:-build}
 out=${OUT:-out}
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
 PARTS=${PARTS:-gemm tiny hf hf2 l8b l8b_off}
 . "$(dirname "$0")/check_common.sh"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
 want gemm && run test_gemm 45 "$B/tests/gpu/test_gemm"
 export CPGEN_HF_DIR=/tmp/cpgen-hf
 want tiny && run test_train_tiny 300 "$B/tests/gpu/test_train_tiny"
@@ -38,3 +39,4 @@ for n in l8b_128k l8b_offload; do
   echo "== $n"; grep -E "^(device|host|executor|kernels|weights|done)|^step|^  step|cpgen:" "$out/$n.log" | tail -9
 done
 echo "== summary"; cat "$sum"
+finish

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "attn_util.h"
@@ -135,19 +136,20 @@ static void sdpa_script(char *out, size_t n) {
     snprintf(out, n, "%s/../../../tests/gpu/bench_attention_sdpa.py", exe);
 }
 
-static void run_sdpa(bench_row *rows, int nrows, int64_t S, int64_t D, int reps, bool quick) {
+/* Returns 0, or 1 when the peer could not run or failed: the table would then lack what it is for. */
+static int run_sdpa(bench_row *rows, int nrows, int64_t S, int64_t D, int reps, bool quick) {
     char script[PATH_MAX + 64], cmd[PATH_MAX + 256];
     sdpa_script(script, sizeof script);
     if (access(script, R_OK) != 0) {
-        printf("(no %s: SDPA comparison skipped)\n", script);
-        return;
+        printf("FAILED: no %s: no SDPA comparison (--no-sdpa runs without it)\n", script);
+        return 1;
     }
     snprintf(cmd, sizeof cmd, "python3 '%s' --seq %lld --head-dim %lld --reps %d%s 2>&1", script, (long long)S,
              (long long)D, reps, quick ? " --cudnn-only" : "");
     printf("\n$ %s\n", cmd);
     fflush(stdout);
     FILE *p = popen(cmd, "r");
-    if (!p) return;
+    if (!p) return 1;
     char line[1024];
     while (fgets(line, sizeof line, p)) {
         fputs(line, stdout);
@@ -162,7 +164,9 @@ static void run_sdpa(bench_row *rows, int nrows, int64_t S, int64_t D, int reps,
                     if (j >= 0) rows[i].sdpa_fwd_ms[j] = f, rows[i].sdpa_bwd_ms[j] = b;
                 }
     }
-    pclose(p);
+    int st = pclose(p);
+    if (st != 0) printf("FAILED: the SDPA peer exited with status %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    return st != 0;
 }
 
 static void tfs(char *buf, size_t n, double flops, double ms) {
@@ -186,12 +190,12 @@ int main(int argc, char **argv) {
         }
     }
     if (reps < 1) reps = 1;
-    if (gu_init() != 0) return 0;
+    gu_init_or_skip("bench_attention");
     bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, -1, -1, -1, {-1, -1}, {-1, -1}},
                         {"GQA 32/8", 32, 8, 0, 0, -1, -1, -1, {-1, -1}, {-1, -1}}};
     const int nrows = 2;
     for (int i = 0; i < nrows; i++) bench(&rows[i], S, D, reps, quick);
-    if (sdpa) run_sdpa(rows, nrows, S, D, reps, quick);
+    int rc = sdpa ? run_sdpa(rows, nrows, S, D, reps, quick) : 0;
 
     printf("\ncausal attention, S=%lld, D=%lld, 32 query heads; TF/s = fwd 4*S^2*H*D/2, bwd 2.5x fwd\n", (long long)S,
            (long long)D);
@@ -215,5 +219,5 @@ int main(int argc, char **argv) {
             printf("%-10s %-18s %9.3f %9.3f %9.3f %8s %8s %8s\n", j ? "" : rows[i].name, names[j], f, b, f + b, a, c, d);
         }
     }
-    return 0;
+    return rc;
 }

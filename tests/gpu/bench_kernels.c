@@ -121,7 +121,7 @@ static void bench_memcpy(void) {
 }
 
 int main(void) {
-    if (gu_init() != 0) return 1;
+    gu_init_or_skip("bench_kernels");
     gu_cmocka = false;
     cp_kernel_spec k;
     printf("\n%-22s %-26s %13s %13s\n", "kernel", "shape", "median", "bandwidth");

@@ -57,6 +57,43 @@ int gu_init(void) {
     return 0;
 }
 
+void gu_skip(const char *test, const char *fmt, ...) {
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    printf("%s: skipped: %s\n", test, why);
+    fflush(stdout);
+    exit(GU_SKIPPED);
+}
+
+void gu_need_gpus(const char *test, int n) {
+    char why[1024];
+    int have = cp_gpu_count(why, sizeof why);
+    if (have < 1) gu_skip(test, "no GPU (%s)", why);
+    if (have < n) gu_skip(test, "needs %d GPUs, this machine has %d", n, have);
+}
+
+void gu_init_or_skip(const char *test) {
+    gu_need_gpus(test, 1);
+    if (gu_init() != 0) {
+        fprintf(stderr, "%s: FAILED: a GPU is present but cannot be used\n", test);
+        exit(1);
+    }
+}
+
+static int compared(void);
+
+int gu_status(int failed) {
+    if (failed) return 1;
+    if (compared() == 0) {
+        printf("FAILED: no comparison ran: nothing was checked\n");
+        return 1;
+    }
+    return 0;
+}
+
 gu_module *gu_build(const cp_kernel_spec *k) {
     gu_module *m = calloc(1, sizeof *m);
     char err[8192];
@@ -223,6 +260,12 @@ void gu_check(const char *what, const char *shape, double err, double bound) {
     r->count++;
     if (!ok) gu_fail("%s %s: relative error %.3e above the bound %.0e (NaN: an output not written or a NaN computed)",
                      what, shape, err, bound);
+}
+
+static int compared(void) {
+    int n = 0;
+    for (int i = 0; i < nrows; i++) n += rows[i].count;
+    return n;
 }
 
 void gu_print_table(void) {

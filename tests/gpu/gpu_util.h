@@ -26,6 +26,21 @@ extern gu_device gu_dev;
 /* Use GPU 0 and print what it is. Returns 0, or -1 after printing why there is no usable GPU. */
 int gu_init(void);
 
+/* A test that cannot run on this machine (no GPU, too few, the wrong architecture) is skipped, neither passed nor
+ * failed: it prints one line "<test>: skipped: <why>" and exits GU_SKIPPED, the status automake gives a skipped
+ * test, which tools/run-tests.sh and the check scripts (tools/check_common.sh) count as skipped. */
+#define GU_SKIPPED 77
+void gu_skip(const char *test, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+/* Skip unless this machine has n usable GPUs (cp_gpu_count: those CUDA_VISIBLE_DEVICES leaves). */
+void gu_need_gpus(const char *test, int n);
+/* gu_need_gpus(test, 1), then gu_init: a GPU that is there but cannot be used fails the test (exit 1), it is not
+ * a skip. */
+void gu_init_or_skip(const char *test);
+/* A test binary's exit status from cmocka's count of failed tests: 1 when a test failed (a count of 77 must not
+ * read as skipped) or when no comparison was recorded by gu_check (a test that compared nothing proves nothing),
+ * else 0. */
+int gu_status(int failed);
+
 /* Inside a cmocka test, failures fail the test (fail_msg); outside (benchmarks), they exit(1). */
 extern bool gu_cmocka;
 void gu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));

@@ -82,6 +82,13 @@ def main():
     run = json.load(open(f"{d}/run.json"))
     ours = [json.loads(l) for l in open(f"{d}/metrics.jsonl") if l.strip()]
     steps, mb, T = run["steps"], run["micro_batches"], run["seq_len"]
+    # a cpgen run cut short compares fewer steps, which must not pass for agreement
+    n = min(steps, CURVE_STEPS)
+    have = [r.get("step") for r in ours]
+    if have[:n] != list(range(1, n + 1)):
+        print(f"cpgen's metrics.jsonl holds steps {have[:3]}...{have[-3:]} ({len(have)} lines), not 1 to {n}")
+        print("MISMATCH")
+        return 1
     raw = torch.frombuffer(bytearray(open(f"{d}/tokens.bin", "rb").read()), dtype=torch.int32)
     raw = raw.view(steps, mb, 2, T).long()
     dev = "cuda"

@@ -184,7 +184,6 @@ static int group_setup(void **state) {
     (void)state;
     gu_cmocka = true;
     gu_seed(&rng, 20261201);
-    if (gu_init()) return -1;
     ws = gu_malloc(CP_GEMM_WORKSPACE);
     char err[1024];
     if (cp_gemm_lib_create(&lib, ws, CP_GEMM_WORKSPACE, err, sizeof err)) {
@@ -203,10 +202,11 @@ static int group_teardown(void **state) {
 }
 
 int main(void) {
+    gu_init_or_skip("test_gemm");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward),
         cmocka_unit_test(test_backward),
         cmocka_unit_test(test_cache),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return gu_status(cmocka_run_group_tests(tests, group_setup, group_teardown));
 }

@@ -7,16 +7,16 @@
  * and rank 0 compares them, tensor by tensor in Hugging Face order (the query heads' storage order differs between
  * plans): the loss within 1e-3 relative, every gradient with cosine >= 0.999 and its norm within 1e-2. Output under
  * $OUT/parallel (else /tmp/cpgen-test/parallel). CPGEN_TEST_CASES="a b" runs only the cases whose names start with a
- * or b. Exit 0 when every case run agrees. */
+ * or b, and a word that starts no case's name fails the test. Exit 0 when every case run agrees; 1 when one differs
+ * or none ran; 77 (skipped) on a machine of fewer GPUs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda_runtime_api.h>
-
 #include "data.h"
 #include "exec.h"
+#include "gpu_util.h"
 #include "launch.h"
 #include "plan.h"
 #include "spec.h"
@@ -62,6 +62,30 @@ static bool selected(const pcase *c) {
         p += n;
     }
     return false;
+}
+
+/* Every word of CPGEN_TEST_CASES must name a case: a misspelt one would leave its check unrun, unseen. Returns 0,
+ * or 1 after naming the words that select nothing. */
+static int selection_valid(void) {
+    const char *sel = getenv("CPGEN_TEST_CASES");
+    int bad = 0;
+    for (const char *p = sel ? sel : ""; *p;) {
+        while (*p == ' ') p++;
+        size_t n = strcspn(p, " ");
+        bool any = false;
+        for (int k = 0; n && k < NCASES; k++) any |= !strncmp(CASES[k].name, p, n);
+        if (n && !any) {
+            printf("test_parallel: CPGEN_TEST_CASES: \"%.*s\" is the start of no case's name\n", (int)n, p);
+            bad = 1;
+        }
+        p += n;
+    }
+    if (bad) {
+        printf("test_parallel: the cases:");
+        for (int k = 0; k < NCASES; k++) printf(" %s", CASES[k].name);
+        printf("\n");
+    }
+    return bad;
 }
 
 /* The case's plan for `gpus` GPUs in all: one group, or a ring case's ring of groups of gpus / ring (U = their GPUs,
@@ -188,11 +212,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (env.launcher == CP_LAUNCH_NONE) {
-        int have = 0;
-        if (cudaGetDeviceCount(&have) != cudaSuccess || have < gpus) {
-            printf("test_parallel: needs %d GPUs, this machine has %d: skipped\n", gpus, have);
-            return 0;
-        }
+        if (selection_valid()) return 1;
+        gu_need_gpus("test_parallel", gpus);
         /* the references on one GPU, then the ranks */
         int ran = 0;
         for (int k = 0; k < NCASES; k++) {
@@ -230,6 +251,10 @@ int main(int argc, char **argv) {
             cp_plan_free(&p);
         }
         printf("%d of %d cases agree\n", ran - bad, ran);
+        if (ran == 0) {
+            printf("test_parallel: FAILED: no case ran: nothing was compared\n");
+            return 1;
+        }
         return bad ? 1 : 0;
     }
     /* a rank */

@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# test_checks.sh: the GPU checks' verdicts, proven without a GPU (run by tests/test_checks.c from the source tree).
+#   1. With nvidia-smi listing no GPU (a stand-in first on PATH), every check script (tools/gpu-*.sh,
+#      tools/bench-train.sh, tests/gpu/hf_check.sh, examples/eight_gpus.sh) says "skipped: no GPU" and exits 77
+#      before running anything.
+#   2. With a stand-in listing GPUs, tools/check_common.sh's helpers on made-up runs: compare passes two equal
+#      metrics files and fails one cut short, one run on, one with a step twice, one missing or empty, a loss, norm or
+#      memory over its bound, a loss that is null; run counts exit 0, failures, time limits and skips (77 with and
+#      without the line saying why); need_gpus, check, expect, and finish's exit status (0, 1, 77; nothing checked
+#      fails).
+#   3. Whole scripts (gpu-replicas-check.sh, gpu-ring-check.sh, gpu-parallel-check.sh) on a stand-in cpgen that
+#      writes made-up metrics: they pass like with like, fail a run cut short, over its bound or failing, and end 77
+#      where a part lacks GPUs.
+#   4. tools/run-tests.sh counts passed, failed and skipped tests and exits 0, 1 or 77.
+# Prints one line per case; exit 0 when every case gives the status it should, else 1. KEEP=1 leaves the scratch
+# folder (/tmp/cpgen-test-checks-*) to look at.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+tmp=$(mktemp -d /tmp/cpgen-test-checks-XXXXXX)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
+bad=0
+# expect_rc WANT WHAT RC OUTPUT_FILE [PATTERN]: a case's exit status and, when given, a line of its output
+expect_rc() {
+  local want=$1 what=$2 rc=$3 log=$4 pat=${5:-}
+  if [ "$rc" != "$want" ]; then
+    echo "FAIL $what: exit $rc, expected $want; its output:"
+    sed 's/^/    /' "$log"
+    bad=1
+  elif [ -n "$pat" ] && ! grep -qE "$pat" "$log"; then
+    echo "FAIL $what: exit $rc, but no line matching \"$pat\"; its output:"
+    sed 's/^/    /' "$log"
+    bad=1
+  else
+    echo "ok   $what: exit $rc"
+  fi
+}
+
+# stand-ins for nvidia-smi: one that finds no GPU (as the real one says it), one listing $FAKE_GPUS of them
+mkdir -p "$tmp/nogpu" "$tmp/gpus"
+printf '#!/bin/sh\necho "No devices were found"\nexit 6\n' >"$tmp/nogpu/nvidia-smi"
+cat >"$tmp/gpus/nvidia-smi" <<'SH'
+#!/bin/sh
+i=0
+while [ "$i" -lt "${FAKE_GPUS:-2}" ]; do echo "GPU $i: Stand-in (UUID: GPU-$i)"; i=$((i + 1)); done
+SH
+chmod +x "$tmp/nogpu/nvidia-smi" "$tmp/gpus/nvidia-smi"
+
+# 1. no GPU: every script skips at once. A fake build dir whose binaries would say if they ran.
+mkdir -p "$tmp/build/tests/gpu"
+for f in cpgen tests/gpu/test_parallel tests/gpu/test_train_tiny tests/gpu/test_attention; do
+  printf '#!/bin/sh\necho RAN "$0"; touch %s/ran\n' "$tmp" >"$tmp/build/$f"
+  chmod +x "$tmp/build/$f"
+done
+for s in tools/gpu-*.sh tools/bench-train.sh tests/gpu/hf_check.sh examples/eight_gpus.sh; do
+  PATH="$tmp/nogpu:$PATH" OUT="$tmp/out" HF_WORK="$tmp/hf" timeout 60 bash "$s" "$tmp/build" >"$tmp/log" 2>&1
+  rc=$?
+  [ ! -e "$tmp/ran" ] || { echo "    (it ran $(grep -m1 RAN "$tmp/log"))" >>"$tmp/log"; rc="$rc, ran a binary"; }
+  rm -f "$tmp/ran"
+  expect_rc 77 "$s without a GPU" "$rc" "$tmp/log" "skipped: no GPU"
+done
+
+# 2. the helpers, each case a script sourcing check_common.sh with made-up metrics
+m="$tmp/m"
+mkdir -p "$m"
+# made-up runs, "NAME FROM TO [LOSS_SCALE NORM_SCALE MEM_SCALE]" a line: m/NAME.jsonl holds steps FROM..TO
+python3 - "$m" <<'PY'
+import json, sys
+runs = """ref 1 20
+same 1 20
+close 1 20 1.0005 1.005 1.005
+short 1 15
+long 1 21
+loss_over 1 20 1.002
+norm_over 1 20 1 1.02
+mem_over 1 20 1 1 1.02
+resumed 11 20
+resumed_short 11 19"""
+for line in runs.splitlines():
+    name, a, b, *k = line.split()
+    ls, ns, ms = (float(x) for x in (k + ["1", "1", "1"])[:3])
+    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as o:
+        for s in range(int(a), int(b) + 1):
+            o.write(json.dumps({"step": s, "loss": (6.3 - 0.01 * s) * ls, "norm": (1.5 + 0.1 * s) * ns,
+                                "seconds": 0.1, "mem_measured": int(1e9 * ms), "mem_planned": int(1e9),
+                                "skipped": False}) + "\n")
+PY
+cat "$m/ref.jsonl" "$m/resumed.jsonl" >"$m/resumed_twice.jsonl" # steps 11-20 twice
+head -5 "$m/ref.jsonl" >"$m/nulled.jsonl"
+sed -n '6p' "$m/ref.jsonl" | sed 's/"loss": [0-9.]*/"loss": null/' >>"$m/nulled.jsonl"
+tail -n +7 "$m/ref.jsonl" >>"$m/nulled.jsonl"
+: >"$m/empty.jsonl"
+
+# helper WANT WHAT [GPUS] <<'SH' body: source check_common.sh (PARTS="a b"), run the body, then finish
+helper() {
+  local want=$1 what=$2 n=${3:-2}
+  mkdir -p "$tmp/h"
+  { printf 'out=%q\nPARTS="a b"\n. tools/check_common.sh\nm=%q\n' "$tmp/h" "$m"; cat; echo finish; } >"$tmp/case.sh"
+  PATH="$tmp/gpus:$PATH" FAKE_GPUS=$n timeout 60 bash "$tmp/case.sh" >"$tmp/log" 2>&1
+  expect_rc "$want" "$what" $? "$tmp/log" "${PAT:-}"
+}
+helper 0 "compare: two equal runs" <<<'compare $m/ref.jsonl $m/same.jsonl 20'
+helper 0 "compare: within every bound" <<<'compare $m/ref.jsonl $m/close.jsonl 20'
+PAT="steps 1-15 in 15 lines" helper 1 "compare: a run cut short" <<<'compare $m/ref.jsonl $m/short.jsonl 20'
+helper 1 "compare: the reference cut short" <<<'compare $m/short.jsonl $m/ref.jsonl 20'
+helper 1 "compare: both cut short alike" <<<'compare $m/short.jsonl $m/short.jsonl 20'
+helper 1 "compare: a run that ran on" <<<'compare $m/ref.jsonl $m/long.jsonl 20'
+PAT="loss 2.00e-03" helper 1 "compare: loss over 1e-3" <<<'compare $m/ref.jsonl $m/loss_over.jsonl 20'
+helper 1 "compare: norm over 1e-2" <<<'compare $m/ref.jsonl $m/norm_over.jsonl 20'
+helper 1 "compare: memory 2% over the plan" <<<'compare $m/ref.jsonl $m/mem_over.jsonl 20'
+helper 1 "compare: a null loss" <<<'compare $m/ref.jsonl $m/nulled.jsonl 20'
+helper 1 "compare: a missing file" <<<'compare $m/ref.jsonl $m/none.jsonl 20'
+helper 1 "compare: an empty file" <<<'compare $m/empty.jsonl $m/ref.jsonl 20'
+helper 0 "compare: a resumed run, steps 11-20" <<<'compare $m/ref.jsonl $m/resumed.jsonl 20 11'
+helper 1 "compare: a resumed run cut short" <<<'compare $m/ref.jsonl $m/resumed_short.jsonl 20 11'
+helper 1 "compare: a resumed run with its steps twice" <<<'compare $m/ref.jsonl $m/resumed_twice.jsonl 20 11'
+helper 0 "compare_loss: the norm and memory not its business" <<<'compare_loss "curve" $m/ref.jsonl $m/mem_over.jsonl 20'
+helper 1 "compare_loss: loss over 1e-3" <<<'compare_loss "curve" $m/ref.jsonl $m/loss_over.jsonl 20'
+helper 1 "compare_loss: cut short" <<<'compare_loss "curve" $m/ref.jsonl $m/short.jsonl 20'
+helper 1 "compare: one good, one over: the script fails" <<'SH'
+compare $m/ref.jsonl $m/same.jsonl 20
+compare $m/ref.jsonl $m/loss_over.jsonl 20
+SH
+helper 0 "run: exit 0" <<<'run ok 10 true'
+PAT="FAILED +bad: exit status 3" helper 1 "run: a non-zero exit" <<<'run bad 10 sh -c "exit 3"'
+PAT="killed by its time limit" helper 1 "run: killed by its time limit" <<<'run slow 1 sleep 20'
+PAT="skipped +sk: needs 2 GPUs" helper 77 "run: a skip (77 saying why)" \
+  <<<'run sk 10 sh -c "echo \"t: skipped: needs 2 GPUs\"; exit 77"'
+helper 1 "run: 77 without saying skipped" <<<'run sk 10 sh -c "exit 77"'
+helper 1 "run: a skip and a failure" <<'SH'
+run sk 10 sh -c 'echo "t: skipped: why"; exit 77'
+run bad 10 false
+SH
+PAT="skipped +hybrid \(needs 4 GPUs, this machine has 2\)" helper 77 "need_gpus: too few GPUs" <<'SH'
+run ok 10 true
+need_gpus 4 hybrid && run never 10 false
+SH
+helper 0 "need_gpus: enough" 4 <<<'need_gpus 4 hybrid && run ok 10 true'
+helper 1 "check: a bound missed inline" <<'SH'
+check bound python3 - 2e-3 <<'PY'
+import sys
+worst = float(sys.argv[1])
+print(f"worst {worst:.2e} {'(within 1e-3)' if worst <= 1e-3 else 'OVER 1e-3'}")
+sys.exit(0 if worst <= 1e-3 else 1)
+PY
+SH
+helper 0 "check: a bound kept" <<<'check bound python3 -c "print(1)"'
+helper 0 "expect: the line is there" <<<'run says 10 echo "step 2/2"; expect says "^step 2/2"'
+helper 1 "expect: the line is missing" <<<'run says 10 echo "step 1/2"; expect says "^step 2/2"'
+helper 1 "fail: recorded" <<<'run ok 10 true; fail "plan: the cached winner was not taken"'
+PAT="nothing was checked" helper 1 "finish: nothing checked" <<<'want c && run never 10 true'
+
+# 3. whole scripts on a stand-in cpgen: it writes each run's metrics.jsonl (one line per step, and its step-10
+# checkpoint folder), the loss a function of the step and of the sequences a step reads (micro-batches x replicas,
+# tiny's 8 micro-batches unless set), so that only like compared with like agrees. FAKE_CUT=NAME stops runs whose
+# out_dir holds NAME after 15 steps with exit 0 (a run cut short), FAKE_OFF=NAME moves their loss by 2e-3,
+# FAKE_FAIL=NAME makes them exit 1.
+mkdir -p "$tmp/sim/tests/gpu"
+cat >"$tmp/sim/cpgen" <<'SH'
+#!/usr/bin/env bash
+set -u
+[ "${1:-}" = run ] || { echo "stand-in cpgen: $*"; exit 0; }
+steps=10 mb=8 reps=1 dir=runs/x from=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    train.steps=*) steps=${1#*=} ;;
+    train.micro_batches=*) mb=${1#*=} ;;
+    parallel.replicas=*) reps=${1#*=} ;;
+    train.out_dir=*) dir=${1#*=} ;;
+    --resume) from=$((${2##*_} + 1)); shift ;;
+  esac
+  shift
+done
+case $dir in *"${FAKE_FAIL:-@}"*) echo "cpgen: made to fail"; exit 1 ;; esac
+case $dir in *"${FAKE_CUT:-@}"*) steps=15 ;; esac
+scale=1000 # per mille
+case $dir in *"${FAKE_OFF:-@}"*) scale=1002 ;; esac
+mkdir -p "$dir/ckpt_10"
+: >"$dir/metrics.jsonl"
+for ((s = from; s <= steps; s++)); do
+  u=$(((6300000 - 10000 * s + 1000 * mb * reps) * scale / 1000)) # the loss in millionths
+  loss=$(printf '%d.%06d' $((u / 1000000)) $((u % 1000000)))
+  echo "{\"step\":$s,\"loss\":$loss,\"norm\":1.5,\"seconds\":0.1,\"mem_measured\":1000,\"mem_planned\":1000}" \
+    >>"$dir/metrics.jsonl"
+  echo "step $s/$steps | loss $loss"
+done
+echo "done: $steps steps"
+SH
+printf '#!/bin/sh
+echo "1 of 1 cases agree"
+' >"$tmp/sim/tests/gpu/test_parallel"
+chmod +x "$tmp/sim/cpgen" "$tmp/sim/tests/gpu/test_parallel"
+# script WANT WHAT GPUS SCRIPT [VAR=VALUE...]: the script on the stand-ins
+script() {
+  local want=$1 what=$2 n=$3 s=$4
+  shift 4
+  rm -rf "$tmp/simout"
+  env PATH="$tmp/gpus:$PATH" FAKE_GPUS="$n" OUT="$tmp/simout" "$@" timeout 120 bash "$s" "$tmp/sim" >"$tmp/log" 2>&1
+  expect_rc "$want" "$what" $? "$tmp/log" "${PAT:-}"
+}
+PAT="skipped +hybrid" script 77 "replicas, 2 GPUs: curve and resume agree, hybrid skipped" 2 \
+  tools/gpu-replicas-check.sh
+script 0 "replicas, 4 GPUs: every part agrees" 4 tools/gpu-replicas-check.sh
+PAT="rep2g2/metrics.jsonl: steps 1-15" script 1 "replicas: the hybrid run cut short" 4 tools/gpu-replicas-check.sh \
+  FAKE_CUT=rep2g2
+script 1 "replicas: the resumed run over the bound" 2 tools/gpu-replicas-check.sh FAKE_OFF=rep2_resume
+script 1 "replicas: a run fails" 2 tools/gpu-replicas-check.sh FAKE_FAIL=runs/rep2
+script 0 "ring, 2 GPUs: grads, curve and resume" 2 tools/gpu-ring-check.sh PARTS="grads curve resume"
+PAT="skipped +curve \(needs 2 GPUs" script 77 "ring, 1 GPU: skipped" 1 tools/gpu-ring-check.sh PARTS="curve resume"
+script 1 "ring: resume without the curve" 2 tools/gpu-ring-check.sh PARTS="resume"
+script 0 "parallel, 2 GPUs: grads, curve and resume" 2 tools/gpu-parallel-check.sh PARTS="grads curve resume"
+PAT="curve2_host/metrics.jsonl: steps 1-15" script 1 "parallel: the host optimizer's run cut short" 2 \
+  tools/gpu-parallel-check.sh PARTS="curve" FAKE_CUT=curve2_host
+script 1 "parallel: a resumed run over the bound" 2 tools/gpu-parallel-check.sh PARTS="curve resume" FAKE_OFF=resume1
+PAT="every part \(GPUS=2\) \(needs 2 GPUs, this machine has 1\)" script 77 "parallel, 1 GPU: skipped" 1 \
+  tools/gpu-parallel-check.sh PARTS="curve"
+script 1 "parallel: PARTS naming nothing" 2 tools/gpu-parallel-check.sh PARTS="curv"
+
+# 4. run-tests.sh's count
+mkdir -p "$tmp/t"
+printf '#!/bin/sh\necho fine\n' >"$tmp/t/ok"
+printf '#!/bin/sh\necho "sk: skipped: no GPU (none here)"\nexit 77\n' >"$tmp/t/sk"
+printf '#!/bin/sh\necho broken\nexit 1\n' >"$tmp/t/bad"
+printf '#!/bin/sh\nexit 77\n' >"$tmp/t/mute77"
+chmod +x "$tmp/t/"*
+tests() { # WANT WHAT PATTERN TEST...
+  local want=$1 what=$2 pat=$3
+  shift 3
+  tools/run-tests.sh "$@" >"$tmp/log" 2>&1
+  expect_rc "$want" "run-tests.sh: $what" $? "$tmp/log" "$pat"
+}
+tests 0 "all passed" "^2 passed, 0 failed, 0 skipped$" "$tmp/t/ok" "$tmp/t/ok"
+tests 77 "a skip" "^1 passed, 0 failed, 1 skipped \(sk: no GPU \(none here\)\)$" "$tmp/t/ok" "$tmp/t/sk"
+tests 1 "a failure beside a skip" "^1 passed, 1 failed, 1 skipped" "$tmp/t/ok" "$tmp/t/sk" "$tmp/t/bad"
+tests 1 "77 without saying skipped" "^0 passed, 1 failed, 0 skipped$" "$tmp/t/mute77"
+tests 1 "no test at all" "nothing ran"
+
+echo
+[ "$bad" = 0 ] && echo "test_checks.sh: every case as it should be" || echo "test_checks.sh: FAILED"
+exit "$bad"
