@@ -22,12 +22,9 @@
 set -u
 B=${1:-build}
 out=${OUT:-out}/layouts-check
-if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-  echo "gpu-layouts-check: skipped: no GPU (nvidia-smi lists none)"
-  exit 77
-fi
-[ -x "$B/cpgen" ] || { echo "gpu-layouts-check: no $B/cpgen: build first (make)"; exit 2; }
 rm -rf "$out" && mkdir -p "$out/runs" "$out/res"
+. "$(dirname "$0")/check_common.sh" # no GPU: skipped (77) here, before anything runs
+[ -x "$B/cpgen" ] || { echo "gpu-layouts-check: no $B/cpgen: build first (make)"; exit 2; }
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
 JOBS=${JOBS:-4}
 t_start=$(date +%s)
@@ -267,7 +264,7 @@ print(f"\nlayouts on {os.popen('nvidia-smi -L | head -1').read().strip()}, all r
 print(f"{'case':22} {'loss':>8} {'norm':>8} {'resume':>8} {'GiB min-max/plan':>22} {'s':>5}  result")
 for r in rows: print(f"{r[0]:22} {r[1]:>8} {r[2]:>8} {r[3]:>8} {r[4]:>22} {r[5]:>5}  {r[6]}")
 print(f"{len(rows) - failed} of {len(rows)} passed")
-with open(f"{out}/summary.txt", "w") as f:
+with open(f"{out}/table.txt", "w") as f:
     for r in rows: print("\t".join(r), file=f)
 sys.exit(1 if failed or not rows else 0)
 PY
