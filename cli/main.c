@@ -67,7 +67,7 @@ static void usage(FILE *out) {
             "                    (aot) one or more, e.g. --arch sm_90a,sm_80\n"
             "  --bundle DIR      (run) load the kernels from an AOT bundle made for this spec (same as cpgen run DIR\n"
             "                    with DIR's own spec); refused, before the GPU is touched, if it does not fit\n"
-            "  --no-cache        (build) compile even when the kernel cache has the result\n"
+            "  --no-cache        (build, aot, run) compile even when the kernel cache has the result\n"
             "  --sweep KEY=V1,V2 (tune) sweep a spec key over these values, replacing its default axis (repeatable)\n"
             "  --budget TIME     (tune) wall time for the measurements, e.g. 10m, 90s, 1h (default 10m)\n"
             "  --plan-only       (tune) rank by the plan's prediction and measure nothing\n"
@@ -194,6 +194,15 @@ static void parse(int argc, char **argv, cli *c) {
         cp_fatal(CP_EXIT_USAGE, "%s is not an option of tune, which takes --set, --gpus, --seq, --gpu-mem, --host-mem, "
                  "--sweep, --budget, --plan-only and -o", c->json ? "--json" : c->steps ? "--steps" : c->max_seq ?
                  "--max-seq" : c->svg ? "--svg" : c->arch ? "--arch" : "--no-cache");
+    if ((c->json || c->steps || c->max_seq) && strcmp(c->command, "plan") && strcmp(c->command, "tune"))
+        cp_fatal(CP_EXIT_USAGE, "%s is an option of plan (cpgen plan SPEC %s), not of %s",
+                 c->json ? "--json" : c->steps ? "--steps" : "--max-seq",
+                 c->json ? "--json" : c->steps ? "--steps" : "--max-seq", c->command);
+    /* the kernel cache is read where kernels are compiled */
+    if (c->no_cache && strcmp(c->command, "build") && strcmp(c->command, "aot") && strcmp(c->command, "run") &&
+        strcmp(c->command, "tune"))
+        cp_fatal(CP_EXIT_USAGE, "--no-cache is an option of the commands that compile kernels through the cache "
+                 "(build, aot, run), not of %s", c->command);
     if (!strcmp(c->command, "report") && argc != 3) /* not silently dropped: report reads no option */
         cp_fatal(CP_EXIT_USAGE, "report takes one argument and no option: cpgen report OUT_DIR (a run's out_dir)");
     /* output options a command would ignore: the user would look for a file that is never written */
