@@ -114,8 +114,16 @@ static int module_of(cp_plan *P, cp_kernel_spec *k) {
     return P->nmodules++;
 }
 
-static cp_step *kernel(builder *B, int module, const char *role, const char *what, double bytes) {
-    cp_step *s = add_step(B, CP_OP_KERNEL, what);
+const char *cp_task_name(cp_task t) {
+#define CP_TASK_NAME(task, label) [CP_TASK_##task] = label,
+    static const char *const names[CP_TASK_COUNT] = {[CP_TASK_NONE] = "", CP_TASKS(CP_TASK_NAME)};
+#undef CP_TASK_NAME
+    return t >= 0 && t < CP_TASK_COUNT ? names[t] : "?";
+}
+
+static cp_step *kernel(builder *B, int module, const char *role, cp_task task, double bytes) {
+    cp_step *s = add_step(B, CP_OP_KERNEL, cp_task_name(task));
+    s->task = task;
     s->module = module;
     set_name(s->role, sizeof s->role, role);
     s->bytes = bytes;
@@ -337,7 +345,7 @@ static void reduce_scatter_in_group(builder *B, const bufset *b, int unit, int a
     unit_ref r = unit_at(P, b, unit, 0);
     int64_t shard = P->unit_padded[unit] / P->C;
     if (shard_accumulates(P, unit)) {
-        cp_step *k = kernel(B, add_module, "add_f32", "grad_accum", 3.0 * (double)shard * F32);
+        cp_step *k = kernel(B, add_module, "add_f32", CP_TASK_GRAD_ACCUM, 3.0 * (double)shard * F32);
         use(k, P, b->grads, P->unit_shard_off[unit] * F32, shard * F32, CP_READ);
         use(k, P, r.gbuf, r.gbase * F32, P->unit_padded[unit] * F32, CP_RW);
         k->count = shard;
@@ -409,13 +417,13 @@ typedef struct {
 /* RoPE in place on the first T rows of `heads` heads of `buf`. With a ring, a rank's rows sit at one or two runs of
  * consecutive positions (cp_ring_rope_runs): one launch per run any rank may have, each the rank's run `ring_part`
  * (found by the executor from its ring position), so each covers the whole buffer here. */
-static void rope(builder *B, int module, const char *role, const char *what, int buf, int64_t heads) {
+static void rope(builder *B, int module, const char *role, cp_task task, int buf, int64_t heads) {
     cp_plan *P = B->P;
     int64_t T = P->T, D = P->spec.model.head_dim;
     int runs = cp_ring_rope_nruns(P->ring, P->C);
     for (int r = 0; r < runs; r++) {
         B->ring_part = P->ring > 1 ? r : -1;
-        cp_step *k = kernel(B, module, role, what, (double)T * heads * D * 2 * BF16 / runs);
+        cp_step *k = kernel(B, module, role, task, (double)T * heads * D * 2 * BF16 / runs);
         use(k, P, buf, 0, T * heads * D * BF16, CP_RW);
         k->count = T;
         k->heads = heads;
@@ -437,16 +445,16 @@ static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_r
     use(g, P, w->wbuf, (w->wbase + P->layout.off[CP_W_Q] + (int64_t)s * U * D * hid) * BF16, U * D * hid * BF16, CP_READ);
     wr(g, P, qk ? b->q_raw : b->q_tok);
     if (qk) {
-        cp_step *k = kernel(B, M->norm_d, "fwd", "q_norm", (double)T * U * D * 2 * BF16);
+        cp_step *k = kernel(B, M->norm_d, "fwd", CP_TASK_Q_NORM, (double)T * U * D * 2 * BF16);
         rd(k, P, b->q_raw);
         op_weight(k, P, w, CP_W_QNORM, CP_READ);
         wr(k, P, b->q_tok);
         wr(k, P, b->q_rstd);
         k->count = T * U; /* qk-norm: one row per head */
     }
-    rope(B, M->rope, "fwd", "rope_q", b->q_tok, U);
+    rope(B, M->rope, "fwd", CP_TASK_ROPE_Q, b->q_tok, U);
     if (P->C > 1) {
-        cp_step *pk = kernel(B, M->lay_q, "pack", "pack_q", (double)T * U * D * 2 * BF16);
+        cp_step *pk = kernel(B, M->lay_q, "pack", CP_TASK_PACK_Q, (double)T * U * D * 2 * BF16);
         rd(pk, P, b->q_tok);
         use(pk, P, b->a2a_send, 0, T * U * D * BF16, CP_DEF);
         cp_step *a = collective(B, CP_OP_ALLTOALL, "a2a_q", T * U * D * BF16);
@@ -466,18 +474,18 @@ static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_r
         wr(kg, P, key && qk ? b->k_raw : tok[i]);
         if (key) {
             if (qk) {
-                cp_step *k = kernel(B, M->norm_d, "fwd", "k_norm", (double)T * nkv * D * 2 * BF16);
+                cp_step *k = kernel(B, M->norm_d, "fwd", CP_TASK_K_NORM, (double)T * nkv * D * 2 * BF16);
                 rd(k, P, b->k_raw);
                 op_weight(k, P, w, CP_W_KNORM, CP_READ);
                 wr(k, P, b->k_tok);
                 wr(k, P, b->k_rstd);
                 k->count = T * nkv;
             }
-            rope(B, M->rope, "fwd", "rope_k", b->k_tok, nkv);
+            rope(B, M->rope, "fwd", CP_TASK_ROPE_K, b->k_tok, nkv);
         }
         if (P->C > 1) {
             int64_t sent = T * (int64_t)P->C * P->kvr * D * BF16; /* each rank receives kvr heads of T tokens */
-            cp_step *pk = kernel(B, M->lay_kv, "pack", key ? "pack_k" : "pack_v", 2.0 * (double)sent);
+            cp_step *pk = kernel(B, M->lay_kv, "pack", key ? CP_TASK_PACK_K : CP_TASK_PACK_V, 2.0 * (double)sent);
             rd(pk, P, tok[i]);
             use(pk, P, b->a2a_send, 0, sent, CP_DEF);
             cp_step *a = collective(B, CP_OP_ALLTOALL, key ? "a2a_k" : "a2a_v", sent);
@@ -542,13 +550,14 @@ static void ring_attention(builder *B, const bufset *b, const modset *M, int s, 
         int kv[2];
         ring_block(B, b, k, kv);
         if (k == 0) { /* every query row: the merge starts from it */
-            cp_step *a = kernel(B, M->attn, "fwd", "attn_fwd", 0);
+            cp_step *a = kernel(B, M->attn, "fwd", CP_TASK_ATTN_FWD, 0);
             rd_qkv(a, P, b->q_head, kv[0], kv[1]);
             wr(a, P, b->o_head);
             wr(a, P, b->ring_lse);
             a->flops = step;
             a->lse_stride = L;
-            cp_step *m = kernel(B, M->merge, "init", "attn_merge_init", (double)L * u * (D * (BF16 + F32) + 2 * F32));
+            cp_step *m = kernel(B, M->merge, "init", CP_TASK_ATTN_MERGE_INIT,
+                                (double)L * u * (D * (BF16 + F32) + 2 * F32));
             rd(m, P, b->o_head);
             rd(m, P, b->ring_lse);
             wr(m, P, b->ring_o);
@@ -561,7 +570,7 @@ static void ring_attention(builder *B, const bufset *b, const modset *M, int s, 
         for (int part = 0; part < 2; part++) {
             B->ring_part = part;
             cp_ring_span h = cp_ring_half_span(R, k, part);
-            cp_step *a = kernel(B, M->attn_half, "fwd", "attn_fwd_half", 0);
+            cp_step *a = kernel(B, M->attn_half, "fwd", CP_TASK_ATTN_FWD_HALF, 0);
             halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
             halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
             halves(a, P, kv[1], 0, h.k0, h.k1, kvrow, CP_READ);
@@ -569,7 +578,8 @@ static void ring_attention(builder *B, const bufset *b, const modset *M, int s, 
             lse_halves(a, P, b->ring_lse, 0, h.q0, h.q1, CP_WRITE);
             a->flops = step / 2;
             a->lse_stride = L;
-            cp_step *m = kernel(B, M->merge, "fwd", "attn_merge", (double)c * u * (D * (BF16 + 2 * F32) + 3 * F32));
+            cp_step *m = kernel(B, M->merge, "fwd", CP_TASK_ATTN_MERGE,
+                                (double)c * u * (D * (BF16 + 2 * F32) + 3 * F32));
             halves(m, P, b->o_head, 0, h.q0, h.q1, qrow, CP_READ);
             lse_halves(m, P, b->ring_lse, 0, h.q0, h.q1, CP_READ);
             halves(m, P, b->ring_o, 0, h.q0, h.q1, orow, CP_RW);
@@ -581,7 +591,7 @@ static void ring_attention(builder *B, const bufset *b, const modset *M, int s, 
         B->ring_part = -1;
     }
     B->ring_step = -1;
-    cp_step *cv = kernel(B, M->cast, "f32_to_bf16", "cast_o", (double)L * u * D * (F32 + BF16));
+    cp_step *cv = kernel(B, M->cast, "f32_to_bf16", CP_TASK_CAST_O, (double)L * u * D * (F32 + BF16));
     rd(cv, P, b->ring_o);
     wr(cv, P, b->o_head);
     cv->count = L * u * D;
@@ -606,7 +616,7 @@ static void ring_attention_bwd(builder *B, const bufset *b, const modset *M, int
         int kv[2], acc = b->ring_dkv[(*home + k) % 2];
         ring_block(B, b, k, kv);
         if (k == 0) {
-            cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
+            cp_step *a = kernel(B, M->attn, "bwd", CP_TASK_ATTN_BWD, 0);
             rd_qkv(a, P, b->q_head, kv[0], kv[1]);
             rd(a, P, b->do_head);
             use(a, P, lse_buf, lse0, u * L * F32, CP_READ);
@@ -621,7 +631,7 @@ static void ring_attention_bwd(builder *B, const bufset *b, const modset *M, int
                 B->ring_part = part;
                 cp_ring_span h = cp_ring_half_span(R, k, part);
                 zero_dq_workspace(B, b->dq_half, half);
-                cp_step *a = kernel(B, M->attn_half, "bwd", "attn_bwd_half", 0);
+                cp_step *a = kernel(B, M->attn_half, "bwd", CP_TASK_ATTN_BWD_HALF, 0);
                 halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
                 halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
                 halves(a, P, kv[1], 0, h.k0, h.k1, kvrow, CP_READ);
@@ -633,13 +643,13 @@ static void ring_attention_bwd(builder *B, const bufset *b, const modset *M, int
                 halves(a, P, b->ring_dkv_step, L * kv32, h.k0, h.k1, kv32, CP_RW); /* dV */
                 a->flops = step / 2;
                 a->lse_stride = L;
-                cp_step *d = kernel(B, M->cast, "add_f32", "ring_add_dq", 3.0 * (double)c * q32);
+                cp_step *d = kernel(B, M->cast, "add_f32", CP_TASK_RING_ADD_DQ, 3.0 * (double)c * q32);
                 use(d, P, b->dq_half, 0, c * q32, CP_READ);
                 halves(d, P, b->dq_acc, 0, h.q0, h.q1, q32, CP_RW);
                 d->count = c * u * D;
             }
             B->ring_part = -1;
-            cp_step *d = kernel(B, M->cast, "add_f32", "ring_add_dkv", 3.0 * (double)P->bufs[acc].bytes);
+            cp_step *d = kernel(B, M->cast, "add_f32", CP_TASK_RING_ADD_DKV, 3.0 * (double)P->bufs[acc].bytes);
             rd(d, P, b->ring_dkv_step);
             rw(d, P, acc);
             d->count = 2 * L * kvr * D;
@@ -661,7 +671,7 @@ static void stage_attention(builder *B, const bufset *b, const modset *M, int s,
     if (P->ring > 1) {
         ring_attention(B, b, M, s, lse_buf);
     } else {
-        cp_step *a = kernel(B, M->attn, "fwd", "attn_fwd", 0);
+        cp_step *a = kernel(B, M->attn, "fwd", CP_TASK_ATTN_FWD, 0);
         rd_qkv(a, P, b->q_head, b->k_head, b->v_head);
         wr(a, P, b->o_head);
         use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, s == 0 ? CP_DEF : CP_WRITE);
@@ -674,7 +684,7 @@ static void stage_attention(builder *B, const bufset *b, const modset *M, int s,
         use(c, P, b->a2a_recv, 0, T * U * D * BF16, CP_DEF);
         from = b->a2a_recv;
     }
-    cp_step *k = kernel(B, M->lay_q, "unpack", "unpack_o", 2.0 * (double)T * U * D * BF16);
+    cp_step *k = kernel(B, M->lay_q, "unpack", CP_TASK_UNPACK_O, 2.0 * (double)T * U * D * BF16);
     use(k, P, from, 0, T * U * D * BF16, CP_READ);
     use(k, P, attn_buf, (int64_t)s * U * D * BF16, T * U * D * BF16, s == 0 ? CP_DEF : CP_WRITE);
 }
@@ -688,7 +698,7 @@ static void layer_forward(builder *B, const bufset *b, const modset *M, const un
     const cp_model *m = &P->spec.model;
     int64_t T = P->T, hid = m->hidden, D = m->head_dim, H = m->heads, F = m->ffn;
     int attn_buf = a->out, lse_buf = a->lse;
-    cp_step *k = kernel(B, M->norm_h, "fwd", "norm1", (double)T * hid * 2 * BF16);
+    cp_step *k = kernel(B, M->norm_h, "fwd", CP_TASK_NORM1, (double)T * hid * 2 * BF16);
     rd(k, P, x);
     op_weight(k, P, w, CP_W_NORM1, CP_READ);
     wr(k, P, b->xn);
@@ -710,7 +720,7 @@ static void layer_forward(builder *B, const bufset *b, const modset *M, const un
     rd(g, P, x);
     wr(g, P, b->h2);
     g->gemm.has_c = true;
-    k = kernel(B, M->norm_h, "fwd", "norm2", (double)T * hid * 2 * BF16);
+    k = kernel(B, M->norm_h, "fwd", CP_TASK_NORM2, (double)T * hid * 2 * BF16);
     rd(k, P, b->h2);
     op_weight(k, P, w, CP_W_NORM2, CP_READ);
     wr(k, P, b->xn2);
@@ -730,7 +740,7 @@ static void layer_forward(builder *B, const bufset *b, const modset *M, const un
             op_weight(g, P, w, gu[j], CP_READ);
             wr(g, P, gub[j]);
         }
-        k = kernel(B, M->swiglu, "fwd", "swiglu", 3.0 * (double)t * F * BF16);
+        k = kernel(B, M->swiglu, "fwd", CP_TASK_SWIGLU, 3.0 * (double)t * F * BF16);
         rd(k, P, b->mlp_gate);
         rd(k, P, b->mlp_up);
         wr(k, P, b->mlp_act);
@@ -764,7 +774,7 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
             op_weight(g, P, w, gu[j], CP_READ);
             wr(g, P, gub[j]);
         }
-        cp_step *k = kernel(B, M->swiglu, "fwd", "swiglu", 3.0 * (double)t * F * BF16);
+        cp_step *k = kernel(B, M->swiglu, "fwd", CP_TASK_SWIGLU, 3.0 * (double)t * F * BF16);
         rd(k, P, b->mlp_gate);
         rd(k, P, b->mlp_up);
         wr(k, P, b->mlp_act);
@@ -780,7 +790,7 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
         use_tile(g, P, b->dres, i, rbytes, CP_READ);
         op_weight(g, P, w, CP_W_DOWN, CP_READ);
         wr(g, P, b->mlp_act);
-        k = kernel(B, M->swiglu, "bwd", "swiglu_bwd", 5.0 * (double)t * F * BF16);
+        k = kernel(B, M->swiglu, "bwd", CP_TASK_SWIGLU_BWD, 5.0 * (double)t * F * BF16);
         rd(k, P, b->mlp_act);
         rw(k, P, b->mlp_gate);
         rw(k, P, b->mlp_up);
@@ -822,13 +832,13 @@ static void proj_backward(builder *B, const bufset *b, const unit_ref *w, cp_wei
 
 /* RoPE backward and (qk-norm) backward of a projection's gradient in token layout. */
 static void rope_norm_backward(builder *B, const bufset *b, const modset *M, const unit_ref *w, int dbuf, int raw,
-                               int rstd, cp_weight nw, int64_t nh, const char *what) {
+                               int rstd, cp_weight nw, int64_t nh, cp_task task) {
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
     int64_t T = P->T, D = m->head_dim;
-    rope(B, M->rope, "bwd", what, dbuf, nh);
+    rope(B, M->rope, "bwd", task, dbuf, nh);
     if (!m->qk_norm) return;
-    cp_step *k = kernel(B, M->norm_d, "bwd", "qk_norm_bwd", (double)T * nh * D * 3 * BF16);
+    cp_step *k = kernel(B, M->norm_d, "bwd", CP_TASK_QK_NORM_BWD, (double)T * nh * D * 3 * BF16);
     use(k, P, dbuf, 0, T * nh * D * BF16, CP_RW);
     rd(k, P, raw);
     op_weight(k, P, w, nw, CP_READ);
@@ -854,7 +864,8 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
         int64_t sz[2] = {T * U * D * BF16, T * U * F32};
         const int src[2] = {b->dattn, b->delta_tok}, dst[2] = {b->do_head, b->delta_head};
         for (int i = 0; i < 2; i++) {
-            cp_step *k = kernel(B, i ? M->lay_delta : M->lay_q, "pack", i ? "pack_delta" : "pack_do", 2.0 * (double)sz[i]);
+            cp_step *k = kernel(B, i ? M->lay_delta : M->lay_q, "pack", i ? CP_TASK_PACK_DELTA : CP_TASK_PACK_DO,
+                                2.0 * (double)sz[i]);
             use(k, P, src[i], (int64_t)s * U * (i ? F32 : D * BF16), sz[i], CP_READ);
             if (C == 1) {
                 wr(k, P, dst[i]);
@@ -874,7 +885,7 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
             ring_attention_bwd(B, b, M, s, lse_buf, &home);
             dkv = b->ring_dkv[home];
         } else {
-            cp_step *a = kernel(B, M->attn, "bwd", "attn_bwd", 0);
+            cp_step *a = kernel(B, M->attn, "bwd", CP_TASK_ATTN_BWD, 0);
             rd_qkv(a, P, b->q_head, b->k_head, b->v_head);
             rd(a, P, b->do_head);
             use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, CP_READ);
@@ -887,7 +898,7 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
             }
             a->flops = 2.5 * attn_fwd_flops(P);
         }
-        cp_step *cv = kernel(B, M->attn, "bwd_dq", "attn_bwd_dq", (double)S * u * D * (F32 + BF16));
+        cp_step *cv = kernel(B, M->attn, "bwd_dq", CP_TASK_ATTN_BWD_DQ, (double)S * u * D * (F32 + BF16));
         rd(cv, P, b->dq_acc);
         wr(cv, P, b->dq_head);
         /* dq back to token layout, then RoPE/norm backward and the projection gradients */
@@ -896,12 +907,12 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
             cp_step *c = collective(B, CP_OP_ALLTOALL, "a2a_dq", T * U * D * BF16);
             rd(c, P, b->dq_head);
             use(c, P, b->a2a_recv, 0, T * U * D * BF16, CP_DEF);
-            cp_step *k = kernel(B, M->lay_q, "unpack", "unpack_dq", 2.0 * (double)T * U * D * BF16);
+            cp_step *k = kernel(B, M->lay_q, "unpack", CP_TASK_UNPACK_DQ, 2.0 * (double)T * U * D * BF16);
             use(k, P, b->a2a_recv, 0, T * U * D * BF16, CP_READ);
             use(k, P, b->q_tok, 0, T * U * D * BF16, CP_WRITE); /* q_tok is free again: reuse for dq */
             dq_tok = b->q_tok;
         }
-        rope_norm_backward(B, b, M, w, dq_tok, b->q_raw, b->q_rstd, CP_W_QNORM, U, "rope_dq");
+        rope_norm_backward(B, b, M, w, dq_tok, b->q_raw, b->q_rstd, CP_W_QNORM, U, CP_TASK_ROPE_DQ);
         proj_backward(B, b, w, CP_W_Q, (int64_t)s * U, U, dq_tok, first_dx, "d_wq", "d_xn_q");
         first_dx = false;
         if (!e->kv_last) continue;
@@ -911,7 +922,8 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
             int64_t head_bytes = S * P->kvr * D * BF16;
             int src = dkv >= 0 ? b->dk_head : (i ? b->dv_head : b->dk_head);
             if (dkv >= 0) {
-                cp_step *k = kernel(B, M->cast, "f32_to_bf16", i ? "cast_dv" : "cast_dk", 3.0 * (double)head_bytes);
+                cp_step *k = kernel(B, M->cast, "f32_to_bf16", i ? CP_TASK_CAST_DV : CP_TASK_CAST_DK,
+                                    3.0 * (double)head_bytes);
                 use(k, P, dkv, (int64_t)i * S * P->kvr * D * F32, S * P->kvr * D * F32, CP_READ);
                 use(k, P, b->dk_head, 0, head_bytes, CP_WRITE);
                 k->count = S * P->kvr * D;
@@ -924,15 +936,15 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
                 use(c, P, b->a2a_recv, 0, sent, CP_DEF);
                 /* replicated KV heads: the replicas' gradients are summed into a cleared buffer */
                 if (P->repl > 1) zero(B, dtok[i], T * nkv * D * BF16);
-                cp_step *k = kernel(B, M->lay_kv, P->repl > 1 ? "unpack_add" : "unpack", i ? "unpack_dv" : "unpack_dk",
-                                    2.0 * (double)sent);
+                cp_step *k = kernel(B, M->lay_kv, P->repl > 1 ? "unpack_add" : "unpack",
+                                    i ? CP_TASK_UNPACK_DV : CP_TASK_UNPACK_DK, 2.0 * (double)sent);
                 use(k, P, b->a2a_recv, 0, sent, CP_READ);
                 use(k, P, dtok[i], 0, T * nkv * D * BF16, P->repl > 1 ? CP_RW : CP_WRITE);
                 src = dtok[i];
             } /* one rank: head layout is token layout, so src is already where the projections read */
             int64_t grp = s / P->group_len;
             int64_t row0 = P->repl > 1 ? 0 : grp * nkv;
-            if (i == 0) rope_norm_backward(B, b, M, w, src, b->k_raw, b->k_rstd, CP_W_KNORM, nkv, "rope_dk");
+            if (i == 0) rope_norm_backward(B, b, M, w, src, b->k_raw, b->k_rstd, CP_W_KNORM, nkv, CP_TASK_ROPE_DK);
             proj_backward(B, b, w, i ? CP_W_V : CP_W_K, row0, nkv, src, false, i ? "d_wv" : "d_wk",
                           i ? "d_xn_v" : "d_xn_k");
         }
@@ -952,7 +964,7 @@ static void layer_backward(builder *B, const bufset *b, const modset *M, const u
     B->phase = CP_PHASE_BWD;
     mlp_backward(B, b, M, w);
     /* dh2 = dres + norm2_bwd(dxn2) */
-    cp_step *k = kernel(B, M->norm_h, "bwd", "norm2_bwd", (double)T * hid * 4 * BF16);
+    cp_step *k = kernel(B, M->norm_h, "bwd", CP_TASK_NORM2_BWD, (double)T * hid * 4 * BF16);
     rd(k, P, b->dxn);
     rd(k, P, b->h2);
     op_weight(k, P, w, CP_W_NORM2, CP_READ);
@@ -972,7 +984,7 @@ static void layer_backward(builder *B, const bufset *b, const modset *M, const u
     rd(g, P, b->dh2);
     op_weight(g, P, w, CP_W_O, CP_READ);
     wr(g, P, b->dattn);
-    k = kernel(B, M->delta, "fwd", "attn_delta", (double)T * H * D * 2 * BF16);
+    k = kernel(B, M->delta, "fwd", CP_TASK_ATTN_DELTA, (double)T * H * D * 2 * BF16);
     rd(k, P, b->dattn);
     rd(k, P, attn_buf);
     wr(k, P, b->delta_tok);
@@ -980,7 +992,7 @@ static void layer_backward(builder *B, const bufset *b, const modset *M, const u
     k->heads = H;
     attention_backward(B, b, M, w, lse_buf);
     /* dres = dh2 + norm1_bwd(dxn) */
-    k = kernel(B, M->norm_h, "bwd", "norm1_bwd", (double)T * hid * 4 * BF16);
+    k = kernel(B, M->norm_h, "bwd", CP_TASK_NORM1_BWD, (double)T * hid * 4 * BF16);
     rd(k, P, b->dxn);
     rd(k, P, x);
     op_weight(k, P, w, CP_W_NORM1, CP_READ);
@@ -1251,7 +1263,8 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     cp_step *s;
 
     /* inputs arrive from the host (data loader) */
-    s = collective(&B, CP_OP_COPY_H2D, "load_tokens", 3 * T * 4);
+    s = collective(&B, CP_OP_COPY_H2D, cp_task_name(CP_TASK_LOAD_TOKENS), 3 * T * 4);
+    s->task = CP_TASK_LOAD_TOKENS;
     s->stream = CP_STREAM_COMPUTE; /* the inputs of this micro-batch: nothing can start before them */
     wr(s, P, b->tokens);
     wr(s, P, b->targets);
@@ -1261,7 +1274,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     gather(&B, b, 0, 0);
     unit_ref emb = unit_at(P, b, 0, 0);
     int x0 = P->ckpt_host_layers > 0 ? b->xs[0] : b->ckpt[0];
-    s = kernel(&B, M->embed, "fwd", "embed", 2.0 * (double)T * hid * BF16);
+    s = kernel(&B, M->embed, "fwd", CP_TASK_EMBED, 2.0 * (double)T * hid * BF16);
     rd(s, P, b->tokens);
     use(s, P, emb.wbuf, emb.wbase * BF16, V * hid * BF16, CP_READ);
     wr(s, P, x0);
@@ -1294,7 +1307,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     unit_ref lm = tied ? emb : hd;
     int64_t lm_off = tied ? emb.wbase : hd.wbase + align_up(hid, 64);
     if (tied) gather(&B, b, 0, 0); /* the tied LM head is the embedding */
-    s = kernel(&B, M->norm_h, "fwd", "final_norm", (double)T * hid * 2 * BF16);
+    s = kernel(&B, M->norm_h, "fwd", CP_TASK_FINAL_NORM, (double)T * hid * 2 * BF16);
     rd(s, P, b->h_final);
     use(s, P, hd.wbuf, norm_off * BF16, hid * BF16, CP_READ);
     wr(s, P, b->xf);
@@ -1314,7 +1327,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         use_tile(g, P, b->xf, i, rbytes, CP_READ);
         use(g, P, lm.wbuf, lm_off * BF16, V * hid * BF16, CP_READ);
         wr(g, P, b->logits);
-        s = kernel(&B, M->loss, "fwdbwd", "loss", 2.0 * (double)t * V * BF16);
+        s = kernel(&B, M->loss, "fwdbwd", CP_TASK_LOSS, 2.0 * (double)t * V * BF16);
         rw(s, P, b->logits);
         use_tile(s, P, b->targets, i, t * 4, CP_READ);
         use_tile(s, P, b->token_loss, i, t * F32, i == 0 ? CP_DEF : CP_WRITE);
@@ -1334,12 +1347,12 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     }
     B.tile = -1;
     B.phase = CP_PHASE_FWD;
-    s = kernel(&B, M->loss, "sum", "loss_sum", (double)T * F32);
+    s = kernel(&B, M->loss, "sum", CP_TASK_LOSS_SUM, (double)T * F32);
     rd(s, P, b->token_loss);
     use(s, P, b->loss_sum, 0, F32, CP_RW); /* float 0: the loss */
     s->count = T;
     B.phase = CP_PHASE_BWD;
-    s = kernel(&B, M->norm_h, "bwd", "final_norm_bwd", (double)T * hid * 3 * BF16);
+    s = kernel(&B, M->norm_h, "bwd", CP_TASK_FINAL_NORM_BWD, (double)T * hid * 3 * BF16);
     rd(s, P, b->dxf);
     rd(s, P, b->h_final);
     use(s, P, hd.wbuf, norm_off * BF16, hid * BF16, CP_READ);
@@ -1399,7 +1412,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
 
     /* embedding backward: each token's rows summed in sorted order (deterministic, no atomics) */
     if (C > 1) zero(&B, b->g_embed, P->bufs[b->g_embed].bytes);
-    s = kernel(&B, M->embed, "bwd_sorted", "embed_bwd", (double)T * hid * (BF16 + 2 * F32));
+    s = kernel(&B, M->embed, "bwd_sorted", CP_TASK_EMBED_BWD, (double)T * hid * (BF16 + 2 * F32));
     rd(s, P, b->tokens);
     rd(s, P, b->token_order);
     rd(s, P, b->dres);
@@ -1413,7 +1426,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
      * GPU, or on the host (the step streams the gradients down and the bf16 parameters up in chunks) */
     B.phase = CP_PHASE_OPTIM;
     int64_t shard = P->params_shard;
-    s = kernel(&B, M->adamw, "sumsq", "grad_norm", (double)shard * F32);
+    s = kernel(&B, M->adamw, "sumsq", CP_TASK_GRAD_NORM, (double)shard * F32);
     rd(s, P, b->grads);
     wr(s, P, b->sumsq_part);
     use(s, P, b->loss_sum, F32, F32, CP_RW); /* float 1: the gradient's sum of squares */
@@ -1431,7 +1444,8 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         s->comm = CP_COMM_SHARD;
     }
     if (P->opt_on_host) {
-        s = add_step(&B, CP_OP_KERNEL, "adamw_host");
+        s = add_step(&B, CP_OP_KERNEL, cp_task_name(CP_TASK_ADAMW_HOST));
+        s->task = CP_TASK_ADAMW_HOST;
         s->stream = CP_STREAM_COMPUTE;
         rd(s, P, b->grads);
         rw(s, P, b->host_grads);
@@ -1443,7 +1457,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         s->count = shard;
         s->bytes = (double)shard * 16 * 2;
     } else {
-        s = kernel(&B, M->adamw, "update", "adamw", (double)shard * (4 * F32 + 3 * F32 + BF16));
+        s = kernel(&B, M->adamw, "update", CP_TASK_ADAMW, (double)shard * (4 * F32 + 3 * F32 + BF16));
         rw(s, P, b->master);
         rw(s, P, b->adam_m);
         rw(s, P, b->adam_v);
@@ -1521,7 +1535,7 @@ static void cost_model(cp_plan *P) {
         case CP_OP_SENDRECV: t = cp_ring_sendrecv_seconds(s->count, mc->net_gbps); break;
         default: break;
         }
-        if (strcmp(s->what, "adamw_host") == 0) /* CPU memory bandwidth (all cores), or the host link if slower */
+        if (s->task == CP_TASK_ADAMW_HOST) /* CPU memory bandwidth (all cores), or the host link if slower */
             t = CP_MAX(s->bytes / 40e9, (double)s->count * (F32 + BF16) / (mc->host_gbps * 1e9));
         s->seconds = t;
         t *= reps;

@@ -116,8 +116,32 @@ typedef struct {
     int64_t padded;  /* rounded up so each rank's shard is a whole number of 128-byte lines */
 } cp_layer_layout;
 
+/* What a step computes, where the executor must know it (runtime/exec_args.c prepares each by its task, and
+ * tests/test_exec.c checks that it knows every one): the kernel steps, and the two steps the runtime does itself
+ * (AdamW on the host, the tokens staged for a micro-batch). The planner names steps only through these, so a task
+ * renamed on one side fails to compile instead of failing at run time. X(TASK, label) */
+#define CP_TASKS(X)                                                                                                \
+    X(EMBED, "embed") X(EMBED_BWD, "embed_bwd") X(NORM1, "norm1") X(NORM2, "norm2") X(FINAL_NORM, "final_norm")     \
+    X(Q_NORM, "q_norm") X(K_NORM, "k_norm") X(NORM1_BWD, "norm1_bwd") X(NORM2_BWD, "norm2_bwd")                     \
+    X(FINAL_NORM_BWD, "final_norm_bwd") X(QK_NORM_BWD, "qk_norm_bwd") X(ROPE_Q, "rope_q") X(ROPE_K, "rope_k")      \
+    X(ROPE_DQ, "rope_dq") X(ROPE_DK, "rope_dk") X(ATTN_FWD, "attn_fwd") X(ATTN_BWD, "attn_bwd")                     \
+    X(ATTN_BWD_DQ, "attn_bwd_dq") X(ATTN_FWD_HALF, "attn_fwd_half") X(ATTN_BWD_HALF, "attn_bwd_half")               \
+    X(ATTN_MERGE_INIT, "attn_merge_init") X(ATTN_MERGE, "attn_merge") X(CAST_O, "cast_o")                           \
+    X(RING_ADD_DQ, "ring_add_dq") X(RING_ADD_DKV, "ring_add_dkv") X(UNPACK_O, "unpack_o") X(PACK_DO, "pack_do")     \
+    X(PACK_DELTA, "pack_delta") X(PACK_Q, "pack_q") X(PACK_K, "pack_k") X(PACK_V, "pack_v")                         \
+    X(UNPACK_DQ, "unpack_dq") X(UNPACK_DK, "unpack_dk") X(UNPACK_DV, "unpack_dv") X(GRAD_ACCUM, "grad_accum")       \
+    X(SWIGLU, "swiglu") X(SWIGLU_BWD, "swiglu_bwd") X(LOSS, "loss") X(LOSS_SUM, "loss_sum")                         \
+    X(ATTN_DELTA, "attn_delta") X(CAST_DK, "cast_dk") X(CAST_DV, "cast_dv") X(GRAD_NORM, "grad_norm")               \
+    X(ADAMW, "adamw") X(ADAMW_HOST, "adamw_host") X(LOAD_TOKENS, "load_tokens")
+#define CP_TASK_ENUM(t, label) CP_TASK_##t,
+typedef enum { CP_TASK_NONE, CP_TASKS(CP_TASK_ENUM) CP_TASK_COUNT } cp_task;
+#undef CP_TASK_ENUM
+/* The task's label ("norm1"), the step's `what`; "" for CP_TASK_NONE. */
+const char *cp_task_name(cp_task t);
+
 typedef struct {
     cp_opkind kind;
+    cp_task task;         /* what it computes, where the executor must know (GEMMs, collectives: NONE) */
     cp_phase phase;
     cp_stream stream;
     int layer;            /* -1 outside layers */

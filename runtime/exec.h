@@ -163,6 +163,8 @@ typedef struct {
  * and a proof that every pair of steps on different streams touching the same bytes is ordered by them. Returns 0,
  * or -1 with a message naming the step. */
 int cp_exec_check(const cp_plan *plan, cp_exec_check_report *rep, char *err, int errlen);
+/* Whether the executor prepares steps of this task (gen/plan.h's CP_TASKS): every task the planner can give. */
+bool cp_exec_prepares(cp_task task);
 
 /* For tests: the executor cp_exec_check makes, without a GPU, as rank o->rank (and o->world_rank, which places it in
  * a ring) would make it; o may be NULL for rank 0. Every step is prepared against made-up addresses (cp_exec_buffer

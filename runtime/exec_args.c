@@ -630,26 +630,28 @@ static int k_adamw(pctx *c) {
 }
 
 typedef int (*kprep)(pctx *c);
-static const struct {
-    const char *what;
-    kprep fn;
-} KERNEL_STEPS[] = {
-    {"embed", k_embed},           {"embed_bwd", k_embed_bwd},   {"norm1", k_norm_fwd},
-    {"norm2", k_norm_fwd},        {"final_norm", k_norm_fwd},   {"q_norm", k_norm_fwd},
-    {"k_norm", k_norm_fwd},       {"norm1_bwd", k_norm_bwd_resid}, {"norm2_bwd", k_norm_bwd_resid},
-    {"final_norm_bwd", k_norm_bwd}, {"qk_norm_bwd", k_qk_norm_bwd}, {"rope_q", k_rope},
-    {"rope_k", k_rope},           {"rope_dq", k_rope},          {"rope_dk", k_rope},
-    {"attn_fwd", k_attn_fwd},     {"attn_bwd", k_attn_bwd},     {"attn_bwd_dq", k_attn_bwd_dq},
-    {"attn_fwd_half", k_attn_fwd_half}, {"attn_bwd_half", k_attn_bwd_half}, {"attn_merge_init", k_attn_merge},
-    {"attn_merge", k_attn_merge}, {"cast_o", k_cast},         {"ring_add_dq", k_ring_add},
-    {"ring_add_dkv", k_ring_add}, {"unpack_o", k_unpack},
-    {"pack_do", k_pack},          {"pack_delta", k_pack},       {"pack_q", k_pack},
-    {"pack_k", k_pack},           {"pack_v", k_pack},           {"unpack_dq", k_unpack},
-    {"unpack_dk", k_unpack},      {"unpack_dv", k_unpack},      {"grad_accum", k_grad_accum},
-    {"swiglu", k_swiglu},         {"swiglu_bwd", k_swiglu_bwd}, {"loss", k_loss},
-    {"loss_sum", k_loss_sum},     {"attn_delta", k_attn_delta}, {"cast_dk", k_cast},
-    {"cast_dv", k_cast},          {"grad_norm", k_grad_norm},   {"adamw", k_adamw},
+/* The builder of each kernel task, by the task the planner gave the step (gen/plan.h's CP_TASKS). */
+static const kprep KERNEL_PREP[CP_TASK_COUNT] = {
+    [CP_TASK_EMBED] = k_embed,           [CP_TASK_EMBED_BWD] = k_embed_bwd,     [CP_TASK_NORM1] = k_norm_fwd,
+    [CP_TASK_NORM2] = k_norm_fwd,        [CP_TASK_FINAL_NORM] = k_norm_fwd,     [CP_TASK_Q_NORM] = k_norm_fwd,
+    [CP_TASK_K_NORM] = k_norm_fwd,       [CP_TASK_NORM1_BWD] = k_norm_bwd_resid, [CP_TASK_NORM2_BWD] = k_norm_bwd_resid,
+    [CP_TASK_FINAL_NORM_BWD] = k_norm_bwd, [CP_TASK_QK_NORM_BWD] = k_qk_norm_bwd, [CP_TASK_ROPE_Q] = k_rope,
+    [CP_TASK_ROPE_K] = k_rope,           [CP_TASK_ROPE_DQ] = k_rope,            [CP_TASK_ROPE_DK] = k_rope,
+    [CP_TASK_ATTN_FWD] = k_attn_fwd,     [CP_TASK_ATTN_BWD] = k_attn_bwd,       [CP_TASK_ATTN_BWD_DQ] = k_attn_bwd_dq,
+    [CP_TASK_ATTN_FWD_HALF] = k_attn_fwd_half, [CP_TASK_ATTN_BWD_HALF] = k_attn_bwd_half,
+    [CP_TASK_ATTN_MERGE_INIT] = k_attn_merge, [CP_TASK_ATTN_MERGE] = k_attn_merge, [CP_TASK_CAST_O] = k_cast,
+    [CP_TASK_RING_ADD_DQ] = k_ring_add,  [CP_TASK_RING_ADD_DKV] = k_ring_add,   [CP_TASK_UNPACK_O] = k_unpack,
+    [CP_TASK_PACK_DO] = k_pack,          [CP_TASK_PACK_DELTA] = k_pack,         [CP_TASK_PACK_Q] = k_pack,
+    [CP_TASK_PACK_K] = k_pack,           [CP_TASK_PACK_V] = k_pack,             [CP_TASK_UNPACK_DQ] = k_unpack,
+    [CP_TASK_UNPACK_DK] = k_unpack,      [CP_TASK_UNPACK_DV] = k_unpack,        [CP_TASK_GRAD_ACCUM] = k_grad_accum,
+    [CP_TASK_SWIGLU] = k_swiglu,         [CP_TASK_SWIGLU_BWD] = k_swiglu_bwd,   [CP_TASK_LOSS] = k_loss,
+    [CP_TASK_LOSS_SUM] = k_loss_sum,     [CP_TASK_ATTN_DELTA] = k_attn_delta,   [CP_TASK_CAST_DK] = k_cast,
+    [CP_TASK_CAST_DV] = k_cast,          [CP_TASK_GRAD_NORM] = k_grad_norm,     [CP_TASK_ADAMW] = k_adamw,
 };
+
+bool cp_exec_prepares(cp_task t) {
+    return t == CP_TASK_ADAMW_HOST || t == CP_TASK_LOAD_TOKENS || (t > CP_TASK_NONE && t < CP_TASK_COUNT && KERNEL_PREP[t]);
+}
 
 /* GEMM: operands A, B, (C), D with the plan's cp_gemm; every operand must hold the rows its leading dimension
  * implies. */
@@ -768,7 +770,7 @@ int exec_prep_step(cp_exec *ex, int i, char *err, int errlen) {
     switch (s->kind) {
     case CP_OP_KERNEL:
         if (s->module < 0) {
-            if (strcmp(s->what, "adamw_host")) return pfail(&c, "a host step this runtime does not know");
+            if (s->task != CP_TASK_ADAMW_HOST) return pfail(&c, "a host step this runtime does not know");
             /* grads (GPU), gradient ring (host), master, m, v, parameter ring (host), params (GPU) */
             int64_t n = P->params_shard, ch = P->host_chunk;
             if (need_ops(&c, 7) || need_bytes(&c, 0, n * 4) || need_bytes(&c, 1, 2 * ch * 4) ||
@@ -780,10 +782,10 @@ int exec_prep_step(cp_exec *ex, int i, char *err, int errlen) {
             return 0;
         }
         x->kind = X_KERNEL;
-        for (size_t k = 0; k < CP_ARRAY_LEN(KERNEL_STEPS); k++)
-            if (!strcmp(KERNEL_STEPS[k].what, s->what)) return KERNEL_STEPS[k].fn(&c);
-        return pfail(&c, "a kernel step this runtime does not know (module %s, role %s)", P->modules[s->module].family,
-                     s->role);
+        if (s->task > CP_TASK_NONE && s->task < CP_TASK_COUNT && KERNEL_PREP[s->task])
+            return KERNEL_PREP[s->task](&c);
+        return pfail(&c, "a kernel step this runtime does not know (task %d, module %s, role %s)", (int)s->task,
+                     P->modules[s->module].family, s->role);
     case CP_OP_GEMM:
         x->kind = X_GEMM;
         return prep_gemm(&c);
@@ -797,7 +799,7 @@ int exec_prep_step(cp_exec *ex, int i, char *err, int errlen) {
         return 0;
     case CP_OP_COPY_H2D:
     case CP_OP_COPY_D2H:
-        if (!strcmp(s->what, "load_tokens")) {
+        if (s->task == CP_TASK_LOAD_TOKENS) {
             /* tokens, targets, token_order */
             if (need_ops(&c, 3) || need_bytes(&c, 0, P->T * 4) || need_bytes(&c, 1, P->T * 4) ||
                 need_bytes(&c, 2, P->T * 4))

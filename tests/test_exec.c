@@ -395,6 +395,31 @@ static void test_checkpoint_gathers(void **state) {
     }
 }
 
+/* The planner and the executor meet through the step's task: every task has its preparation, so that no task the
+ * planner may give is left to fail at run time. And the steps of the shipped specs each carry a task that labels
+ * them as their `what` says (the trace, the profile and the plan's text name steps by it). */
+static void test_every_task_prepared(void **state) {
+    (void)state;
+    for (int t = CP_TASK_NONE + 1; t < CP_TASK_COUNT; t++)
+        if (!cp_exec_prepares((cp_task)t)) fail_msg("the executor has no preparation for task %s", cp_task_name((cp_task)t));
+    assert_false(cp_exec_prepares(CP_TASK_NONE));
+    const char *names[] = {"tiny", "llama8b"};
+    for (int k = 0; k < 2; k++) {
+        cp_spec s;
+        char err[CP_ERR_MAX];
+        const char *sets[] = {"parallel.gpus=2", "train.seq_len=32K"};
+        if (cp_spec_load(names[k], sets, k ? 2 : 1, &s, err, sizeof err)) fail_msg("%s", err);
+        cp_plan p;
+        if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("%s", err);
+        for (int i = 0; i < p.nsteps; i++) {
+            const cp_step *st = &p.steps[i];
+            if (st->kind == CP_OP_KERNEL) assert_true(st->task != CP_TASK_NONE);
+            if (st->task != CP_TASK_NONE) assert_string_equal(st->what, cp_task_name(st->task));
+        }
+        cp_plan_free(&p);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny),
@@ -406,6 +431,7 @@ int main(void) {
         cmocka_unit_test(test_rings),
         cmocka_unit_test(test_save_on_ranks_that_keep_nothing),
         cmocka_unit_test(test_checkpoint_gathers),
+        cmocka_unit_test(test_every_task_prepared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
