@@ -1509,34 +1509,35 @@ static void cost_model(cp_plan *P) {
         case CP_OP_KERNEL:
             if (s->flops > 0) t = s->flops / attn_rate[strcmp(s->role, "bwd") == 0];
             else t = s->bytes / (mc->hbm_gbps * 1e9);
-            t += 2e-6;
+            t += mc->kernel_us * 1e-6;
             break;
         case CP_OP_GEMM: {
             double bytes = 2.0 * ((double)s->gemm.m * s->gemm.k + (double)s->gemm.k * s->gemm.n) +
                            (s->gemm.out_f32 ? 8.0 : 2.0) * (double)s->gemm.m * s->gemm.n;
-            t = CP_MAX(s->flops / (mc->gemm_tflops * 1e12), bytes / (mc->hbm_gbps * 1e9)) + 4e-6;
+            t = CP_MAX(s->flops / (mc->gemm_tflops * 1e12), bytes / (mc->hbm_gbps * 1e9)) + mc->gemm_us * 1e-6;
             s->bytes = bytes;
             break;
         }
-        case CP_OP_MEMSET: t = s->bytes / (mc->hbm_gbps * 1e9 / 2) + 2e-6; break;
-        case CP_OP_ALLTOALL: t = s->bytes * frac / (mc->a2a_gbps * 1e9) + 10e-6; break;
+        /* a memset writes its bytes once; hbm_gbps counts a copy's reads and writes: half of it */
+        case CP_OP_MEMSET: t = s->bytes / (mc->hbm_gbps * 1e9 / 2) + mc->kernel_us * 1e-6; break;
+        case CP_OP_ALLTOALL: t = s->bytes * frac / (mc->a2a_gbps * 1e9) + mc->coll_us * 1e-6; break;
         case CP_OP_ALLGATHER:
-        case CP_OP_REDUCE_SCATTER: t = s->bytes * frac / (mc->allgather_gbps * 1e9) + 10e-6; break;
+        case CP_OP_REDUCE_SCATTER: t = s->bytes * frac / (mc->allgather_gbps * 1e9) + mc->coll_us * 1e-6; break;
         case CP_OP_ALLREDUCE:
             if (s->comm == CP_COMM_SHARD) { /* a ring all-reduce across nodes: 2 (n - 1) / n of the bytes each way */
                 double n = (double)P->replicas * P->ring;
-                t = 2.0 * (n - 1) / n * s->bytes / (mc->net_gbps * 1e9) + 20e-6;
+                t = 2.0 * (n - 1) / n * s->bytes / (mc->net_gbps * 1e9) + mc->net_us * 1e-6;
             } else {
-                t = 20e-6;
+                t = mc->net_us * 1e-6;
             }
             break;
         case CP_OP_COPY_D2H:
         case CP_OP_COPY_H2D: t = s->bytes / (mc->host_gbps * 1e9); break;
-        case CP_OP_SENDRECV: t = cp_ring_sendrecv_seconds(s->count, mc->net_gbps); break;
+        case CP_OP_SENDRECV: t = cp_ring_sendrecv_seconds(s->count, mc); break;
         default: break;
         }
         if (s->task == CP_TASK_ADAMW_HOST) /* CPU memory bandwidth (all cores), or the host link if slower */
-            t = CP_MAX(s->bytes / 40e9, (double)s->count * (F32 + BF16) / (mc->host_gbps * 1e9));
+            t = CP_MAX(s->bytes / (mc->host_adamw_gbps * 1e9), (double)s->count * (F32 + BF16) / (mc->host_gbps * 1e9));
         s->seconds = t;
         t *= reps;
         if (s->kind == CP_OP_KERNEL && s->module >= 0 && strcmp(P->modules[s->module].family, "attention") == 0) {

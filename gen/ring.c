@@ -86,9 +86,11 @@ double cp_ring_step_fwd_flops(int64_t group_tokens, int u, int64_t head_dim) {
     return 2.0 * (double)group_tokens * (double)group_tokens * u * (double)head_dim;
 }
 
-double cp_ring_sendrecv_seconds(int64_t bytes, double net_gbps) { return (double)bytes / (net_gbps * 1e9) + 20e-6; }
+double cp_ring_sendrecv_seconds(int64_t bytes, const cp_machine *mc) {
+    return (double)bytes / (mc->net_gbps * 1e9) + mc->net_us * 1e-6;
+}
 
-double cp_ring_exposed(int64_t bytes, double net_gbps, double t_block) {
-    double t = cp_ring_sendrecv_seconds(bytes, net_gbps);
+double cp_ring_exposed(int64_t bytes, const cp_machine *mc, double t_block) {
+    double t = cp_ring_sendrecv_seconds(bytes, mc);
     return t > t_block ? t - t_block : 0;
 }

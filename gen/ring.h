@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include "spec.h"
+
 /* How a query chunk sees a key chunk under the causal mask. */
 typedef enum {
     CP_RING_SKIP, /* every key after every query: no work */
@@ -93,11 +95,10 @@ int cp_ring_rope_nruns(int P, int C);
 /* Forward FLOPs of one ring step for u query heads: every step is the same work, 2 L^2 u D (a causal L x L block,
  * or a full L x L/2 one), so the P steps sum to the causal forward 2 S^2 D per head over the ring. */
 double cp_ring_step_fwd_flops(int64_t group_tokens, int u, int64_t head_dim);
-/* Seconds a send/recv of `bytes` each way takes between nodes: bytes at net_gbps (GB/s) plus 20 us of latency, as the
- * plan's other cross-node collectives. */
-double cp_ring_sendrecv_seconds(int64_t bytes, double net_gbps);
-/* Seconds a send/recv of `bytes` at net_gbps (GB/s, plus 20 us of latency, as the plan's other cross-node
- * collectives) leaves exposed beyond t_block, the attention on the block in hand it overlaps. */
-double cp_ring_exposed(int64_t bytes, double net_gbps, double t_block);
+/* Seconds a send/recv of `bytes` each way takes between nodes: bytes at machine.net_gbps plus machine.net_us of
+ * latency, as the plan's other cross-node collectives. */
+double cp_ring_sendrecv_seconds(int64_t bytes, const cp_machine *mc);
+/* Seconds such a send/recv leaves exposed beyond t_block, the attention on the block in hand it overlaps. */
+double cp_ring_exposed(int64_t bytes, const cp_machine *mc, double t_block);
 
 #endif

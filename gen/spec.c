@@ -65,7 +65,8 @@ static const node MACHINE_KEYS[] = {
     LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("host_gbps"),
     LEAF("a2a_gbps"),    LEAF("allgather_gbps"), LEAF("net_gbps"), LEAF("ranks_per_gpu"),
-    LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), END};
+    LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),
+    LEAF("gemm_us"), LEAF("coll_us"), LEAF("net_us"), LEAF("host_adamw_gbps"), END};
 static const node TOP_KEYS[] = {
     {"model", MODEL_KEYS}, {"parallel", PARALLEL_KEYS}, {"train", TRAIN_KEYS}, {"data", DATA_KEYS},
     {"init", INIT_KEYS}, {"machine", MACHINE_KEYS}, END};
@@ -1232,29 +1233,11 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     return 0;
 }
 
-static int read_rest(ctx *c, int top, cp_spec *s) {
-    int t, e;
-    TRY(section(c, top, "data", false, "", &t));
-    snprintf(s->data.source, sizeof s->data.source, "synthetic:recall");
-    TRY(get_str(c, t, "data", "source", s->data.source, sizeof s->data.source));
-    lua_pop(c->L, 1);
-
-    TRY(section(c, top, "init", false, "", &t));
-    e = CP_INIT_RANDOM;
-    TRY(get_enum(c, t, "init", "from", INIT_NAMES, &e));
-    s->init.from = (cp_init_from)e;
-    s->init.path[0] = 0;
-    TRY(get_str(c, t, "init", "path", s->init.path, sizeof s->init.path));
-    int64_t seed = 0;
-    TRY(get_int(c, t, "init", "seed", INT_PLAIN, 0, INT64_MAX, &seed));
-    s->init.seed = (uint64_t)seed;
-    s->init.std = 0.02;
-    TRY(get_num(c, t, "init", "std", &s->init.std));
-    lua_pop(c->L, 1);
-
-    cp_machine *m = &s->machine;
-    TRY(section(c, top, "machine", false, "", &t));
-    /* One H200 on a host with 128 GiB; ceilings measured there. The GPU's memory is the runtime's total, 143,155.9
+/* The machine the plan is made for, by default: one H200 on a host with 128 GiB, every figure with where it was
+ * measured. This is the cost model's one table: its rates, its fixed costs and its memory reserves. */
+void cp_machine_defaults(cp_machine *m) {
+    memset(m, 0, sizeof *m);
+    /* The GPU's memory is the runtime's total, 143,155.9
      * MiB (nvidia-smi's 143,771 MiB counts memory the driver keeps); a plan made for 140 GiB would not get it. */
     m->gpu_mem = 143150 * MIB;
     m->host_mem = 128 * GIB;
@@ -1284,6 +1267,41 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     m->comm_reserve_shared = 356 * MIB;
     m->comm_reserve_p2p = 62 * MIB;
     m->comm_reserve_split = 33 * MIB / 2;
+    /* fixed costs per step, beside its bytes or FLOPs; not measured one by one: a kernel launch and a cuBLASLt
+     * GEMM's setup as the step profiles (CPGEN_PROFILE) of the tiny spec show them, of the order of microseconds;
+     * NCCL's latency inside a node and between nodes as NCCL documents it for small messages */
+    m->kernel_us = 2;
+    m->gemm_us = 4;
+    m->coll_us = 10;
+    m->net_us = 20;
+    /* AdamW on the host: the state it streams (fp32 gradients, weights, two moments, bf16 weights out) per second
+     * on all cores; not measured (the host optimizer's step is bound by the host link on the H200 machines) */
+    m->host_adamw_gbps = 40;
+}
+
+static int read_rest(ctx *c, int top, cp_spec *s) {
+    int t, e;
+    TRY(section(c, top, "data", false, "", &t));
+    snprintf(s->data.source, sizeof s->data.source, "synthetic:recall");
+    TRY(get_str(c, t, "data", "source", s->data.source, sizeof s->data.source));
+    lua_pop(c->L, 1);
+
+    TRY(section(c, top, "init", false, "", &t));
+    e = CP_INIT_RANDOM;
+    TRY(get_enum(c, t, "init", "from", INIT_NAMES, &e));
+    s->init.from = (cp_init_from)e;
+    s->init.path[0] = 0;
+    TRY(get_str(c, t, "init", "path", s->init.path, sizeof s->init.path));
+    int64_t seed = 0;
+    TRY(get_int(c, t, "init", "seed", INT_PLAIN, 0, INT64_MAX, &seed));
+    s->init.seed = (uint64_t)seed;
+    s->init.std = 0.02;
+    TRY(get_num(c, t, "init", "std", &s->init.std));
+    lua_pop(c->L, 1);
+
+    cp_machine *m = &s->machine;
+    TRY(section(c, top, "machine", false, "", &t));
+    cp_machine_defaults(m);
     TRY(get_int(c, t, "machine", "gpu_mem", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->gpu_mem));
     TRY(get_int(c, t, "machine", "host_mem", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_mem));
     TRY(get_int(c, t, "machine", "reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->reserve));
@@ -1301,6 +1319,11 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
     TRY(get_num(c, t, "machine", "allgather_gbps", &m->allgather_gbps));
     TRY(get_num(c, t, "machine", "net_gbps", &m->net_gbps));
+    TRY(get_num(c, t, "machine", "host_adamw_gbps", &m->host_adamw_gbps));
+    TRY(get_num(c, t, "machine", "kernel_us", &m->kernel_us));
+    TRY(get_num(c, t, "machine", "gemm_us", &m->gemm_us));
+    TRY(get_num(c, t, "machine", "coll_us", &m->coll_us));
+    TRY(get_num(c, t, "machine", "net_us", &m->net_us));
     TRY(get_cint(c, t, "machine", "ranks_per_gpu", &m->ranks_per_gpu));
     TRY(get_int(c, t, "machine", "comm_reserve_shared", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX,
                 &m->comm_reserve_shared));
@@ -1561,13 +1584,23 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.host_gbps", mc->host_gbps},
                  {"machine.a2a_gbps", mc->a2a_gbps},
                  {"machine.allgather_gbps", mc->allgather_gbps},
-                 {"machine.net_gbps", mc->net_gbps}};
+                 {"machine.net_gbps", mc->net_gbps},
+                 {"machine.host_adamw_gbps", mc->host_adamw_gbps}};
     /* the cost model divides work by these: 1e-300 TF/s made a step of 1e299 s, and 1e308 GB/s is infinite once in
      * bytes per second */
     for (size_t i = 0; i < CP_ARRAY_LEN(rates); i++)
         if (bad_pos(rates[i].v) || rates[i].v < 1e-3 || rates[i].v > 1e6)
             return fail(c, rates[i].path, " = %g: must be a rate between 0.001 and 1e6 (%s per GPU; it divides work "
                         "in the cost model)", rates[i].v, strstr(rates[i].path, "tflops") ? "TF/s" : "GB/s");
+    const struct {
+        const char *path;
+        double v;
+    } fixed[] = {{"machine.kernel_us", mc->kernel_us}, {"machine.gemm_us", mc->gemm_us},
+                 {"machine.coll_us", mc->coll_us}, {"machine.net_us", mc->net_us}};
+    for (size_t i = 0; i < CP_ARRAY_LEN(fixed); i++)
+        if (!(fixed[i].v >= 0 && fixed[i].v <= 1e6))
+            return fail(c, fixed[i].path, " = %g: must be between 0 and 1e6 microseconds (a fixed cost per step of the "
+                        "cost model)", fixed[i].v);
 
     /* Cross-field rules. */
     int64_t H = m->heads, KV = m->kv_heads, C = p->gpus, S = tr->seq_len;

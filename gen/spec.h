@@ -104,7 +104,14 @@ typedef struct {
     double allgather_gbps;      /* all-gather / reduce-scatter bus bandwidth */
     double net_gbps;            /* between nodes, per GPU: the ring's send/recv and the gradient all-reduce across
                                  * replicas and ring groups (bus bandwidth) */
+    double host_adamw_gbps;     /* AdamW on the host's cores: optimizer state streamed per second */
+    double kernel_us, gemm_us;  /* fixed cost of a kernel launch, of a GEMM, beside its work */
+    double coll_us, net_us;     /* latency of a collective inside a node, and between nodes (a ring's send/recv too) */
 } cp_machine;
+
+/* The default machine (one H200, 128 GiB of host memory): the cost model's table of rates, fixed costs and memory
+ * reserves, each with where it was measured (gen/spec.c). */
+void cp_machine_defaults(cp_machine *m);
 
 typedef struct {
     char path[CP_PATH_MAX];     /* file it came from, or "<embedded>/tiny.lua" */

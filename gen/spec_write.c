@@ -118,6 +118,14 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_num(o, "allgather_gbps", mc->allgather_gbps);
     /* only runs of several groups use it: a one-group spec writes what it wrote before */
     if (s->parallel.replicas * s->parallel.ring > 1) put_num(o, "net_gbps", mc->net_gbps);
+    /* the fixed costs where they are not the defaults: a spec that keeps them writes what it wrote before */
+    cp_machine d;
+    cp_machine_defaults(&d);
+    if (mc->host_adamw_gbps != d.host_adamw_gbps) put_num(o, "host_adamw_gbps", mc->host_adamw_gbps);
+    if (mc->kernel_us != d.kernel_us) put_num(o, "kernel_us", mc->kernel_us);
+    if (mc->gemm_us != d.gemm_us) put_num(o, "gemm_us", mc->gemm_us);
+    if (mc->coll_us != d.coll_us) put_num(o, "coll_us", mc->coll_us);
+    if (mc->net_us != d.net_us) put_num(o, "net_us", mc->net_us);
     if (mc->ranks_per_gpu > 1) {
         put_int(o, "ranks_per_gpu", mc->ranks_per_gpu);
         put_int(o, "comm_reserve_shared", mc->comm_reserve_shared);

@@ -1220,7 +1220,7 @@ static void test_ring_stage_tables(void **state) {
     }
     assert_true(fabs(p.t_ring - sr) < 1e-9);
     assert_true(dq > 0);
-    assert_true(fabs(p.t_ring_exposed - 32 * 4 * (cp_ring_sendrecv_seconds(2 * L * D * 4, 40) - dq)) < 1e-9);
+    assert_true(fabs(p.t_ring_exposed - 32 * 4 * (cp_ring_sendrecv_seconds(2 * L * D * 4, &p.spec.machine) - dq)) < 1e-9);
     /* the startup table shows the schedule */
     char *text = NULL;
     size_t len = 0;

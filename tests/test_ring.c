@@ -154,10 +154,12 @@ static void test_ring_terms_8b_8m(void **state) {
     assert_float_equal(cp_ring_step_fwd_flops(L, 1, 128), 1125899906842624.0, 0.5); /* 2 * 2^42 * 128 */
     /* a 1 GiB block at 40 GB/s takes 26.86 ms: hidden behind a block's attention of seconds, exposed by 16.86 ms
      * beyond 10 ms of it */
-    /* a send_recv step of the block: 2^30 / 4e10 + 2e-5 s */
-    assert_float_equal(cp_ring_sendrecv_seconds(1LL << 30, 40), 0.0268635456, 1e-12);
-    assert_float_equal(cp_ring_exposed(1LL << 30, 40, 2.0), 0, 0);
-    assert_float_equal(cp_ring_exposed(1LL << 30, 40, 0.010), (1LL << 30) / 40e9 + 20e-6 - 0.010, 1e-12);
+    /* a send_recv step of the block: 2^30 / 4e10 + 2e-5 s on the default machine (40 GB/s, 20 us) */
+    cp_machine mc;
+    cp_machine_defaults(&mc);
+    assert_float_equal(cp_ring_sendrecv_seconds(1LL << 30, &mc), 0.0268635456, 1e-12);
+    assert_float_equal(cp_ring_exposed(1LL << 30, &mc, 2.0), 0, 0);
+    assert_float_equal(cp_ring_exposed(1LL << 30, &mc, 0.010), (1LL << 30) / 40e9 + 20e-6 - 0.010, 1e-12);
 }
 
 /* RoPE positions under the zigzag: over every ring position and rank, each position of the sequence is given to
