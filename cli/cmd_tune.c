@@ -71,16 +71,26 @@ static int read_metrics(const char *path, double *step, int64_t *peak, char *why
     return 0;
 }
 
-/* Run argv as a child in its own process group with output to log; its exit status, or -1 when it ran past
- * deadline (then the whole group is stopped). */
-static int run_child(char **argv, const char *log, double deadline) {
+#define LOG_HEAD "cpgen tune: the output of one measurement\n"
+static bool log_ours(const char *head, size_t n, const void *ctx) {
+    (void)ctx;
+    return n >= strlen(LOG_HEAD) && !memcmp(head, LOG_HEAD, strlen(LOG_HEAD));
+}
+
+/* Run argv as a child in its own process group with output to log, which starts with LOG_HEAD so that a later tune
+ * knows it for its own; the child's exit status, -1 when it ran past deadline (then the whole group is stopped), -2
+ * when it could not start, -3 (why says it) when log is a file cpgen did not write. */
+static int run_child(char **argv, const char *log, double deadline, char *why, int whylen) {
+    if (cp_may_replace(log, log_ours, NULL, "a log of cpgen tune", "move it away, or give tune another -o", why,
+                       whylen))
+        return -3;
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) return -2;
     if (pid == 0) {
         setpgid(0, 0);
         FILE *f = freopen(log, "w", stdout);
-        if (!f || dup2(fileno(stdout), 2) < 0) _exit(127);
+        if (!f || dup2(fileno(stdout), 2) < 0 || fputs(LOG_HEAD, f) < 0 || fflush(f)) _exit(127);
         execv("/proc/self/exe", argv);
         _exit(127);
     }
@@ -135,13 +145,15 @@ static void time_kernels(cp_tune *t, int i, const cp_tune_opts *o, double second
     fprintf(out, "timing the kernel variants of candidate %d (U=%d): ", i, t->c[i].U);
     fflush(out);
     double t0 = cp_now();
-    int rc = run_child(argv, log, t0 + seconds);
+    char why[CP_ERR_MAX];
+    int rc = run_child(argv, log, t0 + seconds, why, sizeof why);
     free(argv);
     cp_tune_sets_free(sets, nsets);
     size_t len = 0;
     char *text = rc ? NULL : cp_read_file_as(path, CP_FILE_CACHE, &len, NULL, 0);
     const size_t nn = sizeof t->kern_note;
-    if (rc == -1) snprintf(t->kern_note, nn, "kernel variants not timed: ran past %.0f s; log %s", seconds, log);
+    if (rc == -3) snprintf(t->kern_note, nn, "kernel variants not timed: %.200s", why);
+    else if (rc == -1) snprintf(t->kern_note, nn, "kernel variants not timed: ran past %.0f s; log %s", seconds, log);
     else if (rc) snprintf(t->kern_note, nn, "kernel variants not timed: cpgen tune-kernels failed (exit %d); log %s", rc, log);
     else if (!text) snprintf(t->kern_note, nn, "kernel variants not timed: no kernels.jsonl came back; log %s", log);
     if (!text) {
@@ -199,9 +211,10 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
             STEPS);
     fflush(out);
     double t0 = cp_now();
-    int rc = run_child(argv, log, t0 + seconds);
+    int rc = run_child(argv, log, t0 + seconds, why, sizeof why);
     double took = cp_now() - t0;
-    if (rc == -1) snprintf(c->note, sizeof c->note, "not measured: ran past its %.0f s; log %s", seconds, log);
+    if (rc == -3) snprintf(c->note, sizeof c->note, "not measured: %.200s", why);
+    else if (rc == -1) snprintf(c->note, sizeof c->note, "not measured: ran past its %.0f s; log %s", seconds, log);
     else if (rc != 0) snprintf(c->note, sizeof c->note, "not measured: cpgen run failed (exit %d); log %s", rc, log);
     else if (read_metrics(metrics, &c->measured_step, &c->measured_peak, why, sizeof why))
         snprintf(c->note, sizeof c->note, "not measured: %.150s; log %s", why, log);
