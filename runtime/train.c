@@ -281,7 +281,8 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                     cp_fmt_bytes(r.mem_used, a, sizeof a),
                     100.0 * (double)(r.mem_used - P->gpu_peak) / (double)P->gpu_peak,
                     cp_fmt_bytes(P->gpu_peak, b, sizeof b), ranks > 1 ? " and NCCL" : "",
-                    ranks > 1 ? " + machine.comm_reserve" : "");
+                    ranks == 1 ? "" : cp_plan_ranks_per_gpu(P) > 1 ? " + machine.comm_reserve_shared"
+                                                                   : " + machine.comm_reserve");
         }
         times[step] = r.seconds;
         double tps = (double)P->T * mb / r.seconds, tf = flops / r.seconds / 1e12;
