@@ -565,13 +565,9 @@ static void send_news(cp_rdv *r, int idx, unsigned type, int about, const char *
     size_t n = 0;
     if (type == M_GONE) put32(payload, (uint32_t)about), n = 4;
     if (tl) memcpy(payload + n, text, tl), n += tl;
-    unsigned char h[16];
-    put32(h, RDV_MAGIC), put32(h + 4, type), put32(h + 8, (uint32_t)n), put32(h + 12, (uint32_t)r->rank);
-    double d = cp_now() + 2.0;
-    int e = 0;
+    char ignored[256];
     pthread_mutex_lock(&r->send_lock);
-    if (r->fd[idx] >= 0 && io_all(r->fd[idx], h, sizeof h, true, d, &e) == IO_OK && n)
-        (void)io_all(r->fd[idx], payload, n, true, d, &e);
+    if (r->fd[idx] >= 0) (void)send_msg(r, idx, type, payload, n, cp_now() + 2.0, "news", ignored, sizeof ignored);
     pthread_mutex_unlock(&r->send_lock);
 }
 

@@ -85,8 +85,9 @@ p = json.load(sys.stdin)
 print(p.get("groups", {}).get("world", p["parallel"]["gpus"]))'
 }
 
-# run NAME TIMEOUT ARGS...: one cpgen run into $out/NAME.log; its exit status in $out/res/NAME.rc
-run() {
+# cpgen_run NAME TIMEOUT ARGS...: one `cpgen run` into $out/NAME.log; its exit status in $out/res/NAME.rc (the table
+# below judges every case; check_common.sh's run, which judges one command, is not used)
+cpgen_run() {
   local name=$1 t=$2; shift 2
   local t0=$(date +%s) l; l=$(left)
   [ "$t" -le "$l" ] || t=$l
@@ -103,7 +104,7 @@ reference() {
   local key=$1 t=120
   [ "$key" = l8b ] && t=300
   # shellcheck disable=SC2086
-  run "ref_$key" $t ${refs[$key]} "${steps[@]}" --set train.steps="$(steps_of "$key")" \
+  cpgen_run "ref_$key" $t ${refs[$key]} "${steps[@]}" --set train.steps="$(steps_of "$key")" \
     --set "train.out_dir=$out/runs/ref_$key"
 }
 
@@ -114,11 +115,11 @@ layout() {
   local world n; world=$(world_of "$args"); n=$(steps_of "$name")
   local them=(--ranks-per-gpu "$world" "${steps[@]}" --set train.steps="$n" --set train.save_every=$((n / 2)))
   # shellcheck disable=SC2086
-  run "$name" $t $args "${them[@]}" --set "train.out_dir=$out/runs/$name"
+  cpgen_run "$name" $t $args "${them[@]}" --set "train.out_dir=$out/runs/$name"
   # the uninterrupted run's last checkpoint is not needed: the 8B shape's are 18 GB each
   rm -rf "$out/runs/$name/ckpt_$n"
   # shellcheck disable=SC2086
-  run "${name}_resume" $t $args "${them[@]}" --set "train.out_dir=$out/runs/${name}_resume" \
+  cpgen_run "${name}_resume" $t $args "${them[@]}" --set "train.out_dir=$out/runs/${name}_resume" \
     --resume "$out/runs/$name/ckpt_$((n / 2))"
   rm -rf "$out/runs/$name"/ckpt_* "$out/runs/${name}_resume"/ckpt_*
 }
