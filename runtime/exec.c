@@ -354,10 +354,13 @@ static float *rank_shard(const cp_exec *ex, const float *flat) {
     return sh;
 }
 
-/* The full flat model from each rank's shard of the fp32 buffer `name`: unit by unit, the shards are all-gathered
- * into a unit-gradient buffer, which holds nothing between steps, and copied out to flat; every rank takes part,
- * and a rank with flat NULL copies nothing (only rank 0 writes checkpoints). A shard in host memory (the optimizer
- * on the host) is first copied to its own place in that buffer, and gathered there in place. */
+/* The full flat model from each rank's shard of the fp32 buffer `name`, gathered to the rank that writes
+ * checkpoints: unit by unit, group 0's ranks send their shards to its rank 0, which receives them into a
+ * unit-gradient buffer (it holds nothing between steps) and copies the unit out to flat. Only that rank receives
+ * the model: an all-gather would send every rank all of it, C times the traffic, which over sockets (ranks
+ * sharing a GPU) made a save of the 8B shape's two layers take a minute. The other groups hold the same model
+ * (replicas and ring stages keep equal shards) and take no part. A shard in host memory (the optimizer on the
+ * host) is first copied to the GPU. flat is filled on group 0's rank 0 only; elsewhere it may be NULL. */
 int exec_gather_through(const cp_exec *ex, const char *name, int *src, int *stage, char *err, int errlen) {
     const cp_plan *P = ex->P;
     int b = buf_index(ex, name);
@@ -377,26 +380,29 @@ int exec_gather_through(const cp_exec *ex, const char *name, int *src, int *stag
 
 static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, int errlen) {
     const cp_plan *P = ex->P;
+    if (ex->o.world_rank >= P->C) return 0; /* not group 0: its rank 0 alone writes */
     int b, stage;
     if (exec_gather_through(ex, name, &b, &stage, err, errlen)) return -1;
-    bool on_host = P->bufs[b].space == CP_SPACE_HOST;
+    bool on_host = P->bufs[b].space == CP_SPACE_HOST, root = ex->o.rank == 0;
     cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
     CK(cudaDeviceSynchronize(), "finishing the step before gathering the model");
     int64_t full = 0;
     for (int u = 0; u < P->nunits; u++) {
         int64_t part = P->unit_padded[u] / P->C;
+        float *unit = (float *)ex->bufptr[stage];
         const float *src = (const float *)ex->bufptr[b] + P->unit_shard_off[u];
-        if (on_host) {
-            float *mine = (float *)ex->bufptr[stage] + part * ex->o.rank;
-            CK(cudaMemcpyAsync(mine, src, sizeof(float) * (size_t)part, cudaMemcpyHostToDevice, st),
+        if (on_host) { /* to the GPU first, at the rank's place in the unit: at the root, gathered in place */
+            float *to = unit + part * ex->o.rank;
+            CK(cudaMemcpyAsync(to, src, sizeof(float) * (size_t)part, cudaMemcpyHostToDevice, st),
                "copying a host shard to the GPU to gather it");
-            src = mine;
+            src = to;
         }
-        if (cp_nccl_all_gather(ex->o.comm, src, ex->bufptr[stage], (size_t)part, ncclFloat32, st, err, errlen)) return -1;
-        if (flat)
-            CK(cudaMemcpyAsync(flat + full, ex->bufptr[stage], sizeof(float) * (size_t)P->unit_padded[u],
-                               cudaMemcpyDeviceToHost, st), "copying a gathered unit to the host");
-        if (exec_sync_stream(ex, st, "gathering the model from every rank", err, errlen)) return -1;
+        if (cp_nccl_gather(ex->o.comm, src, root ? unit : NULL, (size_t)part, ncclFloat32, 0, st, err, errlen))
+            return -1;
+        if (root && flat)
+            CK(cudaMemcpyAsync(flat + full, unit, sizeof(float) * (size_t)P->unit_padded[u], cudaMemcpyDeviceToHost,
+                               st), "copying a gathered unit to the host");
+        if (exec_sync_stream(ex, st, "gathering the model to rank 0", err, errlen)) return -1;
         full += P->unit_padded[u];
     }
     return 0;

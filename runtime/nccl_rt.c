@@ -572,6 +572,43 @@ int cp_nccl_send_recv(cp_nccl_comm *c, const void *send, int to, void *recv, int
     return grouped_pairs(c, call, send, recv, count, t, 0, 1, to, from, stream, err, errlen);
 }
 
+int cp_nccl_gather(cp_nccl_comm *c, const void *send, void *recv, size_t count, ncclDataType_t t, int root,
+                   cudaStream_t stream, char *err, int errlen) {
+    const char *call = "gather";
+    bool at_root = c && c->rank == root;
+    if (check_comm(c, call, err, errlen) || check_peer(c, call, root, err, errlen) ||
+        check_buf(c, call, "send", send, count, t, 1, err, errlen) ||
+        (at_root && check_buf(c, call, "recv", recv, count, t, (size_t)c->size, err, errlen)))
+        return -1;
+    if (count == 0) return 0;
+    size_t block = count * cp_nccl_type_size(t);
+    const char *own = at_root ? (const char *)recv + block * (size_t)root : NULL;
+    bool in_place = own == send;
+    if (at_root && !in_place && check_apart(c, call, send, own, block, err, errlen)) return -1;
+    if (cp_nccl_group_start(c, err, errlen)) return -1;
+    /* every rank's block to the root, the root's own a send to itself unless it is in place already; all queued
+     * before any can block */
+    ncclResult_t q = ncclSuccess;
+    const char *which = "ncclSend";
+    int peer = root;
+    if (!in_place) q = api->Send(send, count, t, root, c->comm, stream);
+    for (int r = 0; at_root && r < c->size && (q == ncclSuccess || q == ncclInProgress); r++) {
+        if (r == root && in_place) continue;
+        which = "ncclRecv", peer = r;
+        q = api->Recv((char *)recv + block * (size_t)r, count, t, r, c->comm, stream);
+    }
+    ncclResult_t end = api->GroupEnd(); /* closed even after a failed call, as in grouped_pairs */
+    char what[96];
+    if (q != ncclSuccess && q != ncclInProgress) {
+        snprintf(what, sizeof what, "%s: %s with peer %d", call, which, peer);
+        int rc = nccl_fail(c, q, what, ABORTED, err, errlen);
+        cp_nccl_abort(c);
+        return rc;
+    }
+    snprintf(what, sizeof what, "%s: ncclGroupEnd", call);
+    return settle(c, end, what, "a peer is stuck or gone", c->timeout_s, err, errlen);
+}
+
 /* ------------------------------------------------------------------------------------------------------------
  * the watchdog */
 

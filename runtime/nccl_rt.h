@@ -120,6 +120,12 @@ int cp_nccl_all_to_all(cp_nccl_comm *c, const void *send, void *recv, size_t cou
 int cp_nccl_send_recv(cp_nccl_comm *c, const void *send, int to, void *recv, int from, size_t count,
                       ncclDataType_t t, cudaStream_t stream, char *err, int errlen);
 
+/* count elements from every rank's send into the root's recv at rank x count: a gather (NCCL has none) as grouped
+ * sends and receives. recv is used on the root only and may be NULL elsewhere; on the root, send may be its own
+ * block of recv (in place: nothing is sent to itself), or must not overlap it. */
+int cp_nccl_gather(cp_nccl_comm *c, const void *send, void *recv, size_t count, ncclDataType_t t, int root,
+                   cudaStream_t stream, char *err, int errlen);
+
 /* News from outside NCCL that ends every wait of this process: another rank of the run is known to be gone (the
  * run's watch, world.c, calls it from its own thread with "rank K is gone: ..." or "rank K failed: ..."). The first
  * reason stays; from then on every poll of a wait or of a non-blocking call fails with it, aborting the

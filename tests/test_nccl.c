@@ -529,6 +529,47 @@ static void test_send_recv(void **state) {
     assert_int_equal(F.aborts, 1);
 }
 
+/* A gather to a root (a checkpoint's model to the rank that writes it), seen from rank 1 of 4. As the root: a send
+ * to itself and a receive from every rank at rank x count, in one group; in place (its send is its own block) no
+ * message to itself. Not the root: one send, nothing received (recv may be NULL). A failed call closes the group. */
+static void test_gather(void **state) {
+    (void)state;
+    cp_nccl_comm c = comm_of(4);
+    float send[3], recv[4 * 3];
+    F.send_base = send;
+    F.recv_base = recv;
+    assert_int_equal(cp_nccl_gather(&c, send, recv, 3, ncclFloat32, 1, NULL, err, sizeof err), 0);
+    assert_int_equal(F.ncalls, 5);
+    assert_true(F.calls[0].op == 's' && F.calls[0].peer == 1 && F.calls[0].off == 0 && F.calls[0].count == 3);
+    for (int r = 0; r < 4; r++)
+        assert_true(F.calls[1 + r].op == 'r' && F.calls[1 + r].peer == r &&
+                    F.calls[1 + r].off == (ptrdiff_t)(r * 3 * sizeof(float)) && F.calls[1 + r].count == 3);
+    assert_true(F.group_starts == 1 && F.group_ends == 1 && F.group_depth == 0);
+    F.ncalls = 0;
+    F.send_base = recv;
+    assert_int_equal(cp_nccl_gather(&c, recv + 3, recv, 3, ncclFloat32, 1, NULL, err, sizeof err), 0);
+    assert_int_equal(F.ncalls, 3);
+    for (int k = 0; k < 3; k++) assert_true(F.calls[k].op == 'r' && F.calls[k].peer != 1);
+    F.ncalls = 0;
+    F.send_base = send;
+    assert_int_equal(cp_nccl_gather(&c, send, NULL, 3, ncclFloat32, 0, NULL, err, sizeof err), 0);
+    assert_int_equal(F.ncalls, 1);
+    assert_true(F.calls[0].op == 's' && F.calls[0].peer == 0 && F.calls[0].count == 3);
+    F.ncalls = 0;
+    assert_int_equal(cp_nccl_gather(&c, recv + 4, recv, 3, ncclFloat32, 1, NULL, err, sizeof err), -1);
+    assert_contains(err, "rank 1: gather: send and recv overlap");
+    assert_int_equal(cp_nccl_gather(&c, send, NULL, 3, ncclFloat32, 1, NULL, err, sizeof err), -1);
+    assert_contains(err, "rank 1: gather:");
+    assert_int_equal(cp_nccl_gather(&c, send, recv, 3, ncclFloat32, 4, NULL, err, sizeof err), -1);
+    assert_contains(err, "peer 4 is not a rank of this communicator");
+    assert_int_equal(F.ncalls, 0);
+    F.fail_send_peer = 0;
+    assert_int_equal(cp_nccl_gather(&c, send, NULL, 3, ncclFloat32, 0, NULL, err, sizeof err), -1);
+    assert_contains(err, "rank 1: gather: ncclSend with peer 0: ncclInternalError");
+    assert_int_equal(F.group_depth, 0);
+    assert_int_equal(F.aborts, 1);
+}
+
 /* ------------------------------------------------------------------------------------------------------------
  * the watchdog */
 
@@ -616,6 +657,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_all_to_all, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_all_to_all_send_fails, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_send_recv, use_fake, forget),
+        cmocka_unit_test_setup_teardown(test_gather, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_wait_completes, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_wait_timeout, use_fake, forget),
         cmocka_unit_test_setup_teardown(test_wait_async_error, use_fake, forget),

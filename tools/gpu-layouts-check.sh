@@ -6,18 +6,24 @@
 # is 2 layers of the 8B shape at 32K):
 #   - N steps (tiny 20, l8b 4): every step's loss within 1e-3 and gradient norm within 1e-2 (relative) of the
 #     one-GPU run;
-#   - its checkpoint at step N/2 resumed to step N: every step within 1e-3 of the run that was not stopped;
+#   - its checkpoint at step N/2 resumed to step N: every step within 1e-3 of the run that was not stopped (tiny:
+#     the layout's own 20 steps; l8b: the one-GPU run, below);
 #   - memory: every rank's own GPU memory (per process) within 1% of the plan's peak, at every step after the first.
-# Ranks sharing a GPU take turns on it (the GPU time-slices their contexts), so a collective costs milliseconds:
-# tiny runs 2 sequences per step rather than 8, and the 8B shape 4 steps, so that the whole check fits one call of
-# ten minutes.
+# Ranks sharing a GPU take turns on it (the GPU time-slices their contexts), and their collectives go through
+# sockets: tiny runs 2 sequences per step rather than 8. A step of the 8B shape's 8 ranks moves ~100 GB through
+# them (FSDP's gathers of 1.5 billion parameters, most of them the embedding and the LM head) and takes ~20 s, and
+# its checkpoint is 18 GB, so l8b runs 4 steps as 2 + 2: the first run stops at step 2 with its checkpoint, the
+# second resumes it to step 4, and both are held to the one-GPU run of 4 steps (a constant learning rate after the
+# warmup, so that the schedule does not depend on train.steps). Its checkpoints go to /dev/shm when it has room
+# (the disk writes ~0.5 GB/s). The 8B layouts run in their own lane beside the tiny ones, so that the whole check
+# fits one call of ten minutes.
 # For each kind of layout (Ulysses, replicas, ring, ring x Ulysses, replicas x Ulysses, replicas x ring), one rank
 # killed mid-step under launcher variables (no parent watching): every other rank exits non-zero within 30 s, and
 # its last words name the rank that died.
 # The table comes last; the exit status is 0 only when every case passed (77: no GPU, nothing ran).
 # DEADLINE (seconds, default 560): no run starts after it, and each run's limit ends there, so the table always
 # comes (a case cut short fails).
-# usage: [CASES="name ..."] [JOBS=4] [DEADLINE=560] tools/gpu-layouts-check.sh [BUILD_DIR]; logs under
+# usage: [CASES="name ..."] [JOBS=3] [DEADLINE=560] tools/gpu-layouts-check.sh [BUILD_DIR]; logs under
 # $OUT/layouts-check
 set -u
 B=${1:-build}
@@ -26,7 +32,7 @@ rm -rf "$out" && mkdir -p "$out/runs" "$out/res"
 . "$(dirname "$0")/check_common.sh" # no GPU: skipped (77) here, before anything runs
 [ -x "$B/cpgen" ] || { echo "gpu-layouts-check: no $B/cpgen: build first (make)"; exit 2; }
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
-JOBS=${JOBS:-4}
+JOBS=${JOBS:-3}
 t_start=$(date +%s)
 deadline=$((t_start + ${DEADLINE:-560}))
 left() { echo $((deadline - $(date +%s))); }
@@ -34,7 +40,7 @@ left() { echo $((deadline - $(date +%s))); }
 steps=(--set train.warmup=2 --set train.log_every=1)
 mb2=(--set train.micro_batches=2)
 tiny8=(--set model.heads=8 --set model.kv_heads=2 "${mb2[@]}")
-l8b=(--set model.layers=2 --seq 32K --set train.lr=3e-4)
+l8b=(--set model.layers=2 --seq 32K --set train.lr=3e-4 --set train.min_lr=3e-4)
 steps_of() { [[ $1 == l8b* ]] && echo 4 || echo 20; }
 
 # name | kind | spec and sets of the layout | reference
@@ -108,20 +114,34 @@ reference() {
     --set "train.out_dir=$out/runs/ref_$key"
 }
 
-# A layout: 20 steps with a checkpoint at step 10, then that checkpoint resumed to step 20.
+# Where the 8B shape's 18 GB checkpoints go: /dev/shm when it has room for two, else beside the logs.
+big=$out/runs
+if [ "$(df -B1 --output=avail /dev/shm 2>/dev/null | tail -1)" -gt $((48 << 30)) ] 2>/dev/null; then
+  big=/dev/shm/cpgen-layouts-check.$$
+  mkdir -p "$big" && trap 'rm -rf "$big"' EXIT
+fi
+
+# A layout: tiny runs 20 steps with a checkpoint at step 10, then resumes that checkpoint to step 20; l8b runs 2
+# steps and saves, then resumes that checkpoint to step 4 (see the top).
 layout() {
-  local name=$1 args=$2 t=180
-  [[ $name == l8b* ]] && t=420
-  local world n; world=$(world_of "$args"); n=$(steps_of "$name")
-  local them=(--ranks-per-gpu "$world" "${steps[@]}" --set train.steps="$n" --set train.save_every=$((n / 2)))
+  local name=$1 args=$2 t=180 world n; world=$(world_of "$args"); n=$(steps_of "$name")
+  local them=(--ranks-per-gpu "$world" "${steps[@]}") dir=$out/runs
+  if [[ $name == l8b* ]]; then
+    t=300 dir=$big
+    # shellcheck disable=SC2086
+    cpgen_run "$name" $t $args "${them[@]}" --set train.steps=$((n / 2)) --set train.save_every=$((n / 2)) \
+      --set "train.out_dir=$dir/$name"
+    cp "$dir/$name/metrics.jsonl" "$out/runs/$name.metrics.jsonl" 2>/dev/null
+  else
+    # shellcheck disable=SC2086
+    cpgen_run "$name" $t $args "${them[@]}" --set train.steps="$n" --set train.save_every=$((n / 2)) \
+      --set "train.out_dir=$dir/$name"
+    rm -rf "$dir/$name/ckpt_$n" # the uninterrupted run's last checkpoint is not needed
+  fi
   # shellcheck disable=SC2086
-  cpgen_run "$name" $t $args "${them[@]}" --set "train.out_dir=$out/runs/$name"
-  # the uninterrupted run's last checkpoint is not needed: the 8B shape's are 18 GB each
-  rm -rf "$out/runs/$name/ckpt_$n"
-  # shellcheck disable=SC2086
-  cpgen_run "${name}_resume" $t $args "${them[@]}" --set "train.out_dir=$out/runs/${name}_resume" \
-    --resume "$out/runs/$name/ckpt_$((n / 2))"
-  rm -rf "$out/runs/$name"/ckpt_* "$out/runs/${name}_resume"/ckpt_*
+  cpgen_run "${name}_resume" $t $args "${them[@]}" --set train.steps="$n" --set train.save_every=0 \
+    --set "train.out_dir=$out/runs/${name}_resume" --resume "$dir/$name/ckpt_$((n / 2))"
+  rm -rf "$dir/$name"/ckpt_* "$out/runs/${name}_resume"/ckpt_*
 }
 
 # One rank killed mid-step: ranks started as a launcher would start them (no parent watching them), the last rank
@@ -163,34 +183,49 @@ kill_one() {
   echo "  [$(($(date +%s) - t_start)) s] $name: done"
 }
 
-# the references, then the layouts JOBS at a time, the kills two at a time, then the 8B shape's layouts alone (8 ranks
-# of it fill the CPUs)
-for key in tiny tiny8 l8b; do
+# Two lanes from the start: the 8B shape's reference and layouts one after another (8 ranks of it and 18 GB
+# checkpoints: one at a time), and beside them the tiny references, the tiny layouts JOBS at a time, then the kills
+# two at a time.
+uses() { # uses KEY: whether a wanted case has reference KEY
+  local c name kind args ref
   for c in "${cases[@]}"; do
     IFS='|' read -r name kind args ref <<<"$c"
-    if want "$name" && [ "$ref" = "$key" ]; then reference "$key" & break; fi
+    want "$name" && [ "$ref" = "$1" ] && return 0
   done
-done
+  return 1
+}
+lane_8b() {
+  uses l8b || return 0
+  reference l8b
+  local c name kind args ref
+  for c in "${cases[@]}"; do
+    IFS='|' read -r name kind args ref <<<"$c"
+    want "$name" && [[ $name == l8b* ]] && layout "$name" "$args"
+  done
+}
+lane_tiny() {
+  local key c name kind args ref k
+  for key in tiny tiny8; do uses $key && reference $key & done
+  wait
+  for c in "${cases[@]}"; do
+    IFS='|' read -r name kind args ref <<<"$c"
+    want "$name" && [[ $name != l8b* ]] || continue
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    layout "$name" "$args" &
+  done
+  wait
+  for k in "${kills[@]}"; do
+    IFS='|' read -r name args <<<"$k"
+    want "$name" || continue
+    while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
+    [ "$(left)" -gt 60 ] || { echo "  $name: not started (deadline)"; continue; }
+    kill_one "$name" "$args" &
+  done
+  wait
+}
+lane_8b &
+lane_tiny
 wait
-for c in "${cases[@]}"; do
-  IFS='|' read -r name kind args ref <<<"$c"
-  want "$name" && [[ $name != l8b* ]] || continue
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-  layout "$name" "$args" &
-done
-wait
-for k in "${kills[@]}"; do
-  IFS='|' read -r name args <<<"$k"
-  want "$name" || continue
-  while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
-  [ "$(left)" -gt 60 ] || { echo "  $name: not started (deadline)"; continue; }
-  kill_one "$name" "$args" &
-done
-wait
-for c in "${cases[@]}"; do
-  IFS='|' read -r name kind args ref <<<"$c"
-  want "$name" && [[ $name == l8b* ]] && layout "$name" "$args"
-done
 
 printf '%s\n' "${cases[@]}" >"$out/cases.txt"
 printf '%s\n' "${kills[@]}" >"$out/kills.txt"
@@ -199,6 +234,7 @@ import json, os, re, sys
 out, only, wall = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
 def metrics(name):
     p = f"{out}/runs/{name}/metrics.jsonl"
+    if not os.path.exists(p): p = f"{out}/runs/{name}.metrics.jsonl" # a run whose folder was elsewhere
     if not os.path.exists(p): return []
     rows = []
     for line in open(p):
@@ -222,19 +258,22 @@ for c in open(f"{out}/cases.txt").read().splitlines():
     for n, r in ((f"ref_{ref}", r0), (name, r1), (f"{name}_resume", r2)):
         if r != 0: why.append(f"{n} exited {r}: {last_words(n)}")
     n = 4 if name.startswith("l8b") else 20
+    split = name.startswith("l8b") # 2 steps, then resumed to 4: the layout's steps are both runs'
+    if split: b = b + res
     ok_steps = [s["step"] for s in a] == list(range(1, n + 1)) and [s["step"] for s in b] == list(range(1, n + 1))
     if not ok_steps: why.append(f"steps: reference {len(a)}, layout {len(b)} of {n}")
     bs = {s["step"]: s for s in b}
+    base = {s["step"]: s for s in (a if split else b)} # the run that was not stopped: l8b's is the one-GPU run
     lrel = max((abs(s["loss"] - bs[s["step"]]["loss"]) / abs(s["loss"]) for s in a if s["step"] in bs), default=float("nan"))
     nrel = max((abs(s["norm"] - bs[s["step"]]["norm"]) / abs(s["norm"]) for s in a if s["step"] in bs), default=float("nan"))
     if not lrel <= 1e-3: why.append(f"loss {lrel:.2e} > 1e-3")
     if not nrel <= 1e-2: why.append(f"norm {nrel:.2e} > 1e-2")
     rs = {s["step"]: s for s in res}
     if sorted(rs) != list(range(n // 2 + 1, n + 1)): why.append(f"resume: steps {sorted(rs)} not {n // 2 + 1}-{n}")
-    rrel = max((abs(rs[k]["loss"] - bs[k]["loss"]) / abs(bs[k]["loss"]) for k in rs if k in bs), default=float("nan"))
+    rrel = max((abs(rs[k]["loss"] - base[k]["loss"]) / abs(base[k]["loss"]) for k in rs if k in base), default=float("nan"))
     if not rrel <= 1e-3: why.append(f"resume loss {rrel:.2e} > 1e-3")
     mem = [(s["mem_measured"], s.get("mem_measured_min", s["mem_measured"]), s["mem_planned"], s.get("mem_own", True))
-           for s in b if s["step"] > 1]
+           for s in b if s["step"] > 1 and not (split and s["step"] == n // 2 + 1)] # each run's first step aside
     mhi = max((abs(x - p) / p for x, _, p, _ in mem), default=float("nan"))
     mlo = max((abs(y - p) / p for _, y, p, _ in mem), default=float("nan"))
     if not all(o for *_, o in mem): why.append("memory: not measured per process")
