@@ -223,8 +223,9 @@ lane_tiny() {
   done
   wait
 }
+# each lane a subshell of its own: a lane's `wait` and `jobs` then see its own runs only, not the other lane
 lane_8b &
-lane_tiny
+lane_tiny &
 wait
 
 printf '%s\n' "${cases[@]}" >"$out/cases.txt"
