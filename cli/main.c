@@ -397,6 +397,21 @@ static int check_resume(const cli *c, const cp_spec *spec, const cp_plan *plan) 
     return rc ? CP_EXIT_USAGE : 0;
 }
 
+/* --resume on a GPU machine: the checkpoint, and the data it would go on with, checked before ranks are started or
+ * joined, so that a refused one costs no process, NCCL communicator or compile (cp_train_run checks the same again).
+ * say: print the reason (the lead). Returns 0 when it may resume. */
+static int resume_refused(const cli *c, const cp_plan *plan, bool say) {
+    char err[CP_ERR_MAX];
+    cp_ckpt ck;
+    int rc = cp_ckpt_open(plan, c->resume, &ck, err, sizeof err);
+    if (!rc) {
+        rc = cp_resume_check(plan, &ck.state, ck.dir, c->resume_new_data, err, sizeof err);
+        cp_ckpt_close(&ck);
+    }
+    if (rc && say) fprintf(stderr, "cpgen: %s\n", err);
+    return rc;
+}
+
 /* What every rank of a run must have planned alike: the model's shape with the parallel layout, and the arenas. */
 static void plan_key(const cp_plan *P, int64_t key[3]) {
     uint64_t h = cp_ckpt_shape_hash(&P->spec.model);
@@ -506,6 +521,10 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     if (lead && !spawned) cp_plan_print(&plan, stdout, false);
     if (!plan.fits) {
         if (lead) refuse(spec, &plan);
+        cp_plan_free(&plan);
+        return CP_EXIT_USAGE;
+    }
+    if (c->resume && resume_refused(c, &plan, lead)) {
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }
