@@ -13,6 +13,7 @@
 #include "outputs.h"
 #include "plan.h"
 #include "report.h"
+#include "resume.h"
 #include "spec.h"
 #include "train.h"
 #include "tune.h"
@@ -57,7 +58,12 @@ static void usage(FILE *out) {
             "  --trace-step N    (run) the step --trace writes, counted from 1 in this run (default 2)\n"
             "  --resume DIR      (run) continue from a training checkpoint (weights, AdamW state, step, data\n"
             "                    position): DIR is a ckpt_<step> folder, or an out_dir whose `latest` file names\n"
-            "                    one; checkpoints are written every train.save_every steps (docs/CHECKPOINTS.md)\n"
+            "                    one; checkpoints are written every train.save_every steps (docs/CHECKPOINTS.md).\n"
+            "                    Any layout resumes (GPUs, ring, replicas, UPipe, offload, optimizer placement);\n"
+            "                    a change of the data that comes next (data.source, init.seed of synthetic data,\n"
+            "                    train.seq_len, replicas x micro_batches) is refused unless:\n"
+            "  --resume-new-data (run) resume from the checkpoint's weights, optimizer state and step, but with the\n"
+            "                    data as the spec has it now (each change said in a note)\n"
             "  --max-seq         (plan) find the longest sequence that fits\n"
             "  --json            (plan) print JSON\n"
             "  --steps           (plan) also print every step and buffer\n"
@@ -79,7 +85,7 @@ typedef struct {
     int trace_step; /* 0: the default, step 2 (or the only step) */
     const char *sets[MAX_SETS];
     int nsets;
-    bool json, steps, max_seq, no_cache, plan_only;
+    bool json, steps, max_seq, no_cache, plan_only, resume_new_data;
     const char *sweeps[MAX_SETS], *budget;
     int nsweeps;
     char **argv; /* the command line, to start one copy per GPU */
@@ -164,6 +170,8 @@ static void parse(int argc, char **argv, cli *c) {
             c->bundle = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--resume")) {
             c->resume = need_value(argc, argv, &i);
+        } else if (!strcmp(a, "--resume-new-data")) {
+            c->resume_new_data = true;
         } else if (a[0] == '-') {
             cp_fatal(CP_EXIT_USAGE, "unknown option %s; see cpgen --help", a);
         } else if (!c->command && !c->spec) {
@@ -183,6 +191,8 @@ static void parse(int argc, char **argv, cli *c) {
     if (c->trace_step && !c->trace) cp_fatal(CP_EXIT_USAGE, "--trace-step needs --trace FILE");
     if (c->resume && strcmp(c->command, "run"))
         cp_fatal(CP_EXIT_USAGE, "--resume is an option of run (cpgen run SPEC --resume DIR), not of %s", c->command);
+    if (c->resume_new_data && !c->resume)
+        cp_fatal(CP_EXIT_USAGE, "--resume-new-data goes with --resume: cpgen run SPEC --resume DIR --resume-new-data");
     if (c->bundle && strcmp(c->command, "run"))
         cp_fatal(CP_EXIT_USAGE, "--bundle is an option of run (cpgen run SPEC --bundle DIR), not of %s", c->command);
     /* an option a command would not read is refused, not silently dropped */
@@ -372,15 +382,34 @@ static int check_resume(const cli *c, const cp_spec *spec, const cp_plan *plan) 
     char err[CP_ERR_MAX];
     cp_ckpt ck;
     int rc = cp_ckpt_open(plan, c->resume, &ck, err, sizeof err);
+    if (!rc && cp_resume_check(plan, &ck.state, ck.dir, c->resume_new_data, err, sizeof err)) {
+        cp_ckpt_close(&ck);
+        rc = -1;
+    }
     if (rc) {
         fprintf(stderr, "cpgen: %s\n", err);
     } else {
         printf("\ncheckpoint %s: step %d of %d, %d AdamW updates, matches %s\n", ck.dir, ck.state.step,
                spec->train.steps, ck.state.updates, spec->path);
-        cp_ckpt_notes(plan, &ck.state, stdout);
+        cp_resume_notes(plan, &ck.state, c->resume_new_data, stdout);
         cp_ckpt_close(&ck);
     }
     return rc ? CP_EXIT_USAGE : 0;
+}
+
+/* --resume on a GPU machine: the checkpoint, and the data it would go on with, checked before ranks are started or
+ * joined, so that a refused one costs no process, NCCL communicator or compile (cp_train_run checks the same again).
+ * say: print the reason (the lead). Returns 0 when it may resume. */
+static int resume_refused(const cli *c, const cp_plan *plan, bool say) {
+    char err[CP_ERR_MAX];
+    cp_ckpt ck;
+    int rc = cp_ckpt_open(plan, c->resume, &ck, err, sizeof err);
+    if (!rc) {
+        rc = cp_resume_check(plan, &ck.state, ck.dir, c->resume_new_data, err, sizeof err);
+        cp_ckpt_close(&ck);
+    }
+    if (rc && say) fprintf(stderr, "cpgen: %s\n", err);
+    return rc;
 }
 
 /* What every rank of a run must have planned alike: the model's shape with the parallel layout, and the arenas. */
@@ -495,6 +524,10 @@ static int cmd_run(const cli *c, cp_spec *spec) {
         cp_plan_free(&plan);
         return CP_EXIT_USAGE;
     }
+    if (c->resume && resume_refused(c, &plan, lead)) {
+        cp_plan_free(&plan);
+        return CP_EXIT_USAGE;
+    }
     cp_jit_opts o;
     jit_opts_for(c, &o);
     cp_bundle bundle;
@@ -558,6 +591,7 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     cp_train_opts t = {.no_cache = c->no_cache,
                        .out = stdout,
                        .resume = c->resume,
+                       .resume_new_data = c->resume_new_data,
                        .trace_path = c->trace,
                        .bundle = c->bundle ? &bundle : NULL};
     if (c->trace) { /* the second step shows the steady state: the first also warms caches and the allocator */

@@ -1740,7 +1740,7 @@ static void judge(cp_plan *P) {
     char a[32], b[32], c[32], d[32], e[32];
     P->gpu_peak = P->gpu_arena + cp_plan_reserve(P);
     /* the weights pass through host memory once, in fp32: the whole model on one GPU, else one unit at a time
-     * beside the rank's shard (resuming on several GPUs reads the whole model: cp_train_run checks that) */
+     * beside the rank's shard (so do a checkpoint's weights and moments, one array at a time: runtime/resume.c) */
     int64_t unit_max = 0, model = 0;
     for (int u = 0; u < P->nunits; u++) unit_max = CP_MAX(unit_max, P->unit_padded[u]), model += P->unit_padded[u];
     P->host_load = (int64_t)sizeof(float) * (P->C == 1 ? model : unit_max + P->params_shard);

@@ -44,8 +44,14 @@ void cp_ckpt_state_init(const cp_plan *plan, cp_ckpt_state *st) {
     st->shape_hash = cp_ckpt_shape_hash(&st->model);
     snprintf(st->data_source, sizeof st->data_source, "%s", sp->data.source);
     st->data_seed = sp->init.seed;
+    st->seqs_per_step = (int64_t)plan->replicas * sp->train.micro_batches;
     st->train = sp->train;
     st->last_loss = NAN;
+    st->layout = (cp_ckpt_layout){.known = true, .gpus = plan->C, .ring = plan->ring, .replicas = plan->replicas,
+                                  .ranks_per_gpu = cp_plan_ranks_per_gpu(plan), .upipe_heads = plan->U,
+                                  .optimizer_host = plan->opt_on_host, .offload_layers = plan->ckpt_host_layers,
+                                  .checkpoint_every = plan->ckpt_every, .attn_host_layers = plan->attn_host_layers,
+                                  .attn_gpu_layers = plan->attn_gpu_layers};
 }
 
 static void put_key(cp_str *s, const char *indent, const char *key) {
@@ -84,9 +90,11 @@ char *cp_ckpt_state_json(const cp_ckpt_state *st) {
     put_key(&s, "  ", "data");
     cp_str_printf(&s, "{\"source\": ");
     cp_json_put_string(&s, st->data_source);
-    cp_str_printf(&s, ", \"sequence\": %lld, \"epoch\": %lld, \"shard\": %lld, \"offset\": %lld}",
+    cp_str_printf(&s, ", \"sequence\": %lld, \"epoch\": %lld, \"shard\": %lld, \"offset\": %lld",
                   (long long)st->data.sequence, (long long)st->data.epoch, (long long)st->data.shard,
                   (long long)st->data.offset);
+    if (st->seqs_per_step > 0) cp_str_printf(&s, ", \"sequences_per_step\": %lld", (long long)st->seqs_per_step);
+    cp_str_printf(&s, "}");
     put_key(&s, "  ", "rng");
     /* a string: JSON readers differ on integers above 2^53 */
     cp_str_printf(&s, "{\"data_seed\": \"%llu\"}", (unsigned long long)st->data_seed);
@@ -103,7 +111,18 @@ char *cp_ckpt_state_json(const cp_ckpt_state *st) {
         cp_str_printf(&s, ", \"%s\": ", nums[i].k);
         cp_json_put_number(&s, nums[i].v);
     }
-    cp_str_printf(&s, "}\n}\n");
+    cp_str_printf(&s, "}");
+    const cp_ckpt_layout *l = &st->layout;
+    if (l->known) {
+        put_key(&s, "  ", "layout");
+        cp_str_printf(&s,
+                      "{\"gpus\": %d, \"ring\": %d, \"replicas\": %d, \"ranks_per_gpu\": %d, \"upipe_heads\": %d, "
+                      "\"optimizer\": \"%s\", \"offload_layers\": %d, \"checkpoint_every\": %d, "
+                      "\"attention_output_host_layers\": %d, \"attention_output_gpu_layers\": %d}",
+                      l->gpus, l->ring, l->replicas, l->ranks_per_gpu, l->upipe_heads, l->optimizer_host ? "host" : "gpu",
+                      l->offload_layers, l->checkpoint_every, l->attn_host_layers, l->attn_gpu_layers);
+    }
+    cp_str_printf(&s, "\n}\n");
     return s.data;
 }
 
@@ -143,7 +162,7 @@ static int get_i64(pctx *c, const cp_json *obj, const char *parent, const char *
 }
 
 static int get_int(pctx *c, const cp_json *obj, const char *parent, const char *key, int *out) {
-    int64_t x;
+    int64_t x = 0; /* set when get_i64 succeeds; some inlinings do not see it */
     if (get_i64(c, obj, parent, key, 0, INT32_MAX, &x)) return -1;
     *out = (int)x;
     return 0;
@@ -227,6 +246,10 @@ static int parse_state(pctx *c, const cp_json *root, cp_ckpt_state *st) {
         get_i64(c, d, "data", "shard", 0, INT64_MAX, &st->data.shard) ||
         get_i64(c, d, "data", "offset", 0, INT64_MAX, &st->data.offset))
         return -1;
+    /* written since the layout may change on resume; a checkpoint of an older cpgen lacks it */
+    if (cp_json_get(d, "sequences_per_step") &&
+        get_i64(c, d, "data", "sequences_per_step", 1, INT32_MAX, &st->seqs_per_step))
+        return -1;
     const cp_json *r = member(c, root, NULL, "rng", CP_JSON_OBJECT, false);
     if (!r || get_str(c, r, "rng", "data_seed", seed, sizeof seed) ||
         parse_u64(c, "rng.data_seed", seed, 10, &st->data_seed))
@@ -242,6 +265,27 @@ static int parse_state(pctx *c, const cp_json *root, cp_ckpt_state *st) {
         get_num(c, t, "train", "weight_decay", false, &tr->weight_decay) ||
         get_num(c, t, "train", "clip", false, &tr->clip))
         return -1;
+    const cp_json *l = cp_json_get(root, "layout"); /* likewise */
+    if (!l) return 0;
+    cp_ckpt_layout *ly = &st->layout;
+    char opt[16];
+    if (!member(c, root, NULL, "layout", CP_JSON_OBJECT, false) || get_int(c, l, "layout", "gpus", &ly->gpus) ||
+        get_int(c, l, "layout", "ring", &ly->ring) || get_int(c, l, "layout", "replicas", &ly->replicas) ||
+        get_int(c, l, "layout", "ranks_per_gpu", &ly->ranks_per_gpu) ||
+        get_int(c, l, "layout", "upipe_heads", &ly->upipe_heads) ||
+        get_str(c, l, "layout", "optimizer", opt, sizeof opt) ||
+        get_int(c, l, "layout", "offload_layers", &ly->offload_layers) ||
+        get_int(c, l, "layout", "checkpoint_every", &ly->checkpoint_every) ||
+        get_int(c, l, "layout", "attention_output_host_layers", &ly->attn_host_layers) ||
+        get_int(c, l, "layout", "attention_output_gpu_layers", &ly->attn_gpu_layers))
+        return -1;
+    if (strcmp(opt, "host") && strcmp(opt, "gpu"))
+        return cp_errf(c->err, c->errlen, "%s: \"layout.optimizer\" = \"%s\": expected \"gpu\" or \"host\": the file is "
+                       "damaged", c->where, opt);
+    if (ly->gpus < 1 || ly->ring < 1 || ly->replicas < 1 || ly->ranks_per_gpu < 1 || ly->upipe_heads < 1)
+        return cp_errf(c->err, c->errlen, "%s: \"layout\" has a count below 1: the file is damaged", c->where);
+    ly->optimizer_host = !strcmp(opt, "host");
+    ly->known = true;
     return 0;
 }
 
@@ -525,8 +569,6 @@ static const char *model_field_diff(const cp_model *a, const cp_model *b, char *
     return buf;
 }
 
-static bool synthetic(const char *source) { return strncmp(source, "tokens:", 7) != 0; }
-
 /* The state against the plan. */
 static int check_state(const cp_plan *P, const cp_ckpt_state *st, const char *where, char *err, int errlen) {
     const cp_spec *sp = &P->spec;
@@ -550,19 +592,6 @@ static int check_state(const cp_plan *P, const cp_ckpt_state *st, const char *wh
     if (st->step >= sp->train.steps)
         return cp_errf(err, errlen, "%s: the checkpoint is at step %d and train.steps is %d: nothing is left to "
                        "train; raise it (--set train.steps=N) to continue", where, st->step, sp->train.steps);
-    if (synthetic(st->data_source) != synthetic(sp->data.source))
-        return cp_errf(err, errlen, "%s: the checkpoint's data position is in data.source \"%s\", the spec reads "
-                       "\"%s\": set data.source back to continue, or start a new run from its weights with "
-                       "init = { from = \"hf\", path = \"<the checkpoint folder>\" }",
-                       where, st->data_source, sp->data.source);
-    if (synthetic(sp->data.source) && strcmp(st->data_source, sp->data.source))
-        return cp_errf(err, errlen, "%s: the checkpoint was trained on data.source \"%s\", the spec reads \"%s\": "
-                       "set data.source back to continue", where, st->data_source, sp->data.source);
-    if (synthetic(sp->data.source) && st->data_seed != sp->init.seed)
-        return cp_errf(err, errlen, "%s: the checkpoint's synthetic data was drawn with seed %llu, the spec has "
-                       "init.seed = %llu, which draws other sequences: --set init.seed=%llu to continue the same data",
-                       where, (unsigned long long)st->data_seed, (unsigned long long)sp->init.seed,
-                       (unsigned long long)st->data_seed);
     return 0;
 }
 
@@ -665,6 +694,16 @@ int cp_ckpt_load_moment(const cp_plan *P, const cp_ckpt *ck, bool second, float 
                                     errlen);
 }
 
+int cp_ckpt_load_weights_shard(const cp_plan *P, const cp_ckpt *ck, int rank, float *shard, char *err, int errlen) {
+    return cp_weights_load_hf_shard(P, ck->weights, rank, shard, err, errlen);
+}
+
+int cp_ckpt_load_moment_shard(const cp_plan *P, const cp_ckpt *ck, bool second, int rank, float *shard, char *err,
+                              int errlen) {
+    return cp_weights_load_prefixed_shard(P, &ck->optim, second ? CP_CKPT_V_PREFIX : CP_CKPT_M_PREFIX, second, rank,
+                                          shard, err, errlen);
+}
+
 void cp_ckpt_close(cp_ckpt *ck) {
     if (!ck) return;
     cp_st_close(&ck->optim);
@@ -693,9 +732,7 @@ int cp_ckpt_notes(const cp_plan *P, const cp_ckpt_state *st, FILE *out) {
              {"beta2", a->beta2, b->beta2},
              {"eps", a->eps, b->eps},
              {"weight_decay", a->weight_decay, b->weight_decay},
-             {"clip", a->clip, b->clip},
-             {"micro_batches", a->micro_batches, b->micro_batches},
-             {"seq_len", (double)a->seq_len, (double)b->seq_len}};
+             {"clip", a->clip, b->clip}};
     for (size_t i = 0; i < CP_ARRAY_LEN(f); i++) {
         if (f[i].ckpt == f[i].spec) continue;
         n++;
@@ -704,12 +741,6 @@ int cp_ckpt_notes(const cp_plan *P, const cp_ckpt_state *st, FILE *out) {
             fprintf(out, "note: train.%s is %s, the checkpoint ran with %s: the run continues, but its losses "
                          "are not those the checkpoint's run would have had\n", f[i].key,
                     exact(f[i].spec, a1, sizeof a1), exact(f[i].ckpt, a2, sizeof a2));
-    }
-    if (strcmp(st->data_source, P->spec.data.source)) {
-        n++;
-        if (out)
-            fprintf(out, "note: data.source is \"%s\", the checkpoint read \"%s\": the saved position must fit the "
-                         "shards it finds now\n", P->spec.data.source, st->data_source);
     }
     return n;
 }

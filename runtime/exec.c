@@ -502,14 +502,19 @@ int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *
 }
 
 int cp_exec_load_optimizer(cp_exec *ex, const float *m, const float *v, int updates, char *err, int errlen) {
-    if (updates < 0) return cp_errf(err, errlen, "loading the optimizer state: %d updates (must be >= 0)", updates);
-    size_t n = sizeof(float) * (size_t)ex->P->params_shard;
     float *ms = m ? rank_shard(ex, m) : NULL, *vs = v ? rank_shard(ex, v) : NULL;
-    int rc = 0;
-    if (m) rc = put(ex, "adam_m.f32", 0, ms ? ms : m, n, err, errlen);
-    if (!rc && v) rc = put(ex, "adam_v.f32", 0, vs ? vs : v, n, err, errlen);
+    int rc = cp_exec_load_optimizer_shard(ex, ms ? ms : m, vs ? vs : v, updates, err, errlen);
     free(ms);
     free(vs);
+    return rc;
+}
+
+int cp_exec_load_optimizer_shard(cp_exec *ex, const float *m, const float *v, int updates, char *err, int errlen) {
+    if (updates < 0) return cp_errf(err, errlen, "loading the optimizer state: %d updates (must be >= 0)", updates);
+    size_t n = sizeof(float) * (size_t)ex->P->params_shard;
+    int rc = 0;
+    if (m) rc = put(ex, "adam_m.f32", 0, m, n, err, errlen);
+    if (!rc && v) rc = put(ex, "adam_v.f32", 0, v, n, err, errlen);
     if (!rc) CK(cudaDeviceSynchronize(), "uploading the optimizer state");
     /* the next update is number updates + 1, as in the run that saved them (cp_exec_step: ++updates) */
     if (!rc) ex->updates = ex->sc.adam_step = updates;

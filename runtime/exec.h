@@ -118,6 +118,9 @@ int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *
 /* Put back what cp_exec_read_optimizer read: call it after cp_exec_load_weights (which zeroes the moments and the
  * count). m or v NULL: leave that moment as it is. updates must be >= 0. */
 int cp_exec_load_optimizer(cp_exec *ex, const float *m, const float *v, int updates, char *err, int errlen);
+/* The same from this rank's shards alone (plan->params_shard elements each, cp_weights_shard's layout): a rank of
+ * several GPUs resuming reads its shards unit by unit and never holds the whole model (cp_ckpt_load_moment_shard). */
+int cp_exec_load_optimizer_shard(cp_exec *ex, const float *m, const float *v, int updates, char *err, int errlen);
 
 /* One optimizer step: tokens and targets are [micro_batches][T] int32 (targets < 0 are ignored). Runs every
  * micro-batch's program, reads the loss and the gradient norm (one sync), then clips and applies AdamW unless the

@@ -14,6 +14,7 @@
 #include "json.h"
 #include "outputs.h"
 #include "report.h"
+#include "resume.h"
 #include "util.h"
 #include "weights.h"
 
@@ -122,38 +123,6 @@ static int metrics_keep(const char *path, int upto, char *err, int errlen) {
     return rc;
 }
 
-/* The weights and optimizer state of the checkpoint ck (already checked against the plan) into the executor. */
-static int resume_state(cp_exec *ex, const cp_plan *P, const cp_ckpt *ck, float *flat, FILE *out, char *err,
-                        int errlen) {
-    double t0 = cp_now();
-    const cp_ckpt_state *st = &ck->state;
-    /* master weights, then the bf16 parameters from them: as the update kernel writes them (round to nearest even) */
-    int rc = cp_ckpt_load_weights(P, ck, flat, err, errlen);
-    if (!rc) rc = cp_exec_load_weights(ex, flat, err, errlen);
-    /* one moment at a time through flat, so resuming needs no more host memory than training */
-    if (!rc) rc = cp_ckpt_load_moment(P, ck, false, flat, err, errlen);
-    if (!rc) rc = cp_exec_load_optimizer(ex, flat, NULL, st->updates, err, errlen);
-    if (!rc) rc = cp_ckpt_load_moment(P, ck, true, flat, err, errlen);
-    if (!rc) rc = cp_exec_load_optimizer(ex, NULL, flat, st->updates, err, errlen);
-    if (rc) {
-        char m[CP_ERR_MAX];
-        snprintf(m, sizeof m, "%s", err);
-        return cp_errf(err, errlen, "resuming from %s: %s", ck->dir, m);
-    }
-    if (out) {
-        char pos[160] = "";
-        if (strncmp(st->data_source, "tokens:", 7) == 0)
-            snprintf(pos, sizeof pos, " (epoch %lld, shard %lld, token %lld)", (long long)st->data.epoch,
-                     (long long)st->data.shard, (long long)st->data.offset);
-        fprintf(out, "resumed from %s (cpgen %s, spec %s) in %.1f s: step %d done, %d AdamW updates, %d skipped, last "
-                     "loss %.4f; data at sequence %lld%s\n",
-                ck->dir, st->version, st->spec, cp_now() - t0, st->step, st->updates, st->skipped, st->last_loss,
-                (long long)st->data.sequence, pos);
-        cp_ckpt_notes(P, st, out);
-    }
-    return 0;
-}
-
 static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp_ckpt *ck, cp_train_result *res,
                  char *err, int errlen) {
     const cp_spec *sp = &P->spec;
@@ -174,13 +143,13 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     if (P->C == 1 && n != P->params_shard)
         return cp_errf(err, errlen, "the flat model has %lld elements, the plan's shard %lld: weights.c and the plan "
                      "disagree on the layout", (long long)n, (long long)P->params_shard);
-    bool full = P->C == 1 || ck;
+    bool full = P->C == 1 && !ck; /* a checkpoint is read by cp_resume_load */
     float *flat = full ? cp_xmalloc(sizeof(float) * (size_t)n) : NULL;
     double t0 = cp_now();
     int rc = 0;
     int start = ck ? ck->state.step : 0;
     if (ck) {
-        rc = resume_state(ex, P, ck, flat, out, err, errlen);
+        rc = cp_resume_load(ex, P, ck, rank, o->resume_new_data, out, err, errlen);
     } else if (sp->init.from == CP_INIT_HF) {
         float *shard = flat ? NULL : cp_xmalloc(sizeof(float) * (size_t)P->params_shard);
         rc = flat ? cp_weights_load_hf(P, sp->init.path, flat, err, errlen)
@@ -211,11 +180,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         rc = cp_dataset_open(&data, sp, err, errlen);
         data_open = rc == 0;
     }
-    if (!rc && ck && cp_dataset_seek(&data, &ck->state.data, err, errlen)) {
-        char m[CP_ERR_MAX];
-        snprintf(m, sizeof m, "%s", err);
-        rc = cp_errf(err, errlen, "resuming from %s: %s", ck->dir, m);
-    }
+    if (!rc && ck) rc = cp_resume_seek(&data, P, ck, o->resume_new_data, out, err, errlen);
     double chance = data_open ? cp_dataset_chance_loss(&data, sp->model.vocab) : log((double)sp->model.vocab);
     FILE *metrics = NULL;
     char mpath[CP_PATH_MAX + 32];
@@ -396,24 +361,15 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     /* a checkpoint is checked before the GPU is set up, so a wrong one costs no compile time */
     cp_ckpt ck;
     if (o->resume && cp_ckpt_open(P, o->resume, &ck, err, errlen)) return -1;
+    /* and the data it would go on with: the same stream on any layout, else only when asked for */
+    if (o->resume && cp_resume_check(P, &ck.state, ck.dir, o->resume_new_data, err, errlen)) {
+        cp_ckpt_close(&ck);
+        return -1;
+    }
     /* and what the run writes: only over cpgen's own files, found now rather than at the first save */
     if (o->world_rank == 0 && cp_run_outputs_check(&P->spec, o->trace_path, err, errlen)) {
         if (o->resume) cp_ckpt_close(&ck);
         return -1;
-    }
-    if (o->resume && P->C > 1) {
-        /* a rank resuming reads the whole fp32 model, not one unit beside its shard as the plan counted */
-        int ranks = cp_plan_node_ranks(P);
-        int64_t load = (int64_t)sizeof(float) * (cp_weights_elems(P) + P->params_shard);
-        int64_t need = (P->host_peak - P->host_load + load) * ranks;
-        if (need > P->spec.machine.host_mem) {
-            char a[32], b[32];
-            cp_ckpt_close(&ck);
-            return cp_errf(err, errlen, "resuming on %d GPUs needs %s of host memory (each rank reads the whole model "
-                           "once), the machine has %s: resume on fewer GPUs per node, or set machine.host_mem if it "
-                           "has more", P->C, cp_fmt_bytes(need, a, sizeof a),
-                           cp_fmt_bytes(P->spec.machine.host_mem, b, sizeof b));
-        }
     }
     cp_exec *ex;
     if (cp_exec_create(&ex, P, &eo, err, errlen)) {

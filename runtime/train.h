@@ -20,6 +20,7 @@ typedef struct {
     const cp_bundle *bundle; /* kernels from this AOT bundle instead of compiling them (exec.h) */
     FILE *out;      /* start-up report and step lines (stdout); NULL for none */
     const char *resume; /* a checkpoint folder, or an out_dir whose `latest` names one; NULL: start from init */
+    bool resume_new_data; /* --resume-new-data: resume even where the data that comes next changes (resume.h) */
     /* several GPUs: this process's rank, its CUDA device and the communicator of all ranks (NULL with one GPU).
      * Every rank trains its slice of each sequence; rank 0 alone prints, writes metrics.jsonl and checkpoints. */
     int rank, device;

@@ -312,6 +312,15 @@ static int check_tied(const cp_plan *plan, const cp_st_set *st, const float *emb
                    "model.tie_embeddings = true: set it to false", st->files[lm->file].path, plan->spec.path);
 }
 
+/* A buffer of the largest unit, for reading a model unit by unit: allocated once at its final size, since a buffer
+ * grown unit by unit is copied when it moves, which held the old unit beside the new one (the plan's host_load
+ * counts one unit beside the shard). */
+static float *unit_buffer(const cp_plan *plan) {
+    int64_t most = 1;
+    for (int u = 0; u < plan->nunits; u++) most = CP_MAX(most, plan->unit_padded[u]);
+    return cp_xmalloc((size_t)most * sizeof(float));
+}
+
 /* The whole flat model into `model`, or (model NULL) rank's shard into `shard`, unit by unit so that no more than
  * the largest unit is held beside the shard. */
 static int load_hf(const cp_plan *plan, const char *path, int rank, float *model, float *shard, char *err,
@@ -322,11 +331,11 @@ static int load_hf(const cp_plan *plan, const char *path, int rank, float *model
     cp_hf_tensor *tt;
     int *order;
     int nt = tensor_table(plan, &tt, &order);
-    float *tmp = NULL, *unit = NULL;
+    float *tmp = NULL, *unit = model ? NULL : unit_buffer(plan);
     int rc = check_names(plan, &st, tt, nt, err, errlen);
     for (int u = 0; u < plan->nunits && !rc; u++) {
         int64_t base = cp_weights_unit_off(plan, u);
-        float *dst = model ? model + base : (unit = cp_xrealloc(unit, (size_t)plan->unit_padded[u] * sizeof *unit));
+        float *dst = model ? model + base : unit;
         memset(dst, 0, (size_t)plan->unit_padded[u] * sizeof *dst);
         for (int j = 0; j < nt && !rc; j++) {
             const cp_hf_tensor *t = &tt[j];
@@ -535,38 +544,59 @@ int cp_weights_save_prefixed(const cp_plan *plan, const char *path, int narrays,
     return rc;
 }
 
-int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, float *out,
-                             char *err, int errlen) {
+/* One prefixed array: the whole flat model into `model`, or (model NULL) rank's shard into `shard`, unit by unit so
+ * that no more than the largest unit is held beside the shard (as load_hf). */
+static int load_prefixed(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, int rank,
+                         float *model, float *shard, char *err, int errlen) {
     cp_hf_tensor *tt;
     int *order;
     int nt = tensor_table(plan, &tt, &order);
-    float *tmp = NULL;
+    float *tmp = NULL, *unit = model ? NULL : unit_buffer(plan);
     int rc = 0;
     char name[160];
-    memset(out, 0, (size_t)cp_weights_elems(plan) * sizeof *out);
-    for (int j = 0; j < nt && !rc; j++) {
-        const cp_hf_tensor *t = &tt[j];
-        snprintf(name, sizeof name, "%s%s", prefix, t->name);
-        const cp_st_tensor *s = cp_st_find(st, name);
-        if (!s) {
-            rc = cp_errf(err, errlen, "%s: no tensor \"%s\", which the spec %s needs: the file is incomplete or "
-                         "belongs to another model", st->where, name, plan->spec.path);
-            break;
+    for (int u = 0; u < plan->nunits && !rc; u++) {
+        int64_t base = cp_weights_unit_off(plan, u);
+        float *dst = model ? model + base : unit;
+        memset(dst, 0, (size_t)plan->unit_padded[u] * sizeof *dst);
+        for (int j = 0; j < nt && !rc; j++) {
+            const cp_hf_tensor *t = &tt[j];
+            if (t->unit != u) continue;
+            snprintf(name, sizeof name, "%s%s", prefix, t->name);
+            const cp_st_tensor *s = cp_st_find(st, name);
+            if (!s) {
+                rc = cp_errf(err, errlen, "%s: no tensor \"%s\", which the spec %s needs: the file is incomplete or "
+                             "belongs to another model", st->where, name, plan->spec.path);
+                break;
+            }
+            /* widening BF16 would resume, but not exactly: refuse what cpgen never writes */
+            if (s->dtype != CP_ST_F32) {
+                rc = cp_errf(err, errlen, "%s: tensor \"%s\" is %s, not F32: only fp32 state continues a run exactly; "
+                             "the file was not written by cpgen", st->files[s->file].path, name,
+                             cp_st_dtype_name(s->dtype));
+                break;
+            }
+            rc = read_tensor(plan, order, t, st, s, name, nonneg, "the file belongs to a model of another shape",
+                             "the file is damaged", &tmp, dst + (t->off - base), err, errlen);
         }
-        /* widening BF16 would resume, but not exactly: refuse what cpgen never writes */
-        if (s->dtype != CP_ST_F32) {
-            rc = cp_errf(err, errlen, "%s: tensor \"%s\" is %s, not F32: only fp32 state continues a run exactly; "
-                         "the file was not written by cpgen", st->files[s->file].path, name, cp_st_dtype_name(s->dtype));
-            break;
-        }
-        rc = read_tensor(plan, order, t, st, s, name, nonneg, "the file belongs to a model of another shape",
-                         "the file is damaged", &tmp, out + t->off, err, errlen);
+        if (!rc && !model) keep_part(plan, rank, u, unit, shard);
     }
+    free(unit);
     free(tmp);
     free(order);
     free(tt);
-    if (rc) memset(out, 0, (size_t)cp_weights_elems(plan) * sizeof *out);
+    if (rc && model) memset(model, 0, (size_t)cp_weights_elems(plan) * sizeof *model);
+    if (rc && shard) memset(shard, 0, (size_t)plan->params_shard * sizeof *shard);
     return rc;
+}
+
+int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, float *out,
+                             char *err, int errlen) {
+    return load_prefixed(plan, st, prefix, nonneg, 0, out, NULL, err, errlen);
+}
+
+int cp_weights_load_prefixed_shard(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, int rank,
+                                   float *shard, char *err, int errlen) {
+    return load_prefixed(plan, st, prefix, nonneg, rank, NULL, shard, err, errlen);
 }
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -666,7 +696,7 @@ static void init_random(const cp_plan *plan, int rank, uint64_t seed, double std
     cp_hf_tensor *tt;
     int *order;
     int nt = tensor_table(plan, &tt, &order);
-    float *tmp = NULL, *unit = NULL;
+    float *tmp = NULL, *unit = model ? NULL : unit_buffer(plan);
     for (int u = 0; u < plan->nunits; u++) {
         if (model) {
             init_unit(plan, tt, nt, order, seed, std, u, 0, plan->unit_padded[u], model + cp_weights_unit_off(plan, u),
@@ -674,7 +704,6 @@ static void init_random(const cp_plan *plan, int rank, uint64_t seed, double std
             continue;
         }
         /* one unit at a time, then this rank's part of it: no more than the largest unit in memory */
-        unit = cp_xrealloc(unit, (size_t)plan->unit_padded[u] * sizeof *unit);
         int64_t part = plan->unit_padded[u] / plan->C;
         init_unit(plan, tt, nt, order, seed, std, u, (int64_t)rank * part, (int64_t)(rank + 1) * part, unit, &tmp);
         keep_part(plan, rank, u, unit, shard);

@@ -82,6 +82,10 @@ int cp_weights_save_prefixed(const cp_plan *plan, const char *path, int narrays,
  * on failure. Returns 0 or -1. */
 int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, float *out,
                              char *err, int errlen);
+/* The same checks, but only rank's shard (cp_weights_shard's layout) into shard[plan->params_shard], read unit by
+ * unit: a rank resuming on several GPUs holds the largest unit beside its shard, never the whole array. */
+int cp_weights_load_prefixed_shard(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, int rank,
+                                   float *shard, char *err, int errlen);
 
 /* Deterministic initialisation, as transformers' default _init_weights: every matrix (embedding, projections, LM
  * head) normal(0, std), every RMSNorm weight 1.0, padding 0. The RNG is counter-based and keyed by the tensor's

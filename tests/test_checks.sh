@@ -8,9 +8,10 @@
 #      memory over its bound, a loss that is null; run counts exit 0, failures, time limits and skips (77 with and
 #      without the line saying why); need_gpus, check, expect, and finish's exit status (0, 1, 77; nothing checked
 #      fails).
-#   3. Whole scripts (gpu-replicas-check.sh, gpu-ring-check.sh, gpu-parallel-check.sh) on a stand-in cpgen that
-#      writes made-up metrics: they pass like with like, fail a run cut short, over its bound or failing, and end 77
-#      where a part lacks GPUs.
+#   3. Whole scripts (gpu-replicas-check.sh, gpu-ring-check.sh, gpu-parallel-check.sh, gpu-relayout-check.sh,
+#      gpu-real-text-run.sh) on a stand-in cpgen that writes made-up metrics: they pass like with like, fail a run cut short, over its bound or
+#      failing (the relayout check also a resume that takes another seq_len unasked or does not note the layout),
+#      and end 77 where a part lacks GPUs.
 #   4. tools/run-tests.sh counts passed, failed and skipped tests and exits 0, 1 or 77.
 # Prints one line per case; exit 0 when every case gives the status it should, else 1. KEEP=1 leaves the scratch
 # folder (/tmp/cpgen-test-checks-*) to look at.
@@ -159,23 +160,36 @@ cat >"$tmp/sim/cpgen" <<'SH'
 #!/usr/bin/env bash
 set -u
 [ "${1:-}" = run ] || { echo "stand-in cpgen: $*"; exit 0; }
-steps=10 mb=8 reps=1 dir=runs/x from=1
+steps=10 mb=8 reps=1 dir=runs/x from=1 seq="" new_data="" save=0
 while [ $# -gt 0 ]; do
   case $1 in
     train.steps=*) steps=${1#*=} ;;
     train.micro_batches=*) mb=${1#*=} ;;
     parallel.replicas=*) reps=${1#*=} ;;
     train.out_dir=*) dir=${1#*=} ;;
+    train.seq_len=*) seq=${1#*=} ;;
+    train.save_every=*) save=${1#*=} ;;
     --resume) from=$((${2##*_} + 1)); shift ;;
+    --resume-new-data) new_data=1 ;;
   esac
   shift
 done
 case $dir in *"${FAKE_FAIL:-@}"*) echo "cpgen: made to fail"; exit 1 ;; esac
+if [ "$from" -gt 1 ]; then # a resume: another sequence length only when asked for, and the notes a resume prints
+  if [ -n "$seq" ] && [ -z "$new_data" ] && [ -z "${FAKE_TAKE_SEQ:-}" ]; then
+    echo "cpgen: $dir: resuming would change which tokens come next: train.seq_len is $seq; or pass --resume-new-data"
+    exit 1
+  fi
+  [ -z "$new_data" ] || echo "note: --resume-new-data: train.seq_len is 1024 (stand-in)"
+  [ -n "${FAKE_NO_NOTE:-}" ] || echo "note: another layout than the checkpoint's run: (stand-in)"
+fi
 case $dir in *"${FAKE_CUT:-@}"*) steps=15 ;; esac
 scale=1000 # per mille
 case $dir in *"${FAKE_OFF:-@}"*) scale=1002 ;; esac
 mkdir -p "$dir/ckpt_10"
+[ "$save" -le 0 ] || { mkdir -p "$dir/ckpt_$save" && echo '{}' >"$dir/ckpt_$save/trainer_state.json"; }
 : >"$dir/metrics.jsonl"
+echo '<svg/>' >"$dir/report.svg"
 for ((s = from; s <= steps; s++)); do
   u=$(((6300000 - 10000 * s + 1000 * mb * reps) * scale / 1000)) # the loss in millionths
   loss=$(printf '%d.%06d' $((u / 1000000)) $((u % 1000000)))
@@ -214,6 +228,24 @@ script 1 "parallel: a resumed run over the bound" 2 tools/gpu-parallel-check.sh 
 PAT="every part \(GPUS=2\) \(needs 2 GPUs, this machine has 1\)" script 77 "parallel, 1 GPU: skipped" 1 \
   tools/gpu-parallel-check.sh PARTS="curve"
 script 1 "parallel: PARTS naming nothing" 2 tools/gpu-parallel-check.sh PARTS="curv"
+PAT="9 of 9 cases passed" script 0 "relayout, 1 GPU: every resumed layout agrees" 1 tools/gpu-relayout-check.sh
+PAT="ring2 .*FAILED: loss 2.00e-03" script 1 "relayout: a resumed layout over the bound" 1 \
+  tools/gpu-relayout-check.sh FAKE_OFF=runs/ring2
+PAT="FAILED +to_one_gpu: save_ulysses4 exited 1" script 1 "relayout: the reverse's saving run fails" 1 \
+  tools/gpu-relayout-check.sh FAKE_FAIL=save_ulysses4
+PAT="refuse_seq .*FAILED: exit 0, not a refusal" script 1 "relayout: another seq_len taken without asking" 1 \
+  tools/gpu-relayout-check.sh FAKE_TAKE_SEQ=1
+PAT="no note of the other layout" script 1 "relayout: a resume that does not say it changed layout" 1 \
+  tools/gpu-relayout-check.sh FAKE_NO_NOTE=1
+PAT="resumed steps \[11\]..\[15\]" script 1 "relayout: a resumed run cut short" 1 tools/gpu-relayout-check.sh \
+  FAKE_CUT=runs/offload
+# the real-text run on byte-level shards of this tree's tools (no `tokenizers` needed), checkpoints in the scratch
+rt=(tools/gpu-real-text-run.sh TOKENIZER=byte-level INPUTS=tools CKPT_DIR="$tmp/ckpt")
+PAT="loss: mean of the first 20 steps" script 0 "real text: the resumed run agrees, the loss falls" 1 "${rt[@]}"
+PAT="FAILED +resumed against uninterrupted" script 1 "real text: a resumed run over the bound" 1 "${rt[@]}" \
+  FAKE_OFF=resumed
+PAT="FAILED +full: exit status 1" script 1 "real text: the uninterrupted run fails" 1 "${rt[@]}" FAKE_FAIL=full
+PAT="loss falls: FAILED" script 1 "real text: too few steps to see the loss fall" 1 "${rt[@]}" STEPS=30
 
 # 4. run-tests.sh's count
 mkdir -p "$tmp/t"

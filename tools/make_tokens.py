@@ -1,72 +1,373 @@
 #!/usr/bin/env python3
 """make_tokens.py: write cpgen token shards (docs/DATA.md: 32-byte header "CPGTOK01", u32 version 1, u32 token
-bytes, u64 count, u64 reserved 0, then little-endian tokens).
+bytes, u64 count, u64 reserved 0, then little-endian tokens) from text, with an end-of-document token after every
+document, optionally holding documents out for validation shards.
 
-    # tokenise text files with a Hugging Face tokenizer (needs `transformers`), 100M tokens per shard
-    python3 tools/make_tokens.py --tokenizer meta-llama/Llama-3.1-8B --out data/shard --shard-tokens 100000000 *.txt
-    # convert llm.c shards (fineweb_train_000001.bin, ...) without re-tokenising
+    # train a byte-level BPE tokenizer of 32K tokens on the inputs (needs the `tokenizers` package, no network),
+    # hold out 2% of the documents for validation
+    python3 tools/make_tokens.py --train-bpe 32000 --val-fraction 0.02 --out data/py/text \\
+        --include '*.py' /usr/lib/python3.12
+    # one token per byte (vocabulary 256 + the end-of-document token): no package needed
+    python3 tools/make_tokens.py --byte-level --out data/bytes/text notes/ 'docs/**/*.md'
+    # a Hugging Face tokenizer by name or folder (needs `transformers`, and the network for a name)
+    python3 tools/make_tokens.py --tokenizer meta-llama/Llama-3.1-8B --out data/shard *.txt
+    # llm.c shards (fineweb_train_000001.bin, ...) converted without re-tokenising
     python3 tools/make_tokens.py --from-llmc --out data/shard fineweb_train_*.bin
 
-Shards are data/shard_000000.bin, data/shard_000001.bin, ...; train with data.source = "tokens:data/shard_*.bin".
-Each document is preceded by the tokenizer's BOS token when it has one. Needs numpy."""
+Inputs are files, folders (searched recursively; --include and --exclude choose files by name or path) and glob
+patterns (`**` matches folders at any depth). Each file is one document; a file that is not UTF-8 text (or holds a
+NUL byte) is skipped, and so is a second path to a file already taken (a link). Documents are taken in the byte
+order of their paths, so the same inputs give the same shards on any machine.
+
+Writes <out>_000000.bin, <out>_000001.bin, ... (train with data.source = "tokens:<out>_[0-9]*.bin"), with
+--val-fraction F also <out>_val_000000.bin, ... from the held-out documents (data.val = "tokens:<out>_val_*.bin"),
+and <out>.json: the tokenizer, its vocabulary size, the end-of-document id, the model.vocab to train with (the
+vocabulary rounded up to a multiple of 64; cpgen needs a multiple of 8), documents and tokens per split, and the
+data sources. --train-bpe also writes the tokenizer as tokenizer.json in the shards' folder. Uses only the
+standard library; --train-bpe needs `tokenizers`, --tokenizer `transformers`."""
 import argparse
+import array
+import fnmatch
+import glob
+import hashlib
+import json
 import os
 import struct
 import sys
 
-import numpy as np
+EOD_TOKEN = "<|endoftext|>"
+MAGIC = b"CPGTOK01"
 
 
-def write_shard(path, tokens):
-    tokens = np.asarray(tokens, dtype=np.int64)
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**32):
-        sys.exit(f"make_tokens.py: {path}: token ids must be in [0, 2^32)")
-    width = 2 if tokens.size == 0 or tokens.max() < 2**16 else 4
-    tmp = path + ".tmp"
+def fail(msg):
+    sys.exit(f"make_tokens.py: {msg}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inputs
+
+
+def wanted(path, include, exclude):
+    name = os.path.basename(path)
+    if any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(name, p) for p in exclude):
+        return False
+    return not include or any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(path, p) for p in include)
+
+
+def list_inputs(inputs, include, exclude):
+    """Every file the inputs name, each once (by its real path), in the byte order of the paths."""
+    found = []
+    for arg in inputs:
+        if os.path.isdir(arg):
+            for top, dirs, files in os.walk(arg):  # links to folders are not followed: no loops, no duplicates
+                dirs.sort()
+                found += [os.path.join(top, f) for f in files if wanted(os.path.join(top, f), include, exclude)]
+        elif os.path.exists(arg):
+            found.append(arg)  # named: taken whatever --include says
+        else:
+            matches = [m for m in glob.glob(arg, recursive=True)]
+            if not matches:
+                fail(f"{arg}: no such file or folder, and no file matches it as a pattern")
+            for m in matches:
+                if os.path.isdir(m):
+                    found += list_inputs([m], include, exclude)
+                elif wanted(m, include, exclude):
+                    found.append(m)
+    seen, out = set(), []
+    for p in sorted(found, key=lambda p: os.fsencode(p)):
+        real = os.path.realpath(p)
+        if real in seen or not os.path.isfile(real):
+            continue
+        seen.add(real)
+        out.append(p)
+    return out
+
+
+def read_documents(paths, max_file_bytes, max_bytes):
+    """(path, text) of every input that is UTF-8 text without NUL bytes, up to max_bytes in all; and what was
+    skipped, by reason."""
+    docs, skipped, total = [], {}, 0
+    for p in paths:
+        try:
+            size = os.path.getsize(p)
+            if size > max_file_bytes:
+                skipped["larger than --max-file-bytes"] = skipped.get("larger than --max-file-bytes", 0) + 1
+                continue
+            with open(p, "rb") as f:
+                raw = f.read()
+        except OSError:
+            skipped["unreadable"] = skipped.get("unreadable", 0) + 1
+            continue
+        if b"\0" in raw:
+            skipped["not text"] = skipped.get("not text", 0) + 1
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            skipped["not text"] = skipped.get("not text", 0) + 1
+            continue
+        if not text.strip():
+            skipped["empty"] = skipped.get("empty", 0) + 1
+            continue
+        if max_bytes and total + len(raw) > max_bytes:
+            skipped["past --max-bytes"] = skipped.get("past --max-bytes", 0) + 1
+            continue
+        total += len(raw)
+        docs.append((p, text))
+    return docs, skipped, total
+
+
+def split_documents(docs, fraction):
+    """(train, val): round(fraction x n) documents held out (at least one when fraction > 0 and there are two), chosen
+    by the SHA-256 of their paths, so that the choice does not depend on the listing and a document stays on its side
+    when others are added; each side keeps the path order."""
+    if fraction <= 0 or len(docs) < 2:
+        return docs, []
+    k = min(len(docs) - 1, max(1, round(fraction * len(docs))))
+    ranked = sorted(range(len(docs)), key=lambda i: hashlib.sha256(os.fsencode(docs[i][0])).digest())
+    held = set(ranked[:k])
+    return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tokenizers: each a name, a vocabulary size, the end-of-document id and a function from texts to lists of ids
+
+
+class ByteLevel:
+    name = "byte-level"
+    vocab_size = 257
+    eod_id = 256
+    eod_token = EOD_TOKEN
+
+    def encode(self, texts):
+        return [t.encode("utf-8") for t in texts]  # bytes: a sequence of ids 0..255
+
+
+class Bpe:
+    def __init__(self, vocab, texts, path):
+        try:
+            from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        except ImportError:
+            fail("--train-bpe needs the `tokenizers` package (pip install tokenizers); --byte-level needs nothing")
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[EOD_TOKEN], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+        tok.save(path)
+        self.tok, self.path = tok, path
+        self.name = f"byte-level BPE trained here ({os.path.basename(path)})"
+        self.vocab_size = tok.get_vocab_size()
+        self.eod_id, self.eod_token = tok.token_to_id(EOD_TOKEN), EOD_TOKEN
+
+    def encode(self, texts):
+        return [e.ids for e in self.tok.encode_batch(texts)]
+
+
+class HuggingFace:
+    def __init__(self, name):
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            fail("--tokenizer needs the `transformers` package; --train-bpe or --byte-level make a tokenizer here")
+        self.tok = AutoTokenizer.from_pretrained(name)
+        self.name = name
+        self.vocab_size = len(self.tok)
+        eos = self.tok.eos_token_id is not None
+        self.eod_id = self.tok.eos_token_id if eos else self.tok.bos_token_id
+        self.eod_token = self.tok.eos_token if eos else self.tok.bos_token
+        if self.eod_id is None:
+            fail(f"{name}: the tokenizer has neither an EOS nor a BOS token to end documents with")
+
+    def encode(self, texts):
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shards
+
+
+def write_shard(path, tokens, width):
+    a = array.array("H" if width == 2 else "I", tokens)
+    assert a.itemsize == width
+    if sys.byteorder == "big":
+        a.byteswap()
+    tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "wb") as f:
-        f.write(b"CPGTOK01" + struct.pack("<IIQQ", 1, width, tokens.size, 0))
-        f.write(tokens.astype("<u2" if width == 2 else "<u4").tobytes())
+        f.write(MAGIC + struct.pack("<IIQQ", 1, width, len(a), 0))
+        f.write(a.tobytes())
     os.replace(tmp, path)  # atomic: a reader never sees half a shard
-    print(f"{path}: {tokens.size:,} tokens, {width} bytes each")
+
+
+class ShardWriter:
+    """Tokens in, shards of shard_tokens out; the last shard, when shorter than half of that, joins the one before
+    (a short shard holds no long sequence: cpgen refuses a shard of fewer than seq_len + 1 tokens)."""
+
+    def __init__(self, prefix, shard_tokens, width):
+        self.prefix, self.n, self.width = prefix, shard_tokens, width
+        self.buf = array.array("I")
+        self.paths, self.counts = [], []
+        self.pending = None  # the last full shard, held until the remainder is known
+
+    def add(self, ids):
+        self.buf.extend(ids)
+        while len(self.buf) >= 2 * self.n:
+            self._emit(self.buf[: self.n])
+            self.buf = self.buf[self.n:]
+
+    def _emit(self, tokens):
+        if self.pending is not None:
+            self._write(self.pending)
+        self.pending = tokens
+
+    def _write(self, tokens):
+        path = f"{self.prefix}_{len(self.paths):06d}.bin"
+        write_shard(path, tokens, self.width)
+        self.paths.append(path)
+        self.counts.append(len(tokens))
+
+    def close(self):
+        if len(self.buf) >= self.n:
+            self._emit(self.buf[: self.n])
+            self.buf = self.buf[self.n:]
+        rest = self.buf
+        if self.pending is not None and len(rest) < self.n // 2:
+            self._write(self.pending + rest)
+        else:
+            if self.pending is not None:
+                self._write(self.pending)
+            if len(rest):
+                self._write(rest)
+        return self.paths, self.counts
+
+
+def tokenize_split(docs, tok, prefix, shard_tokens, width, batch=256):
+    w = ShardWriter(prefix, shard_tokens, width)
+    for at in range(0, len(docs), batch):
+        for ids in tok.encode([t for _, t in docs[at:at + batch]]):
+            if len(ids) and max(ids) >= tok.vocab_size:
+                fail(f"a token id {max(ids)} is not below the vocabulary size {tok.vocab_size}")
+            w.add(ids)
+            w.add((tok.eod_id,))
+    return w.close()
+
+
+def llmc_header(f, path):
+    raw = f.read(256 * 4)
+    header = array.array("i")
+    header.frombytes(raw[: len(raw) // 4 * 4])
+    if sys.byteorder == "big":
+        header.byteswap()
+    if len(header) < 256 or header[0] != 20240520 or header[1] not in (1, 2):
+        fail(f"{path}: not an llm.c token file (magic {header[0] if header else '?'})")
+    return header
 
 
 def read_llmc(path):
+    """The file's tokens, as 4-byte ids."""
     with open(path, "rb") as f:
-        header = np.frombuffer(f.read(256 * 4), dtype="<i4")
-        if header[0] != 20240520 or header[1] not in (1, 2):
-            sys.exit(f"make_tokens.py: {path}: not an llm.c token file (magic {header[0]}, version {header[1]})")
-        return np.frombuffer(f.read(), dtype="<u2" if header[1] == 1 else "<u4")[: header[2]]
+        header = llmc_header(f, path)
+        a = array.array("H" if header[1] == 1 else "I")
+        data = f.read(header[2] * a.itemsize)
+        if len(data) != header[2] * a.itemsize:
+            fail(f"{path}: the header says {header[2]} tokens, the file holds fewer")
+        a.frombytes(data)
+        if sys.byteorder == "big":
+            a.byteswap()
+        return a if a.typecode == "I" else array.array("I", a)
+
+
+def llmc_width(paths):
+    """2 when every file holds 2-byte tokens (version 1), else 4."""
+    width = 2
+    for p in paths:
+        with open(p, "rb") as f:
+            width = max(width, 2 if llmc_header(f, p)[1] == 1 else 4)
+    return width
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("inputs", nargs="+", help="text files, or llm.c .bin files with --from-llmc")
-    ap.add_argument("--out", required=True, help="shard path prefix: <out>_000000.bin, ...")
-    ap.add_argument("--tokenizer", help="Hugging Face tokenizer name or folder")
-    ap.add_argument("--from-llmc", action="store_true", help="inputs are llm.c token files")
+    ap.add_argument("inputs", nargs="+", help="text files, folders or glob patterns; llm.c .bin files with --from-llmc")
+    ap.add_argument("--out", required=True, help="shard path prefix: <out>_000000.bin, ..., <out>.json")
+    how = ap.add_mutually_exclusive_group(required=True)
+    how.add_argument("--train-bpe", type=int, metavar="VOCAB", help="train a byte-level BPE tokenizer of VOCAB tokens")
+    how.add_argument("--byte-level", action="store_true", help="one token per byte, vocabulary 256 + end of document")
+    how.add_argument("--tokenizer", help="a Hugging Face tokenizer's name or folder")
+    how.add_argument("--from-llmc", action="store_true", help="inputs are llm.c token files")
+    ap.add_argument("--val-fraction", type=float, default=0.0, help="documents held out for <out>_val_*.bin")
+    ap.add_argument("--include", action="append", default=[], help="file name or path pattern to take in folders "
+                    "and patterns (repeatable; default: every file)")
+    ap.add_argument("--exclude", action="append", default=[], help="file name or path pattern to leave out")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000)
+    ap.add_argument("--max-file-bytes", type=int, default=16 << 20, help="skip larger files (default 16 MiB)")
+    ap.add_argument("--max-bytes", type=int, default=0, help="stop taking documents past this many bytes (0: all)")
     a = ap.parse_args()
-    if not a.from_llmc and not a.tokenizer:
-        sys.exit("make_tokens.py: give --tokenizer (or --from-llmc for llm.c files)")
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    tok = None
-    if a.tokenizer:
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(a.tokenizer)
-    buf, n = [], 0
-    for path in a.inputs:
-        if a.from_llmc:
-            ids = read_llmc(path)
+    if not 0 <= a.val_fraction < 1:
+        fail(f"--val-fraction {a.val_fraction}: give a fraction in [0, 1)")
+    if a.shard_tokens < 1:
+        fail("--shard-tokens must be at least 1")
+    if a.train_bpe is not None and not 257 <= a.train_bpe <= 1 << 24:
+        fail(f"--train-bpe {a.train_bpe}: a vocabulary of 257 (the bytes and the end of document) to 16M tokens")
+    folder = os.path.dirname(a.out) or "."
+    os.makedirs(folder, exist_ok=True)
+    meta = {"format": "cpgen token shards", "shards": {}}
+
+    if a.from_llmc:
+        if a.val_fraction:
+            fail("--val-fraction holds out text documents; llm.c files come tokenised: convert their val files alone")
+        files = sorted(a.inputs, key=os.fsencode)
+        w = ShardWriter(a.out, a.shard_tokens, llmc_width(files))
+        for path in files:
+            w.add(read_llmc(path))
+        paths, counts = w.close()
+        meta.update(tokenizer="llm.c shards (their own tokenizer)")
+        meta["shards"]["train"] = {"files": [os.path.basename(p) for p in paths], "tokens": sum(counts)}
+        meta["data_source"] = f"tokens:{a.out}_[0-9]*.bin"
+    else:
+        paths = list_inputs(a.inputs, a.include, a.exclude)
+        docs, skipped, nbytes = read_documents(paths, a.max_file_bytes, a.max_bytes)
+        if not docs:
+            fail(f"no text document among {len(paths)} files ({', '.join(f'{v} {k}' for k, v in skipped.items())})")
+        train, val = split_documents(docs, a.val_fraction)
+        if a.byte_level:
+            tok = ByteLevel()
+        elif a.train_bpe is not None:
+            tok = Bpe(a.train_bpe, [t for _, t in train], os.path.join(folder, "tokenizer.json"))
         else:
-            with open(path, encoding="utf-8") as f:
-                ids = tok(f.read(), add_special_tokens=False)["input_ids"]
-            ids = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + list(ids)
-        buf.extend(np.asarray(ids, dtype=np.int64).tolist())
-        while len(buf) >= a.shard_tokens:
-            write_shard(f"{a.out}_{n:06d}.bin", buf[: a.shard_tokens])
-            buf, n = buf[a.shard_tokens:], n + 1
-    if buf:
-        write_shard(f"{a.out}_{n:06d}.bin", buf)
+            tok = HuggingFace(a.tokenizer)
+        width = 2 if tok.vocab_size <= 1 << 16 else 4
+        meta.update(tokenizer=tok.name, vocab_size=tok.vocab_size, model_vocab=(tok.vocab_size + 63) // 64 * 64,
+                    eod_id=tok.eod_id, eod_token=tok.eod_token,
+                    inputs={"files": len(paths), "documents": len(docs), "bytes": nbytes, "skipped": skipped})
+        if isinstance(tok, Bpe):
+            meta["tokenizer_file"] = os.path.basename(tok.path)
+        for split, part, prefix in (("train", train, a.out), ("val", val, f"{a.out}_val")):
+            if not part:
+                continue
+            sp, counts = tokenize_split(part, tok, prefix, a.shard_tokens, width)
+            meta["shards"][split] = {"documents": len(part), "tokens": sum(counts),
+                                     "files": [os.path.basename(p) for p in sp], "counts": counts}
+        meta["data_source"] = f"tokens:{a.out}_[0-9]*.bin"
+        if val:
+            meta["val_source"] = f"tokens:{a.out}_val_*.bin"
+    with open(f"{a.out}.json.tmp", "w") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+    os.replace(f"{a.out}.json.tmp", f"{a.out}.json")
+    for split, s in meta["shards"].items():
+        print(f"{split}: {s['tokens']:,} tokens in {len(s['files'])} shard(s)"
+              + (f" from {s['documents']:,} documents" if "documents" in s else ""))
+    if "eod_id" in meta:
+        print(f"tokenizer: {meta['tokenizer']}, vocabulary {meta['vocab_size']:,} (train with model.vocab = "
+              f"{meta['model_vocab']}); end of document: id {meta['eod_id']}")
+        skipped = meta["inputs"]["skipped"]
+        print(f"inputs: {meta['inputs']['documents']:,} documents of {meta['inputs']['files']:,} files, "
+              f"{meta['inputs']['bytes']:,} bytes" + (f"; skipped {', '.join(f'{v} {k}' for k, v in skipped.items())}"
+                                                       if skipped else ""))
+    print(f"wrote {a.out}.json; data.source = \"{meta['data_source']}\""
+          + (f", data.val = \"{meta['val_source']}\"" if "val_source" in meta else ""))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# gpu-real-text-run.sh: the 1B shape at 32K trained on real text on one GPU, interrupted and resumed.
+#   1. shards: the Python standard library's sources (/usr/lib/python3.*/**/*.py, no site- or dist-packages) and the
+#      text under /usr/share/doc, tokenised by a byte-level BPE tokenizer of VOCAB (32000) tokens trained on them here
+#      (tools/make_tokens.py --train-bpe, no network), 2% of the documents held out as validation shards;
+#   2. `cpgen run llama1b --seq 32K --set model.vocab=<the tokenizer's, rounded up to 64>` on the shards for STEPS
+#      (300) steps with a checkpoint at SAVE_AT (STEPS / 2), with data.val = the validation shards when this cpgen
+#      knows that key (asked of `cpgen plan` first, so the script runs with and without validation support);
+#   3. a second run resumed from that checkpoint to STEPS, started beside the first once the checkpoint is complete.
+# Checks: both runs finish (DEADLINE, default 570 s, bounds the whole); every resumed step's loss within 1e-3 (relative) of the uninterrupted run's; the loss
+# falls (the mean of the last 20 steps at least 1 below the mean of the first 20). report.svg and metrics.jsonl of
+# both runs, the tokenizer's summary and the logs land in $OUT/real-text. Checkpoints (12.5 GB each) go to
+# CKPT_DIR: by default /dev/shm when it has room for two, else $OUT/real-text/runs; every one is deleted once no
+# longer needed, and all at the end. The table comes last; exit 0 when every check passed, 1 when one failed, 77
+# without a GPU. About 8 to 9 minutes on one H200 with the defaults (steps of about 1 s, the 300 and the 150
+# resumed).
+# usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] tools/gpu-real-text-run.sh [BUILD_DIR]
+set -u
+B=${1:-build}
+out=${OUT:-out}/real-text
+rm -rf "$out" && mkdir -p "$out"
+. "$(dirname "$0")/check_common.sh" # no GPU: skipped (77) here, before anything runs
+[ -x "$B/cpgen" ] || { echo "gpu-real-text-run: no $B/cpgen: build first (make)"; exit 2; }
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=true
+STEPS=${STEPS:-300}
+SAVE_AT=${SAVE_AT:-$((STEPS / 2))}
+VOCAB=${VOCAB:-32000}
+SEQ=${SEQ:-32K}
+t_start=$(date +%s)
+if [ -z "${CKPT_DIR:-}" ]; then
+  free_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 }')
+  if [ "${free_kb:-0}" -gt $((30 * 1024 * 1024)) ]; then CKPT_DIR=/dev/shm/cpgen-real-text-$$; else CKPT_DIR=$out/runs; fi
+fi
+mkdir -p "$CKPT_DIR"
+# the checkpoints go whatever happens: 12.5 GB each, in memory or on a 64 GiB disk
+trap 'rm -rf "$CKPT_DIR/full" "$CKPT_DIR/resumed"; [ "$CKPT_DIR" = "$out/runs" ] || rmdir "$CKPT_DIR" 2>/dev/null' EXIT
+note "checkpoints in $CKPT_DIR; $STEPS steps at $SEQ, a checkpoint at step $SAVE_AT"
+deadline=$((t_start + ${DEADLINE:-570}))
+left() { echo $((deadline - $(date +%s))); }
+
+# bg NAME COMMAND...: COMMAND in the background until the deadline, its log in $out/NAME.log and its exit status
+# and seconds in $out/NAME.rc; judge NAME PATTERN counts it afterwards as check_common.sh's run would have
+bg() {
+  local name=$1
+  shift
+  (
+    t0=$(date +%s)
+    l=$(left)
+    timeout -k 30 "$((l > 1 ? l : 1))" "$@" >"$out/$name.log" 2>&1
+    echo "$? $(($(date +%s) - t0))" >"$out/$name.rc"
+  ) &
+}
+judge() {
+  local rc s
+  read -r rc s <"$out/$1.rc" 2>/dev/null || { rc=1; s=0; }
+  note "$(printf '%-22s rc=%-3d %5d s  %s' "$1" "$rc" "$s" "$(grep -m1 -oE "$2" "$out/$1.log" 2>/dev/null)")"
+  _status "$1" "$rc" "$out/$1.log" "deadline" " (log: $out/$1.log)"
+}
+
+# 1. the shards (INPUTS and TOKENIZER=byte-level replace the defaults, for a machine without the sources or
+# `tokenizers`, and for tests/test_checks.sh)
+data=$out/data
+how=(--train-bpe "$VOCAB")
+[ "${TOKENIZER:-bpe}" != byte-level ] || how=(--byte-level)
+# shellcheck disable=SC2206
+inputs=(${INPUTS:-'/usr/lib/python3.*/**/*.py' /usr/share/doc})
+GREP='train: [0-9,]+ tokens' run tokens 300 python3 "$(dirname "$0")/make_tokens.py" "${how[@]}" \
+  --val-fraction 0.02 --exclude '*/site-packages/*' --exclude '*/dist-packages/*' --exclude '*/__pycache__/*' \
+  --max-bytes 200000000 --out "$data/text" "${inputs[@]}"
+if [ ! -s "$data/text.json" ]; then
+  fail "no shards: $(tail -1 "$out/tokens.log")"
+else
+  read -r model_vocab src val < <(python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+print(m["model_vocab"], m["data_source"], m.get("val_source", "-"))' "$data/text.json")
+  note "$(grep -m1 '^tokenizer:' "$out/tokens.log")"
+  cp "$data/text.json" "$out/tokens.json"
+  args=(llama1b --gpus 1 --seq "$SEQ" --set "model.vocab=$model_vocab" --set "data.source=$src"
+    --set "train.steps=$STEPS" --set train.warmup=30 --set train.lr=3e-4 --set train.log_every=10)
+  # validation loss where this cpgen has it: `cpgen plan` refuses a key it does not know
+  if [ "$val" != - ] && "$B/cpgen" plan "${args[@]}" --set "data.val=$val" >"$out/probe_val.log" 2>&1; then
+    args+=(--set "data.val=$val")
+    note "validation: data.val = $val"
+  else
+    note "validation: not asked for (this cpgen does not know data.val: $(grep -m1 'cpgen:' "$out/probe_val.log"))"
+  fi
+
+  # 2. the uninterrupted run, saving at SAVE_AT (and at the end, not needed: deleted once written); 3. once that
+  # checkpoint is complete, the resumed run beside it on the same GPU (each plan's arena is a sixth of an H200): the
+  # GPU's time is what it would be one after the other, but the second run's start and the first run's last save
+  # overlap the other's steps, which keeps the whole within one call of ten minutes
+  bg full "$B/cpgen" run "${args[@]}" --set "train.save_every=$SAVE_AT" --set "train.out_dir=$CKPT_DIR/full"
+  ck=$CKPT_DIR/full/ckpt_$SAVE_AT # renamed into place only when complete
+  until [ -e "$ck/trainer_state.json" ] || [ -e "$out/full.rc" ] || [ "$(left)" -le 5 ]; do sleep 2; done
+  if [ -e "$ck/trainer_state.json" ]; then
+    note "ckpt_$SAVE_AT complete after $(($(date +%s) - t_start)) s: the resumed run starts"
+    bg resumed "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.out_dir=$CKPT_DIR/resumed" \
+      --resume "$ck"
+  else
+    echo "1 0" >"$out/resumed.rc"
+    echo "cpgen: not started: the uninterrupted run left no $ck" >"$out/resumed.log"
+  fi
+  wait
+  judge full '^done: .*'
+  judge resumed '^resumed from [^ ]+'
+  rm -rf "$CKPT_DIR"/full/ckpt_* "$CKPT_DIR"/resumed/ckpt_*
+  for r in full resumed; do
+    cp "$CKPT_DIR/$r/metrics.jsonl" "$out/metrics_$r.jsonl" 2>/dev/null
+    # the training steps' lines (an evaluation may have lines of its own)
+    grep '"loss"' "$out/metrics_$r.jsonl" >"$out/steps_$r.jsonl" 2>/dev/null
+    cp "$CKPT_DIR/$r/report.svg" "$out/report_$r.svg" 2>/dev/null || fail "$r: no report.svg"
+  done
+  compare_loss "resumed against uninterrupted" "$out/steps_full.jsonl" "$out/steps_resumed.jsonl" "$STEPS" \
+    $((SAVE_AT + 1))
+  check "loss falls" python3 - "$out/metrics_full.jsonl" "$STEPS" <<'PY'
+import json, math, sys
+all_rows = []
+for l in open(sys.argv[1]):
+    try: all_rows.append(json.loads(l))
+    except ValueError: pass
+rows = [r for r in all_rows if "loss" in r]
+loss = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
+if len(loss) < 40 or len(rows) != int(sys.argv[2]):
+    print(f"loss falls: FAILED: {len(loss)} finite losses of {len(rows)} steps, {sys.argv[2]} asked for")
+    sys.exit(1)
+a, b = sum(loss[:20]) / 20, sum(loss[-20:]) / 20
+val = [r["val_loss"] for r in all_rows if isinstance(r.get("val_loss"), (int, float))]
+ok = b <= a - 1.0
+print(f"loss: mean of the first 20 steps {a:.3f}, of the last 20 {b:.3f} (at least 1 lower) "
+      f"{'OK' if ok else 'FAILED'}" + (f"; validation loss {val[0]:.3f} -> {val[-1]:.3f}" if val else ""))
+sys.exit(0 if ok else 1)
+PY
+fi
+
+# the verdict, then the table last
+( finish ) >"$out/verdict.txt"
+verdict=$?
+grep -v '^$' "$out/verdict.txt"
+echo
+echo "real text on $(nvidia-smi -L | head -1), in $(($(date +%s) - t_start)) s"
+sed -n 's/^\(tokens\|full\|resumed\) \+rc=/&/p' "$sum" | sed 's/^/  /'
+grep -E '^(loss:|resumed against|tokenizer:|validation:)' "$sum" | sed 's/^/  /'
+echo "  files: $out/report_full.svg, $out/report_resumed.svg, metrics_*.jsonl, tokens.json"
+exit "$verdict"
