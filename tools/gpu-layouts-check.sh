@@ -4,19 +4,20 @@
 # work: the same sequences per step (R replicas x M micro-batches against one GPU's R x M micro-batches).
 # For each layout (tiny with 2 sequences per step unless said; tiny8 is tiny with 8 query heads and 2 KV heads; l8b
 # is 2 layers of the 8B shape at 32K):
-#   - N steps (tiny 20, l8b 4): every step's loss within 1e-3 and gradient norm within 1e-2 (relative) of the
+#   - N steps (tiny 20, l8b 3): every step's loss within 1e-3 and gradient norm within 1e-2 (relative) of the
 #     one-GPU run;
-#   - its checkpoint at step N/2 resumed to step N: every step within 1e-3 of the run that was not stopped (tiny:
-#     the layout's own 20 steps; l8b: the one-GPU run, below);
+#   - its checkpoint (tiny: step 10, l8b: step 1) resumed to step N: every step within 1e-3 of the run that was
+#     not stopped (tiny: the layout's own 20 steps; l8b: the one-GPU run, below);
 #   - memory: every rank's own GPU memory (per process) within 1% of the plan's peak, at every step after the first.
 # Ranks sharing a GPU take turns on it (the GPU time-slices their contexts), and their collectives go through
 # sockets: tiny runs 2 sequences per step rather than 8. A step of the 8B shape's 8 ranks moves ~100 GB through
-# them (FSDP's gathers of 1.5 billion parameters, most of them the embedding and the LM head) and takes ~20 s, and
-# its checkpoint is 18 GB, so l8b runs 4 steps as 2 + 2: the first run stops at step 2 with its checkpoint, the
-# second resumes it to step 4, and both are held to the one-GPU run of 4 steps (a constant learning rate after the
-# warmup, so that the schedule does not depend on train.steps). Its checkpoints go to /dev/shm when it has room
-# (the disk writes ~0.5 GB/s). The 8B layouts run in their own lane beside the tiny ones, so that the whole check
-# fits one call of ten minutes.
+# them (FSDP's gathers of 1.5 billion parameters, most of them the embedding and the LM head) and takes ~20 s
+# alone, and its checkpoint is 18 GB, so l8b runs 3 steps as 1 + 2: the first run stops at step 1 with its
+# checkpoint, the second resumes it to step 3 (step 2 reads the saved weights, step 3 the saved moments too), and
+# both are held to the one-GPU run of 3 steps (a constant learning rate from the first step, so that the schedule
+# does not depend on train.steps). Its checkpoints go to /dev/shm when it has room (the disk writes ~0.5 GB/s).
+# The 8B layouts run in their own lane beside the tiny ones (its one-GPU reference beside its first layout), so
+# that the whole check fits one call of ten minutes.
 # For each kind of layout (Ulysses, replicas, ring, ring x Ulysses, replicas x Ulysses, replicas x ring), one rank
 # killed mid-step under launcher variables (no parent watching): every other rank exits non-zero within 30 s, and
 # its last words name the rank that died.
@@ -37,11 +38,13 @@ t_start=$(date +%s)
 deadline=$((t_start + ${DEADLINE:-560}))
 left() { echo $((deadline - $(date +%s))); }
 
-steps=(--set train.warmup=2 --set train.log_every=1)
+steps=(--set train.log_every=1)
 mb2=(--set train.micro_batches=2)
 tiny8=(--set model.heads=8 --set model.kv_heads=2 "${mb2[@]}")
 l8b=(--set model.layers=2 --seq 32K --set train.lr=3e-4 --set train.min_lr=3e-4)
-steps_of() { [[ $1 == l8b* ]] && echo 4 || echo 20; }
+steps_of() { [[ $1 == l8b* ]] && echo 3 || echo 20; } # steps of a case
+warmup_of() { [[ $1 == l8b* ]] && echo 0 || echo 2; }
+saved_at() { [[ $1 == l8b* ]] && echo 1 || echo 10; } # its checkpoint, resumed to the last step
 
 # name | kind | spec and sets of the layout | reference
 # The reference is the same spec on one GPU (parallel.gpus=1, no replicas or ring) with the same sequences per step.
@@ -110,7 +113,8 @@ reference() {
   local key=$1 t=120
   [ "$key" = l8b ] && t=300
   # shellcheck disable=SC2086
-  cpgen_run "ref_$key" $t ${refs[$key]} "${steps[@]}" --set train.steps="$(steps_of "$key")" \
+  cpgen_run "ref_$key" $t ${refs[$key]} "${steps[@]}" --set train.warmup="$(warmup_of "$key")" \
+    --set train.steps="$(steps_of "$key")" \
     --set "train.out_dir=$out/runs/ref_$key"
 }
 
@@ -124,23 +128,23 @@ fi
 # A layout: tiny runs 20 steps with a checkpoint at step 10, then resumes that checkpoint to step 20; l8b runs 2
 # steps and saves, then resumes that checkpoint to step 4 (see the top).
 layout() {
-  local name=$1 args=$2 t=180 world n; world=$(world_of "$args"); n=$(steps_of "$name")
-  local them=(--ranks-per-gpu "$world" "${steps[@]}") dir=$out/runs
+  local name=$1 args=$2 t=180 world n k; world=$(world_of "$args"); n=$(steps_of "$name"); k=$(saved_at "$name")
+  local them=(--ranks-per-gpu "$world" "${steps[@]}" --set train.warmup="$(warmup_of "$name")") dir=$out/runs
   if [[ $name == l8b* ]]; then
     t=300 dir=$big
     # shellcheck disable=SC2086
-    cpgen_run "$name" $t $args "${them[@]}" --set train.steps=$((n / 2)) --set train.save_every=$((n / 2)) \
+    cpgen_run "$name" $t $args "${them[@]}" --set train.steps="$k" --set train.save_every="$k" \
       --set "train.out_dir=$dir/$name"
     cp "$dir/$name/metrics.jsonl" "$out/runs/$name.metrics.jsonl" 2>/dev/null
   else
     # shellcheck disable=SC2086
-    cpgen_run "$name" $t $args "${them[@]}" --set train.steps="$n" --set train.save_every=$((n / 2)) \
+    cpgen_run "$name" $t $args "${them[@]}" --set train.steps="$n" --set train.save_every="$k" \
       --set "train.out_dir=$dir/$name"
     rm -rf "$dir/$name/ckpt_$n" # the uninterrupted run's last checkpoint is not needed
   fi
   # shellcheck disable=SC2086
   cpgen_run "${name}_resume" $t $args "${them[@]}" --set train.steps="$n" --set train.save_every=0 \
-    --set "train.out_dir=$out/runs/${name}_resume" --resume "$dir/$name/ckpt_$((n / 2))"
+    --set "train.out_dir=$out/runs/${name}_resume" --resume "$dir/$name/ckpt_$k"
   rm -rf "$dir/$name"/ckpt_* "$out/runs/${name}_resume"/ckpt_*
 }
 
@@ -196,12 +200,13 @@ uses() { # uses KEY: whether a wanted case has reference KEY
 }
 lane_8b() {
   uses l8b || return 0
-  reference l8b
+  reference l8b &
   local c name kind args ref
   for c in "${cases[@]}"; do
     IFS='|' read -r name kind args ref <<<"$c"
     want "$name" && [[ $name == l8b* ]] && layout "$name" "$args"
   done
+  wait
 }
 lane_tiny() {
   local key c name kind args ref k
@@ -258,8 +263,8 @@ for c in open(f"{out}/cases.txt").read().splitlines():
     r0, t0 = rc(f"ref_{ref}"); r1, t1 = rc(name); r2, t2 = rc(f"{name}_resume")
     for n, r in ((f"ref_{ref}", r0), (name, r1), (f"{name}_resume", r2)):
         if r != 0: why.append(f"{n} exited {r}: {last_words(n)}")
-    n = 4 if name.startswith("l8b") else 20
-    split = name.startswith("l8b") # 2 steps, then resumed to 4: the layout's steps are both runs'
+    split = name.startswith("l8b") # 1 step, then resumed to 3: the layout's steps are both runs'
+    n, k = (3, 1) if split else (20, 10)
     if split: b = b + res
     ok_steps = [s["step"] for s in a] == list(range(1, n + 1)) and [s["step"] for s in b] == list(range(1, n + 1))
     if not ok_steps: why.append(f"steps: reference {len(a)}, layout {len(b)} of {n}")
@@ -270,11 +275,11 @@ for c in open(f"{out}/cases.txt").read().splitlines():
     if not lrel <= 1e-3: why.append(f"loss {lrel:.2e} > 1e-3")
     if not nrel <= 1e-2: why.append(f"norm {nrel:.2e} > 1e-2")
     rs = {s["step"]: s for s in res}
-    if sorted(rs) != list(range(n // 2 + 1, n + 1)): why.append(f"resume: steps {sorted(rs)} not {n // 2 + 1}-{n}")
+    if sorted(rs) != list(range(k + 1, n + 1)): why.append(f"resume: steps {sorted(rs)} not {k + 1}-{n}")
     rrel = max((abs(rs[k]["loss"] - base[k]["loss"]) / abs(base[k]["loss"]) for k in rs if k in base), default=float("nan"))
     if not rrel <= 1e-3: why.append(f"resume loss {rrel:.2e} > 1e-3")
     mem = [(s["mem_measured"], s.get("mem_measured_min", s["mem_measured"]), s["mem_planned"], s.get("mem_own", True))
-           for s in b if s["step"] > 1 and not (split and s["step"] == n // 2 + 1)] # each run's first step aside
+           for s in b if s["step"] > 1 and not (split and s["step"] == k + 1)] # each run's first step aside
     mhi = max((abs(x - p) / p for x, _, p, _ in mem), default=float("nan"))
     mlo = max((abs(y - p) / p for _, y, p, _ in mem), default=float("nan"))
     if not all(o for *_, o in mem): why.append("memory: not measured per process")
