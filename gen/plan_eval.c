@@ -140,8 +140,8 @@ void cp_plan_eval_print(const cp_plan *P, FILE *out) {
     int n = cp_plan_eval_count(&P->spec);
     double one = cp_plan_eval_seconds(P, &e), train = tr->steps * P->t_step, all = train + n * one;
     char a[32], b[32], c[32];
-    fprintf(out, "evaluation: forward of %d sequence%s every %d step%s%s, within the step's memory, predicted %s (%d "
-                 "of the step's %d steps per micro-batch run; data.val = \"%s\")\n",
+    fprintf(out, "evaluation: forward of %d sequence%s every %d step%s%s, within the step's memory, predicted %s (it "
+                 "runs %d of a micro-batch's %d steps; data.val = \"%s\")\n",
             tr->eval_sequences, tr->eval_sequences == 1 ? "" : "s", tr->eval_every, tr->eval_every == 1 ? "" : "s",
             tr->steps % tr->eval_every ? " and after the last" : "", secs(one, a, sizeof a), e.nrun, P->micro_steps,
             P->spec.data.val);
