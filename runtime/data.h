@@ -59,8 +59,9 @@ void cp_tokens_close(cp_tokens *r);
 
 /* Read the next sequence's tokens [first, first + n) (first + n <= seq_len + 1) into out, then, when advance,
  * move to the next sequence. Sequences start every seq_len tokens within a shard (each token is a target once);
- * a shard's tail shorter than seq_len + 1 is skipped, and after the last shard the reader starts the first again
- * (epoch + 1). Fails on a token >= vocab with the file, the token's index in it and its value. */
+ * a shard's tail shorter than seq_len + 1 is skipped, and after the last sequence of the part read (the last shard's,
+ * unless cp_tokens_limit says otherwise) the reader starts that part's first again (epoch + 1). Fails on a token
+ * >= vocab with the file, the token's index in it and its value. */
 int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool advance, char *err, int errlen);
 
 /* Continue from a saved position; fails when it does not fit these shards, or lies outside the part read. */
