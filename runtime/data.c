@@ -512,13 +512,13 @@ int cp_dataset_open_val(cp_dataset *d, const cp_spec *spec, char *err, int errle
         rc = open_split(d, spec, f, true, err, errlen);
     } else if (!strncmp(val, "tokens:", 7)) {
         rc = cp_tokens_open(&d->tokens, val + 7, spec->model.vocab, d->seq_len, err, errlen);
-        const char *both = !rc && !strncmp(spec->data.source, "tokens:", 7) ? shared_shard(spec->data.source + 7, &d->tokens)
-                                                                           : NULL;
+        const char *both = NULL;
+        if (!rc && !strncmp(spec->data.source, "tokens:", 7)) both = shared_shard(spec->data.source + 7, &d->tokens);
         if (both) {
-            rc = cp_errf(err, errlen, "data.val = \"%.200s\": %s is also a training shard (data.source = \"%.200s\"): a "
-                         "validation loss on data the model trains on measures nothing held out; give other shards, "
-                         "or hold out the end of the training ones with data.val = \"split:<fraction>\"", val, both,
-                         spec->data.source);
+            rc = cp_errf(err, errlen, "data.val = \"%.200s\": %s is also a training shard (data.source = "
+                         "\"%.200s\"): a validation loss on data the model trains on measures nothing held out; give "
+                         "other shards, or hold out the end of the training ones with data.val = "
+                         "\"split:<fraction>\"", val, both, spec->data.source);
             cp_tokens_close(&d->tokens);
         }
         if (!rc) d->count = cp_tokens_sequences(&d->tokens);

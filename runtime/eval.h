@@ -48,9 +48,9 @@ bool cp_eval_due(const cp_eval *ev, int step);
  * Returns 0, or -1 with a message. */
 int cp_eval_after(cp_eval *ev, cp_exec *ex, int step, cp_eval_result *r, char *err, int errlen);
 
-/* What the run prints and logs of it: " | val loss X" for the step line, "\"val_loss\":X,\"val_tokens\":N,\"val_seconds\":S,"
- * for the step's metrics line (nothing where r->done is false), and " | val loss X (step K)" for the end-of-run
- * line (nothing before the first evaluation). */
+/* What the run prints and logs of it: " | val loss X" for the step line,
+ * "\"val_loss\":X,\"val_tokens\":N,\"val_seconds\":S," for the step's metrics line (nothing where r->done is false),
+ * and " | val loss X (after step K)" for the end-of-run line (nothing before the first evaluation). */
 const char *cp_eval_step_text(const cp_eval_result *r, char *buf, size_t n);
 void cp_eval_metrics(FILE *f, const cp_eval_result *r);
 const char *cp_eval_done_text(const cp_eval *ev, char *buf, size_t n);

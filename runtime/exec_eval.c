@@ -38,12 +38,14 @@ int cp_exec_eval(cp_exec *ex, const int32_t *tokens, const int32_t *targets, int
     if (e != cudaSuccess) rc = cp_cuda_errmsg(e, "zeroing the evaluation's loss", err, errlen);
     for (int b = 0; b < n && !rc; b++) {
         rc = exec_join_streams(ex, err, errlen);
-        for (int i = 0; i <= ex->eval_end && !rc; i++) rc = exec_run_step(ex, i, b, NULL, !ex->eval_run[i], err, errlen);
+        for (int i = 0; i <= ex->eval_end && !rc; i++)
+            rc = exec_run_step(ex, i, b, NULL, !ex->eval_run[i], err, errlen);
     }
     if (!rc) rc = exec_join_streams(ex, err, errlen);
     /* each rank's sum is its own tokens': the run's is the sum over all ranks of all groups */
     if (!rc && exec_run_comm(ex))
-        rc = cp_nccl_all_reduce(exec_run_comm(ex), ex->loss_sum, ex->loss_sum, 1, ncclFloat32, ncclSum, cs, err, errlen);
+        rc = cp_nccl_all_reduce(exec_run_comm(ex), ex->loss_sum, ex->loss_sum, 1, ncclFloat32, ncclSum, cs, err,
+                                errlen);
     if (!rc) rc = exec_read_scalars(ex, err, errlen);
     ex->profiling = profiling;
     ex->tracing = tracing;

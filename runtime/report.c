@@ -1,5 +1,6 @@
 /* report.c: `cpgen report OUT_DIR`: the run's metrics.jsonl, one JSON object per step, drawn as report.svg in four
- * panels; the validation loss, where steps have one ("val_loss"), beside the training loss with a legend. A value logged as null (a skipped step's loss) leaves a gap in its line rather than a false point.
+ * panels; the validation loss, where steps have one ("val_loss"), beside the training loss with a legend. A value
+ * logged as null (a skipped step's loss) leaves a gap in its line rather than a false point.
  *
  * The file may come from a run that crashed (its last line cut short) or from anyone's hands, so every line is
  * judged on its own: a line that is not a step's metrics is skipped, a value that no run logs (not finite, or past

@@ -292,7 +292,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         times[step] = r.seconds;
         double tps = (double)P->T * mb / r.seconds, tf = flops / r.seconds / 1e12;
         if (out && (step % tr->log_every == 0 || step + 1 == tr->steps || r.skipped || vr.done)) {
-            char a[32], b[32], skip[64] = "", host[64] = "", val[48];
+            char a[32], b[32], skip[64] = "", host[64] = "", val[64];
             if (P->host_arena)
                 snprintf(host, sizeof host, " | host %.2f/%.2f GiB", (double)r.host_used / (1 << 30),
                          (double)P->host_run / (1 << 30));
@@ -300,7 +300,8 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                                     isfinite(r.loss) ? "non-finite norm" : "non-finite loss", res->skipped);
             fprintf(out, "step %d/%d | loss %.4f%s | norm %.2f | lr %.1e | %s | %s tok/s/GPU | %.*f TF/s | %.*f%% MFU | "
                          "mem %.2f/%.2f GiB%s (%s/planned)%s\n",
-                    step + 1, tr->steps, r.loss, cp_eval_step_text(&vr, val, sizeof val), r.norm, hp.lr, fmt_time(r.seconds, a, sizeof a),
+                    step + 1, tr->steps, r.loss, cp_eval_step_text(&vr, val, sizeof val), r.norm, hp.lr,
+                    fmt_time(r.seconds, a, sizeof a),
                     cp_fmt_count(tps, b, sizeof b), tf < 100 ? 1 : 0, tf, 100 * tf / peak < 10 ? 1 : 0,
                     100 * tf / peak, (double)r.mem_used / (1 << 30), (double)P->gpu_peak / (1 << 30), host,
                     ranks == 1 ? "measured" : own ? "largest rank measured" : "GPU measured, ranks sharing it", skip);

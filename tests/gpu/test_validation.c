@@ -44,7 +44,8 @@ static void snapshot(cp_exec *ex, const cp_plan *p, state_copy *s) {
     s->g = malloc(n * sizeof(float));
     s->params = malloc((size_t)p->params_shard * 2);
     assert_true(s->w && s->m && s->v && s->g && s->params);
-    if (cp_exec_read_weights(ex, s->w, err, sizeof err) || cp_exec_read_optimizer(ex, s->m, s->v, &s->updates, err, sizeof err) ||
+    if (cp_exec_read_weights(ex, s->w, err, sizeof err) ||
+        cp_exec_read_optimizer(ex, s->m, s->v, &s->updates, err, sizeof err) ||
         cp_exec_read_grads(ex, s->g, false, err, sizeof err))
         fail_msg("reading the state: %s", err);
     const void *dp = cp_exec_buffer(ex, "params.bf16");
@@ -97,7 +98,8 @@ static void run_variant(int nsets, const char **sets) {
     cp_dataset d;
     if (cp_dataset_open(&d, &s, err, sizeof err)) fail_msg("data: %s", err);
     for (size_t b = 0; b < (size_t)mb * STEPS; b++)
-        if (cp_dataset_next(&d, 0, 1, tok + b * (size_t)p.T, tgt + b * (size_t)p.T, err, sizeof err)) fail_msg("%s", err);
+        if (cp_dataset_next(&d, 0, 1, tok + b * (size_t)p.T, tgt + b * (size_t)p.T, err, sizeof err))
+            fail_msg("%s", err);
     cp_dataset_close(&d);
     cp_optim_hp hp = {.lr = s.train.lr, .beta1 = s.train.beta1, .beta2 = s.train.beta2, .eps = s.train.eps,
                       .weight_decay = s.train.weight_decay, .clip = s.train.clip};
@@ -112,7 +114,8 @@ static void run_variant(int nsets, const char **sets) {
         state_copy before, after;
         snapshot(ex, &p, &before);
         int next = (k + 1) % STEPS;
-        if (cp_exec_eval(ex, tok + next * per, tgt + next * per, mb, 0, &sum, err, sizeof err)) fail_msg("eval: %s", err);
+        if (cp_exec_eval(ex, tok + next * per, tgt + next * per, mb, 0, &sum, err, sizeof err))
+            fail_msg("eval: %s", err);
         snapshot(ex, &p, &after);
         char when[64];
         snprintf(when, sizeof when, "an evaluation after step %d", k + 1);
