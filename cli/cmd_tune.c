@@ -188,8 +188,9 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dir);
     snprintf(lset, sizeof lset, "model.layers=%d", L);
     snprintf(dset, sizeof dset, "train.out_dir=%s", dir);
+    /* a measurement times steps: no checkpoints, and no evaluations to spend the budget on */
     const char *extra[] = {lset, STEPS_SET, "train.warmup=0", "train.log_every=1",
-                           "train.save_every=0", dset};
+                           "train.save_every=0", "train.eval_every=0", dset};
     int nsets;
     char **sets = cp_tune_candidate_sets(t, i, o->sets, o->nsets, extra, (int)CP_ARRAY_LEN(extra), &nsets);
     /* the L-layer plan's prediction, to set the measurement against */

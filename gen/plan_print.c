@@ -3,6 +3,7 @@
 
 #include "kernels.h"
 #include "plan.h"
+#include "plan_eval.h"
 #include "ring.h"
 #include "util.h"
 
@@ -302,6 +303,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     fprintf(out, "predicted rate: %s tokens/s per GPU | %.0f TF/s per GPU | %.0f%% MFU of %.0f TF/s\n",
             cp_fmt_count(tok / P->t_step, d, sizeof d), flops / P->t_step / 1e12,
             100.0 * flops / P->t_step / (mc->peak_tflops * 1e12), mc->peak_tflops);
+    cp_plan_eval_print(P, out);
     if (P->fits)
         fprintf(out, "fits: yes (%s free per GPU)\n", cp_fmt_bytes(mc->gpu_mem - P->gpu_peak * share, a, sizeof a));
     else fprintf(out, "fits: NO: %s\n", P->why);
@@ -461,6 +463,7 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
                  "\"comm_exposed\": %.6g, \"host_copies\": %.6g, \"tokens_per_s_per_gpu\": %.6g},\n",
             P->t_step, P->t_compute, P->t_attn, P->t_comm, P->t_comm_exposed, P->t_copy,
             tokens_per_step(P) / P->C / P->t_step);
+    cp_plan_eval_print_json(P, out);
     fprintf(out, "  \"steps\": %lld,\n  \"modules\": [", (long long)cp_plan_flat_steps(P));
     for (int i = 0; i < P->nmodules; i++) {
         fprintf(out, "%s", i ? ", " : "");

@@ -57,8 +57,8 @@ static const node PARALLEL_KEYS[] = {
 static const node TRAIN_KEYS[] = {
     LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
-    LEAF("save_every"), LEAF("out_dir"), LEAF("deterministic"), END};
-static const node DATA_KEYS[] = {LEAF("source"), END};
+    LEAF("save_every"), LEAF("eval_every"), LEAF("eval_sequences"), LEAF("out_dir"), LEAF("deterministic"), END};
+static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
@@ -1196,6 +1196,16 @@ static int read_parallel(ctx *c, int top, cp_parallel *p) {
     return 0;
 }
 
+static int bad_eval_every(ctx *c, int64_t v) {
+    return fail(c, "train.eval_every", " = %lld: must be at least 0 (steps between evaluations on data.val; 0 never "
+                "evaluates)", (long long)v);
+}
+
+static int bad_eval_sequences(ctx *c, int64_t v) {
+    return fail(c, "train.eval_sequences", " = %lld: must be at least 1 (the sequences of data.val that each "
+                "evaluation reads)", (long long)v);
+}
+
 static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     int t, r;
     TRY(section(c, top, "train", true, "train = { seq_len = ..., steps = ..., lr = ... }", &t));
@@ -1225,6 +1235,15 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     TRY(get_cint(c, t, "train", "log_every", &tr->log_every));
     tr->save_every = 0;
     TRY(get_cint(c, t, "train", "save_every", &tr->save_every));
+    /* -1: not given, so that the defaults, which depend on data.val and parallel.replicas, are set in read_rest */
+    tr->eval_every = tr->eval_sequences = -1;
+    int64_t v;
+    TRY(r = get_int(c, t, "train", "eval_every", INT_PLAIN, INT_MIN, INT_MAX, &v));
+    if (!r && v < 0) return bad_eval_every(c, v);
+    if (!r) tr->eval_every = (int)v;
+    TRY(r = get_int(c, t, "train", "eval_sequences", INT_PLAIN, INT_MIN, INT_MAX, &v));
+    if (!r && v < 1) return bad_eval_sequences(c, v);
+    if (!r) tr->eval_sequences = (int)v;
     snprintf(tr->out_dir, sizeof tr->out_dir, "runs/%s", name);
     TRY(get_str(c, t, "train", "out_dir", tr->out_dir, sizeof tr->out_dir));
     tr->deterministic = true;
@@ -1284,7 +1303,14 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(section(c, top, "data", false, "", &t));
     snprintf(s->data.source, sizeof s->data.source, "synthetic:recall");
     TRY(get_str(c, t, "data", "source", s->data.source, sizeof s->data.source));
+    s->data.val[0] = 0;
+    TRY(get_str(c, t, "data", "val", s->data.val, sizeof s->data.val));
+    if (!strcmp(s->data.val, "none")) s->data.val[0] = 0;
     lua_pop(c->L, 1);
+    /* evaluation's defaults: about ten evaluations a run where there is held-out data, each of one step's sequences */
+    cp_train *tr = &s->train;
+    if (tr->eval_every == -1) tr->eval_every = s->data.val[0] ? CP_MAX(1, tr->steps / 10) : 0;
+    if (tr->eval_sequences == -1) tr->eval_sequences = tr->micro_batches * s->parallel.replicas;
 
     TRY(section(c, top, "init", false, "", &t));
     e = CP_INIT_RANDOM;
@@ -1544,6 +1570,34 @@ static int validate(ctx *c, cp_spec *s) {
                     src);
     }
 
+    /* held-out data (data.val); its rules with other keys come with the cross-field rules */
+    const char *val = s->data.val;
+    double frac;
+    if (!strncmp(val, "split:", 6)) {
+        if (!cp_val_split(val, &frac))
+            return fail(c, "data.val", " = \"%.200s\": the fraction held out must be a number between 0 and 1 (both "
+                        "excluded), such as \"split:0.01\" for the last 1%% of the sequences", val);
+    } else if (!strncmp(val, "tokens:", 7)) {
+        if (!val[7])
+            return fail(c, "data.val", " = \"%s\": give the held-out shards after the prefix, e.g. "
+                        "\"tokens:data/val/*.bin\"", val);
+    } else if (!strncmp(val, "synthetic:", 10)) {
+        bool known = false;
+        for (int i = 0; SYNTHETIC_KINDS[i]; i++)
+            if (strcmp(val + 10, SYNTHETIC_KINDS[i]) == 0) known = true;
+        if (!known) {
+            const char *near = suggest_name(val + 10, SYNTHETIC_KINDS);
+            return fail(c, "data.val", " = \"%.200s\": unknown synthetic data; %s\"synthetic:%s\"%s", val,
+                        near ? "did you mean " : "use ", near ? near : SYNTHETIC_KINDS[0], near ? "?" : "");
+        }
+    } else if (val[0]) {
+        return fail(c, "data.val", " = \"%.200s\": must be \"tokens:<glob>\" (held-out shards), \"split:<fraction>\" "
+                    "(the last fraction of a tokens: source), \"synthetic:copy\" or \"synthetic:recall\" (that task's "
+                    "held-out sequences), or \"none\"", val);
+    }
+    if (tr->eval_every < 0) return bad_eval_every(c, tr->eval_every);
+    if (tr->eval_sequences < 1) return bad_eval_sequences(c, tr->eval_sequences);
+
     /* init */
     if (bad_pos(s->init.std)) return fail(c, "init.std", " = %g: must be a positive number such as 0.02", s->init.std);
 
@@ -1707,6 +1761,20 @@ static int validate(ctx *c, cp_spec *s) {
     if (mc->reserve >= mc->gpu_mem)
         return fail(c, "machine.reserve", " = %s: must be less than machine.gpu_mem (%s)",
                     cp_fmt_bytes(mc->reserve, b1, sizeof b1), cp_fmt_bytes(mc->gpu_mem, b2, sizeof b2));
+    if (!strncmp(val, "split:", 6) && strncmp(s->data.source, "tokens:", 7))
+        return fail(c, "data.val", " = \"%.200s\": a split holds out the end of a tokens: source, and data.source is "
+                    "\"%.200s\", whose own held-out sequences are data.val = \"%.200s\"", val, s->data.source,
+                    s->data.source);
+    if (tr->eval_every > 0 && !val[0])
+        return fail(c, "train.eval_every", " = %d: evaluates on data.val, which is not set; set data.val (\"split:0.01\" "
+                    "for tokens: data, \"synthetic:copy\" or \"synthetic:recall\" for a synthetic task, or "
+                    "\"tokens:<glob>\"), or eval_every = 0", tr->eval_every);
+    if (val[0] && tr->eval_sequences % p->replicas) {
+        int64_t R = p->replicas, lo = tr->eval_sequences / R * R;
+        return fail(c, "train.eval_sequences", " = %d: the %lld replica groups evaluate equal shares of the "
+                    "sequences, so it must be a multiple of parallel.replicas; use %lld or %lld", tr->eval_sequences,
+                    (long long)R, (long long)(lo ? lo : R), (long long)(lo + R));
+    }
     if (s->init.from == CP_INIT_HF && !s->init.path[0])
         return fail(c, "init.path",
                     " is missing; init.from = \"hf\" needs path = the folder of a Hugging Face model (config.json "
@@ -2307,6 +2375,20 @@ int64_t cp_model_layer_params(const cp_model *m) {
 int64_t cp_model_params(const cp_model *m) {
     int64_t emb = m->vocab * m->hidden;
     return m->layers * cp_model_layer_params(m) + emb + (m->tie_embeddings ? 0 : emb) + m->hidden;
+}
+
+bool cp_val_split(const char *val, double *fraction) {
+    *fraction = NAN;
+    if (strncmp(val, "split:", 6) != 0) return false;
+    const char *num = val + 6;
+    char *end;
+    errno = 0;
+    double f = strtod(num, &end);
+    /* a plain decimal number: strtod also reads "nan", "inf" and hex floats, which no one means here */
+    if (end == num || *end || errno || strspn(num, "0123456789.eE+-") != strlen(num) || !(f > 0 && f < 1))
+        return false;
+    *fraction = f;
+    return true;
 }
 
 double cp_machine_attn_tflops(const cp_machine *mc, bool backward, int64_t head_dim) {

@@ -64,12 +64,18 @@ typedef struct {
     int warmup;
     double weight_decay, clip, beta1, beta2, eps;
     int log_every, save_every;
+    int eval_every;     /* evaluate on data.val every this many steps and after the last (0: never) */
+    int eval_sequences; /* sequences of data.val each evaluation reads, from its start (a multiple of replicas) */
     char out_dir[CP_PATH_MAX];
     bool deterministic; /* the same bits every run (attention's dQ summed in key-block order), or faster sums */
 } cp_train;
 
 typedef struct {
     char source[CP_PATH_MAX]; /* "synthetic:recall" or "tokens:<glob>" */
+    /* held-out data for the validation loss (runtime/eval.c): "" (none), "tokens:<glob>" (other shards),
+     * "split:<fraction>" (the last fraction of the tokens: source's sequences, which training then never reads) or
+     * "synthetic:<task>" (that task's sequences from CP_VAL_FIRST_SEQUENCE on, which training never reaches) */
+    char val[CP_PATH_MAX];
 } cp_data;
 
 typedef struct {
@@ -155,6 +161,10 @@ const char *cp_offload_name(cp_offload o);
 double cp_machine_attn_tflops(const cp_machine *mc, bool backward, int64_t head_dim);
 const char *cp_opt_place_name(cp_opt_place o);
 const char *cp_attn_keep_name(cp_attn_keep a);
+
+/* data.val = "split:<fraction>": true with the fraction (strictly between 0 and 1) in *fraction; false for any other
+ * value, or a split whose fraction does not parse or lies outside (0, 1) (*fraction is then NaN). */
+bool cp_val_split(const char *val, double *fraction);
 
 /* Parameters of the model (all of them, not per rank). */
 int64_t cp_model_layer_params(const cp_model *m);

@@ -89,10 +89,15 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_num(o, "eps", t->eps);
     put_int(o, "log_every", t->log_every);
     put_int(o, "save_every", t->save_every);
+    if (s->data.val[0]) { /* written only where there is held-out data: a spec without any writes what it wrote */
+        put_int(o, "eval_every", t->eval_every);
+        put_int(o, "eval_sequences", t->eval_sequences);
+    }
     put_str(o, "out_dir", t->out_dir);
     put_bool(o, "deterministic", t->deterministic);
     cp_str_printf(o, "  },\n  data = {\n");
     put_str(o, "source", s->data.source);
+    if (s->data.val[0]) put_str(o, "val", s->data.val);
     cp_str_printf(o, "  },\n  init = {\n");
     put_str(o, "from", s->init.from == CP_INIT_HF ? "hf" : "random");
     put_str(o, "path", s->init.path);

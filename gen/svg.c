@@ -229,6 +229,19 @@ void cp_svg_series(cp_svg *s, const cp_svg_panel *p, const double *x, const doub
     fprintf(s->f, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", color);
 }
 
+void cp_svg_points(cp_svg *s, const cp_svg_panel *p, const double *x, const double *y, int n, const char *color,
+                   const char *name) {
+    fprintf(s->f, "<g class=\"points\" data-points=\"");
+    put_escaped(s->f, name);
+    fprintf(s->f, "\" fill=\"%s\">\n", color);
+    int64_t every = n > SERIES_MAX_POINTS ? (n + SERIES_MAX_POINTS - 1) / SERIES_MAX_POINTS : 1;
+    for (int64_t i = 0; i < n; i += every) {
+        double px = cp_svg_px(p, x[i]), py = cp_svg_py(p, y[i]);
+        if (isfinite(px) && isfinite(py)) fprintf(s->f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\"/>\n", px, py);
+    }
+    fprintf(s->f, "</g>\n");
+}
+
 void cp_svg_band(cp_svg *s, const cp_svg_panel *p, const double *x, const double *lower, const double *upper, int n,
                  const char *color, const char *name) {
     begin_series(s, name);

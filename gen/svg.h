@@ -42,6 +42,11 @@ void cp_svg_panel_end(cp_svg *s);
 /* A polyline series (x[i], y[i]) named name (class "series", data-name); points with y NaN are skipped. */
 void cp_svg_series(cp_svg *s, const cp_svg_panel *p, const double *x, const double *y, int n, const char *color,
                    const char *name);
+/* A mark at each point (x[i], y[i]) with y not NaN (group class "points", data-points name), for a series whose
+ * points are few and far apart (a validation loss logged every k steps), so that even a single one shows; more than
+ * the picture can hold are thinned to evenly spaced ones. */
+void cp_svg_points(cp_svg *s, const cp_svg_panel *p, const double *x, const double *y, int n, const char *color,
+                   const char *name);
 /* The band between lower[i] and upper[i] as one closed area (class "series", data-name). */
 void cp_svg_band(cp_svg *s, const cp_svg_panel *p, const double *x, const double *lower, const double *upper, int n,
                  const char *color, const char *name);

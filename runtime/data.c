@@ -147,6 +147,52 @@ int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq
             return -1;
         }
     r->buf = cp_xmalloc((size_t)(seq_len + 1) * 4);
+    /* sequences start every seq_len tokens while seq_len + 1 remain: (count - 1) / seq_len of them per shard */
+    r->before = cp_xcalloc((size_t)r->nshards + 1, sizeof *r->before);
+    for (int k = 0; k < r->nshards; k++) r->before[k + 1] = r->before[k] + (r->counts[k] - 1) / seq_len;
+    r->seq_lo = 0;
+    r->seq_hi = r->before[r->nshards];
+    return 0;
+}
+
+int64_t cp_tokens_sequences(const cp_tokens *r) { return r->before ? r->before[r->nshards] : 0; }
+
+/* Sequence g of the stream (over all shards): its shard and the token where it starts. */
+static void tokens_goto(cp_tokens *r, int64_t g) {
+    int lo = 0, hi = r->nshards - 1; /* the shard k with before[k] <= g < before[k + 1] */
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (r->before[mid] <= g) lo = mid;
+        else hi = mid - 1;
+    }
+    r->pos.shard = lo;
+    r->pos.offset = (g - r->before[lo]) * r->seq_len;
+}
+
+/* The stream's index of the sequence at the position. */
+static int64_t tokens_index(const cp_tokens *r, const cp_data_pos *pos) {
+    return r->before[pos->shard] + pos->offset / r->seq_len;
+}
+
+void cp_tokens_limit(cp_tokens *r, int64_t lo, int64_t hi) {
+    r->seq_lo = lo;
+    r->seq_hi = hi;
+    memset(&r->pos, 0, sizeof r->pos);
+    tokens_goto(r, lo);
+}
+
+int cp_val_split_counts(int64_t n, double fraction, int64_t *train, int64_t *held, char *err, int errlen) {
+    /* fraction x n rounded down, but 0.1 x 30 = 3.0000000000000004 and 0.29 x 100 = 28.999999999999996 are the
+     * whole numbers a user means */
+    double x = fraction * (double)n, whole = nearbyint(x);
+    *held = fabs(x - whole) <= 1e-9 * fmax(1.0, x) ? (int64_t)whole : (int64_t)floor(x);
+    *train = n - *held;
+    if (*held < 1)
+        return cp_errf(err, errlen, "%g of the %lld sequences is less than one sequence: hold out at least %.3g (1 "
+                       "sequence), or give more shards", fraction, (long long)n, 1.0 / (double)n);
+    if (*train < 1)
+        return cp_errf(err, errlen, "holding out %g of the %lld sequences leaves none to train on: hold out less",
+                       fraction, (long long)n);
     return 0;
 }
 
@@ -157,6 +203,7 @@ void cp_tokens_close(cp_tokens *r) {
     free(r->paths);
     free(r->counts);
     free(r->token_bytes);
+    free(r->before);
     free(r->buf);
     memset(r, 0, sizeof *r);
     r->fd = r->fd_shard = -1;
@@ -190,15 +237,15 @@ int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool ad
         out[k] = (int32_t)v;
     }
     if (advance) {
+        /* the next sequence of the part read: the next start in this shard, else the next shard's first; after the
+         * part's last, its first again */
         r->pos.sequence++;
-        r->pos.offset += r->seq_len;
-        if (r->pos.offset + r->seq_len + 1 > r->counts[s]) {
-            r->pos.offset = 0;
-            if (++r->pos.shard == r->nshards) {
-                r->pos.shard = 0;
-                r->pos.epoch++;
-            }
+        int64_t g = tokens_index(r, &r->pos) + 1;
+        if (g >= r->seq_hi) {
+            g = r->seq_lo;
+            r->pos.epoch++;
         }
+        tokens_goto(r, g);
     }
     return 0;
 }
@@ -217,6 +264,14 @@ int cp_tokens_seek(cp_tokens *r, const cp_data_pos *pos, char *err, int errlen) 
                     (long long)r->seq_len);
     if (pos->sequence < 0 || pos->epoch < 0)
         return cp_errf(err, errlen, "resuming the data: the saved position has a negative count");
+    int64_t g = tokens_index(r, pos);
+    if (g < r->seq_lo || g >= r->seq_hi)
+        return cp_errf(err, errlen,
+                       "resuming the data: the saved position (token %lld of %s) is sequence %lld of the shards, "
+                       "outside sequences %lld-%lld that training reads (the rest are held out by data.val's split): "
+                       "the split or the shards changed since the checkpoint; resume with the data.val it was saved "
+                       "with", (long long)pos->offset, r->paths[pos->shard], (long long)g, (long long)r->seq_lo,
+                       (long long)(r->seq_hi - 1));
     r->pos = *pos;
     return 0;
 }
@@ -374,25 +429,126 @@ void cp_copy_sequence(const cp_copy *c, int64_t index, int32_t *tokens, int32_t 
 /* ------------------------------------------------------------------------------------------------------------
  * the spec's source */
 
+static bool is_synthetic(const char *src) { return !strcmp(src, "synthetic:recall") || !strcmp(src, "synthetic:copy"); }
+
+/* A synthetic task's stream of sequences [first, end). */
+static int open_synthetic(cp_dataset *d, const char *src, const cp_spec *spec, int64_t first, int64_t end, char *err,
+                          int errlen) {
+    d->synthetic = true;
+    d->kind = src[10] == 'r' ? CP_DATA_RECALL : CP_DATA_COPY;
+    if (d->kind == CP_DATA_RECALL
+            ? cp_recall_init(&d->recall, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen)
+            : cp_copy_init(&d->copy, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen))
+        return -1;
+    d->scratch = cp_xmalloc((size_t)d->seq_len * 2 * sizeof *d->scratch);
+    d->first = d->sequence = first;
+    d->end = end;
+    d->count = -1;
+    return 0;
+}
+
+/* The shards of a tokens: source split by data.val = "split:<fraction>": the training part (held = false) or the
+ * held-out one. */
+static int open_split(cp_dataset *d, const cp_spec *spec, double fraction, bool held, char *err, int errlen) {
+    const char *src = spec->data.source;
+    if (cp_tokens_open(&d->tokens, src + 7, spec->model.vocab, d->seq_len, err, errlen)) return -1;
+    int64_t n = cp_tokens_sequences(&d->tokens), ntrain, nheld;
+    char why[CP_ERR_MAX];
+    if (cp_val_split_counts(n, fraction, &ntrain, &nheld, why, sizeof why)) {
+        cp_tokens_close(&d->tokens);
+        return cp_errf(err, errlen, "data.val = \"%.200s\" with data.source = \"%.200s\" (sequences of train.seq_len + "
+                       "1 = %lld tokens): %s", spec->data.val, src, (long long)(d->seq_len + 1), why);
+    }
+    if (held) cp_tokens_limit(&d->tokens, ntrain, n);
+    else cp_tokens_limit(&d->tokens, 0, ntrain);
+    d->count = held ? nheld : ntrain;
+    return 0;
+}
+
 int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen) {
     memset(d, 0, sizeof *d);
     d->tokens.fd = d->tokens.fd_shard = -1;
     d->seq_len = spec->train.seq_len;
     const char *src = spec->data.source;
-    if (!strcmp(src, "synthetic:recall") || !strcmp(src, "synthetic:copy")) {
-        d->synthetic = true;
-        d->kind = src[10] == 'r' ? CP_DATA_RECALL : CP_DATA_COPY;
-        if (d->kind == CP_DATA_RECALL
-                ? cp_recall_init(&d->recall, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen)
-                : cp_copy_init(&d->copy, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen))
-            return -1;
-        d->scratch = cp_xmalloc((size_t)d->seq_len * 2 * sizeof *d->scratch);
+    if (is_synthetic(src)) return open_synthetic(d, src, spec, 0, CP_VAL_FIRST_SEQUENCE, err, errlen);
+    if (!strncmp(src, "tokens:", 7)) {
+        double f;
+        if (cp_val_split(spec->data.val, &f)) return open_split(d, spec, f, false, err, errlen);
+        if (cp_tokens_open(&d->tokens, src + 7, spec->model.vocab, d->seq_len, err, errlen)) return -1;
+        d->count = cp_tokens_sequences(&d->tokens);
         return 0;
     }
-    if (!strncmp(src, "tokens:", 7))
-        return cp_tokens_open(&d->tokens, src + 7, spec->model.vocab, d->seq_len, err, errlen);
     return cp_errf(err, errlen, "data.source = \"%s\": unknown source; use \"synthetic:copy\", \"synthetic:recall\" or \"tokens:<glob>\"",
                 src);
+}
+
+/* A file the training glob `pattern` matches that is also one of the shards r opened (the same file by device and
+ * inode, whatever the path): its name in r, or NULL. */
+static const char *shared_shard(const char *pattern, const cp_tokens *r) {
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    const char *hit = NULL;
+    if (glob(pattern, 0, NULL, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc && !hit; i++) {
+            struct stat a, b;
+            if (stat(g.gl_pathv[i], &a)) continue;
+            for (int k = 0; k < r->nshards && !hit; k++)
+                if (!stat(r->paths[k], &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino) hit = r->paths[k];
+        }
+    globfree(&g);
+    return hit;
+}
+
+int cp_dataset_open_val(cp_dataset *d, const cp_spec *spec, char *err, int errlen) {
+    memset(d, 0, sizeof *d);
+    d->tokens.fd = d->tokens.fd_shard = -1;
+    d->seq_len = spec->train.seq_len;
+    const char *val = spec->data.val;
+    double f;
+    int rc;
+    if (is_synthetic(val)) {
+        rc = open_synthetic(d, val, spec, CP_VAL_FIRST_SEQUENCE, INT64_MAX, err, errlen);
+    } else if (cp_val_split(val, &f) && !strncmp(spec->data.source, "tokens:", 7)) {
+        rc = open_split(d, spec, f, true, err, errlen);
+    } else if (!strncmp(val, "tokens:", 7)) {
+        rc = cp_tokens_open(&d->tokens, val + 7, spec->model.vocab, d->seq_len, err, errlen);
+        const char *both = NULL;
+        if (!rc && !strncmp(spec->data.source, "tokens:", 7)) both = shared_shard(spec->data.source + 7, &d->tokens);
+        if (both) {
+            rc = cp_errf(err, errlen, "data.val = \"%.200s\": %s is also a training shard (data.source = "
+                         "\"%.200s\"): a validation loss on data the model trains on measures nothing held out; give "
+                         "other shards, or hold out the end of the training ones with data.val = "
+                         "\"split:<fraction>\"", val, both, spec->data.source);
+            cp_tokens_close(&d->tokens);
+        }
+        if (!rc) d->count = cp_tokens_sequences(&d->tokens);
+    } else {
+        return cp_errf(err, errlen, "data.val = \"%.200s\": no held-out data to open (spec.c lets through only "
+                       "\"tokens:\", \"split:\" with tokens: data and \"synthetic:\"; a cpgen bug)", val);
+    }
+    if (rc) return -1;
+    int want = spec->train.eval_sequences;
+    if (d->count >= 0 && d->count < want) {
+        int64_t have = d->count, seq = d->seq_len;
+        cp_dataset_close(d);
+        return cp_errf(err, errlen, "train.eval_sequences = %d, but data.val = \"%.200s\" holds %lld sequence%s of "
+                       "train.seq_len + 1 = %lld tokens, so an evaluation would read some twice: lower "
+                       "train.eval_sequences to at most %lld, or hold out more", want, val, (long long)have,
+                       have == 1 ? "" : "s", (long long)(seq + 1), (long long)have);
+    }
+    return 0;
+}
+
+void cp_dataset_rewind(cp_dataset *d) {
+    if (d->synthetic) d->sequence = d->first;
+    else cp_tokens_limit(&d->tokens, d->tokens.seq_lo, d->tokens.seq_hi);
+}
+
+/* A synthetic stream about to hand out sequences up to sequence + n: never into the held-out ones. */
+static int synthetic_room(const cp_dataset *d, int64_t n, char *err, int errlen) {
+    if (d->sequence <= d->end - n) return 0;
+    return cp_errf(err, errlen, "data: the synthetic stream reached sequence %lld, where data.val's held-out "
+                   "sequences begin; train fewer steps", (long long)d->end);
 }
 
 /* Synthetic sequence `index` into the scratch (tokens, then targets), and its count of targets. */
@@ -412,6 +568,7 @@ int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *ta
                     (long long)d->seq_len);
     int64_t T = d->seq_len / C, first = (int64_t)rank * T;
     if (d->synthetic) {
+        if (synthetic_room(d, 1, err, errlen)) return -1;
         synthetic_sequence(d, d->sequence);
         memcpy(tokens, d->scratch + first, (size_t)T * sizeof *tokens);
         memcpy(targets, d->scratch + d->seq_len + first, (size_t)T * sizeof *targets);
@@ -447,6 +604,7 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
     int nruns = cp_ring_rope_runs(sl->ring, sl->ring_pos, S, sl->gpus, sl->rank, run);
     int rc = 0;
     if (d->synthetic) {
+        if (synthetic_room(d, sl->replicas, err, errlen)) return -1;
         /* the other replicas' sequences only for their target counts (the loss is divided by the round's) */
         int64_t others = 0;
         for (int g = 0; g < sl->replicas; g++)
@@ -491,7 +649,9 @@ void cp_dataset_tell(const cp_dataset *d, cp_data_pos *pos) {
 
 int cp_dataset_seek(cp_dataset *d, const cp_data_pos *pos, char *err, int errlen) {
     if (d->synthetic) {
-        if (pos->sequence < 0) return cp_errf(err, errlen, "resuming the data: negative sequence index");
+        if (pos->sequence < d->first || pos->sequence >= d->end)
+            return cp_errf(err, errlen, "resuming the data: sequence index %lld is outside the stream's %lld-%lld",
+                           (long long)pos->sequence, (long long)d->first, (long long)(d->end - 1));
         d->sequence = pos->sequence;
         return 0;
     }

@@ -22,6 +22,9 @@
 #define CP_TOK_HEADER 32
 #define CP_RECALL_MIN_VOCAB 64
 #define CP_RECALL_MIN_SEQ 16
+/* The synthetic tasks' held-out sequences (data.val = "synthetic:<task>") are the task's sequences from this index
+ * on; a training stream stops before it, so the two never share a sequence. */
+#define CP_VAL_FIRST_SEQUENCE ((int64_t)1 << 62)
 
 /* Where a source is: enough to continue exactly where it stopped (store it in a checkpoint). */
 typedef struct {
@@ -39,7 +42,10 @@ typedef struct {
     char **paths;     /* sorted by name */
     int64_t *counts;  /* tokens per shard */
     int *token_bytes; /* 2 or 4 per shard */
+    int64_t *before;  /* [nshards + 1]: sequences in the shards before each (before[nshards]: in all of them) */
     int64_t vocab, seq_len;
+    int64_t seq_lo, seq_hi; /* the part of the stream read, by sequence index over all shards: [seq_lo, seq_hi);
+                             * after the last the reader starts at seq_lo again (cp_tokens_limit) */
     cp_data_pos pos;
     int fd, fd_shard; /* the open shard (-1: none) */
     void *buf;        /* raw tokens of one read */
@@ -53,12 +59,24 @@ void cp_tokens_close(cp_tokens *r);
 
 /* Read the next sequence's tokens [first, first + n) (first + n <= seq_len + 1) into out, then, when advance,
  * move to the next sequence. Sequences start every seq_len tokens within a shard (each token is a target once);
- * a shard's tail shorter than seq_len + 1 is skipped, and after the last shard the reader starts the first again
- * (epoch + 1). Fails on a token >= vocab with the file, the token's index in it and its value. */
+ * a shard's tail shorter than seq_len + 1 is skipped, and after the last sequence of the part read (the last shard's,
+ * unless cp_tokens_limit says otherwise) the reader starts that part's first again (epoch + 1). Fails on a token
+ * >= vocab with the file, the token's index in it and its value. */
 int cp_tokens_read(cp_tokens *r, int64_t first, int64_t n, int32_t *out, bool advance, char *err, int errlen);
 
-/* Continue from a saved position; fails when it does not fit these shards. */
+/* Continue from a saved position; fails when it does not fit these shards, or lies outside the part read. */
 int cp_tokens_seek(cp_tokens *r, const cp_data_pos *pos, char *err, int errlen);
+
+/* Sequences of seq_len + 1 tokens the shards hold: sum over shards of (count - 1) / seq_len (each shard's tail
+ * shorter than a sequence is skipped). Sequence i of the stream is the i-th of them in shard order. */
+int64_t cp_tokens_sequences(const cp_tokens *r);
+/* Read only sequences [lo, hi) of the stream (0 <= lo < hi <= cp_tokens_sequences), from sequence lo, epoch 0. */
+void cp_tokens_limit(cp_tokens *r, int64_t lo, int64_t hi);
+
+/* data.val = "split:<fraction>" of a stream of n sequences: the held-out part is the last
+ * floor(fraction x n) sequences (a product within 1e-9 of a whole number counts as that number, so 0.1 of 30 is 3),
+ * *train the ones before. Returns 0, or -1 with a message when either part would be empty. */
+int cp_val_split_counts(int64_t n, double fraction, int64_t *train, int64_t *held, char *err, int errlen);
 
 /* Write a shard: tokens must be in [0, 2^(8 token_bytes)). Atomic (temporary name, then rename). */
 int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, char *err, int errlen);
@@ -124,10 +142,21 @@ typedef struct {
     int64_t targets_round; /* the same over the last round's sequences, one per replica (cp_dataset_next_slice; with
                             * cp_dataset_next, the last sequence's): the loss's divisor counts every group's */
     int32_t *scratch; /* synthetic: one full sequence of tokens and targets */
+    int64_t first, end; /* synthetic: the stream's first sequence index and the index it must not reach */
+    int64_t count;      /* the stream's distinct sequences before it repeats; -1: it never does (synthetic) */
 } cp_dataset;
 
-/* Open spec->data.source for spec->train.seq_len and spec->model.vocab. The synthetic seed is spec->init.seed. */
+/* Open spec->data.source for spec->train.seq_len and spec->model.vocab. The synthetic seed is spec->init.seed. With
+ * data.val = "split:<fraction>" the stream is the shards' sequences before the held-out part (cp_val_split_counts),
+ * and starts again at the first after them; a synthetic stream ends before CP_VAL_FIRST_SEQUENCE. */
 int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen);
+/* Open spec->data.val, the held-out stream the validation loss reads (runtime/eval.c): other shards ("tokens:", none
+ * of them a file data.source reads), the shards' held-out part ("split:"), or a synthetic task from
+ * CP_VAL_FIRST_SEQUENCE on ("synthetic:"); positioned at its start, and refused when it holds fewer sequences than
+ * train.eval_sequences (an evaluation would read some twice). Returns 0, or -1 with a message. */
+int cp_dataset_open_val(cp_dataset *d, const cp_spec *spec, char *err, int errlen);
+/* Back to the first sequence of the stream (an evaluation reads the same sequences each time). */
+void cp_dataset_rewind(cp_dataset *d);
 /* The next sequence, rank's slice of C: tokens[T], targets[T], T = seq_len / C. Every rank calls it once per
  * sequence and all see the same sequence. Returns 0, or -1 with a message (bad token in a shard, I/O error). */
 int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *targets, char *err, int errlen);

@@ -311,6 +311,7 @@ void cp_exec_destroy(cp_exec *ex) {
     free(ex->events);
     free(ex->waits);
     free(ex->event_step);
+    free(ex->eval_run);
     free(ex->markers);
     free(ex->marker_ev);
     free(ex);

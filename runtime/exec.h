@@ -134,6 +134,16 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
  * gradient checks. */
 int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets, int64_t targets_all, double *loss,
                       char *err, int errlen);
+/* Evaluation (runtime/exec_eval.c): the forward of n sequences (1 <= n <= train.micro_batches; tokens and targets
+ * [n][T], this rank's slices), each walked as a micro-batch up to and including its loss sum, running only the steps
+ * the loss depends on (gen/plan_eval.h): no gradient, no backward, no optimizer, on the training step's buffers, and
+ * nothing the next step reads before writing it. *loss_sum gets the sum of the sequences' token losses over every
+ * rank of the run (each rank's, summed across the world); targets_all is the target count of the n sequences
+ * over all ranks (the caller's count, as cp_optim_hp's). Every rank of the run calls it with the same n. Returns 0, or
+ * -1 with a message. */
+int cp_exec_eval(cp_exec *ex, const int32_t *tokens, const int32_t *targets, int n, int64_t targets_all,
+                 double *loss_sum, char *err, int errlen);
+
 /* grads.f32 into flat (the full model, as cp_exec_load_weights; gathered from every rank with several GPUs), then
  * zero this rank's shard if asked. */
 int cp_exec_read_grads(cp_exec *ex, float *flat, bool zero, char *err, int errlen);
@@ -158,13 +168,15 @@ typedef struct {
     int steps, kernels, launches, gemms, copies, memsets;
     int waits, events, markers, pin_pieces;
     int64_t ordered_pairs; /* pairs of steps on different streams touching the same bytes, each found ordered */
+    int eval_steps;        /* steps an evaluation runs of a micro-batch (gen/plan_eval.h), checked to leave the
+                            * training state alone */
 } cp_exec_check_report;
 
 /* Everything cp_exec_create derives from the plan, without a GPU: each step's argument list and launch geometry
  * (operand counts, sizes and alignment against the kernels' contracts), the GEMM extents, that every weight or
  * gradient slice of a backward GEMM is a slice the forward read as weights, the cross-stream waits,
- * and a proof that every pair of steps on different streams touching the same bytes is ordered by them. Returns 0,
- * or -1 with a message naming the step. */
+ * a proof that every pair of steps on different streams touching the same bytes is ordered by them, and the steps an
+ * evaluation runs (cp_plan_eval_of). Returns 0, or -1 with a message naming the step. */
 int cp_exec_check(const cp_plan *plan, cp_exec_check_report *rep, char *err, int errlen);
 /* Whether the executor prepares steps of this task (gen/plan.h's CP_TASKS): every task the planner can give. */
 bool cp_exec_prepares(cp_task task);

@@ -125,6 +125,10 @@ struct cp_exec {
      * rank (sent to) and the previous one (received from); 0, -1, -1 without a ring */
     int ring_pos, ring_to, ring_from;
     int *event_step; /* the step recording each event */
+    /* evaluation (exec_eval.c): the steps [0, eval_end] of a micro-batch it walks and which of them it runs
+     * (gen/plan_eval.h), made at its first call */
+    bool *eval_run;
+    int eval_end;
 };
 
 #define CK(call, what)                                                              \
@@ -175,5 +179,19 @@ int exec_trace_write(cp_exec *ex, double step_seconds, char *err, int errlen);
 
 /* exec_run.c: waiting for a stream through the communicator's watchdog */
 int exec_sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err, int errlen);
+/* exec_run.c, for the evaluation's walk (exec_eval.c) as for the step's: step i of micro-batch mb on its stream after
+ * its waits (skip: only the waits and the event it records, as a last_micro step in an earlier micro-batch);
+ * progress_state NULL for no progress lines */
+int exec_run_step(cp_exec *ex, int i, int mb, void *progress_state, bool skip, char *err, int errlen);
+/* every stream waits for the others (the start of a micro-batch, the end of its program) */
+int exec_join_streams(cp_exec *ex, char *err, int errlen);
+/* the loss sum and the gradient's sum of squares into host_scalars, one sync */
+int exec_read_scalars(cp_exec *ex, char *err, int errlen);
+/* mb micro-batches' tokens and targets ([mb][T] each) into the pinned staging, checked against the vocabulary, and
+ * the loss scale from the targets (targets_all with several ranks); returns this rank's target count, or -1 */
+int64_t exec_stage_inputs(cp_exec *ex, int mb, const int32_t *tokens, const int32_t *targets, int64_t targets_all,
+                          char *err, int errlen);
+/* the communicator of the whole run (the loss sum across it), NULL with one rank */
+cp_nccl_comm *exec_run_comm(const cp_exec *ex);
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "plan_eval.h"
 #include "util.h"
 
 /* ---------------------------------------------------------------- weights read by the backward */
@@ -245,6 +246,12 @@ int cp_exec_check(const cp_plan *P, cp_exec_check_report *rep, char *err, int er
     if (!rc) {
         rc = verify_order(ex, 0, P->micro_steps, &rep->ordered_pairs, err, errlen);
         if (!rc) rc = verify_order(ex, P->micro_steps, P->nsteps, &rep->ordered_pairs, err, errlen);
+    }
+    /* an evaluation walks the micro-batch's steps as they are ordered here, running a part of them */
+    cp_plan_eval e;
+    if (!rc && !(rc = cp_plan_eval_of(P, &e, err, errlen))) {
+        rep->eval_steps = e.nrun;
+        cp_plan_eval_free(&e);
     }
     for (int i = 0; i < P->nsteps; i++) {
         const xstep *x = &ex->x[i];

@@ -52,7 +52,7 @@ static cp_nccl_comm *step_comm(const cp_exec *ex, int i) {
 }
 
 /* The communicator watched while waiting, and the one the loss is summed over outside the plan: the run's. */
-static cp_nccl_comm *run_comm(const cp_exec *ex) { return ex->o.world_comm ? ex->o.world_comm : ex->o.comm; }
+cp_nccl_comm *exec_run_comm(const cp_exec *ex) { return ex->o.world_comm ? ex->o.world_comm : ex->o.comm; }
 
 static int run_collective(cp_exec *ex, int i, cudaStream_t st, char *err, int errlen) {
     const xstep *x = &ex->x[i];
@@ -74,7 +74,7 @@ static int run_collective(cp_exec *ex, int i, cudaStream_t st, char *err, int er
 int exec_sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err, int errlen) {
     /* a wait may span a whole step: the communicator's deadline plus four times the step the plan predicts, so a
      * long step is not taken for a stuck peer */
-    cp_nccl_comm *cm = run_comm(ex);
+    cp_nccl_comm *cm = exec_run_comm(ex);
     if (cm) return cp_nccl_wait(cm, st, NULL, what, cm->timeout_s + 4 * ex->P->t_step, err, errlen);
     CK(cudaStreamSynchronize(st), what);
     return 0;
@@ -121,7 +121,7 @@ static void *progress_thread(void *arg) {
     return NULL;
 }
 
-static int join_streams(cp_exec *ex, char *err, int errlen) {
+int exec_join_streams(cp_exec *ex, char *err, int errlen) {
     for (int s = 0; s < CP_STREAM_COUNT; s++) {
         if (s == CP_STREAM_COMPUTE || !ex->stream_used[s]) continue;
         CK(cudaEventRecord(ex->join_ev[s], ex->streams[s]), "joining streams");
@@ -135,6 +135,11 @@ static int join_streams(cp_exec *ex, char *err, int errlen) {
 }
 
 static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int errlen) {
+    return exec_run_step(ex, i, mb, pr, false, err, errlen);
+}
+
+int exec_run_step(cp_exec *ex, int i, int mb, void *progress_state, bool skip, char *err, int errlen) {
+    progress *pr = progress_state;
     const xstep *x = &ex->x[i];
     cudaStream_t st = ex->streams[x->stream];
     cudaError_t e = cudaSuccess;
@@ -147,7 +152,7 @@ static int run_step(cp_exec *ex, int i, int mb, progress *pr, char *err, int err
     /* a step of the last micro-batch only (the all-reduce of gradients accumulated over all of them): in the others
      * it does nothing, but still takes its waits and records its event, so whatever waits for it is ordered as in
      * the last */
-    bool idle = ex->P->steps[i].last_micro && mb + 1 < ex->P->spec.train.micro_batches;
+    bool idle = skip || (ex->P->steps[i].last_micro && mb + 1 < ex->P->spec.train.micro_batches);
     bool timed = ex->profiling && mb == 0 && !idle;
     if (timed && e == cudaSuccess) e = cp_profile_begin(ex->prof, i, st);
     int traced = ex->tracing ? cp_trace_instance(ex->P, mb, i) : -1;
@@ -212,7 +217,7 @@ static int spread_memory(cp_exec *ex, cp_step_result *r, char *err, int errlen) 
     char *d = (char *)ex->loss_sum + CP_SCALARS_MEMORY;
     cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
     CK(cudaMemcpyAsync(d, h, 4 * sizeof(int64_t), cudaMemcpyHostToDevice, st), "staging the memory figures");
-    if (cp_nccl_all_reduce(run_comm(ex), d, d, 4, ncclInt64, ncclMax, st, err, errlen)) return -1;
+    if (cp_nccl_all_reduce(exec_run_comm(ex), d, d, 4, ncclInt64, ncclMax, st, err, errlen)) return -1;
     CK(cudaMemcpyAsync(h, d, 4 * sizeof(int64_t), cudaMemcpyDeviceToHost, st), "reading the memory figures");
     if (exec_sync_stream(ex, st, "comparing the ranks' memory", err, errlen)) return -1;
     r->mem_used = h[0], r->mem_least = -h[1], r->host_used = h[2];
@@ -220,11 +225,11 @@ static int spread_memory(cp_exec *ex, cp_step_result *r, char *err, int errlen) 
 }
 
 /* One sync: the loss sum and the gradient's sum of squares. */
-static int read_scalars(cp_exec *ex, char *err, int errlen) {
+int exec_read_scalars(cp_exec *ex, char *err, int errlen) {
     cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
     /* the all-reduce of the two sums runs on the communication stream; the read is not a plan step, so no event
      * orders it after that */
-    if (run_comm(ex) && exec_sync_stream(ex, ex->streams[CP_STREAM_COMM], "summing the loss across the ranks", err, errlen))
+    if (exec_run_comm(ex) && exec_sync_stream(ex, ex->streams[CP_STREAM_COMM], "summing the loss across the ranks", err, errlen))
         return -1;
     CK(cudaMemcpyAsync(ex->host_scalars, ex->loss_sum, 2 * sizeof(float), cudaMemcpyDeviceToHost, st),
        "reading the loss");
@@ -243,10 +248,9 @@ static void sort_tokens(const int32_t *tok, int64_t T, int64_t V, int32_t *count
 /* Tokens and targets into the pinned staging (checked against the vocabulary), each micro-batch's rows sorted by
  * token for the embedding's backward, and the loss's divisor: the step's target tokens, over all ranks with several
  * GPUs (targets_all, from the caller: each rank sees only its slice). Returns that count, or -1. */
-static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *targets, int64_t targets_all, char *err,
-                            int errlen) {
+int64_t exec_stage_inputs(cp_exec *ex, int mb, const int32_t *tokens, const int32_t *targets, int64_t targets_all,
+                          char *err, int errlen) {
     const cp_plan *P = ex->P;
-    int mb = P->spec.train.micro_batches;
     int64_t T = P->T, V = P->spec.model.vocab, ntgt = 0;
     for (int b = 0; b < mb; b++)
         for (int64_t t = 0; t < T; t++) {
@@ -265,7 +269,7 @@ static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *t
         int32_t *st = ex->staging + (size_t)b * 3 * T;
         sort_tokens(st, T, V, ex->sort_count, st + 2 * T);
     }
-    if (run_comm(ex)) { /* several GPUs: the divisor counts every rank of every group */
+    if (exec_run_comm(ex)) { /* several GPUs: the divisor counts every rank of every group */
         if (targets_all < ntgt)
             return cp_errf(err, errlen, "rank %d: the step's target count over all ranks (%lld) is below this rank's "
                            "(%lld): the caller must count the targets of every rank's slice", ex->o.rank,
@@ -279,19 +283,19 @@ static int64_t stage_inputs(cp_exec *ex, const int32_t *tokens, const int32_t *t
 int cp_exec_gradients(cp_exec *ex, const int32_t *tokens, const int32_t *targets, int64_t targets_all, double *loss,
                       char *err, int errlen) {
     const cp_plan *P = ex->P;
-    if (stage_inputs(ex, tokens, targets, targets_all, err, errlen) < 0) return -1;
+    if (exec_stage_inputs(ex, P->spec.train.micro_batches, tokens, targets, targets_all, err, errlen) < 0) return -1;
     CK(cudaMemsetAsync(ex->loss_sum, 0, CP_SCALARS_BYTES, ex->streams[CP_STREAM_COMPUTE]), "zeroing the loss");
     int rc = 0;
     for (int b = 0; b < P->spec.train.micro_batches && !rc; b++) {
-        rc = join_streams(ex, err, errlen);
+        rc = exec_join_streams(ex, err, errlen);
         for (int i = 0; i < P->micro_steps && !rc; i++) rc = run_step(ex, i, b, NULL, err, errlen);
     }
-    if (!rc) rc = join_streams(ex, err, errlen);
+    if (!rc) rc = exec_join_streams(ex, err, errlen);
     /* the optimizer's all-reduce of the loss does not run here: sum it across the ranks now */
-    if (!rc && run_comm(ex))
-        rc = cp_nccl_all_reduce(run_comm(ex), ex->loss_sum, ex->loss_sum, 1, ncclFloat32, ncclSum,
+    if (!rc && exec_run_comm(ex))
+        rc = cp_nccl_all_reduce(exec_run_comm(ex), ex->loss_sum, ex->loss_sum, 1, ncclFloat32, ncclSum,
                                 ex->streams[CP_STREAM_COMPUTE], err, errlen);
-    if (!rc) rc = read_scalars(ex, err, errlen);
+    if (!rc) rc = exec_read_scalars(ex, err, errlen);
     if (!rc) CK(cudaDeviceSynchronize(), "finishing the backward");
     if (!rc) *loss = (double)ex->host_scalars[0] * ex->sc.loss_scale;
     return rc;
@@ -307,7 +311,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     ex->steps_run++;
     ex->tracing = ex->trace && ex->steps_run == ex->o.trace_step;
     if (ex->tracing) CK(cp_trace_rec_start(ex->trace, ex->streams[CP_STREAM_COMPUTE]), "starting the step trace");
-    int64_t ntgt = stage_inputs(ex, tokens, targets, hp->targets_all, err, errlen);
+    int64_t ntgt = exec_stage_inputs(ex, mb, tokens, targets, hp->targets_all, err, errlen);
     if (ntgt < 0) return -1;
     r->targets = ntgt;
     ex->sc.lr = (float)hp->lr;
@@ -328,15 +332,15 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
                 pthread_create(&pth, NULL, progress_thread, &pr) == 0;
     int rc = 0;
     for (int b = 0; b < mb && !rc; b++) {
-        rc = join_streams(ex, err, errlen);
+        rc = exec_join_streams(ex, err, errlen);
         for (int i = 0; i < P->micro_steps && !rc; i++) rc = run_step(ex, i, b, prog ? &pr : NULL, err, errlen);
     }
-    if (!rc) rc = join_streams(ex, err, errlen);
+    if (!rc) rc = exec_join_streams(ex, err, errlen);
     bool decided = false, skip = false;
     for (int i = P->micro_steps; i < P->nsteps && !rc; i++) {
         const xstep *x = &ex->x[i];
         if (!decided && (x->special == S_ADAMW || x->kind == X_HOST_ADAMW)) {
-            rc = read_scalars(ex, err, errlen);
+            rc = exec_read_scalars(ex, err, errlen);
             if (rc) break;
             decided = true;
             r->loss = (double)ex->host_scalars[0] * ex->sc.loss_scale;
@@ -349,7 +353,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
         if (skip && (x->special == S_ADAMW || x->kind == X_HOST_ADAMW)) continue;
         rc = run_step(ex, i, 0, NULL, err, errlen);
     }
-    if (!rc && !decided) rc = read_scalars(ex, err, errlen);
+    if (!rc && !decided) rc = exec_read_scalars(ex, err, errlen);
     if (!rc) {
         for (int s = 0; s < CP_STREAM_COUNT && !rc; s++)
             if (ex->stream_used[s] || s == CP_STREAM_COMPUTE) rc = exec_sync_stream(ex, ex->streams[s], "finishing the step", err, errlen);
@@ -366,7 +370,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     r->seconds = t_end - t0;
     r->mem_used = r->mem_least = cp_exec_mem_used(ex);
     r->host_used = cp_exec_host_used(ex);
-    if (run_comm(ex) && spread_memory(ex, r, err, errlen)) return -1;
+    if (exec_run_comm(ex) && spread_memory(ex, r, err, errlen)) return -1;
     ex->last_seconds = r->seconds;
     /* a trace that cannot be written is reported and the run goes on: the training is worth more than its picture */
     if (ex->tracing && exec_trace_write(ex, r->seconds, err, errlen)) fprintf(stderr, "cpgen: rank %d: %s\n", ex->o.rank, err);

@@ -1,5 +1,6 @@
 /* report.c: `cpgen report OUT_DIR`: the run's metrics.jsonl, one JSON object per step, drawn as report.svg in four
- * panels. A value logged as null (a skipped step's loss) leaves a gap in its line rather than a false point.
+ * panels; the validation loss, where steps have one ("val_loss"), beside the training loss with a legend. A value
+ * logged as null (a skipped step's loss) leaves a gap in its line rather than a false point.
  *
  * The file may come from a run that crashed (its last line cut short) or from anyone's hands, so every line is
  * judged on its own: a line that is not a step's metrics is skipped, a value that no run logs (not finite, or past
@@ -21,8 +22,9 @@
 #include "svg.h"
 #include "util.h"
 
-enum { M_LOSS, M_NORM, M_TPS, M_MEM, M_MEM_PLANNED, M_COUNT };
-static const char *const keys[M_COUNT] = {"loss", "norm", "tokens_per_s", "mem_measured", "mem_planned"};
+enum { M_LOSS, M_NORM, M_TPS, M_MEM, M_MEM_PLANNED, M_VAL_LOSS, M_COUNT };
+static const char *const keys[M_COUNT] = {"loss", "norm", "tokens_per_s", "mem_measured", "mem_planned", "val_loss"};
+static bool in_gib(int m) { return m == M_MEM || m == M_MEM_PLANNED; }
 
 #define MAX_LINE (64 * 1024) /* a step's line is a few hundred bytes */
 #define MAX_STEPS (1 << 22)  /* 4M steps: 192 MiB of values; the picture is bounded apart from this (gen/svg.c) */
@@ -83,7 +85,7 @@ static void take_line(metrics *mt, const char *l, size_t n, int line) {
                 }
                 x = NAN;
             }
-            mt->v[m][mt->n] = x / (m >= M_MEM ? 1024.0 * 1024 * 1024 : 1);
+            mt->v[m][mt->n] = x / (in_gib(m) ? 1024.0 * 1024 * 1024 : 1);
         }
         mt->n++;
     }
@@ -181,6 +183,11 @@ static int draw_report(const metrics *mt, const char *out_dir, const char *svg_p
     cp_svg svg;
     if (cp_svg_begin(&svg, svg_path, 1200, 820, title, err, errlen)) return -1;
     cp_svg_text(&svg, 20, 28, "start", 16, "#000", "%s", title);
+    /* the validation loss, logged after some steps only: its points alone, joined by a line and each marked */
+    double *vx = cp_xmalloc(sizeof(double) * (size_t)n), *vy = cp_xmalloc(sizeof(double) * (size_t)n);
+    int nv = 0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(mt->v[M_VAL_LOSS][i])) vx[nv] = mt->step[i], vy[nv++] = mt->v[M_VAL_LOSS][i];
     for (int k = 0; k < 4; k++) {
         cp_svg_panel p = {.x = 90 + (k % 2) * 560, .y = 80 + (k / 2) * 380, .w = 460, .h = 290};
         p.x0 = first, p.x1 = last > first ? last : first + 1;
@@ -188,17 +195,29 @@ static int draw_report(const metrics *mt, const char *out_dir, const char *svg_p
         for (int m = panels[k].first; m < panels[k].first + panels[k].count; m++)
             for (int i = 0; i < n; i++)
                 if (!isnan(mt->v[m][i])) lo = fmin(lo, mt->v[m][i]), hi = fmax(hi, mt->v[m][i]);
+        if (panels[k].first == M_LOSS)
+            for (int i = 0; i < nv; i++) lo = fmin(lo, vy[i]), hi = fmax(hi, vy[i]);
         if (!(lo <= hi)) lo = 0, hi = 1;
         /* the loss's axis starts near its lowest value; the others' at 0 */
         p.y0 = panels[k].first == M_LOSS ? lo - 0.05 * (hi - lo) : fmin(0, lo), p.y1 = hi + 0.08 * (hi - p.y0) + 1e-9;
-        cp_svg_panel_begin(&svg, &p, panels[k].id, panels[k].title, "step", panels[k].ylabel);
+        bool val = panels[k].first == M_LOSS && nv > 0;
+        cp_svg_panel_begin(&svg, &p, panels[k].id, val ? "loss: training and validation" : panels[k].title, "step",
+                           panels[k].ylabel);
         for (int j = 0; j < panels[k].count; j++) {
             int m = panels[k].first + j;
             cp_svg_series(&svg, &p, mt->step, mt->v[m], n, colors[j], keys[m]);
             if (panels[k].count > 1) cp_svg_legend(&svg, p.x + 10 + 150 * j, p.y + 20, colors[j], keys[m]);
         }
+        if (val) {
+            cp_svg_series(&svg, &p, vx, vy, nv, colors[1], keys[M_VAL_LOSS]);
+            cp_svg_points(&svg, &p, vx, vy, nv, colors[1], keys[M_VAL_LOSS]);
+            cp_svg_legend(&svg, p.x + 10, p.y + 20, colors[0], "loss (training)");
+            cp_svg_legend(&svg, p.x + 160, p.y + 20, colors[1], "val_loss (data.val)");
+        }
         cp_svg_panel_end(&svg);
     }
+    free(vx);
+    free(vy);
     return cp_svg_end(&svg, err, errlen);
 }
 

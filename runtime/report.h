@@ -1,5 +1,6 @@
-/* report.h: `cpgen report OUT_DIR`: a run's metrics.jsonl drawn as report.svg (loss, gradient norm, tokens/s, and
- * measured against planned GPU memory over the steps). `cpgen run` writes it at the end of a run. */
+/* report.h: `cpgen report OUT_DIR`: a run's metrics.jsonl drawn as report.svg (loss, with the validation loss of the
+ * steps that have one beside it, gradient norm, tokens/s, and measured against planned GPU memory over the steps).
+ * `cpgen run` writes it at the end of a run. */
 #ifndef CP_REPORT_H
 #define CP_REPORT_H
 

@@ -10,6 +10,7 @@
 
 #include "checkpoint.h"
 #include "data.h"
+#include "eval.h"
 #include "exec.h"
 #include "json.h"
 #include "outputs.h"
@@ -181,6 +182,8 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         data_open = rc == 0;
     }
     if (!rc && ck) rc = cp_resume_seek(&data, P, ck, o->resume_new_data, out, err, errlen);
+    cp_eval ev = {0}; /* the validation loss (eval.h) */
+    if (!rc) rc = cp_eval_open(&ev, P, &slice, out, err, errlen);
     double chance = data_open ? cp_dataset_chance_loss(&data, sp->model.vocab) : log((double)sp->model.vocab);
     FILE *metrics = NULL;
     char mpath[CP_PATH_MAX + 32];
@@ -229,6 +232,8 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         snprintf(label, sizeof label, "step %d/%d", step + 1, tr->steps);
         cp_step_result r;
         rc = cp_exec_step(ex, tok, tgt, &hp, label, &r, err, errlen);
+        cp_eval_result vr;
+        if (!rc) rc = cp_eval_after(&ev, ex, step + 1, &vr, err, errlen);
         if (rc) break;
         res->losses[step] = r.loss;
         res->steps = step + 1;
@@ -251,16 +256,17 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         }
         times[step] = r.seconds;
         double tps = (double)P->T * mb / r.seconds, tf = flops / r.seconds / 1e12;
-        if (out && (step % tr->log_every == 0 || step + 1 == tr->steps || r.skipped)) {
-            char a[32], b[32], skip[64] = "", host[64] = "";
+        if (out && (step % tr->log_every == 0 || step + 1 == tr->steps || r.skipped || vr.done)) {
+            char a[32], b[32], skip[64] = "", host[64] = "", val[64];
             if (P->host_arena)
                 snprintf(host, sizeof host, " | host %.2f/%.2f GiB", (double)r.host_used / (1 << 30),
                          (double)P->host_run / (1 << 30));
             if (r.skipped) snprintf(skip, sizeof skip, " | update skipped (%s, %d so far)",
                                     isfinite(r.loss) ? "non-finite norm" : "non-finite loss", res->skipped);
-            fprintf(out, "step %d/%d | loss %.4f | norm %.2f | lr %.1e | %s | %s tok/s/GPU | %.*f TF/s | %.*f%% MFU | "
+            fprintf(out, "step %d/%d | loss %.4f%s | norm %.2f | lr %.1e | %s | %s tok/s/GPU | %.*f TF/s | %.*f%% MFU | "
                          "mem %.2f/%.2f GiB%s (%s/planned)%s\n",
-                    step + 1, tr->steps, r.loss, r.norm, hp.lr, fmt_time(r.seconds, a, sizeof a),
+                    step + 1, tr->steps, r.loss, cp_eval_step_text(&vr, val, sizeof val), r.norm, hp.lr,
+                    fmt_time(r.seconds, a, sizeof a),
                     cp_fmt_count(tps, b, sizeof b), tf < 100 ? 1 : 0, tf, 100 * tf / peak < 10 ? 1 : 0,
                     100 * tf / peak, (double)r.mem_used / (1 << 30), (double)P->gpu_peak / (1 << 30), host,
                     ranks == 1 ? "measured" : own ? "largest rank measured" : "GPU measured, ranks sharing it", skip);
@@ -283,6 +289,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
              * mem_own says whether the figures are each rank's own (else the whole GPU's) */
             if (ranks > 1) fprintf(metrics, "\"mem_measured_min\":%lld,", (long long)r.mem_least);
             if (cp_plan_ranks_per_gpu(P) > 1) fprintf(metrics, "\"mem_own\":%s,", own ? "true" : "false");
+            cp_eval_metrics(metrics, &vr);
             fprintf(metrics, "\"skipped\":%s}\n", r.skipped ? "true" : "false");
             fflush(metrics);
         }
@@ -303,11 +310,12 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         res->mfu = res->tflops / peak;
     }
     if (!rc && out && ran > 0) {
-        char a[32], b[32], c[32], d[32], from[48] = "";
+        char a[32], b[32], c[32], d[32], from[48] = "", val[64];
         if (start) snprintf(from, sizeof from, " (resumed after step %d)", start);
-        fprintf(out, "\ndone: %d steps%s | loss %.4f -> %.4f (mean of the last %d %.4f; chance %.3f) | %d skipped | "
+        fprintf(out, "\ndone: %d steps%s | loss %.4f -> %.4f (mean of the last %d %.4f; chance %.3f)%s | %d skipped | "
                      "median step %s, %s tok/s/GPU, %.1f TF/s, %.1f%% MFU | peak memory %s measured, %s planned\n",
                 ran, from, res->first_loss, res->last_loss, CP_MIN(10, ran), res->mean_last10, chance,
+                cp_eval_done_text(&ev, val, sizeof val),
                 res->skipped, fmt_time(res->step_seconds, a, sizeof a), cp_fmt_count(res->tokens_per_s, b, sizeof b),
                 res->tflops, 100 * res->mfu, cp_fmt_bytes(res->mem_measured, c, sizeof c),
                 cp_fmt_bytes(res->mem_planned, d, sizeof d));
@@ -328,6 +336,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         else fprintf(out, "report: %s/report.svg%s%s\n", tr->out_dir, *why ? "; " : "", why);
     }
     if (data_open) cp_dataset_close(&data);
+    cp_eval_close(&ev);
     free(tok);
     free(tgt);
     free(times);

@@ -9,9 +9,12 @@
 #      without the line saying why); need_gpus, check, expect, and finish's exit status (0, 1, 77; nothing checked
 #      fails).
 #   3. Whole scripts (gpu-replicas-check.sh, gpu-ring-check.sh, gpu-parallel-check.sh, gpu-relayout-check.sh,
-#      gpu-real-text-run.sh) on a stand-in cpgen that writes made-up metrics: they pass like with like, fail a run cut short, over its bound or
-#      failing (the relayout check also a resume that takes another seq_len unasked or does not note the layout),
-#      and end 77 where a part lacks GPUs.
+#      gpu-real-text-run.sh) on a stand-in cpgen that writes made-up metrics: they pass like with like, fail a run
+#      cut short, over its bound or failing (the relayout check also a resume that takes another seq_len unasked or
+#      does not note the layout), and end 77 where a part lacks GPUs; gpu-eval-check.sh on one that evaluates: it
+#      passes when training with evaluations is training without and val_loss is step 1's at lr = 0, and fails a
+#      last-digit difference, a val_loss 1e-4 off, a run that did not evaluate or failed, and a failed GPU test (77
+#      when that test is skipped).
 #   4. tools/run-tests.sh counts passed, failed and skipped tests and exits 0, 1 or 77.
 # Prints one line per case; exit 0 when every case gives the status it should, else 1. KEEP=1 leaves the scratch
 # folder (/tmp/cpgen-test-checks-*) to look at.
@@ -246,6 +249,74 @@ PAT="FAILED +resumed against uninterrupted" script 1 "real text: a resumed run o
   FAKE_OFF=resumed
 PAT="FAILED +full: exit status 1" script 1 "real text: the uninterrupted run fails" 1 "${rt[@]}" FAKE_FAIL=full
 PAT="loss falls: FAILED" script 1 "real text: too few steps to see the loss fall" 1 "${rt[@]}" STEPS=30
+
+# gpu-eval-check.sh on a stand-in cpgen that evaluates: its losses a function of the step (and, with lr = 0, nearly
+# flat), an evaluation after the steps train.eval_every says with val_tokens of every group, step 1's loss where lr
+# = 0. FAKE_OFF=NAME moves the losses of runs whose out_dir holds NAME by 1e-6 (an evaluation that leaked into
+# training), FAKE_VALOFF=NAME the val_loss by 1e-4, FAKE_NOEVAL=NAME logs no val_loss, FAKE_FAIL=NAME exits 1; the
+# stand-in test_validation exits FAKE_UNIT (0, 1, or 77 saying skipped).
+mkdir -p "$tmp/evalsim/tests/gpu"
+cat >"$tmp/evalsim/cpgen" <<'SH'
+#!/usr/bin/env bash
+set -u
+[ "${1:-}" = run ] || { echo "stand-in cpgen: $*"; exit 0; }
+steps=10 mb=8 reps=1 dir=runs/x every=0 lr=1 val=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    train.steps=*) steps=${1#*=} ;;
+    train.micro_batches=*) mb=${1#*=} ;;
+    parallel.replicas=*) reps=${1#*=} ;;
+    train.out_dir=*) dir=${1#*=} ;;
+    train.eval_every=*) every=${1#*=} ;;
+    train.lr=*) lr=${1#*=} ;;
+    data.val=*) val=1 ;;
+  esac
+  shift
+done
+case $dir in *"${FAKE_FAIL:-@}"*) echo "cpgen: made to fail"; exit 1 ;; esac
+mkdir -p "$dir"
+: >"$dir/metrics.jsonl"
+python3 - "$dir" "$steps" "$mb" "$reps" "$every" "$lr" "$val" <<'PY'
+import os, sys
+d, steps, mb, reps, every, lr, val = sys.argv[1], *map(int, sys.argv[2:5]), int(sys.argv[5]), float(sys.argv[6]), int(sys.argv[7])
+off = 1e-6 if os.environ.get("FAKE_OFF", "@") in d else 0
+voff = 1e-4 if os.environ.get("FAKE_VALOFF", "@") in d else 0
+noeval = os.environ.get("FAKE_NOEVAL", "@") in d
+loss = lambda s: (6.3 - 0.01 * s if lr else 6.3 + 1e-3 * (s % 3)) + off
+last = None
+with open(f"{d}/metrics.jsonl", "w") as m:
+    for s in range(1, steps + 1):
+        v = ""
+        line = f'{{"step":{s},"loss":{loss(s):.9g},"norm":{1.5 + 0.01 * s:.9g},'
+        if val and every and (s % every == 0 or s == steps) and not noeval:
+            last = (loss(1) if not lr else loss(s) - 0.05) + voff
+            line += f'"val_loss":{last:.9g},"val_tokens":{mb * reps * 2048},"val_seconds":0.01,'
+            v = f" | val loss {last:.4f}"
+        m.write(line + '"skipped":false}\n')
+        print(f"step {s}/{steps} | loss {loss(s):.4f}{v} | norm 1.5")
+print(f"done: {steps} steps | loss 6.3 -> 6.2" + (f" | val loss {last:.4f} (after step {steps})" if last else ""))
+PY
+SH
+printf '#!/bin/sh\n[ "${FAKE_UNIT:-0}" = 77 ] && echo "test_validation: skipped: no GPU (stand-in)"\nexit "${FAKE_UNIT:-0}"\n' \
+  >"$tmp/evalsim/tests/gpu/test_validation"
+chmod +x "$tmp/evalsim/cpgen" "$tmp/evalsim/tests/gpu/test_validation"
+evalcheck() { # WANT WHAT [VAR=VALUE...]
+  local want=$1 what=$2
+  shift 2
+  rm -rf "$tmp/simout"
+  env PATH="$tmp/gpus:$PATH" FAKE_GPUS=1 OUT="$tmp/simout" "$@" timeout 120 bash tools/gpu-eval-check.sh \
+    "$tmp/evalsim" >"$tmp/log" 2>&1
+  expect_rc "$want" "eval: $what" $? "$tmp/log" "${PAT:-}"
+}
+PAT="^5 passed, 0 failed, 0 skipped" evalcheck 0 "every layout: training as without, val_loss as step 1's"
+PAT="one +0/6 .*FAILED: A and B differ at steps \[1, " evalcheck 1 "an evaluation that moves training by 1e-6" \
+  FAKE_OFF=one_A
+PAT="ring2 .*C: val_loss 1.59e-05 from step 1's loss" evalcheck 1 "val_loss 1e-4 off step 1's, lr = 0" \
+  FAKE_VALOFF=ring2_C
+PAT="replicas2 .*A: 0 evaluations of 6" evalcheck 1 "a run that did not evaluate" FAKE_NOEVAL=replicas2_A
+PAT="ulysses2_B exited 1" evalcheck 1 "a run that failed" FAKE_FAIL=ulysses2_B
+PAT="test_validation .*FAILED: exit 1" evalcheck 1 "the GPU test failed" FAKE_UNIT=1
+PAT="^4 passed, 0 failed, 1 skipped" evalcheck 77 "the GPU test skipped" FAKE_UNIT=77
 
 # 4. run-tests.sh's count
 mkdir -p "$tmp/t"

@@ -588,6 +588,181 @@ static int setup(void **state) {
     snprintf(root, sizeof root, "%s/cpgen_data_XXXXXX", tmp && *tmp ? tmp : "/tmp");
     return mkdtemp(root) ? 0 : -1;
 }
+/* data.val = "split:<fraction>": the held-out count (the fraction of the stream's sequences, rounded down, a product a
+ * hair off a whole number taken as it) and the parts that may not be empty. */
+static void test_val_split_counts(void **state) {
+    (void)state;
+    struct {
+        int64_t n;
+        double f;
+        int64_t held;
+    } ok[] = {{30, 0.1, 3}, {100, 0.29, 29}, {100, 0.295, 29}, {10, 0.99, 9}, {3, 0.9999, 2}, {7, 0.5, 3},
+              {1000000, 0.001, 1000}, {6, 0.5, 3}};
+    for (size_t i = 0; i < CP_ARRAY_LEN(ok); i++) {
+        int64_t train, held;
+        if (cp_val_split_counts(ok[i].n, ok[i].f, &train, &held, err, sizeof err))
+            fail_msg("%g of %lld: %s", ok[i].f, (long long)ok[i].n, err);
+        if (held != ok[i].held || train != ok[i].n - ok[i].held)
+            fail_msg("%g of %lld: %lld held, %lld trained; want %lld held", ok[i].f, (long long)ok[i].n,
+                     (long long)held, (long long)train, (long long)ok[i].held);
+    }
+    int64_t train, held;
+    assert_int_equal(cp_val_split_counts(10, 0.05, &train, &held, err, sizeof err), -1);
+    assert_true(contains(err, "0.05 of the 10 sequences is less than one sequence") && contains(err, "at least 0.1"));
+    assert_int_equal(cp_val_split_counts(1, 0.5, &train, &held, err, sizeof err), -1);
+    assert_int_equal(cp_val_split_counts(2, 0.999999, &train, &held, err, sizeof err), 0);
+    assert_int_equal(held, 1);
+}
+
+/* The spec of tiny over shards matching `glob` with 16-token sequences, data.val and more keys. */
+static void spec_over(cp_spec *spec, const char *glob, const char *val, const char *more) {
+    char src[600], v[600];
+    snprintf(src, sizeof src, "data.source=tokens:%s", path_in(glob));
+    snprintf(v, sizeof v, "data.val=%s", val);
+    const char *sets[] = {src, v, "train.seq_len=16", more ? more : "train.eval_sequences=2"};
+    if (cp_spec_load("tiny", sets, 4, spec, err, sizeof err)) fail_msg("%s", err);
+}
+
+/* The next sequence of a one-rank stream: its first token, which names where it comes from (corpus()). */
+static int32_t next_first(cp_dataset *d, int32_t *tok, int32_t *tgt) {
+    if (cp_dataset_next(d, 0, 1, tok, tgt, err, sizeof err)) fail_msg("%s", err);
+    for (int i = 0; i < 16; i++) assert_int_equal(tgt[i], tok[i] == 511 ? 0 : tok[i] + 1); /* the next token */
+    return tok[0];
+}
+
+/* A split: training reads the first sequences of the shards and starts again at the first after the last of them;
+ * the validation stream reads the rest, from the same first one every time (rewound), across shard boundaries; the two
+ * share no sequence and no target; a saved position resumes only inside the training part; too small a part, too
+ * many eval_sequences and shards that both data.source and data.val match (by the file, whatever its name) are
+ * refused with the numbers. */
+static void test_dataset_split(void **state) {
+    (void)state;
+    cp_mkdir_p(path_in("sp"));
+    /* 6 sequences of 16 (+1) tokens: a.bin 3 (first tokens 0, 16, 32), b.bin 1 (100), c.bin 2 (200, 216) */
+    write_shard("sp/a.bin", 50, 0, 512, 2);
+    write_shard("sp/b.bin", 17, 100, 512, 2);
+    write_shard("sp/c.bin", 40, 200, 512, 4);
+    cp_spec spec;
+    spec_over(&spec, "sp/*.bin", "split:0.5", NULL);
+    cp_dataset tr, va;
+    if (cp_dataset_open(&tr, &spec, err, sizeof err)) fail_msg("%s", err);
+    if (cp_dataset_open_val(&va, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(tr.count, 3);
+    assert_int_equal(va.count, 3);
+    int32_t tok[16], tgt[16];
+    const int32_t train_want[] = {0, 16, 32, 0, 16, 32, 0}, val_want[] = {100, 200, 216, 100};
+    bool seen[512] = {false}; /* the tokens training scored (its targets) */
+    for (size_t k = 0; k < CP_ARRAY_LEN(train_want); k++) {
+        assert_int_equal(next_first(&tr, tok, tgt), train_want[k]);
+        for (int i = 0; i < 16; i++) seen[tgt[i]] = true;
+    }
+    assert_int_equal(tr.tokens.pos.epoch, 2);
+    for (size_t k = 0; k < CP_ARRAY_LEN(val_want); k++) {
+        assert_int_equal(next_first(&va, tok, tgt), val_want[k]);
+        for (int i = 0; i < 16; i++)
+            if (seen[tgt[i]]) fail_msg("token %d is a target of training and of validation", tgt[i]);
+    }
+    cp_dataset_rewind(&va);
+    assert_int_equal(next_first(&va, tok, tgt), 100); /* the same first sequence again */
+    cp_dataset va2;
+    if (cp_dataset_open_val(&va2, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(next_first(&va2, tok, tgt), 100); /* and in another process's stream */
+    cp_dataset_close(&va2);
+
+    /* resuming: a training position, yes; one in the held-out part (a checkpoint of another split), no */
+    cp_data_pos p;
+    cp_dataset_tell(&tr, &p);
+    cp_dataset tr2;
+    if (cp_dataset_open(&tr2, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(cp_dataset_seek(&tr2, &p, err, sizeof err), 0);
+    assert_int_equal(next_first(&tr2, tok, tgt), 16);
+    cp_data_pos held = {.sequence = 4, .epoch = 0, .shard = 2, .offset = 16};
+    assert_int_equal(cp_dataset_seek(&tr2, &held, err, sizeof err), -1);
+    assert_true(contains(err, "is sequence 5 of the shards, outside sequences 0-2 that training reads"));
+    cp_dataset_close(&tr2);
+    cp_dataset_close(&tr);
+    cp_dataset_close(&va);
+
+    /* without a split the same shards are 6 training sequences */
+    spec_over(&spec, "sp/*.bin", "synthetic:copy", NULL);
+    if (cp_dataset_open(&tr, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(tr.count, 6);
+    cp_dataset_close(&tr);
+
+    /* too little held out, and more sequences asked for than it holds */
+    spec_over(&spec, "sp/*.bin", "split:0.1", NULL);
+    assert_int_equal(cp_dataset_open(&tr, &spec, err, sizeof err), -1);
+    assert_true(contains(err, "data.val = \"split:0.1\" with data.source = \"tokens:"));
+    assert_true(contains(err, "0.1 of the 6 sequences is less than one sequence"));
+    assert_int_equal(cp_dataset_open_val(&va, &spec, err, sizeof err), -1);
+    spec_over(&spec, "sp/*.bin", "split:0.5", "train.eval_sequences=4");
+    assert_int_equal(cp_dataset_open_val(&va, &spec, err, sizeof err), -1);
+    assert_true(contains(err, "train.eval_sequences = 4, but data.val = \"split:0.5\" holds 3 sequences"));
+    assert_true(contains(err, "of train.seq_len + 1 = 17 tokens") && contains(err, "at most 3"));
+
+    /* held-out shards of their own: a copy under another name is other data; the same file (a glob that matches it,
+     * a hard link) is refused */
+    cp_mkdir_p(path_in("sv"));
+    write_shard("sv/x.bin", 50, 0, 512, 2);
+    char v[600];
+    snprintf(v, sizeof v, "tokens:%s", path_in("sv/*.bin"));
+    spec_over(&spec, "sp/a.bin", v, NULL);
+    if (cp_dataset_open_val(&va, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(va.count, 3);
+    assert_int_equal(next_first(&va, tok, tgt), 0);
+    cp_dataset_close(&va);
+    snprintf(v, sizeof v, "tokens:%s", path_in("sp/[ab].bin"));
+    spec_over(&spec, "sp/a.bin", v, NULL);
+    assert_int_equal(cp_dataset_open_val(&va, &spec, err, sizeof err), -1);
+    assert_true(contains(err, "sp/a.bin is also a training shard"));
+    assert_int_equal(link(path_in("sp/c.bin"), path_in("sv/y.bin")), 0);
+    snprintf(v, sizeof v, "tokens:%s", path_in("sv/*.bin"));
+    spec_over(&spec, "sp/c.bin", v, NULL);
+    assert_int_equal(cp_dataset_open_val(&va, &spec, err, sizeof err), -1);
+    assert_true(contains(err, "sv/y.bin is also a training shard"));
+}
+
+/* A synthetic task's held-out stream: the task's sequences from CP_VAL_FIRST_SEQUENCE on, replica g of R reading g,
+ * g + R, ... as in training, the same after a rewind; a training stream refuses to reach them, and a position among
+ * them. */
+static void test_dataset_synthetic_val(void **state) {
+    (void)state;
+    const char *sets[] = {"data.val=synthetic:copy", "train.seq_len=64"};
+    cp_spec spec;
+    if (cp_spec_load("tiny", sets, 2, &spec, err, sizeof err)) fail_msg("%s", err);
+    cp_dataset tr, va;
+    if (cp_dataset_open(&tr, &spec, err, sizeof err)) fail_msg("%s", err);
+    if (cp_dataset_open_val(&va, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(va.count, -1);
+    cp_copy c;
+    assert_int_equal(cp_copy_init(&c, 512, 64, spec.init.seed, err, sizeof err), 0);
+    int32_t tok[64], tgt[64], wt[64], wg[64], t0[64], g0[64];
+    if (cp_dataset_next(&tr, 0, 1, t0, g0, err, sizeof err)) fail_msg("%s", err);
+    cp_data_slice one = {.replica = 1, .replicas = 2, .ring = 1, .gpus = 1};
+    for (int round = 0; round < 2; round++) {
+        if (cp_dataset_next_slice(&va, &one, tok, tgt, err, sizeof err)) fail_msg("%s", err);
+        cp_copy_sequence(&c, CP_VAL_FIRST_SEQUENCE + 2 * round + 1, wt, wg);
+        assert_memory_equal(tok, wt, sizeof tok);
+        assert_memory_equal(tgt, wg, sizeof tgt);
+    }
+    assert_int_equal(va.targets_round, 2 * 31); /* both groups' sequences: (64 - 1) / 2 + 1 .. 62 scored */
+    cp_dataset_rewind(&va);
+    if (cp_dataset_next(&va, 0, 1, tok, tgt, err, sizeof err)) fail_msg("%s", err);
+    cp_copy_sequence(&c, CP_VAL_FIRST_SEQUENCE, wt, wg);
+    assert_memory_equal(tok, wt, sizeof tok);
+    assert_true(memcmp(tok, t0, sizeof tok) != 0); /* not training's first sequence */
+    cp_data_pos near = {.sequence = CP_VAL_FIRST_SEQUENCE - 1};
+    assert_int_equal(cp_dataset_seek(&tr, &near, err, sizeof err), 0);
+    cp_data_slice two = {.replica = 0, .replicas = 2, .ring = 1, .gpus = 1};
+    assert_int_equal(cp_dataset_next_slice(&tr, &two, tok, tgt, err, sizeof err), -1);
+    assert_true(contains(err, "where data.val's held-out sequences begin"));
+    assert_int_equal(cp_dataset_next(&tr, 0, 1, tok, tgt, err, sizeof err), 0); /* the last one before them */
+    cp_data_pos in = {.sequence = CP_VAL_FIRST_SEQUENCE};
+    assert_int_equal(cp_dataset_seek(&tr, &in, err, sizeof err), -1);
+    cp_dataset_close(&tr);
+    cp_dataset_close(&va);
+}
+
 static int teardown(void **state) {
     (void)state;
     nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
@@ -601,6 +776,8 @@ int main(void) {
         cmocka_unit_test(test_dataset_tokens),
         cmocka_unit_test(test_dataset_groups), cmocka_unit_test(test_recall),
         cmocka_unit_test(test_dataset_recall), cmocka_unit_test(test_copy), cmocka_unit_test(test_dataset_copy),
+        cmocka_unit_test(test_val_split_counts), cmocka_unit_test(test_dataset_split),
+        cmocka_unit_test(test_dataset_synthetic_val),
     };
     return cmocka_run_group_tests_name("data", tests, setup, teardown) ? 1 : 0;
 }

@@ -1,6 +1,7 @@
 /* test_report.c: `cpgen report` on a made-up metrics.jsonl: every step drawn, the SVG parses as XML with its four
  * panels and series, a null (a skipped step) leaves a gap, a bad line is skipped and named, a missing file is named;
- * a crashed run's cut last line, steps and values near the limits of a double, and a long run's size. */
+ * a crashed run's cut last line, steps and values near the limits of a double, a long run's size, and the validation
+ * loss of the steps that have one beside the training loss. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,8 +218,77 @@ static void test_bounded_output(void **state) {
     tmpdir_remove(dir);
 }
 
+/* The validation loss, logged after some steps only (val_loss on those steps' lines): drawn in the loss panel beside
+ * the training loss, one line through its points and a mark at each (a single evaluation still shows), under a
+ * legend naming both; the panel's range takes its points in; a null (a loss that was not finite) is left out. A run
+ * without it draws no such series, mark or legend. */
+static void test_validation_loss(void **state) {
+    (void)state;
+    assert_int_equal(tmpdir_make(dir, sizeof dir, "report"), 0);
+    cp_str m = {0};
+    for (int s = 1; s <= 20; s++) {
+        cp_str_printf(&m, "{\"step\":%d,\"loss\":%.2f,\"norm\":1,\"tokens_per_s\":1000,", s, 5.5 - 0.05 * s);
+        /* evaluated after steps 5, 10, 15 (null), 20; the one after step 10 far above the training loss */
+        if (s % 5 == 0)
+            cp_str_printf(&m, "\"val_loss\":%s,\"val_tokens\":4096,", s == 15 ? "null" : s == 10 ? "9.5" : "5.25");
+        cp_str_printf(&m, "\"skipped\":false}\n");
+    }
+    write_metrics(m.data);
+    cp_str_free(&m);
+    assert_int_equal(cp_report_write(dir, err, sizeof err), 20);
+    assert_string_equal(err, "");
+    size_t len;
+    char *svg = read_svg(&len);
+    assert_int_equal(xml_count(svg, "data-name", "val_loss"), 1);
+    assert_int_equal(xml_count(svg, "data-points", "val_loss"), 1);
+    assert_non_null(strstr(svg, ">loss: training and validation<"));
+    assert_non_null(strstr(svg, ">loss (training)<"));
+    assert_non_null(strstr(svg, ">val_loss (data.val)<"));
+    /* its line: 3 points, one pen down; its marks: 3, all inside the loss panel (y 80 to 370), 9.5 at the top */
+    const char *line = strstr(svg, "data-name=\"val_loss\" d=\"");
+    assert_non_null(line);
+    int moves = 0, draws = 0;
+    for (const char *p = line + 24; *p != '"'; p++) moves += *p == 'M', draws += *p == 'L';
+    assert_int_equal(moves, 1);
+    assert_int_equal(draws, 2);
+    const char *pts = strstr(svg, "data-points=\"val_loss\"");
+    const char *end = strstr(pts, "</g>");
+    int marks = 0;
+    double top = 1e9;
+    for (const char *p = strstr(pts, "<circle"); p && p < end; p = strstr(p + 1, "<circle")) {
+        double cx, cy;
+        assert_int_equal(sscanf(p, "<circle cx=\"%lf\" cy=\"%lf\"", &cx, &cy), 2);
+        if (!(cy >= 80 && cy <= 370 && cx >= 90 && cx <= 550)) fail_msg("a mark at %g, %g: outside the loss panel", cx, cy);
+        top = fmin(top, cy);
+        marks++;
+    }
+    assert_int_equal(marks, 3);
+    assert_true(top < 80 + 30); /* 9.5 is the panel's highest value */
+    free(svg);
+
+    /* one evaluation alone: a mark, though its line has no length */
+    write_metrics("{\"step\":1,\"loss\":5}\n{\"step\":2,\"loss\":4,\"val_loss\":4.5,\"val_tokens\":10}\n");
+    assert_int_equal(cp_report_write(dir, err, sizeof err), 2);
+    svg = read_svg(&len);
+    pts = strstr(svg, "data-points=\"val_loss\"");
+    assert_non_null(pts);
+    assert_non_null(strstr(pts, "<circle"));
+    free(svg);
+
+    /* none: as before */
+    write_metrics("{\"step\":1,\"loss\":5}\n{\"step\":2,\"loss\":4}\n");
+    assert_int_equal(cp_report_write(dir, err, sizeof err), 2);
+    svg = read_svg(&len);
+    assert_int_equal(xml_count(svg, "data-name", "val_loss"), 0);
+    assert_null(strstr(svg, "data-points"));
+    assert_null(strstr(svg, "validation"));
+    free(svg);
+    tmpdir_remove(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_report), cmocka_unit_test(test_cut_last_line),
-                                       cmocka_unit_test(test_absurd_values), cmocka_unit_test(test_bounded_output)};
+                                       cmocka_unit_test(test_absurd_values), cmocka_unit_test(test_bounded_output),
+                                       cmocka_unit_test(test_validation_loss)};
     return cmocka_run_group_tests_name("report", tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 
 #include "source_tree.h"
 #include "spec.h"
+#include "spec_write.h"
 #include "tmpdir.h"
 #include "util.h"
 
@@ -456,6 +458,86 @@ static void test_replicas_ring(void **state) {
     assert_contains(err, "parallel.replicas = 3000: replicas x ring x gpus = 3000 x 4 x 8 = 96000 ranks");
 }
 
+/* data.val, train.eval_every and train.eval_sequences: their defaults (none; about ten evaluations a run once there
+ * is held-out data; one step's sequences, every group's), explicit values kept, "none", the split's fraction, and
+ * the resolved spec written back with them (and without them where there is no held-out data). */
+static void test_eval_keys(void **state) {
+    (void)state;
+    load_ok("tiny", NULL, 0);
+    assert_string_equal(spec.data.val, "");
+    assert_int_equal(spec.train.eval_every, 0);
+    assert_int_equal(spec.train.eval_sequences, 8); /* tiny's 8 micro-batches */
+    const char *copy[] = {"data.val=synthetic:copy"};
+    load_ok("tiny", copy, 1);
+    assert_string_equal(spec.data.val, "synthetic:copy");
+    assert_int_equal(spec.train.eval_every, 80); /* tiny's 800 steps / 10 */
+    assert_int_equal(spec.train.eval_sequences, 8);
+    const char *short_run[] = {"data.val=synthetic:recall", "train.steps=5", "train.warmup=0"};
+    load_ok("tiny", short_run, 3);
+    assert_int_equal(spec.train.eval_every, 1); /* at least 1 */
+    const char *replicas[] = {"data.val=synthetic:copy", "parallel.replicas=2", "train.micro_batches=3",
+                              "train.eval_every=7"};
+    load_ok("tiny", replicas, 4);
+    assert_int_equal(spec.train.eval_sequences, 6); /* 3 micro-batches x 2 groups */
+    assert_int_equal(spec.train.eval_every, 7);
+    const char *off[] = {"data.val=synthetic:copy", "train.eval_every=0", "train.eval_sequences=3"};
+    load_ok("tiny", off, 3);
+    assert_int_equal(spec.train.eval_every, 0); /* held-out data kept, never evaluated */
+    assert_int_equal(spec.train.eval_sequences, 3);
+    const char *none[] = {"data.val=none"};
+    load_ok("tiny", none, 1);
+    assert_string_equal(spec.data.val, "");
+    assert_int_equal(spec.train.eval_every, 0);
+    const char *split[] = {"data.source=tokens:d/*.bin", "data.val=split:0.05", "train.eval_every=25"};
+    load_ok("tiny", split, 3);
+    assert_string_equal(spec.data.val, "split:0.05");
+    assert_int_equal(spec.train.eval_every, 25);
+    const char *held[] = {"data.source=tokens:d/*.bin", "data.val=tokens:v/*.bin"};
+    load_ok("tiny", held, 2);
+    assert_int_equal(spec.train.eval_every, 80);
+
+    /* the fraction: a plain decimal strictly between 0 and 1 */
+    double f;
+    assert_true(cp_val_split("split:0.05", &f) && f == 0.05);
+    assert_true(cp_val_split("split:1e-3", &f) && f == 1e-3);
+    assert_true(cp_val_split("split:.5", &f) && f == 0.5);
+    const char *bad[] = {"split:0", "split:1", "split:-0.1", "split:1.5", "split:", "split:nan", "split:inf",
+                         "split:0x0.8", "split:0.1x", "split: 0.1", "tokens:x", "", "split"};
+    for (size_t i = 0; i < CP_ARRAY_LEN(bad); i++)
+        if (cp_val_split(bad[i], &f) || !isnan(f)) fail_msg("\"%s\" was taken for a split", bad[i]);
+
+    /* cp_spec_check sees a replica count changed in C that the sequences no longer divide among */
+    load_ok("tiny", copy, 1);
+    cp_spec s = spec;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), 0);
+    s.parallel.replicas = 3;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), -1);
+    assert_contains(err, "train.eval_sequences = 8: the 3 replica groups evaluate equal shares");
+    s = spec;
+    s.train.eval_every = -4;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), -1);
+    assert_contains(err, "train.eval_every = -4: must be at least 0");
+
+    /* written back: with held-out data every key, read again to the same spec; without it, none of them */
+    const char *written[] = {"data.val=synthetic:copy", "train.eval_every=0", "train.eval_sequences=2"};
+    load_ok("tiny", written, 3);
+    cp_spec a = spec;
+    cp_str text = {0};
+    cp_spec_write_lua(&a, &text);
+    assert_contains(text.data, "val = \"synthetic:copy\"");
+    assert_contains(text.data, "eval_every = 0");
+    assert_contains(text.data, "eval_sequences = 2");
+    cp_spec b;
+    if (cp_spec_load_string("resolved.lua", text.data, NULL, 0, &b, err, sizeof err)) fail_msg("%s", err);
+    assert_true(cp_spec_same(&a, &b));
+    assert_int_equal(b.train.eval_every, 0); /* not the default again: 0 was written */
+    cp_str_free(&text);
+    load_ok("tiny", NULL, 0);
+    cp_spec_write_lua(&spec, &text);
+    if (strstr(text.data, "eval_") || strstr(text.data, "val =")) fail_msg("written without held-out data:\n%s", text.data);
+    cp_str_free(&text);
+}
+
 static void test_names(void **state) {
     (void)state;
     assert_string_equal(cp_family_name(CP_FAMILY_LLAMA), "llama");
@@ -650,7 +732,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_lengths),       cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_set_overrides), cmocka_unit_test(test_inheritance),
         cmocka_unit_test(test_upipe_auto),    cmocka_unit_test(test_check),
-        cmocka_unit_test(test_replicas_ring),
+        cmocka_unit_test(test_replicas_ring), cmocka_unit_test(test_eval_keys),
         cmocka_unit_test(test_names),         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_limits_inside_library_calls), cmocka_unit_test(test_loads_follow_the_working_folder),
     };

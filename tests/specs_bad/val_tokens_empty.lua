@@ -1,0 +1,3 @@
+-- expect: data.val = "tokens:"
+-- expect: give the held-out shards after the prefix
+return cpgen.extend(cpgen.load("tiny"), { data = { val = "tokens:" } })
