@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -574,8 +575,30 @@ typedef struct {
     const char *what; /* for messages */
 } out_file;
 
+/* What the writer's time went to, summed over every thread (cp_st_stats). */
+static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
+static cp_st_write_stats stats;
+
+static void stats_add(double fill, double wr, double sync, int64_t bytes) {
+    pthread_mutex_lock(&stats_lock);
+    stats.fill_s += fill;
+    stats.write_s += wr;
+    stats.sync_s += sync;
+    stats.bytes += bytes;
+    pthread_mutex_unlock(&stats_lock);
+}
+
+void cp_st_stats(cp_st_write_stats *out, bool reset) {
+    pthread_mutex_lock(&stats_lock);
+    if (out) *out = stats;
+    if (reset) memset(&stats, 0, sizeof stats);
+    pthread_mutex_unlock(&stats_lock);
+}
+
 static int write_all(out_file *o, const void *data, size_t len, char *err, int errlen) {
     const char *p = data;
+    double t0 = cp_now();
+    stats_add(0, 0, 0, (int64_t)len);
     while (len > 0) {
         ssize_t w = write(o->fd, p, len);
         if (w < 0) {
@@ -586,6 +609,7 @@ static int write_all(out_file *o, const void *data, size_t len, char *err, int e
         p += w;
         len -= (size_t)w;
     }
+    stats_add(0, cp_now() - t0, 0, 0);
     return 0;
 }
 
@@ -608,14 +632,17 @@ static int write_tensor(out_file *o, const cp_st_out *t, char *err, int errlen) 
     for (int64_t done = 0; done < n && !rc;) {
         int64_t m = CP_MIN(n - done, CHUNK_ELEMS);
         const float *v = t->f32 ? t->f32 + done : src;
+        double t0 = cp_now();
         if (t->fill) t->fill(t->ctx, done, m, src);
         if (t->dtype == CP_ST_F32) {
+            stats_add(cp_now() - t0, 0, 0, 0);
             rc = write_all(o, v, (size_t)m * 4, err, errlen);
         } else {
             if (t->dtype == CP_ST_BF16)
                 for (int64_t k = 0; k < m; k++) half[k] = cp_f32_to_bf16(v[k]);
             else
                 for (int64_t k = 0; k < m; k++) half[k] = cp_f32_to_f16(v[k]);
+            stats_add(cp_now() - t0, 0, 0, 0);
             rc = write_all(o, half, (size_t)m * 2, err, errlen);
         }
         done += m;
@@ -644,7 +671,9 @@ static int open_out(out_file *o, const char *dir, const char *name, char *err, i
 static int finish_out(out_file *o, bool ok, char *err, int errlen) {
     int rc = ok ? 0 : -1;
     if (o->fd >= 0) {
+        double t0 = cp_now();
         if (ok && fsync(o->fd) != 0) rc = cp_errf(err, errlen, "%s: fsync failed: %s", o->tmp, strerror(errno));
+        stats_add(0, 0, cp_now() - t0, 0);
         if (close(o->fd) != 0 && !rc) rc = cp_errf(err, errlen, "%s: close failed: %s", o->tmp, strerror(errno));
         o->fd = -1;
     }
