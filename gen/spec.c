@@ -57,7 +57,7 @@ static const node PARALLEL_KEYS[] = {
 static const node TRAIN_KEYS[] = {
     LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
-    LEAF("save_every"), LEAF("out_dir"), LEAF("deterministic"), END};
+    LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("out_dir"), LEAF("deterministic"), END};
 static const node DATA_KEYS[] = {LEAF("source"), END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
@@ -1225,6 +1225,10 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     TRY(get_cint(c, t, "train", "log_every", &tr->log_every));
     tr->save_every = 0;
     TRY(get_cint(c, t, "train", "save_every", &tr->save_every));
+    tr->keep_checkpoints = 0;
+    TRY(get_cint(c, t, "train", "keep_checkpoints", &tr->keep_checkpoints));
+    tr->async_save = true;
+    TRY(get_bool(c, t, "train", "async_save", &tr->async_save));
     snprintf(tr->out_dir, sizeof tr->out_dir, "runs/%s", name);
     TRY(get_str(c, t, "train", "out_dir", tr->out_dir, sizeof tr->out_dir));
     tr->deterministic = true;
@@ -1518,6 +1522,9 @@ static int validate(ctx *c, cp_spec *s) {
     if (tr->save_every < 0)
         return fail(c, "train.save_every", " = %d: must be at least 0 (0 saves no periodic checkpoints)",
                     tr->save_every);
+    if (tr->keep_checkpoints < 0)
+        return fail(c, "train.keep_checkpoints", " = %d: must be at least 0 (the newest checkpoints kept; 0 keeps all)",
+                    tr->keep_checkpoints);
     if (!tr->out_dir[0]) return fail(c, "train.out_dir", " is empty: give a folder such as \"runs/%s\"", s->name);
 
     /* data */

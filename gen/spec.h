@@ -64,6 +64,9 @@ typedef struct {
     int warmup;
     double weight_decay, clip, beta1, beta2, eps;
     int log_every, save_every;
+    int keep_checkpoints; /* after a checkpoint is complete, only the newest this many are kept (0: all) */
+    bool async_save;      /* checkpoints written by a background thread while training goes on (false: the loop
+                           * waits for each write) */
     char out_dir[CP_PATH_MAX];
     bool deterministic; /* the same bits every run (attention's dQ summed in key-block order), or faster sums */
 } cp_train;

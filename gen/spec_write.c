@@ -89,6 +89,8 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_num(o, "eps", t->eps);
     put_int(o, "log_every", t->log_every);
     put_int(o, "save_every", t->save_every);
+    put_int(o, "keep_checkpoints", t->keep_checkpoints);
+    put_bool(o, "async_save", t->async_save);
     put_str(o, "out_dir", t->out_dir);
     put_bool(o, "deterministic", t->deterministic);
     cp_str_printf(o, "  },\n  data = {\n");
