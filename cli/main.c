@@ -14,6 +14,7 @@
 #include "plan.h"
 #include "report.h"
 #include "spec.h"
+#include "stop.h"
 #include "train.h"
 #include "tune.h"
 #include "util.h"
@@ -536,10 +537,11 @@ static int cmd_run(const cli *c, cp_spec *spec) {
             printf("\nstarting %d processes, one per GPU\n", world);
         fflush(stdout);
         rc = cp_launch_spawn(world, c->argv, NULL, err, sizeof err);
-        if (rc) fprintf(stderr, "cpgen: %s\n", err);
+        if (rc == CP_EXIT_STOPPED) printf("%s\n", err); /* rank 0 said where it stopped and how to go on */
+        else if (rc) fprintf(stderr, "cpgen: %s\n", err);
         if (c->bundle) cp_bundle_close(&bundle);
         cp_plan_free(&plan);
-        return rc ? CP_EXIT_FAIL : 0;
+        return rc == CP_EXIT_STOPPED ? CP_EXIT_STOPPED : rc ? CP_EXIT_FAIL : 0;
     }
     if (env.size != world) {
         if (world == plan.C)
@@ -555,7 +557,10 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     }
     if (lead && !spawned) printf("\n");
     fflush(stdout);
+    /* preemption: a stop signal ends the run in order after the step it is in, with a checkpoint */
+    cp_stop_install(world > 1 ? env.rank : -1);
     cp_train_opts t = {.no_cache = c->no_cache,
+                       .stop_request = cp_stop_flag(),
                        .out = stdout,
                        .resume = c->resume,
                        .trace_path = c->trace,
@@ -592,7 +597,10 @@ static int cmd_run(const cli *c, cp_spec *spec) {
             t.base_free = w.base_free;
         }
     }
-    if (!rc) rc = cp_train_run(&plan, &t, NULL, err, sizeof err);
+    cp_train_result res = {0};
+    if (!rc) rc = cp_train_run(&plan, &t, &res, err, sizeof err);
+    int stopped = res.stopped;
+    cp_train_result_free(&res);
     if (rc) fprintf(stderr, "cpgen: %s\n", err);
     if (joined) {
         if (rc) cp_world_fail(&w, err); /* the others hear why and stop now, instead of at a deadline */
@@ -600,7 +608,8 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     }
     if (c->bundle) cp_bundle_close(&bundle);
     cp_plan_free(&plan);
-    return rc ? CP_EXIT_FAIL : 0;
+    cp_stop_uninstall();
+    return rc ? CP_EXIT_FAIL : stopped ? CP_EXIT_STOPPED : 0;
 }
 
 /* parallel.gpus = "auto": the launcher's world size, else the GPUs CUDA sees. Called only by a spec that asks, since
