@@ -62,8 +62,10 @@ char *cp_ckpt_state_json(const cp_ckpt_state *st);
 int cp_ckpt_state_parse(const char *text, size_t len, const char *where, cp_ckpt_state *st, char *err, int errlen);
 
 /* Called after each piece of a checkpoint is complete in the temporary folder: piece is "model.safetensors"
- * (the weights and config.json), "optimizer.safetensors" or "trainer_state.json". Returning nonzero stops the write
- * there as a crash would: the temporary folder stays, nothing is renamed. For tests. */
+ * (the weights and config.json), "optimizer.safetensors" or "trainer_state.json"; then once more with "latest" and
+ * the final folder, after the folder has its final name and before `latest` names it. Returning nonzero stops the
+ * write there as a crash would: the temporary folder stays and nothing is renamed (or, at "latest", the folder is
+ * complete but `latest` still names the one before). For tests. */
 typedef int (*cp_ckpt_hook)(void *ctx, const char *tmp_dir, const char *piece);
 
 /* Write <out_dir>/ckpt_<st->step>/ from the flat fp32 master weights and moments (cp_weights_elems elements, the

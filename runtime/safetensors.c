@@ -672,6 +672,8 @@ static void block_bytes(const wfile *w, int64_t off, int64_t end, unsigned char 
     }
 }
 
+void (*cp_st_block_hook)(const char *tmp_path, int64_t block, int64_t nblocks);
+
 static void wfile_fail(wfile *w, const char *msg) {
     pthread_mutex_lock(&w->lock);
     if (!atomic_exchange(&w->failed, 1)) snprintf(w->err, (size_t)w->errlen, "%s", msg);
@@ -721,6 +723,7 @@ static void *wfile_thread(void *arg) {
             wfile_fail(w, msg);
             break;
         }
+        if (cp_st_block_hook) cp_st_block_hook(w->o->tmp, b, w->nblocks);
     }
     free(buf);
     free(scratch);

@@ -126,6 +126,10 @@ typedef struct {
 } cp_st_write_stats;
 void cp_st_stats(cp_st_write_stats *out, bool reset);
 
+/* For tests: called from the writing thread after each block of a file is written (the file's temporary path, the
+ * block, the number of blocks); NULL: none. */
+extern void (*cp_st_block_hook)(const char *tmp_path, int64_t block, int64_t nblocks);
+
 /* fp32 <-> bf16 / f16, round to nearest even; NaN stays NaN, overflow goes to infinity. */
 uint16_t cp_f32_to_bf16(float f);
 float cp_bf16_to_f32(uint16_t h);
