@@ -600,6 +600,8 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     cp_train_result res = {0};
     if (!rc) rc = cp_train_run(&plan, &t, &res, err, sizeof err);
     int stopped = res.stopped;
+    if (!rc && stopped && world > 1) /* each rank's word that it stopped where the others did */
+        fprintf(stderr, "cpgen: rank %d: stopped in order after step %d\n", env.rank, res.steps);
     cp_train_result_free(&res);
     if (rc) fprintf(stderr, "cpgen: %s\n", err);
     if (joined) {

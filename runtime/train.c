@@ -153,27 +153,40 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     int mb = tr->micro_batches;
     int64_t T = P->T;
 
-    /* weights: the checkpoint's, or the spec's init, through a full-model array that is freed once the executor
-     * has them (a rank of several draws or reads its init shard by shard instead) */
     int64_t n = cp_weights_elems(P);
     if (P->C == 1 && n != P->params_shard)
         return cp_errf(err, errlen, "the flat model has %lld elements, the plan's shard %lld: weights.c and the plan "
                      "disagree on the layout", (long long)n, (long long)P->params_shard);
+
+    /* checkpoints: the snapshot's arrays start being made resident and pinned now, in the background, while the
+     * weights load and the first steps run (the plan counts them beside the loading weights) */
+    cp_ckpt_source *source = NULL;
+    cp_saver *sv = NULL;
+    int rc = 0;
+    if (P->ckpt_snap != CP_SNAP_NONE) {
+        cp_saver_opts so = {.plan = P, .out_dir = tr->out_dir, .writer = lead, .keep = tr->keep_checkpoints,
+                            .resumed = ck ? ck->dir : NULL,
+                            .async = tr->async_save && P->ckpt_snap != CP_SNAP_IN_PLACE};
+        rc = cp_ckpt_source_open(&source, ex, P, lead, o->device, &so.src, err, errlen);
+        if (!rc) rc = cp_saver_create(&sv, &so, err, errlen);
+    }
+
+    /* weights: the checkpoint's, or the spec's init, through a full-model array that is freed once the executor
+     * has them (a rank of several draws or reads its init shard by shard instead) */
     bool full = P->C == 1 || ck;
     float *flat = full ? cp_xmalloc(sizeof(float) * (size_t)n) : NULL;
     double t0 = cp_now();
-    int rc = 0;
     int start = ck ? ck->state.step : 0;
-    if (ck) {
+    if (!rc && ck) {
         rc = resume_state(ex, P, ck, flat, out, err, errlen);
-    } else if (sp->init.from == CP_INIT_HF) {
+    } else if (!rc && sp->init.from == CP_INIT_HF) {
         float *shard = flat ? NULL : cp_xmalloc(sizeof(float) * (size_t)P->params_shard);
         rc = flat ? cp_weights_load_hf(P, sp->init.path, flat, err, errlen)
                   : cp_weights_load_hf_shard(P, sp->init.path, rank, shard, err, errlen);
         if (!rc && out) fprintf(out, "weights: %s (Hugging Face) in %.1f s\n", sp->init.path, cp_now() - t0);
         if (!rc) rc = flat ? cp_exec_load_weights(ex, flat, err, errlen) : cp_exec_load_shard(ex, shard, err, errlen);
         free(shard);
-    } else {
+    } else if (!rc) {
         if (flat) {
             cp_weights_init_random(P, sp->init.seed, sp->init.std, flat);
             rc = cp_exec_load_weights(ex, flat, err, errlen);
@@ -212,16 +225,6 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             rc = metrics_keep(mpath, start, err, errlen);
         if (!rc && !(metrics = fopen(mpath, ck ? "a" : "w")))
             rc = cp_errf(err, errlen, "%s: %s; set train.out_dir to a folder you can write", mpath, strerror(errno));
-    }
-    /* checkpoints: the snapshot's arrays start being pinned now, in the background */
-    cp_ckpt_source *source = NULL;
-    cp_saver *sv = NULL;
-    if (!rc && P->ckpt_snap != CP_SNAP_NONE) {
-        cp_saver_opts so = {.plan = P, .out_dir = tr->out_dir, .writer = lead, .keep = tr->keep_checkpoints,
-                            .resumed = ck ? ck->dir : NULL,
-                            .async = tr->async_save && P->ckpt_snap != CP_SNAP_IN_PLACE};
-        rc = cp_ckpt_source_open(&source, ex, P, lead, o->device, &so.src, err, errlen);
-        if (!rc) rc = cp_saver_create(&sv, &so, err, errlen);
     }
     int32_t *tok = cp_xmalloc(sizeof(int32_t) * (size_t)(T * mb)), *tgt = cp_xmalloc(sizeof(int32_t) * (size_t)(T * mb));
     double *times = cp_xcalloc((size_t)CP_MAX(tr->steps, 1), sizeof(double));
