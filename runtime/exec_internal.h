@@ -126,7 +126,8 @@ struct cp_exec {
     int ring_pos, ring_to, ring_from;
     int *event_step; /* the step recording each event */
     /* a checkpoint's snapshot (exec_snap.c) */
-    bool snap_ready;            /* the stream, events and lock below exist */
+    bool snap_ready;            /* the lock below exists, and the gate and buffers are known */
+    bool snap_cuda;             /* the stream and events exist */
     int snap_gate;              /* cp_exec_snapshot_gate of the plan */
     int snap_buf[3];            /* master.f32, adam_m.f32, adam_v.f32 */
     cudaStream_t snap_stream;   /* the copies of a snapshot from the GPU */

@@ -43,21 +43,31 @@ static int prepare(cp_exec *ex, char *err, int errlen) {
         if ((ex->snap_buf[k] = buf_of(ex->P, STATE[k])) < 0)
             return cp_errf(err, errlen, "a checkpoint's snapshot: the plan has no buffer %s", STATE[k]);
     ex->snap_gate = cp_exec_snapshot_gate(ex->P);
-    CK(cudaStreamCreateWithFlags(&ex->snap_stream, cudaStreamNonBlocking), "creating the snapshot's stream");
-    CK(cudaEventCreateWithFlags(&ex->snap_done, cudaEventDisableTiming), "creating an event");
-    for (int h = 0; h < 2; h++)
-        CK(cudaEventCreateWithFlags(&ex->snap_half[h], cudaEventDisableTiming), "creating an event");
     pthread_mutex_init(&ex->snap_lock, NULL);
     pthread_cond_init(&ex->snap_cond, NULL);
     ex->snap_ready = true;
     return 0;
 }
 
+/* The stream and events of copies from the GPU, made at the first (the host optimizer's memcpy needs none). */
+static int prepare_gpu(cp_exec *ex, char *err, int errlen) {
+    if (ex->snap_cuda) return 0;
+    CK(cudaStreamCreateWithFlags(&ex->snap_stream, cudaStreamNonBlocking), "creating the snapshot's stream");
+    CK(cudaEventCreateWithFlags(&ex->snap_done, cudaEventDisableTiming), "creating an event");
+    for (int h = 0; h < 2; h++)
+        CK(cudaEventCreateWithFlags(&ex->snap_half[h], cudaEventDisableTiming), "creating an event");
+    ex->snap_cuda = true;
+    return 0;
+}
+
 void exec_snap_free(cp_exec *ex) {
+    if (ex->snap_cuda) {
+        (void)cudaStreamDestroy(ex->snap_stream);
+        (void)cudaEventDestroy(ex->snap_done);
+        for (int h = 0; h < 2; h++) (void)cudaEventDestroy(ex->snap_half[h]);
+        ex->snap_cuda = false;
+    }
     if (!ex->snap_ready) return;
-    (void)cudaStreamDestroy(ex->snap_stream);
-    (void)cudaEventDestroy(ex->snap_done);
-    for (int h = 0; h < 2; h++) (void)cudaEventDestroy(ex->snap_half[h]);
     pthread_mutex_destroy(&ex->snap_lock);
     pthread_cond_destroy(&ex->snap_cond);
     ex->snap_ready = false;
@@ -182,6 +192,7 @@ int cp_exec_snapshot_start(cp_exec *ex, const cp_exec_snap *dst, int *updates, c
     /* the step is over (cp_exec_step synchronised its streams): its update has written the state */
     ex->snap_dst = *dst;
     bool overlap = ex->snap_gate >= P->micro_steps;
+    if (!on_host(ex) && prepare_gpu(ex, err, errlen)) return -1;
     if (!on_host(ex) && dst->pinned) {
         if (copy_pinned(ex, err, errlen)) return -1;
         ex->snap_gpu = true;
@@ -196,12 +207,12 @@ int cp_exec_snapshot_start(cp_exec *ex, const cp_exec_snap *dst, int *updates, c
 
 int cp_exec_snapshot_finish(cp_exec *ex, char *err, int errlen) {
     if (ex->P->C > 1 || !ex->snap_ready) return 0;
-    CK(cudaSetDevice(ex->dev), "selecting the GPU for the checkpoint's snapshot");
+    if (ex->snap_cuda) CK(cudaSetDevice(ex->dev), "selecting the GPU for the checkpoint's snapshot");
     pthread_mutex_lock(&ex->snap_lock);
     bool host = ex->snap_host;
     pthread_mutex_unlock(&ex->snap_lock);
     if (host) return finish_host(ex, err, errlen);
-    CK(cudaEventSynchronize(ex->snap_done), "copying the state to the checkpoint's snapshot");
+    if (ex->snap_cuda) CK(cudaEventSynchronize(ex->snap_done), "copying the state to the checkpoint's snapshot");
     return 0;
 }
 
