@@ -11,7 +11,8 @@
  * It is written as <out_dir>/ckpt_<step>.tmp.<pid>, every file synced, trainer_state.json last, then renamed to its
  * final name in one step; then <out_dir>/latest (the folder's name and a newline) is replaced atomically. A folder
  * with a final name is therefore always complete, and a crash leaves only a .tmp folder (removed by the next save
- * once its process is gone). Every checkpoint is kept: the spec has no retention setting. docs/CHECKPOINTS.md. */
+ * once its process is gone, refused by --resume). A running training writes it from a snapshot on a thread of its
+ * own (ckpt_async.h); train.keep_checkpoints removes old ones (ckpt_keep.h). docs/CHECKPOINTS.md. */
 #ifndef CP_CHECKPOINT_H
 #define CP_CHECKPOINT_H
 
