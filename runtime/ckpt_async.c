@@ -13,6 +13,15 @@
 #include "ckpt_keep.h"
 #include "util.h"
 
+enum { DONE_MAX = 4 };
+
+typedef struct {
+    int rc, step;
+    double seconds;
+    int64_t bytes;
+    char path[CP_PATH_MAX + 64], removed[512], err[CP_ERR_MAX];
+} result;
+
 struct cp_saver {
     cp_saver_opts o;
     pthread_t th;
@@ -24,12 +33,10 @@ struct cp_saver {
     bool job;
     cp_ckpt_state st;
     const float *w, *m, *v;
-    /* the last finished job, until cp_saver_poll reports it */
-    bool done;
-    int done_rc, done_step;
-    double done_seconds;
-    int64_t done_bytes;
-    char done_path[CP_PATH_MAX + 64], done_removed[512], done_err[CP_ERR_MAX];
+    /* finished jobs not yet reported, oldest first: a save that waited for the write before it leaves that one's
+     * report beside its own */
+    result done[DONE_MAX];
+    int ndone;
     /* CPGEN_CKPT_PAUSE */
     int pause_step;
     double pause_s;
@@ -84,15 +91,20 @@ static void write_job(cp_saver *s) {
                            sizeof path, err, sizeof err);
     }
     if (!rc) cp_ckpt_keep(s->o.out_dir, s->o.keep, path, s->o.resumed, removed, sizeof removed);
+    result *d = cp_xcalloc(1, sizeof *d);
+    *d = (result){.rc = rc, .step = s->st.step, .seconds = cp_now() - t0, .bytes = rc ? 0 : folder_bytes(path)};
+    snprintf(d->path, sizeof d->path, "%s", path);
+    snprintf(d->removed, sizeof d->removed, "%s", removed);
+    snprintf(d->err, sizeof d->err, "%s", err);
     pthread_mutex_lock(&s->lock);
-    s->done = true;
-    s->done_rc = rc;
-    s->done_step = s->st.step;
-    s->done_seconds = cp_now() - t0;
-    s->done_bytes = rc ? 0 : folder_bytes(path);
-    snprintf(s->done_path, sizeof s->done_path, "%s", path);
-    snprintf(s->done_removed, sizeof s->done_removed, "%s", removed);
-    snprintf(s->done_err, sizeof s->done_err, "%s", err);
+    if (s->ndone == DONE_MAX) { /* never looked at: the oldest success makes room (a failure stays) */
+        int k = 0;
+        while (k < DONE_MAX - 1 && s->done[k].rc) k++;
+        memmove(&s->done[k], &s->done[k + 1], sizeof *s->done * (size_t)(DONE_MAX - 1 - k));
+        s->ndone--;
+    }
+    s->done[s->ndone++] = *d;
+    free(d);
     s->job = false;
     pthread_cond_broadcast(&s->cond);
     pthread_mutex_unlock(&s->lock);
@@ -145,24 +157,37 @@ int cp_saver_create(cp_saver **out, const cp_saver_opts *o, char *err, int errle
     return 0;
 }
 
-/* The finished job's report; the caller holds the lock. */
+/* The oldest finished job's report, taken off the list; a failure first, wherever it is. The caller holds the
+ * lock. */
 static int report(cp_saver *s, char *line, int linelen, char *err, int errlen) {
     if (line && linelen > 0) line[0] = 0;
-    if (!s->done) return 0;
-    s->done = false;
-    if (s->done_rc)
-        return cp_errf(err, errlen, "writing ckpt_%d failed: %s; the newest complete checkpoint is the one before it",
-                       s->done_step, s->done_err);
-    if (line) {
+    if (!s->ndone) return 0;
+    int k = 0;
+    while (k < s->ndone && !s->done[k].rc) k++;
+    if (k == s->ndone) k = 0;
+    result *d = &s->done[k];
+    int rc = 1;
+    if (d->rc) {
+        rc = cp_errf(err, errlen, "writing ckpt_%d failed: %s; the newest complete checkpoint is the one before it",
+                     d->step, d->err);
+    } else if (line) {
         char a[32];
-        double gbs = s->done_seconds > 0 ? (double)s->done_bytes / s->done_seconds / 1e9 : 0;
-        int k = snprintf(line, (size_t)linelen, "ckpt_%d written: %s in %.1f s, %.2f GB/s (%s)", s->done_step,
-                         cp_fmt_bytes(s->done_bytes, a, sizeof a), s->done_seconds, gbs, s->done_path);
-        if (s->done_removed[0] && k > 0 && k < linelen)
-            snprintf(line + k, (size_t)(linelen - k), "; removed %s (train.keep_checkpoints = %d)", s->done_removed,
+        double gbs = d->seconds > 0 ? (double)d->bytes / d->seconds / 1e9 : 0;
+        int n = snprintf(line, (size_t)linelen, "ckpt_%d written: %s in %.1f s, %.2f GB/s (%s)", d->step,
+                         cp_fmt_bytes(d->bytes, a, sizeof a), d->seconds, gbs, d->path);
+        if (d->removed[0] && n > 0 && n < linelen)
+            snprintf(line + n, (size_t)(linelen - n), "; removed %s (train.keep_checkpoints = %d)", d->removed,
                      s->o.keep);
     }
-    return 1;
+    memmove(&s->done[k], &s->done[k + 1], sizeof *s->done * (size_t)(s->ndone - 1 - k));
+    s->ndone--;
+    return rc;
+}
+
+static bool failed_unreported(const cp_saver *s) {
+    for (int k = 0; k < s->ndone; k++)
+        if (s->done[k].rc) return true;
+    return false;
 }
 
 int cp_saver_save(cp_saver *s, const cp_ckpt_state *st, cp_save_info *info, char *err, int errlen) {
@@ -178,7 +203,7 @@ int cp_saver_save(cp_saver *s, const cp_ckpt_state *st, cp_save_info *info, char
             info->waited = cp_now() - t0;
         }
         /* the one before failed: stop now, not with another snapshot */
-        if (s->done && s->done_rc) rc = report(s, NULL, 0, err, errlen);
+        if (failed_unreported(s)) rc = report(s, NULL, 0, err, errlen);
         pthread_mutex_unlock(&s->lock);
         if (rc) return -1;
     }
@@ -220,15 +245,13 @@ int cp_saver_busy(cp_saver *s) {
     return step;
 }
 
-int cp_saver_wait(cp_saver *s, double *waited, char *line, int linelen, char *err, int errlen) {
+double cp_saver_wait(cp_saver *s) {
     double t0 = cp_now();
     pthread_mutex_lock(&s->lock);
     bool busy = s->job;
     while (s->job) pthread_cond_wait(&s->cond, &s->lock);
-    if (waited) *waited = busy ? cp_now() - t0 : 0;
-    int rc = report(s, line, linelen, err, errlen);
     pthread_mutex_unlock(&s->lock);
-    return rc;
+    return busy ? cp_now() - t0 : 0;
 }
 
 void cp_saver_destroy(cp_saver *s) {

@@ -61,16 +61,17 @@ int cp_saver_create(cp_saver **out, const cp_saver_opts *o, char *err, int errle
  * Returns 0, or -1 with a message. */
 int cp_saver_save(cp_saver *s, const cp_ckpt_state *st, cp_save_info *info, char *err, int errlen);
 
-/* A write that finished since the last call, on the writing rank: 1 with its line in `line` ("ckpt_10 written: 14.8
- * GB in 6.1 s, 2.43 GB/s; removed ckpt_5"), 0 when none finished, -1 with the reason when it failed (the run stops:
- * its newest checkpoint is the one before). */
+/* A write that finished and was not reported yet, on the writing rank (call until 0: there may be two): 1 with its
+ * line in `line` ("ckpt_10 written: 13.81 GiB in 6.1 s, 2.43 GB/s (DIR); removed ckpt_5 ..."), 0 when there is none,
+ * -1 with the reason when one failed (reported before any other: the run stops, its newest checkpoint is the one
+ * before). */
 int cp_saver_poll(cp_saver *s, char *line, int linelen, char *err, int errlen);
 
 /* The step of the write still going (0: none). */
 int cp_saver_busy(cp_saver *s);
 
-/* Wait for the write still going, if any (*waited: seconds, 0 when none was); then as cp_saver_poll. */
-int cp_saver_wait(cp_saver *s, double *waited, char *line, int linelen, char *err, int errlen);
+/* Wait for the write still going, if any; the seconds waited (0 when none was). Then cp_saver_poll reports it. */
+double cp_saver_wait(cp_saver *s);
 
 /* Stop the writer's thread, after the write still going. s may be NULL. */
 void cp_saver_destroy(cp_saver *s);
