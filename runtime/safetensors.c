@@ -618,7 +618,7 @@ typedef struct {
     int64_t head_len; /* the 8-byte header length and the header */
     int64_t size, nblocks;
     out_file *o;
-    bool direct;
+    atomic_bool direct; /* written around the page cache; cleared by the first thread the filesystem refuses */
     atomic_llong next; /* the next block to take */
     atomic_int failed;
     pthread_mutex_t lock;
@@ -683,14 +683,16 @@ static void wfile_fail(wfile *w, const char *msg) {
 /* len bytes of buf at off; a direct write the filesystem refuses after all is made again through the page cache. */
 static int pwrite_all(wfile *w, const unsigned char *buf, size_t len, int64_t off, size_t padded, char *msg,
                       int msglen) {
-    size_t want = w->direct ? padded : len, done = 0;
+    bool direct = atomic_load(&w->direct);
+    size_t want = direct ? padded : len, done = 0;
     while (done < want) {
         ssize_t k = pwrite(w->o->fd, buf + done, want - done, (off_t)(off + (int64_t)done));
         if (k < 0 && errno == EINTR) continue;
-        if (k < 0 && errno == EINVAL && w->direct) {
+        if (k < 0 && errno == EINVAL && direct) {
             int fl = fcntl(w->o->fd, F_GETFL);
             if (fl >= 0) (void)fcntl(w->o->fd, F_SETFL, fl & ~O_DIRECT);
-            w->direct = false;
+            atomic_store(&w->direct, false);
+            direct = false;
             want = len;
             continue;
         }
@@ -734,11 +736,11 @@ static void *wfile_thread(void *arg) {
 static int write_blocks(wfile *w, char *err, int errlen) {
     w->nblocks = (w->size + BLOCK - 1) / BLOCK;
     /* a file of a few blocks is written by this thread through the page cache, as any small file */
-    w->direct = false;
+    atomic_init(&w->direct, false);
     int nt = (int)CP_MIN(WRITERS, w->nblocks);
     if (w->nblocks >= 2 * WRITERS) {
         int fl = fcntl(w->o->fd, F_GETFL);
-        w->direct = fl >= 0 && fcntl(w->o->fd, F_SETFL, fl | O_DIRECT) == 0;
+        atomic_store(&w->direct, fl >= 0 && fcntl(w->o->fd, F_SETFL, fl | O_DIRECT) == 0);
     } else {
         nt = 1;
     }
