@@ -9,7 +9,9 @@
  *   - a second save while the first is still being written waits for it and says so;
  *   - a write that fails fails the run at the next step boundary (or the next save) with the reason;
  *   - train.keep_checkpoints removes the oldest complete checkpoints past N, never the one resumed from, nor folders
- *     that are not cpgen's, nor one being written. */
+ *     that are not cpgen's, nor one being written;
+ *   - the snapshot's arrays: pageable ones made without a GPU call; pinned ones where nothing can pin them fail
+ *     with a message, not a crash. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,6 +36,7 @@
 #include "ckpt_keep.h"
 #include "plan.h"
 #include "safetensors.h"
+#include "snapshot.h"
 #include "spec.h"
 #include "tmpdir.h"
 #include "util.h"
@@ -587,11 +590,55 @@ static void test_keep(void **state) {
     fake_free(&f);
 }
 
+/* ---- the snapshot's arrays (runtime/snapshot.c) */
+
+static void test_snapshot_arrays(void **state) {
+    (void)state;
+    /* one GPU with the optimizer on the host: pageable arrays, made resident in the background, no staging and no
+     * GPU call at all */
+    cp_spec s;
+    const char *sets[] = {"train.save_every=10", "parallel.optimizer=host"};
+    if (cp_spec_load("tiny", sets, 2, &s, err, sizeof err)) fail_msg("%s", err);
+    cp_plan p;
+    if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(p.ckpt_snap, CP_SNAP_PAGEABLE);
+    cp_snapbuf *b;
+    if (cp_snapbuf_create(&b, &p, 0, err, sizeof err)) fail_msg("%s", err);
+    cp_exec_snap d;
+    double waited = -1;
+    char note[512];
+    if (cp_snapbuf_get(b, &d, &waited, note, sizeof note, err, sizeof err)) fail_msg("%s", err);
+    assert_true(waited >= 0);
+    assert_false(d.pinned);
+    assert_null(d.staging);
+    assert_string_equal(note, "");
+    int64_t n = cp_weights_elems(&p);
+    assert_true(d.w && d.m && d.v && d.w != d.m && d.m != d.v);
+    d.w[0] = d.m[n - 1] = d.v[n / 2] = 1.5f; /* every array writable end to end, and zero where untouched */
+    assert_true(d.w[n - 1] == 0 && d.m[0] == 0 && d.v[n / 2] == 1.5f);
+    cp_snapbuf_destroy(b);
+    cp_plan_free(&p);
+    /* pinned arrays where no GPU can pin them: a message naming what failed, no crash */
+    const char *sets2[] = {"train.save_every=10"};
+    if (cp_spec_load("tiny", sets2, 1, &s, err, sizeof err)) fail_msg("%s", err);
+    if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(p.ckpt_snap, CP_SNAP_PINNED);
+    if (cp_snapbuf_create(&b, &p, 0, err, sizeof err)) fail_msg("%s", err);
+    int rc = cp_snapbuf_get(b, &d, &waited, note, sizeof note, err, sizeof err);
+    printf("    without a GPU: %s | %s\n", note, rc ? err : "(pinned)");
+    if (rc) {
+        assert_non_null(strstr(note, "pinning the checkpoint's snapshot failed"));
+        assert_non_null(strstr(err, "pinning the staging buffer of a checkpoint's snapshot"));
+    }
+    cp_snapbuf_destroy(b);
+    cp_plan_free(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_is_sync),   cmocka_unit_test(test_writer_killed),
         cmocka_unit_test(test_second_save_waits), cmocka_unit_test(test_write_fails),
-        cmocka_unit_test(test_keep),
+        cmocka_unit_test(test_keep),             cmocka_unit_test(test_snapshot_arrays),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
