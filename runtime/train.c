@@ -64,13 +64,13 @@ static int save(cp_saver *sv, const cp_plan *P, const cp_dataset *data, int step
     return cp_saver_save(sv, &st, info, err, errlen);
 }
 
-/* Writes that finished: their lines (with `tail` after them); one that failed: the run stops with its reason. */
-static int saved(cp_saver *sv, FILE *out, cp_train_result *res, const char *tail, char *err, int errlen) {
+/* Writes that finished: their lines; one that failed: the run stops with its reason. */
+static int saved(cp_saver *sv, FILE *out, cp_train_result *res, char *err, int errlen) {
     char line[1024];
     int rc = 0;
     while (sv && (rc = cp_saver_poll(sv, line, sizeof line, err, errlen)) > 0) {
         res->saves++;
-        if (out) fprintf(out, "%s%s\n", line, tail), fflush(out);
+        if (out) fprintf(out, "%s\n", line), fflush(out);
     }
     return sv && rc < 0 ? -1 : 0;
 }
@@ -341,7 +341,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             fprintf(metrics, "\"skipped\":%s}\n", r.skipped ? "true" : "false");
             fflush(metrics);
         }
-        if (!rc) rc = saved(sv, out, res, "", err, errlen);
+        if (!rc) rc = saved(sv, out, res, err, errlen);
         if (res->stopped) break;
     }
     int ran = res->steps - start;
@@ -385,12 +385,12 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         int busy = cp_saver_busy(sv);
         if (busy && out) fprintf(out, "waiting for ckpt_%d to be written\n", busy), fflush(out);
         double waited = cp_saver_wait(sv);
-        char tail[64] = "", e2[CP_ERR_MAX];
-        if (busy) snprintf(tail, sizeof tail, "; the run waited %.1f s for it", waited);
-        if (saved(sv, out, res, tail, e2, sizeof e2)) {
+        char e2[CP_ERR_MAX];
+        if (saved(sv, out, res, e2, sizeof e2)) {
             if (!rc) rc = cp_errf(err, errlen, "%s", e2);
             else if (out) fprintf(out, "also: %s\n", e2);
         }
+        if (busy && out) fprintf(out, "the run waited %.1f s for ckpt_%d\n", waited, busy);
     }
     if (!rc && res->stopped && out) {
         char sig[32];
