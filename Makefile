@@ -46,6 +46,11 @@ build/tools/embed: tools/embed.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -o $@ $<
 
+# How fast a training checkpoint is written here, without a GPU (tools/ckpt_bench.c; docs/CHECKPOINTS.md).
+build/tools/ckpt_bench: tools/ckpt_bench.c $(LIB_OBJ) | build/.deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB_OBJ) $(LDFLAGS) $(LDLIBS)
+
 build/embedded.c: build/tools/embed $(EMBED_FILES)
 	build/tools/embed $@ $(EMBED_FILES)
 

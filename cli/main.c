@@ -15,6 +15,7 @@
 #include "report.h"
 #include "resume.h"
 #include "spec.h"
+#include "stop.h"
 #include "train.h"
 #include "tune.h"
 #include "util.h"
@@ -58,10 +59,12 @@ static void usage(FILE *out) {
             "  --trace-step N    (run) the step --trace writes, counted from 1 in this run (default 2)\n"
             "  --resume DIR      (run) continue from a training checkpoint (weights, AdamW state, step, data\n"
             "                    position): DIR is a ckpt_<step> folder, or an out_dir whose `latest` file names\n"
-            "                    one; checkpoints are written every train.save_every steps (docs/CHECKPOINTS.md).\n"
-            "                    Any layout resumes (GPUs, ring, replicas, UPipe, offload, optimizer placement);\n"
-            "                    a change of the data that comes next (data.source, init.seed of synthetic data,\n"
-            "                    train.seq_len, replicas x micro_batches) is refused unless:\n"
+            "                    one; checkpoints are written every train.save_every steps while training goes\n"
+            "                    on. SIGTERM, SIGUSR1 or Ctrl-C stop a run after its step, saved: exit code 75\n"
+            "                    (docs/CHECKPOINTS.md); a second Ctrl-C aborts at once. Any layout resumes (GPUs,\n"
+            "                    ring, replicas, UPipe, offload, optimizer placement); a change of the data that\n"
+            "                    comes next (data.source, init.seed of synthetic data, train.seq_len, replicas x\n"
+            "                    micro_batches) is refused unless:\n"
             "  --resume-new-data (run) resume from the checkpoint's weights, optimizer state and step, but with the\n"
             "                    data as the spec has it now (each change said in a note)\n"
             "  --max-seq         (plan) find the longest sequence that fits\n"
@@ -569,10 +572,11 @@ static int cmd_run(const cli *c, cp_spec *spec) {
             printf("\nstarting %d processes, one per GPU\n", world);
         fflush(stdout);
         rc = cp_launch_spawn(world, c->argv, NULL, err, sizeof err);
-        if (rc) fprintf(stderr, "cpgen: %s\n", err);
+        if (rc == CP_EXIT_STOPPED) printf("%s\n", err); /* rank 0 said where it stopped and how to go on */
+        else if (rc) fprintf(stderr, "cpgen: %s\n", err);
         if (c->bundle) cp_bundle_close(&bundle);
         cp_plan_free(&plan);
-        return rc ? CP_EXIT_FAIL : 0;
+        return rc == CP_EXIT_STOPPED ? CP_EXIT_STOPPED : rc ? CP_EXIT_FAIL : 0;
     }
     if (env.size != world) {
         if (world == plan.C)
@@ -588,7 +592,10 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     }
     if (lead && !spawned) printf("\n");
     fflush(stdout);
+    /* preemption: a stop signal ends the run in order after the step it is in, with a checkpoint */
+    cp_stop_install(world > 1 ? env.rank : -1);
     cp_train_opts t = {.no_cache = c->no_cache,
+                       .stop_request = cp_stop_flag(),
                        .out = stdout,
                        .resume = c->resume,
                        .resume_new_data = c->resume_new_data,
@@ -626,7 +633,12 @@ static int cmd_run(const cli *c, cp_spec *spec) {
             t.base_free = w.base_free;
         }
     }
-    if (!rc) rc = cp_train_run(&plan, &t, NULL, err, sizeof err);
+    cp_train_result res = {0};
+    if (!rc) rc = cp_train_run(&plan, &t, &res, err, sizeof err);
+    int stopped = res.stopped;
+    if (!rc && stopped && world > 1) /* each rank's word that it stopped where the others did */
+        fprintf(stderr, "cpgen: rank %d: stopped in order after step %d\n", env.rank, res.steps);
+    cp_train_result_free(&res);
     if (rc) fprintf(stderr, "cpgen: %s\n", err);
     if (joined) {
         if (rc) cp_world_fail(&w, err); /* the others hear why and stop now, instead of at a deadline */
@@ -634,7 +646,8 @@ static int cmd_run(const cli *c, cp_spec *spec) {
     }
     if (c->bundle) cp_bundle_close(&bundle);
     cp_plan_free(&plan);
-    return rc ? CP_EXIT_FAIL : 0;
+    cp_stop_uninstall();
+    return rc ? CP_EXIT_FAIL : stopped ? CP_EXIT_STOPPED : 0;
 }
 
 /* parallel.gpus = "auto": the launcher's world size, else the GPUs CUDA sees. Called only by a spec that asks, since

@@ -89,10 +89,13 @@ void cp_k_attn_merge(cp_kernel_spec *k, int64_t head_dim);
 /* The step's scalars: the plan's persistent buffer "loss_sum" of CP_SCALARS_BYTES, zeroed by the runtime before
  * every step. Float 0 is the loss sum, float 1 the gradient's sum of squares (these two floats are read back once
  * per step and, with several GPUs, all-reduced); at byte CP_SCALARS_SUMSQ_COUNTER is sumsq's u32 counter; at
- * CP_SCALARS_MEMORY, after the step, four int64 of the ranks' measured memory, all-reduced (the runtime's alone). */
+ * CP_SCALARS_MEMORY, after the step, CP_SCALARS_RANK_INTS int64 all-reduced with max (the runtime's alone): four of
+ * the ranks' measured memory and the stop request (runtime/exec_run.c, spread_memory). */
 #define CP_SCALARS_BYTES 256
 #define CP_SCALARS_SUMSQ_COUNTER 64
 #define CP_SCALARS_MEMORY 128
+#define CP_SCALARS_RANK_INTS 5
+_Static_assert(CP_SCALARS_MEMORY + 8 * CP_SCALARS_RANK_INTS <= CP_SCALARS_BYTES, "the step's scalars overflow");
 
 /* Persistent grids (rmsnorm bwd, sumsq) follow the SM count, up to this many SMs, so that the scratch their partial
  * sums need is known to the planner (cp_k_scratch_bytes). */

@@ -1734,6 +1734,38 @@ int cp_plan_node_ranks(const cp_plan *P) {
     return CP_MIN(P->C * P->replicas * P->ring, 8 * cp_plan_ranks_per_gpu(P));
 }
 
+const char *cp_snap_kind_name(cp_snap_kind k) {
+    static const char *const names[] = {"none", "pinned", "pageable", "in place"};
+    return (unsigned)k < CP_ARRAY_LEN(names) ? names[k] : "?";
+}
+
+/* A checkpoint's snapshot: three fp32 copies of the whole model on the writing rank (host_peak already holds the
+ * rest of every rank). Pinned where the node has room for it: the plan fits with it, and a quarter of host_mem is
+ * left unpinned (the page cache a checkpoint's files are written through, and whatever the system needs); else
+ * pageable. One GPU with the optimizer on the host copies its state with a memcpy, for which pinning buys nothing;
+ * with no room for the copy at all it is written in place instead, the loop waiting for the write. */
+static void plan_snapshot(cp_plan *P, int64_t model, int ranks) {
+    const cp_machine *mc = &P->spec.machine;
+    const cp_train *tr = &P->spec.train;
+    P->ckpt_snap = CP_SNAP_NONE;
+    P->ckpt_snap_bytes = 0;
+    if (tr->save_every <= 0) return;
+    int64_t copy = 3 * (int64_t)sizeof(float) * model, rest = P->host_peak * ranks;
+    if (P->C == 1 && P->opt_on_host) {
+        bool room = rest + copy <= mc->host_mem;
+        P->ckpt_snap = tr->async_save && room ? CP_SNAP_PAGEABLE : CP_SNAP_IN_PLACE;
+        P->ckpt_snap_bytes = P->ckpt_snap == CP_SNAP_PAGEABLE ? copy : 0;
+        return;
+    }
+    if (rest + copy <= mc->host_mem && P->host_arena * ranks + copy <= mc->host_mem / 4 * 3) {
+        P->ckpt_snap = CP_SNAP_PINNED;
+        P->ckpt_snap_bytes = copy;
+    } else {
+        P->ckpt_snap = CP_SNAP_PAGEABLE;
+        P->ckpt_snap_bytes = copy + (P->C == 1 ? CP_SNAP_STAGING : 0); /* several GPUs: the gathers copy into it */
+    }
+}
+
 /* Fill fits/why from the arenas against the machine. */
 static void judge(cp_plan *P) {
     const cp_machine *mc = &P->spec.machine;
@@ -1747,6 +1779,8 @@ static void judge(cp_plan *P) {
     P->host_peak = P->host_arena + P->host_load + mc->host_reserve;
     P->host_run = P->host_arena + mc->host_runtime;
     int ranks = cp_plan_node_ranks(P), share = cp_plan_ranks_per_gpu(P); /* every rank holds its own */
+    plan_snapshot(P, model, ranks);
+    P->host_node = P->host_peak * ranks + P->ckpt_snap_bytes;
     P->fits = true;
     P->why[0] = 0;
     if (P->gpu_peak * share > mc->gpu_mem) {
@@ -1764,6 +1798,15 @@ static void judge(cp_plan *P) {
                  "weights load, %s reserve), the machine has %s", cp_fmt_bytes(P->host_peak * ranks, a, sizeof a),
                  ranks, ranks > 1 ? "s" : "", cp_fmt_bytes(P->host_arena, c, sizeof c),
                  cp_fmt_bytes(P->host_load, d, sizeof d), cp_fmt_bytes(mc->host_reserve, e, sizeof e),
+                 cp_fmt_bytes(mc->host_mem, b, sizeof b));
+    } else if (P->host_node > mc->host_mem) {
+        P->fits = false;
+        snprintf(P->why, sizeof P->why, "host memory: needs %s: %s for %d rank%s and %s for a checkpoint's snapshot "
+                 "(3 fp32 copies of the model on the rank that writes, train.save_every = %d), the machine has %s: "
+                 "save no checkpoints (train.save_every = 0), or plan for the machine's real host memory "
+                 "(--host-mem)", cp_fmt_bytes(P->host_node, a, sizeof a),
+                 cp_fmt_bytes(P->host_peak * ranks, c, sizeof c), ranks, ranks > 1 ? "s" : "",
+                 cp_fmt_bytes(P->ckpt_snap_bytes, d, sizeof d), P->spec.train.save_every,
                  cp_fmt_bytes(mc->host_mem, b, sizeof b));
     }
 }

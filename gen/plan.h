@@ -19,6 +19,19 @@
 
 typedef enum { CP_SPACE_GPU, CP_SPACE_HOST } cp_space;
 
+/* Where a training checkpoint's snapshot goes (train.save_every > 0): the fp32 master weights and both AdamW moments
+ * of the whole model, copied into host memory on the rank that writes (the run's rank 0) so that the files are
+ * written while training goes on (runtime/ckpt_async.c). */
+typedef enum {
+    CP_SNAP_NONE,     /* no checkpoints (train.save_every = 0) */
+    CP_SNAP_PINNED,   /* pinned host memory: the GPU copies into it directly */
+    CP_SNAP_PAGEABLE, /* pageable memory: filled through a small pinned staging buffer (one GPU), by the gathers
+                       * (several), or by a memcpy of the host optimizer's state (one GPU, optimizer on the host) */
+    CP_SNAP_IN_PLACE, /* none: one GPU with the optimizer on the host and no room for a copy (or train.async_save =
+                       * false), so the state is written where it is while the loop waits */
+} cp_snap_kind;
+#define CP_SNAP_STAGING (64LL << 20) /* pinned bytes a pageable snapshot from the GPU passes through */
+
 /* What a buffer holds, for the memory breakdown. */
 typedef enum {
     CP_CAT_PARAMS,      /* bf16 parameter shard */
@@ -233,6 +246,9 @@ typedef struct {
     int64_t host_peak;  /* host bytes per process: host_arena + host_load + machine.host_reserve */
     int64_t host_run;   /* host bytes a process adds once steps run: host_arena + machine.host_runtime */
     int64_t gpu_peak;                                 /* gpu_arena + cp_plan_reserve */
+    cp_snap_kind ckpt_snap;  /* a checkpoint's snapshot (cp_snap_kind), on the writing rank only */
+    int64_t ckpt_snap_bytes; /* its host bytes: three fp32 models, and CP_SNAP_STAGING where it is staged; 0 for none */
+    int64_t host_node;       /* host bytes of a node: host_peak x cp_plan_node_ranks + ckpt_snap_bytes */
     int64_t cat_bytes[CP_CAT_COUNT];                  /* sum of buffer sizes per category, GPU */
     int64_t cat_host_bytes[CP_CAT_COUNT];
     int64_t gpu_live_peak;                            /* most bytes live at one step (arena >= this) */
@@ -271,6 +287,7 @@ int64_t cp_plan_reserve(const cp_plan *plan); /* per-GPU bytes outside the arena
 int64_t cp_plan_comm_reserve(const cp_plan *plan); /* the part of it that is NCCL's */
 int cp_plan_node_ranks(const cp_plan *plan);  /* ranks sharing a node's host memory */
 int cp_plan_ranks_per_gpu(const cp_plan *plan); /* ranks sharing one GPU: its memory holds that many peaks */
+const char *cp_snap_kind_name(cp_snap_kind k); /* "pinned", "pageable", "in place", "none" */
 /* Where layer l keeps its attention output and LSE: CP_ATTN_GPU, CP_ATTN_HOST or CP_ATTN_RECOMPUTE (none). */
 cp_attn_keep cp_plan_attn_where(const cp_plan *plan, int layer);
 

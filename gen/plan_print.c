@@ -88,6 +88,24 @@ static bool kchoice_repeats(const cp_plan *P, int c, cp_kvariants *v) {
 }
 
 /* One line per kernel with variants: which one runs and where that choice came from. */
+/* The checkpoint's snapshot: how a save copies the state out, and what it adds to the node's host memory. */
+static void print_snapshot(const cp_plan *P, FILE *out) {
+    char a[32], b[32], c[32];
+    const cp_train *tr = &P->spec.train;
+    if (P->ckpt_snap == CP_SNAP_NONE) return;
+    const char *how = P->ckpt_snap == CP_SNAP_PINNED ? "pinned: the GPU copies into it, the files written meanwhile"
+                      : P->ckpt_snap == CP_SNAP_IN_PLACE
+                          ? "none: the host optimizer's state is written where it is, the loop waiting (no room for a copy)"
+                      : P->C == 1 && P->opt_on_host ? "pageable: a memcpy of the host optimizer's state, then written meanwhile"
+                      : P->C == 1 ? "pageable, through 64 MiB pinned staging (too little room to pin it)"
+                                  : "pageable: the gathers copy into it (too little room to pin it)";
+    fprintf(out, "  %-40s %14s   %s%s\n", "checkpoint snapshot (the writing rank)",
+            cp_fmt_bytes(P->ckpt_snap_bytes, a, sizeof a), how,
+            tr->async_save || P->ckpt_snap == CP_SNAP_IN_PLACE ? "" : " (train.async_save = false: the loop waits for the write)");
+    fprintf(out, "  %-40s %14s   of %s\n", "node with the snapshot", cp_fmt_bytes(P->host_node, b, sizeof b),
+            cp_fmt_bytes(P->spec.machine.host_mem, c, sizeof c));
+}
+
 static void print_kernel_variants(const cp_plan *P, FILE *out) {
     for (int c = 0, n = 0; c < P->nkchoices; c++) {
         cp_kvariants v;
@@ -288,6 +306,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     fprintf(out, "  %-40s %14s   x %d ranks of a node = %s of %s\n", "peak", cp_fmt_bytes(P->host_peak, a, sizeof a),
             cp_plan_node_ranks(P), cp_fmt_bytes(P->host_peak * cp_plan_node_ranks(P), b, sizeof b),
             cp_fmt_bytes(mc->host_mem, c, sizeof c));
+    print_snapshot(P, out);
 
     double flops = P->flops_attn + P->flops_other;
     double tok = tokens_per_step(P) / P->C;
@@ -452,10 +471,13 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
         fprintf(out, "%s\"%s\": %lld", k ? ", " : "", cat_keys[k], (long long)P->cat_host_bytes[k]);
     fprintf(out, "},\n    \"gpu_live_peak\": %lld, \"gpu_arena\": %lld, \"reserve\": %lld, \"gpu_peak\": %lld, "
                  "\"gpu_mem\": %lld, \"host_arena\": %lld, \"host_run\": %lld, \"host_load\": %lld, "
-                 "\"host_peak\": %lld, \"host_mem\": %lld\n  },\n",
+                 "\"host_peak\": %lld, \"host_mem\": %lld, \"host_node\": %lld,\n    \"ckpt_snapshot\": "
+                 "{\"kind\": \"%s\", \"bytes\": %lld, \"async\": %s}\n  },\n",
             (long long)P->gpu_live_peak, (long long)P->gpu_arena, (long long)cp_plan_reserve(P),
             (long long)P->gpu_peak, (long long)sp->machine.gpu_mem, (long long)P->host_arena,
-            (long long)P->host_run, (long long)P->host_load, (long long)P->host_peak, (long long)sp->machine.host_mem);
+            (long long)P->host_run, (long long)P->host_load, (long long)P->host_peak, (long long)sp->machine.host_mem,
+            (long long)P->host_node, cp_snap_kind_name(P->ckpt_snap), (long long)P->ckpt_snap_bytes,
+            sp->train.async_save && P->ckpt_snap != CP_SNAP_IN_PLACE && P->ckpt_snap != CP_SNAP_NONE ? "true" : "false");
     double flops = P->flops_attn + P->flops_other;
     fprintf(out, "  \"flops\": {\"attention\": %.6g, \"other\": %.6g, \"total\": %.6g},\n", P->flops_attn,
             P->flops_other, flops);

@@ -57,7 +57,8 @@ static const node PARALLEL_KEYS[] = {
 static const node TRAIN_KEYS[] = {
     LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
-    LEAF("save_every"), LEAF("eval_every"), LEAF("eval_sequences"), LEAF("out_dir"), LEAF("deterministic"), END};
+    LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("eval_every"), LEAF("eval_sequences"),
+    LEAF("out_dir"), LEAF("deterministic"), END};
 static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
@@ -1244,6 +1245,10 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     TRY(r = get_int(c, t, "train", "eval_sequences", INT_PLAIN, INT_MIN, INT_MAX, &v));
     if (!r && v < 1) return bad_eval_sequences(c, v);
     if (!r) tr->eval_sequences = (int)v;
+    tr->keep_checkpoints = 0;
+    TRY(get_cint(c, t, "train", "keep_checkpoints", &tr->keep_checkpoints));
+    tr->async_save = true;
+    TRY(get_bool(c, t, "train", "async_save", &tr->async_save));
     snprintf(tr->out_dir, sizeof tr->out_dir, "runs/%s", name);
     TRY(get_str(c, t, "train", "out_dir", tr->out_dir, sizeof tr->out_dir));
     tr->deterministic = true;
@@ -1544,6 +1549,9 @@ static int validate(ctx *c, cp_spec *s) {
     if (tr->save_every < 0)
         return fail(c, "train.save_every", " = %d: must be at least 0 (0 saves no periodic checkpoints)",
                     tr->save_every);
+    if (tr->keep_checkpoints < 0)
+        return fail(c, "train.keep_checkpoints", " = %d: must be at least 0 (the newest checkpoints kept; 0 keeps all)",
+                    tr->keep_checkpoints);
     if (!tr->out_dir[0]) return fail(c, "train.out_dir", " is empty: give a folder such as \"runs/%s\"", s->name);
 
     /* data */

@@ -66,6 +66,9 @@ typedef struct {
     int log_every, save_every;
     int eval_every;     /* evaluate on data.val every this many steps and after the last (0: never) */
     int eval_sequences; /* sequences of data.val each evaluation reads, from its start (a multiple of replicas) */
+    int keep_checkpoints; /* after a checkpoint is complete, only the newest this many are kept (0: all) */
+    bool async_save;      /* checkpoints written by a background thread while training goes on (false: the loop
+                           * waits for each write) */
     char out_dir[CP_PATH_MAX];
     bool deterministic; /* the same bits every run (attention's dQ summed in key-block order), or faster sums */
 } cp_train;

@@ -89,6 +89,8 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_num(o, "eps", t->eps);
     put_int(o, "log_every", t->log_every);
     put_int(o, "save_every", t->save_every);
+    put_int(o, "keep_checkpoints", t->keep_checkpoints);
+    put_bool(o, "async_save", t->async_save);
     if (s->data.val[0]) { /* written only where there is held-out data: a spec without any writes what it wrote */
         put_int(o, "eval_every", t->eval_every);
         put_int(o, "eval_sequences", t->eval_sequences);

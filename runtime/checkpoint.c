@@ -467,6 +467,8 @@ int cp_ckpt_write(const cp_plan *P, const char *out_dir, const cp_ckpt_state *st
         return -1;
     }
     fsync_dir(out_dir);
+    if (hook && hook(hook_ctx, final, CP_CKPT_LATEST_NAME))
+        return cp_errf(err, errlen, "saving %s: stopped before `latest` names it, as a crash would", final);
     /* `latest` names the folder relative to out_dir, so out_dir can be moved */
     snprintf(file, sizeof file, "%s/%s", out_dir, CP_CKPT_LATEST_NAME);
     char name[64];
@@ -504,6 +506,14 @@ static int resolve(const char *dir, char *out, size_t n, char *err, int errlen) 
     if (!S_ISDIR(sb.st_mode))
         return cp_errf(err, errlen, "--resume %s: not a folder; give a checkpoint folder (ckpt_<step>) or the out_dir "
                        "that holds them", dir);
+    /* a save's temporary folder is never a checkpoint, even with every file in it: its save did not finish (the
+     * folder was not synced and renamed; a writer killed just before that leaves one) */
+    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    long long tstep, tpid;
+    int used = 0;
+    if (sscanf(base, "ckpt_%lld.tmp.%lld%n", &tstep, &tpid, &used) == 2 && (!base[used] || base[used] == '/'))
+        return cp_errf(err, errlen, "--resume %s: an incomplete checkpoint (a save that did not finish: its folder "
+                       "was never renamed to ckpt_%lld): resume from an earlier ckpt_<step>", dir, tstep);
     snprintf(p, sizeof p, "%s/%s", dir, CP_CKPT_STATE_NAME);
     if (stat(p, &sb) == 0) {
         snprintf(out, n, "%s", dir);

@@ -13,7 +13,8 @@
  * It is written as <out_dir>/ckpt_<step>.tmp.<pid>, every file synced, trainer_state.json last, then renamed to its
  * final name in one step; then <out_dir>/latest (the folder's name and a newline) is replaced atomically. A folder
  * with a final name is therefore always complete, and a crash leaves only a .tmp folder (removed by the next save
- * once its process is gone). Every checkpoint is kept: the spec has no retention setting. docs/CHECKPOINTS.md. */
+ * once its process is gone, refused by --resume). A running training writes it from a snapshot on a thread of its
+ * own (ckpt_async.h); train.keep_checkpoints removes old ones (ckpt_keep.h). docs/CHECKPOINTS.md. */
 #ifndef CP_CHECKPOINT_H
 #define CP_CHECKPOINT_H
 
@@ -80,8 +81,10 @@ char *cp_ckpt_state_json(const cp_ckpt_state *st);
 int cp_ckpt_state_parse(const char *text, size_t len, const char *where, cp_ckpt_state *st, char *err, int errlen);
 
 /* Called after each piece of a checkpoint is complete in the temporary folder: piece is "model.safetensors"
- * (the weights and config.json), "optimizer.safetensors" or "trainer_state.json". Returning nonzero stops the write
- * there as a crash would: the temporary folder stays, nothing is renamed. For tests. */
+ * (the weights and config.json), "optimizer.safetensors" or "trainer_state.json"; then once more with "latest" and
+ * the final folder, after the folder has its final name and before `latest` names it. Returning nonzero stops the
+ * write there as a crash would: the temporary folder stays and nothing is renamed (or, at "latest", the folder is
+ * complete but `latest` still names the one before). For tests. */
 typedef int (*cp_ckpt_hook)(void *ctx, const char *tmp_dir, const char *piece);
 
 /* Write <out_dir>/ckpt_<st->step>/ from the flat fp32 master weights and moments (cp_weights_elems elements, the

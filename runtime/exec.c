@@ -180,7 +180,8 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     CK(cudaHostAlloc((void **)&ex->staging, sizeof(int32_t) * 3 * (size_t)P->T * (size_t)mb, cudaHostAllocDefault),
        "pinning the token staging buffer");
     ex->sort_count = cp_xcalloc((size_t)P->spec.model.vocab + 1, sizeof *ex->sort_count);
-    CK(cudaHostAlloc((void **)&ex->host_scalars, 64, cudaHostAllocDefault), "pinning the loss read-back");
+    CK(cudaHostAlloc((void **)&ex->host_scalars, 32 + CP_SCALARS_RANK_INTS * sizeof(int64_t), cudaHostAllocDefault),
+       "pinning the loss read-back");
 
     /* every step's launch, GEMM entry, copy; then the waits between streams and the progress markers */
     for (int i = 0; i < P->nsteps; i++)
@@ -283,6 +284,7 @@ void cp_exec_destroy(cp_exec *ex) {
     } else {
         (void)cudaDeviceSynchronize();
     }
+    exec_snap_free(ex);
     cp_gemm_lib_destroy(ex->gemm);
     for (int i = 0; i < ex->nevents && ex->events; i++) (void)cudaEventDestroy(ex->events[i]);
     for (int i = 0; i < ex->nmarker_ev; i++) (void)cudaEventDestroy(ex->marker_ev[i]);

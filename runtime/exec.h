@@ -8,6 +8,7 @@
 #ifndef CP_EXEC_H
 #define CP_EXEC_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,6 +38,10 @@ typedef struct {
                          * CUDA context exists before the executor; 0: measured at its creation */
     const char *trace_path; /* --trace: the step trace's file (trace.h); NULL for none */
     int trace_step;         /* the step traced, counted from 1 in this executor */
+    /* Preemption (runtime/stop.h): nonzero (the signal's number) once this rank was asked to stop. Read at the end
+     * of every step and carried in the step's all-reduce of the ranks' memory figures (max), so that every rank sees
+     * the same cp_step_result.stop after the same step; NULL: never. */
+    const volatile sig_atomic_t *stop_request;
 } cp_exec_opts;
 
 /* The optimizer's numbers for one step (the learning rate comes from the schedule, see train.h). */
@@ -58,6 +63,9 @@ typedef struct {
                          * ranks the most any rank measured, and mem_least the least */
     int64_t mem_least;
     int64_t host_used;  /* measured host memory the run added since the executor's start (cp_exec_host_used) */
+    int stop;           /* some rank was asked to stop (opts.stop_request): the largest of their signal numbers, the
+                         * same on every rank after the same step; 0 when none was */
+    double snap_wait;   /* seconds this step's update waited on the host for a checkpoint's snapshot to be copied */
 } cp_step_result;
 
 /* What start-up did and measured (bytes from the driver, seconds of wall time). */
@@ -107,6 +115,38 @@ bool cp_exec_host_state(cp_exec *ex, const float **master, const float **m, cons
  * calls it, and flat may be NULL on all but the one that needs them). With one GPU a NULL flat does nothing: in a
  * run of groups of one GPU (replicas, a ring) only the writing rank reads. */
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen);
+
+/* A checkpoint's snapshot (runtime/exec_snap.c): the fp32 master weights and both AdamW moments of the whole model
+ * (cp_weights_elems floats each, cp_exec_load_weights's layout) copied into host arrays right after a step, so that
+ * the files are written from them while training goes on. By where the state lives:
+ *   several GPUs: the gathers of cp_exec_read_weights and cp_exec_read_optimizer (collectives every rank of the group
+ *     takes part in), done when cp_exec_snapshot_start returns;
+ *   one GPU, optimizer on the GPU, pinned arrays: device-to-host copies on a stream of the snapshot's own, started by
+ *     cp_exec_snapshot_start; the next step's forward and backward (which read only the bf16 parameters) run
+ *     meanwhile, and only its update waits for the copies, on the GPU (an event);
+ *   the same with pageable arrays: through two halves of a pinned staging buffer, by cp_exec_snapshot_finish;
+ *   one GPU, optimizer on the host: a memcpy of the host state, by cp_exec_snapshot_finish.
+ * In the last two the next update waits on the host until cp_exec_snapshot_finish is done (cp_step_result.snap_wait).
+ */
+typedef struct {
+    float *w, *m, *v;      /* the arrays; NULL on a rank that does not write (it still takes part in the gathers) */
+    bool pinned;           /* registered with CUDA (cudaHostRegister), so the GPU copies into them directly */
+    int64_t piece;         /* pinned arrays are registered in pieces of this many bytes from their start: a copy
+                            * never crosses a piece; <= 0: one piece each */
+    void *staging;         /* pageable arrays filled from the GPU: pinned bytes the copies pass through */
+    int64_t staging_bytes;
+} cp_exec_snap;
+
+/* Start a snapshot into dst right after a step, on the training thread; *updates gets AdamW's update count (the
+ * state's). Every rank calls it (with several GPUs it is the gathers). Then, on any thread (the checkpoint writer's),
+ * cp_exec_snapshot_finish returns once the arrays hold the state; the next snapshot may start only after it. Returns
+ * 0, or -1 with a message. */
+int cp_exec_snapshot_start(cp_exec *ex, const cp_exec_snap *dst, int *updates, char *err, int errlen);
+int cp_exec_snapshot_finish(cp_exec *ex, char *err, int errlen);
+/* The first step of the plan that writes the master weights or a moment (the update, where the next step waits for
+ * a snapshot), or -1 when a micro-batch step writes them too (a snapshot then completes before
+ * cp_exec_snapshot_start returns). A function of the plan alone. */
+int cp_exec_snapshot_gate(const cp_plan *plan);
 
 /* AdamW's state, for checkpoints: the moments m and v (adam_m.f32, adam_v.f32, on the GPU or the host as the plan
  * placed them) as flat fp32 arrays of the full model in the layout of cp_exec_load_weights (with several GPUs

@@ -97,8 +97,8 @@ struct cp_exec {
     scalars sc;
     int32_t *staging;   /* pinned: [micro_batches][3][T] tokens, targets, rows sorted by token */
     int32_t *sort_count; /* [vocab + 1]: the counting sort of the tokens */
-    float *host_scalars; /* pinned, 64 B: loss_sum[0..1] read back once per step; from byte 32 the memory figures
-                          * compared across the ranks (spread_memory) */
+    float *host_scalars; /* pinned: loss_sum[0..1] read back once per step; from byte 32 the CP_SCALARS_RANK_INTS
+                          * integers compared across the ranks (spread_memory) */
     float *loss_sum;    /* device */
     /* memory measurement */
     char bus[64];     /* the GPU's PCI bus id, NVML's name for it */
@@ -129,6 +129,19 @@ struct cp_exec {
      * (gen/plan_eval.h), made at its first call */
     bool *eval_run;
     int eval_end;
+    /* a checkpoint's snapshot (exec_snap.c) */
+    bool snap_ready;            /* the lock below exists, and the gate and buffers are known */
+    bool snap_cuda;             /* the stream and events exist */
+    int snap_gate;              /* cp_exec_snapshot_gate of the plan */
+    int snap_buf[3];            /* master.f32, adam_m.f32, adam_v.f32 */
+    cudaStream_t snap_stream;   /* the copies of a snapshot from the GPU */
+    cudaEvent_t snap_done, snap_half[2];
+    bool snap_gpu;              /* copies on snap_stream that the next update must wait for (on the GPU) */
+    pthread_mutex_t snap_lock;
+    pthread_cond_t snap_cond;
+    bool snap_host;             /* a snapshot cp_exec_snapshot_finish has still to make: the next update waits */
+    cp_exec_snap snap_dst;
+    double snap_waited;         /* seconds the running step's update waited on the host */
 };
 
 #define CK(call, what)                                                              \
@@ -176,6 +189,11 @@ int exec_host_update(cp_exec *ex, int i, char *err, int errlen);
 
 /* exec_trace.c: the traced step's trace file, after the step */
 int exec_trace_write(cp_exec *ex, double step_seconds, char *err, int errlen);
+
+/* exec_snap.c: before step i of the optimizer runs, wait for a snapshot still reading what it writes; and the
+ * snapshot's stream, events and lock freed */
+int exec_snap_gate(cp_exec *ex, int i, char *err, int errlen);
+void exec_snap_free(cp_exec *ex);
 
 /* exec_run.c: waiting for a stream through the communicator's watchdog */
 int exec_sync_stream(cp_exec *ex, cudaStream_t st, const char *what, char *err, int errlen);

@@ -209,18 +209,20 @@ int exec_run_step(cp_exec *ex, int i, int mb, void *progress_state, bool skip, c
 }
 
 /* With several ranks, the most and the least GPU memory any rank measured and the most host memory it added: each
- * rank's figure is its own, and the plan's must hold for every one. One all-reduce (max) of four integers in the
- * step's scalars, after the step. */
+ * rank's figure is its own, and the plan's must hold for every one. One all-reduce (max) of five integers in the
+ * step's scalars, after the step; the fifth is the stop request (cp_exec_opts.stop_request), so that a signal that
+ * reached any rank stops every rank after this same step. */
 static int spread_memory(cp_exec *ex, cp_step_result *r, char *err, int errlen) {
+    enum { N = CP_SCALARS_RANK_INTS };
     int64_t *h = (int64_t *)((char *)ex->host_scalars + 32);
-    h[0] = r->mem_used, h[1] = -r->mem_used, h[2] = r->host_used, h[3] = -r->host_used;
+    h[0] = r->mem_used, h[1] = -r->mem_used, h[2] = r->host_used, h[3] = -r->host_used, h[4] = r->stop;
     char *d = (char *)ex->loss_sum + CP_SCALARS_MEMORY;
     cudaStream_t st = ex->streams[CP_STREAM_COMPUTE];
-    CK(cudaMemcpyAsync(d, h, 4 * sizeof(int64_t), cudaMemcpyHostToDevice, st), "staging the memory figures");
-    if (cp_nccl_all_reduce(exec_run_comm(ex), d, d, 4, ncclInt64, ncclMax, st, err, errlen)) return -1;
-    CK(cudaMemcpyAsync(h, d, 4 * sizeof(int64_t), cudaMemcpyDeviceToHost, st), "reading the memory figures");
+    CK(cudaMemcpyAsync(d, h, N * sizeof(int64_t), cudaMemcpyHostToDevice, st), "staging the memory figures");
+    if (cp_nccl_all_reduce(exec_run_comm(ex), d, d, N, ncclInt64, ncclMax, st, err, errlen)) return -1;
+    CK(cudaMemcpyAsync(h, d, N * sizeof(int64_t), cudaMemcpyDeviceToHost, st), "reading the memory figures");
     if (exec_sync_stream(ex, st, "comparing the ranks' memory", err, errlen)) return -1;
-    r->mem_used = h[0], r->mem_least = -h[1], r->host_used = h[2];
+    r->mem_used = h[0], r->mem_least = -h[1], r->host_used = h[2], r->stop = (int)h[4];
     return 0;
 }
 
@@ -322,6 +324,7 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     cudaStream_t cs = ex->streams[CP_STREAM_COMPUTE];
     CK(cudaMemsetAsync(ex->loss_sum, 0, CP_SCALARS_BYTES, cs), "zeroing the loss");
     ex->profiling = ex->prof && ex->steps_run == ex->prof_step;
+    ex->snap_waited = 0;
 
     double expect = ex->last_seconds > 0 ? ex->last_seconds : P->t_step * 3;
     progress pr = {.ex = ex, .label = label ? label : "step", .t0 = t0};
@@ -351,7 +354,8 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
             if (!skip) ex->sc.adam_step = ++ex->updates;
         }
         if (skip && (x->special == S_ADAMW || x->kind == X_HOST_ADAMW)) continue;
-        rc = run_step(ex, i, 0, NULL, err, errlen);
+        rc = exec_snap_gate(ex, i, err, errlen); /* a checkpoint's snapshot still reading what the update writes */
+        if (!rc) rc = run_step(ex, i, 0, NULL, err, errlen);
     }
     if (!rc && !decided) rc = exec_read_scalars(ex, err, errlen);
     if (!rc) {
@@ -370,6 +374,8 @@ int cp_exec_step(cp_exec *ex, const int32_t *tokens, const int32_t *targets, con
     r->seconds = t_end - t0;
     r->mem_used = r->mem_least = cp_exec_mem_used(ex);
     r->host_used = cp_exec_host_used(ex);
+    r->snap_wait = ex->snap_waited;
+    r->stop = ex->o.stop_request ? (int)*ex->o.stop_request : 0;
     if (exec_run_comm(ex) && spread_memory(ex, r, err, errlen)) return -1;
     ex->last_seconds = r->seconds;
     /* a trace that cannot be written is reported and the run goes on: the training is worth more than its picture */

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "stop.h"
 #include "util.h"
 
 extern char **environ;
@@ -378,11 +379,14 @@ int cp_launch_free_port(char *err, int errlen) {
 /* ------------------------------------------------------------------------------------------------------------
  * spawn */
 
-static volatile sig_atomic_t spawn_signal;     /* a stop signal received while waiting */
+static volatile sig_atomic_t spawn_signal;     /* the first stop signal received while waiting */
 static volatile sig_atomic_t spawn_forward;    /* and whether to pass it on to the children */
+static volatile sig_atomic_t spawn_interrupts; /* SIGINTs received: the second aborts every rank at once */
 
 static void on_stop_signal(int sig, siginfo_t *si, void *uc) {
     (void)uc;
+    if (sig == SIGINT) spawn_interrupts++;
+    if (spawn_signal) return;
     spawn_signal = sig;
     /* A terminal's Ctrl-C goes to the whole foreground process group, the children included (the kernel sends it:
      * SI_KERNEL); passing it on would deliver it twice. A signal that a process sent to this one alone (kill, a
@@ -497,7 +501,8 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
     /* Stop signals are blocked around each fork so that one arriving in between reaches a child only after it has
      * dropped this process's handler, and dies as it should, instead of being swallowed before exec. SIGCHLD must
      * not be ignored, or the children are reaped by the kernel and their exit codes lost. */
-    struct sigaction sa = {.sa_sigaction = on_stop_signal, .sa_flags = SA_SIGINFO}, old_int, old_term, old_chld;
+    struct sigaction sa = {.sa_sigaction = on_stop_signal, .sa_flags = SA_SIGINFO}, old_int, old_term, old_usr1,
+                     old_chld;
     sigemptyset(&sa.sa_mask);
     struct sigaction dfl = {.sa_handler = SIG_DFL};
     sigemptyset(&dfl.sa_mask);
@@ -505,9 +510,11 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
     sigemptyset(&stop);
     sigaddset(&stop, SIGINT);
     sigaddset(&stop, SIGTERM);
-    spawn_signal = spawn_forward = 0;
+    sigaddset(&stop, SIGUSR1);
+    spawn_signal = spawn_forward = spawn_interrupts = 0;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGUSR1, &sa, &old_usr1);
     sigaction(SIGCHLD, &dfl, &old_chld);
 
     int rc = 0, started = 0;
@@ -525,6 +532,7 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
              * `cpgen run`), and report a failed exec through the pipe, which closes by itself when exec works. */
             sigaction(SIGINT, &dfl, NULL);
             sigaction(SIGTERM, &dfl, NULL);
+            sigaction(SIGUSR1, &dfl, NULL);
             sigaction(SIGCHLD, &old_chld, NULL);
             sigprocmask(SIG_SETMASK, &old_mask, NULL);
             close(pfd[0]);
@@ -558,14 +566,16 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
         }
     }
 
-    /* Wait for every child. The first failure (or a stop signal) makes the rest get SIGTERM, then SIGKILL once the
-     * grace period is over, so that no rank stays behind waiting for a peer that is gone. */
+    /* Wait for every child. The first failure makes the rest get SIGTERM, then SIGKILL once the grace period is over,
+     * so that no rank stays behind waiting for a peer that is gone. A stop signal (SIGTERM, SIGUSR1, SIGINT) is
+     * passed on and the ranks are left to stop in order (they finish the step, save and exit with CP_EXIT_STOPPED),
+     * however long that takes; a second SIGINT kills them at once. */
     int alive = 0;
     for (int r = 0; r < started; r++) alive += !done[r];
-    int first_rank = -1, first_status = 0, stop_sig = 0, killed = 0, killed_rank = -1;
-    bool stopping = rc != 0, sent_kill = false;
-    double deadline = stopping ? cp_now() + grace : 0;
-    if (stopping) signal_all(pid, done, started, SIGTERM);
+    int first_rank = -1, first_status = 0, stop_sig = 0, killed = 0, killed_rank = -1, in_order = 0;
+    bool failing = rc != 0, sent_kill = false, aborted = false;
+    double deadline = failing ? cp_now() + grace : 0;
+    if (failing) signal_all(pid, done, started, SIGTERM);
     while (alive > 0) {
         bool reaped = false;
         for (int r = 0; r < started; r++) {
@@ -578,8 +588,13 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
             alive--;
             reaped = true;
             if (w < 0) continue; /* not our child any more: nothing to report */
+            if (WIFEXITED(st) && WEXITSTATUS(st) == CP_EXIT_STOPPED) { /* stopped in order when asked: not a failure */
+                in_order++;
+                continue;
+            }
             bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-            if (!ok && !stopping && first_rank < 0) {
+            bool by_stop = stop_sig && WIFSIGNALED(st) && WTERMSIG(st) == stop_sig; /* a rank without handlers */
+            if (!ok && !by_stop && !failing && !aborted && first_rank < 0) {
                 first_rank = r;
                 first_status = st;
             }
@@ -588,12 +603,19 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
             stop_sig = spawn_signal;
             if (spawn_forward) signal_all(pid, done, started, stop_sig);
         }
-        if (!stopping && (first_rank >= 0 || stop_sig)) {
-            stopping = true;
-            deadline = cp_now() + grace;
-            if (first_rank >= 0) signal_all(pid, done, started, SIGTERM);
+        if (spawn_interrupts >= 2 && !sent_kill) { /* a second Ctrl-C: no waiting for an orderly stop */
+            aborted = true;
+            for (int r = 0; r < started; r++)
+                if (!done[r]) killed++, killed_rank = r;
+            signal_all(pid, done, started, SIGKILL);
+            sent_kill = true;
         }
-        if (stopping && !sent_kill && alive > 0 && cp_now() >= deadline) {
+        if (!failing && first_rank >= 0) {
+            failing = true;
+            deadline = cp_now() + grace;
+            signal_all(pid, done, started, SIGTERM);
+        }
+        if (failing && !sent_kill && alive > 0 && cp_now() >= deadline) {
             for (int r = 0; r < started; r++)
                 if (!done[r]) {
                     killed++;
@@ -607,10 +629,15 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
 
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGUSR1, &old_usr1, NULL);
     sigaction(SIGCHLD, &old_chld, NULL);
 
-    char what[160] = "", kill_note[200] = "";
-    if (killed == 1)
+    char what[160] = "", kill_note[200] = "", sig[32] = "?";
+    if (stop_sig && sigabbrev_np(stop_sig)) snprintf(sig, sizeof sig, "%s", sigabbrev_np(stop_sig));
+    if (aborted)
+        snprintf(kill_note, sizeof kill_note, "; a second SIGINT: %d rank%s killed with SIGKILL", killed,
+                 killed == 1 ? "" : "s");
+    else if (killed == 1)
         snprintf(kill_note, sizeof kill_note, "; rank %d did not exit within %.3g s of SIGTERM and was killed with "
                  "SIGKILL", killed_rank, grace);
     else if (killed > 1)
@@ -620,9 +647,18 @@ int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, in
         describe_status(first_status, what, sizeof what);
         rc = cp_errf(err, errlen, "rank %d of %d (pid %d) %s; the other ranks were stopped%s", first_rank, n,
                   (int)pid[first_rank], what, kill_note);
+    } else if (rc == 0 && in_order > 0 && !aborted) {
+        /* every rank that ended did so in order (or with 0): the run stopped where the ranks agreed, saved */
+        if (stop_sig)
+            cp_errf(err, errlen, "stopped by SIG%s (signal %d)%s: %d of %d ranks stopped in order (exit %d)", sig,
+                    stop_sig, spawn_forward ? ", passed on to every rank" : "", in_order, n, CP_EXIT_STOPPED);
+        else
+            cp_errf(err, errlen, "a stop signal reached a rank: %d of %d ranks stopped in order (exit %d)", in_order,
+                    n, CP_EXIT_STOPPED);
+        rc = CP_EXIT_STOPPED;
     } else if (rc == 0 && stop_sig) {
-        rc = cp_errf(err, errlen, "stopped by SIG%s (signal %d)%s%s", sigabbrev_np(stop_sig) ? sigabbrev_np(stop_sig) : "?",
-                  stop_sig, spawn_forward ? ", passed on to every rank" : "", kill_note);
+        rc = cp_errf(err, errlen, "stopped by SIG%s (signal %d)%s%s", sig, stop_sig,
+                     spawn_forward ? ", passed on to every rank" : "", kill_note);
     } else if (rc != 0 && kill_note[0]) {
         size_t l = strlen(err);
         snprintf(err + l, (size_t)errlen > l ? (size_t)errlen - l : 0, "%s", kill_note);

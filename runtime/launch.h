@@ -60,10 +60,14 @@ typedef struct {
  * LOCAL_RANK, LOCAL_WORLD_SIZE (local = global: one node), MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port>,
  * CPGEN_SPAWNED=1 and NCCL_NVLS_ENABLE=0 (unless already set) added to this process's environment, less
  * CPGEN_RENDEZVOUS_FILE (the ranks meet over TCP, not through a file an earlier run may have left), and wait for
- * all of them. SIGINT and SIGTERM sent to this process are passed on to the children while it waits. When a child
- * exits non-zero or is killed by a signal, the others get SIGTERM, and SIGKILL if they are still there grace_s
- * later. Returns 0 when every child exited with 0, or -1 with a message naming the first rank that failed and how
- * (or why they could not be started, or the signal that stopped the run). opts may be NULL. */
+ * all of them. SIGINT, SIGTERM and SIGUSR1 sent to this process are passed on to the children while it waits (a
+ * terminal's Ctrl-C, which reaches them by itself, is not), and the children are left to stop in order (stop.h:
+ * finish the step, save, exit with CP_EXIT_STOPPED), however long that takes; a second SIGINT kills them at once.
+ * When a child exits non-zero (other than CP_EXIT_STOPPED) or is killed by a signal, the others get SIGTERM, and
+ * SIGKILL if they are still there grace_s later. Returns 0 when every child exited with 0; CP_EXIT_STOPPED (75),
+ * with a message, when the ranks stopped in order (a stop signal reached this process or one of them); or -1 with
+ * a message naming the first rank that failed and how (or why they could not be started, or the signal that stopped
+ * the run when the ranks did not stop in order). opts may be NULL. */
 int cp_launch_spawn(int n, char **argv, const cp_spawn_opts *opts, char *err, int errlen);
 
 #endif

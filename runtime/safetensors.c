@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -574,19 +576,24 @@ typedef struct {
     const char *what; /* for messages */
 } out_file;
 
-static int write_all(out_file *o, const void *data, size_t len, char *err, int errlen) {
-    const char *p = data;
-    while (len > 0) {
-        ssize_t w = write(o->fd, p, len);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return cp_errf(err, errlen, "%s: writing failed: %s%s", o->tmp, strerror(errno),
-                        errno == ENOSPC ? " (the disk is full: free space or save elsewhere)" : "");
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
+/* What the writer's time went to, summed over every thread (cp_st_stats). */
+static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
+static cp_st_write_stats stats;
+
+static void stats_add(double fill, double wr, double sync, int64_t bytes) {
+    pthread_mutex_lock(&stats_lock);
+    stats.fill_s += fill;
+    stats.write_s += wr;
+    stats.sync_s += sync;
+    stats.bytes += bytes;
+    pthread_mutex_unlock(&stats_lock);
+}
+
+void cp_st_stats(cp_st_write_stats *out, bool reset) {
+    pthread_mutex_lock(&stats_lock);
+    if (out) *out = stats;
+    if (reset) memset(&stats, 0, sizeof stats);
+    pthread_mutex_unlock(&stats_lock);
 }
 
 static int64_t tensor_elems(const cp_st_out *t) {
@@ -595,34 +602,164 @@ static int64_t tensor_elems(const cp_st_out *t) {
     return e;
 }
 
-/* Write one tensor's data, converting fp32 sources chunk by chunk. */
-static int write_tensor(out_file *o, const cp_st_out *t, char *err, int errlen) {
-    int64_t n = tensor_elems(t);
+/* A file is made in blocks: each block's bytes are put together in an aligned buffer and written at its offset with
+ * pwrite, by up to WRITERS threads taking blocks in turn. A model-sized file goes around the page cache (O_DIRECT
+ * where the filesystem has it: whole aligned blocks, the last one padded and the file cut back to its size), which
+ * on the machines measured wrote 2-3 times faster than one buffered stream (docs/CHECKPOINTS.md). */
+#define BLOCK ((int64_t)8 << 20)
+#define ALIGN 4096
+#define WRITERS 3
+
+typedef struct {
+    const cp_st_out *t; /* the file's tensors, in file order */
+    int n;
+    const int64_t *begin; /* file offset of each tensor's first byte, [n + 1]: begin[n] is the file's size */
+    const unsigned char *head;
+    int64_t head_len; /* the 8-byte header length and the header */
+    int64_t size, nblocks;
+    out_file *o;
+    atomic_bool direct; /* written around the page cache; cleared by the first thread the filesystem refuses */
+    atomic_llong next; /* the next block to take */
+    atomic_int failed;
+    pthread_mutex_t lock;
+    char *err; /* the first failure */
+    int errlen;
+} wfile;
+
+/* Bytes [s, e) of tensor t's data into dst; scratch holds 2 * BLOCK + 8 bytes. */
+static void tensor_bytes(const cp_st_out *t, int64_t s, int64_t e, unsigned char *dst, float *scratch) {
     int es = DTYPE_SIZES[t->dtype];
-    if (t->raw) return write_all(o, t->raw, (size_t)(n * es), err, errlen);
-    if (t->f32 && t->dtype == CP_ST_F32) return write_all(o, t->f32, (size_t)(n * 4), err, errlen);
-    int64_t chunk = CP_MIN(n, CHUNK_ELEMS);
-    float *src = t->fill ? cp_xmalloc((size_t)CP_MAX(chunk, 1) * sizeof(float)) : NULL;
-    uint16_t *half = t->dtype != CP_ST_F32 ? cp_xmalloc((size_t)CP_MAX(chunk, 1) * sizeof(uint16_t)) : NULL;
-    int rc = 0;
-    for (int64_t done = 0; done < n && !rc;) {
-        int64_t m = CP_MIN(n - done, CHUNK_ELEMS);
-        const float *v = t->f32 ? t->f32 + done : src;
-        if (t->fill) t->fill(t->ctx, done, m, src);
-        if (t->dtype == CP_ST_F32) {
-            rc = write_all(o, v, (size_t)m * 4, err, errlen);
-        } else {
-            if (t->dtype == CP_ST_BF16)
-                for (int64_t k = 0; k < m; k++) half[k] = cp_f32_to_bf16(v[k]);
-            else
-                for (int64_t k = 0; k < m; k++) half[k] = cp_f32_to_f16(v[k]);
-            rc = write_all(o, half, (size_t)m * 2, err, errlen);
-        }
-        done += m;
+    if (t->raw) {
+        memcpy(dst, (const unsigned char *)t->raw + s, (size_t)(e - s));
+        return;
     }
-    free(src);
-    free(half);
-    return rc;
+    if (t->f32 && t->dtype == CP_ST_F32) {
+        memcpy(dst, (const unsigned char *)t->f32 + s, (size_t)(e - s));
+        return;
+    }
+    int64_t el0 = s / es, n = (e + es - 1) / es - el0;
+    const float *v = t->f32 ? t->f32 + el0 : scratch;
+    if (t->fill) t->fill(t->ctx, el0, n, scratch);
+    if (t->dtype == CP_ST_F32) {
+        memcpy(dst, (const unsigned char *)v + (s - el0 * 4), (size_t)(e - s));
+        return;
+    }
+    /* into scratch from its start: element k's two bytes land below element k's four, which were read already */
+    uint16_t *h = (uint16_t *)scratch;
+    if (t->dtype == CP_ST_BF16)
+        for (int64_t k = 0; k < n; k++) h[k] = cp_f32_to_bf16(v[k]);
+    else
+        for (int64_t k = 0; k < n; k++) h[k] = cp_f32_to_f16(v[k]);
+    memcpy(dst, (const unsigned char *)h + (s - el0 * 2), (size_t)(e - s));
+}
+
+/* The file's bytes [off, end) into dst. */
+static void block_bytes(const wfile *w, int64_t off, int64_t end, unsigned char *dst, float **scratch) {
+    if (off < w->head_len) memcpy(dst, w->head + off, (size_t)(CP_MIN(end, w->head_len) - off));
+    int lo = 0, hi = w->n; /* the first tensor ending after off */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (w->begin[mid + 1] <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    for (int k = lo; k < w->n && w->begin[k] < end; k++) {
+        int64_t s = CP_MAX(off, w->begin[k]), e = CP_MIN(end, w->begin[k + 1]);
+        if (s >= e) continue;
+        const cp_st_out *t = &w->t[k];
+        if (!*scratch && !t->raw && !(t->f32 && t->dtype == CP_ST_F32))
+            *scratch = cp_xmalloc((size_t)(2 * BLOCK + 8));
+        tensor_bytes(t, s - w->begin[k], e - w->begin[k], dst + (s - off), *scratch);
+    }
+}
+
+void (*cp_st_block_hook)(const char *tmp_path, int64_t block, int64_t nblocks);
+
+static void wfile_fail(wfile *w, const char *msg) {
+    pthread_mutex_lock(&w->lock);
+    if (!atomic_exchange(&w->failed, 1)) snprintf(w->err, (size_t)w->errlen, "%s", msg);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* len bytes of buf at off; a direct write the filesystem refuses after all is made again through the page cache. */
+static int pwrite_all(wfile *w, const unsigned char *buf, size_t len, int64_t off, size_t padded, char *msg,
+                      int msglen) {
+    bool direct = atomic_load(&w->direct);
+    size_t want = direct ? padded : len, done = 0;
+    while (done < want) {
+        ssize_t k = pwrite(w->o->fd, buf + done, want - done, (off_t)(off + (int64_t)done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno == EINVAL && direct) {
+            int fl = fcntl(w->o->fd, F_GETFL);
+            if (fl >= 0) (void)fcntl(w->o->fd, F_SETFL, fl & ~O_DIRECT);
+            atomic_store(&w->direct, false);
+            direct = false;
+            want = len;
+            continue;
+        }
+        if (k <= 0)
+            return cp_errf(msg, msglen, "%s: writing failed: %s%s", w->o->tmp, k < 0 ? strerror(errno) : "no progress",
+                           k < 0 && errno == ENOSPC ? " (the disk is full: free space or save elsewhere)" : "");
+        done += (size_t)k;
+    }
+    return 0;
+}
+
+static void *wfile_thread(void *arg) {
+    wfile *w = arg;
+    unsigned char *buf = NULL;
+    float *scratch = NULL;
+    char msg[1024];
+    if (posix_memalign((void **)&buf, ALIGN, (size_t)BLOCK) != 0) cp_fatal(CP_EXIT_FAIL, "out of memory");
+    for (;;) {
+        int64_t b = atomic_fetch_add(&w->next, 1);
+        if (b >= w->nblocks || atomic_load(&w->failed)) break;
+        int64_t off = b * BLOCK, end = CP_MIN(w->size, off + BLOCK);
+        size_t len = (size_t)(end - off), padded = (len + ALIGN - 1) / ALIGN * ALIGN;
+        double t0 = cp_now();
+        block_bytes(w, off, end, buf, &scratch);
+        if (padded > len) memset(buf + len, 0, padded - len);
+        double t1 = cp_now();
+        int rc = pwrite_all(w, buf, len, off, padded, msg, sizeof msg);
+        stats_add(t1 - t0, cp_now() - t1, 0, (int64_t)len);
+        if (rc) {
+            wfile_fail(w, msg);
+            break;
+        }
+        if (cp_st_block_hook) cp_st_block_hook(w->o->tmp, b, w->nblocks);
+    }
+    free(buf);
+    free(scratch);
+    return NULL;
+}
+
+/* Write the file's bytes into o (open, empty): the blocks by up to WRITERS threads, the file cut to its size. */
+static int write_blocks(wfile *w, char *err, int errlen) {
+    w->nblocks = (w->size + BLOCK - 1) / BLOCK;
+    /* a file of a few blocks is written by this thread through the page cache, as any small file */
+    atomic_init(&w->direct, false);
+    int nt = (int)CP_MIN(WRITERS, w->nblocks);
+    if (w->nblocks >= 2 * WRITERS) {
+        int fl = fcntl(w->o->fd, F_GETFL);
+        atomic_store(&w->direct, fl >= 0 && fcntl(w->o->fd, F_SETFL, fl | O_DIRECT) == 0);
+    } else {
+        nt = 1;
+    }
+    atomic_init(&w->next, 0);
+    atomic_init(&w->failed, 0);
+    pthread_mutex_init(&w->lock, NULL);
+    w->err = err;
+    w->errlen = errlen;
+    pthread_t th[WRITERS];
+    int started = 0;
+    for (int k = 1; k < nt; k++, started++)
+        if (pthread_create(&th[k - 1], NULL, wfile_thread, w)) break;
+    wfile_thread(w);
+    for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+    pthread_mutex_destroy(&w->lock);
+    if (atomic_load(&w->failed)) return -1;
+    if (ftruncate(w->o->fd, (off_t)w->size) != 0) /* the padding of a direct last block */
+        return cp_errf(err, errlen, "%s: setting its size failed: %s", w->o->tmp, strerror(errno));
+    return 0;
 }
 
 static int open_out(out_file *o, const char *dir, const char *name, char *err, int errlen) {
@@ -644,7 +781,9 @@ static int open_out(out_file *o, const char *dir, const char *name, char *err, i
 static int finish_out(out_file *o, bool ok, char *err, int errlen) {
     int rc = ok ? 0 : -1;
     if (o->fd >= 0) {
+        double t0 = cp_now();
         if (ok && fsync(o->fd) != 0) rc = cp_errf(err, errlen, "%s: fsync failed: %s", o->tmp, strerror(errno));
+        stats_add(0, 0, cp_now() - t0, 0);
         if (close(o->fd) != 0 && !rc) rc = cp_errf(err, errlen, "%s: close failed: %s", o->tmp, strerror(errno));
         o->fd = -1;
     }
@@ -663,6 +802,7 @@ static int write_file(const char *dir, const char *name, const cp_st_out *t, int
     static const char meta[] = "{\"__metadata__\":{\"format\":\"pt\"}";
     cp_str_append(&h, meta, sizeof meta - 1);
     int64_t off = 0;
+    int64_t *begin = cp_xmalloc(sizeof(int64_t) * (size_t)(b - a + 1));
     for (int k = a; k < b; k++) {
         int64_t bytes = tensor_elems(&t[k]) * DTYPE_SIZES[t[k].dtype];
         cp_str_append(&h, ",", 1);
@@ -670,18 +810,27 @@ static int write_file(const char *dir, const char *name, const cp_st_out *t, int
         cp_str_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", DTYPE_NAMES[t[k].dtype]);
         for (int d = 0; d < t[k].ndim; d++) cp_str_printf(&h, "%s%lld", d ? "," : "", (long long)t[k].shape[d]);
         cp_str_printf(&h, "],\"data_offsets\":[%lld,%lld]}", (long long)off, (long long)(off + bytes));
+        begin[k - a] = off;
         off += bytes;
     }
     cp_str_append(&h, "}", 1);
     while (h.len % 8) cp_str_append(&h, " ", 1); /* data starts 8-byte aligned, as the reference writer does */
-    unsigned char lenb[8];
-    for (int k = 0; k < 8; k++) lenb[k] = (unsigned char)((uint64_t)h.len >> (8 * k));
+    /* the 8-byte length, then the header: the file's first bytes */
+    unsigned char *head = cp_xmalloc(8 + h.len);
+    for (int k = 0; k < 8; k++) head[k] = (unsigned char)((uint64_t)h.len >> (8 * k));
+    memcpy(head + 8, h.data, h.len);
+    int64_t head_len = 8 + (int64_t)h.len;
+    for (int k = 0; k <= b - a; k++) begin[k] = k < b - a ? begin[k] + head_len : off + head_len;
     out_file o = {.fd = -1};
     int rc = open_out(&o, dir, name, err, errlen);
-    if (!rc) rc = write_all(&o, lenb, 8, err, errlen);
-    if (!rc) rc = write_all(&o, h.data, h.len, err, errlen);
-    for (int k = a; k < b && !rc; k++) rc = write_tensor(&o, &t[k], err, errlen);
+    if (!rc) {
+        wfile w = {.t = t + a, .n = b - a, .begin = begin, .head = head, .head_len = head_len, .size = off + head_len,
+                   .o = &o};
+        rc = write_blocks(&w, err, errlen);
+    }
     cp_str_free(&h);
+    free(head);
+    free(begin);
     return finish_out(&o, rc == 0, err, errlen);
 }
 

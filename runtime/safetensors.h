@@ -117,6 +117,19 @@ int cp_st_write(const char *dir, const cp_st_out *tensors, int n, int64_t shard_
  * training checkpoint's optimizer.safetensors). Returns 0, or -1 with a message. */
 int cp_st_write_file(const char *path, const cp_st_out *tensors, int n, char *err, int errlen);
 
+/* Where the writers' time went, summed over every writing thread of this process since the last reset: seconds
+ * filling and converting tensors (the reordering into Hugging Face layout), in write calls, in fsync, and bytes
+ * written. For the checkpoint writer's report and tools/ckpt_bench.c. */
+typedef struct {
+    double fill_s, write_s, sync_s;
+    int64_t bytes;
+} cp_st_write_stats;
+void cp_st_stats(cp_st_write_stats *out, bool reset);
+
+/* For tests: called from the writing thread after each block of a file is written (the file's temporary path, the
+ * block, the number of blocks); NULL: none. */
+extern void (*cp_st_block_hook)(const char *tmp_path, int64_t block, int64_t nblocks);
+
 /* fp32 <-> bf16 / f16, round to nearest even; NaN stays NaN, overflow goes to infinity. */
 uint16_t cp_f32_to_bf16(float f);
 float cp_bf16_to_f32(uint16_t h);

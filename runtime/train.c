@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "checkpoint.h"
+#include "ckpt_source.h"
 #include "data.h"
 #include "eval.h"
 #include "exec.h"
@@ -16,6 +17,7 @@
 #include "outputs.h"
 #include "report.h"
 #include "resume.h"
+#include "stop.h"
 #include "util.h"
 #include "weights.h"
 
@@ -51,45 +53,28 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Write the training checkpoint <out_dir>/ckpt_<step> (checkpoint.h). With the optimizer in host memory on one GPU
- * the executor's master weights and moments are written where they are; otherwise they are read into three
- * model-sized arrays for the length of the save (with several GPUs every rank takes part in its group's gathers and
- * the writer, the run's rank 0, alone holds the arrays and writes: every group holds the same model). */
-static int save(cp_exec *ex, const cp_plan *P, bool writer, const cp_dataset *data, int step, int skipped,
-                double last_loss, FILE *out, char *err, int errlen) {
-    double t0 = cp_now();
+/* Save the checkpoint of step `step` (ckpt_async.h): the snapshot now, the files by the writer's thread while
+ * training goes on (with several GPUs every rank takes part in the snapshot's gathers; the run's rank 0 writes). */
+static int save(cp_saver *sv, const cp_plan *P, const cp_dataset *data, int step, int skipped, double last_loss,
+                cp_save_info *info, char *err, int errlen) {
     cp_ckpt_state st;
     cp_ckpt_state_init(P, &st);
     st.step = step;
     st.skipped = skipped;
     st.last_loss = last_loss;
     cp_dataset_tell(data, &st.data);
-    char path[CP_PATH_MAX + 64];
-    const float *hw, *hm, *hv;
+    return cp_saver_save(sv, &st, info, err, errlen);
+}
+
+/* Writes that finished: their lines; one that failed: the run stops with its reason. */
+static int saved(cp_saver *sv, FILE *out, cp_train_result *res, char *err, int errlen) {
+    char line[1024];
     int rc = 0;
-    if (cp_exec_host_state(ex, &hw, &hm, &hv)) {
-        rc = cp_exec_read_optimizer(ex, NULL, NULL, &st.updates, err, errlen);
-        if (!rc && writer) rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, hw, hm, hv, NULL, NULL, path, sizeof path, err, errlen);
-    } else {
-        size_t n = (size_t)cp_weights_elems(P);
-        float *w = NULL, *m = NULL, *v = NULL;
-        if (writer) {
-            w = cp_xmalloc(sizeof(float) * n);
-            m = cp_xmalloc(sizeof(float) * n);
-            v = cp_xmalloc(sizeof(float) * n);
-        }
-        rc = cp_exec_read_weights(ex, w, err, errlen);
-        if (!rc) rc = cp_exec_read_optimizer(ex, m, v, &st.updates, err, errlen);
-        if (!rc && writer)
-            rc = cp_ckpt_write(P, P->spec.train.out_dir, &st, w, m, v, NULL, NULL, path, sizeof path, err, errlen);
-        free(w);
-        free(m);
-        free(v);
+    while (sv && (rc = cp_saver_poll(sv, line, sizeof line, err, errlen)) > 0) {
+        res->saves++;
+        if (out) fprintf(out, "%s\n", line), fflush(out);
     }
-    if (!rc && out && writer)
-        fprintf(out, "saved %s (fp32 weights as Hugging Face safetensors, AdamW state, trainer state) in %.1f s\n", path,
-                cp_now() - t0);
-    return rc;
+    return sv && rc < 0 ? -1 : 0;
 }
 
 /* On resume: keep the metrics lines of steps up to `upto` (a crashed run may have logged steps after its last
@@ -138,27 +123,40 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     int mb = tr->micro_batches;
     int64_t T = P->T;
 
-    /* weights: the checkpoint's, or the spec's init, through a full-model array that is freed once the executor
-     * has them (a rank of several draws or reads its init shard by shard instead) */
     int64_t n = cp_weights_elems(P);
     if (P->C == 1 && n != P->params_shard)
         return cp_errf(err, errlen, "the flat model has %lld elements, the plan's shard %lld: weights.c and the plan "
                      "disagree on the layout", (long long)n, (long long)P->params_shard);
-    bool full = P->C == 1 && !ck; /* a checkpoint is read by cp_resume_load */
+
+    /* checkpoints: the snapshot's arrays start being made resident and pinned now, in the background, while the
+     * weights load and the first steps run (the plan counts them beside the loading weights) */
+    cp_ckpt_source *source = NULL;
+    cp_saver *sv = NULL;
+    int rc = 0;
+    if (P->ckpt_snap != CP_SNAP_NONE) {
+        cp_saver_opts so = {.plan = P, .out_dir = tr->out_dir, .writer = lead, .keep = tr->keep_checkpoints,
+                            .resumed = ck ? ck->dir : NULL,
+                            .async = tr->async_save && P->ckpt_snap != CP_SNAP_IN_PLACE};
+        rc = cp_ckpt_source_open(&source, ex, P, lead, o->device, &so.src, err, errlen);
+        if (!rc) rc = cp_saver_create(&sv, &so, err, errlen);
+    }
+
+    /* weights: the spec's init, through a full-model array that is freed once the executor has them (a rank of
+     * several draws or reads its init shard by shard instead), or the checkpoint's, which cp_resume_load reads */
+    bool full = P->C == 1 && !ck;
     float *flat = full ? cp_xmalloc(sizeof(float) * (size_t)n) : NULL;
     double t0 = cp_now();
-    int rc = 0;
     int start = ck ? ck->state.step : 0;
-    if (ck) {
+    if (!rc && ck) {
         rc = cp_resume_load(ex, P, ck, rank, o->resume_new_data, out, err, errlen);
-    } else if (sp->init.from == CP_INIT_HF) {
+    } else if (!rc && sp->init.from == CP_INIT_HF) {
         float *shard = flat ? NULL : cp_xmalloc(sizeof(float) * (size_t)P->params_shard);
         rc = flat ? cp_weights_load_hf(P, sp->init.path, flat, err, errlen)
                   : cp_weights_load_hf_shard(P, sp->init.path, rank, shard, err, errlen);
         if (!rc && out) fprintf(out, "weights: %s (Hugging Face) in %.1f s\n", sp->init.path, cp_now() - t0);
         if (!rc) rc = flat ? cp_exec_load_weights(ex, flat, err, errlen) : cp_exec_load_shard(ex, shard, err, errlen);
         free(shard);
-    } else {
+    } else if (!rc) {
         if (flat) {
             cp_weights_init_random(P, sp->init.seed, sp->init.std, flat);
             rc = cp_exec_load_weights(ex, flat, err, errlen);
@@ -205,7 +203,9 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     res->skipped = ck ? ck->state.skipped : 0;
     res->chance_loss = chance;
     res->mem_planned = P->gpu_peak;
-    res->host_planned = P->host_run;
+    /* the host memory the largest rank adds: the writer's, with the checkpoint's snapshot */
+    const int64_t host_planned = P->host_run + P->ckpt_snap_bytes;
+    res->host_planned = host_planned;
     res->mem_arena_planned = P->gpu_arena;
     res->mem_arena_measured = cp_exec_startup_info(ex)->mem_arena;
     res->min_loss = INFINITY;
@@ -255,21 +255,35 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                                                                    : " + machine.comm_reserve");
         }
         times[step] = r.seconds;
+        if (r.stop) res->stopped = r.stop;
+        /* a checkpoint every save_every steps, and of the step a stop comes after */
+        cp_save_info si = {0};
+        bool save_now = sv && ((step + 1) % tr->save_every == 0 || r.stop);
+        if (save_now) {
+            rc = save(sv, P, &data, step + 1, res->skipped, r.loss, &si, err, errlen);
+            res->save_held_max = CP_MAX(res->save_held_max, si.held);
+            if (rc) break;
+        }
         double tps = (double)P->T * mb / r.seconds, tf = flops / r.seconds / 1e12;
-        if (out && (step % tr->log_every == 0 || step + 1 == tr->steps || r.skipped || vr.done)) {
-            char a[32], b[32], skip[64] = "", host[64] = "", val[64];
+        if (out && (step % tr->log_every == 0 || step + 1 == tr->steps || r.skipped || vr.done || save_now)) {
+            char a[32], b[32], skip[64] = "", host[64] = "", val[64], note[256] = "";
+            if (save_now) {
+                note[0] = ' ', note[1] = '|', note[2] = ' ';
+                cp_save_info_note(&si, r.seconds, note + 3, (int)sizeof note - 3);
+            }
             if (P->host_arena)
                 snprintf(host, sizeof host, " | host %.2f/%.2f GiB", (double)r.host_used / (1 << 30),
-                         (double)P->host_run / (1 << 30));
+                         (double)host_planned / (1 << 30));
             if (r.skipped) snprintf(skip, sizeof skip, " | update skipped (%s, %d so far)",
                                     isfinite(r.loss) ? "non-finite norm" : "non-finite loss", res->skipped);
             fprintf(out, "step %d/%d | loss %.4f%s | norm %.2f | lr %.1e | %s | %s tok/s/GPU | %.*f TF/s | %.*f%% MFU | "
-                         "mem %.2f/%.2f GiB%s (%s/planned)%s\n",
+                         "mem %.2f/%.2f GiB%s (%s/planned)%s%s\n",
                     step + 1, tr->steps, r.loss, cp_eval_step_text(&vr, val, sizeof val), r.norm, hp.lr,
                     fmt_time(r.seconds, a, sizeof a),
                     cp_fmt_count(tps, b, sizeof b), tf < 100 ? 1 : 0, tf, 100 * tf / peak < 10 ? 1 : 0,
                     100 * tf / peak, (double)r.mem_used / (1 << 30), (double)P->gpu_peak / (1 << 30), host,
-                    ranks == 1 ? "measured" : own ? "largest rank measured" : "GPU measured, ranks sharing it", skip);
+                    ranks == 1 ? "measured" : own ? "largest rank measured" : "GPU measured, ranks sharing it", skip,
+                    note);
             fflush(out);
         }
         if (metrics) {
@@ -284,17 +298,23 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             json_num(metrics, "mfu", tf / peak, false);
             fprintf(metrics, "\"targets\":%lld,\"mem_measured\":%lld,\"mem_planned\":%lld,\"host_measured\":%lld,"
                     "\"host_planned\":%lld,", (long long)r.targets, (long long)r.mem_used, (long long)P->gpu_peak,
-                    (long long)r.host_used, (long long)P->host_run);
+                    (long long)r.host_used, (long long)host_planned);
             /* several ranks: mem_measured is the largest rank's, this the smallest's; where ranks share a GPU,
              * mem_own says whether the figures are each rank's own (else the whole GPU's) */
             if (ranks > 1) fprintf(metrics, "\"mem_measured_min\":%lld,", (long long)r.mem_least);
             if (cp_plan_ranks_per_gpu(P) > 1) fprintf(metrics, "\"mem_own\":%s,", own ? "true" : "false");
             cp_eval_metrics(metrics, &vr);
+            /* a save: how long it held the loop, of which waiting for the previous write; a step whose update
+             * waited for a snapshot still being copied: how long */
+            if (save_now)
+                fprintf(metrics, "\"ckpt\":%d,\"ckpt_held\":%.6f,\"ckpt_waited\":%.6f,", step + 1, si.held,
+                        si.waited);
+            if (r.snap_wait > 0) fprintf(metrics, "\"snapshot_wait\":%.6f,", r.snap_wait);
             fprintf(metrics, "\"skipped\":%s}\n", r.skipped ? "true" : "false");
             fflush(metrics);
         }
-        if (tr->save_every > 0 && (step + 1) % tr->save_every == 0)
-            rc = save(ex, P, lead, &data, step + 1, res->skipped, r.loss, out, err, errlen);
+        if (!rc) rc = saved(sv, out, res, err, errlen);
+        if (res->stopped) break;
     }
     int ran = res->steps - start;
     if (ran > 0) {
@@ -324,8 +344,40 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                 cp_fmt_bytes(res->host_planned, b, sizeof b), cp_fmt_bytes(cp_proc_status_bytes("VmHWM"), c, sizeof c),
                 cp_fmt_bytes(P->host_peak, d, sizeof d));
     }
-    if (!rc && tr->save_every > 0 && ran > 0 && res->steps % tr->save_every != 0)
-        rc = save(ex, P, lead, &data, res->steps, res->skipped, res->last_loss, out, err, errlen);
+    if (!rc && sv && ran > 0 && res->steps % tr->save_every != 0 && !res->stopped) {
+        cp_save_info si;
+        rc = save(sv, P, &data, res->steps, res->skipped, res->last_loss, &si, err, errlen);
+        if (!rc && out) {
+            char note[256];
+            cp_save_info_note(&si, res->step_seconds, note, sizeof note);
+            fprintf(out, "%s\n", note);
+        }
+    }
+    /* the last write: the run ends once it is on disk */
+    if (sv && lead) {
+        int busy = cp_saver_busy(sv);
+        if (busy && out) fprintf(out, "waiting for ckpt_%d to be written\n", busy), fflush(out);
+        double waited = cp_saver_wait(sv);
+        char e2[CP_ERR_MAX];
+        if (saved(sv, out, res, e2, sizeof e2)) {
+            if (!rc) rc = cp_errf(err, errlen, "%s", e2);
+            else if (out) fprintf(out, "also: %s\n", e2);
+        }
+        if (busy && out) fprintf(out, "the run waited %.1f s for ckpt_%d\n", waited, busy);
+    }
+    if (!rc && res->stopped && out) {
+        char sig[32];
+        cp_stop_signame(res->stopped, sig, sizeof sig);
+        if (sv)
+            fprintf(out, "stopped by %s after step %d: saved ckpt_%d; continue with --resume %s\n", sig, res->steps,
+                    res->steps, tr->out_dir);
+        else
+            fprintf(out, "stopped by %s after step %d: no checkpoint (train.save_every = 0), so a new run starts "
+                         "from step 1\n", sig, res->steps);
+        fflush(out);
+    }
+    cp_saver_destroy(sv);
+    cp_ckpt_source_close(source);
     /* a metrics line that could not be written (a full disk) fails the run: its record is incomplete */
     if (metrics && (ferror(metrics) | (fclose(metrics) != 0)) && !rc)
         rc = cp_errf(err, errlen, "writing %s failed (a full disk?): every step ran and was saved as the spec says, "
@@ -367,6 +419,7 @@ int cp_train_run(const cp_plan *P, const cp_train_opts *o, cp_train_result *res,
     /* the trace is of the first group: the others run the same steps, and their part files would share its names */
     eo.trace_path = o->world_rank < P->C ? o->trace_path : NULL;
     eo.trace_step = o->trace_step;
+    eo.stop_request = o->stop_request;
     /* a checkpoint is checked before the GPU is set up, so a wrong one costs no compile time */
     cp_ckpt ck;
     if (o->resume && cp_ckpt_open(P, o->resume, &ck, err, errlen)) return -1;

@@ -5,6 +5,7 @@
 #ifndef CP_TRAIN_H
 #define CP_TRAIN_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +34,8 @@ typedef struct {
     int64_t base_free; /* cp_world's: the device's free memory before this process's context */
     const char *trace_path; /* --trace: write step trace_step (from 1, in this run) as a step trace (trace.h) */
     int trace_step;
+    /* preemption (stop.h): set to a signal's number when this process is asked to stop; NULL: never */
+    const volatile sig_atomic_t *stop_request;
 } cp_train_opts;
 
 typedef struct {
@@ -48,6 +51,10 @@ typedef struct {
     int64_t host_measured, host_planned; /* host: largest cp_exec_host_used at a step's end; the plan's host_run */
     double *losses;                  /* [train.steps] by step index (step n is losses[n - 1]); NaN before
                                         first_step; owned: cp_train_result_free */
+    int stopped;                     /* asked to stop (stop.h): the signal's number; the run stopped in order after
+                                        step `steps` (saved when train.save_every > 0); 0 when it ran to the end */
+    int saves;                       /* checkpoints written by this run */
+    double save_held_max;            /* the longest a save held the training thread, seconds */
 } cp_train_result;
 
 /* The learning rate of optimizer step `step` (0-based), as transformers' cosine schedule with warmup and a
@@ -57,8 +64,10 @@ double cp_lr_at(const cp_train *t, int step);
 
 /* Train the plan's model for plan->spec.train.steps steps on GPU 0, or, with o->resume, from the checkpoint's step
  * to train.steps: weights, AdamW moments and update count, step (so the schedule), skipped count and data position
- * come from the checkpoint, which is checked against the plan before the GPU is touched. Returns 0, or -1 with a
- * message. res may be NULL. */
+ * come from the checkpoint, which is checked against the plan before the GPU is touched. Checkpoints are written
+ * while training goes on (ckpt_async.h); the run waits for the last write before it returns. Asked to stop
+ * (o->stop_request), every rank stops after the same step, saves and returns 0 with res->stopped set. Returns 0, or
+ * -1 with a message. res may be NULL. */
 int cp_train_run(const cp_plan *plan, const cp_train_opts *o, cp_train_result *res, char *err, int errlen);
 void cp_train_result_free(cp_train_result *r);
 

@@ -300,6 +300,15 @@ typedef struct {
 static int watch_hook(void *ctx, const char *tmp, const char *piece) {
     watch *w = ctx;
     printf("    piece %s done in %s\n", piece, tmp);
+    if (!strcmp(piece, CP_CKPT_LATEST_NAME)) { /* the folder has its final name, `latest` not yet */
+        assert_string_equal(tmp, w->final);
+        assert_true(exists(w->final));
+        char *latest = exists(w->latest) ? read_text(w->latest) : NULL;
+        assert_true(!latest || !strstr(latest, strrchr(w->final, '/') + 1));
+        free(latest);
+        w->seen++;
+        return w->stop_after >= 0 && w->seen >= w->stop_after;
+    }
     char p[1200];
     snprintf(p, sizeof p, "%s/%s", tmp, piece);
     assert_true(exists(tmp) && exists(p));
@@ -322,13 +331,13 @@ static void test_write_atomic(void **state) {
     cp_ckpt_state st;
     long pid = (long)getpid();
 
-    /* a whole write: three pieces, each seen only under the temporary name */
+    /* a whole write: three pieces, each seen only under the temporary name, then the folder before `latest` */
     watch w = {.final = path_in("atomic/ckpt_5"), .latest = latest, .stop_after = -1};
     state_of(&p, &st, 5);
     char got[1200];
     if (cp_ckpt_write(&p, out, &st, a.w, a.m, a.v, watch_hook, &w, got, sizeof got, err, sizeof err))
         fail_msg("%s", err);
-    assert_int_equal(w.seen, 3);
+    assert_int_equal(w.seen, 4);
     assert_string_equal(got, w.final);
     assert_true(exists(path_in("atomic/ckpt_5/model.safetensors")) && exists(path_in("atomic/ckpt_5/config.json")) &&
                 exists(path_in("atomic/ckpt_5/optimizer.safetensors")) &&

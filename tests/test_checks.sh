@@ -14,7 +14,8 @@
 #      does not note the layout), and end 77 where a part lacks GPUs; gpu-eval-check.sh on one that evaluates: it
 #      passes when training with evaluations is training without and val_loss is step 1's at lr = 0, and fails a
 #      last-digit difference, a val_loss 1e-4 off, a run that did not evaluate or failed, and a failed GPU test (77
-#      when that test is skipped).
+#      when that test is skipped); gpu-ckpt-check.sh on a stand-in of its own passes, and fails a save over its
+#      stall, checkpoints that differ, resumed losses that differ and ranks that stop after different steps.
 #   4. tools/run-tests.sh counts passed, failed and skipped tests and exits 0, 1 or 77.
 # Prints one line per case; exit 0 when every case gives the status it should, else 1. KEEP=1 leaves the scratch
 # folder (/tmp/cpgen-test-checks-*) to look at.
@@ -317,6 +318,100 @@ PAT="replicas2 .*A: 0 evaluations of 6" evalcheck 1 "a run that did not evaluate
 PAT="ulysses2_B exited 1" evalcheck 1 "a run that failed" FAKE_FAIL=ulysses2_B
 PAT="test_validation .*FAILED: exit 1" evalcheck 1 "the GPU test failed" FAKE_UNIT=1
 PAT="^4 passed, 0 failed, 1 skipped" evalcheck 77 "the GPU test skipped" FAKE_UNIT=77
+
+# gpu-ckpt-check.sh on a stand-in cpgen of its own (in $tmp/ckptsim): llama1b runs log 30 steps with saves at 10,
+# 20 and 30 (asynchronous ones holding the loop 2 ms of a 1 s step, waiting ones 9 s) and leave the same ckpt_30; a
+# tiny run with CPGEN_CKPT_PAUSE says the writer pauses in ckpt_20 and sleeps, with ckpt_10, `latest` and the .tmp
+# folder there; a resumed run starts from ckpt_10 (or the step of --resume DIR/ckpt_N) with the same losses; a run
+# of 4 ranks starts 4 sleeping children and, when one is killed, stops after the step it is at with every rank's
+# line and exit 75. FAKE_STALL=1: an asynchronous save holds 10%; FAKE_DIFF=1: the waiting run's ckpt_30 differs;
+# FAKE_OFF=1: resumed runs have losses 1e-3 off; FAKE_SPLIT=1: one rank stops a step later.
+mkdir -p "$tmp/ckptsim"
+cat >"$tmp/ckptsim/cpgen" <<'SH'
+#!/usr/bin/env bash
+set -u
+[ "${1:-}" = run ] || { echo "stand-in cpgen: $*"; exit 0; }
+spec=$2 dir=runs/x steps=30 every=10 async=1 from=1 ranks=1
+shift 2
+while [ $# -gt 0 ]; do
+  case $1 in
+    train.steps=*) steps=${1#*=} ;;
+    train.save_every=*) every=${1#*=} ;;
+    train.out_dir=*) dir=${1#*=} ;;
+    train.async_save=false) async=0 ;;
+    --ranks-per-gpu) ranks=$2; shift ;;
+    --resume) from=11; [ -f "$dir/latest" ] && from=$(($(sed 's/ckpt_//' "$dir/latest") + 1)); shift ;;
+  esac
+  shift
+done
+mkdir -p "$dir"
+off=0
+[ "$from" -gt 1 ] && [ -n "${FAKE_OFF:-}" ] && off=1
+loss() { awk -v s="$1" -v o="$off" 'BEGIN { printf "%.9f", 6 - 0.01 * s + o * 0.001 * (6 - 0.01 * s) }'; }
+save() { # STEP: a complete checkpoint and latest
+  mkdir -p "$dir/ckpt_$1"
+  printf 'weights %s %s\n' "$spec" "$1" >"$dir/ckpt_$1/model.safetensors"
+  [ "$async" = 0 ] && [ -n "${FAKE_DIFF:-}" ] && echo x >>"$dir/ckpt_$1/model.safetensors"
+  echo "{\"step\": $1}" >"$dir/ckpt_$1/trainer_state.json"
+  echo "ckpt_$1" >"$dir/latest"
+}
+[ "$from" = 1 ] && : >"$dir/metrics.jsonl"
+[ "$from" -gt 1 ] && { echo "resumed from $dir/ckpt_$((from - 1)) (cpgen 0.1.0, spec $spec) in 0.1 s"; rm -rf "$dir"/ckpt_*.tmp.*; }
+kids=()
+# the ranks: children whose command line says "run", as cpgen's ranks' does
+if [ "$ranks" -gt 1 ]; then for r in $(seq 1 "$ranks"); do (exec -a "cpgen run rank $r" sleep 1000) & kids+=($!); done; fi
+for ((s = from; s <= steps; s++)); do
+  extra=""
+  if [ "$spec" = llama1b ] && [ $((s % every)) = 0 ]; then
+    held=0.002
+    [ -n "${FAKE_STALL:-}" ] && held=0.1
+    [ "$async" = 0 ] && held=9.0
+    extra="\"ckpt\":$s,\"ckpt_held\":$held,\"ckpt_waited\":0,"
+    save "$s"
+    echo "ckpt_$s written: 13.81 GiB in 5.1 s, 2.91 GB/s ($dir/ckpt_$s)"
+  fi
+  echo "{\"step\":$s,\"loss\":$(loss "$s"),\"norm\":1.5,\"seconds\":1.0,${extra}\"skipped\":false}" >>"$dir/metrics.jsonl"
+  echo "step $s/$steps | loss $(loss "$s")"
+  if [ "$spec" = tiny ] && [ "$ranks" = 1 ] && [ $((s % every)) = 0 ]; then
+    if [ "$s" = 20 ] && [ -n "${CPGEN_CKPT_PAUSE:-}" ]; then
+      mkdir -p "$dir/ckpt_20.tmp.$$"
+      echo "cpgen: CPGEN_CKPT_PAUSE: the writer pauses 120 s after the weights of ckpt_20 (in $dir/ckpt_20.tmp.$$)" >&2
+      exec sleep 120
+    fi
+    save "$s"
+  fi
+  if [ "$ranks" -gt 1 ]; then
+    sleep 0.2
+    for k in "${kids[@]}"; do
+      kill -0 "$k" 2>/dev/null && continue
+      save "$s"
+      echo "stopped by SIGTERM after step $s: saved ckpt_$s; continue with --resume $dir"
+      for r in $(seq 0 $((ranks - 1))); do
+        echo "cpgen: rank $r: stopped in order after step $((s + (r == 3 && ${FAKE_SPLIT:-0})))" >&2
+      done
+      kill "${kids[@]}" 2>/dev/null
+      echo "stopped by SIGTERM (signal 15): $ranks of $ranks ranks stopped in order (exit 75)"
+      exit 75
+    done
+  fi
+done
+[ "$ranks" -gt 1 ] && kill "${kids[@]}" 2>/dev/null
+echo "done: $steps steps"
+SH
+chmod +x "$tmp/ckptsim/cpgen"
+ckpt() { # WANT WHAT [VAR=VALUE...]: gpu-ckpt-check.sh on its stand-in
+  local want=$1 what=$2
+  shift 2
+  rm -rf "$tmp/simout"
+  env PATH="$tmp/gpus:$PATH" FAKE_GPUS=1 OUT="$tmp/simout" CKPT_DISK_GB=0 "$@" timeout 120 \
+    bash tools/gpu-ckpt-check.sh "$tmp/ckptsim" >"$tmp/log" 2>&1
+  expect_rc "$want" "$what" $? "$tmp/log" "${PAT:-}"
+}
+PAT="^stop +resumed losses" ckpt 0 "ckpt: stall, kill and stop pass on the stand-in"
+PAT="ckpt_20 held the loop .*FAILED" ckpt 1 "ckpt: an asynchronous save holding the loop 10% of a step" FAKE_STALL=1
+PAT="ckpt_30 async = sync \(cmp\).*FAILED" ckpt 1 "ckpt: the waiting run's checkpoint differs" FAKE_DIFF=1
+PAT="kill +resumed losses 11-30.*FAILED" ckpt 1 "ckpt: the resumed run's losses off" FAKE_OFF=1
+PAT="stop +SIGTERM to one rank.*FAILED" ckpt 1 "ckpt: a rank stops a step later" FAKE_SPLIT=1 PARTS=stop
 
 # 4. run-tests.sh's count
 mkdir -p "$tmp/t"

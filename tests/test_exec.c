@@ -5,7 +5,9 @@
  * streams touching the same bytes is ordered. Plans of several GPUs likewise, seen from rank 0: their collectives
  * (all-to-all, all-gather, reduce-scatter, all-reduce) get operands that match what NCCL will be asked to move, and
  * their layout kernels get token rows and blocks of the right sizes; replica groups' all-reduces across the groups
- * likewise. */
+ * likewise. A checkpoint's snapshot: in every layout only the optimizer's update writes what it copies (so the next
+ * step's update alone waits for it), and with the optimizer on the host its memcpy holds back that update and
+ * nothing else. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -420,6 +423,133 @@ static void test_every_task_prepared(void **state) {
     }
 }
 
+/* ---- a checkpoint's snapshot */
+
+static int buf_named(const cp_plan *p, const char *name) {
+    for (int i = 0; i < p->nbufs; i++)
+        if (!strcmp(p->bufs[i].name, name)) return i;
+    fail_msg("no buffer %s", name);
+    return -1;
+}
+
+/* The next update alone waits for a snapshot: the first step that writes the master weights or a moment is the
+ * optimizer's update, and no step before it (none of the micro-batches') writes them, in every layout; a plan whose
+ * micro-batch wrote them would get no overlap (the gate says so). */
+static void test_snapshot_gate(void **state) {
+    (void)state;
+    const char *cases[][3] = {{"tiny", NULL, NULL},
+                              {"tiny", "parallel.optimizer=host", NULL},
+                              {"tiny", "train.micro_batches=3", "parallel.offload=all"},
+                              {"tiny", "parallel.gpus=2", NULL},
+                              {"tiny", "parallel.gpus=2", "parallel.optimizer=host"},
+                              {"tiny", "parallel.replicas=2", "parallel.gpus=1"},
+                              {"tiny", "parallel.ring=2", "parallel.gpus=1"},
+                              {"llama1b", "train.seq_len=32K", NULL}};
+    const char *state_bufs[] = {"master.f32", "adam_m.f32", "adam_v.f32"};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        cp_spec s;
+        char err[CP_ERR_MAX];
+        const char *sets[2] = {cases[k][1], cases[k][2]};
+        int nsets = (sets[0] != NULL) + (sets[1] != NULL);
+        if (cp_spec_load(cases[k][0], sets, nsets, &s, err, sizeof err)) fail_msg("%s", err);
+        cp_plan p;
+        if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("%s", err);
+        int gate = cp_exec_snapshot_gate(&p);
+        printf("  %-8s %-24s %-22s gate at step %d of %d (micro-batch steps %d): %s\n", cases[k][0],
+               sets[0] ? sets[0] : "", sets[1] ? sets[1] : "", gate, p.nsteps, p.micro_steps,
+               gate >= 0 ? p.steps[gate].what : "-");
+        assert_true(gate >= p.micro_steps);
+        assert_true(p.steps[gate].task == CP_TASK_ADAMW || p.steps[gate].task == CP_TASK_ADAMW_HOST);
+        int b[3];
+        for (int j = 0; j < 3; j++) b[j] = buf_named(&p, state_bufs[j]);
+        for (int i = 0; i < p.nsteps; i++)
+            for (int o = 0; o < p.steps[i].nops; o++)
+                for (int j = 0; j < 3; j++)
+                    if (p.steps[i].ops[o].buf == b[j] && (p.steps[i].ops[o].access & CP_WRITE)) assert_true(i >= gate);
+        /* a micro-batch step that writes the master weights: no step may run beside the copies */
+        p.steps[0].ops[0] = (cp_operand){.buf = b[0], .offset = 0, .bytes = 4, .access = CP_RW};
+        assert_int_equal(cp_exec_snapshot_gate(&p), -1);
+        cp_plan_free(&p);
+    }
+}
+
+typedef struct {
+    cp_exec *ex;
+    int step;
+    volatile int done;
+} gate_arg;
+
+static void *gate_thread(void *arg) {
+    gate_arg *g = arg;
+    char err[CP_ERR_MAX];
+    if (exec_snap_gate(g->ex, g->step, err, sizeof err)) g->done = -1;
+    else g->done = 1;
+    return NULL;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec t = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* One GPU with the optimizer in host memory: the snapshot is a memcpy of the host state made by the writer's thread
+ * (cp_exec_snapshot_finish), and the next step's host update waits for it and for nothing else; no GPU is needed.
+ * A rank that writes nothing (a replica) copies nothing. */
+static void test_snapshot_host_memcpy(void **state) {
+    (void)state;
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    const char *sets[] = {"parallel.optimizer=host"};
+    if (cp_spec_load("tiny", sets, 1, &s, err, sizeof err)) fail_msg("%s", err);
+    cp_plan p;
+    if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("%s", err);
+    struct cp_exec ex;
+    memset(&ex, 0, sizeof ex);
+    ex.P = &p;
+    ex.updates = 3;
+    ex.bufptr = calloc((size_t)p.nbufs, sizeof *ex.bufptr);
+    int64_t n = p.params_shard;
+    float *src[3], *dst[3];
+    const char *names[] = {"master.f32", "adam_m.f32", "adam_v.f32"};
+    for (int k = 0; k < 3; k++) {
+        src[k] = malloc(sizeof(float) * (size_t)n);
+        dst[k] = calloc((size_t)n, sizeof(float));
+        for (int64_t i = 0; i < n; i++) src[k][i] = (float)(i % 1000) * 0.5f + (float)k;
+        ex.bufptr[buf_named(&p, names[k])] = src[k];
+    }
+    cp_exec_snap d = {.w = dst[0], .m = dst[1], .v = dst[2]};
+    int updates = -1;
+    if (cp_exec_snapshot_start(&ex, &d, &updates, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(updates, 3);
+    int gate = cp_exec_snapshot_gate(&p);
+    /* a step that does not write the state passes while the copy is pending */
+    if (exec_snap_gate(&ex, 0, err, sizeof err)) fail_msg("%s", err);
+    /* the update waits until the writer's thread has copied */
+    gate_arg g = {&ex, gate, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, gate_thread, &g), 0);
+    sleep_ms(200);
+    assert_int_equal(g.done, 0);
+    if (cp_exec_snapshot_finish(&ex, err, sizeof err)) fail_msg("%s", err);
+    pthread_join(th, NULL);
+    assert_int_equal(g.done, 1);
+    assert_true(ex.snap_waited >= 0.15);
+    for (int k = 0; k < 3; k++) assert_memory_equal(dst[k], src[k], sizeof(float) * (size_t)n);
+    /* nothing pending now: the next update does not wait */
+    ex.snap_waited = 0;
+    if (exec_snap_gate(&ex, gate, err, sizeof err)) fail_msg("%s", err);
+    assert_true(ex.snap_waited == 0);
+    /* a rank that does not write */
+    cp_exec_snap none = {0};
+    ex.updates = 4;
+    if (cp_exec_snapshot_start(&ex, &none, &updates, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(updates, 4);
+    exec_snap_free(&ex);
+    for (int k = 0; k < 3; k++) free(src[k]), free(dst[k]);
+    free(ex.bufptr);
+    cp_plan_free(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny),
@@ -432,6 +562,8 @@ int main(void) {
         cmocka_unit_test(test_save_on_ranks_that_keep_nothing),
         cmocka_unit_test(test_checkpoint_gathers),
         cmocka_unit_test(test_every_task_prepared),
+        cmocka_unit_test(test_snapshot_gate),
+        cmocka_unit_test(test_snapshot_host_memcpy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

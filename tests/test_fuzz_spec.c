@@ -59,7 +59,7 @@ static const char *const KEYS[] = {
     "parallel.checkpoint_every", "parallel.offload", "parallel.optimizer", "parallel.mlp_tile", "parallel.loss_tile",
     "train.seq_len", "train.micro_batches", "train.steps", "train.lr", "train.min_lr", "train.warmup",
     "train.weight_decay", "train.clip", "train.beta1", "train.beta2", "train.eps", "train.log_every",
-    "train.save_every", "train.out_dir", "data.source", "init.from", "init.path", "init.seed", "init.std",
+    "train.save_every", "train.keep_checkpoints", "train.async_save", "train.out_dir", "data.source", "init.from", "init.path", "init.seed", "init.std",
     "machine.gpu_mem", "machine.host_mem", "machine.reserve", "machine.comm_reserve", "machine.host_reserve",
     "machine.host_runtime", "machine.peak_tflops", "machine.gemm_tflops", "machine.attn_fwd_tflops", "machine.attn_bwd_tflops", "machine.hbm_gbps", "machine.host_gbps",
     "machine.a2a_gbps", "machine.allgather_gbps"};

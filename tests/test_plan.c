@@ -895,6 +895,83 @@ static void test_host_memory(void **state) {
     }
 }
 
+/* A checkpoint's snapshot in the host memory of the node: three fp32 models on the writing rank when saves are on,
+ * pinned where the node has room (a quarter of host_mem left unpinned), pageable (with its staging) where it does
+ * not, a memcpy of the host optimizer's state (pageable) or that state written in place, and a plan refused when the
+ * snapshot does not fit at all. */
+static void test_ckpt_snapshot(void **state) {
+    (void)state;
+    cp_spec s;
+    cp_plan p;
+    load("tiny", &s, 0);
+    build(&s, &p);
+    int64_t model = 0;
+    for (int u = 0; u < p.nunits; u++) model += p.unit_padded[u];
+    assert_int_equal(p.ckpt_snap, CP_SNAP_NONE); /* no saves: nothing to copy */
+    assert_int_equal(p.ckpt_snap_bytes, 0);
+    assert_int_equal(p.host_node, p.host_peak);
+    cp_plan_free(&p);
+
+    load("tiny", &s, 1, "train.save_every=10");
+    build(&s, &p);
+    assert_int_equal(p.ckpt_snap, CP_SNAP_PINNED);
+    assert_int_equal(p.ckpt_snap_bytes, 12 * model);
+    assert_int_equal(p.host_node, p.host_peak + 12 * model);
+    int64_t node = p.host_node;
+    cp_plan_free(&p);
+    /* one byte short of the node with the snapshot: refused, naming the snapshot and the way out */
+    char h[64];
+    snprintf(h, sizeof h, "machine.host_mem=%lld", (long long)(node - 1));
+    load("tiny", &s, 2, "train.save_every=10", h);
+    build(&s, &p);
+    assert_false(p.fits);
+    assert_non_null(strstr(p.why, "checkpoint's snapshot"));
+    assert_non_null(strstr(p.why, "train.save_every = 0"));
+    cp_plan_free(&p);
+    load("tiny", &s, 2, "train.save_every=0", h); /* without saves the same machine holds it */
+    build(&s, &p);
+    assert_true(p.fits);
+    cp_plan_free(&p);
+
+    /* the host optimizer's state: a memcpy into pageable memory; written in place when asked to wait anyway, or when
+     * there is no room for the copy */
+    load("tiny", &s, 2, "train.save_every=10", "parallel.optimizer=host");
+    build(&s, &p);
+    assert_int_equal(p.ckpt_snap, CP_SNAP_PAGEABLE);
+    assert_int_equal(p.ckpt_snap_bytes, 12 * model);
+    node = p.host_node;
+    cp_plan_free(&p);
+    load("tiny", &s, 3, "train.save_every=10", "parallel.optimizer=host", "train.async_save=false");
+    build(&s, &p);
+    assert_int_equal(p.ckpt_snap, CP_SNAP_IN_PLACE);
+    assert_int_equal(p.ckpt_snap_bytes, 0);
+    cp_plan_free(&p);
+    snprintf(h, sizeof h, "machine.host_mem=%lld", (long long)(node - 1));
+    load("tiny", &s, 3, "train.save_every=10", "parallel.optimizer=host", h);
+    build(&s, &p);
+    assert_int_equal(p.ckpt_snap, CP_SNAP_IN_PLACE);
+    assert_true(p.fits);
+    cp_plan_free(&p);
+
+    /* checkpoints offloaded to pinned memory take most of a small host: the snapshot fits, but pinned it would leave
+     * less than a quarter unpinned, so it is pageable, with its staging */
+    const char *base[] = {"train.save_every=10", "parallel.offload=all", "train.seq_len=512K",
+                          "machine.host_reserve=16M", "machine.host_runtime=16M"};
+    load("tiny", &s, 5, base[0], base[1], base[2], base[3], base[4]);
+    build(&s, &p);
+    assert_true(p.host_arena + 12 * model > 3 * (p.host_load + s.machine.host_reserve + CP_SNAP_STAGING)); /* the case */
+    int64_t tight = p.host_peak + 12 * model + CP_SNAP_STAGING;
+    cp_plan_free(&p);
+    snprintf(h, sizeof h, "machine.host_mem=%lld", (long long)tight);
+    load("tiny", &s, 6, base[0], base[1], base[2], base[3], base[4], h);
+    build(&s, &p);
+    assert_int_equal(p.ckpt_snap, CP_SNAP_PAGEABLE);
+    assert_int_equal(p.ckpt_snap_bytes, 12 * model + CP_SNAP_STAGING);
+    assert_true(p.fits);
+    assert_int_equal(p.host_node, tight);
+    cp_plan_free(&p);
+}
+
 static void test_max_seq(void **state) {
     (void)state;
     cp_spec s;
@@ -1401,7 +1478,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_arena_property),   cmocka_unit_test(test_every_shipped_spec_plans),
         cmocka_unit_test(test_folded_matches_flat), cmocka_unit_test(test_quick_fit_agrees),
         cmocka_unit_test(test_refuses_when_too_small), cmocka_unit_test(test_ranks_per_gpu),
-        cmocka_unit_test(test_host_memory), cmocka_unit_test(test_max_seq),
+        cmocka_unit_test(test_host_memory), cmocka_unit_test(test_ckpt_snapshot), cmocka_unit_test(test_max_seq),
         cmocka_unit_test(test_max_seq_none_fits), cmocka_unit_test(test_json_parses),
         cmocka_unit_test(test_replicas),     cmocka_unit_test(test_ring_8b_arithmetic),
         cmocka_unit_test(test_ring_stage_tables), cmocka_unit_test(test_ring_rope_runs),

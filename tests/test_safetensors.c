@@ -1117,12 +1117,86 @@ static int teardown(void **state) {
     return 0;
 }
 
+/* ---- a file of many blocks: written by several threads (around the page cache where the filesystem allows it),
+ * byte for byte what a plain serialisation gives: tensors of every source kind, conversions, and an odd-sized BF16
+ * tensor first so that the F32 ones after it start at offsets 2 bytes off their alignment and the block boundaries
+ * cut their elements */
+
+static void fill_scaled(const void *ctx, int64_t first, int64_t n, float *dst) {
+    const float *src = ctx;
+    for (int64_t k = 0; k < n; k++) dst[k] = src[first + k] * 0.5f;
+}
+
+static void test_large_file_blocks(void **state) {
+    (void)state;
+    enum { ODD = 1001, BIG = 9 * 1000 * 1000, HALF = 7 * 1000 * 1000 };
+    float *a = malloc(sizeof(float) * BIG), *b = malloc(sizeof(float) * HALF);
+    uint16_t *raw = malloc(sizeof(uint16_t) * ODD);
+    uint64_t x = 12345;
+    for (int64_t i = 0; i < BIG; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        a[i] = (float)(int64_t)(x >> 33) * 1e-7f;
+    }
+    for (int64_t i = 0; i < HALF; i++) b[i] = a[(i * 7) % BIG] + 1.f;
+    for (int i = 0; i < ODD; i++) raw[i] = (uint16_t)(i * 31);
+    cp_st_out t[5] = {
+        {.name = "odd.bf16", .dtype = CP_ST_BF16, .ndim = 1, .shape = {ODD}, .raw = raw},
+        {.name = "big.f32", .dtype = CP_ST_F32, .ndim = 2, .shape = {3000, 3000}, .f32 = a},
+        {.name = "big.filled", .dtype = CP_ST_F32, .ndim = 1, .shape = {HALF}, .fill = fill_scaled, .ctx = b},
+        {.name = "big.as_bf16", .dtype = CP_ST_BF16, .ndim = 1, .shape = {HALF}, .f32 = b},
+        {.name = "small.as_f16", .dtype = CP_ST_F16, .ndim = 1, .shape = {5}, .f32 = b + 3},
+    };
+    char *path = path_in("blocks.safetensors");
+    if (cp_st_write_file(path, t, 5, err, sizeof err)) fail_msg("%s", err);
+    /* the plain serialisation: header as the writer makes it, then each tensor's bytes in order */
+    size_t n = 0;
+    unsigned char *got = (unsigned char *)cp_read_file(path, &n);
+    assert_non_null(got);
+    uint64_t hl = 0;
+    for (int k = 0; k < 8; k++) hl |= (uint64_t)got[k] << (8 * k);
+    size_t at = 8 + (size_t)hl, want = at + ODD * 2 + (size_t)BIG * 4 + (size_t)HALF * 4 + (size_t)HALF * 2 + 5 * 2;
+    assert_int_equal(n, want);
+    assert_memory_equal(got + at, raw, ODD * 2);
+    at += ODD * 2;
+    assert_memory_equal(got + at, a, (size_t)BIG * 4);
+    at += (size_t)BIG * 4;
+    for (int64_t i = 0; i < HALF; i++) {
+        float f = b[i] * 0.5f;
+        if (memcmp(got + at + 4 * i, &f, 4)) fail_msg("big.filled element %lld differs", (long long)i);
+    }
+    at += (size_t)HALF * 4;
+    for (int64_t i = 0; i < HALF; i++) {
+        uint16_t h = cp_f32_to_bf16(b[i]);
+        if (memcmp(got + at + 2 * i, &h, 2)) fail_msg("big.as_bf16 element %lld differs", (long long)i);
+    }
+    at += (size_t)HALF * 2;
+    for (int i = 0; i < 5; i++) {
+        uint16_t h = cp_f32_to_f16(b[3 + i]);
+        assert_memory_equal(got + at + 2 * i, &h, 2);
+    }
+    /* and it opens: the header's offsets agree with where the bytes are */
+    cp_st_set st;
+    if (cp_st_open(path, &st, err, sizeof err)) fail_msg("%s", err);
+    const cp_st_tensor *bt = cp_st_find(&st, "big.f32");
+    assert_non_null(bt);
+    float back[4];
+    if (cp_st_read_f32(&st, bt, BIG - 4, 4, back, err, sizeof err)) fail_msg("%s", err);
+    assert_memory_equal(back, a + BIG - 4, sizeof back);
+    cp_st_close(&st);
+    free(got);
+    free(a);
+    free(b);
+    free(raw);
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json),
         cmocka_unit_test(test_conversions),
         cmocka_unit_test(test_roundtrip_single),
         cmocka_unit_test(test_roundtrip_sharded),
+        cmocka_unit_test(test_large_file_blocks),
         cmocka_unit_test(test_corrupt_files),
         cmocka_unit_test(test_corrupt_index),
         cmocka_unit_test(test_fuzz),

@@ -242,6 +242,8 @@ static void test_defaults(void **state) {
     assert_true(spec.train.eps == 1e-8);
     assert_int_equal(spec.train.log_every, 1);
     assert_int_equal(spec.train.save_every, 0);
+    assert_int_equal(spec.train.keep_checkpoints, 0); /* every checkpoint kept */
+    assert_true(spec.train.async_save);
     assert_string_equal(spec.train.out_dir, "runs/minimal");
     assert_string_equal(spec.data.source, "synthetic:recall");
     assert_int_equal(spec.init.from, CP_INIT_RANDOM);
