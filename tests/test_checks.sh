@@ -160,10 +160,25 @@ PAT="nothing was checked" helper 1 "finish: nothing checked" <<<'want c && run n
 # out_dir holds NAME after 15 steps with exit 0 (a run cut short), FAKE_OFF=NAME moves their loss by 2e-3,
 # FAKE_FAIL=NAME makes them exit 1.
 mkdir -p "$tmp/sim/tests/gpu"
+# realplan run SPEC ARGS...: the stand-ins' check of their command line with the real cpgen (REAL_CPGEN): its
+# spec and settings (--set, --gpus, --seq) go to `cpgen plan`, so that a run the real cpgen would refuse (a
+# setting out of range, a key that does not exist) is refused by the stand-in too, with the real message
+cat >"$tmp/realplan" <<'SH'
+#!/usr/bin/env bash
+[ -n "${REAL_CPGEN:-}" ] || exit 0
+sets=()
+for ((i = 3; i <= $#; i++)); do
+  case ${!i} in --set | --gpus | --seq) j=$((i + 1)); sets+=("${!i}" "${!j}") ;; esac
+done
+why=$("$REAL_CPGEN" plan "$2" "${sets[@]}" 2>&1 >/dev/null) || { echo "$why" >&2; exit 2; }
+SH
+chmod +x "$tmp/realplan"
+export REAL_CPGEN="$PWD/build/cpgen"
 cat >"$tmp/sim/cpgen" <<'SH'
 #!/usr/bin/env bash
 set -u
 [ "${1:-}" = run ] || { echo "stand-in cpgen: $*"; exit 0; }
+"$(dirname "$0")/../realplan" "$@" || exit 2
 steps=10 mb=8 reps=1 dir=runs/x from=1 seq="" new_data="" save=0
 while [ $# -gt 0 ]; do
   case $1 in
@@ -261,6 +276,7 @@ cat >"$tmp/evalsim/cpgen" <<'SH'
 #!/usr/bin/env bash
 set -u
 [ "${1:-}" = run ] || { echo "stand-in cpgen: $*"; exit 0; }
+"$(dirname "$0")/../realplan" "$@" || exit 2
 steps=10 mb=8 reps=1 dir=runs/x every=0 lr=1 val=0
 while [ $# -gt 0 ]; do
   case $1 in
@@ -331,6 +347,7 @@ cat >"$tmp/ckptsim/cpgen" <<'SH'
 #!/usr/bin/env bash
 set -u
 [ "${1:-}" = run ] || { echo "stand-in cpgen: $*"; exit 0; }
+"$(dirname "$0")/../realplan" "$@" || exit 2
 spec=$2 dir=runs/x steps=30 every=10 async=1 from=1 ranks=1
 shift 2
 while [ $# -gt 0 ]; do

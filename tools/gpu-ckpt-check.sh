@@ -132,7 +132,7 @@ fi
 
 # ---------------------------------------------------------------- kill: SIGKILL during ckpt_20's write, resume
 if want kill; then
-  tiny=(tiny --set train.steps=30 --set train.save_every=10 --set train.log_every=1)
+  tiny=(tiny --set train.steps=30 --set train.warmup=5 --set train.save_every=10 --set train.log_every=1)
   kdir="$out/runs/kill"
   run kill_ref 180 "$B/cpgen" run "${tiny[@]}" --set "train.out_dir=$out/runs/kill_ref"
   CPGEN_CKPT_PAUSE=20:120 "$B/cpgen" run "${tiny[@]}" --set "train.out_dir=$kdir" >"$out/kill_run.log" 2>&1 &
