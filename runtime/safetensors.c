@@ -608,7 +608,7 @@ static int64_t tensor_elems(const cp_st_out *t) {
  * on the machines measured wrote 2-3 times faster than one buffered stream (docs/CHECKPOINTS.md). */
 #define BLOCK ((int64_t)8 << 20)
 #define ALIGN 4096
-#define WRITERS 3
+#define WRITERS 8
 
 typedef struct {
     const cp_st_out *t; /* the file's tensors, in file order */
