@@ -507,6 +507,23 @@ static int check_apart(const cp_nccl_comm *c, const char *call, const void *send
     return 0;
 }
 
+/* The end of a group of sends and receives that cp_nccl_group_start opened: the group is closed even after a failed
+ * call (q, the first that failed: `which` with `peer`), since NCCL's group depth is per thread and would stay open;
+ * a failed call aborts the communicator. */
+static int group_finish(cp_nccl_comm *c, const char *call, ncclResult_t q, const char *which, int peer, char *err,
+                        int errlen) {
+    ncclResult_t end = api->GroupEnd();
+    char what[96];
+    if (q != ncclSuccess && q != ncclInProgress) {
+        snprintf(what, sizeof what, "%s: %s with peer %d", call, which, peer);
+        int rc = nccl_fail(c, q, what, ABORTED, err, errlen);
+        cp_nccl_abort(c);
+        return rc;
+    }
+    snprintf(what, sizeof what, "%s: ncclGroupEnd", call);
+    return settle(c, end, what, "a peer is stuck or gone", c->timeout_s, err, errlen);
+}
+
 /* Pairs i = 0..n-1 of a send and a receive in one NCCL group: count elements at send + i x stride bytes go to rank
  * to + i while count elements from rank from + i land at recv + i x stride. Every call is queued before any of them
  * can block; within the group NCCL runs them together, so their order does not matter and no two ranks sending to
@@ -534,17 +551,7 @@ static int grouped_pairs(cp_nccl_comm *c, const char *call, const void *send, vo
             break;
         }
     }
-    /* The group is closed even after a failed call: NCCL's group depth is per thread and would stay open. */
-    ncclResult_t end = api->GroupEnd();
-    char what[96];
-    if (first != ncclSuccess) {
-        snprintf(what, sizeof what, "%s: %s with peer %d", call, first_call, first_peer);
-        int rc = nccl_fail(c, first, what, ABORTED, err, errlen);
-        cp_nccl_abort(c);
-        return rc;
-    }
-    snprintf(what, sizeof what, "%s: ncclGroupEnd", call);
-    return settle(c, end, what, "a peer is stuck or gone", c->timeout_s, err, errlen);
+    return group_finish(c, call, first, first_call, first_peer, err, errlen);
 }
 
 int cp_nccl_all_to_all(cp_nccl_comm *c, const void *send, void *recv, size_t count, ncclDataType_t t,
@@ -597,16 +604,7 @@ int cp_nccl_gather(cp_nccl_comm *c, const void *send, void *recv, size_t count, 
         which = "ncclRecv", peer = r;
         q = api->Recv((char *)recv + block * (size_t)r, count, t, r, c->comm, stream);
     }
-    ncclResult_t end = api->GroupEnd(); /* closed even after a failed call, as in grouped_pairs */
-    char what[96];
-    if (q != ncclSuccess && q != ncclInProgress) {
-        snprintf(what, sizeof what, "%s: %s with peer %d", call, which, peer);
-        int rc = nccl_fail(c, q, what, ABORTED, err, errlen);
-        cp_nccl_abort(c);
-        return rc;
-    }
-    snprintf(what, sizeof what, "%s: ncclGroupEnd", call);
-    return settle(c, end, what, "a peer is stuck or gone", c->timeout_s, err, errlen);
+    return group_finish(c, call, q, which, peer, err, errlen);
 }
 
 /* ------------------------------------------------------------------------------------------------------------
