@@ -1743,27 +1743,36 @@ const char *cp_snap_kind_name(cp_snap_kind k) {
  * rest of every rank). Pinned where the node has room for it: the plan fits with it, and a quarter of host_mem is
  * left unpinned (the page cache a checkpoint's files are written through, and whatever the system needs); else
  * pageable. One GPU with the optimizer on the host copies its state with a memcpy, for which pinning buys nothing;
- * with no room for the copy at all it is written in place instead, the loop waiting for the write. */
+ * with no room for the copy at all it is written in place instead, the loop waiting for the write. Two of them
+ * (ckpt_slots) where the node holds both by the same rule. */
 static void plan_snapshot(cp_plan *P, int64_t model, int ranks) {
     const cp_machine *mc = &P->spec.machine;
     const cp_train *tr = &P->spec.train;
     P->ckpt_snap = CP_SNAP_NONE;
     P->ckpt_snap_bytes = 0;
+    P->ckpt_slots = 0;
     if (tr->save_every <= 0) return;
+    /* two slots where the node holds two snapshots with the margins of one (a save then never waits for the write
+     * before it, which may take longer than the steps between saves), else one */
     int64_t copy = 3 * (int64_t)sizeof(float) * model, rest = P->host_peak * ranks;
     if (P->C == 1 && P->opt_on_host) {
-        bool room = rest + copy <= mc->host_mem;
-        P->ckpt_snap = tr->async_save && room ? CP_SNAP_PAGEABLE : CP_SNAP_IN_PLACE;
-        P->ckpt_snap_bytes = P->ckpt_snap == CP_SNAP_PAGEABLE ? copy : 0;
+        int slots = !tr->async_save ? 0 : rest + 2 * copy <= mc->host_mem ? 2 : rest + copy <= mc->host_mem ? 1 : 0;
+        P->ckpt_snap = slots ? CP_SNAP_PAGEABLE : CP_SNAP_IN_PLACE;
+        P->ckpt_slots = slots;
+        P->ckpt_snap_bytes = slots * copy;
         return;
     }
-    if (rest + copy <= mc->host_mem && P->host_arena * ranks + copy <= mc->host_mem / 4 * 3) {
-        P->ckpt_snap = CP_SNAP_PINNED;
-        P->ckpt_snap_bytes = copy;
-    } else {
-        P->ckpt_snap = CP_SNAP_PAGEABLE;
-        P->ckpt_snap_bytes = copy + (P->C == 1 ? CP_SNAP_STAGING : 0); /* several GPUs: the gathers copy into it */
-    }
+    for (int slots = 2; slots >= 1; slots--)
+        if (rest + slots * copy <= mc->host_mem && P->host_arena * ranks + slots * copy <= mc->host_mem / 4 * 3) {
+            P->ckpt_snap = CP_SNAP_PINNED;
+            P->ckpt_slots = slots;
+            P->ckpt_snap_bytes = slots * copy;
+            return;
+        }
+    int64_t staging = P->C == 1 ? CP_SNAP_STAGING : 0; /* several GPUs: the gathers copy into it */
+    P->ckpt_snap = CP_SNAP_PAGEABLE;
+    P->ckpt_slots = rest + 2 * copy + staging <= mc->host_mem ? 2 : 1;
+    P->ckpt_snap_bytes = P->ckpt_slots * copy + staging;
 }
 
 /* Fill fits/why from the arenas against the machine. */

@@ -247,7 +247,10 @@ typedef struct {
     int64_t host_run;   /* host bytes a process adds once steps run: host_arena + machine.host_runtime */
     int64_t gpu_peak;                                 /* gpu_arena + cp_plan_reserve */
     cp_snap_kind ckpt_snap;  /* a checkpoint's snapshot (cp_snap_kind), on the writing rank only */
-    int64_t ckpt_snap_bytes; /* its host bytes: three fp32 models, and CP_SNAP_STAGING where it is staged; 0 for none */
+    int ckpt_slots;          /* snapshots that may be in flight at once (1 or 2; 0 without arrays): with 2 a save takes
+                              * the free one while the other is still being written */
+    int64_t ckpt_snap_bytes; /* its host bytes: three fp32 models per slot, and CP_SNAP_STAGING where it is staged; 0
+                              * for none */
     int64_t host_node;       /* host bytes of a node: host_peak x cp_plan_node_ranks + ckpt_snap_bytes */
     int64_t cat_bytes[CP_CAT_COUNT];                  /* sum of buffer sizes per category, GPU */
     int64_t cat_host_bytes[CP_CAT_COUNT];

@@ -99,8 +99,9 @@ static void print_snapshot(const cp_plan *P, FILE *out) {
                       : P->C == 1 && P->opt_on_host ? "pageable: a memcpy of the host optimizer's state, then written meanwhile"
                       : P->C == 1 ? "pageable, through 64 MiB pinned staging (too little room to pin it)"
                                   : "pageable: the gathers copy into it (too little room to pin it)";
-    fprintf(out, "  %-40s %14s   %s%s\n", "checkpoint snapshot (the writing rank)",
-            cp_fmt_bytes(P->ckpt_snap_bytes, a, sizeof a), how,
+    const char *slots = P->ckpt_slots == 2 ? "2 slots (a save takes the one not being written), " : "";
+    fprintf(out, "  %-40s %14s   %s%s%s\n", "checkpoint snapshot (the writing rank)",
+            cp_fmt_bytes(P->ckpt_snap_bytes, a, sizeof a), slots, how,
             tr->async_save || P->ckpt_snap == CP_SNAP_IN_PLACE ? "" : " (train.async_save = false: the loop waits for the write)");
     fprintf(out, "  %-40s %14s   of %s\n", "node with the snapshot", cp_fmt_bytes(P->host_node, b, sizeof b),
             cp_fmt_bytes(P->spec.machine.host_mem, c, sizeof c));
@@ -472,11 +473,11 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
     fprintf(out, "},\n    \"gpu_live_peak\": %lld, \"gpu_arena\": %lld, \"reserve\": %lld, \"gpu_peak\": %lld, "
                  "\"gpu_mem\": %lld, \"host_arena\": %lld, \"host_run\": %lld, \"host_load\": %lld, "
                  "\"host_peak\": %lld, \"host_mem\": %lld, \"host_node\": %lld,\n    \"ckpt_snapshot\": "
-                 "{\"kind\": \"%s\", \"bytes\": %lld, \"async\": %s}\n  },\n",
+                 "{\"kind\": \"%s\", \"slots\": %d, \"bytes\": %lld, \"async\": %s}\n  },\n",
             (long long)P->gpu_live_peak, (long long)P->gpu_arena, (long long)cp_plan_reserve(P),
             (long long)P->gpu_peak, (long long)sp->machine.gpu_mem, (long long)P->host_arena,
             (long long)P->host_run, (long long)P->host_load, (long long)P->host_peak, (long long)sp->machine.host_mem,
-            (long long)P->host_node, cp_snap_kind_name(P->ckpt_snap), (long long)P->ckpt_snap_bytes,
+            (long long)P->host_node, cp_snap_kind_name(P->ckpt_snap), P->ckpt_slots, (long long)P->ckpt_snap_bytes,
             sp->train.async_save && P->ckpt_snap != CP_SNAP_IN_PLACE && P->ckpt_snap != CP_SNAP_NONE ? "true" : "false");
     double flops = P->flops_attn + P->flops_other;
     fprintf(out, "  \"flops\": {\"attention\": %.6g, \"other\": %.6g, \"total\": %.6g},\n", P->flops_attn,

@@ -22,17 +22,27 @@ typedef struct {
     char path[CP_PATH_MAX + 64], removed[512], err[CP_ERR_MAX];
 } result;
 
+/* A snapshot handed over: save k goes into slot k % nslots, is finished by the snapshot thread, then written. */
+typedef struct {
+    cp_ckpt_state st;
+    const float *w, *m, *v;
+    int rc;                   /* the source's finish */
+    char err[CP_ERR_MAX];
+} job;
+
 struct cp_saver {
     cp_saver_opts o;
-    pthread_t th;
-    bool th_started;
+    pthread_t th, snap_th;
+    bool th_started, snap_started;
     pthread_mutex_t lock;
     pthread_cond_t cond;
     bool quit;
-    /* the job: handed over by cp_saver_save, done by the thread */
-    bool job;
-    cp_ckpt_state st;
-    const float *w, *m, *v;
+    /* saves handed over, finished and written so far: the jobs in flight are written..handed-1, the oldest first;
+     * each job's fields belong to the thread whose turn it is (the counters, under the lock, say whose) */
+    int nslots;
+    job jobs[2];
+    long handed, snapped, written;
+    int writing_step;         /* the job being written, for the test hook */
     /* finished jobs not yet reported, oldest first: a save that waited for the write before it leaves that one's
      * report beside its own */
     result done[DONE_MAX];
@@ -51,9 +61,10 @@ static void sleep_s(double s) {
 static int pause_hook(void *ctx, const char *tmp, const char *piece) {
     cp_saver *s = ctx;
     int rc = s->o.hook ? s->o.hook(s->o.hook_ctx, tmp, piece) : 0;
-    if (!rc && s->pause_s > 0 && !strcmp(piece, CP_ST_SINGLE_NAME) && (!s->pause_step || s->pause_step == s->st.step)) {
+    int step = s->writing_step;
+    if (!rc && s->pause_s > 0 && !strcmp(piece, CP_ST_SINGLE_NAME) && (!s->pause_step || s->pause_step == step)) {
         fprintf(stderr, "cpgen: CPGEN_CKPT_PAUSE: the writer pauses %.3g s after the weights of ckpt_%d (in %s)\n",
-                s->pause_s, s->st.step, tmp);
+                s->pause_s, step, tmp);
         sleep_s(s->pause_s);
     }
     return rc;
@@ -75,24 +86,21 @@ static int64_t folder_bytes(const char *dir) {
     return n;
 }
 
-/* One job: the snapshot finished, the folder written, older checkpoints removed. */
-static void write_job(cp_saver *s) {
+/* One job, its snapshot finished: the folder written, older checkpoints removed. */
+static void write_job(cp_saver *s, job *j) {
     double t0 = cp_now();
     char err[CP_ERR_MAX] = "", path[CP_PATH_MAX + 64] = "", removed[512] = "";
-    int rc = s->o.src.finish ? s->o.src.finish(s->o.src.ctx, err, sizeof err) : 0;
-    if (rc) {
-        char m[CP_ERR_MAX];
-        snprintf(m, sizeof m, "%s", err);
-        cp_errf(err, sizeof err, "the snapshot of ckpt_%d: %s", s->st.step, m);
-    }
+    int rc = j->rc;
+    if (rc) cp_errf(err, sizeof err, "the snapshot of ckpt_%d: %s", j->st.step, j->err);
     if (!rc) {
         bool hooked = s->o.hook || s->pause_s > 0;
-        rc = cp_ckpt_write(s->o.plan, s->o.out_dir, &s->st, s->w, s->m, s->v, hooked ? pause_hook : NULL, s, path,
+        s->writing_step = j->st.step;
+        rc = cp_ckpt_write(s->o.plan, s->o.out_dir, &j->st, j->w, j->m, j->v, hooked ? pause_hook : NULL, s, path,
                            sizeof path, err, sizeof err);
     }
     if (!rc) cp_ckpt_keep(s->o.out_dir, s->o.keep, path, s->o.resumed, removed, sizeof removed);
     result *d = cp_xcalloc(1, sizeof *d);
-    *d = (result){.rc = rc, .step = s->st.step, .seconds = cp_now() - t0, .bytes = rc ? 0 : folder_bytes(path)};
+    *d = (result){.rc = rc, .step = j->st.step, .seconds = cp_now() - t0, .bytes = rc ? 0 : folder_bytes(path)};
     snprintf(d->path, sizeof d->path, "%s", path);
     snprintf(d->removed, sizeof d->removed, "%s", removed);
     snprintf(d->err, sizeof d->err, "%s", err);
@@ -105,19 +113,42 @@ static void write_job(cp_saver *s) {
     }
     s->done[s->ndone++] = *d;
     free(d);
-    s->job = false;
+    s->written++;
     pthread_cond_broadcast(&s->cond);
     pthread_mutex_unlock(&s->lock);
 }
 
+/* The snapshot thread: each snapshot finished as soon as it is handed over, so that a copy the next update waits
+ * for (the host optimizer's memcpy, a staged copy) never waits behind the write of the one before. */
+static void *snap_thread(void *arg) {
+    cp_saver *s = arg;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (s->snapped == s->handed && !s->quit) pthread_cond_wait(&s->cond, &s->lock);
+        if (s->snapped == s->handed) break;
+        job *j = &s->jobs[s->snapped % s->nslots];
+        pthread_mutex_unlock(&s->lock);
+        j->err[0] = 0;
+        j->rc = s->o.src.finish ? s->o.src.finish(s->o.src.ctx, j->err, sizeof j->err) : 0;
+        pthread_mutex_lock(&s->lock);
+        s->snapped++;
+        pthread_cond_broadcast(&s->cond);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+/* The writer thread: the finished snapshots' folders, in the order of the saves (so `latest` moves forward only). */
 static void *writer_thread(void *arg) {
     cp_saver *s = arg;
     pthread_mutex_lock(&s->lock);
     for (;;) {
-        while (!s->job && !s->quit) pthread_cond_wait(&s->cond, &s->lock);
-        if (!s->job) break;
-        pthread_mutex_unlock(&s->lock); /* the job's fields are the writer's until it clears s->job */
-        write_job(s);
+        while (s->written == s->snapped && !(s->quit && s->written == s->handed))
+            pthread_cond_wait(&s->cond, &s->lock);
+        if (s->written == s->handed) break;
+        job *j = &s->jobs[s->written % s->nslots];
+        pthread_mutex_unlock(&s->lock);
+        write_job(s, j);
         pthread_mutex_lock(&s->lock);
     }
     pthread_mutex_unlock(&s->lock);
@@ -129,6 +160,7 @@ int cp_saver_create(cp_saver **out, const cp_saver_opts *o, char *err, int errle
     if (!o->src.start) return cp_errf(err, errlen, "a checkpoint saver needs a snapshot source (a cpgen bug)");
     cp_saver *s = cp_xcalloc(1, sizeof *s);
     s->o = *o;
+    s->nslots = o->plan && o->plan->ckpt_slots == 2 ? 2 : 1;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     const char *pause = getenv("CPGEN_CKPT_PAUSE");
@@ -147,11 +179,14 @@ int cp_saver_create(cp_saver **out, const cp_saver_opts *o, char *err, int errle
         s->pause_s = v;
     }
     if (o->writer) {
-        if (pthread_create(&s->th, NULL, writer_thread, s)) {
+        int e = pthread_create(&s->snap_th, NULL, snap_thread, s);
+        s->snap_started = !e;
+        if (!e) e = pthread_create(&s->th, NULL, writer_thread, s);
+        s->th_started = s->snap_started && !e;
+        if (e) {
             cp_saver_destroy(s);
-            return cp_errf(err, errlen, "cannot start the checkpoint writer's thread: %s", strerror(errno));
+            return cp_errf(err, errlen, "cannot start the checkpoint writer's threads: %s", strerror(e));
         }
-        s->th_started = true;
     }
     *out = s;
     return 0;
@@ -197,19 +232,19 @@ int cp_saver_save(cp_saver *s, const cp_ckpt_state *st, cp_save_info *info, char
     int rc = 0;
     if (s->o.writer) {
         pthread_mutex_lock(&s->lock);
-        if (s->job) {
-            info->waited_for = s->st.step;
-            while (s->job) pthread_cond_wait(&s->cond, &s->lock);
+        if (s->handed - s->written == s->nslots) { /* every slot still being written: wait for the oldest */
+            info->waited_for = s->jobs[s->written % s->nslots].st.step;
+            while (s->handed - s->written == s->nslots) pthread_cond_wait(&s->cond, &s->lock);
             info->waited = cp_now() - t0;
         }
-        /* the one before failed: stop now, not with another snapshot */
+        /* one before failed: stop now, not with another snapshot */
         if (failed_unreported(s)) rc = report(s, NULL, 0, err, errlen);
         pthread_mutex_unlock(&s->lock);
         if (rc) return -1;
     }
     const float *w = NULL, *m = NULL, *v = NULL;
-    int updates = 0;
-    if (s->o.src.start(s->o.src.ctx, &w, &m, &v, &updates, &info->made, err, errlen)) {
+    int updates = 0, slot = (int)(s->handed % s->nslots); /* free: its write is done (only this thread hands over) */
+    if (s->o.src.start(s->o.src.ctx, slot, &w, &m, &v, &updates, &info->made, err, errlen)) {
         char msg[CP_ERR_MAX];
         snprintf(msg, sizeof msg, "%s", err);
         return cp_errf(err, errlen, "the snapshot of ckpt_%d: %s", st->step, msg);
@@ -217,14 +252,15 @@ int cp_saver_save(cp_saver *s, const cp_ckpt_state *st, cp_save_info *info, char
     if (s->o.writer) {
         if (!w || !m || !v)
             return cp_errf(err, errlen, "the snapshot of ckpt_%d gave no arrays to write (a cpgen bug)", st->step);
+        job *j = &s->jobs[slot];
+        j->st = *st;
+        j->st.updates = updates;
+        j->w = w, j->m = m, j->v = v;
         pthread_mutex_lock(&s->lock);
-        s->st = *st;
-        s->st.updates = updates;
-        s->w = w, s->m = m, s->v = v;
-        s->job = true;
+        s->handed++;
         pthread_cond_broadcast(&s->cond);
         if (!s->o.async)
-            while (s->job) pthread_cond_wait(&s->cond, &s->lock);
+            while (s->written < s->handed) pthread_cond_wait(&s->cond, &s->lock);
         pthread_mutex_unlock(&s->lock);
     }
     info->held = cp_now() - t0;
@@ -240,7 +276,7 @@ int cp_saver_poll(cp_saver *s, char *line, int linelen, char *err, int errlen) {
 
 int cp_saver_busy(cp_saver *s) {
     pthread_mutex_lock(&s->lock);
-    int step = s->job ? s->st.step : 0;
+    int step = s->written < s->handed ? s->jobs[(s->handed - 1) % s->nslots].st.step : 0;
     pthread_mutex_unlock(&s->lock);
     return step;
 }
@@ -248,20 +284,21 @@ int cp_saver_busy(cp_saver *s) {
 double cp_saver_wait(cp_saver *s) {
     double t0 = cp_now();
     pthread_mutex_lock(&s->lock);
-    bool busy = s->job;
-    while (s->job) pthread_cond_wait(&s->cond, &s->lock);
+    bool busy = s->written < s->handed;
+    while (s->written < s->handed) pthread_cond_wait(&s->cond, &s->lock);
     pthread_mutex_unlock(&s->lock);
     return busy ? cp_now() - t0 : 0;
 }
 
 void cp_saver_destroy(cp_saver *s) {
     if (!s) return;
-    if (s->th_started) {
+    if (s->snap_started) {
         pthread_mutex_lock(&s->lock);
-        s->quit = true; /* after the job still going, which the thread finishes first */
+        s->quit = true; /* after the jobs still going, which the threads finish first */
         pthread_cond_broadcast(&s->cond);
         pthread_mutex_unlock(&s->lock);
-        pthread_join(s->th, NULL);
+        pthread_join(s->snap_th, NULL);
+        if (s->th_started) pthread_join(s->th, NULL);
     }
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);

@@ -1,5 +1,5 @@
 /* ckpt_source.c: the executor as the source of a checkpoint's snapshot (ckpt_async.h cp_snap_source): the arrays of
- * the plan's snapshot (snapshot.h) on the writing rank, filled by cp_exec_snapshot_start/finish (exec_snap.c); or,
+ * the plan's snapshot (snapshot.h) on the writing rank, the slot the saver hands out, filled by cp_exec_snapshot_start/finish (exec_snap.c); or,
  * where the plan has no room for them (one GPU, optimizer on the host), the host optimizer's state itself, written
  * where it is while the loop waits. */
 #include "ckpt_source.h"
@@ -17,7 +17,7 @@ struct cp_ckpt_source {
     char note[CP_ERR_MAX];
 };
 
-static int start(void *ctx, const float **w, const float **m, const float **v, int *updates, double *waited,
+static int start(void *ctx, int slot, const float **w, const float **m, const float **v, int *updates, double *waited,
                  char *err, int errlen) {
     cp_ckpt_source *s = ctx;
     *w = *m = *v = NULL;
@@ -31,7 +31,7 @@ static int start(void *ctx, const float **w, const float **m, const float **v, i
     cp_exec_snap dst = {0};
     if (s->buf) {
         char note[CP_ERR_MAX];
-        if (cp_snapbuf_get(s->buf, &dst, waited, note, sizeof note, err, errlen)) return -1;
+        if (cp_snapbuf_get(s->buf, slot, &dst, waited, note, sizeof note, err, errlen)) return -1;
         if (note[0]) snprintf(s->note, sizeof s->note, "%s", note);
     }
     if (cp_exec_snapshot_start(s->ex, &dst, updates, err, errlen)) return -1;

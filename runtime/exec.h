@@ -138,9 +138,11 @@ typedef struct {
 } cp_exec_snap;
 
 /* Start a snapshot into dst right after a step, on the training thread; *updates gets AdamW's update count (the
- * state's). Every rank calls it (with several GPUs it is the gathers). Then, on any thread (the checkpoint writer's),
- * cp_exec_snapshot_finish returns once the arrays hold the state; the next snapshot may start only after it. Returns
- * 0, or -1 with a message. */
+ * state's). Every rank calls it (with several GPUs it is the gathers). Then, on any thread (the checkpoint saver's),
+ * cp_exec_snapshot_finish returns once the arrays hold the state: once per start, in the order of the starts. The
+ * next snapshot may start, into other arrays (the saver's other slot), before the finish of this one: where this one
+ * is made on the host it waits for that finish first; copies from the GPU keep their order on the snapshot's stream.
+ * Returns 0, or -1 with a message. */
 int cp_exec_snapshot_start(cp_exec *ex, const cp_exec_snap *dst, int *updates, char *err, int errlen);
 int cp_exec_snapshot_finish(cp_exec *ex, char *err, int errlen);
 /* The first step of the plan that writes the master weights or a moment (the update, where the next step waits for

@@ -189,6 +189,11 @@ int cp_exec_snapshot_start(cp_exec *ex, const cp_exec_snap *dst, int *updates, c
     if (!dst->w) return 0; /* a group of one GPU that does not write: nothing to copy */
     if (!dst->m || !dst->v) return cp_errf(err, errlen, "a checkpoint's snapshot needs all three arrays");
     if (prepare(ex, err, errlen)) return -1;
+    /* a snapshot made on the host that cp_exec_snapshot_finish has not made yet (no update ran since: it would have
+     * waited for it) is made first: snap_dst is about to name the next slot (the saver finishes snapshots in order) */
+    pthread_mutex_lock(&ex->snap_lock);
+    while (ex->snap_host) pthread_cond_wait(&ex->snap_cond, &ex->snap_lock);
+    pthread_mutex_unlock(&ex->snap_lock);
     /* the step is over (cp_exec_step synchronised its streams): its update has written the state */
     ex->snap_dst = *dst;
     bool overlap = ex->snap_gate >= P->micro_steps;

@@ -6,7 +6,10 @@
  *     weights, in the middle of the optimizer file, before the folder's rename and before `latest`: resuming from the
  *     out_dir finds the checkpoint before, which loads with its own bits, never the partial one; the next save in
  *     that out_dir succeeds and removes the dead writer's leftovers;
- *   - a second save while the first is still being written waits for it and says so;
+ *   - with one slot, a second save while the first is still being written waits for it and says so; with two (the
+ *     plan's ckpt_slots), two saves in a row do not wait, each snapshot goes into its own slot and is finished at
+ *     once, a third waits for the first, the folders are byte for byte synchronous saves and `latest` follows the
+ *     saves' order; a kill during either slot's write resumes from the newest complete checkpoint;
  *   - a write that fails fails the run at the next step boundary (or the next save) with the reason;
  *   - train.keep_checkpoints removes the oldest complete checkpoints past N, never the one resumed from, nor folders
  *     that are not cpgen's, nor one being written;
@@ -111,8 +114,10 @@ static void state_at(state3 *a, int step) {
 }
 
 typedef struct {
-    state3 live, snap;
+    state3 live, snap[2];    /* the snapshot's arrays: one per slot */
     int step;                /* the step the live state is at */
+    int slots[64];           /* the slot of each start, in order */
+    int starts, finishes;
     bool copy_in_finish;     /* the copy is made on the writer's thread (as the host optimizer's memcpy) */
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -120,17 +125,23 @@ typedef struct {
     bool holding;            /* finish is waiting */
 } fake;
 
-static int fake_start(void *ctx, const float **w, const float **m, const float **v, int *updates, double *waited,
-                      char *e, int elen) {
-    (void)e, (void)elen;
+static void copy_state(state3 *dst, const state3 *src) {
+    size_t b = sizeof(float) * (size_t)src->n;
+    memcpy(dst->w, src->w, b);
+    memcpy(dst->m, src->m, b);
+    memcpy(dst->v, src->v, b);
+}
+
+static int fake_start(void *ctx, int slot, const float **w, const float **m, const float **v, int *updates,
+                      double *waited, char *e, int elen) {
     fake *f = ctx;
-    size_t b = sizeof(float) * (size_t)f->live.n;
-    if (!f->copy_in_finish) {
-        memcpy(f->snap.w, f->live.w, b);
-        memcpy(f->snap.m, f->live.m, b);
-        memcpy(f->snap.v, f->live.v, b);
-    }
-    *w = f->snap.w, *m = f->snap.m, *v = f->snap.v;
+    if (slot < 0 || slot > 1) return cp_errf(e, elen, "slot %d", slot);
+    pthread_mutex_lock(&f->lock);
+    f->slots[f->starts++ % 64] = slot;
+    pthread_mutex_unlock(&f->lock);
+    state3 *s = &f->snap[slot];
+    if (!f->copy_in_finish) copy_state(s, &f->live);
+    *w = s->w, *m = s->m, *v = s->v;
     *updates = f->step - 1;
     *waited = 0;
     return 0;
@@ -144,27 +155,29 @@ static int fake_finish(void *ctx, char *e, int elen) {
     pthread_cond_broadcast(&f->cond);
     while (f->hold) pthread_cond_wait(&f->cond, &f->lock);
     f->holding = false;
+    int slot = f->slots[f->finishes % 64];
     pthread_mutex_unlock(&f->lock);
-    if (f->copy_in_finish) {
-        size_t b = sizeof(float) * (size_t)f->live.n;
-        memcpy(f->snap.w, f->live.w, b);
-        memcpy(f->snap.m, f->live.m, b);
-        memcpy(f->snap.v, f->live.v, b);
-    }
+    if (f->copy_in_finish) copy_state(&f->snap[slot], &f->live);
+    pthread_mutex_lock(&f->lock);
+    f->finishes++;
+    pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->lock);
     return 0;
 }
 
 static void fake_init(fake *f) {
     memset(f, 0, sizeof *f);
     state_alloc(&f->live);
-    state_alloc(&f->snap);
+    state_alloc(&f->snap[0]);
+    state_alloc(&f->snap[1]);
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
 }
 
 static void fake_free(fake *f) {
     state_free(&f->live);
-    state_free(&f->snap);
+    state_free(&f->snap[0]);
+    state_free(&f->snap[1]);
     pthread_mutex_destroy(&f->lock);
     pthread_cond_destroy(&f->cond);
 }
@@ -191,8 +204,11 @@ static void state_of(cp_ckpt_state *st, int step) {
     st->data.sequence = step;
 }
 
+/* The plan of the saver (two slots: tiny has room for them), and the same with one. */
+static const cp_plan *saver_plan = &plan;
+
 static cp_saver *saver(fake *f, const char *out_dir, bool async, int keep, const char *resumed) {
-    cp_saver_opts o = {.plan = &plan, .out_dir = out_dir, .writer = true, .async = async, .keep = keep,
+    cp_saver_opts o = {.plan = saver_plan, .out_dir = out_dir, .writer = true, .async = async, .keep = keep,
                        .resumed = resumed, .src = {.ctx = f, .start = fake_start, .finish = fake_finish}};
     cp_saver *s;
     if (cp_saver_create(&s, &o, err, sizeof err)) fail_msg("%s", err);
@@ -443,7 +459,11 @@ static void test_second_save_waits(void **state) {
     (void)state;
     fake f;
     fake_init(&f);
+    cp_plan one = plan; /* the plan of a host with room for one snapshot */
+    one.ckpt_slots = 1;
+    saver_plan = &one;
     cp_saver *s = saver(&f, path_in("twice"), true, 0, NULL);
+    saver_plan = &plan;
     fake_hold(&f, true);
     cp_save_info a = save_at(s, &f, 1);
     assert_int_equal(a.waited_for, 0);
@@ -514,6 +534,182 @@ static void test_write_fails(void **state) {
     assert_int_equal(resumed_step(path_in("fails"), true), 3);
     cp_saver_destroy(s);
     fake_free(&f);
+}
+
+/* ---- two slots: a slow writer, two saves in a row, a third */
+
+/* The writer held after the weights of ckpt_<gate_step> (the optimizer file still to come from the slot's arrays),
+ * until released; and the order in which `latest` names the folders. */
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int gate_step;
+    bool holding;
+    char latest[256];
+} gate;
+
+static gate G = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false, ""};
+
+static void gate_set(int step) {
+    pthread_mutex_lock(&G.lock);
+    G.gate_step = step;
+    pthread_cond_broadcast(&G.cond);
+    pthread_mutex_unlock(&G.lock);
+}
+
+static int gate_hook(void *ctx, const char *dir, const char *piece) {
+    (void)ctx;
+    char name[32];
+    pthread_mutex_lock(&G.lock);
+    if (!strcmp(piece, CP_CKPT_LATEST_NAME)) { /* dir is the final folder: its name goes on the list */
+        const char *slash = strrchr(dir, '/');
+        size_t at = strlen(G.latest);
+        snprintf(G.latest + at, sizeof G.latest - at, "%s%s", at ? " " : "", slash ? slash + 1 : dir);
+    }
+    snprintf(name, sizeof name, "/ckpt_%d.tmp.", G.gate_step);
+    if (!strcmp(piece, CP_ST_SINGLE_NAME) && G.gate_step && strstr(dir, name)) {
+        G.holding = true;
+        pthread_cond_broadcast(&G.cond);
+        while (G.gate_step && strstr(dir, name)) pthread_cond_wait(&G.cond, &G.lock);
+        G.holding = false;
+    }
+    pthread_mutex_unlock(&G.lock);
+    return 0;
+}
+
+static void *gate_open_later(void *arg) {
+    double s = *(double *)arg;
+    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&t, NULL);
+    gate_set(0);
+    return NULL;
+}
+
+static void test_two_slots(void **state) {
+    (void)state;
+    assert_int_equal(plan.ckpt_slots, 2); /* tiny on the default host: room for two */
+    fake f;
+    fake_init(&f);
+    G.latest[0] = 0;
+    gate_set(1);
+    cp_saver_opts o = {.plan = &plan, .out_dir = path_in("slots"), .writer = true, .async = true,
+                       .src = {.ctx = &f, .start = fake_start, .finish = fake_finish}, .hook = gate_hook};
+    cp_saver *s;
+    if (cp_saver_create(&s, &o, err, sizeof err)) fail_msg("%s", err);
+    /* the safety: without a second slot, the second save would wait for ckpt_1 forever; opened after 1.5 s */
+    double later = 1.5;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, gate_open_later, &later), 0);
+    cp_save_info a = save_at(s, &f, 1);
+    pthread_mutex_lock(&G.lock);
+    while (!G.holding && G.gate_step) pthread_cond_wait(&G.cond, &G.lock);
+    pthread_mutex_unlock(&G.lock);
+    /* ckpt_1 is being written (held after its weights): the second save takes the other slot, no wait */
+    cp_save_info b = save_at(s, &f, 2);
+    printf("    ckpt_1 held %.1f ms, ckpt_2 held %.1f ms (waited %.3f s for ckpt_%d)\n", a.held * 1e3, b.held * 1e3,
+           b.waited, b.waited_for);
+    assert_int_equal(a.waited_for, 0);
+    assert_int_equal(b.waited_for, 0);
+    assert_true(b.held < 0.5 && b.waited == 0);
+    assert_int_equal(cp_saver_busy(s), 2); /* the newest still to be written */
+    /* ckpt_2's snapshot is finished at once, not behind ckpt_1's write */
+    pthread_mutex_lock(&f.lock);
+    while (f.finishes < 2) pthread_cond_wait(&f.cond, &f.lock);
+    pthread_mutex_unlock(&f.lock);
+    pthread_mutex_lock(&G.lock);
+    assert_true(G.holding); /* ckpt_1 still held */
+    pthread_mutex_unlock(&G.lock);
+    assert_int_equal(f.slots[0], 0);
+    assert_int_equal(f.slots[1], 1);
+    /* a third save while both are being written waits for the first, and takes its slot */
+    cp_save_info c = save_at(s, &f, 3);
+    pthread_join(th, NULL);
+    char note[256];
+    cp_save_info_note(&c, 1.0, note, sizeof note);
+    printf("    %s\n", note);
+    assert_int_equal(c.waited_for, 1);
+    assert_true(c.waited >= 0.5 && c.held >= c.waited);
+    assert_non_null(strstr(note, "s for ckpt_1 to be written"));
+    assert_int_equal(f.slots[2], 0);
+    /* written in order, reported in order, `latest` moved forward one by one */
+    char line[1024];
+    cp_saver_wait(s);
+    for (int step = 1; step <= 3; step++) {
+        assert_int_equal(cp_saver_poll(s, line, sizeof line, err, sizeof err), 1);
+        char want[32];
+        snprintf(want, sizeof want, "ckpt_%d written: ", step);
+        if (!strstr(line, want)) fail_msg("line \"%s\" lacks \"%s\"", line, want);
+    }
+    assert_int_equal(cp_saver_poll(s, line, sizeof line, err, sizeof err), 0);
+    cp_saver_destroy(s);
+    printf("    latest named: %s\n", G.latest);
+    assert_string_equal(G.latest, "ckpt_1 ckpt_2 ckpt_3");
+    assert_int_equal(resumed_step(path_in("slots"), true), 3);
+    /* each folder byte for byte the synchronous save of its step: ckpt_1's optimizer file, written after ckpt_2's
+     * snapshot was taken, is still step 1's */
+    state3 x;
+    state_alloc(&x);
+    for (int step = 1; step <= 3; step++) {
+        state_at(&x, step);
+        cp_ckpt_state st;
+        state_of(&st, step);
+        st.updates = step - 1;
+        if (cp_ckpt_write(&plan, path_in("slots_sync"), &st, x.w, x.m, x.v, NULL, NULL, NULL, 0, err, sizeof err))
+            fail_msg("%s", err);
+        same_folder(path_in("slots_sync/ckpt_%d", step), path_in("slots/ckpt_%d", step));
+    }
+    state_free(&x);
+    fake_free(&f);
+}
+
+/* Killed while both slots are in flight: in the middle of the first's weights (the second queued), or of the
+ * second's (the first complete). Resuming takes the newest complete checkpoint. */
+static const char *kill_in;
+
+static void slots_block(const char *tmp, int64_t block, int64_t nblocks) {
+    if (strstr(tmp, kill_in) && strstr(tmp, "/" CP_ST_SINGLE_NAME ".tmp.") && block == 0 && nblocks > 1) at_point();
+}
+
+static void test_two_slots_killed(void **state) {
+    (void)state;
+    const char *where[2] = {"/ckpt_20.tmp.", "/ckpt_30.tmp."};
+    const int newest[2] = {10, 20};
+    for (int p = 0; p < 2; p++) {
+        char *out = path_in("slots_killed%d", p);
+        int pfd[2];
+        assert_int_equal(pipe(pfd), 0);
+        fflush(stdout);
+        pid_t child = fork();
+        assert_true(child >= 0);
+        if (child == 0) {
+            close(pfd[0]);
+            child_pipe = pfd[1];
+            kill_in = where[p];
+            fake f;
+            fake_init(&f);
+            cp_saver *s = saver(&f, out, true, 0, NULL);
+            save_at(s, &f, 10);
+            cp_saver_wait(s);
+            cp_st_block_hook = slots_block;
+            save_at(s, &f, 20);
+            if (save_at(s, &f, 30).waited_for) _exit(6); /* a free slot: no wait */
+            for (int k = 31;; k++) state_at(&f.live, k);
+        }
+        close(pfd[1]);
+        char c = 0;
+        ssize_t got = read(pfd[0], &c, 1);
+        close(pfd[0]);
+        kill(child, SIGKILL);
+        int st;
+        waitpid(child, &st, 0);
+        if (got != 1) fail_msg("%s: the child did not reach the point (status 0x%x)", where[p], st);
+        printf("    killed in %s: ckpt_20 %s, ckpt_30 %s\n", where[p],
+               exists(path_in("slots_killed%d/ckpt_20", p)) ? "complete" : "absent",
+               exists(path_in("slots_killed%d/ckpt_30", p)) ? "complete" : "absent");
+        assert_int_equal(exists(path_in("slots_killed%d/ckpt_20", p)), p == 1);
+        assert_false(exists(path_in("slots_killed%d/ckpt_30", p)));
+        assert_int_equal(resumed_step(out, true), newest[p]);
+    }
 }
 
 /* ---- keep_checkpoints */
@@ -607,7 +803,7 @@ static void test_snapshot_arrays(void **state) {
     cp_exec_snap d;
     double waited = -1;
     char note[512];
-    if (cp_snapbuf_get(b, &d, &waited, note, sizeof note, err, sizeof err)) fail_msg("%s", err);
+    if (cp_snapbuf_get(b, 0, &d, &waited, note, sizeof note, err, sizeof err)) fail_msg("%s", err);
     assert_true(waited >= 0);
     assert_false(d.pinned);
     assert_null(d.staging);
@@ -616,6 +812,16 @@ static void test_snapshot_arrays(void **state) {
     assert_true(d.w && d.m && d.v && d.w != d.m && d.m != d.v);
     d.w[0] = d.m[n - 1] = d.v[n / 2] = 1.5f; /* every array writable end to end, and zero where untouched */
     assert_true(d.w[n - 1] == 0 && d.m[0] == 0 && d.v[n / 2] == 1.5f);
+    /* the plan's second slot: three arrays of its own; no third */
+    assert_int_equal(p.ckpt_slots, 2);
+    cp_exec_snap d1;
+    if (cp_snapbuf_get(b, 1, &d1, &waited, note, sizeof note, err, sizeof err)) fail_msg("%s", err);
+    float *six[6] = {d.w, d.m, d.v, d1.w, d1.m, d1.v};
+    for (int i = 0; i < 6; i++)
+        for (int j = i + 1; j < 6; j++) assert_true(six[i] + n <= six[j] || six[j] + n <= six[i]);
+    d1.w[n - 1] = d1.v[0] = 2.5f;
+    assert_true(d.w[n - 1] == 0 && d.v[0] == 0 && d1.m[0] == 0);
+    assert_int_equal(cp_snapbuf_get(b, 2, &d1, &waited, note, sizeof note, err, sizeof err), -1);
     cp_snapbuf_destroy(b);
     cp_plan_free(&p);
     /* pinned arrays where no GPU can pin them: a message naming what failed, no crash */
@@ -624,7 +830,7 @@ static void test_snapshot_arrays(void **state) {
     if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("%s", err);
     assert_int_equal(p.ckpt_snap, CP_SNAP_PINNED);
     if (cp_snapbuf_create(&b, &p, 0, err, sizeof err)) fail_msg("%s", err);
-    int rc = cp_snapbuf_get(b, &d, &waited, note, sizeof note, err, sizeof err);
+    int rc = cp_snapbuf_get(b, 0, &d, &waited, note, sizeof note, err, sizeof err);
     printf("    without a GPU: %s | %s\n", note, rc ? err : "(pinned)");
     if (rc) {
         assert_non_null(strstr(note, "pinning the checkpoint's snapshot failed"));
@@ -637,7 +843,8 @@ static void test_snapshot_arrays(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_is_sync),   cmocka_unit_test(test_writer_killed),
-        cmocka_unit_test(test_second_save_waits), cmocka_unit_test(test_write_fails),
+        cmocka_unit_test(test_second_save_waits), cmocka_unit_test(test_two_slots),
+        cmocka_unit_test(test_two_slots_killed), cmocka_unit_test(test_write_fails),
         cmocka_unit_test(test_keep),             cmocka_unit_test(test_snapshot_arrays),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -492,6 +492,21 @@ static void sleep_ms(int ms) {
     nanosleep(&t, NULL);
 }
 
+typedef struct {
+    struct cp_exec *ex;
+    cp_exec_snap d;
+    int done;
+} start_arg;
+
+static void *start_thread(void *arg) {
+    start_arg *a = arg;
+    char err[CP_ERR_MAX];
+    int updates;
+    if (cp_exec_snapshot_start(a->ex, &a->d, &updates, err, sizeof err)) return NULL;
+    a->done = 1;
+    return NULL;
+}
+
 /* One GPU with the optimizer in host memory: the snapshot is a memcpy of the host state made by the writer's thread
  * (cp_exec_snapshot_finish), and the next step's host update waits for it and for nothing else; no GPU is needed.
  * A rank that writes nothing (a replica) copies nothing. */
@@ -539,6 +554,25 @@ static void test_snapshot_host_memcpy(void **state) {
     ex.snap_waited = 0;
     if (exec_snap_gate(&ex, gate, err, sizeof err)) fail_msg("%s", err);
     assert_true(ex.snap_waited == 0);
+    /* two slots: a snapshot into slot B started before A's copy was made (no update between) waits for that copy,
+     * which goes into A's arrays, not B's; then B's */
+    float *dst2[3];
+    for (int k = 0; k < 3; k++) {
+        memset(dst[k], 0, sizeof(float) * (size_t)n);
+        dst2[k] = calloc((size_t)n, sizeof(float));
+    }
+    if (cp_exec_snapshot_start(&ex, &d, &updates, err, sizeof err)) fail_msg("%s", err);
+    start_arg b = {&ex, {.w = dst2[0], .m = dst2[1], .v = dst2[2]}, 0};
+    assert_int_equal(pthread_create(&th, NULL, start_thread, &b), 0);
+    sleep_ms(200);
+    assert_int_equal(b.done, 0);
+    if (cp_exec_snapshot_finish(&ex, err, sizeof err)) fail_msg("%s", err);
+    pthread_join(th, NULL);
+    assert_int_equal(b.done, 1);
+    for (int k = 0; k < 3; k++) assert_memory_equal(dst[k], src[k], sizeof(float) * (size_t)n);
+    if (cp_exec_snapshot_finish(&ex, err, sizeof err)) fail_msg("%s", err);
+    for (int k = 0; k < 3; k++) assert_memory_equal(dst2[k], src[k], sizeof(float) * (size_t)n);
+    for (int k = 0; k < 3; k++) free(dst2[k]);
     /* a rank that does not write */
     cp_exec_snap none = {0};
     ex.updates = 4;

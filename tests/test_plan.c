@@ -896,7 +896,7 @@ static void test_host_memory(void **state) {
 }
 
 /* A checkpoint's snapshot in the host memory of the node: three fp32 models on the writing rank when saves are on,
- * pinned where the node has room (a quarter of host_mem left unpinned), pageable (with its staging) where it does
+ * twice (two slots) where the node holds two by the same rule, pinned where the node has room (a quarter of host_mem left unpinned), pageable (with its staging) where it does
  * not, a memcpy of the host optimizer's state (pageable) or that state written in place, and a plan refused when the
  * snapshot does not fit at all. */
 static void test_ckpt_snapshot(void **state) {
@@ -914,36 +914,61 @@ static void test_ckpt_snapshot(void **state) {
 
     load("tiny", &s, 1, "train.save_every=10");
     build(&s, &p);
+    /* room for two: two slots, both counted in the snapshot's bytes and the node's */
     assert_int_equal(p.ckpt_snap, CP_SNAP_PINNED);
-    assert_int_equal(p.ckpt_snap_bytes, 12 * model);
-    assert_int_equal(p.host_node, p.host_peak + 12 * model);
+    assert_int_equal(p.ckpt_slots, 2);
+    assert_int_equal(p.ckpt_snap_bytes, 2 * 12 * model);
+    assert_int_equal(p.host_node, p.host_peak + 2 * 12 * model);
     int64_t node = p.host_node;
     cp_plan_free(&p);
-    /* one byte short of the node with the snapshot: refused, naming the snapshot and the way out */
+    /* one byte short of the node with two: one slot, pinned, as before there were two */
     char h[64];
     snprintf(h, sizeof h, "machine.host_mem=%lld", (long long)(node - 1));
     load("tiny", &s, 2, "train.save_every=10", h);
     build(&s, &p);
+    assert_true(p.fits);
+    assert_int_equal(p.ckpt_snap, CP_SNAP_PINNED);
+    assert_int_equal(p.ckpt_slots, 1);
+    assert_int_equal(p.ckpt_snap_bytes, 12 * model);
+    assert_int_equal(p.host_node, p.host_peak + 12 * model);
+    node = p.host_node;
+    cp_plan_free(&p);
+    /* one byte short of the node with one: refused, naming the snapshot and the way out */
+    snprintf(h, sizeof h, "machine.host_mem=%lld", (long long)(node - 1));
+    load("tiny", &s, 2, "train.save_every=10", h);
+    build(&s, &p);
     assert_false(p.fits);
+    assert_int_equal(p.ckpt_slots, 1);
     assert_non_null(strstr(p.why, "checkpoint's snapshot"));
     assert_non_null(strstr(p.why, "train.save_every = 0"));
     cp_plan_free(&p);
     load("tiny", &s, 2, "train.save_every=0", h); /* without saves the same machine holds it */
     build(&s, &p);
     assert_true(p.fits);
+    assert_int_equal(p.ckpt_slots, 0);
     cp_plan_free(&p);
 
-    /* the host optimizer's state: a memcpy into pageable memory; written in place when asked to wait anyway, or when
-     * there is no room for the copy */
+    /* the host optimizer's state: a memcpy into pageable memory, two slots with room for them, one without; written
+     * in place when asked to wait anyway, or when there is no room for one copy */
     load("tiny", &s, 2, "train.save_every=10", "parallel.optimizer=host");
     build(&s, &p);
     assert_int_equal(p.ckpt_snap, CP_SNAP_PAGEABLE);
+    assert_int_equal(p.ckpt_slots, 2);
+    assert_int_equal(p.ckpt_snap_bytes, 2 * 12 * model);
+    node = p.host_node;
+    cp_plan_free(&p);
+    snprintf(h, sizeof h, "machine.host_mem=%lld", (long long)(node - 1));
+    load("tiny", &s, 3, "train.save_every=10", "parallel.optimizer=host", h);
+    build(&s, &p);
+    assert_int_equal(p.ckpt_snap, CP_SNAP_PAGEABLE);
+    assert_int_equal(p.ckpt_slots, 1);
     assert_int_equal(p.ckpt_snap_bytes, 12 * model);
     node = p.host_node;
     cp_plan_free(&p);
     load("tiny", &s, 3, "train.save_every=10", "parallel.optimizer=host", "train.async_save=false");
     build(&s, &p);
     assert_int_equal(p.ckpt_snap, CP_SNAP_IN_PLACE);
+    assert_int_equal(p.ckpt_slots, 0);
     assert_int_equal(p.ckpt_snap_bytes, 0);
     cp_plan_free(&p);
     snprintf(h, sizeof h, "machine.host_mem=%lld", (long long)(node - 1));
@@ -966,9 +991,19 @@ static void test_ckpt_snapshot(void **state) {
     load("tiny", &s, 6, base[0], base[1], base[2], base[3], base[4], h);
     build(&s, &p);
     assert_int_equal(p.ckpt_snap, CP_SNAP_PAGEABLE);
+    assert_int_equal(p.ckpt_slots, 1);
     assert_int_equal(p.ckpt_snap_bytes, 12 * model + CP_SNAP_STAGING);
     assert_true(p.fits);
     assert_int_equal(p.host_node, tight);
+    cp_plan_free(&p);
+    /* room for a second pageable copy beside it: two slots, one staging buffer */
+    snprintf(h, sizeof h, "machine.host_mem=%lld", (long long)(tight + 12 * model));
+    load("tiny", &s, 6, base[0], base[1], base[2], base[3], base[4], h);
+    build(&s, &p);
+    assert_int_equal(p.ckpt_snap, CP_SNAP_PAGEABLE);
+    assert_int_equal(p.ckpt_slots, 2);
+    assert_int_equal(p.ckpt_snap_bytes, 2 * 12 * model + CP_SNAP_STAGING);
+    assert_int_equal(p.host_node, tight + 12 * model);
     cp_plan_free(&p);
 }
 
