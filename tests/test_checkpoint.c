@@ -28,6 +28,7 @@
 #include "plan.h"
 #include "safetensors.h"
 #include "spec.h"
+#include "tmpdir.h"
 #include "util.h"
 #include "weights.h"
 
@@ -40,22 +41,8 @@ static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ft
 }
 static void rm_rf(const char *p) { nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
 
-static char *path_in(const char *fmt, ...) {
-    static char buf[32][1024]; /* a ring: a result stays valid for the next 31 calls */
-    static int k;
-    char *b = buf[k++ % 32], name[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    snprintf(b, sizeof buf[0], "%s/%s", root, name);
-    return b;
-}
+#define path_in(...) tmpdir_path(root, __VA_ARGS__)
 
-static bool exists(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0;
-}
 
 static void expect_contains(const char *msg, const char *frag) {
     if (!strstr(msg, frag)) fail_msg("message lacks \"%s\": %s", frag, msg);
@@ -302,8 +289,8 @@ static int watch_hook(void *ctx, const char *tmp, const char *piece) {
     printf("    piece %s done in %s\n", piece, tmp);
     if (!strcmp(piece, CP_CKPT_LATEST_NAME)) { /* the folder has its final name, `latest` not yet */
         assert_string_equal(tmp, w->final);
-        assert_true(exists(w->final));
-        char *latest = exists(w->latest) ? read_text(w->latest) : NULL;
+        assert_true(path_exists(w->final));
+        char *latest = path_exists(w->latest) ? read_text(w->latest) : NULL;
         assert_true(!latest || !strstr(latest, strrchr(w->final, '/') + 1));
         free(latest);
         w->seen++;
@@ -311,9 +298,9 @@ static int watch_hook(void *ctx, const char *tmp, const char *piece) {
     }
     char p[1200];
     snprintf(p, sizeof p, "%s/%s", tmp, piece);
-    assert_true(exists(tmp) && exists(p));
-    assert_false(exists(w->final)); /* nothing has the final name until everything is written */
-    char *latest = exists(w->latest) ? read_text(w->latest) : NULL;
+    assert_true(path_exists(tmp) && path_exists(p));
+    assert_false(path_exists(w->final)); /* nothing has the final name until everything is written */
+    char *latest = path_exists(w->latest) ? read_text(w->latest) : NULL;
     assert_true(!latest || !strstr(latest, strrchr(w->final, '/') + 1));
     free(latest);
     w->seen++;
@@ -339,10 +326,10 @@ static void test_write_atomic(void **state) {
         fail_msg("%s", err);
     assert_int_equal(w.seen, 4);
     assert_string_equal(got, w.final);
-    assert_true(exists(path_in("atomic/ckpt_5/model.safetensors")) && exists(path_in("atomic/ckpt_5/config.json")) &&
-                exists(path_in("atomic/ckpt_5/optimizer.safetensors")) &&
-                exists(path_in("atomic/ckpt_5/trainer_state.json")));
-    assert_false(exists(path_in("atomic/ckpt_5.tmp.%ld", pid)));
+    assert_true(path_exists(path_in("atomic/ckpt_5/model.safetensors")) && path_exists(path_in("atomic/ckpt_5/config.json")) &&
+                path_exists(path_in("atomic/ckpt_5/optimizer.safetensors")) &&
+                path_exists(path_in("atomic/ckpt_5/trainer_state.json")));
+    assert_false(path_exists(path_in("atomic/ckpt_5.tmp.%ld", pid)));
     char *t = read_text(latest);
     assert_string_equal(t, "ckpt_5\n");
     free(t);
@@ -351,9 +338,9 @@ static void test_write_atomic(void **state) {
     w = (watch){.final = path_in("atomic/ckpt_7"), .latest = latest, .stop_after = 2};
     state_of(&p, &st, 7);
     assert_int_equal(cp_ckpt_write(&p, out, &st, a.w, a.m, a.v, watch_hook, &w, NULL, 0, err, sizeof err), -1);
-    assert_false(exists(path_in("atomic/ckpt_7")));
-    assert_true(exists(path_in("atomic/ckpt_7.tmp.%ld/optimizer.safetensors", pid)));
-    assert_false(exists(path_in("atomic/ckpt_7.tmp.%ld/trainer_state.json", pid)));
+    assert_false(path_exists(path_in("atomic/ckpt_7")));
+    assert_true(path_exists(path_in("atomic/ckpt_7.tmp.%ld/optimizer.safetensors", pid)));
+    assert_false(path_exists(path_in("atomic/ckpt_7.tmp.%ld/trainer_state.json", pid)));
     t = read_text(latest);
     assert_string_equal(t, "ckpt_5\n");
     free(t);
@@ -371,9 +358,9 @@ static void test_write_atomic(void **state) {
     waitpid(child, NULL, 0);
     assert_int_equal(cp_mkdir_p(path_in("atomic/ckpt_3.tmp.%ld", (long)child)), 0);
     write_ckpt(&p, out, 7, &a);
-    assert_false(exists(path_in("atomic/ckpt_3.tmp.%ld", (long)child)));
-    assert_false(exists(path_in("atomic/ckpt_7.tmp.%ld", pid)));
-    assert_true(exists(path_in("atomic/ckpt_7/trainer_state.json")));
+    assert_false(path_exists(path_in("atomic/ckpt_3.tmp.%ld", (long)child)));
+    assert_false(path_exists(path_in("atomic/ckpt_7.tmp.%ld", pid)));
+    assert_true(path_exists(path_in("atomic/ckpt_7/trainer_state.json")));
     t = read_text(latest);
     assert_string_equal(t, "ckpt_7\n");
     free(t);
@@ -387,8 +374,8 @@ static void test_write_atomic(void **state) {
     assert_true(back[0] == 12345.f);
     cp_ckpt_close(&ck);
     free(back);
-    assert_false(exists(path_in("atomic/ckpt_7.tmp.%ld", pid)));
-    assert_false(exists(path_in("atomic/ckpt_7.old.%ld", pid)));
+    assert_false(path_exists(path_in("atomic/ckpt_7.tmp.%ld", pid)));
+    assert_false(path_exists(path_in("atomic/ckpt_7.old.%ld", pid)));
 
     /* the final rename fails (a file has the name): an error naming it, no folder of that name, no .tmp left,
      * latest unchanged */
@@ -400,7 +387,7 @@ static void test_write_atomic(void **state) {
     struct stat sb;
     assert_int_equal(stat(path_in("atomic/ckpt_9"), &sb), 0);
     assert_false(S_ISDIR(sb.st_mode));
-    assert_false(exists(path_in("atomic/ckpt_9.tmp.%ld", pid)));
+    assert_false(path_exists(path_in("atomic/ckpt_9.tmp.%ld", pid)));
     t = read_text(latest);
     assert_string_equal(t, "ckpt_7\n");
     free(t);
@@ -416,7 +403,7 @@ static void test_write_atomic(void **state) {
     t = read_text(path_in("atomic/ckpt_11/notes.txt"));
     assert_string_equal(t, "mine");
     free(t);
-    assert_false(exists(path_in("atomic/ckpt_11/trainer_state.json")));
+    assert_false(path_exists(path_in("atomic/ckpt_11/trainer_state.json")));
     assert_int_equal(cp_mkdir_p(path_in("atomic/ckpt_2.tmp.%ld", (long)child)), 0);
     write_text(path_in("atomic/ckpt_2.tmp.%ld/notes.txt", (long)child), "mine");
     write_text(latest, "my own notes\n");
@@ -424,7 +411,7 @@ static void test_write_atomic(void **state) {
     assert_int_equal(cp_ckpt_write(&p, out, &st, a.w, a.m, a.v, NULL, NULL, NULL, 0, err, sizeof err), -1);
     printf("    refused: %s\n", err);
     expect_contains(err, "latest exists and is not a `latest` file cpgen wrote");
-    assert_true(exists(path_in("atomic/ckpt_2.tmp.%ld/notes.txt", (long)child)));
+    assert_true(path_exists(path_in("atomic/ckpt_2.tmp.%ld/notes.txt", (long)child)));
     t = read_text(latest);
     assert_string_equal(t, "my own notes\n");
     free(t);

@@ -48,22 +48,8 @@
 static char err[CP_ERR_MAX];
 static char root[128];
 
-static char *path_in(const char *fmt, ...) {
-    static char buf[32][1024];
-    static int k;
-    char *b = buf[k++ % 32], name[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    snprintf(b, sizeof buf[0], "%s/%s", root, name);
-    return b;
-}
+#define path_in(...) tmpdir_path(root, __VA_ARGS__)
 
-static bool exists(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0;
-}
 
 /* tiny with a vocabulary large enough that its weights file is 3 of the writer's blocks and its optimizer file 6
  * (written by several threads): there is a middle of each to be killed in */
@@ -419,14 +405,14 @@ static void test_writer_killed(void **state) {
         if (got != 1) fail_msg("%s: the child did not reach the point (status 0x%x)", KILL_NAMES[p], st);
         assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
         char *tmp = path_in("killed%d/ckpt_20.tmp.%ld", p, (long)child);
-        printf("    killed %s: ckpt_20 %s, %s %s\n", KILL_NAMES[p], exists(path_in("killed%d/ckpt_20", p)) ?
-               "complete" : "absent", tmp, exists(tmp) ? "left" : "absent");
+        printf("    killed %s: ckpt_20 %s, %s %s\n", KILL_NAMES[p], path_exists(path_in("killed%d/ckpt_20", p)) ?
+               "complete" : "absent", tmp, path_exists(tmp) ? "left" : "absent");
         /* what is on disk is what the point says */
-        assert_int_equal(exists(tmp), p == K_MID_WEIGHTS || p == K_MID_OPTIMIZER || p == K_BEFORE_RENAME);
-        assert_int_equal(exists(path_in("killed%d/ckpt_20", p)), p == K_BEFORE_LATEST);
+        assert_int_equal(path_exists(tmp), p == K_MID_WEIGHTS || p == K_MID_OPTIMIZER || p == K_BEFORE_RENAME);
+        assert_int_equal(path_exists(path_in("killed%d/ckpt_20", p)), p == K_BEFORE_LATEST);
         /* resuming from the out_dir: ckpt_10 with its own bits; a partial folder is refused */
         assert_int_equal(resumed_step(out, true), 10);
-        if (exists(tmp)) {
+        if (path_exists(tmp)) {
             cp_ckpt ck;
             assert_int_equal(cp_ckpt_open(&plan, tmp, &ck, err, sizeof err), -1);
             printf("    refused: %s\n", err);
@@ -439,7 +425,7 @@ static void test_writer_killed(void **state) {
         wait_written(s, 20);
         cp_saver_destroy(s);
         fake_free(&f);
-        assert_false(exists(tmp));
+        assert_false(path_exists(tmp));
         assert_int_equal(resumed_step(out, true), 20);
     }
     cp_st_block_hook = NULL;
@@ -704,10 +690,10 @@ static void test_two_slots_killed(void **state) {
         waitpid(child, &st, 0);
         if (got != 1) fail_msg("%s: the child did not reach the point (status 0x%x)", where[p], st);
         printf("    killed in %s: ckpt_20 %s, ckpt_30 %s\n", where[p],
-               exists(path_in("slots_killed%d/ckpt_20", p)) ? "complete" : "absent",
-               exists(path_in("slots_killed%d/ckpt_30", p)) ? "complete" : "absent");
-        assert_int_equal(exists(path_in("slots_killed%d/ckpt_20", p)), p == 1);
-        assert_false(exists(path_in("slots_killed%d/ckpt_30", p)));
+               path_exists(path_in("slots_killed%d/ckpt_20", p)) ? "complete" : "absent",
+               path_exists(path_in("slots_killed%d/ckpt_30", p)) ? "complete" : "absent");
+        assert_int_equal(path_exists(path_in("slots_killed%d/ckpt_20", p)), p == 1);
+        assert_false(path_exists(path_in("slots_killed%d/ckpt_30", p)));
         assert_int_equal(resumed_step(out, true), newest[p]);
     }
 }
@@ -770,8 +756,8 @@ static void test_keep(void **state) {
     count_ckpts(out, names, sizeof names);
     assert_string_equal(names, "1 2 5 20 25");
     cp_saver_destroy(s);
-    assert_true(exists(path_in("keep/ckpt_1/notes.txt")));
-    assert_true(exists(path_in("keep/ckpt_3.tmp.%ld", (long)getpid())));
+    assert_true(path_exists(path_in("keep/ckpt_1/notes.txt")));
+    assert_true(path_exists(path_in("keep/ckpt_3.tmp.%ld", (long)getpid())));
     assert_int_equal(resumed_step(path_in("keep/ckpt_5"), true), 5);
     assert_int_equal(resumed_step(out, true), 25);
     /* keep 1 straight away: the newest by step stays, and so does the one just written (ckpt_20 here) */

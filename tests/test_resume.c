@@ -39,17 +39,7 @@
 static char err[CP_ERR_MAX];
 static char root[128];
 
-static char *path_in(const char *fmt, ...) {
-    static char buf[16][512];
-    static int k;
-    char *b = buf[k++ % 16], name[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    snprintf(b, sizeof buf[0], "%s/%s", root, name);
-    return b;
-}
+#define path_in(...) tmpdir_path(root, __VA_ARGS__)
 
 static void expect_contains(const char *msg, const char *frag) {
     if (!strstr(msg, frag)) fail_msg("lacks \"%s\": %s", frag, msg);
