@@ -321,8 +321,67 @@ static float *unit_buffer(const cp_plan *plan) {
     return cp_xmalloc((size_t)most * sizeof(float));
 }
 
-/* The whole flat model into `model`, or (model NULL) rank's shard into `shard`, unit by unit so that no more than
- * the largest unit is held beside the shard. */
+/* One tensor of a unit being loaded: t's values (in the model's order) into dst; tmp is a scratch buffer the
+ * reader may grow. Returns 0, or -1 with a message. */
+typedef int (*load_tensor_fn)(void *ctx, const int *order, const cp_hf_tensor *t, float *dst, float **tmp,
+                              char *err, int errlen);
+
+/* The walk both loaders share: the whole flat model into `model`, or (model NULL) rank's shard into `shard`, unit by
+ * unit so that no more than the largest unit is held beside the shard; each tensor through `each`, and `after_unit`
+ * (or NULL) on a unit once its tensors are in. On failure the output is zeroed. */
+static int load_units(const cp_plan *plan, int rank, float *model, float *shard, load_tensor_fn each,
+                      int (*after_unit)(void *ctx, int u, const float *unit, float **tmp, char *err, int errlen),
+                      void *ctx, char *err, int errlen) {
+    cp_hf_tensor *tt;
+    int *order;
+    int nt = tensor_table(plan, &tt, &order);
+    float *tmp = NULL, *unit = model ? NULL : unit_buffer(plan);
+    int rc = 0;
+    for (int u = 0; u < plan->nunits && !rc; u++) {
+        int64_t base = cp_weights_unit_off(plan, u);
+        float *dst = model ? model + base : unit;
+        memset(dst, 0, (size_t)plan->unit_padded[u] * sizeof *dst);
+        for (int j = 0; j < nt && !rc; j++)
+            if (tt[j].unit == u) rc = each(ctx, order, &tt[j], dst + (tt[j].off - base), &tmp, err, errlen);
+        if (!rc && after_unit) rc = after_unit(ctx, u, dst, &tmp, err, errlen);
+        if (!rc && !model) keep_part(plan, rank, u, unit, shard);
+    }
+    free(unit);
+    free(tmp);
+    free(order);
+    free(tt);
+    if (rc && model) memset(model, 0, (size_t)cp_weights_elems(plan) * sizeof *model);
+    if (rc && shard) memset(shard, 0, (size_t)plan->params_shard * sizeof *shard);
+    return rc;
+}
+
+typedef struct {
+    const cp_plan *plan;
+    const cp_st_set *st;
+    const char *path;   /* load_hf: the path given, for messages */
+    const char *prefix; /* load_prefixed: the prefix of every tensor's name */
+    bool nonneg;
+} load_ctx;
+
+static int hf_tensor(void *vctx, const int *order, const cp_hf_tensor *t, float *dst, float **tmp, char *err,
+                     int errlen) {
+    const load_ctx *c = vctx;
+    const cp_st_tensor *s = cp_st_find(c->st, t->name);
+    if (!s) return missing(c->plan, c->path, t, err, errlen);
+    char e2[CP_ERR_MAX];
+    if (read_tensor(c->plan, order, t, c->st, s, t->name, false,
+                    "the spec does not describe this checkpoint; compare its config.json",
+                    "the checkpoint is damaged (or diverged when it was trained)", tmp, dst, e2, sizeof e2))
+        return cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
+    return 0;
+}
+
+static int hf_after_unit(void *vctx, int u, const float *unit, float **tmp, char *err, int errlen) {
+    const load_ctx *c = vctx;
+    return u == 0 ? check_tied(c->plan, c->st, unit, tmp, err, errlen) : 0; /* the embedding is unit 0 */
+}
+
+/* Hugging Face weights at path: the whole flat model into `model`, or (model NULL) rank's shard into `shard`. */
 static int load_hf(const cp_plan *plan, const char *path, int rank, float *model, float *shard, char *err,
                    int errlen) {
     cp_st_set st;
@@ -331,36 +390,14 @@ static int load_hf(const cp_plan *plan, const char *path, int rank, float *model
     cp_hf_tensor *tt;
     int *order;
     int nt = tensor_table(plan, &tt, &order);
-    float *tmp = NULL, *unit = model ? NULL : unit_buffer(plan);
     int rc = check_names(plan, &st, tt, nt, err, errlen);
-    for (int u = 0; u < plan->nunits && !rc; u++) {
-        int64_t base = cp_weights_unit_off(plan, u);
-        float *dst = model ? model + base : unit;
-        memset(dst, 0, (size_t)plan->unit_padded[u] * sizeof *dst);
-        for (int j = 0; j < nt && !rc; j++) {
-            const cp_hf_tensor *t = &tt[j];
-            if (t->unit != u) continue;
-            const cp_st_tensor *s = cp_st_find(&st, t->name);
-            if (!s) {
-                rc = missing(plan, path, t, err, errlen);
-                break;
-            }
-            rc = read_tensor(plan, order, t, &st, s, t->name, false,
-                             "the spec does not describe this checkpoint; compare its config.json",
-                             "the checkpoint is damaged (or diverged when it was trained)", &tmp, dst + (t->off - base),
-                             e2, sizeof e2);
-            if (rc) cp_errf(err, errlen, "loading Hugging Face weights: %s", e2);
-        }
-        if (!rc && u == 0) rc = check_tied(plan, &st, dst, &tmp, err, errlen); /* the embedding is unit 0 */
-        if (!rc && !model) keep_part(plan, rank, u, unit, shard);
-    }
-    free(unit);
-    free(tmp);
     free(order);
     free(tt);
+    load_ctx c = {.plan = plan, .st = &st, .path = path};
+    if (!rc) rc = load_units(plan, rank, model, shard, hf_tensor, hf_after_unit, &c, err, errlen);
+    else if (model) memset(model, 0, (size_t)cp_weights_elems(plan) * sizeof *model);
+    else memset(shard, 0, (size_t)plan->params_shard * sizeof *shard);
     cp_st_close(&st);
-    if (rc && model) memset(model, 0, (size_t)cp_weights_elems(plan) * sizeof *model);
-    if (rc && shard) memset(shard, 0, (size_t)plan->params_shard * sizeof *shard);
     return rc;
 }
 
@@ -544,49 +581,28 @@ int cp_weights_save_prefixed(const cp_plan *plan, const char *path, int narrays,
     return rc;
 }
 
-/* One prefixed array: the whole flat model into `model`, or (model NULL) rank's shard into `shard`, unit by unit so
- * that no more than the largest unit is held beside the shard (as load_hf). */
+static int prefixed_tensor(void *vctx, const int *order, const cp_hf_tensor *t, float *dst, float **tmp, char *err,
+                           int errlen) {
+    const load_ctx *c = vctx;
+    char name[160];
+    snprintf(name, sizeof name, "%s%s", c->prefix, t->name);
+    const cp_st_tensor *s = cp_st_find(c->st, name);
+    if (!s)
+        return cp_errf(err, errlen, "%s: no tensor \"%s\", which the spec %s needs: the file is incomplete or "
+                       "belongs to another model", c->st->where, name, c->plan->spec.path);
+    /* widening BF16 would resume, but not exactly: refuse what cpgen never writes */
+    if (s->dtype != CP_ST_F32)
+        return cp_errf(err, errlen, "%s: tensor \"%s\" is %s, not F32: only fp32 state continues a run exactly; the "
+                       "file was not written by cpgen", c->st->files[s->file].path, name, cp_st_dtype_name(s->dtype));
+    return read_tensor(c->plan, order, t, c->st, s, name, c->nonneg, "the file belongs to a model of another shape",
+                       "the file is damaged", tmp, dst, err, errlen);
+}
+
+/* One prefixed array of a checkpoint's file: the whole flat model into `model`, or (model NULL) rank's shard. */
 static int load_prefixed(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, int rank,
                          float *model, float *shard, char *err, int errlen) {
-    cp_hf_tensor *tt;
-    int *order;
-    int nt = tensor_table(plan, &tt, &order);
-    float *tmp = NULL, *unit = model ? NULL : unit_buffer(plan);
-    int rc = 0;
-    char name[160];
-    for (int u = 0; u < plan->nunits && !rc; u++) {
-        int64_t base = cp_weights_unit_off(plan, u);
-        float *dst = model ? model + base : unit;
-        memset(dst, 0, (size_t)plan->unit_padded[u] * sizeof *dst);
-        for (int j = 0; j < nt && !rc; j++) {
-            const cp_hf_tensor *t = &tt[j];
-            if (t->unit != u) continue;
-            snprintf(name, sizeof name, "%s%s", prefix, t->name);
-            const cp_st_tensor *s = cp_st_find(st, name);
-            if (!s) {
-                rc = cp_errf(err, errlen, "%s: no tensor \"%s\", which the spec %s needs: the file is incomplete or "
-                             "belongs to another model", st->where, name, plan->spec.path);
-                break;
-            }
-            /* widening BF16 would resume, but not exactly: refuse what cpgen never writes */
-            if (s->dtype != CP_ST_F32) {
-                rc = cp_errf(err, errlen, "%s: tensor \"%s\" is %s, not F32: only fp32 state continues a run exactly; "
-                             "the file was not written by cpgen", st->files[s->file].path, name,
-                             cp_st_dtype_name(s->dtype));
-                break;
-            }
-            rc = read_tensor(plan, order, t, st, s, name, nonneg, "the file belongs to a model of another shape",
-                             "the file is damaged", &tmp, dst + (t->off - base), err, errlen);
-        }
-        if (!rc && !model) keep_part(plan, rank, u, unit, shard);
-    }
-    free(unit);
-    free(tmp);
-    free(order);
-    free(tt);
-    if (rc && model) memset(model, 0, (size_t)cp_weights_elems(plan) * sizeof *model);
-    if (rc && shard) memset(shard, 0, (size_t)plan->params_shard * sizeof *shard);
-    return rc;
+    load_ctx c = {.plan = plan, .st = st, .prefix = prefix, .nonneg = nonneg};
+    return load_units(plan, rank, model, shard, prefixed_tensor, NULL, &c, err, errlen);
 }
 
 int cp_weights_load_prefixed(const cp_plan *plan, const cp_st_set *st, const char *prefix, bool nonneg, float *out,

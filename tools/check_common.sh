@@ -33,6 +33,11 @@
 #   compare_loss WHAT A B STEPS [FROM]   the same steps, the loss only (within 1e-3 relative); WHAT names it
 #   finish                   print the failures and skips and exit 1 when a check failed, 77 when one was skipped (or
 #                            none was made: PARTS named nothing), else 0; every script ends with it
+# For scripts that judge their cases in a table of their own at the end (the layout and relayout checks):
+#   set_deadline SECONDS     t_start now, and a deadline SECONDS later; `left` prints the seconds left
+#   run_case NAME TIMEOUT ARGS...   one `cpgen run ARGS` into $out/NAME.log, within TIMEOUT and the deadline (not
+#                            started within 5 s of it), its exit status and seconds in $out/res/NAME.rc (the script
+#                            makes $out/res; 124: cut by time or not started); counts nothing itself
 # A new check script: `set -u`, B=${1:-build}, out=${OUT:-out}/NAME, mkdir -p "$out", PARTS=${PARTS:-...}, then
 # `. "$(dirname "$0")/check_common.sh"`; per part `if want P && need_gpus N P; then run ...; compare ...; fi`, each
 # bound it tests inline through check or fail; `finish` last.
@@ -171,6 +176,23 @@ compare() { # A B STEPS [FROM]
 
 compare_loss() { # WHAT A B STEPS [FROM]
   check "$1" _metrics loss "$1" "$2" "$3" "$4" "${5:-1}"
+}
+
+set_deadline() {
+  t_start=$(date +%s)
+  deadline=$((t_start + $1))
+}
+left() { echo $((deadline - $(date +%s))); }
+run_case() {
+  local name=$1 t=$2; shift 2
+  local t0 l; t0=$(date +%s); l=$(left)
+  [ "$t" -le "$l" ] || t=$l
+  if [ "$t" -le 5 ]; then echo "124 0" >"$out/res/$name.rc"; echo "  $name: not started (deadline)"; return 124; fi
+  timeout -k 10 "$t" "$B/cpgen" run "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$rc $(($(date +%s) - t0))" >"$out/res/$name.rc"
+  echo "  [$(($(date +%s) - t_start)) s] $name: exit $rc after $(($(date +%s) - t0)) s"
+  return $rc
 }
 
 finish() {

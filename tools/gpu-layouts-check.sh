@@ -34,9 +34,7 @@ rm -rf "$out" && mkdir -p "$out/runs" "$out/res"
 [ -x "$B/cpgen" ] || { echo "gpu-layouts-check: no $B/cpgen: build first (make)"; exit 2; }
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
 JOBS=${JOBS:-3}
-t_start=$(date +%s)
-deadline=$((t_start + ${DEADLINE:-560}))
-left() { echo $((deadline - $(date +%s))); }
+set_deadline "${DEADLINE:-560}" # left, run_case: check_common.sh
 
 steps=(--set train.log_every=1)
 mb2=(--set train.micro_batches=2)
@@ -94,26 +92,13 @@ p = json.load(sys.stdin)
 print(p.get("groups", {}).get("world", p["parallel"]["gpus"]))'
 }
 
-# cpgen_run NAME TIMEOUT ARGS...: one `cpgen run` into $out/NAME.log; its exit status in $out/res/NAME.rc (the table
-# below judges every case; check_common.sh's run, which judges one command, is not used)
-cpgen_run() {
-  local name=$1 t=$2; shift 2
-  local t0=$(date +%s) l; l=$(left)
-  [ "$t" -le "$l" ] || t=$l
-  if [ "$t" -le 5 ]; then echo "124 0" >"$out/res/$name.rc"; echo "  $name: not started (deadline)"; return 124; fi
-  timeout -k 10 "$t" "$B/cpgen" run "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  echo "$rc $(($(date +%s) - t0))" >"$out/res/$name.rc"
-  echo "  [$(($(date +%s) - t_start)) s] $name: exit $rc after $(($(date +%s) - t0)) s"
-  return $rc
-}
 
 # A reference: the one-GPU run.
 reference() {
   local key=$1 t=120
   [ "$key" = l8b ] && t=300
   # shellcheck disable=SC2086
-  cpgen_run "ref_$key" $t ${refs[$key]} "${steps[@]}" --set train.warmup="$(warmup_of "$key")" \
+  run_case "ref_$key" $t ${refs[$key]} "${steps[@]}" --set train.warmup="$(warmup_of "$key")" \
     --set train.steps="$(steps_of "$key")" \
     --set "train.out_dir=$out/runs/ref_$key"
 }
@@ -133,17 +118,17 @@ layout() {
   if [[ $name == l8b* ]]; then
     t=300 dir=$big
     # shellcheck disable=SC2086
-    cpgen_run "$name" $t $args "${them[@]}" --set train.steps="$k" --set train.save_every="$k" \
+    run_case "$name" $t $args "${them[@]}" --set train.steps="$k" --set train.save_every="$k" \
       --set "train.out_dir=$dir/$name"
     cp "$dir/$name/metrics.jsonl" "$out/runs/$name.metrics.jsonl" 2>/dev/null
   else
     # shellcheck disable=SC2086
-    cpgen_run "$name" $t $args "${them[@]}" --set train.steps="$n" --set train.save_every="$k" \
+    run_case "$name" $t $args "${them[@]}" --set train.steps="$n" --set train.save_every="$k" \
       --set "train.out_dir=$dir/$name"
     rm -rf "$dir/$name/ckpt_$n" # the uninterrupted run's last checkpoint is not needed
   fi
   # shellcheck disable=SC2086
-  cpgen_run "${name}_resume" $t $args "${them[@]}" --set train.steps="$n" --set train.save_every=0 \
+  run_case "${name}_resume" $t $args "${them[@]}" --set train.steps="$n" --set train.save_every=0 \
     --set "train.out_dir=$out/runs/${name}_resume" --resume "$dir/$name/ckpt_$k"
   rm -rf "$dir/$name"/ckpt_* "$out/runs/${name}_resume"/ckpt_*
 }

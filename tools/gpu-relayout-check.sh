@@ -22,9 +22,7 @@ rm -rf "$out" && mkdir -p "$out/runs" "$out/res"
 [ -x "$B/cpgen" ] || { echo "gpu-relayout-check: no $B/cpgen: build first (make)"; exit 2; }
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache} NCCL_NVLS_ENABLE=0
 JOBS=${JOBS:-4}
-t_start=$(date +%s)
-deadline=$((t_start + ${DEADLINE:-230}))
-left() { echo $((deadline - $(date +%s))); }
+set_deadline "${DEADLINE:-230}" # left, run_case: check_common.sh
 
 tiny=(tiny --set train.micro_batches=2 --set train.steps=20 --set train.warmup=2 --set train.log_every=1)
 # name | ranks | the layout's settings | the run it resumes (its ckpt_10) and is compared with
@@ -38,23 +36,10 @@ cases=(
   "to_one_gpu|1||save_ulysses4"
 )
 
-# cpgen_run NAME TIMEOUT ARGS...: one `cpgen run` into $out/NAME.log, its exit status and seconds in
-# $out/res/NAME.rc (the table judges every case)
-cpgen_run() {
-  local name=$1 t=$2; shift 2
-  local t0 l; t0=$(date +%s); l=$(left)
-  [ "$t" -le "$l" ] || t=$l
-  if [ "$t" -le 5 ]; then echo "124 0" >"$out/res/$name.rc"; echo "  $name: not started (deadline)"; return 124; fi
-  timeout -k 10 "$t" "$B/cpgen" run "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  echo "$rc $(($(date +%s) - t0))" >"$out/res/$name.rc"
-  echo "  [$(($(date +%s) - t_start)) s] $name: exit $rc after $(($(date +%s) - t0)) s"
-  return $rc
-}
 
 # The runs that save: the reference on one GPU, then (beside the resumed runs) Ulysses 4 for the reverse.
-cpgen_run ref 120 "${tiny[@]}" --set train.save_every=10 --set "train.out_dir=$out/runs/ref"
-cpgen_run save_ulysses4 200 "${tiny[@]}" --gpus 4 --ranks-per-gpu 4 --set train.save_every=10 \
+run_case ref 120 "${tiny[@]}" --set train.save_every=10 --set "train.out_dir=$out/runs/ref"
+run_case save_ulysses4 200 "${tiny[@]}" --gpus 4 --ranks-per-gpu 4 --set train.save_every=10 \
   --set "train.out_dir=$out/runs/save_ulysses4" &
 for c in "${cases[@]}"; do
   IFS='|' read -r name ranks sets from <<<"$c"
@@ -63,16 +48,16 @@ for c in "${cases[@]}"; do
   share=()
   [ "$ranks" -le 1 ] || share=(--ranks-per-gpu "$ranks")
   # shellcheck disable=SC2086
-  cpgen_run "$name" 150 "${tiny[@]}" $sets ${share[@]+"${share[@]}"} --set train.save_every=0 \
+  run_case "$name" 150 "${tiny[@]}" $sets ${share[@]+"${share[@]}"} --set train.save_every=0 \
     --set "train.out_dir=$out/runs/$name" --resume "$out/runs/ref/ckpt_10" &
 done
 # the data that comes next may not change silently: refused, then taken when asked for
-cpgen_run refuse_seq 60 "${tiny[@]}" --set train.seq_len=1K --set train.save_every=0 \
+run_case refuse_seq 60 "${tiny[@]}" --set train.seq_len=1K --set train.save_every=0 \
   --set "train.out_dir=$out/runs/refuse_seq" --resume "$out/runs/ref/ckpt_10" &
-cpgen_run new_data 120 "${tiny[@]}" --set train.seq_len=1K --set train.save_every=0 \
+run_case new_data 120 "${tiny[@]}" --set train.seq_len=1K --set train.save_every=0 \
   --set "train.out_dir=$out/runs/new_data" --resume "$out/runs/ref/ckpt_10" --resume-new-data &
 wait
-cpgen_run to_one_gpu 120 "${tiny[@]}" --set train.save_every=0 --set "train.out_dir=$out/runs/to_one_gpu" \
+run_case to_one_gpu 120 "${tiny[@]}" --set train.save_every=0 --set "train.out_dir=$out/runs/to_one_gpu" \
   --resume "$out/runs/save_ulysses4/ckpt_10"
 
 # the table: every case's verdict counted through check_common.sh's helpers, the table printed last
