@@ -381,7 +381,9 @@ int exec_gather_through(const cp_exec *ex, const char *name, int *src, int *stag
     return 0;
 }
 
-static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, int errlen) {
+/* flat may be registered in pieces (exec_piece_span): a unit may be larger than a piece (the 8B shape's embedding is
+ * 2.1 GB), so it is copied out piece by piece. */
+int exec_gather_full(cp_exec *ex, const char *name, float *flat, size_t piece, char *err, int errlen) {
     const cp_plan *P = ex->P;
     if (ex->o.world_rank >= P->C) return 0; /* not group 0: its rank 0 alone writes */
     int b, stage;
@@ -402,9 +404,14 @@ static int gather_full(cp_exec *ex, const char *name, float *flat, char *err, in
         }
         if (cp_nccl_gather(ex->o.comm, src, root ? unit : NULL, (size_t)part, ncclFloat32, 0, st, err, errlen))
             return -1;
-        if (root && flat)
-            CK(cudaMemcpyAsync(flat + full, unit, sizeof(float) * (size_t)P->unit_padded[u], cudaMemcpyDeviceToHost,
-                               st), "copying a gathered unit to the host");
+        if (root && flat) {
+            size_t at = sizeof(float) * (size_t)full, end = at + sizeof(float) * (size_t)P->unit_padded[u];
+            for (size_t k; at < end; at += k) {
+                k = exec_piece_span(at, end, piece);
+                CK(cudaMemcpyAsync((char *)flat + at, (const char *)unit + (at - sizeof(float) * (size_t)full), k,
+                                   cudaMemcpyDeviceToHost, st), "copying a gathered unit to the host");
+            }
+        }
         if (exec_sync_stream(ex, st, "gathering the model to rank 0", err, errlen)) return -1;
         full += P->unit_padded[u];
     }
@@ -450,7 +457,7 @@ bool cp_exec_host_state(cp_exec *ex, const float **master, const float **m, cons
 }
 
 int cp_exec_read_weights(cp_exec *ex, float *flat, char *err, int errlen) {
-    if (ex->P->C > 1) return gather_full(ex, "master.f32", flat, err, errlen);
+    if (ex->P->C > 1) return exec_gather_full(ex, "master.f32", flat, 0, err, errlen);
     if (!flat) return 0; /* a group of one GPU gathers nothing: a rank that keeps nothing has nothing to do */
     int b = buf_index(ex, "master.f32");
     if (b < 0) return cp_errf(err, errlen, "the plan has no master.f32");
@@ -467,7 +474,7 @@ int cp_exec_read_grads(cp_exec *ex, float *flat, bool zero, char *err, int errle
     size_t n = sizeof(float) * (size_t)ex->P->params_shard;
     CK(cudaDeviceSynchronize(), "finishing the step before reading the gradients");
     if (ex->P->C > 1) {
-        if (gather_full(ex, "grads.f32", flat, err, errlen)) return -1;
+        if (exec_gather_full(ex, "grads.f32", flat, 0, err, errlen)) return -1;
     } else {
         CK(cudaMemcpy(flat, g, n, cudaMemcpyDeviceToHost), "reading the gradients");
     }
@@ -493,8 +500,8 @@ int cp_exec_read_optimizer(cp_exec *ex, float *m, float *v, int *updates, char *
     CK(cudaDeviceSynchronize(), "finishing the step before reading the optimizer state");
     int rc = 0;
     if (ex->P->C > 1) { /* both moments, on every rank alike: the gathers are collectives */
-        rc = gather_full(ex, "adam_m.f32", m, err, errlen);
-        if (!rc) rc = gather_full(ex, "adam_v.f32", v, err, errlen);
+        rc = exec_gather_full(ex, "adam_m.f32", m, 0, err, errlen);
+        if (!rc) rc = exec_gather_full(ex, "adam_v.f32", v, 0, err, errlen);
         if (!rc && updates) *updates = ex->updates;
         return rc;
     }

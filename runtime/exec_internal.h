@@ -174,6 +174,16 @@ void exec_build_markers(cp_exec *ex);
 int exec_wait_pairs(const cp_exec *ex, cp_trace_wait **out);
 
 /* exec_mem.c: memory measurement and the arenas */
+/* The bytes of the next copy into host memory registered with CUDA in pieces of `piece` bytes from its start (a
+ * checkpoint's snapshot), from byte `at` toward `end`: it stops at the next multiple of piece, since a copy that
+ * crosses two registrations fails (cudaErrorInvalidValue). piece 0: unregistered, to the end. */
+static inline size_t exec_piece_span(size_t at, size_t end, size_t piece) {
+    size_t n = end - at;
+    return piece && piece - at % piece < n ? piece - at % piece : n;
+}
+/* The full flat fp32 buffer `name` gathered to group 0's rank 0 into flat (NULL elsewhere), copied out of the GPU in
+ * pieces of at most `piece` bytes that never cross a multiple of it from flat's start (0: whole units); exec.c. */
+int exec_gather_full(cp_exec *ex, const char *name, float *flat, size_t piece, char *err, int errlen);
 /* What gathers the full model from the ranks' shards of buffer `name` (checkpoints): the buffer (on the GPU or, with
  * the optimizer on the host, in host memory) and the unit-gradient GPU buffer the units pass through. */
 int exec_gather_through(const cp_exec *ex, const char *name, int *src, int *stage, char *err, int errlen);

@@ -86,13 +86,12 @@ static int copy_pinned(cp_exec *ex, char *err, int errlen) {
     char *src[3], *dst[3];
     size_t n;
     arrays(ex, &ex->snap_dst, src, dst, &n);
-    size_t piece = ex->snap_dst.piece > 0 ? (size_t)ex->snap_dst.piece : n;
+    size_t piece = ex->snap_dst.piece > 0 ? (size_t)ex->snap_dst.piece : 0;
     for (int k = 0; k < 3; k++)
-        for (size_t at = 0; at < n;) {
-            size_t len = CP_MIN(n - at, piece - at % piece);
+        for (size_t at = 0, len; at < n; at += len) {
+            len = exec_piece_span(at, n, piece);
             CK(cudaMemcpyAsync(dst[k] + at, src[k] + at, len, cudaMemcpyDeviceToHost, ex->snap_stream),
                "copying the state to the checkpoint's snapshot");
-            at += len;
         }
     CK(cudaEventRecord(ex->snap_done, ex->snap_stream), "recording the snapshot's copies");
     return 0;
@@ -182,8 +181,12 @@ static int finish_host(cp_exec *ex, char *err, int errlen) {
 int cp_exec_snapshot_start(cp_exec *ex, const cp_exec_snap *dst, int *updates, char *err, int errlen) {
     const cp_plan *P = ex->P;
     if (P->C > 1) { /* the gathers: collectives, done now; only the writing rank keeps what they gather */
-        int rc = cp_exec_read_weights(ex, dst->w, err, errlen);
-        return rc ? rc : cp_exec_read_optimizer(ex, dst->m, dst->v, updates, err, errlen);
+        size_t piece = dst->pinned && dst->piece > 0 ? (size_t)dst->piece : 0;
+        int rc = exec_gather_full(ex, "master.f32", dst->w, piece, err, errlen);
+        if (!rc) rc = exec_gather_full(ex, "adam_m.f32", dst->m, piece, err, errlen);
+        if (!rc) rc = exec_gather_full(ex, "adam_v.f32", dst->v, piece, err, errlen);
+        if (!rc && updates) *updates = ex->updates;
+        return rc;
     }
     if (updates) *updates = ex->updates;
     if (!dst->w) return 0; /* a group of one GPU that does not write: nothing to copy */

@@ -24,6 +24,7 @@
 #include "plan.h"
 #include "ranks.h"
 #include "ring.h"
+#include "snapshot.h"
 #include "spec.h"
 
 /* Plan `name` with overrides, check it, print what the executor derived; returns the report. */
@@ -398,6 +399,37 @@ static void test_checkpoint_gathers(void **state) {
     }
 }
 
+/* A gathered unit goes to a snapshot registered with CUDA in pieces of CP_SNAP_PIECE bytes: its copies out of the
+ * GPU (exec_piece_span) cover it exactly and none crosses a piece. The 8B shape's embedding and LM head (2.1 GB
+ * each) cross pieces: copied whole, every save of the 8B shape on 8 GPUs failed (cudaErrorInvalidValue). */
+static void test_snapshot_pieces(void **state) {
+    (void)state;
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    const char *sets[] = {"model.layers=2", "train.seq_len=32768", "parallel.gpus=8"};
+    if (cp_spec_load("llama8b", sets, 3, &s, err, sizeof err)) fail_msg("%s", err);
+    cp_plan p;
+    if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("%s", err);
+    const size_t piece = (size_t)CP_SNAP_PIECE;
+    int crossing = 0;
+    size_t full = 0;
+    for (int u = 0; u < p.nunits; u++) {
+        size_t at = full, end = full + sizeof(float) * (size_t)p.unit_padded[u], copies = 0;
+        crossing += at / piece != (end - 1) / piece;
+        for (size_t k; at < end; at += k, copies++) {
+            k = exec_piece_span(at, end, piece);
+            assert_true(k > 0 && at + k <= end);
+            assert_true(at / piece == (at + k - 1) / piece); /* within one piece */
+        }
+        assert_int_equal(at, end);
+        assert_int_equal(copies, (end - 1) / piece - full / piece + 1);
+        full = end;
+    }
+    assert_true(crossing >= 2); /* the case the test is for: units larger than a piece */
+    assert_int_equal(exec_piece_span(5, 17, 0), 12); /* unregistered memory: one copy */
+    cp_plan_free(&p);
+}
+
 /* The planner and the executor meet through the step's task: every task has its preparation, so that no task the
  * planner may give is left to fail at run time. And the steps of the shipped specs each carry a task that labels
  * them as their `what` says (the trace, the profile and the plan's text name steps by it). */
@@ -595,6 +627,7 @@ int main(void) {
         cmocka_unit_test(test_rings),
         cmocka_unit_test(test_save_on_ranks_that_keep_nothing),
         cmocka_unit_test(test_checkpoint_gathers),
+        cmocka_unit_test(test_snapshot_pieces),
         cmocka_unit_test(test_every_task_prepared),
         cmocka_unit_test(test_snapshot_gate),
         cmocka_unit_test(test_snapshot_host_memcpy),
