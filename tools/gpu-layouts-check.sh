@@ -135,8 +135,10 @@ layout() {
 
 # One rank killed mid-step: ranks started as a launcher would start them (no parent watching them), the last rank
 # killed with SIGKILL once rank 0 has logged step 3; each other rank's exit code and seconds after the kill.
+# PORT: MASTER_PORT, below Linux's ephemeral ports (32768 and up), where NCCL's own sockets and those of the other
+# runs of this check come and go (a kill test once lost its port to one of them); distinct for the two run at once.
 kill_one() {
-  local name=$1 args=$2 port=$((20000 + RANDOM % 20000))
+  local name=$1 args=$2 port=$3
   local world; world=$(world_of "$args")
   local pids=() r
   for r in $(seq 0 $((world - 1))); do
@@ -204,12 +206,14 @@ lane_tiny() {
     layout "$name" "$args" &
   done
   wait
+  local base=$((20000 + RANDOM % 1200 * 10)) i=0
   for k in "${kills[@]}"; do
     IFS='|' read -r name args <<<"$k"
+    i=$((i + 1))
     want "$name" || continue
     while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
     [ "$(left)" -gt 60 ] || { echo "  $name: not started (deadline)"; continue; }
-    kill_one "$name" "$args" &
+    kill_one "$name" "$args" $((base + i)) &
   done
   wait
 }
