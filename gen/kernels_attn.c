@@ -54,6 +54,7 @@ void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_hea
     cp_kspec_set_int(k, "CAUSAL", causal);
     cp_kspec_set_int(k, "DKV_ACCUM", dkv_accum);
     cp_kspec_set_int(k, "DQ_ATOMIC", dq_atomic);
+    cp_k_attention_docs(k, false);
     cp_kspec_set_double(k, "SCALE", 1.0 / sqrt((double)head_dim));
     cp_kspec_set_int(k, "FWD_STAGES", fwd_sm90_stages_default(head_dim));
     cp_kspec_set_int(k, "FWD_CONSUMERS", fwd_sm90_consumers(head_dim));
@@ -70,6 +71,12 @@ void cp_k_attention_lse_stride(cp_kernel_spec *k, int64_t stride) {
         cp_fatal(CP_EXIT_FAIL, "attention: LSE rows %lld apart, fewer than the module's %lld tokens (a plan bug)",
                  (long long)stride, (long long)param(k, "SEQ"));
     cp_kspec_set_int(k, "LSE_STRIDE", stride);
+}
+
+void cp_k_attention_docs(cp_kernel_spec *k, bool docs) {
+    if (strcmp(k->family, "attention") != 0) cp_fatal(CP_EXIT_FAIL, "attention: document masks on a %s module", k->family);
+    cp_kspec_set_int(k, "DOCS", docs);
+    cp_kspec_set_str(k, "DOCS_TAG", docs ? "_dm1" : ""); /* names without documents unchanged: tuned variants keep */
 }
 
 int64_t cp_k_attention_lse_bytes(const cp_kernel_spec *k) {

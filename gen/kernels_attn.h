@@ -42,6 +42,10 @@ bool cp_k_attention_variants(const cp_kernel_spec *k, cp_kvariants *v);
 void cp_k_attention_lse_stride(cp_kernel_spec *k, int64_t stride);
 int64_t cp_k_attention_lse_bytes(const cp_kernel_spec *k);
 
+/* The module's kernels with document masks (DOCS, templates/attention.cu: four more arguments, doc_start, doc_end,
+ * q_pos, k_pos, and only the work within documents), or without (the default). */
+void cp_k_attention_docs(cp_kernel_spec *k, bool docs);
+
 /* Bytes of the backward's workspace: the fp32 dQ, S * QH * D * 4, then the progress counters (prog_bytes). */
 int64_t cp_k_attention_workspace_bytes(const cp_kernel_spec *k);
 /* Where the progress counters start in the workspace (S * QH * D * 4), and their bytes: KVH * ceil(S/128) * 4,

@@ -5,7 +5,7 @@
 // over the key blocks: in key-block order, the same bits every run (DQ_ATOMIC = 0, the default), or by atomic adds
 // into a zeroed dq_ws in whatever order the blocks come (DQ_ATOMIC = 1: no block waits for another). The mma.sync
 // backward here always sums in order (an atomic variant of it spilled registers at D = 128).
-// module: attention_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}
+// module: attention_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}
 //
 // Layouts (row-major): q, o, dout [SEQ][Q_HEADS][HEAD_DIM] bf16; k, v [SEQ][KV_HEADS][HEAD_DIM] bf16;
 // lse [Q_HEADS] rows of SEQ fp32 LSE_STRIDE apart (SEQ, but the group's tokens in a ring's half-block launches:
@@ -21,6 +21,18 @@
 //   bwd_dq(dq_ws, dq)                                     dq = bf16(scale * dq_ws)
 // On Hopper (sm_90a) the runtime runs the forward of attention_sm90.cuh and the backward of attention_bwd_sm90.cuh
 // instead (fwd_sm90, bwd_sm90: wgmma, TMA, warp specialisation); fwd and bwd stay the path of sm_80 and sm_89.
+//
+// Document masks (DOCS = 1: packed documents, docs/DATA.md). fwd, bwd, fwd_sm90 and bwd_sm90 take four more
+// arguments, last: (const int *doc_start, const int *doc_end, int q_pos, int k_pos). Positions are the sequence's
+// (global): query row r of the launch is at q_pos + r and key row c at k_pos + c (0, 0 but for a ring's half-block
+// launches). doc_start[i] is where the document holding position i starts (<= i), doc_end[j] one past its last
+// position (> j), both over the whole sequence. A score (r, c) is kept when the causal rule keeps it (CAUSAL
+// compares r and c, as without documents: causal launches have q_pos = k_pos) and k_pos + c >= doc_start[q_pos +
+// r], i.e. the key is in the query's document (equivalently q_pos + r < doc_end[k_pos + c]). Work follows the
+// documents: a tile whose keys all lie before its queries' documents (or whose queries all lie past its keys'
+// documents) is not computed at all; a tile that is wholly kept is computed without masks; only the tiles that
+// cross a document's start or the diagonal are masked. A query row that keeps no key of the launch (a ring's
+// off-diagonal block wholly in other documents) writes o = 0 and lse = -inf, and the backward gives it P = 0.
 
 #define HEAD_DIM {{HEAD_DIM}}
 #define Q_HEADS {{Q_HEADS}}
@@ -30,6 +42,7 @@
 #define CAUSAL {{CAUSAL}}
 #define DKV_ACCUM {{DKV_ACCUM}}
 #define DQ_ATOMIC {{DQ_ATOMIC}}
+#define DOCS {{DOCS}}
 #define SOFTMAX_SCALE ((float)({{SCALE}}))
 // exp(x * scale) = exp2(x * scale * log2(e)): one FFMA and one EX2 per score
 #define SCALE_LOG2 ((float)({{SCALE}} * 1.4426950408889634))
@@ -317,7 +330,7 @@ __device__ __forceinline__ void fwd_block(float (&acc)[2][FWD_DT][4], u32 rstat,
 }
 
 extern "C" __global__ void FWD_BOUNDS
-attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}(
+attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v, bf16 *__restrict__ o,
     float *__restrict__ lse) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -449,7 +462,7 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 #define BWD_BOUNDS __launch_bounds__(BWD_THREADS, 1)
 
 extern "C" __global__ void BWD_BOUNDS
-attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}(
+attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
     const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta,
     float *__restrict__ dq_ws, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
@@ -747,7 +760,7 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 // dq = bf16(scale * dq_ws), eight elements per thread per step.
 #define DQ_BOUNDS __launch_bounds__(256)
 extern "C" __global__ void DQ_BOUNDS
-attention_bwd_dq_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}(
+attention_bwd_dq_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const float *__restrict__ dq_ws, bf16 *__restrict__ dq) {
     const long long n8 = (long long)SEQ * Q_HEADS * HEAD_DIM / 8;
     for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n8; i += (long long)gridDim.x * 256) {

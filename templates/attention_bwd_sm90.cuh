@@ -183,7 +183,7 @@ __device__ __forceinline__ void b9_probs(float (&st)[32], u32 sl, int key, int r
 }
 
 extern "C" __global__ void __launch_bounds__(B9_THREADS, 1)
-attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}(
+attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const __grid_constant__ tmap_t tm_q, const __grid_constant__ tmap_t tm_k, const __grid_constant__ tmap_t tm_v,
     const __grid_constant__ tmap_t tm_do, const __grid_constant__ tmap_t tm_dq, const float *__restrict__ lse,
     const float *__restrict__ delta, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {

@@ -350,7 +350,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
 }
 
 extern "C" __global__ void __launch_bounds__(HTHREADS, 1)
-attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}(
+attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const __grid_constant__ tmap_t tm_q, const __grid_constant__ tmap_t tm_k, const __grid_constant__ tmap_t tm_v,
     bf16 *__restrict__ o, float *__restrict__ lse) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
