@@ -188,7 +188,13 @@ void cp_k_rope(cp_kernel_spec *k, const cp_model *m) {
     cp_kspec_set_str(k, "INV_FREQ", s.data);
     cp_kspec_set_int(k, "VEC", vec);
     cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+    cp_k_rope_positions(k, false);
     cp_str_free(&s);
+}
+
+void cp_k_rope_positions(cp_kernel_spec *k, bool per_row) {
+    cp_kspec_set_int(k, "POS_ARRAY", per_row);
+    cp_kspec_set_str(k, "POS_TAG", per_row ? "_pa" : ""); /* names without it unchanged */
 }
 
 void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn) {

@@ -36,6 +36,9 @@ void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps);
  * fwd(x, n, heads, pos0); bwd(dx, n, heads, pos0) (the transpose: rotation by the negative angle).
  * Frequencies: theta with the Llama-3 scaling when enabled, computed on the host in double (cp_rope_inv_freq). */
 void cp_k_rope(cp_kernel_spec *k, const cp_model *m);
+/* rope with each row's position from an array (packed documents, whose positions restart at each one):
+ * fwd(x, n, heads, const int32 *pos), bwd likewise, row r at pos[r]; or back to pos0 + r (per_row false). */
+void cp_k_rope_positions(cp_kernel_spec *k, bool per_row);
 /* The D/2 inverse frequencies rope bakes in for this model. */
 void cp_rope_inv_freq(const cp_model *m, double *inv_freq);
 /* swiglu on a tile, as HF: out = bf16(bf16(silu(gate)) * up).

@@ -1,6 +1,7 @@
-// module: rope_d{{D}}_f{{FREQ_TAG}}
+// module: rope_d{{D}}_f{{FREQ_TAG}}{{POS_TAG}}
 // Rotary position embedding in place on [n][heads][D] bf16 (arguments: gen/kernels.h), Hugging Face's rotate_half
-// convention: pairs (i, i + D/2) with angle pos * inv_freq[i], i < D/2:
+// convention: pairs (i, i + D/2) with angle pos * inv_freq[i], i < D/2, row r at position pos0 + r, or, with
+// POS_ARRAY (packed documents whose positions restart at each document), at pos[r]:
 //   fwd: y_i = x_i cos - x_{i+D/2} sin,  y_{i+D/2} = x_{i+D/2} cos + x_i sin
 //   bwd: the transpose (angle -> -angle), the gradient of fwd.
 // inv_freq (theta and Llama-3 scaling) is computed on the host in double and baked in below. The angle is formed
@@ -19,6 +20,12 @@ typedef __nv_bfloat16 bf16;
 #define CPH (HALF / VEC) // threads per token
 #define BLOCK {{BLOCK}}
 #define HU 4
+#define POS_ARRAY {{POS_ARRAY}}
+#if POS_ARRAY
+typedef const int *pos_t; // each row's position
+#else
+typedef i64 pos_t; // the first row's; the others follow it
+#endif
 
 static_assert(HALF % VEC == 0, "VEC must divide D/2");
 
@@ -28,16 +35,20 @@ typedef bvec<VEC> vec_t;
 __constant__ double rope_inv_freq[HALF] = {
     {{INV_FREQ}}};
 
-extern "C" __global__ void rope_fwd_d{{D}}_f{{FREQ_TAG}}(bf16 *x, i64 n, int heads, i64 pos0);
-extern "C" __global__ void rope_bwd_d{{D}}_f{{FREQ_TAG}}(bf16 *dx, i64 n, int heads, i64 pos0);
+extern "C" __global__ void rope_fwd_d{{D}}_f{{FREQ_TAG}}{{POS_TAG}}(bf16 *x, i64 n, int heads, pos_t pos0);
+extern "C" __global__ void rope_bwd_d{{D}}_f{{FREQ_TAG}}{{POS_TAG}}(bf16 *dx, i64 n, int heads, pos_t pos0);
 
-template <bool BWD> static __device__ __forceinline__ void rope_apply(bf16 *__restrict__ x, i64 n, int heads, i64 pos0) {
+template <bool BWD> static __device__ __forceinline__ void rope_apply(bf16 *__restrict__ x, i64 n, int heads, pos_t pos0) {
     const i64 t = (i64)blockIdx.x * BLOCK + threadIdx.x;
     const i64 row = t / CPH;
     const int c = (int)(t - row * CPH);
     if (row >= n) return;
     float cs[VEC], sn[VEC];
+#if POS_ARRAY
+    const double pos = (double)pos0[row];
+#else
     const double pos = (double)(pos0 + row);
+#endif
 #pragma unroll
     for (int j = 0; j < VEC; j++) {
         double a = pos * rope_inv_freq[c * VEC + j];
@@ -71,10 +82,10 @@ template <bool BWD> static __device__ __forceinline__ void rope_apply(bf16 *__re
     }
 }
 
-__global__ void __launch_bounds__(BLOCK) rope_fwd_d{{D}}_f{{FREQ_TAG}}(bf16 *x, i64 n, int heads, i64 pos0) {
+__global__ void __launch_bounds__(BLOCK) rope_fwd_d{{D}}_f{{FREQ_TAG}}{{POS_TAG}}(bf16 *x, i64 n, int heads, pos_t pos0) {
     rope_apply<false>(x, n, heads, pos0);
 }
 
-__global__ void __launch_bounds__(BLOCK) rope_bwd_d{{D}}_f{{FREQ_TAG}}(bf16 *dx, i64 n, int heads, i64 pos0) {
+__global__ void __launch_bounds__(BLOCK) rope_bwd_d{{D}}_f{{FREQ_TAG}}{{POS_TAG}}(bf16 *dx, i64 n, int heads, pos_t pos0) {
     rope_apply<true>(dx, n, heads, pos0);
 }

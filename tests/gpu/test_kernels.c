@@ -286,6 +286,40 @@ static void test_rmsnorm(void **state) {
 
 /* ---- rope ---- */
 
+/* rope with a position per row (cp_k_rope_positions): rows of documents of 1, 5, 300 and the rest tokens, the third
+ * starting at 999,000 (a document position far from 0 still exact), fwd and bwd against the reference applied row by
+ * row at each row's position. */
+static void rope_positions(const cp_model *md, const double *inv) {
+    cp_kernel_spec k;
+    cp_k_rope(&k, md);
+    cp_k_rope_positions(&k, true);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    const int64_t D = md->head_dim, n = 1000, nh = 8, cnt = n * nh * D;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t r = 0; r < n; r++)
+        pos[r] = r < 1 ? 0 : r < 6 ? (int32_t)(r - 1) : r < 306 ? (int32_t)(999000 + r - 6) : (int32_t)(r - 306);
+    int32_t *dpos = dev_copy(pos, sizeof(int32_t) * (size_t)n);
+    for (int dir = 0; dir < 2; dir++) {
+        uint16_t *x = gu_rand_bf16(&rng, cnt, 1.0), *ref = host_copy(x, 2 * (size_t)cnt), *out = malloc(2 * (size_t)cnt);
+        for (int64_t r = 0; r < n; r++) ref_rope(ref + r * nh * D, 1, nh, D, pos[r], inv, dir == 1);
+        uint16_t *dx = dev_copy(x, 2 * (size_t)cnt);
+        int heads_arg = (int)nh;
+        int64_t rows = n;
+        void *a[] = {&dx, &rows, &heads_arg, &dpos};
+        gu_run(m, dir ? "bwd" : "fwd", n, nh, a);
+        gu_download(out, dx, 2 * (size_t)cnt);
+        char shape[64];
+        snprintf(shape, sizeof shape, "d%lld n%lld h%lld positions per row", (long long)D, (long long)n, (long long)nh);
+        gu_check(dir ? "rope_bwd" : "rope_fwd", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
+        free(x), free(ref), free(out);
+        gu_free_dev(dx);
+    }
+    gu_free_dev(dpos);
+    free(pos);
+    gu_free(m);
+}
+
 static void rope_model(const char *name, int64_t D, double theta, bool scaled, double factor) {
     cp_model md;
     memset(&md, 0, sizeof md);
@@ -323,6 +357,9 @@ static void rope_model(const char *name, int64_t D, double theta, bool scaled, d
                     gu_free_dev(dx);
                 }
             }
+    /* positions from an array (packed documents): restarting at document starts, one of them 1 token long, and
+     * far from 0 in the middle, against the reference row by row at each row's position */
+    rope_positions(&md, inv);
     free(inv);
     gu_free(m);
 }
