@@ -84,6 +84,12 @@ static void use_tile(cp_step *s, const cp_plan *P, int buf, int64_t i, int64_t r
 static void rd(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_READ); }
 static void wr(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_WRITE); }
 static void rw(cp_step *s, const cp_plan *P, int buf) { use(s, P, buf, 0, -1, CP_RW); }
+/* A document-masked attention kernel's last operands: the sequence's doc_start and doc_end (cp_plan.docs). */
+static void rd_docs(cp_step *s, const cp_plan *P, int doc_start, int doc_end) {
+    if (!P->docs) return;
+    rd(s, P, doc_start);
+    rd(s, P, doc_end);
+}
 /* An attention kernel's q, k and v. */
 static void rd_qkv(cp_step *s, const cp_plan *P, int q, int k, int v) {
     rd(s, P, q);
@@ -268,6 +274,7 @@ typedef struct {
     int xs[2];                                   /* GPU staging for host checkpoints */
     int *seg;                                    /* [k] inputs of a segment's layers 1..k-1 (checkpoint_every k) */
     int h_final, xf, rstdf, dxf, logits, token_loss, loss_sum, tokens, targets, token_order;
+    int positions, doc_start, doc_end;           /* packed documents' inputs (cp_plan.docs); -1 without */
     int xn, rstd1, attn_out, h2, xn2, rstd2, dres, dh2, dxn, dattn, delta_tok;
     int *attn_keep, *lse_keep;                   /* [L] kept attention output and LSE (GPU or host); -1: recomputed */
     int attn_stage[2], lse_stage[2];             /* GPU staging for those kept on the host */
@@ -417,7 +424,7 @@ typedef struct {
 /* RoPE in place on the first T rows of `heads` heads of `buf`. With a ring, a rank's rows sit at one or two runs of
  * consecutive positions (cp_ring_rope_runs): one launch per run any rank may have, each the rank's run `ring_part`
  * (found by the executor from its ring position), so each covers the whole buffer here. */
-static void rope(builder *B, int module, const char *role, cp_task task, int buf, int64_t heads) {
+static void rope(builder *B, const bufset *b, int module, const char *role, cp_task task, int buf, int64_t heads) {
     cp_plan *P = B->P;
     int64_t T = P->T, D = P->spec.model.head_dim;
     int runs = cp_ring_rope_nruns(P->ring, P->C);
@@ -425,6 +432,7 @@ static void rope(builder *B, int module, const char *role, cp_task task, int buf
         B->ring_part = P->ring > 1 ? r : -1;
         cp_step *k = kernel(B, module, role, task, (double)T * heads * D * 2 * BF16 / runs);
         use(k, P, buf, 0, T * heads * D * BF16, CP_RW);
+        if (P->doc_positions) rd(k, P, b->positions);
         k->count = T;
         k->heads = heads;
     }
@@ -452,7 +460,7 @@ static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_r
         wr(k, P, b->q_rstd);
         k->count = T * U; /* qk-norm: one row per head */
     }
-    rope(B, M->rope, "fwd", CP_TASK_ROPE_Q, b->q_tok, U);
+    rope(B, b, M->rope, "fwd", CP_TASK_ROPE_Q, b->q_tok, U);
     if (P->C > 1) {
         cp_step *pk = kernel(B, M->lay_q, "pack", CP_TASK_PACK_Q, (double)T * U * D * 2 * BF16);
         rd(pk, P, b->q_tok);
@@ -481,7 +489,7 @@ static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_r
                 wr(k, P, b->k_rstd);
                 k->count = T * nkv;
             }
-            rope(B, M->rope, "fwd", CP_TASK_ROPE_K, b->k_tok, nkv);
+            rope(B, b, M->rope, "fwd", CP_TASK_ROPE_K, b->k_tok, nkv);
         }
         if (P->C > 1) {
             int64_t sent = T * (int64_t)P->C * P->kvr * D * BF16; /* each rank receives kvr heads of T tokens */
@@ -675,6 +683,7 @@ static void stage_attention(builder *B, const bufset *b, const modset *M, int s,
         rd_qkv(a, P, b->q_head, b->k_head, b->v_head);
         wr(a, P, b->o_head);
         use(a, P, lse_buf, (int64_t)s * u * S * F32, u * S * F32, s == 0 ? CP_DEF : CP_WRITE);
+        rd_docs(a, P, b->doc_start, b->doc_end);
         a->flops = attn_fwd_flops(P);
     }
     int from = b->o_head;
@@ -836,7 +845,7 @@ static void rope_norm_backward(builder *B, const bufset *b, const modset *M, con
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
     int64_t T = P->T, D = m->head_dim;
-    rope(B, M->rope, "bwd", task, dbuf, nh);
+    rope(B, b, M->rope, "bwd", task, dbuf, nh);
     if (!m->qk_norm) return;
     cp_step *k = kernel(B, M->norm_d, "bwd", CP_TASK_QK_NORM_BWD, (double)T * nh * D * 3 * BF16);
     use(k, P, dbuf, 0, T * nh * D * BF16, CP_RW);
@@ -896,6 +905,7 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
                 wr(a, P, b->dk_head);
                 wr(a, P, b->dv_head);
             }
+            rd_docs(a, P, b->doc_start, b->doc_end);
             a->flops = 2.5 * attn_fwd_flops(P);
         }
         cp_step *cv = kernel(B, M->attn, "bwd_dq", CP_TASK_ATTN_BWD_DQ, (double)S * u * D * (F32 + BF16));
@@ -1016,6 +1026,7 @@ static void make_modules(cp_plan *P, modset *M) {
         M->norm_d = module_of(P, &k);
     }
     cp_k_rope(&k, m);
+    cp_k_rope_positions(&k, P->doc_positions);
     M->rope = module_of(P, &k);
     cp_k_swiglu(&k, m->ffn);
     M->swiglu = module_of(P, &k);
@@ -1031,6 +1042,7 @@ static void make_modules(cp_plan *P, modset *M) {
     bool ring = P->ring > 1;
     cp_k_attention(&k, D, P->u, P->kvr, P->group_tokens, true, ring || P->group_len > 1,
                    !P->spec.train.deterministic);
+    cp_k_attention_docs(&k, P->docs);
     M->attn = module_of(P, &k);
     M->attn_half = M->merge = -1;
     if (ring) {
@@ -1235,6 +1247,11 @@ static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
     b->targets = add_buf(P, "targets", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
     /* the rows sorted by token (stable, from the host): the embedding backward sums each token's rows without atomics */
     b->token_order = add_buf(P, "token_order", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false);
+    /* packed documents: the rows' RoPE positions, and each position's document bounds over the whole sequence (after
+     * the all-to-all a rank's attention sees all of it) */
+    b->positions = P->doc_positions ? add_buf(P, "positions", CP_SPACE_GPU, CP_CAT_WORKSPACE, T * 4, false) : -1;
+    b->doc_start = P->docs ? add_buf(P, "doc_start", CP_SPACE_GPU, CP_CAT_WORKSPACE, P->S * 4, false) : -1;
+    b->doc_end = P->docs ? add_buf(P, "doc_end", CP_SPACE_GPU, CP_CAT_WORKSPACE, P->S * 4, false) : -1;
     b->gemm_ws = add_buf(P, "gemm_workspace", CP_SPACE_GPU, CP_CAT_WORKSPACE, CP_GEMM_WORKSPACE, true);
 }
 
@@ -1252,6 +1269,10 @@ static void copy_attention(builder *B, const bufset *b, int l, cp_opkind dir) {
     }
 }
 
+int64_t cp_plan_input_ints(const cp_plan *P) {
+    return 3 * P->T + (P->doc_positions ? P->T : 0) + (P->docs ? 2 * P->S : 0);
+}
+
 /* The program of one micro-batch (forward, loss, backward), then the optimizer step. */
 static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     const cp_model *m = &P->spec.model;
@@ -1263,12 +1284,17 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
     cp_step *s;
 
     /* inputs arrive from the host (data loader) */
-    s = collective(&B, CP_OP_COPY_H2D, cp_task_name(CP_TASK_LOAD_TOKENS), 3 * T * 4);
+    s = collective(&B, CP_OP_COPY_H2D, cp_task_name(CP_TASK_LOAD_TOKENS), cp_plan_input_ints(P) * 4);
     s->task = CP_TASK_LOAD_TOKENS;
     s->stream = CP_STREAM_COMPUTE; /* the inputs of this micro-batch: nothing can start before them */
     wr(s, P, b->tokens);
     wr(s, P, b->targets);
     wr(s, P, b->token_order);
+    if (P->doc_positions) wr(s, P, b->positions);
+    if (P->docs) {
+        wr(s, P, b->doc_start);
+        wr(s, P, b->doc_end);
+    }
 
     /* embedding */
     gather(&B, b, 0, 0);
@@ -1644,6 +1670,12 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     P->S = spec->train.seq_len;
     P->group_tokens = P->S / P->ring;
     P->T = P->group_tokens / P->C;
+    P->docs = spec->data.documents == CP_DOCS_MASK;
+    P->doc_positions = spec->data.positions == CP_POS_DOCUMENT;
+    if (P->docs && P->ring > 1)
+        return cp_errf(err, errlen, "%s: data.documents = \"mask\" with parallel.ring = %d: ring attention does not "
+                       "mask documents yet; set parallel.ring = 1 (Ulysses and UPipe mask them) or data.documents = "
+                       "\"stream\"", spec->path, P->ring);
     if (stage_table(P, err, errlen)) return -1;
     P->mlp_tile = par->mlp_tile ? par->mlp_tile : largest_divisor_at_most(P->T, 4096);
     int64_t loss_cap = CP_MAX((int64_t)1, ((int64_t)512 << 20) / (m->vocab * BF16));

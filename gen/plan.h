@@ -12,7 +12,7 @@
 #include "spec.h"
 
 #define CP_ARENA_ALIGN 256
-#define CP_MAX_OPERANDS 10
+#define CP_MAX_OPERANDS 12
 #define CP_MAX_STAGE_HEADS 128 /* query heads per GPU in one stage (plain Ulysses of a 128-head model) */
 #define CP_HOST_CHUNK (64LL << 20) /* elements per chunk of the host optimizer's rings (256 MiB of fp32) */
 #define CP_GEMM_WORKSPACE (32 << 20) /* cuBLASLt workspace, bytes */
@@ -220,6 +220,11 @@ typedef struct {
     int ckpt_every;        /* k: the inputs of layers 0, k, 2k... are kept, the k - 1 between recomputed in the
                             * backward (k > 1: every checkpoint on the GPU) */
     bool opt_on_host;
+    bool docs;             /* packed documents masked (data.documents = "mask"): each micro-batch's inputs carry the
+                            * sequence's doc_start and doc_end (int32 [S]), and attention keeps only the scores within
+                            * a document (templates/attention.cu, DOCS) */
+    bool doc_positions;    /* RoPE positions restart at each document (data.positions = "document"): the inputs carry
+                            * each of the rank's rows' position (int32 [T]), which rope reads (POS_ARRAY) */
     cp_stage_rank *stages; /* [nstages * C], index s * C + r */
 
     int nbufs, capbufs;
@@ -266,6 +271,11 @@ typedef struct {
     bool fits;
     char why[512];         /* when !fits: what does not fit and by how much */
 } cp_plan;
+
+/* The int32 inputs of one micro-batch, in the order the load step writes its operands: tokens, targets and the rows
+ * sorted by token (T each), then with doc_positions each row's RoPE position (T), with docs doc_start and doc_end of
+ * the whole sequence (S each). */
+int64_t cp_plan_input_ints(const cp_plan *P);
 
 /* The flat layout of one transformer layer's weights for C ranks. */
 void cp_layer_layout_of(const cp_model *m, int C, cp_layer_layout *L);

@@ -73,12 +73,18 @@ typedef struct {
     bool deterministic; /* the same bits every run (attention's dQ summed in key-block order), or faster sums */
 } cp_train;
 
+typedef enum { CP_DOCS_AUTO = 0, CP_DOCS_STREAM, CP_DOCS_MASK } cp_doc_mode;
+typedef enum { CP_POS_AUTO = 0, CP_POS_SEQUENCE, CP_POS_DOCUMENT } cp_pos_mode;
+
 typedef struct {
     char source[CP_PATH_MAX]; /* "synthetic:recall" or "tokens:<glob>" */
     /* held-out data for the validation loss (runtime/eval.c): "" (none), "tokens:<glob>" (other shards),
      * "split:<fraction>" (the last fraction of the tokens: source's sequences, which training then never reads) or
      * "synthetic:<task>" (that task's sequences from CP_VAL_FIRST_SEQUENCE on, which training never reaches) */
     char val[CP_PATH_MAX];
+    int documents;   /* cp_doc_mode: packed documents masked, or one stream */
+    int positions;   /* cp_pos_mode: RoPE positions restart per document, or run over the sequence */
+    int64_t eod;     /* the end-of-document token id; -1: not set */
 } cp_data;
 
 typedef struct {

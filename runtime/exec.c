@@ -177,7 +177,8 @@ static int setup(cp_exec *ex, char *err, int errlen) {
                        CP_SCALARS_BYTES);
     if (cp_gemm_lib_create(&ex->gemm, ws, CP_GEMM_WORKSPACE, err, errlen)) return -1;
     int mb = P->spec.train.micro_batches;
-    CK(cudaHostAlloc((void **)&ex->staging, sizeof(int32_t) * 3 * (size_t)P->T * (size_t)mb, cudaHostAllocDefault),
+    CK(cudaHostAlloc((void **)&ex->staging, sizeof(int32_t) * (size_t)cp_plan_input_ints(P) * (size_t)mb,
+                     cudaHostAllocDefault),
        "pinning the token staging buffer");
     ex->sort_count = cp_xcalloc((size_t)P->spec.model.vocab + 1, sizeof *ex->sort_count);
     CK(cudaHostAlloc((void **)&ex->host_scalars, 32 + CP_SCALARS_RANK_INTS * sizeof(int64_t), cudaHostAllocDefault),

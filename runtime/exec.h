@@ -164,6 +164,13 @@ int cp_exec_load_optimizer(cp_exec *ex, const float *m, const float *v, int upda
  * several GPUs resuming reads its shards unit by unit and never holds the whole model (cp_ckpt_load_moment_shard). */
 int cp_exec_load_optimizer_shard(cp_exec *ex, const float *m, const float *v, int updates, char *err, int errlen);
 
+/* Packed documents (plan->docs, plan->doc_positions): the next step's or evaluation's documents, for mb micro-batches
+ * in their order: positions [mb][T] (each of the rank's rows' RoPE position; with doc_positions), doc_start and
+ * doc_end [mb][S] (each position's document over the whole sequence, data.h cp_docs_bounds; with docs). Checked (a
+ * document of each position, in order) and staged; every step and evaluation of such a plan needs it first, and
+ * fails without. Returns 0, or -1 with a message. */
+int cp_exec_set_documents(cp_exec *ex, int mb, const int32_t *positions, const int32_t *doc_start,
+                          const int32_t *doc_end, char *err, int errlen);
 /* One optimizer step: tokens and targets are [micro_batches][T] int32 (targets < 0 are ignored). Runs every
  * micro-batch's program, reads the loss and the gradient norm (one sync), then clips and applies AdamW unless the
  * loss or the norm is NaN or Inf. `label` (e.g. "step 3/10") prefixes progress lines, printed to stderr when a step

@@ -248,7 +248,8 @@ static int k_qk_norm_bwd(pctx *c) { return need_ops(c, 6) ? -1 : norm_bwd(c, 0, 
  * without a ring, one or two under a ring's zigzag); a ring plan has a launch per run a rank may have, this one run
  * ring_part of the rank's, which launches nothing where the rank has fewer. */
 static int k_rope(pctx *c) {
-    if (need_ops(c, 1)) return -1;
+    bool per_row = kint(c, "POS_ARRAY") == 1; /* packed documents: each row's position from operand 1 */
+    if (need_ops(c, per_row ? 2 : 1)) return -1;
     const cp_plan *P = c->ex->P;
     int64_t T = c->s->count, heads = c->s->heads, D = kint(c, "D");
     if (T < 1 || heads < 1) return pfail(c, "%lld rows of %lld heads", (long long)T, (long long)heads);
@@ -268,7 +269,12 @@ static int k_rope(pctx *c) {
     a_ptr(l, opp(c, 0));
     a_i64(l, run[part].rows);
     a_i32(l, (int)heads);
-    a_i64(l, run[part].pos0);
+    if (!per_row) {
+        a_i64(l, run[part].pos0);
+        return 0;
+    }
+    if (need_bytes(c, 1, T * 4) || shift(c, 1, run[part].row0 * 4)) return -1;
+    a_ptr(l, opp(c, 1));
     return 0;
 }
 
@@ -315,8 +321,25 @@ static int need_lse(pctx *c, int j) {
 
 /* attn_fwd: operands q, k, v, o, lse (the stage's slice): fwd(q, k, v, o, lse), or on Hopper
  * fwd_sm90(tensor maps of q, k, v; o, lse) */
+/* With document masks (DOCS) an attention launch has two operands more, last: the sequence's doc_start and doc_end
+ * (int32 [S] each: cp_exec_set_documents), passed with the positions of its first query and key rows (0 and 0 but
+ * for a ring's half launches, which do not mask documents yet). */
+static int attn_docs_ops(pctx *c) { return kint(c, "DOCS") == 1 ? 2 : 0; }
+static int a_docs(pctx *c, xlaunch *l) {
+    if (!attn_docs_ops(c)) return 0;
+    const int j = c->s->nops - 2;
+    const int64_t S = c->ex->P->S;
+    if (need_bytes(c, j, S * 4) || need_bytes(c, j + 1, S * 4) || need_align(c, j, 4) || need_align(c, j + 1, 4))
+        return -1;
+    a_ptr(l, opp(c, j));
+    a_ptr(l, opp(c, j + 1));
+    a_i32(l, 0);
+    a_i32(l, 0);
+    return 0;
+}
+
 static int k_attn_fwd(pctx *c) {
-    if (need_ops(c, 5)) return -1;
+    if (need_ops(c, 5 + attn_docs_ops(c))) return -1;
     int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
     if (need_bytes(c, 0, S * QH * D * 2) || need_bytes(c, 1, S * KH * D * 2) || need_bytes(c, 2, S * KH * D * 2) ||
         need_bytes(c, 3, S * QH * D * 2) || need_lse(c, 4))
@@ -327,14 +350,14 @@ static int k_attn_fwd(pctx *c) {
     if (!attn_hopper(c)) {
         if (launch_of(c, "fwd", 0, 0, l)) return -1;
         for (int j = 0; j < 5; j++) a_ptr(l, opp(c, j));
-        return 0;
+        return a_docs(c, l);
     }
     const tmap_arg t[3] = {{0, QH, CP_ATTN_SM90_BOX_ROWS, 2}, {1, KH, CP_ATTN_SM90_BOX_ROWS, 2},
                            {2, KH, CP_ATTN_SM90_BOX_ROWS, 2}};
     if (launch_of(c, "fwd_sm90", 0, 0, l) || a_tmaps(c, l, 3, t)) return -1;
     a_ptr(l, opp(c, 3));
     a_ptr(l, opp(c, 4));
-    return 0;
+    return a_docs(c, l);
 }
 
 /* attn_bwd: operands q, k, v, dout, lse (the stage's slice), delta, the dQ workspace (fp32 dQ, written, or added to
@@ -343,8 +366,9 @@ static int k_attn_fwd(pctx *c) {
  * bf16 written, two operands: bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv), or on Hopper
  * bwd_sm90(tensor maps of q, k, v, dout, dq_ws; lse, delta, dq_prog, dk, dv) */
 static int k_attn_bwd(pctx *c) {
-    bool acc = kint(c, "DKV_ACCUM") == 1, apart = !acc || c->s->nops == 9;
-    if (need_ops(c, apart ? 9 : 8)) return -1;
+    const int nd = attn_docs_ops(c);
+    bool acc = kint(c, "DKV_ACCUM") == 1, apart = !acc || c->s->nops - nd == 9;
+    if (need_ops(c, (apart ? 9 : 8) + nd)) return -1;
     int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
     int64_t dkv = S * KH * D * (acc ? 4 : 2); /* dK or dV */
     if (need_bytes(c, 0, S * QH * D * 2) || need_bytes(c, 1, S * KH * D * 2) || need_bytes(c, 2, S * KH * D * 2) ||
@@ -352,7 +376,7 @@ static int k_attn_bwd(pctx *c) {
         need_bytes(c, 6, cp_k_attention_workspace_bytes(kspec(c))))
         return -1;
     if (apart ? need_bytes(c, 7, dkv) || need_bytes(c, 8, dkv) : need_bytes(c, 7, 2 * dkv)) return -1;
-    for (int j = 0; j < c->s->nops; j++)
+    for (int j = 0; j < c->s->nops - nd; j++)
         if (need_align(c, j, 16)) return -1;
     xlaunch *l = &c->x->L[0];
     if (attn_hopper(c)) {
@@ -368,7 +392,7 @@ static int k_attn_bwd(pctx *c) {
     a_ptr(l, opp(c, 6) + cp_k_attention_prog_offset(kspec(c)));
     a_ptr(l, opp(c, 7));
     a_ptr(l, apart ? opp(c, 8) : opp(c, 7) + dkv);
-    return 0;
+    return a_docs(c, l);
 }
 
 /* attn_fwd_half, attn_bwd_half: a ring's half-block launches, attn_fwd's and attn_bwd's operands and launches over
@@ -800,10 +824,22 @@ int exec_prep_step(cp_exec *ex, int i, char *err, int errlen) {
     case CP_OP_COPY_H2D:
     case CP_OP_COPY_D2H:
         if (s->task == CP_TASK_LOAD_TOKENS) {
-            /* tokens, targets, token_order */
-            if (need_ops(&c, 3) || need_bytes(&c, 0, P->T * 4) || need_bytes(&c, 1, P->T * 4) ||
-                need_bytes(&c, 2, P->T * 4))
-                return -1;
+            /* tokens, targets, token_order; packed documents' positions, doc_start, doc_end: each whole, from the
+             * staging's parts in this order (cp_plan_input_ints) */
+            int64_t want[6] = {P->T, P->T, P->T}, total = 0;
+            int n = 3;
+            if (P->doc_positions) want[n++] = P->T;
+            if (P->docs) want[n++] = P->S, want[n++] = P->S;
+            if (need_ops(&c, n)) return -1;
+            for (int j = 0; j < n; j++) {
+                if (opbytes(&c, j) != want[j] * 4 || opbytes(&c, j) != opbuf(&c, j)->bytes)
+                    return pfail(&c, "operand %d (%s) has %lld bytes, the inputs' part %lld", j, opbuf(&c, j)->name,
+                                 (long long)opbytes(&c, j), (long long)want[j] * 4);
+                total += want[j];
+            }
+            if (total != cp_plan_input_ints(P))
+                return pfail(&c, "the inputs hold %lld ints, the staging %lld", (long long)total,
+                             (long long)cp_plan_input_ints(P));
             x->kind = X_LOAD_TOKENS;
             return 0;
         }

@@ -95,7 +95,9 @@ struct cp_exec {
     cp_gemm_lib *gemm;
     xstep *x;
     scalars sc;
-    int32_t *staging;   /* pinned: [micro_batches][3][T] tokens, targets, rows sorted by token */
+    int32_t *staging;   /* pinned: [micro_batches][cp_plan_input_ints] tokens, targets, rows sorted by token, then the
+                         * packed documents' positions and bounds */
+    bool docs_staged;   /* cp_exec_set_documents ran since the last step took the staging's documents */
     int32_t *sort_count; /* [vocab + 1]: the counting sort of the tokens */
     float *host_scalars; /* pinned: loss_sum[0..1] read back once per step; from byte 32 the CP_SCALARS_RANK_INTS
                           * integers compared across the ranks (spread_memory) */

@@ -187,13 +187,15 @@ int exec_run_step(cp_exec *ex, int i, int mb, void *progress_state, bool skip, c
                 return cp_errf(err, errlen, "rank %d, %s: %s", ex->o.rank, exec_step_desc(ex->P, i, d, sizeof d), m);
             }
             break;
-        case X_LOAD_TOKENS: {
+        case X_LOAD_TOKENS: { /* each operand whole, from consecutive parts of the micro-batch's staging */
             const cp_step *s = &ex->P->steps[i];
-            size_t tb = sizeof(int32_t) * (size_t)ex->P->T;
-            const int32_t *src = ex->staging + (size_t)mb * 3 * (size_t)ex->P->T;
-            for (int j = 0; j < 3 && e == cudaSuccess; j++) /* tokens, targets, token_order */
-                e = cudaMemcpyAsync((char *)ex->bufptr[s->ops[j].buf] + s->ops[j].offset, src + j * ex->P->T, tb,
+            const char *src = (const char *)(ex->staging + (size_t)mb * (size_t)cp_plan_input_ints(ex->P));
+            for (int j = 0; j < s->nops && e == cudaSuccess; j++) {
+                size_t n = (size_t)ex->P->bufs[s->ops[j].buf].bytes;
+                e = cudaMemcpyAsync((char *)ex->bufptr[s->ops[j].buf] + s->ops[j].offset, src, n,
                                     cudaMemcpyHostToDevice, st);
+                src += n;
+            }
             break;
         }
         default: break;
@@ -247,13 +249,56 @@ static void sort_tokens(const int32_t *tok, int64_t T, int64_t V, int32_t *count
     for (int64_t t = 0; t < T; t++) order[count[tok[t]]++] = (int32_t)t;
 }
 
+int cp_exec_set_documents(cp_exec *ex, int mb, const int32_t *positions, const int32_t *doc_start,
+                          const int32_t *doc_end, char *err, int errlen) {
+    const cp_plan *P = ex->P;
+    int64_t T = P->T, S = P->S, stride = cp_plan_input_ints(P);
+    if (mb < 1 || mb > P->spec.train.micro_batches)
+        return cp_errf(err, errlen, "documents of %d micro-batches, the plan has %d", mb, P->spec.train.micro_batches);
+    for (int b = 0; b < mb; b++) {
+        int32_t *dst = ex->staging + (size_t)(b * stride + 3 * T);
+        if (P->doc_positions) {
+            if (!positions) return cp_errf(err, errlen, "the plan restarts positions per document, and none were given");
+            for (int64_t t = 0; t < T; t++) {
+                int32_t p = positions[b * T + t];
+                if (p < 0 || p >= S)
+                    return cp_errf(err, errlen, "position %d of row %lld of micro-batch %d is outside [0, %lld)", p,
+                                   (long long)t, b, (long long)S);
+                dst[t] = p;
+            }
+            dst += T;
+        }
+        if (!P->docs) continue;
+        if (!doc_start || !doc_end) return cp_errf(err, errlen, "the plan masks documents, and no bounds were given");
+        /* the kernels bound their loops by these: each position inside its document, documents in order */
+        const int32_t *a = doc_start + b * S, *e = doc_end + b * S;
+        for (int64_t i = 0; i < S; i++) {
+            bool starts = a[i] == i, ok = a[i] >= 0 && a[i] <= i && e[i] > i && e[i] <= S;
+            if (i == 0) ok = ok && starts;
+            else if (starts) ok = ok && e[i - 1] == i;
+            else ok = ok && a[i] == a[i - 1] && e[i] == e[i - 1];
+            if (!ok)
+                return cp_errf(err, errlen, "micro-batch %d: position %lld's document [%d, %d) is not a document of "
+                               "the sequence's %lld positions in order", b, (long long)i, a[i], e[i], (long long)S);
+        }
+        memcpy(dst, a, sizeof(int32_t) * (size_t)S);
+        memcpy(dst + S, e, sizeof(int32_t) * (size_t)S);
+    }
+    ex->docs_staged = true;
+    return 0;
+}
+
 /* Tokens and targets into the pinned staging (checked against the vocabulary), each micro-batch's rows sorted by
  * token for the embedding's backward, and the loss's divisor: the step's target tokens, over all ranks with several
  * GPUs (targets_all, from the caller: each rank sees only its slice). Returns that count, or -1. */
 int64_t exec_stage_inputs(cp_exec *ex, int mb, const int32_t *tokens, const int32_t *targets, int64_t targets_all,
                           char *err, int errlen) {
     const cp_plan *P = ex->P;
-    int64_t T = P->T, V = P->spec.model.vocab, ntgt = 0;
+    int64_t T = P->T, V = P->spec.model.vocab, ntgt = 0, stride = cp_plan_input_ints(P);
+    if ((P->docs || P->doc_positions) && !ex->docs_staged)
+        return cp_errf(err, errlen, "the plan masks packed documents, and this step's documents were not given "
+                       "(cp_exec_set_documents before every step and evaluation)");
+    ex->docs_staged = false;
     for (int b = 0; b < mb; b++)
         for (int64_t t = 0; t < T; t++) {
             int32_t tok = tokens[b * T + t], tg = targets[b * T + t];
@@ -264,11 +309,11 @@ int64_t exec_stage_inputs(cp_exec *ex, int mb, const int32_t *tokens, const int3
                 return cp_errf(err, errlen, "target %d at position %lld of micro-batch %d is outside the vocabulary "
                              "[0, %lld)", tg, (long long)t, b, (long long)V);
             ntgt += tg >= 0;
-            ex->staging[(size_t)b * 3 * T + t] = tok;
-            ex->staging[(size_t)b * 3 * T + T + t] = tg;
+            ex->staging[(size_t)(b * stride + t)] = tok;
+            ex->staging[(size_t)(b * stride + T + t)] = tg;
         }
     for (int b = 0; b < mb; b++) {
-        int32_t *st = ex->staging + (size_t)b * 3 * T;
+        int32_t *st = ex->staging + (size_t)(b * stride);
         sort_tokens(st, T, V, ex->sort_count, st + 2 * T);
     }
     if (exec_run_comm(ex)) { /* several GPUs: the divisor counts every rank of every group */

@@ -27,6 +27,9 @@
 #include "snapshot.h"
 #include "spec.h"
 
+/* Plans of packed documents masked, their positions per document (test_documents sets it around its checks). */
+static bool with_docs;
+
 /* Plan `name` with overrides, check it, print what the executor derived; returns the report. */
 static cp_exec_check_report check(const char *name, int nsets, ...) {
     const char *sets[16];
@@ -37,8 +40,10 @@ static cp_exec_check_report check(const char *name, int nsets, ...) {
     cp_spec s;
     char err[CP_ERR_MAX];
     if (cp_spec_load(name, sets, nsets, &s, err, sizeof err)) fail_msg("spec %s: %s", name, err);
+    if (with_docs) s.data.documents = CP_DOCS_MASK, s.data.positions = CP_POS_DOCUMENT;
     cp_plan p;
     if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("plan %s: %s", name, err);
+    assert_int_equal(p.docs, with_docs);
     cp_exec_check_report r;
     int rc = cp_exec_check(&p, &r, err, sizeof err);
     printf("  %-8s", name);
@@ -399,6 +404,33 @@ static void test_checkpoint_gathers(void **state) {
     }
 }
 
+/* Packed documents: attention launches take the sequence's doc_start and doc_end (two operands more, 4-byte int32
+ * [S] each) and RoPE each row's position, loaded with the tokens; in one-GPU and Ulysses/UPipe layouts, offloaded
+ * checkpoints, kept attention outputs and the host optimizer. A ring, which does not mask documents yet, is
+ * refused by the planner. */
+static void test_documents(void **state) {
+    (void)state;
+    with_docs = true;
+    check("tiny", 0);
+    check("tiny", 1, "parallel.gpus=2");
+    check("tiny", 2, "parallel.gpus=2", "parallel.upipe_heads=2");
+    check("tiny", 1, "parallel.gpus=4"); /* 2 KV heads on 4 GPUs */
+    check("tiny", 2, "parallel.gpus=2", "parallel.offload=all");
+    check("tiny", 2, "parallel.gpus=2", "parallel.attention_output=host");
+    check("tiny", 2, "parallel.gpus=2", "parallel.optimizer=host");
+    check("tiny", 2, "parallel.replicas=2", "train.micro_batches=1");
+    check("llama8b", 4, "parallel.gpus=8", "model.layers=2", "train.seq_len=64K", "parallel.upipe_heads=8");
+    with_docs = false;
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    const char *sets[] = {"parallel.ring=2"};
+    if (cp_spec_load("tiny", sets, 1, &s, err, sizeof err)) fail_msg("%s", err);
+    s.data.documents = CP_DOCS_MASK;
+    cp_plan p;
+    assert_int_not_equal(cp_plan_build(&s, &p, err, sizeof err), 0);
+    assert_non_null(strstr(err, "data.documents"));
+}
+
 /* A gathered unit goes to a snapshot registered with CUDA in pieces of CP_SNAP_PIECE bytes: its copies out of the
  * GPU (exec_piece_span) cover it exactly and none crosses a piece. The 8B shape's embedding and LM head (2.1 GB
  * each) cross pieces: copied whole, every save of the 8B shape on 8 GPUs failed (cudaErrorInvalidValue). */
@@ -628,6 +660,7 @@ int main(void) {
         cmocka_unit_test(test_save_on_ranks_that_keep_nothing),
         cmocka_unit_test(test_checkpoint_gathers),
         cmocka_unit_test(test_snapshot_pieces),
+        cmocka_unit_test(test_documents),
         cmocka_unit_test(test_every_task_prepared),
         cmocka_unit_test(test_snapshot_gate),
         cmocka_unit_test(test_snapshot_host_memcpy),
