@@ -45,6 +45,26 @@
 //       block come from its place in the launch order: head_major_block);
 //       tm_q, tm_do: tensor maps of q, dout with boxes (64, 1, 64); tm_k, tm_v: of k, v with boxes (64, 1, 128);
 //       tm_dq: of dq_ws (fp32) with boxes (32, 1, 64) (runtime/tma.h); the other arguments as for bwd.
+//   With DOCS = 1: bwd_sm90(tm_q, tm_k, tm_v, tm_do, tm_dq, lse, delta, dq_prog, dk, dv, doc_start, doc_end, q_pos,
+//   k_pos) (doc_start unused here).
+//
+// Document masks (DOCS = 1; the contract is attention.cu's, "Document masks"), in the keys' form: key c is kept by
+// the query rows r < doc_end[k_pos + c] - q_pos (and the causal rule), the same scores as the forward's rule.
+// doc_end never decreases along the sequence, so a key block's tiles run from its causal start to the query tile
+// holding the last row its last key's document reaches, and every tile of that range keeps some score. The tiles keep
+// the numbers they have in every key block; the Q, dO ring, the dS^T and dQ buffers and the tiles' owners count from
+// the block's first one, and the count comes from the entry, where every role takes it. A block with no tile loads
+// nothing and writes dK = dV = 0. A warp masks a tile when it crosses the diagonal or the end as before, or when the
+// tile's last row is past the end of the warp's first key's document; a masked score has P = 0, also in a row whose
+// lse is -inf (it keeps no key, so each of its tiles is masked), where exp(scale S - lse) alone would be +inf.
+// The dQ sums stay in key-block order when blocks skip tiles: the key blocks that visit a tile are consecutive (the
+// causal start and the last tile both grow with the block); the first stores (it knows it is first when the block
+// before, from that block's last key, ends its tiles below this one) and waits for nobody, each later one waits for
+// the block before, which visits the tile and publishes its count after it, and adds. So no block waits on a tile its
+// predecessor skips, and the order, and the bits, are the same every run. Ordered, dq_ws is not zeroed before the
+// backward, and bwd_dq reads all of it: the tiles that no key block visits (only without the causal rule, past the
+// last key's document) are written as zeros by the dQ warps of the head's blocks, shared out among them. With
+// DQ_ATOMIC the plan's zeroing leaves them 0. With DOCS = 0 the code is what it was (the same SASS).
 
 #define B9_BM 64    // query rows per tile
 #define B9_BN 128   // keys per block: two consumer warpgroups of 64

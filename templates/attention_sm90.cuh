@@ -21,6 +21,20 @@
 //   (the block's head and query tile come from its place in the launch order: head_major_block);
 //   tm_q, tm_k, tm_v: tensor maps of q, k, v as (HEAD_DIM, heads, SEQ) bf16 with boxes (64, 1, 128) and the
 //   128-byte swizzle (runtime/tma.h); o, lse as in attention.cu.
+//   With DOCS = 1: fwd_sm90(tm_q, tm_k, tm_v, o, lse, doc_start, doc_end, q_pos, k_pos) (doc_end unused here).
+//
+// Document masks (DOCS = 1; the contract is attention.cu's, "Document masks"). Row r keeps key c when c >=
+// doc_start[q_pos + r] - k_pos (and the causal rule keeps it); doc_start never decreases along the sequence, so no
+// row of a block keeps a key before its first row's bound. A block computes the key tiles from the one holding that
+// bound to the causal end (still the last first), and no others: the count is computed once at the entry, where
+// producer and consumers both take it, so the TMA ring loads exactly the tiles the consumers compute and the ring of
+// turns stays whole; a block with no tile (its documents start past all of the launch's keys) loads nothing, not even
+// Q, and its consumers only store. Every tile of that range keeps some score. A warp masks a tile when it crosses the
+// diagonal or the end as before, or a document start of one of the warp's rows (the tile begins before the warp's
+// last row's bound); the others are computed without masks, as without documents. A row that keeps no key (possible
+// without the causal rule: a ring's half block whose queries lie in later documents than all its keys) keeps max -inf
+// and sum 0 through the softmax's guard (P = 0, never -inf - -inf), and stores o = 0 and lse = -inf. With DOCS = 0
+// the code is what it was (the same SASS).
 
 // Consumer warpgroups of 64 query rows: two, or three at head_dim 64, where a tile's exponentials take as long as its
 // products and a third warpgroup's softmax fills the MUFU while the other two wait on theirs.
