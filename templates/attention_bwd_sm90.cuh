@@ -45,6 +45,26 @@
 //       block come from its place in the launch order: head_major_block);
 //       tm_q, tm_do: tensor maps of q, dout with boxes (64, 1, 64); tm_k, tm_v: of k, v with boxes (64, 1, 128);
 //       tm_dq: of dq_ws (fp32) with boxes (32, 1, 64) (runtime/tma.h); the other arguments as for bwd.
+//   With DOCS = 1: bwd_sm90(tm_q, tm_k, tm_v, tm_do, tm_dq, lse, delta, dq_prog, dk, dv, doc_start, doc_end, q_pos,
+//   k_pos) (doc_start unused here).
+//
+// Document masks (DOCS = 1; the contract is attention.cu's, "Document masks"), in the keys' form: key c is kept by
+// the query rows r < doc_end[k_pos + c] - q_pos (and the causal rule), the same scores as the forward's rule.
+// doc_end never decreases along the sequence, so a key block's tiles run from its causal start to the query tile
+// holding the last row its last key's document reaches, and every tile of that range keeps some score. The tiles keep
+// the numbers they have in every key block; the Q, dO ring, the dS^T and dQ buffers and the tiles' owners count from
+// the block's first one, and the count comes from the entry, where every role takes it. A block with no tile loads
+// nothing and writes dK = dV = 0. A warp masks a tile when it crosses the diagonal or the end as before, or when the
+// tile's last row is past the end of the warp's first key's document; a masked score has P = 0, also in a row whose
+// lse is -inf (it keeps no key, so each of its tiles is masked), where exp(scale S - lse) alone would be +inf.
+// The dQ sums stay in key-block order when blocks skip tiles: the key blocks that visit a tile are consecutive (the
+// causal start and the last tile both grow with the block); the first stores (it knows it is first when the block
+// before, from that block's last key, ends its tiles below this one) and waits for nobody, each later one waits for
+// the block before, which visits the tile and publishes its count after it, and adds. So no block waits on a tile its
+// predecessor skips, and the order, and the bits, are the same every run. Ordered, dq_ws is not zeroed before the
+// backward, and bwd_dq reads all of it: the tiles that no key block visits (only without the causal rule, past the
+// last key's document) are written as zeros by the dQ warps of the head's blocks, shared out among them. With
+// DQ_ATOMIC the plan's zeroing leaves them 0. With DOCS = 0 the code is what it was (the same SASS).
 
 #define B9_BM 64    // query rows per tile
 #define B9_BN 128   // keys per block: two consumer warpgroups of 64
@@ -162,9 +182,14 @@ __device__ __forceinline__ float2 lds_f2(u32 addr) {
 
 // P^T = exp(scale S^T - lse) in place, for this thread's keys key, key + 8 (accumulator rows) and the tile's query
 // rows row0 + 8 j + 2 t + e (columns; their lse at sl). EDGE: the tile crosses the diagonal or the end of the
-// sequence; keys past the row (causal) or past the end, and rows past the end, get p = 0.
+// sequence (or a document's end); keys past the row (causal) or past the end, and rows past the end, get p = 0, and
+// with documents the rows at or past de[r], the end of key + 8 r's document (b9_doc_end).
 template <bool EDGE>
-__device__ __forceinline__ void b9_probs(float (&st)[32], u32 sl, int key, int row0, int t) {
+__device__ __forceinline__ void b9_probs(float (&st)[32], u32 sl, int key, int row0, int t
+#if DOCS
+                                         , const int (&de)[2]
+#endif
+) {
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const float2 l = lds_f2(sl + (8 * j + 2 * t) * 4);
@@ -175,18 +200,45 @@ __device__ __forceinline__ void b9_probs(float (&st)[32], u32 sl, int key, int r
                 float p = ex2(fmaf(st[4 * j + 2 * r + e], SCALE_LOG2, -(e ? l.y : l.x) * LOG2E));
                 if (EDGE) {
                     const int row = row0 + 8 * j + 2 * t + e, kk = key + 8 * r;
+#if DOCS
+                    if (row >= SEQ || kk >= SEQ || (CAUSAL && kk > row) || row >= de[r]) p = 0.f;
+#else
                     if (row >= SEQ || kk >= SEQ || (CAUSAL && kk > row)) p = 0.f;
+#endif
                 }
                 st[4 * j + 2 * r + e] = p;
             }
     }
 }
 
+#if DOCS
+constexpr int B9_NM = (SEQ + B9_BM - 1) / B9_BM; // query tiles of the launch
+// Document bounds of the backward (attention.cu, "Document masks"), in the form of key rows: key c is kept by the
+// query rows r < doc_end[k_pos + c] - q_pos (and by the causal rule), the same set as c >= doc_start[q_pos + r] -
+// k_pos. doc_end never decreases along the sequence, so a block's first key has its lowest bound and its last key
+// the highest. Keys past the launch take the last key's bound: the bounds still grow with the key, and those keys are
+// never stored.
+__device__ __forceinline__ int b9_doc_end(const int *__restrict__ doc_end, int q_pos, int k_pos, int key) {
+    return doc_end[k_pos + min(key, SEQ - 1)] - q_pos;
+}
+// The last query tile that keys up to `key` are kept by (-1: none; the launch's last when the document ends past it).
+// A key block's query tiles run from its causal start to this tile of its last key; so do those of the block before
+// it, with its own last key, which is how a block knows which of its tiles the block before has summed dQ into.
+__device__ __forceinline__ int b9_last_qtile(const int *__restrict__ doc_end, int q_pos, int k_pos, int key) {
+    const int hi = b9_doc_end(doc_end, q_pos, k_pos, key) - 1; // the last query row that keeps the key
+    return hi < 0 ? -1 : min(hi / B9_BM, B9_NM - 1);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(B9_THREADS, 1)
 attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const __grid_constant__ tmap_t tm_q, const __grid_constant__ tmap_t tm_k, const __grid_constant__ tmap_t tm_v,
     const __grid_constant__ tmap_t tm_do, const __grid_constant__ tmap_t tm_dq, const float *__restrict__ lse,
-    const float *__restrict__ delta, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
+    const float *__restrict__ delta, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv
+#if DOCS
+    , const int *__restrict__ doc_start, const int *__restrict__ doc_end, int q_pos, int k_pos
+#endif
+) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char hsmem[];
     const u32 base = (smem_addr(hsmem) + 1023u) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
@@ -200,6 +252,16 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
     constexpr int NM = (SEQ + B9_BM - 1) / B9_BM, NKB = (SEQ + B9_BN - 1) / B9_BN;
     const int m_first = CAUSAL ? n0 / B9_BM : 0; // query tiles before n0 see none of these keys when causal
     const int niters = GROUP * (NM - m_first);
+    // The block's tiles are it_begin ... niters - 1 (numbered as in every key block, the last query tile first): all,
+    // or with documents those of query tiles up to the last that its last key's document reaches; none when the
+    // documents of its keys end before the launch's queries, or before its causal start (then it_begin = niters).
+    // Every role takes them from here, so the Q, dO ring, the consumers and the dQ warp walk the same tiles; the ring
+    // stages, dS^T and dQ buffers and the tile's owner count from it_begin (i = it - it_begin).
+#if DOCS
+    const int it_begin = min(GROUP * (NM - 1 - b9_last_qtile(doc_end, q_pos, k_pos, min(n0 + B9_BN, SEQ) - 1)), niters);
+#else
+    constexpr int it_begin = 0;
+#endif
     // iteration it's query head and first row (the same tile at the same it in every key block: see bwd)
     auto tile_of = [&](int it, int &h, int &m0) {
         const int mi = it / GROUP;
@@ -221,7 +283,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         const int lane = tid & 31;
         if (tid < 32) {
             // producer warp 0 streams the tiles (lane 0 the TMA copies, every lane a row of lse and delta)
-            if (lane == 0) {
+            if (lane == 0 && (!DOCS || it_begin < niters)) { // with documents, a block with no tile loads nothing
                 mbar_expect_tx(bars, 2 * H_TILE);
 #pragma unroll
                 for (int c = 0; c < HSUB; c++) {
@@ -229,11 +291,11 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
                     tma_load_3d(sV + c * H_SUBTILE, &tm_v, 64 * c, kvh, n0, bars);
                 }
             }
-            for (int it = 0; it < niters; it++) {
-                const int s = it % B9_STAGES;
+            for (int it = it_begin; it < niters; it++) {
+                const int i = it - it_begin, s = i % B9_STAGES;
                 int h, m0;
                 tile_of(it, h, m0);
-                if (it >= B9_STAGES) mbar_wait(q_empty(s), ((it / B9_STAGES) & 1) ^ 1);
+                if (i >= B9_STAGES) mbar_wait(q_empty(s), ((i / B9_STAGES) & 1) ^ 1);
                 if (lane == 0) {
                     mbar_expect_tx(q_full(s), 2 * B9_QTILE);
 #pragma unroll
@@ -258,15 +320,29 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
             const bool ordered = !DQ_ATOMIC, publish = ordered && kb + 1 < NKB;
             u32 *const prog = dq_prog + kvh * NKB + kb;
             u32 seen = 0; // the previous key block's count as last read
+#if DOCS
+            // Ordered, a tile's first dQ is stored and the others added, in key-block order. The key blocks that visit a
+            // query tile are consecutive (the causal start grows with the block, and so does the last query tile:
+            // doc_end never decreases), so this block's dQ of tile it comes first when the block before does not visit
+            // it: it < it_add, the first tile of that block (its tiles end no earlier than ours). Those it stores without
+            // waiting; from it_add on it waits for the block before, as without documents. The block before publishes
+            // its count after each of its own tiles, and this block waits only on those, so nothing waits for a tile
+            // that its predecessor skips.
+            const int it_add = kb == 0 ? GROUP * NM : GROUP * (NM - 1 - b9_last_qtile(doc_end, q_pos, k_pos, n0 - 1));
+#endif
             bar_arrive(B9_BAR_DQE, B9_DQ_THREADS);
             bar_arrive(B9_BAR_DQE + 1, B9_DQ_THREADS);
-            for (int it = 0; it < niters; it++) {
-                const int b = it & 1;
+            for (int it = it_begin; it < niters; it++) {
+                const int b = (it - it_begin) & 1;
                 int h, m0;
                 tile_of(it, h, m0);
                 bar_sync(B9_BAR_DQF + b, B9_DQ_THREADS);
                 if (lane == 0) {
+#if DOCS
+                    if (ordered && it >= it_add && seen <= (u32)it) {
+#else
                     if (ordered && n0 > 0 && seen <= (u32)it) {
+#endif
                         // the previous key block has completed this tile: its sums come before ours
                         seen = poll_acquire(prog - 1, (u32)it);
                         fence_proxy_async_global();
@@ -274,7 +350,11 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
 #pragma unroll
                     for (int c = 0; c < HEAD_DIM / 32; c++) {
                         const u32 src = sdQ + b * B9_DQ + c * B9_DQSUB;
+#if DOCS
+                        if (ordered && it < it_add) tma_store_3d(&tm_dq, 32 * c, h, m0, src);
+#else
                         if (ordered && n0 == 0) tma_store_3d(&tm_dq, 32 * c, h, m0, src);
+#endif
                         else tma_add_3d(&tm_dq, 32 * c, h, m0, src);
                     }
                     bulk_commit();
@@ -289,6 +369,33 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
                 }
             }
             if (lane == 0) bulk_wait_done();
+#if DOCS && !DQ_ATOMIC && !CAUSAL
+            // Ordered, dq_ws is not zeroed before the backward: its every row is written here, and bwd_dq reads them
+            // all. Without a mask every query tile is some key block's; causal, with documents, every tile is still
+            // its diagonal key block's (q_pos = k_pos: a key's document reaches at least the key itself). Without the
+            // causal rule the tiles past the last key's document (a ring's half block, say, whose queries lie wholly
+            // in later documents) are no block's: their rows keep no key and their dQ is 0. The key blocks of the head
+            // share them, tiles kb, kb + NKB, ...; this warp writes them as TMA stores of zeros from its buffer 0, free
+            // now (every tile's dQ has left it: the waits above, and the consumers' last write came before the last
+            // "full" this warp waited for).
+            const int nz = GROUP * (NM - 1 - b9_last_qtile(doc_end, q_pos, k_pos, SEQ - 1));
+            if (kb < nz) {
+                for (int i = lane; i < (int)(B9_DQSUB / 16); i += 32)
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sdQ + 16 * i), "r"(0u) : "memory");
+                fence_proxy_async(); // the zeros, visible to the TMA unit's reads
+                __syncwarp();
+                if (lane == 0) {
+                    for (int u = kb; u < nz; u += NKB) {
+                        int h, m0;
+                        tile_of(u, h, m0);
+#pragma unroll
+                        for (int c = 0; c < HEAD_DIM / 32; c++) tma_store_3d(&tm_dq, 32 * c, h, m0, sdQ);
+                    }
+                    bulk_commit();
+                    bulk_wait_done();
+                }
+            }
+#endif
         }
         return;
     }
@@ -297,6 +404,13 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
     // ---- consumer warpgroup cw: keys n0 + 64 cw ... ----
     const int cw = warpgroup_uniform() - 1, wt = tid & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
     const int kl = cw * 64 + warp * 16 + g; // this thread's keys kl and kl + 8 of the block (accumulator rows)
+#if DOCS
+    // the rows that keep this thread's keys end before de[r] (b9_doc_end); those of the warp's first key, the lowest
+    // bound of its keys (lane 0 holds it), before de_warp: a tile whose last row is before that lies wholly in the
+    // documents of the warp's keys and needs no document mask
+    const int de[2] = {b9_doc_end(doc_end, q_pos, k_pos, n0 + kl), b9_doc_end(doc_end, q_pos, k_pos, n0 + kl + 8)};
+    const int de_warp = __shfl_sync(0xffffffffu, de[0], 0);
+#endif
 
     float dva[HEAD_DIM / 2], dka[HEAD_DIM / 2];
 #pragma unroll
@@ -308,22 +422,23 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
     const unsigned long long desc_k_rows = sw128_desc(ka, 16, 1024), desc_v_rows = sw128_desc(va, 16, 1024);
 #endif
 
-    mbar_wait(bars, 0); // K, V
+    if (!DOCS || it_begin < niters) mbar_wait(bars, 0); // K, V (a block with no tile has none to wait for)
 #if B9_KV_REGS
     u32 kreg[4][4], vreg[4][4];
     load_a_operands(kreg, ka, warp * 16 + g, g, t);
     load_a_operands(vreg, va, warp * 16 + g, g, t);
 #endif
-    if (cw < niters) bar_arrive(B9_BAR_DSE + cw, 256); // dS^T buffer cw is free for the other's half of tile cw
-    for (int it = 0; it < niters; it++) {
-        const int s = it % B9_STAGES, m0 = (NM - 1 - it / GROUP) * B9_BM;
+    // dS^T buffer cw is free for the other's half of the block's tile cw
+    if (cw < niters - it_begin) bar_arrive(B9_BAR_DSE + cw, 256);
+    for (int it = it_begin; it < niters; it++) {
+        const int i = it - it_begin, s = i % B9_STAGES, m0 = (NM - 1 - it / GROUP) * B9_BM;
         const u32 q = sQ + s * B9_QTILE, d_o = sdO + s * B9_QTILE, sl = sL + s * 2 * B9_BM * 4;
-        const u32 ds = sdS + (it & 1) * B9_DS;
+        const u32 ds = sdS + (i & 1) * B9_DS;
         // Q and dO K-major (S^T, dP^T) and N-major (dV, dK); dS^T M-major (dQ)
         const unsigned long long desc_q_k = sw128_desc(q, 16, 1024), desc_do_k = sw128_desc(d_o, 16, 1024),
                                  desc_q_n = sw128_desc(q, B9_QSUB, 1024), desc_do_n = sw128_desc(d_o, B9_QSUB, 1024),
                                  desc_ds = sw128_desc(ds, 2048, 1024);
-        mbar_wait(q_full(s), (it / B9_STAGES) & 1);
+        mbar_wait(q_full(s), (i / B9_STAGES) & 1);
 
         // ---- S^T = K Q^T, dP^T = V dO^T ----
         float st[32], dpt[32];
@@ -353,10 +468,17 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         // ---- P^T while dP^T runs; then dV += P^T dO ----
         wg_wait<1>();
         reg_fence(st);
+#if DOCS
+        if (m0 + B9_BM > SEQ || n0 + B9_BN > SEQ || (CAUSAL && n0 + B9_BN - 1 > m0) || m0 + B9_BM > de_warp)
+            b9_probs<true>(st, sl, n0 + kl, m0, t, de);
+        else
+            b9_probs<false>(st, sl, n0 + kl, m0, t, de);
+#else
         if (m0 + B9_BM > SEQ || n0 + B9_BN > SEQ || (CAUSAL && n0 + B9_BN - 1 > m0))
             b9_probs<true>(st, sl, n0 + kl, m0, t);
         else
             b9_probs<false>(st, sl, n0 + kl, m0, t);
+#endif
         u32 pa[4][4];
         to_a_operands(pa, st);
         wg_fence();
@@ -384,7 +506,7 @@ attention_bwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         wg_commit();
 
         // ---- dS^T to shared memory while dK runs; the tile's owner then computes its dQ ----
-        const int b = it & 1;
+        const int b = i & 1;
         const bool own = b == cw;
         if (!own) bar_sync(B9_BAR_DSE + b, 256); // the owner's dQ of two tiles ago has read this buffer
         // row kl (+ 8), columns 8 j + 2 t, + 1; chunk j of row kl at j ^ (kl & 7)

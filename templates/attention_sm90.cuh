@@ -21,6 +21,20 @@
 //   (the block's head and query tile come from its place in the launch order: head_major_block);
 //   tm_q, tm_k, tm_v: tensor maps of q, k, v as (HEAD_DIM, heads, SEQ) bf16 with boxes (64, 1, 128) and the
 //   128-byte swizzle (runtime/tma.h); o, lse as in attention.cu.
+//   With DOCS = 1: fwd_sm90(tm_q, tm_k, tm_v, o, lse, doc_start, doc_end, q_pos, k_pos) (doc_end unused here).
+//
+// Document masks (DOCS = 1; the contract is attention.cu's, "Document masks"). Row r keeps key c when c >=
+// doc_start[q_pos + r] - k_pos (and the causal rule keeps it); doc_start never decreases along the sequence, so no
+// row of a block keeps a key before its first row's bound. A block computes the key tiles from the one holding that
+// bound to the causal end (still the last first), and no others: the count is computed once at the entry, where
+// producer and consumers both take it, so the TMA ring loads exactly the tiles the consumers compute and the ring of
+// turns stays whole; a block with no tile (its documents start past all of the launch's keys) loads nothing, not even
+// Q, and its consumers only store. Every tile of that range keeps some score. A warp masks a tile when it crosses the
+// diagonal or the end as before, or a document start of one of the warp's rows (the tile begins before the warp's
+// last row's bound); the others are computed without masks, as without documents. A row that keeps no key (possible
+// without the causal rule: a ring's half block whose queries lie in later documents than all its keys) keeps max -inf
+// and sum 0 through the softmax's guard (P = 0, never -inf - -inf), and stores o = 0 and lse = -inf. With DOCS = 0
+// the code is what it was (the same SASS).
 
 // Consumer warpgroups of 64 query rows: two, or three at head_dim 64, where a tile's exponentials take as long as its
 // products and a third warpgroup's softmax fills the MUFU while the other two wait on theirs.
@@ -190,8 +204,9 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[HBN / 2], float (&mrow)
         for (int j = 0; j < HBN / 8; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // a block taller than a tile has rows whose first tiles are all masked: their max stays -inf, and P 0
-        const float ms = HBM > HBN && mx == NEG_INF ? 0.f : mx * SCALE_LOG2;
+        // a block taller than a tile has rows whose first tiles are all masked, and with documents a row may keep no
+        // key at all: their max stays -inf, and P 0 (exp2(-inf - 0), where -inf - -inf would give NaN)
+        const float ms = (HBM > HBN || DOCS) && mx == NEG_INF ? 0.f : mx * SCALE_LOG2;
         alpha[r] = ex2(mrow[r] * SCALE_LOG2 - ms); // 0 on the first tile (mrow = -inf)
         mrow[r] = mx;
         float sum = 0.f;
@@ -216,6 +231,22 @@ template <int KS> __device__ __forceinline__ void to_a_operands(u32 (&a)[KS][4],
         for (int i = 0; i < 4; i++) a[kk][i] = pack_bf16(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
 }
 
+#if DOCS
+// Document bounds of the forward (attention.cu, "Document masks"): query row r keeps key c when c >= doc_start[q_pos +
+// r] - k_pos (and the causal rule keeps it). doc_start never decreases along the sequence (documents are runs of
+// positions), so a block's first row has its lowest bound and its last row the highest. Rows past the launch take
+// the last row's bound: the bounds still grow with the row, and those rows are never stored.
+__device__ __forceinline__ int fwd_doc_lo(const int *__restrict__ doc_start, int q_pos, int k_pos, int row) {
+    return doc_start[q_pos + min(row, SEQ - 1)] - k_pos;
+}
+// The first key tile of the block whose first row is m0: the tile holding its first row's first kept key (0 when the
+// document starts before the launch's keys; NT or more when after them all, and the block computes no tile).
+__device__ __forceinline__ int fwd_first_key_tile(const int *__restrict__ doc_start, int q_pos, int k_pos, int m0) {
+    const int lo = fwd_doc_lo(doc_start, q_pos, k_pos, m0);
+    return lo <= 0 ? 0 : lo / HBN;
+}
+#endif
+
 // The consumers take turns issuing products, in a ring: a turn begins when the consumer before ended its previous
 // one. Consumer 0 has the first turn; the last consumer skips its last end, which no turn of consumer 0 would wait
 // for.
@@ -224,12 +255,17 @@ __device__ __forceinline__ void turn_end(int cw, bool last) {
     if (cw < H_CONSUMERS - 1 || !last) bar_arrive(H_TURN0 + (cw + 1) % H_CONSUMERS, 256);
 }
 
-// A consumer warpgroup's work: rows m0 + cw * 64 ... of head h against ntiles key tiles, last tile first.
+// A consumer warpgroup's work: rows m0 + cw * 64 ... of head h against ntiles key tiles, last tile first: key tiles
+// nt_end - 1 down to nt_end - ntiles (ntiles = nt_end without documents).
 // Pipelined within the warpgroup as well: the scores of tile i are computed while P V of tile i - 1 runs. The softmax
 // of tile i overlaps the other consumers' turns; the compiler waits for P V of tile i - 1 before its exponentials, and
 // keeping that wait below them gained nothing (docs/PERF.md, "three consumers").
-__device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 bars, int cw, int h, int m0, int ntiles,
-                                                  bf16 *__restrict__ o, float *__restrict__ lse) {
+__device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 bars, int cw, int h, int m0, int nt_end,
+                                                  int ntiles, bf16 *__restrict__ o, float *__restrict__ lse
+#if DOCS
+                                                  , const int *__restrict__ doc_start, int q_pos, int k_pos
+#endif
+) {
     const int wt = threadIdx.x & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
     const int r0 = m0 + cw * 64 + warp * 16 + g; // this thread's rows r0 and r0 + 8
     float acc[HEAD_DIM / 2];
@@ -262,9 +298,17 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
 
     // keys past the row (causal) or past the end: the first n_masked tiles, last key tile first; one when query and key
     // tiles are equal, two for a block of 192 rows
-    const int n_masked = CAUSAL ? ntiles - m0 / HBN : SEQ % HBN != 0;
+    const int n_masked = CAUSAL ? nt_end - m0 / HBN : SEQ % HBN != 0;
+#if DOCS
+    // The first key each of this thread's rows keeps (fwd_doc_lo), and the highest of the warp's rows (lane 31 holds
+    // its last row; doc_start only grows): a tile whose first key is at or past it lies wholly in the documents of
+    // the warp's rows and needs no document mask; the tiles before it cross a document start, and are masked.
+    const int lo[2] = {fwd_doc_lo(doc_start, q_pos, k_pos, r0), fwd_doc_lo(doc_start, q_pos, k_pos, r0 + 8)};
+    const int lo_warp = __shfl_sync(0xffffffffu, lo[1], 31);
+    auto doc_cross = [&](int it) { return (nt_end - 1 - it) * HBN < lo_warp; };
+#endif
     auto mask_tile = [&](int it) {
-        const int n0 = (ntiles - 1 - it) * HBN;
+        const int n0 = (nt_end - 1 - it) * HBN;
 #pragma unroll
         for (int j = 0; j < HBN / 8; j++)
 #pragma unroll
@@ -272,10 +316,20 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int key = n0 + 8 * j + 2 * t + e;
+#if DOCS
+                    if (key >= SEQ || (CAUSAL && key > r0 + 8 * r) || key < lo[r]) sc[4 * j + 2 * r + e] = NEG_INF;
+#else
                     if (key >= SEQ || (CAUSAL && key > r0 + 8 * r)) sc[4 * j + 2 * r + e] = NEG_INF;
+#endif
                 }
     };
 
+#if DOCS
+    // no key tile (every row's document starts past the launch's keys): no turn, no Q; the rows are written as rows
+    // that kept no key, o = 0 and lse = -inf. ntiles is the block's, so all consumers skip alike and the ring of turns
+    // stays whole.
+    if (ntiles == 0) goto store;
+#endif
     if (cw == H_CONSUMERS - 1) bar_arrive(H_TURN0, 256); // consumer 0 has the first turn
     mbar_wait(bars, 0);                                  // Q
 
@@ -288,7 +342,11 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
     wg_wait<0>();
     reg_fence(sc);
     if (lane == 0) mbar_arrive(k_empty(0)); // this warp is done with K
+#if DOCS
+    if (CAUSAL || SEQ % HBN != 0 || doc_cross(0)) mask_tile(0);
+#else
     if (CAUSAL || SEQ % HBN != 0) mask_tile(0);
+#endif
     softmax_tile(sc, mrow, lrow, alpha);
     to_a_operands(pa, sc);
 
@@ -305,7 +363,11 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
         wg_wait<1>(); // the scores are in
         reg_fence(sc);
         if (lane == 0) mbar_arrive(k_empty(s));
+#if DOCS
+        if ((HBM > HBN && CAUSAL && it < n_masked) || doc_cross(it)) mask_tile(it);
+#else
         if (HBM > HBN && CAUSAL && it < n_masked) mask_tile(it);
+#endif
         softmax_tile(sc, mrow, lrow, alpha);
         wg_wait<0>(); // P V of the previous tile is in: its P registers and V stage are free
         reg_fence(acc);
@@ -332,12 +394,20 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
     }
 
     // ---- normalise; O and the log-sum-exp ----
+#if DOCS
+store:
+#endif
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float l = lrow[r];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
+#if DOCS
+        // a row that kept no key has l = 0 and acc = 0: o = 0 (not 0 / 0), lse = -inf * scale + log 0 = -inf
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+#else
         const float inv = 1.f / l;
+#endif
         const int row = r0 + 8 * r;
         if (row < SEQ) {
             bf16 *dst = o + ((long long)row * Q_HEADS + h) * HEAD_DIM + 2 * t;
@@ -352,7 +422,11 @@ __device__ __forceinline__ void fwd_sm90_consumer(u32 sQ, u32 sK, u32 sV, u32 ba
 extern "C" __global__ void __launch_bounds__(HTHREADS, 1)
 attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const __grid_constant__ tmap_t tm_q, const __grid_constant__ tmap_t tm_k, const __grid_constant__ tmap_t tm_v,
-    bf16 *__restrict__ o, float *__restrict__ lse) {
+    bf16 *__restrict__ o, float *__restrict__ lse
+#if DOCS
+    , const int *__restrict__ doc_start, const int *__restrict__ doc_end, int q_pos, int k_pos
+#endif
+) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char hsmem[];
     const u32 base = (smem_addr(hsmem) + 1023u) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
@@ -364,7 +438,15 @@ attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
     // the blocks with the most key tiles (largest m0 when causal) start first
     const int mb = gridDim.y - 1 - tile, m0 = mb * HBM;
     constexpr int NT = (SEQ + HBN - 1) / HBN;
-    const int ntiles = !CAUSAL ? NT : HBM == HBN ? mb + 1 : min((m0 + HBM + HBN - 1) / HBN, NT);
+    // one past the last key tile (the causal end), and how many tiles, counted down from it, the block computes: all
+    // of them, or with documents those from the tile holding the first key of the block's lowest document start;
+    // producer and consumers take both from here, so they walk the same tiles
+    const int nt_end = !CAUSAL ? NT : HBM == HBN ? mb + 1 : min((m0 + HBM + HBN - 1) / HBN, NT);
+#if DOCS
+    const int ntiles = max(nt_end - fwd_first_key_tile(doc_start, q_pos, k_pos, m0), 0);
+#else
+    const int ntiles = nt_end;
+#endif
     if (tid == 0) {
         mbar_init(bars, 1);
         for (int s = 0; s < HSTAGES; s++) {
@@ -380,7 +462,8 @@ attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
     if (tid < 128) {
         // producer warpgroup: one thread issues every copy
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-        if (tid == 0) {
+        // with documents, a block with no key tile loads nothing (its consumers wait for nothing)
+        if (tid == 0 && (!DOCS || ntiles > 0)) {
             // a box that would start past the end is not loaded: its rows are no consumer's to store
             const int qboxes = HQBOX == 1 ? 1 : min(HQBOX, (SEQ - m0 + 127) / 128);
             mbar_expect_tx(bars, qboxes * H_TILE);
@@ -391,7 +474,7 @@ attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
                     for (int c = 0; c < HSUB; c++)
                         tma_load_3d(sQ + b * H_TILE + c * H_SUBTILE, &tm_q, 64 * c, h, m0 + 128 * b, bars);
             for (int it = 0; it < ntiles; it++) {
-                const int s = it % HSTAGES, n0 = (ntiles - 1 - it) * HBN;
+                const int s = it % HSTAGES, n0 = (nt_end - 1 - it) * HBN;
                 const u32 ph = ((it / HSTAGES) & 1) ^ 1; // the consumers' release of this stage's previous use
                 const u32 k_full = bars + 8 * (1 + s), v_full = k_full + 8 * HSTAGES, k_empty = v_full + 8 * HSTAGES,
                           v_empty = k_empty + 8 * HSTAGES;
@@ -412,7 +495,11 @@ attention_fwd_sm90_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}
         // 24 + 3 x 160
         if (H_CONSUMERS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
         else asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
-        fwd_sm90_consumer(sQ, sK, sV, bars, warpgroup_uniform() - 1, h, m0, ntiles, o, lse);
+        fwd_sm90_consumer(sQ, sK, sV, bars, warpgroup_uniform() - 1, h, m0, nt_end, ntiles, o, lse
+#if DOCS
+                          , doc_start, q_pos, k_pos
+#endif
+        );
     }
 #else
     __trap();
