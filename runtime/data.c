@@ -38,8 +38,10 @@ static void put_u32(unsigned char *p, uint32_t v) {
 /* ------------------------------------------------------------------------------------------------------------
  * token shards */
 
-/* Check one shard's header against its size. */
-static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *tb, char *err, int errlen) {
+/* Check one shard's header against its size: its count, token bytes and end-of-document id (-1: none). With
+ * seq_len < 0 the count is not held against a sequence (looking at headers only, cp_data_resolve_documents). */
+static int check_shard(const char *path, int64_t vocab, int64_t seq_len, int64_t *count, int *tb, int64_t *eod,
+                       char *err, int errlen) {
     int64_t size;
     char why[256];
     int fd = cp_open_file(path, CP_FILE_DATA, &size, why, sizeof why); /* a FIFO or device is refused, never read */
@@ -68,20 +70,34 @@ static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *t
     }
     uint32_t version = get_u32(h + 8), bytes = get_u32(h + 12);
     uint64_t n = get_u64(h + 16), reserved = get_u64(h + 24);
-    if (version != CP_TOK_VERSION) {
-        rc =
-            cp_errf(err, errlen, "%s: token shard version %u; this cpgen reads version %d", path, version, CP_TOK_VERSION);
+    if (version < 1 || version > CP_TOK_VERSION) {
+        rc = cp_errf(err, errlen, "%s: token shard version %u; this cpgen reads versions 1 to %d", path, version,
+                     CP_TOK_VERSION);
         goto out;
     }
     if (bytes != 2 && bytes != 4) {
         rc = cp_errf(err, errlen, "%s: token size %u bytes; it must be 2 or 4: the header is corrupt", path, bytes);
         goto out;
     }
-    if (reserved != 0) {
+    if (version == 1 && reserved != 0) {
         rc = cp_errf(err, errlen, "%s: the reserved header field is %llu, not 0: the header is corrupt", path,
                   (unsigned long long)reserved);
         goto out;
     }
+    /* version 2: the field is the end-of-document id + 1, 0 for none */
+    if (reserved > (bytes == 2 ? 0x10000ull : 0x100000000ull)) {
+        rc = cp_errf(err, errlen, "%s: the header's end-of-document id is %llu, which %u-byte tokens cannot hold: the "
+                     "header is corrupt", path, (unsigned long long)(reserved - 1), bytes);
+        goto out;
+    }
+    if (reserved && (int64_t)reserved - 1 >= vocab) {
+        rc = cp_errf(err, errlen, "%s: the header's end-of-document id is %llu, not below model.vocab = %lld: the "
+                     "shards were made for a larger vocabulary; set model.vocab to the model_vocab in the <out>.json "
+                     "that tools/make_tokens.py wrote beside them", path, (unsigned long long)(reserved - 1),
+                     (long long)vocab);
+        goto out;
+    }
+    *eod = (int64_t)reserved - 1;
     uint64_t payload = (uint64_t)size - CP_TOK_HEADER;
     if (n > payload / bytes) {
         rc = cp_errf(err, errlen,
@@ -98,7 +114,7 @@ static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *t
                   path, (unsigned long long)n, (unsigned long long)payload, (unsigned long long)(payload - n * bytes));
         goto out;
     }
-    if ((int64_t)n < seq_len + 1) {
+    if (seq_len >= 0 && (int64_t)n < seq_len + 1) {
         rc = cp_errf(err, errlen,
                   "%s: %llu tokens, fewer than one sequence of train.seq_len + 1 = %lld: merge small "
                   "shards or use a shorter seq_len",
@@ -112,40 +128,98 @@ out:
     return rc;
 }
 
-int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq_len, char *err, int errlen) {
-    memset(r, 0, sizeof *r);
-    r->fd = r->fd_shard = -1;
-    if (vocab < 1 || vocab > INT32_MAX || seq_len < 1)
-        return cp_errf(err, errlen, "token shards: vocab %lld or seq_len %lld out of range (a cpgen bug)",
-                    (long long)vocab, (long long)seq_len);
-    r->vocab = vocab;
-    r->seq_len = seq_len;
+/* The files matching a shard pattern, sorted by name (glob sorts them); *n = 0 when none matches. */
+static int list_shards(const char *pattern, char ***paths, int *n, char *err, int errlen) {
+    *paths = NULL;
+    *n = 0;
     glob_t g;
     memset(&g, 0, sizeof g);
     int grc = glob(pattern, 0, NULL, &g); /* a folder that is missing or unreadable matches nothing */
     if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
         globfree(&g);
-        return cp_errf(err, errlen,
-                    "data.source tokens:%s: no file matches; check the path (a glob such as "
-                    "\"data/shards/*.bin\" is expanded by cpgen, quote it in the shell)",
-                    pattern);
+        return 0;
     }
     if (grc != 0) {
         globfree(&g);
         return cp_errf(err, errlen, "data.source tokens:%s: listing the files failed (%s)", pattern,
-                    grc == GLOB_NOSPACE ? "out of memory" : "a folder could not be read");
+                       grc == GLOB_NOSPACE ? "out of memory" : "a folder could not be read");
     }
-    r->nshards = (int)g.gl_pathc;
-    r->paths = cp_xcalloc((size_t)r->nshards, sizeof *r->paths);
+    *n = (int)g.gl_pathc;
+    *paths = cp_xcalloc((size_t)*n, sizeof **paths);
+    for (int k = 0; k < *n; k++) (*paths)[k] = cp_xstrdup(g.gl_pathv[k]);
+    globfree(&g);
+    return 0;
+}
+
+static void eod_words(int64_t eod, char *b, size_t n) {
+    if (eod < 0) snprintf(b, n, "no end-of-document id (a version-1 shard, or made without one)");
+    else snprintf(b, n, "end-of-document id %lld", (long long)eod);
+}
+
+/* The shards of one source share one end-of-document id, or all have none: a mix means two tokenizers (or shards
+ * made before and after version 2), and boundaries found in one part only. */
+static int shards_agree(char *const *paths, const int64_t *eods, int n, int64_t *eod, char *err, int errlen) {
+    for (int k = 1; k < n; k++)
+        if (eods[k] != eods[0]) {
+            char a[96], b[96];
+            eod_words(eods[0], a, sizeof a);
+            eod_words(eods[k], b, sizeof b);
+            return cp_errf(err, errlen, "%s has %s but %s has %s: the shards of one source must agree; remake them "
+                           "together with tools/make_tokens.py, or give the two kinds as separate sources", paths[0],
+                           a, paths[k], b);
+        }
+    *eod = n ? eods[0] : -1;
+    return 0;
+}
+
+static void free_paths(char **paths, int n) {
+    for (int k = 0; k < n; k++) free(paths[k]);
+    free(paths);
+}
+
+int cp_tokens_probe(const char *pattern, int64_t vocab, bool *found, int64_t *eod, char *err, int errlen) {
+    *found = false;
+    *eod = -1;
+    char **paths;
+    int n;
+    if (list_shards(pattern, &paths, &n, err, errlen)) return -1;
+    int64_t *eods = cp_xcalloc((size_t)CP_MAX(n, 1), sizeof *eods), count;
+    int tb, rc = 0;
+    for (int k = 0; k < n && !rc; k++) rc = check_shard(paths[k], vocab, -1, &count, &tb, &eods[k], err, errlen);
+    if (!rc) rc = shards_agree(paths, eods, n, eod, err, errlen);
+    *found = n > 0;
+    free(eods);
+    free_paths(paths, n);
+    return rc;
+}
+
+int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq_len, char *err, int errlen) {
+    memset(r, 0, sizeof *r);
+    r->fd = r->fd_shard = -1;
+    r->eod = -1;
+    if (vocab < 1 || vocab > INT32_MAX || seq_len < 1)
+        return cp_errf(err, errlen, "token shards: vocab %lld or seq_len %lld out of range (a cpgen bug)",
+                    (long long)vocab, (long long)seq_len);
+    r->vocab = vocab;
+    r->seq_len = seq_len;
+    if (list_shards(pattern, &r->paths, &r->nshards, err, errlen)) return -1;
+    if (!r->nshards)
+        return cp_errf(err, errlen,
+                    "data.source tokens:%s: no file matches; check the path (a glob such as "
+                    "\"data/shards/*.bin\" is expanded by cpgen, quote it in the shell)",
+                    pattern);
     r->counts = cp_xcalloc((size_t)r->nshards, sizeof *r->counts);
     r->token_bytes = cp_xcalloc((size_t)r->nshards, sizeof *r->token_bytes);
-    for (int k = 0; k < r->nshards; k++) r->paths[k] = cp_xstrdup(g.gl_pathv[k]); /* glob sorts them */
-    globfree(&g);
-    for (int k = 0; k < r->nshards; k++)
-        if (check_shard(r->paths[k], seq_len, &r->counts[k], &r->token_bytes[k], err, errlen)) {
-            cp_tokens_close(r);
-            return -1;
-        }
+    int64_t *eods = cp_xcalloc((size_t)r->nshards, sizeof *eods);
+    int rc = 0;
+    for (int k = 0; k < r->nshards && !rc; k++)
+        rc = check_shard(r->paths[k], vocab, seq_len, &r->counts[k], &r->token_bytes[k], &eods[k], err, errlen);
+    if (!rc) rc = shards_agree(r->paths, eods, r->nshards, &r->eod, err, errlen);
+    free(eods);
+    if (rc) {
+        cp_tokens_close(r);
+        return -1;
+    }
     r->buf = cp_xmalloc((size_t)(seq_len + 1) * 4);
     /* sequences start every seq_len tokens while seq_len + 1 remain: (count - 1) / seq_len of them per shard */
     r->before = cp_xcalloc((size_t)r->nshards + 1, sizeof *r->before);
@@ -276,10 +350,14 @@ int cp_tokens_seek(cp_tokens *r, const cp_data_pos *pos, char *err, int errlen) 
     return 0;
 }
 
-int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, char *err, int errlen) {
+int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, int64_t eod, char *err,
+                    int errlen) {
     if (token_bytes != 2 && token_bytes != 4)
         return cp_errf(err, errlen, "%s: token bytes must be 2 or 4, not %d", path, token_bytes);
     if (n < 0) return cp_errf(err, errlen, "%s: negative token count", path);
+    if (eod < -1 || eod > (token_bytes == 2 ? 0xffff : INT32_MAX))
+        return cp_errf(err, errlen, "%s: end-of-document id %lld does not fit %d unsigned bytes (-1: none)", path,
+                       (long long)eod, token_bytes);
     for (int64_t k = 0; k < n; k++)
         if (tokens[k] < 0 || (token_bytes == 2 && tokens[k] > 0xffff))
             return cp_errf(err, errlen, "%s: token %lld is %d, which does not fit %d unsigned bytes%s", path, (long long)k,
@@ -290,7 +368,7 @@ int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int toke
     put_u32(b + 8, CP_TOK_VERSION);
     put_u32(b + 12, (uint32_t)token_bytes);
     put_u64(b + 16, (uint64_t)n);
-    put_u64(b + 24, 0);
+    put_u64(b + 24, (uint64_t)(eod + 1)); /* version 2: the end-of-document id + 1, 0 for none */
     for (int64_t k = 0; k < n; k++) {
         unsigned char *p = b + CP_TOK_HEADER + k * token_bytes;
         p[0] = (unsigned char)tokens[k];
@@ -431,6 +509,83 @@ void cp_copy_sequence(const cp_copy *c, int64_t index, int32_t *tokens, int32_t 
 
 static bool is_synthetic(const char *src) { return !strcmp(src, "synthetic:recall") || !strcmp(src, "synthetic:copy"); }
 
+/* ------------------------------------------------------------------------------------------------------------
+ * documents: where boundaries come from */
+
+/* What the source `src` (data.source or data.val, named by `key`) says of documents, from its shard headers only:
+ * *looked = false where there is nothing to look at (no shard matches: `cpgen plan` on a machine without the data),
+ * and *eod its end-of-document id, -1 where it has none. data.eod stands in for shards that carry none, and must
+ * equal the id of shards that do. */
+static int source_eod(const cp_spec *spec, const char *key, const char *src, bool *looked, int64_t *eod, char *err,
+                      int errlen) {
+    *looked = true;
+    *eod = -1;
+    if (!strncmp(src, "split:", 6)) return source_eod(spec, "data.source", spec->data.source, looked, eod, err, errlen);
+    if (strncmp(src, "tokens:", 7)) return 0; /* synthetic:copy, recall: one task per sequence, no boundaries */
+    int64_t shards = -1;
+    char why[CP_ERR_MAX];
+    if (cp_tokens_probe(src + 7, spec->model.vocab, looked, &shards, why, sizeof why))
+        return cp_errf(err, errlen, "%s: %s = \"%.200s\": %s", spec->path, key, src, why);
+    if (shards >= 0 && spec->data.eod >= 0 && shards != spec->data.eod)
+        return cp_errf(err, errlen, "%s: data.eod = %lld, but the shards of %s = \"%.200s\" carry end-of-document id "
+                       "%lld in their headers: the two must be equal; remove data.eod (the shards' own is used) or "
+                       "set it to %lld", spec->path, (long long)spec->data.eod, key, src, (long long)shards,
+                       (long long)shards);
+    *eod = shards >= 0 ? shards : spec->data.eod;
+    return 0;
+}
+
+/* The modes of a spec with AUTO replaced, and the training source's end-of-document id (-1: none). */
+static int resolve(const cp_spec *spec, int *documents, int *positions, int64_t *eod, char *err, int errlen) {
+    const cp_data *dt = &spec->data;
+    bool looked;
+    if (source_eod(spec, "data.source", dt->source, &looked, eod, err, errlen)) return -1;
+    int docs = dt->documents;
+    if (docs == CP_DOCS_AUTO) docs = *eod >= 0 ? CP_DOCS_MASK : CP_DOCS_STREAM;
+    if (docs == CP_DOCS_MASK && *eod < 0 && looked) {
+        bool tok = !strncmp(dt->source, "tokens:", 7);
+        return cp_errf(err, errlen, "%s: data.documents = \"mask\": data.source = \"%.200s\" has no document "
+                       "boundaries%s, so there is nothing to mask; %s, or data.documents = \"stream\"", spec->path,
+                       dt->source, tok ? " (its shards carry no end-of-document id and data.eod is not set)" : "",
+                       tok ? "set data.eod to the id that ends documents in the shards, or remake them with "
+                             "tools/make_tokens.py (which records it)"
+                           : "use data.source = \"synthetic:packed\"");
+    }
+    int pos = dt->positions;
+    if (pos == CP_POS_AUTO) pos = docs == CP_DOCS_MASK ? CP_POS_DOCUMENT : CP_POS_SEQUENCE;
+    if (pos == CP_POS_DOCUMENT && docs != CP_DOCS_MASK)
+        return cp_errf(err, errlen, "%s: data.positions = \"document\": positions restart at each document only where "
+                       "attention stays inside documents, and data.documents is \"stream\"%s; set data.documents = "
+                       "\"mask\", or data.positions = \"sequence\"", spec->path,
+                       dt->documents == CP_DOCS_AUTO ? " (data.source has no document boundaries)" : "");
+    /* held-out shards are cut where training's are: with a mask they need boundaries too, and the same id */
+    if (docs == CP_DOCS_MASK && !strncmp(dt->val, "tokens:", 7)) {
+        int64_t veod;
+        if (source_eod(spec, "data.val", dt->val, &looked, &veod, err, errlen)) return -1;
+        if (looked && veod < 0)
+            return cp_errf(err, errlen, "%s: data.documents = \"mask\": the shards of data.val = \"%.200s\" carry no "
+                           "end-of-document id and data.eod is not set, so their documents cannot be masked as "
+                           "training's are; set data.eod, or remake them with tools/make_tokens.py", spec->path,
+                           dt->val);
+        if (looked && *eod >= 0 && veod != *eod)
+            return cp_errf(err, errlen, "%s: data.val = \"%.200s\": its shards end documents with id %lld, and those of "
+                           "data.source = \"%.200s\" with %lld: held-out shards must come from the same tokenizer",
+                           spec->path, dt->val, (long long)veod, dt->source, (long long)*eod);
+    }
+    *documents = docs;
+    *positions = pos;
+    return 0;
+}
+
+int cp_data_resolve_documents(cp_spec *spec, char *err, int errlen) {
+    int docs, pos;
+    int64_t eod;
+    if (resolve(spec, &docs, &pos, &eod, err, errlen)) return -1;
+    spec->data.documents = docs;
+    spec->data.positions = pos;
+    return 0;
+}
+
 /* A synthetic task's stream of sequences [first, end). */
 static int open_synthetic(cp_dataset *d, const char *src, const cp_spec *spec, int64_t first, int64_t end, char *err,
                           int errlen) {
@@ -465,11 +620,24 @@ static int open_split(cp_dataset *d, const cp_spec *spec, double fraction, bool 
     return 0;
 }
 
+/* The run's document mode, and the end-of-document id of the stream read from `src` (-1 in stream mode). */
+static int open_documents(cp_dataset *d, const cp_spec *spec, const char *key, const char *src, char *err,
+                          int errlen) {
+    int pos;
+    int64_t eod;
+    if (resolve(spec, &d->documents, &pos, &eod, err, errlen)) return -1;
+    bool looked;
+    if (src != spec->data.source && source_eod(spec, key, src, &looked, &eod, err, errlen)) return -1;
+    d->eod = d->documents == CP_DOCS_MASK ? eod : -1;
+    return 0;
+}
+
 int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen) {
     memset(d, 0, sizeof *d);
     d->tokens.fd = d->tokens.fd_shard = -1;
     d->seq_len = spec->train.seq_len;
     const char *src = spec->data.source;
+    if (open_documents(d, spec, "data.source", src, err, errlen)) return -1;
     if (is_synthetic(src)) return open_synthetic(d, src, spec, 0, CP_VAL_FIRST_SEQUENCE, err, errlen);
     if (!strncmp(src, "tokens:", 7)) {
         double f;
@@ -506,6 +674,7 @@ int cp_dataset_open_val(cp_dataset *d, const cp_spec *spec, char *err, int errle
     const char *val = spec->data.val;
     double f;
     int rc;
+    if (open_documents(d, spec, "data.val", val, err, errlen)) return -1;
     if (is_synthetic(val)) {
         rc = open_synthetic(d, val, spec, CP_VAL_FIRST_SEQUENCE, INT64_MAX, err, errlen);
     } else if (cp_val_split(val, &f) && !strncmp(spec->data.source, "tokens:", 7)) {

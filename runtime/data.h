@@ -7,8 +7,15 @@
  * the first token of the next rank's slice.
  *
  * Token shard format (little-endian): a 32-byte header
- *   magic "CPGTOK01" (8 bytes) | u32 version = 1 | u32 token bytes (2 or 4) | u64 token count | u64 reserved = 0
- * then count tokens of 2 or 4 bytes. The file is exactly 32 + count * token_bytes bytes. */
+ *   magic "CPGTOK01" (8 bytes) | u32 version = 2 | u32 token bytes (2 or 4) | u64 token count | u64 eod + 1
+ * then count tokens of 2 or 4 bytes. The file is exactly 32 + count * token_bytes bytes. The last field is the
+ * end-of-document id + 1, 0 when the shard carries no document boundaries; version 1 (still read) has 0 there,
+ * "reserved". All shards of a source carry the same id or none, and the id is below model.vocab.
+ *
+ * Documents (data.documents, docs/DATA.md "Documents"): with "mask" a sequence is cut into documents after every
+ * end-of-document token, no token attends to another document and no target crosses a boundary (the target of a
+ * position holding the end-of-document id is -1); after each sequence handed out, the dataset holds where its
+ * documents start (cp_docs), the whole sequence's on every rank. With "stream" the sequence is one document. */
 #ifndef CP_DATA_H
 #define CP_DATA_H
 
@@ -18,7 +25,7 @@
 #include "spec.h"
 
 #define CP_TOK_MAGIC "CPGTOK01"
-#define CP_TOK_VERSION 1
+#define CP_TOK_VERSION 2 /* written; 1 and 2 are read */
 #define CP_TOK_HEADER 32
 #define CP_RECALL_MIN_VOCAB 64
 #define CP_RECALL_MIN_SEQ 16
@@ -44,6 +51,7 @@ typedef struct {
     int *token_bytes; /* 2 or 4 per shard */
     int64_t *before;  /* [nshards + 1]: sequences in the shards before each (before[nshards]: in all of them) */
     int64_t vocab, seq_len;
+    int64_t eod;      /* the shards' end-of-document id, -1: none (version 1, or written without one) */
     int64_t seq_lo, seq_hi; /* the part of the stream read, by sequence index over all shards: [seq_lo, seq_hi);
                              * after the last the reader starts at seq_lo again (cp_tokens_limit) */
     cp_data_pos pos;
@@ -52,10 +60,16 @@ typedef struct {
 } cp_tokens;
 
 /* Open every file matching `pattern` (a glob, or one path), sorted by name, and check each header: magic, version,
- * token bytes, size = header + count x bytes (a truncated or padded file is rejected), count >= seq_len + 1. Token
- * values are checked against vocab as they are read. Returns 0, or -1 with a message naming the file. */
+ * token bytes, size = header + count x bytes (a truncated or padded file is rejected), count >= seq_len + 1, the
+ * end-of-document id below vocab and the same in every shard (or none in all; a mix is refused naming a shard of
+ * each kind). Token values are checked against vocab as they are read. Returns 0, or -1 with a message naming the
+ * file. */
 int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq_len, char *err, int errlen);
 void cp_tokens_close(cp_tokens *r);
+/* The headers alone of the shards matching `pattern` (no token data, no sequence length): *found = false when no file
+ * matches (not an error), else their common end-of-document id in *eod (-1: none). Returns -1 with a message for a
+ * header that is not a shard's, an id not below vocab, or shards that disagree. */
+int cp_tokens_probe(const char *pattern, int64_t vocab, bool *found, int64_t *eod, char *err, int errlen);
 
 /* Read the next sequence's tokens [first, first + n) (first + n <= seq_len + 1) into out, then, when advance,
  * move to the next sequence. Sequences start every seq_len tokens within a shard (each token is a target once);
@@ -78,8 +92,10 @@ void cp_tokens_limit(cp_tokens *r, int64_t lo, int64_t hi);
  * *train the ones before. Returns 0, or -1 with a message when either part would be empty. */
 int cp_val_split_counts(int64_t n, double fraction, int64_t *train, int64_t *held, char *err, int errlen);
 
-/* Write a shard: tokens must be in [0, 2^(8 token_bytes)). Atomic (temporary name, then rename). */
-int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, char *err, int errlen);
+/* Write a shard of version 2: tokens must be in [0, 2^(8 token_bytes)); eod is the end-of-document id the header
+ * records (-1: none). Atomic (temporary name, then rename). */
+int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, int64_t eod, char *err,
+                    int errlen);
 
 /* ------------------------------------------------------------------------------------------------------------
  * synthetic:recall
@@ -133,6 +149,8 @@ typedef enum { CP_DATA_TOKENS, CP_DATA_RECALL, CP_DATA_COPY } cp_data_kind;
 typedef struct {
     bool synthetic;
     cp_data_kind kind;
+    int documents; /* CP_DOCS_STREAM or CP_DOCS_MASK: spec->data.documents, resolved when the stream opens */
+    int64_t eod;   /* with CP_DOCS_MASK, the id that ends documents in this stream; -1: none (or stream mode) */
     cp_recall recall;
     cp_copy copy;
     cp_tokens tokens;
@@ -145,6 +163,17 @@ typedef struct {
     int64_t first, end; /* synthetic: the stream's first sequence index and the index it must not reach */
     int64_t count;      /* the stream's distinct sequences before it repeats; -1: it never does (synthetic) */
 } cp_dataset;
+
+/* spec->data.documents and positions with AUTO replaced by what the source says (docs/DATA.md, "Documents"): mask
+ * where it has document boundaries (tokens: shards whose headers carry an end-of-document id, data.eod given, or
+ * synthetic:packed), else stream; positions "document" with mask, else "sequence". Only shard headers are read. Where
+ * no shard matches (a plan made without the data) AUTO becomes stream, or mask with data.eod, and no error is given.
+ * Refuses, with a message naming the spec file, the key and the fix: mask on a source without boundaries, positions
+ * "document" with stream, data.eod unlike the shards' own id, shards that disagree or whose id is not below
+ * model.vocab, and with mask held-out shards (data.val) without boundaries or with another id. Returns 0 or -1. The
+ * command line calls it on every spec it loads (cli/main.c, gen/tune.c, cli/cmd_tune.c); a dataset opened on an
+ * unresolved spec resolves it the same way. */
+int cp_data_resolve_documents(cp_spec *spec, char *err, int errlen);
 
 /* Open spec->data.source for spec->train.seq_len and spec->model.vocab. The synthetic seed is spec->init.seed. With
  * data.val = "split:<fraction>" the stream is the shards' sequences before the held-out part (cp_val_split_counts),

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "sh.h"
+#include "source_tree.h"
 #include "spec.h"
 #include "util.h"
 
@@ -55,7 +57,7 @@ static int32_t *corpus(int64_t n, int32_t base, int32_t vocab) {
 
 static void write_shard(const char *name, int64_t n, int32_t base, int32_t vocab, int bytes) {
     int32_t *t = corpus(n, base, vocab);
-    if (cp_tokens_write(path_in(name), t, n, bytes, err, sizeof err)) fail_msg("%s", err);
+    if (cp_tokens_write(path_in(name), t, n, bytes, -1, err, sizeof err)) fail_msg("%s", err);
     free(t);
 }
 
@@ -80,23 +82,32 @@ static void test_shard_format(void **state) {
     (void)state;
     int32_t t[5] = {1, 2, 65535, 0, 300};
     char *p = path_in("fmt.bin");
-    assert_int_equal(cp_tokens_write(p, t, 5, 2, err, sizeof err), 0);
+    assert_int_equal(cp_tokens_write(p, t, 5, 2, -1, err, sizeof err), 0);
     size_t len;
     unsigned char *b = (unsigned char *)cp_read_file(p, &len);
     assert_int_equal(len, 32 + 10);
     assert_memory_equal(b, "CPGTOK01", 8);
-    unsigned char want_hdr[24] = {1, 0, 0, 0, 2, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    unsigned char want_hdr[24] = {2, 0, 0, 0, 2, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     assert_memory_equal(b + 8, want_hdr, 24);
     unsigned char want_tok[10] = {1, 0, 2, 0, 0xff, 0xff, 0, 0, 0x2c, 0x01};
     assert_memory_equal(b + 32, want_tok, 10);
     free(b);
     /* tokens that do not fit are refused */
     int32_t big[2] = {1, 70000};
-    assert_int_equal(cp_tokens_write(p, big, 2, 2, err, sizeof err), -1);
+    assert_int_equal(cp_tokens_write(p, big, 2, 2, -1, err, sizeof err), -1);
     assert_true(contains(err, "token 1 is 70000") && contains(err, "4-byte"));
     int32_t neg[1] = {-1};
-    assert_int_equal(cp_tokens_write(p, neg, 1, 4, err, sizeof err), -1);
-    assert_int_equal(cp_tokens_write(p, t, 5, 3, err, sizeof err), -1);
+    assert_int_equal(cp_tokens_write(p, neg, 1, 4, -1, err, sizeof err), -1);
+    assert_int_equal(cp_tokens_write(p, t, 5, 3, -1, err, sizeof err), -1);
+    /* version 2 records the end-of-document id + 1 */
+    assert_int_equal(cp_tokens_write(p, t, 5, 2, 300, err, sizeof err), 0);
+    b = (unsigned char *)cp_read_file(p, &len);
+    unsigned char want_eod[8] = {0x2d, 0x01, 0, 0, 0, 0, 0, 0};
+    assert_memory_equal(b + 24, want_eod, 8);
+    free(b);
+    assert_int_equal(cp_tokens_write(p, t, 5, 2, 70000, err, sizeof err), -1);
+    assert_true(contains(err, "end-of-document id 70000 does not fit 2 unsigned bytes"));
+    assert_int_equal(cp_tokens_write(p, t, 5, 4, -2, err, sizeof err), -1);
 }
 
 static void test_roundtrip_and_stepping(void **state) {
@@ -157,17 +168,26 @@ static void test_bad_shards(void **state) {
     write_bytes(p, m, len);
     expect_open_fails(p, 100, 16, 1, "starts with \"\\x93PGTOK01\"");
     memcpy(m, good, len);
-    m[8] = 2;
+    m[8] = 3;
     write_bytes(p, m, len);
-    expect_open_fails(p, 100, 16, 1, "token shard version 2; this cpgen reads version 1");
+    expect_open_fails(p, 100, 16, 1, "token shard version 3; this cpgen reads versions 1 to 2");
     memcpy(m, good, len);
     m[12] = 3;
     write_bytes(p, m, len);
     expect_open_fails(p, 100, 16, 1, "token size 3 bytes");
     memcpy(m, good, len);
+    m[8] = 1; /* version 1: the last field is reserved, 0 */
     m[24] = 1;
     write_bytes(p, m, len);
     expect_open_fails(p, 100, 16, 1, "reserved header field is 1");
+    memcpy(m, good, len);
+    m[24] = 101; /* version 2: end-of-document id 100, not a token of vocabulary 100 */
+    write_bytes(p, m, len);
+    expect_open_fails(p, 100, 16, 3, "x.bin", "end-of-document id is 100, not below model.vocab = 100", "model_vocab");
+    memcpy(m, good, len);
+    m[26] = 2; /* id 0x1ffff in 2-byte tokens */
+    write_bytes(p, m, len);
+    expect_open_fails(p, 1 << 20, 16, 1, "end-of-document id is 131071, which 2-byte tokens cannot hold");
     write_bytes(p, good, len - 3); /* truncated */
     expect_open_fails(p, 100, 16, 3, "x.bin", "says 40 tokens (80 bytes)",
                       "holds 77 bytes after the header: it is truncated");
@@ -190,7 +210,7 @@ static void test_bad_shards(void **state) {
     /* a token >= vocab: reported when read, with the file, the index and the value */
     int32_t *t = corpus(40, 0, 100);
     t[21] = 77;
-    assert_int_equal(cp_tokens_write(p, t, 40, 2, err, sizeof err), 0);
+    assert_int_equal(cp_tokens_write(p, t, 40, 2, -1, err, sizeof err), 0);
     cp_tokens r;
     if (cp_tokens_open(&r, p, 50, 16, err, sizeof err)) fail_msg("%s", err);
     int32_t seq[17];
@@ -582,6 +602,193 @@ static void test_dataset_copy(void **state) {
     free(full), free(fullt), free(tok), free(tgt);
 }
 
+/* Shards of version 1 (hand-made header: version 1, reserved 0) and 2 side by side. */
+static void write_shard_v(const char *name, const int32_t *t, int64_t n, int version, int64_t eod) {
+    if (cp_tokens_write(path_in(name), t, n, 2, eod, err, sizeof err)) fail_msg("%s", err);
+    if (version == 1) {
+        size_t len;
+        unsigned char *b = (unsigned char *)cp_read_file(path_in(name), &len);
+        b[8] = 1;
+        memset(b + 24, 0, 8);
+        write_bytes(path_in(name), b, len);
+        free(b);
+    }
+}
+
+/* Version 2 carries the end-of-document id; version 1 is read as before, with none; the shards of a source agree or
+ * are refused naming a shard of each kind; the headers alone (cp_tokens_probe) say the same, and nothing matching
+ * is not an error there. */
+static void test_shard_eod(void **state) {
+    (void)state;
+    cp_mkdir_p(path_in("eod"));
+    int32_t *t = corpus(40, 0, 100);
+    write_shard_v("eod/a1.bin", t, 40, 2, 7);
+    write_shard_v("eod/a2.bin", t, 40, 2, 7);
+    write_shard_v("eod/v1.bin", t, 40, 1, -1);
+    write_shard_v("eod/v2none.bin", t, 40, 2, -1);
+    write_shard_v("eod/b9.bin", t, 40, 2, 9);
+    cp_tokens r;
+    if (cp_tokens_open(&r, path_in("eod/a*.bin"), 100, 16, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(r.eod, 7);
+    cp_tokens_close(&r);
+    /* version 1 and version 2 without an id: both none, and the same tokens */
+    if (cp_tokens_open(&r, path_in("eod/v*.bin"), 100, 16, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(r.eod, -1);
+    assert_int_equal(r.nshards, 2);
+    int32_t seq[17];
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(cp_tokens_read(&r, 0, 17, seq, true, err, sizeof err), 0);
+        for (int i = 0; i < 17; i++) assert_int_equal(seq[i], (k % 2) * 16 + i);
+    }
+    cp_tokens_close(&r);
+    /* disagreeing shards: one id against none, one id against another */
+    expect_open_fails(path_in("eod/[av]*.bin"), 100, 16, 4, "a1.bin has end-of-document id 7", "v1.bin has no "
+                      "end-of-document id", "must agree", "tools/make_tokens.py");
+    expect_open_fails(path_in("eod/[ab]*.bin"), 100, 16, 3, "a1.bin has end-of-document id 7",
+                      "b9.bin has end-of-document id 9", "must agree");
+    expect_open_fails(path_in("eod/a1.bin"), 7, 16, 1, "end-of-document id is 7, not below model.vocab = 7");
+    /* the headers alone */
+    bool found;
+    int64_t eod;
+    assert_int_equal(cp_tokens_probe(path_in("eod/a*.bin"), 100, &found, &eod, err, sizeof err), 0);
+    assert_true(found);
+    assert_int_equal(eod, 7);
+    assert_int_equal(cp_tokens_probe(path_in("eod/v1.bin"), 100, &found, &eod, err, sizeof err), 0);
+    assert_true(found);
+    assert_int_equal(eod, -1);
+    assert_int_equal(cp_tokens_probe(path_in("nowhere/*.bin"), 100, &found, &eod, err, sizeof err), 0);
+    assert_false(found);
+    assert_int_equal(cp_tokens_probe(path_in("eod/[ab]*.bin"), 100, &found, &eod, err, sizeof err), -1);
+    assert_true(contains(err, "b9.bin has end-of-document id 9"));
+    /* a shard shorter than a sequence is no concern of the headers' */
+    assert_int_equal(cp_tokens_probe(path_in("eod/a1.bin"), 100, &found, &eod, err, sizeof err), 0);
+    free(t);
+}
+
+/* The tiny spec with `n` more sets (NULL-terminated list), loaded; returns 0 or the loader's -1. */
+static int tiny_with(cp_spec *spec, const char *const *sets) {
+    int n = 0;
+    while (sets[n]) n++;
+    return cp_spec_load("tiny", sets, n, spec, err, sizeof err);
+}
+
+/* data.documents and positions resolved from the source: mask where the shards carry an id, data.eod is given or the
+ * task is packed, else stream; the refusals name the spec file, the key and the fix. */
+static void test_documents_resolve(void **state) {
+    (void)state;
+    cp_mkdir_p(path_in("rs"));
+    int32_t *t = corpus(40, 0, 100);
+    write_shard_v("rs/v1.bin", t, 40, 1, -1);
+    write_shard_v("rs/v2.bin", t, 40, 2, 7);
+    write_shard_v("rs/w9.bin", t, 40, 2, 9);
+    free(t);
+    char v1[600], v2[600], w9[600], nope[600], val_v1[600], val_w9[600];
+    snprintf(v1, sizeof v1, "data.source=tokens:%s", path_in("rs/v1.bin"));
+    snprintf(v2, sizeof v2, "data.source=tokens:%s", path_in("rs/v2.bin"));
+    snprintf(w9, sizeof w9, "data.source=tokens:%s", path_in("rs/w9.bin"));
+    snprintf(nope, sizeof nope, "data.source=tokens:%s", path_in("rs/absent_*.bin"));
+    snprintf(val_v1, sizeof val_v1, "data.val=tokens:%s", path_in("rs/v1.bin"));
+    snprintf(val_w9, sizeof val_w9, "data.val=tokens:%s", path_in("rs/w9.bin"));
+    const struct {
+        const char *sets[4];
+        int documents, positions; /* 0: refused */
+        const char *says[3];
+    } cases[] = {
+        {{v1}, CP_DOCS_STREAM, CP_POS_SEQUENCE, {NULL}},
+        {{v2}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+        {{v1, "data.eod=5"}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+        {{v2, "data.eod=7"}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+        {{v2, "data.documents=stream"}, CP_DOCS_STREAM, CP_POS_SEQUENCE, {NULL}},
+        {{v2, "data.positions=sequence"}, CP_DOCS_MASK, CP_POS_SEQUENCE, {NULL}},
+        {{"data.source=synthetic:copy"}, CP_DOCS_STREAM, CP_POS_SEQUENCE, {NULL}},
+        /* no shard here (a plan made without the data): stream, or mask where data.eod or the spec says so */
+        {{nope}, CP_DOCS_STREAM, CP_POS_SEQUENCE, {NULL}},
+        {{nope, "data.eod=5"}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+        {{nope, "data.documents=mask"}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+        {{v1, "data.documents=mask"}, 0, 0,
+         {"<embedded>/tiny.lua: data.documents = \"mask\": data.source = \"tokens:", "has no document boundaries "
+          "(its shards carry no end-of-document id and data.eod is not set)", "set data.eod to the id that ends "
+          "documents in the shards, or remake them with tools/make_tokens.py"}},
+        {{v1, "data.positions=document"}, 0, 0,
+         {"<embedded>/tiny.lua: data.positions = \"document\"", "(data.source has no document boundaries)",
+          "data.positions = \"sequence\""}},
+        {{v2, "data.eod=5"}, 0, 0,
+         {"<embedded>/tiny.lua: data.eod = 5, but the shards of data.source", "carry end-of-document id 7",
+          "remove data.eod (the shards' own is used) or set it to 7"}},
+        {{v2, val_v1}, 0, 0,
+         {"data.documents = \"mask\": the shards of data.val", "carry no end-of-document id", "set data.eod"}},
+        {{v2, val_w9}, 0, 0,
+         {"data.val = \"tokens:", "end documents with id 9, and those of data.source", "with 7"}},
+        {{v2, val_v1, "data.documents=stream"}, CP_DOCS_STREAM, CP_POS_SEQUENCE, {NULL}},
+        {{v1, val_v1, "data.eod=5"}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+    };
+    for (size_t k = 0; k < CP_ARRAY_LEN(cases); k++) {
+        cp_spec spec;
+        if (tiny_with(&spec, cases[k].sets)) fail_msg("case %zu: %s", k, err);
+        int rc = cp_data_resolve_documents(&spec, err, sizeof err);
+        if (!cases[k].documents) {
+            if (rc != -1) fail_msg("case %zu resolved", k);
+            for (int f = 0; f < 3 && cases[k].says[f]; f++)
+                if (!contains(err, cases[k].says[f])) fail_msg("case %zu: no \"%s\" in: %s", k, cases[k].says[f], err);
+            /* a dataset opened on the unresolved spec refuses it alike */
+            if (tiny_with(&spec, cases[k].sets)) fail_msg("%s", err);
+            cp_dataset d;
+            assert_int_equal(cp_dataset_open(&d, &spec, err, sizeof err), -1);
+            if (!contains(err, cases[k].says[0])) fail_msg("case %zu, the dataset: %s", k, err);
+            continue;
+        }
+        if (rc) fail_msg("case %zu: %s", k, err);
+        if (spec.data.documents != cases[k].documents || spec.data.positions != cases[k].positions)
+            fail_msg("case %zu: documents %d, positions %d", k, spec.data.documents, spec.data.positions);
+        /* resolving again changes nothing; a dataset on the unresolved spec takes the same mode */
+        cp_spec again = spec;
+        assert_int_equal(cp_data_resolve_documents(&again, err, sizeof err), 0);
+        assert_memory_equal(&again.data, &spec.data, sizeof spec.data);
+        if (cases[k].sets[0] == nope) continue;
+        if (tiny_with(&spec, cases[k].sets)) fail_msg("%s", err);
+        const char *seq16[] = {"train.seq_len=16"};
+        cp_spec s16;
+        const char *all[6] = {0};
+        int n = 0;
+        while (cases[k].sets[n]) all[n] = cases[k].sets[n], n++;
+        all[n] = seq16[0];
+        if (tiny_with(&s16, all)) fail_msg("%s", err);
+        cp_dataset d;
+        if (cp_dataset_open(&d, &s16, err, sizeof err)) fail_msg("case %zu: %s", k, err);
+        assert_int_equal(d.documents, cases[k].documents);
+        if (cases[k].documents == CP_DOCS_MASK && !strcmp(cases[k].sets[0], v2)) assert_int_equal(d.eod, 7);
+        if (cases[k].sets[0] == v1 && cases[k].documents == CP_DOCS_MASK) assert_int_equal(d.eod, 5);
+        if (cases[k].documents == CP_DOCS_STREAM) assert_int_equal(d.eod, -1);
+        cp_dataset_close(&d);
+    }
+}
+
+/* The command line resolves every spec it loads: a refusal is a spec error (exit 2, the file and the key), and a plan
+ * on a machine without the shards goes ahead. */
+static void test_documents_cli(void **state) {
+    (void)state;
+    if (access("build/cpgen", X_OK)) {
+        print_message("    no build/cpgen from %s: skipped\n", getcwd(err, sizeof err) ? err : "?");
+        skip();
+    }
+    cp_mkdir_p(path_in("cli"));
+    int32_t *t = corpus(4097, 0, 100);
+    write_shard_v("cli/v1.bin", t, 4097, 1, -1);
+    free(t);
+    char cmd[1400], *out;
+    snprintf(cmd, sizeof cmd, "build/cpgen plan tiny --set 'data.source=tokens:%s' --set data.documents=mask",
+             path_in("cli/v1.bin"));
+    assert_int_equal(sh(cmd, &out), 2);
+    if (!contains(out, "cpgen: <embedded>/tiny.lua: data.documents = \"mask\": data.source = \"tokens:") ||
+        !contains(out, "set data.eod"))
+        fail_msg("%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "build/cpgen plan tiny --set 'data.source=tokens:%s' --set data.documents=mask",
+             path_in("cli/absent_*.bin"));
+    assert_int_equal(sh(cmd, &out), 0);
+    free(out);
+}
+
 static int setup(void **state) {
     (void)state;
     const char *tmp = getenv("TMPDIR");
@@ -769,7 +976,9 @@ static int teardown(void **state) {
     return 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    (void)argc;
+    go_to_source_tree(argv[0], "tests/specs_bad"); /* where build/cpgen is */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_format),   cmocka_unit_test(test_roundtrip_and_stepping),
         cmocka_unit_test(test_bad_shards),     cmocka_unit_test(test_position_restore),
@@ -778,6 +987,8 @@ int main(void) {
         cmocka_unit_test(test_dataset_recall), cmocka_unit_test(test_copy), cmocka_unit_test(test_dataset_copy),
         cmocka_unit_test(test_val_split_counts), cmocka_unit_test(test_dataset_split),
         cmocka_unit_test(test_dataset_synthetic_val),
+        cmocka_unit_test(test_shard_eod),      cmocka_unit_test(test_documents_resolve),
+        cmocka_unit_test(test_documents_cli),
     };
     return cmocka_run_group_tests_name("data", tests, setup, teardown) ? 1 : 0;
 }
