@@ -629,6 +629,7 @@ static int open_documents(cp_dataset *d, const cp_spec *spec, const char *key, c
     bool looked;
     if (src != spec->data.source && source_eod(spec, key, src, &looked, &eod, err, errlen)) return -1;
     d->eod = d->documents == CP_DOCS_MASK ? eod : -1;
+    cp_docs_from_tokens(&d->docs, NULL, d->seq_len, -1); /* one document until a sequence is read */
     return 0;
 }
 
@@ -720,41 +721,66 @@ static int synthetic_room(const cp_dataset *d, int64_t n, char *err, int errlen)
                    "sequences begin; train fewer steps", (long long)d->end);
 }
 
-/* Synthetic sequence `index` into the scratch (tokens, then targets), and its count of targets. */
+/* ------------------------------------------------------------------------------------------------------------
+ * documents of a sequence */
+
+static void docs_push(cp_docs *d, int64_t start) {
+    if (d->n == d->cap) {
+        d->cap = d->cap ? 2 * d->cap : 16;
+        d->start = cp_xrealloc(d->start, (size_t)d->cap * sizeof *d->start);
+    }
+    d->start[d->n++] = (int32_t)start;
+}
+
+void cp_docs_from_tokens(cp_docs *d, const int32_t *tokens, int64_t S, int64_t eod) {
+    d->n = 0;
+    docs_push(d, 0);
+    for (int64_t p = 0; eod >= 0 && p + 1 < S; p++)
+        if (tokens[p] == eod) docs_push(d, p + 1);
+}
+
+void cp_docs_free(cp_docs *d) {
+    if (!d) return;
+    free(d->start);
+    memset(d, 0, sizeof *d);
+}
+
+/* A buffer for a whole sequence's S + 1 tokens (its S inputs and the last one's target). */
+static int32_t *seq_buf(cp_dataset *d) {
+    if (!d->scratch) d->scratch = cp_xmalloc((size_t)(d->seq_len * 2 + 1) * sizeof *d->scratch);
+    return d->scratch;
+}
+
+/* In mask mode no target of a position holding the end-of-document id (it would be the next document's first
+ * token): targets -1 there; returns the count of targets of the S positions that remain, tgt NULL counting only. */
+static int64_t mask_targets(const cp_dataset *d, const int32_t *tok, int32_t *tgt, int64_t S) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < S; i++) {
+        bool end = d->eod >= 0 && tok[i] == d->eod;
+        if (tgt && end) tgt[i] = -1;
+        n += tgt ? tgt[i] >= 0 : !end;
+    }
+    return n;
+}
+
+/* Synthetic sequence `index` into the scratch (tokens, then targets), its targets masked at document ends, and its
+ * count of targets. */
 static void synthetic_sequence(cp_dataset *d, int64_t index) {
     int32_t *tok = d->scratch, *tgt = d->scratch + d->seq_len;
     if (d->kind == CP_DATA_RECALL)
         cp_recall_sequence(&d->recall, index, tok, tgt);
     else
         cp_copy_sequence(&d->copy, index, tok, tgt);
-    d->targets_seq = 0;
-    for (int64_t i = 0; i < d->seq_len; i++) d->targets_seq += tgt[i] >= 0;
+    d->targets_seq = mask_targets(d, tok, tgt, d->seq_len);
 }
 
 int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *targets, char *err, int errlen) {
     if (C < 1 || rank < 0 || rank >= C || d->seq_len % C)
         return cp_errf(err, errlen, "data: rank %d of %d GPUs cannot split seq_len %lld (a cpgen bug)", rank, C,
                     (long long)d->seq_len);
-    int64_t T = d->seq_len / C, first = (int64_t)rank * T;
-    if (d->synthetic) {
-        if (synthetic_room(d, 1, err, errlen)) return -1;
-        synthetic_sequence(d, d->sequence);
-        memcpy(tokens, d->scratch + first, (size_t)T * sizeof *tokens);
-        memcpy(targets, d->scratch + d->seq_len + first, (size_t)T * sizeof *targets);
-        d->sequence++;
-        d->targets_round = d->targets_seq;
-        return 0;
-    }
-    /* T + 1 tokens: the slice and, shifted by one, its targets */
-    int32_t *tmp = cp_xmalloc((size_t)(T + 1) * sizeof *tmp);
-    int rc = cp_tokens_read(&d->tokens, first, T + 1, tmp, true, err, errlen);
-    if (!rc) {
-        memcpy(tokens, tmp, (size_t)T * sizeof *tokens);
-        memcpy(targets, tmp + 1, (size_t)T * sizeof *targets);
-        d->targets_seq = d->targets_round = d->seq_len; /* every position of a shard has its next token */
-    }
-    free(tmp);
-    return rc;
+    /* one group, no ring: the slice of rank r is tokens [r T, (r + 1) T) */
+    cp_data_slice one = {.replica = 0, .replicas = 1, .ring_pos = 0, .ring = 1, .rank = rank, .gpus = C};
+    return cp_dataset_next_slice(d, &one, tokens, targets, err, errlen);
 }
 
 int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *tokens, int32_t *targets, char *err,
@@ -787,10 +813,37 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
             memcpy(tokens + run[k].row0, d->scratch + run[k].pos0, (size_t)run[k].rows * sizeof *tokens);
             memcpy(targets + run[k].row0, d->scratch + S + run[k].pos0, (size_t)run[k].rows * sizeof *targets);
         }
+        cp_docs_from_tokens(&d->docs, d->scratch, S, d->eod);
         d->sequence += sl->replicas;
         return 0;
     }
-    /* token shards: skip the other replicas' sequences of the round; each run reads one token more, its targets */
+    if (d->documents == CP_DOCS_MASK) {
+        /* every rank reads the whole sequence of each replica: its documents start after end-of-document tokens
+         * anywhere in it, and the round's target count leaves out every replica's document ends */
+        int32_t *full = seq_buf(d);
+        d->targets_round = 0;
+        for (int g = 0; g < sl->replicas && !rc; g++) {
+            bool mine = g == sl->replica;
+            rc = cp_tokens_read(&d->tokens, 0, mine ? S + 1 : S, full, false, err, errlen);
+            if (rc) break;
+            int64_t n = mask_targets(d, full, NULL, S);
+            d->targets_round += n;
+            if (mine) {
+                d->targets_seq = n;
+                cp_docs_from_tokens(&d->docs, full, S, d->eod);
+                for (int k = 0; k < nruns; k++) {
+                    int64_t a = run[k].pos0, m = run[k].rows;
+                    memcpy(tokens + run[k].row0, full + a, (size_t)m * sizeof *tokens);
+                    memcpy(targets + run[k].row0, full + a + 1, (size_t)m * sizeof *targets);
+                    mask_targets(d, full + a, targets + run[k].row0, m);
+                }
+            }
+            rc = cp_tokens_read(&d->tokens, 0, 0, full, true, err, errlen); /* on to the next sequence */
+        }
+        return rc;
+    }
+    /* token shards, one document: skip the other replicas' sequences of the round; each run reads one token more,
+     * its targets */
     int32_t *tmp = cp_xmalloc((size_t)(T + 1) * sizeof *tmp);
     for (int g = 0; g < sl->replicas && !rc; g++) {
         for (int k = 0; g == sl->replica && k < nruns && !rc; k++) {
@@ -803,6 +856,7 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
     }
     d->targets_seq = S;
     d->targets_round = S * sl->replicas;
+    cp_docs_from_tokens(&d->docs, NULL, S, -1);
     free(tmp);
     return rc;
 }
@@ -836,5 +890,6 @@ void cp_dataset_close(cp_dataset *d) {
     if (!d) return;
     cp_tokens_close(&d->tokens);
     free(d->scratch);
+    cp_docs_free(&d->docs);
     memset(d, 0, sizeof *d);
 }

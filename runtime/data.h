@@ -142,6 +142,21 @@ void cp_copy_sequence(const cp_copy *c, int64_t index, int32_t *tokens, int32_t 
 double cp_copy_chance_loss(const cp_copy *c);
 
 /* ------------------------------------------------------------------------------------------------------------
+ * documents of a sequence */
+
+/* Where the documents of one sequence of S tokens start: start[0] = 0, ascending, n >= 1; document k holds positions
+ * [start[k], start[k + 1]) (the last up to S). */
+typedef struct {
+    int64_t n, cap;
+    int32_t *start;
+} cp_docs;
+
+/* The documents of tokens[0, S): position 0 starts one, and position p + 1 does where tokens[p] is eod (p + 1 < S);
+ * eod < 0 gives one document (tokens may then be NULL). Reuses d's memory; d starts zeroed. */
+void cp_docs_from_tokens(cp_docs *d, const int32_t *tokens, int64_t S, int64_t eod);
+void cp_docs_free(cp_docs *d);
+
+/* ------------------------------------------------------------------------------------------------------------
  * the spec's source */
 
 typedef enum { CP_DATA_TOKENS, CP_DATA_RECALL, CP_DATA_COPY } cp_data_kind;
@@ -159,7 +174,9 @@ typedef struct {
     int64_t targets_seq; /* target tokens (not ignored) in the whole of the last sequence, all ranks' slices */
     int64_t targets_round; /* the same over the last round's sequences, one per replica (cp_dataset_next_slice; with
                             * cp_dataset_next, the last sequence's): the loss's divisor counts every group's */
-    int32_t *scratch; /* synthetic: one full sequence of tokens and targets */
+    int32_t *scratch; /* synthetic: one full sequence of tokens and targets; tokens with a mask: a sequence's S + 1 */
+    cp_docs docs;     /* the documents of the sequence the last cp_dataset_next(_slice) came from, all of it (every
+                       * rank gets every start, whatever its slice); one document in stream mode */
     int64_t first, end; /* synthetic: the stream's first sequence index and the index it must not reach */
     int64_t count;      /* the stream's distinct sequences before it repeats; -1: it never does (synthetic) */
 } cp_dataset;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "ring.h"
 #include "sh.h"
 #include "source_tree.h"
 #include "spec.h"
@@ -789,6 +790,176 @@ static void test_documents_cli(void **state) {
     free(out);
 }
 
+static void docs_copy_push(cp_docs *d, int32_t start) {
+    if (d->n == d->cap) {
+        d->cap = d->cap ? 2 * d->cap : 8;
+        d->start = realloc(d->start, (size_t)d->cap * sizeof *d->start);
+    }
+    d->start[d->n++] = start;
+}
+
+/* Two shards with end-of-document tokens (500) at chosen places, sequences of S = 16 (docs/DATA.md: sequence k of a
+ * shard is its tokens [16k, 16k + 17)). Shard a (49 tokens, 3 sequences): ids at 0 (position 0 of sequence 0), 5 and
+ * 6 (a document of one token), 15 (position S - 1: no document starts after it in this sequence), 19, 32 (position 0
+ * of sequence 2, which so starts in the middle of the document before) and 48 (sequence 2's last target). Shard b
+ * (33 tokens, 2 sequences): ids at 7 and 30. */
+enum { DOC_EOD = 500, DOC_S = 16, DOC_SEQS = 5 };
+static const struct {
+    int nstart, start[5], nend, end[5]; /* documents' starts; positions holding the id (no target there) */
+} doc_want[DOC_SEQS] = {
+    {4, {0, 1, 6, 7}, 4, {0, 5, 6, 15}}, /* a, 0: the id at 0, two in a row, and at S - 1 */
+    {2, {0, 4}, 1, {3}},                 /* a, 1: its last target (token 32) is an id, allowed */
+    {2, {0, 1}, 1, {0}},                 /* a, 2: starts mid-document, ended at once */
+    {2, {0, 8}, 1, {7}},                 /* b, 0: the next shard, a document of its own from position 0 */
+    {2, {0, 15}, 1, {14}},               /* b, 1 */
+};
+
+static void write_doc_shards(const char *dir) {
+    char name[64];
+    int32_t a[49], b[33];
+    for (int i = 0; i < 49; i++) a[i] = i % 400 + 1;
+    for (int i = 0; i < 33; i++) b[i] = 100 + i;
+    const int ae[] = {0, 5, 6, 15, 19, 32, 48}, be[] = {7, 30};
+    for (size_t k = 0; k < CP_ARRAY_LEN(ae); k++) a[ae[k]] = DOC_EOD;
+    for (size_t k = 0; k < CP_ARRAY_LEN(be); k++) b[be[k]] = DOC_EOD;
+    cp_mkdir_p(path_in(dir));
+    snprintf(name, sizeof name, "%s/a.bin", dir);
+    if (cp_tokens_write(path_in(name), a, 49, 2, DOC_EOD, err, sizeof err)) fail_msg("%s", err);
+    snprintf(name, sizeof name, "%s/b.bin", dir);
+    if (cp_tokens_write(path_in(name), b, 33, 4, DOC_EOD, err, sizeof err)) fail_msg("%s", err);
+}
+
+/* The tiny spec over those shards with 16-token sequences and one more set (or none). */
+static void doc_spec(cp_spec *spec, const char *dir, const char *more, const char *more2) {
+    char src[600], glob[64];
+    snprintf(glob, sizeof glob, "%s/*.bin", dir);
+    snprintf(src, sizeof src, "data.source=tokens:%s", path_in(glob));
+    const char *sets[] = {src, "train.seq_len=16", "train.eval_sequences=1", more, more2};
+    if (cp_spec_load("tiny", sets, 3 + (more != NULL) + (more2 != NULL), spec, err, sizeof err)) fail_msg("%s", err);
+}
+
+static void expect_docs(const cp_docs *d, int seq) {
+    int k = seq % DOC_SEQS;
+    if (d->n != doc_want[k].nstart) fail_msg("sequence %d: %lld documents, not %d", seq, (long long)d->n,
+                                             doc_want[k].nstart);
+    for (int i = 0; i < doc_want[k].nstart; i++) assert_int_equal(d->start[i], doc_want[k].start[i]);
+}
+
+/* The targets of a whole sequence's tokens tok[0, S] (S + 1): the next token, but -1 at a document's end. */
+static void expect_targets(const int32_t *tok, const int32_t *tgt, int seq, bool mask) {
+    int k = seq % DOC_SEQS, ends = 0;
+    for (int i = 0; i < DOC_S; i++) {
+        bool end = false;
+        for (int e = 0; e < doc_want[k].nend; e++) end |= doc_want[k].end[e] == i;
+        assert_int_equal(tok[i] == DOC_EOD, end); /* the shards are what the table says */
+        ends += end;
+        assert_int_equal(tgt[i], end && mask ? -1 : tok[i + 1]);
+    }
+    assert_int_equal(ends, doc_want[k].nend);
+}
+
+/* Boundaries from end-of-document tokens on every rank: the whole sequence's starts whatever the slice, targets -1 at
+ * the ids and the loss divisors counting that (with mask), the same tokens and one document (stream), the same on
+ * several groups, after a resume, and in the held-out part of a split. */
+static void test_dataset_documents(void **state) {
+    (void)state;
+    write_doc_shards("dd");
+    /* the whole stream as one rank sees it, with its tokens one past each sequence for the targets */
+    cp_tokens r;
+    if (cp_tokens_open(&r, path_in("dd/*.bin"), 512, DOC_S, err, sizeof err)) fail_msg("%s", err);
+    int32_t full[DOC_SEQS][DOC_S + 1];
+    for (int q = 0; q < DOC_SEQS; q++) assert_int_equal(cp_tokens_read(&r, 0, DOC_S + 1, full[q], true, err, sizeof err), 0);
+    cp_tokens_close(&r);
+    int32_t tok[DOC_S], tgt[DOC_S];
+    for (int mask = 0; mask < 2; mask++) {
+        cp_spec spec;
+        doc_spec(&spec, "dd", mask ? NULL : "data.documents=stream", NULL); /* the shards' id: mask by default */
+        for (int C = 1; C <= 4; C *= 2) {
+            cp_dataset d[4];
+            for (int rk = 0; rk < C; rk++)
+                if (cp_dataset_open(&d[rk], &spec, err, sizeof err)) fail_msg("%s", err);
+            assert_int_equal(d[0].documents, mask ? CP_DOCS_MASK : CP_DOCS_STREAM);
+            for (int seq = 0; seq < 2 * DOC_SEQS; seq++) { /* two epochs */
+                int64_t T = DOC_S / C;
+                for (int rk = 0; rk < C; rk++) {
+                    if (cp_dataset_next(&d[rk], rk, C, tok + rk * T, tgt + rk * T, err, sizeof err)) fail_msg("%s", err);
+                    if (mask) expect_docs(&d[rk].docs, seq);
+                    else assert_true(d[rk].docs.n == 1 && d[rk].docs.start[0] == 0);
+                    int64_t want = mask ? DOC_S - doc_want[seq % DOC_SEQS].nend : DOC_S;
+                    assert_int_equal(d[rk].targets_seq, want);
+                    assert_int_equal(d[rk].targets_round, want);
+                }
+                assert_memory_equal(tok, full[seq % DOC_SEQS], sizeof tok);
+                expect_targets(full[seq % DOC_SEQS], tgt, seq, mask);
+            }
+            for (int rk = 0; rk < C; rk++) cp_dataset_close(&d[rk]);
+        }
+    }
+    /* replicas and a ring: R = 2 groups read sequences 2 round + g; each rank holds its zigzag slice, and every rank of
+     * a group the whole sequence's documents; the round's divisor counts both sequences' targets */
+    cp_spec spec;
+    doc_spec(&spec, "dd", NULL, NULL);
+    enum { R = 2, P = 2, C = 2, N = R * P * C };
+    cp_dataset d[N];
+    for (int k = 0; k < N; k++)
+        if (cp_dataset_open(&d[k], &spec, err, sizeof err)) fail_msg("%s", err);
+    cp_data_pos saved;
+    cp_docs after_saved[R] = {{0}};
+    for (int round = 0; round < 4; round++) {
+        for (int k = 0; k < N; k++) {
+            cp_data_slice sl = {.replica = k / (P * C), .replicas = R, .ring_pos = k / C % P, .ring = P,
+                                .rank = k % C, .gpus = C};
+            int32_t st[DOC_S / (P * C)], sg[DOC_S / (P * C)];
+            if (cp_dataset_next_slice(&d[k], &sl, st, sg, err, sizeof err)) fail_msg("%s", err);
+            int seq = 2 * round + sl.replica;
+            expect_docs(&d[k].docs, seq);
+            int64_t want = 2 * DOC_S - doc_want[(2 * round) % DOC_SEQS].nend - doc_want[(2 * round + 1) % DOC_SEQS].nend;
+            assert_int_equal(d[k].targets_round, want);
+            /* each row is the position the zigzag gives it, its target masked at an id */
+            cp_ring_rope_run run[2];
+            int nr = cp_ring_rope_runs(P, sl.ring_pos, DOC_S, C, sl.rank, run);
+            for (int q = 0; q < nr; q++)
+                for (int i = 0; i < run[q].rows; i++) {
+                    const int32_t *f = full[seq % DOC_SEQS];
+                    int64_t pos = run[q].pos0 + i;
+                    assert_int_equal(st[run[q].row0 + i], f[pos]);
+                    assert_int_equal(sg[run[q].row0 + i], f[pos] == DOC_EOD ? -1 : f[pos + 1]);
+                }
+            if (round == 2 && sl.rank == 0 && sl.ring_pos == 0) {
+                after_saved[sl.replica].n = 0;
+                for (int i = 0; i < d[k].docs.n; i++) docs_copy_push(&after_saved[sl.replica], d[k].docs.start[i]);
+            }
+        }
+        if (round == 1) cp_dataset_tell(&d[0], &saved);
+    }
+    for (int k = 0; k < N; k++) cp_dataset_close(&d[k]);
+    /* resumed at the position saved after round 1: round 2's documents again (they follow from the tokens) */
+    for (int g = 0; g < R; g++) {
+        cp_dataset e;
+        if (cp_dataset_open(&e, &spec, err, sizeof err)) fail_msg("%s", err);
+        assert_int_equal(cp_dataset_seek(&e, &saved, err, sizeof err), 0);
+        cp_data_slice sl = {.replica = g, .replicas = R, .ring_pos = 1, .ring = P, .rank = 1, .gpus = C};
+        int32_t st[DOC_S / (P * C)], sg[DOC_S / (P * C)];
+        if (cp_dataset_next_slice(&e, &sl, st, sg, err, sizeof err)) fail_msg("%s", err);
+        assert_int_equal(e.docs.n, after_saved[g].n);
+        assert_memory_equal(e.docs.start, after_saved[g].start, (size_t)e.docs.n * sizeof *e.docs.start);
+        expect_docs(&e.docs, 4 + g);
+        cp_dataset_close(&e);
+        cp_docs_free(&after_saved[g]);
+    }
+    /* the held-out part of a split (the last 2 of 5 sequences: shard b's) is cut into documents alike */
+    doc_spec(&spec, "dd", "data.val=split:0.4", NULL);
+    cp_dataset va;
+    if (cp_dataset_open_val(&va, &spec, err, sizeof err)) fail_msg("%s", err);
+    for (int q = 0; q < 2; q++) {
+        assert_int_equal(cp_dataset_next(&va, 0, 1, tok, tgt, err, sizeof err), 0);
+        expect_docs(&va.docs, 3 + q);
+        expect_targets(full[3 + q], tgt, 3 + q, true);
+        assert_int_equal(va.targets_seq, DOC_S - 1);
+    }
+    cp_dataset_close(&va);
+}
+
 static int setup(void **state) {
     (void)state;
     const char *tmp = getenv("TMPDIR");
@@ -988,7 +1159,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_val_split_counts), cmocka_unit_test(test_dataset_split),
         cmocka_unit_test(test_dataset_synthetic_val),
         cmocka_unit_test(test_shard_eod),      cmocka_unit_test(test_documents_resolve),
-        cmocka_unit_test(test_documents_cli),
+        cmocka_unit_test(test_documents_cli),  cmocka_unit_test(test_dataset_documents),
     };
     return cmocka_run_group_tests_name("data", tests, setup, teardown) ? 1 : 0;
 }
