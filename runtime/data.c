@@ -745,6 +745,97 @@ void cp_docs_free(cp_docs *d) {
     memset(d, 0, sizeof *d);
 }
 
+void cp_docs_positions(const cp_docs *d, int64_t first, int64_t n, int32_t *pos) {
+    if (n <= 0 || d->n < 1) return;
+    int64_t lo = 0, hi = d->n - 1; /* the last document starting at or before `first` */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (d->start[mid] <= first) lo = mid;
+        else hi = mid - 1;
+    }
+    for (int64_t t = 0, k = lo; t < n; t++) {
+        while (k + 1 < d->n && d->start[k + 1] <= first + t) k++;
+        pos[t] = (int32_t)(first + t - d->start[k]);
+    }
+}
+
+void cp_docs_bounds(const cp_docs *d, int64_t S, int32_t *doc_start, int32_t *doc_end) {
+    for (int64_t k = 0; k < d->n; k++) {
+        int64_t a = d->start[k], b = k + 1 < d->n ? d->start[k + 1] : S;
+        for (int64_t i = CP_MAX(a, 0); i < CP_MIN(b, S); i++) {
+            doc_start[i] = (int32_t)a;
+            doc_end[i] = (int32_t)b;
+        }
+    }
+}
+
+double cp_docs_tile_work(const cp_docs *d, int64_t S, int bm, int bn, double *kept) {
+    if (kept) *kept = NAN;
+    if (S < 1 || bm < 1 || bn < 1 || d->n < 1 || d->start[0] != 0) return NAN;
+    /* query tile [i0, i1): causal key tiles 0 .. (i1 - 1) / bn; of those, the ones with a key in the document of
+     * row i0 start at tile doc_start(i0) / bn (an earlier tile's last key, kj bn + bn - 1, lies before it) */
+    double all = 0, done = 0;
+    int64_t k = 0;
+    for (int64_t i0 = 0; i0 < S; i0 += bm) {
+        int64_t i1 = CP_MIN(i0 + bm, S), last = (i1 - 1) / bn;
+        while (k + 1 < d->n && d->start[k + 1] <= i0) k++;
+        all += (double)(last + 1);
+        done += (double)(last - d->start[k] / bn + 1);
+    }
+    if (kept) { /* a document of L positions keeps L (L + 1) / 2 scores; causal attention over S has S (S + 1) / 2 */
+        double sum = 0;
+        for (int64_t j = 0; j < d->n; j++) {
+            double L = (double)((j + 1 < d->n ? d->start[j + 1] : S) - d->start[j]);
+            sum += L * (L + 1) / 2;
+        }
+        *kept = sum / ((double)S * ((double)S + 1) / 2);
+    }
+    return done / all;
+}
+
+int cp_tokens_mean_doc_len(const char *pattern, int64_t vocab, int64_t eod, int64_t max_tokens, double *mean,
+                           char *err, int errlen) {
+    *mean = NAN;
+    cp_tokens r;
+    if (cp_tokens_open(&r, pattern, vocab, 1, err, errlen)) return -1;
+    if (eod < 0) eod = r.eod;
+    if (eod < 0) {
+        cp_tokens_close(&r);
+        return cp_errf(err, errlen, "tokens:%s: the shards carry no end-of-document id and none was given, so they have "
+                       "no documents to measure", pattern);
+    }
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = cp_xmalloc((size_t)CHUNK * 4);
+    int64_t seen = 0, ended = 0, docs = 0; /* tokens read; tokens up to the last end read; documents ended */
+    int rc = 0;
+    for (int s = 0; s < r.nshards && seen < max_tokens && !rc; s++) {
+        char why[256];
+        int fd = cp_open_file(r.paths[s], CP_FILE_DATA, NULL, why, sizeof why);
+        if (fd < 0) {
+            rc = cp_errf(err, errlen, "%s: cannot open: %s", r.paths[s], why);
+            break;
+        }
+        int tb = r.token_bytes[s];
+        for (int64_t at = 0; at < r.counts[s] && seen < max_tokens && !rc; at += CHUNK) {
+            int64_t n = CP_MIN(CP_MIN((int64_t)CHUNK, r.counts[s] - at), max_tokens - seen);
+            rc = cp_pread_all(fd, buf, n * tb, CP_TOK_HEADER + at * tb, r.paths[s], "regenerate it", err, errlen);
+            for (int64_t k = 0; k < n && !rc; k++) {
+                uint32_t v = tb == 2 ? ((const uint16_t *)buf)[k] : ((const uint32_t *)buf)[k];
+                if (v == (uint64_t)eod) {
+                    docs++;
+                    ended = seen + k + 1;
+                }
+            }
+            seen += n;
+        }
+        close(fd);
+    }
+    free(buf);
+    cp_tokens_close(&r);
+    if (!rc) *mean = docs ? (double)ended / (double)docs : (double)seen; /* no end yet: at least that long */
+    return rc;
+}
+
 /* A buffer for a whole sequence's S + 1 tokens (its S inputs and the last one's target). */
 static int32_t *seq_buf(cp_dataset *d) {
     if (!d->scratch) d->scratch = cp_xmalloc((size_t)(d->seq_len * 2 + 1) * sizeof *d->scratch);

@@ -156,6 +156,26 @@ typedef struct {
 void cp_docs_from_tokens(cp_docs *d, const int32_t *tokens, int64_t S, int64_t eod);
 void cp_docs_free(cp_docs *d);
 
+/* The helpers below are pure: the planner and the executor call them on a sequence's documents. */
+
+/* RoPE positions restarting at each document (data.positions = "document"): pos[t] = (first + t) minus the start of
+ * the document holding position first + t, for t < n. */
+void cp_docs_positions(const cp_docs *d, int64_t first, int64_t n, int32_t *pos);
+/* For every position i < S: doc_start[i] = the start of its document, doc_end[i] = one past its last position. */
+void cp_docs_bounds(const cp_docs *d, int64_t S, int32_t *doc_start, int32_t *doc_end);
+/* The fraction of causal attention's tiles a kernel computes with query tiles of bm rows and key tiles of bn rows
+ * under document masks: tile (query rows [i0, i1), key rows [j0, j1)) is computed iff j0 <= i1 - 1 (causal) and
+ * j1 - 1 >= doc_start[i0] (a key in the document of the tile's first row); the denominator is the tiles computed
+ * with one document (causal alone). *kept (if not NULL) = the scores kept (key j for query i with doc_start[i] <= j
+ * <= i) over causal attention's S (S + 1) / 2. NAN for S, bm or bn below 1. One document gives 1 and 1. */
+double cp_docs_tile_work(const cp_docs *d, int64_t S, int bm, int bn, double *kept);
+/* The mean length of the documents in the first max_tokens tokens of the shards matching pattern (in order, across
+ * shards): the tokens up to the last end-of-document id among them over the documents it ends; eod < 0 takes the
+ * shards' own id (refused where they carry none). Where no document ends that soon, the tokens read (a lower
+ * bound). For the planner's time model: attention's work under a mask falls with the documents' length. */
+int cp_tokens_mean_doc_len(const char *pattern, int64_t vocab, int64_t eod, int64_t max_tokens, double *mean,
+                           char *err, int errlen);
+
 /* ------------------------------------------------------------------------------------------------------------
  * the spec's source */
 

@@ -960,6 +960,97 @@ static void test_dataset_documents(void **state) {
     cp_dataset_close(&va);
 }
 
+/* cmocka compares floats alone; these are doubles to the last bits */
+#define expect_near(a, b, eps)                                                                                         \
+    do {                                                                                                               \
+        double a_ = (a), b_ = (b);                                                                                     \
+        if (!(fabs(a_ - b_) <= (eps))) fail_msg("%.17g, not %.17g (within %g)", a_, b_, (double)(eps));              \
+    } while (0)
+
+/* A cp_docs of the given starts (the memory is the caller's array). */
+static cp_docs docs_of(int32_t *start, int64_t n) { return (cp_docs){.n = n, .cap = n, .start = start}; }
+
+/* The pure helpers on hand-made documents: RoPE positions restarting at each document, each position's document
+ * bounds, the share of attention tiles a kernel computes and of scores it keeps, and the mean document length of
+ * shards. */
+static void test_docs_helpers(void **state) {
+    (void)state;
+    /* documents [0, 5), [5, 6) (one token), [6, 10), [10, 16) */
+    int32_t st[] = {0, 5, 6, 10};
+    cp_docs d = docs_of(st, 4);
+    int32_t pos[17], ds[16], de[16];
+    const int32_t want_pos[16] = {0, 1, 2, 3, 4, 0, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5};
+    cp_docs_positions(&d, 0, 16, pos);
+    assert_memory_equal(pos, want_pos, sizeof want_pos);
+    for (int first = 0; first < 16; first++) /* any slice: a rank's part, starting mid-document or not */
+        for (int n = 1; first + n <= 16; n++) {
+            memset(pos, 0x7f, sizeof pos);
+            cp_docs_positions(&d, first, n, pos);
+            assert_memory_equal(pos, want_pos + first, (size_t)n * sizeof *pos);
+            assert_int_equal(pos[n], 0x7f7f7f7f); /* nothing past n written */
+        }
+    cp_docs_bounds(&d, 16, ds, de);
+    const int32_t want_ds[16] = {0, 0, 0, 0, 0, 5, 6, 6, 6, 6, 10, 10, 10, 10, 10, 10};
+    const int32_t want_de[16] = {5, 5, 5, 5, 5, 6, 10, 10, 10, 10, 16, 16, 16, 16, 16, 16};
+    assert_memory_equal(ds, want_ds, sizeof ds);
+    assert_memory_equal(de, want_de, sizeof de);
+    /* one document: positions are the sequence's */
+    int32_t zero[] = {0};
+    cp_docs one = docs_of(zero, 1);
+    cp_docs_positions(&one, 3, 5, pos);
+    for (int t = 0; t < 5; t++) assert_int_equal(pos[t], 3 + t);
+
+    /* tiles: 131072 positions in 16 documents of 8192, 128 x 128 tiles. Query tile q (rows 128q ..) computes the key
+     * tiles of its own document up to the diagonal, q mod 64 + 1 of them, against q + 1 causally: 16 x (1 + ... + 64)
+     * = 16 x 2080 = 33280 of 1024 x 1025 / 2 = 524800, 13/205 = 0.0634 (about 1/16). Kept scores: 16 documents of
+     * 8192 x 8193 / 2 against 131072 x 131073 / 2, 8193/131073. */
+    int32_t st16[16];
+    for (int k = 0; k < 16; k++) st16[k] = k * 8192;
+    cp_docs d16 = docs_of(st16, 16);
+    double kept;
+    double f = cp_docs_tile_work(&d16, 131072, 128, 128, &kept);
+    expect_near(f, 13.0 / 205.0, 1e-15);
+    expect_near(kept, 8193.0 / 131073.0, 1e-15);
+    assert_true(fabs(f - 1.0 / 16) < 0.0010);
+    expect_near(cp_docs_tile_work(&one, 131072, 128, 128, &kept), 1.0, 0);
+    expect_near(kept, 1.0, 0);
+    /* 256 positions, documents [0, 100) and [100, 256), 64 x 64 tiles: query tiles 0..3 start in documents 0, 0, 100,
+     * 100, so they compute 1, 2, 2 (key tiles 1-2) and 3 (1-3) of the 1 + 2 + 3 + 4 causal tiles: 8/10. Kept: 100 x
+     * 101 / 2 + 156 x 157 / 2 = 17296 of 256 x 257 / 2 = 32896. */
+    int32_t st2[] = {0, 100};
+    cp_docs d2 = docs_of(st2, 2);
+    expect_near(cp_docs_tile_work(&d2, 256, 64, 64, &kept), 0.8, 1e-15);
+    expect_near(kept, 17296.0 / 32896.0, 1e-15);
+    /* 128-row query tiles over 64-row key tiles: tile 0 computes 2 of 2, tile 1 (first row 128, in the document from
+     * 100) key tiles 1-3 of 0-3: 5/6 */
+    expect_near(cp_docs_tile_work(&d2, 256, 128, 64, NULL), 5.0 / 6.0, 1e-15);
+    /* a last partial tile: S = 200, 64 x 64 tiles, one document: every causal tile, 1 + 2 + 3 + 4 */
+    expect_near(cp_docs_tile_work(&one, 200, 64, 64, NULL), 1.0, 0);
+    assert_true(isnan(cp_docs_tile_work(&d2, 256, 0, 64, &kept)) && isnan(kept));
+    assert_true(isnan(cp_docs_tile_work(&d2, 0, 64, 64, NULL)));
+
+    /* mean document length of the documents' shards (write_doc_shards: shard a ends documents after tokens 0, 5, 6,
+     * 15, 19, 32, 48, shard b after its 7 and 30, i.e. 56 and 79 of the stream) */
+    write_doc_shards("ml");
+    double mean;
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml/*.bin"), 512, -1, 1000, &mean, err, sizeof err), 0);
+    expect_near(mean, 80.0 / 9, 1e-12);
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml/*.bin"), 512, -1, 49, &mean, err, sizeof err), 0);
+    expect_near(mean, 49.0 / 7, 1e-12);
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml/*.bin"), 512, -1, 10, &mean, err, sizeof err), 0);
+    expect_near(mean, 7.0 / 3, 1e-12);
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml/*.bin"), 512, 101, 1000, &mean, err, sizeof err), 0);
+    expect_near(mean, 1.0 * (49 + 1 + 1) / 1, 1e-12); /* another id: shard b's token 101 ends one, at 50 */
+    cp_mkdir_p(path_in("ml1"));
+    int32_t *t = corpus(40, 0, 100);
+    write_shard_v("ml1/v1.bin", t, 40, 1, -1);
+    free(t);
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml1/v1.bin"), 512, -1, 1000, &mean, err, sizeof err), -1);
+    assert_true(contains(err, "carry no end-of-document id"));
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml1/v1.bin"), 512, 77, 1000, &mean, err, sizeof err), 0);
+    expect_near(mean, 40.0, 0); /* no 77 among tokens 0..39: at least 40 */
+}
+
 static int setup(void **state) {
     (void)state;
     const char *tmp = getenv("TMPDIR");
@@ -1160,6 +1251,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dataset_synthetic_val),
         cmocka_unit_test(test_shard_eod),      cmocka_unit_test(test_documents_resolve),
         cmocka_unit_test(test_documents_cli),  cmocka_unit_test(test_dataset_documents),
+        cmocka_unit_test(test_docs_helpers),
     };
     return cmocka_run_group_tests_name("data", tests, setup, teardown) ? 1 : 0;
 }
