@@ -83,7 +83,7 @@ static const char *const OPT_NAMES[] = {"auto", "gpu", "host", NULL};
 static const char *const ATTN_KEEP_NAMES[] = {"auto", "gpu", "host", "recompute", NULL};
 static const char *const INIT_NAMES[] = {"random", "hf", NULL};
 /* Generators behind "synthetic:<kind>"; a new generator in the runtime is added here too. */
-static const char *const SYNTHETIC_KINDS[] = {"copy", "recall", NULL};
+static const char *const SYNTHETIC_KINDS[] = {"copy", "recall", "packed", NULL};
 /* in the order of cp_doc_mode and cp_pos_mode after AUTO (a key not given) */
 static const char *const DOCUMENTS_NAMES[] = {"stream", "mask", NULL};
 static const char *const POSITIONS_NAMES[] = {"sequence", "document", NULL};

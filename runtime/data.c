@@ -505,9 +505,69 @@ void cp_copy_sequence(const cp_copy *c, int64_t index, int32_t *tokens, int32_t 
 }
 
 /* ------------------------------------------------------------------------------------------------------------
+ * synthetic:packed */
+
+int cp_packed_init(cp_packed *p, int64_t vocab, int64_t seq_len, uint64_t seed, char *err, int errlen) {
+    memset(p, 0, sizeof *p);
+    if (vocab < CP_PACKED_MIN_VOCAB || vocab > INT32_MAX)
+        return cp_errf(err, errlen, "data.source synthetic:packed needs %d <= model.vocab <= %d, not %lld",
+                       CP_PACKED_MIN_VOCAB, INT32_MAX, (long long)vocab);
+    if (seq_len < CP_PACKED_MIN_SEQ || seq_len > INT32_MAX)
+        return cp_errf(err, errlen, "data.source synthetic:packed needs train.seq_len >= %d, not %lld",
+                       CP_PACKED_MIN_SEQ, (long long)seq_len);
+    p->vocab = vocab;
+    p->seq_len = seq_len;
+    p->seed = seed;
+    return 0;
+}
+
+double cp_packed_chance_loss(const cp_packed *p) { return log((double)(p->vocab - CP_PACKED_FIRST)); }
+
+/* The length of the next document starting at pos, of the kinds the kernels' edge cases need (data.h). */
+static int64_t packed_length(rng *g, int64_t S, int64_t pos) {
+    int64_t L;
+    switch (below(g, 8)) {
+    case 0: L = 1; break;
+    case 1: L = 128; break; /* one kernel tile */
+    case 2: L = 128 - pos % 128; break; /* ends on a multiple of 128 */
+    case 3: L = 64 - pos % 64; break; /* ends on a multiple of 64 */
+    case 4: L = S / 4 + (int64_t)below(g, (uint64_t)(S / 4 + 1)); break; /* longer than a GPU's slice at 8 GPUs */
+    default: L = 2 + (int64_t)below(g, (uint64_t)CP_MAX(1, S / 32)); break;
+    }
+    return CP_MIN(L, S - pos);
+}
+
+void cp_packed_sequence(const cp_packed *p, int64_t index, int32_t *tokens, int32_t *targets) {
+    int64_t S = p->seq_len;
+    rng g = {cp_mix64(cp_mix64(p->seed) ^ (uint64_t)index)};
+    bool whole = below(&g, 16) == 0; /* sometimes one document fills the sequence */
+    for (int64_t pos = 0; pos < S;) {
+        int64_t L = whole ? S : packed_length(&g, S, pos);
+        int32_t *t = tokens + pos, *y = targets + pos;
+        /* BOS | h random tokens | the same again | end; a document of 1 is the end alone */
+        int64_t c = L - 2, h = c > 0 ? c / 2 : 0;
+        for (int64_t j = 0; j < L; j++) y[j] = -1;
+        if (L >= 2) t[0] = CP_PACKED_BOS;
+        for (int64_t j = 1; j <= c; j++)
+            t[j] = h && j > h ? t[j - h]
+                              : (int32_t)(CP_PACKED_FIRST + (int64_t)below(&g, (uint64_t)(p->vocab - CP_PACKED_FIRST)));
+        for (int64_t j = h + 1; h && j + 1 <= c; j++) y[j] = t[j + 1]; /* the copy after its first token */
+        t[L - 1] = CP_PACKED_EOD;
+        pos += L;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------
  * the spec's source */
 
-static bool is_synthetic(const char *src) { return !strcmp(src, "synthetic:recall") || !strcmp(src, "synthetic:copy"); }
+static const char *const SYNTHETIC[] = {"synthetic:recall", "synthetic:copy", "synthetic:packed"};
+static const cp_data_kind SYNTHETIC_KIND[] = {CP_DATA_RECALL, CP_DATA_COPY, CP_DATA_PACKED};
+
+static bool is_synthetic(const char *src) {
+    for (size_t k = 0; k < CP_ARRAY_LEN(SYNTHETIC); k++)
+        if (!strcmp(src, SYNTHETIC[k])) return true;
+    return false;
+}
 
 /* ------------------------------------------------------------------------------------------------------------
  * documents: where boundaries come from */
@@ -521,6 +581,10 @@ static int source_eod(const cp_spec *spec, const char *key, const char *src, boo
     *looked = true;
     *eod = -1;
     if (!strncmp(src, "split:", 6)) return source_eod(spec, "data.source", spec->data.source, looked, eod, err, errlen);
+    if (!strcmp(src, "synthetic:packed")) {
+        *eod = CP_PACKED_EOD;
+        return 0;
+    }
     if (strncmp(src, "tokens:", 7)) return 0; /* synthetic:copy, recall: one task per sequence, no boundaries */
     int64_t shards = -1;
     char why[CP_ERR_MAX];
@@ -586,14 +650,44 @@ int cp_data_resolve_documents(cp_spec *spec, char *err, int errlen) {
     return 0;
 }
 
+int cp_data_mean_doc_len(const cp_spec *spec, int64_t max_tokens, double *mean, char *err, int errlen) {
+    int64_t S = spec->train.seq_len, eod;
+    int docs, pos;
+    *mean = (double)S;
+    if (resolve(spec, &docs, &pos, &eod, err, errlen)) return -1;
+    if (docs != CP_DOCS_MASK) return 0;
+    const char *src = spec->data.source;
+    if (!strcmp(src, "synthetic:packed")) {
+        cp_packed p;
+        if (cp_packed_init(&p, spec->model.vocab, S, spec->init.seed, err, errlen)) return -1;
+        int32_t *buf = cp_xmalloc((size_t)S * 2 * sizeof *buf);
+        int64_t n = CP_MAX(1, (max_tokens + S - 1) / S), ends = 0;
+        for (int64_t q = 0; q < n; q++) {
+            cp_packed_sequence(&p, q, buf, buf + S);
+            for (int64_t i = 0; i < S; i++) ends += buf[i] == CP_PACKED_EOD;
+        }
+        free(buf);
+        *mean = (double)(n * S) / (double)ends; /* every sequence ends with the end of a document */
+        return 0;
+    }
+    if (strncmp(src, "tokens:", 7)) return 0;
+    double m;
+    if (cp_tokens_mean_doc_len(src + 7, spec->model.vocab, eod, max_tokens, &m, err, errlen)) return -1;
+    *mean = CP_MIN(m, (double)S); /* a sequence cuts a longer document */
+    return 0;
+}
+
 /* A synthetic task's stream of sequences [first, end). */
 static int open_synthetic(cp_dataset *d, const char *src, const cp_spec *spec, int64_t first, int64_t end, char *err,
                           int errlen) {
     d->synthetic = true;
-    d->kind = src[10] == 'r' ? CP_DATA_RECALL : CP_DATA_COPY;
-    if (d->kind == CP_DATA_RECALL
-            ? cp_recall_init(&d->recall, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen)
-            : cp_copy_init(&d->copy, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen))
+    for (size_t k = 0; k < CP_ARRAY_LEN(SYNTHETIC); k++)
+        if (!strcmp(src, SYNTHETIC[k])) d->kind = SYNTHETIC_KIND[k];
+    int64_t V = spec->model.vocab;
+    uint64_t seed = spec->init.seed;
+    if (d->kind == CP_DATA_RECALL   ? cp_recall_init(&d->recall, V, d->seq_len, seed, err, errlen)
+        : d->kind == CP_DATA_COPY ? cp_copy_init(&d->copy, V, d->seq_len, seed, err, errlen)
+                                  : cp_packed_init(&d->packed, V, d->seq_len, seed, err, errlen))
         return -1;
     d->scratch = cp_xmalloc((size_t)d->seq_len * 2 * sizeof *d->scratch);
     d->first = d->sequence = first;
@@ -860,8 +954,10 @@ static void synthetic_sequence(cp_dataset *d, int64_t index) {
     int32_t *tok = d->scratch, *tgt = d->scratch + d->seq_len;
     if (d->kind == CP_DATA_RECALL)
         cp_recall_sequence(&d->recall, index, tok, tgt);
-    else
+    else if (d->kind == CP_DATA_COPY)
         cp_copy_sequence(&d->copy, index, tok, tgt);
+    else
+        cp_packed_sequence(&d->packed, index, tok, tgt);
     d->targets_seq = mask_targets(d, tok, tgt, d->seq_len);
 }
 
@@ -973,7 +1069,10 @@ int cp_dataset_seek(cp_dataset *d, const cp_data_pos *pos, char *err, int errlen
 }
 
 double cp_dataset_chance_loss(const cp_dataset *d, int64_t vocab) {
-    if (d->synthetic) return d->kind == CP_DATA_RECALL ? cp_recall_chance_loss(&d->recall) : cp_copy_chance_loss(&d->copy);
+    if (d->synthetic)
+        return d->kind == CP_DATA_RECALL ? cp_recall_chance_loss(&d->recall)
+               : d->kind == CP_DATA_COPY ? cp_copy_chance_loss(&d->copy)
+                                         : cp_packed_chance_loss(&d->packed);
     return log((double)vocab);
 }
 

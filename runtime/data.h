@@ -1,10 +1,11 @@
-/* data.h: training sequences. Two sources, chosen by the spec's data.source (docs/DATA.md):
+/* data.h: training sequences, from the source the spec's data.source names (docs/DATA.md):
  *   "tokens:<glob>"     pre-tokenised shards (format below), read in order, position saveable;
- *   "synthetic:recall"  a long-range key/value recall task, a pure function of (seed, sequence index).
- *   "synthetic:copy"    a random first half copied into the second, likewise.
- * Both give, for sequence n, tokens[S] and targets[S] (S = train.seq_len; target -1 = no loss there), and for rank
- * r of C the slice tokens[r*T, (r+1)*T) with the targets of those positions (T = S / C), so target r*T + T - 1 is
- * the first token of the next rank's slice.
+ *   "synthetic:recall"  a long-range key/value recall task, a pure function of (seed, sequence index);
+ *   "synthetic:copy"    a random first half copied into the second, likewise;
+ *   "synthetic:packed"  documents of random lengths, each a small copy task ending in an end-of-document token.
+ * Every source gives, for sequence n, tokens[S] and targets[S] (S = train.seq_len; target -1 = no loss there), and
+ * for rank r of C the slice tokens[r*T, (r+1)*T) with the targets of those positions (T = S / C), so target
+ * r*T + T - 1 is the first token of the next rank's slice.
  *
  * Token shard format (little-endian): a 32-byte header
  *   magic "CPGTOK01" (8 bytes) | u32 version = 2 | u32 token bytes (2 or 4) | u64 token count | u64 eod + 1
@@ -142,6 +143,34 @@ void cp_copy_sequence(const cp_copy *c, int64_t index, int32_t *tokens, int32_t 
 double cp_copy_chance_loss(const cp_copy *c);
 
 /* ------------------------------------------------------------------------------------------------------------
+ * synthetic:packed
+ *
+ * Documents of random lengths packed into each sequence, for the document masks' tests and runs. Token ranges from
+ * the vocabulary V (>= 8): 0 = end of document (the id data.documents = "mask" cuts after), 1 = BOS, content [2, V).
+ * Sequence n of length S (>= 16): with chance 1/16 one document fills it; else documents follow each other until S,
+ * each length drawn as one of eight kinds: 1 token (the end alone), 128 (one kernel tile), up to the next multiple of
+ * 128, up to the next multiple of 64, S/4 to S/2 (longer than a GPU's slice at 8 GPUs), and three kinds of 2 to
+ * S/32 + 1; the last is cut to end at S. A document of L >= 2 tokens is a small copy task, as synthetic:copy scaled
+ * to it: BOS, h = (L - 2)/2 tokens drawn from [2, V), the same again (L - 2 - h tokens, copied h back), the end; the
+ * targets are the next tokens of the copy after its first token, up to the token before the end; every other target
+ * is -1, so nothing is scored across a boundary and the loss falls only by attending inside a document. Chance is
+ * ln(V - 2). Drawn from the same counter-based stream as the other tasks (lengths and tokens from one SplitMix64
+ * stream started at mix(mix(seed) ^ n)). */
+#define CP_PACKED_EOD 0
+#define CP_PACKED_BOS 1
+#define CP_PACKED_FIRST 2 /* first content token */
+#define CP_PACKED_MIN_VOCAB 8
+#define CP_PACKED_MIN_SEQ 16
+typedef struct {
+    int64_t vocab, seq_len;
+    uint64_t seed;
+} cp_packed;
+
+int cp_packed_init(cp_packed *p, int64_t vocab, int64_t seq_len, uint64_t seed, char *err, int errlen);
+void cp_packed_sequence(const cp_packed *p, int64_t index, int32_t *tokens, int32_t *targets);
+double cp_packed_chance_loss(const cp_packed *p);
+
+/* ------------------------------------------------------------------------------------------------------------
  * documents of a sequence */
 
 /* Where the documents of one sequence of S tokens start: start[0] = 0, ascending, n >= 1; document k holds positions
@@ -175,11 +204,15 @@ double cp_docs_tile_work(const cp_docs *d, int64_t S, int bm, int bn, double *ke
  * bound). For the planner's time model: attention's work under a mask falls with the documents' length. */
 int cp_tokens_mean_doc_len(const char *pattern, int64_t vocab, int64_t eod, int64_t max_tokens, double *mean,
                            char *err, int errlen);
+/* The same for a spec's training data, at most train.seq_len (a sequence cuts longer documents): its shards'
+ * documents in their first max_tokens tokens, synthetic:packed's in its first max_tokens / seq_len sequences (at least
+ * one); seq_len where data.documents resolves to "stream". Returns 0, or -1 with a message. */
+int cp_data_mean_doc_len(const cp_spec *spec, int64_t max_tokens, double *mean, char *err, int errlen);
 
 /* ------------------------------------------------------------------------------------------------------------
  * the spec's source */
 
-typedef enum { CP_DATA_TOKENS, CP_DATA_RECALL, CP_DATA_COPY } cp_data_kind;
+typedef enum { CP_DATA_TOKENS, CP_DATA_RECALL, CP_DATA_COPY, CP_DATA_PACKED } cp_data_kind;
 
 typedef struct {
     bool synthetic;
@@ -188,6 +221,7 @@ typedef struct {
     int64_t eod;   /* with CP_DOCS_MASK, the id that ends documents in this stream; -1: none (or stream mode) */
     cp_recall recall;
     cp_copy copy;
+    cp_packed packed;
     cp_tokens tokens;
     int64_t seq_len;
     int64_t sequence; /* synthetic: next sequence index */

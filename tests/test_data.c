@@ -1041,6 +1041,13 @@ static void test_docs_helpers(void **state) {
     expect_near(mean, 7.0 / 3, 1e-12);
     assert_int_equal(cp_tokens_mean_doc_len(path_in("ml/*.bin"), 512, 101, 1000, &mean, err, sizeof err), 0);
     expect_near(mean, 1.0 * (49 + 1 + 1) / 1, 1e-12); /* another id: shard b's token 101 ends one, at 50 */
+    cp_spec spec; /* through a spec (16-token sequences), and one sequence's length in stream mode */
+    doc_spec(&spec, "ml", NULL, NULL);
+    assert_int_equal(cp_data_mean_doc_len(&spec, 1000, &mean, err, sizeof err), 0);
+    expect_near(mean, 80.0 / 9, 1e-12);
+    doc_spec(&spec, "ml", "data.documents=stream", NULL);
+    assert_int_equal(cp_data_mean_doc_len(&spec, 1000, &mean, err, sizeof err), 0);
+    expect_near(mean, 16.0, 0);
     cp_mkdir_p(path_in("ml1"));
     int32_t *t = corpus(40, 0, 100);
     write_shard_v("ml1/v1.bin", t, 40, 1, -1);
@@ -1232,6 +1239,164 @@ static void test_dataset_synthetic_val(void **state) {
     cp_dataset_close(&va);
 }
 
+/* Checks one synthetic:packed sequence document by document (BOS, the copy, the end, the targets) and counts the
+ * kinds of documents the kernels' edge cases need: [0] of 1 token, [1] of exactly 128, [2] ending on a multiple of
+ * 128 and [3] of 64 but not 128 (before S), [4] longer than S/8 (a GPU's slice at 8 GPUs) but not the whole sequence,
+ * [5] one document filling it. */
+static void check_packed(const int32_t *tok, const int32_t *tgt, int64_t S, int64_t V, int64_t kinds[6]) {
+    assert_int_equal(tok[S - 1], CP_PACKED_EOD);
+    cp_docs d = {0};
+    cp_docs_from_tokens(&d, tok, S, CP_PACKED_EOD);
+    for (int64_t k = 0; k < d.n; k++) {
+        int64_t a = d.start[k], b = k + 1 < d.n ? d.start[k + 1] : S, L = b - a, h = L >= 4 ? (L - 2) / 2 : 0;
+        assert_int_equal(tok[b - 1], CP_PACKED_EOD);
+        if (L >= 2) assert_int_equal(tok[a], CP_PACKED_BOS);
+        for (int64_t j = 1; j + 1 < L; j++) {
+            assert_in_range(tok[a + j], CP_PACKED_FIRST, V - 1);
+            if (h && j > h) assert_int_equal(tok[a + j], tok[a + j - h]); /* the copy, h back */
+        }
+        for (int64_t j = 0; j < L; j++) /* scored: the copy after its first token, before the token before the end */
+            assert_int_equal(tgt[a + j], h && j > h && j + 1 <= L - 2 ? tok[a + j + 1] : -1);
+        kinds[0] += L == 1;
+        kinds[1] += L == 128;
+        kinds[2] += b < S && b % 128 == 0;
+        kinds[3] += b < S && b % 64 == 0 && b % 128 != 0;
+        kinds[4] += L > S / 8 && L < S;
+        kinds[5] += L == S;
+    }
+    cp_docs_free(&d);
+}
+
+/* synthetic:packed: a pure function of (seed, index); every document a copy task ending in the end-of-document id;
+ * every kind of length the kernels' edge cases need within a few hundred sequences; mask by default, with each
+ * rank's slice and each replica's docs those of its whole sequence, after a resume too; stream mode scores the same
+ * targets as one document; the held-out stream from 2^62; the chance loss and the mean document length. */
+static void test_packed(void **state) {
+    (void)state;
+    cp_packed p;
+    assert_int_equal(cp_packed_init(&p, 7, 64, 0, err, sizeof err), -1);
+    assert_true(contains(err, "synthetic:packed needs 8 <= model.vocab"));
+    assert_int_equal(cp_packed_init(&p, 512, 15, 0, err, sizeof err), -1);
+    assert_true(contains(err, "train.seq_len >= 16"));
+    enum { S = 2048, V = 512, NSEQ = 400 };
+    assert_int_equal(cp_packed_init(&p, V, S, 0, err, sizeof err), 0);
+    expect_near(cp_packed_chance_loss(&p), log(510.0), 1e-12);
+    int32_t *tok = malloc(4 * S * sizeof *tok), *tgt = tok + S, *t2 = tok + 2 * S, *g2 = tok + 3 * S;
+    int64_t kinds[6] = {0}, docs = 0;
+    for (int64_t n = 0; n < NSEQ; n++) {
+        cp_packed_sequence(&p, n, tok, tgt);
+        check_packed(tok, tgt, S, V, kinds);
+        cp_packed_sequence(&p, n, t2, g2); /* again: the same */
+        assert_memory_equal(tok, t2, S * sizeof *tok);
+        assert_memory_equal(tgt, g2, S * sizeof *tgt);
+        for (int i = 0; i < S; i++) docs += tok[i] == CP_PACKED_EOD;
+    }
+    print_message("    %d sequences of %d: %lld documents; 1 token %lld, 128 %lld, ending on 128k %lld, on 64 (odd) "
+                  "%lld, > S/8 %lld, whole %lld\n", NSEQ, S, (long long)docs, (long long)kinds[0],
+                  (long long)kinds[1], (long long)kinds[2], (long long)kinds[3], (long long)kinds[4],
+                  (long long)kinds[5]);
+    for (int k = 0; k < 6; k++)
+        if (kinds[k] < 3) fail_msg("kind %d of document seen %lld times in %d sequences", k, (long long)kinds[k], NSEQ);
+    cp_packed other;
+    assert_int_equal(cp_packed_init(&other, V, S, 1, err, sizeof err), 0);
+    cp_packed_sequence(&p, 5, tok, tgt);
+    cp_packed_sequence(&p, 6, t2, g2);
+    assert_true(memcmp(tok, t2, S * sizeof *tok) != 0);
+    cp_packed_sequence(&other, 5, t2, g2);
+    assert_true(memcmp(tok, t2, S * sizeof *tok) != 0);
+
+    /* the dataset: the mask by default, the documents of the whole sequence on every rank and replica */
+    const char *sets[] = {"data.source=synthetic:packed", "data.val=synthetic:packed"};
+    cp_spec spec;
+    if (cp_spec_load("tiny", sets, 2, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(spec.train.seq_len, S);
+    cp_spec resolved = spec;
+    assert_int_equal(cp_data_resolve_documents(&resolved, err, sizeof err), 0);
+    assert_int_equal(resolved.data.documents, CP_DOCS_MASK);
+    assert_int_equal(resolved.data.positions, CP_POS_DOCUMENT);
+    enum { R = 2, P = 2, C = 2, N = R * P * C, T = S / (P * C) };
+    cp_dataset d[N];
+    for (int k = 0; k < N; k++)
+        if (cp_dataset_open(&d[k], &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(d[0].documents, CP_DOCS_MASK);
+    assert_int_equal(d[0].eod, CP_PACKED_EOD);
+    expect_near(cp_dataset_chance_loss(&d[0], V), log(510.0), 1e-12);
+    cp_data_pos saved;
+    int32_t st[T], sg[T];
+    for (int round = 0; round < 3; round++) {
+        int64_t round_targets = 0;
+        for (int g = 0; g < R; g++) {
+            cp_packed_sequence(&p, 2 * round + g, tok, tgt);
+            for (int i = 0; i < S; i++) round_targets += tgt[i] >= 0;
+        }
+        for (int k = 0; k < N; k++) {
+            cp_data_slice sl = {.replica = k / (P * C), .replicas = R, .ring_pos = k / C % P, .ring = P,
+                                .rank = k % C, .gpus = C};
+            if (round == 2) { /* resumed: every rank from the position saved after round 1 */
+                cp_dataset_close(&d[k]);
+                if (cp_dataset_open(&d[k], &spec, err, sizeof err)) fail_msg("%s", err);
+                assert_int_equal(cp_dataset_seek(&d[k], &saved, err, sizeof err), 0);
+            }
+            if (cp_dataset_next_slice(&d[k], &sl, st, sg, err, sizeof err)) fail_msg("%s", err);
+            cp_packed_sequence(&p, 2 * round + sl.replica, tok, tgt);
+            cp_docs want = {0};
+            cp_docs_from_tokens(&want, tok, S, CP_PACKED_EOD);
+            assert_int_equal(d[k].docs.n, want.n);
+            assert_memory_equal(d[k].docs.start, want.start, (size_t)want.n * sizeof *want.start);
+            assert_true(want.n >= 1 && want.start[0] == 0);
+            cp_docs_free(&want);
+            assert_int_equal(d[k].targets_round, round_targets);
+            cp_ring_rope_run run[2];
+            int nr = cp_ring_rope_runs(P, sl.ring_pos, S, C, sl.rank, run);
+            for (int q = 0; q < nr; q++) {
+                assert_memory_equal(st + run[q].row0, tok + run[q].pos0, (size_t)run[q].rows * sizeof *st);
+                assert_memory_equal(sg + run[q].row0, tgt + run[q].pos0, (size_t)run[q].rows * sizeof *sg);
+            }
+        }
+        if (round == 1) cp_dataset_tell(&d[N - 1], &saved);
+    }
+    for (int k = 0; k < N; k++) cp_dataset_close(&d[k]);
+    /* stream mode: one document, the same tokens and targets (the task scores nothing across a boundary) */
+    const char *stream[] = {"data.source=synthetic:packed", "data.documents=stream"};
+    if (cp_spec_load("tiny", stream, 2, &spec, err, sizeof err)) fail_msg("%s", err);
+    cp_dataset s1;
+    if (cp_dataset_open(&s1, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(cp_dataset_next(&s1, 0, 1, t2, g2, err, sizeof err), 0);
+    cp_packed_sequence(&p, 0, tok, tgt);
+    assert_memory_equal(t2, tok, S * sizeof *tok);
+    assert_memory_equal(g2, tgt, S * sizeof *tgt);
+    assert_true(s1.docs.n == 1 && s1.docs.start[0] == 0);
+    cp_dataset_close(&s1);
+    /* held out: the sequences from 2^62, cut into documents alike */
+    if (cp_spec_load("tiny", sets, 2, &spec, err, sizeof err)) fail_msg("%s", err);
+    cp_dataset va;
+    if (cp_dataset_open_val(&va, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(cp_dataset_next(&va, 1, 2, t2, g2, err, sizeof err), 0);
+    cp_packed_sequence(&p, CP_VAL_FIRST_SEQUENCE, tok, tgt);
+    assert_memory_equal(t2, tok + S / 2, S / 2 * sizeof *tok);
+    cp_docs want = {0};
+    cp_docs_from_tokens(&want, tok, S, CP_PACKED_EOD);
+    assert_int_equal(va.docs.n, want.n);
+    assert_memory_equal(va.docs.start, want.start, (size_t)want.n * sizeof *want.start);
+    cp_docs_free(&want);
+    cp_dataset_close(&va);
+    /* the mean document length over the first 8 sequences; one sequence's length in stream mode */
+    double mean;
+    assert_int_equal(cp_data_mean_doc_len(&spec, 8 * S, &mean, err, sizeof err), 0);
+    int64_t ends = 0;
+    for (int n = 0; n < 8; n++) {
+        cp_packed_sequence(&p, n, tok, tgt);
+        for (int i = 0; i < S; i++) ends += tok[i] == CP_PACKED_EOD;
+    }
+    expect_near(mean, 8.0 * S / (double)ends, 1e-12);
+    assert_true(mean > 1 && mean < S);
+    const char *copy[] = {"data.source=synthetic:copy"};
+    if (cp_spec_load("tiny", copy, 1, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(cp_data_mean_doc_len(&spec, 8 * S, &mean, err, sizeof err), 0);
+    expect_near(mean, (double)S, 0);
+    free(tok);
+}
+
 static int teardown(void **state) {
     (void)state;
     nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
@@ -1251,7 +1416,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dataset_synthetic_val),
         cmocka_unit_test(test_shard_eod),      cmocka_unit_test(test_documents_resolve),
         cmocka_unit_test(test_documents_cli),  cmocka_unit_test(test_dataset_documents),
-        cmocka_unit_test(test_docs_helpers),
+        cmocka_unit_test(test_docs_helpers),   cmocka_unit_test(test_packed),
     };
     return cmocka_run_group_tests_name("data", tests, setup, teardown) ? 1 : 0;
 }
