@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "data.h"
 #include "json.h"
 #include "module.h"
 #include "svg.h"
@@ -198,7 +199,7 @@ static void measure(cp_tune *t, int i, const cp_tune_opts *o, double seconds, FI
     cp_plan P;
     char why[CP_ERR_MAX];
     if (cp_spec_load(o->spec_arg, (const char *const *)sets, nsets, &spec, why, sizeof why) ||
-        cp_plan_build_folded(&spec, &P, why, sizeof why)) { /* figures only */
+        cp_data_resolve_documents(&spec, why, sizeof why) || cp_plan_build_folded(&spec, &P, why, sizeof why)) { /* figures only */
         snprintf(c->note, sizeof c->note, "not measured: the %d-layer spec does not plan (%.150s)", L, why);
         cp_tune_sets_free(sets, nsets);
         return;

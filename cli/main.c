@@ -7,6 +7,7 @@
 #include "bundle.h"
 #include "checkpoint.h"
 #include "commands.h"
+#include "data.h"
 #include "exec.h"
 #include "ktune.h"
 #include "module.h"
@@ -685,7 +686,9 @@ int main(int argc, char **argv) {
         c.spec = bundle_spec;
     }
     cp_spec_set_gpu_counter(count_gpus);
-    if (cp_spec_load(c.spec, c.sets, c.nsets, &spec, err, sizeof err)) {
+    /* every command plans, builds or runs with data.documents and positions resolved from the source's headers */
+    if (cp_spec_load(c.spec, c.sets, c.nsets, &spec, err, sizeof err) ||
+        cp_data_resolve_documents(&spec, err, sizeof err)) {
         fprintf(stderr, "cpgen: %s\n", err);
         return CP_EXIT_USAGE;
     }

@@ -59,7 +59,8 @@ static const node TRAIN_KEYS[] = {
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
     LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("eval_every"), LEAF("eval_sequences"),
     LEAF("out_dir"), LEAF("deterministic"), END};
-static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), END};
+static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"), LEAF("positions"), LEAF("eod"),
+                                  END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
@@ -82,7 +83,10 @@ static const char *const OPT_NAMES[] = {"auto", "gpu", "host", NULL};
 static const char *const ATTN_KEEP_NAMES[] = {"auto", "gpu", "host", "recompute", NULL};
 static const char *const INIT_NAMES[] = {"random", "hf", NULL};
 /* Generators behind "synthetic:<kind>"; a new generator in the runtime is added here too. */
-static const char *const SYNTHETIC_KINDS[] = {"copy", "recall", NULL};
+static const char *const SYNTHETIC_KINDS[] = {"copy", "recall", "packed", NULL};
+/* in the order of cp_doc_mode and cp_pos_mode after AUTO (a key not given) */
+static const char *const DOCUMENTS_NAMES[] = {"stream", "mask", NULL};
+static const char *const POSITIONS_NAMES[] = {"sequence", "document", NULL};
 
 /* ------------------------------------------------------------------------------------------------------------
  * Messages. */
@@ -1311,6 +1315,22 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     s->data.val[0] = 0;
     TRY(get_str(c, t, "data", "val", s->data.val, sizeof s->data.val));
     if (!strcmp(s->data.val, "none")) s->data.val[0] = 0;
+    e = -1; /* not given: AUTO, resolved from the source (cp_data_resolve_documents) */
+    TRY(get_enum(c, t, "data", "documents", DOCUMENTS_NAMES, &e));
+    s->data.documents = e + 1;
+    e = -1;
+    TRY(get_enum(c, t, "data", "positions", POSITIONS_NAMES, &e));
+    s->data.positions = e + 1;
+    s->data.eod = -1;
+    int64_t eod;
+    int r = get_int(c, t, "data", "eod", INT_PLAIN, INT64_MIN, INT64_MAX, &eod);
+    TRY(r);
+    if (r == 0) {
+        if (eod < 0)
+            return fail(c, "data.eod", " = %lld: must be a token id, at least 0 (the id that ends each document in "
+                        "the shards)", (long long)eod);
+        s->data.eod = eod;
+    }
     lua_pop(c->L, 1);
     /* evaluation's defaults: about ten evaluations a run where there is held-out data, each of one step's sequences */
     cp_train *tr = &s->train;
@@ -1573,8 +1593,8 @@ static int validate(ctx *c, cp_spec *s) {
                         src);
     } else {
         return fail(c, "data.source",
-                    " = \"%.200s\": must start with \"synthetic:\" (\"synthetic:copy\", \"synthetic:recall\") or \"tokens:\" "
-                    "(\"tokens:path/to/shards/*.bin\")",
+                    " = \"%.200s\": must start with \"synthetic:\" (\"synthetic:copy\", \"synthetic:recall\", "
+                    "\"synthetic:packed\") or \"tokens:\" (\"tokens:path/to/shards/*.bin\")",
                     src);
     }
 
@@ -1600,11 +1620,39 @@ static int validate(ctx *c, cp_spec *s) {
         }
     } else if (val[0]) {
         return fail(c, "data.val", " = \"%.200s\": must be \"tokens:<glob>\" (held-out shards), \"split:<fraction>\" "
-                    "(the last fraction of a tokens: source), \"synthetic:copy\" or \"synthetic:recall\" (that task's "
-                    "held-out sequences), or \"none\"", val);
+                    "(the last fraction of a tokens: source), \"synthetic:copy\", \"synthetic:recall\" or "
+                    "\"synthetic:packed\" (that task's held-out sequences), or \"none\"", val);
     }
     if (tr->eval_every < 0) return bad_eval_every(c, tr->eval_every);
     if (tr->eval_sequences < 1) return bad_eval_sequences(c, tr->eval_sequences);
+
+    /* documents: the rules that need no file; cp_data_resolve_documents (runtime/data.c) checks the shards */
+    cp_data *dt = &s->data;
+    if (dt->documents < CP_DOCS_AUTO || dt->documents > CP_DOCS_MASK)
+        return fail(c, "data.documents", " = %d: not a mode (a cpgen bug)", dt->documents);
+    if (dt->positions < CP_POS_AUTO || dt->positions > CP_POS_DOCUMENT)
+        return fail(c, "data.positions", " = %d: not a mode (a cpgen bug)", dt->positions);
+    bool tok_src = !strncmp(src, "tokens:", 7), tok_val = !strncmp(val, "tokens:", 7) || (tok_src && !strncmp(val, "split:", 6));
+    if (dt->eod < -1)
+        return fail(c, "data.eod", " = %lld: must be a token id, at least 0", (long long)dt->eod);
+    if (dt->eod >= 0 && !tok_src && !tok_val)
+        return fail(c, "data.eod", " = %lld: the end-of-document id of tokens: shards, and neither data.source "
+                    "(\"%.200s\") nor data.val reads any; remove it", (long long)dt->eod, src);
+    if (dt->eod >= m->vocab)
+        return fail(c, "data.eod", " = %lld: not below model.vocab (%lld), so no token can hold it; give the id "
+                    "that ends documents in the shards (tools/make_tokens.py writes it to <out>.json as eod_id)",
+                    (long long)dt->eod, (long long)m->vocab);
+    bool one_task = !tok_src && strcmp(src, "synthetic:packed") != 0; /* copy, recall: one task per sequence */
+    if (dt->documents == CP_DOCS_MASK && one_task)
+        return fail(c, "data.documents", " = \"mask\": data.source = \"%.200s\" has no document boundaries (one "
+                    "task per sequence); use data.source = \"synthetic:packed\" (documents of random lengths) or "
+                    "tokens: shards that carry an end-of-document id, or data.documents = \"stream\"", src);
+    if (dt->positions == CP_POS_DOCUMENT &&
+        (dt->documents == CP_DOCS_STREAM || (dt->documents == CP_DOCS_AUTO && one_task)))
+        return fail(c, "data.positions", " = \"document\": positions restart at each document only where "
+                    "attention stays inside documents, and data.documents is \"stream\"%s; set data.documents = "
+                    "\"mask\", or data.positions = \"sequence\"",
+                    dt->documents == CP_DOCS_AUTO ? " (data.source has no document boundaries)" : "");
 
     /* init */
     if (bad_pos(s->init.std)) return fail(c, "init.std", " = %g: must be a positive number such as 0.02", s->init.std);

@@ -100,6 +100,12 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     cp_str_printf(o, "  },\n  data = {\n");
     put_str(o, "source", s->data.source);
     if (s->data.val[0]) put_str(o, "val", s->data.val);
+    /* written where given or resolved (not AUTO): a spec that says nothing of documents writes what it wrote */
+    if (s->data.documents != CP_DOCS_AUTO)
+        put_str(o, "documents", s->data.documents == CP_DOCS_MASK ? "mask" : "stream");
+    if (s->data.positions != CP_POS_AUTO)
+        put_str(o, "positions", s->data.positions == CP_POS_DOCUMENT ? "document" : "sequence");
+    if (s->data.eod >= 0) put_int(o, "eod", s->data.eod);
     cp_str_printf(o, "  },\n  init = {\n");
     put_str(o, "from", s->init.from == CP_INIT_HF ? "hf" : "random");
     put_str(o, "path", s->init.path);

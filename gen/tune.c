@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data.h"
 #include "json.h"
 #include "spec_write.h"
 #include "svg.h"
@@ -81,6 +82,7 @@ static int load_with(const char *path, const char *const *sets, int nsets, const
     for (int i = 0; i < nsets; i++) all[i] = sets[i];
     for (int i = 0; i < nextra; i++) all[nsets + i] = extra[i];
     int rc = cp_spec_load(path, all, nsets + nextra, out, err, errlen);
+    if (!rc) rc = cp_data_resolve_documents(out, err, errlen); /* as the command line resolves the input */
     free(all);
     return rc;
 }
@@ -181,6 +183,7 @@ int cp_tune_plan(cp_tune *t, const cp_tune_axes *ax, const char *path, const cha
         cp_spec spec;
         char why[CP_ERR_MAX];
         int rc = cp_spec_load(path, (const char *const *)cand, ncand, &spec, why, sizeof why);
+        if (!rc) rc = cp_data_resolve_documents(&spec, why, sizeof why);
         cp_tune_sets_free(cand, ncand);
         if (rc) {
             snprintf(c->why, sizeof c->why, "%s", why);

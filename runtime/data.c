@@ -38,8 +38,10 @@ static void put_u32(unsigned char *p, uint32_t v) {
 /* ------------------------------------------------------------------------------------------------------------
  * token shards */
 
-/* Check one shard's header against its size. */
-static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *tb, char *err, int errlen) {
+/* Check one shard's header against its size: its count, token bytes and end-of-document id (-1: none). With
+ * seq_len < 0 the count is not held against a sequence (looking at headers only, cp_data_resolve_documents). */
+static int check_shard(const char *path, int64_t vocab, int64_t seq_len, int64_t *count, int *tb, int64_t *eod,
+                       char *err, int errlen) {
     int64_t size;
     char why[256];
     int fd = cp_open_file(path, CP_FILE_DATA, &size, why, sizeof why); /* a FIFO or device is refused, never read */
@@ -68,20 +70,34 @@ static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *t
     }
     uint32_t version = get_u32(h + 8), bytes = get_u32(h + 12);
     uint64_t n = get_u64(h + 16), reserved = get_u64(h + 24);
-    if (version != CP_TOK_VERSION) {
-        rc =
-            cp_errf(err, errlen, "%s: token shard version %u; this cpgen reads version %d", path, version, CP_TOK_VERSION);
+    if (version < 1 || version > CP_TOK_VERSION) {
+        rc = cp_errf(err, errlen, "%s: token shard version %u; this cpgen reads versions 1 to %d", path, version,
+                     CP_TOK_VERSION);
         goto out;
     }
     if (bytes != 2 && bytes != 4) {
         rc = cp_errf(err, errlen, "%s: token size %u bytes; it must be 2 or 4: the header is corrupt", path, bytes);
         goto out;
     }
-    if (reserved != 0) {
+    if (version == 1 && reserved != 0) {
         rc = cp_errf(err, errlen, "%s: the reserved header field is %llu, not 0: the header is corrupt", path,
                   (unsigned long long)reserved);
         goto out;
     }
+    /* version 2: the field is the end-of-document id + 1, 0 for none */
+    if (reserved > (bytes == 2 ? 0x10000ull : 0x100000000ull)) {
+        rc = cp_errf(err, errlen, "%s: the header's end-of-document id is %llu, which %u-byte tokens cannot hold: the "
+                     "header is corrupt", path, (unsigned long long)(reserved - 1), bytes);
+        goto out;
+    }
+    if (reserved && (int64_t)reserved - 1 >= vocab) {
+        rc = cp_errf(err, errlen, "%s: the header's end-of-document id is %llu, not below model.vocab = %lld: the "
+                     "shards were made for a larger vocabulary; set model.vocab to the model_vocab in the <out>.json "
+                     "that tools/make_tokens.py wrote beside them", path, (unsigned long long)(reserved - 1),
+                     (long long)vocab);
+        goto out;
+    }
+    *eod = (int64_t)reserved - 1;
     uint64_t payload = (uint64_t)size - CP_TOK_HEADER;
     if (n > payload / bytes) {
         rc = cp_errf(err, errlen,
@@ -98,7 +114,7 @@ static int check_shard(const char *path, int64_t seq_len, int64_t *count, int *t
                   path, (unsigned long long)n, (unsigned long long)payload, (unsigned long long)(payload - n * bytes));
         goto out;
     }
-    if ((int64_t)n < seq_len + 1) {
+    if (seq_len >= 0 && (int64_t)n < seq_len + 1) {
         rc = cp_errf(err, errlen,
                   "%s: %llu tokens, fewer than one sequence of train.seq_len + 1 = %lld: merge small "
                   "shards or use a shorter seq_len",
@@ -112,40 +128,98 @@ out:
     return rc;
 }
 
-int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq_len, char *err, int errlen) {
-    memset(r, 0, sizeof *r);
-    r->fd = r->fd_shard = -1;
-    if (vocab < 1 || vocab > INT32_MAX || seq_len < 1)
-        return cp_errf(err, errlen, "token shards: vocab %lld or seq_len %lld out of range (a cpgen bug)",
-                    (long long)vocab, (long long)seq_len);
-    r->vocab = vocab;
-    r->seq_len = seq_len;
+/* The files matching a shard pattern, sorted by name (glob sorts them); *n = 0 when none matches. */
+static int list_shards(const char *pattern, char ***paths, int *n, char *err, int errlen) {
+    *paths = NULL;
+    *n = 0;
     glob_t g;
     memset(&g, 0, sizeof g);
     int grc = glob(pattern, 0, NULL, &g); /* a folder that is missing or unreadable matches nothing */
     if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
         globfree(&g);
-        return cp_errf(err, errlen,
-                    "data.source tokens:%s: no file matches; check the path (a glob such as "
-                    "\"data/shards/*.bin\" is expanded by cpgen, quote it in the shell)",
-                    pattern);
+        return 0;
     }
     if (grc != 0) {
         globfree(&g);
         return cp_errf(err, errlen, "data.source tokens:%s: listing the files failed (%s)", pattern,
-                    grc == GLOB_NOSPACE ? "out of memory" : "a folder could not be read");
+                       grc == GLOB_NOSPACE ? "out of memory" : "a folder could not be read");
     }
-    r->nshards = (int)g.gl_pathc;
-    r->paths = cp_xcalloc((size_t)r->nshards, sizeof *r->paths);
+    *n = (int)g.gl_pathc;
+    *paths = cp_xcalloc((size_t)*n, sizeof **paths);
+    for (int k = 0; k < *n; k++) (*paths)[k] = cp_xstrdup(g.gl_pathv[k]);
+    globfree(&g);
+    return 0;
+}
+
+static void eod_words(int64_t eod, char *b, size_t n) {
+    if (eod < 0) snprintf(b, n, "no end-of-document id (a version-1 shard, or made without one)");
+    else snprintf(b, n, "end-of-document id %lld", (long long)eod);
+}
+
+/* The shards of one source share one end-of-document id, or all have none: a mix means two tokenizers (or shards
+ * made before and after version 2), and boundaries found in one part only. */
+static int shards_agree(char *const *paths, const int64_t *eods, int n, int64_t *eod, char *err, int errlen) {
+    for (int k = 1; k < n; k++)
+        if (eods[k] != eods[0]) {
+            char a[96], b[96];
+            eod_words(eods[0], a, sizeof a);
+            eod_words(eods[k], b, sizeof b);
+            return cp_errf(err, errlen, "%s has %s but %s has %s: the shards of one source must agree; remake them "
+                           "together with tools/make_tokens.py, or give the two kinds as separate sources", paths[0],
+                           a, paths[k], b);
+        }
+    *eod = n ? eods[0] : -1;
+    return 0;
+}
+
+static void free_paths(char **paths, int n) {
+    for (int k = 0; k < n; k++) free(paths[k]);
+    free(paths);
+}
+
+int cp_tokens_probe(const char *pattern, int64_t vocab, bool *found, int64_t *eod, char *err, int errlen) {
+    *found = false;
+    *eod = -1;
+    char **paths;
+    int n;
+    if (list_shards(pattern, &paths, &n, err, errlen)) return -1;
+    int64_t *eods = cp_xcalloc((size_t)CP_MAX(n, 1), sizeof *eods), count;
+    int tb, rc = 0;
+    for (int k = 0; k < n && !rc; k++) rc = check_shard(paths[k], vocab, -1, &count, &tb, &eods[k], err, errlen);
+    if (!rc) rc = shards_agree(paths, eods, n, eod, err, errlen);
+    *found = n > 0;
+    free(eods);
+    free_paths(paths, n);
+    return rc;
+}
+
+int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq_len, char *err, int errlen) {
+    memset(r, 0, sizeof *r);
+    r->fd = r->fd_shard = -1;
+    r->eod = -1;
+    if (vocab < 1 || vocab > INT32_MAX || seq_len < 1)
+        return cp_errf(err, errlen, "token shards: vocab %lld or seq_len %lld out of range (a cpgen bug)",
+                    (long long)vocab, (long long)seq_len);
+    r->vocab = vocab;
+    r->seq_len = seq_len;
+    if (list_shards(pattern, &r->paths, &r->nshards, err, errlen)) return -1;
+    if (!r->nshards)
+        return cp_errf(err, errlen,
+                    "data.source tokens:%s: no file matches; check the path (a glob such as "
+                    "\"data/shards/*.bin\" is expanded by cpgen, quote it in the shell)",
+                    pattern);
     r->counts = cp_xcalloc((size_t)r->nshards, sizeof *r->counts);
     r->token_bytes = cp_xcalloc((size_t)r->nshards, sizeof *r->token_bytes);
-    for (int k = 0; k < r->nshards; k++) r->paths[k] = cp_xstrdup(g.gl_pathv[k]); /* glob sorts them */
-    globfree(&g);
-    for (int k = 0; k < r->nshards; k++)
-        if (check_shard(r->paths[k], seq_len, &r->counts[k], &r->token_bytes[k], err, errlen)) {
-            cp_tokens_close(r);
-            return -1;
-        }
+    int64_t *eods = cp_xcalloc((size_t)r->nshards, sizeof *eods);
+    int rc = 0;
+    for (int k = 0; k < r->nshards && !rc; k++)
+        rc = check_shard(r->paths[k], vocab, seq_len, &r->counts[k], &r->token_bytes[k], &eods[k], err, errlen);
+    if (!rc) rc = shards_agree(r->paths, eods, r->nshards, &r->eod, err, errlen);
+    free(eods);
+    if (rc) {
+        cp_tokens_close(r);
+        return -1;
+    }
     r->buf = cp_xmalloc((size_t)(seq_len + 1) * 4);
     /* sequences start every seq_len tokens while seq_len + 1 remain: (count - 1) / seq_len of them per shard */
     r->before = cp_xcalloc((size_t)r->nshards + 1, sizeof *r->before);
@@ -276,10 +350,14 @@ int cp_tokens_seek(cp_tokens *r, const cp_data_pos *pos, char *err, int errlen) 
     return 0;
 }
 
-int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, char *err, int errlen) {
+int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, int64_t eod, char *err,
+                    int errlen) {
     if (token_bytes != 2 && token_bytes != 4)
         return cp_errf(err, errlen, "%s: token bytes must be 2 or 4, not %d", path, token_bytes);
     if (n < 0) return cp_errf(err, errlen, "%s: negative token count", path);
+    if (eod < -1 || eod > (token_bytes == 2 ? 0xffff : INT32_MAX))
+        return cp_errf(err, errlen, "%s: end-of-document id %lld does not fit %d unsigned bytes (-1: none)", path,
+                       (long long)eod, token_bytes);
     for (int64_t k = 0; k < n; k++)
         if (tokens[k] < 0 || (token_bytes == 2 && tokens[k] > 0xffff))
             return cp_errf(err, errlen, "%s: token %lld is %d, which does not fit %d unsigned bytes%s", path, (long long)k,
@@ -290,7 +368,7 @@ int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int toke
     put_u32(b + 8, CP_TOK_VERSION);
     put_u32(b + 12, (uint32_t)token_bytes);
     put_u64(b + 16, (uint64_t)n);
-    put_u64(b + 24, 0);
+    put_u64(b + 24, (uint64_t)(eod + 1)); /* version 2: the end-of-document id + 1, 0 for none */
     for (int64_t k = 0; k < n; k++) {
         unsigned char *p = b + CP_TOK_HEADER + k * token_bytes;
         p[0] = (unsigned char)tokens[k];
@@ -427,18 +505,189 @@ void cp_copy_sequence(const cp_copy *c, int64_t index, int32_t *tokens, int32_t 
 }
 
 /* ------------------------------------------------------------------------------------------------------------
+ * synthetic:packed */
+
+int cp_packed_init(cp_packed *p, int64_t vocab, int64_t seq_len, uint64_t seed, char *err, int errlen) {
+    memset(p, 0, sizeof *p);
+    if (vocab < CP_PACKED_MIN_VOCAB || vocab > INT32_MAX)
+        return cp_errf(err, errlen, "data.source synthetic:packed needs %d <= model.vocab <= %d, not %lld",
+                       CP_PACKED_MIN_VOCAB, INT32_MAX, (long long)vocab);
+    if (seq_len < CP_PACKED_MIN_SEQ || seq_len > INT32_MAX)
+        return cp_errf(err, errlen, "data.source synthetic:packed needs train.seq_len >= %d, not %lld",
+                       CP_PACKED_MIN_SEQ, (long long)seq_len);
+    p->vocab = vocab;
+    p->seq_len = seq_len;
+    p->seed = seed;
+    return 0;
+}
+
+double cp_packed_chance_loss(const cp_packed *p) { return log((double)(p->vocab - CP_PACKED_FIRST)); }
+
+/* The length of the next document starting at pos, of the kinds the kernels' edge cases need (data.h). */
+static int64_t packed_length(rng *g, int64_t S, int64_t pos) {
+    int64_t L;
+    switch (below(g, 8)) {
+    case 0: L = 1; break;
+    case 1: L = 128; break; /* one kernel tile */
+    case 2: L = 128 - pos % 128; break; /* ends on a multiple of 128 */
+    case 3: L = 64 - pos % 64; break; /* ends on a multiple of 64 */
+    case 4: L = S / 4 + (int64_t)below(g, (uint64_t)(S / 4 + 1)); break; /* longer than a GPU's slice at 8 GPUs */
+    default: L = 2 + (int64_t)below(g, (uint64_t)CP_MAX(1, S / 32)); break;
+    }
+    return CP_MIN(L, S - pos);
+}
+
+void cp_packed_sequence(const cp_packed *p, int64_t index, int32_t *tokens, int32_t *targets) {
+    int64_t S = p->seq_len;
+    rng g = {cp_mix64(cp_mix64(p->seed) ^ (uint64_t)index)};
+    bool whole = below(&g, 16) == 0; /* sometimes one document fills the sequence */
+    for (int64_t pos = 0; pos < S;) {
+        int64_t L = whole ? S : packed_length(&g, S, pos);
+        int32_t *t = tokens + pos, *y = targets + pos;
+        /* BOS | h random tokens | the same again | end; a document of 1 is the end alone */
+        int64_t c = L - 2, h = c > 0 ? c / 2 : 0;
+        for (int64_t j = 0; j < L; j++) y[j] = -1;
+        if (L >= 2) t[0] = CP_PACKED_BOS;
+        for (int64_t j = 1; j <= c; j++)
+            t[j] = h && j > h ? t[j - h]
+                              : (int32_t)(CP_PACKED_FIRST + (int64_t)below(&g, (uint64_t)(p->vocab - CP_PACKED_FIRST)));
+        for (int64_t j = h + 1; h && j + 1 <= c; j++) y[j] = t[j + 1]; /* the copy after its first token */
+        t[L - 1] = CP_PACKED_EOD;
+        pos += L;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------
  * the spec's source */
 
-static bool is_synthetic(const char *src) { return !strcmp(src, "synthetic:recall") || !strcmp(src, "synthetic:copy"); }
+static const char *const SYNTHETIC[] = {"synthetic:recall", "synthetic:copy", "synthetic:packed"};
+static const cp_data_kind SYNTHETIC_KIND[] = {CP_DATA_RECALL, CP_DATA_COPY, CP_DATA_PACKED};
+
+static bool is_synthetic(const char *src) {
+    for (size_t k = 0; k < CP_ARRAY_LEN(SYNTHETIC); k++)
+        if (!strcmp(src, SYNTHETIC[k])) return true;
+    return false;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * documents: where boundaries come from */
+
+/* What the source `src` (data.source or data.val, named by `key`) says of documents, from its shard headers only:
+ * *looked = false where there is nothing to look at (no shard matches: `cpgen plan` on a machine without the data),
+ * and *eod its end-of-document id, -1 where it has none. data.eod stands in for shards that carry none, and must
+ * equal the id of shards that do. */
+static int source_eod(const cp_spec *spec, const char *key, const char *src, bool *looked, int64_t *eod, char *err,
+                      int errlen) {
+    *looked = true;
+    *eod = -1;
+    if (!strncmp(src, "split:", 6)) return source_eod(spec, "data.source", spec->data.source, looked, eod, err, errlen);
+    if (!strcmp(src, "synthetic:packed")) {
+        *eod = CP_PACKED_EOD;
+        return 0;
+    }
+    if (strncmp(src, "tokens:", 7)) return 0; /* synthetic:copy, recall: one task per sequence, no boundaries */
+    int64_t shards = -1;
+    char why[CP_ERR_MAX];
+    if (cp_tokens_probe(src + 7, spec->model.vocab, looked, &shards, why, sizeof why))
+        return cp_errf(err, errlen, "%s: %s = \"%.200s\": %s", spec->path, key, src, why);
+    if (shards >= 0 && spec->data.eod >= 0 && shards != spec->data.eod)
+        return cp_errf(err, errlen, "%s: data.eod = %lld, but the shards of %s = \"%.200s\" carry end-of-document id "
+                       "%lld in their headers: the two must be equal; remove data.eod (the shards' own is used) or "
+                       "set it to %lld", spec->path, (long long)spec->data.eod, key, src, (long long)shards,
+                       (long long)shards);
+    *eod = shards >= 0 ? shards : spec->data.eod;
+    return 0;
+}
+
+/* The modes of a spec with AUTO replaced, and the training source's end-of-document id (-1: none). */
+static int resolve(const cp_spec *spec, int *documents, int *positions, int64_t *eod, char *err, int errlen) {
+    const cp_data *dt = &spec->data;
+    bool looked;
+    if (source_eod(spec, "data.source", dt->source, &looked, eod, err, errlen)) return -1;
+    int docs = dt->documents;
+    if (docs == CP_DOCS_AUTO) docs = *eod >= 0 ? CP_DOCS_MASK : CP_DOCS_STREAM;
+    if (docs == CP_DOCS_MASK && *eod < 0 && looked) {
+        bool tok = !strncmp(dt->source, "tokens:", 7);
+        return cp_errf(err, errlen, "%s: data.documents = \"mask\": data.source = \"%.200s\" has no document "
+                       "boundaries%s, so there is nothing to mask; %s, or data.documents = \"stream\"", spec->path,
+                       dt->source, tok ? " (its shards carry no end-of-document id and data.eod is not set)" : "",
+                       tok ? "set data.eod to the id that ends documents in the shards, or remake them with "
+                             "tools/make_tokens.py (which records it)"
+                           : "use data.source = \"synthetic:packed\"");
+    }
+    int pos = dt->positions;
+    if (pos == CP_POS_AUTO) pos = docs == CP_DOCS_MASK ? CP_POS_DOCUMENT : CP_POS_SEQUENCE;
+    if (pos == CP_POS_DOCUMENT && docs != CP_DOCS_MASK)
+        return cp_errf(err, errlen, "%s: data.positions = \"document\": positions restart at each document only where "
+                       "attention stays inside documents, and data.documents is \"stream\"%s; set data.documents = "
+                       "\"mask\", or data.positions = \"sequence\"", spec->path,
+                       dt->documents == CP_DOCS_AUTO ? " (data.source has no document boundaries)" : "");
+    /* held-out shards are cut where training's are: with a mask they need boundaries too, and the same id */
+    if (docs == CP_DOCS_MASK && !strncmp(dt->val, "tokens:", 7)) {
+        int64_t veod;
+        if (source_eod(spec, "data.val", dt->val, &looked, &veod, err, errlen)) return -1;
+        if (looked && veod < 0)
+            return cp_errf(err, errlen, "%s: data.documents = \"mask\": the shards of data.val = \"%.200s\" carry no "
+                           "end-of-document id and data.eod is not set, so their documents cannot be masked as "
+                           "training's are; set data.eod, or remake them with tools/make_tokens.py", spec->path,
+                           dt->val);
+        if (looked && *eod >= 0 && veod != *eod)
+            return cp_errf(err, errlen, "%s: data.val = \"%.200s\": its shards end documents with id %lld, and those of "
+                           "data.source = \"%.200s\" with %lld: held-out shards must come from the same tokenizer",
+                           spec->path, dt->val, (long long)veod, dt->source, (long long)*eod);
+    }
+    *documents = docs;
+    *positions = pos;
+    return 0;
+}
+
+int cp_data_resolve_documents(cp_spec *spec, char *err, int errlen) {
+    int docs, pos;
+    int64_t eod;
+    if (resolve(spec, &docs, &pos, &eod, err, errlen)) return -1;
+    spec->data.documents = docs;
+    spec->data.positions = pos;
+    return 0;
+}
+
+int cp_data_mean_doc_len(const cp_spec *spec, int64_t max_tokens, double *mean, char *err, int errlen) {
+    int64_t S = spec->train.seq_len, eod;
+    int docs, pos;
+    *mean = (double)S;
+    if (resolve(spec, &docs, &pos, &eod, err, errlen)) return -1;
+    if (docs != CP_DOCS_MASK) return 0;
+    const char *src = spec->data.source;
+    if (!strcmp(src, "synthetic:packed")) {
+        cp_packed p;
+        if (cp_packed_init(&p, spec->model.vocab, S, spec->init.seed, err, errlen)) return -1;
+        int32_t *buf = cp_xmalloc((size_t)S * 2 * sizeof *buf);
+        int64_t n = CP_MAX(1, (max_tokens + S - 1) / S), ends = 0;
+        for (int64_t q = 0; q < n; q++) {
+            cp_packed_sequence(&p, q, buf, buf + S);
+            for (int64_t i = 0; i < S; i++) ends += buf[i] == CP_PACKED_EOD;
+        }
+        free(buf);
+        *mean = (double)(n * S) / (double)ends; /* every sequence ends with the end of a document */
+        return 0;
+    }
+    if (strncmp(src, "tokens:", 7)) return 0;
+    double m;
+    if (cp_tokens_mean_doc_len(src + 7, spec->model.vocab, eod, max_tokens, &m, err, errlen)) return -1;
+    *mean = CP_MIN(m, (double)S); /* a sequence cuts a longer document */
+    return 0;
+}
 
 /* A synthetic task's stream of sequences [first, end). */
 static int open_synthetic(cp_dataset *d, const char *src, const cp_spec *spec, int64_t first, int64_t end, char *err,
                           int errlen) {
     d->synthetic = true;
-    d->kind = src[10] == 'r' ? CP_DATA_RECALL : CP_DATA_COPY;
-    if (d->kind == CP_DATA_RECALL
-            ? cp_recall_init(&d->recall, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen)
-            : cp_copy_init(&d->copy, spec->model.vocab, d->seq_len, spec->init.seed, err, errlen))
+    for (size_t k = 0; k < CP_ARRAY_LEN(SYNTHETIC); k++)
+        if (!strcmp(src, SYNTHETIC[k])) d->kind = SYNTHETIC_KIND[k];
+    int64_t V = spec->model.vocab;
+    uint64_t seed = spec->init.seed;
+    if (d->kind == CP_DATA_RECALL   ? cp_recall_init(&d->recall, V, d->seq_len, seed, err, errlen)
+        : d->kind == CP_DATA_COPY ? cp_copy_init(&d->copy, V, d->seq_len, seed, err, errlen)
+                                  : cp_packed_init(&d->packed, V, d->seq_len, seed, err, errlen))
         return -1;
     d->scratch = cp_xmalloc((size_t)d->seq_len * 2 * sizeof *d->scratch);
     d->first = d->sequence = first;
@@ -465,11 +714,25 @@ static int open_split(cp_dataset *d, const cp_spec *spec, double fraction, bool 
     return 0;
 }
 
+/* The run's document mode, and the end-of-document id of the stream read from `src` (-1 in stream mode). */
+static int open_documents(cp_dataset *d, const cp_spec *spec, const char *key, const char *src, char *err,
+                          int errlen) {
+    int pos;
+    int64_t eod;
+    if (resolve(spec, &d->documents, &pos, &eod, err, errlen)) return -1;
+    bool looked;
+    if (src != spec->data.source && source_eod(spec, key, src, &looked, &eod, err, errlen)) return -1;
+    d->eod = d->documents == CP_DOCS_MASK ? eod : -1;
+    cp_docs_from_tokens(&d->docs, NULL, d->seq_len, -1); /* one document until a sequence is read */
+    return 0;
+}
+
 int cp_dataset_open(cp_dataset *d, const cp_spec *spec, char *err, int errlen) {
     memset(d, 0, sizeof *d);
     d->tokens.fd = d->tokens.fd_shard = -1;
     d->seq_len = spec->train.seq_len;
     const char *src = spec->data.source;
+    if (open_documents(d, spec, "data.source", src, err, errlen)) return -1;
     if (is_synthetic(src)) return open_synthetic(d, src, spec, 0, CP_VAL_FIRST_SEQUENCE, err, errlen);
     if (!strncmp(src, "tokens:", 7)) {
         double f;
@@ -506,6 +769,7 @@ int cp_dataset_open_val(cp_dataset *d, const cp_spec *spec, char *err, int errle
     const char *val = spec->data.val;
     double f;
     int rc;
+    if (open_documents(d, spec, "data.val", val, err, errlen)) return -1;
     if (is_synthetic(val)) {
         rc = open_synthetic(d, val, spec, CP_VAL_FIRST_SEQUENCE, INT64_MAX, err, errlen);
     } else if (cp_val_split(val, &f) && !strncmp(spec->data.source, "tokens:", 7)) {
@@ -551,41 +815,159 @@ static int synthetic_room(const cp_dataset *d, int64_t n, char *err, int errlen)
                    "sequences begin; train fewer steps", (long long)d->end);
 }
 
-/* Synthetic sequence `index` into the scratch (tokens, then targets), and its count of targets. */
+/* ------------------------------------------------------------------------------------------------------------
+ * documents of a sequence */
+
+static void docs_push(cp_docs *d, int64_t start) {
+    if (d->n == d->cap) {
+        d->cap = d->cap ? 2 * d->cap : 16;
+        d->start = cp_xrealloc(d->start, (size_t)d->cap * sizeof *d->start);
+    }
+    d->start[d->n++] = (int32_t)start;
+}
+
+void cp_docs_from_tokens(cp_docs *d, const int32_t *tokens, int64_t S, int64_t eod) {
+    d->n = 0;
+    docs_push(d, 0);
+    for (int64_t p = 0; eod >= 0 && p + 1 < S; p++)
+        if (tokens[p] == eod) docs_push(d, p + 1);
+}
+
+void cp_docs_free(cp_docs *d) {
+    if (!d) return;
+    free(d->start);
+    memset(d, 0, sizeof *d);
+}
+
+void cp_docs_positions(const cp_docs *d, int64_t first, int64_t n, int32_t *pos) {
+    if (n <= 0 || d->n < 1) return;
+    int64_t lo = 0, hi = d->n - 1; /* the last document starting at or before `first` */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (d->start[mid] <= first) lo = mid;
+        else hi = mid - 1;
+    }
+    for (int64_t t = 0, k = lo; t < n; t++) {
+        while (k + 1 < d->n && d->start[k + 1] <= first + t) k++;
+        pos[t] = (int32_t)(first + t - d->start[k]);
+    }
+}
+
+void cp_docs_bounds(const cp_docs *d, int64_t S, int32_t *doc_start, int32_t *doc_end) {
+    for (int64_t k = 0; k < d->n; k++) {
+        int64_t a = d->start[k], b = k + 1 < d->n ? d->start[k + 1] : S;
+        for (int64_t i = CP_MAX(a, 0); i < CP_MIN(b, S); i++) {
+            doc_start[i] = (int32_t)a;
+            doc_end[i] = (int32_t)b;
+        }
+    }
+}
+
+double cp_docs_tile_work(const cp_docs *d, int64_t S, int bm, int bn, double *kept) {
+    if (kept) *kept = NAN;
+    if (S < 1 || bm < 1 || bn < 1 || d->n < 1 || d->start[0] != 0) return NAN;
+    /* query tile [i0, i1): causal key tiles 0 .. (i1 - 1) / bn; of those, the ones with a key in the document of
+     * row i0 start at tile doc_start(i0) / bn (an earlier tile's last key, kj bn + bn - 1, lies before it) */
+    double all = 0, done = 0;
+    int64_t k = 0;
+    for (int64_t i0 = 0; i0 < S; i0 += bm) {
+        int64_t i1 = CP_MIN(i0 + bm, S), last = (i1 - 1) / bn;
+        while (k + 1 < d->n && d->start[k + 1] <= i0) k++;
+        all += (double)(last + 1);
+        done += (double)(last - d->start[k] / bn + 1);
+    }
+    if (kept) { /* a document of L positions keeps L (L + 1) / 2 scores; causal attention over S has S (S + 1) / 2 */
+        double sum = 0;
+        for (int64_t j = 0; j < d->n; j++) {
+            double L = (double)((j + 1 < d->n ? d->start[j + 1] : S) - d->start[j]);
+            sum += L * (L + 1) / 2;
+        }
+        *kept = sum / ((double)S * ((double)S + 1) / 2);
+    }
+    return done / all;
+}
+
+int cp_tokens_mean_doc_len(const char *pattern, int64_t vocab, int64_t eod, int64_t max_tokens, double *mean,
+                           char *err, int errlen) {
+    *mean = NAN;
+    cp_tokens r;
+    if (cp_tokens_open(&r, pattern, vocab, 1, err, errlen)) return -1;
+    if (eod < 0) eod = r.eod;
+    if (eod < 0) {
+        cp_tokens_close(&r);
+        return cp_errf(err, errlen, "tokens:%s: the shards carry no end-of-document id and none was given, so they have "
+                       "no documents to measure", pattern);
+    }
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = cp_xmalloc((size_t)CHUNK * 4);
+    int64_t seen = 0, ended = 0, docs = 0; /* tokens read; tokens up to the last end read; documents ended */
+    int rc = 0;
+    for (int s = 0; s < r.nshards && seen < max_tokens && !rc; s++) {
+        char why[256];
+        int fd = cp_open_file(r.paths[s], CP_FILE_DATA, NULL, why, sizeof why);
+        if (fd < 0) {
+            rc = cp_errf(err, errlen, "%s: cannot open: %s", r.paths[s], why);
+            break;
+        }
+        int tb = r.token_bytes[s];
+        for (int64_t at = 0; at < r.counts[s] && seen < max_tokens && !rc; at += CHUNK) {
+            int64_t n = CP_MIN(CP_MIN((int64_t)CHUNK, r.counts[s] - at), max_tokens - seen);
+            rc = cp_pread_all(fd, buf, n * tb, CP_TOK_HEADER + at * tb, r.paths[s], "regenerate it", err, errlen);
+            for (int64_t k = 0; k < n && !rc; k++) {
+                uint32_t v = tb == 2 ? ((const uint16_t *)buf)[k] : ((const uint32_t *)buf)[k];
+                if (v == (uint64_t)eod) {
+                    docs++;
+                    ended = seen + k + 1;
+                }
+            }
+            seen += n;
+        }
+        close(fd);
+    }
+    free(buf);
+    cp_tokens_close(&r);
+    if (!rc) *mean = docs ? (double)ended / (double)docs : (double)seen; /* no end yet: at least that long */
+    return rc;
+}
+
+/* A buffer for a whole sequence's S + 1 tokens (its S inputs and the last one's target). */
+static int32_t *seq_buf(cp_dataset *d) {
+    if (!d->scratch) d->scratch = cp_xmalloc((size_t)(d->seq_len * 2 + 1) * sizeof *d->scratch);
+    return d->scratch;
+}
+
+/* In mask mode no target of a position holding the end-of-document id (it would be the next document's first
+ * token): targets -1 there; returns the count of targets of the S positions that remain, tgt NULL counting only. */
+static int64_t mask_targets(const cp_dataset *d, const int32_t *tok, int32_t *tgt, int64_t S) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < S; i++) {
+        bool end = d->eod >= 0 && tok[i] == d->eod;
+        if (tgt && end) tgt[i] = -1;
+        n += tgt ? tgt[i] >= 0 : !end;
+    }
+    return n;
+}
+
+/* Synthetic sequence `index` into the scratch (tokens, then targets), its targets masked at document ends, and its
+ * count of targets. */
 static void synthetic_sequence(cp_dataset *d, int64_t index) {
     int32_t *tok = d->scratch, *tgt = d->scratch + d->seq_len;
     if (d->kind == CP_DATA_RECALL)
         cp_recall_sequence(&d->recall, index, tok, tgt);
-    else
+    else if (d->kind == CP_DATA_COPY)
         cp_copy_sequence(&d->copy, index, tok, tgt);
-    d->targets_seq = 0;
-    for (int64_t i = 0; i < d->seq_len; i++) d->targets_seq += tgt[i] >= 0;
+    else
+        cp_packed_sequence(&d->packed, index, tok, tgt);
+    d->targets_seq = mask_targets(d, tok, tgt, d->seq_len);
 }
 
 int cp_dataset_next(cp_dataset *d, int rank, int C, int32_t *tokens, int32_t *targets, char *err, int errlen) {
     if (C < 1 || rank < 0 || rank >= C || d->seq_len % C)
         return cp_errf(err, errlen, "data: rank %d of %d GPUs cannot split seq_len %lld (a cpgen bug)", rank, C,
                     (long long)d->seq_len);
-    int64_t T = d->seq_len / C, first = (int64_t)rank * T;
-    if (d->synthetic) {
-        if (synthetic_room(d, 1, err, errlen)) return -1;
-        synthetic_sequence(d, d->sequence);
-        memcpy(tokens, d->scratch + first, (size_t)T * sizeof *tokens);
-        memcpy(targets, d->scratch + d->seq_len + first, (size_t)T * sizeof *targets);
-        d->sequence++;
-        d->targets_round = d->targets_seq;
-        return 0;
-    }
-    /* T + 1 tokens: the slice and, shifted by one, its targets */
-    int32_t *tmp = cp_xmalloc((size_t)(T + 1) * sizeof *tmp);
-    int rc = cp_tokens_read(&d->tokens, first, T + 1, tmp, true, err, errlen);
-    if (!rc) {
-        memcpy(tokens, tmp, (size_t)T * sizeof *tokens);
-        memcpy(targets, tmp + 1, (size_t)T * sizeof *targets);
-        d->targets_seq = d->targets_round = d->seq_len; /* every position of a shard has its next token */
-    }
-    free(tmp);
-    return rc;
+    /* one group, no ring: the slice of rank r is tokens [r T, (r + 1) T) */
+    cp_data_slice one = {.replica = 0, .replicas = 1, .ring_pos = 0, .ring = 1, .rank = rank, .gpus = C};
+    return cp_dataset_next_slice(d, &one, tokens, targets, err, errlen);
 }
 
 int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *tokens, int32_t *targets, char *err,
@@ -618,10 +1000,37 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
             memcpy(tokens + run[k].row0, d->scratch + run[k].pos0, (size_t)run[k].rows * sizeof *tokens);
             memcpy(targets + run[k].row0, d->scratch + S + run[k].pos0, (size_t)run[k].rows * sizeof *targets);
         }
+        cp_docs_from_tokens(&d->docs, d->scratch, S, d->eod);
         d->sequence += sl->replicas;
         return 0;
     }
-    /* token shards: skip the other replicas' sequences of the round; each run reads one token more, its targets */
+    if (d->documents == CP_DOCS_MASK) {
+        /* every rank reads the whole sequence of each replica: its documents start after end-of-document tokens
+         * anywhere in it, and the round's target count leaves out every replica's document ends */
+        int32_t *full = seq_buf(d);
+        d->targets_round = 0;
+        for (int g = 0; g < sl->replicas && !rc; g++) {
+            bool mine = g == sl->replica;
+            rc = cp_tokens_read(&d->tokens, 0, mine ? S + 1 : S, full, false, err, errlen);
+            if (rc) break;
+            int64_t n = mask_targets(d, full, NULL, S);
+            d->targets_round += n;
+            if (mine) {
+                d->targets_seq = n;
+                cp_docs_from_tokens(&d->docs, full, S, d->eod);
+                for (int k = 0; k < nruns; k++) {
+                    int64_t a = run[k].pos0, m = run[k].rows;
+                    memcpy(tokens + run[k].row0, full + a, (size_t)m * sizeof *tokens);
+                    memcpy(targets + run[k].row0, full + a + 1, (size_t)m * sizeof *targets);
+                    mask_targets(d, full + a, targets + run[k].row0, m);
+                }
+            }
+            rc = cp_tokens_read(&d->tokens, 0, 0, full, true, err, errlen); /* on to the next sequence */
+        }
+        return rc;
+    }
+    /* token shards, one document: skip the other replicas' sequences of the round; each run reads one token more,
+     * its targets */
     int32_t *tmp = cp_xmalloc((size_t)(T + 1) * sizeof *tmp);
     for (int g = 0; g < sl->replicas && !rc; g++) {
         for (int k = 0; g == sl->replica && k < nruns && !rc; k++) {
@@ -634,6 +1043,7 @@ int cp_dataset_next_slice(cp_dataset *d, const cp_data_slice *sl, int32_t *token
     }
     d->targets_seq = S;
     d->targets_round = S * sl->replicas;
+    cp_docs_from_tokens(&d->docs, NULL, S, -1);
     free(tmp);
     return rc;
 }
@@ -659,7 +1069,10 @@ int cp_dataset_seek(cp_dataset *d, const cp_data_pos *pos, char *err, int errlen
 }
 
 double cp_dataset_chance_loss(const cp_dataset *d, int64_t vocab) {
-    if (d->synthetic) return d->kind == CP_DATA_RECALL ? cp_recall_chance_loss(&d->recall) : cp_copy_chance_loss(&d->copy);
+    if (d->synthetic)
+        return d->kind == CP_DATA_RECALL ? cp_recall_chance_loss(&d->recall)
+               : d->kind == CP_DATA_COPY ? cp_copy_chance_loss(&d->copy)
+                                         : cp_packed_chance_loss(&d->packed);
     return log((double)vocab);
 }
 
@@ -667,5 +1080,6 @@ void cp_dataset_close(cp_dataset *d) {
     if (!d) return;
     cp_tokens_close(&d->tokens);
     free(d->scratch);
+    cp_docs_free(&d->docs);
     memset(d, 0, sizeof *d);
 }

@@ -1,14 +1,22 @@
-/* data.h: training sequences. Two sources, chosen by the spec's data.source (docs/DATA.md):
+/* data.h: training sequences, from the source the spec's data.source names (docs/DATA.md):
  *   "tokens:<glob>"     pre-tokenised shards (format below), read in order, position saveable;
- *   "synthetic:recall"  a long-range key/value recall task, a pure function of (seed, sequence index).
- *   "synthetic:copy"    a random first half copied into the second, likewise.
- * Both give, for sequence n, tokens[S] and targets[S] (S = train.seq_len; target -1 = no loss there), and for rank
- * r of C the slice tokens[r*T, (r+1)*T) with the targets of those positions (T = S / C), so target r*T + T - 1 is
- * the first token of the next rank's slice.
+ *   "synthetic:recall"  a long-range key/value recall task, a pure function of (seed, sequence index);
+ *   "synthetic:copy"    a random first half copied into the second, likewise;
+ *   "synthetic:packed"  documents of random lengths, each a small copy task ending in an end-of-document token.
+ * Every source gives, for sequence n, tokens[S] and targets[S] (S = train.seq_len; target -1 = no loss there), and
+ * for rank r of C the slice tokens[r*T, (r+1)*T) with the targets of those positions (T = S / C), so target
+ * r*T + T - 1 is the first token of the next rank's slice.
  *
  * Token shard format (little-endian): a 32-byte header
- *   magic "CPGTOK01" (8 bytes) | u32 version = 1 | u32 token bytes (2 or 4) | u64 token count | u64 reserved = 0
- * then count tokens of 2 or 4 bytes. The file is exactly 32 + count * token_bytes bytes. */
+ *   magic "CPGTOK01" (8 bytes) | u32 version = 2 | u32 token bytes (2 or 4) | u64 token count | u64 eod + 1
+ * then count tokens of 2 or 4 bytes. The file is exactly 32 + count * token_bytes bytes. The last field is the
+ * end-of-document id + 1, 0 when the shard carries no document boundaries; version 1 (still read) has 0 there,
+ * "reserved". All shards of a source carry the same id or none, and the id is below model.vocab.
+ *
+ * Documents (data.documents, docs/DATA.md "Documents"): with "mask" a sequence is cut into documents after every
+ * end-of-document token, no token attends to another document and no target crosses a boundary (the target of a
+ * position holding the end-of-document id is -1); after each sequence handed out, the dataset holds where its
+ * documents start (cp_docs), the whole sequence's on every rank. With "stream" the sequence is one document. */
 #ifndef CP_DATA_H
 #define CP_DATA_H
 
@@ -18,7 +26,7 @@
 #include "spec.h"
 
 #define CP_TOK_MAGIC "CPGTOK01"
-#define CP_TOK_VERSION 1
+#define CP_TOK_VERSION 2 /* written; 1 and 2 are read */
 #define CP_TOK_HEADER 32
 #define CP_RECALL_MIN_VOCAB 64
 #define CP_RECALL_MIN_SEQ 16
@@ -44,6 +52,7 @@ typedef struct {
     int *token_bytes; /* 2 or 4 per shard */
     int64_t *before;  /* [nshards + 1]: sequences in the shards before each (before[nshards]: in all of them) */
     int64_t vocab, seq_len;
+    int64_t eod;      /* the shards' end-of-document id, -1: none (version 1, or written without one) */
     int64_t seq_lo, seq_hi; /* the part of the stream read, by sequence index over all shards: [seq_lo, seq_hi);
                              * after the last the reader starts at seq_lo again (cp_tokens_limit) */
     cp_data_pos pos;
@@ -52,10 +61,16 @@ typedef struct {
 } cp_tokens;
 
 /* Open every file matching `pattern` (a glob, or one path), sorted by name, and check each header: magic, version,
- * token bytes, size = header + count x bytes (a truncated or padded file is rejected), count >= seq_len + 1. Token
- * values are checked against vocab as they are read. Returns 0, or -1 with a message naming the file. */
+ * token bytes, size = header + count x bytes (a truncated or padded file is rejected), count >= seq_len + 1, the
+ * end-of-document id below vocab and the same in every shard (or none in all; a mix is refused naming a shard of
+ * each kind). Token values are checked against vocab as they are read. Returns 0, or -1 with a message naming the
+ * file. */
 int cp_tokens_open(cp_tokens *r, const char *pattern, int64_t vocab, int64_t seq_len, char *err, int errlen);
 void cp_tokens_close(cp_tokens *r);
+/* The headers alone of the shards matching `pattern` (no token data, no sequence length): *found = false when no file
+ * matches (not an error), else their common end-of-document id in *eod (-1: none). Returns -1 with a message for a
+ * header that is not a shard's, an id not below vocab, or shards that disagree. */
+int cp_tokens_probe(const char *pattern, int64_t vocab, bool *found, int64_t *eod, char *err, int errlen);
 
 /* Read the next sequence's tokens [first, first + n) (first + n <= seq_len + 1) into out, then, when advance,
  * move to the next sequence. Sequences start every seq_len tokens within a shard (each token is a target once);
@@ -78,8 +93,10 @@ void cp_tokens_limit(cp_tokens *r, int64_t lo, int64_t hi);
  * *train the ones before. Returns 0, or -1 with a message when either part would be empty. */
 int cp_val_split_counts(int64_t n, double fraction, int64_t *train, int64_t *held, char *err, int errlen);
 
-/* Write a shard: tokens must be in [0, 2^(8 token_bytes)). Atomic (temporary name, then rename). */
-int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, char *err, int errlen);
+/* Write a shard of version 2: tokens must be in [0, 2^(8 token_bytes)); eod is the end-of-document id the header
+ * records (-1: none). Atomic (temporary name, then rename). */
+int cp_tokens_write(const char *path, const int32_t *tokens, int64_t n, int token_bytes, int64_t eod, char *err,
+                    int errlen);
 
 /* ------------------------------------------------------------------------------------------------------------
  * synthetic:recall
@@ -126,25 +143,108 @@ void cp_copy_sequence(const cp_copy *c, int64_t index, int32_t *tokens, int32_t 
 double cp_copy_chance_loss(const cp_copy *c);
 
 /* ------------------------------------------------------------------------------------------------------------
+ * synthetic:packed
+ *
+ * Documents of random lengths packed into each sequence, for the document masks' tests and runs. Token ranges from
+ * the vocabulary V (>= 8): 0 = end of document (the id data.documents = "mask" cuts after), 1 = BOS, content [2, V).
+ * Sequence n of length S (>= 16): with chance 1/16 one document fills it; else documents follow each other until S,
+ * each length drawn as one of eight kinds: 1 token (the end alone), 128 (one kernel tile), up to the next multiple of
+ * 128, up to the next multiple of 64, S/4 to S/2 (longer than a GPU's slice at 8 GPUs), and three kinds of 2 to
+ * S/32 + 1; the last is cut to end at S. A document of L >= 2 tokens is a small copy task, as synthetic:copy scaled
+ * to it: BOS, h = (L - 2)/2 tokens drawn from [2, V), the same again (L - 2 - h tokens, copied h back), the end; the
+ * targets are the next tokens of the copy after its first token, up to the token before the end; every other target
+ * is -1, so nothing is scored across a boundary and the loss falls only by attending inside a document. Chance is
+ * ln(V - 2). Drawn from the same counter-based stream as the other tasks (lengths and tokens from one SplitMix64
+ * stream started at mix(mix(seed) ^ n)). */
+#define CP_PACKED_EOD 0
+#define CP_PACKED_BOS 1
+#define CP_PACKED_FIRST 2 /* first content token */
+#define CP_PACKED_MIN_VOCAB 8
+#define CP_PACKED_MIN_SEQ 16
+typedef struct {
+    int64_t vocab, seq_len;
+    uint64_t seed;
+} cp_packed;
+
+int cp_packed_init(cp_packed *p, int64_t vocab, int64_t seq_len, uint64_t seed, char *err, int errlen);
+void cp_packed_sequence(const cp_packed *p, int64_t index, int32_t *tokens, int32_t *targets);
+double cp_packed_chance_loss(const cp_packed *p);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * documents of a sequence */
+
+/* Where the documents of one sequence of S tokens start: start[0] = 0, ascending, n >= 1; document k holds positions
+ * [start[k], start[k + 1]) (the last up to S). */
+typedef struct {
+    int64_t n, cap;
+    int32_t *start;
+} cp_docs;
+
+/* The documents of tokens[0, S): position 0 starts one, and position p + 1 does where tokens[p] is eod (p + 1 < S);
+ * eod < 0 gives one document (tokens may then be NULL). Reuses d's memory; d starts zeroed. */
+void cp_docs_from_tokens(cp_docs *d, const int32_t *tokens, int64_t S, int64_t eod);
+void cp_docs_free(cp_docs *d);
+
+/* The helpers below are pure: the planner and the executor call them on a sequence's documents. */
+
+/* RoPE positions restarting at each document (data.positions = "document"): pos[t] = (first + t) minus the start of
+ * the document holding position first + t, for t < n. */
+void cp_docs_positions(const cp_docs *d, int64_t first, int64_t n, int32_t *pos);
+/* For every position i < S: doc_start[i] = the start of its document, doc_end[i] = one past its last position. */
+void cp_docs_bounds(const cp_docs *d, int64_t S, int32_t *doc_start, int32_t *doc_end);
+/* The fraction of causal attention's tiles a kernel computes with query tiles of bm rows and key tiles of bn rows
+ * under document masks: tile (query rows [i0, i1), key rows [j0, j1)) is computed iff j0 <= i1 - 1 (causal) and
+ * j1 - 1 >= doc_start[i0] (a key in the document of the tile's first row); the denominator is the tiles computed
+ * with one document (causal alone). *kept (if not NULL) = the scores kept (key j for query i with doc_start[i] <= j
+ * <= i) over causal attention's S (S + 1) / 2. NAN for S, bm or bn below 1. One document gives 1 and 1. */
+double cp_docs_tile_work(const cp_docs *d, int64_t S, int bm, int bn, double *kept);
+/* The mean length of the documents in the first max_tokens tokens of the shards matching pattern (in order, across
+ * shards): the tokens up to the last end-of-document id among them over the documents it ends; eod < 0 takes the
+ * shards' own id (refused where they carry none). Where no document ends that soon, the tokens read (a lower
+ * bound). For the planner's time model: attention's work under a mask falls with the documents' length. */
+int cp_tokens_mean_doc_len(const char *pattern, int64_t vocab, int64_t eod, int64_t max_tokens, double *mean,
+                           char *err, int errlen);
+/* The same for a spec's training data, at most train.seq_len (a sequence cuts longer documents): its shards'
+ * documents in their first max_tokens tokens, synthetic:packed's in its first max_tokens / seq_len sequences (at least
+ * one); seq_len where data.documents resolves to "stream". Returns 0, or -1 with a message. */
+int cp_data_mean_doc_len(const cp_spec *spec, int64_t max_tokens, double *mean, char *err, int errlen);
+
+/* ------------------------------------------------------------------------------------------------------------
  * the spec's source */
 
-typedef enum { CP_DATA_TOKENS, CP_DATA_RECALL, CP_DATA_COPY } cp_data_kind;
+typedef enum { CP_DATA_TOKENS, CP_DATA_RECALL, CP_DATA_COPY, CP_DATA_PACKED } cp_data_kind;
 
 typedef struct {
     bool synthetic;
     cp_data_kind kind;
+    int documents; /* CP_DOCS_STREAM or CP_DOCS_MASK: spec->data.documents, resolved when the stream opens */
+    int64_t eod;   /* with CP_DOCS_MASK, the id that ends documents in this stream; -1: none (or stream mode) */
     cp_recall recall;
     cp_copy copy;
+    cp_packed packed;
     cp_tokens tokens;
     int64_t seq_len;
     int64_t sequence; /* synthetic: next sequence index */
     int64_t targets_seq; /* target tokens (not ignored) in the whole of the last sequence, all ranks' slices */
     int64_t targets_round; /* the same over the last round's sequences, one per replica (cp_dataset_next_slice; with
                             * cp_dataset_next, the last sequence's): the loss's divisor counts every group's */
-    int32_t *scratch; /* synthetic: one full sequence of tokens and targets */
+    int32_t *scratch; /* synthetic: one full sequence of tokens and targets; tokens with a mask: a sequence's S + 1 */
+    cp_docs docs;     /* the documents of the sequence the last cp_dataset_next(_slice) came from, all of it (every
+                       * rank gets every start, whatever its slice); one document in stream mode */
     int64_t first, end; /* synthetic: the stream's first sequence index and the index it must not reach */
     int64_t count;      /* the stream's distinct sequences before it repeats; -1: it never does (synthetic) */
 } cp_dataset;
+
+/* spec->data.documents and positions with AUTO replaced by what the source says (docs/DATA.md, "Documents"): mask
+ * where it has document boundaries (tokens: shards whose headers carry an end-of-document id, data.eod given, or
+ * synthetic:packed), else stream; positions "document" with mask, else "sequence". Only shard headers are read. Where
+ * no shard matches (a plan made without the data) AUTO becomes stream, or mask with data.eod, and no error is given.
+ * Refuses, with a message naming the spec file, the key and the fix: mask on a source without boundaries, positions
+ * "document" with stream, data.eod unlike the shards' own id, shards that disagree or whose id is not below
+ * model.vocab, and with mask held-out shards (data.val) without boundaries or with another id. Returns 0 or -1. The
+ * command line calls it on every spec it loads (cli/main.c, gen/tune.c, cli/cmd_tune.c); a dataset opened on an
+ * unresolved spec resolves it the same way. */
+int cp_data_resolve_documents(cp_spec *spec, char *err, int errlen);
 
 /* Open spec->data.source for spec->train.seq_len and spec->model.vocab. The synthetic seed is spec->init.seed. With
  * data.val = "split:<fraction>" the stream is the shards' sequences before the held-out part (cp_val_split_counts),

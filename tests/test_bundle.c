@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "bundle.h"
+#include "data.h"
 #include "jit.h"
 #include "module.h"
 #include "plan.h"
@@ -49,10 +50,12 @@ static int group_teardown(void **state) {
     return 0;
 }
 
+/* The plan of the tiny spec with sets, as the command line makes it: data.documents resolved first. */
 static void load_plan(const char *const *sets, int nsets, cp_plan *plan) {
     cp_spec spec;
     char err[CP_ERR_MAX];
-    if (cp_spec_load("tiny", sets, nsets, &spec, err, sizeof err)) fail_msg("%s", err);
+    if (cp_spec_load("tiny", sets, nsets, &spec, err, sizeof err) || cp_data_resolve_documents(&spec, err, sizeof err))
+        fail_msg("%s", err);
     if (cp_plan_build(&spec, plan, err, sizeof err)) fail_msg("%s", err);
 }
 
@@ -147,6 +150,9 @@ static void test_manifest(void **state) {
             }
         }
     }
+    /* the command line resolved the data's modes before it planned: the bundle says them */
+    assert_non_null(strstr(b.spec_text, "documents = \"stream\""));
+    assert_non_null(strstr(b.spec_text, "positions = \"sequence\""));
     /* the resolved spec runs as the tiny spec */
     cp_spec s;
     assert_int_equal(cp_spec_load_string("spec.lua", b.spec_text, NULL, 0, &s, err, sizeof err), 0);

@@ -18,6 +18,9 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "ring.h"
+#include "sh.h"
+#include "source_tree.h"
 #include "spec.h"
 #include "util.h"
 
@@ -55,7 +58,7 @@ static int32_t *corpus(int64_t n, int32_t base, int32_t vocab) {
 
 static void write_shard(const char *name, int64_t n, int32_t base, int32_t vocab, int bytes) {
     int32_t *t = corpus(n, base, vocab);
-    if (cp_tokens_write(path_in(name), t, n, bytes, err, sizeof err)) fail_msg("%s", err);
+    if (cp_tokens_write(path_in(name), t, n, bytes, -1, err, sizeof err)) fail_msg("%s", err);
     free(t);
 }
 
@@ -80,23 +83,32 @@ static void test_shard_format(void **state) {
     (void)state;
     int32_t t[5] = {1, 2, 65535, 0, 300};
     char *p = path_in("fmt.bin");
-    assert_int_equal(cp_tokens_write(p, t, 5, 2, err, sizeof err), 0);
+    assert_int_equal(cp_tokens_write(p, t, 5, 2, -1, err, sizeof err), 0);
     size_t len;
     unsigned char *b = (unsigned char *)cp_read_file(p, &len);
     assert_int_equal(len, 32 + 10);
     assert_memory_equal(b, "CPGTOK01", 8);
-    unsigned char want_hdr[24] = {1, 0, 0, 0, 2, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    unsigned char want_hdr[24] = {2, 0, 0, 0, 2, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     assert_memory_equal(b + 8, want_hdr, 24);
     unsigned char want_tok[10] = {1, 0, 2, 0, 0xff, 0xff, 0, 0, 0x2c, 0x01};
     assert_memory_equal(b + 32, want_tok, 10);
     free(b);
     /* tokens that do not fit are refused */
     int32_t big[2] = {1, 70000};
-    assert_int_equal(cp_tokens_write(p, big, 2, 2, err, sizeof err), -1);
+    assert_int_equal(cp_tokens_write(p, big, 2, 2, -1, err, sizeof err), -1);
     assert_true(contains(err, "token 1 is 70000") && contains(err, "4-byte"));
     int32_t neg[1] = {-1};
-    assert_int_equal(cp_tokens_write(p, neg, 1, 4, err, sizeof err), -1);
-    assert_int_equal(cp_tokens_write(p, t, 5, 3, err, sizeof err), -1);
+    assert_int_equal(cp_tokens_write(p, neg, 1, 4, -1, err, sizeof err), -1);
+    assert_int_equal(cp_tokens_write(p, t, 5, 3, -1, err, sizeof err), -1);
+    /* version 2 records the end-of-document id + 1 */
+    assert_int_equal(cp_tokens_write(p, t, 5, 2, 300, err, sizeof err), 0);
+    b = (unsigned char *)cp_read_file(p, &len);
+    unsigned char want_eod[8] = {0x2d, 0x01, 0, 0, 0, 0, 0, 0};
+    assert_memory_equal(b + 24, want_eod, 8);
+    free(b);
+    assert_int_equal(cp_tokens_write(p, t, 5, 2, 70000, err, sizeof err), -1);
+    assert_true(contains(err, "end-of-document id 70000 does not fit 2 unsigned bytes"));
+    assert_int_equal(cp_tokens_write(p, t, 5, 4, -2, err, sizeof err), -1);
 }
 
 static void test_roundtrip_and_stepping(void **state) {
@@ -157,17 +169,26 @@ static void test_bad_shards(void **state) {
     write_bytes(p, m, len);
     expect_open_fails(p, 100, 16, 1, "starts with \"\\x93PGTOK01\"");
     memcpy(m, good, len);
-    m[8] = 2;
+    m[8] = 3;
     write_bytes(p, m, len);
-    expect_open_fails(p, 100, 16, 1, "token shard version 2; this cpgen reads version 1");
+    expect_open_fails(p, 100, 16, 1, "token shard version 3; this cpgen reads versions 1 to 2");
     memcpy(m, good, len);
     m[12] = 3;
     write_bytes(p, m, len);
     expect_open_fails(p, 100, 16, 1, "token size 3 bytes");
     memcpy(m, good, len);
+    m[8] = 1; /* version 1: the last field is reserved, 0 */
     m[24] = 1;
     write_bytes(p, m, len);
     expect_open_fails(p, 100, 16, 1, "reserved header field is 1");
+    memcpy(m, good, len);
+    m[24] = 101; /* version 2: end-of-document id 100, not a token of vocabulary 100 */
+    write_bytes(p, m, len);
+    expect_open_fails(p, 100, 16, 3, "x.bin", "end-of-document id is 100, not below model.vocab = 100", "model_vocab");
+    memcpy(m, good, len);
+    m[26] = 2; /* id 0x1ffff in 2-byte tokens */
+    write_bytes(p, m, len);
+    expect_open_fails(p, 1 << 20, 16, 1, "end-of-document id is 131071, which 2-byte tokens cannot hold");
     write_bytes(p, good, len - 3); /* truncated */
     expect_open_fails(p, 100, 16, 3, "x.bin", "says 40 tokens (80 bytes)",
                       "holds 77 bytes after the header: it is truncated");
@@ -190,7 +211,7 @@ static void test_bad_shards(void **state) {
     /* a token >= vocab: reported when read, with the file, the index and the value */
     int32_t *t = corpus(40, 0, 100);
     t[21] = 77;
-    assert_int_equal(cp_tokens_write(p, t, 40, 2, err, sizeof err), 0);
+    assert_int_equal(cp_tokens_write(p, t, 40, 2, -1, err, sizeof err), 0);
     cp_tokens r;
     if (cp_tokens_open(&r, p, 50, 16, err, sizeof err)) fail_msg("%s", err);
     int32_t seq[17];
@@ -582,6 +603,461 @@ static void test_dataset_copy(void **state) {
     free(full), free(fullt), free(tok), free(tgt);
 }
 
+/* Shards of version 1 (hand-made header: version 1, reserved 0) and 2 side by side. */
+static void write_shard_v(const char *name, const int32_t *t, int64_t n, int version, int64_t eod) {
+    if (cp_tokens_write(path_in(name), t, n, 2, eod, err, sizeof err)) fail_msg("%s", err);
+    if (version == 1) {
+        size_t len;
+        unsigned char *b = (unsigned char *)cp_read_file(path_in(name), &len);
+        b[8] = 1;
+        memset(b + 24, 0, 8);
+        write_bytes(path_in(name), b, len);
+        free(b);
+    }
+}
+
+/* Version 2 carries the end-of-document id; version 1 is read as before, with none; the shards of a source agree or
+ * are refused naming a shard of each kind; the headers alone (cp_tokens_probe) say the same, and nothing matching
+ * is not an error there. */
+static void test_shard_eod(void **state) {
+    (void)state;
+    cp_mkdir_p(path_in("eod"));
+    int32_t *t = corpus(40, 0, 100);
+    write_shard_v("eod/a1.bin", t, 40, 2, 7);
+    write_shard_v("eod/a2.bin", t, 40, 2, 7);
+    write_shard_v("eod/v1.bin", t, 40, 1, -1);
+    write_shard_v("eod/v2none.bin", t, 40, 2, -1);
+    write_shard_v("eod/b9.bin", t, 40, 2, 9);
+    cp_tokens r;
+    if (cp_tokens_open(&r, path_in("eod/a*.bin"), 100, 16, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(r.eod, 7);
+    cp_tokens_close(&r);
+    /* version 1 and version 2 without an id: both none, and the same tokens */
+    if (cp_tokens_open(&r, path_in("eod/v*.bin"), 100, 16, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(r.eod, -1);
+    assert_int_equal(r.nshards, 2);
+    int32_t seq[17];
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(cp_tokens_read(&r, 0, 17, seq, true, err, sizeof err), 0);
+        for (int i = 0; i < 17; i++) assert_int_equal(seq[i], (k % 2) * 16 + i);
+    }
+    cp_tokens_close(&r);
+    /* disagreeing shards: one id against none, one id against another */
+    expect_open_fails(path_in("eod/[av]*.bin"), 100, 16, 4, "a1.bin has end-of-document id 7", "v1.bin has no "
+                      "end-of-document id", "must agree", "tools/make_tokens.py");
+    expect_open_fails(path_in("eod/[ab]*.bin"), 100, 16, 3, "a1.bin has end-of-document id 7",
+                      "b9.bin has end-of-document id 9", "must agree");
+    expect_open_fails(path_in("eod/a1.bin"), 7, 16, 1, "end-of-document id is 7, not below model.vocab = 7");
+    /* the headers alone */
+    bool found;
+    int64_t eod;
+    assert_int_equal(cp_tokens_probe(path_in("eod/a*.bin"), 100, &found, &eod, err, sizeof err), 0);
+    assert_true(found);
+    assert_int_equal(eod, 7);
+    assert_int_equal(cp_tokens_probe(path_in("eod/v1.bin"), 100, &found, &eod, err, sizeof err), 0);
+    assert_true(found);
+    assert_int_equal(eod, -1);
+    assert_int_equal(cp_tokens_probe(path_in("nowhere/*.bin"), 100, &found, &eod, err, sizeof err), 0);
+    assert_false(found);
+    assert_int_equal(cp_tokens_probe(path_in("eod/[ab]*.bin"), 100, &found, &eod, err, sizeof err), -1);
+    assert_true(contains(err, "b9.bin has end-of-document id 9"));
+    /* a shard shorter than a sequence is no concern of the headers' */
+    assert_int_equal(cp_tokens_probe(path_in("eod/a1.bin"), 100, &found, &eod, err, sizeof err), 0);
+    free(t);
+}
+
+/* The tiny spec with `n` more sets (NULL-terminated list), loaded; returns 0 or the loader's -1. */
+static int tiny_with(cp_spec *spec, const char *const *sets) {
+    int n = 0;
+    while (sets[n]) n++;
+    return cp_spec_load("tiny", sets, n, spec, err, sizeof err);
+}
+
+/* data.documents and positions resolved from the source: mask where the shards carry an id, data.eod is given or the
+ * task is packed, else stream; the refusals name the spec file, the key and the fix. */
+static void test_documents_resolve(void **state) {
+    (void)state;
+    cp_mkdir_p(path_in("rs"));
+    int32_t *t = corpus(40, 0, 100);
+    write_shard_v("rs/v1.bin", t, 40, 1, -1);
+    write_shard_v("rs/v2.bin", t, 40, 2, 7);
+    write_shard_v("rs/w9.bin", t, 40, 2, 9);
+    free(t);
+    char v1[600], v2[600], w9[600], nope[600], val_v1[600], val_w9[600];
+    snprintf(v1, sizeof v1, "data.source=tokens:%s", path_in("rs/v1.bin"));
+    snprintf(v2, sizeof v2, "data.source=tokens:%s", path_in("rs/v2.bin"));
+    snprintf(w9, sizeof w9, "data.source=tokens:%s", path_in("rs/w9.bin"));
+    snprintf(nope, sizeof nope, "data.source=tokens:%s", path_in("rs/absent_*.bin"));
+    snprintf(val_v1, sizeof val_v1, "data.val=tokens:%s", path_in("rs/v1.bin"));
+    snprintf(val_w9, sizeof val_w9, "data.val=tokens:%s", path_in("rs/w9.bin"));
+    const struct {
+        const char *sets[4];
+        int documents, positions; /* 0: refused */
+        const char *says[3];
+    } cases[] = {
+        {{v1}, CP_DOCS_STREAM, CP_POS_SEQUENCE, {NULL}},
+        {{v2}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+        {{v1, "data.eod=5"}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+        {{v2, "data.eod=7"}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+        {{v2, "data.documents=stream"}, CP_DOCS_STREAM, CP_POS_SEQUENCE, {NULL}},
+        {{v2, "data.positions=sequence"}, CP_DOCS_MASK, CP_POS_SEQUENCE, {NULL}},
+        {{"data.source=synthetic:copy"}, CP_DOCS_STREAM, CP_POS_SEQUENCE, {NULL}},
+        /* no shard here (a plan made without the data): stream, or mask where data.eod or the spec says so */
+        {{nope}, CP_DOCS_STREAM, CP_POS_SEQUENCE, {NULL}},
+        {{nope, "data.eod=5"}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+        {{nope, "data.documents=mask"}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+        {{v1, "data.documents=mask"}, 0, 0,
+         {"<embedded>/tiny.lua: data.documents = \"mask\": data.source = \"tokens:", "has no document boundaries "
+          "(its shards carry no end-of-document id and data.eod is not set)", "set data.eod to the id that ends "
+          "documents in the shards, or remake them with tools/make_tokens.py"}},
+        {{v1, "data.positions=document"}, 0, 0,
+         {"<embedded>/tiny.lua: data.positions = \"document\"", "(data.source has no document boundaries)",
+          "data.positions = \"sequence\""}},
+        {{v2, "data.eod=5"}, 0, 0,
+         {"<embedded>/tiny.lua: data.eod = 5, but the shards of data.source", "carry end-of-document id 7",
+          "remove data.eod (the shards' own is used) or set it to 7"}},
+        {{v2, val_v1}, 0, 0,
+         {"data.documents = \"mask\": the shards of data.val", "carry no end-of-document id", "set data.eod"}},
+        {{v2, val_w9}, 0, 0,
+         {"data.val = \"tokens:", "end documents with id 9, and those of data.source", "with 7"}},
+        {{v2, val_v1, "data.documents=stream"}, CP_DOCS_STREAM, CP_POS_SEQUENCE, {NULL}},
+        {{v1, val_v1, "data.eod=5"}, CP_DOCS_MASK, CP_POS_DOCUMENT, {NULL}},
+    };
+    for (size_t k = 0; k < CP_ARRAY_LEN(cases); k++) {
+        cp_spec spec;
+        if (tiny_with(&spec, cases[k].sets)) fail_msg("case %zu: %s", k, err);
+        int rc = cp_data_resolve_documents(&spec, err, sizeof err);
+        if (!cases[k].documents) {
+            if (rc != -1) fail_msg("case %zu resolved", k);
+            for (int f = 0; f < 3 && cases[k].says[f]; f++)
+                if (!contains(err, cases[k].says[f])) fail_msg("case %zu: no \"%s\" in: %s", k, cases[k].says[f], err);
+            /* a dataset opened on the unresolved spec refuses it alike */
+            if (tiny_with(&spec, cases[k].sets)) fail_msg("%s", err);
+            cp_dataset d;
+            assert_int_equal(cp_dataset_open(&d, &spec, err, sizeof err), -1);
+            if (!contains(err, cases[k].says[0])) fail_msg("case %zu, the dataset: %s", k, err);
+            continue;
+        }
+        if (rc) fail_msg("case %zu: %s", k, err);
+        if (spec.data.documents != cases[k].documents || spec.data.positions != cases[k].positions)
+            fail_msg("case %zu: documents %d, positions %d", k, spec.data.documents, spec.data.positions);
+        /* resolving again changes nothing; a dataset on the unresolved spec takes the same mode */
+        cp_spec again = spec;
+        assert_int_equal(cp_data_resolve_documents(&again, err, sizeof err), 0);
+        assert_memory_equal(&again.data, &spec.data, sizeof spec.data);
+        if (cases[k].sets[0] == nope) continue;
+        if (tiny_with(&spec, cases[k].sets)) fail_msg("%s", err);
+        const char *seq16[] = {"train.seq_len=16"};
+        cp_spec s16;
+        const char *all[6] = {0};
+        int n = 0;
+        while (cases[k].sets[n]) all[n] = cases[k].sets[n], n++;
+        all[n] = seq16[0];
+        if (tiny_with(&s16, all)) fail_msg("%s", err);
+        cp_dataset d;
+        if (cp_dataset_open(&d, &s16, err, sizeof err)) fail_msg("case %zu: %s", k, err);
+        assert_int_equal(d.documents, cases[k].documents);
+        if (cases[k].documents == CP_DOCS_MASK && !strcmp(cases[k].sets[0], v2)) assert_int_equal(d.eod, 7);
+        if (cases[k].sets[0] == v1 && cases[k].documents == CP_DOCS_MASK) assert_int_equal(d.eod, 5);
+        if (cases[k].documents == CP_DOCS_STREAM) assert_int_equal(d.eod, -1);
+        cp_dataset_close(&d);
+    }
+}
+
+/* The command line resolves every spec it loads: a refusal is a spec error (exit 2, the file and the key), and a plan
+ * on a machine without the shards goes ahead. */
+static void test_documents_cli(void **state) {
+    (void)state;
+    if (access("build/cpgen", X_OK)) {
+        print_message("    no build/cpgen from %s: skipped\n", getcwd(err, sizeof err) ? err : "?");
+        skip();
+    }
+    cp_mkdir_p(path_in("cli"));
+    int32_t *t = corpus(4097, 0, 100);
+    write_shard_v("cli/v1.bin", t, 4097, 1, -1);
+    free(t);
+    char cmd[1400], *out;
+    snprintf(cmd, sizeof cmd, "build/cpgen plan tiny --set 'data.source=tokens:%s' --set data.documents=mask",
+             path_in("cli/v1.bin"));
+    assert_int_equal(sh(cmd, &out), 2);
+    if (!contains(out, "cpgen: <embedded>/tiny.lua: data.documents = \"mask\": data.source = \"tokens:") ||
+        !contains(out, "set data.eod"))
+        fail_msg("%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "build/cpgen plan tiny --set 'data.source=tokens:%s' --set data.documents=mask",
+             path_in("cli/absent_*.bin"));
+    assert_int_equal(sh(cmd, &out), 0);
+    free(out);
+}
+
+static void docs_copy_push(cp_docs *d, int32_t start) {
+    if (d->n == d->cap) {
+        d->cap = d->cap ? 2 * d->cap : 8;
+        d->start = realloc(d->start, (size_t)d->cap * sizeof *d->start);
+    }
+    d->start[d->n++] = start;
+}
+
+/* Two shards with end-of-document tokens (500) at chosen places, sequences of S = 16 (docs/DATA.md: sequence k of a
+ * shard is its tokens [16k, 16k + 17)). Shard a (49 tokens, 3 sequences): ids at 0 (position 0 of sequence 0), 5 and
+ * 6 (a document of one token), 15 (position S - 1: no document starts after it in this sequence), 19, 32 (position 0
+ * of sequence 2, which so starts in the middle of the document before) and 48 (sequence 2's last target). Shard b
+ * (33 tokens, 2 sequences): ids at 7 and 30. */
+enum { DOC_EOD = 500, DOC_S = 16, DOC_SEQS = 5 };
+static const struct {
+    int nstart, start[5], nend, end[5]; /* documents' starts; positions holding the id (no target there) */
+} doc_want[DOC_SEQS] = {
+    {4, {0, 1, 6, 7}, 4, {0, 5, 6, 15}}, /* a, 0: the id at 0, two in a row, and at S - 1 */
+    {2, {0, 4}, 1, {3}},                 /* a, 1: its last target (token 32) is an id, allowed */
+    {2, {0, 1}, 1, {0}},                 /* a, 2: starts mid-document, ended at once */
+    {2, {0, 8}, 1, {7}},                 /* b, 0: the next shard, a document of its own from position 0 */
+    {2, {0, 15}, 1, {14}},               /* b, 1 */
+};
+
+static void write_doc_shards(const char *dir) {
+    char name[64];
+    int32_t a[49], b[33];
+    for (int i = 0; i < 49; i++) a[i] = i % 400 + 1;
+    for (int i = 0; i < 33; i++) b[i] = 100 + i;
+    const int ae[] = {0, 5, 6, 15, 19, 32, 48}, be[] = {7, 30};
+    for (size_t k = 0; k < CP_ARRAY_LEN(ae); k++) a[ae[k]] = DOC_EOD;
+    for (size_t k = 0; k < CP_ARRAY_LEN(be); k++) b[be[k]] = DOC_EOD;
+    cp_mkdir_p(path_in(dir));
+    snprintf(name, sizeof name, "%s/a.bin", dir);
+    if (cp_tokens_write(path_in(name), a, 49, 2, DOC_EOD, err, sizeof err)) fail_msg("%s", err);
+    snprintf(name, sizeof name, "%s/b.bin", dir);
+    if (cp_tokens_write(path_in(name), b, 33, 4, DOC_EOD, err, sizeof err)) fail_msg("%s", err);
+}
+
+/* The tiny spec over those shards with 16-token sequences and one more set (or none). */
+static void doc_spec(cp_spec *spec, const char *dir, const char *more, const char *more2) {
+    char src[600], glob[64];
+    snprintf(glob, sizeof glob, "%s/*.bin", dir);
+    snprintf(src, sizeof src, "data.source=tokens:%s", path_in(glob));
+    const char *sets[] = {src, "train.seq_len=16", "train.eval_sequences=1", more, more2};
+    if (cp_spec_load("tiny", sets, 3 + (more != NULL) + (more2 != NULL), spec, err, sizeof err)) fail_msg("%s", err);
+}
+
+static void expect_docs(const cp_docs *d, int seq) {
+    int k = seq % DOC_SEQS;
+    if (d->n != doc_want[k].nstart) fail_msg("sequence %d: %lld documents, not %d", seq, (long long)d->n,
+                                             doc_want[k].nstart);
+    for (int i = 0; i < doc_want[k].nstart; i++) assert_int_equal(d->start[i], doc_want[k].start[i]);
+}
+
+/* The targets of a whole sequence's tokens tok[0, S] (S + 1): the next token, but -1 at a document's end. */
+static void expect_targets(const int32_t *tok, const int32_t *tgt, int seq, bool mask) {
+    int k = seq % DOC_SEQS, ends = 0;
+    for (int i = 0; i < DOC_S; i++) {
+        bool end = false;
+        for (int e = 0; e < doc_want[k].nend; e++) end |= doc_want[k].end[e] == i;
+        assert_int_equal(tok[i] == DOC_EOD, end); /* the shards are what the table says */
+        ends += end;
+        assert_int_equal(tgt[i], end && mask ? -1 : tok[i + 1]);
+    }
+    assert_int_equal(ends, doc_want[k].nend);
+}
+
+/* Boundaries from end-of-document tokens on every rank: the whole sequence's starts whatever the slice, targets -1 at
+ * the ids and the loss divisors counting that (with mask), the same tokens and one document (stream), the same on
+ * several groups, after a resume, and in the held-out part of a split. */
+static void test_dataset_documents(void **state) {
+    (void)state;
+    write_doc_shards("dd");
+    /* the whole stream as one rank sees it, with its tokens one past each sequence for the targets */
+    cp_tokens r;
+    if (cp_tokens_open(&r, path_in("dd/*.bin"), 512, DOC_S, err, sizeof err)) fail_msg("%s", err);
+    int32_t full[DOC_SEQS][DOC_S + 1];
+    for (int q = 0; q < DOC_SEQS; q++) assert_int_equal(cp_tokens_read(&r, 0, DOC_S + 1, full[q], true, err, sizeof err), 0);
+    cp_tokens_close(&r);
+    int32_t tok[DOC_S], tgt[DOC_S];
+    for (int mask = 0; mask < 2; mask++) {
+        cp_spec spec;
+        doc_spec(&spec, "dd", mask ? NULL : "data.documents=stream", NULL); /* the shards' id: mask by default */
+        for (int C = 1; C <= 4; C *= 2) {
+            cp_dataset d[4];
+            for (int rk = 0; rk < C; rk++)
+                if (cp_dataset_open(&d[rk], &spec, err, sizeof err)) fail_msg("%s", err);
+            assert_int_equal(d[0].documents, mask ? CP_DOCS_MASK : CP_DOCS_STREAM);
+            for (int seq = 0; seq < 2 * DOC_SEQS; seq++) { /* two epochs */
+                int64_t T = DOC_S / C;
+                for (int rk = 0; rk < C; rk++) {
+                    if (cp_dataset_next(&d[rk], rk, C, tok + rk * T, tgt + rk * T, err, sizeof err)) fail_msg("%s", err);
+                    if (mask) expect_docs(&d[rk].docs, seq);
+                    else assert_true(d[rk].docs.n == 1 && d[rk].docs.start[0] == 0);
+                    int64_t want = mask ? DOC_S - doc_want[seq % DOC_SEQS].nend : DOC_S;
+                    assert_int_equal(d[rk].targets_seq, want);
+                    assert_int_equal(d[rk].targets_round, want);
+                }
+                assert_memory_equal(tok, full[seq % DOC_SEQS], sizeof tok);
+                expect_targets(full[seq % DOC_SEQS], tgt, seq, mask);
+            }
+            for (int rk = 0; rk < C; rk++) cp_dataset_close(&d[rk]);
+        }
+    }
+    /* replicas and a ring: R = 2 groups read sequences 2 round + g; each rank holds its zigzag slice, and every rank of
+     * a group the whole sequence's documents; the round's divisor counts both sequences' targets */
+    cp_spec spec;
+    doc_spec(&spec, "dd", NULL, NULL);
+    enum { R = 2, P = 2, C = 2, N = R * P * C };
+    cp_dataset d[N];
+    for (int k = 0; k < N; k++)
+        if (cp_dataset_open(&d[k], &spec, err, sizeof err)) fail_msg("%s", err);
+    cp_data_pos saved;
+    cp_docs after_saved[R] = {{0}};
+    for (int round = 0; round < 4; round++) {
+        for (int k = 0; k < N; k++) {
+            cp_data_slice sl = {.replica = k / (P * C), .replicas = R, .ring_pos = k / C % P, .ring = P,
+                                .rank = k % C, .gpus = C};
+            int32_t st[DOC_S / (P * C)], sg[DOC_S / (P * C)];
+            if (cp_dataset_next_slice(&d[k], &sl, st, sg, err, sizeof err)) fail_msg("%s", err);
+            int seq = 2 * round + sl.replica;
+            expect_docs(&d[k].docs, seq);
+            int64_t want = 2 * DOC_S - doc_want[(2 * round) % DOC_SEQS].nend - doc_want[(2 * round + 1) % DOC_SEQS].nend;
+            assert_int_equal(d[k].targets_round, want);
+            /* each row is the position the zigzag gives it, its target masked at an id */
+            cp_ring_rope_run run[2];
+            int nr = cp_ring_rope_runs(P, sl.ring_pos, DOC_S, C, sl.rank, run);
+            for (int q = 0; q < nr; q++)
+                for (int i = 0; i < run[q].rows; i++) {
+                    const int32_t *f = full[seq % DOC_SEQS];
+                    int64_t pos = run[q].pos0 + i;
+                    assert_int_equal(st[run[q].row0 + i], f[pos]);
+                    assert_int_equal(sg[run[q].row0 + i], f[pos] == DOC_EOD ? -1 : f[pos + 1]);
+                }
+            if (round == 2 && sl.rank == 0 && sl.ring_pos == 0) {
+                after_saved[sl.replica].n = 0;
+                for (int i = 0; i < d[k].docs.n; i++) docs_copy_push(&after_saved[sl.replica], d[k].docs.start[i]);
+            }
+        }
+        if (round == 1) cp_dataset_tell(&d[0], &saved);
+    }
+    for (int k = 0; k < N; k++) cp_dataset_close(&d[k]);
+    /* resumed at the position saved after round 1: round 2's documents again (they follow from the tokens) */
+    for (int g = 0; g < R; g++) {
+        cp_dataset e;
+        if (cp_dataset_open(&e, &spec, err, sizeof err)) fail_msg("%s", err);
+        assert_int_equal(cp_dataset_seek(&e, &saved, err, sizeof err), 0);
+        cp_data_slice sl = {.replica = g, .replicas = R, .ring_pos = 1, .ring = P, .rank = 1, .gpus = C};
+        int32_t st[DOC_S / (P * C)], sg[DOC_S / (P * C)];
+        if (cp_dataset_next_slice(&e, &sl, st, sg, err, sizeof err)) fail_msg("%s", err);
+        assert_int_equal(e.docs.n, after_saved[g].n);
+        assert_memory_equal(e.docs.start, after_saved[g].start, (size_t)e.docs.n * sizeof *e.docs.start);
+        expect_docs(&e.docs, 4 + g);
+        cp_dataset_close(&e);
+        cp_docs_free(&after_saved[g]);
+    }
+    /* the held-out part of a split (the last 2 of 5 sequences: shard b's) is cut into documents alike */
+    doc_spec(&spec, "dd", "data.val=split:0.4", NULL);
+    cp_dataset va;
+    if (cp_dataset_open_val(&va, &spec, err, sizeof err)) fail_msg("%s", err);
+    for (int q = 0; q < 2; q++) {
+        assert_int_equal(cp_dataset_next(&va, 0, 1, tok, tgt, err, sizeof err), 0);
+        expect_docs(&va.docs, 3 + q);
+        expect_targets(full[3 + q], tgt, 3 + q, true);
+        assert_int_equal(va.targets_seq, DOC_S - 1);
+    }
+    cp_dataset_close(&va);
+}
+
+/* cmocka compares floats alone; these are doubles to the last bits */
+#define expect_near(a, b, eps)                                                                                         \
+    do {                                                                                                               \
+        double a_ = (a), b_ = (b);                                                                                     \
+        if (!(fabs(a_ - b_) <= (eps))) fail_msg("%.17g, not %.17g (within %g)", a_, b_, (double)(eps));              \
+    } while (0)
+
+/* A cp_docs of the given starts (the memory is the caller's array). */
+static cp_docs docs_of(int32_t *start, int64_t n) { return (cp_docs){.n = n, .cap = n, .start = start}; }
+
+/* The pure helpers on hand-made documents: RoPE positions restarting at each document, each position's document
+ * bounds, the share of attention tiles a kernel computes and of scores it keeps, and the mean document length of
+ * shards. */
+static void test_docs_helpers(void **state) {
+    (void)state;
+    /* documents [0, 5), [5, 6) (one token), [6, 10), [10, 16) */
+    int32_t st[] = {0, 5, 6, 10};
+    cp_docs d = docs_of(st, 4);
+    int32_t pos[17], ds[16], de[16];
+    const int32_t want_pos[16] = {0, 1, 2, 3, 4, 0, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5};
+    cp_docs_positions(&d, 0, 16, pos);
+    assert_memory_equal(pos, want_pos, sizeof want_pos);
+    for (int first = 0; first < 16; first++) /* any slice: a rank's part, starting mid-document or not */
+        for (int n = 1; first + n <= 16; n++) {
+            memset(pos, 0x7f, sizeof pos);
+            cp_docs_positions(&d, first, n, pos);
+            assert_memory_equal(pos, want_pos + first, (size_t)n * sizeof *pos);
+            assert_int_equal(pos[n], 0x7f7f7f7f); /* nothing past n written */
+        }
+    cp_docs_bounds(&d, 16, ds, de);
+    const int32_t want_ds[16] = {0, 0, 0, 0, 0, 5, 6, 6, 6, 6, 10, 10, 10, 10, 10, 10};
+    const int32_t want_de[16] = {5, 5, 5, 5, 5, 6, 10, 10, 10, 10, 16, 16, 16, 16, 16, 16};
+    assert_memory_equal(ds, want_ds, sizeof ds);
+    assert_memory_equal(de, want_de, sizeof de);
+    /* one document: positions are the sequence's */
+    int32_t zero[] = {0};
+    cp_docs one = docs_of(zero, 1);
+    cp_docs_positions(&one, 3, 5, pos);
+    for (int t = 0; t < 5; t++) assert_int_equal(pos[t], 3 + t);
+
+    /* tiles: 131072 positions in 16 documents of 8192, 128 x 128 tiles. Query tile q (rows 128q ..) computes the key
+     * tiles of its own document up to the diagonal, q mod 64 + 1 of them, against q + 1 causally: 16 x (1 + ... + 64)
+     * = 16 x 2080 = 33280 of 1024 x 1025 / 2 = 524800, 13/205 = 0.0634 (about 1/16). Kept scores: 16 documents of
+     * 8192 x 8193 / 2 against 131072 x 131073 / 2, 8193/131073. */
+    int32_t st16[16];
+    for (int k = 0; k < 16; k++) st16[k] = k * 8192;
+    cp_docs d16 = docs_of(st16, 16);
+    double kept;
+    double f = cp_docs_tile_work(&d16, 131072, 128, 128, &kept);
+    expect_near(f, 13.0 / 205.0, 1e-15);
+    expect_near(kept, 8193.0 / 131073.0, 1e-15);
+    assert_true(fabs(f - 1.0 / 16) < 0.0010);
+    expect_near(cp_docs_tile_work(&one, 131072, 128, 128, &kept), 1.0, 0);
+    expect_near(kept, 1.0, 0);
+    /* 256 positions, documents [0, 100) and [100, 256), 64 x 64 tiles: query tiles 0..3 start in documents 0, 0, 100,
+     * 100, so they compute 1, 2, 2 (key tiles 1-2) and 3 (1-3) of the 1 + 2 + 3 + 4 causal tiles: 8/10. Kept: 100 x
+     * 101 / 2 + 156 x 157 / 2 = 17296 of 256 x 257 / 2 = 32896. */
+    int32_t st2[] = {0, 100};
+    cp_docs d2 = docs_of(st2, 2);
+    expect_near(cp_docs_tile_work(&d2, 256, 64, 64, &kept), 0.8, 1e-15);
+    expect_near(kept, 17296.0 / 32896.0, 1e-15);
+    /* 128-row query tiles over 64-row key tiles: tile 0 computes 2 of 2, tile 1 (first row 128, in the document from
+     * 100) key tiles 1-3 of 0-3: 5/6 */
+    expect_near(cp_docs_tile_work(&d2, 256, 128, 64, NULL), 5.0 / 6.0, 1e-15);
+    /* a last partial tile: S = 200, 64 x 64 tiles, one document: every causal tile, 1 + 2 + 3 + 4 */
+    expect_near(cp_docs_tile_work(&one, 200, 64, 64, NULL), 1.0, 0);
+    assert_true(isnan(cp_docs_tile_work(&d2, 256, 0, 64, &kept)) && isnan(kept));
+    assert_true(isnan(cp_docs_tile_work(&d2, 0, 64, 64, NULL)));
+
+    /* mean document length of the documents' shards (write_doc_shards: shard a ends documents after tokens 0, 5, 6,
+     * 15, 19, 32, 48, shard b after its 7 and 30, i.e. 56 and 79 of the stream) */
+    write_doc_shards("ml");
+    double mean;
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml/*.bin"), 512, -1, 1000, &mean, err, sizeof err), 0);
+    expect_near(mean, 80.0 / 9, 1e-12);
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml/*.bin"), 512, -1, 49, &mean, err, sizeof err), 0);
+    expect_near(mean, 49.0 / 7, 1e-12);
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml/*.bin"), 512, -1, 10, &mean, err, sizeof err), 0);
+    expect_near(mean, 7.0 / 3, 1e-12);
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml/*.bin"), 512, 101, 1000, &mean, err, sizeof err), 0);
+    expect_near(mean, 1.0 * (49 + 1 + 1) / 1, 1e-12); /* another id: shard b's token 101 ends one, at 50 */
+    cp_spec spec; /* through a spec (16-token sequences), and one sequence's length in stream mode */
+    doc_spec(&spec, "ml", NULL, NULL);
+    assert_int_equal(cp_data_mean_doc_len(&spec, 1000, &mean, err, sizeof err), 0);
+    expect_near(mean, 80.0 / 9, 1e-12);
+    doc_spec(&spec, "ml", "data.documents=stream", NULL);
+    assert_int_equal(cp_data_mean_doc_len(&spec, 1000, &mean, err, sizeof err), 0);
+    expect_near(mean, 16.0, 0);
+    cp_mkdir_p(path_in("ml1"));
+    int32_t *t = corpus(40, 0, 100);
+    write_shard_v("ml1/v1.bin", t, 40, 1, -1);
+    free(t);
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml1/v1.bin"), 512, -1, 1000, &mean, err, sizeof err), -1);
+    assert_true(contains(err, "carry no end-of-document id"));
+    assert_int_equal(cp_tokens_mean_doc_len(path_in("ml1/v1.bin"), 512, 77, 1000, &mean, err, sizeof err), 0);
+    expect_near(mean, 40.0, 0); /* no 77 among tokens 0..39: at least 40 */
+}
+
 static int setup(void **state) {
     (void)state;
     const char *tmp = getenv("TMPDIR");
@@ -763,13 +1239,173 @@ static void test_dataset_synthetic_val(void **state) {
     cp_dataset_close(&va);
 }
 
+/* Checks one synthetic:packed sequence document by document (BOS, the copy, the end, the targets) and counts the
+ * kinds of documents the kernels' edge cases need: [0] of 1 token, [1] of exactly 128, [2] ending on a multiple of
+ * 128 and [3] of 64 but not 128 (before S), [4] longer than S/8 (a GPU's slice at 8 GPUs) but not the whole sequence,
+ * [5] one document filling it. */
+static void check_packed(const int32_t *tok, const int32_t *tgt, int64_t S, int64_t V, int64_t kinds[6]) {
+    assert_int_equal(tok[S - 1], CP_PACKED_EOD);
+    cp_docs d = {0};
+    cp_docs_from_tokens(&d, tok, S, CP_PACKED_EOD);
+    for (int64_t k = 0; k < d.n; k++) {
+        int64_t a = d.start[k], b = k + 1 < d.n ? d.start[k + 1] : S, L = b - a, h = L >= 4 ? (L - 2) / 2 : 0;
+        assert_int_equal(tok[b - 1], CP_PACKED_EOD);
+        if (L >= 2) assert_int_equal(tok[a], CP_PACKED_BOS);
+        for (int64_t j = 1; j + 1 < L; j++) {
+            assert_in_range(tok[a + j], CP_PACKED_FIRST, V - 1);
+            if (h && j > h) assert_int_equal(tok[a + j], tok[a + j - h]); /* the copy, h back */
+        }
+        for (int64_t j = 0; j < L; j++) /* scored: the copy after its first token, before the token before the end */
+            assert_int_equal(tgt[a + j], h && j > h && j + 1 <= L - 2 ? tok[a + j + 1] : -1);
+        kinds[0] += L == 1;
+        kinds[1] += L == 128;
+        kinds[2] += b < S && b % 128 == 0;
+        kinds[3] += b < S && b % 64 == 0 && b % 128 != 0;
+        kinds[4] += L > S / 8 && L < S;
+        kinds[5] += L == S;
+    }
+    cp_docs_free(&d);
+}
+
+/* synthetic:packed: a pure function of (seed, index); every document a copy task ending in the end-of-document id;
+ * every kind of length the kernels' edge cases need within a few hundred sequences; mask by default, with each
+ * rank's slice and each replica's docs those of its whole sequence, after a resume too; stream mode scores the same
+ * targets as one document; the held-out stream from 2^62; the chance loss and the mean document length. */
+static void test_packed(void **state) {
+    (void)state;
+    cp_packed p;
+    assert_int_equal(cp_packed_init(&p, 7, 64, 0, err, sizeof err), -1);
+    assert_true(contains(err, "synthetic:packed needs 8 <= model.vocab"));
+    assert_int_equal(cp_packed_init(&p, 512, 15, 0, err, sizeof err), -1);
+    assert_true(contains(err, "train.seq_len >= 16"));
+    enum { S = 2048, V = 512, NSEQ = 400 };
+    assert_int_equal(cp_packed_init(&p, V, S, 0, err, sizeof err), 0);
+    expect_near(cp_packed_chance_loss(&p), log(510.0), 1e-12);
+    int32_t *tok = malloc(4 * S * sizeof *tok), *tgt = tok + S, *t2 = tok + 2 * S, *g2 = tok + 3 * S;
+    int64_t kinds[6] = {0}, docs = 0;
+    for (int64_t n = 0; n < NSEQ; n++) {
+        cp_packed_sequence(&p, n, tok, tgt);
+        check_packed(tok, tgt, S, V, kinds);
+        cp_packed_sequence(&p, n, t2, g2); /* again: the same */
+        assert_memory_equal(tok, t2, S * sizeof *tok);
+        assert_memory_equal(tgt, g2, S * sizeof *tgt);
+        for (int i = 0; i < S; i++) docs += tok[i] == CP_PACKED_EOD;
+    }
+    print_message("    %d sequences of %d: %lld documents; 1 token %lld, 128 %lld, ending on 128k %lld, on 64 (odd) "
+                  "%lld, > S/8 %lld, whole %lld\n", NSEQ, S, (long long)docs, (long long)kinds[0],
+                  (long long)kinds[1], (long long)kinds[2], (long long)kinds[3], (long long)kinds[4],
+                  (long long)kinds[5]);
+    for (int k = 0; k < 6; k++)
+        if (kinds[k] < 3) fail_msg("kind %d of document seen %lld times in %d sequences", k, (long long)kinds[k], NSEQ);
+    cp_packed other;
+    assert_int_equal(cp_packed_init(&other, V, S, 1, err, sizeof err), 0);
+    cp_packed_sequence(&p, 5, tok, tgt);
+    cp_packed_sequence(&p, 6, t2, g2);
+    assert_true(memcmp(tok, t2, S * sizeof *tok) != 0);
+    cp_packed_sequence(&other, 5, t2, g2);
+    assert_true(memcmp(tok, t2, S * sizeof *tok) != 0);
+
+    /* the dataset: the mask by default, the documents of the whole sequence on every rank and replica */
+    const char *sets[] = {"data.source=synthetic:packed", "data.val=synthetic:packed"};
+    cp_spec spec;
+    if (cp_spec_load("tiny", sets, 2, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(spec.train.seq_len, S);
+    cp_spec resolved = spec;
+    assert_int_equal(cp_data_resolve_documents(&resolved, err, sizeof err), 0);
+    assert_int_equal(resolved.data.documents, CP_DOCS_MASK);
+    assert_int_equal(resolved.data.positions, CP_POS_DOCUMENT);
+    enum { R = 2, P = 2, C = 2, N = R * P * C, T = S / (P * C) };
+    cp_dataset d[N];
+    for (int k = 0; k < N; k++)
+        if (cp_dataset_open(&d[k], &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(d[0].documents, CP_DOCS_MASK);
+    assert_int_equal(d[0].eod, CP_PACKED_EOD);
+    expect_near(cp_dataset_chance_loss(&d[0], V), log(510.0), 1e-12);
+    cp_data_pos saved;
+    int32_t st[T], sg[T];
+    for (int round = 0; round < 3; round++) {
+        int64_t round_targets = 0;
+        for (int g = 0; g < R; g++) {
+            cp_packed_sequence(&p, 2 * round + g, tok, tgt);
+            for (int i = 0; i < S; i++) round_targets += tgt[i] >= 0;
+        }
+        for (int k = 0; k < N; k++) {
+            cp_data_slice sl = {.replica = k / (P * C), .replicas = R, .ring_pos = k / C % P, .ring = P,
+                                .rank = k % C, .gpus = C};
+            if (round == 2) { /* resumed: every rank from the position saved after round 1 */
+                cp_dataset_close(&d[k]);
+                if (cp_dataset_open(&d[k], &spec, err, sizeof err)) fail_msg("%s", err);
+                assert_int_equal(cp_dataset_seek(&d[k], &saved, err, sizeof err), 0);
+            }
+            if (cp_dataset_next_slice(&d[k], &sl, st, sg, err, sizeof err)) fail_msg("%s", err);
+            cp_packed_sequence(&p, 2 * round + sl.replica, tok, tgt);
+            cp_docs want = {0};
+            cp_docs_from_tokens(&want, tok, S, CP_PACKED_EOD);
+            assert_int_equal(d[k].docs.n, want.n);
+            assert_memory_equal(d[k].docs.start, want.start, (size_t)want.n * sizeof *want.start);
+            assert_true(want.n >= 1 && want.start[0] == 0);
+            cp_docs_free(&want);
+            assert_int_equal(d[k].targets_round, round_targets);
+            cp_ring_rope_run run[2];
+            int nr = cp_ring_rope_runs(P, sl.ring_pos, S, C, sl.rank, run);
+            for (int q = 0; q < nr; q++) {
+                assert_memory_equal(st + run[q].row0, tok + run[q].pos0, (size_t)run[q].rows * sizeof *st);
+                assert_memory_equal(sg + run[q].row0, tgt + run[q].pos0, (size_t)run[q].rows * sizeof *sg);
+            }
+        }
+        if (round == 1) cp_dataset_tell(&d[N - 1], &saved);
+    }
+    for (int k = 0; k < N; k++) cp_dataset_close(&d[k]);
+    /* stream mode: one document, the same tokens and targets (the task scores nothing across a boundary) */
+    const char *stream[] = {"data.source=synthetic:packed", "data.documents=stream"};
+    if (cp_spec_load("tiny", stream, 2, &spec, err, sizeof err)) fail_msg("%s", err);
+    cp_dataset s1;
+    if (cp_dataset_open(&s1, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(cp_dataset_next(&s1, 0, 1, t2, g2, err, sizeof err), 0);
+    cp_packed_sequence(&p, 0, tok, tgt);
+    assert_memory_equal(t2, tok, S * sizeof *tok);
+    assert_memory_equal(g2, tgt, S * sizeof *tgt);
+    assert_true(s1.docs.n == 1 && s1.docs.start[0] == 0);
+    cp_dataset_close(&s1);
+    /* held out: the sequences from 2^62, cut into documents alike */
+    if (cp_spec_load("tiny", sets, 2, &spec, err, sizeof err)) fail_msg("%s", err);
+    cp_dataset va;
+    if (cp_dataset_open_val(&va, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(cp_dataset_next(&va, 1, 2, t2, g2, err, sizeof err), 0);
+    cp_packed_sequence(&p, CP_VAL_FIRST_SEQUENCE, tok, tgt);
+    assert_memory_equal(t2, tok + S / 2, S / 2 * sizeof *tok);
+    cp_docs want = {0};
+    cp_docs_from_tokens(&want, tok, S, CP_PACKED_EOD);
+    assert_int_equal(va.docs.n, want.n);
+    assert_memory_equal(va.docs.start, want.start, (size_t)want.n * sizeof *want.start);
+    cp_docs_free(&want);
+    cp_dataset_close(&va);
+    /* the mean document length over the first 8 sequences; one sequence's length in stream mode */
+    double mean;
+    assert_int_equal(cp_data_mean_doc_len(&spec, 8 * S, &mean, err, sizeof err), 0);
+    int64_t ends = 0;
+    for (int n = 0; n < 8; n++) {
+        cp_packed_sequence(&p, n, tok, tgt);
+        for (int i = 0; i < S; i++) ends += tok[i] == CP_PACKED_EOD;
+    }
+    expect_near(mean, 8.0 * S / (double)ends, 1e-12);
+    assert_true(mean > 1 && mean < S);
+    const char *copy[] = {"data.source=synthetic:copy"};
+    if (cp_spec_load("tiny", copy, 1, &spec, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(cp_data_mean_doc_len(&spec, 8 * S, &mean, err, sizeof err), 0);
+    expect_near(mean, (double)S, 0);
+    free(tok);
+}
+
 static int teardown(void **state) {
     (void)state;
     nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     return 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    (void)argc;
+    go_to_source_tree(argv[0], "tests/specs_bad"); /* where build/cpgen is */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_format),   cmocka_unit_test(test_roundtrip_and_stepping),
         cmocka_unit_test(test_bad_shards),     cmocka_unit_test(test_position_restore),
@@ -778,6 +1414,9 @@ int main(void) {
         cmocka_unit_test(test_dataset_recall), cmocka_unit_test(test_copy), cmocka_unit_test(test_dataset_copy),
         cmocka_unit_test(test_val_split_counts), cmocka_unit_test(test_dataset_split),
         cmocka_unit_test(test_dataset_synthetic_val),
+        cmocka_unit_test(test_shard_eod),      cmocka_unit_test(test_documents_resolve),
+        cmocka_unit_test(test_documents_cli),  cmocka_unit_test(test_dataset_documents),
+        cmocka_unit_test(test_docs_helpers),   cmocka_unit_test(test_packed),
     };
     return cmocka_run_group_tests_name("data", tests, setup, teardown) ? 1 : 0;
 }

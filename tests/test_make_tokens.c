@@ -7,6 +7,8 @@
  *   - the shards are --shard-tokens long but the last, which is never shorter than half of that;
  *   - <out>.json says the vocabulary (257), the model.vocab to train with (320), the end-of-document id, documents
  *     and tokens per split and the data sources;
+ *   - every header is version 2 and carries that id, so cpgen finds the documents (data.documents = "mask");
+ *   - llm.c files converted token for token, with --eod's id in the headers, or none without it;
  *   - the same inputs give the same bytes again; bad options are refused with a message.
  * With the `tokenizers` package, --train-bpe too: tokenizer.json beside the shards, ids below its vocabulary, the
  * end-of-document id between documents, and the documents decoded back exactly; without it, that case is skipped
@@ -84,11 +86,20 @@ static int make_tokens(const char *args, char **out) {
     return sh(cmd, out);
 }
 
-/* Every token of the shards matching pattern, in order; their count in *n and each shard's in counts. Each shard
- * is read as one sequence of its whole length, by a reader of that one file. */
-static int32_t *read_all(const char *pattern, int64_t vocab, int64_t *n, int64_t *counts, int *nshards) {
+/* Every token of the shards matching pattern, in order; their count in *n and each shard's in counts, and the
+ * end-of-document id their headers carry (version 2) in *eod. Each shard is read as one sequence of its whole length,
+ * by a reader of that one file. */
+static int32_t *read_all(const char *pattern, int64_t vocab, int64_t *n, int64_t *counts, int *nshards, int64_t *eod) {
     cp_tokens r;
     if (cp_tokens_open(&r, pattern, vocab, 1, err, sizeof err)) fail_msg("%s", err);
+    *eod = r.eod;
+    for (int s = 0; s < r.nshards; s++) { /* every header of version 2 */
+        size_t len;
+        unsigned char *b = (unsigned char *)cp_read_file(r.paths[s], &len);
+        assert_true(b && len >= 32);
+        assert_int_equal(b[8] | b[9] << 8, 2);
+        free(b);
+    }
     int64_t total = 0;
     for (int s = 0; s < r.nshards; s++) total += r.counts[s], counts[s] = r.counts[s];
     *nshards = r.nshards;
@@ -206,9 +217,10 @@ static void test_byte_level(void **state) {
     for (int side = 0; side < 2; side++) {
         const cp_json *s = side ? vsrc : src;
         snprintf(pat, sizeof pat, "%s", s->string + 7); /* after "tokens:" */
-        int64_t n, counts[64], want_n;
+        int64_t n, counts[64], want_n, eod;
         int nshards;
-        int32_t *got = read_all(pat, 320, &n, counts, &nshards), *want = expected(val, side, &want_n);
+        int32_t *got = read_all(pat, 320, &n, counts, &nshards, &eod), *want = expected(val, side, &want_n);
+        assert_int_equal(eod, 256); /* the headers say where documents end */
         assert_int_equal(n, want_n);
         assert_memory_equal(got, want, sizeof(int32_t) * (size_t)n);
         assert_int_equal(json_int(sh_, side ? "val" : "train", "tokens"), n);
@@ -245,6 +257,7 @@ static void test_refused(void **state) {
         {"--byte-level --byte-level --train-bpe 100 --out '%s/x/t' '%s/docs'", "not allowed with"},
         {"--train-bpe 100 --out '%s/x/t' '%s/docs'", "--train-bpe 100: a vocabulary of 257"},
         {"--out '%s/x/t' '%s/docs'", "one of the arguments"},
+        {"--byte-level --eod 3 --out '%s/x/t' '%s/docs'", "--eod names the separator of llm.c files"},
     };
     for (size_t k = 0; k < CP_ARRAY_LEN(cases); k++) {
         snprintf(args, sizeof args, cases[k].args, root, root);
@@ -253,6 +266,40 @@ static void test_refused(void **state) {
             fail_msg("make_tokens.py %s: exit %d, expected a refusal saying \"%s\": %s", args, rc, cases[k].says, out);
         free(out);
     }
+}
+
+/* llm.c files converted: the same tokens, and with --eod the id recorded in the headers (without it, none). */
+static void test_llmc(void **state) {
+    (void)state;
+    char p[600], args[1400], *out;
+    snprintf(p, sizeof p, "%s/llmc_train_000000.bin", root);
+    int32_t hdr[256] = {20240520, 1, 300};
+    uint16_t tok[300];
+    for (int i = 0; i < 300; i++) tok[i] = (uint16_t)(i % 7 == 0 ? 50256 : i * 13 % 50000);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(hdr, 4, 256, f), 256);
+    assert_int_equal(fwrite(tok, 2, 300, f), 300);
+    fclose(f);
+    for (int with = 0; with < 2; with++) {
+        snprintf(args, sizeof args, "--from-llmc %s--out '%s/llmc%d/s' '%s'", with ? "--eod 50256 " : "", root, with, p);
+        int rc = make_tokens(args, &out);
+        if (rc) fail_msg("make_tokens.py %s: exit %d: %s", args, rc, out);
+        free(out);
+        int64_t n, counts[4], eod;
+        int nshards;
+        snprintf(p, sizeof p, "%s/llmc%d/s_[0-9]*.bin", root, with);
+        int32_t *t = read_all(p, 50304, &n, counts, &nshards, &eod);
+        assert_int_equal(n, 300);
+        for (int i = 0; i < 300; i++) assert_int_equal(t[i], tok[i]);
+        assert_int_equal(eod, with ? 50256 : -1);
+        free(t);
+        snprintf(p, sizeof p, "%s/llmc_train_000000.bin", root);
+    }
+    snprintf(args, sizeof args, "--from-llmc --eod 70000 --out '%s/llmc9/s' '%s'", root, p);
+    int rc = make_tokens(args, &out);
+    if (rc == 0 || !strstr(out, "--eod 70000: not a token id of these 2-byte files")) fail_msg("exit %d: %s", rc, out);
+    free(out);
 }
 
 static void test_bpe(void **state) {
@@ -284,10 +331,11 @@ static void test_bpe(void **state) {
     int64_t vocab = json_int(&j, "vocab_size", NULL), eod = json_int(&j, "eod_id", NULL);
     assert_true(vocab > 257 && vocab <= 300);
     assert_int_equal(eod, 0); /* the special token comes first */
-    int64_t n, counts[64];
+    int64_t n, counts[64], hdr_eod;
     int nshards;
     snprintf(p, sizeof p, "%s/bpe/text_[0-9]*.bin", root);
-    int32_t *t = read_all(p, vocab, &n, counts, &nshards); /* every id below the vocabulary, or it fails */
+    int32_t *t = read_all(p, vocab, &n, counts, &nshards, &hdr_eod); /* every id below the vocabulary, or it fails */
+    assert_int_equal(hdr_eod, eod);
     int eods = 0;
     for (int64_t i = 0; i < n; i++) eods += t[i] == eod;
     assert_int_equal(eods, json_int(cp_json_get(&j, "shards"), "train", "documents"));
@@ -356,6 +404,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_byte_level),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_llmc),
         cmocka_unit_test(test_bpe),
     };
     return cmocka_run_group_tests_name("make_tokens", tests, setup, teardown) ? 1 : 0;

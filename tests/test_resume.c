@@ -260,7 +260,7 @@ static void make_shards(const char *dir, int nshards) {
         for (int64_t i = 0; i < sizes[s]; i++) t[i] = (int32_t)((s * 977 + i * 7 + i / 513) % 512);
         char p[600];
         snprintf(p, sizeof p, "%s/shard_%d.bin", dir, s);
-        if (cp_tokens_write(p, t, sizes[s], 2, err, sizeof err)) fail_msg("%s", err);
+        if (cp_tokens_write(p, t, sizes[s], 2, -1, err, sizeof err)) fail_msg("%s", err);
         free(t);
     }
 }

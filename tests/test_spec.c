@@ -540,6 +540,80 @@ static void test_eval_keys(void **state) {
     cp_str_free(&text);
 }
 
+/* data.documents, positions and eod: AUTO (0) and -1 when not given; the values read; the rules that need no file;
+ * written back only where given, and read again to the same spec. (What the shards say: tests/test_data.c.) */
+static void test_document_keys(void **state) {
+    (void)state;
+    load_ok("tiny", NULL, 0);
+    assert_int_equal(spec.data.documents, CP_DOCS_AUTO);
+    assert_int_equal(spec.data.positions, CP_POS_AUTO);
+    assert_int_equal(spec.data.eod, -1);
+    cp_str text = {0};
+    cp_spec_write_lua(&spec, &text);
+    if (strstr(text.data, "documents") || strstr(text.data, "positions") || strstr(text.data, "eod ="))
+        fail_msg("written without document keys:\n%s", text.data);
+    cp_str_free(&text);
+    const char *keys[] = {"data.source=tokens:x/*.bin", "data.documents=mask", "data.positions=sequence",
+                          "data.eod=300"};
+    load_ok("tiny", keys, 4);
+    assert_int_equal(spec.data.documents, CP_DOCS_MASK);
+    assert_int_equal(spec.data.positions, CP_POS_SEQUENCE);
+    assert_int_equal(spec.data.eod, 300);
+    cp_spec a = spec, b;
+    cp_spec_write_lua(&a, &text);
+    assert_contains(text.data, "documents = \"mask\"");
+    assert_contains(text.data, "positions = \"sequence\"");
+    assert_contains(text.data, "eod = 300");
+    if (cp_spec_load_string("resolved.lua", text.data, NULL, 0, &b, err, sizeof err)) fail_msg("%s", err);
+    assert_true(cp_spec_same(&a, &b));
+    assert_int_equal(b.data.eod, 300);
+    assert_int_equal(b.data.documents, CP_DOCS_MASK);
+    cp_str_free(&text);
+    const char *stream[] = {"data.source=synthetic:copy", "data.documents=stream"};
+    load_ok("tiny", stream, 2);
+    assert_int_equal(spec.data.documents, CP_DOCS_STREAM);
+    assert_int_equal(spec.data.positions, CP_POS_AUTO);
+    /* refused without looking at any file */
+    const struct {
+        const char *sets[3], *says[2];
+    } bad[] = {
+        {{"data.documents=masked"}, {"data.documents = \"masked\": not a valid choice; did you mean \"mask\"?",
+                                      "(from --set data.documents=masked)"}},
+        {{"data.positions=doc"}, {"data.positions = \"doc\"", "did you mean \"document\"?"}},
+        {{"data.source=synthetic:copy", "data.documents=mask"},
+         {"data.documents = \"mask\": data.source = \"synthetic:copy\" has no document boundaries",
+          "or data.documents = \"stream\""}},
+        {{"data.source=tokens:x/*.bin", "data.documents=stream", "data.positions=document"},
+         {"data.positions = \"document\": positions restart at each document only where attention stays inside "
+          "documents", "set data.documents = \"mask\", or data.positions = \"sequence\""}},
+        {{"data.source=synthetic:recall", "data.positions=document"},
+         {"data.positions = \"document\"", "(data.source has no document boundaries)"}},
+        {{"data.source=tokens:x/*.bin", "data.eod=512"},
+         {"data.eod = 512: not below model.vocab (512)", "eod_id"}},
+        {{"data.source=tokens:x/*.bin", "data.eod=-2"}, {"data.eod = -2: must be a token id, at least 0", NULL}},
+        {{"data.source=synthetic:copy", "data.eod=3"},
+         {"data.eod = 3: the end-of-document id of tokens: shards", "remove it"}},
+        {{"data.source=tokens:x/*.bin", "data.eod=end"}, {"data.eod: expected an integer", NULL}},
+    };
+    for (size_t k = 0; k < CP_ARRAY_LEN(bad); k++) {
+        int n = 0;
+        while (n < 3 && bad[k].sets[n]) n++;
+        if (load_bad("tiny", bad[k].sets, n) != -1) fail_msg("case %zu loaded", k);
+        for (int f = 0; f < 2 && bad[k].says[f]; f++) assert_contains(err, bad[k].says[f]);
+        assert_contains(err, "<embedded>/tiny.lua: data.");
+    }
+    /* data.eod with held-out shards alone is theirs */
+    const char *val_eod[] = {"data.source=synthetic:copy", "data.val=tokens:v/*.bin", "data.eod=3"};
+    load_ok("tiny", val_eod, 3);
+    assert_int_equal(spec.data.eod, 3);
+    /* cp_spec_check sees a mode set in C */
+    load_ok("tiny", stream, 2);
+    cp_spec s = spec;
+    s.data.positions = CP_POS_DOCUMENT;
+    assert_int_equal(cp_spec_check(&s, err, sizeof err), -1);
+    assert_contains(err, "data.positions = \"document\"");
+}
+
 static void test_names(void **state) {
     (void)state;
     assert_string_equal(cp_family_name(CP_FAMILY_LLAMA), "llama");
@@ -735,6 +809,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_set_overrides), cmocka_unit_test(test_inheritance),
         cmocka_unit_test(test_upipe_auto),    cmocka_unit_test(test_check),
         cmocka_unit_test(test_replicas_ring), cmocka_unit_test(test_eval_keys),
+        cmocka_unit_test(test_document_keys),
         cmocka_unit_test(test_names),         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_limits_inside_library_calls), cmocka_unit_test(test_loads_follow_the_working_folder),
     };

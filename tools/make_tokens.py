@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""make_tokens.py: write cpgen token shards (docs/DATA.md: 32-byte header "CPGTOK01", u32 version 1, u32 token
-bytes, u64 count, u64 reserved 0, then little-endian tokens) from text, with an end-of-document token after every
-document, optionally holding documents out for validation shards.
+"""make_tokens.py: write cpgen token shards (docs/DATA.md: 32-byte header "CPGTOK01", u32 version 2, u32 token
+bytes, u64 count, u64 end-of-document id + 1, then little-endian tokens) from text, with an end-of-document token
+after every document, optionally holding documents out for validation shards. The header records the
+end-of-document id, so cpgen finds where documents begin (data.documents = "mask").
 
     # train a byte-level BPE tokenizer of 32K tokens on the inputs (needs the `tokenizers` package, no network),
     # hold out 2% of the documents for validation
@@ -12,7 +13,8 @@ document, optionally holding documents out for validation shards.
     # a Hugging Face tokenizer by name or folder (needs `transformers`, and the network for a name)
     python3 tools/make_tokens.py --tokenizer meta-llama/Llama-3.1-8B --out data/shard *.txt
     # llm.c shards (fineweb_train_000001.bin, ...) converted without re-tokenising
-    python3 tools/make_tokens.py --from-llmc --out data/shard fineweb_train_*.bin
+    # (--eod 50256: their GPT-2 <|endoftext|>, which separates documents, recorded in the headers)
+    python3 tools/make_tokens.py --from-llmc --eod 50256 --out data/shard fineweb_train_*.bin
 
 Inputs are files, folders (searched recursively; --include and --exclude choose files by name or path) and glob
 patterns (`**` matches folders at any depth). Each file is one document; a file that is not UTF-8 text (or holds a
@@ -188,14 +190,15 @@ class HuggingFace:
 # shards
 
 
-def write_shard(path, tokens, width):
+def write_shard(path, tokens, width, eod):
+    """Version 2: the last header field is the end-of-document id + 1 (0: none)."""
     a = array.array("H" if width == 2 else "I", tokens)
     assert a.itemsize == width
     if sys.byteorder == "big":
         a.byteswap()
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<IIQQ", 1, width, len(a), 0))
+        f.write(MAGIC + struct.pack("<IIQQ", 2, width, len(a), 0 if eod is None else eod + 1))
         f.write(a.tobytes())
     os.replace(tmp, path)  # atomic: a reader never sees half a shard
 
@@ -204,8 +207,8 @@ class ShardWriter:
     """Tokens in, shards of shard_tokens out; the last shard, when shorter than half of that, joins the one before
     (a short shard holds no long sequence: cpgen refuses a shard of fewer than seq_len + 1 tokens)."""
 
-    def __init__(self, prefix, shard_tokens, width):
-        self.prefix, self.n, self.width = prefix, shard_tokens, width
+    def __init__(self, prefix, shard_tokens, width, eod):
+        self.prefix, self.n, self.width, self.eod = prefix, shard_tokens, width, eod
         self.buf = array.array("I")
         self.paths, self.counts = [], []
         self.pending = None  # the last full shard, held until the remainder is known
@@ -223,7 +226,7 @@ class ShardWriter:
 
     def _write(self, tokens):
         path = f"{self.prefix}_{len(self.paths):06d}.bin"
-        write_shard(path, tokens, self.width)
+        write_shard(path, tokens, self.width, self.eod)
         self.paths.append(path)
         self.counts.append(len(tokens))
 
@@ -243,7 +246,7 @@ class ShardWriter:
 
 
 def tokenize_split(docs, tok, prefix, shard_tokens, width, batch=256):
-    w = ShardWriter(prefix, shard_tokens, width)
+    w = ShardWriter(prefix, shard_tokens, width, tok.eod_id)
     for at in range(0, len(docs), batch):
         for ids in tok.encode([t for _, t in docs[at:at + batch]]):
             if len(ids) and max(ids) >= tok.vocab_size:
@@ -296,6 +299,8 @@ def main():
     how.add_argument("--byte-level", action="store_true", help="one token per byte, vocabulary 256 + end of document")
     how.add_argument("--tokenizer", help="a Hugging Face tokenizer's name or folder")
     how.add_argument("--from-llmc", action="store_true", help="inputs are llm.c token files")
+    ap.add_argument("--eod", type=int, help="with --from-llmc: the id that separates their documents (50256 for "
+                    "GPT-2's), recorded in the headers; without it the shards carry no document boundaries")
     ap.add_argument("--val-fraction", type=float, default=0.0, help="documents held out for <out>_val_*.bin")
     ap.add_argument("--include", action="append", default=[], help="file name or path pattern to take in folders "
                     "and patterns (repeatable; default: every file)")
@@ -314,15 +319,22 @@ def main():
     os.makedirs(folder, exist_ok=True)
     meta = {"format": "cpgen token shards", "shards": {}}
 
+    if a.eod is not None and not a.from_llmc:
+        fail("--eod names the separator of llm.c files (--from-llmc); text gets its tokenizer's own")
     if a.from_llmc:
         if a.val_fraction:
             fail("--val-fraction holds out text documents; llm.c files come tokenised: convert their val files alone")
         files = sorted(a.inputs, key=os.fsencode)
-        w = ShardWriter(a.out, a.shard_tokens, llmc_width(files))
+        width = llmc_width(files)
+        if a.eod is not None and not 0 <= a.eod < 1 << (8 * width):
+            fail(f"--eod {a.eod}: not a token id of these {width}-byte files")
+        w = ShardWriter(a.out, a.shard_tokens, width, a.eod)
         for path in files:
             w.add(read_llmc(path))
         paths, counts = w.close()
         meta.update(tokenizer="llm.c shards (their own tokenizer)")
+        if a.eod is not None:
+            meta["eod_id"] = a.eod
         meta["shards"]["train"] = {"files": [os.path.basename(p) for p in paths], "tokens": sum(counts)}
         meta["data_source"] = f"tokens:{a.out}_[0-9]*.bin"
     else:
@@ -359,7 +371,7 @@ def main():
     for split, s in meta["shards"].items():
         print(f"{split}: {s['tokens']:,} tokens in {len(s['files'])} shard(s)"
               + (f" from {s['documents']:,} documents" if "documents" in s else ""))
-    if "eod_id" in meta:
+    if "vocab_size" in meta:
         print(f"tokenizer: {meta['tokenizer']}, vocabulary {meta['vocab_size']:,} (train with model.vocab = "
               f"{meta['model_vocab']}); end of document: id {meta['eod_id']}")
         skipped = meta["inputs"]["skipped"]
