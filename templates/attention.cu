@@ -43,6 +43,12 @@
 #define DKV_ACCUM {{DKV_ACCUM}}
 #define DQ_ATOMIC {{DQ_ATOMIC}}
 #define DOCS {{DOCS}}
+#if DOCS
+// the entries' extra parameters (the contract above), appended after their usual ones
+#define DOC_PARAMS , const int *__restrict__ doc_start, const int *__restrict__ doc_end, int q_pos, int k_pos
+#else
+#define DOC_PARAMS
+#endif
 #define SOFTMAX_SCALE ((float)({{SCALE}}))
 // exp(x * scale) = exp2(x * scale * log2(e)): one FFMA and one EX2 per score
 #define SCALE_LOG2 ((float)({{SCALE}} * 1.4426950408889634))
@@ -227,11 +233,16 @@ __device__ __forceinline__ void load_rows(u32 tile, const bf16 *g, int valid, in
 #define FWD_BOUNDS __launch_bounds__(FWD_THREADS, 2)
 
 // One key block of the forward for one warp: S = Q K^T, mask (MASK: the block crosses the diagonal or the end of
-// the sequence), online softmax, O += P V. qb, kt, vt are this lane's ldmatrix bases for Q and the block's K, V.
-// The running row max and sum live in shared memory (rstat: this thread's four rows): with 192 accumulator
-// registers, keeping them in registers as well makes ptxas spill.
+// the sequence, or with documents a row's document start), online softmax, O += P V. qb, kt, vt are this lane's
+// ldmatrix bases for Q and the block's K, V. The running row max and sum live in shared memory (rstat: this
+// thread's four rows): with 192 accumulator registers, keeping them in registers as well makes ptxas spill. So do
+// the rows' document starts with documents (slo: those of the block's 128 rows; k_pos: the launch's first key's
+// position).
 template <bool MASK>
 __device__ __forceinline__ void fwd_block(float (&acc)[2][FWD_DT][4], u32 rstat,
+#if DOCS
+                                          u32 slo, int k_pos,
+#endif
                                           u32 qb, u32 kt, u32 vt, int n0, int m0, int warp, int g, int t) {
     qb = opaque(qb), kt = opaque(kt), vt = opaque(vt);
     // S = Q K^T for this warp's 32 rows and the 64 keys
@@ -267,11 +278,19 @@ __device__ __forceinline__ void fwd_block(float (&acc)[2][FWD_DT][4], u32 rstat,
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int lim = CAUSAL ? min(kmax, diag + mt * 16 + hf * 8) : kmax;
+#if DOCS
+                // and the keys before the row's document
+                const int first = (int)lds32(slo + (warp * 32 + mt * 16 + g + hf * 8) * 4) - k_pos - n0 - 2 * t;
+#endif
 #pragma unroll
                 for (int j = 0; j < FWD_NT; j++)
 #pragma unroll
                     for (int e = 0; e < 2; e++)
+#if DOCS
+                        if (j * 8 + e > lim || j * 8 + e < first) s[mt][j][2 * hf + e] = NEG_INF;
+#else
                         if (j * 8 + e > lim) s[mt][j][2 * hf + e] = NEG_INF;
+#endif
             }
     }
 
@@ -332,7 +351,7 @@ __device__ __forceinline__ void fwd_block(float (&acc)[2][FWD_DT][4], u32 rstat,
 extern "C" __global__ void FWD_BOUNDS
 attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v, bf16 *__restrict__ o,
-    float *__restrict__ lse) {
+    float *__restrict__ lse DOC_PARAMS) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int h = blockIdx.x, kvh = h / GROUP;
@@ -343,6 +362,16 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 
     const int n_end = CAUSAL ? min(SEQ, m0 + FWD_BM) : SEQ;
     const int nblocks = (n_end + FWD_BN - 1) / FWD_BN;
+#if DOCS
+    // doc_start grows with the position, so the first row's document start is the first key any row keeps (the
+    // key blocks below it are not computed: none when it lies past the launch's keys), and the last row's is the
+    // last that some row masks (the blocks from it on are whole for every row)
+    const int key_lo = doc_start[q_pos + m0] - k_pos, key_whole = doc_start[q_pos + min(SEQ, m0 + FWD_BM) - 1] - k_pos;
+    const int nb_lo = key_lo >= n_end ? nblocks : max(key_lo, 0) / FWD_BN;
+    // every row's document start, beside the row statistics
+    const u32 slo = sV + 2 * FWD_BN * ROWB + FWD_THREADS * 32;
+    cp_async4(slo + tid * 4, doc_start + q_pos + min(m0 + tid, SEQ - 1), true);
+#endif
 
     load_rows<FWD_BM, FWD_THREADS, QS>(sQ, q + ((long long)m0 * Q_HEADS + h) * HEAD_DIM, SEQ - m0, tid);
     {
@@ -376,7 +405,11 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
         cp_async_wait_all();
         // block nb has landed for every thread, and every warp is done with the buffers of block nb + 1
         __syncthreads();
+#if DOCS
+        if (nb > nb_lo) {
+#else
         if (nb > 0) {
+#endif
             const int n1 = (nb - 1) * FWD_BN;
             load_rows<FWD_BN, FWD_THREADS, KS>(sK + (st ^ 1) * FWD_BN * ROWB, kh + n1 * KS, SEQ - n1, tid);
             load_rows<FWD_BN, FWD_THREADS, KS>(sV + (st ^ 1) * FWD_BN * ROWB, vh + n1 * KS, SEQ - n1, tid);
@@ -384,6 +417,21 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
         }
     };
     int nb = nblocks - 1, st = 0;
+#if DOCS
+    for (; nb >= nb_lo; nb--, st ^= 1) {
+        begin_block(nb, st);
+        const u32 kt = kb + st * FWD_BN * ROWB, vt = vb + st * FWD_BN * ROWB;
+        const int n0 = nb * FWD_BN;
+        if (n0 + FWD_BN > SEQ || (CAUSAL && n0 + FWD_BN - 1 > m0) || n0 < key_whole)
+            fwd_block<true>(acc, rstat, slo, k_pos, qb, kt, vt, n0, m0, warp, g, t);
+        else
+            fwd_block<false>(acc, rstat, slo, k_pos, qb, kt, vt, n0, m0, warp, g, t);
+    }
+    if (nb_lo >= nblocks) { // no key block: the copies into the Q tile, where O is staged, must land first
+        cp_async_wait_all();
+        __syncthreads();
+    }
+#else
     for (; nb >= 0; nb--, st ^= 1) {
         begin_block(nb, st);
         const u32 kt = kb + st * FWD_BN * ROWB, vt = vb + st * FWD_BN * ROWB;
@@ -393,6 +441,7 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
         else
             fwd_block<false>(acc, rstat, qb, kt, vt, n0, m0, warp, g, t);
     }
+#endif
 
     // normalise, write lse, and stage this warp's rows of O in its own (now unused) rows of the Q tile so that the
     // global stores are whole 16-byte chunks of contiguous rows
