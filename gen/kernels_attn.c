@@ -128,8 +128,10 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         d->grid[0] = (unsigned)KVH;
         d->grid[1] = (unsigned)((S + BWD_BN - 1) / BWD_BN);
         d->block = BWD_THREADS;
-        /* K, V; Q, dO double-buffered; P, dS; lse, delta double-buffered; the progress wait's last read */
-        d->smem = (unsigned)((2 * BWD_BN + 4 * BWD_BM) * D * 2 + 2 * BWD_BM * BWD_BN * 2 + 4 * BWD_BM * 4 + 16);
+        /* K, V; Q, dO double-buffered; P, dS; lse, delta double-buffered; the progress wait's last read; with
+         * documents the rows' document starts, double-buffered */
+        d->smem = (unsigned)((2 * BWD_BN + 4 * BWD_BM) * D * 2 + 2 * BWD_BM * BWD_BN * 2 + 4 * BWD_BM * 4 + 16 +
+                             (docs ? 2 * BWD_BM * 4 : 0));
     } else if (strcmp(role, "bwd_sm90") == 0) {
         const int64_t ktile = sm90_tile(BWD_BN, D), qtile = sm90_tile(BWD_BM, D);
         d->grid[0] = (unsigned)KVH;

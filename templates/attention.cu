@@ -502,6 +502,15 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 // dispatched in increasing linear index (blockIdx.x fastest, then blockIdx.y), so that block is already running or
 // done when this one waits, and it waits only for lower blocks itself. This assumption keeps blockIdx.y = key block
 // (the key blocks with the most query blocks, the lowest, start first, which is also what balances the causal load).
+//
+// With documents a key block skips the query blocks past its keys' last document: its loop starts at the tile of
+// the query block holding that document's last position (the tile numbers stay those above). The key blocks that
+// see a query block are then consecutive (from the one holding its first row's document start up to the causal
+// limit), so the first of them stores that block's dQ and waits for no one (it need not be key block 0), and every
+// later one waits for its predecessor as above, which sees the block too: a skipped tile is never waited for, and
+// the order of the sums holds. Query blocks that no key block sees (rows whose documents start past the launch's
+// keys: only in a launch that is not causal) get their zeros from the last key block, which would be the first
+// to see them. Rows of a tile that keep no key get P = 0 from the masks (their lse is -inf).
 #define BWD_BM 64
 #define BWD_BN 128
 #define BWD_THREADS 256
@@ -514,18 +523,27 @@ extern "C" __global__ void BWD_BOUNDS
 attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
     const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta,
-    float *__restrict__ dq_ws, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
+    float *__restrict__ dq_ws, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv DOC_PARAMS) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int kvh = blockIdx.x, n0 = blockIdx.y * BWD_BN; // the key blocks with the most query blocks start first
     const u32 sK = smem_addr(smem), sV = sK + BWD_BN * ROWB, sQ = sV + BWD_BN * ROWB, sdO = sQ + 2 * BWD_BM * ROWB,
               sP = sdO + 2 * BWD_BM * ROWB, sdS = sP + BWD_BM * PROWB, sL = sdS + BWD_BM * PROWB,
               sD = sL + 2 * BWD_BM * 4, sSeen = sD + 2 * BWD_BM * 4;
+#if DOCS
+    const u32 sLo = sSeen + 16; // [2][64] document starts of the tile's rows, beside its lse and delta
+#endif
 
     // query blocks before n0 see none of these keys when causal
     constexpr int NM = (SEQ + BWD_BM - 1) / BWD_BM, NKB = (SEQ + BWD_BN - 1) / BWD_BN;
     const int m_first = CAUSAL ? n0 / BWD_BM : 0;
     const int niters = GROUP * (NM - m_first);
+#if DOCS
+    // query rows from the end of the last key's document on see none of these keys: the first tile is that of the
+    // query block holding the row before it (none when it is not past the launch's first query)
+    const int q_end = doc_end[k_pos + min(n0 + BWD_BN, SEQ) - 1] - q_pos;
+    const int it_first = GROUP * (NM - 1 - (q_end <= 0 ? -1 : min((q_end - 1) / BWD_BM, NM - 1)));
+#endif
     // this block's progress counter (the predecessor's is the one before), and whether a next key block waits for it
     auto prog = [&]() { return dq_prog + ctaid_x() * NKB + ctaid_y(); };
     auto publish = [&]() { return ctaid_y() + 1 < (u32)NKB; };
@@ -548,8 +566,19 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
             const bool ok = m0 + r < SEQ;
             cp_async4(sD + (stage * BWD_BM + r) * 4, delta + (long long)(ok ? m0 + r : 0) * Q_HEADS + h, ok);
         }
+#if DOCS
+        else if (tid < 3 * BWD_BM) {
+            const int r = tid - 2 * BWD_BM;
+            const bool ok = m0 + r < SEQ;
+            cp_async4(sLo + (stage * BWD_BM + r) * 4, doc_start + q_pos + (ok ? m0 + r : 0), ok);
+        }
+#endif
     };
+#if DOCS
+    if (it_first < niters) load_q_block(it_first, it_first & 1);
+#else
     load_q_block(0, 0);
+#endif
     cp_async_commit();
 
     float dv_acc[2][BWD_BT][4], dk_acc[2][BWD_BT][4];
@@ -579,7 +608,11 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
     constexpr u32 oV = BWD_BN * ROWB, oQ = 2 * BWD_BN * ROWB, oDO = oQ + 2 * BWD_BM * ROWB,
                   oP = oDO + 2 * BWD_BM * ROWB, oDS = oP + BWD_BM * PROWB;
 
+#if DOCS
+    for (int it = it_first; it < niters; it++) {
+#else
     for (int it = 0; it < niters; it++) {
+#endif
         const int st = it & 1;
         cp_async_wait_all();
         // this block's Q, dO, lse, delta have landed; every warp is done with the previous iteration, and has issued
@@ -630,12 +663,21 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
                     int lim = SEQ - 1 - key0;
                     if (CAUSAL) lim = min(lim, row - key0);
                     if (row >= SEQ) lim = -1;
+#if DOCS
+                    // and the keys before the row's document (all of them for a row that keeps none: lse = -inf
+                    // makes its exponentials infinite, which the mask replaces)
+                    const int first = EDGE ? (int)lds32(sLo + (st * BWD_BM + rl) * 4) - k_pos - key0 : 0;
+#endif
 #pragma unroll
                     for (int j = 0; j < 4; j++)
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
                             float p = ex2(fmaf(pa[mt][j][2 * hf + e], SCALE_LOG2, -l2));
+#if DOCS
+                            if (EDGE && (j * 8 + e > lim || j * 8 + e < first)) p = 0.f;
+#else
                             if (EDGE && j * 8 + e > lim) p = 0.f;
+#endif
                             pa[mt][j][2 * hf + e] = p;
                         }
                 }
@@ -679,14 +721,28 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
                     }
                 }
         };
+#if DOCS
+        // or some row's document starts past the first key (the last valid row's, the latest)
+        if (m0 + BWD_BM > SEQ || n0 + BWD_BN > SEQ || (CAUSAL && n0 + BWD_BN - 1 > m0) ||
+            (int)lds32(sLo + (st * BWD_BM + min(BWD_BM, SEQ - m0) - 1) * 4) - k_pos > n0)
+#else
         if (m0 + BWD_BM > SEQ || n0 + BWD_BN > SEQ || (CAUSAL && n0 + BWD_BN - 1 > m0))
+#endif
             phase_a(BoolTag<true>());
         else
             phase_a(BoolTag<false>());
         if (tid == 0) {
             // wait until the previous key block has completed this tile (it runs, or ran, already: see above), and
             // publish that this block has completed the tiles before it
+#if DOCS
+            // the first key block that sees the tile has no predecessor to wait for: the keys before it are all
+            // before the first row's document. Publishing it at a first tile past 0 is true as well (this block has
+            // no tile before it), and the next block waits only for tiles this one sees.
+            const bool wait = !(n0 == 0 || (int)lds32(sLo + st * BWD_BM * 4) - k_pos >= n0) && lds32(sSeen) <= (u32)it,
+                       pub = it > 0 && publish();
+#else
             const bool wait = ctaid_y() > 0 && lds32(sSeen) <= (u32)it, pub = it > 0 && publish();
+#endif
             if (wait) sts32(sSeen, wait_progress(prog() - 1, (u32)it));
             // acquire for the poll: the previous block's dQ writes of this tile come before ours; release for the
             // store: with the barrier at the top, every warp's dQ writes of the tiles before it are performed first
@@ -749,6 +805,12 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
                 }
             }
         }
+#if DOCS
+        // the first key block that sees the tile stores (the wait above)
+        const bool stores = n0 == 0 || (int)lds32(sLo + st * BWD_BM * 4) - k_pos >= n0;
+#else
+        const bool stores = n0 == 0;
+#endif
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -758,7 +820,7 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
                 const int row = (NM - 1 - mc) * BWD_BM + c_wm * 32 + mt * 16 + g + hf * 8;
                 if (row < SEQ) {
                     float *p = dq_ws + ((long long)row * Q_HEADS + hc) * HEAD_DIM + c_wd * (HEAD_DIM / 4) + 2 * t;
-                    if (n0 == 0) {
+                    if (stores) {
 #pragma unroll
                         for (int j = 0; j < BWD_CT; j++) {
                             float2 w;
@@ -780,6 +842,20 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
             st_relaxed(prog(), (u32)niters); // every tile of this block is complete
         }
     }
+#if DOCS
+    cp_async_wait_all(); // with no tile at all, the K, V copies are still in flight
+    if (ctaid_y() + 1 == (u32)NKB) {
+        // the query blocks past this block's last tile see no key of the launch (the last key block sees the most):
+        // their dQ rows of this KV head's query heads (GROUP * HEAD_DIM floats, contiguous in a row) are zeros
+        const int qe = doc_end[k_pos + SEQ - 1] - q_pos, r0 = qe <= 0 ? 0 : min((qe - 1) / BWD_BM + 1, NM) * BWD_BM;
+        constexpr int RQ = GROUP * HEAD_DIM / 4; // float4 per row
+        for (long long i = tid; i < (long long)(SEQ - r0) * RQ; i += BWD_THREADS) {
+            const long long rr = i / RQ, c = i - rr * RQ;
+            *(float4 *)(dq_ws + ((r0 + rr) * Q_HEADS + kvh * GROUP) * HEAD_DIM + c * 4) =
+                make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+#endif
 
     // dK carries the softmax scale that S = scale q k^T puts on it; dV does not
 #pragma unroll
