@@ -13,7 +13,8 @@
 // delta [SEQ][Q_HEADS] fp32 = rowsum(dout * o); dq_ws [SEQ][Q_HEADS][HEAD_DIM] fp32 (written by bwd: zeroed before
 // it only when DQ_ATOMIC); dq_prog [KV_HEADS][ceil(SEQ/128)] u32, zeroed before bwd (the progress counters that
 // order the dQ sums).
-// Entries (geometry in gen/kernels_attn.c):
+// Entries (geometry in gen/kernels_attn.c; with DOCS = 1 fwd and bwd, like fwd_sm90 and bwd_sm90, take the four
+// arguments of "Document masks" below after these):
 //   fwd(q, k, v, o, lse)                                  grid (Q_HEADS, ceil(SEQ/128)), 128 threads
 //   bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv) grid (KV_HEADS, ceil(SEQ/128)), 256 threads;
 //       dq_ws = dS K (unscaled), summed over the key blocks in key-block order, so the same bits run to run;
@@ -224,7 +225,8 @@ __device__ __forceinline__ void load_rows(u32 tile, const bf16 *g, int valid, in
 // One block: 128 query rows of one head, 4 warps of 32 rows each. It walks the key blocks of 64 from the last
 // (masked ones first) to the first, with K and V double-buffered so the next block loads during the math.
 // Shared memory: Q [128][D], K [2][64][D], V [2][64][D], row statistics [128][8] (100 KiB at D = 128: two blocks
-// per SM).
+// per SM); with documents the rows' document starts [128]. With documents the walk stops at the block holding the
+// first row's document start (see fwd).
 #define FWD_BM 128
 #define FWD_BN 64
 #define FWD_THREADS 128
@@ -486,7 +488,7 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 //   B  (warps 4 x 2 over 128 keys x D): dV += P^T dO, dK += dS^T Q
 //   C  (warps 2 x 4 over 64 rows x D): dQ = dS K, stored into the fp32 workspace (key block 0) or added to it
 // Shared memory: K, V [128][D]; Q, dO [2][64][D]; P, dS [64][128]; lse, delta [2][64]; one u32 of the progress wait
-// (161 KiB at D = 128).
+// (161 KiB at D = 128); with documents the rows' document starts [2][64].
 //
 // Deterministic dQ: every tile's dQ rows get the key blocks' contributions in key-block order, j = 0, 1, 2, ...
 // (key block 0 stores, the others add with reductions at L2), so dq_ws holds the same bits run to run. Tile number
