@@ -10,6 +10,12 @@
  * (S = 1000 and 4097), and at longer ones whose key blocks do not all fit on the GPU at once (so blocks wait for
  * key blocks dispatched in an earlier wave), causal and full.
  *
+ * Document masks (DOCS, templates/attention.cu): packed layouts (1-token documents, documents ending on the tiles'
+ * edges, crossing many tiles, random, one document) and a ring's off-diagonal block whose rows that keep no key must
+ * give o = 0, dq = 0 and lse = -inf exactly; the mma.sync kernels are checked first, on Hopper then the wgmma ones;
+ * with one document the mma.sync kernels must give the bits of the module without documents; the backward repeats
+ * with documents give the same bits. `test_attention --docs` runs only these.
+ *
  * `test_attention --dump DIR S QH KVH D CAUSAL` instead runs one shape once and writes its inputs and outputs as raw
  * files into DIR, for tests/gpu/attention_sdpa.py to compare with PyTorch. */
 #include <math.h>
