@@ -108,13 +108,15 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
     if (strcmp(k->family, "attention") != 0) return -1;
     const int64_t D = param(k, "HEAD_DIM"), QH = param(k, "Q_HEADS"), KVH = param(k, "KV_HEADS"),
                   S = param(k, "SEQ");
+    const bool docs = param(k, "DOCS") == 1;
     if (D < 1 || QH < 1 || KVH < 1 || S < 1) return -1;
     d->grid[1] = d->grid[2] = 1;
     if (strcmp(role, "fwd") == 0) {
         d->grid[0] = (unsigned)QH;
         d->grid[1] = (unsigned)((S + FWD_BM - 1) / FWD_BM);
         d->block = FWD_THREADS;
-        d->smem = (unsigned)((FWD_BM + 4 * FWD_BN) * D * 2 + FWD_THREADS * 32); /* Q; K, V double-buffered; row stats */
+        /* Q; K, V double-buffered; row stats; with documents the rows' document starts */
+        d->smem = (unsigned)((FWD_BM + 4 * FWD_BN) * D * 2 + FWD_THREADS * 32 + (docs ? FWD_BM * 4 : 0));
     } else if (strcmp(role, "fwd_sm90") == 0) {
         const int64_t stages = param(k, "FWD_STAGES");
         if (stages < 1) return -1;
@@ -126,8 +128,10 @@ int cp_k_attention_dims(const cp_kernel_spec *k, const char *role, cp_kdims *d) 
         d->grid[0] = (unsigned)KVH;
         d->grid[1] = (unsigned)((S + BWD_BN - 1) / BWD_BN);
         d->block = BWD_THREADS;
-        /* K, V; Q, dO double-buffered; P, dS; lse, delta double-buffered; the progress wait's last read */
-        d->smem = (unsigned)((2 * BWD_BN + 4 * BWD_BM) * D * 2 + 2 * BWD_BM * BWD_BN * 2 + 4 * BWD_BM * 4 + 16);
+        /* K, V; Q, dO double-buffered; P, dS; lse, delta double-buffered; the progress wait's last read; with
+         * documents the rows' document starts, double-buffered */
+        d->smem = (unsigned)((2 * BWD_BN + 4 * BWD_BM) * D * 2 + 2 * BWD_BM * BWD_BN * 2 + 4 * BWD_BM * 4 + 16 +
+                             (docs ? 2 * BWD_BM * 4 : 0));
     } else if (strcmp(role, "bwd_sm90") == 0) {
         const int64_t ktile = sm90_tile(BWD_BN, D), qtile = sm90_tile(BWD_BM, D);
         d->grid[0] = (unsigned)KVH;

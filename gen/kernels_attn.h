@@ -8,6 +8,9 @@
  *       bwd. Both live in one workspace (cp_k_attention_workspace_bytes), dq_prog at cp_k_attention_prog_offset.
  *       dk, dv are bf16 written, or fp32 added to (+=) when dkv_accum.
  *   bwd_dq(dq_ws f32, dq): dq = bf16(scale * dq_ws), the last step of the backward.
+ * With document masks (cp_k_attention_docs) fwd, bwd, fwd_sm90 and bwd_sm90 take four more arguments, last:
+ * (const int *doc_start, const int *doc_end, int q_pos, int k_pos), the contract of templates/attention.cu; the
+ * workspace and the caller's zeroing are the same (bwd still writes dq_ws whole).
  * fwd and bwd use dynamic shared memory above 48 KiB: the loader must raise the entry's limit to d->smem. */
 #ifndef CP_KERNELS_ATTN_H
 #define CP_KERNELS_ATTN_H

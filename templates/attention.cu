@@ -13,7 +13,8 @@
 // delta [SEQ][Q_HEADS] fp32 = rowsum(dout * o); dq_ws [SEQ][Q_HEADS][HEAD_DIM] fp32 (written by bwd: zeroed before
 // it only when DQ_ATOMIC); dq_prog [KV_HEADS][ceil(SEQ/128)] u32, zeroed before bwd (the progress counters that
 // order the dQ sums).
-// Entries (geometry in gen/kernels_attn.c):
+// Entries (geometry in gen/kernels_attn.c; with DOCS = 1 fwd and bwd, like fwd_sm90 and bwd_sm90, take the four
+// arguments of "Document masks" below after these):
 //   fwd(q, k, v, o, lse)                                  grid (Q_HEADS, ceil(SEQ/128)), 128 threads
 //   bwd(q, k, v, dout, lse, delta, dq_ws, dq_prog, dk, dv) grid (KV_HEADS, ceil(SEQ/128)), 256 threads;
 //       dq_ws = dS K (unscaled), summed over the key blocks in key-block order, so the same bits run to run;
@@ -43,6 +44,12 @@
 #define DKV_ACCUM {{DKV_ACCUM}}
 #define DQ_ATOMIC {{DQ_ATOMIC}}
 #define DOCS {{DOCS}}
+#if DOCS
+// the entries' extra parameters (the contract above), appended after their usual ones
+#define DOC_PARAMS , const int *__restrict__ doc_start, const int *__restrict__ doc_end, int q_pos, int k_pos
+#else
+#define DOC_PARAMS
+#endif
 #define SOFTMAX_SCALE ((float)({{SCALE}}))
 // exp(x * scale) = exp2(x * scale * log2(e)): one FFMA and one EX2 per score
 #define SCALE_LOG2 ((float)({{SCALE}} * 1.4426950408889634))
@@ -218,7 +225,8 @@ __device__ __forceinline__ void load_rows(u32 tile, const bf16 *g, int valid, in
 // One block: 128 query rows of one head, 4 warps of 32 rows each. It walks the key blocks of 64 from the last
 // (masked ones first) to the first, with K and V double-buffered so the next block loads during the math.
 // Shared memory: Q [128][D], K [2][64][D], V [2][64][D], row statistics [128][8] (100 KiB at D = 128: two blocks
-// per SM).
+// per SM); with documents the rows' document starts [128]. With documents the walk stops at the block holding the
+// first row's document start (see fwd).
 #define FWD_BM 128
 #define FWD_BN 64
 #define FWD_THREADS 128
@@ -227,11 +235,16 @@ __device__ __forceinline__ void load_rows(u32 tile, const bf16 *g, int valid, in
 #define FWD_BOUNDS __launch_bounds__(FWD_THREADS, 2)
 
 // One key block of the forward for one warp: S = Q K^T, mask (MASK: the block crosses the diagonal or the end of
-// the sequence), online softmax, O += P V. qb, kt, vt are this lane's ldmatrix bases for Q and the block's K, V.
-// The running row max and sum live in shared memory (rstat: this thread's four rows): with 192 accumulator
-// registers, keeping them in registers as well makes ptxas spill.
+// the sequence, or with documents a row's document start), online softmax, O += P V. qb, kt, vt are this lane's
+// ldmatrix bases for Q and the block's K, V. The running row max and sum live in shared memory (rstat: this
+// thread's four rows): with 192 accumulator registers, keeping them in registers as well makes ptxas spill. So do
+// the rows' document starts with documents (slo: those of the block's 128 rows; k_pos: the launch's first key's
+// position).
 template <bool MASK>
 __device__ __forceinline__ void fwd_block(float (&acc)[2][FWD_DT][4], u32 rstat,
+#if DOCS
+                                          u32 slo, int k_pos,
+#endif
                                           u32 qb, u32 kt, u32 vt, int n0, int m0, int warp, int g, int t) {
     qb = opaque(qb), kt = opaque(kt), vt = opaque(vt);
     // S = Q K^T for this warp's 32 rows and the 64 keys
@@ -267,11 +280,19 @@ __device__ __forceinline__ void fwd_block(float (&acc)[2][FWD_DT][4], u32 rstat,
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int lim = CAUSAL ? min(kmax, diag + mt * 16 + hf * 8) : kmax;
+#if DOCS
+                // and the keys before the row's document
+                const int first = (int)lds32(slo + (warp * 32 + mt * 16 + g + hf * 8) * 4) - k_pos - n0 - 2 * t;
+#endif
 #pragma unroll
                 for (int j = 0; j < FWD_NT; j++)
 #pragma unroll
                     for (int e = 0; e < 2; e++)
+#if DOCS
+                        if (j * 8 + e > lim || j * 8 + e < first) s[mt][j][2 * hf + e] = NEG_INF;
+#else
                         if (j * 8 + e > lim) s[mt][j][2 * hf + e] = NEG_INF;
+#endif
             }
     }
 
@@ -332,7 +353,7 @@ __device__ __forceinline__ void fwd_block(float (&acc)[2][FWD_DT][4], u32 rstat,
 extern "C" __global__ void FWD_BOUNDS
 attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v, bf16 *__restrict__ o,
-    float *__restrict__ lse) {
+    float *__restrict__ lse DOC_PARAMS) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int h = blockIdx.x, kvh = h / GROUP;
@@ -343,6 +364,16 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 
     const int n_end = CAUSAL ? min(SEQ, m0 + FWD_BM) : SEQ;
     const int nblocks = (n_end + FWD_BN - 1) / FWD_BN;
+#if DOCS
+    // doc_start grows with the position, so the first row's document start is the first key any row keeps (the
+    // key blocks below it are not computed: none when it lies past the launch's keys), and the last row's is the
+    // last that some row masks (the blocks from it on are whole for every row)
+    const int key_lo = doc_start[q_pos + m0] - k_pos, key_whole = doc_start[q_pos + min(SEQ, m0 + FWD_BM) - 1] - k_pos;
+    const int nb_lo = key_lo >= n_end ? nblocks : max(key_lo, 0) / FWD_BN;
+    // every row's document start, beside the row statistics
+    const u32 slo = sV + 2 * FWD_BN * ROWB + FWD_THREADS * 32;
+    cp_async4(slo + tid * 4, doc_start + q_pos + min(m0 + tid, SEQ - 1), true);
+#endif
 
     load_rows<FWD_BM, FWD_THREADS, QS>(sQ, q + ((long long)m0 * Q_HEADS + h) * HEAD_DIM, SEQ - m0, tid);
     {
@@ -376,7 +407,11 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
         cp_async_wait_all();
         // block nb has landed for every thread, and every warp is done with the buffers of block nb + 1
         __syncthreads();
+#if DOCS
+        if (nb > nb_lo) {
+#else
         if (nb > 0) {
+#endif
             const int n1 = (nb - 1) * FWD_BN;
             load_rows<FWD_BN, FWD_THREADS, KS>(sK + (st ^ 1) * FWD_BN * ROWB, kh + n1 * KS, SEQ - n1, tid);
             load_rows<FWD_BN, FWD_THREADS, KS>(sV + (st ^ 1) * FWD_BN * ROWB, vh + n1 * KS, SEQ - n1, tid);
@@ -384,6 +419,21 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
         }
     };
     int nb = nblocks - 1, st = 0;
+#if DOCS
+    for (; nb >= nb_lo; nb--, st ^= 1) {
+        begin_block(nb, st);
+        const u32 kt = kb + st * FWD_BN * ROWB, vt = vb + st * FWD_BN * ROWB;
+        const int n0 = nb * FWD_BN;
+        if (n0 + FWD_BN > SEQ || (CAUSAL && n0 + FWD_BN - 1 > m0) || n0 < key_whole)
+            fwd_block<true>(acc, rstat, slo, k_pos, qb, kt, vt, n0, m0, warp, g, t);
+        else
+            fwd_block<false>(acc, rstat, slo, k_pos, qb, kt, vt, n0, m0, warp, g, t);
+    }
+    if (nb_lo >= nblocks) { // no key block: the copies into the Q tile, where O is staged, must land first
+        cp_async_wait_all();
+        __syncthreads();
+    }
+#else
     for (; nb >= 0; nb--, st ^= 1) {
         begin_block(nb, st);
         const u32 kt = kb + st * FWD_BN * ROWB, vt = vb + st * FWD_BN * ROWB;
@@ -393,6 +443,7 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
         else
             fwd_block<false>(acc, rstat, qb, kt, vt, n0, m0, warp, g, t);
     }
+#endif
 
     // normalise, write lse, and stage this warp's rows of O in its own (now unused) rows of the Q tile so that the
     // global stores are whole 16-byte chunks of contiguous rows
@@ -437,7 +488,7 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 //   B  (warps 4 x 2 over 128 keys x D): dV += P^T dO, dK += dS^T Q
 //   C  (warps 2 x 4 over 64 rows x D): dQ = dS K, stored into the fp32 workspace (key block 0) or added to it
 // Shared memory: K, V [128][D]; Q, dO [2][64][D]; P, dS [64][128]; lse, delta [2][64]; one u32 of the progress wait
-// (161 KiB at D = 128).
+// (161 KiB at D = 128); with documents the rows' document starts [2][64].
 //
 // Deterministic dQ: every tile's dQ rows get the key blocks' contributions in key-block order, j = 0, 1, 2, ...
 // (key block 0 stores, the others add with reductions at L2), so dq_ws holds the same bits run to run. Tile number
@@ -453,6 +504,15 @@ attention_fwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
 // dispatched in increasing linear index (blockIdx.x fastest, then blockIdx.y), so that block is already running or
 // done when this one waits, and it waits only for lower blocks itself. This assumption keeps blockIdx.y = key block
 // (the key blocks with the most query blocks, the lowest, start first, which is also what balances the causal load).
+//
+// With documents a key block skips the query blocks past its keys' last document: its loop starts at the tile of
+// the query block holding that document's last position (the tile numbers stay those above). The key blocks that
+// see a query block are then consecutive (from the one holding its first row's document start up to the causal
+// limit), so the first of them stores that block's dQ and waits for no one (it need not be key block 0), and every
+// later one waits for its predecessor as above, which sees the block too: a skipped tile is never waited for, and
+// the order of the sums holds. Query blocks that no key block sees (rows whose documents start past the launch's
+// keys: only in a launch that is not causal) get their zeros from the last key block, which would be the first
+// to see them. Rows of a tile that keep no key get P = 0 from the masks (their lse is -inf).
 #define BWD_BM 64
 #define BWD_BN 128
 #define BWD_THREADS 256
@@ -465,18 +525,27 @@ extern "C" __global__ void BWD_BOUNDS
 attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{DKV_ACCUM}}_dqa{{DQ_ATOMIC}}{{DOCS_TAG}}(
     const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
     const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta,
-    float *__restrict__ dq_ws, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv) {
+    float *__restrict__ dq_ws, u32 *__restrict__ dq_prog, dkv_t *__restrict__ dk, dkv_t *__restrict__ dv DOC_PARAMS) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int kvh = blockIdx.x, n0 = blockIdx.y * BWD_BN; // the key blocks with the most query blocks start first
     const u32 sK = smem_addr(smem), sV = sK + BWD_BN * ROWB, sQ = sV + BWD_BN * ROWB, sdO = sQ + 2 * BWD_BM * ROWB,
               sP = sdO + 2 * BWD_BM * ROWB, sdS = sP + BWD_BM * PROWB, sL = sdS + BWD_BM * PROWB,
               sD = sL + 2 * BWD_BM * 4, sSeen = sD + 2 * BWD_BM * 4;
+#if DOCS
+    const u32 sLo = sSeen + 16; // [2][64] document starts of the tile's rows, beside its lse and delta
+#endif
 
     // query blocks before n0 see none of these keys when causal
     constexpr int NM = (SEQ + BWD_BM - 1) / BWD_BM, NKB = (SEQ + BWD_BN - 1) / BWD_BN;
     const int m_first = CAUSAL ? n0 / BWD_BM : 0;
     const int niters = GROUP * (NM - m_first);
+#if DOCS
+    // query rows from the end of the last key's document on see none of these keys: the first tile is that of the
+    // query block holding the row before it (none when it is not past the launch's first query)
+    const int q_end = doc_end[k_pos + min(n0 + BWD_BN, SEQ) - 1] - q_pos;
+    const int it_first = GROUP * (NM - 1 - (q_end <= 0 ? -1 : min((q_end - 1) / BWD_BM, NM - 1)));
+#endif
     // this block's progress counter (the predecessor's is the one before), and whether a next key block waits for it
     auto prog = [&]() { return dq_prog + ctaid_x() * NKB + ctaid_y(); };
     auto publish = [&]() { return ctaid_y() + 1 < (u32)NKB; };
@@ -499,8 +568,19 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
             const bool ok = m0 + r < SEQ;
             cp_async4(sD + (stage * BWD_BM + r) * 4, delta + (long long)(ok ? m0 + r : 0) * Q_HEADS + h, ok);
         }
+#if DOCS
+        else if (tid < 3 * BWD_BM) {
+            const int r = tid - 2 * BWD_BM;
+            const bool ok = m0 + r < SEQ;
+            cp_async4(sLo + (stage * BWD_BM + r) * 4, doc_start + q_pos + (ok ? m0 + r : 0), ok);
+        }
+#endif
     };
+#if DOCS
+    if (it_first < niters) load_q_block(it_first, it_first & 1);
+#else
     load_q_block(0, 0);
+#endif
     cp_async_commit();
 
     float dv_acc[2][BWD_BT][4], dk_acc[2][BWD_BT][4];
@@ -530,7 +610,11 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
     constexpr u32 oV = BWD_BN * ROWB, oQ = 2 * BWD_BN * ROWB, oDO = oQ + 2 * BWD_BM * ROWB,
                   oP = oDO + 2 * BWD_BM * ROWB, oDS = oP + BWD_BM * PROWB;
 
+#if DOCS
+    for (int it = it_first; it < niters; it++) {
+#else
     for (int it = 0; it < niters; it++) {
+#endif
         const int st = it & 1;
         cp_async_wait_all();
         // this block's Q, dO, lse, delta have landed; every warp is done with the previous iteration, and has issued
@@ -581,12 +665,21 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
                     int lim = SEQ - 1 - key0;
                     if (CAUSAL) lim = min(lim, row - key0);
                     if (row >= SEQ) lim = -1;
+#if DOCS
+                    // and the keys before the row's document (all of them for a row that keeps none: lse = -inf
+                    // makes its exponentials infinite, which the mask replaces)
+                    const int first = EDGE ? (int)lds32(sLo + (st * BWD_BM + rl) * 4) - k_pos - key0 : 0;
+#endif
 #pragma unroll
                     for (int j = 0; j < 4; j++)
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
                             float p = ex2(fmaf(pa[mt][j][2 * hf + e], SCALE_LOG2, -l2));
+#if DOCS
+                            if (EDGE && (j * 8 + e > lim || j * 8 + e < first)) p = 0.f;
+#else
                             if (EDGE && j * 8 + e > lim) p = 0.f;
+#endif
                             pa[mt][j][2 * hf + e] = p;
                         }
                 }
@@ -630,14 +723,28 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
                     }
                 }
         };
+#if DOCS
+        // or some row's document starts past the first key (the last valid row's, the latest)
+        if (m0 + BWD_BM > SEQ || n0 + BWD_BN > SEQ || (CAUSAL && n0 + BWD_BN - 1 > m0) ||
+            (int)lds32(sLo + (st * BWD_BM + min(BWD_BM, SEQ - m0) - 1) * 4) - k_pos > n0)
+#else
         if (m0 + BWD_BM > SEQ || n0 + BWD_BN > SEQ || (CAUSAL && n0 + BWD_BN - 1 > m0))
+#endif
             phase_a(BoolTag<true>());
         else
             phase_a(BoolTag<false>());
         if (tid == 0) {
             // wait until the previous key block has completed this tile (it runs, or ran, already: see above), and
             // publish that this block has completed the tiles before it
+#if DOCS
+            // the first key block that sees the tile has no predecessor to wait for: the keys before it are all
+            // before the first row's document. Publishing it at a first tile past 0 is true as well (this block has
+            // no tile before it), and the next block waits only for tiles this one sees.
+            const bool wait = !(n0 == 0 || (int)lds32(sLo + st * BWD_BM * 4) - k_pos >= n0) && lds32(sSeen) <= (u32)it,
+                       pub = it > 0 && publish();
+#else
             const bool wait = ctaid_y() > 0 && lds32(sSeen) <= (u32)it, pub = it > 0 && publish();
+#endif
             if (wait) sts32(sSeen, wait_progress(prog() - 1, (u32)it));
             // acquire for the poll: the previous block's dQ writes of this tile come before ours; release for the
             // store: with the barrier at the top, every warp's dQ writes of the tiles before it are performed first
@@ -700,6 +807,12 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
                 }
             }
         }
+#if DOCS
+        // the first key block that sees the tile stores (the wait above)
+        const bool stores = n0 == 0 || (int)lds32(sLo + st * BWD_BM * 4) - k_pos >= n0;
+#else
+        const bool stores = n0 == 0;
+#endif
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -709,7 +822,7 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
                 const int row = (NM - 1 - mc) * BWD_BM + c_wm * 32 + mt * 16 + g + hf * 8;
                 if (row < SEQ) {
                     float *p = dq_ws + ((long long)row * Q_HEADS + hc) * HEAD_DIM + c_wd * (HEAD_DIM / 4) + 2 * t;
-                    if (n0 == 0) {
+                    if (stores) {
 #pragma unroll
                         for (int j = 0; j < BWD_CT; j++) {
                             float2 w;
@@ -731,6 +844,20 @@ attention_bwd_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_a{{
             st_relaxed(prog(), (u32)niters); // every tile of this block is complete
         }
     }
+#if DOCS
+    cp_async_wait_all(); // with no tile at all, the K, V copies are still in flight
+    if (ctaid_y() + 1 == (u32)NKB) {
+        // the query blocks past this block's last tile see no key of the launch (the last key block sees the most):
+        // their dQ rows of this KV head's query heads (GROUP * HEAD_DIM floats, contiguous in a row) are zeros
+        const int qe = doc_end[k_pos + SEQ - 1] - q_pos, r0 = qe <= 0 ? 0 : min((qe - 1) / BWD_BM + 1, NM) * BWD_BM;
+        constexpr int RQ = GROUP * HEAD_DIM / 4; // float4 per row
+        for (long long i = tid; i < (long long)(SEQ - r0) * RQ; i += BWD_THREADS) {
+            const long long rr = i / RQ, c = i - rr * RQ;
+            *(float4 *)(dq_ws + ((r0 + rr) * Q_HEADS + kvh * GROUP) * HEAD_DIM + c * 4) =
+                make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+#endif
 
     // dK carries the softmax scale that S = scale q k^T puts on it; dV does not
 #pragma unroll

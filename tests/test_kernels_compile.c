@@ -199,6 +199,76 @@ static void test_variants_compile_without_spills(void **state) {
     free(out);
 }
 
+/* Every attention module of the shipped specs' plans with document masks (cp_k_attention_docs; templates/attention.cu,
+ * "Document masks") compiles for both architectures without spills; its name gains "_dm1" while the module without
+ * them keeps its name (tuned variants are keyed by it), and fwd and bwd take the rows' document starts in 512 more
+ * bytes of shared memory. */
+static void test_document_modules_compile_without_spills(void **state) {
+    (void)state;
+    int n = 0;
+    cp_module_src mods[64];
+    for (size_t s = 0; s < CP_ARRAY_LEN(SPECS); s++) {
+        cp_plan plan;
+        load_plan(SPECS[s], &plan);
+        for (int i = 0; i < plan.nmodules; i++) {
+            if (strcmp(plan.modules[i].family, "attention") != 0) continue;
+            cp_kernel_spec k;
+            cp_kspec_copy(&k, &plan.modules[i]);
+            cp_k_attention_docs(&k, true);
+            cp_module_src plain, m;
+            char err[2048];
+            if (cp_emit(&plan.modules[i], &plain, err, sizeof err) || cp_emit(&k, &m, err, sizeof err))
+                fail_msg("%s: %s", SPECS[s], err);
+            assert_null(strstr(plain.name, "_dm1"));
+            char want[CP_KNAME_MAX + 8];
+            snprintf(want, sizeof want, "%s_dm1", plain.name);
+            assert_string_equal(m.name, want);
+            const char *roles[2] = {"fwd", "bwd"};
+            for (int r = 0; r < 2; r++) {
+                cp_kdims d0, d1;
+                assert_int_equal(cp_k_attention_dims(&plan.modules[i], roles[r], &d0), 0);
+                assert_int_equal(cp_k_attention_dims(&k, roles[r], &d1), 0);
+                assert_int_equal(d1.smem, d0.smem + 512);
+            }
+            cp_module_src_free(&plain);
+            cp_kspec_free(&k);
+            bool seen = false;
+            for (int j = 0; j < n; j++) seen |= !strcmp(mods[j].name, m.name);
+            if (seen) {
+                cp_module_src_free(&m);
+                continue;
+            }
+            assert_true(n < (int)CP_ARRAY_LEN(mods));
+            mods[n++] = m;
+        }
+        cp_plan_free(&plan);
+    }
+    assert_true(n >= 2);
+    cp_jit_module *out = cp_xcalloc((size_t)n, sizeof *out);
+    for (size_t a = 0; a < CP_ARRAY_LEN(ARCHS); a++) {
+        cp_jit_opts o;
+        opts_for(&o, ARCHS[a]);
+        char err[16384];
+        double t0 = cp_now();
+        if (cp_jit_compile(mods, n, &o, out, err, sizeof err) != 0) fail_msg("%s: %s", ARCHS[a], err);
+        for (int i = 0; i < n; i++) {
+            assert_int_equal(out[i].nentries, mods[i].nentries);
+            for (int e = 0; e < out[i].nentries; e++) {
+                const cp_entry_info *x = &out[i].entries[e];
+                assert_non_null(strstr(x->name, "_dm1"));
+                if (x->spill_stores > 0 || x->spill_loads > 0)
+                    fail_msg("%s: %s spills: %d B stores, %d B loads, %d registers", ARCHS[a], x->name,
+                             x->spill_stores, x->spill_loads, x->registers);
+            }
+            cp_jit_module_free(&out[i]);
+        }
+        print_message("%s: %d attention modules with document masks compiled in %.1f s\n", ARCHS[a], n,
+                      cp_now() - t0);
+    }
+    for (int i = 0; i < n; i++) cp_module_src_free(&mods[i]);
+    free(out);
+}
+
 /* fwd_sm90's launch geometry follows its consumers: 128-row blocks of 384 threads at head_dim 128, 192-row blocks of
  * 512 threads at 64 (three consumer warpgroups), Q held in boxes of 128 rows before the K, V ring. */
 static void test_fwd_sm90_geometry(void **state) {
@@ -265,6 +335,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_all_modules_compile_without_spills),
         cmocka_unit_test(test_variants_compile_without_spills),
+        cmocka_unit_test(test_document_modules_compile_without_spills),
         cmocka_unit_test(test_fwd_sm90_geometry),
         cmocka_unit_test(test_gen_and_build_commands),
     };

@@ -1,6 +1,9 @@
 /* test_ref_attention.c: checks the float64 attention reference that the GPU kernels are compared with: its backward
  * against central finite differences of its forward, its log-sum-exp against a direct sum, GQA against plain
- * attention on repeated K and V, and that splitting the rows over calls changes nothing. */
+ * attention on repeated K and V, and that splitting the rows over calls changes nothing. With document masks: each
+ * document alone through the unmasked reference gives the same, a ring's blocks (a launch whose queries and keys lie
+ * at different positions) merge into the whole sequence's forward, rows that keep no key give o = 0 and lse = -inf,
+ * and the masked backward matches finite differences. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -82,8 +85,18 @@ static void check_fd(double *x, const double *grad, int64_t n, problem *p) {
     }
 }
 
-static void fd_case(bool causal) {
-    problem p = make(6, 4, 2, 3, causal);
+/* doc_start, doc_end over T positions from the documents' lengths (summing to T) */
+static void docs_from_lengths(const int *len, int n, int T, int *start, int *end) {
+    int a = 0;
+    for (int d = 0; d < n; d++) {
+        for (int i = a; i < a + len[d]; i++) start[i] = a, end[i] = a + len[d];
+        a += len[d];
+    }
+    assert_int_equal(a, T);
+}
+
+static void fd_run(problem *pp) {
+    problem p = *pp;
     run_all(&p);
     double *dq = malloc(sizeof(double) * p.nq), *dk = malloc(sizeof(double) * p.nkv),
            *dv = malloc(sizeof(double) * p.nkv);
@@ -94,17 +107,46 @@ static void fd_case(bool causal) {
     check_fd(p.k, dk, p.nkv, &p);
     check_fd(p.v, dv, p.nkv, &p);
     free(dq), free(dk), free(dv);
-    release(&p);
 }
 
 static void test_backward_matches_finite_differences_causal(void **state) {
     (void)state;
-    fd_case(true);
+    problem p = make(6, 4, 2, 3, true);
+    fd_run(&p);
+    release(&p);
 }
 
 static void test_backward_matches_finite_differences_full(void **state) {
     (void)state;
-    fd_case(false);
+    problem p = make(6, 4, 2, 3, false);
+    fd_run(&p);
+    release(&p);
+}
+
+/* Document masks: causal over 7 tokens in documents of 1, 3 and 3; and a ring's off-diagonal block, queries at
+ * positions 8..15 and keys at 0..7, not causal, whose rows at 12.. keep no key (their documents start at 12 and 13). */
+static void test_backward_matches_finite_differences_documents(void **state) {
+    (void)state;
+    int start[16], end[16];
+    docs_from_lengths((const int[]){1, 3, 3}, 3, 7, start, end);
+    problem p = make(7, 2, 1, 3, true);
+    p.sh.doc_start = start, p.sh.doc_end = end;
+    fd_run(&p);
+    release(&p);
+    docs_from_lengths((const int[]){3, 9, 1, 3}, 4, 16, start, end);
+    p = make(8, 2, 2, 3, false);
+    p.sh.doc_start = start, p.sh.doc_end = end, p.sh.q_pos = 8, p.sh.k_pos = 0;
+    fd_run(&p);
+    for (int h = 0; h < 2; h++)
+        for (int64_t i = 0; i < 8; i++) {
+            const bool none = 8 + i >= 12;
+            assert_true(none ? isinf(p.lse[h * 8 + i]) && p.lse[h * 8 + i] < 0 : isfinite(p.lse[h * 8 + i]));
+            for (int64_t d = 0; d < 3; d++)
+                if (none) assert_true(p.o[(i * 2 + h) * 3 + d] == 0 && p.dq[(i * 2 + h) * 3 + d] == 0);
+        }
+    /* keys 0..2 are in a document that ends before every query: no gradient */
+    for (int64_t x = 0; x < 3 * 2 * 3; x++) assert_true(p.dk[x] == 0 && p.dv[x] == 0);
+    release(&p);
 }
 
 /* lse is log(sum_j exp(scale * q_i . k_j)) over visible keys, and o_i = sum_j exp(s_ij - lse_i) v_j. */
@@ -189,6 +231,95 @@ static void test_split_ranges(void **state) {
     release(&a);
 }
 
+/* Rows [a, a + n) of x (row width w) into a new array. */
+static double *rows_of(const double *x, int64_t a, int64_t n, int64_t w) {
+    double *r = malloc(sizeof(double) * (size_t)(n * w));
+    memcpy(r, x + a * w, sizeof(double) * (size_t)(n * w));
+    return r;
+}
+
+static void assert_close(const double *x, const double *y, int64_t n, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs(x[i] - y[i]) <= 1e-13 * (1 + fabs(y[i]))))
+            fail_msg("%s[%lld]: %.17g, expected %.17g", what, (long long)i, x[i], y[i]);
+}
+
+/* Causal attention over packed documents equals each document alone through the unmasked reference, forward and
+ * backward: a 1-token document first, one ending exactly on 128, another of 1 token, a long one. */
+static void test_documents_equal_each_alone(void **state) {
+    (void)state;
+    enum { S = 300, QH = 4, KVH = 2, D = 8 };
+    const int len[] = {1, 127, 1, 171};
+    int start[S], end[S];
+    docs_from_lengths(len, 4, S, start, end);
+    assert_int_equal(end[127], 128);
+    problem p = make(S, QH, KVH, D, true);
+    p.sh.doc_start = start, p.sh.doc_end = end;
+    run_all(&p);
+    for (int d = 0, a = 0; d < 4; a += len[d++]) {
+        const int64_t L = len[d];
+        problem s = make(L, QH, KVH, D, true);
+        free(s.q), free(s.k), free(s.v), free(s.dout);
+        s.q = rows_of(p.q, a, L, QH * D), s.dout = rows_of(p.dout, a, L, QH * D);
+        s.k = rows_of(p.k, a, L, KVH * D), s.v = rows_of(p.v, a, L, KVH * D);
+        run_all(&s);
+        assert_close(p.o + a * QH * D, s.o, L * QH * D, "o");
+        assert_close(p.dq + a * QH * D, s.dq, L * QH * D, "dq");
+        assert_close(p.dk + a * KVH * D, s.dk, L * KVH * D, "dk");
+        assert_close(p.dv + a * KVH * D, s.dv, L * KVH * D, "dv");
+        for (int h = 0; h < QH; h++) assert_close(p.lse + h * S + a, s.lse + h * L, L, "lse");
+        release(&s);
+    }
+    release(&p);
+}
+
+/* A ring's blocks over 2n tokens in documents that cross the halves: the first half's causal block, the second
+ * half's causal block (positions n..) and the off-diagonal block (queries at n.., keys at 0.., not causal) merged by
+ * their log-sum-exps give the whole sequence's causal forward. The off-diagonal block's rows whose documents start
+ * at n or later keep no key: o = 0 and lse = -inf there, exactly. */
+static void test_documents_ring_blocks_merge(void **state) {
+    (void)state;
+    enum { N = 100, T = 2 * N, QH = 2, KVH = 1, D = 8 };
+    int start[T], end[T];
+    docs_from_lengths((const int[]){30, 100, 1, 69}, 4, T, start, end);
+    problem w = make(T, QH, KVH, D, true);
+    w.sh.doc_start = start, w.sh.doc_end = end;
+    run_all(&w);
+    /* blocks: a = rows and keys 0..n; b = rows and keys n..; c = rows n.., keys 0.. */
+    problem b[3];
+    const int64_t qa[3] = {0, N, N}, ka[3] = {0, N, 0};
+    for (int x = 0; x < 3; x++) {
+        b[x] = make(N, QH, KVH, D, x < 2);
+        free(b[x].q), free(b[x].k), free(b[x].v), free(b[x].dout);
+        b[x].q = rows_of(w.q, qa[x], N, QH * D), b[x].dout = rows_of(w.dout, qa[x], N, QH * D);
+        b[x].k = rows_of(w.k, ka[x], N, KVH * D), b[x].v = rows_of(w.v, ka[x], N, KVH * D);
+        b[x].sh.doc_start = start, b[x].sh.doc_end = end, b[x].sh.q_pos = qa[x], b[x].sh.k_pos = ka[x];
+        run_all(&b[x]);
+    }
+    assert_close(b[0].o, w.o, N * QH * D, "o (first half)");
+    int none = 0;
+    for (int h = 0; h < QH; h++)
+        for (int64_t i = 0; i < N; i++) {
+            assert_close(&b[0].lse[h * N + i], &w.lse[h * T + i], 1, "lse (first half)");
+            const double l1 = b[1].lse[h * N + i], l2 = b[2].lse[h * N + i];
+            if (start[N + i] >= N) {
+                none++;
+                assert_true(isinf(l2) && l2 < 0);
+                for (int64_t d = 0; d < D; d++) assert_true(b[2].o[(i * QH + h) * D + d] == 0);
+            }
+            const double l = l2 == -INFINITY ? l1 : l1 + log1p(exp(l2 - l1));
+            assert_close(&l, &w.lse[h * T + N + i], 1, "lse (merged)");
+            for (int64_t d = 0; d < D; d++) {
+                const int64_t x = (i * QH + h) * D + d;
+                const double o = b[1].o[x] * exp(l1 - l) + b[2].o[x] * exp(l2 - l);
+                assert_close(&o, &w.o[(N * QH) * D + x], 1, "o (merged)");
+            }
+        }
+    assert_int_equal(none, QH * 70); /* positions 130..199 */
+    for (int x = 0; x < 3; x++) release(&b[x]);
+    release(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backward_matches_finite_differences_causal),
@@ -196,6 +327,9 @@ int main(void) {
         cmocka_unit_test(test_lse_consistent),
         cmocka_unit_test(test_gqa_equals_repeated_kv),
         cmocka_unit_test(test_split_ranges),
+        cmocka_unit_test(test_backward_matches_finite_differences_documents),
+        cmocka_unit_test(test_documents_equal_each_alone),
+        cmocka_unit_test(test_documents_ring_blocks_merge),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

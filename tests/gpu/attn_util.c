@@ -21,9 +21,9 @@
     } while (0)
 
 const char *attn_shape_str(const attn_shape *s, char *buf, int n) {
-    snprintf(buf, (size_t)n, "S=%lld QH=%d KVH=%d D=%lld %s%s%s", (long long)s->seq, s->q_heads, s->kv_heads,
+    snprintf(buf, (size_t)n, "S=%lld QH=%d KVH=%d D=%lld %s%s%s%s", (long long)s->seq, s->q_heads, s->kv_heads,
              (long long)s->head_dim, s->causal ? "causal" : "full", s->dkv_accum ? " acc" : "",
-             s->dq_atomic ? " atomic" : "");
+             s->dq_atomic ? " atomic" : "", s->docs ? " docs" : "");
     return buf;
 }
 
@@ -41,6 +41,7 @@ void attn_build(attn_mod *m, int n) {
         cp_k_attention(&m[i].spec, s->head_dim, s->q_heads, s->kv_heads, s->seq, s->causal, s->dkv_accum,
                        s->dq_atomic);
         if (m[i].lse_stride) cp_k_attention_lse_stride(&m[i].spec, m[i].lse_stride);
+        if (s->docs) cp_k_attention_docs(&m[i].spec, true);
         cp_kvariants v;
         if (m[i].fwd_stages && cp_k_variants(&m[i].spec, &v)) cp_k_set_variant(&m[i].spec, &v, m[i].fwd_stages);
         if (cp_emit(&m[i].spec, &m[i].src, err, sizeof err) != 0) gu_fail("emit attention: %s", err);
@@ -107,11 +108,12 @@ void attn_fwd(attn_mod *m, const void *q, const void *k, const void *v, void *o,
     if (m->hopper && !m->use_mma) {
         cp_tmap tm[3];
         hopper_tmaps(m, tm, 3, (const void *const[]){q, k, v}, CP_ATTN_SM90_BOX_ROWS);
-        void *args[] = {&tm[0], &tm[1], &tm[2], &o, &lse};
+        /* with documents the four arguments of the contract follow (an entry reads only the parameters it has) */
+        void *args[] = {&tm[0], &tm[1], &tm[2], &o, &lse, &m->doc_start, &m->doc_end, &m->q_pos, &m->k_pos};
         AU_CUDA(cp_launch(m->fwd_sm90, &m->d_fwd_sm90, args, s));
         return;
     }
-    void *args[] = {&q, &k, &v, &o, &lse};
+    void *args[] = {&q, &k, &v, &o, &lse, &m->doc_start, &m->doc_end, &m->q_pos, &m->k_pos};
     AU_CUDA(cp_launch(m->fwd, &m->d_fwd, args, s));
 }
 
@@ -127,10 +129,12 @@ void attn_bwd(attn_mod *m, const void *q, const void *k, const void *v, const vo
     if (m->hopper && !m->use_mma) {
         cp_tmap tm[5];
         hopper_tmaps(m, tm, 5, (const void *const[]){q, k, v, dout, dq_ws}, CP_ATTN_SM90_BWD_Q_ROWS);
-        void *args[] = {&tm[0], &tm[1], &tm[2], &tm[3], &tm[4], &lse, &delta, &prog, &dk, &dv};
+        void *args[] = {&tm[0], &tm[1],   &tm[2],       &tm[3],     &tm[4],   &lse,    &delta,
+                        &prog,  &dk,      &dv,          &m->doc_start, &m->doc_end, &m->q_pos, &m->k_pos};
         AU_CUDA(cp_launch(m->bwd_sm90, &m->d_bwd_sm90, args, s));
     } else {
-        void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq_ws, &prog, &dk, &dv};
+        void *args[] = {&q, &k, &v, &dout, &lse, &delta, &dq_ws, &prog, &dk, &dv,
+                        &m->doc_start, &m->doc_end, &m->q_pos, &m->k_pos};
         AU_CUDA(cp_launch(m->bwd, &m->d_bwd, args, s));
     }
     void *args2[] = {&dq_ws, &dq};

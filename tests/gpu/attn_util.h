@@ -21,6 +21,7 @@ typedef struct {
     int q_heads, kv_heads;
     bool causal, dkv_accum;
     bool dq_atomic; /* dQ summed by atomic adds in any order (train.deterministic = false) */
+    bool docs;      /* document masks (cp_k_attention_docs): the entries take attn_mod's doc_* and positions */
 } attn_shape;
 
 typedef struct {
@@ -38,12 +39,16 @@ typedef struct {
     bool hopper;     /* the device runs fwd_sm90, bwd_sm90 (sm_90a); attn_fwd, attn_bwd take them unless use_mma */
     bool use_mma;    /* attn_fwd, attn_bwd run the mma.sync kernels even where the Hopper ones exist */
     int spill_bytes; /* spill stores + loads over the module's entries */
+    /* with sh.docs, what attn_fwd and attn_bwd pass last (templates/attention.cu, "Document masks"): the device
+     * arrays of document starts and ends over the whole sequence, and the positions of the first query and key */
+    const int *doc_start, *doc_end;
+    int q_pos, k_pos;
 } attn_mod;
 
-/* "S=4097 QH=4 KVH=1 D=128 causal" into buf. */
 /* The module's LSE row stride and the bytes its LSE spans: ((QH - 1) * stride + S) * 4. */
 int64_t attn_lse_stride(const attn_mod *m);
 size_t attn_lse_bytes(const attn_mod *m);
+/* "S=4097 QH=4 KVH=1 D=128 causal" (" docs" with document masks) into buf. */
 const char *attn_shape_str(const attn_shape *s, char *buf, int n);
 /* Emit, compile (all at once, on every core), load n modules; prints each entry's registers, shared memory and
  * spills. Fails (gu_fail) on any error. */

@@ -7,8 +7,11 @@
  * same shapes, when python3 with torch is there, and prints both side by side.
  * On Hopper it times both forwards and both backwards: the wgmma ones the runtime runs and the mma.sync ones of sm_80
  * and sm_89.
+ * --docs LEN also times the kernels with document masks (templates/attention.cu) on documents of LEN tokens (the last
+ * one shorter), causal, and prints their TF/s counted on the scores they keep (sum over documents of L (L + 1) / 2
+ * per head) beside the causal kernels' time: the work skipped outside the documents shows as time saved.
  * Options: --seq N (default 32768), --head-dim 64|128 (default 128), --reps N (default 10), --no-sdpa, --quick (only
- * what the runtime runs beside SDPA's CUDNN backend: no mma.sync kernels on Hopper, no FLASH backend). */
+ * what the runtime runs beside SDPA's CUDNN backend: no mma.sync kernels on Hopper, no FLASH backend), --docs LEN. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +22,7 @@
 #include "attn_util.h"
 #include "gpu_util.h"
 #include "ref/bf16.h"
+#include "util.h"
 
 typedef struct {
     const char *name;
@@ -28,6 +32,7 @@ typedef struct {
     double fwd_mma_ms, bwd_mma_ms; /* on Hopper: the mma.sync kernels of sm_80 and sm_89 beside the wgmma ones; < 0:
                                       not run */
     double sdpa_fwd_ms[2], sdpa_bwd_ms[2]; /* flash, cudnn; < 0: not run */
+    double docs_fwd_ms, docs_bwd_ms, docs_fwd_mma_ms, docs_bwd_mma_ms; /* --docs; < 0: not run */
 } bench_row;
 
 static int cmp_double(const void *a, const void *b) {
@@ -49,12 +54,32 @@ static uint16_t *rand_bf16(int64_t n, uint64_t seed) {
 
 static double flops_fwd(int64_t S, int H, int64_t D) { return 4.0 * (double)S * (double)S * H * (double)D / 2; }
 
-static void bench(bench_row *r, int64_t S, int64_t D, int reps, bool quick) {
-    attn_mod mods[2]; /* dQ sums ordered, atomic */
+/* Scores kept per head by causal attention over documents of len tokens (the last one shorter) in S. */
+static double kept_scores(int64_t S, int64_t len) {
+    double n = 0;
+    for (int64_t a = 0; a < S; a += len) {
+        const double l = (double)(S - a < len ? S - a : len);
+        n += l * (l + 1) / 2;
+    }
+    return n;
+}
+
+static void bench(bench_row *r, int64_t S, int64_t D, int reps, bool quick, int64_t doc_len) {
+    attn_mod mods[3]; /* dQ sums ordered, atomic; with documents */
     memset(mods, 0, sizeof mods);
-    mods[0].sh = (attn_shape){S, D, r->qh, r->kvh, true, false, false};
-    mods[1].sh = (attn_shape){S, D, r->qh, r->kvh, true, false, true};
-    attn_build(mods, 2);
+    mods[0].sh = (attn_shape){S, D, r->qh, r->kvh, true, false, false, false};
+    mods[1].sh = (attn_shape){S, D, r->qh, r->kvh, true, false, true, false};
+    mods[2].sh = (attn_shape){S, D, r->qh, r->kvh, true, false, false, true};
+    attn_build(mods, doc_len > 0 ? 3 : 2);
+    int *docs = NULL; /* doc_start then doc_end on the device */
+    if (doc_len > 0) {
+        int *h = malloc(sizeof(int) * (size_t)(2 * S));
+        for (int64_t i = 0; i < S; i++) h[i] = (int)(i / doc_len * doc_len), h[S + i] = (int)CP_MIN(h[i] + doc_len, S);
+        docs = gu_malloc(sizeof(int) * (size_t)(2 * S));
+        gu_upload(docs, h, sizeof(int) * (size_t)(2 * S));
+        free(h);
+        mods[2].doc_start = docs, mods[2].doc_end = docs + S;
+    }
     attn_mod *const m = &mods[0];
     const int64_t nq = S * r->qh * D, nkv = S * r->kvh * D, nlse = S * r->qh;
     uint16_t *hq = rand_bf16(nq, 1), *hk = rand_bf16(nkv, 2), *hv = rand_bf16(nkv, 3), *hdo = rand_bf16(nq, 4);
@@ -86,16 +111,26 @@ static void bench(bench_row *r, int64_t S, int64_t D, int reps, bool quick) {
     double *t = malloc(sizeof(double) * (size_t)reps);
     /* phases: the forward and backward the runtime uses, and on Hopper the backward with atomic dQ sums and the
      * mma.sync forward and backward too */
-    const char *phase_name[5] = {m->hopper ? "fwd (wgmma)" : "fwd", m->hopper ? "bwd (wgmma)" : "bwd",
-                                 "bwd (wgmma, atomic dQ)", "fwd (mma.sync)", "bwd (mma.sync)"};
-    double *phase_ms[5] = {&r->fwd_ms, &r->bwd_ms, &r->bwd_atomic_ms, &r->fwd_mma_ms, &r->bwd_mma_ms};
+    const char *phase_name[9] = {m->hopper ? "fwd (wgmma)" : "fwd", m->hopper ? "bwd (wgmma)" : "bwd",
+                                 "bwd (wgmma, atomic dQ)", "fwd (mma.sync)", "bwd (mma.sync)",
+                                 m->hopper ? "docs fwd (wgmma)" : "docs fwd", m->hopper ? "docs bwd (wgmma)" : "docs bwd",
+                                 "docs fwd (mma.sync)", "docs bwd (mma.sync)"};
+    double *phase_ms[9] = {&r->fwd_ms,          &r->bwd_ms,          &r->bwd_atomic_ms,
+                           &r->fwd_mma_ms,      &r->bwd_mma_ms,      &r->docs_fwd_ms,
+                           &r->docs_bwd_ms,     &r->docs_fwd_mma_ms, &r->docs_bwd_mma_ms};
     r->fwd_mma_ms = r->bwd_mma_ms = r->bwd_atomic_ms = -1;
-    for (int phase = 0; phase < (m->hopper ? (quick ? 3 : 5) : 2); phase++) {
-        attn_mod *pm = phase == 2 ? &mods[1] : m;
-        pm->use_mma = phase >= 3;
+    r->docs_fwd_ms = r->docs_bwd_ms = r->docs_fwd_mma_ms = r->docs_bwd_mma_ms = -1;
+    for (int phase = 0; phase < 9; phase++) {
+        /* the phases this machine and these options run: the mma.sync ones and atomic dQ sums only on Hopper (the
+         * default path elsewhere), not with --quick; the document ones only with --docs */
+        if ((phase >= 2 && phase <= 4 && !m->hopper) || ((phase == 3 || phase == 4) && quick)) continue;
+        if (phase >= 5 && (doc_len <= 0 || (phase >= 7 && (!m->hopper || quick)))) continue;
+        attn_mod *pm = phase == 2 ? &mods[1] : phase >= 5 ? &mods[2] : m;
+        pm->use_mma = phase == 3 || phase == 4 || phase >= 7;
+        const bool fwd = phase == 0 || phase == 3 || phase == 5 || phase == 7;
         for (int i = -2; i < reps; i++) { /* two warm-up runs */
             cudaEventRecord(e0, 0);
-            if (phase == 0 || phase == 3) attn_fwd(pm, q, k, v, o, lse, 0);
+            if (fwd) attn_fwd(pm, q, k, v, o, lse, 0);
             else attn_bwd(pm, q, k, v, dout, lse, delta, ws, dq, dk, dv, 0);
             cudaEventRecord(e1, 0);
             if (cudaEventSynchronize(e1) != cudaSuccess)
@@ -109,8 +144,8 @@ static void bench(bench_row *r, int64_t S, int64_t D, int reps, bool quick) {
         *phase_ms[phase] = med;
         printf("  %s %s: median %.3f ms, min %.3f, max %.3f over %d runs\n", r->name, phase_name[phase], med, t[0],
                t[reps - 1], reps);
+        pm->use_mma = false;
     }
-    m->use_mma = false;
     /* a sanity look at the outputs: no NaN in o, dq */
     gu_download(ho, o, nq * 2);
     int64_t nan_o = gu_nan_bf16(ho, nq);
@@ -122,8 +157,8 @@ static void bench(bench_row *r, int64_t S, int64_t D, int reps, bool quick) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gu_free_dev(bufs[i]);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    attn_free(&mods[0]);
-    attn_free(&mods[1]);
+    for (int i = 0; i < (doc_len > 0 ? 3 : 2); i++) attn_free(&mods[i]);
+    if (docs) gu_free_dev(docs);
 }
 
 /* The SDPA script beside this source: from the binary's folder build/tests/gpu up to the source tree. */
@@ -175,7 +210,7 @@ static void tfs(char *buf, size_t n, double flops, double ms) {
 }
 
 int main(int argc, char **argv) {
-    int64_t S = 32768, D = 128;
+    int64_t S = 32768, D = 128, doc_len = 0;
     int reps = 10;
     bool sdpa = true, quick = false;
     for (int i = 1; i < argc; i++) {
@@ -184,17 +219,23 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-sdpa")) sdpa = false;
         else if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--docs") && i + 1 < argc) doc_len = atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_attention [--seq N] [--head-dim 64|128] [--reps N] [--no-sdpa] [--quick]\n");
+            fprintf(stderr, "usage: bench_attention [--seq N] [--head-dim 64|128] [--reps N] [--no-sdpa] [--quick] "
+                            "[--docs LEN]\n");
             return 2;
         }
     }
+    if (doc_len < 0 || (doc_len > 0 && S > (1LL << 30))) {
+        fprintf(stderr, "bench_attention: --docs takes a length of at least 1\n");
+        return 2;
+    }
     if (reps < 1) reps = 1;
     gu_init_or_skip("bench_attention");
-    bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, -1, -1, -1, {-1, -1}, {-1, -1}},
-                        {"GQA 32/8", 32, 8, 0, 0, -1, -1, -1, {-1, -1}, {-1, -1}}};
+    bench_row rows[] = {{"MHA 32/32", 32, 32, 0, 0, -1, -1, -1, {-1, -1}, {-1, -1}, -1, -1, -1, -1},
+                        {"GQA 32/8", 32, 8, 0, 0, -1, -1, -1, {-1, -1}, {-1, -1}, -1, -1, -1, -1}};
     const int nrows = 2;
-    for (int i = 0; i < nrows; i++) bench(&rows[i], S, D, reps, quick);
+    for (int i = 0; i < nrows; i++) bench(&rows[i], S, D, reps, quick, doc_len);
     int rc = sdpa ? run_sdpa(rows, nrows, S, D, reps, quick) : 0;
 
     printf("\ncausal attention, S=%lld, D=%lld, 32 query heads; TF/s = fwd 4*S^2*H*D/2, bwd 2.5x fwd\n", (long long)S,
@@ -217,6 +258,28 @@ int main(int argc, char **argv) {
             tfs(c, sizeof c, 2.5 * F, b);
             tfs(d, sizeof d, 3.5 * F, f + b);
             printf("%-10s %-18s %9.3f %9.3f %9.3f %8s %8s %8s\n", j ? "" : rows[i].name, names[j], f, b, f + b, a, c, d);
+        }
+    }
+    if (doc_len > 0) {
+        const double kept = kept_scores(S, doc_len);
+        printf("\ncausal attention over documents of %lld tokens, S=%lld, D=%lld, 32 query heads: %.2f%% of the causal "
+               "scores kept;\nTF/s = fwd 4*kept*H*D, bwd 2.5x fwd; 'x causal': the causal kernel's time over this one's\n",
+               (long long)doc_len, (long long)S, (long long)D, 100 * kept / ((double)S * (double)(S + 1) / 2));
+        printf("%-10s %-18s %9s %9s %8s %8s %9s %9s\n", "shape", "kernel", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s",
+               "fwd x causal", "bwd x causal");
+        for (int i = 0; i < nrows; i++) {
+            const bench_row *w = &rows[i];
+            const double F = 4.0 * kept * w->qh * (double)D;
+            for (int j = 0; j < 2; j++) {
+                const double f = j ? w->docs_fwd_mma_ms : w->docs_fwd_ms, b = j ? w->docs_bwd_mma_ms : w->docs_bwd_ms,
+                             cf = j ? w->fwd_mma_ms : w->fwd_ms, cb = j ? w->bwd_mma_ms : w->bwd_ms;
+                if (f < 0 || b < 0) continue;
+                char a[16], c[16];
+                tfs(a, sizeof a, F, f);
+                tfs(c, sizeof c, 2.5 * F, b);
+                printf("%-10s %-18s %9.3f %9.3f %8s %8s %11.1fx %11.1fx\n", j ? "" : w->name,
+                       j ? "cpgen docs mma.sync" : "cpgen docs", f, b, a, c, cf / f, cb / b);
+            }
         }
     }
     return rc;

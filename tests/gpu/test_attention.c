@@ -10,6 +10,12 @@
  * (S = 1000 and 4097), and at longer ones whose key blocks do not all fit on the GPU at once (so blocks wait for
  * key blocks dispatched in an earlier wave), causal and full.
  *
+ * Document masks (DOCS, templates/attention.cu): packed layouts (1-token documents, documents ending on the tiles'
+ * edges, crossing many tiles, random, one document) and a ring's off-diagonal block whose rows that keep no key must
+ * give o = 0, dq = 0 and lse = -inf exactly; the mma.sync kernels are checked first, on Hopper then the wgmma ones;
+ * with one document the mma.sync kernels must give the bits of the module without documents; the backward repeats
+ * with documents give the same bits. `test_attention --docs` runs only these.
+ *
  * `test_attention --dump DIR S QH KVH D CAUSAL` instead runs one shape once and writes its inputs and outputs as raw
  * files into DIR, for tests/gpu/attention_sdpa.py to compare with PyTorch. */
 #include <math.h>
@@ -31,13 +37,17 @@
 #include "util.h"
 
 static const attn_shape SHAPES[] = {
-    {1, 64, 1, 1, true, false, false},       {1, 128, 4, 1, false, false, false},     {100, 128, 3, 1, true, false, false},
-    {100, 64, 2, 2, false, true, false},     {1000, 64, 4, 1, true, false, false},    {1000, 128, 3, 1, false, false, false},
-    {1000, 128, 4, 4, true, true, false},    {256, 128, 8, 2, true, false, false},    {4097, 128, 4, 1, true, false, false},
-    {4097, 64, 3, 1, false, false, false},   {4097, 128, 2, 2, true, true, false},    {2048, 64, 4, 4, true, false, false},
-    {256, 64, 3, 3, false, false, false},    {2048, 128, 3, 1, false, false, false},  {32768, 128, 1, 1, true, false, false},
+    {1, 64, 1, 1, true, false, false, false},       {1, 128, 4, 1, false, false, false, false},
+    {100, 128, 3, 1, true, false, false, false},    {100, 64, 2, 2, false, true, false, false},
+    {1000, 64, 4, 1, true, false, false, false},    {1000, 128, 3, 1, false, false, false, false},
+    {1000, 128, 4, 4, true, true, false, false},    {256, 128, 8, 2, true, false, false, false},
+    {4097, 128, 4, 1, true, false, false, false},   {4097, 64, 3, 1, false, false, false, false},
+    {4097, 128, 2, 2, true, true, false, false},    {2048, 64, 4, 4, true, false, false, false},
+    {256, 64, 3, 3, false, false, false, false},    {2048, 128, 3, 1, false, false, false, false},
+    {32768, 128, 1, 1, true, false, false, false},
     /* dQ summed by atomic adds (train.deterministic = false) */
-    {4097, 128, 4, 1, true, false, true}, {1000, 128, 3, 1, false, true, true}, {2048, 64, 4, 4, true, false, true},
+    {4097, 128, 4, 1, true, false, true, false},  {1000, 128, 3, 1, false, true, true, false},
+    {2048, 64, 4, 4, true, false, true, false},
 };
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 /* LSE rows further apart than the module's tokens: twice, as a ring's half-block launches take them, and one causal
@@ -46,18 +56,18 @@ static const struct {
     attn_shape sh;
     int64_t lse_stride;
 } SSHAPES[] = {
-    {{1000, 128, 3, 1, false, true, false}, 2000},
-    {{2049, 64, 4, 2, false, true, false}, 4098},
-    {{1000, 128, 2, 2, true, false, false}, 1500},
+    {{1000, 128, 3, 1, false, true, false, false}, 2000},
+    {{2049, 64, 4, 2, false, true, false, false}, 4098},
+    {{1000, 128, 2, 2, true, false, false, false}, 1500},
 };
 #define NSSHAPES ((int)(sizeof SSHAPES / sizeof SSHAPES[0]))
 #define BOUND 1e-2
 
 /* determinism only (no reference: too long for the CPU) */
 static const attn_shape DSHAPES[] = {
-    {32768, 128, 4, 1, true, false, false}, /* 256 key blocks of one KV head, causal */
-    {20000, 128, 2, 1, false, true, false}, /* 157 key blocks, every one adding to every query block */
-    {16384, 64, 8, 2, true, true, false},   /* 2 KV heads of 128 key blocks */
+    {32768, 128, 4, 1, true, false, false, false}, /* 256 key blocks of one KV head, causal */
+    {20000, 128, 2, 1, false, true, false, false}, /* 157 key blocks, every one adding to every query block */
+    {16384, 64, 8, 2, true, true, false, false},   /* 2 KV heads of 128 key blocks */
 };
 #define NDSHAPES ((int)(sizeof DSHAPES / sizeof DSHAPES[0]))
 /* the shapes the determinism test runs: indices into SHAPES, then every DSHAPES */
@@ -131,6 +141,22 @@ static double rel_f32(const float *out, const double *ref, int64_t n) {
     return sqrt(num / (den > 0 ? den : 1));
 }
 
+/* rel_f32 of an LSE over the rows whose reference is finite; a row whose reference is -inf (it keeps no key: document
+ * masks) must be -inf exactly, else the error is infinite */
+static double rel_lse(const float *out, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(out[i])) return NAN;
+        if (isinf(ref[i])) {
+            if (!(isinf(out[i]) && out[i] < 0)) return INFINITY;
+            continue;
+        }
+        num += (out[i] - ref[i]) * (out[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
 static double *to_f64(const uint16_t *x, int64_t n) {
     double *d = malloc(sizeof(double) * (size_t)n);
     for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(x[i]);
@@ -177,11 +203,13 @@ static float *lse_rows(const attn_mod *m, const float *dev, float *span) {
     return rows;
 }
 
-/* Run fwd then bwd of module m on fresh random inputs; results in io (host). */
-static void run_shape(attn_mod *m, host_io *io) {
+/* Run fwd then bwd of module m on random inputs from rng_seed; results in io (host). On Hopper both backwards take
+ * the Hopper forward's LSE and delta, unless own_lse: then the mma.sync backward takes the mma.sync forward's, so
+ * that each path is checked whole (document cases: a fault of one forward is not blamed on the other's backward). */
+static void run_shape(attn_mod *m, host_io *io, uint64_t rng_seed, bool own_lse) {
     const attn_shape *s = &m->sh;
     gu_rng rng;
-    gu_seed(&rng, seed++);
+    gu_seed(&rng, rng_seed);
     io->nq = s->seq * s->q_heads * s->head_dim;
     io->nkv = s->seq * s->kv_heads * s->head_dim;
     io->nlse = s->seq * s->q_heads;
@@ -192,6 +220,7 @@ static void run_shape(attn_mod *m, host_io *io) {
     size_t bq = (size_t)io->nq * 2, bkv = (size_t)io->nkv * 2, blse = (size_t)io->nlse * 4;
     size_t bspan = attn_lse_bytes(m); /* the LSE's rows, LSE_STRIDE apart */
     size_t bdkv = s->dkv_accum ? (size_t)io->nkv * 4 : bkv;
+    float *mma_span = NULL, *mma_delta = NULL; /* own_lse on Hopper: the mma.sync forward's LSE bytes, and its delta */
     void *q = gu_malloc(bq), *k = gu_malloc(bkv), *v = gu_malloc(bkv), *dout = gu_malloc(bq), *o = gu_malloc(bq),
          *dq = gu_malloc(bq), *dk = gu_malloc(bdkv), *dv = gu_malloc(bdkv);
     float *lse = gu_malloc(bspan), *delta = gu_malloc(blse),
@@ -220,10 +249,14 @@ static void run_shape(attn_mod *m, host_io *io) {
         io->o_mma = malloc(bq);
         gu_download(io->o_mma, o, bq);
         io->lse_mma = lse_rows(m, lse, span);
+        if (own_lse) {
+            mma_span = malloc(bspan);
+            memcpy(mma_span, span, bspan);
+            mma_delta = row_delta(io->dout, io->o_mma, io->nlse, s->head_dim);
+        }
         gu_upload(lse, hopper_span, bspan);
         free(hopper_span);
     }
-    free(span);
 
     io->delta = row_delta(io->dout, io->o, io->nlse, s->head_dim);
     gu_upload(delta, io->delta, blse);
@@ -243,6 +276,10 @@ static void run_shape(attn_mod *m, host_io *io) {
             gu_poison(dv, bdkv);
         }
         m->use_mma = pass == 1;
+        if (pass == 1 && mma_span) {
+            gu_upload(lse, mma_span, bspan);
+            gu_upload(delta, mma_delta, blse);
+        }
         attn_bwd(m, q, k, v, dout, lse, delta, ws, dq, dk, dv, 0);
         m->use_mma = false;
         if (cudaDeviceSynchronize() != cudaSuccess)
@@ -262,6 +299,7 @@ static void run_shape(attn_mod *m, host_io *io) {
                 io->dk16 = hdk, io->dv16 = hdv;
         }
     }
+    free(span), free(mma_span), free(mma_delta);
     void *bufs[] = {q, k, v, dout, o, dq, dk, dv, lse, delta, ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gu_free_dev(bufs[i]);
 }
@@ -281,7 +319,7 @@ static void check_fwd(const char *path, const char *name, const host_io *io, con
     snprintf(what, sizeof what, "%s o", path);
     gu_check(what, name, rel_bf16(go, o, io->nq), BOUND);
     snprintf(what, sizeof what, "%s lse", path);
-    gu_check(what, name, rel_f32(glse, lse, io->nlse), 1e-4);
+    gu_check(what, name, rel_lse(glse, lse, io->nlse), 1e-4);
 }
 
 /* One backward's dq (bf16) and dk, dv (bf16, or f32 added to the initial values when dkv_accum) against the
@@ -319,9 +357,10 @@ static void check_shape(void **state) {
     host_io io;
     memset(&io, 0, sizeof io);
     double t0 = cp_now();
-    run_shape(m, &io);
+    run_shape(m, &io, seed++, false);
     double t1 = cp_now();
-    ref_attn_shape rs = {s->seq, s->q_heads, s->kv_heads, s->head_dim, s->causal, 1.0 / sqrt((double)s->head_dim)};
+    ref_attn_shape rs = {s->seq, s->q_heads, s->kv_heads, s->head_dim, s->causal, 1.0 / sqrt((double)s->head_dim),
+                         NULL, NULL, 0, 0};
     double *q = to_f64(io.q, io.nq), *k = to_f64(io.k, io.nkv), *v = to_f64(io.v, io.nkv),
            *dout = to_f64(io.dout, io.nq);
     double *o = malloc(sizeof(double) * io.nq), *lse = malloc(sizeof(double) * io.nlse),
@@ -343,11 +382,12 @@ static void check_shape(void **state) {
  * workspace poisoned (dk, dv reset to their initial values when accumulated) before each run: dq, dk and dv must be
  * the same bits every time (the dQ sums are ordered, nothing else is summed across blocks). The forward twice must
  * agree as well. */
-static void check_repeatable(void **state) {
-    attn_mod *m = *state;
+static void repeatable(attn_mod *m, bool use_mma) {
     const attn_shape *s = &m->sh;
-    char name[96];
+    char name[128];
     attn_shape_str(s, name, sizeof name);
+    if (use_mma) snprintf(name + strlen(name), sizeof name - strlen(name), " (mma.sync)");
+    m->use_mma = use_mma;
     gu_rng rng;
     gu_seed(&rng, seed++);
     const int64_t nq = s->seq * s->q_heads * s->head_dim, nkv = s->seq * s->kv_heads * s->head_dim,
@@ -412,12 +452,231 @@ static void check_repeatable(void **state) {
                         r + 1, what[j], (long long)differ, sizes[j] / 2);
             }
     }
+    m->use_mma = false;
     printf("  %s: dq, dk, dv the same bits in %d runs (%.2f s)\n", name, REPEAT_RUNS, cp_now() - t0);
     gu_check("attention bwd repeat", name, 0.0, 0.0);
     for (int j = 0; j < 3; j++) free(first[j]), free(again[j]);
     free(o_run[0]), free(o_run[1]), free(hq), free(hk), free(hv), free(hdo), free(hdelta), free(dk0), free(dv0);
     void *bufs[] = {q, k, v, dout, o, dq, dk, dv, lse, delta, ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gu_free_dev(bufs[i]);
+}
+
+static void check_repeatable(void **state) { repeatable(*state, false); }
+
+/* ---- document masks (templates/attention.cu, "Document masks") ---- */
+
+/* How the documents lie over the T positions of the sequence */
+typedef enum {
+    DL_ONE,    /* one document: the mma.sync kernels must give the bits of the module without documents */
+    DL_SHORT,  /* 1-token documents among short ones (up to 90 tokens) */
+    DL_SINGLE, /* every document of 1 token: each query keeps only its own key */
+    DL_EDGES,  /* documents ending exactly on multiples of 64 and 128, the edges of the tiles */
+    DL_LONG,   /* documents crossing many tiles, with one of 1 and one of 3 tokens among them */
+    DL_MIXED,  /* random lengths from 1 to 400, one in eight of 1 token */
+    DL_RING,   /* over 2S: 0.3 S, 0.8 S (crossing S), 5, the rest; of the queries at S.. only the first 0.1 S keep a key */
+} doc_layout;
+static const char *const DL_NAMES[] = {"one document", "short documents",  "1-token documents",
+                                       "documents ending on tile edges", "long documents", "random documents",
+                                       "documents crossing the halves"};
+
+typedef struct {
+    attn_shape sh; /* with docs */
+    doc_layout layout;
+    bool ring; /* queries at positions S.. and keys at 0.. of 2S tokens, not causal: a ring's off-diagonal block */
+} doc_case;
+
+static const doc_case DOC_CASES[] = {
+    {{1000, 64, 4, 1, true, false, false, true}, DL_SHORT, false},
+    {{1000, 128, 2, 2, true, true, false, true}, DL_EDGES, false},
+    {{4097, 128, 4, 1, true, false, false, true}, DL_LONG, false},
+    {{2048, 64, 4, 4, true, false, false, true}, DL_MIXED, false},
+    {{300, 64, 4, 1, true, false, false, true}, DL_SINGLE, false},
+    {{1000, 128, 4, 1, true, false, false, true}, DL_ONE, false},
+    {{2048, 128, 4, 1, true, false, true, true}, DL_MIXED, false}, /* dQ summed by atomic adds on Hopper */
+    {{1000, 128, 4, 1, false, false, false, true}, DL_RING, true},
+    {{1000, 64, 2, 2, false, true, false, true}, DL_SHORT, true},
+    {{4097, 128, 4, 4, false, false, false, true}, DL_MIXED, true},
+};
+#define NDOC ((int)(sizeof DOC_CASES / sizeof DOC_CASES[0]))
+/* determinism with documents: indices into DOC_CASES, then every DOC_DCASES (no reference: too long for the CPU) */
+static const int DOC_REPEAT[] = {2, 7};
+#define NDOC_REPEAT ((int)(sizeof DOC_REPEAT / sizeof DOC_REPEAT[0]))
+static const doc_case DOC_DCASES[] = {
+    {{16384, 128, 8, 2, true, false, false, true}, DL_MIXED, false}, /* 2 KV heads of 128 key blocks */
+};
+#define NDOC_D ((int)(sizeof DOC_DCASES / sizeof DOC_DCASES[0]))
+
+typedef struct {
+    attn_mod *m;
+    const doc_case *c;
+    attn_mod *plain; /* DL_ONE: the same shape without documents, for the bit comparison */
+} doc_state;
+
+static const char *doc_case_str(const doc_case *c, char *buf, int n) {
+    char sh[96];
+    attn_shape_str(&c->sh, sh, sizeof sh);
+    snprintf(buf, (size_t)n, "%s, %s%s", sh, DL_NAMES[c->layout], c->ring ? ", queries at S.., keys at 0.." : "");
+    return buf;
+}
+
+/* doc_start, doc_end over T positions in the layout l (S: the module's tokens, for DL_RING's proportions) */
+static void make_docs(doc_layout l, int64_t T, int64_t S, uint64_t rseed, int *start, int *end) {
+    static const int short_len[] = {1, 1, 3, 1, 17, 1, 40, 2, 90, 1}, edge_len[] = {64, 64, 128, 192, 64, 256, 128},
+                     long_len[] = {1, 700, 1500, 3, 1100};
+    gu_rng r;
+    gu_seed(&r, rseed);
+    int64_t a = 0;
+    for (int d = 0; a < T; d++) {
+        int64_t n;
+        switch (l) {
+        case DL_ONE: n = T; break;
+        case DL_SHORT: n = short_len[d % 10]; break;
+        case DL_SINGLE: n = 1; break;
+        case DL_EDGES: n = edge_len[d % 7]; break;
+        case DL_LONG: n = d < 5 ? long_len[d] : 2000; break;
+        case DL_MIXED: n = gu_next(&r) % 8 == 0 ? 1 : 1 + (int64_t)(gu_next(&r) % 400); break;
+        default: n = d == 0 ? 3 * S / 10 : d == 1 ? 8 * S / 10 : d == 2 ? 5 : T; break;
+        }
+        n = CP_MIN(n, T - a);
+        for (int64_t i = a; i < a + n; i++) start[i] = (int)a, end[i] = (int)(a + n);
+        a += n;
+    }
+}
+
+/* The case's documents on the device, and the module's launch arguments for them; returns the host copy (doc_start
+ * then doc_end, T each), *dev the device one. */
+static int *docs_setup(attn_mod *m, const doc_case *c, void **dev) {
+    const int64_t S = m->sh.seq, T = c->ring ? 2 * S : S;
+    int *h = malloc(sizeof(int) * (size_t)(2 * T));
+    make_docs(c->layout, T, S, seed++, h, h + T);
+    *dev = gu_malloc(sizeof(int) * (size_t)(2 * T));
+    gu_upload(*dev, h, sizeof(int) * (size_t)(2 * T));
+    m->doc_start = *dev, m->doc_end = (const int *)*dev + T;
+    m->q_pos = c->ring ? (int)S : 0, m->k_pos = 0;
+    return h;
+}
+
+static void docs_release(attn_mod *m, int *h, void *dev) {
+    free(h);
+    gu_free_dev(dev);
+    m->doc_start = m->doc_end = NULL;
+    m->q_pos = m->k_pos = 0;
+}
+
+/* Rows that keep no key (the reference's lse is -inf, which rel_lse holds the kernel's to): o and dq exactly 0
+ * there. Returns how many such rows there are. */
+static int64_t check_empty_rows(const char *path, const char *name, const attn_shape *s, const uint16_t *go,
+                                const uint16_t *gdq, const double *lse) {
+    int64_t rows = 0, bad = 0;
+    for (int h = 0; h < s->q_heads; h++)
+        for (int64_t i = 0; i < s->seq; i++) {
+            if (!isinf(lse[h * s->seq + i])) continue;
+            rows++;
+            for (int64_t d = 0; d < s->head_dim; d++) {
+                const int64_t x = (i * s->q_heads + h) * s->head_dim + d;
+                bad += bf16_to_f32(go[x]) != 0.0f || bf16_to_f32(gdq[x]) != 0.0f;
+            }
+        }
+    if (rows) {
+        char what[96];
+        snprintf(what, sizeof what, "%s o, dq = 0", path);
+        if (bad) gu_fail("%s %s: %lld values of o or dq are not 0 in the %lld rows that keep no key", what, name,
+                         (long long)bad, (long long)rows);
+        gu_check(what, name, 0.0, 0.0);
+    }
+    return rows;
+}
+
+/* Bytes of the two results that differ, as 16-bit words; prints the first. */
+static int64_t words_differ(const char *what, const void *a, const void *b, size_t bytes) {
+    int64_t n = 0;
+    for (size_t i = 0; i < bytes / 2; i++)
+        if (((const uint16_t *)a)[i] != ((const uint16_t *)b)[i] && n++ == 0)
+            printf("    %s: first difference at 16-bit word %zu\n", what, i);
+    return n;
+}
+
+/* A document case against the reference: the mma.sync kernels first (on Hopper each backward takes its own
+ * forward's LSE), then on Hopper the wgmma ones. With one document the mma.sync results must be the bits of the
+ * module without documents on the same inputs. */
+static void check_docs(void **state) {
+    doc_state *ds = *state;
+    attn_mod *m = ds->m;
+    const attn_shape *s = &m->sh;
+    char name[160];
+    doc_case_str(ds->c, name, sizeof name);
+    void *ddocs;
+    int *hd = docs_setup(m, ds->c, &ddocs);
+    const int64_t T = ds->c->ring ? 2 * s->seq : s->seq;
+    const uint64_t in_seed = seed++;
+    host_io io;
+    memset(&io, 0, sizeof io);
+    double t0 = cp_now();
+    run_shape(m, &io, in_seed, true);
+    double t1 = cp_now();
+    ref_attn_shape rs = {s->seq, s->q_heads, s->kv_heads, s->head_dim, s->causal, 1.0 / sqrt((double)s->head_dim),
+                         hd, hd + T, m->q_pos, m->k_pos};
+    double *q = to_f64(io.q, io.nq), *k = to_f64(io.k, io.nkv), *v = to_f64(io.v, io.nkv),
+           *dout = to_f64(io.dout, io.nq);
+    double *o = malloc(sizeof(double) * io.nq), *lse = malloc(sizeof(double) * io.nlse),
+           *dq = malloc(sizeof(double) * io.nq), *dk = malloc(sizeof(double) * io.nkv),
+           *dv = malloc(sizeof(double) * io.nkv);
+    reference(&rs, q, k, v, dout, o, lse, dq, dk, dv);
+    printf("  %s: GPU %.2f s, reference %.2f s\n", name, t1 - t0, cp_now() - t1);
+    const bool hop = m->hopper;
+    const uint16_t *mo = hop ? io.o_mma : io.o, *mdq = hop ? io.dq_mma : io.dq;
+    const float *mlse = hop ? io.lse_mma : io.lse;
+    const void *mdk = hop ? io.dk_mma : s->dkv_accum ? (void *)io.dk32 : io.dk16,
+               *mdv = hop ? io.dv_mma : s->dkv_accum ? (void *)io.dv32 : io.dv16;
+    const char *fp = hop ? "attention fwd (mma.sync)" : "attention fwd",
+               *bp = hop ? "attention bwd (mma.sync)" : "attention bwd";
+    check_fwd(fp, name, &io, mo, mlse, o, lse);
+    check_bwd(bp, name, s, &io, mdq, mdk, mdv, dq, dk, dv);
+    const int64_t empty = check_empty_rows(bp, name, s, mo, mdq, lse);
+    if (hop) {
+        check_fwd("attention fwd_sm90", name, &io, io.o, io.lse, o, lse);
+        check_bwd("attention bwd_sm90", name, s, &io, io.dq, s->dkv_accum ? (void *)io.dk32 : io.dk16,
+                  s->dkv_accum ? (void *)io.dv32 : io.dv16, dq, dk, dv);
+        check_empty_rows("attention bwd_sm90", name, s, io.o, io.dq, lse);
+    }
+    if (empty) printf("  %s: %lld rows (of all heads) keep no key\n", name, (long long)empty);
+    if (ds->plain) {
+        /* one document: every tile is computed and none masked but at the diagonal, as without documents */
+        host_io pio;
+        memset(&pio, 0, sizeof pio);
+        run_shape(ds->plain, &pio, in_seed, true);
+        const size_t bq = (size_t)io.nq * 2, bdkv = (size_t)io.nkv * (s->dkv_accum ? 4 : 2);
+        const uint16_t *po = hop ? pio.o_mma : pio.o, *pdq = hop ? pio.dq_mma : pio.dq;
+        const float *plse = hop ? pio.lse_mma : pio.lse;
+        const void *pdk = hop ? pio.dk_mma : s->dkv_accum ? (void *)pio.dk32 : pio.dk16,
+                   *pdv = hop ? pio.dv_mma : s->dkv_accum ? (void *)pio.dv32 : pio.dv16;
+        const int64_t differ = words_differ("o", mo, po, bq) + words_differ("lse", mlse, plse, (size_t)io.nlse * 4) +
+                               words_differ("dq", mdq, pdq, bq) + words_differ("dk", mdk, pdk, bdkv) +
+                               words_differ("dv", mdv, pdv, bdkv);
+        printf("  %s: mma.sync o, lse, dq, dk, dv against the module without documents: %lld 16-bit words differ\n",
+               name, (long long)differ);
+        if (differ) gu_fail("%s: one document does not give the bits of the module without documents", name);
+        gu_check("attention mma.sync = without docs", name, 0.0, 0.0);
+        if (hop) /* the wgmma kernels' own business: reported, not required */
+            printf("  %s: wgmma o, dq against the module without documents: %lld 16-bit words differ\n", name,
+                   (long long)(words_differ("o", io.o, pio.o, bq) + words_differ("dq", io.dq, pio.dq, bq)));
+        free_io(&pio);
+    }
+    free(q), free(k), free(v), free(dout), free(o), free(lse), free(dq), free(dk), free(dv);
+    free_io(&io);
+    docs_release(m, hd, ddocs);
+}
+
+/* The backward's determinism with documents (check_repeatable), on Hopper for the mma.sync backward as well. */
+static void check_repeatable_docs(void **state) {
+    doc_state *ds = *state;
+    void *ddocs;
+    int *hd = docs_setup(ds->m, ds->c, &ddocs);
+    char name[160];
+    printf("  %s\n", doc_case_str(ds->c, name, sizeof name));
+    repeatable(ds->m, false);
+    if (ds->m->hopper) repeatable(ds->m, true);
+    docs_release(ds->m, hd, ddocs);
 }
 
 static int write_file(const char *dir, const char *name, const void *p, size_t n) {
@@ -435,11 +694,12 @@ static int write_file(const char *dir, const char *name, const void *p, size_t n
 static int dump(char **argv) {
     attn_mod m;
     memset(&m, 0, sizeof m);
-    m.sh = (attn_shape){atoll(argv[3]), atoll(argv[6]), atoi(argv[4]), atoi(argv[5]), atoi(argv[7]) != 0, false, false};
+    m.sh = (attn_shape){atoll(argv[3]), atoll(argv[6]), atoi(argv[4]), atoi(argv[5]), atoi(argv[7]) != 0, false, false,
+                        false};
     attn_build(&m, 1);
     host_io io;
     memset(&io, 0, sizeof io);
-    run_shape(&m, &io);
+    run_shape(&m, &io, seed++, false);
     const char *dir = argv[2];
     char meta[256];
     int ml = snprintf(meta, sizeof meta, "S=%lld QH=%d KVH=%d D=%lld causal=%d\n", (long long)m.sh.seq, m.sh.q_heads,
@@ -458,8 +718,10 @@ static int dump(char **argv) {
 int main(int argc, char **argv) {
     gu_init_or_skip("test_attention"); /* also for --dump: attention_sdpa.py passes the skip on */
     if (argc == 8 && strcmp(argv[1], "--dump") == 0) return dump(argv);
-    if (argc != 1) {
-        fprintf(stderr, "usage: test_attention [--dump DIR S QH KVH D CAUSAL]\n");
+    const bool docs_only = argc == 2 && strcmp(argv[1], "--docs") == 0;
+    if (argc != 1 && !docs_only) {
+        fprintf(stderr, "usage: test_attention [--docs | --dump DIR S QH KVH D CAUSAL]\n"
+                        "  --docs: only the document-mask cases\n");
         return 2;
     }
     gu_cmocka = true;
@@ -467,10 +729,25 @@ int main(int argc, char **argv) {
     for (int i = 0; i < NDSHAPES; i++) mods[NSHAPES + i].sh = DSHAPES[i];
     attn_mod *strided = &mods[NSHAPES + NDSHAPES];
     for (int i = 0; i < NSSHAPES; i++) strided[i].sh = SSHAPES[i].sh, strided[i].lse_stride = SSHAPES[i].lse_stride;
-    attn_build(mods, NSHAPES + NDSHAPES + NSSHAPES);
-    enum { NTESTS = NSHAPES + NREPEAT + NDSHAPES + NSSHAPES };
-    struct CMUnitTest tests[NTESTS];
-    char names[NTESTS][112];
+    /* the document cases' modules, then the one without documents that DL_ONE is compared with */
+    enum { NDMODS = NDOC + NDOC_D + 1 };
+    static attn_mod dmods[NDMODS];
+    static doc_state dstate[NDOC + NDOC_D];
+    for (int i = 0; i < NDOC + NDOC_D; i++) {
+        const doc_case *c = i < NDOC ? &DOC_CASES[i] : &DOC_DCASES[i - NDOC];
+        dmods[i].sh = c->sh;
+        dstate[i] = (doc_state){&dmods[i], c, NULL};
+        if (c->layout == DL_ONE) {
+            dmods[NDMODS - 1].sh = c->sh;
+            dmods[NDMODS - 1].sh.docs = false;
+            dstate[i].plain = &dmods[NDMODS - 1];
+        }
+    }
+    if (!docs_only) attn_build(mods, NSHAPES + NDSHAPES + NSSHAPES);
+    attn_build(dmods, NDMODS);
+    enum { NBASE = NSHAPES + NREPEAT + NDSHAPES + NSSHAPES, NTESTS = NBASE + NDOC + NDOC_REPEAT + NDOC_D };
+    static struct CMUnitTest tests[NTESTS];
+    static char names[NTESTS][192];
     for (int i = 0; i < NSHAPES; i++) {
         attn_shape_str(&SHAPES[i], names[i], sizeof names[i]);
         tests[i] = (struct CMUnitTest){names[i], check_shape, NULL, NULL, &mods[i]};
@@ -489,8 +766,21 @@ int main(int argc, char **argv) {
         snprintf(names[t], sizeof names[t], "%s, LSE rows %lld apart", sh, (long long)SSHAPES[i].lse_stride);
         tests[t] = (struct CMUnitTest){names[t], check_shape, NULL, NULL, &strided[i]};
     }
-    int fails = _cmocka_run_group_tests("attention", tests, NTESTS, NULL, NULL);
+    for (int i = 0; i < NDOC; i++) {
+        doc_case_str(&DOC_CASES[i], names[NBASE + i], sizeof names[NBASE + i]);
+        tests[NBASE + i] = (struct CMUnitTest){names[NBASE + i], check_docs, NULL, NULL, &dstate[i]};
+    }
+    for (int i = 0; i < NDOC_REPEAT + NDOC_D; i++) {
+        const int t = NBASE + NDOC + i, d = i < NDOC_REPEAT ? DOC_REPEAT[i] : NDOC + i - NDOC_REPEAT;
+        char c[160];
+        snprintf(names[t], sizeof names[t], "repeatable %s", doc_case_str(dstate[d].c, c, sizeof c));
+        tests[t] = (struct CMUnitTest){names[t], check_repeatable_docs, NULL, NULL, &dstate[d]};
+    }
+    const int first = docs_only ? NBASE : 0;
+    int fails = _cmocka_run_group_tests("attention", tests + first, (size_t)(NTESTS - first), NULL, NULL);
     gu_print_table();
-    for (int i = 0; i < NSHAPES + NDSHAPES + NSSHAPES; i++) attn_free(&mods[i]);
+    if (!docs_only)
+        for (int i = 0; i < NSHAPES + NDSHAPES + NSSHAPES; i++) attn_free(&mods[i]);
+    for (int i = 0; i < NDMODS; i++) attn_free(&dmods[i]);
     return gu_status(fails);
 }

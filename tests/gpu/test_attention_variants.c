@@ -18,9 +18,10 @@
 #include "gpu_util.h"
 
 static const attn_shape SHAPES[] = {
-    {1, 64, 1, 1, true, false, false},     {100, 128, 3, 1, true, false, false},  {1000, 64, 4, 1, false, false, false},
-    {4097, 128, 4, 1, true, false, false}, {4097, 64, 2, 2, true, false, false},  {20000, 128, 2, 1, false, false, false},
-    {32768, 64, 8, 2, true, false, false},
+    {1, 64, 1, 1, true, false, false, false},        {100, 128, 3, 1, true, false, false, false},
+    {1000, 64, 4, 1, false, false, false, false},    {4097, 128, 4, 1, true, false, false, false},
+    {4097, 64, 2, 2, true, false, false, false},     {20000, 128, 2, 1, false, false, false, false},
+    {32768, 64, 8, 2, true, false, false, false},
 };
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 
