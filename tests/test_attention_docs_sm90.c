@@ -107,6 +107,9 @@ static void test_docs_modules_compile_for_hopper(void **state) {
         for (int e = 0; e < out[i].nentries; e++) {
             const cp_entry_info *x = &out[i].entries[e];
             assert_true(x->registers > 0);
+            /* the Hopper entries: sm_90a runs fwd_sm90 and bwd_sm90, not the mma.sync ones of the same module (which
+             * test_kernels_compile holds to no spills for sm_80 in the modules plans make) */
+            if (!strstr(x->name, "_sm90_")) continue;
             if (x->spill_stores > 0 || x->spill_loads > 0)
                 fail_msg("%s spills: %d B stores, %d B loads, %d registers", x->name, x->spill_stores, x->spill_loads,
                          x->registers);
