@@ -255,6 +255,11 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
         fprintf(out, "  ranks     %d ranks on %d GPU%s, %d to a GPU, each its own NCCL host talking over sockets: "
                      "the numbers and each rank's memory are the %d-GPU run's, the speed is not\n",
                 world, (world + share - 1) / share, world > share ? "s" : "", share, world);
+    if (P->docs)
+        fprintf(out, "  documents masked (data.documents = \"mask\"): attention stays inside each document of %s and "
+                     "computes only the tiles that reach one; RoPE positions %s; memory and time planned for one "
+                     "document (the most work)\n", P->spec.data.source,
+                P->doc_positions ? "restart at each document" : "run over the sequence");
     long long nm = P->T / P->mlp_tile, nl = P->T / P->loss_tile;
     fprintf(out, "  tiles     MLP %s tokens (%lld tile%s) | loss %s tokens (%lld tile%s)\n",
             cp_fmt_length(P->mlp_tile, a, sizeof a), nm, nm == 1 ? "" : "s", cp_fmt_length(P->loss_tile, b, sizeof b),

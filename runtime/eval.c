@@ -26,6 +26,8 @@ int cp_eval_open(cp_eval *ev, const cp_plan *P, const cp_data_slice *slice, FILE
     ev->slice = *slice;
     ev->tok = cp_xmalloc(sizeof(int32_t) * (size_t)(ev->T * ev->mb));
     ev->tgt = cp_xmalloc(sizeof(int32_t) * (size_t)(ev->T * ev->mb));
+    ev->P = P;
+    cp_doc_inputs_init(&ev->docs, P);
     if (out) {
         char held[64] = "";
         if (ev->data.count >= 0) snprintf(held, sizeof held, " of %lld held out", (long long)ev->data.count);
@@ -41,6 +43,7 @@ void cp_eval_close(cp_eval *ev) {
     if (ev->on) cp_dataset_close(&ev->data);
     free(ev->tok);
     free(ev->tgt);
+    cp_doc_inputs_free(&ev->docs);
     memset(ev, 0, sizeof *ev);
 }
 
@@ -68,7 +71,9 @@ int cp_eval_after(cp_eval *ev, cp_exec *ex, int step, cp_eval_result *r, char *e
                 return cp_errf(err, errlen, "evaluation after step %d: reading data.val: %s", step, m);
             }
             all += ev->data.targets_round; /* every group's sequence of this round */
+            cp_doc_inputs_add(&ev->docs, ev->P, &ev->slice, &ev->data.docs);
         }
+        if (cp_doc_inputs_stage(&ev->docs, ex, err, errlen)) return -1;
         double s;
         if (cp_exec_eval(ex, ev->tok, ev->tgt, n, all, &s, err, errlen)) {
             char m[CP_ERR_MAX];

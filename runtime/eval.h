@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "data.h"
+#include "doc_inputs.h"
 #include "exec.h"
 #include "plan.h"
 
@@ -24,6 +25,8 @@ typedef struct {
     cp_dataset data;           /* data.val, rewound before each evaluation */
     cp_data_slice slice;       /* this rank's part of each sequence */
     int32_t *tok, *tgt;        /* [mb][T] */
+    cp_doc_inputs docs;        /* packed documents' inputs of the sequences read (plan->docs, doc_positions) */
+    const cp_plan *P;
     int last_step;             /* the step after which the last evaluation ran (0: none yet) */
     double last_loss;
 } cp_eval;

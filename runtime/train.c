@@ -11,6 +11,7 @@
 #include "checkpoint.h"
 #include "ckpt_source.h"
 #include "data.h"
+#include "doc_inputs.h"
 #include "eval.h"
 #include "exec.h"
 #include "json.h"
@@ -195,6 +196,8 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             rc = cp_errf(err, errlen, "%s: %s; set train.out_dir to a folder you can write", mpath, strerror(errno));
     }
     int32_t *tok = cp_xmalloc(sizeof(int32_t) * (size_t)(T * mb)), *tgt = cp_xmalloc(sizeof(int32_t) * (size_t)(T * mb));
+    cp_doc_inputs docs;
+    cp_doc_inputs_init(&docs, P);
     double *times = cp_xcalloc((size_t)CP_MAX(tr->steps, 1), sizeof(double));
     memset(res, 0, sizeof *res);
     res->losses = cp_xcalloc((size_t)CP_MAX(tr->steps, 1), sizeof(double));
@@ -224,7 +227,9 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             /* group g reads sequences g, g + R, ... of the stream; the loss is divided by every group's targets */
             rc = cp_dataset_next_slice(&data, &slice, tok + (size_t)b * T, tgt + (size_t)b * T, err, errlen);
             targets_all += data.targets_round;
+            if (!rc) cp_doc_inputs_add(&docs, P, &slice, &data.docs);
         }
+        if (!rc) rc = cp_doc_inputs_stage(&docs, ex, err, errlen);
         if (rc) break;
         cp_optim_hp hp = {.lr = cp_lr_at(tr, step), .beta1 = tr->beta1, .beta2 = tr->beta2, .eps = tr->eps,
                           .weight_decay = tr->weight_decay, .clip = tr->clip, .targets_all = targets_all};
@@ -266,7 +271,10 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
         }
         double tps = (double)P->T * mb / r.seconds, tf = flops / r.seconds / 1e12;
         if (out && (step % tr->log_every == 0 || step + 1 == tr->steps || r.skipped || vr.done || save_now)) {
-            char a[32], b[32], skip[64] = "", host[64] = "", val[64], note[256] = "";
+            char a[32], b[32], skip[64] = "", host[64] = "", val[64], note[256] = "", attn[64] = "";
+            if (P->docs) /* the tiles the document-masked kernels computed, and the scores they kept */
+                snprintf(attn, sizeof attn, " | attention %.1f%% of causal (%.1f%% kept)", 100 * docs.work,
+                         100 * docs.kept);
             if (save_now) {
                 note[0] = ' ', note[1] = '|', note[2] = ' ';
                 cp_save_info_note(&si, r.seconds, note + 3, (int)sizeof note - 3);
@@ -276,12 +284,12 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
                          (double)host_planned / (1 << 30));
             if (r.skipped) snprintf(skip, sizeof skip, " | update skipped (%s, %d so far)",
                                     isfinite(r.loss) ? "non-finite norm" : "non-finite loss", res->skipped);
-            fprintf(out, "step %d/%d | loss %.4f%s | norm %.2f | lr %.1e | %s | %s tok/s/GPU | %.*f TF/s | %.*f%% MFU | "
+            fprintf(out, "step %d/%d | loss %.4f%s | norm %.2f | lr %.1e | %s | %s tok/s/GPU | %.*f TF/s | %.*f%% MFU%s | "
                          "mem %.2f/%.2f GiB%s (%s/planned)%s%s\n",
                     step + 1, tr->steps, r.loss, cp_eval_step_text(&vr, val, sizeof val), r.norm, hp.lr,
                     fmt_time(r.seconds, a, sizeof a),
                     cp_fmt_count(tps, b, sizeof b), tf < 100 ? 1 : 0, tf, 100 * tf / peak < 10 ? 1 : 0,
-                    100 * tf / peak, (double)r.mem_used / (1 << 30), (double)P->gpu_peak / (1 << 30), host,
+                    100 * tf / peak, attn, (double)r.mem_used / (1 << 30), (double)P->gpu_peak / (1 << 30), host,
                     ranks == 1 ? "measured" : own ? "largest rank measured" : "GPU measured, ranks sharing it", skip,
                     note);
             fflush(out);
@@ -296,6 +304,10 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             json_num(metrics, "tokens_per_s", tps, false);
             json_num(metrics, "tflops", tf, false);
             json_num(metrics, "mfu", tf / peak, false);
+            if (P->docs) {
+                json_num(metrics, "attn_work", docs.work, false);
+                json_num(metrics, "attn_kept", docs.kept, false);
+            }
             fprintf(metrics, "\"targets\":%lld,\"mem_measured\":%lld,\"mem_planned\":%lld,\"host_measured\":%lld,"
                     "\"host_planned\":%lld,", (long long)r.targets, (long long)r.mem_used, (long long)P->gpu_peak,
                     (long long)r.host_used, (long long)host_planned);
@@ -390,6 +402,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
     if (data_open) cp_dataset_close(&data);
     cp_eval_close(&ev);
     free(tok);
+    cp_doc_inputs_free(&docs);
     free(tgt);
     free(times);
     free(flat);
