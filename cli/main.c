@@ -1,4 +1,5 @@
 /* main.c: the cpgen command line. Parses flags, loads the spec, builds the plan and hands over to a command. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,8 @@ static void usage(FILE *out) {
             "  --seq LEN         same as --set train.seq_len=LEN\n"
             "  --gpu-mem SIZE    GPU memory to plan for (default 143150M, an H200); --set machine.gpu_mem=SIZE\n"
             "  --host-mem SIZE   host memory to plan for (default 128G); --set machine.host_mem=SIZE\n"
+            "  --doc-len LEN     the documents' expected length, for the predicted time of a plan that masks\n"
+            "                    them (default: measured from the shards); --set data.doc_len=LEN\n"
             "  --ranks-per-gpu K (run, plan) K ranks share each GPU, each its own NCCL host over sockets: every\n"
             "                    layout runs on fewer GPUs (an 8-GPU plan on one with K = 8), with the same\n"
             "                    numbers and memory per rank, not the same speed; --set machine.ranks_per_gpu=K\n"
@@ -138,6 +141,8 @@ static void parse(int argc, char **argv, cli *c) {
             add_set(c, "machine.gpu_mem", need_value(argc, argv, &i));
         } else if (!strcmp(a, "--host-mem")) {
             add_set(c, "machine.host_mem", need_value(argc, argv, &i));
+        } else if (!strcmp(a, "--doc-len")) {
+            add_set(c, "data.doc_len", need_value(argc, argv, &i));
         } else if (!strcmp(a, "--ranks-per-gpu")) {
             add_set(c, "machine.ranks_per_gpu", need_value(argc, argv, &i));
         } else if (!strcmp(a, "--json")) {
@@ -692,6 +697,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cpgen: %s\n", err);
         return CP_EXIT_USAGE;
     }
+    /* the plan's time for masked documents takes their length: given, or measured on the data's first tokens (where
+     * the data is not here, the plan stays with the most work, one document) */
+    double mean;
+    if (spec.data.documents == CP_DOCS_MASK && spec.data.doc_len == 0 &&
+        cp_data_mean_doc_len(&spec, CP_MIN(16 * spec.train.seq_len, (int64_t)1 << 24), &mean, err, sizeof err) == 0 &&
+        mean >= 1)
+        spec.data.doc_len = (int64_t)llround(mean);
     cp_launch_env env;
     bool said_by_another = cp_launch_detect(&env, err, sizeof err) == 0 && (env.rank != 0 || env.launcher == CP_LAUNCH_CPGEN);
     if (spec.parallel.gpus_auto && !said_by_another) /* once per run, not by every rank */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "doc_work.h"
 #include "kernels.h"
 #include "kernels_attn.h"
 #include "plan_internal.h"
@@ -506,7 +507,7 @@ static void stage_qkv(builder *B, const bufset *b, const modset *M, const unit_r
 /* The causal attention forward of a stage's u heads per rank, 2 S^2 u D: with a ring, its P steps over the group's
  * blocks (the same work each: gen/ring.h). */
 static double attn_fwd_flops(const cp_plan *P) {
-    return P->ring * cp_ring_step_fwd_flops(P->group_tokens, P->u, P->spec.model.head_dim);
+    return P->attn_work * P->ring * cp_ring_step_fwd_flops(P->group_tokens, P->u, P->spec.model.head_dim);
 }
 
 /* ---------------------------------------------------------------- ring attention (parallel.ring = P > 1) */
@@ -1672,6 +1673,9 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     P->T = P->group_tokens / P->C;
     P->docs = spec->data.documents == CP_DOCS_MASK;
     P->doc_positions = spec->data.positions == CP_POS_DOCUMENT;
+    /* the kernels' tiles: fwd_sm90's 128 query rows by 128 keys (memory is planned for one document all the same) */
+    P->attn_work = P->docs && spec->data.doc_len > 0 ? cp_doc_tile_work_uniform(P->S, spec->data.doc_len, 128, 128, NULL)
+                                                      : 1.0;
     if (P->docs && P->ring > 1)
         return cp_errf(err, errlen, "%s: data.documents = \"mask\" with parallel.ring = %d: ring attention does not "
                        "mask documents yet; set parallel.ring = 1 (Ulysses and UPipe mask them) or data.documents = "

@@ -223,6 +223,8 @@ typedef struct {
     bool docs;             /* packed documents masked (data.documents = "mask"): each micro-batch's inputs carry the
                             * sequence's doc_start and doc_end (int32 [S]), and attention keeps only the scores within
                             * a document (templates/attention.cu, DOCS) */
+    double attn_work;      /* the fraction of causal attention's work the step is predicted to do: with docs and
+                            * data.doc_len, documents of that length (gen/doc_work.h); else 1 (one document) */
     bool doc_positions;    /* RoPE positions restart at each document (data.positions = "document"): the inputs carry
                             * each of the rank's rows' position (int32 [T]), which rope reads (POS_ARRAY) */
     cp_stage_rank *stages; /* [nstages * C], index s * C + r */

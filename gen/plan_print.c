@@ -255,11 +255,17 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
         fprintf(out, "  ranks     %d ranks on %d GPU%s, %d to a GPU, each its own NCCL host talking over sockets: "
                      "the numbers and each rank's memory are the %d-GPU run's, the speed is not\n",
                 world, (world + share - 1) / share, world > share ? "s" : "", share, world);
-    if (P->docs)
+    if (P->docs) {
         fprintf(out, "  documents masked (data.documents = \"mask\"): attention stays inside each document of %s and "
-                     "computes only the tiles that reach one; RoPE positions %s; memory and time planned for one "
-                     "document (the most work)\n", P->spec.data.source,
+                     "computes only the tiles that reach one; RoPE positions %s; memory planned for one document (the "
+                     "most work), ", P->spec.data.source,
                 P->doc_positions ? "restart at each document" : "run over the sequence");
+        if (P->spec.data.doc_len > 0)
+            fprintf(out, "time for documents of %s tokens (data.doc_len, or the data's mean): attention %.1f%% of causal\n",
+                    cp_fmt_length(P->spec.data.doc_len, a, sizeof a), 100 * P->attn_work);
+        else
+            fprintf(out, "time too (no data.doc_len, --doc-len)\n");
+    }
     long long nm = P->T / P->mlp_tile, nl = P->T / P->loss_tile;
     fprintf(out, "  tiles     MLP %s tokens (%lld tile%s) | loss %s tokens (%lld tile%s)\n",
             cp_fmt_length(P->mlp_tile, a, sizeof a), nm, nm == 1 ? "" : "s", cp_fmt_length(P->loss_tile, b, sizeof b),

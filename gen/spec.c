@@ -59,7 +59,7 @@ static const node TRAIN_KEYS[] = {
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
     LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("eval_every"), LEAF("eval_sequences"),
     LEAF("out_dir"), LEAF("deterministic"), END};
-static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"), LEAF("positions"), LEAF("eod"),
+static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"), LEAF("positions"), LEAF("eod"), LEAF("doc_len"),
                                   END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
@@ -1331,6 +1331,11 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
                         "the shards)", (long long)eod);
         s->data.eod = eod;
     }
+    s->data.doc_len = 0;
+    int64_t dl;
+    r = get_int(c, t, "data", "doc_len", INT_LEN, 1, INT32_MAX, &dl);
+    TRY(r);
+    if (r == 0) s->data.doc_len = dl;
     lua_pop(c->L, 1);
     /* evaluation's defaults: about ten evaluations a run where there is held-out data, each of one step's sequences */
     cp_train *tr = &s->train;

@@ -90,6 +90,8 @@ typedef struct {
     int documents;   /* cp_doc_mode */
     int positions;   /* cp_pos_mode */
     int64_t eod;     /* data.eod: the end-of-document id of tokens: shards that carry none; -1 = not set */
+    int64_t doc_len; /* data.doc_len: the documents' expected length, for the plan's predicted time (--doc-len; from
+                      * the shards where they have documents and it is not given); 0: unknown, one document */
 } cp_data;
 
 typedef struct {

@@ -106,6 +106,7 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     if (s->data.positions != CP_POS_AUTO)
         put_str(o, "positions", s->data.positions == CP_POS_DOCUMENT ? "document" : "sequence");
     if (s->data.eod >= 0) put_int(o, "eod", s->data.eod);
+    if (s->data.doc_len > 0) put_int(o, "doc_len", s->data.doc_len);
     cp_str_printf(o, "  },\n  init = {\n");
     put_str(o, "from", s->init.from == CP_INIT_HF ? "hf" : "random");
     put_str(o, "path", s->init.path);

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "doc_work.h"
 #include "ring.h"
 #include "util.h"
 
@@ -864,27 +865,7 @@ void cp_docs_bounds(const cp_docs *d, int64_t S, int32_t *doc_start, int32_t *do
 }
 
 double cp_docs_tile_work(const cp_docs *d, int64_t S, int bm, int bn, double *kept) {
-    if (kept) *kept = NAN;
-    if (S < 1 || bm < 1 || bn < 1 || d->n < 1 || d->start[0] != 0) return NAN;
-    /* query tile [i0, i1): causal key tiles 0 .. (i1 - 1) / bn; of those, the ones with a key in the document of
-     * row i0 start at tile doc_start(i0) / bn (an earlier tile's last key, kj bn + bn - 1, lies before it) */
-    double all = 0, done = 0;
-    int64_t k = 0;
-    for (int64_t i0 = 0; i0 < S; i0 += bm) {
-        int64_t i1 = CP_MIN(i0 + bm, S), last = (i1 - 1) / bn;
-        while (k + 1 < d->n && d->start[k + 1] <= i0) k++;
-        all += (double)(last + 1);
-        done += (double)(last - d->start[k] / bn + 1);
-    }
-    if (kept) { /* a document of L positions keeps L (L + 1) / 2 scores; causal attention over S has S (S + 1) / 2 */
-        double sum = 0;
-        for (int64_t j = 0; j < d->n; j++) {
-            double L = (double)((j + 1 < d->n ? d->start[j + 1] : S) - d->start[j]);
-            sum += L * (L + 1) / 2;
-        }
-        *kept = sum / ((double)S * ((double)S + 1) / 2);
-    }
-    return done / all;
+    return cp_doc_tile_work(d->start, d->n, S, bm, bn, kept);
 }
 
 int cp_tokens_mean_doc_len(const char *pattern, int64_t vocab, int64_t eod, int64_t max_tokens, double *mean,

@@ -197,7 +197,7 @@ void cp_docs_bounds(const cp_docs *d, int64_t S, int32_t *doc_start, int32_t *do
  * j1 - 1 >= doc_start[i0] (a key in the document of the tile's first row); the denominator is the tiles computed
  * with one document (causal alone). *kept (if not NULL) = the scores kept (key j for query i with doc_start[i] <= j
  * <= i) over causal attention's S (S + 1) / 2. NAN for S, bm or bn below 1. One document gives 1 and 1. */
-double cp_docs_tile_work(const cp_docs *d, int64_t S, int bm, int bn, double *kept);
+double cp_docs_tile_work(const cp_docs *d, int64_t S, int bm, int bn, double *kept); /* gen/doc_work.h */
 /* The mean length of the documents in the first max_tokens tokens of the shards matching pattern (in order, across
  * shards): the tokens up to the last end-of-document id among them over the documents it ends; eod < 0 takes the
  * shards' own id (refused where they carry none). Where no document ends that soon, the tokens read (a lower

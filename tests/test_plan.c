@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "doc_work.h"
 #include "exec.h"
 #include "kernels_attn.h"
 #include "plan.h"
@@ -1498,6 +1499,42 @@ static void test_json_parses(void **state) {
     cp_plan_free(&p);
 }
 
+#define assert_near(a, b, tol) assert_true(fabs((double)(a) - (double)(b)) <= (tol))
+/* Packed documents: the predicted attention follows the documents' expected length (data.doc_len), memory does not.
+ * 131072 tokens of 8192-token documents in tiles of 128 x 128: query tile q computes (q mod 64) + 1 key tiles
+ * instead of q + 1, so 16 x 2080 of 1024 x 1025 / 2 tiles, 13/205. */
+static void test_document_work(void **state) {
+    (void)state;
+    assert_near(cp_doc_tile_work_uniform(131072, 8192, 128, 128, NULL), 13.0 / 205.0, 1e-15);
+    double kept;
+    assert_near(cp_doc_tile_work_uniform(131072, 131072, 128, 128, &kept), 1.0, 0);
+    assert_near(kept, 1.0, 0);
+    assert_near(cp_doc_tile_work_uniform(1000, 1, 128, 128, &kept), 8.0 / 36.0, 1e-15); /* the diagonal */
+    assert_near(kept, 1000.0 / (1000.0 * 1001.0 / 2), 1e-15);
+    cp_plan p[3];
+    char err[CP_ERR_MAX];
+    const char *sets[3][4] = {{"train.seq_len=128K", "data.source=synthetic:packed", "data.documents=stream",
+                               "data.positions=sequence"},
+                              {"train.seq_len=128K", "data.source=synthetic:packed", "data.doc_len=8K", ""},
+                              {"train.seq_len=128K", "data.source=synthetic:packed", "data.documents=mask", ""}};
+    for (int i = 0; i < 3; i++) {
+        cp_spec s;
+        if (cp_spec_load("llama3b", sets[i], i == 0 ? 4 : 3, &s, err, sizeof err)) fail_msg("%s", err);
+        if (s.data.documents == CP_DOCS_AUTO) s.data.documents = CP_DOCS_MASK; /* what the command line resolves */
+        if (cp_plan_build(&s, &p[i], err, sizeof err)) fail_msg("%s", err);
+    }
+    assert_false(p[0].docs);
+    assert_true(p[1].docs && p[2].docs);
+    assert_near(p[1].attn_work, 13.0 / 205.0, 1e-15);
+    assert_near(p[2].attn_work, 1.0, 0); /* no length given: one document, the most work */
+    /* the kernels' flops scale exactly; their time too but for the fixed costs and the dQ conversion */
+    assert_near(p[1].flops_attn / p[0].flops_attn, 13.0 / 205.0, 1e-12);
+    assert_true(p[1].t_attn < 0.07 * p[0].t_attn);
+    assert_near(p[2].t_attn, p[0].t_attn, 1e-9 * p[0].t_attn);
+    assert_true(p[1].gpu_peak >= p[0].gpu_peak && p[1].gpu_peak == p[2].gpu_peak); /* the documents' arrays */
+    for (int i = 0; i < 3; i++) cp_plan_free(&p[i]);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     go_to_source_tree(argv[0], "tests/specs_bad"); /* the cpgen binary is build/cpgen from there */
@@ -1518,6 +1555,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_replicas),     cmocka_unit_test(test_ring_8b_arithmetic),
         cmocka_unit_test(test_ring_stage_tables), cmocka_unit_test(test_ring_rope_runs),
         cmocka_unit_test(test_ring_max_seq), cmocka_unit_test(test_ring_refusals),
+        cmocka_unit_test(test_document_work),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
