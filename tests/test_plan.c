@@ -1520,6 +1520,20 @@ static void test_ring_documents_plan(void **state) {
         /* the memory a ring's documents add: the bounds alone (the causal half module's dQ workspace is the
          * maskless one's size) */
         assert_int_equal(buf(&d, "dq_half.f32")->bytes, buf(&p, "dq_half.f32")->bytes);
+        /* the printed schedule says so: step 0's halves with documents, none without */
+        for (int j = 0; j < 2; j++) {
+            char *text = NULL;
+            size_t len = 0;
+            FILE *f = open_memstream(&text, &len);
+            assert_non_null(f);
+            cp_plan_print(j ? &d : &p, f, false);
+            cp_plan_print_json(j ? &d : &p, f);
+            assert_int_equal(fclose(f), 0);
+            assert_int_equal(strstr(text, "0: q0k0c q1k1c q1k0") != NULL, j);
+            const char *json = "{\"source\": 0, \"causal\": true, \"halves\": [[0, 0], [1, 1], [1, 0]]}";
+            assert_int_equal(strstr(text, json) != NULL, j);
+            free(text);
+        }
         printf("  tiny %s %s %s: %d steps, %d with documents\n", rings[r].sets[0], rings[r].sets[1],
                rings[r].sets[2], p.nsteps, d.nsteps);
         cp_plan_free(&p);
