@@ -420,6 +420,8 @@ typedef struct {
     int norm_h, norm_d, rope, swiglu, loss, embed, adamw, cast, delta, attn;
     int lay_q, lay_kv, lay_delta; /* ulysses layout modules */
     int attn_half, merge;         /* ring: attention over half blocks with no mask, the LSE merge; -1 without */
+    int attn_diag;                /* ring with documents: causal attention over a half block (step 0's diagonal
+                                   * chunks, gen/ring.h); -1 without */
 } modset;
 
 /* RoPE in place on the first T rows of `heads` heads of `buf`. With a ring, a rank's rows sit at one or two runs of
@@ -544,20 +546,95 @@ static void ring_block(builder *B, const bufset *b, int k, int kv[2]) {
     }
 }
 
+/* Half launch `part` of ring step k forward with `module` (cp_ring_half_of; cp_ring_half_span the halves its
+ * operands cover): the query half's partial output in o_head and LSE in ring_lse, the stage's own rows and columns
+ * of them; with documents the sequence's bounds last (the executor passes the halves' global positions). */
+static void half_fwd(builder *B, const bufset *b, int module, int k, int part, const int kv[2]) {
+    cp_plan *P = B->P;
+    const int64_t L = P->group_tokens, D = P->spec.model.head_dim, u = P->u;
+    const int64_t qrow = u * D * BF16, kvrow = P->kvr * D * BF16;
+    cp_ring_span h = cp_ring_half_span(P->ring, k, part);
+    cp_step *a = kernel(B, module, "fwd", CP_TASK_ATTN_FWD_HALF, 0);
+    halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
+    halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
+    halves(a, P, kv[1], 0, h.k0, h.k1, kvrow, CP_READ);
+    halves(a, P, b->o_head, 0, h.q0, h.q1, qrow, CP_WRITE);
+    lse_halves(a, P, b->ring_lse, 0, h.q0, h.q1, CP_WRITE);
+    rd_docs(a, P, b->doc_start, b->doc_end);
+    /* a c x c block is half a step's work, a causal one a quarter */
+    a->flops = cp_ring_step_fwd_flops(L, P->u, D) / (cp_ring_half_causal(k, part) ? 4 : 2);
+    a->lse_stride = L;
+}
+
+/* The merge of half launch `part` of step k's partial output into ring_o and the stage's LSE, over its query half. */
+static void half_merge(builder *B, const bufset *b, const modset *M, int k, int part, int lse_buf, int64_t lse0) {
+    cp_plan *P = B->P;
+    const int64_t L = P->group_tokens, c = L / 2, D = P->spec.model.head_dim, u = P->u;
+    const int64_t qrow = u * D * BF16, orow = u * D * F32;
+    cp_ring_span h = cp_ring_half_span(P->ring, k, part);
+    cp_step *m = kernel(B, M->merge, "fwd", CP_TASK_ATTN_MERGE, (double)c * u * (D * (BF16 + 2 * F32) + 3 * F32));
+    halves(m, P, b->o_head, 0, h.q0, h.q1, qrow, CP_READ);
+    lse_halves(m, P, b->ring_lse, 0, h.q0, h.q1, CP_READ);
+    halves(m, P, b->ring_o, 0, h.q0, h.q1, orow, CP_RW);
+    lse_halves(m, P, lse_buf, lse0, h.q0, h.q1, CP_RW);
+    m->count = c;
+    m->heads = u;
+    m->lse_stride = L;
+}
+
+/* The merge's start from a full block's output (o_head, ring_lse: every query row of the group) into ring_o and the
+ * stage's slice of the layer's LSE (written with `lse_access`: the layer's first stage starts its lifetime). */
+static void merge_init(builder *B, const bufset *b, const modset *M, int lse_buf, int64_t lse0, int lse_access) {
+    cp_plan *P = B->P;
+    const int64_t L = P->group_tokens, D = P->spec.model.head_dim, u = P->u;
+    cp_step *m = kernel(B, M->merge, "init", CP_TASK_ATTN_MERGE_INIT, (double)L * u * (D * (BF16 + F32) + 2 * F32));
+    rd(m, P, b->o_head);
+    rd(m, P, b->ring_lse);
+    wr(m, P, b->ring_o);
+    use(m, P, lse_buf, lse0, u * L * F32, lse_access);
+    m->count = L;
+    m->heads = u;
+    m->lse_stride = L;
+}
+
+/* Step 0 with documents (gen/ring.h, CP_RING_STEP0_PARTS): the own block's two diagonal halves causal (parts 0 and
+ * 1), each writing its query half of o_head and ring_lse, so that together they are the whole block the merge starts
+ * from; then query half 1 against key half 0 (part 2), merged into half 1. A row of a half launch whose document
+ * starts after its keys has lse = -inf and o = 0, which the merge weighs 0 (a diagonal half's rows always keep their
+ * own key, so the start is finite). */
+static void ring_step0_docs(builder *B, const bufset *b, const modset *M, const int kv[2], int64_t lse0,
+                            int lse_access, int lse_buf) {
+    for (int part = 0; part < CP_RING_STEP0_PARTS; part++) {
+        B->ring_part = part;
+        half_fwd(B, b, cp_ring_half_causal(0, part) ? M->attn_diag : M->attn_half, 0, part, kv);
+        if (part == 1) {
+            B->ring_part = -1; /* the whole block's rows */
+            merge_init(B, b, M, lse_buf, lse0, lse_access);
+        } else if (part == 2) {
+            half_merge(B, b, M, 0, part, lse_buf, lse0);
+        }
+    }
+    B->ring_part = -1;
+}
+
 /* Stage s's attention over the ring: at ring step k the K/V block of position (p - k) mod P (gen/ring.h), the own
- * block causal in one launch, a received one in two half-block launches; each launch's partial output (o_heads) and
- * LSE (ring_lse) merged into ring_o and the stage's slice of the layer's LSE; then the merged output in bf16 back in
- * o_heads, for the all-to-all back. */
+ * block causal in one launch (in three half launches with documents: ring_step0_docs), a received one in two
+ * half-block launches; each launch's partial output (o_heads) and LSE (ring_lse) merged into ring_o and the stage's
+ * slice of the layer's LSE; then the merged output in bf16 back in o_heads, for the all-to-all back. */
 static void ring_attention(builder *B, const bufset *b, const modset *M, int s, int lse_buf) {
     cp_plan *P = B->P;
     const int R = P->ring;
-    const int64_t L = P->group_tokens, c = L / 2, D = P->spec.model.head_dim, u = P->u;
-    const int64_t qrow = u * D * BF16, kvrow = P->kvr * D * BF16, orow = u * D * F32, lse0 = s * u * L * F32;
+    const int64_t L = P->group_tokens, D = P->spec.model.head_dim, u = P->u;
+    const int64_t lse0 = s * u * L * F32;
     const double step = cp_ring_step_fwd_flops(L, P->u, D);
     for (int k = 0; k < R; k++) {
         B->ring_step = k;
         int kv[2];
         ring_block(B, b, k, kv);
+        if (k == 0 && P->docs) {
+            ring_step0_docs(B, b, M, kv, lse0, s == 0 ? CP_DEF : CP_WRITE, lse_buf);
+            continue;
+        }
         if (k == 0) { /* every query row: the merge starts from it */
             cp_step *a = kernel(B, M->attn, "fwd", CP_TASK_ATTN_FWD, 0);
             rd_qkv(a, P, b->q_head, kv[0], kv[1]);
@@ -565,37 +642,13 @@ static void ring_attention(builder *B, const bufset *b, const modset *M, int s, 
             wr(a, P, b->ring_lse);
             a->flops = step;
             a->lse_stride = L;
-            cp_step *m = kernel(B, M->merge, "init", CP_TASK_ATTN_MERGE_INIT,
-                                (double)L * u * (D * (BF16 + F32) + 2 * F32));
-            rd(m, P, b->o_head);
-            rd(m, P, b->ring_lse);
-            wr(m, P, b->ring_o);
-            use(m, P, lse_buf, lse0, u * L * F32, s == 0 ? CP_DEF : CP_WRITE);
-            m->count = L;
-            m->heads = u;
-            m->lse_stride = L;
+            merge_init(B, b, M, lse_buf, lse0, s == 0 ? CP_DEF : CP_WRITE);
             continue;
         }
         for (int part = 0; part < 2; part++) {
             B->ring_part = part;
-            cp_ring_span h = cp_ring_half_span(R, k, part);
-            cp_step *a = kernel(B, M->attn_half, "fwd", CP_TASK_ATTN_FWD_HALF, 0);
-            halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
-            halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
-            halves(a, P, kv[1], 0, h.k0, h.k1, kvrow, CP_READ);
-            halves(a, P, b->o_head, 0, h.q0, h.q1, qrow, CP_WRITE);
-            lse_halves(a, P, b->ring_lse, 0, h.q0, h.q1, CP_WRITE);
-            a->flops = step / 2;
-            a->lse_stride = L;
-            cp_step *m = kernel(B, M->merge, "fwd", CP_TASK_ATTN_MERGE,
-                                (double)c * u * (D * (BF16 + 2 * F32) + 3 * F32));
-            halves(m, P, b->o_head, 0, h.q0, h.q1, qrow, CP_READ);
-            lse_halves(m, P, b->ring_lse, 0, h.q0, h.q1, CP_READ);
-            halves(m, P, b->ring_o, 0, h.q0, h.q1, orow, CP_RW);
-            lse_halves(m, P, lse_buf, lse0, h.q0, h.q1, CP_RW);
-            m->count = c;
-            m->heads = u;
-            m->lse_stride = L;
+            half_fwd(B, b, M->attn_half, k, part, kv);
+            half_merge(B, b, M, k, part, lse_buf, lse0);
         }
         B->ring_part = -1;
     }
@@ -604,6 +657,35 @@ static void ring_attention(builder *B, const bufset *b, const modset *M, int s, 
     rd(cv, P, b->ring_o);
     wr(cv, P, b->o_head);
     cv->count = L * u * D;
+}
+
+/* Half launch `part` of ring step k backward with `module`: its dQ in the half launch's own workspace, then added to
+ * the stage's dQ at the query half's rows; its dK, dV added (fp32) into `dkv` ([2][L][kvr][D]) at the key half's
+ * rows; with documents the sequence's bounds last. */
+static void half_bwd(builder *B, const bufset *b, const modset *M, int module, int k, int part, const int kv[2],
+                     int dkv, int lse_buf, int64_t lse0) {
+    cp_plan *P = B->P;
+    const int64_t L = P->group_tokens, c = L / 2, D = P->spec.model.head_dim, u = P->u, kvr = P->kvr;
+    const int64_t qrow = u * D * BF16, kvrow = kvr * D * BF16, q32 = u * D * F32, kv32 = kvr * D * F32;
+    cp_ring_span h = cp_ring_half_span(P->ring, k, part);
+    zero_dq_workspace(B, b->dq_half, &P->modules[module]);
+    cp_step *a = kernel(B, module, "bwd", CP_TASK_ATTN_BWD_HALF, 0);
+    halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
+    halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
+    halves(a, P, kv[1], 0, h.k0, h.k1, kvrow, CP_READ);
+    halves(a, P, b->do_head, 0, h.q0, h.q1, qrow, CP_READ);
+    lse_halves(a, P, lse_buf, lse0, h.q0, h.q1, CP_READ);
+    halves(a, P, b->delta_head, 0, h.q0, h.q1, u * F32, CP_READ);
+    rw(a, P, b->dq_half);
+    halves(a, P, dkv, 0, h.k0, h.k1, kv32, CP_RW);     /* dK */
+    halves(a, P, dkv, L * kv32, h.k0, h.k1, kv32, CP_RW); /* dV */
+    rd_docs(a, P, b->doc_start, b->doc_end);
+    a->flops = 2.5 * cp_ring_step_fwd_flops(L, P->u, D) / (cp_ring_half_causal(k, part) ? 4 : 2);
+    a->lse_stride = L;
+    cp_step *d = kernel(B, M->cast, "add_f32", CP_TASK_RING_ADD_DQ, 3.0 * (double)c * q32);
+    use(d, P, b->dq_half, 0, c * q32, CP_READ);
+    halves(d, P, b->dq_acc, 0, h.q0, h.q1, q32, CP_RW);
+    d->count = c * u * D;
 }
 
 /* Stage s's attention backward over the ring, with the merged LSE and the stage's delta (no merge: each block's
@@ -615,16 +697,23 @@ static void ring_attention(builder *B, const bufset *b, const modset *M, int s, 
 static void ring_attention_bwd(builder *B, const bufset *b, const modset *M, int s, int lse_buf, int *home) {
     cp_plan *P = B->P;
     const int R = P->ring;
-    const int64_t L = P->group_tokens, c = L / 2, D = P->spec.model.head_dim, u = P->u, kvr = P->kvr;
-    const int64_t qrow = u * D * BF16, kvrow = kvr * D * BF16, q32 = u * D * F32, kv32 = kvr * D * F32;
+    const int64_t L = P->group_tokens, D = P->spec.model.head_dim, u = P->u, kvr = P->kvr;
     const int64_t lse0 = s * u * L * F32;
     const double step = 2.5 * cp_ring_step_fwd_flops(L, P->u, D);
-    const cp_kernel_spec *half = &P->modules[M->attn_half];
     for (int k = 0; k < R; k++) {
         B->ring_step = k;
         int kv[2], acc = b->ring_dkv[(*home + k) % 2];
         ring_block(B, b, k, kv);
-        if (k == 0) {
+        if (k == 0 && P->docs) {
+            /* the forward's three half launches (ring_step0_docs), their dK, dV added into the travelling
+             * accumulator directly as the own block's launch adds them */
+            for (int part = 0; part < CP_RING_STEP0_PARTS; part++) {
+                B->ring_part = part;
+                half_bwd(B, b, M, cp_ring_half_causal(0, part) ? M->attn_diag : M->attn_half, k, part, kv, acc,
+                         lse_buf, lse0);
+            }
+            B->ring_part = -1;
+        } else if (k == 0) {
             cp_step *a = kernel(B, M->attn, "bwd", CP_TASK_ATTN_BWD, 0);
             rd_qkv(a, P, b->q_head, kv[0], kv[1]);
             rd(a, P, b->do_head);
@@ -638,24 +727,7 @@ static void ring_attention_bwd(builder *B, const bufset *b, const modset *M, int
             zero(B, b->ring_dkv_step, P->bufs[b->ring_dkv_step].bytes);
             for (int part = 0; part < 2; part++) {
                 B->ring_part = part;
-                cp_ring_span h = cp_ring_half_span(R, k, part);
-                zero_dq_workspace(B, b->dq_half, half);
-                cp_step *a = kernel(B, M->attn_half, "bwd", CP_TASK_ATTN_BWD_HALF, 0);
-                halves(a, P, b->q_head, 0, h.q0, h.q1, qrow, CP_READ);
-                halves(a, P, kv[0], 0, h.k0, h.k1, kvrow, CP_READ);
-                halves(a, P, kv[1], 0, h.k0, h.k1, kvrow, CP_READ);
-                halves(a, P, b->do_head, 0, h.q0, h.q1, qrow, CP_READ);
-                lse_halves(a, P, lse_buf, lse0, h.q0, h.q1, CP_READ);
-                halves(a, P, b->delta_head, 0, h.q0, h.q1, u * F32, CP_READ);
-                rw(a, P, b->dq_half);
-                halves(a, P, b->ring_dkv_step, 0, h.k0, h.k1, kv32, CP_RW);     /* dK */
-                halves(a, P, b->ring_dkv_step, L * kv32, h.k0, h.k1, kv32, CP_RW); /* dV */
-                a->flops = step / 2;
-                a->lse_stride = L;
-                cp_step *d = kernel(B, M->cast, "add_f32", CP_TASK_RING_ADD_DQ, 3.0 * (double)c * q32);
-                use(d, P, b->dq_half, 0, c * q32, CP_READ);
-                halves(d, P, b->dq_acc, 0, h.q0, h.q1, q32, CP_RW);
-                d->count = c * u * D;
+                half_bwd(B, b, M, M->attn_half, k, part, kv, b->ring_dkv_step, lse_buf, lse0);
             }
             B->ring_part = -1;
             cp_step *d = kernel(B, M->cast, "add_f32", CP_TASK_RING_ADD_DKV, 3.0 * (double)P->bufs[acc].bytes);
@@ -890,7 +962,9 @@ static void attention_backward(builder *B, const bufset *b, const modset *M, con
          * the kernel writes them in bf16 */
         int dkv = P->ring > 1 ? b->ring_dkv[home] : P->group_len > 1 ? b->dkv_acc : -1;
         if (dkv >= 0 && e->kv_fresh) zero(B, dkv, P->bufs[dkv].bytes);
-        zero_dq_workspace(B, b->dq_acc, &P->modules[M->attn]);
+        /* with documents a ring's step 0 runs in half launches too, each adding its dQ to the stage's rows */
+        if (P->ring > 1 && P->docs) zero_def(B, b->dq_acc, 0, S * u * D * F32);
+        else zero_dq_workspace(B, b->dq_acc, &P->modules[M->attn]);
         if (P->ring > 1) {
             ring_attention_bwd(B, b, M, s, lse_buf, &home);
             dkv = b->ring_dkv[home];
@@ -1045,11 +1119,18 @@ static void make_modules(cp_plan *P, modset *M) {
                    !P->spec.train.deterministic);
     cp_k_attention_docs(&k, P->docs);
     M->attn = module_of(P, &k);
-    M->attn_half = M->merge = -1;
+    M->attn_half = M->merge = M->attn_diag = -1;
     if (ring) {
         cp_k_attention(&k, D, P->u, P->kvr, P->group_tokens / 2, false, true, !P->spec.train.deterministic);
         cp_k_attention_lse_stride(&k, P->group_tokens); /* columns of the stage's LSE rows: lse_halves */
+        cp_k_attention_docs(&k, P->docs);
         M->attn_half = module_of(P, &k);
+        if (P->docs) { /* step 0's diagonal halves (gen/ring.h) */
+            cp_k_attention(&k, D, P->u, P->kvr, P->group_tokens / 2, true, true, !P->spec.train.deterministic);
+            cp_k_attention_lse_stride(&k, P->group_tokens);
+            cp_k_attention_docs(&k, true);
+            M->attn_diag = module_of(P, &k);
+        }
         cp_k_attn_merge(&k, D);
         M->merge = module_of(P, &k);
     }
@@ -1094,8 +1175,9 @@ static void ring_buffers(cp_plan *P, const modset *M, bufset *b) {
     b->ring_lse = add_buf(P, "ring_lse", CP_SPACE_GPU, CP_CAT_RING, t.lse_blk, false);
     b->ring_dkv_step = add_buf(P, "ring_dkv_step.f32", CP_SPACE_GPU, CP_CAT_RING, t.dkv_step, false);
     /* the fp32 dQ of a half launch, then its progress counters (kernels_attn.h) */
-    b->dq_half = add_buf(P, "dq_half.f32", CP_SPACE_GPU, CP_CAT_RING,
-                         cp_k_attention_workspace_bytes(&P->modules[M->attn_half]), false);
+    int64_t dq_half = cp_k_attention_workspace_bytes(&P->modules[M->attn_half]);
+    if (M->attn_diag >= 0) dq_half = CP_MAX(dq_half, cp_k_attention_workspace_bytes(&P->modules[M->attn_diag]));
+    b->dq_half = add_buf(P, "dq_half.f32", CP_SPACE_GPU, CP_CAT_RING, dq_half, false);
 }
 
 static void make_buffers(cp_plan *P, const modset *M, bufset *b) {
@@ -1676,10 +1758,6 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     /* the kernels' tiles: fwd_sm90's 128 query rows by 128 keys (memory is planned for one document all the same) */
     P->attn_work = P->docs && spec->data.doc_len > 0 ? cp_doc_tile_work_uniform(P->S, spec->data.doc_len, 128, 128, NULL)
                                                       : 1.0;
-    if (P->docs && P->ring > 1)
-        return cp_errf(err, errlen, "%s: data.documents = \"mask\" with parallel.ring = %d: ring attention does not "
-                       "mask documents yet; set parallel.ring = 1 (Ulysses and UPipe mask them) or data.documents = "
-                       "\"stream\"", spec->path, P->ring);
     if (stage_table(P, err, errlen)) return -1;
     P->mlp_tile = par->mlp_tile ? par->mlp_tile : largest_divisor_at_most(P->T, 4096);
     int64_t loss_cap = CP_MAX((int64_t)1, ((int64_t)512 << 20) / (m->vocab * BF16));
@@ -1729,8 +1807,10 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     /* room for the program at once: growing it by doubling copied each step twice on average, a fifth of the
      * planner's time. The shipped specs have up to 47 steps per layer and stage, 25 more per further ring step
      * (attention recomputed), a third more where segments run their forward again (checkpoint_every > 1), and up to
-     * 96 per layer besides (MLP tiles folded); a program that outgrows this doubles it as before */
-    int64_t per_stage = (48 + 26 * (int64_t)(P->ring - 1)) * (P->ckpt_every > 1 ? 4 : 3) / 3;
+     * 96 per layer besides (MLP tiles folded), and with documents in a ring 12 for step 0's half launches; a program
+     * that outgrows this doubles it as before */
+    int64_t per_stage = (48 + 26 * (int64_t)(P->ring - 1) + (P->docs && P->ring > 1 ? 12 : 0)) *
+                        (P->ckpt_every > 1 ? 4 : 3) / 3;
     P->capsteps = (int)CP_MIN((int64_t)1 << 24, 256 + m->layers * (P->nstages * per_stage + 96));
     P->steps = cp_xmalloc(sizeof *P->steps * (size_t)P->capsteps);
     make_program(P, &b, &M);

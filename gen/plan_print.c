@@ -155,9 +155,19 @@ static const char *fmt_seconds(double t, char *buf, size_t n) {
 }
 
 /* Ring step k of position p as a table cell: "j: causal" for the own block j = p, else "j: " and its two half
- * launches, query half Q against key half K as qQkK. */
-static void ring_cell(int R, int p, int k, char *cell, size_t n) {
+ * launches, query half Q against key half K as qQkK; with documents the own block's three, the causal ones marked
+ * "c". */
+static void ring_cell(int R, int p, int k, bool docs, char *cell, size_t n) {
     cp_ring_step st = cp_ring_step_of(R, p, k);
+    if (k == 0 && docs) {
+        int m = snprintf(cell, n, "%d:", st.source);
+        for (int part = 0; part < CP_RING_STEP0_PARTS && m > 0 && (size_t)m < n; part++) {
+            cp_ring_half h = cp_ring_half_of(R, p, 0, part);
+            m += snprintf(cell + m, n - (size_t)m, " q%dk%d%s", h.q_half, h.k_half,
+                          cp_ring_half_causal(0, part) ? "c" : "");
+        }
+        return;
+    }
     if (k == 0) {
         snprintf(cell, n, "%d: causal", st.source);
         return;
@@ -176,12 +186,15 @@ static void print_ring(const cp_plan *P, FILE *out) {
     fprintf(out, "\nRing: %d groups share each sequence, cut into %d zigzag chunks of %s tokens; position p holds chunks "
                  "p and %d - p (%s tokens, %s per GPU). Every UPipe stage takes %d ring steps: at step k position p "
                  "attends to the K/V block of position (p - k) mod %d, its own causal, a received one in two "
-                 "half-block launches with no mask (qQkK: query half Q against key half K)\n",
+                 "half-block launches with no mask (qQkK: query half Q against key half K)%s\n",
             R, 2 * R, cp_fmt_length(L / 2, a, sizeof a), 2 * R - 1, cp_fmt_length(L, b, sizeof b),
-            cp_fmt_length(P->T, c, sizeof c), R, R);
+            cp_fmt_length(P->T, c, sizeof c), R, R,
+            P->docs ? "; with documents masked the own block in three, its diagonal halves causal (c), every launch "
+                      "masked at its halves' positions in the sequence" : "");
     int shown = 0, cols = CP_MIN(R, 8);
     fprintf(out, "  position  chunks  ");
-    for (int k = 0; k < cols; k++) fprintf(out, " step %-11d", k);
+    const int w = P->docs ? 21 : 16; /* a cell's width: step 0's three launches with documents */
+    for (int k = 0; k < cols; k++) fprintf(out, " step %-*d", w - 5, k);
     fprintf(out, "%s\n", R > cols ? " ..." : "");
     for (int p = 0; p < R; p++) {
         if (R > 12 && p >= 6 && p < R - 4) {
@@ -193,8 +206,8 @@ static void print_ring(const cp_plan *P, FILE *out) {
         fprintf(out, "  %8d  %-8s", p, chunks);
         for (int k = 0; k < cols; k++) {
             char cell[40];
-            ring_cell(R, p, k, cell, sizeof cell);
-            fprintf(out, " %-16s", cell);
+            ring_cell(R, p, k, P->docs, cell, sizeof cell);
+            fprintf(out, " %-*s", w, cell);
         }
         fprintf(out, "\n");
     }
@@ -399,7 +412,14 @@ static void print_ring_json(const cp_plan *P, FILE *out) {
             (long long)P->group_tokens, (long long)(P->group_tokens / 2));
     for (int p = 0; p < R; p++) {
         fprintf(out, "%s[", p ? ", " : "");
-        fprintf(out, "{\"source\": %d, \"causal\": true}", p); /* step 0: the own block */
+        fprintf(out, "{\"source\": %d, \"causal\": true", p); /* step 0: the own block */
+        if (P->docs) /* in half launches: the diagonal ones causal (gen/ring.h) */
+            for (int part = 0; part < CP_RING_STEP0_PARTS; part++) {
+                cp_ring_half h = cp_ring_half_of(R, p, 0, part);
+                fprintf(out, "%s[%d, %d]%s", part ? ", " : ", \"halves\": [", h.q_half, h.k_half,
+                        part + 1 < CP_RING_STEP0_PARTS ? "" : "]");
+            }
+        fprintf(out, "}");
         for (int k = 1; k < R; k++) {
             cp_ring_half a = cp_ring_half_of(R, p, k, 0), b = cp_ring_half_of(R, p, k, 1);
             fprintf(out, ", {\"source\": %d, \"halves\": [[%d, %d], [%d, %d]]}", cp_ring_step_of(R, p, k).source,

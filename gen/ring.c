@@ -25,9 +25,18 @@ cp_ring_step cp_ring_step_of(int P, int p, int k) {
 }
 
 cp_ring_half cp_ring_half_of(int P, int p, int k, int part) {
+    if (k == 0) return part < 2 ? (cp_ring_half){part, part} : (cp_ring_half){1, 0}; /* documents: ring.h */
     if (part == 0) return (cp_ring_half){1, 0};
     int h = cp_ring_step_of(P, p, k).source < p ? 0 : 1;
     return (cp_ring_half){h, h};
+}
+
+int cp_ring_half_causal(int k, int part) { return k == 0 && part < 2; }
+
+cp_ring_pos cp_ring_half_pos(int P, int p, int k, int part, int64_t c) {
+    cp_ring_half h = cp_ring_half_of(P, p, k, part);
+    int source = cp_ring_step_of(P, p, k).source;
+    return (cp_ring_pos){.q_pos = cp_ring_chunk(P, p, h.q_half) * c, .k_pos = cp_ring_chunk(P, source, h.k_half) * c};
 }
 
 cp_ring_span cp_ring_half_span(int P, int k, int part) {

@@ -82,6 +82,21 @@ typedef struct {
     int q_half, k_half;
 } cp_ring_half;
 cp_ring_half cp_ring_half_of(int P, int p, int k, int part);
+/* With packed documents (cp_plan.docs) step 0 too runs in half launches: the document mask needs each launch's rows
+ * at consecutive global positions (a query row r at q_pos + r), which the own block's two halves, chunks p and
+ * 2P-1-p, are not. cp_ring_half_of(P, p, 0, part) gives them: parts 0 and 1 are query half h against key half h,
+ * causal (the diagonal chunks), part 2 query half 1 against key half 0 with no mask (chunk 2P-1-p after chunk p).
+ * The same three at every position. */
+#define CP_RING_STEP0_PARTS 3
+/* Whether half launch `part` of step k is causal: step 0's diagonal halves alone. */
+int cp_ring_half_causal(int k, int part);
+/* The global positions of the first query row and the first key row of half launch `part` of step k at position p
+ * (the document mask's q_pos and k_pos), halves of c = seq_len / 2P tokens: the query half's chunk of p and the key
+ * half's chunk of the step's source position, times c. */
+typedef struct {
+    int64_t q_pos, k_pos;
+} cp_ring_pos;
+cp_ring_pos cp_ring_half_pos(int P, int p, int k, int part, int64_t c);
 /* The halves half launch `part` of step k takes at any position of the ring: query halves [q0, q1) and key halves
  * [k0, k1). The plan's operands of such a launch cover these, and a rank's launch starts (cp_ring_half_of's half -
  * q0 or k0) halves into them. */

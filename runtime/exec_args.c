@@ -39,6 +39,9 @@ typedef struct {
      * plan's, unless moved to this rank's rows: shift) */
     char *p[CP_MAX_OPERANDS];
     int64_t n[CP_MAX_OPERANDS];
+    /* a document-masked attention launch: the global positions of its first query row and first key row (a ring's
+     * half launches; 0 elsewhere) */
+    int64_t q_pos, k_pos;
 } pctx;
 
 static int pfail(pctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -91,14 +94,17 @@ static int shift(pctx *c, int j, int64_t bytes) {
     return 0;
 }
 
-/* A ring's half-block launch, or the merge or dQ sum of one (cp_step.ring_part >= 0 at ring step k >= 1; gen/ring.h):
- * one plan serves every ring position, so each operand of such a step covers the halves any position takes
- * (cp_ring_half_span) and this rank's launch starts at its own (cp_ring_half_of at its ring position). */
+/* A ring's half-block launch, or the merge or dQ sum of one (cp_step.ring_part >= 0 at ring step k >= 1, or at step 0
+ * with documents: gen/ring.h): one plan serves every ring position, so each operand of such a step covers the halves
+ * any position takes (cp_ring_half_span) and this rank's launch starts at its own (cp_ring_half_of at its ring
+ * position). */
 static int ring_halves(pctx *c, cp_ring_half *mine, cp_ring_span *span) {
     const cp_plan *P = c->ex->P;
     int k = c->s->ring_step, part = c->s->ring_part;
-    if (P->ring < 2 || k < 1 || k >= P->ring || part < 0 || part > 1)
-        return pfail(c, "a half-block step at ring step %d, part %d, of a ring of %d", k, part, P->ring);
+    int parts = k == 0 && P->docs ? CP_RING_STEP0_PARTS : k >= 1 ? 2 : 0;
+    if (P->ring < 2 || k >= P->ring || part < 0 || part >= parts)
+        return pfail(c, "a half-block step at ring step %d, part %d, of a ring of %d%s", k, part, P->ring,
+                     P->docs ? " with documents" : "");
     *mine = cp_ring_half_of(P->ring, c->ex->ring_pos, k, part);
     *span = cp_ring_half_span(P->ring, k, part);
     return 0;
@@ -322,8 +328,8 @@ static int need_lse(pctx *c, int j) {
 /* attn_fwd: operands q, k, v, o, lse (the stage's slice): fwd(q, k, v, o, lse), or on Hopper
  * fwd_sm90(tensor maps of q, k, v; o, lse) */
 /* With document masks (DOCS) an attention launch has two operands more, last: the sequence's doc_start and doc_end
- * (int32 [S] each: cp_exec_set_documents), passed with the positions of its first query and key rows (0 and 0 but
- * for a ring's half launches, which do not mask documents yet). */
+ * (int32 [S] each: cp_exec_set_documents), passed with the global positions of its first query and key rows (0 and 0
+ * but for a ring's half launches: attn_half sets them). */
 static int attn_docs_ops(pctx *c) { return kint(c, "DOCS") == 1 ? 2 : 0; }
 static int a_docs(pctx *c, xlaunch *l) {
     if (!attn_docs_ops(c)) return 0;
@@ -333,8 +339,8 @@ static int a_docs(pctx *c, xlaunch *l) {
         return -1;
     a_ptr(l, opp(c, j));
     a_ptr(l, opp(c, j + 1));
-    a_i32(l, 0);
-    a_i32(l, 0);
+    a_i32(l, (int)c->q_pos);
+    a_i32(l, (int)c->k_pos);
     return 0;
 }
 
@@ -396,14 +402,34 @@ static int k_attn_bwd(pctx *c) {
 }
 
 /* attn_fwd_half, attn_bwd_half: a ring's half-block launches, attn_fwd's and attn_bwd's operands and launches over
- * this rank's query half and key half of a received block (the module's SEQ is a half, c rows; no mask): q, o, dout,
- * delta at the query half's rows, k, v and the fp32 dK, dV at the key half's, the LSE at the query half's columns;
- * the half launch's dQ workspace (attn_bwd_half's operand 6) is its own. */
+ * this rank's query half and key half of a received block (the module's SEQ is a half, c rows; no mask), or with
+ * documents of step 0's own block too (its diagonal halves causal): q, o, dout, delta at the query half's rows, k, v
+ * and the fp32 dK, dV at the key half's, the LSE at the query half's columns; the half launch's dQ workspace
+ * (attn_bwd_half's operand 6) is its own. With documents the mask's positions are the halves' global ones
+ * (cp_ring_half_pos): the query half's chunk at this rank's ring position, the key half's at the block's source. */
 static int attn_half(pctx *c, int nops) {
     cp_ring_half h;
     cp_ring_span sp;
-    if (need_ops(c, nops) || ring_halves(c, &h, &sp)) return -1;
+    const cp_plan *P = c->ex->P;
+    if (need_ops(c, nops + attn_docs_ops(c)) || ring_halves(c, &h, &sp)) return -1;
     int64_t S = kint(c, "SEQ"), D = kint(c, "HEAD_DIM"), QH = kint(c, "Q_HEADS"), KH = kint(c, "KV_HEADS");
+    const int k = c->s->ring_step, part = c->s->ring_part;
+    if (kint(c, "CAUSAL") != cp_ring_half_causal(k, part))
+        return pfail(c, "a %s module for half launch %d of ring step %d",
+                     kint(c, "CAUSAL") == 1 ? "causal" : "maskless", part, k);
+    if (S * 2 * P->ring != P->S)
+        return pfail(c, "a half launch of %lld rows in a ring of %d over %lld tokens", (long long)S, P->ring,
+                     (long long)P->S);
+    if (attn_docs_ops(c)) {
+        cp_ring_pos pos = cp_ring_half_pos(P->ring, c->ex->ring_pos, k, part, S);
+        /* the kernel compares a causal launch's rows and keys locally, which is the global order only where both
+         * halves are the same chunk */
+        if (pos.q_pos < 0 || pos.k_pos < 0 || pos.q_pos + S > P->S || pos.k_pos + S > P->S ||
+            (cp_ring_half_causal(k, part) && pos.q_pos != pos.k_pos))
+            return pfail(c, "half launch %d of ring step %d at positions %lld (queries) and %lld (keys) of %lld", part,
+                         k, (long long)pos.q_pos, (long long)pos.k_pos, (long long)P->S);
+        c->q_pos = pos.q_pos, c->k_pos = pos.k_pos;
+    }
     const int64_t q = S * QH * D * 2, kv = S * KH * D * 2, lse = S * 4;
     if (at_half(c, 0, h.q_half, sp.q0, q) || at_half(c, 1, h.k_half, sp.k0, kv) || at_half(c, 2, h.k_half, sp.k0, kv))
         return -1;

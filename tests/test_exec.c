@@ -196,26 +196,38 @@ static int ring_index(const cp_rank_layout *L, int me, int who) {
     return -1;
 }
 
+/* The global position of the first row of half `half` of ring position `pos` (of R), halves of c tokens: the zigzag
+ * puts chunk pos in half 0 and chunk 2R-1-pos in half 1 (written out here rather than taken from gen/ring.c). */
+static int64_t half_position(int R, int pos, int half, int64_t c) { return (half ? 2 * R - 1 - pos : pos) * c; }
+
 /* What each rank of a ring of `heads` query heads per GPU and stage prepares, checked against gen/ring.c and
  * gen/ranks.c by the arguments' values: every step prepared; each half-block launch (attention forward and backward), its merge
  * and its dQ sum at the rows and LSE columns of the query and key halves cp_ring_half_of gives the rank's ring
  * position; each RoPE launch at the rows and positions of the rank's run cp_ring_rope_runs gives (none for a second
  * run the rank does not have); each send/recv whole, to the ring's next rank and from its previous one as the ring
- * communicator numbers them. Returns how many half launches took query half 0 and half 1, over all ranks. */
+ * communicator numbers them. With documents (with_docs) step 0 runs as three half launches too, two of them causal
+ * (the diagonal chunks), and every half launch passes the sequence's doc_start and doc_end with the global
+ * positions of its query half (this rank's chunk) and key half (the chunk of the block's source position). Returns
+ * how many half launches took query half 0 and half 1, over all ranks. */
 static void ring_ranks(int halves_seen[2], int heads, const char *name, int nsets, const char *const *sets) {
     cp_spec sp;
     char err[CP_ERR_MAX];
     if (cp_spec_load(name, sets, nsets, &sp, err, sizeof err)) fail_msg("spec %s: %s", name, err);
+    if (with_docs) sp.data.documents = CP_DOCS_MASK, sp.data.positions = CP_POS_DOCUMENT;
     cp_plan p;
     if (cp_plan_build(&sp, &p, err, sizeof err)) fail_msg("plan %s: %s", name, err);
     assert_true(p.ring > 1);
+    assert_int_equal(p.docs, with_docs);
     assert_int_equal(p.u, heads);
     cp_exec_check_report rep;
     if (cp_exec_check(&p, &rep, err, sizeof err)) fail_msg("%s: %s", name, err);
     const cp_rank_layout L = {p.replicas, p.ring, p.C};
     const int64_t Lg = p.group_tokens, c = Lg / 2, D = p.spec.model.head_dim, u = p.u, kvr = p.kvr;
     const int64_t qrow = u * D * 2, kvrow = kvr * D * 2, kv32 = kvr * D * 4;
-    int counted[8] = {0}; /* half fwd, half bwd, merges, dQ sums, RoPE launches, RoPE launches left out, send/recvs */
+    /* half fwd, half bwd, merges, dQ sums, RoPE launches, RoPE launches left out, send/recvs; with documents the
+     * half launches of step 0 (forward and backward), the causal ones among them, and the launches whose query and
+     * key positions differ */
+    int counted[11] = {0};
     for (int w = 0; w < cp_rank_world(&L); w++) {
         cp_rank_place pl = cp_rank_of(&L, w);
         cp_exec_opts o = {.rank = pl.local, .world_rank = w};
@@ -227,8 +239,38 @@ static void ring_ranks(int halves_seen[2], int heads, const char *name, int nset
             cp_exec_prepared_step(ex, i, &x);
             const uint64_t *a = x.args[0];
             cp_ring_half h = {-1, -1};
-            if (st->ring_part >= 0 && st->ring_step > 0)
+            if (st->ring_part >= 0 && st->ring_step >= 0) { /* not a RoPE run: a half launch's */
+                assert_true(st->ring_step > 0 || with_docs); /* step 0 in halves only with documents */
                 h = cp_ring_half_of(p.ring, pl.ring_pos, st->ring_step, st->ring_part);
+            }
+            if (!strcmp(st->what, "attn_fwd_half") || !strcmp(st->what, "attn_bwd_half")) {
+                const bool fwd = st->what[5] == 'f', causal = st->ring_step == 0 && st->ring_part < 2;
+                const char *mod_causal = cp_kspec_get(&p.modules[st->module], "CAUSAL");
+                assert_non_null(mod_causal);
+                assert_int_equal(atoi(mod_causal), causal);
+                if (causal) assert_int_equal(h.q_half, h.k_half); /* a diagonal chunk */
+                if (st->ring_step == 0) {
+                    assert_true(st->ring_part < 3);
+                    counted[7 + !fwd]++;
+                }
+                const int nargs = fwd ? 5 : 10;
+                assert_int_equal(x.nargs[0], nargs + (with_docs ? 4 : 0));
+                if (with_docs) { /* doc_start, doc_end, q_pos, k_pos after the launch's usual arguments */
+                    const int src = ((pl.ring_pos - st->ring_step) % p.ring + p.ring) % p.ring;
+                    const int64_t qp = half_position(p.ring, pl.ring_pos, h.q_half, c),
+                                  kp = half_position(p.ring, src, h.k_half, c);
+                    assert_int_equal(a[nargs], addr(ex, &p, st, st->nops - 2, 0));
+                    assert_int_equal(a[nargs + 1], addr(ex, &p, st, st->nops - 1, 0));
+                    assert_true(!strcmp(p.bufs[st->ops[st->nops - 2].buf].name, "doc_start") &&
+                                !strcmp(p.bufs[st->ops[st->nops - 1].buf].name, "doc_end"));
+                    assert_int_equal(a[nargs + 2], qp);
+                    assert_int_equal(a[nargs + 3], kp);
+                    if (causal) assert_int_equal(qp, kp);
+                    else assert_true(kp < qp); /* every key of a maskless half before every query */
+                    if (causal) counted[9]++;
+                    if (qp != kp) counted[10]++;
+                }
+            }
             const int64_t lse0 = (int64_t)st->stage * u * Lg * 4; /* the stage's LSE row */
             if (!strcmp(st->what, "attn_fwd_half")) { /* fwd(q, k, v, o, lse) */
                 assert_int_equal(x.launches, 1);
@@ -279,7 +321,10 @@ static void ring_ranks(int halves_seen[2], int heads, const char *name, int nset
                 assert_int_equal(a[0], addr(ex, &p, st, 0, run[part].row0 * st->heads * D * 2));
                 assert_int_equal(a[1], run[part].rows);
                 assert_int_equal(a[2], st->heads);
-                assert_int_equal(a[3], run[part].pos0);
+                if (p.doc_positions) /* each row's position, from the rank's first row of the run */
+                    assert_int_equal(a[3], addr(ex, &p, st, 1, run[part].row0 * 4));
+                else
+                    assert_int_equal(a[3], run[part].pos0);
                 counted[4]++;
             } else if (st->kind == CP_OP_SENDRECV) {
                 assert_int_equal(x.to, ring_index(&L, w, cp_rank_ring_next(&L, w)));
@@ -304,7 +349,20 @@ static void ring_ranks(int halves_seen[2], int heads, const char *name, int nset
            "(%d left out: a second run the rank does not have); %d send/recvs; %d cross-stream waits\n",
            cp_rank_world(&L), counted[0], counted[1], counted[2], counted[3], counted[4], counted[5], counted[6],
            rep.waits);
-    assert_true(counted[0] > 0 && counted[0] == counted[1] && counted[0] == counted[2] && counted[0] == counted[3]);
+    if (with_docs)
+        printf("    documents: step 0 in %d half launches forward and %d backward, %d causal; %d launches with query "
+               "and key positions apart\n", counted[7], counted[8], counted[9], counted[10]);
+    assert_true(counted[0] > 0 && counted[0] == counted[1] && counted[0] == counted[3]);
+    /* step 0's two diagonal halves start the merge together (one init), its third is merged like a received one */
+    assert_int_equal(counted[2], counted[0] - 2 * counted[7] / 3);
+    assert_int_equal(counted[7], counted[8]);
+    if (with_docs) {
+        assert_true(counted[7] > 0 && counted[7] % 3 == 0);
+        assert_int_equal(counted[9], 2 * (counted[7] + counted[8]) / 3);
+        assert_true(counted[10] > 0);
+    } else {
+        assert_int_equal(counted[7], 0);
+    }
     assert_true(counted[4] > 0 && counted[6] > 0);
     cp_plan_free(&p);
 }
@@ -406,8 +464,8 @@ static void test_checkpoint_gathers(void **state) {
 
 /* Packed documents: attention launches take the sequence's doc_start and doc_end (two operands more, 4-byte int32
  * [S] each) and RoPE each row's position, loaded with the tokens; in one-GPU and Ulysses/UPipe layouts, offloaded
- * checkpoints, kept attention outputs and the host optimizer. A ring, which does not mask documents yet, is
- * refused by the planner. */
+ * checkpoints, kept attention outputs and the host optimizer, and rings (test_rings_documents checks their launches'
+ * positions rank by rank). */
 static void test_documents(void **state) {
     (void)state;
     with_docs = true;
@@ -420,15 +478,35 @@ static void test_documents(void **state) {
     check("tiny", 2, "parallel.gpus=2", "parallel.optimizer=host");
     check("tiny", 2, "parallel.replicas=2", "train.micro_batches=1");
     check("llama8b", 4, "parallel.gpus=8", "model.layers=2", "train.seq_len=64K", "parallel.upipe_heads=8");
+    check("tiny", 1, "parallel.ring=2");
+    check("tiny", 3, "parallel.ring=2", "parallel.gpus=2", "parallel.offload=all");
     with_docs = false;
-    cp_spec s;
-    char err[CP_ERR_MAX];
-    const char *sets[] = {"parallel.ring=2"};
-    if (cp_spec_load("tiny", sets, 1, &s, err, sizeof err)) fail_msg("%s", err);
-    s.data.documents = CP_DOCS_MASK;
-    cp_plan p;
-    assert_int_not_equal(cp_plan_build(&s, &p, err, sizeof err), 0);
-    assert_non_null(strstr(err, "data.documents"));
+}
+
+/* Rings over packed documents, every rank of: ring 2 and ring 4 of one GPU, ring 2 x Ulysses 2, 2 replicas x ring 2
+ * (two query heads per GPU and stage each), ring 2 x 3 GPUs (a rank straddling its group's chunks) and the host
+ * optimizer with micro-batches: step 0's three half launches and every received block's two at the halves'
+ * global positions, with the sequence's document bounds (ring_ranks). */
+static void test_rings_documents(void **state) {
+    (void)state;
+    int seen[2] = {0};
+    with_docs = true;
+    const char *r2[] = {"parallel.ring=2", "parallel.upipe_heads=2"};
+    ring_ranks(seen, 2, "tiny", 2, r2);
+    const char *r4[] = {"parallel.ring=4", "parallel.upipe_heads=2"};
+    ring_ranks(seen, 2, "tiny", 2, r4);
+    const char *r2u2[] = {"parallel.ring=2", "parallel.gpus=2", "parallel.upipe_heads=4"};
+    ring_ranks(seen, 2, "tiny", 3, r2u2);
+    const char *rep2[] = {"parallel.replicas=2", "parallel.ring=2", "parallel.upipe_heads=2"};
+    ring_ranks(seen, 2, "tiny", 3, rep2);
+    const char *odd[] = {"parallel.ring=2", "parallel.gpus=3", "model.heads=3", "model.kv_heads=3",
+                         "parallel.upipe_heads=3", "train.seq_len=3K"};
+    ring_ranks(seen, 1, "tiny", 6, odd);
+    const char *host[] = {"parallel.ring=2", "parallel.upipe_heads=1", "parallel.offload=all",
+                          "parallel.optimizer=host", "train.micro_batches=2"};
+    ring_ranks(seen, 1, "tiny", 5, host);
+    with_docs = false;
+    assert_true(seen[0] > 0 && seen[1] > 0);
 }
 
 /* A gathered unit goes to a snapshot registered with CUDA in pieces of CP_SNAP_PIECE bytes: its copies out of the
@@ -661,6 +739,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_gathers),
         cmocka_unit_test(test_snapshot_pieces),
         cmocka_unit_test(test_documents),
+        cmocka_unit_test(test_rings_documents),
         cmocka_unit_test(test_every_task_prepared),
         cmocka_unit_test(test_snapshot_gate),
         cmocka_unit_test(test_snapshot_host_memcpy),

@@ -1458,6 +1458,90 @@ static void test_ring_refusals(void **state) {
     free(out);
 }
 
+/* Rings over packed documents. Without documents a ring's plan is as it was before rings masked them (the step
+ * counts below are those plans', every launch of step 0 one causal launch over the own block, no module masking
+ * documents). With them: no launch over the own block whole (its two chunks are not consecutive positions), step 0
+ * in three half launches per pass (gen/ring.h: two causal, on a causal module of SEQ = c, and one maskless),
+ * each with the sequence's bounds as its last operands; so the program grows by exactly what that split adds: per
+ * forward pass of a stage 3 steps (3 half launches and a merge for one launch), per backward pass 8 (3 x a dQ
+ * workspace zeroed, a launch and a dQ sum, for one launch). */
+static void test_ring_documents_plan(void **state) {
+    (void)state;
+    static const struct {
+        const char *sets[3];
+        int steps; /* without documents */
+    } rings[] = {
+        {{"parallel.ring=2", "parallel.upipe_heads=2", "parallel.gpus=1"}, 284},
+        {{"parallel.ring=4", "parallel.upipe_heads=2", "parallel.gpus=1"}, 420},
+        {{"parallel.ring=2", "parallel.upipe_heads=4", "parallel.gpus=2"}, 225},
+        {{"parallel.ring=2", "parallel.upipe_heads=2", "parallel.replicas=2"}, 284},
+    };
+    for (size_t r = 0; r < sizeof rings / sizeof rings[0]; r++) {
+        cp_spec s;
+        cp_plan p, d;
+        load("tiny", &s, 3, rings[r].sets[0], rings[r].sets[1], rings[r].sets[2]);
+        build(&s, &p);
+        s.data.documents = CP_DOCS_MASK;
+        s.data.positions = CP_POS_DOCUMENT;
+        build(&s, &d);
+        assert_true(p.ring > 1 && !p.docs && d.docs);
+        assert_int_equal(p.nsteps, rings[r].steps);
+        for (int m = 0; m < p.nmodules; m++) {
+            const char *docs = cp_kspec_get(&p.modules[m], "DOCS");
+            assert_true(!docs || !strcmp(docs, "0"));
+        }
+        for (int i = 0; i < p.nsteps; i++)
+            if (p.steps[i].ring_step == 0) assert_int_equal(p.steps[i].ring_part, -1);
+        const int fwd_passes = count_steps(&p, "attn_merge_init"), bwd_passes = count_steps(&p, "attn_bwd");
+        assert_true(fwd_passes > 0 && bwd_passes > 0);
+        assert_int_equal(count_steps(&p, "attn_fwd"), fwd_passes);
+        /* with documents */
+        assert_int_equal(count_steps(&d, "attn_fwd") + count_steps(&d, "attn_bwd"), 0);
+        assert_int_equal(count_steps(&d, "attn_merge_init"), fwd_passes);
+        assert_int_equal(d.nsteps, p.nsteps + 3 * fwd_passes + 8 * bwd_passes);
+        int step0[2] = {0}, causal = 0;
+        for (int i = 0; i < d.nsteps; i++) {
+            const cp_step *st = &d.steps[i];
+            const bool fwd = !strcmp(st->what, "attn_fwd_half");
+            if (!fwd && strcmp(st->what, "attn_bwd_half")) continue;
+            const cp_kernel_spec *k = &d.modules[st->module];
+            assert_string_equal(cp_kspec_get(k, "DOCS"), "1");
+            assert_int_equal(atoll(cp_kspec_get(k, "SEQ")), d.group_tokens / 2);
+            assert_int_equal(atoll(cp_kspec_get(k, "LSE_STRIDE")), d.group_tokens);
+            assert_true(!strcmp(d.bufs[st->ops[st->nops - 2].buf].name, "doc_start") &&
+                        !strcmp(d.bufs[st->ops[st->nops - 1].buf].name, "doc_end"));
+            const bool c = !strcmp(cp_kspec_get(k, "CAUSAL"), "1");
+            assert_int_equal(c, st->ring_step == 0 && st->ring_part < 2);
+            causal += c;
+            if (st->ring_step == 0) step0[!fwd]++;
+        }
+        assert_int_equal(step0[0], 3 * fwd_passes);
+        assert_int_equal(step0[1], 3 * bwd_passes);
+        assert_int_equal(causal, 2 * (fwd_passes + bwd_passes));
+        /* the memory a ring's documents add: the bounds alone (the causal half module's dQ workspace is the
+         * maskless one's size) */
+        assert_int_equal(buf(&d, "dq_half.f32")->bytes, buf(&p, "dq_half.f32")->bytes);
+        /* the printed schedule says so: step 0's halves with documents, none without */
+        for (int j = 0; j < 2; j++) {
+            char *text = NULL;
+            size_t len = 0;
+            FILE *f = open_memstream(&text, &len);
+            assert_non_null(f);
+            cp_plan_print(j ? &d : &p, f, false);
+            cp_plan_print_json(j ? &d : &p, f);
+            assert_int_equal(fclose(f), 0);
+            assert_int_equal(strstr(text, "0: q0k0c q1k1c q1k0") != NULL, j);
+            const char *json = "{\"source\": 0, \"causal\": true, \"halves\": [[0, 0], [1, 1], [1, 0]]}";
+            assert_int_equal(strstr(text, json) != NULL, j);
+            free(text);
+        }
+        printf("  tiny %s %s %s: %d steps, %d with documents\n", rings[r].sets[0], rings[r].sets[1],
+               rings[r].sets[2], p.nsteps, d.nsteps);
+        cp_plan_free(&p);
+        cp_plan_free(&d);
+    }
+}
+
 static void test_json_parses(void **state) {
     (void)state;
     cp_spec s;
@@ -1555,7 +1639,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_replicas),     cmocka_unit_test(test_ring_8b_arithmetic),
         cmocka_unit_test(test_ring_stage_tables), cmocka_unit_test(test_ring_rope_runs),
         cmocka_unit_test(test_ring_max_seq), cmocka_unit_test(test_ring_refusals),
-        cmocka_unit_test(test_document_work),
+        cmocka_unit_test(test_document_work), cmocka_unit_test(test_ring_documents_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,10 @@
  * is computed with the mask the global causal order gives it, every pair at or below the diagonal is computed once
  * over all positions and steps, and every step is the same work; the plan's two half-block launches of a step are
  * its pairs. The math: ring attention of a causal sequence, block by block with the schedule (or half block by half
- * block, as the plan launches it) and merged by LSE, equals the float64 reference of the whole sequence. */
+ * block, as the plan launches it) and merged by LSE, equals the float64 reference of the whole sequence. With packed
+ * documents: step 0's three half launches are the own block's pairs, each launch's mask positions are its chunks'
+ * global ones, and the ring's half launches, merged forward and summed backward, are exactly (float64) the whole
+ * sequence's masked attention. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -102,6 +105,39 @@ static void test_half_launches(void **state) {
             cp_ring_span a = cp_ring_half_span(P, k, 0), b = cp_ring_half_span(P, k, 1);
             assert_true(a.q0 == 1 && a.q1 == 2 && a.k0 == 0 && a.k1 == 1);
             assert_true(b.q0 == 0 && b.q1 == 2 && b.k0 == 0 && b.k1 == 2);
+        }
+    /* with documents, step 0's three half launches: each of the own block's pairs the causal step computes, the
+     * diagonal ones (and they alone) causal, at the positions of this position's chunks, the same span everywhere */
+    for (int P = 2; P <= MAXP; P++)
+        for (int p = 0; p < P; p++) {
+            const int64_t c = 5;
+            cp_ring_step s = cp_ring_step_of(P, p, 0);
+            int got[2][2] = {{0}};
+            for (int part = 0; part < CP_RING_STEP0_PARTS; part++) {
+                cp_ring_half h = cp_ring_half_of(P, p, 0, part);
+                cp_ring_span sp = cp_ring_half_span(P, 0, part);
+                cp_ring_pos pos = cp_ring_half_pos(P, p, 0, part, c);
+                got[h.q_half][h.k_half]++;
+                assert_true(sp.q0 == h.q_half && sp.q1 == h.q_half + 1 && sp.k0 == h.k_half && sp.k1 == h.k_half + 1);
+                cp_ring_mask m = step_mask(&s, h.q_half, h.k_half);
+                assert_int_equal(cp_ring_half_causal(0, part), m == CP_RING_DIAG);
+                assert_int_equal(m == CP_RING_DIAG ? 1 : 0, h.q_half == h.k_half);
+                assert_true(m != CP_RING_SKIP);
+                assert_int_equal(pos.q_pos, (h.q_half ? 2 * P - 1 - p : p) * c);
+                assert_int_equal(pos.k_pos, (h.k_half ? 2 * P - 1 - p : p) * c);
+            }
+            assert_true(got[0][0] == 1 && got[1][1] == 1 && got[1][0] == 1 && got[0][1] == 0);
+            /* a received block's launches: maskless, keys at the source's chunks, all before the queries */
+            for (int k = 1; k < P; k++)
+                for (int part = 0; part < 2; part++) {
+                    cp_ring_half h = cp_ring_half_of(P, p, k, part);
+                    cp_ring_pos pos = cp_ring_half_pos(P, p, k, part, c);
+                    int src = ((p - k) % P + P) % P;
+                    assert_false(cp_ring_half_causal(k, part));
+                    assert_int_equal(pos.q_pos, (h.q_half ? 2 * P - 1 - p : p) * c);
+                    assert_int_equal(pos.k_pos, (h.k_half ? 2 * P - 1 - src : src) * c);
+                    assert_true(pos.k_pos + c <= pos.q_pos);
+                }
         }
     /* P = 4, position 1: from 0 (an earlier position) q0k0, from 3 and 2 q1k1 */
     assert_int_equal(cp_ring_half_of(4, 1, 1, 1).q_half, 0);
@@ -326,6 +362,195 @@ static void test_ring_attention_matches_reference(void **state) {
     ring_attention_matches_reference(true);
 }
 
+/* ---- packed documents: the ring's decomposition in float64 ---- */
+
+enum { DQH = 4, DKVH = 2, DD = 4 }; /* query heads, KV heads (GQA 2:1), head dim of the documents' rings */
+
+/* The backward of one half launch as the ring runs it: with the merged (whole-sequence) LSE and delta of its query
+ * rows, not its own softmax, so that the launches' gradients sum to the whole sequence's. n query rows at global
+ * positions qp.., n keys at kp..; kept as the kernel's contract says (templates/attention.cu, "Document masks"):
+ * the causal rule on local rows and keys, and the key in the query's document. dq ([n][QH][D]) and dk, dv
+ * ([n][KVH][D]) are added to; lse [QH][lse_stride] and delta [n][QH] are the query rows'. */
+static void half_bwd(const double *q, const double *k, const double *v, const double *dout, const double *lse,
+                     int64_t lse_stride, const double *delta, int64_t n, bool causal, int64_t qp, int64_t kp,
+                     const int *doc_start, double *dq, double *dk, double *dv) {
+    const double scale = 1 / sqrt((double)DD);
+    for (int64_t i = 0; i < n; i++)
+        for (int h = 0; h < DQH; h++) {
+            const int g = h / (DQH / DKVH);
+            const double *qi = q + (i * DQH + h) * DD, *di = dout + (i * DQH + h) * DD;
+            for (int64_t j = 0; j < n; j++) {
+                if ((causal && j > i) || kp + j < doc_start[qp + i]) continue;
+                const double *kj = k + (j * DKVH + g) * DD, *vj = v + (j * DKVH + g) * DD;
+                double sc = 0, dp = 0;
+                for (int d = 0; d < DD; d++) sc += qi[d] * kj[d], dp += di[d] * vj[d];
+                const double pr = exp(sc * scale - lse[h * lse_stride + i]), ds = pr * (dp - delta[i * DQH + h]);
+                for (int d = 0; d < DD; d++) {
+                    dq[(i * DQH + h) * DD + d] += scale * ds * kj[d];
+                    dk[(j * DKVH + g) * DD + d] += scale * ds * qi[d];
+                    dv[(j * DKVH + g) * DD + d] += pr * di[d];
+                }
+            }
+        }
+}
+
+/* The merge of templates/attn_merge.cu in float64: n rows of a block (o [n][QH][D], lse [QH][stride]) into the
+ * accumulator; a row neither side reached stays as it is. Returns how many rows the block did not reach while the
+ * accumulator had (lse -inf against a finite one). */
+static int merge64(const double *o_blk, const double *lse_blk, double *o_acc, double *lse_acc, int64_t n,
+                   int64_t stride) {
+    int missed = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int h = 0; h < DQH; h++) {
+            double *la = &lse_acc[h * stride + i];
+            const double lb = lse_blk[h * stride + i], m = fmax(*la, lb);
+            if (m == -INFINITY) continue;
+            missed += lb == -INFINITY;
+            const double l = m + log1p(exp(fmin(*la, lb) - m)), wa = exp(*la - l), wb = exp(lb - l);
+            for (int d = 0; d < DD; d++) {
+                double *x = &o_acc[(i * DQH + h) * DD + d];
+                *x = wa * *x + wb * o_blk[(i * DQH + h) * DD + d];
+            }
+            *la = l;
+        }
+    return missed;
+}
+
+static void assert_near(const double *x, const double *ref, int64_t n, const char *what, int P, int layout) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs(x[i] - ref[i]) <= 1e-12 * (1 + fabs(ref[i]))))
+            fail_msg("ring of %d, documents %d: %s[%lld] = %.17g, the whole sequence's %.17g", P, layout, what,
+                     (long long)i, x[i], ref[i]);
+}
+
+/* A ring of P over packed documents of the given lengths, run exactly as the plan launches it: at every position p,
+ * step 0 as its three half launches (cp_ring_half_of(P, p, 0, part): the diagonal chunks causal, their outputs the
+ * merge's start, the third merged), each step k >= 1 as its two maskless half launches on the block of position
+ * (p - k) mod P, merged by LSE; every launch masked at the global positions cp_ring_half_pos gives, its rows and keys
+ * taken from the position's local order (chunk p, then chunk 2P-1-p). The backward: every launch again with the
+ * merged LSE and delta, dQ summed at the query rows, dK and dV at the block's owner (as they travel home). Both
+ * against the float64 reference of the whole sequence under the same documents, forward (o, lse) and backward (dq,
+ * dk, dv). Returns how many (row, head) pairs of launches after the first kept no key (lse -inf into the merge). */
+static int ring_documents(int P, const int *len, int ndocs, int layout) {
+    const int64_t c = 5, S = 2 * P * c, L = 2 * c;
+    int start[64], end[64];
+    assert_true(S <= 64);
+    for (int d = 0, a = 0; d < ndocs; a += len[d++]) {
+        assert_true(a + len[d] <= S);
+        for (int i = a; i < a + len[d]; i++) start[i] = a, end[i] = a + len[d];
+        if (d == ndocs - 1) assert_int_equal(a + len[d], S);
+    }
+    const int64_t nq = S * DQH * DD, nkv = S * DKVH * DD;
+    static double q[64 * DQH * DD], k[64 * DKVH * DD], v[64 * DKVH * DD], dout[64 * DQH * DD];
+    static double o[64 * DQH * DD], lse[DQH * 64], dq[64 * DQH * DD], dk[64 * DKVH * DD], dv[64 * DKVH * DD];
+    uint64_t seed = 7 + (uint64_t)P * 10 + (uint64_t)layout;
+    for (int64_t i = 0; i < nq; i++) q[i] = 2 * lcg(&seed), dout[i] = lcg(&seed);
+    for (int64_t i = 0; i < nkv; i++) k[i] = 2 * lcg(&seed), v[i] = lcg(&seed);
+    ref_attn_shape whole = {.seq = S, .q_heads = DQH, .kv_heads = DKVH, .head_dim = DD, .causal = true,
+                            .scale = 1 / sqrt((double)DD), .doc_start = start, .doc_end = end};
+    ref_attention_fwd(&whole, q, k, v, o, lse, 0, DQH, 0, S);
+    memset(dk, 0, sizeof dk), memset(dv, 0, sizeof dv);
+    ref_attention_bwd(&whole, q, k, v, dout, dq, dk, dv, 0, DQH, 0, S);
+
+    /* every position's local Q, K, V, dO (its chunks in local order), and what the ring computes */
+    static double lq[MAXP][20 * DQH * DD], lk[MAXP][20 * DKVH * DD], lv[MAXP][20 * DKVH * DD], ldo[MAXP][20 * DQH * DD];
+    static double o_acc[MAXP][20 * DQH * DD], lse_acc[MAXP][DQH * 20], delta[MAXP][20 * DQH];
+    static double rdq[MAXP][20 * DQH * DD], rdk[MAXP][20 * DKVH * DD], rdv[MAXP][20 * DKVH * DD];
+    assert_true(P <= MAXP && L <= 20);
+    for (int p = 0; p < P; p++)
+        for (int h = 0; h < 2; h++) {
+            const int64_t g = (int64_t)cp_ring_chunk(P, p, h) * c;
+            memcpy(lq[p] + h * c * DQH * DD, q + g * DQH * DD, sizeof(double) * c * DQH * DD);
+            memcpy(ldo[p] + h * c * DQH * DD, dout + g * DQH * DD, sizeof(double) * c * DQH * DD);
+            memcpy(lk[p] + h * c * DKVH * DD, k + g * DKVH * DD, sizeof(double) * c * DKVH * DD);
+            memcpy(lv[p] + h * c * DKVH * DD, v + g * DKVH * DD, sizeof(double) * c * DKVH * DD);
+        }
+    int missed = 0;
+    for (int p = 0; p < P; p++)
+        for (int st = 0; st < P; st++) {
+            const int src = cp_ring_step_of(P, p, st).source, parts = st ? 2 : CP_RING_STEP0_PARTS;
+            for (int part = 0; part < parts; part++) {
+                cp_ring_half h = cp_ring_half_of(P, p, st, part);
+                cp_ring_pos pos = cp_ring_half_pos(P, p, st, part, c);
+                ref_attn_shape sh = {.seq = c, .q_heads = DQH, .kv_heads = DKVH, .head_dim = DD,
+                                     .causal = cp_ring_half_causal(st, part), .scale = 1 / sqrt((double)DD),
+                                     .doc_start = start, .doc_end = end, .q_pos = pos.q_pos, .k_pos = pos.k_pos};
+                double ob[5 * DQH * DD], lb[DQH * 5];
+                ref_attention_fwd(&sh, lq[p] + h.q_half * c * DQH * DD, lk[src] + h.k_half * c * DKVH * DD,
+                                  lv[src] + h.k_half * c * DKVH * DD, ob, lb, 0, DQH, 0, c);
+                double *oa = o_acc[p] + h.q_half * c * DQH * DD, *la = lse_acc[p] + h.q_half * c;
+                if (st == 0 && part < 2) { /* the diagonal halves: together the whole block the merge starts from */
+                    memcpy(oa, ob, sizeof ob);
+                    for (int hd = 0; hd < DQH; hd++) {
+                        memcpy(la + hd * L, lb + hd * c, sizeof(double) * c);
+                        for (int64_t i = 0; i < c; i++) assert_true(isfinite(lb[hd * c + i])); /* its own key */
+                    }
+                    continue;
+                }
+                double lbs[DQH * 20]; /* the block's LSE at the stride of the accumulator's rows, as the plan's */
+                for (int hd = 0; hd < DQH; hd++) memcpy(lbs + hd * L, lb + hd * c, sizeof(double) * c);
+                missed += merge64(ob, lbs, oa, la, c, L);
+            }
+        }
+    for (int p = 0; p < P; p++) { /* forward: each position's rows against the whole sequence's */
+        for (int h = 0; h < 2; h++) {
+            const int64_t g = (int64_t)cp_ring_chunk(P, p, h) * c;
+            assert_near(o_acc[p] + h * c * DQH * DD, o + g * DQH * DD, c * DQH * DD, "o", P, layout);
+            for (int hd = 0; hd < DQH; hd++)
+                assert_near(lse_acc[p] + hd * L + h * c, lse + hd * S + g, c, "lse", P, layout);
+        }
+        for (int64_t i = 0; i < L; i++) /* delta = rowsum(dO * O) of the merged output */
+            for (int hd = 0; hd < DQH; hd++) {
+                double x = 0;
+                for (int d = 0; d < DD; d++) x += ldo[p][(i * DQH + hd) * DD + d] * o_acc[p][(i * DQH + hd) * DD + d];
+                delta[p][i * DQH + hd] = x;
+            }
+        memset(rdq[p], 0, sizeof rdq[p]), memset(rdk[p], 0, sizeof rdk[p]), memset(rdv[p], 0, sizeof rdv[p]);
+    }
+    for (int p = 0; p < P; p++)
+        for (int st = 0; st < P; st++) {
+            const int src = cp_ring_step_of(P, p, st).source, parts = st ? 2 : CP_RING_STEP0_PARTS;
+            for (int part = 0; part < parts; part++) {
+                cp_ring_half h = cp_ring_half_of(P, p, st, part);
+                cp_ring_pos pos = cp_ring_half_pos(P, p, st, part, c);
+                const int64_t qo = h.q_half * c, ko = h.k_half * c;
+                half_bwd(lq[p] + qo * DQH * DD, lk[src] + ko * DKVH * DD, lv[src] + ko * DKVH * DD,
+                         ldo[p] + qo * DQH * DD, lse_acc[p] + qo, L, delta[p] + qo * DQH, c,
+                         cp_ring_half_causal(st, part), pos.q_pos, pos.k_pos, start, rdq[p] + qo * DQH * DD,
+                         rdk[src] + ko * DKVH * DD, rdv[src] + ko * DKVH * DD);
+            }
+        }
+    for (int p = 0; p < P; p++)
+        for (int h = 0; h < 2; h++) {
+            const int64_t g = (int64_t)cp_ring_chunk(P, p, h) * c;
+            assert_near(rdq[p] + h * c * DQH * DD, dq + g * DQH * DD, c * DQH * DD, "dq", P, layout);
+            assert_near(rdk[p] + h * c * DKVH * DD, dk + g * DKVH * DD, c * DKVH * DD, "dk", P, layout);
+            assert_near(rdv[p] + h * c * DKVH * DD, dv + g * DKVH * DD, c * DKVH * DD, "dv", P, layout);
+        }
+    return missed;
+}
+
+/* Ring attention over packed documents is exact in float64 for rings of 2 and 4 (chunks of 5 tokens): documents of
+ * 1 token (also at a chunk's first position), one crossing chunk boundaries (and the two halves of a position's
+ * block), one spanning the whole sequence; launches with rows that keep no key (lse -inf) merge as the rest. */
+static void test_ring_documents_exact(void **state) {
+    (void)state;
+    const int P2a[] = {1, 13, 1, 5}, P2b[] = {20}, P2c[] = {5, 1, 4, 1, 1, 8};
+    const int P4a[] = {1, 13, 1, 5, 1, 19}, P4b[] = {40}, P4c[] = {2, 3, 1, 9, 1, 1, 22, 1};
+    const struct {
+        int P, n;
+        const int *len;
+    } cases[] = {{2, 4, P2a}, {2, 1, P2b}, {2, 6, P2c}, {4, 6, P4a}, {4, 1, P4b}, {4, 8, P4c}};
+    int missed[6];
+    for (int i = 0; i < 6; i++) {
+        missed[i] = ring_documents(cases[i].P, cases[i].len, cases[i].n, i);
+        print_message("ring of %d, %d documents: forward and backward exact; %d (row, head) pairs of later launches "
+                      "kept no key\n", cases[i].P, cases[i].n, missed[i]);
+    }
+    assert_int_equal(missed[1] + missed[4], 0); /* one document: every key before a query is kept */
+    assert_true(missed[0] > 0 && missed[2] > 0 && missed[3] > 0 && missed[5] > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zigzag_classification),
@@ -334,6 +559,7 @@ int main(void) {
         cmocka_unit_test(test_rope_runs),
         cmocka_unit_test(test_merge_by_hand),
         cmocka_unit_test(test_ring_attention_matches_reference),
+        cmocka_unit_test(test_ring_documents_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
