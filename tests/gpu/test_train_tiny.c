@@ -182,12 +182,17 @@ static void test_hf_export(void **state) {
     char st[64], extra[512] = "";
     snprintf(outdir, sizeof outdir, "train.out_dir=%s", dir);
     snprintf(st, sizeof st, "train.steps=%d", steps);
-    const char *sets[12] = {st, "train.warmup=5", outdir};
+    const char *sets[24] = {st, "train.warmup=5", outdir};
     int ns = 3;
-    /* CPGEN_HF_SETS: more overrides for the compared run, e.g. "parallel.upipe_heads=2" */
+    /* CPGEN_HF_SETS: more overrides for the compared run, e.g. "parallel.upipe_heads=2"; none dropped (the model
+     * transformers made is the plan's with all of them) */
     const char *hx = getenv("CPGEN_HF_SETS");
+    if (hx && strlen(hx) >= sizeof extra) fail_msg("CPGEN_HF_SETS is longer than %zu characters", sizeof extra - 1);
     if (hx) snprintf(extra, sizeof extra, "%s", hx);
-    for (char *t = strtok(extra, " "); t && ns < 12; t = strtok(NULL, " ")) sets[ns++] = t;
+    for (char *t = strtok(extra, " "); t; t = strtok(NULL, " ")) {
+        if (ns == 24) fail_msg("CPGEN_HF_SETS: more than %d overrides", 24 - 3);
+        sets[ns++] = t;
+    }
     const char *spec = getenv("CPGEN_HF_SPEC");
     cp_plan p;
     load_spec_plan(spec && *spec ? spec : "tiny", &p, ns, sets);
