@@ -18,8 +18,8 @@
 #      stall, checkpoints that differ, resumed losses that differ and ranks that stop after different steps;
 #      tests/gpu/hf_check.sh with the real cpgen's plan and stand-ins for test_train_tiny (which hands its overrides
 #      to the real `cpgen plan`) and for Python: every case's command line is one cpgen takes, and the script passes
-#      when every comparison matches and fails a case whose comparison misses, a case it does not know and an
-#      override cpgen refuses.
+#      when every comparison matches and fails a case whose comparison misses, a packed case compared without its
+#      documents, a case it does not know and an override cpgen refuses.
 #   4. tools/run-tests.sh counts passed, failed and skipped tests and exits 0, 1 or 77.
 # Prints one line per case; exit 0 when every case gives the status it should, else 1. KEEP=1 leaves the scratch
 # folder (/tmp/cpgen-test-checks-*) to look at.
@@ -454,6 +454,7 @@ case $1 in
   tests/hf/make_model.py) exit 0 ;;
   tests/gpu/hf_compare.py)
     echo "step 1 against fp32: loss 1.00e-05 (bound 1e-3) (stand-in)"
+    [ -n "${FAKE_UNPACKED:-}" ] || echo "documents alone against packed (stand-in)"
     case $2 in *"${FAKE_MISMATCH:-@}") echo MISMATCH; exit 1 ;; esac
     echo MATCH ;;
   *) echo "stand-in python: $*"; exit 2 ;;
@@ -473,6 +474,8 @@ hfcheck() { # WANT WHAT [VAR=VALUE...] [-- CASE...]
 }
 PAT="== l8b_packed \(llama8b .*data.source=synthetic:packed\): MATCH" hfcheck 0 "every case's command line, all matching"
 PAT="FAILED +packed.compare: exit status 1" hfcheck 1 "a packed case's comparison misses" FAKE_MISMATCH=/packed
+PAT="FAILED: packed.compare: not compared as packed documents" hfcheck 1 "a packed case compared as one document" \
+  FAKE_UNPACKED=1 -- packed
 PAT="FAILED: unknown case pakced" hfcheck 1 "a case it does not know" -- tiny pakced
 PAT="FAILED: tiny: cpgen plan failed" hfcheck 1 "an override cpgen refuses" HF_SETS=data.source=synthetic:pakked -- tiny
 
