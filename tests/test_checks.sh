@@ -15,7 +15,11 @@
 #      passes when training with evaluations is training without and val_loss is step 1's at lr = 0, and fails a
 #      last-digit difference, a val_loss 1e-4 off, a run that did not evaluate or failed, and a failed GPU test (77
 #      when that test is skipped); gpu-ckpt-check.sh on a stand-in of its own passes, and fails a save over its
-#      stall, checkpoints that differ, resumed losses that differ and ranks that stop after different steps.
+#      stall, checkpoints that differ, resumed losses that differ and ranks that stop after different steps;
+#      tests/gpu/hf_check.sh with the real cpgen's plan and stand-ins for test_train_tiny (which hands its overrides
+#      to the real `cpgen plan`) and for Python: every case's command line is one cpgen takes, and the script passes
+#      when every comparison matches and fails a case whose comparison misses, a packed case compared without its
+#      documents, a case it does not know and an override cpgen refuses.
 #   4. tools/run-tests.sh counts passed, failed and skipped tests and exits 0, 1 or 77.
 # Prints one line per case; exit 0 when every case gives the status it should, else 1. KEEP=1 leaves the scratch
 # folder (/tmp/cpgen-test-checks-*) to look at.
@@ -429,6 +433,51 @@ PAT="ckpt_20 held the loop .*FAILED" ckpt 1 "ckpt: an asynchronous save holding 
 PAT="ckpt_30 async = sync \(cmp\).*FAILED" ckpt 1 "ckpt: the waiting run's checkpoint differs" FAKE_DIFF=1
 PAT="kill +resumed losses 11-30.*FAILED" ckpt 1 "ckpt: the resumed run's losses off" FAKE_OFF=1
 PAT="stop +SIGTERM to one rank.*FAILED" ckpt 1 "ckpt: a rank stops a step later" FAKE_SPLIT=1 PARTS=stop
+
+# hf_check.sh: its plans from the real cpgen (a link in a stand-in build), test_train_tiny a stand-in that gives the
+# real `cpgen plan` its overrides (as the test's own run would load them) and writes 20 steps of metrics, Python a
+# stand-in (HF_PYTHON) whose make_model.py does nothing and whose hf_compare.py matches, or misses for the cases
+# whose folder holds FAKE_MISMATCH
+mkdir -p "$tmp/hfsim/tests/gpu"
+ln -s "$REAL_CPGEN" "$tmp/hfsim/cpgen"
+cat >"$tmp/hfsim/tests/gpu/test_train_tiny" <<'SH'
+#!/usr/bin/env bash
+set -u
+sets=(--set train.steps="$CPGEN_HF_STEPS" --set train.warmup=5 --set train.out_dir="$CPGEN_HF_DIR")
+for s in $CPGEN_HF_SETS; do sets+=(--set "$s"); done
+"$REAL_CPGEN" plan "$CPGEN_HF_SPEC" "${sets[@]}" >/dev/null || exit 1
+for ((i = 1; i <= CPGEN_HF_STEPS; i++)); do echo "{\"step\":$i,\"loss\":6.2,\"norm\":1.5}"; done >"$CPGEN_HF_DIR/metrics.jsonl"
+SH
+cat >"$tmp/hfsim/python" <<'SH'
+#!/usr/bin/env bash
+case $1 in
+  tests/hf/make_model.py) exit 0 ;;
+  tests/gpu/hf_compare.py)
+    echo "step 1 against fp32: loss 1.00e-05 (bound 1e-3) (stand-in)"
+    [ -n "${FAKE_UNPACKED:-}" ] || echo "documents alone against packed (stand-in)"
+    case $2 in *"${FAKE_MISMATCH:-@}") echo MISMATCH; exit 1 ;; esac
+    echo MATCH ;;
+  *) echo "stand-in python: $*"; exit 2 ;;
+esac
+SH
+chmod +x "$tmp/hfsim/tests/gpu/test_train_tiny" "$tmp/hfsim/python"
+hfcheck() { # WANT WHAT [VAR=VALUE...] [-- CASE...]
+  local want=$1 what=$2 cases=()
+  shift 2
+  local vars=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
+  [ $# -eq 0 ] || { shift; cases=("$@"); }
+  rm -rf "$tmp/simout" "$tmp/hf"
+  env PATH="$tmp/gpus:$PATH" FAKE_GPUS=1 OUT="$tmp/simout" HF_WORK="$tmp/hf" HF_PYTHON="$tmp/hfsim/python" \
+    ${vars[@]+"${vars[@]}"} timeout 120 bash tests/gpu/hf_check.sh "$tmp/hfsim" ${cases[@]+"${cases[@]}"} >"$tmp/log" 2>&1
+  expect_rc "$want" "hf_check: $what" $? "$tmp/log" "${PAT:-}"
+}
+PAT="== l8b_packed \(llama8b .*data.source=synthetic:packed\): MATCH" hfcheck 0 "every case's command line, all matching"
+PAT="FAILED +packed.compare: exit status 1" hfcheck 1 "a packed case's comparison misses" FAKE_MISMATCH=/packed
+PAT="FAILED: packed.compare: not compared as packed documents" hfcheck 1 "a packed case compared as one document" \
+  FAKE_UNPACKED=1 -- packed
+PAT="FAILED: unknown case pakced" hfcheck 1 "a case it does not know" -- tiny pakced
+PAT="FAILED: tiny: cpgen plan failed" hfcheck 1 "an override cpgen refuses" HF_SETS=data.source=synthetic:pakked -- tiny
 
 # 4. run-tests.sh's count
 mkdir -p "$tmp/t"

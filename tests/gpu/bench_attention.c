@@ -9,7 +9,8 @@
  * and sm_89.
  * --docs LEN also times the kernels with document masks (templates/attention.cu) on documents of LEN tokens (the last
  * one shorter), causal, and prints their TF/s counted on the scores they keep (sum over documents of L (L + 1) / 2
- * per head) beside the causal kernels' time: the work skipped outside the documents shows as time saved.
+ * per head) beside the causal kernels' time: the work skipped outside the documents shows as time saved; the lines
+ * "DOCS <qh> <kvh> <len> <fwd_ms> <bwd_ms>" (the kernels the runtime runs) are for tools/gpu-docs-bench.sh to read.
  * Options: --seq N (default 32768), --head-dim 64|128 (default 128), --reps N (default 10), --no-sdpa, --quick (only
  * what the runtime runs beside SDPA's CUDNN backend: no mma.sync kernels on Hopper, no FLASH backend), --docs LEN. */
 #include <limits.h>
@@ -281,6 +282,10 @@ int main(int argc, char **argv) {
                        j ? "cpgen docs mma.sync" : "cpgen docs", f, b, a, c, cf / f, cb / b);
             }
         }
+        for (int i = 0; i < nrows; i++)
+            if (rows[i].docs_fwd_ms > 0 && rows[i].docs_bwd_ms > 0)
+                printf("DOCS %d %d %lld %.4f %.4f\n", rows[i].qh, rows[i].kvh, (long long)doc_len, rows[i].docs_fwd_ms,
+                       rows[i].docs_bwd_ms);
     }
     return rc;
 }

@@ -10,7 +10,9 @@
  * With CPGEN_HF_DIR set it also writes what tests/gpu/hf_compare.py needs to train the same model in PyTorch /
  * transformers and compare: the initial weights as a Hugging Face checkpoint (fp32), cpgen's gradients of step 1
  * over all its micro-batches (same layout), the token sequences, and this run's metrics.jsonl (CPGEN_HF_STEPS steps,
- * default 30; CPGEN_HF_SETS more overrides; CPGEN_HF_ONLY=1 skips the other tests). */
+ * default 30; CPGEN_HF_SETS more overrides; CPGEN_HF_ONLY=1 skips the other tests). With packed documents
+ * (data.documents = "mask") the step-1 gradients are taken with each micro-batch's documents staged as a training
+ * step stages them, and run.json says the end-of-document id and whether positions restart per document. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +25,7 @@
 #include <cmocka.h>
 
 #include "data.h"
+#include "doc_inputs.h"
 #include "exec.h"
 #include "gpu_util.h"
 #include "plan.h"
@@ -179,12 +182,17 @@ static void test_hf_export(void **state) {
     char st[64], extra[512] = "";
     snprintf(outdir, sizeof outdir, "train.out_dir=%s", dir);
     snprintf(st, sizeof st, "train.steps=%d", steps);
-    const char *sets[12] = {st, "train.warmup=5", outdir};
+    const char *sets[24] = {st, "train.warmup=5", outdir};
     int ns = 3;
-    /* CPGEN_HF_SETS: more overrides for the compared run, e.g. "parallel.upipe_heads=2" */
+    /* CPGEN_HF_SETS: more overrides for the compared run, e.g. "parallel.upipe_heads=2"; none dropped (the model
+     * transformers made is the plan's with all of them) */
     const char *hx = getenv("CPGEN_HF_SETS");
+    if (hx && strlen(hx) >= sizeof extra) fail_msg("CPGEN_HF_SETS is longer than %zu characters", sizeof extra - 1);
     if (hx) snprintf(extra, sizeof extra, "%s", hx);
-    for (char *t = strtok(extra, " "); t && ns < 12; t = strtok(NULL, " ")) sets[ns++] = t;
+    for (char *t = strtok(extra, " "); t; t = strtok(NULL, " ")) {
+        if (ns == 24) fail_msg("CPGEN_HF_SETS: more than %d overrides", 24 - 3);
+        sets[ns++] = t;
+    }
     const char *spec = getenv("CPGEN_HF_SPEC");
     cp_plan p;
     load_spec_plan(spec && *spec ? spec : "tiny", &p, ns, sets);
@@ -210,9 +218,18 @@ static void test_hf_export(void **state) {
     if (cp_dataset_open(&d, &p.spec, err, sizeof err)) fail_msg("data: %s", err);
     int32_t *t0 = malloc(sizeof(int32_t) * (size_t)p.T * (size_t)p.spec.train.micro_batches);
     int32_t *g0 = malloc(sizeof(int32_t) * (size_t)p.T * (size_t)p.spec.train.micro_batches);
-    for (int b = 0; b < p.spec.train.micro_batches; b++)
+    /* packed documents: each micro-batch's positions and document bounds, staged as a training step stages them */
+    cp_doc_inputs di;
+    cp_doc_inputs_init(&di, &p);
+    const cp_data_slice one = {.replica = 0, .replicas = 1, .ring_pos = 0, .ring = 1, .rank = 0, .gpus = 1};
+    for (int b = 0; b < p.spec.train.micro_batches; b++) {
         if (cp_dataset_next(&d, 0, 1, t0 + (size_t)b * p.T, g0 + (size_t)b * p.T, err, sizeof err)) fail_msg("%s", err);
+        cp_doc_inputs_add(&di, &p, &one, &d.docs);
+    }
+    const long long eod = d.documents == CP_DOCS_MASK ? (long long)d.eod : -1;
     cp_dataset_close(&d);
+    if (cp_doc_inputs_stage(&di, ex, err, sizeof err)) fail_msg("documents: %s", err);
+    cp_doc_inputs_free(&di);
     double loss;
     if (cp_exec_gradients(ex, t0, g0, 0, &loss, err, sizeof err) || cp_exec_read_grads(ex, flat, true, err, sizeof err))
         fail_msg("gradients: %s", err);
@@ -253,7 +270,10 @@ static void test_hf_export(void **state) {
             steps, (long long)mb, (long long)T, t->lr, t->min_lr, t->warmup, t->beta1, t->beta2, t->eps,
             t->weight_decay, t->clip);
     for (int s = 0; s < steps; s++) fprintf(f, "%s%.17g", s ? "," : "", cp_lr_at(t, s));
-    fprintf(f, "]}\n");
+    /* how hf_compare.py cuts the sequences into documents: after every eod (-1: none) with doc_mask, and whether
+     * RoPE positions restart at each document */
+    fprintf(f, "],\"eod\":%lld,\"doc_mask\":%s,\"doc_positions\":%s}\n", eod, p.docs ? "true" : "false",
+            p.doc_positions ? "true" : "false");
     fclose(f);
     cp_train_opts o = {.out = stdout};
     cp_train_result r;
