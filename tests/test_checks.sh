@@ -19,7 +19,9 @@
 #      tests/gpu/hf_check.sh with the real cpgen's plan and stand-ins for test_train_tiny (which hands its overrides
 #      to the real `cpgen plan`) and for Python: every case's command line is one cpgen takes, and the script passes
 #      when every comparison matches and fails a case whose comparison misses, a packed case compared without its
-#      documents, a case it does not know and an override cpgen refuses.
+#      documents, a case it does not know and an override cpgen refuses; tools/gpu-docs-bench.sh on stand-ins of
+#      bench_attention and of its FlexAttention peer gives the table with both and their ratio, and fails a run
+#      that fails and a row a run left out.
 #   4. tools/run-tests.sh counts passed, failed and skipped tests and exits 0, 1 or 77.
 # Prints one line per case; exit 0 when every case gives the status it should, else 1. KEEP=1 leaves the scratch
 # folder (/tmp/cpgen-test-checks-*) to look at.
@@ -478,6 +480,40 @@ PAT="FAILED: packed.compare: not compared as packed documents" hfcheck 1 "a pack
   FAKE_UNPACKED=1 -- packed
 PAT="FAILED: unknown case pakced" hfcheck 1 "a case it does not know" -- tiny pakced
 PAT="FAILED: tiny: cpgen plan failed" hfcheck 1 "an override cpgen refuses" HF_SETS=data.source=synthetic:pakked -- tiny
+
+# gpu-docs-bench.sh on stand-ins: bench_attention prints its "DOCS" lines for the --docs length (exit 1 for the
+# length FAKE_BENCH_FAIL), the peer (DOCS_PYTHON) its "FLEX" lines for each length but FAKE_FLEX_DROP (exit 1 with
+# FAKE_FLEX_FAIL)
+mkdir -p "$tmp/docsim/tests/gpu"
+cat >"$tmp/docsim/tests/gpu/bench_attention" <<'SH'
+#!/usr/bin/env bash
+while [ $# -gt 0 ]; do [ "$1" = --docs ] && len=$2; shift; done
+[ "$len" = "${FAKE_BENCH_FAIL:-@}" ] && { echo "bench_attention: made to fail"; exit 1; }
+echo "DOCS 32 32 $len 10.0 25.0"
+echo "DOCS 32 8 $len 9.0 22.0"
+SH
+cat >"$tmp/docsim/python" <<'SH'
+#!/usr/bin/env bash
+[ -n "${FAKE_FLEX_FAIL:-}" ] && { echo "FAILED: no FlexAttention (stand-in)"; exit 1; }
+while [ $# -gt 0 ]; do [ "$1" = --docs ] && lens=$2; shift; done
+for l in ${lens//,/ }; do
+  [ "$l" = "${FAKE_FLEX_DROP:-@}" ] || printf 'FLEX 32 32 %s 20.0 50.0\nFLEX 32 8 %s 18.0 44.0\n' "$l" "$l"
+done
+SH
+chmod +x "$tmp/docsim/tests/gpu/bench_attention" "$tmp/docsim/python"
+docsbench() { # WANT WHAT [VAR=VALUE...]
+  local want=$1 what=$2
+  shift 2
+  rm -rf "$tmp/simout"
+  env PATH="$tmp/gpus:$PATH" FAKE_GPUS=1 OUT="$tmp/simout" DOCS_PYTHON="$tmp/docsim/python" SEQ=65536 "$@" \
+    timeout 60 bash tools/gpu-docs-bench.sh "$tmp/docsim" >"$tmp/log" 2>&1
+  expect_rc "$want" "docs bench: $what" $? "$tmp/log" "${PAT:-}"
+}
+PAT="^ +32768 +50\.00% GQA 32/8 +\| +9\.000 +22\.000 .*\| +2\.00 +2\.00$" docsbench 0 "every length, both, the ratio"
+PAT="FAILED +cpgen_8192: exit status 1" docsbench 1 "bench_attention fails at one length" FAKE_BENCH_FAIL=8192
+PAT="FAILED: no times for MHA 32/32 at 4096: FlexAttention" docsbench 1 "the peer fails" FAKE_FLEX_FAIL=1
+PAT="FAILED: no times for GQA 32/8 at 32768: FlexAttention" docsbench 1 "the peer leaves out a length" \
+  FAKE_FLEX_DROP=32768
 
 # 4. run-tests.sh's count
 mkdir -p "$tmp/t"
