@@ -175,7 +175,8 @@ typedef struct {
      * gen/ring.h, and such a step's operands cover what any position touches. */
     int ring_step;        /* the ring step k (0 .. ring - 1) whose K/V block a step sends, attends to or merges; -1 */
     int ring_part;        /* a step k > 0's half-block launch (cp_ring_half_of) its attention, merge or dQ sum
-                           * belongs to; a RoPE launch's run (cp_ring_rope_runs); -1 */
+                           * belongs to, or step 0's with documents (CP_RING_STEP0_PARTS); a RoPE launch's run
+                           * (cp_ring_rope_runs); -1 */
     int64_t lse_stride;   /* attention and merges of a ring: the row stride of their LSE operand in elements (the
                            * group's tokens, whatever the launch's SEQ); 0 elsewhere (the module's SEQ) */
     bool last_micro;      /* runs in the last micro-batch only: the all-reduce of gradients accumulated over them */

@@ -11,8 +11,9 @@
  * key blocks dispatched in an earlier wave), causal and full.
  *
  * Document masks (DOCS, templates/attention.cu): packed layouts (1-token documents, documents ending on the tiles'
- * edges, crossing many tiles, random, one document) and a ring's off-diagonal block whose rows that keep no key must
- * give o = 0, dq = 0 and lse = -inf exactly; the mma.sync kernels are checked first, on Hopper then the wgmma ones;
+ * edges, crossing many tiles, random, one document), a ring's off-diagonal block whose rows that keep no key must
+ * give o = 0, dq = 0 and lse = -inf exactly, and a ring's step-0 diagonal chunk (causal, queries and keys at the
+ * sequence's second half, LSE rows 2S apart, dK and dV accumulated in fp32); the mma.sync kernels are checked first, on Hopper then the wgmma ones;
  * with one document the mma.sync kernels must give the bits of the module without documents; the backward repeats
  * with documents give the same bits. `test_attention --docs` runs only these.
  *
@@ -483,26 +484,30 @@ typedef struct {
     attn_shape sh; /* with docs */
     doc_layout layout;
     bool ring; /* queries at positions S.. and keys at 0.. of 2S tokens, not causal: a ring's off-diagonal block */
+    bool diag; /* queries and keys both at positions S.. of 2S tokens, causal, LSE rows 2S apart: with documents a
+                * ring's step 0 on its second chunk (gen/ring.h), a causal launch at positions other than 0 */
 } doc_case;
 
 static const doc_case DOC_CASES[] = {
-    {{1000, 64, 4, 1, true, false, false, true}, DL_SHORT, false},
-    {{1000, 128, 2, 2, true, true, false, true}, DL_EDGES, false},
-    {{4097, 128, 4, 1, true, false, false, true}, DL_LONG, false},
-    {{2048, 64, 4, 4, true, false, false, true}, DL_MIXED, false},
-    {{300, 64, 4, 1, true, false, false, true}, DL_SINGLE, false},
-    {{1000, 128, 4, 1, true, false, false, true}, DL_ONE, false},
-    {{2048, 128, 4, 1, true, false, true, true}, DL_MIXED, false}, /* dQ summed by atomic adds on Hopper */
-    {{1000, 128, 4, 1, false, false, false, true}, DL_RING, true},
-    {{1000, 64, 2, 2, false, true, false, true}, DL_SHORT, true},
-    {{4097, 128, 4, 4, false, false, false, true}, DL_MIXED, true},
+    {{1000, 64, 4, 1, true, false, false, true}, DL_SHORT, false, false},
+    {{1000, 128, 2, 2, true, true, false, true}, DL_EDGES, false, false},
+    {{4097, 128, 4, 1, true, false, false, true}, DL_LONG, false, false},
+    {{2048, 64, 4, 4, true, false, false, true}, DL_MIXED, false, false},
+    {{300, 64, 4, 1, true, false, false, true}, DL_SINGLE, false, false},
+    {{1000, 128, 4, 1, true, false, false, true}, DL_ONE, false, false},
+    {{2048, 128, 4, 1, true, false, true, true}, DL_MIXED, false, false}, /* dQ summed by atomic adds on Hopper */
+    {{1000, 128, 4, 1, false, false, false, true}, DL_RING, true, false},
+    {{1000, 64, 2, 2, false, true, false, true}, DL_SHORT, true, false},
+    {{4097, 128, 4, 4, false, false, false, true}, DL_MIXED, true, false},
+    {{1000, 128, 4, 1, true, true, false, true}, DL_RING, false, true},
+    {{1024, 64, 2, 1, true, true, false, true}, DL_SHORT, false, true},
 };
 #define NDOC ((int)(sizeof DOC_CASES / sizeof DOC_CASES[0]))
 /* determinism with documents: indices into DOC_CASES, then every DOC_DCASES (no reference: too long for the CPU) */
 static const int DOC_REPEAT[] = {2, 7};
 #define NDOC_REPEAT ((int)(sizeof DOC_REPEAT / sizeof DOC_REPEAT[0]))
 static const doc_case DOC_DCASES[] = {
-    {{16384, 128, 8, 2, true, false, false, true}, DL_MIXED, false}, /* 2 KV heads of 128 key blocks */
+    {{16384, 128, 8, 2, true, false, false, true}, DL_MIXED, false, false}, /* 2 KV heads of 128 key blocks */
 };
 #define NDOC_D ((int)(sizeof DOC_DCASES / sizeof DOC_DCASES[0]))
 
@@ -515,7 +520,10 @@ typedef struct {
 static const char *doc_case_str(const doc_case *c, char *buf, int n) {
     char sh[96];
     attn_shape_str(&c->sh, sh, sizeof sh);
-    snprintf(buf, (size_t)n, "%s, %s%s", sh, DL_NAMES[c->layout], c->ring ? ", queries at S.., keys at 0.." : "");
+    snprintf(buf, (size_t)n, "%s, %s%s", sh, DL_NAMES[c->layout],
+             c->ring   ? ", queries at S.., keys at 0.."
+             : c->diag ? ", queries and keys at S.., LSE rows 2S apart"
+                       : "");
     return buf;
 }
 
@@ -546,13 +554,13 @@ static void make_docs(doc_layout l, int64_t T, int64_t S, uint64_t rseed, int *s
 /* The case's documents on the device, and the module's launch arguments for them; returns the host copy (doc_start
  * then doc_end, T each), *dev the device one. */
 static int *docs_setup(attn_mod *m, const doc_case *c, void **dev) {
-    const int64_t S = m->sh.seq, T = c->ring ? 2 * S : S;
+    const int64_t S = m->sh.seq, T = c->ring || c->diag ? 2 * S : S;
     int *h = malloc(sizeof(int) * (size_t)(2 * T));
     make_docs(c->layout, T, S, seed++, h, h + T);
     *dev = gu_malloc(sizeof(int) * (size_t)(2 * T));
     gu_upload(*dev, h, sizeof(int) * (size_t)(2 * T));
     m->doc_start = *dev, m->doc_end = (const int *)*dev + T;
-    m->q_pos = c->ring ? (int)S : 0, m->k_pos = 0;
+    m->q_pos = c->ring || c->diag ? (int)S : 0, m->k_pos = c->diag ? (int)S : 0;
     return h;
 }
 
@@ -607,7 +615,7 @@ static void check_docs(void **state) {
     doc_case_str(ds->c, name, sizeof name);
     void *ddocs;
     int *hd = docs_setup(m, ds->c, &ddocs);
-    const int64_t T = ds->c->ring ? 2 * s->seq : s->seq;
+    const int64_t T = ds->c->ring || ds->c->diag ? 2 * s->seq : s->seq;
     const uint64_t in_seed = seed++;
     host_io io;
     memset(&io, 0, sizeof io);
@@ -736,6 +744,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < NDOC + NDOC_D; i++) {
         const doc_case *c = i < NDOC ? &DOC_CASES[i] : &DOC_DCASES[i - NDOC];
         dmods[i].sh = c->sh;
+        dmods[i].lse_stride = c->diag ? 2 * c->sh.seq : 0;
         dstate[i] = (doc_state){&dmods[i], c, NULL};
         if (c->layout == DL_ONE) {
             dmods[NDMODS - 1].sh = c->sh;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "data.h"
+#include "doc_inputs.h"
 #include "exec.h"
 #include "gpu_util.h"
 #include "launch.h"
@@ -33,7 +34,8 @@ typedef struct {
 
 /* U = C (UPipe), U = H (plain Ulysses), KV heads fewer than GPUs, GQA 3, micro-batches, Qwen3 with tied
  * embeddings, two layers of the 8B shape; rings of 2 groups of tiny (one and two query heads per GPU and stage) and
- * of two layers of the 8B shape */
+ * of two layers of the 8B shape; rings of 2 groups of tiny over packed documents (masked, positions per document),
+ * against one GPU masking the same documents */
 static const pcase CASES[] = {
     {"tiny_upipe", "tiny", {"parallel.upipe_heads=2", "train.micro_batches=1"}, 1},
     {"tiny_ulysses", "tiny", {"parallel.upipe_heads=4", "train.micro_batches=1"}, 1},
@@ -46,6 +48,9 @@ static const pcase CASES[] = {
     {"tiny_ring2", "tiny", {"train.micro_batches=2"}, 2},
     {"tiny_ring2_u2", "tiny", {"train.micro_batches=1", "parallel.upipe_heads=2"}, 2},
     {"l8b_ring2_16k", "llama8b", {"model.layers=2", "train.seq_len=16K", "model.vocab=32768"}, 2},
+    {"tiny_ring2_docs", "tiny", {"train.micro_batches=2", "data.source=synthetic:packed"}, 2},
+    {"tiny_ring2_u2_docs", "tiny", {"train.micro_batches=1", "parallel.upipe_heads=2", "data.source=synthetic:packed"},
+     2},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
@@ -129,12 +134,17 @@ static int gradients(const cp_plan *p, const cp_exec_opts *eo, double *loss, flo
     cp_rank_place pl = cp_rank_of(&L, eo->world_rank);
     cp_data_slice sl = {.replica = pl.replica, .replicas = p->replicas, .ring_pos = pl.ring_pos, .ring = p->ring,
                         .rank = eo->rank, .gpus = p->C};
+    cp_doc_inputs di; /* packed documents' bounds and positions; nothing without them */
+    cp_doc_inputs_init(&di, p);
     if (!rc) rc = cp_dataset_open(&d, &p->spec, err, errlen);
     for (int b = 0; b < mb && !rc; b++) {
         rc = cp_dataset_next_slice(&d, &sl, tok + (size_t)b * p->T, tgt + (size_t)b * p->T, err, errlen);
         all += d.targets_round;
+        if (!rc) cp_doc_inputs_add(&di, p, &sl, &d.docs);
     }
     if (!rc) cp_dataset_close(&d);
+    if (!rc) rc = cp_doc_inputs_stage(&di, ex, err, errlen);
+    cp_doc_inputs_free(&di);
     if (!rc) rc = cp_exec_gradients(ex, tok, tgt, all, loss, err, errlen);
     if (!rc) rc = cp_exec_read_grads(ex, flat, true, err, errlen);
     free(tok);
