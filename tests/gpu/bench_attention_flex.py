@@ -15,23 +15,11 @@ Prints a table in bench_attention's format and the lines "FLEX <qh> <kvh> <len> 
 tools/gpu-docs-bench.sh to read. Exit 0, or 1 when a run failed (FlexAttention missing, a compile error, NaN out)."""
 import argparse
 import inspect
-import statistics
 import sys
 
 import torch
 
-
-def timed(fn, reps):
-    ts = []
-    for i in range(reps + 2):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        if i >= 2:
-            ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+from bench_attention_sdpa import timed  # the same timing as the SDPA peer: warm-up, CUDA events, median
 
 
 def kept_scores(S, length):
