@@ -80,13 +80,14 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     ex->info.nvml = ex->nvml;
     ex->info.mem_context = ex->nvml ? ex->base_free_nvml - ex->ctx_free_nvml : 0;
     snprintf(ex->bus, sizeof ex->bus, "%s", bus);
-    if (cp_plan_ranks_per_gpu(P) > 1) {
-        /* other ranks allocate on this GPU meanwhile: only this process's own bytes mean anything */
-        int64_t own = exec_nvml_process_used(bus);
-        ex->per_process = own >= 0;
-        ex->info.per_process = ex->per_process;
-        ex->info.mem_context = CP_MAX(own, 0);
-        ex->nvml = ex->per_process;
+    /* this process's own bytes where NVML counts them: other processes on this GPU (ranks sharing it, or another
+     * run beside this one) allocate and free meanwhile, and the GPU's free memory would count theirs too */
+    int64_t own = exec_nvml_process_used(bus);
+    if (own >= 0) {
+        ex->per_process = true;
+        ex->info.per_process = true;
+        ex->info.mem_context = own;
+        ex->nvml = true;
     }
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, ex->dev), "reading the GPU's properties");

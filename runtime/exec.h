@@ -78,9 +78,8 @@ typedef struct {
     int64_t mem_modules;          /* kernel modules and the cuBLASLt handle */
     int64_t mem_arena;            /* the arena's cudaMalloc as the driver saw it */
     bool nvml;                    /* the context's memory was measured (NVML found) */
-    bool per_process;             /* ranks share the GPU and NVML counts this process's own bytes: memory figures
-                                   * are this rank's; false where they share it and NVML cannot (then they count
-                                   * the whole GPU) */
+    bool per_process;             /* NVML counts this process's own bytes: memory figures are this rank's; false
+                                   * where it cannot (then they count the whole GPU, other processes' included) */
     int gemm_entries;             /* distinct GEMM shapes prepared */
     int events, cross_waits;      /* events recorded per micro-batch for cross-stream waits, and the waits */
     int sms;

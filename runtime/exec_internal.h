@@ -104,7 +104,7 @@ struct cp_exec {
     float *loss_sum;    /* device */
     /* memory measurement */
     char bus[64];     /* the GPU's PCI bus id, NVML's name for it */
-    bool per_process; /* ranks share the GPU: this process's own bytes from NVML, not the GPU's free memory */
+    bool per_process; /* this process's own bytes from NVML, not the GPU's free memory */
     bool nvml;
     int64_t base_free_nvml, ctx_free_nvml, ctx_free_cuda;
     int64_t rss_base; /* resident host bytes before the host arena was pinned */
