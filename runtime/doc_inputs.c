@@ -28,8 +28,15 @@ void cp_doc_inputs_free(cp_doc_inputs *di) {
     memset(di, 0, sizeof *di);
 }
 
-void cp_doc_inputs_add(cp_doc_inputs *di, const cp_plan *P, const cp_data_slice *sl, const cp_docs *docs) {
-    if (!P->docs && !P->doc_positions) return;
+int cp_doc_inputs_add(cp_doc_inputs *di, const cp_plan *P, const cp_data_slice *sl, const cp_dataset *d, char *err,
+                      int errlen) {
+    if ((d->documents == CP_DOCS_MASK) != P->docs)
+        return cp_errf(err, errlen, "the data's documents are %s and the plan's %s: the plan was built from a spec "
+                       "whose data.documents was not resolved (call cp_data_resolve_documents before cp_plan_build; "
+                       "a cpgen bug)", d->documents == CP_DOCS_MASK ? "masked" : "one stream",
+                       P->docs ? "masked" : "one stream");
+    if (!P->docs && !P->doc_positions) return 0;
+    const cp_docs *docs = &d->docs;
     int b = di->n++;
     if (b >= di->mb) cp_fatal(CP_EXIT_FAIL, "documents of %d micro-batches, room for %d (a cpgen bug)", di->n, di->mb);
     if (di->pos) { /* the rank's rows lie at one or two runs of consecutive positions (a ring's zigzag) */
@@ -45,6 +52,7 @@ void cp_doc_inputs_add(cp_doc_inputs *di, const cp_plan *P, const cp_data_slice 
         di->work = b ? di->work + (work - di->work) / (b + 1) : work;
         di->kept = b ? di->kept + (kept - di->kept) / (b + 1) : kept;
     }
+    return 0;
 }
 
 int cp_doc_inputs_stage(cp_doc_inputs *di, cp_exec *ex, char *err, int errlen) {

@@ -71,7 +71,7 @@ int cp_eval_after(cp_eval *ev, cp_exec *ex, int step, cp_eval_result *r, char *e
                 return cp_errf(err, errlen, "evaluation after step %d: reading data.val: %s", step, m);
             }
             all += ev->data.targets_round; /* every group's sequence of this round */
-            cp_doc_inputs_add(&ev->docs, ev->P, &ev->slice, &ev->data.docs);
+            if (cp_doc_inputs_add(&ev->docs, ev->P, &ev->slice, &ev->data, err, errlen)) return -1;
         }
         if (cp_doc_inputs_stage(&ev->docs, ex, err, errlen)) return -1;
         double s;

@@ -227,7 +227,7 @@ static int train(const cp_plan *P, const cp_train_opts *o, cp_exec *ex, const cp
             /* group g reads sequences g, g + R, ... of the stream; the loss is divided by every group's targets */
             rc = cp_dataset_next_slice(&data, &slice, tok + (size_t)b * T, tgt + (size_t)b * T, err, errlen);
             targets_all += data.targets_round;
-            if (!rc) cp_doc_inputs_add(&docs, P, &slice, &data.docs);
+            if (!rc) rc = cp_doc_inputs_add(&docs, P, &slice, &data, err, errlen);
         }
         if (!rc) rc = cp_doc_inputs_stage(&docs, ex, err, errlen);
         if (rc) break;

@@ -111,7 +111,9 @@ static int plan_case(const pcase *c, int gpus, cp_plan *p, char *err, int errlen
     }
     for (int i = 0; i < 6 && c->sets[i]; i++) sets[n++] = c->sets[i];
     cp_spec s;
-    if (cp_spec_load(c->spec, sets, n, &s, err, errlen) || cp_plan_build(&s, p, err, errlen)) return -1;
+    if (cp_spec_load(c->spec, sets, n, &s, err, errlen) || cp_data_resolve_documents(&s, err, errlen) ||
+        cp_plan_build(&s, p, err, errlen))
+        return -1;
     if (!p->fits) {
         cp_plan_free(p);
         return cp_errf(err, errlen, "%s with %d GPUs does not fit", c->name, gpus);
@@ -140,7 +142,7 @@ static int gradients(const cp_plan *p, const cp_exec_opts *eo, double *loss, flo
     for (int b = 0; b < mb && !rc; b++) {
         rc = cp_dataset_next_slice(&d, &sl, tok + (size_t)b * p->T, tgt + (size_t)b * p->T, err, errlen);
         all += d.targets_round;
-        if (!rc) cp_doc_inputs_add(&di, p, &sl, &d.docs);
+        if (!rc) rc = cp_doc_inputs_add(&di, p, &sl, &d, err, errlen);
     }
     if (!rc) cp_dataset_close(&d);
     if (!rc) rc = cp_doc_inputs_stage(&di, ex, err, errlen);

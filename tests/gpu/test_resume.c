@@ -40,7 +40,8 @@ static const char *const variants[][2] = {{"parallel.optimizer=gpu", "gpu"}, {"p
 static void load_plan(cp_plan *p, int nsets, const char **sets) {
     cp_spec s;
     char err[CP_ERR_MAX];
-    if (cp_spec_load("tiny", sets, nsets, &s, err, sizeof err)) fail_msg("spec: %s", err);
+    if (cp_spec_load("tiny", sets, nsets, &s, err, sizeof err) || cp_data_resolve_documents(&s, err, sizeof err))
+        fail_msg("spec: %s", err);
     if (cp_plan_build(&s, p, err, sizeof err)) fail_msg("plan: %s", err);
     assert_true(p->fits);
 }

@@ -39,7 +39,9 @@ static char out_root[1024];
 static void load_spec_plan(const char *spec, cp_plan *p, int nsets, const char **sets) {
     cp_spec s;
     char err[CP_ERR_MAX];
-    if (cp_spec_load(spec, sets, nsets, &s, err, sizeof err)) fail_msg("spec: %s", err);
+    /* as the command line: the documents resolved from the source before the plan is made */
+    if (cp_spec_load(spec, sets, nsets, &s, err, sizeof err) || cp_data_resolve_documents(&s, err, sizeof err))
+        fail_msg("spec: %s", err);
     if (cp_plan_build(&s, p, err, sizeof err)) fail_msg("plan: %s", err);
     assert_true(p->fits);
 }
@@ -224,7 +226,7 @@ static void test_hf_export(void **state) {
     const cp_data_slice one = {.replica = 0, .replicas = 1, .ring_pos = 0, .ring = 1, .rank = 0, .gpus = 1};
     for (int b = 0; b < p.spec.train.micro_batches; b++) {
         if (cp_dataset_next(&d, 0, 1, t0 + (size_t)b * p.T, g0 + (size_t)b * p.T, err, sizeof err)) fail_msg("%s", err);
-        cp_doc_inputs_add(&di, &p, &one, &d.docs);
+        if (cp_doc_inputs_add(&di, &p, &one, &d, err, sizeof err)) fail_msg("%s", err);
     }
     const long long eod = d.documents == CP_DOCS_MASK ? (long long)d.eod : -1;
     cp_dataset_close(&d);

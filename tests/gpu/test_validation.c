@@ -79,7 +79,8 @@ static int64_t count_targets(const int32_t *tgt, int64_t n) {
 static void run_variant(int nsets, const char **sets) {
     char err[CP_ERR_MAX];
     cp_spec s;
-    if (cp_spec_load("tiny", sets, nsets, &s, err, sizeof err)) fail_msg("spec: %s", err);
+    if (cp_spec_load("tiny", sets, nsets, &s, err, sizeof err) || cp_data_resolve_documents(&s, err, sizeof err))
+        fail_msg("spec: %s", err);
     cp_plan p;
     if (cp_plan_build(&s, &p, err, sizeof err)) fail_msg("plan: %s", err);
     char label[160] = "tiny";
