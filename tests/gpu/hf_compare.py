@@ -22,6 +22,7 @@
 #   - the reference itself is not the documents run alone: step 1's fp32 loss summed over its documents, each run as
 #     a sequence of its own, differs from the packed loss by more than 1e-5 (relative). This proves the mask and the
 #     positions transformers is given before cpgen is compared with it.
+import contextlib
 import glob
 import json
 import math
@@ -86,6 +87,16 @@ class Packing:
             scored = int((at_eod & (tgt != IGNORE)).sum())
             tgt[at_eod] = IGNORE
         return scored
+
+
+def attention_backend(pk):
+    """With the mask, sdpa's memory-efficient kernel only: it takes the 4D mask without materialising the scores, and
+    where it cannot run the comparison fails saying so rather than falling back to the math kernel, which holds
+    heads x S x S fp32 scores per layer for the backward (32 GiB a layer at 16K with 32 heads)."""
+    if not pk.mask:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
 
 
 def load(d, dev, pk):
@@ -189,72 +200,73 @@ def main():
     raw = torch.frombuffer(bytearray(open(f"{d}/tokens.bin", "rb").read()), dtype=torch.int32)
     raw = raw.view(steps, mb, 2, T).long()
     pk = Packing(run)
-    eod_scored = pk.targets(raw)
-    dev = "cuda"
-    torch.manual_seed(0)
-    ref = load(d, dev, pk)  # fp32 weights, fp32 compute
-    alone = check_alone(ref, raw, pk, dev) if pk.mask else None
-    names = [n for n, _ in ref.named_parameters()]
-    gref = {}
-    for f in sorted(glob.glob(f"{d}/grads/*.safetensors")):
-        from safetensors.torch import load_file
-        gref.update(load_file(f))
-    # cpgen's loss of step 1, the step its gradients are of
-    loss1 = json.load(open(f"{d}/grads/loss.json"))["loss"] if gref else None
-    grad_check = check_gradients(ref, names, gref, raw, loss1, dev, pk) if gref else None
+    with attention_backend(pk):
+        eod_scored = pk.targets(raw)
+        dev = "cuda"
+        torch.manual_seed(0)
+        ref = load(d, dev, pk)  # fp32 weights, fp32 compute
+        alone = check_alone(ref, raw, pk, dev) if pk.mask else None
+        names = [n for n, _ in ref.named_parameters()]
+        gref = {}
+        for f in sorted(glob.glob(f"{d}/grads/*.safetensors")):
+            from safetensors.torch import load_file
+            gref.update(load_file(f))
+        # cpgen's loss of step 1, the step its gradients are of
+        loss1 = json.load(open(f"{d}/grads/loss.json"))["loss"] if gref else None
+        grad_check = check_gradients(ref, names, gref, raw, loss1, dev, pk) if gref else None
 
-    mixed = load(d, dev, pk)  # cpgen's precision: bf16 compute copies of fp32 masters
-    master = [p.detach().clone().requires_grad_(True) for p in mixed.parameters()]
-    mixed = mixed.to(torch.bfloat16)
-    hp = dict(lr=run["lr"], betas=(run["beta1"], run["beta2"]), eps=run["eps"], weight_decay=run["weight_decay"])
-    opt_ref, opt_mixed = torch.optim.AdamW(list(ref.parameters()), **hp), torch.optim.AdamW(master, **hp)
-    print(f"{len(names)} tensors, {sum(p.numel() for p in master):,} parameters; {steps} steps of {mb} x {T} tokens")
-    print(f"{'step':>4} {'lr':>9} {'loss cpgen':>11} {'loss fp32':>11} {'rel':>9} {'loss bf16':>11} {'rel':>9} "
-          f"{'norm cpgen':>11} {'norm fp32':>11}")
-    worst, worst_mixed = 0.0, 0.0
-    for s in range(min(steps, CURVE_STEPS)):
-        lr = run["lrs"][s]
-        n = int((raw[s, :, 1] >= 0).sum())
-        for opt in (opt_ref, opt_mixed):
-            for g in opt.param_groups:
-                g["lr"] = lr
-        # fp32 reference
-        ref.zero_grad(set_to_none=True)
-        loss = forward_backward(ref, raw, s, n, dev, pk)
-        norm, scale = clip_grads([p.grad for p in ref.parameters()], run["clip"])
-        for p in ref.parameters():
-            p.grad.mul_(scale)
-        opt_ref.step()
-        # mixed precision
-        mixed.zero_grad(set_to_none=True)
-        loss_mixed = forward_backward(mixed, raw, s, n, dev, pk)
-        grads = [p.grad.float() for p in mixed.parameters()]
-        _, scale = clip_grads(grads, run["clip"])
-        for m, g in zip(master, grads):
-            m.grad = g * scale
-        opt_mixed.step()
-        with torch.no_grad():
-            for p, m in zip(mixed.parameters(), master):
-                p.copy_(m.to(torch.bfloat16))
-        cl, cn = ours[s]["loss"], ours[s]["norm"]
-        rl, rm = abs(cl - loss) / abs(loss), abs(cl - loss_mixed) / abs(loss_mixed)
-        worst, worst_mixed = max(worst, rl), max(worst_mixed, rm)
-        print(f"{s + 1:>4} {lr:>9.2e} {cl:>11.5f} {loss:>11.5f} {rl:>9.2e} {loss_mixed:>11.5f} {rm:>9.2e} "
-              f"{cn:>11.5f} {norm:>11.5f}")
-    ok = worst <= 1e-2
-    print(f"loss curve over {min(steps, CURVE_STEPS)} steps: worst relative difference to fp32 {worst:.2e} "
-          f"(bound 1e-2); to torch's mixed precision {worst_mixed:.2e}")
-    if grad_check:
-        rel, cos, nerr = grad_check
-        ok = ok and rel <= 1e-3 and cos >= 0.999 and nerr <= 1e-2
-        print(f"step 1 against fp32: loss {rel:.2e} (bound 1e-3); gradients: worst cosine {cos:.6f} (bound 0.999), "
-              f"worst norm error {nerr:.2e} (bound 1e-2)")
-    if pk.mask:
-        ok = ok and alone <= ALONE_BOUND and eod_scored == 0
-        print(f"packed documents: the reference against its documents alone {alone:.2e} (bound {ALONE_BOUND:.0e}); "
-              f"end-of-document positions cpgen scored: {eod_scored} (must be 0)")
-    print("MATCH" if ok else "MISMATCH")
-    return 0 if ok else 1
+        mixed = load(d, dev, pk)  # cpgen's precision: bf16 compute copies of fp32 masters
+        master = [p.detach().clone().requires_grad_(True) for p in mixed.parameters()]
+        mixed = mixed.to(torch.bfloat16)
+        hp = dict(lr=run["lr"], betas=(run["beta1"], run["beta2"]), eps=run["eps"], weight_decay=run["weight_decay"])
+        opt_ref, opt_mixed = torch.optim.AdamW(list(ref.parameters()), **hp), torch.optim.AdamW(master, **hp)
+        print(f"{len(names)} tensors, {sum(p.numel() for p in master):,} parameters; {steps} steps of {mb} x {T} tokens")
+        print(f"{'step':>4} {'lr':>9} {'loss cpgen':>11} {'loss fp32':>11} {'rel':>9} {'loss bf16':>11} {'rel':>9} "
+              f"{'norm cpgen':>11} {'norm fp32':>11}")
+        worst, worst_mixed = 0.0, 0.0
+        for s in range(min(steps, CURVE_STEPS)):
+            lr = run["lrs"][s]
+            n = int((raw[s, :, 1] >= 0).sum())
+            for opt in (opt_ref, opt_mixed):
+                for g in opt.param_groups:
+                    g["lr"] = lr
+            # fp32 reference
+            ref.zero_grad(set_to_none=True)
+            loss = forward_backward(ref, raw, s, n, dev, pk)
+            norm, scale = clip_grads([p.grad for p in ref.parameters()], run["clip"])
+            for p in ref.parameters():
+                p.grad.mul_(scale)
+            opt_ref.step()
+            # mixed precision
+            mixed.zero_grad(set_to_none=True)
+            loss_mixed = forward_backward(mixed, raw, s, n, dev, pk)
+            grads = [p.grad.float() for p in mixed.parameters()]
+            _, scale = clip_grads(grads, run["clip"])
+            for m, g in zip(master, grads):
+                m.grad = g * scale
+            opt_mixed.step()
+            with torch.no_grad():
+                for p, m in zip(mixed.parameters(), master):
+                    p.copy_(m.to(torch.bfloat16))
+            cl, cn = ours[s]["loss"], ours[s]["norm"]
+            rl, rm = abs(cl - loss) / abs(loss), abs(cl - loss_mixed) / abs(loss_mixed)
+            worst, worst_mixed = max(worst, rl), max(worst_mixed, rm)
+            print(f"{s + 1:>4} {lr:>9.2e} {cl:>11.5f} {loss:>11.5f} {rl:>9.2e} {loss_mixed:>11.5f} {rm:>9.2e} "
+                  f"{cn:>11.5f} {norm:>11.5f}")
+        ok = worst <= 1e-2
+        print(f"loss curve over {min(steps, CURVE_STEPS)} steps: worst relative difference to fp32 {worst:.2e} "
+              f"(bound 1e-2); to torch's mixed precision {worst_mixed:.2e}")
+        if grad_check:
+            rel, cos, nerr = grad_check
+            ok = ok and rel <= 1e-3 and cos >= 0.999 and nerr <= 1e-2
+            print(f"step 1 against fp32: loss {rel:.2e} (bound 1e-3); gradients: worst cosine {cos:.6f} (bound 0.999), "
+                  f"worst norm error {nerr:.2e} (bound 1e-2)")
+        if pk.mask:
+            ok = ok and alone <= ALONE_BOUND and eod_scored == 0
+            print(f"packed documents: the reference against its documents alone {alone:.2e} (bound {ALONE_BOUND:.0e}); "
+                  f"end-of-document positions cpgen scored: {eod_scored} (must be 0)")
+        print("MATCH" if ok else "MISMATCH")
+        return 0 if ok else 1
 
 
 if __name__ == "__main__":
