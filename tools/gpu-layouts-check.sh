@@ -24,7 +24,7 @@
 # The table comes last; the exit status is 0 only when every case passed (77: no GPU, nothing ran).
 # DEADLINE (seconds, default 560): no run starts after it, and each run's limit ends there, so the table always
 # comes (a case cut short fails).
-# usage: [CASES="name ..."] [JOBS=3] [DEADLINE=560] tools/gpu-layouts-check.sh [BUILD_DIR]; logs under
+# usage: [CASES="name ..."] [LAYOUT_SETS=...] [JOBS=3] [DEADLINE=560] tools/gpu-layouts-check.sh [BUILD_DIR]; logs under
 # $OUT/layouts-check
 set -u
 B=${1:-build}
@@ -82,6 +82,16 @@ kills=(
   "kill_replicas_ring|tiny --set parallel.gpus=1 --set parallel.replicas=2 --set parallel.ring=2 $one"
 )
 want() { [ -z "${CASES:-}" ] || [[ " $CASES " == *" $1 "* ]]; }
+# LAYOUT_SETS="--set key=value ...": overrides added to every layout, its reference and the kills alike (e.g.
+# "--set data.source=synthetic:packed": each layout on packed documents against one GPU on the same ones)
+if [ -n "${LAYOUT_SETS:-}" ]; then
+  for i in "${!cases[@]}"; do
+    IFS='|' read -r name kind args ref <<<"${cases[$i]}"
+    cases[i]="$name|$kind|$args $LAYOUT_SETS|$ref"
+  done
+  for key in "${!refs[@]}"; do refs[$key]="${refs[$key]} $LAYOUT_SETS"; done
+  for i in "${!kills[@]}"; do kills[i]="${kills[$i]} $LAYOUT_SETS"; done
+fi
 
 # The ranks of a plan: replicas x ring x gpus, from its JSON (world is there only for runs of several groups).
 world_of() {
