@@ -500,12 +500,30 @@ for l in ${lens//,/ }; do
   [ "$l" = "${FAKE_FLEX_DROP:-@}" ] || printf 'FLEX 32 32 %s 20.0 50.0\nFLEX 32 8 %s 18.0 44.0\n' "$l" "$l"
 done
 SH
-chmod +x "$tmp/docsim/tests/gpu/bench_attention" "$tmp/docsim/python"
+# and cpgen: plan gives the vocabulary and a predicted step (6 s masked, 23 s not), run a median step (6.1 s masked,
+# 24.4 s not; exit 1 for the mode FAKE_STEP_FAIL)
+cat >"$tmp/docsim/cpgen" <<'SH'
+#!/usr/bin/env bash
+cmd=$1 mode=
+for a; do
+  [ "$a" = --json ] && { echo '{"model": {"vocab": 1000}}'; exit 0; }
+  case $a in data.documents=*) mode=${a#*=} ;; esac
+done
+if [ "$cmd" = plan ]; then
+  [ "$mode" = mask ] && echo "predicted step: 6.00 s = compute 6.00 s" || echo "predicted step: 23.00 s = compute 23.00 s"
+else
+  [ "$mode" = "${FAKE_STEP_FAIL:-@}" ] && { echo "cpgen: made to fail"; exit 1; }
+  [ "$mode" = mask ] && w="6.3% of causal" t="6.10 s" || w="100.0% of causal" t="24.40 s"
+  echo "step 2/2 | loss 9.0 | attention $w (6.2% kept) | mem 1/1 GiB"
+  echo "done: 2 steps | loss 9.1 -> 9.0 | median step $t, 10 tok/s/GPU"
+fi
+SH
+chmod +x "$tmp/docsim/tests/gpu/bench_attention" "$tmp/docsim/python" "$tmp/docsim/cpgen"
 docsbench() { # WANT WHAT [VAR=VALUE...]
   local want=$1 what=$2
   shift 2
   rm -rf "$tmp/simout"
-  env PATH="$tmp/gpus:$PATH" FAKE_GPUS=1 OUT="$tmp/simout" DOCS_PYTHON="$tmp/docsim/python" SEQ=65536 "$@" \
+  env PATH="$tmp/gpus:$PATH" FAKE_GPUS=1 OUT="$tmp/simout" DOCS_PYTHON="$tmp/docsim/python" SEQ=65536 STEP_STEPS=0 "$@" \
     timeout 60 bash tools/gpu-docs-bench.sh "$tmp/docsim" >"$tmp/log" 2>&1
   expect_rc "$want" "docs bench: $what" $? "$tmp/log" "${PAT:-}"
 }
@@ -514,6 +532,8 @@ PAT="FAILED +cpgen_8192: exit status 1" docsbench 1 "bench_attention fails at on
 PAT="FAILED: no times for MHA 32/32 at 4096: FlexAttention" docsbench 1 "the peer fails" FAKE_FLEX_FAIL=1
 PAT="FAILED: no times for GQA 32/8 at 32768: FlexAttention" docsbench 1 "the peer leaves out a length" \
   FAKE_FLEX_DROP=32768
+PAT="^masked step 4\.00x faster than unmasked" docsbench 0 "the step, masked and not" STEP_STEPS=2
+PAT="FAILED +step_stream: exit status 1" docsbench 1 "the unmasked step fails" STEP_STEPS=2 FAKE_STEP_FAIL=stream
 
 # 4. run-tests.sh's count
 mkdir -p "$tmp/t"

@@ -19,7 +19,8 @@
 # Exit 0 when every run gave its times, 1 when one failed or a row is missing, 77 without a GPU
 # (tools/check_common.sh). Logs and the table (table.txt) under $OUT/docs-bench (default out/).
 # DOCS_PYTHON names the Python that runs the peer (default python3; tests/test_checks.sh gives a stand-in).
-# usage: [SEQ=131072] [LENS="4096 8192 32768"] [REPS=10] tools/gpu-docs-bench.sh [BUILD_DIR]
+# usage: [SEQ=131072] [LENS="4096 8192 32768"] [REPS=10] [STEP_SPEC=llama3b] [STEP_LEN=8192] [STEP_STEPS=4]
+#        tools/gpu-docs-bench.sh [BUILD_DIR]
 set -u
 B=${1:-build}
 out=${OUT:-out}/docs-bench
@@ -86,4 +87,65 @@ PY
 echo
 # (check in this shell, not in a pipe: it counts)
 check table table
+
+# The training step: STEP_SPEC (default llama3b) at SEQ on one GPU, STEP_STEPS (default 4; 0: none) steps on
+# shards of documents of exactly STEP_LEN (default 8192) tokens (random ids, each document's last token its
+# end-of-document id, so every sequence holds SEQ / STEP_LEN whole documents), masked against the same tokens with
+# data.documents = "stream" (causal over the whole sequence). Each run's predicted step (`cpgen plan`, the time for
+# documents of the data's own mean length) comes first, its median step after (the first step left out, as cpgen's
+# done: line does).
+STEP_SPEC=${STEP_SPEC:-llama3b}
+STEP_LEN=${STEP_LEN:-8192}
+STEP_STEPS=${STEP_STEPS:-4}
+if [ "$STEP_STEPS" -gt 0 ]; then
+  sd=$out/step-data
+  mkdir -p "$sd"
+  vocab=$("$B/cpgen" plan "$STEP_SPEC" --gpus 1 --json 2>/dev/null |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["model"]["vocab"])')
+  python3 - "$sd/docs_000.bin" "$SEQ" "$STEP_STEPS" "$STEP_LEN" "${vocab:-0}" <<'PY'
+import random, sys
+sys.path.insert(0, "tools")
+from make_tokens import write_shard
+path, S, steps, L, vocab = sys.argv[1], *map(int, sys.argv[2:])
+assert vocab > 1, "no vocabulary from cpgen plan"
+eod, rng = vocab - 1, random.Random(1)
+n = S * steps + 1
+toks = [eod if i % L == L - 1 else rng.randrange(vocab - 1) for i in range(n)]
+write_shard(path, toks, 2 if vocab <= 1 << 16 else 4, eod)
+PY
+  for mode in mask stream; do
+    args=("$STEP_SPEC" --gpus 1 --seq "$SEQ" --set "data.source=tokens:$sd/docs_*.bin" --set "data.documents=$mode"
+      --set "train.steps=$STEP_STEPS" --set train.log_every=1 --set train.save_every=0
+      --set "train.out_dir=$out/step_$mode")
+    "$B/cpgen" plan "${args[@]}" >"$out/plan_$mode.log" 2>&1
+    note "$mode: $(grep -m1 '^predicted step' "$out/plan_$mode.log")"
+    GREP='median step [^|]*' run "step_$mode" 900 "$B/cpgen" run "${args[@]}"
+  done
+  python3 - "$out" "$STEP_SPEC" "$SEQ" "$STEP_LEN" <<'PY' | tee "$out/step.txt"
+import re, sys
+out, spec, S, L = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def grab(path, pat):
+    try: m = re.search(pat, open(path).read())
+    except OSError: return None
+    return m.group(1) if m else None
+def secs(t):
+    if t is None: return None
+    v, u = re.match(r"([0-9.,]+)\s*(ms|s)", t).groups()
+    return float(v.replace(",", "")) / (1000 if u == "ms" else 1)
+print(f"{spec} at {S} tokens on one GPU: documents of {L} tokens, masked against the same tokens unmasked")
+print(f"{'mode':<7} {'predicted s':>11} {'measured s':>10} {'tok/s':>9} {'attention':>22}")
+rows = {}
+for mode in ("mask", "stream"):
+    pred = secs(grab(f"{out}/plan_{mode}.log", r"predicted step: ([0-9.,]+ m?s)"))
+    meas = secs(grab(f"{out}/step_{mode}.log", r"median step ([0-9.,]+ m?s)"))
+    try: works = re.findall(r"attention [0-9.]+% of causal", open(f"{out}/step_{mode}.log").read())
+    except OSError: works = []
+    work = works[-1] if works else None # the last step's
+    rows[mode] = meas
+    fmt = lambda x, w: f"{x:{w}.2f}" if x else f"{'-':>{w}}"
+    print(f"{mode:<7} {fmt(pred, 11)} {fmt(meas, 10)} {S / meas if meas else 0:9,.0f} {work or '-':>22}")
+if rows["mask"] and rows["stream"]:
+    print(f"masked step {rows['stream'] / rows['mask']:.2f}x faster than unmasked")
+PY
+fi
 finish
