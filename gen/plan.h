@@ -108,6 +108,10 @@ typedef struct {
     int64_t count;     /* tiles it stands for, at least 2 */
 } cp_loop;
 
+/* A GEMM input's element type: bf16, or FP8 (E4M3 for weights and activations, E5M2's wider range for gradients)
+ * read as scale x value with a per-tensor fp32 scale. */
+typedef enum { CP_GEMM_BF16 = 0, CP_GEMM_E4M3, CP_GEMM_E5M2 } cp_gemm_type;
+
 /* Row-major: D[m][n] = op(A)[m][k] op(B)[k][n] (+ C). A is stored [m][k], or [k][m] when trans_a; B is stored
  * [k][n], or [n][k] when trans_b (a weight W[out][in] used as x W^T). ld* are row strides in elements.
  * Operands in the step: A, B, then C when has_c, then D. With accumulate, D += op(A) op(B) (C is D). */
@@ -118,6 +122,11 @@ typedef struct {
     bool has_c;           /* D = AB + C with C a separate bf16 input (residual add in the epilogue) */
     bool accumulate;      /* D += AB */
     bool out_f32;         /* D in fp32 (weight gradients), else bf16 */
+    /* FP8 inputs (both or neither; not both E5M2): Hopper's FP8 tensor cores take only the x W^T form (A [m][k],
+     * B [n][k]: trans_b and not trans_a), k and the leading dimensions multiples of 16 */
+    uint8_t a_type, b_type; /* cp_gemm_type */
+    bool fast_accum;        /* FP8: accumulate in the tensor cores' own precision, without cuBLASLt's periodic
+                             * promotion to fp32 (faster, less exact) */
 } cp_gemm;
 
 /* Element offsets of one layer's weights inside its flat unit (the layout FSDP shards and gathers). */

@@ -35,6 +35,7 @@ struct cp_gemm_lib {
     cublasLtHandle_t handle;
     void *ws;
     size_t ws_bytes;
+    float *unit_scale; /* 1.0f on the GPU: an FP8 entry's scales while its algorithm is chosen (made on first use) */
     int n, cap;
     gemm_entry *e;
 };
@@ -65,11 +66,15 @@ static const char *lt_hint(cublasStatus_t s) {
     }
 }
 
+static const char *type_name(int t) { return t == CP_GEMM_E4M3 ? "e4m3" : t == CP_GEMM_E5M2 ? "e5m2" : "bf16"; }
+static bool is_fp8(const cp_gemm *p) { return p->a_type != CP_GEMM_BF16 || p->b_type != CP_GEMM_BF16; }
+
 static void describe(const cp_gemm *p, const char *what, char *buf, size_t n) {
-    snprintf(buf, n, "GEMM %s (%lldx%lldx%lld, A %s lda %lld, B %s ldb %lld, ldd %lld%s%s, %s out)", what,
-             (long long)p->m, (long long)p->n, (long long)p->k, p->trans_a ? "T" : "N", (long long)p->lda,
-             p->trans_b ? "T" : "N", (long long)p->ldb, (long long)p->ldd, p->has_c ? ", + residual C" : "",
-             p->accumulate ? ", accumulate" : "", p->out_f32 ? "fp32" : "bf16");
+    snprintf(buf, n, "GEMM %s (%lldx%lldx%lld, A %s %s lda %lld, B %s %s ldb %lld, ldd %lld%s%s%s, %s out)", what,
+             (long long)p->m, (long long)p->n, (long long)p->k, type_name(p->a_type), p->trans_a ? "T" : "N",
+             (long long)p->lda, type_name(p->b_type), p->trans_b ? "T" : "N", (long long)p->ldb, (long long)p->ldd,
+             p->has_c ? ", + residual C" : "", p->accumulate ? ", accumulate" : "",
+             is_fp8(p) && p->fast_accum ? ", fast accumulation" : "", p->out_f32 ? "fp32" : "bf16");
 }
 
 static int lt_fail(cublasStatus_t s, const char *call, const cp_gemm *p, const char *what, char *err, int errlen) {
@@ -117,6 +122,7 @@ void cp_gemm_lib_destroy(cp_gemm_lib *g) {
     for (int i = 0; i < g->n; i++) entry_free(&g->e[i]);
     free(g->e);
     if (g->handle) cublasLtDestroy(g->handle);
+    if (g->unit_scale) cudaFree(g->unit_scale);
     free(g);
 }
 
@@ -140,6 +146,16 @@ static int check_shape(const cp_gemm *p, const char *what, const void *A, const 
     else if (p->ldd < p->n) bad = "ldd is shorter than a row of D";
     else if (p->has_c && p->accumulate) bad = "has_c and accumulate together (the residual C would be ignored)";
     else if (!A || !B || !D || (p->has_c && !C)) bad = "a NULL operand";
+    else if (p->a_type > CP_GEMM_E5M2 || p->b_type > CP_GEMM_E5M2) bad = "an input type that is not a cp_gemm_type";
+    else if (is_fp8(p) && (p->a_type == CP_GEMM_BF16 || p->b_type == CP_GEMM_BF16))
+        bad = "one FP8 input and one bf16 (both or neither must be FP8)";
+    else if (p->a_type == CP_GEMM_E5M2 && p->b_type == CP_GEMM_E5M2)
+        bad = "two E5M2 inputs (FP8 tensor cores take E4M3 with E4M3 or E5M2, not E5M2 with E5M2)";
+    else if (is_fp8(p) && (p->trans_a || !p->trans_b))
+        bad = "FP8 inputs outside the x W^T form (A stored [m][k], B stored [n][k]): Hopper's FP8 GEMMs take only "
+              "that one; store a transposed FP8 copy of the other operand";
+    else if (is_fp8(p) && (p->k % 16 || p->lda % 16 || p->ldb % 16))
+        bad = "FP8 inputs with k, lda or ldb not a multiple of 16";
     if (!bad) return 0;
     describe(p, what, d, sizeof d);
     snprintf(err, (size_t)errlen, "%s: %s: the plan's GEMM description is inconsistent", d, bad);
@@ -150,14 +166,41 @@ static bool key_equal(const gemm_key *a, const gemm_key *b) {
     const cp_gemm *x = &a->p, *y = &b->p;
     return x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda && x->ldb == y->ldb && x->ldd == y->ldd &&
            x->trans_a == y->trans_a && x->trans_b == y->trans_b && x->has_c == y->has_c &&
-           x->accumulate == y->accumulate && x->out_f32 == y->out_f32 && !memcmp(a->align, b->align, sizeof a->align);
+           x->accumulate == y->accumulate && x->out_f32 == y->out_f32 && x->a_type == y->a_type &&
+           x->b_type == y->b_type && x->fast_accum == y->fast_accum && !memcmp(a->align, b->align, sizeof a->align);
+}
+
+/* C's layout: its own for a residual and for bf16; an FP8 GEMM's C is D or none, described by D's own layout
+ * (cuBLASLt 13 refuses FP8 GEMMs given one address as C and D under two descriptors) */
+static cublasLtMatrixLayout_t c_layout(const gemm_entry *e) {
+    return e->key.p.has_c || !is_fp8(&e->key.p) ? e->lc : e->ld;
 }
 
 static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
     const cp_gemm *p = &e->key.p;
     const char *w = e->what;
     cudaDataType_t dt = p->out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    const cudaDataType_t in[] = {CUDA_R_16BF, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2};
     LT(cublasLtMatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), p, w);
+    if (is_fp8(p)) {
+        int8_t fast = p->fast_accum;
+        LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), p, w);
+        /* the algorithm is chosen with scale pointers set, as every launch has them (one without is another
+         * problem to cuBLASLt); each launch then points them at its own scales */
+        if (!g->unit_scale) {
+            const float one = 1.0f;
+            cudaError_t ce = cudaMalloc((void **)&g->unit_scale, sizeof one);
+            if (ce == cudaSuccess) ce = cudaMemcpy(g->unit_scale, &one, sizeof one, cudaMemcpyHostToDevice);
+            if (ce != cudaSuccess) {
+                if (g->unit_scale) cudaFree(g->unit_scale);
+                g->unit_scale = NULL;
+                return cp_cuda_errmsg(ce, "allocating the FP8 GEMMs' unit scale", err, errlen);
+            }
+        }
+        const float *u = g->unit_scale;
+        LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &u, sizeof u), p, w);
+        LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &u, sizeof u), p, w);
+    }
     cublasOperation_t ta = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A is our B */
     cublasOperation_t tb = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), p, w);
@@ -166,8 +209,8 @@ static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
      * (k x m) or [k][m] (m x k); D^T is n x m */
     uint64_t br = (uint64_t)(p->trans_b ? p->k : p->n), bc = (uint64_t)(p->trans_b ? p->n : p->k);
     uint64_t ar = (uint64_t)(p->trans_a ? p->m : p->k), ac = (uint64_t)(p->trans_a ? p->k : p->m);
-    LT(cublasLtMatrixLayoutCreate(&e->la, CUDA_R_16BF, br, bc, p->ldb), p, w);
-    LT(cublasLtMatrixLayoutCreate(&e->lb, CUDA_R_16BF, ar, ac, p->lda), p, w);
+    LT(cublasLtMatrixLayoutCreate(&e->la, in[p->b_type], br, bc, p->ldb), p, w);
+    LT(cublasLtMatrixLayoutCreate(&e->lb, in[p->a_type], ar, ac, p->lda), p, w);
     LT(cublasLtMatrixLayoutCreate(&e->lc, dt, (uint64_t)p->n, (uint64_t)p->m, p->ldd), p, w);
     LT(cublasLtMatrixLayoutCreate(&e->ld, dt, (uint64_t)p->n, (uint64_t)p->m, p->ldd), p, w);
 
@@ -188,7 +231,8 @@ static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(g->handle, e->desc, e->la, e->lb, e->lc, e->ld, pref, 1, &res, &found);
+        st = cublasLtMatmulAlgoGetHeuristic(g->handle, e->desc, e->la, e->lb, c_layout(e), e->ld, pref, 1, &res,
+                                            &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_fail(st, "cublasLtMatmulAlgoGetHeuristic", p, w, err, errlen);
     if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
@@ -235,11 +279,16 @@ int cp_gemm_prepare(cp_gemm_lib *g, const cp_gemm *p, const char *what, const vo
 
 int cp_gemm_launch(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D, cudaStream_t s,
                    char *err, int errlen) {
+    return cp_gemm_launch_scaled(g, id, A, B, C, D, NULL, NULL, s, err, errlen);
+}
+
+int cp_gemm_launch_scaled(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D,
+                          const float *a_scale, const float *b_scale, cudaStream_t s, char *err, int errlen) {
     if (id < 0 || id >= g->n) {
         snprintf(err, (size_t)errlen, "GEMM entry %d was never prepared (%d entries): a runtime bug", id, g->n);
         return -1;
     }
-    const gemm_entry *e = &g->e[id];
+    gemm_entry *e = &g->e[id];
     const cp_gemm *p = &e->key.p;
     const char *w = e->what;
     if (align_of(A) < e->key.align[0] || align_of(B) < e->key.align[1] || align_of(D) < e->key.align[3] ||
@@ -249,9 +298,23 @@ int cp_gemm_launch(cp_gemm_lib *g, int id, const void *A, const void *B, const v
         snprintf(err, (size_t)errlen, "%s: launched with pointers less aligned than prepared: a runtime bug", d);
         return -1;
     }
+    if (is_fp8(p) != (a_scale && b_scale)) {
+        char d[256];
+        describe(p, w, d, sizeof d);
+        snprintf(err, (size_t)errlen, "%s: launched %s: a runtime bug", d,
+                 is_fp8(p) ? "without the scales of its FP8 inputs" : "with FP8 scales for bf16 inputs");
+        return -1;
+    }
+    if (is_fp8(p)) { /* the scales are read on the GPU when the GEMM runs; cuBLASLt's A is our B */
+        LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof b_scale), p,
+           w);
+        LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof a_scale), p,
+           w);
+    }
     const float alpha = 1.0f, beta = (p->has_c || p->accumulate) ? 1.0f : 0.0f;
-    const void *c = p->has_c ? C : D; /* beta = 0 never reads C */
-    LT(cublasLtMatmul(g->handle, e->desc, &alpha, B, e->la, A, e->lb, &beta, c, e->lc, D, e->ld, &e->algo, g->ws,
+    /* C: the residual, or D (read when accumulating; with beta = 0 never read, and an FP8 GEMM then takes none) */
+    const void *c = p->has_c ? C : p->accumulate || !is_fp8(p) ? D : NULL;
+    LT(cublasLtMatmul(g->handle, e->desc, &alpha, B, e->la, A, e->lb, &beta, c, c_layout(e), D, e->ld, &e->algo, g->ws,
                       e->ws_needed, s),
        p, w);
     return 0;

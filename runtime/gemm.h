@@ -1,5 +1,5 @@
-/* gemm.h: the plan's GEMMs (cp_gemm in gen/plan.h) on cuBLASLt. Row-major D[m][n] = op(A) op(B) (+ C), bf16
- * inputs, fp32 compute, bf16 or fp32 output, optionally accumulating into D (D += AB) or adding a separate bf16
+/* gemm.h: the plan's GEMMs (cp_gemm in gen/plan.h) on cuBLASLt. Row-major D[m][n] = op(A) op(B) (+ C), bf16 or
+ * FP8 inputs (per-tensor scales), fp32 compute, bf16 or fp32 output, optionally accumulating into D (D += AB) or adding a separate bf16
  * residual C (D = AB + C, C laid out as D). The algorithm of each shape (and pointer alignment) is chosen once with
  * cuBLASLt's heuristic and kept, so a training step only looks up a prepared entry and launches. */
 #ifndef CP_GEMM_H
@@ -31,6 +31,12 @@ int cp_gemm_prepare(cp_gemm_lib *g, const cp_gemm *p, const char *what, const vo
  * or -1 with a message. */
 int cp_gemm_launch(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D, cudaStream_t s,
                    char *err, int errlen);
+
+/* The same for a GEMM of FP8 inputs (cp_gemm.a_type, b_type): a_scale and b_scale point to each input's fp32 scale on
+ * the GPU (the value an element stands for is scale x element), read when the GEMM runs. cp_gemm_launch is this
+ * with no scales, which an FP8 entry refuses. */
+int cp_gemm_launch_scaled(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D,
+                          const float *a_scale, const float *b_scale, cudaStream_t s, char *err, int errlen);
 
 /* prepare + launch, for tests and one-off GEMMs. */
 int cp_gemm_run(cp_gemm_lib *g, const cp_gemm *p, const char *what, const void *A, const void *B, const void *C,

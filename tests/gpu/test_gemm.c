@@ -3,7 +3,9 @@
  * in fp32 (T,N, accumulate), bf16 accumulation (d_xn), the residual in the epilogue (has_c, C apart from D), and
  * strided leading dimensions (lda, ldb, ldd wider than a row) with pointers at 128- and 16-byte offsets. Outputs
  * that are overwritten start as NaN, so an element left unwritten, or a beta = 0 GEMM that reads D, fails; the
- * padding columns of a strided D must be left alone. Bounds: 1e-2 for bf16 outputs, 1e-3 for fp32 outputs. */
+ * padding columns of a strided D must be left alone. Bounds: 1e-2 for bf16 outputs, 1e-3 for fp32 outputs. FP8 inputs
+ * (test_fp8) against float64 on the values their bytes stand for, scales applied; 5e-3 for fp32 outputs with fast
+ * accumulation. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -159,6 +161,127 @@ static void test_backward(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }
 
+/* An FP8 element's value (OCP 8-bit floats as Hopper reads them): E4M3 has 4 exponent bits (bias 7), 3 mantissa
+ * bits and no infinities (S.1111.111 is NaN); E5M2 has 5 (bias 15) and 2, IEEE-like. */
+static double fp8_value(uint8_t b, int type) {
+    int e_bits = type == CP_GEMM_E4M3 ? 4 : 5, m_bits = 7 - e_bits, bias = (1 << (e_bits - 1)) - 1;
+    int e = (b >> m_bits) & ((1 << e_bits) - 1), m = b & ((1 << m_bits) - 1);
+    double v = e ? ldexp(1.0 + m / (double)(1 << m_bits), e - bias) : ldexp(m / (double)(1 << m_bits), 1 - bias);
+    return b & 0x80 ? -v : v;
+}
+
+/* n random finite FP8 elements of `type`, most of magnitude near 1 (exponents within 4 of the bias) */
+static uint8_t *rand_fp8(int64_t n, int type) {
+    uint8_t *p = malloc((size_t)n);
+    int m_bits = type == CP_GEMM_E4M3 ? 3 : 2, bias = type == CP_GEMM_E4M3 ? 7 : 15;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t r = gu_next(&rng);
+        int e = bias - 4 + (int)(r % 8), m = (int)((r >> 8) & ((1u << m_bits) - 1));
+        p[i] = (uint8_t)((r >> 16 & 1) << 7 | e << m_bits | m);
+    }
+    return p;
+}
+
+/* An FP8 GEMM in the x W^T form: A [m][k] and B [n][k] of FP8 with per-tensor scales (not 1, so a scale left out
+ * shows), D bf16 (with the residual C, as o_proj and down_proj add it) or fp32 accumulated (a weight gradient);
+ * against float64 on the values the bytes stand for. D starts as NaN where it is written. */
+static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int at, int bt, bool f32, bool fast,
+                         double bound) {
+    cp_gemm p = {.m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldd = n, .trans_b = true, .has_c = !f32,
+                 .accumulate = f32, .out_f32 = f32, .a_type = (uint8_t)at, .b_type = (uint8_t)bt, .fast_accum = fast};
+    const float scales[2] = {0.37f, 1.0f / 24};
+    uint8_t *A = rand_fp8(m * k, at), *B = rand_fp8(n * k, bt);
+    uint16_t *C = f32 ? NULL : gu_rand_bf16(&rng, m * n, 1.0);
+    size_t esz = f32 ? 4 : 2;
+    void *Dold = malloc((size_t)(m * n) * esz);
+    for (int64_t i = 0; i < m * n; i++) {
+        if (f32) ((float *)Dold)[i] = (float)gu_normal(&rng);
+        else ((uint16_t *)Dold)[i] = 0xffff;
+    }
+    char *dA = gu_malloc((size_t)(m * k)), *dB = gu_malloc((size_t)(n * k)), *dD = gu_malloc((size_t)(m * n) * esz);
+    char *dC = C ? gu_malloc((size_t)(m * n) * 2) : NULL;
+    float *dS = gu_malloc(sizeof scales);
+    gu_upload(dA, A, (size_t)(m * k));
+    gu_upload(dB, B, (size_t)(n * k));
+    if (C) gu_upload(dC, C, (size_t)(m * n) * 2);
+    gu_upload(dD, Dold, (size_t)(m * n) * esz);
+    gu_upload(dS, scales, sizeof scales);
+    char err[2048];
+    int id = cp_gemm_prepare(lib, &p, what, dA, dB, dC, dD, err, sizeof err);
+    if (id < 0) gu_fail("%s", err);
+    /* an FP8 entry launched without its scales is refused */
+    if (cp_gemm_launch(lib, id, dA, dB, dC, dD, 0, err, sizeof err) != -1 || !strstr(err, "without the scales"))
+        gu_fail("%s: launched without scales: %s", what, err);
+    if (cp_gemm_launch_scaled(lib, id, dA, dB, dC, dD, dS, dS + 1, 0, err, sizeof err)) gu_fail("%s", err);
+    sync_or_fail(what);
+    void *Dout = malloc((size_t)(m * n) * esz);
+    gu_download(Dout, dD, (size_t)(m * n) * esz);
+    double *Ad = malloc(sizeof(double) * (size_t)(m * k)), *Bd = malloc(sizeof(double) * (size_t)(n * k));
+    for (int64_t i = 0; i < m * k; i++) Ad[i] = scales[0] * fp8_value(A[i], at);
+    for (int64_t i = 0; i < n * k; i++) Bd[i] = scales[1] * fp8_value(B[i], bt);
+    double num = 0, den = 0;
+    int64_t nan_out = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double r = 0;
+            for (int64_t l = 0; l < k; l++) r += Ad[i * k + l] * Bd[j * k + l];
+            int64_t at_ = i * n + j;
+            r += f32 ? ((float *)Dold)[at_] : bf16_to_f32(C[at_]);
+            double o = f32 ? ((float *)Dout)[at_] : bf16_to_f32(((uint16_t *)Dout)[at_]);
+            if (isnan(o)) nan_out++;
+            num += (o - r) * (o - r);
+            den += r * r;
+        }
+    char shape[96];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld %s x %s%s", (long long)m, (long long)n, (long long)k,
+             at == CP_GEMM_E4M3 ? "e4m3" : "e5m2", bt == CP_GEMM_E4M3 ? "e4m3" : "e5m2", fast ? " fast" : "");
+    if (nan_out) gu_fail("%s %s: %lld outputs are NaN", what, shape, (long long)nan_out);
+    gu_check(what, shape, sqrt(num / den), bound);
+    free(Ad), free(Bd), free(A), free(B), free(C), free(Dold), free(Dout);
+    gu_free_dev(dA), gu_free_dev(dB), gu_free_dev(dD), gu_free_dev(dS);
+    if (dC) gu_free_dev(dC);
+}
+
+/* FP8 inputs (Hopper and newer): the forward's E4M3 x E4M3 with the residual, a gradient's E5M2 x E4M3, a weight
+ * gradient's fp32 accumulation, with cuBLASLt's promotion to fp32 and with fast accumulation; and what FP8 cannot
+ * take refused with its reason before cuBLASLt sees it. */
+static void test_fp8(void **state) {
+    (void)state;
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess || major < 9) {
+        printf("  FP8 GEMMs: skipped (compute capability %d: FP8 tensor cores need 9.0)\n", major);
+        return;
+    }
+    run_fp8_case("fp8 o_proj+res", 1024, 256, 512, CP_GEMM_E4M3, CP_GEMM_E4M3, false, false, TOL_BF16);
+    run_fp8_case("fp8 o_proj+res", 1024, 256, 512, CP_GEMM_E4M3, CP_GEMM_E4M3, false, true, TOL_BF16);
+    run_fp8_case("fp8 d_x (e5m2 grad)", 512, 384, 1024, CP_GEMM_E5M2, CP_GEMM_E4M3, false, false, TOL_BF16);
+    run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, true, false, TOL_F32);
+    run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, true, true, 5e-3);
+    const struct {
+        cp_gemm p;
+        const char *says;
+    } bad[] = {
+        {{.m = 64, .n = 64, .k = 64, .lda = 64, .ldb = 64, .ldd = 64, .a_type = CP_GEMM_E4M3, .b_type = CP_GEMM_E4M3},
+         "outside the x W^T form"},
+        {{.m = 64, .n = 64, .k = 64, .lda = 64, .ldb = 64, .ldd = 64, .trans_b = true, .a_type = CP_GEMM_E4M3},
+         "one FP8 input and one bf16"},
+        {{.m = 64, .n = 64, .k = 64, .lda = 64, .ldb = 64, .ldd = 64, .trans_b = true, .a_type = CP_GEMM_E5M2,
+          .b_type = CP_GEMM_E5M2},
+         "two E5M2 inputs"},
+        {{.m = 64, .n = 64, .k = 72, .lda = 72, .ldb = 72, .ldd = 64, .trans_b = true, .a_type = CP_GEMM_E4M3,
+          .b_type = CP_GEMM_E4M3},
+         "not a multiple of 16"},
+    };
+    char *buf = gu_malloc(1 << 16), err[2048];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (cp_gemm_prepare(lib, &bad[i].p, "fp8_bad", buf, buf, NULL, buf, err, sizeof err) != -1 ||
+            !strstr(err, bad[i].says))
+            gu_fail("FP8 case %zu not refused for \"%s\": %s", i, bad[i].says, err);
+        printf("  refused as expected: %s\n", err);
+    }
+    gu_free_dev(buf);
+}
+
 /* One shape prepared once: the same shape and alignment give the same entry; less alignment a new one. */
 static void test_cache(void **state) {
     (void)state;
@@ -207,6 +330,7 @@ int main(void) {
         cmocka_unit_test(test_forward),
         cmocka_unit_test(test_backward),
         cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_fp8),
     };
     return gu_status(cmocka_run_group_tests(tests, group_setup, group_teardown));
 }

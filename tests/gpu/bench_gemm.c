@@ -1,0 +1,192 @@
+/* bench_gemm.c: every GEMM of a training step on cuBLASLt, bf16 as the plan runs it beside FP8 (runtime/gemm.c), for
+ * the shapes of the 3B step at 32K and the 8B step at 128K on one GPU (or the spec and length given).
+ * Method: the plan is built as `cpgen plan SPEC --seq S --gpus 1` builds it; its GEMM steps are grouped by name and
+ * shape, each counted as often as a step runs it (folded tiles included). Each distinct GEMM is timed as planned
+ * (bf16 inputs, its own transposes, residual and accumulation) and as FP8 would run it: the same m, n, k in the
+ * x W^T form Hopper's FP8 tensor cores take (A [m][k], B [n][k]: the backward's GEMMs read transposed FP8 copies),
+ * E4M3 x E4M3 in the forward, E5M2 (the gradient) x E4M3 in the backward, the same output type, residual and
+ * accumulation; with cuBLASLt's promotion to fp32 and with fast accumulation. FP8 is for the projections and the MLP:
+ * the LM head and its gradients stay bf16, so their rows show bf16 only. Inputs are random
+ * bytes, finite in every type; each time is the median of REPS launches timed with CUDA events
+ * after WARM. TF/s = 2 m n k / time. The totals weigh each GEMM by its count: the step's GEMM seconds in bf16 and
+ * with FP8 where FP8 applies, before the casts and transposes FP8 adds.
+ * usage: bench_gemm [SPEC SEQ]...   (default: llama3b 32K llama8b 128K) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "gpu_util.h"
+#include "plan.h"
+#include "spec.h"
+
+#define REPS 20
+#define WARM 3
+
+typedef struct {
+    char what[40];
+    cp_gemm g;
+    int64_t count;
+} gemm_use;
+
+static void check(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) {
+        char m[1024];
+        cp_cuda_errmsg(e, what, m, sizeof m);
+        gu_fail("%s", m);
+    }
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static bool same_shape(const cp_gemm *a, const cp_gemm *b) {
+    return a->m == b->m && a->n == b->n && a->k == b->k && a->trans_a == b->trans_a && a->trans_b == b->trans_b &&
+           a->has_c == b->has_c && a->accumulate == b->accumulate && a->out_f32 == b->out_f32;
+}
+
+/* the GEMMs that stay bf16 when the projections and the MLP run in FP8 */
+static bool stays_bf16(const char *what) { return strstr(what, "lm_head") || !strcmp(what, "d_x_final"); }
+
+/* Median milliseconds of REPS launches of g (scales NULL: bf16) on buffers big enough for it. */
+static double time_gemm(cp_gemm_lib *lib, const cp_gemm *g, const char *what, char *A, char *B, char *C, char *D,
+                        const float *sa, const float *sb) {
+    char err[2048];
+    int id = cp_gemm_prepare(lib, g, what, A, B, g->has_c ? C : NULL, D, err, sizeof err);
+    if (id < 0) gu_fail("%s", err);
+    cudaEvent_t e0[REPS], e1[REPS];
+    for (int i = 0; i < REPS; i++) {
+        check(cudaEventCreate(&e0[i]), "cudaEventCreate");
+        check(cudaEventCreate(&e1[i]), "cudaEventCreate");
+    }
+    for (int i = -WARM; i < REPS; i++) {
+        if (i >= 0) check(cudaEventRecord(e0[i], 0), "cudaEventRecord");
+        if (cp_gemm_launch_scaled(lib, id, A, B, C, D, sa, sb, 0, err, sizeof err)) gu_fail("%s", err);
+        if (i >= 0) check(cudaEventRecord(e1[i], 0), "cudaEventRecord");
+    }
+    check(cudaDeviceSynchronize(), what);
+    float ms[REPS];
+    for (int i = 0; i < REPS; i++) {
+        check(cudaEventElapsedTime(&ms[i], e0[i], e1[i]), "cudaEventElapsedTime");
+        cudaEventDestroy(e0[i]);
+        cudaEventDestroy(e1[i]);
+    }
+    qsort(ms, REPS, sizeof ms[0], cmp_float);
+    return ms[REPS / 2];
+}
+
+static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *rng) {
+    char set_seq[64], err[4096];
+    snprintf(set_seq, sizeof set_seq, "train.seq_len=%s", seq);
+    const char *sets[] = {set_seq, "parallel.gpus=1"};
+    cp_spec s;
+    cp_plan P;
+    if (cp_spec_load(spec, sets, 2, &s, err, sizeof err) || cp_plan_build_folded(&s, &P, err, sizeof err))
+        gu_fail("%s at %s: %s", spec, seq, err);
+    gemm_use *u = calloc((size_t)P.nsteps, sizeof *u);
+    int nu = 0;
+    for (int i = 0; i < P.nsteps; i++) {
+        const cp_step *st = &P.steps[i];
+        if (st->kind != CP_OP_GEMM) continue;
+        int j = 0;
+        while (j < nu && !(same_shape(&u[j].g, &st->gemm) && !strcmp(u[j].what, st->what))) j++;
+        if (j == nu) {
+            snprintf(u[nu].what, sizeof u[nu].what, "%s", st->what);
+            u[nu++].g = st->gemm;
+        }
+        u[j].count += cp_plan_step_repeats(&P, i);
+    }
+    /* buffers for the largest operands */
+    size_t amax = 0, bmax = 0, dmax = 0;
+    for (int j = 0; j < nu; j++) {
+        const cp_gemm *g = &u[j].g;
+        size_t a = (size_t)((g->trans_a ? g->k : g->m) * g->lda) * 2, b = (size_t)((g->trans_b ? g->n : g->k) * g->ldb) * 2,
+               d = (size_t)(g->m * g->ldd) * 4;
+        amax = a > amax ? a : amax, bmax = b > bmax ? b : bmax, dmax = d > dmax ? d : dmax;
+    }
+    char *A = gu_malloc(amax), *B = gu_malloc(bmax), *C = gu_malloc(dmax), *D = gu_malloc(dmax);
+    /* random bytes 0x20-0x3f with a random sign: finite as E4M3 (exponent 4-7), as E5M2 (8-15) and as bf16 pairs */
+    uint8_t *h = malloc(1 << 26);
+    for (size_t off = 0; off < amax; off += 1 << 26) {
+        size_t n = amax - off < (1 << 26) ? amax - off : (1 << 26);
+        for (size_t i = 0; i < n; i++) h[i] = (uint8_t)((gu_next(rng) & 0x9f) | 0x20);
+        gu_upload(A + off, h, n);
+    }
+    free(h);
+    check(cudaMemcpy(B, A, bmax < amax ? bmax : amax, cudaMemcpyDeviceToDevice), "filling B");
+    check(cudaMemset(C, 0, dmax), "clearing C");
+    check(cudaMemset(D, 0, dmax), "clearing D");
+    const float scales[2] = {1.0f / 64, 1.0f / 64};
+    float *dS = gu_malloc(sizeof scales);
+    gu_upload(dS, scales, sizeof scales);
+
+    printf("\n%s at %s tokens on one GPU: %d distinct GEMMs\n", spec, seq, nu);
+    printf("%-14s %5s %21s %4s | %8s %6s | %8s %6s | %8s %6s | %5s\n", "GEMM", "count", "m x n x k", "form",
+           "bf16 ms", "TF/s", "fp8 ms", "TF/s", "fast ms", "TF/s", "x");
+    double t_bf16 = 0, t_fp8 = 0, t_fast = 0, fl_fp8 = 0, tb_fp8part = 0;
+    for (int j = 0; j < nu; j++) {
+        const cp_gemm *g = &u[j].g;
+        double fl = 2.0 * (double)g->m * (double)g->n * (double)g->k;
+        double tb = time_gemm(lib, g, u[j].what, A, B, C, D, NULL, NULL);
+        t_bf16 += tb * (double)u[j].count;
+        char form[8];
+        snprintf(form, sizeof form, "%s%s", g->trans_a ? "T" : "N", g->trans_b ? "T" : "N");
+        if (stays_bf16(u[j].what)) {
+            t_fp8 += tb * (double)u[j].count;
+            t_fast += tb * (double)u[j].count;
+            printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8s %6s | %8s %6s | %5s\n", u[j].what,
+                   (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb, fl / tb / 1e9,
+                   "bf16", "", "bf16", "", "");
+            continue;
+        }
+        bool backward = g->trans_a || !g->trans_b;
+        cp_gemm f = *g;
+        f.trans_a = false, f.trans_b = true, f.lda = g->k, f.ldb = g->k;
+        f.a_type = backward ? CP_GEMM_E5M2 : CP_GEMM_E4M3;
+        f.b_type = CP_GEMM_E4M3;
+        double tf = time_gemm(lib, &f, u[j].what, A, B, C, D, dS, dS + 1);
+        f.fast_accum = true;
+        double tq = time_gemm(lib, &f, u[j].what, A, B, C, D, dS, dS + 1);
+        t_fp8 += tf * (double)u[j].count;
+        t_fast += tq * (double)u[j].count;
+        fl_fp8 += fl * (double)u[j].count;
+        tb_fp8part += tb * (double)u[j].count;
+        printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8.3f %6.0f | %8.3f %6.0f | %5.2f\n", u[j].what,
+               (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb, fl / tb / 1e9, tf,
+               fl / tf / 1e9, tq, fl / tq / 1e9, tb / tq);
+    }
+    printf("%s at %s: the step's GEMMs %.3f s in bf16 (of them %.3f s where FP8 applies, %.0f TF/s); with FP8 there "
+           "%.3f s (%.0f TF/s), with fast accumulation %.3f s (%.0f TF/s): the GEMMs %.2fx / %.2fx faster\n",
+           spec, seq, t_bf16 / 1e3, tb_fp8part / 1e3, fl_fp8 / tb_fp8part / 1e9, (t_fp8 - (t_bf16 - tb_fp8part)) / 1e3,
+           fl_fp8 / (t_fp8 - (t_bf16 - tb_fp8part)) / 1e9, (t_fast - (t_bf16 - tb_fp8part)) / 1e3,
+           fl_fp8 / (t_fast - (t_bf16 - tb_fp8part)) / 1e9, t_bf16 / t_fp8, t_bf16 / t_fast);
+    printf("GEMMSUM %s %s %.4f %.4f %.4f\n", spec, seq, t_bf16 / 1e3, t_fp8 / 1e3, t_fast / 1e3);
+    gu_free_dev(A), gu_free_dev(B), gu_free_dev(C), gu_free_dev(D), gu_free_dev(dS);
+    free(u);
+    cp_plan_free(&P);
+}
+
+int main(int argc, char **argv) {
+    gu_init_or_skip("bench_gemm");
+    int major = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "reading the compute capability");
+    if (major < 9) gu_skip("bench_gemm", "FP8 tensor cores need compute capability 9.0, this GPU has %d", major);
+    void *ws = gu_malloc(CP_GEMM_WORKSPACE);
+    cp_gemm_lib *lib;
+    char err[1024];
+    if (cp_gemm_lib_create(&lib, ws, CP_GEMM_WORKSPACE, err, sizeof err)) gu_fail("%s", err);
+    gu_rng rng;
+    gu_seed(&rng, 20261202);
+    if (argc > 1) {
+        for (int i = 1; i + 1 < argc; i += 2) bench(lib, argv[i], argv[i + 1], &rng);
+    } else {
+        bench(lib, "llama3b", "32K", &rng);
+        bench(lib, "llama8b", "128K", &rng);
+    }
+    cp_gemm_lib_destroy(lib);
+    gu_free_dev(ws);
+    return 0;
+}
