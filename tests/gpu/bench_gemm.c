@@ -38,11 +38,6 @@ static void check(cudaError_t e, const char *what) {
     }
 }
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 static bool same_shape(const cp_gemm *a, const cp_gemm *b) {
     return a->m == b->m && a->n == b->n && a->k == b->k && a->trans_a == b->trans_a && a->trans_b == b->trans_b &&
            a->has_c == b->has_c && a->accumulate == b->accumulate && a->out_f32 == b->out_f32;
@@ -51,31 +46,29 @@ static bool same_shape(const cp_gemm *a, const cp_gemm *b) {
 /* the GEMMs that stay bf16 when the projections and the MLP run in FP8 */
 static bool stays_bf16(const char *what) { return strstr(what, "lm_head") || !strcmp(what, "d_x_final"); }
 
+typedef struct {
+    cp_gemm_lib *lib;
+    int id;
+    const void *A, *B, *C;
+    void *D;
+    const float *sa, *sb;
+} gemm_launch;
+
+static void launch_gemm(void *ctx) {
+    const gemm_launch *l = ctx;
+    char err[2048];
+    if (cp_gemm_launch_scaled(l->lib, l->id, l->A, l->B, l->C, l->D, l->sa, l->sb, 0, err, sizeof err))
+        gu_fail("%s", err);
+}
+
 /* Median milliseconds of REPS launches of g (scales NULL: bf16) on buffers big enough for it. */
 static double time_gemm(cp_gemm_lib *lib, const cp_gemm *g, const char *what, char *A, char *B, char *C, char *D,
                         const float *sa, const float *sb) {
     char err[2048];
     int id = cp_gemm_prepare(lib, g, what, A, B, g->has_c ? C : NULL, D, err, sizeof err);
     if (id < 0) gu_fail("%s", err);
-    cudaEvent_t e0[REPS], e1[REPS];
-    for (int i = 0; i < REPS; i++) {
-        check(cudaEventCreate(&e0[i]), "cudaEventCreate");
-        check(cudaEventCreate(&e1[i]), "cudaEventCreate");
-    }
-    for (int i = -WARM; i < REPS; i++) {
-        if (i >= 0) check(cudaEventRecord(e0[i], 0), "cudaEventRecord");
-        if (cp_gemm_launch_scaled(lib, id, A, B, C, D, sa, sb, 0, err, sizeof err)) gu_fail("%s", err);
-        if (i >= 0) check(cudaEventRecord(e1[i], 0), "cudaEventRecord");
-    }
-    check(cudaDeviceSynchronize(), what);
-    float ms[REPS];
-    for (int i = 0; i < REPS; i++) {
-        check(cudaEventElapsedTime(&ms[i], e0[i], e1[i]), "cudaEventElapsedTime");
-        cudaEventDestroy(e0[i]);
-        cudaEventDestroy(e1[i]);
-    }
-    qsort(ms, REPS, sizeof ms[0], cmp_float);
-    return ms[REPS / 2];
+    gemm_launch l = {lib, id, A, B, C, D, sa, sb};
+    return gu_median_ms(REPS, WARM, launch_gemm, &l);
 }
 
 static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *rng) {

@@ -25,11 +25,6 @@ static result res[64];
 static int nres;
 static double memcpy_gbps;
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 static void check(cudaError_t e, const char *what) {
     if (e != cudaSuccess) {
         char m[1024];
@@ -38,29 +33,21 @@ static void check(cudaError_t e, const char *what) {
     }
 }
 
+typedef struct {
+    cudaKernel_t k;
+    const cp_kdims *d;
+    void **args;
+} kernel_launch;
+
+static void launch_kernel(void *ctx) {
+    const kernel_launch *l = ctx;
+    check(cp_launch(l->k, l->d, l->args, 0), "launch");
+}
+
 /* Median microseconds of REPS launches of k (geometry d) with args, after WARM launches. */
 static double time_kernel(cudaKernel_t k, const cp_kdims *d, void **args) {
-    cudaEvent_t e0[REPS], e1[REPS];
-    for (int i = 0; i < REPS; i++) {
-        check(cudaEventCreate(&e0[i]), "cudaEventCreate");
-        check(cudaEventCreate(&e1[i]), "cudaEventCreate");
-    }
-    for (int i = 0; i < WARM; i++) check(cp_launch(k, d, args, 0), "launch");
-    check(cudaDeviceSynchronize(), "warm-up");
-    for (int i = 0; i < REPS; i++) {
-        check(cudaEventRecord(e0[i], 0), "cudaEventRecord");
-        check(cp_launch(k, d, args, 0), "launch");
-        check(cudaEventRecord(e1[i], 0), "cudaEventRecord");
-    }
-    check(cudaDeviceSynchronize(), "timed launches");
-    float ms[REPS];
-    for (int i = 0; i < REPS; i++) {
-        check(cudaEventElapsedTime(&ms[i], e0[i], e1[i]), "cudaEventElapsedTime");
-        cudaEventDestroy(e0[i]);
-        cudaEventDestroy(e1[i]);
-    }
-    qsort(ms, REPS, sizeof ms[0], cmp_float);
-    return 1000.0 * (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2;
+    kernel_launch l = {k, d, args};
+    return 1000.0 * gu_median_ms(REPS, WARM, launch_kernel, &l);
 }
 
 static void report(const char *name, const char *shape, double us, double bytes, bool goal) {
@@ -93,28 +80,22 @@ static gu_module *build(cp_kernel_spec *k) {
     return m;
 }
 
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} copy_launch;
+
+static void launch_copy(void *ctx) {
+    const copy_launch *c = ctx;
+    check(cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, 0), "memcpy");
+}
+
 static void bench_memcpy(void) {
     const size_t bytes = (size_t)1 << 30;
     void *a = filled(bytes), *b = gu_malloc(bytes);
-    cudaEvent_t e0[REPS], e1[REPS];
-    for (int i = 0; i < WARM; i++) check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0), "memcpy");
-    for (int i = 0; i < REPS; i++) {
-        check(cudaEventCreate(&e0[i]), "cudaEventCreate");
-        check(cudaEventCreate(&e1[i]), "cudaEventCreate");
-        check(cudaEventRecord(e0[i], 0), "cudaEventRecord");
-        check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0), "memcpy");
-        check(cudaEventRecord(e1[i], 0), "cudaEventRecord");
-    }
-    check(cudaDeviceSynchronize(), "memcpy");
-    float ms[REPS];
-    for (int i = 0; i < REPS; i++) {
-        check(cudaEventElapsedTime(&ms[i], e0[i], e1[i]), "cudaEventElapsedTime");
-        cudaEventDestroy(e0[i]);
-        cudaEventDestroy(e1[i]);
-    }
-    qsort(ms, REPS, sizeof ms[0], cmp_float);
-    double us = 1000.0 * (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2;
-    report("cudaMemcpy D2D", "1 GiB", us, 2.0 * (double)bytes, false);
+    copy_launch c = {b, a, bytes};
+    report("cudaMemcpy D2D", "1 GiB", 1000.0 * gu_median_ms(REPS, WARM, launch_copy, &c), 2.0 * (double)bytes, false);
     memcpy_gbps = res[nres - 1].gbps;
     gu_free_dev(a);
     gu_free_dev(b);

@@ -155,6 +155,37 @@ void gu_download(void *dst, const void *src, size_t bytes) {
 }
 void gu_poison(void *dev, size_t bytes) { GU_CUDA(cudaMemset(dev, 0xFF, bytes)); }
 
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+double gu_median_ms(int reps, int warm, void (*launch)(void *ctx), void *ctx) {
+    enum { MOST = 256 };
+    if (reps < 1 || reps > MOST) gu_fail("gu_median_ms: %d repetitions, not 1 to %d", reps, MOST);
+    cudaEvent_t e0[MOST], e1[MOST];
+    for (int i = 0; i < reps; i++) {
+        GU_CUDA(cudaEventCreate(&e0[i]));
+        GU_CUDA(cudaEventCreate(&e1[i]));
+    }
+    for (int i = 0; i < warm; i++) launch(ctx);
+    GU_CUDA(cudaDeviceSynchronize());
+    for (int i = 0; i < reps; i++) {
+        GU_CUDA(cudaEventRecord(e0[i], 0));
+        launch(ctx);
+        GU_CUDA(cudaEventRecord(e1[i], 0));
+    }
+    GU_CUDA(cudaDeviceSynchronize());
+    float ms[MOST];
+    for (int i = 0; i < reps; i++) {
+        GU_CUDA(cudaEventElapsedTime(&ms[i], e0[i], e1[i]));
+        cudaEventDestroy(e0[i]);
+        cudaEventDestroy(e1[i]);
+    }
+    qsort(ms, (size_t)reps, sizeof ms[0], cmp_float);
+    return reps % 2 ? ms[reps / 2] : (ms[reps / 2 - 1] + ms[reps / 2]) / 2;
+}
+
 static uint64_t splitmix(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

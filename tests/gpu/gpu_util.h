@@ -70,6 +70,10 @@ void gu_download(void *dst, const void *src, size_t bytes);
 /* Fill with 0xFF bytes: NaN as bf16 (0xFFFF) and as fp32 (0xFFFFFFFF), so unwritten outputs show up. */
 void gu_poison(void *dev, size_t bytes);
 
+/* The median milliseconds of `reps` (at most 256) calls of launch(ctx), each between two CUDA events on the default
+ * stream, after `warm` untimed calls; launch enqueues its work on the default stream (and fails the test itself). */
+double gu_median_ms(int reps, int warm, void (*launch)(void *ctx), void *ctx);
+
 /* Seeded generator: xoshiro256** seeded by splitmix64. */
 typedef struct {
     uint64_t s[4];
