@@ -22,7 +22,6 @@
 #   - the reference itself is not the documents run alone: step 1's fp32 loss summed over its documents, each run as
 #     a sequence of its own, differs from the packed loss by more than 1e-5 (relative). This proves the mask and the
 #     positions transformers is given before cpgen is compared with it.
-import contextlib
 import glob
 import json
 import math
@@ -89,14 +88,28 @@ class Packing:
         return scored
 
 
-def attention_backend(pk):
-    """With the mask, sdpa's memory-efficient kernel only: it takes the 4D mask without materialising the scores, and
-    where it cannot run the comparison fails saying so rather than falling back to the math kernel, which holds
-    heads x S x S fp32 scores per layer for the backward (32 GiB a layer at 16K with 32 heads)."""
-    if not pk.mask:
-        return contextlib.nullcontext()
+def masked_call(model, kw):
+    """The model on kw; where kw holds the 4D document mask, on sdpa's memory-efficient kernel only: it takes the mask
+    without materialising the scores (transformers repeats K and V for it where a mask is given), and where it cannot
+    run the comparison fails saying so rather than falling back to the math kernel, which holds heads x S x S fp32
+    scores per layer for the backward (32 GiB a layer at 16K with 32 heads). Calls without a mask choose freely:
+    there transformers passes GQA to sdpa as is, which the memory-efficient kernel does not take."""
+    if "attention_mask" not in kw:
+        return model(**kw)
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        return model(**kw)
+
+
+def causal(tok, pos=None):
+    """The model's inputs for tok run causally as one sequence (positions pos, else along it), the causal mask given
+    as a 4D mask so that masked_call keeps it on the memory-efficient kernel (a whole 16K sequence in fp32 would
+    otherwise go to the math kernel, which GQA without a mask needs)."""
+    ar = torch.arange(tok.numel(), device=tok.device)
+    kw = {"input_ids": tok[None], "attention_mask": (ar[None, :] <= ar[:, None])[None, None]}
+    if pos is not None:
+        kw["position_ids"] = pos[None]
+    return kw
 
 
 def load(d, dev, pk):
@@ -109,7 +122,7 @@ def forward_backward(model, raw, s, n, dev, pk):
     """Loss of step s over its micro-batches (sum of token losses / n); gradients accumulate in model."""
     total = 0.0
     for b in range(raw.shape[1]):
-        logits = model(**pk.inputs(raw[s, b, 0].to(dev))).logits[0].float()
+        logits = masked_call(model, pk.inputs(raw[s, b, 0].to(dev))).logits[0].float()
         ls = F.cross_entropy(logits, raw[s, b, 1].to(dev), ignore_index=IGNORE, reduction="sum")
         (ls / n).backward()
         total += ls.item()
@@ -125,9 +138,10 @@ def check_alone(model, raw, pk, dev):
         for b in range(raw.shape[1]):
             tok, tgt = raw[0, b, 0].to(dev), raw[0, b, 1].to(dev)
             kw = pk.inputs(tok)
-            packed += F.cross_entropy(model(**kw).logits[0].float(), tgt, ignore_index=IGNORE, reduction="sum").item()
+            packed += F.cross_entropy(masked_call(model, kw).logits[0].float(), tgt, ignore_index=IGNORE,
+                                      reduction="sum").item()
             # the same sequence as one document, positions along it: how far off a reference without the mask is
-            plain += F.cross_entropy(model(input_ids=tok[None]).logits[0].float(), tgt, ignore_index=IGNORE,
+            plain += F.cross_entropy(masked_call(model, causal(tok)).logits[0].float(), tgt, ignore_index=IGNORE,
                                      reduction="sum").item()
             first, _ = pk.documents(tok)
             bounds = first.tolist() + [tok.numel()]
@@ -136,7 +150,7 @@ def check_alone(model, raw, pk, dev):
                 lens.append(e - a)
                 if not bool((tgt[a:e] != IGNORE).any()):
                     continue  # nothing scored (a document of its end alone)
-                logits = model(input_ids=tok[a:e][None], position_ids=pos[a:e][None]).logits[0].float()
+                logits = masked_call(model, causal(tok[a:e], pos[a:e])).logits[0].float()
                 alone += F.cross_entropy(logits, tgt[a:e], ignore_index=IGNORE, reduction="sum").item()
                 runs += 1
     rel = abs(packed - alone) / abs(alone) if alone else math.inf
@@ -200,73 +214,72 @@ def main():
     raw = torch.frombuffer(bytearray(open(f"{d}/tokens.bin", "rb").read()), dtype=torch.int32)
     raw = raw.view(steps, mb, 2, T).long()
     pk = Packing(run)
-    with attention_backend(pk):
-        eod_scored = pk.targets(raw)
-        dev = "cuda"
-        torch.manual_seed(0)
-        ref = load(d, dev, pk)  # fp32 weights, fp32 compute
-        alone = check_alone(ref, raw, pk, dev) if pk.mask else None
-        names = [n for n, _ in ref.named_parameters()]
-        gref = {}
-        for f in sorted(glob.glob(f"{d}/grads/*.safetensors")):
-            from safetensors.torch import load_file
-            gref.update(load_file(f))
-        # cpgen's loss of step 1, the step its gradients are of
-        loss1 = json.load(open(f"{d}/grads/loss.json"))["loss"] if gref else None
-        grad_check = check_gradients(ref, names, gref, raw, loss1, dev, pk) if gref else None
+    eod_scored = pk.targets(raw)
+    dev = "cuda"
+    torch.manual_seed(0)
+    ref = load(d, dev, pk)  # fp32 weights, fp32 compute
+    alone = check_alone(ref, raw, pk, dev) if pk.mask else None
+    names = [n for n, _ in ref.named_parameters()]
+    gref = {}
+    for f in sorted(glob.glob(f"{d}/grads/*.safetensors")):
+        from safetensors.torch import load_file
+        gref.update(load_file(f))
+    # cpgen's loss of step 1, the step its gradients are of
+    loss1 = json.load(open(f"{d}/grads/loss.json"))["loss"] if gref else None
+    grad_check = check_gradients(ref, names, gref, raw, loss1, dev, pk) if gref else None
 
-        mixed = load(d, dev, pk)  # cpgen's precision: bf16 compute copies of fp32 masters
-        master = [p.detach().clone().requires_grad_(True) for p in mixed.parameters()]
-        mixed = mixed.to(torch.bfloat16)
-        hp = dict(lr=run["lr"], betas=(run["beta1"], run["beta2"]), eps=run["eps"], weight_decay=run["weight_decay"])
-        opt_ref, opt_mixed = torch.optim.AdamW(list(ref.parameters()), **hp), torch.optim.AdamW(master, **hp)
-        print(f"{len(names)} tensors, {sum(p.numel() for p in master):,} parameters; {steps} steps of {mb} x {T} tokens")
-        print(f"{'step':>4} {'lr':>9} {'loss cpgen':>11} {'loss fp32':>11} {'rel':>9} {'loss bf16':>11} {'rel':>9} "
-              f"{'norm cpgen':>11} {'norm fp32':>11}")
-        worst, worst_mixed = 0.0, 0.0
-        for s in range(min(steps, CURVE_STEPS)):
-            lr = run["lrs"][s]
-            n = int((raw[s, :, 1] >= 0).sum())
-            for opt in (opt_ref, opt_mixed):
-                for g in opt.param_groups:
-                    g["lr"] = lr
-            # fp32 reference
-            ref.zero_grad(set_to_none=True)
-            loss = forward_backward(ref, raw, s, n, dev, pk)
-            norm, scale = clip_grads([p.grad for p in ref.parameters()], run["clip"])
-            for p in ref.parameters():
-                p.grad.mul_(scale)
-            opt_ref.step()
-            # mixed precision
-            mixed.zero_grad(set_to_none=True)
-            loss_mixed = forward_backward(mixed, raw, s, n, dev, pk)
-            grads = [p.grad.float() for p in mixed.parameters()]
-            _, scale = clip_grads(grads, run["clip"])
-            for m, g in zip(master, grads):
-                m.grad = g * scale
-            opt_mixed.step()
-            with torch.no_grad():
-                for p, m in zip(mixed.parameters(), master):
-                    p.copy_(m.to(torch.bfloat16))
-            cl, cn = ours[s]["loss"], ours[s]["norm"]
-            rl, rm = abs(cl - loss) / abs(loss), abs(cl - loss_mixed) / abs(loss_mixed)
-            worst, worst_mixed = max(worst, rl), max(worst_mixed, rm)
-            print(f"{s + 1:>4} {lr:>9.2e} {cl:>11.5f} {loss:>11.5f} {rl:>9.2e} {loss_mixed:>11.5f} {rm:>9.2e} "
-                  f"{cn:>11.5f} {norm:>11.5f}")
-        ok = worst <= 1e-2
-        print(f"loss curve over {min(steps, CURVE_STEPS)} steps: worst relative difference to fp32 {worst:.2e} "
-              f"(bound 1e-2); to torch's mixed precision {worst_mixed:.2e}")
-        if grad_check:
-            rel, cos, nerr = grad_check
-            ok = ok and rel <= 1e-3 and cos >= 0.999 and nerr <= 1e-2
-            print(f"step 1 against fp32: loss {rel:.2e} (bound 1e-3); gradients: worst cosine {cos:.6f} (bound 0.999), "
-                  f"worst norm error {nerr:.2e} (bound 1e-2)")
-        if pk.mask:
-            ok = ok and alone <= ALONE_BOUND and eod_scored == 0
-            print(f"packed documents: the reference against its documents alone {alone:.2e} (bound {ALONE_BOUND:.0e}); "
-                  f"end-of-document positions cpgen scored: {eod_scored} (must be 0)")
-        print("MATCH" if ok else "MISMATCH")
-        return 0 if ok else 1
+    mixed = load(d, dev, pk)  # cpgen's precision: bf16 compute copies of fp32 masters
+    master = [p.detach().clone().requires_grad_(True) for p in mixed.parameters()]
+    mixed = mixed.to(torch.bfloat16)
+    hp = dict(lr=run["lr"], betas=(run["beta1"], run["beta2"]), eps=run["eps"], weight_decay=run["weight_decay"])
+    opt_ref, opt_mixed = torch.optim.AdamW(list(ref.parameters()), **hp), torch.optim.AdamW(master, **hp)
+    print(f"{len(names)} tensors, {sum(p.numel() for p in master):,} parameters; {steps} steps of {mb} x {T} tokens")
+    print(f"{'step':>4} {'lr':>9} {'loss cpgen':>11} {'loss fp32':>11} {'rel':>9} {'loss bf16':>11} {'rel':>9} "
+          f"{'norm cpgen':>11} {'norm fp32':>11}")
+    worst, worst_mixed = 0.0, 0.0
+    for s in range(min(steps, CURVE_STEPS)):
+        lr = run["lrs"][s]
+        n = int((raw[s, :, 1] >= 0).sum())
+        for opt in (opt_ref, opt_mixed):
+            for g in opt.param_groups:
+                g["lr"] = lr
+        # fp32 reference
+        ref.zero_grad(set_to_none=True)
+        loss = forward_backward(ref, raw, s, n, dev, pk)
+        norm, scale = clip_grads([p.grad for p in ref.parameters()], run["clip"])
+        for p in ref.parameters():
+            p.grad.mul_(scale)
+        opt_ref.step()
+        # mixed precision
+        mixed.zero_grad(set_to_none=True)
+        loss_mixed = forward_backward(mixed, raw, s, n, dev, pk)
+        grads = [p.grad.float() for p in mixed.parameters()]
+        _, scale = clip_grads(grads, run["clip"])
+        for m, g in zip(master, grads):
+            m.grad = g * scale
+        opt_mixed.step()
+        with torch.no_grad():
+            for p, m in zip(mixed.parameters(), master):
+                p.copy_(m.to(torch.bfloat16))
+        cl, cn = ours[s]["loss"], ours[s]["norm"]
+        rl, rm = abs(cl - loss) / abs(loss), abs(cl - loss_mixed) / abs(loss_mixed)
+        worst, worst_mixed = max(worst, rl), max(worst_mixed, rm)
+        print(f"{s + 1:>4} {lr:>9.2e} {cl:>11.5f} {loss:>11.5f} {rl:>9.2e} {loss_mixed:>11.5f} {rm:>9.2e} "
+              f"{cn:>11.5f} {norm:>11.5f}")
+    ok = worst <= 1e-2
+    print(f"loss curve over {min(steps, CURVE_STEPS)} steps: worst relative difference to fp32 {worst:.2e} "
+          f"(bound 1e-2); to torch's mixed precision {worst_mixed:.2e}")
+    if grad_check:
+        rel, cos, nerr = grad_check
+        ok = ok and rel <= 1e-3 and cos >= 0.999 and nerr <= 1e-2
+        print(f"step 1 against fp32: loss {rel:.2e} (bound 1e-3); gradients: worst cosine {cos:.6f} (bound 0.999), "
+              f"worst norm error {nerr:.2e} (bound 1e-2)")
+    if pk.mask:
+        ok = ok and alone <= ALONE_BOUND and eod_scored == 0
+        print(f"packed documents: the reference against its documents alone {alone:.2e} (bound {ALONE_BOUND:.0e}); "
+              f"end-of-document positions cpgen scored: {eod_scored} (must be 0)")
+    print("MATCH" if ok else "MISMATCH")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
