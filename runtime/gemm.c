@@ -135,9 +135,8 @@ static unsigned align_of(const void *ptr) {
     return al;
 }
 
-/* The plan's conventions, checked before cuBLASLt sees them, so a wrong cp_gemm is named as such. */
-static int check_shape(const cp_gemm *p, const char *what, const void *A, const void *B, const void *C,
-                       const void *D, char *err, int errlen) {
+int cp_gemm_check(const cp_gemm *p, const char *what, const void *A, const void *B, const void *C, const void *D,
+                  char *err, int errlen) {
     char d[256];
     const char *bad = NULL;
     if (p->m < 1 || p->n < 1 || p->k < 1) bad = "m, n and k must be at least 1";
@@ -252,7 +251,7 @@ static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
 
 int cp_gemm_prepare(cp_gemm_lib *g, const cp_gemm *p, const char *what, const void *A, const void *B, const void *C,
                     const void *D, char *err, int errlen) {
-    if (check_shape(p, what, A, B, C, D, err, errlen)) return -1;
+    if (cp_gemm_check(p, what, A, B, C, D, err, errlen)) return -1;
     gemm_key key;
     memset(&key, 0, sizeof key);
     key.p = *p;

@@ -19,7 +19,13 @@ typedef struct cp_gemm_lib cp_gemm_lib;
 int cp_gemm_lib_create(cp_gemm_lib **out, void *ws, size_t ws_bytes, char *err, int errlen);
 void cp_gemm_lib_destroy(cp_gemm_lib *g);
 
-/* Find or make the prepared entry for this GEMM: its descriptors and the heuristic's algorithm for these shapes and
+/* The plan's conventions and what the tensor cores take (FP8: the x W^T form, both inputs FP8, not two E5M2, k and
+ * the leading dimensions multiples of 16), checked before cuBLASLt sees the GEMM, so that a wrong cp_gemm is named as
+ * such. Needs no GPU. Returns 0, or -1 with a message naming the GEMM and what is wrong. */
+int cp_gemm_check(const cp_gemm *p, const char *what, const void *A, const void *B, const void *C, const void *D,
+                  char *err, int errlen);
+
+/* Find or make the prepared entry for this GEMM (cp_gemm_check first): its descriptors and the heuristic's algorithm for these shapes and
  * the alignment of these pointers (C may be NULL unless p->has_c). `what` names the GEMM in messages. Returns the
  * entry's id (>= 0), or -1 with a message naming the GEMM, its shape and what to do. Allocates on first use of a
  * shape; call it before the training loop for every GEMM of the plan. */
