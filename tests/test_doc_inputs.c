@@ -83,7 +83,8 @@ static void test_resolved_bounds(void **state) {
                                          (long long)p, st[p], (long long)first);
             if (en[p] <= p || en[p] > P.S || (en[p] < P.S && tok[en[p] - 1] != d.eod))
                 fail_msg("micro-batch %d, position %lld: document ends at %d", b, (long long)p, en[p]);
-            if (pos[p] != p - first) fail_msg("micro-batch %d, position %lld: RoPE position %d", b, (long long)p, pos[p]);
+            if (pos[p] != p - first)
+                fail_msg("micro-batch %d, position %lld: RoPE position %d", b, (long long)p, pos[p]);
         }
         double kept;
         work_sum += cp_docs_tile_work(docs, P.S, 128, 128, &kept);

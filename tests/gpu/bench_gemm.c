@@ -96,8 +96,8 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
     size_t amax = 0, bmax = 0, dmax = 0;
     for (int j = 0; j < nu; j++) {
         const cp_gemm *g = &u[j].g;
-        size_t a = (size_t)((g->trans_a ? g->k : g->m) * g->lda) * 2, b = (size_t)((g->trans_b ? g->n : g->k) * g->ldb) * 2,
-               d = (size_t)(g->m * g->ldd) * 4;
+        size_t a = (size_t)((g->trans_a ? g->k : g->m) * g->lda) * 2;
+        size_t b = (size_t)((g->trans_b ? g->n : g->k) * g->ldb) * 2, d = (size_t)(g->m * g->ldd) * 4;
         amax = a > amax ? a : amax, bmax = b > bmax ? b : bmax, dmax = d > dmax ? d : dmax;
     }
     char *A = gu_malloc(amax), *B = gu_malloc(bmax), *C = gu_malloc(dmax), *D = gu_malloc(dmax);
