@@ -55,7 +55,8 @@ static const char *lt_hint(cublasStatus_t s) {
         return "this GPU has no bf16 tensor cores: cpgen needs compute capability 8.0 or newer";
     case CUBLAS_STATUS_NOT_SUPPORTED:
         return "no cuBLASLt kernel for this shape, type and alignment: operands should start on 16-byte boundaries "
-               "and have leading dimensions that are multiples of 8 elements";
+               "and have leading dimensions that are multiples of 8 elements (CUBLASLT_LOG_MASK=63 in the "
+               "environment makes cuBLASLt print its own reason)";
     case CUBLAS_STATUS_EXECUTION_FAILED:
         return "the GEMM kernel failed to run, often because an earlier kernel faulted: rerun with "
                "CUDA_LAUNCH_BLOCKING=1 to find the first failing step";
