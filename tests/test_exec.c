@@ -367,6 +367,13 @@ static void ring_ranks(int halves_seen[2], int heads, const char *name, int nset
     cp_plan_free(&p);
 }
 
+/* Ring layouts both ring tests run: ring 2 x 3 GPUs (a rank straddling its group's two chunks: two RoPE runs), and
+ * ring 2 with offload, the host optimizer and micro-batches */
+static const char *const RING_STRADDLE[] = {"parallel.ring=2", "parallel.gpus=3", "model.heads=3", "model.kv_heads=3",
+                                            "parallel.upipe_heads=3", "train.seq_len=3K"};
+static const char *const RING_HOST[] = {"parallel.ring=2", "parallel.upipe_heads=1", "parallel.offload=all",
+                                        "parallel.optimizer=host", "train.micro_batches=2"};
+
 /* Rings of one query head per GPU and stage run: every rank of ring 2 x 1 GPU and ring 4 x 2 GPUs of tiny, of ring
  * 2 x 3 GPUs (a rank straddling its group's two chunks: two RoPE runs) and of two layers of the 8B shape (ring 2 x 4
  * GPUs) prepares every step at its own ring position. A rank whose group rank disagrees with its place in the run
@@ -383,12 +390,8 @@ static void test_rings(void **state) {
     ring_ranks(seen, 4, "tiny", 3, u4);
     const char *r4[] = {"parallel.ring=4", "parallel.gpus=2", "parallel.upipe_heads=2"};
     ring_ranks(seen, 1, "tiny", 3, r4);
-    const char *odd[] = {"parallel.ring=2", "parallel.gpus=3", "model.heads=3", "model.kv_heads=3",
-                         "parallel.upipe_heads=3", "train.seq_len=3K"};
-    ring_ranks(seen, 1, "tiny", 6, odd);
-    const char *host[] = {"parallel.ring=2", "parallel.upipe_heads=1", "parallel.offload=all",
-                          "parallel.optimizer=host", "train.micro_batches=2"};
-    ring_ranks(seen, 1, "tiny", 5, host);
+    ring_ranks(seen, 1, "tiny", 6, RING_STRADDLE);
+    ring_ranks(seen, 1, "tiny", 5, RING_HOST);
     const char *b8[] = {"parallel.ring=2", "parallel.gpus=4", "parallel.upipe_heads=4", "model.layers=2",
                         "train.seq_len=16K"};
     ring_ranks(seen, 1, "llama8b", 5, b8);
@@ -499,12 +502,8 @@ static void test_rings_documents(void **state) {
     ring_ranks(seen, 2, "tiny", 3, r2u2);
     const char *rep2[] = {"parallel.replicas=2", "parallel.ring=2", "parallel.upipe_heads=2"};
     ring_ranks(seen, 2, "tiny", 3, rep2);
-    const char *odd[] = {"parallel.ring=2", "parallel.gpus=3", "model.heads=3", "model.kv_heads=3",
-                         "parallel.upipe_heads=3", "train.seq_len=3K"};
-    ring_ranks(seen, 1, "tiny", 6, odd);
-    const char *host[] = {"parallel.ring=2", "parallel.upipe_heads=1", "parallel.offload=all",
-                          "parallel.optimizer=host", "train.micro_batches=2"};
-    ring_ranks(seen, 1, "tiny", 5, host);
+    ring_ranks(seen, 1, "tiny", 6, RING_STRADDLE);
+    ring_ranks(seen, 1, "tiny", 5, RING_HOST);
     with_docs = false;
     assert_true(seen[0] > 0 && seen[1] > 0);
 }

@@ -27,6 +27,7 @@
 typedef struct {
     char what[40];
     cp_gemm g;
+    bool in_layer; /* a layer's projection or MLP GEMM, which FP8 is for; else the LM head's, which stays bf16 */
     int64_t count;
 } gemm_use;
 
@@ -42,9 +43,6 @@ static bool same_shape(const cp_gemm *a, const cp_gemm *b) {
     return a->m == b->m && a->n == b->n && a->k == b->k && a->trans_a == b->trans_a && a->trans_b == b->trans_b &&
            a->has_c == b->has_c && a->accumulate == b->accumulate && a->out_f32 == b->out_f32;
 }
-
-/* the GEMMs that stay bf16 when the projections and the MLP run in FP8 */
-static bool stays_bf16(const char *what) { return strstr(what, "lm_head") || !strcmp(what, "d_x_final"); }
 
 typedef struct {
     cp_gemm_lib *lib;
@@ -88,6 +86,7 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         while (j < nu && !(same_shape(&u[j].g, &st->gemm) && !strcmp(u[j].what, st->what))) j++;
         if (j == nu) {
             snprintf(u[nu].what, sizeof u[nu].what, "%s", st->what);
+            u[nu].in_layer = st->layer >= 0;
             u[nu++].g = st->gemm;
         }
         u[j].count += cp_plan_step_repeats(&P, i);
@@ -127,7 +126,7 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         t_bf16 += tb * (double)u[j].count;
         char form[8];
         snprintf(form, sizeof form, "%s%s", g->trans_a ? "T" : "N", g->trans_b ? "T" : "N");
-        if (stays_bf16(u[j].what)) {
+        if (!u[j].in_layer) {
             t_fp8 += tb * (double)u[j].count;
             t_fast += tb * (double)u[j].count;
             printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8s %6s | %8s %6s | %5s\n", u[j].what,
