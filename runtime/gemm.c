@@ -35,7 +35,6 @@ struct cp_gemm_lib {
     cublasLtHandle_t handle;
     void *ws;
     size_t ws_bytes;
-    float *unit_scale; /* 1.0f on the GPU: an FP8 entry's scales while its algorithm is chosen (made on first use) */
     int n, cap;
     gemm_entry *e;
 };
@@ -123,7 +122,6 @@ void cp_gemm_lib_destroy(cp_gemm_lib *g) {
     for (int i = 0; i < g->n; i++) entry_free(&g->e[i]);
     free(g->e);
     if (g->handle) cublasLtDestroy(g->handle);
-    if (g->unit_scale) cudaFree(g->unit_scale);
     free(g);
 }
 
@@ -170,12 +168,6 @@ static bool key_equal(const gemm_key *a, const gemm_key *b) {
            x->b_type == y->b_type && x->fast_accum == y->fast_accum && !memcmp(a->align, b->align, sizeof a->align);
 }
 
-/* C's layout: its own for a residual and for bf16; an FP8 GEMM's C is D or none, described by D's own layout
- * (cuBLASLt 13 refuses FP8 GEMMs given one address as C and D under two descriptors) */
-static cublasLtMatrixLayout_t c_layout(const gemm_entry *e) {
-    return e->key.p.has_c || !is_fp8(&e->key.p) ? e->lc : e->ld;
-}
-
 static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
     const cp_gemm *p = &e->key.p;
     const char *w = e->what;
@@ -185,21 +177,6 @@ static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
     if (is_fp8(p)) {
         int8_t fast = p->fast_accum;
         LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), p, w);
-        /* the algorithm is chosen with scale pointers set, as every launch has them (one without is another
-         * problem to cuBLASLt); each launch then points them at its own scales */
-        if (!g->unit_scale) {
-            const float one = 1.0f;
-            cudaError_t ce = cudaMalloc((void **)&g->unit_scale, sizeof one);
-            if (ce == cudaSuccess) ce = cudaMemcpy(g->unit_scale, &one, sizeof one, cudaMemcpyHostToDevice);
-            if (ce != cudaSuccess) {
-                if (g->unit_scale) cudaFree(g->unit_scale);
-                g->unit_scale = NULL;
-                return cp_cuda_errmsg(ce, "allocating the FP8 GEMMs' unit scale", err, errlen);
-            }
-        }
-        const float *u = g->unit_scale;
-        LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &u, sizeof u), p, w);
-        LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &u, sizeof u), p, w);
     }
     cublasOperation_t ta = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A is our B */
     cublasOperation_t tb = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -231,7 +208,7 @@ static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(g->handle, e->desc, e->la, e->lb, c_layout(e), e->ld, pref, 1, &res,
+        st = cublasLtMatmulAlgoGetHeuristic(g->handle, e->desc, e->la, e->lb, e->lc, e->ld, pref, 1, &res,
                                             &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_fail(st, "cublasLtMatmulAlgoGetHeuristic", p, w, err, errlen);
@@ -305,6 +282,15 @@ int cp_gemm_launch_scaled(cp_gemm_lib *g, int id, const void *A, const void *B, 
                  is_fp8(p) ? "without the scales of its FP8 inputs" : "with FP8 scales for bf16 inputs");
         return -1;
     }
+    /* cuBLASLt chooses its algorithm for scales on 16-byte boundaries and refuses (NOT_SUPPORTED) one launched
+     * with a scale less aligned: give each scale a 16-byte slot of its own */
+    if (is_fp8(p) && (align_of(a_scale) < 16 || align_of(b_scale) < 16)) {
+        char d[256];
+        describe(p, w, d, sizeof d);
+        snprintf(err, (size_t)errlen, "%s: launched with an FP8 scale not on a 16-byte boundary (A's at %p, B's at %p)"
+                 ": give each scale a 16-byte slot of its own", d, (const void *)a_scale, (const void *)b_scale);
+        return -1;
+    }
     if (is_fp8(p)) { /* the scales are read on the GPU when the GEMM runs; cuBLASLt's A is our B */
         LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof b_scale), p,
            w);
@@ -312,9 +298,8 @@ int cp_gemm_launch_scaled(cp_gemm_lib *g, int id, const void *A, const void *B, 
            w);
     }
     const float alpha = 1.0f, beta = (p->has_c || p->accumulate) ? 1.0f : 0.0f;
-    /* C: the residual, or D (read when accumulating; with beta = 0 never read, and an FP8 GEMM then takes none) */
-    const void *c = p->has_c ? C : p->accumulate || !is_fp8(p) ? D : NULL;
-    LT(cublasLtMatmul(g->handle, e->desc, &alpha, B, e->la, A, e->lb, &beta, c, c_layout(e), D, e->ld, &e->algo, g->ws,
+    const void *c = p->has_c ? C : D; /* the residual, or D (read when accumulating) */
+    LT(cublasLtMatmul(g->handle, e->desc, &alpha, B, e->la, A, e->lb, &beta, c, e->lc, D, e->ld, &e->algo, g->ws,
                       e->ws_needed, s),
        p, w);
     return 0;

@@ -39,8 +39,9 @@ int cp_gemm_launch(cp_gemm_lib *g, int id, const void *A, const void *B, const v
                    char *err, int errlen);
 
 /* The same for a GEMM of FP8 inputs (cp_gemm.a_type, b_type): a_scale and b_scale point to each input's fp32 scale on
- * the GPU (the value an element stands for is scale x element), read when the GEMM runs. cp_gemm_launch is this
- * with no scales, which an FP8 entry refuses. */
+ * the GPU (the value an element stands for is scale x element), read when the GEMM runs, each on a 16-byte
+ * boundary (cuBLASLt refuses a scale less aligned). cp_gemm_launch is this with no scales, which an FP8 entry
+ * refuses. */
 int cp_gemm_launch_scaled(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D,
                           const float *a_scale, const float *b_scale, cudaStream_t s, char *err, int errlen);
 

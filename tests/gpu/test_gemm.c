@@ -189,7 +189,7 @@ static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int 
                          double bound) {
     cp_gemm p = {.m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldd = n, .trans_b = true, .has_c = !f32,
                  .accumulate = f32, .out_f32 = f32, .a_type = (uint8_t)at, .b_type = (uint8_t)bt, .fast_accum = fast};
-    const float scales[2] = {0.37f, 1.0f / 24};
+    const float scales[8] = {0.37f, 0, 0, 0, 1.0f / 24}; /* each on its own 16 bytes, as cuBLASLt takes them */
     uint8_t *A = rand_fp8(m * k, at), *B = rand_fp8(n * k, bt);
     uint16_t *C = f32 ? NULL : gu_rand_bf16(&rng, m * n, 1.0);
     size_t esz = f32 ? 4 : 2;
@@ -212,13 +212,17 @@ static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int 
     /* an FP8 entry launched without its scales is refused */
     if (cp_gemm_launch(lib, id, dA, dB, dC, dD, 0, err, sizeof err) != -1 || !strstr(err, "without the scales"))
         gu_fail("%s: launched without scales: %s", what, err);
-    if (cp_gemm_launch_scaled(lib, id, dA, dB, dC, dD, dS, dS + 1, 0, err, sizeof err)) gu_fail("%s", err);
+    /* and one whose scale is off a 16-byte boundary, which cuBLASLt would refuse with NOT_SUPPORTED */
+    if (cp_gemm_launch_scaled(lib, id, dA, dB, dC, dD, dS, dS + 1, 0, err, sizeof err) != -1 ||
+        !strstr(err, "16-byte boundary"))
+        gu_fail("%s: launched with a scale off a 16-byte boundary: %s", what, err);
+    if (cp_gemm_launch_scaled(lib, id, dA, dB, dC, dD, dS, dS + 4, 0, err, sizeof err)) gu_fail("%s", err);
     sync_or_fail(what);
     void *Dout = malloc((size_t)(m * n) * esz);
     gu_download(Dout, dD, (size_t)(m * n) * esz);
     double *Ad = malloc(sizeof(double) * (size_t)(m * k)), *Bd = malloc(sizeof(double) * (size_t)(n * k));
     for (int64_t i = 0; i < m * k; i++) Ad[i] = scales[0] * fp8_value(A[i], at);
-    for (int64_t i = 0; i < n * k; i++) Bd[i] = scales[1] * fp8_value(B[i], bt);
+    for (int64_t i = 0; i < n * k; i++) Bd[i] = scales[4] * fp8_value(B[i], bt);
     double num = 0, den = 0;
     int64_t nan_out = 0;
     for (int64_t i = 0; i < m; i++)
