@@ -253,6 +253,13 @@ void cp_k_cast(cp_kernel_spec *k) {
     cp_kspec_set_int(k, "UNROLL", EW_UNROLL);
 }
 
+void cp_k_fp8(cp_kernel_spec *k) {
+    cp_kspec_init(k, "fp8");
+    cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+    cp_kspec_set_int(k, "UNROLL", 2);
+    cp_kspec_set_int(k, "AMAX_PARTS", CP_FP8_AMAX_PARTS);
+}
+
 /* Kernels over (token, head) rows of head_dim bf16 values (attn_delta, attn_merge): a power-of-two group of TPR
  * threads per row, 2 vectors of each input per thread. */
 static void head_row_params(cp_kernel_spec *k, int64_t head_dim) {
@@ -366,6 +373,23 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         if (strcmp(role, "f32_to_bf16") && strcmp(role, "add_f32")) return -1;
         d->block = (unsigned)get_int(k, "BLOCK");
         d->grid[0] = blocks_for(n, d->block * get_int(k, "UNROLL") * 4, 0);
+        return 0;
+    }
+    if (strcmp(f, "fp8") == 0) { /* n rows, heads columns */
+        int64_t units = n * (heads / 8);
+        if (strcmp(role, "amax_e4m3") == 0 || strcmp(role, "amax_e5m2") == 0) {
+            d->block = (unsigned)get_int(k, "BLOCK");
+            d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), get_int(k, "AMAX_PARTS"));
+        } else if (strcmp(role, "cast_e4m3") == 0 || strcmp(role, "cast_e5m2") == 0) {
+            d->block = (unsigned)get_int(k, "BLOCK");
+            d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), 0);
+        } else if (strcmp(role, "cast_t_e4m3") == 0 || strcmp(role, "cast_t_e5m2") == 0) {
+            d->block = 256; /* the template's: one 64 x 64 tile a block */
+            d->grid[0] = units > 0 ? (unsigned)((heads + 63) / 64) : 0;
+            d->grid[1] = (unsigned)((n + 63) / 64);
+        } else {
+            return -1;
+        }
         return 0;
     }
     if (strcmp(f, "ulysses") == 0) {

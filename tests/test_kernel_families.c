@@ -70,6 +70,7 @@ static void make_specs(void) {
     for (size_t i = 0; i < CP_ARRAY_LEN(V); i++) cp_k_loss(add(), V[i]);
     cp_k_adamw(add());
     cp_k_cast(add());
+    cp_k_fp8(add());
     cp_k_attn_delta(add(), 128);
     cp_k_attn_delta(add(), 64);
     cp_k_attn_merge(add(), 128);
@@ -96,7 +97,8 @@ static const char *const *roles_of(const char *family) {
                              *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", "add_f32", NULL},
                              *const uly[] = {"pack", "unpack", "unpack_add", NULL},
                              *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL},
-                             *const merge[] = {"fwd", "init", NULL};
+                             *const merge[] = {"fwd", "init", NULL},
+                             *const fp8[] = {"amax_e4m3", "amax_e5m2", "cast_e4m3", "cast_e5m2", "cast_t_e4m3", "cast_t_e5m2", NULL};
     if (!strcmp(family, "loss")) return loss;
     if (!strcmp(family, "rmsnorm")) return norm;
     if (!strcmp(family, "adamw")) return adamw;
@@ -105,6 +107,7 @@ static const char *const *roles_of(const char *family) {
     if (!strcmp(family, "attn_delta")) return f;
     if (!strcmp(family, "embedding")) return emb;
     if (!strcmp(family, "attn_merge")) return merge;
+    if (!strcmp(family, "fp8")) return fp8;
     return fb;
 }
 
@@ -177,11 +180,20 @@ static void test_dims_cover_the_work(void **state) {
                 cp_kdims d;
                 assert_int_equal(cp_k_dims(k, *r, n, heads, 132, &d), 0);
                 assert_true(d.block >= 32 && d.block <= 1024 && d.block % 32 == 0);
-                assert_true(d.grid[0] >= 1 && d.grid[1] == 1 && d.grid[2] == 1);
+                bool tiles = !strcmp(k->family, "fp8") && !strncmp(*r, "cast_t", 6); /* 2D: 64 x 64 tiles */
+                assert_true(d.grid[0] >= 1 && (tiles || d.grid[1] == 1) && d.grid[2] == 1);
                 assert_int_equal(d.smem, 0);
                 int64_t threads = (int64_t)d.grid[0] * d.block, need = 0;
                 const char *f = k->family;
-                if (!strcmp(f, "rmsnorm") && !strcmp(*r, "bwd_dw")) {
+                if (tiles) {
+                    /* n rows, heads columns: a block per tile */
+                    assert_int_equal(d.grid[0], (heads + 63) / 64);
+                    assert_int_equal(d.grid[1], (n + 63) / 64);
+                    need = 1;
+                } else if (!strcmp(f, "fp8") && !strncmp(*r, "amax", 4)) {
+                    assert_true(d.grid[0] <= CP_FP8_AMAX_PARTS); /* a part per block */
+                    need = 1;
+                } else if (!strcmp(f, "rmsnorm") && !strcmp(*r, "bwd_dw")) {
                     /* a thread per DW_V columns for each of DW_GROUPS groups of parts */
                     assert_int_equal(d.block, param(k, "DW_TPC") * param(k, "DW_GROUPS"));
                     need = (param(k, "HIDDEN") + param(k, "DW_V") - 1) / param(k, "DW_V") * param(k, "DW_GROUPS");

@@ -322,6 +322,45 @@ static void test_embedding_scatter_add(void **state) {
     assert_true(isnan(bf(out[0])));
 }
 
+/* FP8 bytes by hand: exact values, ties to even, saturation, subnormals; every finite byte round trips; amax and a
+ * transposed cast of a strided 2 x 2 */
+static void test_fp8(void **state) {
+    (void)state;
+    assert_int_equal(ref_fp8_of(1.0f, false), 0x38);
+    assert_int_equal(ref_fp8_of(-2.0f, false), 0xc0);
+    assert_int_equal(ref_fp8_of(448.0f, false), 0x7e);
+    assert_int_equal(ref_fp8_of(500.0f, false), 0x7e);
+    assert_int_equal(ref_fp8_of(-1e9f, false), 0xfe);
+    assert_int_equal(ref_fp8_of(0x1p-9f, false), 0x01);  /* the smallest subnormal */
+    assert_int_equal(ref_fp8_of(0x1p-11f, false), 0x00); /* a quarter of it: to zero */
+    assert_int_equal(ref_fp8_of(1.0625f, false), 0x38);  /* halfway between 1 and 1.125: the even byte */
+    assert_int_equal(ref_fp8_of(1.1875f, false), 0x3a);  /* halfway between 1.125 and 1.25 */
+    assert_int_equal(ref_fp8_of(1.0f, true), 0x3c);
+    assert_int_equal(ref_fp8_of(1.125f, true), 0x3c);
+    assert_int_equal(ref_fp8_of(57344.0f, true), 0x7b);
+    assert_int_equal(ref_fp8_of(1e6f, true), 0x7b);
+    assert_true(isnan(ref_fp8_value(0x7f, false)) && isinf(ref_fp8_value(0x7c, true)));
+    for (int e5 = 0; e5 < 2; e5++)
+        for (int b = 0; b < 256; b++) {
+            double v = ref_fp8_value((uint8_t)b, e5);
+            if (isfinite(v)) assert_int_equal(ref_fp8_of((float)v, e5), b);
+        }
+    /* [2][2] with row stride 3: 1, -3 / 0.5, 2 (the third column is not the matrix's) */
+    uint16_t src[6] = {0x3f80, 0xc040, 0x7f80, 0x3f00, 0x4000, 0x7f80};
+    float slot[3];
+    ref_fp8_amax(src, 2, 2, 3, false, slot);
+    assert_true(slot[2] == 3.0f && slot[0] == 3.0f / 448 && slot[1] == 448.0f / 3);
+    uint8_t dst[4];
+    ref_fp8_cast(src, 2, 2, 3, false, true, 2.0f, dst); /* transposed: 2, 1 / -6, 4 */
+    assert_int_equal(dst[0], 0x40);
+    assert_int_equal(dst[1], 0x38);
+    assert_int_equal(dst[2], 0xcc);
+    assert_int_equal(dst[3], 0x48);
+    uint16_t zero[4] = {0, 0x8000, 0, 0};
+    ref_fp8_amax(zero, 2, 2, 2, true, slot);
+    assert_true(slot[0] == 1.0f && slot[1] == 1.0f && slot[2] == 0.0f);
+}
+
 static void test_cast_and_delta(void **state) {
     (void)state;
     float f[4] = {1.0f, 1.0f + 0x1p-8f, -3.5f, 1e-30f};
@@ -348,7 +387,7 @@ int main(void) {
         cmocka_unit_test(test_rope_frequencies),    cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_loss_by_hand),        cmocka_unit_test(test_adamw_by_hand),
         cmocka_unit_test(test_ulysses_roundtrip),   cmocka_unit_test(test_embedding_scatter_add),
-        cmocka_unit_test(test_cast_and_delta),
+        cmocka_unit_test(test_cast_and_delta),      cmocka_unit_test(test_fp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

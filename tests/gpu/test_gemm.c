@@ -19,7 +19,7 @@
 
 #include "gemm.h"
 #include "gpu_util.h"
-#include "ref/bf16.h"
+#include "ref/ref.h"
 
 #define TOL_BF16 1e-2
 #define TOL_F32 1e-3
@@ -161,15 +161,6 @@ static void test_backward(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }
 
-/* An FP8 element's value (OCP 8-bit floats as Hopper reads them): E4M3 has 4 exponent bits (bias 7), 3 mantissa
- * bits and no infinities (S.1111.111 is NaN); E5M2 has 5 (bias 15) and 2, IEEE-like. */
-static double fp8_value(uint8_t b, int type) {
-    int e_bits = type == CP_GEMM_E4M3 ? 4 : 5, m_bits = 7 - e_bits, bias = (1 << (e_bits - 1)) - 1;
-    int e = (b >> m_bits) & ((1 << e_bits) - 1), m = b & ((1 << m_bits) - 1);
-    double v = e ? ldexp(1.0 + m / (double)(1 << m_bits), e - bias) : ldexp(m / (double)(1 << m_bits), 1 - bias);
-    return b & 0x80 ? -v : v;
-}
-
 /* n random finite FP8 elements of `type`, most of magnitude near 1 (exponents within 4 of the bias) */
 static uint8_t *rand_fp8(int64_t n, int type) {
     uint8_t *p = malloc((size_t)n);
@@ -185,18 +176,24 @@ static uint8_t *rand_fp8(int64_t n, int type) {
 /* An FP8 GEMM in the x W^T form: A [m][k] and B [n][k] of FP8 with per-tensor scales (not 1, so a scale left out
  * shows), D bf16 (with the residual C, as o_proj and down_proj add it) or fp32 accumulated (a weight gradient);
  * against float64 on the values the bytes stand for. D starts as NaN where it is written. */
-static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int at, int bt, bool f32, bool fast,
+/* What an FP8 GEMM of the plan does with D: writes it (q_proj, d_act), adds the residual C (o_proj, down_proj), adds
+ * into bf16 D (the backward's d_xn from Q, K and V) or into fp32 D (the weight gradients) */
+typedef enum { FP8_WRITE, FP8_RESIDUAL, FP8_ACC_BF16, FP8_ACC_F32 } fp8_out;
+
+static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int at, int bt, fp8_out mode, bool fast,
                          double bound) {
-    cp_gemm p = {.m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldd = n, .trans_b = true, .has_c = !f32,
-                 .accumulate = f32, .out_f32 = f32, .a_type = (uint8_t)at, .b_type = (uint8_t)bt, .fast_accum = fast};
+    bool f32 = mode == FP8_ACC_F32, acc = mode == FP8_ACC_F32 || mode == FP8_ACC_BF16;
+    cp_gemm p = {.m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldd = n, .trans_b = true,
+                 .has_c = mode == FP8_RESIDUAL, .accumulate = acc, .out_f32 = f32, .a_type = (uint8_t)at,
+                 .b_type = (uint8_t)bt, .fast_accum = fast};
     const float scales[8] = {0.37f, 0, 0, 0, 1.0f / 24}; /* each on its own 16 bytes, as cuBLASLt takes them */
     uint8_t *A = rand_fp8(m * k, at), *B = rand_fp8(n * k, bt);
-    uint16_t *C = f32 ? NULL : gu_rand_bf16(&rng, m * n, 1.0);
+    uint16_t *C = mode == FP8_RESIDUAL ? gu_rand_bf16(&rng, m * n, 1.0) : NULL;
     size_t esz = f32 ? 4 : 2;
-    void *Dold = malloc((size_t)(m * n) * esz);
+    void *Dold = malloc((size_t)(m * n) * esz); /* what D holds before: added to, or NaN where it is written */
     for (int64_t i = 0; i < m * n; i++) {
         if (f32) ((float *)Dold)[i] = (float)gu_normal(&rng);
-        else ((uint16_t *)Dold)[i] = 0xffff;
+        else ((uint16_t *)Dold)[i] = acc ? f32_to_bf16((float)gu_normal(&rng)) : 0xffff;
     }
     char *dA = gu_malloc((size_t)(m * k)), *dB = gu_malloc((size_t)(n * k)), *dD = gu_malloc((size_t)(m * n) * esz);
     char *dC = C ? gu_malloc((size_t)(m * n) * 2) : NULL;
@@ -221,8 +218,8 @@ static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int 
     void *Dout = malloc((size_t)(m * n) * esz);
     gu_download(Dout, dD, (size_t)(m * n) * esz);
     double *Ad = malloc(sizeof(double) * (size_t)(m * k)), *Bd = malloc(sizeof(double) * (size_t)(n * k));
-    for (int64_t i = 0; i < m * k; i++) Ad[i] = scales[0] * fp8_value(A[i], at);
-    for (int64_t i = 0; i < n * k; i++) Bd[i] = scales[4] * fp8_value(B[i], bt);
+    for (int64_t i = 0; i < m * k; i++) Ad[i] = scales[0] * ref_fp8_value(A[i], at == CP_GEMM_E5M2);
+    for (int64_t i = 0; i < n * k; i++) Bd[i] = scales[4] * ref_fp8_value(B[i], bt == CP_GEMM_E5M2);
     double num = 0, den = 0;
     int64_t nan_out = 0;
     for (int64_t i = 0; i < m; i++)
@@ -230,7 +227,8 @@ static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int 
             double r = 0;
             for (int64_t l = 0; l < k; l++) r += Ad[i * k + l] * Bd[j * k + l];
             int64_t at_ = i * n + j;
-            r += f32 ? ((float *)Dold)[at_] : bf16_to_f32(C[at_]);
+            if (mode == FP8_RESIDUAL) r += bf16_to_f32(C[at_]);
+            else if (acc) r += f32 ? ((float *)Dold)[at_] : bf16_to_f32(((uint16_t *)Dold)[at_]);
             double o = f32 ? ((float *)Dout)[at_] : bf16_to_f32(((uint16_t *)Dout)[at_]);
             if (isnan(o)) nan_out++;
             num += (o - r) * (o - r);
@@ -246,8 +244,8 @@ static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int 
     if (dC) gu_free_dev(dC);
 }
 
-/* FP8 inputs (Hopper and newer): the forward's E4M3 x E4M3 with the residual, a gradient's E5M2 x E4M3, a weight
- * gradient's fp32 accumulation, with cuBLASLt's promotion to fp32 and with fast accumulation. (What FP8 cannot take
+/* FP8 inputs (Hopper and newer): the forward's E4M3 x E4M3 written and with the residual, a gradient's E5M2 x E4M3
+ * written and added into bf16, a weight gradient's fp32 accumulation, with cuBLASLt's promotion to fp32 and with fast accumulation. (What FP8 cannot take
  * is refused before cuBLASLt: tests/test_gemm_check.c.) */
 static void test_fp8(void **state) {
     (void)state;
@@ -256,11 +254,13 @@ static void test_fp8(void **state) {
         printf("  FP8 GEMMs: skipped (compute capability %d: FP8 tensor cores need 9.0)\n", major);
         skip();
     }
-    run_fp8_case("fp8 o_proj+res", 1024, 256, 512, CP_GEMM_E4M3, CP_GEMM_E4M3, false, false, TOL_BF16);
-    run_fp8_case("fp8 o_proj+res", 1024, 256, 512, CP_GEMM_E4M3, CP_GEMM_E4M3, false, true, TOL_BF16);
-    run_fp8_case("fp8 d_x (e5m2 grad)", 512, 384, 1024, CP_GEMM_E5M2, CP_GEMM_E4M3, false, false, TOL_BF16);
-    run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, true, false, TOL_F32);
-    run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, true, true, 5e-3);
+    run_fp8_case("fp8 q_proj", 2048, 256, 256, CP_GEMM_E4M3, CP_GEMM_E4M3, FP8_WRITE, true, TOL_BF16);
+    run_fp8_case("fp8 o_proj+res", 1024, 256, 512, CP_GEMM_E4M3, CP_GEMM_E4M3, FP8_RESIDUAL, false, TOL_BF16);
+    run_fp8_case("fp8 o_proj+res", 1024, 256, 512, CP_GEMM_E4M3, CP_GEMM_E4M3, FP8_RESIDUAL, true, TOL_BF16);
+    run_fp8_case("fp8 d_x (e5m2 grad)", 512, 384, 1024, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_WRITE, false, TOL_BF16);
+    run_fp8_case("fp8 d_xn_k (bf16 +=)", 2048, 256, 128, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_ACC_BF16, false, TOL_BF16);
+    run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_ACC_F32, false, TOL_F32);
+    run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_ACC_F32, true, 5e-3);
 }
 
 /* One shape prepared once: the same shape and alignment give the same entry; less alignment a new one. */

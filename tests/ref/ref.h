@@ -66,6 +66,18 @@ void ref_ulysses_unpack_add(const void *src, void *dst, int64_t dst_stride, int 
 
 void ref_cast_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);
 
+/* FP8 (OCP, as Hopper reads it): E4M3 has 4 exponent bits (bias 7), 3 mantissa bits and no infinities (S.1111.111 is
+ * NaN, 448 the largest); E5M2 has 5 (bias 15) and 2, IEEE-like (57344 the largest finite). The value of byte b, and
+ * the byte nearest to v (ties to the even byte), saturated to the largest finite value; NaN gives NaN. */
+double ref_fp8_value(uint8_t b, bool e5m2);
+uint8_t ref_fp8_of(float v, bool e5m2);
+/* The fp8 module's amax and cast (templates/fp8.cu) of src [rows][cols] (row stride ld): slot = {amax / fmax,
+ * fmax / amax, amax} in float (1, 1, 0 for amax 0); dst[rows][cols], or dst[cols][rows] when transposed, each
+ * element fp8(x * q) for the quant scale q given (the kernel's own slot[1], so that a byte compares exactly). */
+void ref_fp8_amax(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, float slot[3]);
+void ref_fp8_cast(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, bool transpose, float q,
+                  uint8_t *dst);
+
 /* delta[r][h] = sum over d of dout[r][h][d] * out[r][h][d]. */
 void ref_attn_delta(const uint16_t *dout, const uint16_t *out, float *delta, int64_t n, int64_t heads,
                     int64_t head_dim);

@@ -201,6 +201,47 @@ void ref_cast_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
 }
 
+double ref_fp8_value(uint8_t b, bool e5m2) {
+    int e_bits = e5m2 ? 5 : 4, m_bits = 7 - e_bits, bias = (1 << (e_bits - 1)) - 1;
+    int e = (b >> m_bits) & ((1 << e_bits) - 1), m = b & ((1 << m_bits) - 1);
+    double v;
+    if (!e5m2 && (b & 0x7f) == 0x7f) v = NAN;
+    else if (e5m2 && e == 31) v = m ? NAN : INFINITY;
+    else v = e ? ldexp(1.0 + m / (double)(1 << m_bits), e - bias) : ldexp(m / (double)(1 << m_bits), 1 - bias);
+    return b & 0x80 ? -v : v;
+}
+
+uint8_t ref_fp8_of(float v, bool e5m2) {
+    if (isnan(v)) return e5m2 ? 0x7e : 0x7f;
+    uint8_t sign = signbit(v) ? 0x80 : 0, top = e5m2 ? 0x7b : 0x7e; /* the largest finite byte */
+    double a = fabs((double)v);
+    /* the bytes' values grow with the byte: the nearest of 0..top, the even one on a tie */
+    uint8_t best = 0;
+    for (int b = 1; b <= top; b++) {
+        double d = fabs(ref_fp8_value((uint8_t)b, e5m2) - a), db = fabs(ref_fp8_value(best, e5m2) - a);
+        if (d < db || (d == db && !(b & 1))) best = (uint8_t)b;
+    }
+    return sign | best;
+}
+
+void ref_fp8_amax(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, float slot[3]) {
+    float amax = 0, fmax = e5m2 ? 57344.0f : 448.0f;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(bf16_to_f32(src[r * ld + c])));
+    slot[0] = amax > 0 ? amax / fmax : 1.0f;
+    slot[1] = amax > 0 ? fmax / amax : 1.0f;
+    slot[2] = amax;
+}
+
+void ref_fp8_cast(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, bool transpose, float q,
+                  uint8_t *dst) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            float x = bf16_to_f32(src[r * ld + c]) * q;
+            dst[transpose ? c * rows + r : r * cols + c] = ref_fp8_of(x, e5m2);
+        }
+}
+
 void ref_attn_delta(const uint16_t *dout, const uint16_t *out, float *delta, int64_t n, int64_t heads,
                     int64_t head_dim) {
     for (int64_t r = 0; r < n * heads; r++) {
