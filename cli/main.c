@@ -352,8 +352,19 @@ static int cmd_plan(const cli *c, cp_spec *spec) {
         cp_plan_free(&plan);
         return CP_EXIT_FAIL;
     }
-    if (c->json) cp_plan_print_json(&plan, stdout);
-    else cp_plan_print(&plan, stdout, c->steps);
+    if (c->json) {
+        cp_plan_print_json(&plan, stdout);
+    } else {
+        cp_plan_print(&plan, stdout, c->steps);
+        /* the other precision's prediction beside this one's; a plan of it that fails only goes unsaid */
+        cp_spec other = *spec;
+        other.train.fp8 = !spec->train.fp8;
+        cp_plan alt;
+        if (!cp_plan_build_folded(&other, &alt, perr, sizeof perr)) {
+            cp_plan_print_precisions(&plan, &alt, stdout);
+            cp_plan_free(&alt);
+        }
+    }
     if (c->svg && cp_plan_svg(&plan, c->svg, err, sizeof err)) {
         fprintf(stderr, "cpgen: %s\n", err);
         cp_plan_free(&plan);

@@ -1592,7 +1592,7 @@ static void cost_model(cp_plan *P) {
     const int mb = P->spec.train.micro_batches;
     double C = P->C, frac = (C - 1) / C;
     P->flops_attn = P->flops_other = 0;
-    P->t_compute = P->t_attn = P->t_comm = P->t_copy = P->t_ring = P->t_ring_exposed = 0;
+    P->t_compute = P->t_attn = P->t_comm = P->t_copy = P->t_ring = P->t_ring_exposed = P->t_fp8_casts = 0;
     double layer_compute = 0, layer_hidden = 0, exposed = 0;
     int cur_layer = -2;
     /* attention kernels: the forward's and the backward's own rates at this head_dim, FLOP/s */
@@ -1621,9 +1621,11 @@ static void cost_model(cp_plan *P) {
             t += mc->kernel_us * 1e-6;
             break;
         case CP_OP_GEMM: {
-            double bytes = 2.0 * ((double)s->gemm.m * s->gemm.k + (double)s->gemm.k * s->gemm.n) +
+            bool fp8 = s->gemm.a_type != CP_GEMM_BF16;
+            double bytes = (fp8 ? 1.0 : 2.0) * ((double)s->gemm.m * s->gemm.k + (double)s->gemm.k * s->gemm.n) +
                            (s->gemm.out_f32 ? 8.0 : 2.0) * (double)s->gemm.m * s->gemm.n;
-            t = CP_MAX(s->flops / (mc->gemm_tflops * 1e12), bytes / (mc->hbm_gbps * 1e9)) + mc->gemm_us * 1e-6;
+            double rate = fp8 ? mc->fp8_gemm_tflops : mc->gemm_tflops;
+            t = CP_MAX(s->flops / (rate * 1e12), bytes / (mc->hbm_gbps * 1e9)) + mc->gemm_us * 1e-6;
             s->bytes = bytes;
             break;
         }
@@ -1649,6 +1651,7 @@ static void cost_model(cp_plan *P) {
             t = CP_MAX(s->bytes / (mc->host_adamw_gbps * 1e9), (double)s->count * (F32 + BF16) / (mc->host_gbps * 1e9));
         s->seconds = t;
         t *= reps;
+        if (s->task == CP_TASK_FP8_AMAX || s->task == CP_TASK_FP8_CAST) P->t_fp8_casts += t;
         if (s->kind == CP_OP_KERNEL && s->module >= 0 && strcmp(P->modules[s->module].family, "attention") == 0) {
             P->flops_attn += s->flops * reps;
             P->t_attn += t;
@@ -1818,7 +1821,7 @@ static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt
     free(b.seg);
     free(b.attn_keep);
     free(b.lse_keep);
-    if (cp_plan_liveness(P, err, errlen)) return -1;
+    if (cp_plan_lower_fp8(P, err, errlen) || cp_plan_liveness(P, err, errlen)) return -1;
     cp_plan_assign_offsets(P);
     cost_model(P);
     return 0;

@@ -49,6 +49,7 @@ typedef enum {
     CP_CAT_LOSS,        /* LM-head / loss tile */
     CP_CAT_COMM,        /* all-to-all send/receive staging */
     CP_CAT_RING,        /* ring attention: K/V blocks received, the merged output, the travelling dK, dV */
+    CP_CAT_FP8,         /* FP8 copies of a GEMM's inputs and their scales (train.precision = "fp8") */
     CP_CAT_WORKSPACE,   /* tokens, targets, scalars, GEMM workspace */
     CP_CAT_COUNT
 } cp_cat;
@@ -154,7 +155,8 @@ typedef struct {
     X(UNPACK_DQ, "unpack_dq") X(UNPACK_DK, "unpack_dk") X(UNPACK_DV, "unpack_dv") X(GRAD_ACCUM, "grad_accum")       \
     X(SWIGLU, "swiglu") X(SWIGLU_BWD, "swiglu_bwd") X(LOSS, "loss") X(LOSS_SUM, "loss_sum")                         \
     X(ATTN_DELTA, "attn_delta") X(CAST_DK, "cast_dk") X(CAST_DV, "cast_dv") X(GRAD_NORM, "grad_norm")               \
-    X(ADAMW, "adamw") X(ADAMW_HOST, "adamw_host") X(LOAD_TOKENS, "load_tokens")
+    X(ADAMW, "adamw") X(ADAMW_HOST, "adamw_host") X(LOAD_TOKENS, "load_tokens") X(FP8_AMAX, "fp8_amax")          \
+    X(FP8_CAST, "fp8_cast")
 #define CP_TASK_ENUM(t, label) CP_TASK_##t,
 typedef enum { CP_TASK_NONE, CP_TASKS(CP_TASK_ENUM) CP_TASK_COUNT } cp_task;
 #undef CP_TASK_ENUM
@@ -175,7 +177,9 @@ typedef struct {
     cp_operand ops[CP_MAX_OPERANDS];
     cp_gemm gemm;
     int64_t count;        /* kernels: rows (tokens) or elements; copies and collectives: bytes */
-    int64_t heads;        /* kernels over [rows][heads][head_dim] (rope, qk-norm, attn_delta): heads per row */
+    int64_t heads;        /* kernels over [rows][heads][head_dim] (rope, qk-norm, attn_delta): heads per row; FP8
+                           * casts: the source's columns (count its rows) */
+    int64_t ld;           /* FP8 casts: the source's row stride in elements; 0 elsewhere */
     double flops, bytes;  /* work done, for the cost model */
     double seconds;       /* predicted by the cost model */
     cp_comm_kind comm;    /* collectives: the communicator (the Ulysses group unless said) */
@@ -277,6 +281,8 @@ typedef struct {
     double flops_attn, flops_other;                   /* one optimizer step, this rank */
     double flops_attn_saved;                          /* attention forward the backward does not redo (kept layers) */
     double t_compute, t_attn, t_comm, t_comm_exposed, t_copy, t_step; /* seconds */
+    double t_fp8_casts;                               /* train.precision = "fp8": the amax and casts that make
+                                                       * the GEMMs' FP8 copies (in t_compute) */
     double t_ring, t_ring_exposed;                    /* the ring's send/recvs (in t_comm), and what of them the
                                                        * attention on the block in hand does not hide (in
                                                        * t_comm_exposed) */
@@ -323,6 +329,8 @@ int64_t cp_plan_max_seq(const cp_spec *spec, cp_plan *best, char *err, int errle
 /* Text and JSON renderings (gen/plan_print.c). */
 void cp_plan_print(const cp_plan *plan, FILE *out, bool verbose);
 void cp_plan_print_json(const cp_plan *plan, FILE *out);
+/* One line after a plan's text: the step the other train.precision predicts for the same spec (`other`, its plan). */
+void cp_plan_print_precisions(const cp_plan *plan, const cp_plan *other, FILE *out);
 
 /* Bytes live at each step per category, [nsteps][CP_CAT_COUNT] (caller frees), each lifetime rounded to the
  * arena's alignment as the packing counts it: the largest step total is gpu_live_peak (gen/plan_svg.c). */

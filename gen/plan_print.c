@@ -12,10 +12,10 @@ static const char *cat_names[] = {
     "gathered layer weights", "full gradients before reduce-scatter", "checkpoints (layer inputs)",
     "kept attention outputs and LSE", "layer activations", "attention working set (one stage)",
     "attention output, LSE, delta", "MLP tile", "loss tile (logits)", "all-to-all buffers",
-    "ring attention (blocks, merge, dK/dV)", "tokens, scalars, GEMM workspace"};
+    "ring attention (blocks, merge, dK/dV)", "FP8 copies of GEMM inputs", "tokens, scalars, GEMM workspace"};
 static const char *cat_keys[] = {"params", "master", "optim", "grads", "gathered", "unit_grads",
                                  "ckpt", "attn_saved", "act", "attn", "attn_kept", "mlp", "loss",
-                                 "comm", "ring", "workspace"};
+                                 "comm", "ring", "fp8", "workspace"};
 
 _Static_assert(CP_ARRAY_LEN(cat_names) == CP_CAT_COUNT && CP_ARRAY_LEN(cat_keys) == CP_CAT_COUNT,
                "a name and a JSON key for every memory category");
@@ -347,6 +347,19 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
     fprintf(out, "predicted rate: %s tokens/s per GPU | %.0f TF/s per GPU | %.0f%% MFU of %.0f TF/s\n",
             cp_fmt_count(tok / P->t_step, d, sizeof d), flops / P->t_step / 1e12,
             100.0 * flops / P->t_step / (mc->peak_tflops * 1e12), mc->peak_tflops);
+    if (P->spec.train.fp8) {
+        int64_t n = 0, all = 0;
+        for (int i = 0; i < P->nsteps; i++)
+            if (P->steps[i].kind == CP_OP_GEMM) {
+                int64_t reps = cp_plan_step_repeats(P, i);
+                all += reps;
+                n += P->steps[i].gemm.a_type != CP_GEMM_BF16 ? reps : 0;
+            }
+        fmt_seconds(P->t_fp8_casts, t[0], sizeof t[0]);
+        fprintf(out, "precision: fp8: %lld of the %lld GEMMs of a micro-batch on FP8 inputs at %.0f TF/s (the layers'; "
+                     "the LM head's stay bf16); their amax and casts %s of the step\n",
+                (long long)n, (long long)all, mc->fp8_gemm_tflops, t[0]);
+    }
     cp_plan_eval_print(P, out);
     if (P->fits)
         fprintf(out, "fits: yes (%s free per GPU)\n", cp_fmt_bytes(mc->gpu_mem - P->gpu_peak * share, a, sizeof a));
@@ -514,9 +527,11 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
     fprintf(out, "  \"flops\": {\"attention\": %.6g, \"other\": %.6g, \"total\": %.6g},\n", P->flops_attn,
             P->flops_other, flops);
     fprintf(out, "  \"time\": {\"step\": %.6g, \"compute\": %.6g, \"attention\": %.6g, \"comm\": %.6g, "
-                 "\"comm_exposed\": %.6g, \"host_copies\": %.6g, \"tokens_per_s_per_gpu\": %.6g},\n",
-            P->t_step, P->t_compute, P->t_attn, P->t_comm, P->t_comm_exposed, P->t_copy,
+                 "\"comm_exposed\": %.6g, \"host_copies\": %.6g, \"fp8_casts\": %.6g, \"tokens_per_s_per_gpu\": "
+                 "%.6g},\n",
+            P->t_step, P->t_compute, P->t_attn, P->t_comm, P->t_comm_exposed, P->t_copy, P->t_fp8_casts,
             tokens_per_step(P) / P->C / P->t_step);
+    fprintf(out, "  \"precision\": \"%s\",\n", sp->train.fp8 ? "fp8" : "bf16");
     cp_plan_eval_print_json(P, out);
     fprintf(out, "  \"steps\": %lld,\n  \"modules\": [", (long long)cp_plan_flat_steps(P));
     for (int i = 0; i < P->nmodules; i++) {
@@ -543,4 +558,15 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
     fprintf(out, "],\n  \"fits\": %s,\n  \"why\": ", P->fits ? "true" : "false");
     json_str(out, P->why);
     fprintf(out, "\n}\n");
+}
+
+void cp_plan_print_precisions(const cp_plan *P, const cp_plan *other, FILE *out) {
+    const cp_plan *b = P->spec.train.fp8 ? other : P, *f = P->spec.train.fp8 ? P : other;
+    char tb[24], tf[24], pb[32], pf[32];
+    fmt_seconds(b->t_step, tb, sizeof tb);
+    fmt_seconds(f->t_step, tf, sizeof tf);
+    cp_fmt_bytes(b->gpu_peak, pb, sizeof pb);
+    cp_fmt_bytes(f->gpu_peak, pf, sizeof pf);
+    fprintf(out, "precisions: bf16 %s a step (%s a GPU), fp8 %s (%s): %.2fx; this plan is %s (train.precision)\n", tb,
+            pb, tf, pf, b->t_step / f->t_step, P->spec.train.fp8 ? "fp8" : "bf16");
 }

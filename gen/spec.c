@@ -58,13 +58,13 @@ static const node TRAIN_KEYS[] = {
     LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
     LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("eval_every"), LEAF("eval_sequences"),
-    LEAF("out_dir"), LEAF("deterministic"), END};
+    LEAF("out_dir"), LEAF("deterministic"), LEAF("precision"), END};
 static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"), LEAF("positions"), LEAF("eod"), LEAF("doc_len"),
                                   END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
-    LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
+    LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("host_gbps"),
     LEAF("a2a_gbps"),    LEAF("allgather_gbps"), LEAF("net_gbps"), LEAF("ranks_per_gpu"),
     LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),
@@ -86,6 +86,7 @@ static const char *const INIT_NAMES[] = {"random", "hf", NULL};
 static const char *const SYNTHETIC_KINDS[] = {"copy", "recall", "packed", NULL};
 /* in the order of cp_doc_mode and cp_pos_mode after AUTO (a key not given) */
 static const char *const DOCUMENTS_NAMES[] = {"stream", "mask", NULL};
+static const char *const PRECISION_NAMES[] = {"bf16", "fp8", NULL};
 static const char *const POSITIONS_NAMES[] = {"sequence", "document", NULL};
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -1257,6 +1258,9 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     TRY(get_str(c, t, "train", "out_dir", tr->out_dir, sizeof tr->out_dir));
     tr->deterministic = true;
     TRY(get_bool(c, t, "train", "deterministic", &tr->deterministic));
+    int prec = 0;
+    TRY(get_enum(c, t, "train", "precision", PRECISION_NAMES, &prec));
+    tr->fp8 = prec == 1;
     lua_pop(c->L, 1);
     return 0;
 }
@@ -1275,6 +1279,10 @@ void cp_machine_defaults(cp_machine *m) {
     m->host_runtime = 320 * MIB;  /* measured on H200 hosts: 180-340 MiB added beside the arena once steps run */
     m->peak_tflops = 790; /* an 8192^3 bf16 GEMM on random data on an H200 */
     m->gemm_tflops = 700; /* inside the 3B step on an H200: 693 (32K) and 670 (128K); the 1B's at 32K: 761 */
+    /* bench_gemm on an H200 (docs/PERF.md, 2026-12-02, FP8 GEMMs): the layers' GEMMs of the 3B step at 32K on FP8
+     * inputs at 1246 TF/s (1337 with fast accumulation), of the 8B step at 128K 1164 (1173); bf16 in the same call
+     * 746 and 659. The casts to FP8 are kernels of their own, priced by their bytes. */
+    m->fp8_gemm_tflops = 1200;
     /* the Hopper kernels on an H200: at head_dim 128 bench_attention's causal 32/8 heads at 32K and 128K with the
      * head-major launch order (docs/PERF.md, 2026-12-01, evening); at 64 inside the 1B step (CPGEN_PROFILE), the
      * forward then moved by the three-consumer kernel's measured gain (2026-12-01, three consumers) */
@@ -1366,6 +1374,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_int(c, t, "machine", "host_runtime", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_runtime));
     TRY(get_num(c, t, "machine", "peak_tflops", &m->peak_tflops));
     TRY(get_num(c, t, "machine", "gemm_tflops", &m->gemm_tflops));
+    TRY(get_num(c, t, "machine", "fp8_gemm_tflops", &m->fp8_gemm_tflops));
     TRY(get_num(c, t, "machine", "attn_fwd_tflops", &m->attn_fwd_tflops));
     TRY(get_num(c, t, "machine", "attn_bwd_tflops", &m->attn_bwd_tflops));
     TRY(get_num(c, t, "machine", "attn_fwd_tflops_d64", &m->attn_fwd_tflops_d64));
@@ -1691,6 +1700,7 @@ static int validate(ctx *c, cp_spec *s) {
         double v;
     } rates[] = {{"machine.peak_tflops", mc->peak_tflops},
                  {"machine.gemm_tflops", mc->gemm_tflops},
+                 {"machine.fp8_gemm_tflops", mc->fp8_gemm_tflops},
                  {"machine.attn_fwd_tflops", mc->attn_fwd_tflops},
                  {"machine.attn_bwd_tflops", mc->attn_bwd_tflops},
                  {"machine.attn_fwd_tflops_d64", mc->attn_fwd_tflops_d64},

@@ -71,6 +71,8 @@ typedef struct {
                            * waits for each write) */
     char out_dir[CP_PATH_MAX];
     bool deterministic; /* the same bits every run (attention's dQ summed in key-block order), or faster sums */
+    bool fp8;           /* train.precision = "fp8": the layers' projections and MLP GEMMs on FP8 inputs (per-tensor
+                         * scales from current values, gen/plan_fp8.c); "bf16" (false): every GEMM in bf16 */
 } cp_train;
 
 /* data.documents: whether attention and targets stay inside documents (MASK) or run over the packed sequence
@@ -116,6 +118,7 @@ typedef struct {
     int64_t host_runtime;       /* the part of host_reserve that stays resident beside the arena during steps */
     double peak_tflops;         /* the bf16 ceiling MFU is counted against (one large GEMM alone) */
     double gemm_tflops;         /* bf16 dense GEMM as the steps run them (the cost model's rate) */
+    double fp8_gemm_tflops;     /* the same GEMMs on FP8 inputs (train.precision = "fp8") */
     double attn_fwd_tflops;     /* causal flash attention forward, head_dim 128 */
     double attn_bwd_tflops;     /* its backward (the dQ conversion included), head_dim 128 */
     double attn_fwd_tflops_d64; /* the same at head_dim 64 */

@@ -97,6 +97,7 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     }
     put_str(o, "out_dir", t->out_dir);
     put_bool(o, "deterministic", t->deterministic);
+    put_str(o, "precision", t->fp8 ? "fp8" : "bf16");
     cp_str_printf(o, "  },\n  data = {\n");
     put_str(o, "source", s->data.source);
     if (s->data.val[0]) put_str(o, "val", s->data.val);
@@ -122,6 +123,7 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_int(o, "host_runtime", mc->host_runtime);
     put_num(o, "peak_tflops", mc->peak_tflops);
     put_num(o, "gemm_tflops", mc->gemm_tflops);
+    put_num(o, "fp8_gemm_tflops", mc->fp8_gemm_tflops);
     put_num(o, "attn_fwd_tflops", mc->attn_fwd_tflops);
     put_num(o, "attn_bwd_tflops", mc->attn_bwd_tflops);
     put_num(o, "attn_fwd_tflops_d64", mc->attn_fwd_tflops_d64);

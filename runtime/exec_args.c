@@ -636,6 +636,48 @@ static int k_ring_add(pctx *c) {
 /* cast_dk, cast_dv, cast_o (a ring's merged output): operands src f32, dst bf16: f32_to_bf16(src, dst, n) */
 static int k_cast(pctx *c) { return need_ops(c, 2) ? -1 : cast_launch(c, "f32_to_bf16", 2); }
 
+/* An FP8 cast's source, operand 0: bf16 [rows = count][cols = heads] with row stride ld (gen/plan_fp8.c) */
+static int fp8_source(pctx *c, xlaunch *l, const char *role) {
+    int64_t rows = c->s->count, cols = c->s->heads, ld = c->s->ld;
+    if (rows < 1 || cols < 1 || rows % 16 || cols % 16 || ld < cols || ld % 8)
+        return pfail(c, "an FP8 cast of %lld x %lld (row stride %lld): rows and columns must be multiples of 16, the "
+                     "stride of 8", (long long)rows, (long long)cols, (long long)ld);
+    if (need_bytes(c, 0, ((rows - 1) * ld + cols) * 2) || need_align(c, 0, 16)) return -1;
+    if (launch_of(c, role, rows, cols, l)) return -1;
+    a_ptr(l, opp(c, 0));
+    a_i64(l, rows);
+    a_i64(l, cols);
+    a_i64(l, ld);
+    return 0;
+}
+
+/* fp8_amax: operands src, its parts f32[CP_FP8_AMAX_PARTS], its counter u32, its scale slot f32[4]:
+ * role(src, rows, cols, ld, parts, counter, slot), the role amax_e4m3 or amax_e5m2 */
+static int k_fp8_amax(pctx *c) {
+    if (need_ops(c, 4)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (need_bytes(c, 1, CP_FP8_AMAX_PARTS * 4) || need_bytes(c, 2, 4) || need_bytes(c, 3, 16) ||
+        need_align(c, 2, 4) || need_align(c, 3, 16) || fp8_source(c, l, c->s->role))
+        return -1;
+    if (l->d.grid[0] > CP_FP8_AMAX_PARTS) return pfail(c, "%u blocks for %d amax parts", l->d.grid[0], CP_FP8_AMAX_PARTS);
+    a_ptr(l, opp(c, 1));
+    a_ptr(l, opp(c, 2));
+    a_ptr(l, opp(c, 3));
+    return 0;
+}
+
+/* fp8_cast: operands src, its scale slot, the FP8 copy: role(src, rows, cols, ld, slot, dst) */
+static int k_fp8_cast(pctx *c) {
+    if (need_ops(c, 3)) return -1;
+    xlaunch *l = &c->x->L[0];
+    if (need_bytes(c, 1, 16) || need_align(c, 1, 16) || need_bytes(c, 2, c->s->count * c->s->heads) ||
+        need_align(c, 2, 16) || fp8_source(c, l, c->s->role))
+        return -1;
+    a_ptr(l, opp(c, 1));
+    a_ptr(l, opp(c, 2));
+    return 0;
+}
+
 /* grad_norm: operands grads, sumsq_partials, loss_sum float 1, sumsq's counter in loss_sum:
  * sumsq(grad f32[n], n, partial f64[grid], counter u32, out f32[1] +=) */
 static int k_grad_norm(pctx *c) {
@@ -696,7 +738,7 @@ static const kprep KERNEL_PREP[CP_TASK_COUNT] = {
     [CP_TASK_UNPACK_DK] = k_unpack,      [CP_TASK_UNPACK_DV] = k_unpack,        [CP_TASK_GRAD_ACCUM] = k_grad_accum,
     [CP_TASK_SWIGLU] = k_swiglu,         [CP_TASK_SWIGLU_BWD] = k_swiglu_bwd,   [CP_TASK_LOSS] = k_loss,
     [CP_TASK_LOSS_SUM] = k_loss_sum,     [CP_TASK_ATTN_DELTA] = k_attn_delta,   [CP_TASK_CAST_DK] = k_cast,
-    [CP_TASK_CAST_DV] = k_cast,          [CP_TASK_GRAD_NORM] = k_grad_norm,     [CP_TASK_ADAMW] = k_adamw,
+    [CP_TASK_CAST_DV] = k_cast,          [CP_TASK_GRAD_NORM] = k_grad_norm, [CP_TASK_FP8_AMAX] = k_fp8_amax, [CP_TASK_FP8_CAST] = k_fp8_cast,     [CP_TASK_ADAMW] = k_adamw,
 };
 
 bool cp_exec_prepares(cp_task t) {
@@ -707,20 +749,25 @@ bool cp_exec_prepares(cp_task t) {
  * implies. */
 static int prep_gemm(pctx *c) {
     const cp_gemm *g = &c->s->gemm;
-    int n = 3 + (g->has_c ? 1 : 0);
-    if (need_ops(c, n)) return -1;
+    bool fp8 = g->a_type != CP_GEMM_BF16;
+    int n = 3 + (g->has_c ? 1 : 0), nd = n - 1; /* A, B, (C), D, then with FP8 inputs A's and B's scales */
+    if (need_ops(c, n + (fp8 ? 2 : 0))) return -1;
     int64_t ar = g->trans_a ? g->k : g->m, ac = g->trans_a ? g->m : g->k;
     int64_t br = g->trans_b ? g->n : g->k, bc = g->trans_b ? g->k : g->n;
-    int64_t esz = g->out_f32 ? 4 : 2;
-    if (need_bytes(c, 0, ((ar - 1) * g->lda + ac) * 2) || need_bytes(c, 1, ((br - 1) * g->ldb + bc) * 2) ||
-        need_bytes(c, n - 1, ((g->m - 1) * g->ldd + g->n) * esz) ||
+    int64_t esz = g->out_f32 ? 4 : 2, isz = fp8 ? 1 : 2;
+    if (need_bytes(c, 0, ((ar - 1) * g->lda + ac) * isz) || need_bytes(c, 1, ((br - 1) * g->ldb + bc) * isz) ||
+        need_bytes(c, nd, ((g->m - 1) * g->ldd + g->n) * esz) ||
         (g->has_c && need_bytes(c, 2, ((g->m - 1) * g->ldd + g->n) * 2)))
+        return -1;
+    if (fp8 && (need_bytes(c, n, 4) || need_bytes(c, n + 1, 4) || need_align(c, n, 16) || need_align(c, n + 1, 16)))
         return -1;
     xstep *x = c->x;
     x->ga = opp(c, 0);
     x->gb = opp(c, 1);
     x->gc = g->has_c ? opp(c, 2) : NULL;
-    x->gd = opp(c, n - 1);
+    x->gd = opp(c, nd);
+    x->gsa = fp8 ? (const float *)opp(c, n) : NULL;
+    x->gsb = fp8 ? (const float *)opp(c, n + 1) : NULL;
     if (c->ex->dry) return 0;
     x->gemm = cp_gemm_prepare(c->ex->gemm, g, c->s->what, x->ga, x->gb, x->gc, x->gd, c->err, c->errlen);
     return x->gemm < 0 ? -1 : 0;

@@ -42,6 +42,7 @@ typedef struct {
     int gemm;
     const void *ga, *gb, *gc;
     void *gd;
+    const float *gsa, *gsb; /* an FP8 GEMM's input scales, else NULL */
     void *dst;
     const void *src;
     size_t bytes;

@@ -25,16 +25,18 @@ static int cmp_erange(const void *a, const void *b) {
 
 static bool is_weights(cp_cat c) { return c == CP_CAT_PARAMS || c == CP_CAT_GATHERED; }
 static bool is_grads(cp_cat c) { return c == CP_CAT_GRADS || c == CP_CAT_UNIT_GRADS; }
+/* A GEMM, or the cast that makes an FP8 GEMM's copy of an input (train.precision = "fp8": the GEMM reads the copy) */
+static bool gemm_input(const cp_step *s) { return s->kind == CP_OP_GEMM || s->task == CP_TASK_FP8_CAST; }
 
-/* Every weight slice a backward GEMM reads, and every gradient slice it accumulates into, must be a slice some
- * forward GEMM read as weights: otherwise the backward trains rows the forward never used, silently. */
+/* Every weight slice a backward GEMM reads (or its FP8 cast), and every gradient slice it accumulates into, must be a
+ * slice some forward GEMM (or its FP8 cast) read as weights: otherwise the backward trains rows the forward never used, silently. */
 int exec_check_weight_ranges(const cp_exec *ex, char *err, int errlen) {
     const cp_plan *P = ex->P;
     int n = 0, cap = 64;
     erange *fw = cp_xmalloc(sizeof *fw * (size_t)cap);
     for (int i = 0; i < P->micro_steps; i++) {
         const cp_step *s = &P->steps[i];
-        if (s->kind != CP_OP_GEMM || s->phase != CP_PHASE_FWD) continue;
+        if (!gemm_input(s) || s->phase != CP_PHASE_FWD) continue;
         for (int j = 0; j < s->nops; j++)
             if (is_weights(P->bufs[s->ops[j].buf].cat)) {
                 if (n == cap) fw = cp_xrealloc(fw, sizeof *fw * (size_t)(cap *= 2));
@@ -45,7 +47,7 @@ int exec_check_weight_ranges(const cp_exec *ex, char *err, int errlen) {
     int rc = 0;
     for (int i = 0; i < P->micro_steps && !rc; i++) {
         const cp_step *s = &P->steps[i];
-        if (s->kind != CP_OP_GEMM || s->phase == CP_PHASE_FWD) continue;
+        if (!gemm_input(s) || s->phase == CP_PHASE_FWD) continue;
         for (int j = 0; j < s->nops && !rc; j++) {
             const cp_operand *o = &s->ops[j];
             cp_cat c = P->bufs[o->buf].cat;

@@ -162,7 +162,7 @@ int exec_run_step(cp_exec *ex, int i, int mb, void *progress_state, bool skip, c
             for (int k = 0; k < x->nl && e == cudaSuccess; k++) e = cp_launch(x->L[k].k, &x->L[k].d, (void **)x->L[k].args, st);
             break;
         case X_GEMM:
-            if (cp_gemm_launch(ex->gemm, x->gemm, x->ga, x->gb, x->gc, x->gd, st, err, errlen)) {
+            if (cp_gemm_launch_scaled(ex->gemm, x->gemm, x->ga, x->gb, x->gc, x->gd, x->gsa, x->gsb, st, err, errlen)) {
                 char m[1024];
                 snprintf(m, sizeof m, "%s", err);
                 return cp_errf(err, errlen, "%s: %s", exec_step_desc(ex->P, i, d, sizeof d), m);

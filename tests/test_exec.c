@@ -486,6 +486,21 @@ static void test_documents(void **state) {
     with_docs = false;
 }
 
+/* train.precision = "fp8": the layers' GEMMs on FP8 copies, each after its two amax and two casts, prepared in the
+ * layouts that move GEMM operands around (stages, tiles folded, recompute, rings, offload, micro-batches). */
+static void test_fp8(void **state) {
+    (void)state;
+    const char *fp8 = "train.precision=fp8";
+    check("tiny", 1, fp8);
+    check("tiny", 3, fp8, "parallel.gpus=2", "parallel.upipe_heads=2");
+    check("tiny", 3, fp8, "parallel.mlp_tile=512", "parallel.loss_tile=256");
+    check("tiny", 3, fp8, "parallel.checkpoint_every=2", "parallel.offload=none");
+    check("tiny", 3, fp8, "parallel.offload=all", "train.micro_batches=2");
+    check("tiny", 3, fp8, "parallel.ring=2", "parallel.gpus=2");
+    check("llama3b", 4, fp8, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
+    check("llama8b", 5, fp8, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
+}
+
 /* Rings over packed documents, every rank of: ring 2 and ring 4 of one GPU, ring 2 x Ulysses 2, 2 replicas x ring 2
  * (two query heads per GPU and stage each), ring 2 x 3 GPUs (a rank straddling its group's chunks) and the host
  * optimizer with micro-batches: step 0's three half launches and every received block's two at the halves'
@@ -739,6 +754,7 @@ int main(void) {
         cmocka_unit_test(test_snapshot_pieces),
         cmocka_unit_test(test_documents),
         cmocka_unit_test(test_rings_documents),
+        cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_every_task_prepared),
         cmocka_unit_test(test_snapshot_gate),
         cmocka_unit_test(test_snapshot_host_memcpy),

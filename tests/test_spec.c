@@ -614,6 +614,32 @@ static void test_document_keys(void **state) {
     assert_contains(err, "data.positions = \"document\"");
 }
 
+/* train.precision: bf16 unless asked; fp8 read, written back and read again the same; a wrong value named with the
+ * choices */
+static void test_precision_key(void **state) {
+    (void)state;
+    load_ok("tiny", NULL, 0);
+    assert_false(spec.train.fp8);
+    assert_true(spec.machine.fp8_gemm_tflops > spec.machine.gemm_tflops);
+    const char *fp8[] = {"train.precision=fp8"};
+    load_ok("tiny", fp8, 1);
+    assert_true(spec.train.fp8);
+    cp_str text = {0};
+    cp_spec a = spec, b;
+    cp_spec_write_lua(&a, &text);
+    assert_contains(text.data, "precision = \"fp8\"");
+    if (cp_spec_load_string("resolved.lua", text.data, NULL, 0, &b, err, sizeof err)) fail_msg("%s", err);
+    assert_true(cp_spec_same(&a, &b) && b.train.fp8);
+    cp_str_free(&text);
+    const char *bad[] = {"train.precision=fp16"};
+    assert_int_equal(load_bad("tiny", bad, 1), -1);
+    assert_contains(err, "<embedded>/tiny.lua: train.precision = \"fp16\": not a valid choice");
+    assert_contains(err, "\"bf16\"");
+    const char *rate[] = {"machine.fp8_gemm_tflops=0"};
+    assert_int_equal(load_bad("tiny", rate, 1), -1);
+    assert_contains(err, "machine.fp8_gemm_tflops");
+}
+
 static void test_names(void **state) {
     (void)state;
     assert_string_equal(cp_family_name(CP_FAMILY_LLAMA), "llama");
@@ -809,7 +835,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_set_overrides), cmocka_unit_test(test_inheritance),
         cmocka_unit_test(test_upipe_auto),    cmocka_unit_test(test_check),
         cmocka_unit_test(test_replicas_ring), cmocka_unit_test(test_eval_keys),
-        cmocka_unit_test(test_document_keys),
+        cmocka_unit_test(test_document_keys), cmocka_unit_test(test_precision_key),
         cmocka_unit_test(test_names),         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_limits_inside_library_calls), cmocka_unit_test(test_loads_follow_the_working_folder),
     };
