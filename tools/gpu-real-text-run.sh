@@ -7,6 +7,10 @@
 #      (300) steps with a checkpoint at SAVE_AT (STEPS / 2), with data.val = the validation shards when this cpgen
 #      knows that key (asked of `cpgen plan` first, so the script runs with and without validation support);
 #   3. a second run resumed from that checkpoint to STEPS, started beside the first once the checkpoint is complete.
+# With COMPARE=fp8 the second run is instead the same run with train.precision = "fp8" from the same start, beside
+# the first from step 1 (no checkpoints); 10% of the documents are held out (VAL_FRACTION) and each evaluation reads
+# EVAL_SEQUENCES (8) of them, so that the validation loss compared at 1% is not one sequence's; the check is
+# tools/precision_compare.py's, and its picture of both runs lands in $out/precision.svg.
 # Checks: both runs finish (DEADLINE, default 570 s, bounds the whole); every resumed step's loss within 1e-3 (relative) of the uninterrupted run's; the loss
 # falls (the mean of the last 20 steps at least 1 below the mean of the first 20). report.svg and metrics.jsonl of
 # both runs, the tokenizer's summary and the logs land in $OUT/real-text. Checkpoints (12.5 GB each) go to
@@ -14,7 +18,8 @@
 # longer needed, and all at the end. The table comes last; exit 0 when every check passed, 1 when one failed, 77
 # without a GPU. About 8 to 9 minutes on one H200 with the defaults (steps of about 1 s, the 300 and the 150
 # resumed).
-# usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] tools/gpu-real-text-run.sh [BUILD_DIR]
+# usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] [COMPARE=fp8] [VAL_FRACTION=0.02]
+#        [EVAL_SEQUENCES=...] tools/gpu-real-text-run.sh [BUILD_DIR]
 set -u
 B=${1:-build}
 out=${OUT:-out}/real-text
@@ -26,6 +31,9 @@ STEPS=${STEPS:-300}
 SAVE_AT=${SAVE_AT:-$((STEPS / 2))}
 VOCAB=${VOCAB:-32000}
 SEQ=${SEQ:-32K}
+COMPARE=${COMPARE:-}
+case "$COMPARE" in "" | fp8) ;; *) echo "gpu-real-text-run: COMPARE=$COMPARE: only fp8 is known"; exit 2 ;; esac
+VAL_FRACTION=${VAL_FRACTION:-$([ -n "$COMPARE" ] && echo 0.1 || echo 0.02)}
 t_start=$(date +%s)
 if [ -z "${CKPT_DIR:-}" ]; then
   free_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 }')
@@ -65,7 +73,7 @@ how=(--train-bpe "$VOCAB")
 # shellcheck disable=SC2206
 inputs=(${INPUTS:-'/usr/lib/python3.*/**/*.py' /usr/share/doc})
 GREP='train: [0-9,]+ tokens' run tokens 300 python3 "$(dirname "$0")/make_tokens.py" "${how[@]}" \
-  --val-fraction 0.02 --exclude '*/site-packages/*' --exclude '*/dist-packages/*' --exclude '*/__pycache__/*' \
+  --val-fraction "$VAL_FRACTION" --exclude '*/site-packages/*' --exclude '*/dist-packages/*' --exclude '*/__pycache__/*' \
   --max-bytes 200000000 --out "$data/text" "${inputs[@]}"
 if [ ! -s "$data/text.json" ]; then
   fail "no shards: $(tail -1 "$out/tokens.log")"
@@ -81,6 +89,7 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"))' "$data/text
   # validation loss where this cpgen has it: `cpgen plan` refuses a key it does not know
   if [ "$val" != - ] && "$B/cpgen" plan "${args[@]}" --set "data.val=$val" >"$out/probe_val.log" 2>&1; then
     args+=(--set "data.val=$val")
+    [ -z "${EVAL_SEQUENCES:-$COMPARE}" ] || args+=(--set "train.eval_sequences=${EVAL_SEQUENCES:-8}")
     note "validation: data.val = $val"
   else
     note "validation: not asked for (this cpgen does not know data.val: $(grep -m1 'cpgen:' "$out/probe_val.log"))"
@@ -90,6 +99,21 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"))' "$data/text
   # checkpoint is complete, the resumed run beside it on the same GPU (each plan's arena is a sixth of an H200): the
   # GPU's time is what it would be one after the other, but the second run's start and the first run's last save
   # overlap the other's steps, which keeps the whole within one call of ten minutes
+  if [ -n "$COMPARE" ]; then
+    # both precisions from the same start, side by side on the GPU (a 1B plan's arena is a fifth of an H200)
+    bg full "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.out_dir=$CKPT_DIR/full"
+    bg fp8 "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set train.precision=fp8 \
+      --set "train.out_dir=$CKPT_DIR/fp8"
+    wait
+    judge full '^done: .*'
+    judge fp8 '^done: .*'
+    for r in full fp8; do
+      cp "$CKPT_DIR/$r/metrics.jsonl" "$out/metrics_$r.jsonl" 2>/dev/null
+      cp "$CKPT_DIR/$r/report.svg" "$out/report_$r.svg" 2>/dev/null || fail "$r: no report.svg"
+    done
+    check "fp8 against bf16" python3 "$(dirname "$0")/precision_compare.py" "$out/metrics_full.jsonl" \
+      "$out/metrics_fp8.jsonl" "$STEPS" "$out/precision.svg" "llama1b at $SEQ on real text: bf16 and fp8"
+  else
   bg full "$B/cpgen" run "${args[@]}" --set "train.save_every=$SAVE_AT" --set "train.out_dir=$CKPT_DIR/full"
   ck=$CKPT_DIR/full/ckpt_$SAVE_AT # renamed into place only when complete
   until [ -e "$ck/trainer_state.json" ] || [ -e "$out/full.rc" ] || [ "$(left)" -le 5 ]; do sleep 2; done
@@ -131,6 +155,7 @@ print(f"loss: mean of the first 20 steps {a:.3f}, of the last 20 {b:.3f} (at lea
       f"{'OK' if ok else 'FAILED'}" + (f"; validation loss {val[0]:.3f} -> {val[-1]:.3f}" if val else ""))
 sys.exit(0 if ok else 1)
 PY
+  fi
 fi
 
 # the verdict, then the table last
@@ -139,7 +164,7 @@ verdict=$?
 grep -v '^$' "$out/verdict.txt"
 echo
 echo "real text on $(nvidia-smi -L | head -1), in $(($(date +%s) - t_start)) s"
-sed -n 's/^\(tokens\|full\|resumed\) \+rc=/&/p' "$sum" | sed 's/^/  /'
-grep -E '^(loss:|resumed against|tokenizer:|validation:)' "$sum" | sed 's/^/  /'
+sed -n 's/^\(tokens\|full\|resumed\|fp8\) \+rc=/&/p' "$sum" | sed 's/^/  /'
+grep -E '^(loss:|resumed against|tokenizer:|validation:|on the way:|at the end:)' "$sum" | sed 's/^/  /'
 echo "  files: $out/report_full.svg, $out/report_resumed.svg, metrics_*.jsonl, tokens.json"
 exit "$verdict"

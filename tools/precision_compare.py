@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""precision_compare.py: two runs of one spec from the same start, bf16 and train.precision = "fp8", judged and drawn.
+
+Reads each run's metrics.jsonl (a line per step; validation lines carry "val_loss"). Checks, exit 1 when one fails:
+  - each run logged STEPS training steps, every loss finite;
+  - no divergence on the way: the mean training loss of every window of 20 steps, and every validation loss, of the
+    fp8 run at most WAY (3%) above the bf16 run's at the same steps (divergence is fp8 doing worse; where it does
+    better, by as much as 3.4% over 20 steps of a real-text run, that is the noise of two runs, and it is printed);
+  - at the end: the last validation loss of the fp8 run within END (1%) of the bf16 run's.
+Draws both runs' training loss (a 10-step mean) and validation loss into OUT_SVG (matplotlib; without it the checks
+still run and the picture is said to be missing). Prints one line per check and a short table last.
+usage: precision_compare.py BF16_METRICS FP8_METRICS STEPS OUT_SVG [TITLE]"""
+import json
+import math
+import sys
+
+WAY, END, WINDOW = 0.03, 0.01, 20
+
+
+def load(path):
+    train, val = {}, {}
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        return None, None, f"{path}: {e.strerror}"
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a torn last line
+        step = row.get("step")
+        if not isinstance(step, int):
+            continue
+        if "loss" in row:
+            train[step] = row["loss"]
+        if isinstance(row.get("val_loss"), (int, float)):
+            val[step] = row["val_loss"]
+    return train, val, None
+
+
+def rel(a, b):
+    return abs(a - b) / abs(b) if b else math.inf
+
+
+def main(argv):
+    if len(argv) not in (5, 6):
+        print(__doc__)
+        return 2
+    steps, out_svg = int(argv[3]), argv[4]
+    title = argv[5] if len(argv) == 6 else "bf16 and fp8 from the same start"
+    runs = {}
+    ok = True
+    for name, path in (("bf16", argv[1]), ("fp8", argv[2])):
+        train, val, err = load(path)
+        if err:
+            print(f"precision compare: FAILED: {err}")
+            return 1
+        bad = [s for s, v in train.items() if not isinstance(v, (int, float)) or not math.isfinite(v)]
+        if len(train) != steps or bad:
+            print(f"{name}: FAILED: {len(train)} training steps of {steps}, {len(bad)} losses not finite")
+            ok = False
+        runs[name] = (train, val)
+    if not ok:
+        return 1
+    (tb, vb), (tf, vf) = runs["bf16"], runs["fp8"]
+    pairs = []  # (what, bf16, fp8) at the same steps
+    for w0 in range(1, steps - WINDOW + 2, WINDOW):
+        ws = range(w0, w0 + WINDOW)
+        pairs.append((f"training steps {w0}-{w0 + WINDOW - 1}", sum(tb[s] for s in ws) / WINDOW,
+                      sum(tf[s] for s in ws) / WINDOW))
+    common = sorted(set(vb) & set(vf))
+    pairs += [(f"validation at step {s}", vb[s], vf[s]) for s in common]
+    worse = max(pairs, key=lambda p: (p[2] - p[1]) / p[1])
+    better = min(pairs, key=lambda p: (p[2] - p[1]) / p[1])
+    up = (worse[2] - worse[1]) / worse[1]
+    way_ok = up <= WAY
+    print(f"on the way: fp8 at most {up:.2%} above bf16 (bound {WAY:.0%}), at {worse[0]}: {worse[1]:.4f} / "
+          f"{worse[2]:.4f} {'OK' if way_ok else 'FAILED'}; at most {(better[1] - better[2]) / better[1]:.2%} below, "
+          f"at {better[0]}")
+    if not common:
+        print("at the end: FAILED: no validation loss in both runs")
+        end_ok = False
+    else:
+        s = common[-1]
+        end_ok = rel(vf[s], vb[s]) <= END
+        print(f"at the end: validation loss at step {s}: bf16 {vb[s]:.4f}, fp8 {vf[s]:.4f}, "
+              f"difference {rel(vf[s], vb[s]):.2%} (bound {END:.0%}) {'OK' if end_ok else 'FAILED'}")
+    drew = draw(runs, steps, out_svg, title)
+    print(f"picture: {out_svg}" if drew else f"picture: not drawn ({drew is None and 'no matplotlib' or 'failed'})")
+    print(f"{'step':>6} {'bf16 train':>11} {'fp8 train':>10} {'bf16 val':>9} {'fp8 val':>8}")
+    for s in common:
+        lo = max(1, s - 9)
+        mb = sum(tb[k] for k in range(lo, s + 1)) / (s + 1 - lo)
+        mf = sum(tf[k] for k in range(lo, s + 1)) / (s + 1 - lo)
+        print(f"{s:6d} {mb:11.4f} {mf:10.4f} {vb[s]:9.4f} {vf[s]:8.4f}")
+    return 0 if way_ok and end_ok else 1
+
+
+def draw(runs, steps, path, title):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, color in (("bf16", "#1f77b4"), ("fp8", "#d62728")):
+        train, val = runs[name]
+        xs = sorted(train)
+        mean = [sum(train[k] for k in xs[max(0, i - 9):i + 1]) / (i + 1 - max(0, i - 9)) for i in range(len(xs))]
+        ax.plot(xs, mean, color=color, lw=1.2, label=f"{name} training (10-step mean)")
+        vs = sorted(val)
+        ax.plot(vs, [val[k] for k in vs], color=color, lw=1.2, ls="--", marker="o", ms=3, label=f"{name} validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_xlim(0, steps)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="svg")
+    except OSError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
