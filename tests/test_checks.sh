@@ -21,7 +21,10 @@
 #      when every comparison matches and fails a case whose comparison misses, a packed case compared without its
 #      documents, a case it does not know and an override cpgen refuses; tools/gpu-docs-bench.sh on stand-ins of
 #      bench_attention and of its FlexAttention peer gives the table with both and their ratio, and fails a run
-#      that fails and a row a run left out.
+#      that fails and a row a run left out; tools/gpu-attention-profile.sh on stand-ins of ncu and bench_attention
+#      asks ncu for one launch of each direction's kernel, takes only the metrics ncu lists, and its table
+#      (tools/ncu_summary.py on made-up raw pages) has each figure, n/a for a metric missing, the top stalls without
+#      'selected'; it fails a launch ncu did not profile and a bench that fails, and skips without ncu.
 #   4. tools/run-tests.sh counts passed, failed and skipped tests and exits 0, 1 or 77.
 # Prints one line per case; exit 0 when every case gives the status it should, else 1. KEEP=1 leaves the scratch
 # folder (/tmp/cpgen-test-checks-*) to look at.
@@ -534,6 +537,121 @@ PAT="FAILED: no times for GQA 32/8 at 32768: FlexAttention" docsbench 1 "the pee
   FAKE_FLEX_DROP=32768
 PAT="^masked step 4\.00x faster than unmasked" docsbench 0 "the step, masked and not" STEP_STEPS=2
 PAT="FAILED +step_stream: exit status 1" docsbench 1 "the unmasked step fails" STEP_STEPS=2 FAKE_STEP_FAIL=stream
+
+# gpu-attention-profile.sh on stand-ins: ncu (on PATH) lists the wgmma pipe's metric alone in --query-metrics and
+# refuses any other in --metrics, as the real one refuses a name it does not know; a profile run checks its filter
+# options, runs the bench after -o and writes REP.ncu-rep naming the direction (none, with ncu's warning, for the
+# direction FAKE_NCU_NONE); --import prints the details, or with --csv a made-up raw page: the forward 20 ms in
+# nsecond with thousands separators, the backward 50 ms in msecond, PC-sampling stalls (whose _not_issued twins and
+# 'selected' are not stalls); FAKE_NCU_NA names the tensor metric as no candidate. bench_attention checks it got
+# --only and --reps 1 and exits 1 for --only FAKE_BENCH_FAIL.
+mkdir -p "$tmp/profsim/bin" "$tmp/profsim/build/tests/gpu"
+cat >"$tmp/profsim/bin/ncu" <<'SH'
+#!/usr/bin/env bash
+set -u
+gmma=sm__pipe_tensor_op_gmma_cycles_active
+case ${1:-} in
+  --version) echo "Version 2099.1 (stand-in)"; exit 0 ;;
+  --query-metrics)
+    printf 'Metric Name  Metric Description\n%s  # of cycles the wgmma pipe was active\n' "$gmma"
+    exit 0 ;;
+  --import)
+    rep=$2 dir=$(cat "$2")
+    [[ " $* " == *" --csv "* ]] || { echo "details of $rep: Section: GPU Speed Of Light Throughput"; exit 0; }
+    python3 - "$dir" "$gmma" <<'PY'
+import csv, os, sys
+d, gmma = sys.argv[1:]
+tensor = "sm__pipe_fma_cycles_active" if os.environ.get("FAKE_NCU_NA") else gmma
+fwd = d == "fwd"
+cols = [("ID", "", "0"), ("Process ID", "", "1"), ("Kernel Name", "", f"attention_{d}_sm90_d128_q32_kv8_s32768"),
+        ("Block Size", "", "(384, 1, 1)"), ("CC", "", "9.0"),
+        ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", "81.5" if fwd else "77.0"),
+        (f"{tensor}.avg.pct_of_peak_sustained_active", "%", "72.25" if fwd else "64.5"),
+        ("launch__registers_per_thread", "register/thread", "168" if fwd else "240"),
+        ("sm__warps_active.avg.pct_of_peak_sustained_active", "%", "18.7" if fwd else "12.5")]
+if fwd:
+    s = "smsp__average_warps_issue_stalled_"
+    cols += [("gpu__time_duration.sum", "nsecond", "20,000,000"),
+             ("launch__shared_mem_per_block_static", "byte", "1,024"),
+             ("launch__shared_mem_per_block_dynamic", "byte", "231,424")]
+    cols += [(f"{s}{r}_per_issue_active.ratio", "ratio", v) for r, v in
+             (("barrier", "0.95"), ("long_scoreboard", "0.40"), ("selected", "2.50"), ("wait", "0.61"))]
+else:
+    s = "smsp__pcsamp_warps_issue_stalled_"
+    cols += [("gpu__time_duration.sum", "msecond", "50"), ("launch__shared_mem_per_block_dynamic", "Kbyte", "200")]
+    cols += [(f"{s}{r}", "", v) for r, v in (("barrier", "12,345"), ("barrier_not_issued", "99,999"),
+             ("long_scoreboard", "2,000"), ("selected", "50,000"), ("wait", "7,000"), ("mio_throttle", "100"))]
+w = csv.writer(sys.stdout, quoting=csv.QUOTE_ALL, lineterminator="\n")
+for i in range(3):
+    w.writerow([c[i] for c in cols])
+PY
+    exit 0 ;;
+esac
+want="--clock-control none --kernel-name regex:\^attention_(fwd|bwd)_\(sm90_\)\?d\[0-9\] "
+if ! [[ "$*" =~ $want"--launch-skip 2 --launch-count 1 " ]]; then
+  echo "==ERROR== stand-in ncu: not the options asked for: $*"
+  exit 1
+fi
+dir=${BASH_REMATCH[1]}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --metrics) for m in ${2//,/ }; do
+        [[ $m == "$gmma".* ]] || { echo "==ERROR== Failed to find metric $m"; exit 1; }
+      done; shift ;;
+    -o) o=$2; shift 2; break ;;
+  esac
+  shift
+done
+"$@" || exit $?
+[ "$dir" = "${FAKE_NCU_NONE:-@}" ] && { echo "==WARNING== No kernels were profiled."; exit 0; }
+echo "$dir" >"$o.ncu-rep"
+SH
+cat >"$tmp/profsim/build/tests/gpu/bench_attention" <<'SH'
+#!/usr/bin/env bash
+[[ " $* " == *" --reps 1 "* && " $* " =~ " --only "(fwd|bwd)" " ]] || { echo "stand-in bench: $*"; exit 2; }
+[ "${BASH_REMATCH[1]}" = "${FAKE_BENCH_FAIL:-@}" ] && { echo "bench_attention: made to fail"; exit 1; }
+echo "  GQA 32/8 ${BASH_REMATCH[1]} (wgmma): median 1.000 ms"
+SH
+chmod +x "$tmp/profsim/bin/ncu" "$tmp/profsim/build/tests/gpu/bench_attention"
+profile() { # WANT WHAT [VAR=VALUE...]
+  local want=$1 what=$2
+  shift 2
+  rm -rf "$tmp/simout"
+  env PATH="$tmp/profsim/bin:$tmp/gpus:$PATH" FAKE_GPUS=1 LOGDIR="$tmp/simout/prof" "$@" timeout 60 \
+    bash tools/gpu-attention-profile.sh "$tmp/profsim/build" >"$tmp/log" 2>&1
+  expect_rc "$want" "attention profile: $what" $? "$tmp/log" "${PAT:-}"
+}
+PAT="^fwd +20\.000 +439\.8 +81\.5 +72\.2 +168 +18\.7 +227\.0  barrier 0\.95, wait 0\.61, long_scoreboard 0\.4$" \
+  profile 0 "the forward's row: every figure, stalls without 'selected'"
+PAT="^bwd +50\.000 +439\.8 +77\.0 +64\.5 +240 +12\.5 +195\.3  barrier 12345, wait 7000, long_scoreboard 2000$" \
+  profile 0 "the backward's row: msecond, Kbyte, PC samples without _not_issued"
+PAT="^fwd +20\.000 +439\.8 +81\.5 +n/a +168 " profile 0 "no tensor metric among the candidates: n/a" FAKE_NCU_NA=1
+PAT="FAILED: bwd: .*No kernels were profiled" profile 1 "ncu profiled no backward launch" FAKE_NCU_NONE=bwd
+PAT="FAILED +fwd: exit status 1" profile 1 "the bench fails under ncu" FAKE_BENCH_FAIL=fwd
+PAT="skipped +no ncu \(NCU=" profile 77 "no ncu" NCU="$tmp/none"
+
+# tools/precision_compare.py on made-up metrics: fp8 a little off bf16 passes; fp8 worse by more than 3% on the way,
+# or 1% at the end, or a step short, fails; fp8 better by more than 3% is not divergence
+pc() { # WANT WHAT PATTERN TRAIN_FACTOR VAL_END_FACTOR [STEPS_OF_FP8]
+  python3 - "$tmp/pc" "$4" "$5" "${6:-300}" <<'PY'
+import json, math, sys
+d, f, fe, n = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+for name, tf, ve, steps in (("bf16", 1.0, 1.0, 300), ("fp8", f, fe, n)):
+    with open(f"{d}_{name}.jsonl", "w") as o:
+        for s in range(1, steps + 1):
+            loss = 8 - 3 * math.log(s) / math.log(300)
+            o.write(json.dumps({"step": s, "loss": loss * (tf if 101 <= s <= 120 else 1.002)}) + "\n")
+            if s % 30 == 0:
+                o.write(json.dumps({"step": s, "val_loss": (loss + 0.5) * (ve if s == 300 else 1.0)}) + "\n")
+PY
+  python3 tools/precision_compare.py "$tmp/pc_bf16.jsonl" "$tmp/pc_fp8.jsonl" 300 "$tmp/pc.svg" >"$tmp/log" 2>&1
+  expect_rc "$1" "precision_compare: $2" $? "$tmp/log" "$3"
+}
+pc 0 "fp8 0.2% off" "^at the end: .*difference 0\.20% .*OK$" 1.0 1.002
+pc 0 "fp8 5% better for 20 steps" "^on the way: .* OK; at most 5\.00% below" 0.95 1.0
+pc 1 "fp8 5% worse for 20 steps" "^on the way: fp8 at most 5\.00% above .*FAILED" 1.05 1.0
+pc 1 "fp8 2% worse at the end" "^at the end: .*difference 2\.00% .*FAILED$" 1.0 1.02
+pc 1 "fp8 a step short" "^fp8: FAILED: 299 training steps of 300" 1.0 1.0 299
 
 # 4. run-tests.sh's count
 mkdir -p "$tmp/t"

@@ -33,7 +33,7 @@ export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/$B/jitcache}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 for len in $LENS; do
   GREP="^DOCS 32 8 .*" run "cpgen_$len" 1800 "$B/tests/gpu/bench_attention" --seq "$SEQ" --docs "$len" \
-    --reps "$REPS" --quick --no-sdpa
+    --reps "$REPS" --quick --no-sdpa --shapes 32/32,32/8 # the peer's shapes
 done
 GREP="^FLEX 32 8 .*" run flex 3600 "${DOCS_PYTHON:-python3}" tests/gpu/bench_attention_flex.py --seq "$SEQ" --head-dim 128 \
   --docs "$(tr ' ' ',' <<<"$LENS")" --reps "$REPS" --shapes 32/32,32/8

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""bench_attention_sdpa.py: the attention benchmark's shapes (causal, --head-dim D, 32 query heads, 32 or 8 KV heads) through
-torch.nn.functional.scaled_dot_product_attention with the FLASH_ATTENTION and CUDNN_ATTENTION backends: median forward
-time and median backward time (fwd+bwd minus fwd) over --reps runs with CUDA events. bench_attention runs this and
+"""bench_attention_sdpa.py: the attention benchmark's shapes (causal, --head-dim D, the query/KV heads of --shapes)
+through torch.nn.functional.scaled_dot_product_attention with the FLASH_ATTENTION and CUDNN_ATTENTION backends: median
+forward time and median backward time (fwd+bwd minus fwd) over --reps runs with CUDA events. bench_attention runs this
+with its own list of shapes (--shapes 32/32,32/8,64/8 by default: the list lives in bench_attention.c alone) and
 prints it beside its own numbers; the lines "SDPA <backend> <qh> <kvh> <fwd_ms> <bwd_ms>" are for it to read.
 Inputs are in the head layout [S][H][D] (SDPA sees the [1][H][S][D] transposed view, as in HF models). A backend that
 does not take enable_gqa gets K and V repeated per query head (said so in the output)."""
@@ -66,10 +67,19 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--cudnn-only", action="store_true", help="leave out the FLASH_ATTENTION backend")
+    ap.add_argument("--shapes", required=True,
+                    help="query/KV heads, comma-separated, e.g. 32/32,32/8,64/8 (bench_attention passes its own)")
     a = ap.parse_args()
     S, D = a.seq, a.head_dim
+    try:
+        shapes = [tuple(int(h) for h in x.split("/")) for x in a.shapes.split(",") if x]
+        if not shapes or any(len(t) != 2 or min(t) < 1 or t[0] % t[1] for t in shapes):
+            raise ValueError
+    except ValueError:
+        print(f"bench_attention_sdpa.py: --shapes takes QH/KVH, comma-separated, KVH dividing QH: not {a.shapes!r}")
+        return 2
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    for qh, kvh in ((32, 32), (32, 8)):
+    for qh, kvh in shapes:
         backends = (SDPBackend.CUDNN_ATTENTION,) if a.cudnn_only else (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION)
         for be in backends:
             try:
