@@ -104,16 +104,15 @@ static void cast_input(program *q, const cp_step *g, int module, int state, int 
     s->bytes = (double)rows * (double)cols * 3;
 }
 
-int cp_plan_lower_fp8(cp_plan *P, char *err, int errlen) {
-    (void)err, (void)errlen;
-    if (!P->spec.train.fp8) return 0;
+void cp_plan_lower_fp8(cp_plan *P) {
+    if (!P->spec.train.fp8) return;
     int64_t a_bytes = 0, b_bytes = 0;
     for (int i = 0; i < P->nsteps; i++)
         if (cp_plan_fp8_eligible(&P->steps[i])) {
             a_bytes = CP_MAX(a_bytes, P->steps[i].gemm.m * P->steps[i].gemm.k);
             b_bytes = CP_MAX(b_bytes, P->steps[i].gemm.n * P->steps[i].gemm.k);
         }
-    if (!a_bytes) return 0;
+    if (!a_bytes) return;
     if (P->nmodules == P->capmodules) {
         P->capmodules = P->capmodules ? P->capmodules * 2 : 16;
         P->modules = cp_xrealloc(P->modules, sizeof *P->modules * (size_t)P->capmodules);
@@ -177,5 +176,4 @@ int cp_plan_lower_fp8(cp_plan *P, char *err, int errlen) {
     P->steps = q.steps;
     P->nsteps = q.n;
     P->capsteps = q.cap;
-    return 0;
 }

@@ -7,9 +7,9 @@
 
 /* train.precision = "fp8" (gen/plan_fp8.c): whether step s is a GEMM that runs on FP8 inputs (a layer's, its sizes
  * multiples of 16), and the pass that puts each such GEMM on FP8 copies of its inputs, with the casts before it,
- * their buffers and a module for them. Runs on the built program before its lifetimes; 0, or -1 with a message. */
+ * their buffers and a module for them. Runs on the built program before its lifetimes (nothing without fp8). */
 bool cp_plan_fp8_eligible(const cp_step *s);
-int cp_plan_lower_fp8(cp_plan *P, char *err, int errlen);
+void cp_plan_lower_fp8(cp_plan *P);
 
 /* Each buffer's live intervals from the steps' operands. -1 with a message if a step reads a buffer that
  * nothing live was written to (a planner bug, reported rather than hidden). */

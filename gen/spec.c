@@ -64,7 +64,8 @@ static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"),
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
-    LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
+    LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"), LEAF("attn_fwd_tflops"),
+    LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("host_gbps"),
     LEAF("a2a_gbps"),    LEAF("allgather_gbps"), LEAF("net_gbps"), LEAF("ranks_per_gpu"),
     LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),

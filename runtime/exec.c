@@ -94,9 +94,9 @@ static int setup(cp_exec *ex, char *err, int errlen) {
     ex->info.sms = prop.multiProcessorCount;
     snprintf(ex->info.device, sizeof ex->info.device, "%s", prop.name);
     if (P->spec.train.fp8 && prop.major < 9)
-        return cp_errf(err, errlen, "train.precision = \"fp8\" needs FP8 tensor cores (compute capability 9.0, Hopper); "
-                       "GPU %d (%s) is %d.%d: train with train.precision = \"bf16\" there", ex->dev, prop.name,
-                       prop.major, prop.minor);
+        return cp_errf(err, errlen, "train.precision = \"fp8\" needs FP8 tensor cores (compute capability 9.0, "
+                       "Hopper); GPU %d (%s) is %d.%d: train with train.precision = \"bf16\" there", ex->dev,
+                       prop.name, prop.major, prop.minor);
     if (!ex->o.arch[0] && cp_device_arch(ex->dev, ex->o.arch, sizeof ex->o.arch))
         return cp_errf(err, errlen, "%s", ex->o.arch);
     /* a plan made for more memory than this GPU has is refused here, before any host memory is pinned: what the

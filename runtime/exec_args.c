@@ -659,7 +659,8 @@ static int k_fp8_amax(pctx *c) {
     if (need_bytes(c, 1, CP_FP8_AMAX_PARTS * 4) || need_bytes(c, 2, 4) || need_bytes(c, 3, 16) ||
         need_align(c, 2, 4) || need_align(c, 3, 16) || fp8_source(c, l, c->s->role))
         return -1;
-    if (l->d.grid[0] > CP_FP8_AMAX_PARTS) return pfail(c, "%u blocks for %d amax parts", l->d.grid[0], CP_FP8_AMAX_PARTS);
+    if (l->d.grid[0] > CP_FP8_AMAX_PARTS)
+        return pfail(c, "%u blocks for %d amax parts", l->d.grid[0], CP_FP8_AMAX_PARTS);
     a_ptr(l, opp(c, 1));
     a_ptr(l, opp(c, 2));
     a_ptr(l, opp(c, 3));
@@ -738,7 +739,8 @@ static const kprep KERNEL_PREP[CP_TASK_COUNT] = {
     [CP_TASK_UNPACK_DK] = k_unpack,      [CP_TASK_UNPACK_DV] = k_unpack,        [CP_TASK_GRAD_ACCUM] = k_grad_accum,
     [CP_TASK_SWIGLU] = k_swiglu,         [CP_TASK_SWIGLU_BWD] = k_swiglu_bwd,   [CP_TASK_LOSS] = k_loss,
     [CP_TASK_LOSS_SUM] = k_loss_sum,     [CP_TASK_ATTN_DELTA] = k_attn_delta,   [CP_TASK_CAST_DK] = k_cast,
-    [CP_TASK_CAST_DV] = k_cast,          [CP_TASK_GRAD_NORM] = k_grad_norm, [CP_TASK_FP8_AMAX] = k_fp8_amax, [CP_TASK_FP8_CAST] = k_fp8_cast,     [CP_TASK_ADAMW] = k_adamw,
+    [CP_TASK_CAST_DV] = k_cast,          [CP_TASK_GRAD_NORM] = k_grad_norm,     [CP_TASK_ADAMW] = k_adamw,
+    [CP_TASK_FP8_AMAX] = k_fp8_amax,     [CP_TASK_FP8_CAST] = k_fp8_cast,
 };
 
 bool cp_exec_prepares(cp_task t) {

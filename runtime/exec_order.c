@@ -28,8 +28,9 @@ static bool is_grads(cp_cat c) { return c == CP_CAT_GRADS || c == CP_CAT_UNIT_GR
 /* A GEMM, or the cast that makes an FP8 GEMM's copy of an input (train.precision = "fp8": the GEMM reads the copy) */
 static bool gemm_input(const cp_step *s) { return s->kind == CP_OP_GEMM || s->task == CP_TASK_FP8_CAST; }
 
-/* Every weight slice a backward GEMM reads (or its FP8 cast), and every gradient slice it accumulates into, must be a
- * slice some forward GEMM (or its FP8 cast) read as weights: otherwise the backward trains rows the forward never used, silently. */
+/* Every weight slice a backward GEMM reads (or its FP8 cast), and every gradient slice it accumulates into, must be
+ * a slice some forward GEMM (or its FP8 cast) read as weights: otherwise the backward trains rows the forward never
+ * used, silently. */
 int exec_check_weight_ranges(const cp_exec *ex, char *err, int errlen) {
     const cp_plan *P = ex->P;
     int n = 0, cap = 64;

@@ -98,7 +98,8 @@ static const char *const *roles_of(const char *family) {
                              *const uly[] = {"pack", "unpack", "unpack_add", NULL},
                              *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL},
                              *const merge[] = {"fwd", "init", NULL},
-                             *const fp8[] = {"amax_e4m3", "amax_e5m2", "cast_e4m3", "cast_e5m2", "cast_t_e4m3", "cast_t_e5m2", NULL};
+                             *const fp8[] = {"amax_e4m3",   "amax_e5m2",   "cast_e4m3", "cast_e5m2",
+                                             "cast_t_e4m3", "cast_t_e5m2", NULL};
     if (!strcmp(family, "loss")) return loss;
     if (!strcmp(family, "rmsnorm")) return norm;
     if (!strcmp(family, "adamw")) return adamw;

@@ -73,7 +73,8 @@ how=(--train-bpe "$VOCAB")
 # shellcheck disable=SC2206
 inputs=(${INPUTS:-'/usr/lib/python3.*/**/*.py' /usr/share/doc})
 GREP='train: [0-9,]+ tokens' run tokens 300 python3 "$(dirname "$0")/make_tokens.py" "${how[@]}" \
-  --val-fraction "$VAL_FRACTION" --exclude '*/site-packages/*' --exclude '*/dist-packages/*' --exclude '*/__pycache__/*' \
+  --val-fraction "$VAL_FRACTION" --exclude '*/site-packages/*' --exclude '*/dist-packages/*' \
+  --exclude '*/__pycache__/*' \
   --max-bytes 200000000 --out "$data/text" "${inputs[@]}"
 if [ ! -s "$data/text.json" ]; then
   fail "no shards: $(tail -1 "$out/tokens.log")"

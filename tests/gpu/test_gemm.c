@@ -245,8 +245,8 @@ static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int 
 }
 
 /* FP8 inputs (Hopper and newer): the forward's E4M3 x E4M3 written and with the residual, a gradient's E5M2 x E4M3
- * written and added into bf16, a weight gradient's fp32 accumulation, with cuBLASLt's promotion to fp32 and with fast accumulation. (What FP8 cannot take
- * is refused before cuBLASLt: tests/test_gemm_check.c.) */
+ * written and added into bf16, a weight gradient's fp32 accumulation, with cuBLASLt's promotion to fp32 and with
+ * fast accumulation. (What FP8 cannot take is refused before cuBLASLt: tests/test_gemm_check.c.) */
 static void test_fp8(void **state) {
     (void)state;
     int major = 0;
