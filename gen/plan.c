@@ -32,7 +32,7 @@ static void set_name(char *dst, size_t n, const char *src) {
     memcpy(dst, src, len);
 }
 
-static int add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, int64_t bytes, bool persistent) {
+int cp_plan_add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, int64_t bytes, bool persistent) {
     if (P->nbufs == P->capbufs) {
         P->capbufs = P->capbufs ? P->capbufs * 2 : 64;
         P->bufs = cp_xrealloc(P->bufs, sizeof *P->bufs * (size_t)P->capbufs);
@@ -47,6 +47,7 @@ static int add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, int
     b->offset = -1;
     return P->nbufs++;
 }
+#define add_buf cp_plan_add_buf /* the planner's own short name for it */
 
 static cp_step *add_step(builder *B, cp_opkind kind, const char *what) {
     cp_plan *P = B->P;

@@ -26,21 +26,6 @@ bool cp_plan_fp8_eligible(const cp_step *s) {
            g->n % 16 == 0 && g->k % 16 == 0;
 }
 
-static int add_buffer(cp_plan *P, const char *name, int64_t bytes) {
-    if (P->nbufs == P->capbufs) {
-        P->capbufs = P->capbufs ? P->capbufs * 2 : 64;
-        P->bufs = cp_xrealloc(P->bufs, sizeof *P->bufs * (size_t)P->capbufs);
-    }
-    cp_buffer *b = &P->bufs[P->nbufs];
-    memset(b, 0, sizeof *b);
-    snprintf(b->name, sizeof b->name, "%s", name);
-    b->space = CP_SPACE_GPU;
-    b->cat = CP_CAT_FP8;
-    b->bytes = bytes;
-    b->offset = -1;
-    return P->nbufs++;
-}
-
 typedef struct {
     cp_step *steps;
     int n, cap;
@@ -119,8 +104,9 @@ void cp_plan_lower_fp8(cp_plan *P) {
     }
     int module = P->nmodules++;
     cp_k_fp8(&P->modules[module]);
-    int state = add_buffer(P, "fp8_state", STATE_BYTES);
-    int copy[2] = {add_buffer(P, "fp8_a", a_bytes), add_buffer(P, "fp8_b", b_bytes)};
+    int state = cp_plan_add_buf(P, "fp8_state", CP_SPACE_GPU, CP_CAT_FP8, STATE_BYTES, false);
+    int copy[2] = {cp_plan_add_buf(P, "fp8_a", CP_SPACE_GPU, CP_CAT_FP8, a_bytes, false),
+                   cp_plan_add_buf(P, "fp8_b", CP_SPACE_GPU, CP_CAT_FP8, b_bytes, false)};
 
     program q = {0};
     /* the amax counters start at 0 in every micro-batch (each amax leaves its counter 0 again) */

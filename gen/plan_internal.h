@@ -5,6 +5,9 @@
 
 #include "plan.h"
 
+/* A new buffer of the plan (no lifetime yet, offset unassigned); its index. */
+int cp_plan_add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, int64_t bytes, bool persistent);
+
 /* train.precision = "fp8" (gen/plan_fp8.c): whether step s is a GEMM that runs on FP8 inputs (a layer's, its sizes
  * multiples of 16), and the pass that puts each such GEMM on FP8 copies of its inputs, with the casts before it,
  * their buffers and a module for them. Runs on the built program before its lifetimes (nothing without fp8). */
