@@ -26,6 +26,18 @@ bool cp_plan_fp8_eligible(const cp_step *s) {
            g->n % 16 == 0 && g->k % 16 == 0;
 }
 
+cp_gemm cp_plan_fp8_gemm(const cp_step *s) {
+    bool bwd = s->phase == CP_PHASE_BWD;
+    cp_gemm f = s->gemm;
+    f.trans_a = false;
+    f.trans_b = true;
+    f.lda = f.ldb = s->gemm.k;
+    f.a_type = bwd ? CP_GEMM_E5M2 : CP_GEMM_E4M3;
+    f.b_type = CP_GEMM_E4M3;
+    f.fast_accum = !bwd; /* the forward's sums are short of the backward's: fp32 promotion only there */
+    return f;
+}
+
 typedef struct {
     cp_step *steps;
     int n, cap;
@@ -124,26 +136,18 @@ void cp_plan_lower_fp8(cp_plan *P) {
     int *moved = cp_xmalloc(sizeof *moved * (size_t)(P->nsteps + 1)); /* new index of each old step, and the end */
     for (int i = 0; i < P->nsteps; i++) {
         const cp_step *g = &P->steps[i];
+        moved[i] = q.n; /* a GEMM's casts come first: a loop's body that starts with it starts with them */
         if (!cp_plan_fp8_eligible(g)) {
-            moved[i] = q.n;
             append(&q, g);
             continue;
         }
-        /* casts first: a loop's body that starts with this GEMM starts with its casts */
-        moved[i] = q.n;
-        const cp_gemm *m = &g->gemm;
-        bool bwd = g->phase == CP_PHASE_BWD;
+        const cp_gemm *m = &g->gemm, fg = cp_plan_fp8_gemm(g);
         cast_input(&q, g, module, state, copy[0], 0, g->ops[0], m->trans_a ? m->k : m->m, m->trans_a ? m->m : m->k,
-                   m->lda, m->trans_a, bwd);
+                   m->lda, m->trans_a, fg.a_type == CP_GEMM_E5M2);
         cast_input(&q, g, module, state, copy[1], 1, g->ops[1], m->trans_b ? m->n : m->k, m->trans_b ? m->k : m->n,
-                   m->ldb, !m->trans_b, false);
+                   m->ldb, !m->trans_b, fg.b_type == CP_GEMM_E5M2);
         cp_step *f = append(&q, g);
-        f->gemm.trans_a = false;
-        f->gemm.trans_b = true;
-        f->gemm.lda = f->gemm.ldb = m->k;
-        f->gemm.a_type = bwd ? CP_GEMM_E5M2 : CP_GEMM_E4M3;
-        f->gemm.b_type = CP_GEMM_E4M3;
-        f->gemm.fast_accum = !bwd; /* the forward's sums are short of the backward's: fp32 promotion only there */
+        f->gemm = fg;
         f->ops[0] = (cp_operand){.buf = copy[0], .offset = 0, .bytes = m->m * m->k, .access = CP_READ};
         f->ops[1] = (cp_operand){.buf = copy[1], .offset = 0, .bytes = m->n * m->k, .access = CP_READ};
         operand(f, state, SLOT(0), 16, CP_READ); /* A, B, (C), D: room for two more */

@@ -29,6 +29,7 @@ typedef struct {
     cublasLtMatrixLayout_t la, lb, lc, ld; /* cuBLASLt's A (our B), B (our A), C, D */
     cublasLtMatmulAlgo_t algo;
     size_t ws_needed;
+    const float *a_scale, *b_scale; /* FP8: the scales the descriptor points at now (set again only when they move) */
 } gemm_entry;
 
 struct cp_gemm_lib {
@@ -268,34 +269,30 @@ int cp_gemm_launch_scaled(cp_gemm_lib *g, int id, const void *A, const void *B, 
     gemm_entry *e = &g->e[id];
     const cp_gemm *p = &e->key.p;
     const char *w = e->what;
+    const char *bad = NULL;
     if (align_of(A) < e->key.align[0] || align_of(B) < e->key.align[1] || align_of(D) < e->key.align[3] ||
-        (p->has_c && align_of(C) < e->key.align[2])) {
-        char d[256];
-        describe(p, w, d, sizeof d);
-        snprintf(err, (size_t)errlen, "%s: launched with pointers less aligned than prepared: a runtime bug", d);
-        return -1;
-    }
-    if (is_fp8(p) != (a_scale && b_scale)) {
-        char d[256];
-        describe(p, w, d, sizeof d);
-        snprintf(err, (size_t)errlen, "%s: launched %s: a runtime bug", d,
-                 is_fp8(p) ? "without the scales of its FP8 inputs" : "with FP8 scales for bf16 inputs");
-        return -1;
-    }
+        (p->has_c && align_of(C) < e->key.align[2]))
+        bad = "with pointers less aligned than prepared: a runtime bug";
+    else if (is_fp8(p) != (a_scale && b_scale))
+        bad = is_fp8(p) ? "without the scales of its FP8 inputs: a runtime bug"
+                        : "with FP8 scales for bf16 inputs: a runtime bug";
     /* cuBLASLt chooses its algorithm for scales on 16-byte boundaries and refuses (NOT_SUPPORTED) one launched
-     * with a scale less aligned: give each scale a 16-byte slot of its own */
-    if (is_fp8(p) && (align_of(a_scale) < 16 || align_of(b_scale) < 16)) {
+     * with a scale less aligned */
+    else if (is_fp8(p) && (align_of(a_scale) < 16 || align_of(b_scale) < 16))
+        bad = "with an FP8 scale not on a 16-byte boundary: give each scale a 16-byte slot of its own";
+    if (bad) {
         char d[256];
         describe(p, w, d, sizeof d);
-        snprintf(err, (size_t)errlen, "%s: launched with an FP8 scale not on a 16-byte boundary (A's at %p, B's at %p)"
-                 ": give each scale a 16-byte slot of its own", d, (const void *)a_scale, (const void *)b_scale);
+        snprintf(err, (size_t)errlen, "%s: launched %s", d, bad);
         return -1;
     }
-    if (is_fp8(p)) { /* the scales are read on the GPU when the GEMM runs; cuBLASLt's A is our B */
+    /* the scales are read on the GPU when the GEMM runs; cuBLASLt's A is our B */
+    if (is_fp8(p) && (a_scale != e->a_scale || b_scale != e->b_scale)) {
         LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof b_scale), p,
            w);
         LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof a_scale), p,
            w);
+        e->a_scale = a_scale, e->b_scale = b_scale;
     }
     const float alpha = 1.0f, beta = (p->has_c || p->accumulate) ? 1.0f : 0.0f;
     const void *c = p->has_c ? C : D; /* the residual, or D (read when accumulating) */

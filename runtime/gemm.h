@@ -1,7 +1,8 @@
 /* gemm.h: the plan's GEMMs (cp_gemm in gen/plan.h) on cuBLASLt. Row-major D[m][n] = op(A) op(B) (+ C), bf16 or
  * FP8 inputs (per-tensor scales), fp32 compute, bf16 or fp32 output, optionally accumulating into D (D += AB) or
- * adding a separate bf16 residual C (D = AB + C, C laid out as D). The algorithm of each shape (and pointer alignment) is chosen once with
- * cuBLASLt's heuristic and kept, so a training step only looks up a prepared entry and launches. */
+ * adding a separate bf16 residual C (D = AB + C, C laid out as D). The algorithm of each shape (and pointer
+ * alignment) is chosen once with cuBLASLt's heuristic and kept, so a training step only looks up a prepared entry
+ * and launches. */
 #ifndef CP_GEMM_H
 #define CP_GEMM_H
 
@@ -26,9 +27,9 @@ int cp_gemm_check(const cp_gemm *p, const char *what, const void *A, const void 
                   char *err, int errlen);
 
 /* Find or make the prepared entry for this GEMM (cp_gemm_check first): its descriptors and the heuristic's
- * algorithm for these shapes and the alignment of these pointers (C may be NULL unless p->has_c). `what` names the GEMM in messages. Returns the
- * entry's id (>= 0), or -1 with a message naming the GEMM, its shape and what to do. Allocates on first use of a
- * shape; call it before the training loop for every GEMM of the plan. */
+ * algorithm for these shapes and the alignment of these pointers (C may be NULL unless p->has_c). `what` names the
+ * GEMM in messages. Returns the entry's id (>= 0), or -1 with a message naming the GEMM, its shape and what to do.
+ * Allocates on first use of a shape; call it before the training loop for every GEMM of the plan. */
 int cp_gemm_prepare(cp_gemm_lib *g, const cp_gemm *p, const char *what, const void *A, const void *B, const void *C,
                     const void *D, char *err, int errlen);
 

@@ -223,6 +223,10 @@ for ((s = from; s <= steps; s++)); do
   loss=$(printf '%d.%06d' $((u / 1000000)) $((u % 1000000)))
   echo "{\"step\":$s,\"loss\":$loss,\"norm\":1.5,\"seconds\":0.1,\"mem_measured\":1000,\"mem_planned\":1000}" \
     >>"$dir/metrics.jsonl"
+  # FAKE_VAL: a validation loss every 10 steps (the step's loss plus 0.5)
+  [ -z "${FAKE_VAL:-}" ] || [ $((s % 10)) != 0 ] ||
+    echo "{\"step\":$s,\"val_loss\":$(printf '%d.%06d' $(((u + 500000) / 1000000)) $(((u + 500000) % 1000000)))}" \
+      >>"$dir/metrics.jsonl"
   echo "step $s/$steps | loss $loss"
 done
 echo "done: $steps steps"
@@ -274,6 +278,13 @@ PAT="FAILED +resumed against uninterrupted" script 1 "real text: a resumed run o
   FAKE_OFF=resumed
 PAT="FAILED +full: exit status 1" script 1 "real text: the uninterrupted run fails" 1 "${rt[@]}" FAKE_FAIL=full
 PAT="loss falls: FAILED" script 1 "real text: too few steps to see the loss fall" 1 "${rt[@]}" STEPS=30
+# COMPARE=fp8: bf16 and fp8 side by side, judged by tools/precision_compare.py
+PAT="^at the end: .*difference 0\.00% .*OK$" script 0 "real text, fp8 against bf16: alike" 1 "${rt[@]}" COMPARE=fp8 \
+  FAKE_VAL=1
+PAT="FAILED +fp8: exit status 1" script 1 "real text, fp8 against bf16: the fp8 run fails" 1 "${rt[@]}" \
+  COMPARE=fp8 FAKE_VAL=1 FAKE_FAIL=fp8
+PAT="fp8: FAILED: 15 training steps of 300" script 1 "real text, fp8 against bf16: the fp8 run cut short" 1 \
+  "${rt[@]}" COMPARE=fp8 FAKE_VAL=1 FAKE_CUT=fp8
 
 # gpu-eval-check.sh on a stand-in cpgen that evaluates: its losses a function of the step (and, with lr = 0, nearly
 # flat), an evaluation after the steps train.eval_every says with val_tokens of every group, step 1's loss where lr

@@ -96,49 +96,50 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"))' "$data/text
     note "validation: not asked for (this cpgen does not know data.val: $(grep -m1 'cpgen:' "$out/probe_val.log"))"
   fi
 
-  # 2. the uninterrupted run, saving at SAVE_AT (and at the end, not needed: deleted once written); 3. once that
-  # checkpoint is complete, the resumed run beside it on the same GPU (each plan's arena is a sixth of an H200): the
-  # GPU's time is what it would be one after the other, but the second run's start and the first run's last save
-  # overlap the other's steps, which keeps the whole within one call of ten minutes
   if [ -n "$COMPARE" ]; then
-    # both precisions from the same start, side by side on the GPU (a 1B plan's arena is a fifth of an H200)
+    # 2. both precisions from the same start, side by side on the GPU (a 1B plan's arena is a fifth of an H200)
+    second=fp8
     bg full "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.out_dir=$CKPT_DIR/full"
     bg fp8 "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set train.precision=fp8 \
       --set "train.out_dir=$CKPT_DIR/fp8"
     wait
     judge full '^done: .*'
     judge fp8 '^done: .*'
-    for r in full fp8; do
-      cp "$CKPT_DIR/$r/metrics.jsonl" "$out/metrics_$r.jsonl" 2>/dev/null
-      cp "$CKPT_DIR/$r/report.svg" "$out/report_$r.svg" 2>/dev/null || fail "$r: no report.svg"
-    done
-    check "fp8 against bf16" python3 "$(dirname "$0")/precision_compare.py" "$out/metrics_full.jsonl" \
-      "$out/metrics_fp8.jsonl" "$STEPS" "$out/precision.svg" "llama1b at $SEQ on real text: bf16 and fp8"
   else
-  bg full "$B/cpgen" run "${args[@]}" --set "train.save_every=$SAVE_AT" --set "train.out_dir=$CKPT_DIR/full"
-  ck=$CKPT_DIR/full/ckpt_$SAVE_AT # renamed into place only when complete
-  until [ -e "$ck/trainer_state.json" ] || [ -e "$out/full.rc" ] || [ "$(left)" -le 5 ]; do sleep 2; done
-  if [ -e "$ck/trainer_state.json" ]; then
-    note "ckpt_$SAVE_AT complete after $(($(date +%s) - t_start)) s: the resumed run starts"
-    bg resumed "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.out_dir=$CKPT_DIR/resumed" \
-      --resume "$ck"
-  else
-    echo "1 0" >"$out/resumed.rc"
-    echo "cpgen: not started: the uninterrupted run left no $ck" >"$out/resumed.log"
+    # 2. the uninterrupted run, saving at SAVE_AT (and at the end, not needed: deleted once written); 3. once that
+    # checkpoint is complete, the resumed run beside it on the same GPU (each plan's arena is a sixth of an H200):
+    # the GPU's time is what it would be one after the other, but the second run's start and the first run's last
+    # save overlap the other's steps, which keeps the whole within one call of ten minutes
+    second=resumed
+    bg full "$B/cpgen" run "${args[@]}" --set "train.save_every=$SAVE_AT" --set "train.out_dir=$CKPT_DIR/full"
+    ck=$CKPT_DIR/full/ckpt_$SAVE_AT # renamed into place only when complete
+    until [ -e "$ck/trainer_state.json" ] || [ -e "$out/full.rc" ] || [ "$(left)" -le 5 ]; do sleep 2; done
+    if [ -e "$ck/trainer_state.json" ]; then
+      note "ckpt_$SAVE_AT complete after $(($(date +%s) - t_start)) s: the resumed run starts"
+      bg resumed "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.out_dir=$CKPT_DIR/resumed" \
+        --resume "$ck"
+    else
+      echo "1 0" >"$out/resumed.rc"
+      echo "cpgen: not started: the uninterrupted run left no $ck" >"$out/resumed.log"
+    fi
+    wait
+    judge full '^done: .*'
+    judge resumed '^resumed from [^ ]+'
+    rm -rf "$CKPT_DIR"/full/ckpt_* "$CKPT_DIR"/resumed/ckpt_*
   fi
-  wait
-  judge full '^done: .*'
-  judge resumed '^resumed from [^ ]+'
-  rm -rf "$CKPT_DIR"/full/ckpt_* "$CKPT_DIR"/resumed/ckpt_*
-  for r in full resumed; do
+  for r in full $second; do
     cp "$CKPT_DIR/$r/metrics.jsonl" "$out/metrics_$r.jsonl" 2>/dev/null
     # the training steps' lines (an evaluation may have lines of its own)
     grep '"loss"' "$out/metrics_$r.jsonl" >"$out/steps_$r.jsonl" 2>/dev/null
     cp "$CKPT_DIR/$r/report.svg" "$out/report_$r.svg" 2>/dev/null || fail "$r: no report.svg"
   done
-  compare_loss "resumed against uninterrupted" "$out/steps_full.jsonl" "$out/steps_resumed.jsonl" "$STEPS" \
-    $((SAVE_AT + 1))
-  check "loss falls" python3 - "$out/metrics_full.jsonl" "$STEPS" <<'PY'
+  if [ -n "$COMPARE" ]; then
+    check "fp8 against bf16" python3 "$(dirname "$0")/precision_compare.py" "$out/metrics_full.jsonl" \
+      "$out/metrics_fp8.jsonl" "$STEPS" "$out/precision.svg" "llama1b at $SEQ on real text: bf16 and fp8"
+  else
+    compare_loss "resumed against uninterrupted" "$out/steps_full.jsonl" "$out/steps_resumed.jsonl" "$STEPS" \
+      $((SAVE_AT + 1))
+    check "loss falls" python3 - "$out/metrics_full.jsonl" "$STEPS" <<'PY'
 import json, math, sys
 all_rows = []
 for l in open(sys.argv[1]):
@@ -167,5 +168,5 @@ echo
 echo "real text on $(nvidia-smi -L | head -1), in $(($(date +%s) - t_start)) s"
 sed -n 's/^\(tokens\|full\|resumed\|fp8\) \+rc=/&/p' "$sum" | sed 's/^/  /'
 grep -E '^(loss:|resumed against|tokenizer:|validation:|on the way:|at the end:)' "$sum" | sed 's/^/  /'
-echo "  files: $out/report_full.svg, $out/report_resumed.svg, metrics_*.jsonl, tokens.json"
+echo "  files: $out/report_full.svg, $out/report_${second:-resumed}.svg, metrics_*.jsonl, tokens.json"
 exit "$verdict"

@@ -85,8 +85,7 @@ def main(argv):
         end_ok = rel(vf[s], vb[s]) <= END
         print(f"at the end: validation loss at step {s}: bf16 {vb[s]:.4f}, fp8 {vf[s]:.4f}, "
               f"difference {rel(vf[s], vb[s]):.2%} (bound {END:.0%}) {'OK' if end_ok else 'FAILED'}")
-    drew = draw(runs, steps, out_svg, title)
-    print(f"picture: {out_svg}" if drew else f"picture: not drawn ({drew is None and 'no matplotlib' or 'failed'})")
+    print(f"picture: {draw(runs, steps, out_svg, title)}")
     print(f"{'step':>6} {'bf16 train':>11} {'fp8 train':>10} {'bf16 val':>9} {'fp8 val':>8}")
     for s in common:
         lo = max(1, s - 9)
@@ -102,7 +101,7 @@ def draw(runs, steps, path, title):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return None
+        return "not drawn (no matplotlib)"
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, color in (("bf16", "#1f77b4"), ("fp8", "#d62728")):
         train, val = runs[name]
@@ -120,9 +119,9 @@ def draw(runs, steps, path, title):
     fig.tight_layout()
     try:
         fig.savefig(path, format="svg")
-    except OSError:
-        return False
-    return True
+    except OSError as e:
+        return f"not drawn ({path}: {e.strerror})"
+    return path
 
 
 if __name__ == "__main__":

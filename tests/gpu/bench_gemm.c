@@ -2,11 +2,11 @@
  * the shapes of the 3B step at 32K and the 8B step at 128K on one GPU (or the spec and length given).
  * Method: the plan is built as `cpgen plan SPEC --seq S --gpus 1` builds it; its GEMM steps are grouped by name and
  * shape, each counted as often as a step runs it (folded tiles included). Each distinct GEMM is timed as planned
- * (bf16 inputs, its own transposes, residual and accumulation) and as FP8 would run it: the same m, n, k in the
- * x W^T form Hopper's FP8 tensor cores take (A [m][k], B [n][k]: the backward's GEMMs read transposed FP8 copies),
- * E4M3 x E4M3 in the forward, E5M2 (the gradient) x E4M3 in the backward, the same output type, residual and
- * accumulation; with cuBLASLt's promotion to fp32 and with fast accumulation. FP8 is for the projections and the MLP:
- * the LM head and its gradients stay bf16, so their rows show bf16 only. Inputs are random
+ * (bf16 inputs, its own transposes, residual and accumulation) and as train.precision = "fp8" runs it (the form
+ * of cp_plan_fp8_gemm: the same m, n, k in the x W^T form Hopper's FP8 tensor cores take, the backward's GEMMs
+ * reading transposed FP8 copies, E4M3 x E4M3 in the forward, E5M2 (the gradient) x E4M3 in the backward, the same
+ * output type, residual and accumulation), with cuBLASLt's promotion to fp32 and with fast accumulation. The GEMMs
+ * that pass leaves in bf16 (the LM head and its gradients) show bf16 only. Inputs are random
  * bytes, finite in every type; each time is the median of REPS launches timed with CUDA events
  * after WARM. TF/s = 2 m n k / time. The totals weigh each GEMM by its count: the step's GEMM seconds in bf16 and
  * with FP8 where FP8 applies, before the casts and transposes FP8 adds.
@@ -19,6 +19,7 @@
 #include "gemm.h"
 #include "gpu_util.h"
 #include "plan.h"
+#include "plan_internal.h"
 #include "spec.h"
 
 #define REPS 20
@@ -27,7 +28,8 @@
 typedef struct {
     char what[40];
     cp_gemm g;
-    bool in_layer; /* a layer's projection or MLP GEMM, which FP8 is for; else the LM head's, which stays bf16 */
+    bool fp8;      /* a GEMM train.precision = "fp8" runs on FP8 inputs (a layer's); else the LM head's, in bf16 */
+    cp_gemm f;     /* its FP8 form, as the plan's FP8 pass gives it */
     int64_t count;
 } gemm_use;
 
@@ -86,7 +88,8 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         while (j < nu && !(same_shape(&u[j].g, &st->gemm) && !strcmp(u[j].what, st->what))) j++;
         if (j == nu) {
             snprintf(u[nu].what, sizeof u[nu].what, "%s", st->what);
-            u[nu].in_layer = st->layer >= 0;
+            u[nu].fp8 = cp_plan_fp8_eligible(st);
+            if (u[nu].fp8) u[nu].f = cp_plan_fp8_gemm(st);
             u[nu++].g = st->gemm;
         }
         u[j].count += cp_plan_step_repeats(&P, i);
@@ -127,7 +130,7 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         t_bf16 += tb * (double)u[j].count;
         char form[8];
         snprintf(form, sizeof form, "%s%s", g->trans_a ? "T" : "N", g->trans_b ? "T" : "N");
-        if (!u[j].in_layer) {
+        if (!u[j].fp8) {
             t_fp8 += tb * (double)u[j].count;
             t_fast += tb * (double)u[j].count;
             printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8s %6s | %8s %6s | %5s\n", u[j].what,
@@ -135,11 +138,8 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
                    "bf16", "", "bf16", "", "");
             continue;
         }
-        bool backward = g->trans_a || !g->trans_b;
-        cp_gemm f = *g;
-        f.trans_a = false, f.trans_b = true, f.lda = g->k, f.ldb = g->k;
-        f.a_type = backward ? CP_GEMM_E5M2 : CP_GEMM_E4M3;
-        f.b_type = CP_GEMM_E4M3;
+        cp_gemm f = u[j].f; /* timed with cuBLASLt's promotion to fp32 and with fast accumulation */
+        f.fast_accum = false;
         double tf = time_gemm(lib, &f, u[j].what, A, B, C, D, dS, dS + 4);
         f.fast_accum = true;
         double tq = time_gemm(lib, &f, u[j].what, A, B, C, D, dS, dS + 4);

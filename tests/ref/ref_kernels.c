@@ -217,9 +217,10 @@ uint8_t ref_fp8_of(float v, bool e5m2) {
     double a = fabs((double)v);
     /* the bytes' values grow with the byte: the nearest of 0..top, the even one on a tie */
     uint8_t best = 0;
+    double db = a; /* byte 0 is zero */
     for (int b = 1; b <= top; b++) {
-        double d = fabs(ref_fp8_value((uint8_t)b, e5m2) - a), db = fabs(ref_fp8_value(best, e5m2) - a);
-        if (d < db || (d == db && !(b & 1))) best = (uint8_t)b;
+        double d = fabs(ref_fp8_value((uint8_t)b, e5m2) - a);
+        if (d < db || (d == db && !(b & 1))) best = (uint8_t)b, db = d;
     }
     return sign | best;
 }
