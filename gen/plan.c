@@ -147,6 +147,13 @@ static cp_step *gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t
     return s;
 }
 
+/* A backward GEMM: its A is the gradient dY (dX = dY W, dW = dY^T X), which FP8 keeps in E5M2. */
+static cp_step *grad_gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+    cp_step *s = gemm(B, what, m, n, k, ta, tb);
+    s->gemm.a_grad = true;
+    return s;
+}
+
 /* A run of n identical tiles (the MLP's, the loss's: n grows with the sequence) is added tile by tile, but the
  * steps of tile 1, [body, nsteps), stand for tiles 1 .. n - 2 (cp_loop): called after them, this records the loop
  * and returns the tile to continue from, less one (the caller's i++), so that the last tile is added next. Tiles 0
@@ -863,13 +870,13 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
         wr(k, P, b->mlp_act);
         k->count = t;
         /* dWdown += dres^T act */
-        cp_step *g = gemm(B, "d_wdown", hid, F, t, true, false);
+        cp_step *g = grad_gemm(B, "d_wdown", hid, F, t, true, false);
         use_tile(g, P, b->dres, i, rbytes, CP_READ);
         rd(g, P, b->mlp_act);
         op_wgrad(g, P, w, CP_W_DOWN);
         g->gemm.accumulate = g->gemm.out_f32 = true;
         /* dact = dres Wdown, into act's buffer */
-        g = gemm(B, "d_act", t, F, hid, false, false);
+        g = grad_gemm(B, "d_act", t, F, hid, false, false);
         use_tile(g, P, b->dres, i, rbytes, CP_READ);
         op_weight(g, P, w, CP_W_DOWN, CP_READ);
         wr(g, P, b->mlp_act);
@@ -879,12 +886,12 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
         rw(k, P, b->mlp_up);
         k->count = t;
         for (int j = 0; j < 2; j++) {
-            g = gemm(B, j ? "d_wup" : "d_wgate", F, hid, t, true, false);
+            g = grad_gemm(B, j ? "d_wup" : "d_wgate", F, hid, t, true, false);
             rd(g, P, gub[j]);
             use_tile(g, P, b->xn2, i, rbytes, CP_READ);
             op_wgrad(g, P, w, gu[j]);
             g->gemm.accumulate = g->gemm.out_f32 = true;
-            g = gemm(B, j ? "d_xn2_up" : "d_xn2_gate", t, hid, F, false, false);
+            g = grad_gemm(B, j ? "d_xn2_up" : "d_xn2_gate", t, hid, F, false, false);
             rd(g, P, gub[j]);
             op_weight(g, P, w, gu[j], CP_READ);
             use_tile(g, P, b->dxn, i, rbytes, j ? CP_RW : (i == 0 ? CP_DEF : CP_WRITE));
@@ -901,12 +908,12 @@ static void proj_backward(builder *B, const bufset *b, const unit_ref *w, cp_wei
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
     int64_t T = P->T, hid = m->hidden, D = m->head_dim;
-    cp_step *g = gemm(B, what_dw, nh * D, hid, T, true, false);
+    cp_step *g = grad_gemm(B, what_dw, nh * D, hid, T, true, false);
     use(g, P, dbuf, 0, T * nh * D * BF16, CP_READ);
     rd(g, P, b->xn);
     use(g, P, w->gbuf, (w->gbase + P->layout.off[wt] + row0 * D * hid) * F32, nh * D * hid * F32, CP_RW);
     g->gemm.accumulate = g->gemm.out_f32 = true;
-    g = gemm(B, what_dx, T, hid, nh * D, false, false);
+    g = grad_gemm(B, what_dx, T, hid, nh * D, false, false);
     use(g, P, dbuf, 0, T * nh * D * BF16, CP_READ);
     use(g, P, w->wbuf, (w->wbase + P->layout.off[wt] + row0 * D * hid) * BF16, nh * D * hid * BF16, CP_READ);
     use(g, P, b->dxn, 0, -1, first ? CP_WRITE : CP_RW);
@@ -1061,12 +1068,12 @@ static void layer_backward(builder *B, const bufset *b, const modset *M, const u
     wr(k, P, b->norm_part);
     k->count = T;
     /* output projection */
-    cp_step *g = gemm(B, "d_wo", hid, H * D, T, true, false);
+    cp_step *g = grad_gemm(B, "d_wo", hid, H * D, T, true, false);
     rd(g, P, b->dh2);
     rd(g, P, attn_buf);
     op_wgrad(g, P, w, CP_W_O);
     g->gemm.accumulate = g->gemm.out_f32 = true;
-    g = gemm(B, "d_attn", T, H * D, hid, false, false);
+    g = grad_gemm(B, "d_attn", T, H * D, hid, false, false);
     rd(g, P, b->dh2);
     op_weight(g, P, w, CP_W_O, CP_READ);
     wr(g, P, b->dattn);
@@ -1443,12 +1450,12 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         use_tile(s, P, b->token_loss, i, t * F32, i == 0 ? CP_DEF : CP_WRITE);
         s->count = t;
         B.phase = CP_PHASE_BWD;
-        g = gemm(&B, "d_lm_head", V, hid, t, true, false);
+        g = grad_gemm(&B, "d_lm_head", V, hid, t, true, false);
         rd(g, P, b->logits);
         use_tile(g, P, b->xf, i, rbytes, CP_READ);
         use(g, P, lm.gbuf, lm_off * F32, V * hid * F32, CP_RW);
         g->gemm.accumulate = g->gemm.out_f32 = true;
-        g = gemm(&B, "d_x_final", t, hid, V, false, false);
+        g = grad_gemm(&B, "d_x_final", t, hid, V, false, false);
         rd(g, P, b->logits);
         use(g, P, lm.wbuf, lm_off * BF16, V * hid * BF16, CP_READ);
         use_tile(g, P, b->dxf, i, rbytes, i == 0 ? CP_DEF : CP_WRITE);

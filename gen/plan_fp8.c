@@ -1,7 +1,7 @@
 /* plan_fp8.c: train.precision = "fp8". Each GEMM of a layer (the projections and the MLP, forward, recompute and
  * backward) becomes an FP8 GEMM: before it, for each input, one kernel takes the tensor's amax into a scale slot and
  * one writes its FP8 copy (transposed where the GEMM reads it transposed: Hopper's FP8 tensor cores take only the
- * x W^T form). Activations and weights go to E4M3; the backward's first input, the gradient, to E5M2 for its range.
+ * x W^T form). Activations and weights go to E4M3; a backward GEMM's first input, the gradient, to E5M2 for its range.
  * The embedding, the LM head and loss, norms and attention stay as they are; so do a GEMM whose sizes are not
  * multiples of 16 (FP8's alignment), which the plan's output counts.
  * The program stays the planner's: this pass runs on the built steps before lifetimes and offsets, so the copies and
@@ -27,14 +27,14 @@ bool cp_plan_fp8_eligible(const cp_step *s) {
 }
 
 cp_gemm cp_plan_fp8_gemm(const cp_step *s) {
-    bool bwd = s->phase == CP_PHASE_BWD;
+    bool grad = s->gemm.a_grad; /* not the backward's recomputed projections: their inputs are activations */
     cp_gemm f = s->gemm;
     f.trans_a = false;
     f.trans_b = true;
     f.lda = f.ldb = s->gemm.k;
-    f.a_type = bwd ? CP_GEMM_E5M2 : CP_GEMM_E4M3;
+    f.a_type = grad ? CP_GEMM_E5M2 : CP_GEMM_E4M3;
     f.b_type = CP_GEMM_E4M3;
-    f.fast_accum = !bwd; /* the forward's sums are short of the backward's: fp32 promotion only there */
+    f.fast_accum = !grad; /* the gradients' sums (dW's over every token) with fp32 promotion, the rest without */
     return f;
 }
 

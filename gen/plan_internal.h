@@ -12,8 +12,8 @@ int cp_plan_add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, in
  * multiples of 16), and the pass that puts each such GEMM on FP8 copies of its inputs, with the casts before it,
  * their buffers and a module for them. Runs on the built program before its lifetimes (nothing without fp8). */
 bool cp_plan_fp8_eligible(const cp_step *s);
-/* The FP8 GEMM an eligible step runs: the x W^T form on its inputs' copies, E4M3 (E5M2 for the backward's
- * gradient, its first input), fast accumulation outside the backward. */
+/* The FP8 GEMM an eligible step runs: the x W^T form on its inputs' copies, E4M3 (E5M2 for a backward GEMM's
+ * gradient, its first input: cp_gemm.a_grad), fast accumulation but for the gradient GEMMs. */
 cp_gemm cp_plan_fp8_gemm(const cp_step *s);
 void cp_plan_lower_fp8(cp_plan *P);
 

@@ -736,8 +736,10 @@ static void test_fp8(void **state) {
                 continue;
             }
             layer_gemms++;
-            bool bwd = y->phase == CP_PHASE_BWD;
+            bool bwd = y->what[0] == 'd' && y->what[1] == '_'; /* a gradient GEMM, not a recomputed projection */
+            assert_true(bwd == y->gemm.a_grad && (!bwd || y->phase == CP_PHASE_BWD));
             assert_int_equal(x->gemm.a_type, bwd ? CP_GEMM_E5M2 : CP_GEMM_E4M3);
+            assert_true(x->gemm.fast_accum == !bwd);
             assert_int_equal(x->gemm.b_type, CP_GEMM_E4M3);
             assert_true(!x->gemm.trans_a && x->gemm.trans_b);
             assert_int_equal(x->nops, y->nops + 2);
