@@ -1,9 +1,14 @@
 /* plan_fp8.c: train.precision = "fp8". Each GEMM of a layer (the projections and the MLP, forward, recompute and
- * backward) becomes an FP8 GEMM: before it, for each input, one kernel takes the tensor's amax into a scale slot and
- * one writes its FP8 copy (transposed where the GEMM reads it transposed: Hopper's FP8 tensor cores take only the
- * x W^T form). Activations and weights go to E4M3; a backward GEMM's first input, the gradient, to E5M2 for its range.
+ * backward) becomes an FP8 GEMM on FP8 copies of its inputs: one kernel takes a tensor's amax into a scale slot and
+ * one writes its copy (transposed where the GEMM reads it transposed: Hopper's FP8 tensor cores take only the x W^T
+ * form). Activations and weights go to E4M3; a backward GEMM's first input, the gradient, to E5M2 for its range.
  * The embedding, the LM head and loss, norms and attention stay as they are; so do a GEMM whose sizes are not
  * multiples of 16 (FP8's alignment), which the plan's output counts.
+ * A copy or an amax is made once and read while it holds: a GEMM whose input was cast (or measured) before, with
+ * nothing written to it since, reads that copy (or scale) again. So q, k and v read one copy of the normed input, a
+ * tensor read plain and transposed is measured once, and a weight is cast once per layer and pass rather than once
+ * per MLP tile: each weight role (the GEMM that reads it) has a copy buffer and a scale slot of its own, which the
+ * tiles between do not touch. A folded run of tiles (cp_loop) keeps what its body never overwrites.
  * The program stays the planner's: this pass runs on the built steps before lifetimes and offsets, so the copies and
  * casts are in the plan's memory and time like any other buffer and step. */
 #include <stdlib.h>
@@ -13,12 +18,16 @@
 #include "plan_internal.h"
 #include "util.h"
 
-/* fp8_state: two 16-byte scale slots (the GEMM's A and B), two amax counters on 16 bytes each, then each input's
- * per-block amax parts */
+/* fp8_state: 16-byte scale slots (ACT_SLOTS shared by activations and gradients, least recently used first, then
+ * one per weight role), two amax counters on 16 bytes each, then the two inputs' per-block amax parts */
+#define ACT_SLOTS 8
+#define MAX_SLOTS 64
+#define MAX_ROLES (MAX_SLOTS - ACT_SLOTS)
 #define SLOT(x) ((int64_t)(x) * 16)
-#define COUNTER(x) (32 + (int64_t)(x) * 16)
-#define PARTS(x) (64 + (int64_t)(x) * CP_FP8_AMAX_PARTS * 4)
+#define COUNTER(x) (MAX_SLOTS * 16 + (int64_t)(x) * 16)
+#define PARTS(x) (MAX_SLOTS * 16 + 32 + (int64_t)(x) * CP_FP8_AMAX_PARTS * 4)
 #define STATE_BYTES PARTS(2)
+#define MAX_COPIES (2 + MAX_ROLES) /* the two inputs' scratch copies, then the roles' */
 
 bool cp_plan_fp8_eligible(const cp_step *s) {
     const cp_gemm *g = &s->gemm;
@@ -76,51 +85,226 @@ static cp_step *cast_step(program *q, const cp_step *g, int module, const char *
     return append(q, &k);
 }
 
-/* The amax and the FP8 copy of input x (0: A, 1: B) of GEMM g, read from its operand src as [rows][cols] with row
- * stride ld, into copy (transposed when `transpose`). */
-static void cast_input(program *q, const cp_step *g, int module, int state, int copy, int x, cp_operand src,
-                       int64_t rows, int64_t cols, int64_t ld, bool transpose, bool e5m2) {
-    src.access = CP_READ;
-    cp_step *s = cast_step(q, g, module, e5m2 ? "amax_e5m2" : "amax_e4m3", CP_TASK_FP8_AMAX);
-    s->ops[s->nops++] = src;
-    operand(s, state, PARTS(x), CP_FP8_AMAX_PARTS * 4, CP_RW);
-    operand(s, state, COUNTER(x), 4, CP_RW);
-    operand(s, state, SLOT(x), 16, CP_RW);
-    s->count = rows;
-    s->heads = cols;
-    s->ld = ld;
-    s->bytes = (double)rows * (double)cols * 2;
-    const char *role = transpose ? (e5m2 ? "cast_t_e5m2" : "cast_t_e4m3") : (e5m2 ? "cast_e5m2" : "cast_e4m3");
-    s = cast_step(q, g, module, role, CP_TASK_FP8_CAST);
-    s->ops[s->nops++] = src;
-    operand(s, state, SLOT(x), 16, CP_READ);
-    operand(s, copy, 0, rows * cols, CP_WRITE);
-    s->count = rows;
-    s->heads = cols;
-    s->ld = ld;
-    s->bytes = (double)rows * (double)cols * 3;
+/* A tensor measured or cast: the operand it is read from (with its stride in a loop's body), its shape, format */
+typedef struct {
+    int buf;
+    int64_t offset, bytes, stride, rows, cols, ld;
+    uint8_t fmt; /* cp_gemm_type */
+} source;
+
+/* What a scale slot or a copy buffer holds now; in_body: made in the loop body being lowered */
+typedef struct {
+    bool valid, in_body;
+    source src;
+    int64_t used; /* slots: when last read, for the least recently used */
+} slot_state;
+typedef struct {
+    bool valid, in_body, transposed;
+    source src;
+    int slot; /* the scale it was cast with, which the GEMM reads beside it */
+} copy_state;
+typedef struct {
+    slot_state slot[MAX_SLOTS];
+    copy_state copy[MAX_COPIES];
+    int64_t clock;
+    bool body;       /* lowering a loop's body */
+    int64_t repeats; /* its repeats (1 outside): a strided write covers every tile's rows */
+} cache;
+
+typedef struct {
+    char what[40]; /* the GEMM */
+    int input;
+} weight_role;
+
+typedef struct {
+    cp_plan *P;
+    program q;
+    bool emit; /* false: a trial run over a loop's body, which only updates the cache */
+    int module, state;
+    int copy_buf[MAX_COPIES]; /* the plan's buffer of each copy */
+    weight_role role[MAX_ROLES];
+    int nroles;
+} lowering;
+
+static bool same_source(const source *a, const source *b) {
+    return a->buf == b->buf && a->offset == b->offset && a->bytes == b->bytes && a->stride == b->stride &&
+           a->rows == b->rows && a->cols == b->cols && a->ld == b->ld && a->fmt == b->fmt;
+}
+
+static bool overlaps(const source *s, int buf, int64_t lo, int64_t hi) {
+    return s->buf == buf && s->offset < hi && lo < s->offset + s->bytes;
+}
+
+/* What step s writes no longer holds a copy or a scale made from it. */
+static void forget_writes(cache *c, const cp_step *s) {
+    for (int j = 0; j < s->nops; j++) {
+        const cp_operand *o = &s->ops[j];
+        if (!(o->access & CP_WRITE)) continue;
+        int64_t lo = o->offset, hi = o->offset + o->bytes + (c->repeats - 1) * o->stride;
+        for (int k = 0; k < MAX_SLOTS; k++)
+            if (c->slot[k].valid && overlaps(&c->slot[k].src, o->buf, lo, hi)) c->slot[k].valid = false;
+        for (int k = 0; k < MAX_COPIES; k++)
+            if (c->copy[k].valid && overlaps(&c->copy[k].src, o->buf, lo, hi)) c->copy[k].valid = false;
+    }
+}
+
+/* The role of input x of GEMM g when it reads weights, else -1 (an activation or gradient: the input's scratch
+ * copy and a shared slot). */
+static int weight_role_of(lowering *L, const cp_step *g, int x) {
+    cp_cat cat = L->P->bufs[g->ops[x].buf].cat;
+    if (cat != CP_CAT_PARAMS && cat != CP_CAT_GATHERED) return -1;
+    for (int r = 0; r < L->nroles; r++)
+        if (L->role[r].input == x && !strcmp(L->role[r].what, g->what)) return r;
+    if (L->nroles == MAX_ROLES) return -1;
+    weight_role *w = &L->role[L->nroles];
+    snprintf(w->what, sizeof w->what, "%s", g->what);
+    w->input = x;
+    char name[48];
+    snprintf(name, sizeof name, "fp8_w.%s", g->what);
+    L->copy_buf[2 + L->nroles] = cp_plan_add_buf(L->P, name, CP_SPACE_GPU, CP_CAT_FP8, 16, false);
+    return L->nroles++;
+}
+
+/* The scale slot holding src's amax: one that holds it already, else a fresh amax (into the role's slot, or the
+ * least recently used shared one). */
+static int measure(lowering *L, cache *c, const cp_step *g, int x, int role, const source *src, cp_operand op) {
+    for (int k = 0; k < MAX_SLOTS; k++)
+        if (c->slot[k].valid && same_source(&c->slot[k].src, src)) {
+            c->slot[k].used = ++c->clock;
+            return k;
+        }
+    int k = ACT_SLOTS + role;
+    if (role < 0) /* an empty slot, else the least recently used */
+        for (int j = k = 0; j < ACT_SLOTS && c->slot[k].valid; j++)
+            if (!c->slot[j].valid || c->slot[j].used < c->slot[k].used) k = j;
+    for (int j = 0; j < MAX_COPIES; j++)
+        if (c->copy[j].valid && c->copy[j].slot == k) c->copy[j].valid = false;
+    c->slot[k] = (slot_state){.valid = true, .in_body = c->body, .src = *src, .used = ++c->clock};
+    if (L->emit) {
+        bool e5 = src->fmt == CP_GEMM_E5M2;
+        cp_step *s = cast_step(&L->q, g, L->module, e5 ? "amax_e5m2" : "amax_e4m3", CP_TASK_FP8_AMAX);
+        op.access = CP_READ;
+        s->ops[s->nops++] = op;
+        operand(s, L->state, PARTS(x), CP_FP8_AMAX_PARTS * 4, CP_RW);
+        operand(s, L->state, COUNTER(x), 4, CP_RW);
+        operand(s, L->state, SLOT(k), 16, CP_RW);
+        s->count = src->rows;
+        s->heads = src->cols;
+        s->ld = src->ld;
+        s->bytes = (double)src->rows * (double)src->cols * 2;
+    }
+    return k;
+}
+
+/* The copy GEMM g reads as input x (0: A, 1: B): operand op of g read as [rows][cols] with row stride ld, in
+ * format fmt, transposed or not; one that holds it already, else a fresh cast. Its scale slot into *slot. */
+static int copy_of(lowering *L, cache *c, const cp_step *g, int x, int64_t rows, int64_t cols, int64_t ld,
+                   bool transposed, uint8_t fmt, int *slot) {
+    const cp_operand *op = &g->ops[x];
+    source src = {.buf = op->buf, .offset = op->offset, .bytes = op->bytes, .stride = op->stride, .rows = rows,
+                  .cols = cols, .ld = ld, .fmt = fmt};
+    for (int k = 0; k < MAX_COPIES; k++)
+        if (c->copy[k].valid && c->copy[k].transposed == transposed && same_source(&c->copy[k].src, &src)) {
+            *slot = c->copy[k].slot;
+            c->slot[*slot].used = ++c->clock;
+            return k;
+        }
+    int role = weight_role_of(L, g, x), k = role < 0 ? x : 2 + role;
+    *slot = measure(L, c, g, x, role, &src, *op);
+    c->copy[k] = (copy_state){.valid = true, .in_body = c->body, .transposed = transposed, .src = src, .slot = *slot};
+    cp_buffer *b = &L->P->bufs[L->copy_buf[k]];
+    b->bytes = CP_MAX(b->bytes, rows * cols);
+    if (L->emit) {
+        bool e5 = fmt == CP_GEMM_E5M2;
+        const char *role_name = transposed ? (e5 ? "cast_t_e5m2" : "cast_t_e4m3") : (e5 ? "cast_e5m2" : "cast_e4m3");
+        cp_step *s = cast_step(&L->q, g, L->module, role_name, CP_TASK_FP8_CAST);
+        s->ops[s->nops] = *op;
+        s->ops[s->nops++].access = CP_READ;
+        operand(s, L->state, SLOT(*slot), 16, CP_READ);
+        operand(s, L->copy_buf[k], 0, rows * cols, CP_DEF); /* what the buffer held before is no longer read */
+        s->count = rows;
+        s->heads = cols;
+        s->ld = ld;
+        s->bytes = (double)rows * (double)cols * 3;
+    }
+    return k;
+}
+
+/* Step g of the program: an eligible GEMM on its inputs' copies (made here unless held), anything else as it is. */
+static void lower_step(lowering *L, cache *c, const cp_step *g) {
+    if (!cp_plan_fp8_eligible(g)) {
+        if (L->emit) append(&L->q, g);
+        forget_writes(c, g);
+        return;
+    }
+    const cp_gemm *m = &g->gemm, fg = cp_plan_fp8_gemm(g);
+    int slot[2], copy[2];
+    copy[0] = copy_of(L, c, g, 0, m->trans_a ? m->k : m->m, m->trans_a ? m->m : m->k, m->lda, m->trans_a, fg.a_type,
+                      &slot[0]);
+    copy[1] = copy_of(L, c, g, 1, m->trans_b ? m->n : m->k, m->trans_b ? m->k : m->n, m->ldb, !m->trans_b, fg.b_type,
+                      &slot[1]);
+    if (L->emit) {
+        cp_step *f = append(&L->q, g);
+        f->gemm = fg;
+        f->ops[0] = (cp_operand){.buf = L->copy_buf[copy[0]], .offset = 0, .bytes = m->m * m->k, .access = CP_READ};
+        f->ops[1] = (cp_operand){.buf = L->copy_buf[copy[1]], .offset = 0, .bytes = m->n * m->k, .access = CP_READ};
+        operand(f, L->state, SLOT(slot[0]), 16, CP_READ); /* A, B, (C), D: room for two more */
+        operand(f, L->state, SLOT(slot[1]), 16, CP_READ);
+    }
+    forget_writes(c, g);
+}
+
+/* A folded run's body stands for every tile between its first and last: what it reads from before it must hold
+ * in every repeat. So it starts from what the cache held that a trial run over the body leaves untouched, found
+ * again until nothing more drops; and leaves behind nothing it made from a tile's rows (whose repeats move on). */
+static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
+    cache start = *c;
+    start.body = true;
+    start.repeats = loop->count;
+    for (int k = 0; k < MAX_SLOTS; k++) start.slot[k].in_body = false;
+    for (int k = 0; k < MAX_COPIES; k++) start.copy[k].in_body = false;
+    bool emit = L->emit;
+    L->emit = false;
+    for (bool dropped = true; dropped;) {
+        cache t = start;
+        for (int j = 0; j < loop->nsteps; j++) lower_step(L, &t, &L->P->steps[loop->first + j]);
+        dropped = false;
+        for (int k = 0; k < MAX_SLOTS; k++)
+            if (start.slot[k].valid && !(t.slot[k].valid && !t.slot[k].in_body))
+                start.slot[k].valid = false, dropped = true;
+        for (int k = 0; k < MAX_COPIES; k++)
+            if (start.copy[k].valid && (!(t.copy[k].valid && !t.copy[k].in_body) || !start.slot[start.copy[k].slot].valid))
+                start.copy[k].valid = false, dropped = true;
+    }
+    L->emit = emit;
+    *c = start;
+    for (int j = 0; j < loop->nsteps; j++) {
+        moved[loop->first + j] = L->q.n;
+        lower_step(L, c, &L->P->steps[loop->first + j]);
+    }
+    for (int k = 0; k < MAX_SLOTS; k++)
+        if (c->slot[k].in_body && c->slot[k].src.stride) c->slot[k].valid = false;
+    for (int k = 0; k < MAX_COPIES; k++)
+        if (c->copy[k].in_body && c->copy[k].src.stride) c->copy[k].valid = false;
+    c->body = false;
+    c->repeats = 1;
 }
 
 void cp_plan_lower_fp8(cp_plan *P) {
     if (!P->spec.train.fp8) return;
-    int64_t a_bytes = 0, b_bytes = 0;
-    for (int i = 0; i < P->nsteps; i++)
-        if (cp_plan_fp8_eligible(&P->steps[i])) {
-            a_bytes = CP_MAX(a_bytes, P->steps[i].gemm.m * P->steps[i].gemm.k);
-            b_bytes = CP_MAX(b_bytes, P->steps[i].gemm.n * P->steps[i].gemm.k);
-        }
-    if (!a_bytes) return;
+    bool any = false;
+    for (int i = 0; i < P->nsteps && !any; i++) any = cp_plan_fp8_eligible(&P->steps[i]);
+    if (!any) return;
     if (P->nmodules == P->capmodules) {
         P->capmodules = P->capmodules ? P->capmodules * 2 : 16;
         P->modules = cp_xrealloc(P->modules, sizeof *P->modules * (size_t)P->capmodules);
     }
-    int module = P->nmodules++;
-    cp_k_fp8(&P->modules[module]);
-    int state = cp_plan_add_buf(P, "fp8_state", CP_SPACE_GPU, CP_CAT_FP8, STATE_BYTES, false);
-    int copy[2] = {cp_plan_add_buf(P, "fp8_a", CP_SPACE_GPU, CP_CAT_FP8, a_bytes, false),
-                   cp_plan_add_buf(P, "fp8_b", CP_SPACE_GPU, CP_CAT_FP8, b_bytes, false)};
+    lowering L = {.P = P, .emit = true, .module = P->nmodules++};
+    cp_k_fp8(&P->modules[L.module]);
+    L.state = cp_plan_add_buf(P, "fp8_state", CP_SPACE_GPU, CP_CAT_FP8, STATE_BYTES, false);
+    L.copy_buf[0] = cp_plan_add_buf(P, "fp8_a", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
+    L.copy_buf[1] = cp_plan_add_buf(P, "fp8_b", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
 
-    program q = {0};
     /* the amax counters start at 0 in every micro-batch (each amax leaves its counter 0 again) */
     cp_step z;
     memset(&z, 0, sizeof z);
@@ -131,39 +315,32 @@ void cp_plan_lower_fp8(cp_plan *P) {
     snprintf(z.what, sizeof z.what, "zero");
     z.count = STATE_BYTES;
     z.bytes = (double)STATE_BYTES;
-    operand(&z, state, 0, STATE_BYTES, CP_WRITE);
-    append(&q, &z);
+    operand(&z, L.state, 0, STATE_BYTES, CP_WRITE);
+    append(&L.q, &z);
+    cache c;
+    memset(&c, 0, sizeof c);
+    c.repeats = 1;
     int *moved = cp_xmalloc(sizeof *moved * (size_t)(P->nsteps + 1)); /* new index of each old step, and the end */
-    for (int i = 0; i < P->nsteps; i++) {
-        const cp_step *g = &P->steps[i];
-        moved[i] = q.n; /* a GEMM's casts come first: a loop's body that starts with it starts with them */
-        if (!cp_plan_fp8_eligible(g)) {
-            append(&q, g);
+    for (int i = 0, lp = 0; i < P->nsteps;) {
+        if (lp < P->nloops && i == P->loops[lp].first) {
+            lower_body(&L, &c, &P->loops[lp], moved); /* a body's first step starts with its casts */
+            i += P->loops[lp++].nsteps;
             continue;
         }
-        const cp_gemm *m = &g->gemm, fg = cp_plan_fp8_gemm(g);
-        cast_input(&q, g, module, state, copy[0], 0, g->ops[0], m->trans_a ? m->k : m->m, m->trans_a ? m->m : m->k,
-                   m->lda, m->trans_a, fg.a_type == CP_GEMM_E5M2);
-        cast_input(&q, g, module, state, copy[1], 1, g->ops[1], m->trans_b ? m->n : m->k, m->trans_b ? m->k : m->n,
-                   m->ldb, !m->trans_b, fg.b_type == CP_GEMM_E5M2);
-        cp_step *f = append(&q, g);
-        f->gemm = fg;
-        f->ops[0] = (cp_operand){.buf = copy[0], .offset = 0, .bytes = m->m * m->k, .access = CP_READ};
-        f->ops[1] = (cp_operand){.buf = copy[1], .offset = 0, .bytes = m->n * m->k, .access = CP_READ};
-        operand(f, state, SLOT(0), 16, CP_READ); /* A, B, (C), D: room for two more */
-        operand(f, state, SLOT(1), 16, CP_READ);
+        moved[i] = L.q.n;
+        lower_step(&L, &c, &P->steps[i++]);
     }
-    moved[P->nsteps] = q.n;
+    moved[P->nsteps] = L.q.n;
     for (int l = 0; l < P->nloops; l++) {
-        cp_loop *L = &P->loops[l];
-        int first = moved[L->first], end = moved[L->first + L->nsteps];
-        L->first = first;
-        L->nsteps = end - first;
+        cp_loop *loop = &P->loops[l];
+        int first = moved[loop->first], end = moved[loop->first + loop->nsteps];
+        loop->first = first;
+        loop->nsteps = end - first;
     }
     P->micro_steps = moved[P->micro_steps];
     free(moved);
     free(P->steps);
-    P->steps = q.steps;
-    P->nsteps = q.n;
-    P->capsteps = q.cap;
+    P->steps = L.q.steps;
+    P->nsteps = L.q.n;
+    P->capsteps = L.q.cap;
 }
