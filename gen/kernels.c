@@ -256,7 +256,7 @@ void cp_k_cast(cp_kernel_spec *k) {
 void cp_k_fp8(cp_kernel_spec *k) {
     cp_kspec_init(k, "fp8");
     cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
-    cp_kspec_set_int(k, "UNROLL", 2);
+    cp_kspec_set_int(k, "UNROLL", 4);
     cp_kspec_set_int(k, "AMAX_PARTS", CP_FP8_AMAX_PARTS);
 }
 
@@ -384,9 +384,9 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             d->block = (unsigned)get_int(k, "BLOCK");
             d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), 0);
         } else if (strcmp(role, "cast_t_e4m3") == 0 || strcmp(role, "cast_t_e5m2") == 0) {
-            d->block = 256; /* the template's: one 64 x 64 tile a block */
+            d->block = 128; /* the template's: one tile of 128 rows and 64 columns a block */
             d->grid[0] = units > 0 ? (unsigned)((heads + 63) / 64) : 0;
-            d->grid[1] = (unsigned)((n + 63) / 64);
+            d->grid[1] = (unsigned)((n + 127) / 128);
         } else {
             return -1;
         }

@@ -9,7 +9,9 @@
 //     is 0 before and left 0.
 //   cast_e4m3, cast_e5m2: dst[rows][cols] = fp8(x * slot[1]), saturating to the type's finite range.
 //   cast_t_e4m3, cast_t_e5m2: the same into dst[cols][rows] (the transposed copy the x W^T form needs), through
-//     64 x 64 tiles in shared memory so that reads and writes both go along rows.
+//     128 x 64 tiles in shared memory so that reads and writes both go along rows.
+// A contiguous source (ld = cols) is walked as one vector; a strided one row by row: no 64-bit division per load,
+// which held these memory-bound kernels to half the HBM rate.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -19,7 +21,9 @@ typedef __nv_bfloat16 bf16;
 #define BLOCK {{BLOCK}}
 #define UNROLL {{UNROLL}}
 #define AMAX_PARTS {{AMAX_PARTS}}
-#define TILE 64
+#define TILE_R 128 // cast_t: source rows of a tile (4 per thread: 32 threads a column group)
+#define TILE_C 64  // and source columns (16 per thread: 4 column groups; 128 threads)
+#define TILE_PITCH 36 // words of a transposed tile row: 32 and 4 of padding, 16-byte aligned, no bank conflicts
 
 extern "C" __global__ void fp8_amax_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, float *parts,
                                          unsigned *counter, float *slot);
@@ -58,16 +62,23 @@ __device__ __forceinline__ float block_max(float m) {
     return m; // valid in thread 0
 }
 
+// Vector i (8 bf16) of the source [rows][cols] with row stride ld: a contiguous source is one run of vectors.
+__device__ __forceinline__ uint4 load_vec(const bf16 *__restrict__ src, i64 i, i64 vrow, i64 ld, bool dense) {
+    const i64 at = dense ? i * 8 : (i / vrow) * ld + (i % vrow) * 8;
+    return *reinterpret_cast<const uint4 *>(src + at);
+}
+
 __device__ __forceinline__ void amax_of(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
                                         float *__restrict__ parts, unsigned *counter, float *slot, float fmax) {
     const i64 vrow = cols / 8, units = rows * vrow;
+    const bool dense = ld == cols;
     float m = 0.0f;
     for (i64 base = (i64)blockIdx.x * (BLOCK * UNROLL); base < units; base += (i64)gridDim.x * (BLOCK * UNROLL)) {
         uint4 v[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const i64 i = base + u * BLOCK + threadIdx.x;
-            if (i < units) v[u] = *reinterpret_cast<const uint4 *>(src + (i / vrow) * ld + (i % vrow) * 8);
+            if (i < units) v[u] = load_vec(src, i, vrow, ld, dense);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
@@ -118,12 +129,13 @@ __device__ __forceinline__ void cast_rows(const bf16 *__restrict__ src, i64 rows
                                           const float *__restrict__ slot, unsigned char *__restrict__ dst) {
     const float q = slot[1];
     const i64 vrow = cols / 8, units = rows * vrow;
+    const bool dense = ld == cols;
     for (i64 base = (i64)blockIdx.x * (BLOCK * UNROLL); base < units; base += (i64)gridDim.x * (BLOCK * UNROLL)) {
         uint4 v[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const i64 i = base + u * BLOCK + threadIdx.x;
-            if (i < units) v[u] = *reinterpret_cast<const uint4 *>(src + (i / vrow) * ld + (i % vrow) * 8);
+            if (i < units) v[u] = load_vec(src, i, vrow, ld, dense);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
@@ -139,38 +151,61 @@ __device__ __forceinline__ void cast_rows(const bf16 *__restrict__ src, i64 rows
     }
 }
 
-// One 64 x 64 tile per block (grid: cols / 64 rounded up, rows / 64 rounded up): 256 threads read the tile's rows
-// as 16-byte vectors (two each), convert, and write its columns as rows of dst, 16 bytes a thread. Tiles at the
-// edges are partial in steps of 16 rows and columns.
+// The four bytes k of a, b, c, d as one word each: word k = a.k | b.k << 8 | c.k << 16 | d.k << 24 (a 4 x 4 byte
+// transpose: rows a..d of four columns become four columns of rows a..d)
+__device__ __forceinline__ void transpose4(unsigned a, unsigned b, unsigned c, unsigned d, unsigned *w) {
+    const unsigned ab01 = __byte_perm(a, b, 0x5140), ab23 = __byte_perm(a, b, 0x7362);
+    const unsigned cd01 = __byte_perm(c, d, 0x5140), cd23 = __byte_perm(c, d, 0x7362);
+    w[0] = __byte_perm(ab01, cd01, 0x5410);
+    w[1] = __byte_perm(ab01, cd01, 0x7632);
+    w[2] = __byte_perm(ab23, cd23, 0x5410);
+    w[3] = __byte_perm(ab23, cd23, 0x7632);
+}
+
+// One 128 x 64 tile of the source per block of 128 threads (grid: cols / 64 and rows / 128, rounded up). Thread
+// (g, t) reads rows 4t .. 4t + 3, columns 16g .. 16g + 15 (32 bytes of each row: one sector), converts them and
+// stores each column's four bytes as one word of the transposed tile; a warp (one g) stores 32 consecutive words
+// of each column. Then each thread writes 16-byte runs of the tile's columns as rows of dst. Tiles at the edges
+// are partial in steps of 16 rows and columns (rows and cols are multiples of 16).
 template <__nv_fp8_interpretation_t KIND>
 __device__ __forceinline__ void cast_cols(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
                                           const float *__restrict__ slot, unsigned char *__restrict__ dst) {
-    __shared__ unsigned char tile[TILE][TILE + 16]; // [source column][source row], padded against bank conflicts
+    __shared__ __align__(16) unsigned tile[TILE_C][TILE_PITCH]; // [source column][word: 4 source rows]
     const float q = slot[1];
-    const i64 r0 = (i64)blockIdx.y * TILE, c0 = (i64)blockIdx.x * TILE;
-    for (int v = threadIdx.x; v < TILE * TILE / 8; v += blockDim.x) {
-        const int r = v / (TILE / 8), c = (v % (TILE / 8)) * 8;
-        if (r0 + r >= rows || c0 + c >= cols) continue;
-        float f[8];
-        unpack8(*reinterpret_cast<const uint4 *>(src + (r0 + r) * ld + c0 + c), f);
+    const i64 r0 = (i64)blockIdx.y * TILE_R, c0 = (i64)blockIdx.x * TILE_C;
+    const int t = threadIdx.x % 32, g = threadIdx.x / 32, r = 4 * t, c = 16 * g;
+    if (r0 + r < rows && c0 + c < cols) {
+        uint4 v[4][2];
 #pragma unroll
-        for (int j = 0; j < 8; j += 2) {
-            unsigned short p = fp8x2<KIND>(f[j] * q, f[j + 1] * q);
-            tile[c + j][r] = (unsigned char)(p & 0xff);
-            tile[c + j + 1][r] = (unsigned char)(p >> 8);
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                v[i][h] = *reinterpret_cast<const uint4 *>(src + (r0 + r + i) * ld + c0 + c + 8 * h);
+        unsigned p[4][4]; // p[i][k]: row r + i's columns 4k .. 4k + 3 as FP8 bytes
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float f[8];
+                unpack8(v[i][h], f);
+                p[i][2 * h] = fp8x2<KIND>(f[0] * q, f[1] * q) | (unsigned)fp8x2<KIND>(f[2] * q, f[3] * q) << 16;
+                p[i][2 * h + 1] = fp8x2<KIND>(f[4] * q, f[5] * q) | (unsigned)fp8x2<KIND>(f[6] * q, f[7] * q) << 16;
+            }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            unsigned w[4];
+            transpose4(p[0][k], p[1][k], p[2][k], p[3][k], w);
+#pragma unroll
+            for (int j = 0; j < 4; j++) tile[c + 4 * k + j][t] = w[j];
         }
     }
     __syncthreads();
-    for (int v = threadIdx.x; v < TILE * TILE / 16; v += blockDim.x) {
-        const int c = v / (TILE / 16), r = (v % (TILE / 16)) * 16;
-        if (c0 + c >= cols || r0 + r >= rows) continue;
-        uint4 w;
-        unsigned *wp = reinterpret_cast<unsigned *>(&w);
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            wp[j] = tile[c][r + 4 * j] | (unsigned)tile[c][r + 4 * j + 1] << 8 |
-                    (unsigned)tile[c][r + 4 * j + 2] << 16 | (unsigned)tile[c][r + 4 * j + 3] << 24;
-        *reinterpret_cast<uint4 *>(dst + (c0 + c) * rows + r0 + r) = w;
+    // the tile's TILE_C columns of TILE_R bytes: 8 runs of 16 bytes each
+    for (int v = threadIdx.x; v < TILE_C * (TILE_R / 16); v += blockDim.x) {
+        const int cc = v / (TILE_R / 16), rr = (v % (TILE_R / 16)) * 16;
+        if (c0 + cc >= cols || r0 + rr >= rows) continue;
+        *reinterpret_cast<uint4 *>(dst + (c0 + cc) * rows + r0 + rr) =
+            *reinterpret_cast<const uint4 *>(&tile[cc][rr / 4]);
     }
 }
 
@@ -182,11 +217,11 @@ __global__ void __launch_bounds__(BLOCK) fp8_cast_e5m2(const bf16 *src, i64 rows
                                                        unsigned char *dst) {
     cast_rows<__NV_E5M2>(src, rows, cols, ld, slot, dst);
 }
-__global__ void __launch_bounds__(256) fp8_cast_t_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld,
+__global__ void __launch_bounds__(128) fp8_cast_t_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld,
                                                        const float *slot, unsigned char *dst) {
     cast_cols<__NV_E4M3>(src, rows, cols, ld, slot, dst);
 }
-__global__ void __launch_bounds__(256) fp8_cast_t_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld,
+__global__ void __launch_bounds__(128) fp8_cast_t_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld,
                                                        const float *slot, unsigned char *dst) {
     cast_cols<__NV_E5M2>(src, rows, cols, ld, slot, dst);
 }

@@ -181,7 +181,7 @@ static void test_dims_cover_the_work(void **state) {
                 cp_kdims d;
                 assert_int_equal(cp_k_dims(k, *r, n, heads, 132, &d), 0);
                 assert_true(d.block >= 32 && d.block <= 1024 && d.block % 32 == 0);
-                bool tiles = !strcmp(k->family, "fp8") && !strncmp(*r, "cast_t", 6); /* 2D: 64 x 64 tiles */
+                bool tiles = !strcmp(k->family, "fp8") && !strncmp(*r, "cast_t", 6); /* 2D: 128 x 64 tiles */
                 assert_true(d.grid[0] >= 1 && (tiles || d.grid[1] == 1) && d.grid[2] == 1);
                 assert_int_equal(d.smem, 0);
                 int64_t threads = (int64_t)d.grid[0] * d.block, need = 0;
@@ -189,7 +189,7 @@ static void test_dims_cover_the_work(void **state) {
                 if (tiles) {
                     /* n rows, heads columns: a block per tile */
                     assert_int_equal(d.grid[0], (heads + 63) / 64);
-                    assert_int_equal(d.grid[1], (n + 63) / 64);
+                    assert_int_equal(d.grid[1], (n + 127) / 128);
                     need = 1;
                 } else if (!strcmp(f, "fp8") && !strncmp(*r, "amax", 4)) {
                     assert_true(d.grid[0] <= CP_FP8_AMAX_PARTS); /* a part per block */

@@ -111,12 +111,13 @@ int main(void) {
     { /* rmsnorm 65536 x 4096 */
         int64_t n = 65536, H = 4096;
         cp_k_rmsnorm(&k, H, 1e-5);
+        size_t scratch = (size_t)cp_k_scratch_bytes(&k, "bwd", n); /* build() frees the spec */
         gu_module *m = build(&k);
         size_t nb = 2 * (size_t)(n * H);
         void *x = filled(nb), *r = filled(nb), *s = gu_malloc(nb), *w = filled(2 * (size_t)H), *o = gu_malloc(nb);
         void *rs = gu_malloc(4 * (size_t)n), *dw = filled(4 * (size_t)H), *null = NULL;
         int parts = (int)gu_dims(m, "bwd", n, 0).grid[0];
-        void *part = gu_malloc((size_t)cp_k_scratch_bytes(&k, "bwd", n));
+        void *part = gu_malloc(scratch);
         void *a[] = {&x, &null, &null, &w, &o, &rs, &n};
         bench(m, "fwd", n, 0, a, "rmsnorm_fwd", "65536x4096", 2.0 * nb + 4.0 * n, true);
         void *b[] = {&x, &r, &s, &w, &o, &rs, &n};
@@ -195,13 +196,36 @@ int main(void) {
         gu_free_dev(dt), gu_free_dev(dord), gu_free_dev(table), gu_free_dev(o), gu_free_dev(dtab);
         gu_free(m);
     }
+    { /* FP8 amax and casts (train.precision = "fp8") at the 3B step's shapes: an MLP tile's 4096 x 8192 and a
+       * projection input's 32768 x 3072 */
+        cp_k_fp8(&k);
+        gu_module *m = build(&k);
+        const int64_t shapes[][2] = {{4096, 8192}, {32768, 3072}};
+        for (int i = 0; i < 2; i++) {
+            int64_t rows = shapes[i][0], cols = shapes[i][1], ld = cols;
+            size_t nb = 2 * (size_t)(rows * cols);
+            void *x = filled(nb), *dst = gu_malloc(nb / 2), *parts = gu_malloc(CP_FP8_AMAX_PARTS * 4);
+            void *cnt = gu_malloc(4), *slot = gu_malloc(16);
+            check(cudaMemset(cnt, 0, 4), "zeroing amax's counter"); /* each launch leaves it at 0 again */
+            char shape[48];
+            snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
+            void *a[] = {&x, &rows, &cols, &ld, &parts, &cnt, &slot};
+            bench(m, "amax_e4m3", rows, cols, a, "fp8_amax", shape, (double)nb, true);
+            void *c[] = {&x, &rows, &cols, &ld, &slot, &dst};
+            bench(m, "cast_e4m3", rows, cols, c, "fp8_cast", shape, 1.5 * (double)nb, true);
+            bench(m, "cast_t_e4m3", rows, cols, c, "fp8_cast_t", shape, 1.5 * (double)nb, true);
+            gu_free_dev(x), gu_free_dev(dst), gu_free_dev(parts), gu_free_dev(cnt), gu_free_dev(slot);
+        }
+        gu_free(m);
+    }
     { /* adamw over 256M parameters */
         int64_t n = (int64_t)1 << 28;
         cp_k_adamw(&k);
+        size_t scratch = (size_t)cp_k_scratch_bytes(&k, "sumsq", n);
         gu_module *m = build(&k);
         size_t fb = 4 * (size_t)n;
         void *p = filled(fb), *mm = filled(fb), *v = filled(fb), *g = filled(fb), *pb = gu_malloc(2 * (size_t)n);
-        void *out = filled(4), *part = gu_malloc((size_t)cp_k_scratch_bytes(&k, "sumsq", n)), *cnt = gu_malloc(4);
+        void *out = filled(4), *part = gu_malloc(scratch), *cnt = gu_malloc(4);
         check(cudaMemset(cnt, 0, 4), "zeroing sumsq's counter"); /* each launch leaves it at 0 again */
         float lr = 1e-5f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 1.0f;
         int step = 10;

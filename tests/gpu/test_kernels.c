@@ -792,8 +792,10 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-int main(void) {
+/* usage: test_kernels [PATTERN]: only the tests whose names match PATTERN (cmocka's filter: * and ? wildcards) */
+int main(int argc, char **argv) {
     gu_init_or_skip("test_kernels");
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding), cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_loss),    cmocka_unit_test(test_adamw),

@@ -213,16 +213,25 @@ double ref_fp8_value(uint8_t b, bool e5m2) {
 
 uint8_t ref_fp8_of(float v, bool e5m2) {
     if (isnan(v)) return e5m2 ? 0x7e : 0x7f;
+    static double value[2][128]; /* each format's non-negative bytes' values, growing with the byte */
+    static bool made[2];
     uint8_t sign = signbit(v) ? 0x80 : 0, top = e5m2 ? 0x7b : 0x7e; /* the largest finite byte */
-    double a = fabs((double)v);
-    /* the bytes' values grow with the byte: the nearest of 0..top, the even one on a tie */
-    uint8_t best = 0;
-    double db = a; /* byte 0 is zero */
-    for (int b = 1; b <= top; b++) {
-        double d = fabs(ref_fp8_value((uint8_t)b, e5m2) - a);
-        if (d < db || (d == db && !(b & 1))) best = (uint8_t)b, db = d;
+    if (!made[e5m2]) {
+        for (int b = 0; b <= top; b++) value[e5m2][b] = ref_fp8_value((uint8_t)b, e5m2);
+        made[e5m2] = true;
     }
-    return sign | best;
+    const double *val = value[e5m2], a = fabs((double)v);
+    /* the nearest of bytes 0..top, the even one on a tie: the largest lo with val[lo] <= a, then lo or lo + 1 */
+    int lo = 0, hi = top;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (val[mid] <= a) lo = mid;
+        else hi = mid - 1;
+    }
+    if (lo == top) return sign | top; /* beyond the largest finite value: saturated */
+    double dlo = a - val[lo], dhi = val[lo + 1] - a;
+    int best = dlo < dhi ? lo : dhi < dlo ? lo + 1 : (lo & 1 ? lo + 1 : lo);
+    return sign | (uint8_t)best;
 }
 
 void ref_fp8_amax(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, float slot[3]) {
