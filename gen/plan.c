@@ -1625,6 +1625,7 @@ static void cost_model(cp_plan *P) {
         switch (s->kind) {
         case CP_OP_KERNEL:
             if (s->flops > 0) t = s->flops / attn_rate[strcmp(s->role, "bwd") == 0];
+            else if (s->task == CP_TASK_FP8_AMAX || s->task == CP_TASK_FP8_CAST) t = s->bytes / (mc->fp8_cast_gbps * 1e9);
             else t = s->bytes / (mc->hbm_gbps * 1e9);
             t += mc->kernel_us * 1e-6;
             break;

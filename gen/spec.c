@@ -66,7 +66,7 @@ static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
     LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"), LEAF("attn_fwd_tflops"),
     LEAF("attn_bwd_tflops"),
-    LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("host_gbps"),
+    LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"), LEAF("host_gbps"),
     LEAF("a2a_gbps"),    LEAF("allgather_gbps"), LEAF("net_gbps"), LEAF("ranks_per_gpu"),
     LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),
     LEAF("gemm_us"), LEAF("coll_us"), LEAF("net_us"), LEAF("host_adamw_gbps"), END};
@@ -1292,6 +1292,10 @@ void cp_machine_defaults(cp_machine *m) {
     m->attn_fwd_tflops_d64 = 518;
     m->attn_bwd_tflops_d64 = 405;
     m->hbm_gbps = 4300;
+    /* the 3B step at 32K in fp8 traced on an H200 (docs/PERF.md, 2026-12-02, FP8 casts made once): its 3410 casts
+     * (plain and transposed) at 3220 GB/s and 2176 amaxes at 2650, beside the launch cost; small MLP-tile tensors
+     * (25 MB) reach less than the projections' inputs (200 MB) */
+    m->fp8_cast_gbps = 3000;
     m->host_gbps = 55;
     m->a2a_gbps = 328;
     m->allgather_gbps = 278;
@@ -1381,6 +1385,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "attn_fwd_tflops_d64", &m->attn_fwd_tflops_d64));
     TRY(get_num(c, t, "machine", "attn_bwd_tflops_d64", &m->attn_bwd_tflops_d64));
     TRY(get_num(c, t, "machine", "hbm_gbps", &m->hbm_gbps));
+    TRY(get_num(c, t, "machine", "fp8_cast_gbps", &m->fp8_cast_gbps));
     TRY(get_num(c, t, "machine", "host_gbps", &m->host_gbps));
     TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
     TRY(get_num(c, t, "machine", "allgather_gbps", &m->allgather_gbps));
@@ -1707,6 +1712,7 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.attn_fwd_tflops_d64", mc->attn_fwd_tflops_d64},
                  {"machine.attn_bwd_tflops_d64", mc->attn_bwd_tflops_d64},
                  {"machine.hbm_gbps", mc->hbm_gbps},
+                 {"machine.fp8_cast_gbps", mc->fp8_cast_gbps},
                  {"machine.host_gbps", mc->host_gbps},
                  {"machine.a2a_gbps", mc->a2a_gbps},
                  {"machine.allgather_gbps", mc->allgather_gbps},

@@ -124,6 +124,7 @@ typedef struct {
     double attn_fwd_tflops_d64; /* the same at head_dim 64 */
     double attn_bwd_tflops_d64;
     double hbm_gbps;            /* device copy, read + write */
+    double fp8_cast_gbps;       /* FP8 amax and casts (train.precision = "fp8"), their bytes read + written */
     double host_gbps;           /* pinned host <-> device, each way */
     double a2a_gbps;            /* all-to-all bus bandwidth */
     double allgather_gbps;      /* all-gather / reduce-scatter bus bandwidth */
