@@ -272,9 +272,11 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
         for (int k = 0; k < MAX_SLOTS; k++)
             if (start.slot[k].valid && !(t.slot[k].valid && !t.slot[k].in_body))
                 start.slot[k].valid = false, dropped = true;
-        for (int k = 0; k < MAX_COPIES; k++)
-            if (start.copy[k].valid && (!(t.copy[k].valid && !t.copy[k].in_body) || !start.slot[start.copy[k].slot].valid))
+        for (int k = 0; k < MAX_COPIES; k++) {
+            const copy_state *e = &start.copy[k];
+            if (e->valid && (!(t.copy[k].valid && !t.copy[k].in_body) || !start.slot[e->slot].valid))
                 start.copy[k].valid = false, dropped = true;
+        }
     }
     L->emit = emit;
     *c = start;
