@@ -147,6 +147,9 @@ static cp_step *gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t
     return s;
 }
 
+/* An FP8 amax or cast (gen/plan_fp8.c), priced and counted apart */
+static bool is_fp8_cast(const cp_step *s) { return s->task == CP_TASK_FP8_AMAX || s->task == CP_TASK_FP8_CAST; }
+
 /* A backward GEMM: its A is the gradient dY (dX = dY W, dW = dY^T X), which FP8 keeps in E5M2. */
 static cp_step *grad_gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
     cp_step *s = gemm(B, what, m, n, k, ta, tb);
@@ -1625,7 +1628,7 @@ static void cost_model(cp_plan *P) {
         switch (s->kind) {
         case CP_OP_KERNEL:
             if (s->flops > 0) t = s->flops / attn_rate[strcmp(s->role, "bwd") == 0];
-            else if (s->task == CP_TASK_FP8_AMAX || s->task == CP_TASK_FP8_CAST) t = s->bytes / (mc->fp8_cast_gbps * 1e9);
+            else if (is_fp8_cast(s)) t = s->bytes / (mc->fp8_cast_gbps * 1e9);
             else t = s->bytes / (mc->hbm_gbps * 1e9);
             t += mc->kernel_us * 1e-6;
             break;
@@ -1660,7 +1663,7 @@ static void cost_model(cp_plan *P) {
             t = CP_MAX(s->bytes / (mc->host_adamw_gbps * 1e9), (double)s->count * (F32 + BF16) / (mc->host_gbps * 1e9));
         s->seconds = t;
         t *= reps;
-        if (s->task == CP_TASK_FP8_AMAX || s->task == CP_TASK_FP8_CAST) P->t_fp8_casts += t;
+        if (is_fp8_cast(s)) P->t_fp8_casts += t;
         if (s->kind == CP_OP_KERNEL && s->module >= 0 && strcmp(P->modules[s->module].family, "attention") == 0) {
             P->flops_attn += s->flops * reps;
             P->t_attn += t;

@@ -10,8 +10,8 @@
 //   cast_e4m3, cast_e5m2: dst[rows][cols] = fp8(x * slot[1]), saturating to the type's finite range.
 //   cast_t_e4m3, cast_t_e5m2: the same into dst[cols][rows] (the transposed copy the x W^T form needs), through
 //     128 x 64 tiles in shared memory so that reads and writes both go along rows.
-// A contiguous source (ld = cols) is walked as one vector; a strided one row by row: no 64-bit division per load,
-// which held these memory-bound kernels to half the HBM rate.
+// A contiguous source (ld = cols, every tensor of the shipped specs) is walked as one run of vectors, without the
+// 64-bit division per load that a strided one needs and that held these memory-bound kernels to half the HBM rate.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -62,24 +62,26 @@ __device__ __forceinline__ float block_max(float m) {
     return m; // valid in thread 0
 }
 
-// Vector i (8 bf16) of the source [rows][cols] with row stride ld: a contiguous source is one run of vectors.
-__device__ __forceinline__ uint4 load_vec(const bf16 *__restrict__ src, i64 i, i64 vrow, i64 ld, bool dense) {
-    const i64 at = dense ? i * 8 : (i / vrow) * ld + (i % vrow) * 8;
-    return *reinterpret_cast<const uint4 *>(src + at);
+// The UNROLL vectors (8 bf16 each) of one pass of a grid-stride loop from vector `base`: vector i of the source
+// [rows][cols] with row stride ld (vrow vectors a row, units in all; a contiguous source is one run of vectors)
+__device__ __forceinline__ void load_units(const bf16 *__restrict__ src, i64 base, i64 units, i64 vrow, i64 ld,
+                                           uint4 *v) {
+    const bool dense = ld == vrow * 8;
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+        const i64 i = base + u * BLOCK + threadIdx.x;
+        if (i < units)
+            v[u] = *reinterpret_cast<const uint4 *>(src + (dense ? i * 8 : (i / vrow) * ld + (i % vrow) * 8));
+    }
 }
 
 __device__ __forceinline__ void amax_of(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
                                         float *__restrict__ parts, unsigned *counter, float *slot, float fmax) {
     const i64 vrow = cols / 8, units = rows * vrow;
-    const bool dense = ld == cols;
     float m = 0.0f;
     for (i64 base = (i64)blockIdx.x * (BLOCK * UNROLL); base < units; base += (i64)gridDim.x * (BLOCK * UNROLL)) {
         uint4 v[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const i64 i = base + u * BLOCK + threadIdx.x;
-            if (i < units) v[u] = load_vec(src, i, vrow, ld, dense);
-        }
+        load_units(src, base, units, vrow, ld, v);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             if (base + u * BLOCK + threadIdx.x >= units) continue;
@@ -124,29 +126,29 @@ __device__ __forceinline__ unsigned short fp8x2(float a, float b) {
     return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, KIND);
 }
 
+// Eight bf16 of one 16-byte load, times q, as eight FP8 bytes in order
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ uint2 fp8x8(uint4 v, float q) {
+    float f[8];
+    unpack8(v, f);
+    uint2 w;
+    w.x = fp8x2<KIND>(f[0] * q, f[1] * q) | (unsigned)fp8x2<KIND>(f[2] * q, f[3] * q) << 16;
+    w.y = fp8x2<KIND>(f[4] * q, f[5] * q) | (unsigned)fp8x2<KIND>(f[6] * q, f[7] * q) << 16;
+    return w;
+}
+
 template <__nv_fp8_interpretation_t KIND>
 __device__ __forceinline__ void cast_rows(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
                                           const float *__restrict__ slot, unsigned char *__restrict__ dst) {
     const float q = slot[1];
     const i64 vrow = cols / 8, units = rows * vrow;
-    const bool dense = ld == cols;
     for (i64 base = (i64)blockIdx.x * (BLOCK * UNROLL); base < units; base += (i64)gridDim.x * (BLOCK * UNROLL)) {
         uint4 v[UNROLL];
+        load_units(src, base, units, vrow, ld, v);
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
+        for (int u = 0; u < UNROLL; u++) { // dst is dense: unit i is bytes [8i, 8i + 8)
             const i64 i = base + u * BLOCK + threadIdx.x;
-            if (i < units) v[u] = load_vec(src, i, vrow, ld, dense);
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const i64 i = base + u * BLOCK + threadIdx.x;
-            if (i >= units) continue;
-            float f[8];
-            unpack8(v[u], f);
-            uint2 w;
-            w.x = fp8x2<KIND>(f[0] * q, f[1] * q) | (unsigned)fp8x2<KIND>(f[2] * q, f[3] * q) << 16;
-            w.y = fp8x2<KIND>(f[4] * q, f[5] * q) | (unsigned)fp8x2<KIND>(f[6] * q, f[7] * q) << 16;
-            reinterpret_cast<uint2 *>(dst)[i] = w; // dst is dense: unit i is bytes [8i, 8i + 8)
+            if (i < units) reinterpret_cast<uint2 *>(dst)[i] = fp8x8<KIND>(v[u], q);
         }
     }
 }
@@ -186,10 +188,8 @@ __device__ __forceinline__ void cast_cols(const bf16 *__restrict__ src, i64 rows
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float f[8];
-                unpack8(v[i][h], f);
-                p[i][2 * h] = fp8x2<KIND>(f[0] * q, f[1] * q) | (unsigned)fp8x2<KIND>(f[2] * q, f[3] * q) << 16;
-                p[i][2 * h + 1] = fp8x2<KIND>(f[4] * q, f[5] * q) | (unsigned)fp8x2<KIND>(f[6] * q, f[7] * q) << 16;
+                const uint2 w = fp8x8<KIND>(v[i][h], q);
+                p[i][2 * h] = w.x, p[i][2 * h + 1] = w.y;
             }
 #pragma unroll
         for (int k = 0; k < 4; k++) {

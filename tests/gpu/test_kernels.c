@@ -6,6 +6,7 @@
  * The kernels that sum across blocks (rmsnorm's dweight, the loss sum, sumsq, embedding bwd_sorted) also run twice on
  * the same inputs, outputs and scratch poisoned in between, and must give the same bits both times ("repeat" rows:
  * 0 when equal). */
+#include <fnmatch.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -792,15 +793,24 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-/* usage: test_kernels [PATTERN]: only the tests whose names match PATTERN (cmocka's filter: * and ? wildcards) */
+/* usage: test_kernels [PATTERN]: only the tests whose names match PATTERN (* and ? wildcards); a pattern that
+ * matches none fails rather than passing on nothing run */
 int main(int argc, char **argv) {
     gu_init_or_skip("test_kernels");
-    if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding), cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_loss),    cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_ulysses),   cmocka_unit_test(test_cast),    cmocka_unit_test(test_attn_delta),
         cmocka_unit_test(test_fp8),
     };
+    if (argc > 1) {
+        bool any = false;
+        for (size_t i = 0; i < CP_ARRAY_LEN(tests); i++) any = any || fnmatch(argv[1], tests[i].name, 0) == 0;
+        if (!any) {
+            fprintf(stderr, "test_kernels: no test matches %s (test_fp8, test_adamw, ...)\n", argv[1]);
+            return 1;
+        }
+        cmocka_set_test_filter(argv[1]);
+    }
     return gu_status(cmocka_run_group_tests(tests, group_setup, group_teardown));
 }
