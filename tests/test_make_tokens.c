@@ -3,7 +3,8 @@
  * --include and --exclude) made into byte-level shards with an end-of-document token and a validation split:
  *   - every shard opens in cp_tokens_open, and the training shards hold exactly the kept documents' bytes, each
  *     followed by the end-of-document id (256), in the byte order of their paths; the validation shards the held-out
- *     ones, chosen by the SHA-256 of their paths (round(F x n) of them); no document on both sides;
+ *     ones, chosen by the SHA-256 of their paths (round(F x n) of them); no document on both sides; with --shuffle
+ *     each side in the order of the SHA-256 of "shuffle:" and the path;
  *   - the shards are --shard-tokens long but the last, which is never shorter than half of that;
  *   - <out>.json says the vocabulary (257), the model.vocab to train with (320), the end-of-document id, documents
  *     and tokens per split and the data sources;
@@ -150,15 +151,34 @@ static void held_out(int k, bool *val) {
     for (int a = 0; a < k; a++) val[idx[a]] = true;
 }
 
-/* The expected stream of one side: the documents (kept, on that side) in byte order of their paths, each followed by
- * 256. Paths under one root sort as their docs/-relative names do. */
-static int32_t *expected(const bool *val, bool side, int64_t *n) {
+/* The SHA-256 of "shuffle:" and document i's path as python has it (root/docs/...): its place with --shuffle. */
+static void shuffle_key(int i, unsigned char *dig) {
+    char p[600];
+    snprintf(p, sizeof p, "shuffle:%s/docs/%s", root, docs[i].path);
+    cp_sha256_ctx c;
+    cp_sha256_init(&c);
+    cp_sha256_update(&c, p, strlen(p));
+    cp_sha256_final(&c, dig);
+}
+
+/* Whether document b comes before a: by path (which under one root sort as their docs/-relative names do), or with
+ * --shuffle by shuffle_key. */
+static bool before(int b, int a, bool shuffle) {
+    if (!shuffle) return strcmp(docs[b].path, docs[a].path) < 0;
+    unsigned char kb[32], ka[32];
+    shuffle_key(b, kb);
+    shuffle_key(a, ka);
+    return memcmp(kb, ka, 32) < 0;
+}
+
+/* The expected stream of one side: the documents (kept, on that side) in their order, each followed by 256. */
+static int32_t *expected(const bool *val, bool side, bool shuffle, int64_t *n) {
     int order[NDOCS], m = 0;
     for (int i = 0; i < NDOCS; i++)
         if (docs[i].kept && val[i] == side) order[m++] = i;
     for (int a = 0; a < m; a++)
         for (int b = a + 1; b < m; b++)
-            if (strcmp(docs[order[b]].path, docs[order[a]].path) < 0) {
+            if (before(order[b], order[a], shuffle)) {
                 int t = order[a];
                 order[a] = order[b];
                 order[b] = t;
@@ -219,7 +239,7 @@ static void test_byte_level(void **state) {
         snprintf(pat, sizeof pat, "%s", s->string + 7); /* after "tokens:" */
         int64_t n, counts[64], want_n, eod;
         int nshards;
-        int32_t *got = read_all(pat, 320, &n, counts, &nshards, &eod), *want = expected(val, side, &want_n);
+        int32_t *got = read_all(pat, 320, &n, counts, &nshards, &eod), *want = expected(val, side, false, &want_n);
         assert_int_equal(eod, 256); /* the headers say where documents end */
         assert_int_equal(n, want_n);
         assert_memory_equal(got, want, sizeof(int32_t) * (size_t)n);
@@ -243,6 +263,21 @@ static void test_byte_level(void **state) {
     rc = sh(cmd, &out);
     if (rc) fail_msg("a second run wrote other bytes: %s", out);
     free(out);
+    /* --shuffle: the same documents on each side, in the order of shuffle_key */
+    snprintf(args, sizeof args, "--byte-level --shuffle --val-fraction 0.25 --include '*.py' --include '*.txt' "
+             "--exclude '*skip*' --out '%s/shuffled/text' '%s/docs'", root, root);
+    rc = make_tokens(args, &out);
+    if (rc) fail_msg("make_tokens.py %s: exit %d: %s", args, rc, out);
+    free(out);
+    for (int side = 0; side < 2; side++) {
+        snprintf(pat, sizeof pat, "%s/shuffled/text_%s*.bin", root, side ? "val_" : "[0-9]");
+        int64_t n, counts[4], want_n, eod;
+        int nshards;
+        int32_t *got = read_all(pat, 320, &n, counts, &nshards, &eod), *want = expected(val, side, true, &want_n);
+        assert_int_equal(n, want_n);
+        assert_memory_equal(got, want, sizeof(int32_t) * (size_t)n);
+        free(got), free(want);
+    }
 }
 
 static void test_refused(void **state) {
@@ -258,6 +293,7 @@ static void test_refused(void **state) {
         {"--train-bpe 100 --out '%s/x/t' '%s/docs'", "--train-bpe 100: a vocabulary of 257"},
         {"--out '%s/x/t' '%s/docs'", "one of the arguments"},
         {"--byte-level --eod 3 --out '%s/x/t' '%s/docs'", "--eod names the separator of llm.c files"},
+        {"--from-llmc --shuffle --out '%s/x/t' '%s/docs'", "--shuffle orders text documents"},
     };
     for (size_t k = 0; k < CP_ARRAY_LEN(cases); k++) {
         snprintf(args, sizeof args, cases[k].args, root, root);

@@ -2,7 +2,9 @@
 # gpu-real-text-run.sh: the 1B shape at 32K trained on real text on one GPU, interrupted and resumed.
 #   1. shards: the Python standard library's sources (/usr/lib/python3.*/**/*.py, no site- or dist-packages) and the
 #      text under /usr/share/doc, tokenised by a byte-level BPE tokenizer of VOCAB (32000) tokens trained on them here
-#      (tools/make_tokens.py --train-bpe, no network), 2% of the documents held out as validation shards;
+#      (tools/make_tokens.py --train-bpe, no network), 2% of the documents held out as validation shards, each side's
+#      documents shuffled (--shuffle: in path order a run reads one folder's kind of text after another's, and the
+#      validation loss on a fixed set swings by a quarter as it does);
 #   2. `cpgen run llama1b --seq 32K --set model.vocab=<the tokenizer's, rounded up to 64>` on the shards for STEPS
 #      (300) steps with a checkpoint at SAVE_AT (STEPS / 2), with data.val = the validation shards when this cpgen
 #      knows that key (asked of `cpgen plan` first, so the script runs with and without validation support);
@@ -72,7 +74,7 @@ how=(--train-bpe "$VOCAB")
 [ "${TOKENIZER:-bpe}" != byte-level ] || how=(--byte-level)
 # shellcheck disable=SC2206
 inputs=(${INPUTS:-'/usr/lib/python3.*/**/*.py' /usr/share/doc})
-GREP='train: [0-9,]+ tokens' run tokens 300 python3 "$(dirname "$0")/make_tokens.py" "${how[@]}" \
+GREP='train: [0-9,]+ tokens' run tokens 300 python3 "$(dirname "$0")/make_tokens.py" "${how[@]}" --shuffle \
   --val-fraction "$VAL_FRACTION" --exclude '*/site-packages/*' --exclude '*/dist-packages/*' \
   --exclude '*/__pycache__/*' \
   --max-bytes 200000000 --out "$data/text" "${inputs[@]}"

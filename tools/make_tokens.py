@@ -19,7 +19,10 @@ end-of-document id, so cpgen finds where documents begin (data.documents = "mask
 Inputs are files, folders (searched recursively; --include and --exclude choose files by name or path) and glob
 patterns (`**` matches folders at any depth). Each file is one document; a file that is not UTF-8 text (or holds a
 NUL byte) is skipped, and so is a second path to a file already taken (a link). Documents are taken in the byte
-order of their paths, so the same inputs give the same shards on any machine.
+order of their paths, so the same inputs give the same shards on any machine; with --shuffle each side is written in
+the order of the SHA-256 of "shuffle:" and the path instead, as fixed, but with the folders' documents spread through
+the shards (a run reading them in order then sees a mix in every stretch, not one folder's kind of text after
+another's).
 
 Writes <out>_000000.bin, <out>_000001.bin, ... (train with data.source = "tokens:<out>_[0-9]*.bin"), with
 --val-fraction F also <out>_val_000000.bin, ... from the held-out documents (data.val = "tokens:<out>_val_*.bin"),
@@ -129,6 +132,12 @@ def split_documents(docs, fraction):
     ranked = sorted(range(len(docs)), key=lambda i: hashlib.sha256(os.fsencode(docs[i][0])).digest())
     held = set(ranked[:k])
     return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
+
+
+def shuffled(docs):
+    """docs in the order of the SHA-256 of "shuffle:" and their paths: fixed for given paths, unrelated to path order
+    and to which documents split_documents holds out"""
+    return sorted(docs, key=lambda d: hashlib.sha256(b"shuffle:" + os.fsencode(d[0])).digest())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -302,6 +311,8 @@ def main():
     ap.add_argument("--eod", type=int, help="with --from-llmc: the id that separates their documents (50256 for "
                     "GPT-2's), recorded in the headers; without it the shards carry no document boundaries")
     ap.add_argument("--val-fraction", type=float, default=0.0, help="documents held out for <out>_val_*.bin")
+    ap.add_argument("--shuffle", action="store_true", help="documents of each side in a fixed order unrelated to "
+                    "their paths (default: path order)")
     ap.add_argument("--include", action="append", default=[], help="file name or path pattern to take in folders "
                     "and patterns (repeatable; default: every file)")
     ap.add_argument("--exclude", action="append", default=[], help="file name or path pattern to leave out")
@@ -322,6 +333,8 @@ def main():
     if a.eod is not None and not a.from_llmc:
         fail("--eod names the separator of llm.c files (--from-llmc); text gets its tokenizer's own")
     if a.from_llmc:
+        if a.shuffle:
+            fail("--shuffle orders text documents; llm.c files are converted in the order given")
         if a.val_fraction:
             fail("--val-fraction holds out text documents; llm.c files come tokenised: convert their val files alone")
         files = sorted(a.inputs, key=os.fsencode)
@@ -343,6 +356,8 @@ def main():
         if not docs:
             fail(f"no text document among {len(paths)} files ({', '.join(f'{v} {k}' for k, v in skipped.items())})")
         train, val = split_documents(docs, a.val_fraction)
+        if a.shuffle:
+            train, val = shuffled(train), shuffled(val)
         if a.byte_level:
             tok = ByteLevel()
         elif a.train_bpe is not None:
