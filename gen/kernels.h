@@ -25,12 +25,15 @@
 void cp_k_embedding(cp_kernel_spec *k, int64_t vocab, int64_t hidden);
 /* rmsnorm over rows of HIDDEN, as HF: out = bf16(weight * bf16(s * rstd)), rstd = 1/sqrt(mean(s^2) + eps), where
  * s = x, or with resid s = bf16(x + resid) (written to sum_out; both non-NULL or both NULL).
- * fwd(x, resid|NULL, sum_out|NULL, weight, out, rstd f32[n], n);
- * bwd(dout, x, weight, rstd, dresid|NULL, dx, dw_part f32[grid][HIDDEN] out, n): x is the normalised input (sum_out
+ * fwd(x, resid|NULL, sum_out|NULL, weight, out, rstd f32[n], n, amax_slot|NULL, amax_fmax);
+ * bwd(dout, x, weight, rstd, dresid|NULL, dx, dw_part f32[grid][HIDDEN] out, n, amax_slot|NULL, amax_fmax): x is the
+ * normalised input (sum_out
  * when resid was used); dx = d(input) (+ dresid); dout and dresid may be the same buffer as dx; block b writes its
  * rows' weight gradient to row b of dw_part (grid: the bwd launch's grid[0], at most cp_k_scratch_bytes' rows);
  * bwd_dw(dw_part, parts i32, dweight f32[HIDDEN] +=): dweight += the sum of the parts rows, in row order for every
- * column (in double, rounded once), so dweight is the same bits run to run; launch it with bwd's n. */
+ * column (in double, rounded once), so dweight is the same bits run to run; launch it with bwd's n.
+ * With an amax_slot (an FP8 scale slot, CP_FP8_SLOT_BYTES: see fp8 below) fwd and bwd also fill it from out's or dx's
+ * largest |x|, as fp8's amax would; amax_fmax is the FP8 type's largest value. */
 void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps);
 /* rope in place on [n][heads][D] (rotate_half pairs (i, i + D/2)), token row r at position pos0 + r:
  * fwd(x, n, heads, pos0); bwd(dx, n, heads, pos0) (the transpose: rotation by the negative angle).
@@ -42,7 +45,8 @@ void cp_k_rope_positions(cp_kernel_spec *k, bool per_row);
 /* The D/2 inverse frequencies rope bakes in for this model. */
 void cp_rope_inv_freq(const cp_model *m, double *inv_freq);
 /* swiglu on a tile, as HF: out = bf16(bf16(silu(gate)) * up).
- * fwd(gate[n][F], up[n][F], out[n][F], n); bwd(dout, gate, up, n): gate,up <- dgate,dup in place. */
+ * fwd(gate[n][F], up[n][F], out[n][F], n, amax_slot|NULL, amax_fmax); bwd(dout, gate, up, n, gate_amax_slot|NULL,
+ * gate_amax_fmax, up_amax_slot|NULL, up_amax_fmax): gate,up <- dgate,dup in place. The amax slots as rmsnorm's. */
 void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn);
 /* loss on a tile of logits [n][V] (bf16, in place -> dlogits*scale): fwdbwd(logits, targets i32[n], row_loss f32[n]
  * out, scale, n). row_loss gets each row's unscaled loss logsumexp - logit[target]; the gradient row is
@@ -78,14 +82,16 @@ void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_hea
 /* cast: f32_to_bf16(src f32[n], dst bf16[n], n); add_f32(src f32[n], dst f32[n] +=, n). */
 void cp_k_cast(cp_kernel_spec *k);
 /* fp8 (train.precision = "fp8"): FP8 copies of a GEMM's bf16 input src [rows][cols] (row stride ld elements; rows and
- * cols multiples of 16, ld of 8) with a per-tensor scale from its current values, in a 16-byte scale slot f32[4]:
- * amax_e4m3, amax_e5m2(src, rows, cols, ld, parts f32[CP_FP8_AMAX_PARTS] scratch, counter u32 (0 before, left 0),
- * slot out) write slot = {amax / fmax, fmax / amax, amax} (1, 1, 0 for amax 0), fmax the type's largest finite
- * value, 448 (E4M3) or 57344 (E5M2);
+ * cols multiples of 16, ld of 8) with a per-tensor scale from its current values, in a scale slot f32[8] (16-byte
+ * aligned): amax_e4m3, amax_e5m2(src, rows, cols, ld, parts f32[CP_FP8_AMAX_PARTS] scratch, counter u32 (0 before,
+ * left 0), slot out) write slot[0..2] = {amax / fmax, fmax / amax, amax} (1, 1, 0 for amax 0), fmax the type's
+ * largest finite value, 448 (E4M3) or 57344 (E5M2); a producer's own amax (rmsnorm, swiglu) writes the same and
+ * keeps its running maximum and count of blocks in slot[4] and slot[5] (0 before, left 0);
  * cast_e4m3, cast_e5m2(src, rows, cols, ld, slot, dst u8[rows][cols]) write fp8(x * slot[1]), saturated;
  * cast_t_e4m3, cast_t_e5m2(the same, dst u8[cols][rows]) the transposed copy. cp_k_dims takes n = rows and
  * heads = cols. */
 #define CP_FP8_AMAX_PARTS 1024
+#define CP_FP8_SLOT_BYTES 32
 void cp_k_fp8(cp_kernel_spec *k);
 /* delta for the attention backward in token layout: fwd(dout[n][heads][D], out[n][heads][D], delta f32[n][heads], n,
  * heads): delta = sum over D of dout*out in fp32. */

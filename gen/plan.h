@@ -164,6 +164,12 @@ typedef enum { CP_TASK_NONE, CP_TASKS(CP_TASK_ENUM) CP_TASK_COUNT } cp_task;
 /* The task's label ("norm1"), the step's `what`; "" for CP_TASK_NONE. */
 const char *cp_task_name(cp_task t);
 
+/* A kernel's own amax of one of its outputs (cp_step.amax) */
+typedef struct {
+    int8_t out, slot; /* the output's operand, the scale slot's */
+    uint8_t fmt;      /* cp_gemm_type of the GEMM that reads it */
+} cp_step_amax;
+
 typedef struct {
     cp_opkind kind;
     cp_task task;         /* what it computes, where the executor must know (GEMMs, collectives: NONE) */
@@ -194,6 +200,11 @@ typedef struct {
     int64_t lse_stride;   /* attention and merges of a ring: the row stride of their LSE operand in elements (the
                            * group's tokens, whatever the launch's SEQ); 0 elsewhere (the module's SEQ) */
     bool last_micro;      /* runs in the last micro-batch only: the all-reduce of gradients accumulated over them */
+    /* train.precision = "fp8" (plan_fp8.c): a kernel that writes a tensor an FP8 GEMM reads (rmsnorm, SwiGLU) also
+     * takes its amax, instead of a pass of its own: output operand amax[j].out's into the scale slot at operand
+     * amax[j].slot, for the FP8 type amax[j].fmt (cp_gemm_type); namax of them */
+    uint8_t namax;
+    cp_step_amax amax[2];
 } cp_step;
 
 /* One UPipe stage for one rank. */

@@ -9,6 +9,9 @@
  * tensor read plain and transposed is measured once, and a weight is cast once per layer and pass rather than once
  * per MLP tile: each weight role (the GEMM that reads it) has a copy buffer and a scale slot of its own, which the
  * tiles between do not touch. A folded run of tiles (cp_loop) keeps what its body never overwrites.
+ * An amax is taken by the kernel that wrote the tensor where that kernel can (rmsnorm, SwiGLU: cp_plan_fp8_producer)
+ * and wrote exactly the GEMM's input, in the same stretch of the program, with nothing between touching the slot;
+ * elsewhere by a pass of its own.
  * The program stays the planner's: this pass runs on the built steps before lifetimes and offsets, so the copies and
  * casts are in the plan's memory and time like any other buffer and step. */
 #include <stdlib.h>
@@ -18,14 +21,14 @@
 #include "plan_internal.h"
 #include "util.h"
 
-/* fp8_state: 16-byte scale slots (ACT_SLOTS shared by activations and gradients, least recently used first, then
- * one per weight role), two amax counters on 16 bytes each, then the two inputs' per-block amax parts */
+/* fp8_state: scale slots (ACT_SLOTS shared by activations and gradients, least recently used first, then one per
+ * weight role), two amax counters on 16 bytes each, then the two inputs' per-block amax parts */
 #define ACT_SLOTS 8
 #define MAX_SLOTS 64
 #define MAX_ROLES (MAX_SLOTS - ACT_SLOTS)
-#define SLOT(x) ((int64_t)(x) * 16)
-#define COUNTER(x) (MAX_SLOTS * 16 + (int64_t)(x) * 16)
-#define PARTS(x) (MAX_SLOTS * 16 + 32 + (int64_t)(x) * CP_FP8_AMAX_PARTS * 4)
+#define SLOT(x) ((int64_t)(x) * CP_FP8_SLOT_BYTES)
+#define COUNTER(x) (SLOT(MAX_SLOTS) + (int64_t)(x) * 16)
+#define PARTS(x) (SLOT(MAX_SLOTS) + 32 + (int64_t)(x) * CP_FP8_AMAX_PARTS * 4)
 #define STATE_BYTES PARTS(2)
 #define MAX_COPIES (2 + MAX_ROLES) /* the two inputs' scratch copies, then the roles' */
 
@@ -35,15 +38,16 @@ bool cp_plan_fp8_eligible(const cp_step *s) {
            g->n % 16 == 0 && g->k % 16 == 0;
 }
 
-cp_gemm cp_plan_fp8_gemm(const cp_step *s) {
+cp_gemm cp_plan_fp8_gemm(const cp_train *t, const cp_step *s) {
     bool grad = s->gemm.a_grad; /* not the backward's recomputed projections: their inputs are activations */
     cp_gemm f = s->gemm;
     f.trans_a = false;
     f.trans_b = true;
     f.lda = f.ldb = s->gemm.k;
-    f.a_type = grad ? CP_GEMM_E5M2 : CP_GEMM_E4M3;
+    f.a_type = grad && !t->fp8_e4m3_grads ? CP_GEMM_E5M2 : CP_GEMM_E4M3;
     f.b_type = CP_GEMM_E4M3;
-    f.fast_accum = !grad; /* the gradients' sums (dW's over every token) with fp32 promotion, the rest without */
+    /* the gradients' sums (dW's over every token) always with fp32 promotion */
+    f.fast_accum = !grad && t->fp8_fast_accum;
     return f;
 }
 
@@ -116,10 +120,23 @@ typedef struct {
     int input;
 } weight_role;
 
+bool cp_plan_fp8_producer(cp_task task, int op) {
+    switch (task) {
+    case CP_TASK_NORM1:
+    case CP_TASK_NORM2: return op == 2;          /* x, weight, out, rstd */
+    case CP_TASK_NORM1_BWD:
+    case CP_TASK_NORM2_BWD: return op == 5;      /* dout, x, weight, rstd, dresid, dx, dweight, parts */
+    case CP_TASK_SWIGLU: return op == 2;         /* gate, up, out */
+    case CP_TASK_SWIGLU_BWD: return op == 1 || op == 2; /* dout, gate <- dgate, up <- dup */
+    default: return false;
+    }
+}
+
 typedef struct {
     cp_plan *P;
     program q;
-    bool emit; /* false: a trial run over a loop's body, which only updates the cache */
+    int region; /* where the stretch of q being lowered starts: a loop body's first step, or the step after one */
+    bool emit;  /* false: a trial run over a loop's body, which only updates the cache */
     int module, state;
     int copy_buf[MAX_COPIES]; /* the plan's buffer of each copy */
     weight_role role[MAX_ROLES];
@@ -165,8 +182,33 @@ static int weight_role_of(lowering *L, const cp_step *g, int x) {
     return L->nroles++;
 }
 
+/* Slot k to be filled with src's amax (in format fmt) by the kernel that wrote src, where that kernel can: it wrote
+ * exactly src, a whole contiguous matrix, in this stretch of the program, and no step since touches slot k. Whether
+ * it was so attached. */
+static bool fuse_amax(lowering *L, const source *src, int k, uint8_t fmt) {
+    if (src->ld != src->cols || src->rows * src->cols * 2 != src->bytes) return false;
+    for (int i = L->q.n - 1; i >= L->region; i--) {
+        cp_step *p = &L->q.steps[i];
+        int out = -1;
+        for (int j = 0; j < p->nops; j++) {
+            const cp_operand *o = &p->ops[j];
+            if (o->buf == L->state && o->offset < SLOT(k + 1) && SLOT(k) < o->offset + o->bytes) return false;
+            if ((o->access & CP_WRITE) && overlaps(src, o->buf, o->offset, o->offset + o->bytes))
+                out = o->offset == src->offset && o->bytes == src->bytes && o->stride == src->stride ? j : -2;
+        }
+        if (out == -1) continue;
+        if (out < 0 || p->kind != CP_OP_KERNEL || !cp_plan_fp8_producer(p->task, out) || p->namax == 2 ||
+            p->nops == CP_MAX_OPERANDS)
+            return false;
+        p->amax[p->namax++] = (cp_step_amax){.out = (int8_t)out, .slot = (int8_t)p->nops, .fmt = fmt};
+        operand(p, L->state, SLOT(k), CP_FP8_SLOT_BYTES, CP_RW);
+        return true;
+    }
+    return false;
+}
+
 /* The scale slot holding src's amax: one that holds it already, else a fresh amax (into the role's slot, or the
- * least recently used shared one). */
+ * least recently used shared one), by the kernel that wrote src where it can, else by a pass of its own. */
 static int measure(lowering *L, cache *c, const cp_step *g, int x, int role, const source *src, cp_operand op) {
     for (int k = 0; k < MAX_SLOTS; k++)
         if (c->slot[k].valid && same_source(&c->slot[k].src, src)) {
@@ -180,7 +222,7 @@ static int measure(lowering *L, cache *c, const cp_step *g, int x, int role, con
     for (int j = 0; j < MAX_COPIES; j++)
         if (c->copy[j].valid && c->copy[j].slot == k) c->copy[j].valid = false;
     c->slot[k] = (slot_state){.valid = true, .in_body = c->body, .src = *src, .used = ++c->clock};
-    if (L->emit) {
+    if (L->emit && !fuse_amax(L, src, k, src->fmt)) {
         bool e5 = src->fmt == CP_GEMM_E5M2;
         cp_step *s = cast_step(&L->q, g, L->module, e5 ? "amax_e5m2" : "amax_e4m3", CP_TASK_FP8_AMAX);
         op.access = CP_READ;
@@ -237,7 +279,7 @@ static void lower_step(lowering *L, cache *c, const cp_step *g) {
         forget_writes(c, g);
         return;
     }
-    const cp_gemm *m = &g->gemm, fg = cp_plan_fp8_gemm(g);
+    const cp_gemm *m = &g->gemm, fg = cp_plan_fp8_gemm(&L->P->spec.train, g);
     int slot[2], copy[2];
     copy[0] = copy_of(L, c, g, 0, m->trans_a ? m->k : m->m, m->trans_a ? m->m : m->k, m->lda, m->trans_a, fg.a_type,
                       &slot[0]);
@@ -265,6 +307,7 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
     for (int k = 0; k < MAX_COPIES; k++) start.copy[k].in_body = false;
     bool emit = L->emit;
     L->emit = false;
+    L->region = L->q.n;
     for (bool dropped = true; dropped;) {
         cache t = start;
         for (int j = 0; j < loop->nsteps; j++) lower_step(L, &t, &L->P->steps[loop->first + j]);
@@ -290,6 +333,7 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
         if (c->copy[k].in_body && c->copy[k].src.stride) c->copy[k].valid = false;
     c->body = false;
     c->repeats = 1;
+    L->region = L->q.n;
 }
 
 void cp_plan_lower_fp8(cp_plan *P) {

@@ -13,8 +13,12 @@ int cp_plan_add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, in
  * their buffers and a module for them. Runs on the built program before its lifetimes (nothing without fp8). */
 bool cp_plan_fp8_eligible(const cp_step *s);
 /* The FP8 GEMM an eligible step runs: the x W^T form on its inputs' copies, E4M3 (E5M2 for a backward GEMM's
- * gradient, its first input: cp_gemm.a_grad), fast accumulation but for the gradient GEMMs. */
-cp_gemm cp_plan_fp8_gemm(const cp_step *s);
+ * gradient, its first input: cp_gemm.a_grad, unless train.fp8_format = "e4m3"), fast accumulation where
+ * train.fp8_fast_accum asks but never for the gradient GEMMs. */
+cp_gemm cp_plan_fp8_gemm(const cp_train *t, const cp_step *s);
+/* Whether a kernel step of this task can take the amax of its operand op (cp_step.amax): rmsnorm's out and dx,
+ * SwiGLU's out, dgate and dup. */
+bool cp_plan_fp8_producer(cp_task task, int op);
 void cp_plan_lower_fp8(cp_plan *P);
 
 /* Each buffer's live intervals from the steps' operands. -1 with a message if a step reads a buffer that

@@ -58,7 +58,7 @@ static const node TRAIN_KEYS[] = {
     LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
     LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("eval_every"), LEAF("eval_sequences"),
-    LEAF("out_dir"), LEAF("deterministic"), LEAF("precision"), END};
+    LEAF("out_dir"), LEAF("deterministic"), LEAF("precision"), LEAF("fp8_format"), LEAF("fp8_fast_accum"), END};
 static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"), LEAF("positions"), LEAF("eod"), LEAF("doc_len"),
                                   END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
@@ -88,6 +88,7 @@ static const char *const SYNTHETIC_KINDS[] = {"copy", "recall", "packed", NULL};
 /* in the order of cp_doc_mode and cp_pos_mode after AUTO (a key not given) */
 static const char *const DOCUMENTS_NAMES[] = {"stream", "mask", NULL};
 static const char *const PRECISION_NAMES[] = {"bf16", "fp8", NULL};
+static const char *const FP8_FORMAT_NAMES[] = {"hybrid", "e4m3", NULL};
 static const char *const POSITIONS_NAMES[] = {"sequence", "document", NULL};
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -1262,6 +1263,11 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     int prec = 0;
     TRY(get_enum(c, t, "train", "precision", PRECISION_NAMES, &prec));
     tr->fp8 = prec == 1;
+    int format = 0;
+    TRY(get_enum(c, t, "train", "fp8_format", FP8_FORMAT_NAMES, &format));
+    tr->fp8_e4m3_grads = format == 1;
+    tr->fp8_fast_accum = true;
+    TRY(get_bool(c, t, "train", "fp8_fast_accum", &tr->fp8_fast_accum));
     lua_pop(c->L, 1);
     return 0;
 }

@@ -73,6 +73,9 @@ typedef struct {
     bool deterministic; /* the same bits every run (attention's dQ summed in key-block order), or faster sums */
     bool fp8;           /* train.precision = "fp8": the layers' projections and MLP GEMMs on FP8 inputs (per-tensor
                          * scales from current values, gen/plan_fp8.c); "bf16" (false): every GEMM in bf16 */
+    bool fp8_e4m3_grads; /* train.fp8_format = "e4m3": the backward's gradients in E4M3 too; "hybrid" (false): E5M2 */
+    bool fp8_fast_accum; /* train.fp8_fast_accum: the forward's FP8 GEMMs (and their recompute) sum without fp32
+                          * promotion (the gradients' always promote) */
 } cp_train;
 
 /* data.documents: whether attention and targets stay inside documents (MASK) or run over the packed sequence

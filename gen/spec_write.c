@@ -98,6 +98,8 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_str(o, "out_dir", t->out_dir);
     put_bool(o, "deterministic", t->deterministic);
     put_str(o, "precision", t->fp8 ? "fp8" : "bf16");
+    put_str(o, "fp8_format", t->fp8_e4m3_grads ? "e4m3" : "hybrid");
+    put_bool(o, "fp8_fast_accum", t->fp8_fast_accum);
     cp_str_printf(o, "  },\n  data = {\n");
     put_str(o, "source", s->data.source);
     if (s->data.val[0]) put_str(o, "val", s->data.val);

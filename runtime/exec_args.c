@@ -42,6 +42,7 @@ typedef struct {
     /* a document-masked attention launch: the global positions of its first query row and first key row (a ring's
      * half launches; 0 elsewhere) */
     int64_t q_pos, k_pos;
+    unsigned amax_taken; /* the step's own amaxes (cp_step.amax) its kernel's arguments carry: bit j for amax[j] */
 } pctx;
 
 static int pfail(pctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -62,9 +63,11 @@ static const cp_buffer *opbuf(const pctx *c, int j) { return &c->ex->P->bufs[c->
 /* where operand j's view starts in its buffer */
 static int64_t opoff(const pctx *c, int j) { return c->p[j] - (char *)c->ex->bufptr[c->s->ops[j].buf]; }
 
+/* n operands, and after them the scale slots of the step's own amaxes (cp_step.amax) */
 static int need_ops(pctx *c, int n) {
-    if (c->s->nops != n) return pfail(c, "%d operands, expected %d", c->s->nops, n);
-    for (int j = 0; j < n; j++)
+    if (c->s->nops != n + c->s->namax)
+        return pfail(c, "%d operands, expected %d%s", c->s->nops, n + c->s->namax, c->s->namax ? " with its amaxes" : "");
+    for (int j = 0; j < c->s->nops; j++)
         if (!c->ex->bufptr[c->s->ops[j].buf])
             return pfail(c, "operand %d (%s) has no memory", j, opbuf(c, j)->name);
     return 0;
@@ -134,6 +137,31 @@ static void a_i32(xlaunch *l, int v) {
     memcpy(&l->val[l->nargs], &v, sizeof v);
     l->args[l->nargs] = &l->val[l->nargs];
     l->nargs++;
+}
+static void a_f32(xlaunch *l, float v) {
+    memcpy(&l->val[l->nargs], &v, sizeof v);
+    l->args[l->nargs] = &l->val[l->nargs];
+    l->nargs++;
+}
+/* The scale slot and the FP8 type's largest value of the kernel's own amax of operand out (cp_step.amax), or NULL
+ * and 0 where the step has none. */
+static int a_amax(pctx *c, xlaunch *l, int out) {
+    for (int j = 0; j < c->s->namax; j++) {
+        const cp_step_amax *a = &c->s->amax[j];
+        if (a->out != out) continue;
+        if (a->slot < 0 || a->slot >= c->s->nops)
+            return pfail(c, "amax %d of operand %d: no scale slot at operand %d", j, out, a->slot);
+        if (need_bytes(c, a->slot, CP_FP8_SLOT_BYTES) || need_align(c, a->slot, 16)) return -1;
+        if (a->fmt != CP_GEMM_E4M3 && a->fmt != CP_GEMM_E5M2)
+            return pfail(c, "amax %d of operand %d for an FP8 type %d", j, out, a->fmt);
+        a_ptr(l, opp(c, a->slot));
+        a_f32(l, a->fmt == CP_GEMM_E4M3 ? 448.0f : 57344.0f);
+        c->amax_taken |= 1u << j;
+        return 0;
+    }
+    a_ptr(l, NULL);
+    a_f32(l, 0.0f);
+    return 0;
 }
 /* An argument read from the executor's scalars at each launch. */
 static void a_dyn(xlaunch *l, void *p) { l->args[l->nargs++] = p; }
@@ -209,7 +237,7 @@ static int k_norm_fwd(pctx *c) {
     a_ptr(l, opp(c, 2));
     a_ptr(l, opp(c, 3));
     a_i64(l, n);
-    return 0;
+    return a_amax(c, l, 2);
 }
 
 /* The norm backward, two launches: bwd(dout, x, weight, rstd, dresid|NULL, dx, dw_part f32[grid][H], n), then
@@ -235,7 +263,7 @@ static int norm_bwd(pctx *c, int dout, int x, int w, int rstd, int dresid, int d
     a_ptr(l, opp(c, dx));
     a_ptr(l, opp(c, part));
     a_i64(l, n);
-    if (launch_of(c, "bwd_dw", n, 0, r)) return -1;
+    if (a_amax(c, l, dx) || launch_of(c, "bwd_dw", n, 0, r)) return -1;
     a_ptr(r, opp(c, part));
     a_i32(r, (int)parts);
     a_ptr(r, opp(c, dw));
@@ -547,7 +575,8 @@ static int swiglu(pctx *c, const char *role) {
     if (launch_of(c, role, n, 0, l)) return -1;
     for (int j = 0; j < 3; j++) a_ptr(l, opp(c, j));
     a_i64(l, n);
-    return 0;
+    if (strcmp(role, "bwd")) return a_amax(c, l, 2); /* out */
+    return a_amax(c, l, 1) || a_amax(c, l, 2) ? -1 : 0; /* dgate, dup */
 }
 static int k_swiglu(pctx *c) { return swiglu(c, "fwd"); }
 static int k_swiglu_bwd(pctx *c) { return swiglu(c, "bwd"); }
@@ -881,8 +910,13 @@ int exec_prep_step(cp_exec *ex, int i, char *err, int errlen) {
             return 0;
         }
         x->kind = X_KERNEL;
-        if (s->task > CP_TASK_NONE && s->task < CP_TASK_COUNT && KERNEL_PREP[s->task])
-            return KERNEL_PREP[s->task](&c);
+        if (s->task > CP_TASK_NONE && s->task < CP_TASK_COUNT && KERNEL_PREP[s->task]) {
+            if (KERNEL_PREP[s->task](&c)) return -1;
+            if (c.amax_taken != (1u << s->namax) - 1)
+                return pfail(&c, "%d amax%s of its outputs, which this kernel does not take", s->namax,
+                             s->namax == 1 ? "" : "es");
+            return 0;
+        }
         return pfail(&c, "a kernel step this runtime does not know (task %d, module %s, role %s)", (int)s->task,
                      P->modules[s->module].family, s->role);
     case CP_OP_GEMM:

@@ -3,10 +3,10 @@
 // "fp8"; arguments: gen/kernels.h). The source is a bf16 matrix [rows][cols] with row stride ld elements; rows and
 // cols are multiples of 16, ld of 8, src 16-byte aligned.
 //   amax_e4m3, amax_e5m2: the largest |x| of the source, reduced in a fixed order (each block's maximum to
-//     parts[block], then the last block to finish takes the maximum of the parts) into the operand's 16-byte scale
-//     slot: slot[0] = amax / FMAX (the GEMM's scale: what an FP8 element stands for), slot[1] = FMAX / amax (the
-//     cast's), slot[2] = amax, FMAX the type's largest finite value (448, 57344); amax 0 gives scales of 1. counter
-//     is 0 before and left 0.
+//     parts[block], then the last block to finish takes the maximum of the parts) into the operand's scale slot
+//     (f32[8]): slot[0] = amax / FMAX (the GEMM's scale: what an FP8 element stands for), slot[1] = FMAX / amax
+//     (the cast's), slot[2] = amax, FMAX the type's largest finite value (448, 57344); amax 0 gives scales of 1.
+//     counter is 0 before and left 0. (A kernel that writes a GEMM's input may fill the slot instead: fp8_amax.cuh.)
 //   cast_e4m3, cast_e5m2: dst[rows][cols] = fp8(x * slot[1]), saturating to the type's finite range.
 //   cast_t_e4m3, cast_t_e5m2: the same into dst[cols][rows] (the transposed copy the x W^T form needs), through
 //     128 x 64 tiles in shared memory so that reads and writes both go along rows.

@@ -8,7 +8,11 @@
 // [gridDim.x][HIDDEN] (no atomics). bwd_dw then adds the parts to dweight, in part order for every column, so
 // dweight gets the same bits run to run: a block per DW_COLS columns, DW_GROUPS threads per column each summing
 // every DW_GROUPS-th part in turn (in double), then the groups in order; dweight = fp32(dweight + sum).
+// Where an FP8 GEMM reads the output (out of fwd, dx of bwd), amax_slot is its scale slot and the kernel takes the
+// output's amax too (fp8_amax.cuh); NULL elsewhere.
 #include <cuda_bf16.h>
+
+#include "fp8_amax.cuh"
 
 typedef long long i64;
 typedef __nv_bfloat16 bf16;
@@ -48,9 +52,9 @@ template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
 typedef bvec<VEC> vec_t;
 
 extern "C" __global__ void rmsnorm_fwd_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *x, const bf16 *resid, bf16 *sum_out,
-    const bf16 *weight, bf16 *out, float *rstd, i64 n);
+    const bf16 *weight, bf16 *out, float *rstd, i64 n, float *amax_slot, float amax_fmax);
 extern "C" __global__ void rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *dout, const bf16 *x, const bf16 *weight,
-    const float *rstd, const bf16 *dresid, bf16 *dx, float *dw_part, i64 n);
+    const float *rstd, const bf16 *dresid, bf16 *dx, float *dw_part, i64 n, float *amax_slot, float amax_fmax);
 extern "C" __global__ void rmsnorm_bwd_dw_h{{HIDDEN}}_e{{EPS_TAG}}(const float *dw_part, int parts, float *dweight);
 
 static __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
@@ -79,7 +83,8 @@ template <int P> static __device__ __forceinline__ float row_sum(float v) {
 
 __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_h{{HIDDEN}}_e{{EPS_TAG}}(
     const bf16 *__restrict__ x, const bf16 *__restrict__ resid, bf16 *__restrict__ sum_out,
-    const bf16 *__restrict__ weight, bf16 *__restrict__ out, float *__restrict__ rstd, i64 n) {
+    const bf16 *__restrict__ weight, bf16 *__restrict__ out, float *__restrict__ rstd, i64 n,
+    float *__restrict__ amax_slot, float amax_fmax) {
     const int lane = threadIdx.x % TPR;
     const i64 row = (i64)blockIdx.x * RPB + threadIdx.x / TPR;
     const bool valid = row < n;             // rows past n compute on row n-1 (for the shuffles) and store nothing
@@ -115,16 +120,18 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_h{{HIDDEN}}_e{{
         for (int i = 0; i < VEC; i++) ss = fmaf(s[k][i], s[k][i], ss);
     ss = row_sum<TPR>(ss);
     const float r = rsqrtf(ss / (float)HIDDEN + EPS);
-    if (!valid) return;
-    if (lane == 0) rstd[row] = r;
+    float amax = 0.f;
+    if (valid && lane == 0) rstd[row] = r;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        if (!in_row<TPR, NV>(k, lane)) continue;
+        if (!valid || !in_row<TPR, NV>(k, lane)) continue;
         const i64 off = base + (lane + k * TPR) * VEC;
         vec_t o;
 #pragma unroll
-        for (int i = 0; i < VEC; i++)
+        for (int i = 0; i < VEC; i++) {
             o.h[i] = __float2bfloat16_rn(__bfloat162float(wv[k].h[i]) * bf16_round(s[k][i] * r));
+            amax = fmaxf(amax, fabsf(__bfloat162float(o.h[i])));
+        }
         *reinterpret_cast<vec_t *>(out + off) = o;
         if (resid) {
             vec_t so;
@@ -133,6 +140,7 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_h{{HIDDEN}}_e{{
             *reinterpret_cast<vec_t *>(sum_out + off) = so;
         }
     }
+    fp8_amax_commit(amax, amax_slot, amax_fmax);
 }
 
 // dx = rstd * (g - xhat * mean(g * xhat)) (+ dresid), g = dout * weight, xhat = x * rstd;
@@ -140,7 +148,8 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_h{{HIDDEN}}_e{{
 __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(
     // dout and dresid may be dx itself (qk-norm's backward runs in place): no __restrict__ on the three
     const bf16 *dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight,
-    const float *__restrict__ rstd, const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n) {
+    const float *__restrict__ rstd, const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n,
+    float *__restrict__ amax_slot, float amax_fmax) {
     const int lane = threadIdx.x % TPR_B;
     const int sub = threadIdx.x / TPR_B;
     float dw[NV_B][VEC];
@@ -148,6 +157,7 @@ __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}
     for (int k = 0; k < NV_B; k++)
 #pragma unroll
         for (int i = 0; i < VEC; i++) dw[k][i] = 0.f;
+    float amax = 0.f;
     // every thread of the block runs the same number of iterations (the shuffles and barriers need that)
     for (i64 first = (i64)blockIdx.x * RPB_B; first < n; first += (i64)gridDim.x * RPB_B) {
         const i64 row = first + sub;
@@ -189,11 +199,13 @@ __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}
                 float v = r * fmaf(-xh, mean, d * __bfloat162float(wv[k].h[i]));
                 if (dresid) v += __bfloat162float(rv[k].h[i]);
                 o.h[i] = __float2bfloat16_rn(v);
+                amax = fmaxf(amax, fabsf(__bfloat162float(o.h[i])));
                 dw[k][i] = fmaf(d, bf16_round(xh), dw[k][i]);
             }
             *reinterpret_cast<vec_t *>(dx + base + (lane + k * TPR_B) * VEC) = o;
         }
     }
+    fp8_amax_commit(amax, amax_slot, amax_fmax);
     float *part = dw_part + (i64)blockIdx.x * HIDDEN;
 #if RPB_B > 1
     // several rows per block share columns: sum the RPB_B partials in shared memory first (HIDDEN <= 512 here), in

@@ -4,7 +4,11 @@
 //   bwd: dup = dout * bf16(silu(gate)); dgate = dout * up * sigmoid(g) * (1 + g * (1 - sigmoid(g))), written over
 //        gate and up (fp32 math, one rounding to bf16).
 // Vectors of VEC bf16 (16 bytes when FFN % 8 == 0); each thread handles UNROLL vectors per iteration, loads first.
+// Where an FP8 GEMM reads an output (out; dgate, dup), its amax slot is that GEMM input's scale slot and the kernel
+// takes the output's amax too (fp8_amax.cuh); NULL elsewhere.
 #include <cuda_bf16.h>
+
+#include "fp8_amax.cuh"
 
 typedef long long i64;
 typedef __nv_bfloat16 bf16;
@@ -19,14 +23,18 @@ static_assert(FFN % VEC == 0, "VEC must divide FFN");
 template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
 typedef bvec<VEC> vec_t;
 
-extern "C" __global__ void swiglu_fwd_f{{FFN}}(const bf16 *gate, const bf16 *up, bf16 *out, i64 n);
-extern "C" __global__ void swiglu_bwd_f{{FFN}}(const bf16 *dout, bf16 *gate, bf16 *up, i64 n);
+extern "C" __global__ void swiglu_fwd_f{{FFN}}(const bf16 *gate, const bf16 *up, bf16 *out, i64 n, float *amax_slot,
+                                              float amax_fmax);
+extern "C" __global__ void swiglu_bwd_f{{FFN}}(const bf16 *dout, bf16 *gate, bf16 *up, i64 n, float *gate_amax_slot,
+                                              float gate_amax_fmax, float *up_amax_slot, float up_amax_fmax);
 
 static __device__ __forceinline__ float sigmoid(float g) { return __frcp_rn(1.f + __expf(-g)); }
 static __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
 
 __global__ void __launch_bounds__(BLOCK) swiglu_fwd_f{{FFN}}(const bf16 *__restrict__ gate, const bf16 *__restrict__ up,
-                                                        bf16 *__restrict__ out, i64 n) {
+                                                        bf16 *__restrict__ out, i64 n,
+                                                        float *__restrict__ amax_slot, float amax_fmax) {
+    float amax = 0.f;
     const i64 total = n * (FFN / VEC);
     const vec_t *g = reinterpret_cast<const vec_t *>(gate), *u = reinterpret_cast<const vec_t *>(up);
     vec_t *o = reinterpret_cast<vec_t *>(out);
@@ -49,14 +57,19 @@ __global__ void __launch_bounds__(BLOCK) swiglu_fwd_f{{FFN}}(const bf16 *__restr
             for (int i = 0; i < VEC; i++) {
                 const float x = __bfloat162float(gv[k].h[i]);
                 r.h[i] = __float2bfloat16_rn(bf16_round(x * sigmoid(x)) * __bfloat162float(uv[k].h[i]));
+                amax = fmaxf(amax, fabsf(__bfloat162float(r.h[i])));
             }
             o[idx] = r;
         }
     }
+    fp8_amax_commit(amax, amax_slot, amax_fmax);
 }
 
 __global__ void __launch_bounds__(BLOCK) swiglu_bwd_f{{FFN}}(const bf16 *__restrict__ dout, bf16 *__restrict__ gate,
-                                                        bf16 *__restrict__ up, i64 n) {
+                                                        bf16 *__restrict__ up, i64 n,
+                                                        float *__restrict__ gate_amax_slot, float gate_amax_fmax,
+                                                        float *__restrict__ up_amax_slot, float up_amax_fmax) {
+    float gate_amax = 0.f, up_amax = 0.f;
     const i64 total = n * (FFN / VEC);
     const vec_t *d = reinterpret_cast<const vec_t *>(dout);
     vec_t *g = reinterpret_cast<vec_t *>(gate), *u = reinterpret_cast<vec_t *>(up);
@@ -83,9 +96,13 @@ __global__ void __launch_bounds__(BLOCK) swiglu_bwd_f{{FFN}}(const bf16 *__restr
                 const float s = sigmoid(x);
                 du.h[i] = __float2bfloat16_rn(dy * bf16_round(x * s));
                 dg.h[i] = __float2bfloat16_rn(dy * y * s * fmaf(x, 1.f - s, 1.f));
+                gate_amax = fmaxf(gate_amax, fabsf(__bfloat162float(dg.h[i])));
+                up_amax = fmaxf(up_amax, fabsf(__bfloat162float(du.h[i])));
             }
             g[idx] = dg;
             u[idx] = du;
         }
     }
+    fp8_amax_commit(gate_amax, gate_amax_slot, gate_amax_fmax);
+    fp8_amax_commit(up_amax, up_amax_slot, up_amax_fmax);
 }

@@ -722,8 +722,9 @@ static bool fp8_same(const cp_operand *a, const cp_operand *b) {
 
 /* train.precision = "fp8" (gen/plan_fp8.c): every GEMM of a layer, and only those, reads FP8 copies of the very
  * operands the bf16 plan gives it, made by a cast (transposed where that GEMM read them transposed; E5M2 for a
- * backward GEMM's gradient, and only there) with the scale of an amax of the same operand, with nothing written
- * to that operand, that scale or that copy since; a tensor read by several GEMMs is cast and measured once while
+ * backward GEMM's gradient, and only there) with the scale of an amax of the same operand (by a pass of its own, or
+ * by the rmsnorm or SwiGLU kernel that wrote exactly that operand), with nothing written to that operand, that
+ * scale or that copy since; a tensor read by several GEMMs is cast and measured once while
  * it holds (q, k and v share one copy; MLP weights are cast once per layer and pass, not per tile); the copies are
  * counted in memory; the step is predicted faster at the 3B shape; the rest of the program is the bf16 plan's.
  * Over one GPU's 1 and 8 MLP tiles and two GPUs' UPipe stages and gathered weights.
@@ -741,15 +742,15 @@ static void test_fp8(void **state) {
         s.train.fp8 = true;
         build(&s, &f);
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held); /* each copy buffer */
-        fp8_held slot[256] = {0};                                /* each scale slot, by its offset / 16 */
+        fp8_held slot[256] = {0}; /* each scale slot, by its offset / CP_FP8_SLOT_BYTES */
         int *wcast = calloc((size_t)f.nsteps, sizeof *wcast);    /* the casts of weights */
-        int bi = 0, gemms = 0, layer_gemms = 0, casts = 0, amaxes = 0, grad_gemms = 0, weight_casts = 0;
+        int bi = 0, gemms = 0, layer_gemms = 0, casts = 0, amaxes = 0, grad_gemms = 0, weight_casts = 0, own = 0;
         for (int i = 0; i < f.nsteps; i++) {
             const cp_step *x = &f.steps[i];
             if (x->task == CP_TASK_FP8_AMAX) {
                 amaxes++;
-                int64_t k = x->ops[3].offset / 16;
-                assert_true(k < 256 && x->ops[3].offset % 16 == 0);
+                int64_t k = x->ops[3].offset / CP_FP8_SLOT_BYTES;
+                assert_true(k < 256 && x->ops[3].offset % CP_FP8_SLOT_BYTES == 0);
                 slot[k] = (fp8_held){.valid = true, .src = x->ops[0], .e5m2 = strstr(x->role, "e5m2") != NULL};
                 for (int o = 0; o < f.nbufs; o++)
                     if (held[o].slot == k) held[o].valid = false;
@@ -768,7 +769,7 @@ static void test_fp8(void **state) {
                     }
                     wcast[weight_casts++] = i;
                 }
-                int64_t k = x->ops[1].offset / 16;
+                int64_t k = x->ops[1].offset / CP_FP8_SLOT_BYTES;
                 bool e5 = strstr(x->role, "e5m2") != NULL;
                 assert_true(slot[k].valid && fp8_same(&slot[k].src, &x->ops[0]) && slot[k].e5m2 == e5);
                 assert_int_equal(f.bufs[x->ops[2].buf].cat, CP_CAT_FP8);
@@ -782,6 +783,10 @@ static void test_fp8(void **state) {
             }
             const cp_step *y = &b.steps[bi++]; /* its place in the bf16 program */
             assert_string_equal(x->what, y->what);
+            if (x->kind != CP_OP_GEMM) { /* as it was, but for the scale slots of its own amaxes */
+                assert_int_equal(x->nops, y->nops + x->namax);
+                for (int o = 0; o < y->nops; o++) assert_true(fp8_same(&x->ops[o], &y->ops[o]));
+            }
             if (x->kind == CP_OP_GEMM) {
                 gemms++;
                 if (y->layer < 0) { /* the LM head's: as it was */
@@ -804,7 +809,7 @@ static void test_fp8(void **state) {
                     for (int in = 0; in < 2; in++) {
                         const fp8_held *h = &held[x->ops[in].buf];
                         const cp_gemm *g = &y->gemm;
-                        int64_t k = x->ops[x->nops - 2 + in].offset / 16;
+                        int64_t k = x->ops[x->nops - 2 + in].offset / CP_FP8_SLOT_BYTES;
                         assert_int_equal(f.bufs[x->ops[in].buf].cat, CP_CAT_FP8);
                         if (!h->valid || !fp8_same(&h->src, &y->ops[in]) || h->slot != k || !slot[k].valid)
                             fail_msg("step %d (%s, layer %d, tile %d): input %d's copy is not of its operand now", i,
@@ -828,14 +833,29 @@ static void test_fp8(void **state) {
                         w->offset < slot[k].src.offset + slot[k].src.bytes)
                         slot[k].valid = false;
             }
+            /* a kernel's own amaxes: of an output it wrote whole, into a slot that then holds it */
+            for (int j = 0; j < x->namax; j++) {
+                const cp_step_amax *a = &x->amax[j];
+                own++;
+                assert_true(cp_plan_fp8_producer(x->task, a->out) && (x->ops[a->out].access & CP_WRITE));
+                assert_true(a->slot >= y->nops && a->slot < x->nops);
+                const cp_operand *so = &x->ops[a->slot];
+                assert_true(!strcmp(f.bufs[so->buf].name, "fp8_state") && so->offset % CP_FP8_SLOT_BYTES == 0 &&
+                            so->bytes == CP_FP8_SLOT_BYTES && so->access == CP_RW);
+                int64_t k = so->offset / CP_FP8_SLOT_BYTES;
+                slot[k] = (fp8_held){.valid = true, .src = x->ops[a->out], .e5m2 = a->fmt == CP_GEMM_E5M2};
+                for (int o = 0; o < f.nbufs; o++)
+                    if (held[o].slot == k) held[o].valid = false;
+            }
         }
         free(held);
         free(wcast);
         assert_int_equal(bi, b.nsteps);
         assert_true(layer_gemms > 0 && layer_gemms < gemms && grad_gemms > 0 && grad_gemms < layer_gemms);
         /* made once while they hold: q, k and v (and gate and up) share the A copy, so fewer casts than inputs */
-        print_message("%s fp8: %d layer GEMMs, %d casts (%d of weights), %d amaxes\n", shapes[c][0], layer_gemms, casts,
-                      weight_casts, amaxes);
+        print_message("%s fp8: %d layer GEMMs, %d casts (%d of weights), %d amax passes, %d amaxes in the kernels "
+                      "that write the tensors\n", shapes[c][0], layer_gemms, casts, weight_casts, amaxes, own);
+        assert_true(own > 0);
         assert_true(casts < 2 * layer_gemms && amaxes < casts);
         assert_int_equal(b.cat_bytes[CP_CAT_FP8], 0);
         assert_true(f.cat_bytes[CP_CAT_FP8] > 0);
@@ -847,6 +867,20 @@ static void test_fp8(void **state) {
         cp_plan_free(&b);
         cp_plan_free(&f);
     }
+    /* the recipe's keys: every layer GEMM's gradient in E4M3, no fast accumulation anywhere */
+    cp_spec s;
+    cp_plan f;
+    load("tiny", &s, 3, "train.precision=fp8", "train.fp8_format=e4m3", "train.fp8_fast_accum=false");
+    build(&s, &f);
+    int layer_gemms = 0;
+    for (int i = 0; i < f.nsteps; i++) {
+        const cp_gemm *g = &f.steps[i].gemm;
+        if (f.steps[i].kind != CP_OP_GEMM || f.steps[i].layer < 0) continue;
+        layer_gemms++;
+        assert_true(g->a_type == CP_GEMM_E4M3 && g->b_type == CP_GEMM_E4M3 && !g->fast_accum);
+    }
+    assert_true(layer_gemms > 0);
+    cp_plan_free(&f);
 }
 
 /* --max-seq asks each length only whether it fits, quickly (cp_plan_fits): the same answer as the whole search, at

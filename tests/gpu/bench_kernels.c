@@ -115,16 +115,23 @@ int main(void) {
         gu_module *m = build(&k);
         size_t nb = 2 * (size_t)(n * H);
         void *x = filled(nb), *r = filled(nb), *s = gu_malloc(nb), *w = filled(2 * (size_t)H), *o = gu_malloc(nb);
-        void *rs = gu_malloc(4 * (size_t)n), *dw = filled(4 * (size_t)H), *null = NULL;
+        void *rs = gu_malloc(4 * (size_t)n), *dw = filled(4 * (size_t)H), *null = NULL, *slot = gu_malloc(64);
+        float none = 0.0f, e4 = 448.0f;
+        const char zeros[64] = {0};
+        gu_upload(slot, zeros, 64); /* a scale slot's running maximum and count start at 0 (and are left 0) */
         int parts = (int)gu_dims(m, "bwd", n, 0).grid[0];
         void *part = gu_malloc(scratch);
-        void *a[] = {&x, &null, &null, &w, &o, &rs, &n};
+        void *a[] = {&x, &null, &null, &w, &o, &rs, &n, &null, &none};
         bench(m, "fwd", n, 0, a, "rmsnorm_fwd", "65536x4096", 2.0 * nb + 4.0 * n, true);
-        void *b[] = {&x, &r, &s, &w, &o, &rs, &n};
+        void *a8[] = {&x, &null, &null, &w, &o, &rs, &n, &slot, &e4};
+        bench(m, "fwd", n, 0, a8, "rmsnorm_fwd amax", "65536x4096", 2.0 * nb + 4.0 * n, true);
+        void *b[] = {&x, &r, &s, &w, &o, &rs, &n, &null, &none};
         bench(m, "fwd", n, 0, b, "rmsnorm_fwd resid", "65536x4096", 4.0 * nb + 4.0 * n, true);
-        void *c[] = {&r, &x, &w, &rs, &null, &o, &part, &n};
+        void *c[] = {&r, &x, &w, &rs, &null, &o, &part, &n, &null, &none};
         bench(m, "bwd", n, 0, c, "rmsnorm_bwd", "65536x4096", 3.0 * nb + 4.0 * n, true);
-        void *e[] = {&r, &x, &w, &rs, &s, &o, &part, &n};
+        void *c8[] = {&r, &x, &w, &rs, &null, &o, &part, &n, &slot, &e4};
+        bench(m, "bwd", n, 0, c8, "rmsnorm_bwd amax", "65536x4096", 3.0 * nb + 4.0 * n, true);
+        void *e[] = {&r, &x, &w, &rs, &s, &o, &part, &n, &null, &none};
         bench(m, "bwd", n, 0, e, "rmsnorm_bwd dresid", "65536x4096", 4.0 * nb + 4.0 * n, true);
         /* the fixed-order sum of the blocks' dweight rows, the bwd step's second launch (fixed cost per step) */
         void *f[] = {&part, &parts, &dw};
@@ -132,7 +139,7 @@ int main(void) {
         snprintf(shape, sizeof shape, "%d parts x 4096", parts);
         bench(m, "bwd_dw", n, 0, f, "rmsnorm_bwd_dw", shape, 4.0 * parts * H + 8.0 * H, false);
         gu_free_dev(x), gu_free_dev(r), gu_free_dev(s), gu_free_dev(w), gu_free_dev(o), gu_free_dev(rs), gu_free_dev(dw);
-        gu_free_dev(part);
+        gu_free_dev(part), gu_free_dev(slot);
         gu_free(m);
     }
     { /* rope 65536 tokens x 32 heads x 128 */
@@ -160,12 +167,20 @@ int main(void) {
         cp_k_swiglu(&k, F);
         gu_module *m = build(&k);
         size_t nb = 2 * (size_t)(n * F);
-        void *g = filled(nb), *u = filled(nb), *o = filled(nb);
-        void *a[] = {&g, &u, &o, &n};
+        void *g = filled(nb), *u = filled(nb), *o = filled(nb), *null = NULL, *slot = gu_malloc(64);
+        void *slot2 = (char *)slot + 32;
+        float none = 0.0f, e4 = 448.0f, e5 = 57344.0f;
+        const char zeros[64] = {0};
+        gu_upload(slot, zeros, 64);
+        void *a[] = {&g, &u, &o, &n, &null, &none};
         bench(m, "fwd", n, 0, a, "swiglu_fwd", "16384x14336", 3.0 * nb, true);
-        void *b[] = {&o, &g, &u, &n};
+        void *a8[] = {&g, &u, &o, &n, &slot, &e4};
+        bench(m, "fwd", n, 0, a8, "swiglu_fwd amax", "16384x14336", 3.0 * nb, true);
+        void *b[] = {&o, &g, &u, &n, &null, &none, &null, &none};
         bench(m, "bwd", n, 0, b, "swiglu_bwd", "16384x14336", 5.0 * nb, true);
-        gu_free_dev(g), gu_free_dev(u), gu_free_dev(o);
+        void *b8[] = {&o, &g, &u, &n, &slot, &e5, &slot2, &e5};
+        bench(m, "bwd", n, 0, b8, "swiglu_bwd amaxes", "16384x14336", 5.0 * nb, true);
+        gu_free_dev(g), gu_free_dev(u), gu_free_dev(o), gu_free_dev(slot);
         gu_free(m);
     }
     { /* embedding: 65536 tokens of a 128256 x 4096 table */

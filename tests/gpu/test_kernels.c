@@ -180,6 +180,31 @@ static void test_embedding(void **state) {
     embedding_shape(1000, 5120, ROWS + 1, 1);
 }
 
+/* ---- a producer's own amax (fp8_amax.cuh) ---- */
+
+/* A scale slot as the planner leaves it before a producer fills it: the scales poisoned, the running maximum and the
+ * count of blocks 0. */
+static float *amax_slot_new(void) {
+    float *d = gu_malloc(CP_FP8_SLOT_BYTES);
+    uint32_t init[CP_FP8_SLOT_BYTES / 4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
+    gu_upload(d, init, sizeof init);
+    return d;
+}
+
+/* The slot a producer filled from the n values it wrote: exactly ref_fp8_amax's of them, with the running maximum
+ * and the count left 0 (so that the next producer of the slot starts clean). */
+static void amax_check(const char *name, const char *shape, const float *dslot, const uint16_t *wrote, int64_t n,
+                       bool e5m2) {
+    float slot[CP_FP8_SLOT_BYTES / 4], ref[3];
+    gu_download(slot, dslot, sizeof slot);
+    ref_fp8_amax(wrote, 1, n, n, e5m2, ref);
+    uint32_t left[2];
+    memcpy(left, slot + 4, sizeof left);
+    int bad = left[0] != 0 || left[1] != 0 || !(ref[2] > 0);
+    for (int j = 0; j < 3; j++) bad += memcmp(&slot[j], &ref[j], 4) != 0;
+    gu_check(name, shape, bad, 0);
+}
+
 /* ---- rmsnorm ---- */
 
 static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool resid) {
@@ -197,9 +222,12 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
     gu_poison(dout, nb);
     gu_poison(drstd, 4 * (size_t)n);
     if (resid) gu_poison(dsum, nb);
-    void *a[] = {&dx, &dres, &dsum, &dw, &dout, &drstd, &n};
+    /* the cases with resid also take out's amax for E4M3 and dx's for E5M2; the others pass no slot */
+    float *dslot = resid ? amax_slot_new() : NULL, e4 = resid ? 448.0f : 0.0f, e5 = resid ? 57344.0f : 0.0f;
+    void *a[] = {&dx, &dres, &dsum, &dw, &dout, &drstd, &n, &dslot, &e4};
     gu_run(m, "fwd", n, 0, a);
     gu_download(out, dout, nb);
+    if (resid) amax_check("rmsnorm_fwd.amax", shape, dslot, out, n * H, false);
     gu_download(rstd, drstd, 4 * (size_t)n);
     gu_check("rmsnorm_fwd.out", shape, gu_rel_err_bf16(out, rout, n * H), TOL_BF16);
     gu_check("rmsnorm_fwd.rstd", shape, gu_rel_err_f32(rstd, rrstd, n), TOL_F32);
@@ -224,7 +252,7 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
     if (pb < (size_t)parts * (size_t)H * 4) gu_fail("rmsnorm h%lld n%lld: scratch of %zu bytes for %d parts", (long long)H,
                                                     (long long)n, pb, parts);
     float *dpart = gu_malloc(pb);
-    void *b[] = {&dgo, &dxin, &dw, &drs, &ddres, &ddx, &dpart, &n};
+    void *b[] = {&dgo, &dxin, &dw, &drs, &ddres, &ddx, &dpart, &n, &dslot, &e5};
     void *c[] = {&dpart, &parts, &ddw};
     /* calls: bwd then bwd_dw, three times into the same dweight (as the loss tiles, micro-batches and stages do), dx
      * and the parts poisoned (dx reset to dresid when in place) before each */
@@ -242,6 +270,7 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
                 gu_download(gdx, ddx, nb);
                 gu_download(dwgpu, ddw, 4 * (size_t)H);
                 gu_check("rmsnorm_bwd.dx", shape, gu_rel_err_bf16(gdx, rdx, n * H), TOL_BF16);
+                if (resid) amax_check("rmsnorm_bwd.amax", shape, dslot, gdx, n * H, true);
                 for (int64_t j = 0; j < H; j++) { /* compare what was added */
                     dwgpu[j] = (float)((double)dwgpu[j] - dw0[j]);
                     dwref[j] = (float)((double)dwref[j] - dw0[j]);
@@ -261,6 +290,7 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
              memcmp(dwrun[0], dwrun[1], 4 * (size_t)H) || memcmp(dxrun[0], dxrun[1], nb) ? 1.0 : 0.0, 0);
     free(dwrun[0]), free(dwrun[1]), free(dxrun[0]), free(dxrun[1]);
     gu_free_dev(dpart);
+    if (dslot) gu_free_dev(dslot);
 
     free(x), free(res), free(w), free(out), free(sum), free(rout), free(rsum), free(rstd), free(rrstd);
     free(go), free(gres), free(dw0), free(dwref), free(dwgpu), free(rdx), free(gdx);
@@ -384,19 +414,25 @@ static void swiglu_case(gu_module *m, int64_t F, int64_t n) {
     ref_swiglu_fwd(g, u, ref, cnt);
     uint16_t *dg = dev_copy(g, nb), *du = dev_copy(u, nb), *dout = gu_malloc(nb);
     gu_poison(dout, nb);
-    void *a[] = {&dg, &du, &dout, &n};
+    /* out's amax for E4M3, dgate's and dup's for E5M2 */
+    float *dslot[3] = {amax_slot_new(), amax_slot_new(), amax_slot_new()}, e4 = 448.0f, e5 = 57344.0f;
+    void *a[] = {&dg, &du, &dout, &n, &dslot[0], &e4};
     gu_run(m, "fwd", n, 0, a);
     gu_download(out, dout, nb);
     gu_check("swiglu_fwd", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
+    amax_check("swiglu_fwd.amax", shape, dslot[0], out, cnt, false);
     uint16_t *dy = gu_rand_bf16(&rng, cnt, 1.0), *rg = host_copy(g, nb), *ru = host_copy(u, nb);
     ref_swiglu_bwd(dy, rg, ru, cnt);
     uint16_t *ddy = dev_copy(dy, nb);
-    void *b[] = {&ddy, &dg, &du, &n};
+    void *b[] = {&ddy, &dg, &du, &n, &dslot[1], &e5, &dslot[2], &e5};
     gu_run(m, "bwd", n, 0, b);
     gu_download(out, dg, nb);
     gu_check("swiglu_bwd.dgate", shape, gu_rel_err_bf16(out, rg, cnt), TOL_BF16);
+    amax_check("swiglu_bwd.dgate amax", shape, dslot[1], out, cnt, true);
     gu_download(out, du, nb);
     gu_check("swiglu_bwd.dup", shape, gu_rel_err_bf16(out, ru, cnt), TOL_BF16);
+    amax_check("swiglu_bwd.dup amax", shape, dslot[2], out, cnt, true);
+    for (int j = 0; j < 3; j++) gu_free_dev(dslot[j]);
     free(g), free(u), free(ref), free(out), free(dy), free(rg), free(ru);
     gu_free_dev(dg), gu_free_dev(du), gu_free_dev(dout), gu_free_dev(ddy);
 }
