@@ -51,6 +51,18 @@ cp_gemm cp_plan_fp8_gemm(const cp_train *t, const cp_step *s) {
     return f;
 }
 
+bool cp_plan_fp8_producer(cp_task task, int op) {
+    switch (task) {
+    case CP_TASK_NORM1:
+    case CP_TASK_NORM2: return op == 2;          /* x, weight, out, rstd */
+    case CP_TASK_NORM1_BWD:
+    case CP_TASK_NORM2_BWD: return op == 5;      /* dout, x, weight, rstd, dresid, dx, dweight, parts */
+    case CP_TASK_SWIGLU: return op == 2;         /* gate, up, out */
+    case CP_TASK_SWIGLU_BWD: return op == 1 || op == 2; /* dout, gate <- dgate, up <- dup */
+    default: return false;
+    }
+}
+
 typedef struct {
     cp_step *steps;
     int n, cap;
@@ -120,18 +132,6 @@ typedef struct {
     int input;
 } weight_role;
 
-bool cp_plan_fp8_producer(cp_task task, int op) {
-    switch (task) {
-    case CP_TASK_NORM1:
-    case CP_TASK_NORM2: return op == 2;          /* x, weight, out, rstd */
-    case CP_TASK_NORM1_BWD:
-    case CP_TASK_NORM2_BWD: return op == 5;      /* dout, x, weight, rstd, dresid, dx, dweight, parts */
-    case CP_TASK_SWIGLU: return op == 2;         /* gate, up, out */
-    case CP_TASK_SWIGLU_BWD: return op == 1 || op == 2; /* dout, gate <- dgate, up <- dup */
-    default: return false;
-    }
-}
-
 typedef struct {
     cp_plan *P;
     program q;
@@ -182,10 +182,10 @@ static int weight_role_of(lowering *L, const cp_step *g, int x) {
     return L->nroles++;
 }
 
-/* Slot k to be filled with src's amax (in format fmt) by the kernel that wrote src, where that kernel can: it wrote
+/* Slot k to be filled with src's amax by the kernel that wrote src, where that kernel can: it wrote
  * exactly src, a whole contiguous matrix, in this stretch of the program, and no step since touches slot k. Whether
- * it was so attached. */
-static bool fuse_amax(lowering *L, const source *src, int k, uint8_t fmt) {
+ * it was so attached (for src's format). */
+static bool fuse_amax(lowering *L, const source *src, int k) {
     if (src->ld != src->cols || src->rows * src->cols * 2 != src->bytes) return false;
     for (int i = L->q.n - 1; i >= L->region; i--) {
         cp_step *p = &L->q.steps[i];
@@ -200,7 +200,7 @@ static bool fuse_amax(lowering *L, const source *src, int k, uint8_t fmt) {
         if (out < 0 || p->kind != CP_OP_KERNEL || !cp_plan_fp8_producer(p->task, out) || p->namax == 2 ||
             p->nops == CP_MAX_OPERANDS)
             return false;
-        p->amax[p->namax++] = (cp_step_amax){.out = (int8_t)out, .slot = (int8_t)p->nops, .fmt = fmt};
+        p->amax[p->namax++] = (cp_step_amax){.out = (int8_t)out, .slot = (int8_t)p->nops, .fmt = src->fmt};
         operand(p, L->state, SLOT(k), CP_FP8_SLOT_BYTES, CP_RW);
         return true;
     }
@@ -222,7 +222,7 @@ static int measure(lowering *L, cache *c, const cp_step *g, int x, int role, con
     for (int j = 0; j < MAX_COPIES; j++)
         if (c->copy[j].valid && c->copy[j].slot == k) c->copy[j].valid = false;
     c->slot[k] = (slot_state){.valid = true, .in_body = c->body, .src = *src, .used = ++c->clock};
-    if (L->emit && !fuse_amax(L, src, k, src->fmt)) {
+    if (L->emit && !fuse_amax(L, src, k)) {
         bool e5 = src->fmt == CP_GEMM_E5M2;
         cp_step *s = cast_step(&L->q, g, L->module, e5 ? "amax_e5m2" : "amax_e4m3", CP_TASK_FP8_AMAX);
         op.access = CP_READ;

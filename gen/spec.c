@@ -58,7 +58,8 @@ static const node TRAIN_KEYS[] = {
     LEAF("seq_len"), LEAF("micro_batches"), LEAF("steps"), LEAF("lr"), LEAF("min_lr"), LEAF("warmup"),
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
     LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("eval_every"), LEAF("eval_sequences"),
-    LEAF("out_dir"), LEAF("deterministic"), LEAF("precision"), LEAF("fp8_format"), LEAF("fp8_fast_accum"), END};
+    LEAF("out_dir"), LEAF("deterministic"), LEAF("precision"), LEAF("fp8_format"), LEAF("fp8_fast_accum"),
+    END};
 static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"), LEAF("positions"), LEAF("eod"), LEAF("doc_len"),
                                   END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};

@@ -66,7 +66,8 @@ static int64_t opoff(const pctx *c, int j) { return c->p[j] - (char *)c->ex->buf
 /* n operands, and after them the scale slots of the step's own amaxes (cp_step.amax) */
 static int need_ops(pctx *c, int n) {
     if (c->s->nops != n + c->s->namax)
-        return pfail(c, "%d operands, expected %d%s", c->s->nops, n + c->s->namax, c->s->namax ? " with its amaxes" : "");
+        return pfail(c, "%d operands, expected %d%s", c->s->nops, n + c->s->namax,
+                     c->s->namax ? " with its amaxes" : "");
     for (int j = 0; j < c->s->nops; j++)
         if (!c->ex->bufptr[c->s->ops[j].buf])
             return pfail(c, "operand %d (%s) has no memory", j, opbuf(c, j)->name);
