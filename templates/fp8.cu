@@ -15,6 +15,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include "fp8_amax.cuh"
+
 typedef long long i64;
 typedef __nv_bfloat16 bf16;
 
@@ -105,9 +107,7 @@ __device__ __forceinline__ void amax_of(const bf16 *__restrict__ src, i64 rows, 
     for (unsigned b = threadIdx.x; b < gridDim.x; b += BLOCK) a = fmaxf(a, __ldcg(parts + b));
     a = block_max(a);
     if (threadIdx.x == 0) {
-        slot[0] = a > 0.0f ? a / fmax : 1.0f;
-        slot[1] = a > 0.0f ? fmax / a : 1.0f;
-        slot[2] = a;
+        fp8_scales(slot, a, fmax);
         *counter = 0u;
     }
 }

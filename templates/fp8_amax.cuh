@@ -9,6 +9,14 @@
 // that separate pass would write.
 #pragma once
 
+// The scales of a slot from its tensor's amax a: the one formula of both ways of taking it (a pass of its own,
+// templates/fp8.cu, or the producer), so that they agree bit for bit
+__device__ __forceinline__ void fp8_scales(float *slot, float a, float fmax) {
+    slot[0] = a > 0.0f ? a / fmax : 1.0f;
+    slot[1] = a > 0.0f ? fmax / a : 1.0f;
+    slot[2] = a;
+}
+
 // Every thread of the block calls it, once, after its stores; m >= 0. A slot of NULL does nothing.
 __device__ __forceinline__ void fp8_amax_commit(float m, float *slot, float fmax) {
     if (!slot) return;
@@ -28,9 +36,7 @@ __device__ __forceinline__ void fp8_amax_commit(float m, float *slot, float fmax
     const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
     if (atomicAdd(done, 1u) != blocks - 1) return;
     __threadfence();
-    const float a = __uint_as_float(atomicExch(acc, 0u)); // every block's maximum is in: the last one finishes
-    slot[0] = a > 0.0f ? a / fmax : 1.0f;
-    slot[1] = a > 0.0f ? fmax / a : 1.0f;
-    slot[2] = a;
+    // every block's maximum is in: the last one finishes
+    fp8_scales(slot, __uint_as_float(atomicExch(acc, 0u)), fmax);
     *done = 0u;
 }
