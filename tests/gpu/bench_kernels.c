@@ -115,10 +115,10 @@ int main(void) {
         gu_module *m = build(&k);
         size_t nb = 2 * (size_t)(n * H);
         void *x = filled(nb), *r = filled(nb), *s = gu_malloc(nb), *w = filled(2 * (size_t)H), *o = gu_malloc(nb);
-        void *rs = gu_malloc(4 * (size_t)n), *dw = filled(4 * (size_t)H), *null = NULL, *slot = gu_malloc(64);
+        void *rs = gu_malloc(4 * (size_t)n), *dw = filled(4 * (size_t)H), *null = NULL, *slot = gu_malloc(CP_FP8_SLOT_BYTES);
         float none = 0.0f, e4 = 448.0f;
-        const char zeros[64] = {0};
-        gu_upload(slot, zeros, 64); /* a scale slot's running maximum and count start at 0 (and are left 0) */
+        static const char zeros[2 * CP_FP8_SLOT_BYTES];
+        gu_upload(slot, zeros, CP_FP8_SLOT_BYTES); /* a scale slot's running maximum and count start at 0 (and are left 0) */
         int parts = (int)gu_dims(m, "bwd", n, 0).grid[0];
         void *part = gu_malloc(scratch);
         void *a[] = {&x, &null, &null, &w, &o, &rs, &n, &null, &none};
@@ -167,11 +167,11 @@ int main(void) {
         cp_k_swiglu(&k, F);
         gu_module *m = build(&k);
         size_t nb = 2 * (size_t)(n * F);
-        void *g = filled(nb), *u = filled(nb), *o = filled(nb), *null = NULL, *slot = gu_malloc(64);
-        void *slot2 = (char *)slot + 32;
+        void *g = filled(nb), *u = filled(nb), *o = filled(nb), *null = NULL, *slot = gu_malloc(2 * CP_FP8_SLOT_BYTES);
+        void *slot2 = (char *)slot + CP_FP8_SLOT_BYTES;
         float none = 0.0f, e4 = 448.0f, e5 = 57344.0f;
-        const char zeros[64] = {0};
-        gu_upload(slot, zeros, 64);
+        static const char zeros[2 * CP_FP8_SLOT_BYTES];
+        gu_upload(slot, zeros, 2 * CP_FP8_SLOT_BYTES);
         void *a[] = {&g, &u, &o, &n, &null, &none};
         bench(m, "fwd", n, 0, a, "swiglu_fwd", "16384x14336", 3.0 * nb, true);
         void *a8[] = {&g, &u, &o, &n, &slot, &e4};
