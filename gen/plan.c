@@ -148,7 +148,9 @@ static cp_step *gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t
 }
 
 /* An FP8 amax or cast (gen/plan_fp8.c), priced and counted apart */
-static bool is_fp8_cast(const cp_step *s) { return s->task == CP_TASK_FP8_AMAX || s->task == CP_TASK_FP8_CAST; }
+static bool is_fp8_cast(const cp_step *s) {
+    return s->task == CP_TASK_FP8_AMAX || s->task == CP_TASK_FP8_CAST || s->task == CP_TASK_FP8_CAST_BLOCK;
+}
 
 /* A backward GEMM: its A is the gradient dY (dX = dY W, dW = dY^T X), which FP8 keeps in E5M2. */
 static cp_step *grad_gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
@@ -1636,7 +1638,7 @@ static void cost_model(cp_plan *P) {
             bool fp8 = s->gemm.a_type != CP_GEMM_BF16;
             double bytes = (fp8 ? 1.0 : 2.0) * ((double)s->gemm.m * s->gemm.k + (double)s->gemm.k * s->gemm.n) +
                            (s->gemm.out_f32 ? 8.0 : 2.0) * (double)s->gemm.m * s->gemm.n;
-            double rate = fp8 ? mc->fp8_gemm_tflops : mc->gemm_tflops;
+            double rate = !fp8 ? mc->gemm_tflops : s->gemm.a_scale ? mc->fp8_block_gemm_tflops : mc->fp8_gemm_tflops;
             t = CP_MAX(s->flops / (rate * 1e12), bytes / (mc->hbm_gbps * 1e9)) + mc->gemm_us * 1e-6;
             s->bytes = bytes;
             break;

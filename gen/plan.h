@@ -110,8 +110,12 @@ typedef struct {
 } cp_loop;
 
 /* A GEMM input's element type: bf16, or FP8 (E4M3 for weights and activations, E5M2's wider range for gradients)
- * read as scale x value with a per-tensor fp32 scale. */
+ * read as scale x value with fp32 scales (cp_gemm_scale). */
 typedef enum { CP_GEMM_BF16 = 0, CP_GEMM_E4M3, CP_GEMM_E5M2 } cp_gemm_type;
+/* How an FP8 input's scales cover it: one for the tensor; one per row and 128 elements of k (cuBLASLt's VEC128_32F:
+ * f32 [k / 128][rows], rows contiguous); one per 128 x 128 tile (BLK128x128_32F: f32 [rows / 128][ld4], ld4 the k
+ * blocks rounded up to a multiple of 4). gen/kernels.h's cp_fp8_scales_1d and _2d give their sizes. */
+typedef enum { CP_GEMM_SCALE_TENSOR = 0, CP_GEMM_SCALE_1D, CP_GEMM_SCALE_2D } cp_gemm_scale;
 
 /* Row-major: D[m][n] = op(A)[m][k] op(B)[k][n] (+ C). A is stored [m][k], or [k][m] when trans_a; B is stored
  * [k][n], or [n][k] when trans_b (a weight W[out][in] used as x W^T). ld* are row strides in elements.
@@ -128,7 +132,9 @@ typedef struct {
      * B [n][k]: trans_b and not trans_a), k and the leading dimensions multiples of 16 */
     uint8_t a_type, b_type; /* cp_gemm_type */
     bool fast_accum;        /* FP8: accumulate in the tensor cores' own precision, without cuBLASLt's periodic
-                             * promotion to fp32 (faster, less exact) */
+                             * promotion to fp32 (faster, less exact); not with block scales, which that promotion
+                             * applies */
+    uint8_t a_scale, b_scale; /* FP8: cp_gemm_scale of each input (block scales: k a multiple of 128, not both 2D) */
 } cp_gemm;
 
 /* Element offsets of one layer's weights inside its flat unit (the layout FSDP shards and gathers). */
@@ -157,7 +163,7 @@ typedef struct {
     X(SWIGLU, "swiglu") X(SWIGLU_BWD, "swiglu_bwd") X(LOSS, "loss") X(LOSS_SUM, "loss_sum")                         \
     X(ATTN_DELTA, "attn_delta") X(CAST_DK, "cast_dk") X(CAST_DV, "cast_dv") X(GRAD_NORM, "grad_norm")               \
     X(ADAMW, "adamw") X(ADAMW_HOST, "adamw_host") X(LOAD_TOKENS, "load_tokens") X(FP8_AMAX, "fp8_amax")          \
-    X(FP8_CAST, "fp8_cast")
+    X(FP8_CAST, "fp8_cast") X(FP8_CAST_BLOCK, "fp8_cast_block")
 #define CP_TASK_ENUM(t, label) CP_TASK_##t,
 typedef enum { CP_TASK_NONE, CP_TASKS(CP_TASK_ENUM) CP_TASK_COUNT } cp_task;
 #undef CP_TASK_ENUM

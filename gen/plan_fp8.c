@@ -1,9 +1,11 @@
 /* plan_fp8.c: train.precision = "fp8". Each GEMM of a layer (the projections and the MLP, forward, recompute and
- * backward) becomes an FP8 GEMM on FP8 copies of its inputs: one kernel takes a tensor's amax into a scale slot and
- * one writes its copy (transposed where the GEMM reads it transposed: Hopper's FP8 tensor cores take only the x W^T
- * form). Activations and weights go to E4M3; a backward GEMM's first input, the gradient, to E5M2 for its range.
+ * backward) becomes an FP8 GEMM on FP8 copies of its inputs, each written by a cast kernel (transposed where the GEMM
+ * reads it transposed: Hopper's FP8 tensor cores take only the x W^T form). With block scales (train.fp8_scaling =
+ * "block") the cast writes the copy's scales behind it, one per 128 elements of k, or per 128 x 128 tile of a
+ * weight; with one scale per tensor a kernel first takes the tensor's amax into a scale slot. Activations and
+ * weights go to E4M3; a backward GEMM's first input, the gradient, to E5M2 for its range under "hybrid".
  * The embedding, the LM head and loss, norms and attention stay as they are; so do a GEMM whose sizes are not
- * multiples of 16 (FP8's alignment), which the plan's output counts.
+ * multiples of 16 (FP8's alignment), or whose k is not one of 128 with block scales, which the plan's output counts.
  * A copy or an amax is made once and read while it holds: a GEMM whose input was cast (or measured) before, with
  * nothing written to it since, reads that copy (or scale) again. So q, k and v read one copy of the normed input, a
  * tensor read plain and transposed is measured once, and a weight is cast once per layer and pass rather than once
@@ -32,13 +34,20 @@
 #define STATE_BYTES PARTS(2)
 #define MAX_COPIES (2 + MAX_ROLES) /* the two inputs' scratch copies, then the roles' */
 
-bool cp_plan_fp8_eligible(const cp_step *s) {
+bool cp_plan_fp8_eligible(const cp_train *t, const cp_step *s) {
     const cp_gemm *g = &s->gemm;
     return s->kind == CP_OP_GEMM && s->layer >= 0 && !(g->trans_a && g->trans_b) && g->m % 16 == 0 &&
-           g->n % 16 == 0 && g->k % 16 == 0;
+           g->n % 16 == 0 && g->k % (t->fp8_block ? 128 : 16) == 0;
 }
 
-cp_gemm cp_plan_fp8_gemm(const cp_train *t, const cp_step *s) {
+/* Whether input x (0: A, 1: B) of GEMM s reads a layer's weights */
+static bool reads_weight(const cp_plan *P, const cp_step *s, int x) {
+    cp_cat cat = P->bufs[s->ops[x].buf].cat;
+    return cat == CP_CAT_PARAMS || cat == CP_CAT_GATHERED;
+}
+
+cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s) {
+    const cp_train *t = &P->spec.train;
     bool grad = s->gemm.a_grad; /* not the backward's recomputed projections: their inputs are activations */
     cp_gemm f = s->gemm;
     f.trans_a = false;
@@ -46,8 +55,14 @@ cp_gemm cp_plan_fp8_gemm(const cp_train *t, const cp_step *s) {
     f.lda = f.ldb = s->gemm.k;
     f.a_type = grad && !t->fp8_e4m3_grads ? CP_GEMM_E5M2 : CP_GEMM_E4M3;
     f.b_type = CP_GEMM_E4M3;
-    /* the gradients' sums (dW's over every token) always with fp32 promotion */
-    f.fast_accum = !grad && t->fp8_fast_accum;
+    if (t->fp8_block) { /* a weight's tiles read the same in its transposed copy; never two tiled inputs */
+        f.a_scale = reads_weight(P, s, 0) && !reads_weight(P, s, 1) ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D;
+        f.b_scale = reads_weight(P, s, 1) ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D;
+        f.fast_accum = false;
+    } else {
+        /* the gradients' sums (dW's over every token) always with fp32 promotion */
+        f.fast_accum = !grad && t->fp8_fast_accum;
+    }
     return f;
 }
 
@@ -168,8 +183,7 @@ static void forget_writes(cache *c, const cp_step *s) {
 /* The role of input x of GEMM g when it reads weights, else -1 (an activation or gradient: the input's scratch
  * copy and a shared slot). */
 static int weight_role_of(lowering *L, const cp_step *g, int x) {
-    cp_cat cat = L->P->bufs[g->ops[x].buf].cat;
-    if (cat != CP_CAT_PARAMS && cat != CP_CAT_GATHERED) return -1;
+    if (!reads_weight(L->P, g, x)) return -1;
     for (int r = 0; r < L->nroles; r++)
         if (L->role[r].input == x && !strcmp(L->role[r].what, g->what)) return r;
     if (L->nroles == MAX_ROLES) return -1;
@@ -238,23 +252,55 @@ static int measure(lowering *L, cache *c, const cp_step *g, int x, int role, con
     return k;
 }
 
+/* Block scaling: where a copy of rows x cols keeps its scales, after its bytes in its buffer, and their bytes */
+static int64_t block_scales_at(int64_t rows, int64_t cols) { return (rows * cols + 255) / 256 * 256; }
+static int64_t block_scales_bytes(int64_t rows, int64_t cols, uint8_t scale) {
+    return 4 * (scale == CP_GEMM_SCALE_2D ? cp_fp8_scales_2d(rows, cols) : cp_fp8_scales_1d(rows, cols));
+}
+
+/* The cast that writes copy k of src with its block scales (cp_gemm_scale scale), the copy [cols][rows] when
+ * transposed; source operand op. */
+static void cast_block(lowering *L, const cp_step *g, cp_operand op, const source *src, int k, bool transposed,
+                       uint8_t scale) {
+    int64_t rows = transposed ? src->cols : src->rows, cols = transposed ? src->rows : src->cols;
+    bool e5 = src->fmt == CP_GEMM_E5M2, tiles = scale == CP_GEMM_SCALE_2D;
+    char role[24];
+    snprintf(role, sizeof role, "cast%s_%s_%s", transposed ? "_t" : "", tiles ? "2d" : "1d", e5 ? "e5m2" : "e4m3");
+    cp_step *s = cast_step(&L->q, g, L->module, role, CP_TASK_FP8_CAST_BLOCK);
+    op.access = CP_READ;
+    s->ops[s->nops++] = op;
+    operand(s, L->copy_buf[k], 0, rows * cols, CP_DEF); /* what the buffer held before is no longer read */
+    operand(s, L->copy_buf[k], block_scales_at(rows, cols), block_scales_bytes(rows, cols, scale), CP_DEF);
+    s->count = src->rows;
+    s->heads = src->cols;
+    s->ld = src->ld;
+    s->bytes = (double)rows * (double)cols * 3 + (double)block_scales_bytes(rows, cols, scale);
+}
+
 /* The copy GEMM g reads as input x (0: A, 1: B): operand op of g read as [rows][cols] with row stride ld, in
- * format fmt, transposed or not; one that holds it already, else a fresh cast. Its scale slot into *slot. */
+ * format fmt, transposed or not, with its scales as `scale` (cp_gemm_scale); one that holds it already, else a fresh
+ * cast. Its per-tensor scale slot into *slot (-1 with block scales, which the copy's buffer holds). */
 static int copy_of(lowering *L, cache *c, const cp_step *g, int x, int64_t rows, int64_t cols, int64_t ld,
-                   bool transposed, uint8_t fmt, int *slot) {
+                   bool transposed, uint8_t fmt, uint8_t scale, int *slot) {
     const cp_operand *op = &g->ops[x];
     source src = {.buf = op->buf, .offset = op->offset, .bytes = op->bytes, .stride = op->stride, .rows = rows,
                   .cols = cols, .ld = ld, .fmt = fmt};
     for (int k = 0; k < MAX_COPIES; k++)
         if (c->copy[k].valid && c->copy[k].transposed == transposed && same_source(&c->copy[k].src, &src)) {
             *slot = c->copy[k].slot;
-            c->slot[*slot].used = ++c->clock;
+            if (*slot >= 0) c->slot[*slot].used = ++c->clock;
             return k;
         }
     int role = weight_role_of(L, g, x), k = role < 0 ? x : 2 + role;
-    *slot = measure(L, c, g, x, role, &src, *op);
+    *slot = scale ? -1 : measure(L, c, g, x, role, &src, *op);
     c->copy[k] = (copy_state){.valid = true, .in_body = c->body, .transposed = transposed, .src = src, .slot = *slot};
     cp_buffer *b = &L->P->bufs[L->copy_buf[k]];
+    if (scale) {
+        int64_t r = transposed ? cols : rows, cl = transposed ? rows : cols;
+        b->bytes = CP_MAX(b->bytes, block_scales_at(r, cl) + block_scales_bytes(r, cl, scale));
+        if (L->emit) cast_block(L, g, *op, &src, k, transposed, scale);
+        return k;
+    }
     b->bytes = CP_MAX(b->bytes, rows * cols);
     if (L->emit) {
         bool e5 = fmt == CP_GEMM_E5M2;
@@ -274,24 +320,32 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, int64_t rows,
 
 /* Step g of the program: an eligible GEMM on its inputs' copies (made here unless held), anything else as it is. */
 static void lower_step(lowering *L, cache *c, const cp_step *g) {
-    if (!cp_plan_fp8_eligible(g)) {
+    if (!cp_plan_fp8_eligible(&L->P->spec.train, g)) {
         if (L->emit) append(&L->q, g);
         forget_writes(c, g);
         return;
     }
-    const cp_gemm *m = &g->gemm, fg = cp_plan_fp8_gemm(&L->P->spec.train, g);
+    const cp_gemm *m = &g->gemm, fg = cp_plan_fp8_gemm(L->P, g);
     int slot[2], copy[2];
     copy[0] = copy_of(L, c, g, 0, m->trans_a ? m->k : m->m, m->trans_a ? m->m : m->k, m->lda, m->trans_a, fg.a_type,
-                      &slot[0]);
+                      fg.a_scale, &slot[0]);
     copy[1] = copy_of(L, c, g, 1, m->trans_b ? m->n : m->k, m->trans_b ? m->k : m->n, m->ldb, !m->trans_b, fg.b_type,
-                      &slot[1]);
+                      fg.b_scale, &slot[1]);
     if (L->emit) {
         cp_step *f = append(&L->q, g);
         f->gemm = fg;
         f->ops[0] = (cp_operand){.buf = L->copy_buf[copy[0]], .offset = 0, .bytes = m->m * m->k, .access = CP_READ};
         f->ops[1] = (cp_operand){.buf = L->copy_buf[copy[1]], .offset = 0, .bytes = m->n * m->k, .access = CP_READ};
-        operand(f, L->state, SLOT(slot[0]), 16, CP_READ); /* A, B, (C), D: room for two more */
-        operand(f, L->state, SLOT(slot[1]), 16, CP_READ);
+        /* A, B, (C), D, then the scales: room for two more */
+        if (fg.a_scale) {
+            operand(f, L->copy_buf[copy[0]], block_scales_at(m->m, m->k), block_scales_bytes(m->m, m->k, fg.a_scale),
+                    CP_READ);
+            operand(f, L->copy_buf[copy[1]], block_scales_at(m->n, m->k), block_scales_bytes(m->n, m->k, fg.b_scale),
+                    CP_READ);
+        } else {
+            operand(f, L->state, SLOT(slot[0]), 16, CP_READ);
+            operand(f, L->state, SLOT(slot[1]), 16, CP_READ);
+        }
     }
     forget_writes(c, g);
 }
@@ -317,7 +371,7 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
                 start.slot[k].valid = false, dropped = true;
         for (int k = 0; k < MAX_COPIES; k++) {
             const copy_state *e = &start.copy[k];
-            if (e->valid && (!(t.copy[k].valid && !t.copy[k].in_body) || !start.slot[e->slot].valid))
+            if (e->valid && (!(t.copy[k].valid && !t.copy[k].in_body) || (e->slot >= 0 && !start.slot[e->slot].valid)))
                 start.copy[k].valid = false, dropped = true;
         }
     }
@@ -339,30 +393,31 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
 void cp_plan_lower_fp8(cp_plan *P) {
     if (!P->spec.train.fp8) return;
     bool any = false;
-    for (int i = 0; i < P->nsteps && !any; i++) any = cp_plan_fp8_eligible(&P->steps[i]);
+    for (int i = 0; i < P->nsteps && !any; i++) any = cp_plan_fp8_eligible(&P->spec.train, &P->steps[i]);
     if (!any) return;
     if (P->nmodules == P->capmodules) {
         P->capmodules = P->capmodules ? P->capmodules * 2 : 16;
         P->modules = cp_xrealloc(P->modules, sizeof *P->modules * (size_t)P->capmodules);
     }
-    lowering L = {.P = P, .emit = true, .module = P->nmodules++};
+    lowering L = {.P = P, .emit = true, .module = P->nmodules++, .state = -1};
     cp_k_fp8(&P->modules[L.module]);
-    L.state = cp_plan_add_buf(P, "fp8_state", CP_SPACE_GPU, CP_CAT_FP8, STATE_BYTES, false);
     L.copy_buf[0] = cp_plan_add_buf(P, "fp8_a", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
     L.copy_buf[1] = cp_plan_add_buf(P, "fp8_b", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
-
-    /* the amax counters start at 0 in every micro-batch (each amax leaves its counter 0 again) */
-    cp_step z;
-    memset(&z, 0, sizeof z);
-    z.kind = CP_OP_MEMSET;
-    z.phase = CP_PHASE_FWD;
-    z.stream = CP_STREAM_COMPUTE;
-    z.layer = z.stage = z.tile = z.ring_step = z.ring_part = z.module = -1;
-    snprintf(z.what, sizeof z.what, "zero");
-    z.count = STATE_BYTES;
-    z.bytes = (double)STATE_BYTES;
-    operand(&z, L.state, 0, STATE_BYTES, CP_WRITE);
-    append(&L.q, &z);
+    if (!P->spec.train.fp8_block) { /* per-tensor scales: their slots, and the amaxes' counters and parts */
+        L.state = cp_plan_add_buf(P, "fp8_state", CP_SPACE_GPU, CP_CAT_FP8, STATE_BYTES, false);
+        /* the amax counters start at 0 in every micro-batch (each amax leaves its counter 0 again) */
+        cp_step z;
+        memset(&z, 0, sizeof z);
+        z.kind = CP_OP_MEMSET;
+        z.phase = CP_PHASE_FWD;
+        z.stream = CP_STREAM_COMPUTE;
+        z.layer = z.stage = z.tile = z.ring_step = z.ring_part = z.module = -1;
+        snprintf(z.what, sizeof z.what, "zero");
+        z.count = STATE_BYTES;
+        z.bytes = (double)STATE_BYTES;
+        operand(&z, L.state, 0, STATE_BYTES, CP_WRITE);
+        append(&L.q, &z);
+    }
     cache c;
     memset(&c, 0, sizeof c);
     c.repeats = 1;

@@ -9,13 +9,15 @@
 int cp_plan_add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, int64_t bytes, bool persistent);
 
 /* train.precision = "fp8" (gen/plan_fp8.c): whether step s is a GEMM that runs on FP8 inputs (a layer's, its sizes
- * multiples of 16), and the pass that puts each such GEMM on FP8 copies of its inputs, with the casts before it,
+ * multiples of 16, and k of 128 with block scales), and the pass that puts each such GEMM on FP8 copies of its
+ * inputs, with the casts before it,
  * their buffers and a module for them. Runs on the built program before its lifetimes (nothing without fp8). */
-bool cp_plan_fp8_eligible(const cp_step *s);
-/* The FP8 GEMM an eligible step runs: the x W^T form on its inputs' copies, E4M3 (E5M2 for a backward GEMM's
- * gradient, its first input: cp_gemm.a_grad, unless train.fp8_format = "e4m3"), fast accumulation where
- * train.fp8_fast_accum asks but never for the gradient GEMMs. */
-cp_gemm cp_plan_fp8_gemm(const cp_train *t, const cp_step *s);
+bool cp_plan_fp8_eligible(const cp_train *t, const cp_step *s);
+/* The FP8 GEMM an eligible step of plan P runs: the x W^T form on its inputs' copies, E4M3 (E5M2 for a backward
+ * GEMM's gradient, its first input: cp_gemm.a_grad, unless train.fp8_format = "e4m3"); with train.fp8_scaling =
+ * "block" a weight's scales per 128 x 128 tile and any other input's per 128 elements of k, else one per tensor and
+ * fast accumulation where train.fp8_fast_accum asks but never for the gradient GEMMs. */
+cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s);
 /* Whether a kernel step of this task can take the amax of its operand op (cp_step.amax): rmsnorm's out and dx,
  * SwiGLU's out, dgate and dup. */
 bool cp_plan_fp8_producer(cp_task task, int op);

@@ -356,9 +356,11 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
                 n += P->steps[i].gemm.a_type != CP_GEMM_BF16 ? reps : 0;
             }
         fmt_seconds(P->t_fp8_casts, t[0], sizeof t[0]);
-        fprintf(out, "precision: fp8: %lld of the %lld GEMMs of a micro-batch on FP8 inputs at %.0f TF/s (the layers'; "
-                     "the LM head's stay bf16); their amax and casts %s of the step\n",
-                (long long)n, (long long)all, mc->fp8_gemm_tflops, t[0]);
+        bool blk = P->spec.train.fp8_block;
+        fprintf(out, "precision: fp8: %lld of the %lld GEMMs of a micro-batch on FP8 inputs (%s scales) at %.0f TF/s "
+                     "(the layers'; the LM head's stay bf16); their %s %s of the step\n",
+                (long long)n, (long long)all, blk ? "block" : "per-tensor",
+                blk ? mc->fp8_block_gemm_tflops : mc->fp8_gemm_tflops, blk ? "casts" : "amax and casts", t[0]);
     }
     cp_plan_eval_print(P, out);
     if (P->fits)

@@ -59,14 +59,15 @@ static const node TRAIN_KEYS[] = {
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
     LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("eval_every"), LEAF("eval_sequences"),
     LEAF("out_dir"), LEAF("deterministic"), LEAF("precision"), LEAF("fp8_format"), LEAF("fp8_fast_accum"),
+    LEAF("fp8_scaling"),
     END};
 static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"), LEAF("positions"), LEAF("eod"), LEAF("doc_len"),
                                   END};
 static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF("std"), END};
 static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
-    LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"), LEAF("attn_fwd_tflops"),
-    LEAF("attn_bwd_tflops"),
+    LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"),
+    LEAF("fp8_block_gemm_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"), LEAF("host_gbps"),
     LEAF("a2a_gbps"),    LEAF("allgather_gbps"), LEAF("net_gbps"), LEAF("ranks_per_gpu"),
     LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),
@@ -90,6 +91,7 @@ static const char *const SYNTHETIC_KINDS[] = {"copy", "recall", "packed", NULL};
 static const char *const DOCUMENTS_NAMES[] = {"stream", "mask", NULL};
 static const char *const PRECISION_NAMES[] = {"bf16", "fp8", NULL};
 static const char *const FP8_FORMAT_NAMES[] = {"hybrid", "e4m3", NULL};
+static const char *const FP8_SCALING_NAMES[] = {"tensor", "block", NULL};
 static const char *const POSITIONS_NAMES[] = {"sequence", "document", NULL};
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -1264,7 +1266,12 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     int prec = 0;
     TRY(get_enum(c, t, "train", "precision", PRECISION_NAMES, &prec));
     tr->fp8 = prec == 1;
-    int format = 0;
+    int scaling = 1;
+    TRY(get_enum(c, t, "train", "fp8_scaling", FP8_SCALING_NAMES, &scaling));
+    tr->fp8_block = scaling == 1;
+    /* by default E4M3 throughout with block scales (a block's scale gives the range), E5M2 gradients with one scale
+     * per tensor, as Transformer Engine's two recipes do */
+    int format = tr->fp8_block ? 1 : 0;
     TRY(get_enum(c, t, "train", "fp8_format", FP8_FORMAT_NAMES, &format));
     tr->fp8_e4m3_grads = format == 1;
     tr->fp8_fast_accum = true;
@@ -1291,6 +1298,10 @@ void cp_machine_defaults(cp_machine *m) {
      * inputs at 1246 TF/s (1337 with fast accumulation), of the 8B step at 128K 1164 (1173); bf16 in the same call
      * 746 and 659. The casts to FP8 are kernels of their own, priced by their bytes. */
     m->fp8_gemm_tflops = 1200;
+    /* with block scales (bench_gemm on an H200, docs/PERF.md, 2026-12-02, block scaling): the 3B step's layer GEMMs
+     * at 32K at 1102 TF/s, 1160-1300 where a weight's tiles meet 1 x 128 scales, 816-914 for the weight gradients'
+     * two 1 x 128 inputs */
+    m->fp8_block_gemm_tflops = 1100;
     /* the Hopper kernels on an H200: at head_dim 128 bench_attention's causal 32/8 heads at 32K and 128K with the
      * head-major launch order (docs/PERF.md, 2026-12-01, evening); at 64 inside the 1B step (CPGEN_PROFILE), the
      * forward then moved by the three-consumer kernel's measured gain (2026-12-01, three consumers) */
@@ -1387,6 +1398,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "peak_tflops", &m->peak_tflops));
     TRY(get_num(c, t, "machine", "gemm_tflops", &m->gemm_tflops));
     TRY(get_num(c, t, "machine", "fp8_gemm_tflops", &m->fp8_gemm_tflops));
+    TRY(get_num(c, t, "machine", "fp8_block_gemm_tflops", &m->fp8_block_gemm_tflops));
     TRY(get_num(c, t, "machine", "attn_fwd_tflops", &m->attn_fwd_tflops));
     TRY(get_num(c, t, "machine", "attn_bwd_tflops", &m->attn_bwd_tflops));
     TRY(get_num(c, t, "machine", "attn_fwd_tflops_d64", &m->attn_fwd_tflops_d64));
@@ -1714,6 +1726,7 @@ static int validate(ctx *c, cp_spec *s) {
     } rates[] = {{"machine.peak_tflops", mc->peak_tflops},
                  {"machine.gemm_tflops", mc->gemm_tflops},
                  {"machine.fp8_gemm_tflops", mc->fp8_gemm_tflops},
+                 {"machine.fp8_block_gemm_tflops", mc->fp8_block_gemm_tflops},
                  {"machine.attn_fwd_tflops", mc->attn_fwd_tflops},
                  {"machine.attn_bwd_tflops", mc->attn_bwd_tflops},
                  {"machine.attn_fwd_tflops_d64", mc->attn_fwd_tflops_d64},

@@ -71,9 +71,12 @@ typedef struct {
                            * waits for each write) */
     char out_dir[CP_PATH_MAX];
     bool deterministic; /* the same bits every run (attention's dQ summed in key-block order), or faster sums */
-    bool fp8;           /* train.precision = "fp8": the layers' projections and MLP GEMMs on FP8 inputs (per-tensor
-                         * scales from current values, gen/plan_fp8.c); "bf16" (false): every GEMM in bf16 */
-    bool fp8_e4m3_grads; /* train.fp8_format = "e4m3": the backward's gradients in E4M3 too; "hybrid" (false): E5M2 */
+    bool fp8;           /* train.precision = "fp8": the layers' projections and MLP GEMMs on FP8 inputs with scales
+                         * from current values (gen/plan_fp8.c); "bf16" (false): every GEMM in bf16 */
+    bool fp8_e4m3_grads; /* train.fp8_format = "e4m3" (the default with block scales): the backward's gradients in
+                          * E4M3 too; "hybrid" (false, the default with one scale per tensor): E5M2 */
+    bool fp8_block;      /* train.fp8_scaling = "block" (the default): a scale per 128 elements of k (activations,
+                          * gradients) and per 128 x 128 tile (weights); "tensor" (false): one per tensor */
     bool fp8_fast_accum; /* train.fp8_fast_accum: the forward's FP8 GEMMs (and their recompute) sum without fp32
                           * promotion (the gradients' always promote) */
 } cp_train;
@@ -122,6 +125,7 @@ typedef struct {
     double peak_tflops;         /* the bf16 ceiling MFU is counted against (one large GEMM alone) */
     double gemm_tflops;         /* bf16 dense GEMM as the steps run them (the cost model's rate) */
     double fp8_gemm_tflops;     /* the same GEMMs on FP8 inputs (train.precision = "fp8") */
+    double fp8_block_gemm_tflops; /* ... with block scales (train.fp8_scaling = "block") */
     double attn_fwd_tflops;     /* causal flash attention forward, head_dim 128 */
     double attn_bwd_tflops;     /* its backward (the dQ conversion included), head_dim 128 */
     double attn_fwd_tflops_d64; /* the same at head_dim 64 */

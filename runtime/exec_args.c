@@ -709,6 +709,28 @@ static int k_fp8_cast(pctx *c) {
     return 0;
 }
 
+/* fp8_cast_block: operands src, the FP8 copy, its block scales: role(src, rows, cols, ld, dst, scales); the role
+ * (cast_1d_e4m3, cast_t_2d_e4m3, ...) says the layout, whose blocks of 128 must fit the source (k's side a multiple
+ * of 128) */
+static int k_fp8_cast_block(pctx *c) {
+    if (need_ops(c, 3)) return -1;
+    xlaunch *l = &c->x->L[0];
+    const char *role = c->s->role;
+    int64_t rows = c->s->count, cols = c->s->heads;
+    bool t = !strncmp(role, "cast_t_", 7), tiles = strstr(role, "_2d_") != NULL;
+    int64_t crow = t ? cols : rows, ccol = t ? rows : cols; /* the copy's */
+    if (!tiles && ccol % 128)
+        return pfail(c, "a 1 x 128 block-scaled FP8 cast (%s) of a copy with %lld columns (not a multiple of 128)",
+                     role, (long long)ccol);
+    int64_t scales = tiles ? cp_fp8_scales_2d(crow, ccol) : cp_fp8_scales_1d(crow, ccol);
+    if (need_bytes(c, 1, rows * cols) || need_align(c, 1, 16) || need_bytes(c, 2, scales * 4) ||
+        need_align(c, 2, 16) || fp8_source(c, l, role))
+        return -1;
+    a_ptr(l, opp(c, 1));
+    a_ptr(l, opp(c, 2));
+    return 0;
+}
+
 /* grad_norm: operands grads, sumsq_partials, loss_sum float 1, sumsq's counter in loss_sum:
  * sumsq(grad f32[n], n, partial f64[grid], counter u32, out f32[1] +=) */
 static int k_grad_norm(pctx *c) {
@@ -771,14 +793,15 @@ static const kprep KERNEL_PREP[CP_TASK_COUNT] = {
     [CP_TASK_LOSS_SUM] = k_loss_sum,     [CP_TASK_ATTN_DELTA] = k_attn_delta,   [CP_TASK_CAST_DK] = k_cast,
     [CP_TASK_CAST_DV] = k_cast,          [CP_TASK_GRAD_NORM] = k_grad_norm,     [CP_TASK_ADAMW] = k_adamw,
     [CP_TASK_FP8_AMAX] = k_fp8_amax,     [CP_TASK_FP8_CAST] = k_fp8_cast,
+    [CP_TASK_FP8_CAST_BLOCK] = k_fp8_cast_block,
 };
 
 bool cp_exec_prepares(cp_task t) {
     return t == CP_TASK_ADAMW_HOST || t == CP_TASK_LOAD_TOKENS || (t > CP_TASK_NONE && t < CP_TASK_COUNT && KERNEL_PREP[t]);
 }
 
-/* GEMM: operands A, B, (C), D with the plan's cp_gemm; every operand must hold the rows its leading dimension
- * implies. */
+/* GEMM: operands A, B, (C), D with the plan's cp_gemm, then with FP8 inputs their scales (one f32 each, or their
+ * blocks'); every operand must hold the rows its leading dimension implies. */
 static int prep_gemm(pctx *c) {
     const cp_gemm *g = &c->s->gemm;
     bool fp8 = g->a_type != CP_GEMM_BF16;
@@ -791,7 +814,12 @@ static int prep_gemm(pctx *c) {
         need_bytes(c, nd, ((g->m - 1) * g->ldd + g->n) * esz) ||
         (g->has_c && need_bytes(c, 2, ((g->m - 1) * g->ldd + g->n) * 2)))
         return -1;
-    if (fp8 && (need_bytes(c, n, 4) || need_bytes(c, n + 1, 4) || need_align(c, n, 16) || need_align(c, n + 1, 16)))
+    int64_t sa = g->a_scale == CP_GEMM_SCALE_2D ? cp_fp8_scales_2d(g->m, g->k)
+                 : g->a_scale ? cp_fp8_scales_1d(g->m, g->k) : 1,
+            sb = g->b_scale == CP_GEMM_SCALE_2D ? cp_fp8_scales_2d(g->n, g->k)
+                 : g->b_scale ? cp_fp8_scales_1d(g->n, g->k) : 1;
+    if (fp8 && (need_bytes(c, n, sa * 4) || need_bytes(c, n + 1, sb * 4) || need_align(c, n, 16) ||
+                need_align(c, n + 1, 16)))
         return -1;
     xstep *x = c->x;
     x->ga = opp(c, 0);

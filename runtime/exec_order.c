@@ -26,7 +26,9 @@ static int cmp_erange(const void *a, const void *b) {
 static bool is_weights(cp_cat c) { return c == CP_CAT_PARAMS || c == CP_CAT_GATHERED; }
 static bool is_grads(cp_cat c) { return c == CP_CAT_GRADS || c == CP_CAT_UNIT_GRADS; }
 /* A GEMM, or the cast that makes an FP8 GEMM's copy of an input (train.precision = "fp8": the GEMM reads the copy) */
-static bool gemm_input(const cp_step *s) { return s->kind == CP_OP_GEMM || s->task == CP_TASK_FP8_CAST; }
+static bool gemm_input(const cp_step *s) {
+    return s->kind == CP_OP_GEMM || s->task == CP_TASK_FP8_CAST || s->task == CP_TASK_FP8_CAST_BLOCK;
+}
 
 /* Every weight slice a backward GEMM reads (or its FP8 cast), and every gradient slice it accumulates into, must be
  * a slice some forward GEMM (or its FP8 cast) read as weights: otherwise the backward trains rows the forward never

@@ -68,12 +68,16 @@ static const char *lt_hint(cublasStatus_t s) {
 }
 
 static const char *type_name(int t) { return t == CP_GEMM_E4M3 ? "e4m3" : t == CP_GEMM_E5M2 ? "e5m2" : "bf16"; }
+static const char *scale_name(int s) {
+    return s == CP_GEMM_SCALE_1D ? " 1x128" : s == CP_GEMM_SCALE_2D ? " 128x128" : "";
+}
 static bool is_fp8(const cp_gemm *p) { return p->a_type != CP_GEMM_BF16 || p->b_type != CP_GEMM_BF16; }
 
 static void describe(const cp_gemm *p, const char *what, char *buf, size_t n) {
-    snprintf(buf, n, "GEMM %s (%lldx%lldx%lld, A %s %s lda %lld, B %s %s ldb %lld, ldd %lld%s%s%s, %s out)", what,
-             (long long)p->m, (long long)p->n, (long long)p->k, type_name(p->a_type), p->trans_a ? "T" : "N",
-             (long long)p->lda, type_name(p->b_type), p->trans_b ? "T" : "N", (long long)p->ldb, (long long)p->ldd,
+    snprintf(buf, n, "GEMM %s (%lldx%lldx%lld, A %s%s %s lda %lld, B %s%s %s ldb %lld, ldd %lld%s%s%s, %s out)", what,
+             (long long)p->m, (long long)p->n, (long long)p->k, type_name(p->a_type), scale_name(p->a_scale),
+             p->trans_a ? "T" : "N", (long long)p->lda, type_name(p->b_type), scale_name(p->b_scale),
+             p->trans_b ? "T" : "N", (long long)p->ldb, (long long)p->ldd,
              p->has_c ? ", + residual C" : "", p->accumulate ? ", accumulate" : "",
              is_fp8(p) && p->fast_accum ? ", fast accumulation" : "", p->out_f32 ? "fp32" : "bf16");
 }
@@ -155,6 +159,19 @@ int cp_gemm_check(const cp_gemm *p, const char *what, const void *A, const void 
               "that one; store a transposed FP8 copy of the other operand";
     else if (is_fp8(p) && (p->k % 16 || p->lda % 16 || p->ldb % 16))
         bad = "FP8 inputs with k, lda or ldb not a multiple of 16";
+    else if (p->a_scale > CP_GEMM_SCALE_2D || p->b_scale > CP_GEMM_SCALE_2D)
+        bad = "a scale mode that is not a cp_gemm_scale";
+    else if (!is_fp8(p) && (p->a_scale || p->b_scale))
+        bad = "block scales for bf16 inputs";
+    else if ((p->a_scale == CP_GEMM_SCALE_TENSOR) != (p->b_scale == CP_GEMM_SCALE_TENSOR))
+        bad = "one input scaled per tensor and the other by blocks (cuBLASLt takes both or neither)";
+    else if (p->a_scale == CP_GEMM_SCALE_2D && p->b_scale == CP_GEMM_SCALE_2D)
+        bad = "both inputs scaled by 128 x 128 tiles (Hopper's block-scaled GEMMs take 1 x 128 with 1 x 128 or with "
+              "128 x 128, not two tiled inputs)";
+    else if (p->a_scale && p->k % 128)
+        bad = "block scales with k not a multiple of 128";
+    else if (p->a_scale && p->fast_accum)
+        bad = "block scales with fast accumulation (the scales are applied where cuBLASLt promotes the sums to fp32)";
     if (!bad) return 0;
     describe(p, what, d, sizeof d);
     snprintf(err, (size_t)errlen, "%s: %s: the plan's GEMM description is inconsistent", d, bad);
@@ -166,7 +183,8 @@ static bool key_equal(const gemm_key *a, const gemm_key *b) {
     return x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda && x->ldb == y->ldb && x->ldd == y->ldd &&
            x->trans_a == y->trans_a && x->trans_b == y->trans_b && x->has_c == y->has_c &&
            x->accumulate == y->accumulate && x->out_f32 == y->out_f32 && x->a_type == y->a_type &&
-           x->b_type == y->b_type && x->fast_accum == y->fast_accum && !memcmp(a->align, b->align, sizeof a->align);
+           x->b_type == y->b_type && x->fast_accum == y->fast_accum && x->a_scale == y->a_scale &&
+           x->b_scale == y->b_scale && !memcmp(a->align, b->align, sizeof a->align);
 }
 
 static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
@@ -178,6 +196,20 @@ static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
     if (is_fp8(p)) {
         int8_t fast = p->fast_accum;
         LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), p, w);
+        const cublasLtMatmulMatrixScale_t mode[] = {CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
+                                                    CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+                                                    CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F};
+        int32_t ma = mode[p->b_scale], mb = mode[p->a_scale]; /* cuBLASLt's A is our B */
+        LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma), p, w);
+        LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb), p, w);
+        if (p->a_scale) {
+            /* the heuristic refuses a block mode without scale pointers (INVALID_VALUE) but does not read them:
+             * an aligned placeholder stands in, and every launch sets the real ones */
+            const void *any = (const void *)(uintptr_t)256;
+            LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &any, sizeof any), p, w);
+            LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &any, sizeof any), p, w);
+            e->a_scale = e->b_scale = any;
+        }
     }
     cublasOperation_t ta = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A is our B */
     cublasOperation_t tb = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;

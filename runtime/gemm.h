@@ -1,8 +1,8 @@
 /* gemm.h: the plan's GEMMs (cp_gemm in gen/plan.h) on cuBLASLt. Row-major D[m][n] = op(A) op(B) (+ C), bf16 or
- * FP8 inputs (per-tensor scales), fp32 compute, bf16 or fp32 output, optionally accumulating into D (D += AB) or
- * adding a separate bf16 residual C (D = AB + C, C laid out as D). The algorithm of each shape (and pointer
- * alignment) is chosen once with cuBLASLt's heuristic and kept, so a training step only looks up a prepared entry
- * and launches. */
+ * FP8 inputs (per-tensor or block scales), fp32 compute, bf16 or fp32 output, optionally accumulating into D
+ * (D += AB) or adding a separate bf16 residual C (D = AB + C, C laid out as D). The algorithm of each shape (and
+ * pointer alignment) is chosen once with cuBLASLt's heuristic and kept, so a training step only looks up a prepared
+ * entry and launches. */
 #ifndef CP_GEMM_H
 #define CP_GEMM_H
 
@@ -21,7 +21,8 @@ int cp_gemm_lib_create(cp_gemm_lib **out, void *ws, size_t ws_bytes, char *err, 
 void cp_gemm_lib_destroy(cp_gemm_lib *g);
 
 /* The plan's conventions and what the tensor cores take (FP8: the x W^T form, both inputs FP8, not two E5M2, k and
- * the leading dimensions multiples of 16), checked before cuBLASLt sees the GEMM, so that a wrong cp_gemm is named as
+ * the leading dimensions multiples of 16; block scales on both inputs or neither, not both tiled, k a multiple of
+ * 128, no fast accumulation), checked before cuBLASLt sees the GEMM, so that a wrong cp_gemm is named as
  * such. Needs no GPU. Returns 0, or -1 with a message naming the GEMM and what is wrong. */
 int cp_gemm_check(const cp_gemm *p, const char *what, const void *A, const void *B, const void *C, const void *D,
                   char *err, int errlen);
@@ -39,9 +40,10 @@ int cp_gemm_prepare(cp_gemm_lib *g, const cp_gemm *p, const char *what, const vo
 int cp_gemm_launch(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D, cudaStream_t s,
                    char *err, int errlen);
 
-/* The same for a GEMM of FP8 inputs (cp_gemm.a_type, b_type): a_scale and b_scale point to each input's fp32 scale on
- * the GPU (the value an element stands for is scale x element), read when the GEMM runs, each on a 16-byte
- * boundary (cuBLASLt refuses a scale less aligned). cp_gemm_launch is this with no scales, which an FP8 entry
+/* The same for a GEMM of FP8 inputs (cp_gemm.a_type, b_type): a_scale and b_scale point to each input's fp32 scales
+ * on the GPU (the value an element stands for is its scale x element: one scale, or a block's as cp_gemm.a_scale and
+ * b_scale lay them out), read when the GEMM runs, each on a 16-byte boundary (cuBLASLt refuses a scale less
+ * aligned). cp_gemm_launch is this with no scales, which an FP8 entry
  * refuses. */
 int cp_gemm_launch_scaled(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D,
                           const float *a_scale, const float *b_scale, cudaStream_t s, char *err, int errlen);

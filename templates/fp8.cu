@@ -10,6 +10,18 @@
 //   cast_e4m3, cast_e5m2: dst[rows][cols] = fp8(x * slot[1]), saturating to the type's finite range.
 //   cast_t_e4m3, cast_t_e5m2: the same into dst[cols][rows] (the transposed copy the x W^T form needs), through
 //     128 x 64 tiles in shared memory so that reads and writes both go along rows.
+// Block scaling (train.fp8_scaling = "block"): each copy carries its own scales, one per block of the GEMM's k, each
+// the power of two that puts the block's largest |x| in FP8's top binade (pow2_quant); scales[] holds what an element
+// stands for (1 / the cast's multiplier), laid out as cuBLASLt's VEC128_32F and BLK128x128_32F modes read them:
+//   cast_1d_e4m3, cast_1d_e5m2(src, rows, cols, ld, dst [rows][cols], scales): a scale per row and 128 columns,
+//     scales[(c / 128) * rows + r]; cols a multiple of 128.
+//   cast_t_1d_e4m3, cast_t_1d_e5m2(the same, dst [cols][rows]): the transposed copy, a scale per source column and
+//     128 source rows (the copy's rows and 128 of its columns), scales[(r / 128) * cols + c]; rows a multiple of 128.
+//   cast_2d_e4m3(src, rows, cols, ld, dst [rows][cols], scales): a scale per 128 x 128 tile (a weight's: the same
+//     for its copy and its transposed copy), scales[(r / 128) * ld4(cols) + c / 128], ld4(x) = the blocks of x
+//     (x / 128 rounded up) rounded up to a multiple of 4 (cuBLASLt's 16-byte row pitch).
+//   cast_t_2d_e4m3(the same, dst [cols][rows]): the transposed copy of the same tiles, scales[(c / 128) * ld4(rows)
+//     + r / 128].
 // A contiguous source (ld = cols, every tensor of the shipped specs) is walked as one run of vectors, without the
 // 64-bit division per load that a strided one needs and that held these memory-bound kernels to half the HBM rate.
 #include <cuda_bf16.h>
@@ -39,6 +51,18 @@ extern "C" __global__ void fp8_cast_t_e4m3(const bf16 *src, i64 rows, i64 cols, 
                                            unsigned char *dst);
 extern "C" __global__ void fp8_cast_t_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, const float *slot,
                                            unsigned char *dst);
+extern "C" __global__ void fp8_cast_1d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                            float *scales);
+extern "C" __global__ void fp8_cast_1d_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                            float *scales);
+extern "C" __global__ void fp8_cast_t_1d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                              float *scales);
+extern "C" __global__ void fp8_cast_t_1d_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                              float *scales);
+extern "C" __global__ void fp8_cast_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                            float *scales);
+extern "C" __global__ void fp8_cast_t_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                              float *scales);
 
 // eight bf16 of one 16-byte load as floats
 __device__ __forceinline__ void unpack8(uint4 v, float *f) {
@@ -126,15 +150,22 @@ __device__ __forceinline__ unsigned short fp8x2(float a, float b) {
     return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, KIND);
 }
 
+// Eight floats, each times its multiplier q[j], as eight FP8 bytes in order
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ uint2 fp8x8q(const float *f, const float *q) {
+    uint2 w;
+    w.x = fp8x2<KIND>(f[0] * q[0], f[1] * q[1]) | (unsigned)fp8x2<KIND>(f[2] * q[2], f[3] * q[3]) << 16;
+    w.y = fp8x2<KIND>(f[4] * q[4], f[5] * q[5]) | (unsigned)fp8x2<KIND>(f[6] * q[6], f[7] * q[7]) << 16;
+    return w;
+}
+
 // Eight bf16 of one 16-byte load, times q, as eight FP8 bytes in order
 template <__nv_fp8_interpretation_t KIND>
 __device__ __forceinline__ uint2 fp8x8(uint4 v, float q) {
     float f[8];
     unpack8(v, f);
-    uint2 w;
-    w.x = fp8x2<KIND>(f[0] * q, f[1] * q) | (unsigned)fp8x2<KIND>(f[2] * q, f[3] * q) << 16;
-    w.y = fp8x2<KIND>(f[4] * q, f[5] * q) | (unsigned)fp8x2<KIND>(f[6] * q, f[7] * q) << 16;
-    return w;
+    const float qq[8] = {q, q, q, q, q, q, q, q};
+    return fp8x8q<KIND>(f, qq);
 }
 
 template <__nv_fp8_interpretation_t KIND>
@@ -164,33 +195,16 @@ __device__ __forceinline__ void transpose4(unsigned a, unsigned b, unsigned c, u
     w[3] = __byte_perm(ab23, cd23, 0x7632);
 }
 
-// One 128 x 64 tile of the source per block of 128 threads (grid: cols / 64 and rows / 128, rounded up). Thread
-// (g, t) reads rows 4t .. 4t + 3, columns 16g .. 16g + 15 (32 bytes of each row: one sector), converts them and
-// stores each column's four bytes as one word of the transposed tile; a warp (one g) stores 32 consecutive words
-// of each column. Then each thread writes 16-byte runs of the tile's columns as rows of dst. Tiles at the edges
-// are partial in steps of 16 rows and columns (rows and cols are multiples of 16).
-template <__nv_fp8_interpretation_t KIND>
-__device__ __forceinline__ void cast_cols(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
-                                          const float *__restrict__ slot, unsigned char *__restrict__ dst) {
+// The transposed store of a 128 x 64 tile at (r0, c0) of the source through shared memory: thread (g, t) of 128
+// holds p[i][k], the FP8 bytes of source row r0 + 4t + i, columns c0 + 16g + 4k .. + 3 (valid: the thread's rows and
+// columns are inside the source), stores each column's four bytes as one word of the transposed tile (a warp, one g,
+// 32 consecutive words of each column), then writes 16-byte runs of the tile's columns as rows of dst [cols][rows].
+// Tiles at the edges are partial in steps of 16 rows and columns. Every thread of the block calls it.
+__device__ __forceinline__ void store_transposed(const unsigned (*p)[4], bool valid, i64 r0, i64 c0, i64 rows,
+                                                 i64 cols, unsigned char *__restrict__ dst) {
     __shared__ __align__(16) unsigned tile[TILE_C][TILE_PITCH]; // [source column][word: 4 source rows]
-    const float q = slot[1];
-    const i64 r0 = (i64)blockIdx.y * TILE_R, c0 = (i64)blockIdx.x * TILE_C;
-    const int t = threadIdx.x % 32, g = threadIdx.x / 32, r = 4 * t, c = 16 * g;
-    if (r0 + r < rows && c0 + c < cols) {
-        uint4 v[4][2];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                v[i][h] = *reinterpret_cast<const uint4 *>(src + (r0 + r + i) * ld + c0 + c + 8 * h);
-        unsigned p[4][4]; // p[i][k]: row r + i's columns 4k .. 4k + 3 as FP8 bytes
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint2 w = fp8x8<KIND>(v[i][h], q);
-                p[i][2 * h] = w.x, p[i][2 * h + 1] = w.y;
-            }
+    const int t = threadIdx.x % 32, c = 16 * (threadIdx.x / 32);
+    if (valid) {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             unsigned w[4];
@@ -207,6 +221,65 @@ __device__ __forceinline__ void cast_cols(const bf16 *__restrict__ src, i64 rows
         *reinterpret_cast<uint4 *>(dst + (c0 + cc) * rows + r0 + rr) =
             *reinterpret_cast<const uint4 *>(&tile[cc][rr / 4]);
     }
+    __syncthreads(); // the tile may be filled again
+}
+
+// Thread (g, t)'s part of the 128 x 64 tile at (r0, c0): rows r0 + 4t .. + 3, columns c0 + 16g .. + 15 (32 bytes of
+// each row: one sector), v[i][h] row i's columns 8h .. 8h + 7; whether they are inside the source.
+__device__ __forceinline__ bool load_tile_part(const bf16 *__restrict__ src, i64 r0, i64 c0, i64 rows, i64 cols,
+                                               i64 ld, uint4 (*v)[2]) {
+    const i64 r = r0 + 4 * (threadIdx.x % 32), c = c0 + 16 * (threadIdx.x / 32);
+    if (r >= rows || c >= cols) return false;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) v[i][h] = *reinterpret_cast<const uint4 *>(src + (r + i) * ld + c + 8 * h);
+    return true;
+}
+
+// The part times q[j] (a multiplier per column) as the bytes p[i][k] store_transposed takes
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void convert_part(const uint4 (*v)[2], const float *q, unsigned (*p)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float f[8];
+            unpack8(v[i][h], f);
+            const uint2 w = fp8x8q<KIND>(f, q + 8 * h);
+            p[i][2 * h] = w.x, p[i][2 * h + 1] = w.y;
+        }
+}
+
+// The part's largest |x| in each of its 16 columns
+__device__ __forceinline__ void part_col_max(const uint4 (*v)[2], float *m) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) m[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float f[8];
+            unpack8(v[i][h], f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) m[8 * h + j] = fmaxf(m[8 * h + j], fabsf(f[j]));
+        }
+}
+
+// One 128 x 64 tile of the source per block of 128 threads (grid: cols / 64 and rows / 128, rounded up), converted
+// with the slot's multiplier and stored transposed.
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void cast_cols(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                          const float *__restrict__ slot, unsigned char *__restrict__ dst) {
+    const i64 r0 = (i64)blockIdx.y * TILE_R, c0 = (i64)blockIdx.x * TILE_C;
+    uint4 v[4][2];
+    float q[16];
+    unsigned p[4][4];
+    const bool valid = load_tile_part(src, r0, c0, rows, cols, ld, v);
+#pragma unroll
+    for (int j = 0; j < 16; j++) q[j] = slot[1];
+    if (valid) convert_part<KIND>(v, q, p);
+    store_transposed(p, valid, r0, c0, rows, cols, dst);
 }
 
 __global__ void __launch_bounds__(BLOCK) fp8_cast_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, const float *slot,
@@ -225,3 +298,169 @@ __global__ void __launch_bounds__(128) fp8_cast_t_e5m2(const bf16 *src, i64 rows
                                                        const float *slot, unsigned char *dst) {
     cast_cols<__NV_E5M2>(src, rows, cols, ld, slot, dst);
 }
+
+// ---- block scaling ----
+
+// The cast's multiplier for a block whose largest |x| is a: the largest power of two q with a * q <= fmax, so that
+// q and the GEMM's 1 / q are exact; 1 for a block of zeros; at most 2^126, so that 1 / q stays a normal float; 0 for
+// an infinite amax (the GEMM's scale then infinite and its output NaN, as with a per-tensor scale).
+__device__ __forceinline__ float pow2_quant(float a, float fmax) {
+    if (!(a > 0.0f)) return 1.0f;
+    const float q = fminf(fmax / a, __int_as_float(0x7e800000)); // 2^126
+    return __uint_as_float(__float_as_uint(q) & 0xff800000u);
+}
+
+template <__nv_fp8_interpretation_t KIND> __device__ __forceinline__ float fp8_max();
+template <> __device__ __forceinline__ float fp8_max<__NV_E4M3>() { return 448.0f; }
+template <> __device__ __forceinline__ float fp8_max<__NV_E5M2>() { return 57344.0f; }
+
+// 1 x 128: 16 consecutive threads take a row's 128 columns (cols a multiple of 128, BLOCK of 16, so that a group
+// never straddles rows), their maximum by shuffles.
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void cast_1d(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                        unsigned char *__restrict__ dst, float *__restrict__ scales) {
+    const i64 vrow = cols / 8, units = rows * vrow;
+    for (i64 base = (i64)blockIdx.x * (BLOCK * UNROLL); base < units; base += (i64)gridDim.x * (BLOCK * UNROLL)) {
+        uint4 v[UNROLL];
+        load_units(src, base, units, vrow, ld, v);
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const i64 i = base + u * BLOCK + threadIdx.x;
+            float f[8], m = 0.0f;
+            if (i < units) {
+                unpack8(v[u], f);
+#pragma unroll
+                for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            if (i >= units) continue;
+            const float q = pow2_quant(m, fp8_max<KIND>()), qq[8] = {q, q, q, q, q, q, q, q};
+            reinterpret_cast<uint2 *>(dst)[i] = fp8x8q<KIND>(f, qq);
+            if (i % 16 == 0) scales[(i % vrow) / 16 * rows + i / vrow] = 1.0f / q;
+        }
+    }
+}
+
+// The maxima of the warp's 16 columns (m[j]: this lane's, over its 4 rows) over all 32 lanes, by halving exchanges:
+// at each step a lane keeps half the columns it holds and takes its partner's maxima of them (8 + 4 + 2 + 1 + 1
+// shuffles, not 16 x 5). Lanes 2c and 2c + 1 end with column c's in m[0].
+__device__ __forceinline__ void warp_col_max(float *m) {
+    const int t = threadIdx.x % 32;
+#pragma unroll
+    for (int half = 8, lane = 16; half > 0; half /= 2, lane /= 2) {
+        const bool upper = t & lane;
+#pragma unroll
+        for (int j = 0; j < half; j++) {
+            const float keep = upper ? m[j + half] : m[j], give = upper ? m[j] : m[j + half];
+            m[j] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, give, lane));
+        }
+    }
+    m[0] = fmaxf(m[0], __shfl_xor_sync(0xffffffffu, m[0], 1));
+}
+
+// 128 x 1 of the source (1 x 128 of its transposed copy): the 128 x 64 tile of cast_cols, each column's maximum over
+// the tile's rows (rows a multiple of 128) from the warp that holds them.
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void cast_t_1d(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                          unsigned char *__restrict__ dst, float *__restrict__ scales) {
+    const i64 r0 = (i64)blockIdx.y * TILE_R, c0 = (i64)blockIdx.x * TILE_C;
+    uint4 v[4][2];
+    float q[16];
+    unsigned p[4][4];
+    const bool valid = load_tile_part(src, r0, c0, rows, cols, ld, v); // the same for the whole warp
+    if (valid) {
+        const int t = threadIdx.x % 32;
+        part_col_max(v, q);
+        warp_col_max(q);
+        const float mine = pow2_quant(q[0], fp8_max<KIND>()); // column t / 2's
+        if (t % 2 == 0) scales[r0 / TILE_R * cols + c0 + 16 * (threadIdx.x / 32) + t / 2] = 1.0f / mine;
+#pragma unroll
+        for (int j = 0; j < 16; j++) q[j] = __shfl_sync(0xffffffffu, mine, 2 * j);
+        convert_part<KIND>(v, q, p);
+    }
+    store_transposed(p, valid, r0, c0, rows, cols, dst);
+}
+
+// The largest of every thread's m in a block of `threads` (a multiple of 32, at most 256), for all of them
+__device__ __forceinline__ float tile_max(float m, int threads) {
+    __shared__ float warp_max[8];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+    __syncthreads();
+    m = warp_max[0];
+    for (int w = 1; w < threads / 32; w++) m = fmaxf(m, warp_max[w]);
+    return m;
+}
+
+__device__ __forceinline__ i64 ld4(i64 x) { return ((x + 127) / 128 + 3) / 4 * 4; }
+
+// 128 x 128 (a weight's, always E4M3): one tile per block of 256 threads (grid: cols / 128 and rows / 128, rounded
+// up); thread x takes vector x % 16 of rows x / 16 + 16u, u < 8.
+__device__ __forceinline__ void cast_2d(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                        unsigned char *__restrict__ dst, float *__restrict__ scales) {
+    const i64 r0 = (i64)blockIdx.y * 128, c = (i64)blockIdx.x * 128 + 8 * (threadIdx.x % 16);
+    float f[8][8], m = 0.0f;
+    bool in[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const i64 r = r0 + threadIdx.x / 16 + 16 * u;
+        in[u] = r < rows && c < cols;
+        if (in[u]) {
+            unpack8(*reinterpret_cast<const uint4 *>(src + r * ld + c), f[u]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[u][j]));
+        }
+    }
+    const float q = pow2_quant(tile_max(m, 256), 448.0f), qq[8] = {q, q, q, q, q, q, q, q};
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+        if (in[u])
+            *reinterpret_cast<uint2 *>(dst + (r0 + threadIdx.x / 16 + 16 * u) * cols + c) =
+                fp8x8q<__NV_E4M3>(f[u], qq);
+    if (threadIdx.x == 0) scales[blockIdx.y * ld4(cols) + blockIdx.x] = 1.0f / q;
+}
+
+// The transposed copy of the same 128 x 128 tiles: a block of 128 threads takes the tile as two 128 x 64 halves,
+// both loaded before the tile's maximum, then converted and stored transposed one after the other.
+__device__ __forceinline__ void cast_t_2d(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                          unsigned char *__restrict__ dst, float *__restrict__ scales) {
+    const i64 r0 = (i64)blockIdx.y * 128, c0 = (i64)blockIdx.x * 128, c1 = c0 + TILE_C;
+    uint4 va[4][2], vb[4][2];
+    float m = 0.0f, cm[16];
+    const bool valid_a = load_tile_part(src, r0, c0, rows, cols, ld, va);
+    const bool valid_b = load_tile_part(src, r0, c1, rows, cols, ld, vb);
+    if (valid_a) {
+        part_col_max(va, cm);
+#pragma unroll
+        for (int j = 0; j < 16; j++) m = fmaxf(m, cm[j]);
+    }
+    if (valid_b) {
+        part_col_max(vb, cm);
+#pragma unroll
+        for (int j = 0; j < 16; j++) m = fmaxf(m, cm[j]);
+    }
+    const float q0 = pow2_quant(tile_max(m, 128), 448.0f);
+    float q[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) q[j] = q0;
+    unsigned p[4][4];
+    if (valid_a) convert_part<__NV_E4M3>(va, q, p);
+    store_transposed(p, valid_a, r0, c0, rows, cols, dst);
+    if (valid_b) convert_part<__NV_E4M3>(vb, q, p);
+    store_transposed(p, valid_b, r0, c1, rows, cols, dst);
+    if (threadIdx.x == 0) scales[blockIdx.x * ld4(rows) + blockIdx.y] = 1.0f / q0;
+}
+
+#define CAST_BLOCK_KERNEL(name, threads, body)                                                                       \
+    __global__ void __launch_bounds__(threads) name(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst, \
+                                                    float *scales) {                                                 \
+        body(src, rows, cols, ld, dst, scales);                                                                      \
+    }
+CAST_BLOCK_KERNEL(fp8_cast_1d_e4m3, BLOCK, cast_1d<__NV_E4M3>)
+CAST_BLOCK_KERNEL(fp8_cast_1d_e5m2, BLOCK, cast_1d<__NV_E5M2>)
+CAST_BLOCK_KERNEL(fp8_cast_t_1d_e4m3, 128, cast_t_1d<__NV_E4M3>)
+CAST_BLOCK_KERNEL(fp8_cast_t_1d_e5m2, 128, cast_t_1d<__NV_E5M2>)
+CAST_BLOCK_KERNEL(fp8_cast_2d_e4m3, 256, cast_2d)
+CAST_BLOCK_KERNEL(fp8_cast_t_2d_e4m3, 128, cast_t_2d)

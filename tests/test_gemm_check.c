@@ -1,7 +1,7 @@
 /* test_gemm_check.c: the GEMM descriptions without a GPU (runtime/gemm.c cp_gemm_check). Every GEMM of every
- * shipped spec's plan, at its shipped length and at 128K on one GPU, passes the check that runs before cuBLASLt;
- * inconsistent descriptions and what FP8 tensor cores cannot take are refused, each with its reason and the GEMM's
- * name. */
+ * shipped spec's plan, at its shipped length and at 128K on one GPU, in bf16 and with FP8 (per-tensor and block
+ * scales), passes the check that runs before cuBLASLt; inconsistent descriptions and what FP8 tensor cores cannot
+ * take (block scales included) are refused, each with its reason and the GEMM's name. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,27 +24,40 @@ static void test_shipped_plans(void **state) {
     (void)state;
     const char *specs[] = {"tiny", "llama1b", "llama3b", "llama8b", "qwen32b"};
     const char *lengths[] = {NULL, "train.seq_len=128K"};
-    int checked = 0;
+    /* bf16, and FP8 with per-tensor and with block scales (the GEMMs cp_plan_fp8_gemm makes) */
+    const char *precisions[][2] = {{NULL, NULL},
+                                   {"train.precision=fp8", NULL},
+                                   {"train.precision=fp8", "train.fp8_scaling=block"}};
+    int checked = 0, blocks = 0;
     for (size_t i = 0; i < CP_ARRAY_LEN(specs); i++)
-        for (size_t l = 0; l < CP_ARRAY_LEN(lengths); l++) {
-            const char *sets[2] = {"parallel.gpus=1", lengths[l]};
-            cp_spec s;
-            cp_plan P;
-            if (cp_spec_load(specs[i], sets, lengths[l] ? 2 : 1, &s, err, sizeof err) ||
-                cp_plan_build_folded(&s, &P, err, sizeof err))
-                fail_msg("%s: %s", specs[i], err);
-            for (int k = 0; k < P.nsteps; k++) {
-                const cp_step *st = &P.steps[k];
-                if (st->kind != CP_OP_GEMM) continue;
-                if (cp_gemm_check(&st->gemm, st->what, buf, buf, buf, buf, err, sizeof err))
-                    fail_msg("%s%s%s, step %d: %s", specs[i], lengths[l] ? " " : "", lengths[l] ? lengths[l] : "", k,
-                             err);
-                checked++;
+        for (size_t l = 0; l < CP_ARRAY_LEN(lengths); l++)
+            for (size_t f = 0; f < CP_ARRAY_LEN(precisions); f++) {
+                const char *sets[4] = {"parallel.gpus=1"};
+                int nsets = 1;
+                if (lengths[l]) sets[nsets++] = lengths[l];
+                for (int j = 0; j < 2; j++)
+                    if (precisions[f][j]) sets[nsets++] = precisions[f][j];
+                char what[160];
+                snprintf(what, sizeof what, "%s%s%s%s%s", specs[i], lengths[l] ? " " : "", lengths[l] ? lengths[l] : "",
+                         f ? " " : "", f == 2 ? "fp8 block" : f ? "fp8" : "");
+                cp_spec s;
+                cp_plan P;
+                if (cp_spec_load(specs[i], sets, nsets, &s, err, sizeof err) ||
+                    cp_plan_build_folded(&s, &P, err, sizeof err))
+                    fail_msg("%s: %s", what, err);
+                for (int k = 0; k < P.nsteps; k++) {
+                    const cp_step *st = &P.steps[k];
+                    if (st->kind != CP_OP_GEMM) continue;
+                    if (cp_gemm_check(&st->gemm, st->what, buf, buf, buf, buf, err, sizeof err))
+                        fail_msg("%s, step %d: %s", what, k, err);
+                    checked++;
+                    blocks += st->gemm.a_scale != CP_GEMM_SCALE_TENSOR;
+                }
+                cp_plan_free(&P);
             }
-            cp_plan_free(&P);
-        }
-    printf("  %d GEMM steps checked\n", checked);
+    printf("  %d GEMM steps checked, %d of them block-scaled\n", checked, blocks);
     assert_true(checked > 100);
+    assert_true(blocks > 100); /* the block-scaled plans do put GEMMs on block scales */
 }
 
 static void test_refusals(void **state) {
@@ -57,6 +70,16 @@ static void test_refusals(void **state) {
     assert_int_equal(cp_gemm_check(&fp8, "ok_fp8", buf, buf, buf, buf, err, sizeof err), 0);
     fp8.a_type = CP_GEMM_E5M2; /* a gradient */
     assert_int_equal(cp_gemm_check(&fp8, "ok_fp8_grad", buf, buf, buf, buf, err, sizeof err), 0);
+    /* block scales (k a multiple of 128): 1 x 128 with 128 x 128 either way round, and 1 x 128 on both */
+    cp_gemm blk = fp8;
+    blk.k = blk.lda = blk.ldb = 256;
+    const uint8_t modes[][2] = {{CP_GEMM_SCALE_1D, CP_GEMM_SCALE_2D},
+                                {CP_GEMM_SCALE_2D, CP_GEMM_SCALE_1D},
+                                {CP_GEMM_SCALE_1D, CP_GEMM_SCALE_1D}};
+    for (size_t i = 0; i < CP_ARRAY_LEN(modes); i++) {
+        blk.a_scale = modes[i][0], blk.b_scale = modes[i][1];
+        if (cp_gemm_check(&blk, "ok_blk", buf, buf, buf, buf, err, sizeof err)) fail_msg("%s", err);
+    }
     const struct {
         const char *change, *says;
     } bad[] = {
@@ -70,6 +93,14 @@ static void test_refusals(void **state) {
         {"ta", "outside the x W^T form"},
         {"k", "not a multiple of 16"},
         {"lda", "not a multiple of 16"},
+        /* block scales (the rest of each is a valid block-scaled GEMM: k 256, A 1 x 128, B in tiles) */
+        {"blk_mode", "not a cp_gemm_scale"},
+        {"blk_bf16", "block scales for bf16 inputs"},
+        {"blk_half", "one input scaled per tensor and the other by blocks"},
+        {"blk_half_b", "one input scaled per tensor and the other by blocks"},
+        {"blk_tiles", "both inputs scaled by 128 x 128 tiles"},
+        {"blk_k", "block scales with k not a multiple of 128"},
+        {"blk_fast", "block scales with fast accumulation"},
     };
     for (size_t i = 0; i < CP_ARRAY_LEN(bad); i++) {
         cp_gemm p = ok;
@@ -87,6 +118,15 @@ static void test_refusals(void **state) {
         if (!strcmp(w, "ta")) p.trans_a = true, p.lda = 256;
         if (!strcmp(w, "k")) p.k = 72, p.lda = p.ldb = 72;
         if (!strcmp(w, "lda")) p.lda = 72;
+        if (!strncmp(w, "blk_", 4))
+            p.k = p.lda = p.ldb = 256, p.a_scale = CP_GEMM_SCALE_1D, p.b_scale = CP_GEMM_SCALE_2D;
+        if (!strcmp(w, "blk_mode")) p.b_scale = 3;
+        if (!strcmp(w, "blk_bf16")) p.a_type = p.b_type = CP_GEMM_BF16;
+        if (!strcmp(w, "blk_half")) p.b_scale = CP_GEMM_SCALE_TENSOR;
+        if (!strcmp(w, "blk_half_b")) p.a_scale = CP_GEMM_SCALE_TENSOR;
+        if (!strcmp(w, "blk_tiles")) p.a_scale = CP_GEMM_SCALE_2D;
+        if (!strcmp(w, "blk_k")) p.k = p.lda = p.ldb = 208; /* a multiple of 16, not of 128 */
+        if (!strcmp(w, "blk_fast")) p.fast_accum = true;
         char what[32];
         snprintf(what, sizeof what, "bad_%s", w);
         err[0] = 0;

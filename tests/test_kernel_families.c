@@ -99,7 +99,9 @@ static const char *const *roles_of(const char *family) {
                              *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL},
                              *const merge[] = {"fwd", "init", NULL},
                              *const fp8[] = {"amax_e4m3",   "amax_e5m2",   "cast_e4m3", "cast_e5m2",
-                                             "cast_t_e4m3", "cast_t_e5m2", NULL};
+                                             "cast_t_e4m3", "cast_t_e5m2", "cast_1d_e4m3", "cast_1d_e5m2",
+                                             "cast_t_1d_e4m3", "cast_t_1d_e5m2", "cast_2d_e4m3", "cast_t_2d_e4m3",
+                                             NULL};
     if (!strcmp(family, "loss")) return loss;
     if (!strcmp(family, "rmsnorm")) return norm;
     if (!strcmp(family, "adamw")) return adamw;
@@ -181,14 +183,16 @@ static void test_dims_cover_the_work(void **state) {
                 cp_kdims d;
                 assert_int_equal(cp_k_dims(k, *r, n, heads, 132, &d), 0);
                 assert_true(d.block >= 32 && d.block <= 1024 && d.block % 32 == 0);
-                bool tiles = !strcmp(k->family, "fp8") && !strncmp(*r, "cast_t", 6); /* 2D: 128 x 64 tiles */
+                /* 2D grids: 128 x 64 tiles (transposed casts), 128 x 128 (a weight's block-scaled casts) */
+                bool wide = !strcmp(k->family, "fp8") && strstr(*r, "_2d_");
+                bool tiles = wide || (!strcmp(k->family, "fp8") && !strncmp(*r, "cast_t", 6));
                 assert_true(d.grid[0] >= 1 && (tiles || d.grid[1] == 1) && d.grid[2] == 1);
                 assert_int_equal(d.smem, 0);
                 int64_t threads = (int64_t)d.grid[0] * d.block, need = 0;
                 const char *f = k->family;
                 if (tiles) {
                     /* n rows, heads columns: a block per tile */
-                    assert_int_equal(d.grid[0], (heads + 63) / 64);
+                    assert_int_equal(d.grid[0], (heads + (wide ? 127 : 63)) / (wide ? 128 : 64));
                     assert_int_equal(d.grid[1], (n + 127) / 128);
                     need = 1;
                 } else if (!strcmp(f, "fp8") && !strncmp(*r, "amax", 4)) {

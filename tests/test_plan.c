@@ -740,6 +740,7 @@ static void test_fp8(void **state) {
         load(shapes[c][0], &s, 2, shapes[c][1], shapes[c][2] ? shapes[c][2] : "train.micro_batches=8");
         build(&s, &b);
         s.train.fp8 = true;
+        s.train.fp8_block = s.train.fp8_e4m3_grads = false; /* per-tensor scales, E5M2 gradients */
         build(&s, &f);
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held); /* each copy buffer */
         fp8_held slot[256] = {0}; /* each scale slot, by its offset / CP_FP8_SLOT_BYTES */
@@ -870,7 +871,8 @@ static void test_fp8(void **state) {
     /* the recipe's keys: every layer GEMM's gradient in E4M3, no fast accumulation anywhere */
     cp_spec s;
     cp_plan f;
-    load("tiny", &s, 3, "train.precision=fp8", "train.fp8_format=e4m3", "train.fp8_fast_accum=false");
+    load("tiny", &s, 4, "train.precision=fp8", "train.fp8_scaling=tensor", "train.fp8_format=e4m3",
+         "train.fp8_fast_accum=false");
     build(&s, &f);
     int layer_gemms = 0;
     for (int i = 0; i < f.nsteps; i++) {
@@ -881,6 +883,95 @@ static void test_fp8(void **state) {
     }
     assert_true(layer_gemms > 0);
     cp_plan_free(&f);
+}
+
+/* train.fp8_scaling = "block": every layer GEMM reads copies of its very operands made by a block-scaled cast (no
+ * amax, no scale slots), each copy with its scales behind it in its buffer: a weight's in 128 x 128 tiles, any other
+ * input's per 128 of k, E4M3 but for a gradient under "hybrid"; without fast accumulation; the casts are priced and
+ * the step predicted faster than bf16 at the 3B shape. A GEMM whose k is not a multiple of 128 stays bf16 (tiny's
+ * K and V projections at head_dim 32 x 2 KV heads). Checked on the flat program. */
+static void test_fp8_block(void **state) {
+    (void)state;
+    const char *shapes[][2] = {{"tiny", "train.seq_len=2K"}, {"llama3b", "train.seq_len=32K"}};
+    for (int c = 0; c < 2; c++) {
+        cp_spec s;
+        cp_plan b, f;
+        load(shapes[c][0], &s, 2, shapes[c][1], "parallel.gpus=1");
+        build(&s, &b);
+        s.train.fp8 = s.train.fp8_block = true;
+        s.train.fp8_e4m3_grads = c == 1; /* tiny's gradients E5M2 ("hybrid"), the 3B's E4M3 (the default) */
+        build(&s, &f);
+        fp8_held *held = calloc((size_t)f.nbufs, sizeof *held);
+        bool *tiled = calloc((size_t)f.nbufs, sizeof *tiled);
+        int bi = 0, fp8_gemms = 0, casts = 0;
+        for (int i = 0; i < f.nsteps; i++) {
+            const cp_step *x = &f.steps[i];
+            assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST && x->namax == 0);
+            if (x->task == CP_TASK_FP8_CAST_BLOCK) {
+                casts++;
+                bool t = !strncmp(x->role, "cast_t_", 7), tiles = strstr(x->role, "_2d_") != NULL;
+                cp_cat from = f.bufs[x->ops[0].buf].cat;
+                assert_true(tiles == (from == CP_CAT_PARAMS || from == CP_CAT_GATHERED));
+                int64_t rows = t ? x->heads : x->count, cols = t ? x->count : x->heads; /* the copy's */
+                int64_t nsc = tiles ? cp_fp8_scales_2d(rows, cols) : cp_fp8_scales_1d(rows, cols);
+                assert_int_equal(x->nops, 3);
+                assert_int_equal(f.bufs[x->ops[1].buf].cat, CP_CAT_FP8);
+                assert_true(x->ops[2].buf == x->ops[1].buf && x->ops[1].bytes == rows * cols &&
+                            x->ops[2].offset >= rows * cols && x->ops[2].offset % 256 == 0 &&
+                            x->ops[2].bytes == 4 * nsc);
+                assert_true(x->ops[2].offset + x->ops[2].bytes <= f.bufs[x->ops[1].buf].bytes);
+                held[x->ops[1].buf] = (fp8_held){.valid = true, .transposed = t, .src = x->ops[0],
+                                                 .e5m2 = strstr(x->role, "e5m2") != NULL, .slot = x->ops[2].offset};
+                tiled[x->ops[1].buf] = tiles;
+                continue;
+            }
+            const cp_step *y = &b.steps[bi++];
+            assert_string_equal(x->what, y->what);
+            if (x->kind == CP_OP_GEMM && x->gemm.a_type != CP_GEMM_BF16) {
+                fp8_gemms++;
+                const cp_gemm *g = &y->gemm, *q = &x->gemm;
+                assert_true(y->layer >= 0 && g->k % 128 == 0);
+                assert_int_equal(q->a_type, g->a_grad && c == 0 ? CP_GEMM_E5M2 : CP_GEMM_E4M3);
+                assert_true(q->a_scale == CP_GEMM_SCALE_1D && !q->fast_accum && !q->trans_a && q->trans_b);
+                assert_int_equal(x->nops, y->nops + 2);
+                char e[256];
+                const void *at = (const void *)(uintptr_t)256;
+                if (cp_gemm_check(q, x->what, at, at, at, at, e, sizeof e)) fail_msg("%s", e);
+                for (int in = 0; in < 2; in++) {
+                    const fp8_held *h = &held[x->ops[in].buf];
+                    const cp_operand *sc = &x->ops[x->nops - 2 + in];
+                    if (!h->valid || !fp8_same(&h->src, &y->ops[in]))
+                        fail_msg("step %d (%s, layer %d, tile %d): input %d's copy is not of its operand now", i,
+                                 x->what, x->layer, x->tile, in);
+                    assert_true(h->transposed == (in ? !g->trans_b : g->trans_a));
+                    assert_true(h->e5m2 == (in == 0 && g->a_grad && c == 0));
+                    assert_true((in ? q->b_scale : q->a_scale) == (tiled[x->ops[in].buf] ? CP_GEMM_SCALE_2D
+                                                                                         : CP_GEMM_SCALE_1D));
+                    assert_true(sc->buf == x->ops[in].buf && sc->offset == h->slot && sc->access == CP_READ);
+                }
+            } else if (x->kind == CP_OP_GEMM) {
+                assert_memory_equal(&x->gemm, &y->gemm, sizeof x->gemm);
+                assert_true(y->layer < 0 || y->gemm.k % 128);
+            }
+            for (int o = 0; o < x->nops; o++) {
+                const cp_operand *w = &x->ops[o];
+                if (!(w->access & CP_WRITE)) continue;
+                for (int k = 0; k < f.nbufs; k++)
+                    if (held[k].valid && held[k].src.buf == w->buf && held[k].src.offset < w->offset + w->bytes &&
+                        w->offset < held[k].src.offset + held[k].src.bytes)
+                        held[k].valid = false;
+            }
+        }
+        assert_int_equal(bi, b.nsteps);
+        print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts\n", shapes[c][0], fp8_gemms, casts);
+        assert_true(fp8_gemms > 0 && casts > 0 && casts < 2 * fp8_gemms);
+        assert_true(f.t_fp8_casts > 0);
+        if (c == 1) assert_true(f.t_step < b.t_step * 0.95);
+        free(held);
+        free(tiled);
+        cp_plan_free(&b);
+        cp_plan_free(&f);
+    }
 }
 
 /* --max-seq asks each length only whether it fits, quickly (cp_plan_fits): the same answer as the whole search, at
@@ -1806,6 +1897,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_upipe_auto),
         cmocka_unit_test(test_checkpoint_every),
         cmocka_unit_test(test_grad_accum),  cmocka_unit_test(test_8b_arithmetic), cmocka_unit_test(test_fp8),
+        cmocka_unit_test(test_fp8_block),
         cmocka_unit_test(test_kept_attention_3b), cmocka_unit_test(test_kept_attention_3b_longest),
         cmocka_unit_test(test_kept_attention_memory),
         cmocka_unit_test(test_dq_order),

@@ -5,11 +5,15 @@
  * (bf16 inputs, its own transposes, residual and accumulation) and as train.precision = "fp8" runs it (the form
  * of cp_plan_fp8_gemm: the same m, n, k in the x W^T form Hopper's FP8 tensor cores take, the backward's GEMMs
  * reading transposed FP8 copies, E4M3 x E4M3 in the forward, E5M2 (the gradient) x E4M3 in the backward, the same
- * output type, residual and accumulation), with cuBLASLt's promotion to fp32 and with fast accumulation. The GEMMs
+ * output type, residual and accumulation), with cuBLASLt's promotion to fp32 and with fast accumulation, and as
+ * train.fp8_scaling = "block" runs it (the same FP8 form with block scales, as cp_plan_fp8_gemm gives them: a weight
+ * input's per 128 x 128 tile, any other's per 1 x 128 of k, always promoted; scales all 1, in buffers of their real
+ * sizes; the GEMMs whose k is not a multiple of 128 stay bf16 there, as the plan leaves them). The GEMMs
  * that pass leaves in bf16 (the LM head and its gradients) show bf16 only. Inputs are random
  * bytes, finite in every type; each time is the median of REPS launches timed with CUDA events
  * after WARM. TF/s = 2 m n k / time. The totals weigh each GEMM by its count: the step's GEMM seconds in bf16 and
- * with FP8 where FP8 applies, before the casts and transposes FP8 adds.
+ * with FP8 where FP8 applies, before the casts and transposes FP8 adds. The last line, GEMMSUM SPEC SEQ bf16 fp8 fast
+ * block, gives the four totals in seconds for scripts.
  * usage: bench_gemm [SPEC SEQ]...   (default: llama3b 32K llama8b 128K) */
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +34,8 @@ typedef struct {
     cp_gemm g;
     bool fp8;      /* a GEMM train.precision = "fp8" runs on FP8 inputs (a layer's); else the LM head's, in bf16 */
     cp_gemm f;     /* its FP8 form, as the plan's FP8 pass gives it */
+    bool block;    /* it runs on FP8 inputs with train.fp8_scaling = "block" too (k a multiple of 128) */
+    cp_gemm fb;    /* its block-scaled FP8 form */
     int64_t count;
 } gemm_use;
 
@@ -39,6 +45,11 @@ static void check(cudaError_t e, const char *what) {
         cp_cuda_errmsg(e, what, m, sizeof m);
         gu_fail("%s", m);
     }
+}
+
+/* The f32 scales of a block-scaled FP8 input [rows][k] (cp_gemm_scale mode: gen/plan.h) */
+static int64_t block_scales(uint8_t mode, int64_t rows, int64_t k) {
+    return mode == CP_GEMM_SCALE_2D ? cp_fp8_scales_2d(rows, k) : cp_fp8_scales_1d(rows, k);
 }
 
 static bool same_shape(const cp_gemm *a, const cp_gemm *b) {
@@ -79,6 +90,10 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
     cp_plan P;
     if (cp_spec_load(spec, sets, 2, &s, err, sizeof err) || cp_plan_build_folded(&s, &P, err, sizeof err))
         gu_fail("%s at %s: %s", spec, seq, err);
+    /* the same plan as train.fp8_scaling = "block" sees it, for cp_plan_fp8_eligible and cp_plan_fp8_gemm (which read
+     * train's fp8_block and the buffers' categories; nothing else differs, so a copy of P with the flag set does) */
+    cp_plan Pb = P;
+    Pb.spec.train.fp8_block = true;
     gemm_use *u = calloc((size_t)P.nsteps, sizeof *u);
     int nu = 0;
     for (int i = 0; i < P.nsteps; i++) {
@@ -88,19 +103,24 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         while (j < nu && !(same_shape(&u[j].g, &st->gemm) && !strcmp(u[j].what, st->what))) j++;
         if (j == nu) {
             snprintf(u[nu].what, sizeof u[nu].what, "%s", st->what);
-            u[nu].fp8 = cp_plan_fp8_eligible(st);
-            if (u[nu].fp8) u[nu].f = cp_plan_fp8_gemm(st);
+            u[nu].fp8 = cp_plan_fp8_eligible(&P.spec.train, st);
+            if (u[nu].fp8) u[nu].f = cp_plan_fp8_gemm(&P, st);
+            u[nu].block = cp_plan_fp8_eligible(&Pb.spec.train, st);
+            if (u[nu].block) u[nu].fb = cp_plan_fp8_gemm(&Pb, st);
             u[nu++].g = st->gemm;
         }
         u[j].count += cp_plan_step_repeats(&P, i);
     }
-    /* buffers for the largest operands */
-    size_t amax = 0, bmax = 0, dmax = 0;
+    /* buffers for the largest operands, and the largest block scales of either input */
+    size_t amax = 0, bmax = 0, dmax = 0, smax = 0;
     for (int j = 0; j < nu; j++) {
-        const cp_gemm *g = &u[j].g;
+        const cp_gemm *g = &u[j].g, *f = &u[j].fb;
         size_t a = (size_t)((g->trans_a ? g->k : g->m) * g->lda) * 2;
         size_t b = (size_t)((g->trans_b ? g->n : g->k) * g->ldb) * 2, d = (size_t)(g->m * g->ldd) * 4;
         amax = a > amax ? a : amax, bmax = b > bmax ? b : bmax, dmax = d > dmax ? d : dmax;
+        if (!u[j].block) continue;
+        size_t sa = (size_t)block_scales(f->a_scale, f->m, f->k), sb = (size_t)block_scales(f->b_scale, f->n, f->k);
+        smax = sa > smax ? sa : smax, smax = sb > smax ? sb : smax;
     }
     char *A = gu_malloc(amax), *B = gu_malloc(bmax), *C = gu_malloc(dmax), *D = gu_malloc(dmax);
     /* random bytes 0x20-0x3f with a random sign: finite as E4M3 (exponent 4-7), as E5M2 (8-15) and as bf16 pairs */
@@ -118,11 +138,19 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
     const float scales[8] = {1.0f / 64, 0, 0, 0, 1.0f / 64};
     float *dS = gu_malloc(sizeof scales);
     gu_upload(dS, scales, sizeof scales);
+    /* block scales of 1 for A and B (the bytes' values as they are), padding included */
+    const size_t sbytes = 4 * (smax ? smax : 1);
+    float *ones = malloc(sbytes), *dSA = gu_malloc(sbytes), *dSB = gu_malloc(sbytes);
+    for (size_t i = 0; i < sbytes / 4; i++) ones[i] = 1.0f;
+    gu_upload(dSA, ones, sbytes);
+    gu_upload(dSB, ones, sbytes);
+    free(ones);
 
     printf("\n%s at %s tokens on one GPU: %d distinct GEMMs\n", spec, seq, nu);
-    printf("%-14s %5s %21s %4s | %8s %6s | %8s %6s | %8s %6s | %5s\n", "GEMM", "count", "m x n x k", "form",
-           "bf16 ms", "TF/s", "fp8 ms", "TF/s", "fast ms", "TF/s", "x");
+    printf("%-14s %5s %21s %4s | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %5s\n", "GEMM", "count", "m x n x k",
+           "form", "bf16 ms", "TF/s", "fp8 ms", "TF/s", "fast ms", "TF/s", "block ms", "TF/s", "x");
     double t_bf16 = 0, t_fp8 = 0, t_fast = 0, fl_fp8 = 0, tb_fp8part = 0;
+    double t_blk = 0, fl_blk = 0, tb_blkpart = 0; /* the same with block scales, over the GEMMs they apply to */
     for (int j = 0; j < nu; j++) {
         const cp_gemm *g = &u[j].g;
         double fl = 2.0 * (double)g->m * (double)g->n * (double)g->k;
@@ -130,12 +158,13 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         t_bf16 += tb * (double)u[j].count;
         char form[8];
         snprintf(form, sizeof form, "%s%s", g->trans_a ? "T" : "N", g->trans_b ? "T" : "N");
-        if (!u[j].fp8) {
+        if (!u[j].fp8) { /* then not with block scales either */
             t_fp8 += tb * (double)u[j].count;
             t_fast += tb * (double)u[j].count;
-            printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8s %6s | %8s %6s | %5s\n", u[j].what,
+            t_blk += tb * (double)u[j].count;
+            printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8s %6s | %8s %6s | %8s %6s | %5s\n", u[j].what,
                    (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb, fl / tb / 1e9,
-                   "bf16", "", "bf16", "", "");
+                   "bf16", "", "bf16", "", "bf16", "", "");
             continue;
         }
         cp_gemm f = u[j].f; /* timed with cuBLASLt's promotion to fp32 and with fast accumulation */
@@ -147,17 +176,34 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         t_fast += tq * (double)u[j].count;
         fl_fp8 += fl * (double)u[j].count;
         tb_fp8part += tb * (double)u[j].count;
-        printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8.3f %6.0f | %8.3f %6.0f | %5.2f\n", u[j].what,
-               (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb, fl / tb / 1e9, tf,
-               fl / tf / 1e9, tq, fl / tq / 1e9, tb / tq);
+        /* with block scales where the plan would use them (k a multiple of 128), else it stays bf16 */
+        char blk_ms[16] = "bf16", blk_tf[16] = "";
+        if (u[j].block) {
+            double tk = time_gemm(lib, &u[j].fb, u[j].what, A, B, C, D, dSA, dSB);
+            t_blk += tk * (double)u[j].count;
+            fl_blk += fl * (double)u[j].count;
+            tb_blkpart += tb * (double)u[j].count;
+            snprintf(blk_ms, sizeof blk_ms, "%.3f", tk);
+            snprintf(blk_tf, sizeof blk_tf, "%.0f", fl / tk / 1e9);
+        } else {
+            t_blk += tb * (double)u[j].count;
+        }
+        printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8.3f %6.0f | %8.3f %6.0f | %8s %6s | %5.2f\n",
+               u[j].what, (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb,
+               fl / tb / 1e9, tf, fl / tf / 1e9, tq, fl / tq / 1e9, blk_ms, blk_tf, tb / tq);
     }
     printf("%s at %s: the step's GEMMs %.3f s in bf16 (of them %.3f s where FP8 applies, %.0f TF/s); with FP8 there "
            "%.3f s (%.0f TF/s), with fast accumulation %.3f s (%.0f TF/s): the GEMMs %.2fx / %.2fx faster\n",
            spec, seq, t_bf16 / 1e3, tb_fp8part / 1e3, fl_fp8 / tb_fp8part / 1e9, (t_fp8 - (t_bf16 - tb_fp8part)) / 1e3,
            fl_fp8 / (t_fp8 - (t_bf16 - tb_fp8part)) / 1e9, (t_fast - (t_bf16 - tb_fp8part)) / 1e3,
            fl_fp8 / (t_fast - (t_bf16 - tb_fp8part)) / 1e9, t_bf16 / t_fp8, t_bf16 / t_fast);
-    printf("GEMMSUM %s %s %.4f %.4f %.4f\n", spec, seq, t_bf16 / 1e3, t_fp8 / 1e3, t_fast / 1e3);
-    gu_free_dev(A), gu_free_dev(B), gu_free_dev(C), gu_free_dev(D), gu_free_dev(dS);
+    /* block scales apply to fewer GEMMs (k a multiple of 128): their own part of the bf16 time */
+    printf("%s at %s: with block scales (%.3f s in bf16 where they apply, %.0f TF/s) %.3f s there (%.0f TF/s), the "
+           "step's GEMMs %.3f s: %.2fx faster than bf16\n",
+           spec, seq, tb_blkpart / 1e3, fl_blk / tb_blkpart / 1e9, (t_blk - (t_bf16 - tb_blkpart)) / 1e3,
+           fl_blk / (t_blk - (t_bf16 - tb_blkpart)) / 1e9, t_blk / 1e3, t_bf16 / t_blk);
+    printf("GEMMSUM %s %s %.4f %.4f %.4f %.4f\n", spec, seq, t_bf16 / 1e3, t_fp8 / 1e3, t_fast / 1e3, t_blk / 1e3);
+    gu_free_dev(A), gu_free_dev(B), gu_free_dev(C), gu_free_dev(D), gu_free_dev(dS), gu_free_dev(dSA), gu_free_dev(dSB);
     free(u);
     cp_plan_free(&P);
 }

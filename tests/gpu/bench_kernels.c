@@ -212,7 +212,7 @@ int main(void) {
         gu_free(m);
     }
     { /* FP8 amax and casts (train.precision = "fp8") at the 3B step's shapes: an MLP tile's 4096 x 8192 and a
-       * projection input's 32768 x 3072 */
+       * projection input's 32768 x 3072; with block scales too, and a weight's tiled casts */
         cp_k_fp8(&k);
         gu_module *m = build(&k);
         const int64_t shapes[][2] = {{4096, 8192}, {32768, 3072}};
@@ -229,7 +229,28 @@ int main(void) {
             void *c[] = {&x, &rows, &cols, &ld, &slot, &dst};
             bench(m, "cast_e4m3", rows, cols, c, "fp8_cast", shape, 1.5 * (double)nb, true);
             bench(m, "cast_t_e4m3", rows, cols, c, "fp8_cast_t", shape, 1.5 * (double)nb, true);
+            /* block scaling (train.fp8_scaling = "block"): the same copies with a scale per 1 x 128 of the copy's
+             * rows; bytes: the source, the copy and the scales */
+            const int64_t s1 = cp_fp8_scales_1d(rows, cols), s1t = cp_fp8_scales_1d(cols, rows);
+            void *scales = gu_malloc(4 * (size_t)(s1 > s1t ? s1 : s1t));
+            void *b[] = {&x, &rows, &cols, &ld, &dst, &scales};
+            bench(m, "cast_1d_e4m3", rows, cols, b, "fp8_cast_1d", shape, 1.5 * (double)nb + 4.0 * (double)s1, true);
+            bench(m, "cast_t_1d_e4m3", rows, cols, b, "fp8_cast_t_1d", shape, 1.5 * (double)nb + 4.0 * (double)s1t,
+                  true);
             gu_free_dev(x), gu_free_dev(dst), gu_free_dev(parts), gu_free_dev(cnt), gu_free_dev(slot);
+            gu_free_dev(scales);
+        }
+        { /* a weight's copies in 128 x 128 tiles (the 3B MLP's 8192 x 3072), as rows and transposed */
+            int64_t rows = 8192, cols = 3072, ld = cols;
+            size_t nb = 2 * (size_t)(rows * cols);
+            const int64_t s2 = cp_fp8_scales_2d(rows, cols), s2t = cp_fp8_scales_2d(cols, rows);
+            const double tiles = (double)((rows + 127) / 128 * ((cols + 127) / 128)); /* the scales written */
+            void *x = filled(nb), *dst = gu_malloc(nb / 2), *scales = gu_malloc(4 * (size_t)(s2 > s2t ? s2 : s2t));
+            void *b[] = {&x, &rows, &cols, &ld, &dst, &scales};
+            bench(m, "cast_2d_e4m3", rows, cols, b, "fp8_cast_2d", "8192x3072", 1.5 * (double)nb + 4.0 * tiles, true);
+            bench(m, "cast_t_2d_e4m3", rows, cols, b, "fp8_cast_t_2d", "8192x3072", 1.5 * (double)nb + 4.0 * tiles,
+                  true);
+            gu_free_dev(x), gu_free_dev(dst), gu_free_dev(scales);
         }
         gu_free(m);
     }

@@ -5,7 +5,9 @@
  * that are overwritten start as NaN, so an element left unwritten, or a beta = 0 GEMM that reads D, fails; the
  * padding columns of a strided D must be left alone. Bounds: 1e-2 for bf16 outputs, 1e-3 for fp32 outputs. FP8 inputs
  * (test_fp8) against float64 on the values their bytes stand for, scales applied; 5e-3 for fp32 outputs with fast
- * accumulation. */
+ * accumulation. Block-scaled FP8 (test_fp8_block) the same way, each element times its own block's scale, and the
+ * block-scaled recipe end to end from bf16 through the fp8 module's casts. */
+#include <fnmatch.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +25,10 @@
 
 #define TOL_BF16 1e-2
 #define TOL_F32 1e-3
+/* the block-scaled recipe's results against float64 on its bf16 sources, through E4M3 only or an E5M2 input (FP8's
+ * rounding alone gives about 0.038 and 0.059 on the test's data) */
+#define RECIPE_E4M3 6e-2
+#define RECIPE_E5M2 1e-1
 
 static gu_rng rng;
 static cp_gemm_lib *lib;
@@ -173,13 +179,49 @@ static uint8_t *rand_fp8(int64_t n, int type) {
     return p;
 }
 
-/* An FP8 GEMM in the x W^T form: A [m][k] and B [n][k] of FP8 with per-tensor scales (not 1, so a scale left out
- * shows), D bf16 (with the residual C, as o_proj and down_proj add it) or fp32 accumulated (a weight gradient);
- * against float64 on the values the bytes stand for. D starts as NaN where it is written. */
 /* What an FP8 GEMM of the plan does with D: writes it (q_proj, d_act), adds the residual C (o_proj, down_proj), adds
  * into bf16 D (the backward's d_xn from Q, K and V) or into fp32 D (the weight gradients) */
 typedef enum { FP8_WRITE, FP8_RESIDUAL, FP8_ACC_BF16, FP8_ACC_F32 } fp8_out;
 
+/* D[m][n] (bf16, fp32 when mode is FP8_ACC_F32) against float64 on Ad [m][k] and Bd [n][k], the values the FP8
+ * inputs stand for (scales applied), plus C or D's old value as mode says; any NaN output fails. */
+static void check_fp8_out(const char *what, const char *shape, const double *Ad, const double *Bd, int64_t m,
+                          int64_t n, int64_t k, fp8_out mode, const uint16_t *C, const void *Dold, const void *Dout,
+                          double bound) {
+    bool f32 = mode == FP8_ACC_F32, acc = mode == FP8_ACC_F32 || mode == FP8_ACC_BF16;
+    double num = 0, den = 0;
+    int64_t nan_out = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double r = 0;
+            for (int64_t l = 0; l < k; l++) r += Ad[i * k + l] * Bd[j * k + l];
+            int64_t at_ = i * n + j;
+            if (mode == FP8_RESIDUAL) r += bf16_to_f32(C[at_]);
+            else if (acc) r += f32 ? ((const float *)Dold)[at_] : bf16_to_f32(((const uint16_t *)Dold)[at_]);
+            double o = f32 ? ((const float *)Dout)[at_] : bf16_to_f32(((const uint16_t *)Dout)[at_]);
+            if (isnan(o)) nan_out++;
+            num += (o - r) * (o - r);
+            den += r * r;
+        }
+    if (nan_out) gu_fail("%s %s: %lld outputs are NaN", what, shape, (long long)nan_out);
+    gu_check(what, shape, sqrt(num / den), bound);
+}
+
+/* What D holds before an FP8 GEMM of output mode `mode` (count elements): random where the GEMM adds to it (bf16, or
+ * fp32 for FP8_ACC_F32), NaN where it writes it */
+static void *old_d(int64_t count, fp8_out mode) {
+    bool f32 = mode == FP8_ACC_F32, acc = mode == FP8_ACC_F32 || mode == FP8_ACC_BF16;
+    void *d = malloc((size_t)count * (f32 ? 4 : 2));
+    for (int64_t i = 0; i < count; i++) {
+        if (f32) ((float *)d)[i] = (float)gu_normal(&rng);
+        else ((uint16_t *)d)[i] = acc ? f32_to_bf16((float)gu_normal(&rng)) : 0xffff;
+    }
+    return d;
+}
+
+/* An FP8 GEMM in the x W^T form: A [m][k] and B [n][k] of FP8 with per-tensor scales (not 1, so a scale left out
+ * shows), D bf16 (with the residual C, as o_proj and down_proj add it) or fp32 accumulated (a weight gradient);
+ * against float64 on the values the bytes stand for. D starts as NaN where it is written. */
 static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int at, int bt, fp8_out mode, bool fast,
                          double bound) {
     bool f32 = mode == FP8_ACC_F32, acc = mode == FP8_ACC_F32 || mode == FP8_ACC_BF16;
@@ -190,11 +232,7 @@ static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int 
     uint8_t *A = rand_fp8(m * k, at), *B = rand_fp8(n * k, bt);
     uint16_t *C = mode == FP8_RESIDUAL ? gu_rand_bf16(&rng, m * n, 1.0) : NULL;
     size_t esz = f32 ? 4 : 2;
-    void *Dold = malloc((size_t)(m * n) * esz); /* what D holds before: added to, or NaN where it is written */
-    for (int64_t i = 0; i < m * n; i++) {
-        if (f32) ((float *)Dold)[i] = (float)gu_normal(&rng);
-        else ((uint16_t *)Dold)[i] = acc ? f32_to_bf16((float)gu_normal(&rng)) : 0xffff;
-    }
+    void *Dold = old_d(m * n, mode);
     char *dA = gu_malloc((size_t)(m * k)), *dB = gu_malloc((size_t)(n * k)), *dD = gu_malloc((size_t)(m * n) * esz);
     char *dC = C ? gu_malloc((size_t)(m * n) * 2) : NULL;
     float *dS = gu_malloc(sizeof scales);
@@ -220,25 +258,10 @@ static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int 
     double *Ad = malloc(sizeof(double) * (size_t)(m * k)), *Bd = malloc(sizeof(double) * (size_t)(n * k));
     for (int64_t i = 0; i < m * k; i++) Ad[i] = scales[0] * ref_fp8_value(A[i], at == CP_GEMM_E5M2);
     for (int64_t i = 0; i < n * k; i++) Bd[i] = scales[4] * ref_fp8_value(B[i], bt == CP_GEMM_E5M2);
-    double num = 0, den = 0;
-    int64_t nan_out = 0;
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            double r = 0;
-            for (int64_t l = 0; l < k; l++) r += Ad[i * k + l] * Bd[j * k + l];
-            int64_t at_ = i * n + j;
-            if (mode == FP8_RESIDUAL) r += bf16_to_f32(C[at_]);
-            else if (acc) r += f32 ? ((float *)Dold)[at_] : bf16_to_f32(((uint16_t *)Dold)[at_]);
-            double o = f32 ? ((float *)Dout)[at_] : bf16_to_f32(((uint16_t *)Dout)[at_]);
-            if (isnan(o)) nan_out++;
-            num += (o - r) * (o - r);
-            den += r * r;
-        }
     char shape[96];
     snprintf(shape, sizeof shape, "%lldx%lldx%lld %s x %s%s", (long long)m, (long long)n, (long long)k,
              at == CP_GEMM_E4M3 ? "e4m3" : "e5m2", bt == CP_GEMM_E4M3 ? "e4m3" : "e5m2", fast ? " fast" : "");
-    if (nan_out) gu_fail("%s %s: %lld outputs are NaN", what, shape, (long long)nan_out);
-    gu_check(what, shape, sqrt(num / den), bound);
+    check_fp8_out(what, shape, Ad, Bd, m, n, k, mode, C, Dold, Dout, bound);
     free(Ad), free(Bd), free(A), free(B), free(C), free(Dold), free(Dout);
     gu_free_dev(dA), gu_free_dev(dB), gu_free_dev(dD), gu_free_dev(dS);
     if (dC) gu_free_dev(dC);
@@ -261,6 +284,237 @@ static void test_fp8(void **state) {
     run_fp8_case("fp8 d_xn_k (bf16 +=)", 2048, 256, 128, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_ACC_BF16, false, TOL_BF16);
     run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_ACC_F32, false, TOL_F32);
     run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_ACC_F32, true, 5e-3);
+}
+
+/* ---- FP8 with block scales (train.fp8_scaling = "block") ---- */
+
+static int64_t ld4(int64_t x) { return ((x + 127) / 128 + 3) / 4 * 4; }
+
+/* The f32 scales of an FP8 input [rows][k] whose scales are laid out as cp_gemm_scale `mode` (1 x 128 blocks:
+ * [k / 128][rows], rows contiguous; 128 x 128 tiles: [ceil(rows / 128)][ld4(k)]): how many, and element (i, l)'s */
+static int64_t scales_count(int mode, int64_t rows, int64_t k) {
+    return mode == CP_GEMM_SCALE_2D ? cp_fp8_scales_2d(rows, k) : cp_fp8_scales_1d(rows, k);
+}
+static int64_t scale_of(int mode, int64_t rows, int64_t k, int64_t i, int64_t l) {
+    return mode == CP_GEMM_SCALE_2D ? i / 128 * ld4(k) + l / 128 : l / 128 * rows + i;
+}
+
+/* Scales of an input [rows][k] as `mode` lays them out: each block's a power of two 2^-6 .. 2^6 drawn for it (so
+ * that a scale read for another block shows; exact in every product), the entries that pad a tiled layout's rows NaN
+ * (the casts leave them unwritten: the GEMM must not read them) */
+static float *rand_block_scales(int mode, int64_t rows, int64_t k) {
+    const int64_t ns = scales_count(mode, rows, k);
+    float *s = malloc(4 * (size_t)ns);
+    for (int64_t i = 0; i < ns; i++) s[i] = NAN;
+    for (int64_t i = 0; i < rows; i += mode == CP_GEMM_SCALE_2D ? 128 : 1)
+        for (int64_t l = 0; l < k; l += 128)
+            s[scale_of(mode, rows, k, i, l)] = ldexpf(1.0f, (int)(gu_next(&rng) % 13) - 6);
+    return s;
+}
+
+/* The values an FP8 input [rows][k] stands for: each byte times its block's scale, in double */
+static double *block_values(const uint8_t *bytes, const float *scales, int mode, int64_t rows, int64_t k, bool e5m2) {
+    double *v = malloc(sizeof(double) * (size_t)(rows * k));
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t l = 0; l < k; l++)
+            v[i * k + l] = (double)scales[scale_of(mode, rows, k, i, l)] * ref_fp8_value(bytes[i * k + l], e5m2);
+    return v;
+}
+
+static void *dev_of(const void *host, size_t bytes) {
+    void *d = gu_malloc(bytes);
+    gu_upload(d, host, bytes);
+    return d;
+}
+
+/* Block-scaled GEMM p on device inputs and scales, with the host's C (or NULL) and D's old value: what D holds
+ * after it, on the host. */
+static void *run_on_device(const cp_gemm *p, const char *what, const void *dA, const void *dB, const float *dsa,
+                           const float *dsb, const uint16_t *C, const void *Dold) {
+    const size_t dbytes = (size_t)(p->m * p->n) * (p->out_f32 ? 4 : 2);
+    void *dC = C ? dev_of(C, (size_t)(p->m * p->n) * 2) : NULL, *dD = dev_of(Dold, dbytes);
+    char err[2048];
+    int id = cp_gemm_prepare(lib, p, what, dA, dB, dC, dD, err, sizeof err);
+    if (id < 0) gu_fail("%s", err);
+    if (cp_gemm_launch_scaled(lib, id, dA, dB, dC, dD, dsa, dsb, 0, err, sizeof err)) gu_fail("%s", err);
+    sync_or_fail(what);
+    void *D = malloc(dbytes);
+    gu_download(D, dD, dbytes);
+    gu_free_dev(dD);
+    if (dC) gu_free_dev(dC);
+    return D;
+}
+
+static const char *scale_name(int mode) { return mode == CP_GEMM_SCALE_2D ? "128x128" : "1x128"; }
+static const char *type_name(int t) { return t == CP_GEMM_E5M2 ? "e5m2" : "e4m3"; }
+
+/* A block-scaled FP8 GEMM in the x W^T form (as cp_plan_fp8_gemm gives it with block scaling): random FP8 bytes
+ * A [m][k] (type at, scales as) and B [n][k] (bt, bs), random scales per block, D as `mode` says; against float64 on
+ * every element times its block's scale. D starts as NaN where it is written. */
+static void run_fp8_block_case(const char *what, int64_t m, int64_t n, int64_t k, int at, int bt, int as, int bs,
+                               fp8_out mode, double bound) {
+    cp_gemm p = {.m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldd = n, .trans_b = true,
+                 .has_c = mode == FP8_RESIDUAL, .accumulate = mode == FP8_ACC_F32 || mode == FP8_ACC_BF16,
+                 .out_f32 = mode == FP8_ACC_F32, .a_type = (uint8_t)at, .b_type = (uint8_t)bt,
+                 .a_scale = (uint8_t)as, .b_scale = (uint8_t)bs};
+    uint8_t *A = rand_fp8(m * k, at), *B = rand_fp8(n * k, bt);
+    float *sa = rand_block_scales(as, m, k), *sb = rand_block_scales(bs, n, k);
+    uint16_t *C = mode == FP8_RESIDUAL ? gu_rand_bf16(&rng, m * n, 1.0) : NULL;
+    void *Dold = old_d(m * n, mode);
+    void *dA = dev_of(A, (size_t)(m * k)), *dB = dev_of(B, (size_t)(n * k));
+    float *dsa = dev_of(sa, 4 * (size_t)scales_count(as, m, k)), *dsb = dev_of(sb, 4 * (size_t)scales_count(bs, n, k));
+    void *Dout = run_on_device(&p, what, dA, dB, dsa, dsb, C, Dold);
+    double *Ad = block_values(A, sa, as, m, k, at == CP_GEMM_E5M2);
+    double *Bd = block_values(B, sb, bs, n, k, bt == CP_GEMM_E5M2);
+    char shape[96];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld %s %s x %s %s", (long long)m, (long long)n, (long long)k,
+             type_name(at), scale_name(as), type_name(bt), scale_name(bs));
+    check_fp8_out(what, shape, Ad, Bd, m, n, k, mode, C, Dold, Dout, bound);
+    free(A), free(B), free(sa), free(sb), free(C), free(Dold), free(Dout), free(Ad), free(Bd);
+    gu_free_dev(dA), gu_free_dev(dB), gu_free_dev(dsa), gu_free_dev(dsb);
+}
+
+/* bf16 [rows][cols]: normal values times a power of two 2^-6 .. 2^6 drawn per 128 x 128 tile, and times 1 or 2 drawn
+ * per row and per column, so that the blocks of every layout (1 x 128, 128 x 1, tiles) get different scales */
+static uint16_t *rand_tiled_bf16(int64_t rows, int64_t cols) {
+    uint16_t *x = gu_rand_bf16(&rng, rows * cols, 1.0);
+    const int64_t tc = (cols + 127) / 128;
+    int *te = malloc(sizeof(int) * (size_t)((rows + 127) / 128 * tc)), *re = malloc(sizeof(int) * (size_t)rows);
+    int *ce = malloc(sizeof(int) * (size_t)cols);
+    for (int64_t i = 0; i < (rows + 127) / 128 * tc; i++) te[i] = (int)(gu_next(&rng) % 13) - 6;
+    for (int64_t r = 0; r < rows; r++) re[r] = (int)(gu_next(&rng) % 2);
+    for (int64_t c = 0; c < cols; c++) ce[c] = (int)(gu_next(&rng) % 2);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            x[r * cols + c] =
+                f32_to_bf16(ldexpf(bf16_to_f32(x[r * cols + c]), te[r / 128 * tc + c / 128] + re[r] + ce[c]));
+    free(te), free(re), free(ce);
+    return x;
+}
+
+/* One operand of a recipe GEMM: the fp8 module's block cast `role` of bf16 src [rows][cols] run on the GPU into a
+ * fresh copy and scales (both NaN before), and in double what the reference cast makes of it (the copy's values,
+ * [rows][cols] or [cols][rows] when transposed) and the bf16 source itself in the same layout. */
+typedef struct {
+    uint8_t *bytes; /* device */
+    float *scales;  /* device */
+    double *ref, *src;
+} recipe_input;
+
+static recipe_input recipe_cast(gu_module *m, const char *role, const uint16_t *src, int64_t rows, int64_t cols) {
+    const bool e5m2 = strstr(role, "e5m2") != NULL, transpose = strncmp(role, "cast_t_", 7) == 0;
+    const int mode = strstr(role, "_2d_") ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D;
+    const int64_t crows = transpose ? cols : rows, ccols = transpose ? rows : cols;
+    const int64_t ns = scales_count(mode, crows, ccols);
+    recipe_input in;
+    void *dsrc = dev_of(src, 2 * (size_t)(rows * cols));
+    in.bytes = gu_malloc((size_t)(rows * cols));
+    in.scales = gu_malloc(4 * (size_t)ns);
+    gu_poison(in.bytes, (size_t)(rows * cols));
+    gu_poison(in.scales, 4 * (size_t)ns);
+    int64_t ld = cols;
+    void *a[] = {&dsrc, &rows, &cols, &ld, &in.bytes, &in.scales};
+    gu_run(m, role, rows, cols, a);
+    gu_free_dev(dsrc);
+    uint8_t *bytes = malloc((size_t)(rows * cols));
+    float *scales = malloc(4 * (size_t)ns);
+    ref_fp8_cast_block(src, rows, cols, cols, e5m2, transpose, mode == CP_GEMM_SCALE_2D, bytes, scales);
+    in.ref = block_values(bytes, scales, mode, crows, ccols, e5m2);
+    in.src = malloc(sizeof(double) * (size_t)(rows * cols));
+    for (int64_t i = 0; i < crows; i++)
+        for (int64_t l = 0; l < ccols; l++)
+            in.src[i * ccols + l] = bf16_to_f32(src[transpose ? l * cols + i : i * cols + l]);
+    free(bytes), free(scales);
+    return in;
+}
+
+static void recipe_free(recipe_input *in) {
+    gu_free_dev(in->bytes), gu_free_dev(in->scales);
+    free(in->ref), free(in->src);
+}
+
+/* GEMM D = A B^T (+ D) of two recipe inputs, as p says: against float64 on the reference casts' values (bound: the
+ * GEMM's own; the GEMM reads the copies and scales as the casts write them) and on the bf16 sources (bound src_bound:
+ * FP8's rounding). */
+static void recipe_gemm(const char *what, const cp_gemm *p, fp8_out mode, const recipe_input *a,
+                        const recipe_input *b, double bound, double src_bound) {
+    void *Dold = old_d(p->m * p->n, mode);
+    void *Dout = run_on_device(p, what, a->bytes, b->bytes, a->scales, b->scales, NULL, Dold);
+    char shape[96], label[64];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld %s %s x %s %s", (long long)p->m, (long long)p->n,
+             (long long)p->k, type_name(p->a_type), scale_name(p->a_scale), type_name(p->b_type),
+             scale_name(p->b_scale));
+    check_fp8_out(what, shape, a->ref, b->ref, p->m, p->n, p->k, mode, NULL, Dold, Dout, bound);
+    snprintf(label, sizeof label, "%s vs bf16", what);
+    check_fp8_out(label, shape, a->src, b->src, p->m, p->n, p->k, mode, NULL, Dold, Dout, src_bound);
+    free(Dold), free(Dout);
+}
+
+/* The block-scaled recipe end to end, as the plan runs the three GEMMs of a projection W [O][I] on T tokens: the
+ * forward Y = X W^T (X cast 1 x 128 in E4M3, W in tiles), the gradient dX += dY W (dY 1 x 128 in E5M2, W's
+ * transposed copy in the same tiles) and the weight's dW += dY^T X in fp32 (the transposed copies of dY and X, each
+ * block 128 tokens of one column). The casts run on the GPU and their copies and scales go to the GEMMs as they
+ * are. */
+static void run_fp8_recipe(gu_module *m, int64_t T, int64_t I, int64_t O) {
+    uint16_t *X = rand_tiled_bf16(T, I), *W = rand_tiled_bf16(O, I), *dY = rand_tiled_bf16(T, O);
+    recipe_input x = recipe_cast(m, "cast_1d_e4m3", X, T, I), w = recipe_cast(m, "cast_2d_e4m3", W, O, I);
+    recipe_input wt = recipe_cast(m, "cast_t_2d_e4m3", W, O, I), dy = recipe_cast(m, "cast_1d_e5m2", dY, T, O);
+    recipe_input dyt = recipe_cast(m, "cast_t_1d_e5m2", dY, T, O), xt = recipe_cast(m, "cast_t_1d_e4m3", X, T, I);
+    const cp_gemm base = {.trans_b = true, .a_type = CP_GEMM_E4M3, .b_type = CP_GEMM_E4M3,
+                          .a_scale = CP_GEMM_SCALE_1D, .b_scale = CP_GEMM_SCALE_2D};
+    cp_gemm fwd = base, dgrad = base, wgrad = base;
+    fwd.m = T, fwd.n = O, fwd.k = fwd.lda = fwd.ldb = I, fwd.ldd = O;
+    dgrad.m = T, dgrad.n = I, dgrad.k = dgrad.lda = dgrad.ldb = O, dgrad.ldd = I;
+    dgrad.a_type = CP_GEMM_E5M2, dgrad.accumulate = true;
+    wgrad.m = O, wgrad.n = I, wgrad.k = wgrad.lda = wgrad.ldb = T, wgrad.ldd = I;
+    wgrad.a_type = CP_GEMM_E5M2, wgrad.b_scale = CP_GEMM_SCALE_1D, wgrad.accumulate = wgrad.out_f32 = true;
+    /* FP8's rounding against the bf16 sources: an element's relative error is at most 2^-4 (E4M3) or 2^-3 (E5M2),
+     * less on average; the sums' relative errors are their RMS */
+    recipe_gemm("fp8b recipe fwd", &fwd, FP8_WRITE, &x, &w, TOL_BF16, RECIPE_E4M3);
+    recipe_gemm("fp8b recipe dgrad", &dgrad, FP8_ACC_BF16, &dy, &wt, TOL_BF16, RECIPE_E5M2);
+    recipe_gemm("fp8b recipe wgrad", &wgrad, FP8_ACC_F32, &dyt, &xt, TOL_F32, RECIPE_E5M2);
+    recipe_free(&x), recipe_free(&w), recipe_free(&wt), recipe_free(&dy), recipe_free(&dyt), recipe_free(&xt);
+    free(X), free(W), free(dY);
+}
+
+/* Block-scaled FP8 (Hopper): the plan's GEMMs with train.fp8_scaling = "block" on random bytes and scales (the
+ * forward 1 x 128 by 128 x 128, written and with the residual; a gradient's in E5M2 and in E4M3 (fp8_format =
+ * "e4m3"), written and added into bf16; the weight gradients' 1 x 128 by 1 x 128 added into fp32; A tiled, which
+ * cp_gemm_check allows though the plan never asks for it), with n and m not multiples of 128 (partial tiles, padded
+ * rows of tile scales), then the recipe end to end from bf16 through the fp8 module's casts. Fast accumulation with
+ * block scales is refused before cuBLASLt (the other refusals: tests/test_gemm_check.c). */
+static void test_fp8_block(void **state) {
+    (void)state;
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess || major < 9) {
+        printf("  FP8 GEMMs: skipped (compute capability %d: FP8 tensor cores need 9.0)\n", major);
+        skip();
+    }
+    /* V: scales per 1 x 128 (vector) block, T: per 128 x 128 tile */
+    const int E4 = CP_GEMM_E4M3, E5 = CP_GEMM_E5M2, V = CP_GEMM_SCALE_1D, T = CP_GEMM_SCALE_2D;
+    run_fp8_block_case("fp8b q_proj", 2048, 400, 256, E4, E4, V, T, FP8_WRITE, TOL_BF16);
+    run_fp8_block_case("fp8b o_proj+res", 1008, 256, 512, E4, E4, V, T, FP8_RESIDUAL, TOL_BF16);
+    run_fp8_block_case("fp8b d_x (e5m2 grad)", 512, 384, 1024, E5, E4, V, T, FP8_WRITE, TOL_BF16);
+    run_fp8_block_case("fp8b d_xn_k (bf16 +=)", 2048, 256, 128, E5, E4, V, T, FP8_ACC_BF16, TOL_BF16);
+    run_fp8_block_case("fp8b d_xn_up (e4m3 grad +=)", 1008, 400, 768, E4, E4, V, T, FP8_ACC_BF16, TOL_BF16);
+    run_fp8_block_case("fp8b d_w (f32 +=)", 256, 400, 4096, E5, E4, V, V, FP8_ACC_F32, TOL_F32);
+    run_fp8_block_case("fp8b d_w (e4m3 grad f32 +=)", 144, 256, 2048, E4, E4, V, V, FP8_ACC_F32, TOL_F32);
+    run_fp8_block_case("fp8b A tiled", 400, 256, 512, E4, E4, T, V, FP8_WRITE, TOL_BF16);
+
+    cp_gemm fast = {.m = 256, .n = 256, .k = 256, .lda = 256, .ldb = 256, .ldd = 256, .trans_b = true,
+                    .a_type = CP_GEMM_E4M3, .b_type = CP_GEMM_E4M3, .a_scale = V, .b_scale = T, .fast_accum = true};
+    char *buf = gu_malloc(1 << 20), err[2048];
+    assert_int_equal(cp_gemm_prepare(lib, &fast, "fast_blk", buf, buf, NULL, buf, err, sizeof err), -1);
+    printf("  refused as expected: %s\n", err);
+    assert_non_null(strstr(err, "fast accumulation"));
+    gu_free_dev(buf);
+
+    cp_kernel_spec k;
+    cp_k_fp8(&k);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    run_fp8_recipe(m, 1152, 384, 640);
+    gu_free(m);
 }
 
 /* One shape prepared once: the same shape and alignment give the same entry; less alignment a new one. */
@@ -305,13 +559,26 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-int main(void) {
+/* usage: test_gemm [PATTERN]: only the tests whose names match PATTERN (* and ? wildcards); a pattern that matches
+ * none fails rather than passing on nothing run */
+int main(int argc, char **argv) {
     gu_init_or_skip("test_gemm");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward),
         cmocka_unit_test(test_backward),
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_fp8),
+        cmocka_unit_test(test_fp8_block),
     };
+    if (argc > 1) {
+        bool any = false;
+        for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+            any = any || fnmatch(argv[1], tests[i].name, 0) == 0;
+        if (!any) {
+            fprintf(stderr, "test_gemm: no test matches %s (test_fp8, test_fp8_block, ...)\n", argv[1]);
+            return 1;
+        }
+        cmocka_set_test_filter(argv[1]);
+    }
     return gu_status(cmocka_run_group_tests(tests, group_setup, group_teardown));
 }

@@ -782,6 +782,123 @@ static void test_fp8(void **state) {
     gu_free(m);
 }
 
+/* The block-scaled casts (train.fp8_scaling = "block") of a strided bf16 [rows][cols] (row stride ld) by `role`
+ * (cast_1d_e4m3, cast_t_2d_e4m3, ...): every byte and every scale the kernel writes against ref_fp8_cast_block, both
+ * exact (the scales are powers of two, the bytes one rounding of an exact product). The source's magnitudes change
+ * by powers of two from one 16 x 16 patch to the next (2^-10 .. 2^10), so that blocks get different scales and
+ * elements of a block span the FP8 range down to its subnormals and zero; and the role's own blocks, in order, cycle
+ * through special ones: all zeros (+0 and -0: scale 1), one outlier of -2^20 among values near 1 (a scale far from
+ * its neighbours'), a largest |x| of exactly FMAX (scale 1) and of the next bf16 above it (scale 2: a q rounded up
+ * would saturate it), values near 2^-122 (q capped at 2^126) and near 2^100 (q near 2^-93). The row padding of a
+ * strided source holds infinities, so a kernel that reads it gets an infinite amax. dst and scales start as NaN
+ * (0xFF); the scale entries that pad a tiled layout's rows to a multiple of 4 are not compared (not written). */
+static void fp8_block_case(gu_module *m, const char *role, int64_t rows, int64_t cols, int64_t ld) {
+    const bool e5m2 = strstr(role, "e5m2") != NULL, transpose = strncmp(role, "cast_t_", 7) == 0;
+    const bool tiles = strstr(role, "_2d_") != NULL;
+    char shape[96], what[64];
+    snprintf(shape, sizeof shape, "%lldx%lld ld%lld", (long long)rows, (long long)cols, (long long)ld);
+    snprintf(what, sizeof what, "fp8_%s", role);
+    const int64_t cnt = rows * ld, n = rows * cols;
+    uint16_t *src = gu_rand_bf16(&rng, cnt, 1.0);
+    /* magnitudes by 16 x 16 patch; infinities in the row padding */
+    const int64_t pr = (rows + 15) / 16, pc = (ld + 15) / 16;
+    int *pexp = malloc(sizeof(int) * (size_t)(pr * pc));
+    for (int64_t i = 0; i < pr * pc; i++) pexp[i] = (int)(gu_next(&rng) % 21) - 10;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < ld; c++) {
+            uint16_t *x = &src[r * ld + c];
+            *x = c >= cols ? 0x7f80 : f32_to_bf16(ldexpf(bf16_to_f32(*x), pexp[r / 16 * pc + c / 16]));
+        }
+    free(pexp);
+    /* the role's blocks (br x bc of the source) in row-major order, every eighth kind the same */
+    const int64_t br = tiles || transpose ? 128 : 1, bc = tiles || !transpose ? 128 : 1;
+    const uint16_t fmax = e5m2 ? 0x4760 : 0x43e0; /* 57344, 448 */
+    int64_t b = 0;
+    for (int64_t r0 = 0; r0 < rows; r0 += br)
+        for (int64_t c0 = 0; c0 < cols; c0 += bc, b++) {
+            const int64_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
+            const int kind = (int)(b % 8);
+            if (kind == 0 || kind == 7) continue; /* the patches' values */
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++) {
+                    uint16_t *x = &src[r * ld + c];
+                    const float v = (float)gu_normal(&rng); /* |v| < 448 */
+                    if (kind == 1) *x = (r + c) % 2 ? 0x8000 : 0; /* -0 and +0 */
+                    else if (kind == 5) *x = f32_to_bf16(ldexpf(v, -122));
+                    else if (kind == 6) *x = f32_to_bf16(ldexpf(v, 100));
+                    else *x = f32_to_bf16(v);
+                }
+            /* one element in the block's middle sets its amax */
+            uint16_t *mid = &src[(r0 + r1) / 2 * ld + (c0 + c1) / 2];
+            if (kind == 2) *mid = 0xc980; /* -2^20 */
+            if (kind == 3) *mid = fmax;
+            if (kind == 4) *mid = (uint16_t)(fmax + 1); /* 450, 57344 + 2^8 */
+        }
+    /* the copy is [rows][cols], or [cols][rows] transposed; its scales as gen/kernels.h counts them */
+    const int64_t crows = transpose ? cols : rows, ccols = transpose ? rows : cols;
+    const int64_t ns = tiles ? cp_fp8_scales_2d(crows, ccols) : cp_fp8_scales_1d(crows, ccols);
+    uint8_t *out = malloc((size_t)n), *ref = malloc((size_t)n);
+    float *sout = malloc(4 * (size_t)ns), *sref = malloc(4 * (size_t)ns);
+    for (int64_t i = 0; i < ns; i++) sref[i] = NAN;
+    ref_fp8_cast_block(src, rows, cols, ld, e5m2, transpose, tiles, ref, sref);
+    uint16_t *dsrc = dev_copy(src, 2 * (size_t)cnt);
+    uint8_t *dst = gu_malloc((size_t)n);
+    float *dscales = gu_malloc(4 * (size_t)ns);
+    gu_poison(dst, (size_t)n);
+    gu_poison(dscales, 4 * (size_t)ns);
+    void *a[] = {&dsrc, &rows, &cols, &ld, &dst, &dscales};
+    gu_run(m, role, rows, cols, a);
+    gu_download(out, dst, (size_t)n);
+    gu_download(sout, dscales, 4 * (size_t)ns);
+    int64_t diff = 0;
+    for (int64_t i = 0; i < n; i++) diff += out[i] != ref[i];
+    char label[96];
+    snprintf(label, sizeof label, "%s (bytes differing)", what);
+    gu_check(label, shape, (double)diff, 0);
+    /* tiled: the copy's rows of scales hold ceil(ccols / 128) entries, padded to a multiple of 4 */
+    const int64_t per_row = tiles ? (ccols + 127) / 128 : ns, pitch = tiles ? (per_row + 3) / 4 * 4 : ns;
+    int64_t sdiff = 0, compared = 0;
+    for (int64_t i = 0; i < ns; i++) {
+        if (i % pitch >= per_row) continue;
+        sdiff += !(sout[i] == sref[i]); /* NaN: not written */
+        compared++;
+    }
+    if (compared != (tiles ? (crows + 127) / 128 * per_row : ns))
+        gu_fail("%s %s: scale entries miscounted", what, shape);
+    snprintf(label, sizeof label, "%s (scales differing)", what);
+    gu_check(label, shape, (double)sdiff, 0);
+    free(src), free(out), free(ref), free(sout), free(sref);
+    gu_free_dev(dsrc), gu_free_dev(dst), gu_free_dev(dscales);
+}
+
+/* Every block-scaled cast at shapes its contract allows: 1D along the copy's rows (cols a multiple of 128) and
+ * transposed (rows a multiple of 128) with one block a row or column up to many, and the tiled casts with partial
+ * tiles at both edges (272 x 400, 400 x 272: rows of scales padded or not), a single partial tile (16 x 16), tiles
+ * narrower than one (1008 x 80); strided sources (ld > cols), and a projection input's 4096 x 3072. */
+static void test_fp8_block(void **state) {
+    (void)state;
+    cp_kernel_spec k;
+    cp_k_fp8(&k);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    static const struct {
+        const char *role;
+        int64_t rows, cols, ld;
+    } cases[] = {
+        {"cast_1d_e4m3", 16, 128, 128},     {"cast_1d_e4m3", 272, 384, 384},    {"cast_1d_e4m3", 64, 256, 264},
+        {"cast_1d_e4m3", 4096, 3072, 3072}, {"cast_1d_e5m2", 16, 128, 128},     {"cast_1d_e5m2", 1008, 1024, 1152},
+        {"cast_1d_e5m2", 4096, 3072, 3072}, {"cast_t_1d_e4m3", 128, 16, 16},    {"cast_t_1d_e4m3", 256, 400, 400},
+        {"cast_t_1d_e4m3", 384, 80, 96},    {"cast_t_1d_e4m3", 4096, 3072, 3072}, {"cast_t_1d_e5m2", 128, 16, 16},
+        {"cast_t_1d_e5m2", 640, 1008, 1024}, {"cast_t_1d_e5m2", 4096, 3072, 3072}, {"cast_2d_e4m3", 16, 16, 16},
+        {"cast_2d_e4m3", 272, 400, 400},    {"cast_2d_e4m3", 400, 272, 280},    {"cast_2d_e4m3", 1008, 80, 96},
+        {"cast_2d_e4m3", 3072, 1024, 1024}, {"cast_t_2d_e4m3", 16, 16, 16},     {"cast_t_2d_e4m3", 272, 400, 400},
+        {"cast_t_2d_e4m3", 400, 272, 280},  {"cast_t_2d_e4m3", 1008, 80, 96},   {"cast_t_2d_e4m3", 3072, 1024, 1024},
+    };
+    for (size_t i = 0; i < CP_ARRAY_LEN(cases); i++)
+        fp8_block_case(m, cases[i].role, cases[i].rows, cases[i].cols, cases[i].ld);
+    gu_free(m);
+}
+
 /* ---- attn_delta ---- */
 
 static void test_attn_delta(void **state) {
@@ -838,7 +955,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_embedding), cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_loss),    cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_ulysses),   cmocka_unit_test(test_cast),    cmocka_unit_test(test_attn_delta),
-        cmocka_unit_test(test_fp8),
+        cmocka_unit_test(test_fp8),       cmocka_unit_test(test_fp8_block),
     };
     if (argc > 1) {
         bool any = false;

@@ -77,6 +77,19 @@ uint8_t ref_fp8_of(float v, bool e5m2);
 void ref_fp8_amax(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, float slot[3]);
 void ref_fp8_cast(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, bool transpose, float q,
                   uint8_t *dst);
+/* The fp8 module's block-scaled casts (train.fp8_scaling = "block") of src [rows][cols] (row stride ld): each
+ * block's multiplier q is the largest power of two with amax * q <= fmax (amax the block's largest |x| in float, fmax
+ * 448 or 57344), 1 when amax is 0, at most 2^126 (0 for an infinite amax); each element fp8(x * q) (x * q in float,
+ * then ref_fp8_of); the block's scale 1 / q. The blocks and where their scales go, ld4(x) = ceil(x / 128) rounded up
+ * to a multiple of 4:
+ *   !tiles, !transpose: 1 x 128 (cols a multiple of 128), dst [rows][cols], scales[(c / 128) * rows + r];
+ *   !tiles, transpose: 128 x 1 of the source (rows a multiple of 128), dst [cols][rows] (dst[c][r] = fp8(src[r][c]
+ *     * q)), scales[(r / 128) * cols + c];
+ *   tiles: 128 x 128 (partial at the edges), dst [rows][cols] and scales[(r / 128) * ld4(cols) + c / 128], or when
+ *     transposed dst [cols][rows] and scales[(c / 128) * ld4(rows) + r / 128] (the same q per tile).
+ * The tiles' padding entries (column blocks beyond ceil(cols / 128), of rows when transposed) are left as they were. */
+void ref_fp8_cast_block(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, bool transpose,
+                        bool tiles, uint8_t *dst, float *scales);
 
 /* delta[r][h] = sum over d of dout[r][h][d] * out[r][h][d]. */
 void ref_attn_delta(const uint16_t *dout, const uint16_t *out, float *delta, int64_t n, int64_t heads,
