@@ -87,7 +87,9 @@ $(GPU_TESTS) $(BENCHES): build/tests/gpu/%: tests/gpu/%.c $(LIB_OBJ) $(REF_OBJ) 
 run: all
 	build/cpgen run specs/tiny.lua
 
-test: all $(TESTS)
+# the GPU tests and benchmarks are built too (not run: they need the GPU), so that a change that breaks their
+# compile fails here and not on the GPU machine
+test: all $(TESTS) $(GPU_TESTS) $(BENCHES)
 	@tools/run-tests.sh $(TESTS)
 
 test-gpu: all $(GPU_TESTS)
