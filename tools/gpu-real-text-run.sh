@@ -10,7 +10,8 @@
 #      knows that key (asked of `cpgen plan` first, so the script runs with and without validation support);
 #   3. a second run resumed from that checkpoint to STEPS, started beside the first once the checkpoint is complete.
 # With COMPARE=fp8 the second run is instead the same run with train.precision = "fp8" from the same start, beside
-# the first from step 1 (no checkpoints); 10% of the documents are held out (VAL_FRACTION) and each evaluation reads
+# the first from step 1 (no checkpoints); COMPARE=nondeterministic makes it bf16 with train.deterministic = false
+# (attention's dQ summed in whatever order), whose distance from the first is the noise floor of the comparison; 10% of the documents are held out (VAL_FRACTION) and each evaluation reads
 # EVAL_SEQUENCES (8) of them, so that the validation loss compared at 1% is not one sequence's; the check is
 # tools/precision_compare.py's, and its picture of both runs lands in $out/precision.svg.
 # Checks: both runs finish (DEADLINE, default 570 s, bounds the whole); every resumed step's loss within 1e-3 (relative) of the uninterrupted run's; the loss
@@ -20,7 +21,8 @@
 # longer needed, and all at the end. The table comes last; exit 0 when every check passed, 1 when one failed, 77
 # without a GPU. About 8 to 9 minutes on one H200 with the defaults (steps of about 1 s, the 300 and the 150
 # resumed).
-# usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] [COMPARE=fp8] [VAL_FRACTION=0.02]
+# usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] [COMPARE=fp8|nondeterministic]
+#        [VAL_FRACTION=0.02]
 #        [EVAL_SEQUENCES=...] tools/gpu-real-text-run.sh [BUILD_DIR]
 set -u
 B=${1:-build}
@@ -34,7 +36,12 @@ SAVE_AT=${SAVE_AT:-$((STEPS / 2))}
 VOCAB=${VOCAB:-32000}
 SEQ=${SEQ:-32K}
 COMPARE=${COMPARE:-}
-case "$COMPARE" in "" | fp8) ;; *) echo "gpu-real-text-run: COMPARE=$COMPARE: only fp8 is known"; exit 2 ;; esac
+case "$COMPARE" in
+  "") ;;
+  fp8) second_sets=(--set train.precision=fp8) ;;
+  nondeterministic) second_sets=(--set train.deterministic=false) ;;
+  *) echo "gpu-real-text-run: COMPARE=$COMPARE: fp8 and nondeterministic are known"; exit 2 ;;
+esac
 VAL_FRACTION=${VAL_FRACTION:-$([ -n "$COMPARE" ] && echo 0.1 || echo 0.02)}
 t_start=$(date +%s)
 if [ -z "${CKPT_DIR:-}" ]; then
@@ -100,13 +107,13 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"))' "$data/text
 
   if [ -n "$COMPARE" ]; then
     # 2. both precisions from the same start, side by side on the GPU (a 1B plan's arena is a fifth of an H200)
-    second=fp8
+    second=$COMPARE
     bg full "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.out_dir=$CKPT_DIR/full"
-    bg fp8 "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set train.precision=fp8 \
-      --set "train.out_dir=$CKPT_DIR/fp8"
+    bg "$second" "$B/cpgen" run "${args[@]}" --set train.save_every=0 "${second_sets[@]}" \
+      --set "train.out_dir=$CKPT_DIR/$second"
     wait
     judge full '^done: .*'
-    judge fp8 '^done: .*'
+    judge "$second" '^done: .*'
   else
     # 2. the uninterrupted run, saving at SAVE_AT (and at the end, not needed: deleted once written); 3. once that
     # checkpoint is complete, the resumed run beside it on the same GPU (each plan's arena is a sixth of an H200):
@@ -136,8 +143,9 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"))' "$data/text
     cp "$CKPT_DIR/$r/report.svg" "$out/report_$r.svg" 2>/dev/null || fail "$r: no report.svg"
   done
   if [ -n "$COMPARE" ]; then
-    check "fp8 against bf16" python3 "$(dirname "$0")/precision_compare.py" "$out/metrics_full.jsonl" \
-      "$out/metrics_fp8.jsonl" "$STEPS" "$out/precision.svg" "llama1b at $SEQ on real text: bf16 and fp8"
+    check "$second against bf16" python3 "$(dirname "$0")/precision_compare.py" "$out/metrics_full.jsonl" \
+      "$out/metrics_$second.jsonl" "$STEPS" "$out/precision.svg" "llama1b at $SEQ on real text: bf16 and $second" \
+      "$second"
   else
     compare_loss "resumed against uninterrupted" "$out/steps_full.jsonl" "$out/steps_resumed.jsonl" "$STEPS" \
       $((SAVE_AT + 1))
@@ -168,7 +176,7 @@ verdict=$?
 grep -v '^$' "$out/verdict.txt"
 echo
 echo "real text on $(nvidia-smi -L | head -1), in $(($(date +%s) - t_start)) s"
-sed -n 's/^\(tokens\|full\|resumed\|fp8\) \+rc=/&/p' "$sum" | sed 's/^/  /'
+sed -n 's/^\(tokens\|full\|resumed\|fp8\|nondeterministic\) \+rc=/&/p' "$sum" | sed 's/^/  /'
 grep -E '^(loss:|resumed against|tokenizer:|validation:|on the way:|at the end:)' "$sum" | sed 's/^/  /'
 echo "  files: $out/report_full.svg, $out/report_${second:-resumed}.svg, metrics_*.jsonl, tokens.json"
 exit "$verdict"

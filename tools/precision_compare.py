@@ -9,7 +9,9 @@ Reads each run's metrics.jsonl (a line per step; validation lines carry "val_los
   - at the end: the last validation loss of the fp8 run within END (1%) of the bf16 run's.
 Draws both runs' training loss (a 10-step mean) and validation loss into OUT_SVG (matplotlib; without it the checks
 still run and the picture is said to be missing). Prints one line per check and a short table last.
-usage: precision_compare.py BF16_METRICS FP8_METRICS STEPS OUT_SVG [TITLE]"""
+The second run may be another (NAME, "fp8" unless given): bf16 with nondeterministic sums, say, whose distance from
+the first is the noise floor of the comparison.
+usage: precision_compare.py BF16_METRICS FP8_METRICS STEPS OUT_SVG [TITLE [NAME]]"""
 import json
 import math
 import sys
@@ -43,14 +45,15 @@ def rel(a, b):
 
 
 def main(argv):
-    if len(argv) not in (5, 6):
+    if len(argv) not in (5, 6, 7):
         print(__doc__)
         return 2
     steps, out_svg = int(argv[3]), argv[4]
-    title = argv[5] if len(argv) == 6 else "bf16 and fp8 from the same start"
+    title = argv[5] if len(argv) >= 6 else "bf16 and fp8 from the same start"
+    two = argv[6] if len(argv) == 7 else "fp8"
     runs = {}
     ok = True
-    for name, path in (("bf16", argv[1]), ("fp8", argv[2])):
+    for name, path in (("bf16", argv[1]), (two, argv[2])):
         train, val, err = load(path)
         if err:
             print(f"precision compare: FAILED: {err}")
@@ -62,8 +65,8 @@ def main(argv):
         runs[name] = (train, val)
     if not ok:
         return 1
-    (tb, vb), (tf, vf) = runs["bf16"], runs["fp8"]
-    pairs = []  # (what, bf16, fp8) at the same steps
+    (tb, vb), (tf, vf) = runs["bf16"], runs[two]
+    pairs = []  # (what, bf16, the second run) at the same steps
     for w0 in range(1, steps - WINDOW + 2, WINDOW):
         ws = range(w0, w0 + WINDOW)
         pairs.append((f"training steps {w0}-{w0 + WINDOW - 1}", sum(tb[s] for s in ws) / WINDOW,
@@ -74,7 +77,7 @@ def main(argv):
     better = min(pairs, key=lambda p: (p[2] - p[1]) / p[1])
     up = (worse[2] - worse[1]) / worse[1]
     way_ok = up <= WAY
-    print(f"on the way: fp8 at most {up:.2%} above bf16 (bound {WAY:.0%}), at {worse[0]}: {worse[1]:.4f} / "
+    print(f"on the way: {two} at most {up:.2%} above bf16 (bound {WAY:.0%}), at {worse[0]}: {worse[1]:.4f} / "
           f"{worse[2]:.4f} {'OK' if way_ok else 'FAILED'}; at most {(better[1] - better[2]) / better[1]:.2%} below, "
           f"at {better[0]}")
     if not common:
@@ -83,10 +86,10 @@ def main(argv):
     else:
         s = common[-1]
         end_ok = rel(vf[s], vb[s]) <= END
-        print(f"at the end: validation loss at step {s}: bf16 {vb[s]:.4f}, fp8 {vf[s]:.4f}, "
+        print(f"at the end: validation loss at step {s}: bf16 {vb[s]:.4f}, {two} {vf[s]:.4f}, "
               f"difference {rel(vf[s], vb[s]):.2%} (bound {END:.0%}) {'OK' if end_ok else 'FAILED'}")
-    print(f"picture: {draw(runs, steps, out_svg, title)}")
-    print(f"{'step':>6} {'bf16 train':>11} {'fp8 train':>10} {'bf16 val':>9} {'fp8 val':>8}")
+    print(f"picture: {draw(runs, steps, out_svg, title, two)}")
+    print(f"{'step':>6} {'bf16 train':>11} {two[:4] + ' train':>10} {'bf16 val':>9} {two[:4] + ' val':>8}")
     for s in common:
         lo = max(1, s - 9)
         mb = sum(tb[k] for k in range(lo, s + 1)) / (s + 1 - lo)
@@ -95,7 +98,7 @@ def main(argv):
     return 0 if way_ok and end_ok else 1
 
 
-def draw(runs, steps, path, title):
+def draw(runs, steps, path, title, two):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -103,7 +106,7 @@ def draw(runs, steps, path, title):
     except ImportError:
         return "not drawn (no matplotlib)"
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, color in (("bf16", "#1f77b4"), ("fp8", "#d62728")):
+    for name, color in (("bf16", "#1f77b4"), (two, "#d62728")):
         train, val = runs[name]
         xs = sorted(train)
         mean = [sum(train[k] for k in xs[max(0, i - 9):i + 1]) / (i + 1 - max(0, i - 9)) for i in range(len(xs))]
