@@ -94,12 +94,6 @@ void cp_k_cast(cp_kernel_spec *k);
  * cast_t_1d_e4m3, cast_t_1d_e5m2 the transposed copy, a scale per column and 128 rows (rows a multiple of 128);
  * cast_2d_e4m3, cast_t_2d_e4m3 a weight's copies, a scale per 128 x 128 tile. Each scale is the power of two an
  * element stands for. cp_k_dims takes n = rows and heads = cols. */
-/* f32 scales of an FP8 copy [rows][cols] block-scaled along cols (1 x 128, as cuBLASLt's VEC128_32F) or in tiles
- * (128 x 128, BLK128x128_32F) */
-static inline int64_t cp_fp8_scales_1d(int64_t rows, int64_t cols) { return rows * ((cols + 127) / 128); }
-static inline int64_t cp_fp8_scales_2d(int64_t rows, int64_t cols) {
-    return (rows + 127) / 128 * (((cols + 127) / 128 + 3) / 4 * 4);
-}
 #define CP_FP8_AMAX_PARTS 1024
 #define CP_FP8_SLOT_BYTES (128 + 32 * 128) /* the scales, then 32 groups of blocks a 128-byte line each */
 void cp_k_fp8(cp_kernel_spec *k);

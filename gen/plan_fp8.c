@@ -255,7 +255,7 @@ static int measure(lowering *L, cache *c, const cp_step *g, int x, int role, con
 /* Block scaling: where a copy of rows x cols keeps its scales, after its bytes in its buffer, and their bytes */
 static int64_t block_scales_at(int64_t rows, int64_t cols) { return (rows * cols + 255) / 256 * 256; }
 static int64_t block_scales_bytes(int64_t rows, int64_t cols, uint8_t scale) {
-    return 4 * (scale == CP_GEMM_SCALE_2D ? cp_fp8_scales_2d(rows, cols) : cp_fp8_scales_1d(rows, cols));
+    return 4 * cp_fp8_scales(scale, rows, cols);
 }
 
 /* The cast that writes copy k of src with its block scales (cp_gemm_scale scale), the copy [cols][rows] when

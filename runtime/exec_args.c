@@ -722,7 +722,7 @@ static int k_fp8_cast_block(pctx *c) {
     if (!tiles && ccol % 128)
         return pfail(c, "a 1 x 128 block-scaled FP8 cast (%s) of a copy with %lld columns (not a multiple of 128)",
                      role, (long long)ccol);
-    int64_t scales = tiles ? cp_fp8_scales_2d(crow, ccol) : cp_fp8_scales_1d(crow, ccol);
+    int64_t scales = cp_fp8_scales(tiles ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D, crow, ccol);
     if (need_bytes(c, 1, rows * cols) || need_align(c, 1, 16) || need_bytes(c, 2, scales * 4) ||
         need_align(c, 2, 16) || fp8_source(c, l, role))
         return -1;
@@ -814,10 +814,7 @@ static int prep_gemm(pctx *c) {
         need_bytes(c, nd, ((g->m - 1) * g->ldd + g->n) * esz) ||
         (g->has_c && need_bytes(c, 2, ((g->m - 1) * g->ldd + g->n) * 2)))
         return -1;
-    int64_t sa = g->a_scale == CP_GEMM_SCALE_2D ? cp_fp8_scales_2d(g->m, g->k)
-                 : g->a_scale ? cp_fp8_scales_1d(g->m, g->k) : 1,
-            sb = g->b_scale == CP_GEMM_SCALE_2D ? cp_fp8_scales_2d(g->n, g->k)
-                 : g->b_scale ? cp_fp8_scales_1d(g->n, g->k) : 1;
+    int64_t sa = cp_fp8_scales(g->a_scale, g->m, g->k), sb = cp_fp8_scales(g->b_scale, g->n, g->k);
     if (fp8 && (need_bytes(c, n, sa * 4) || need_bytes(c, n + 1, sb * 4) || need_align(c, n, 16) ||
                 need_align(c, n + 1, 16)))
         return -1;

@@ -164,7 +164,7 @@ int cp_gemm_check(const cp_gemm *p, const char *what, const void *A, const void 
     else if (!is_fp8(p) && (p->a_scale || p->b_scale))
         bad = "block scales for bf16 inputs";
     else if ((p->a_scale == CP_GEMM_SCALE_TENSOR) != (p->b_scale == CP_GEMM_SCALE_TENSOR))
-        bad = "one input scaled per tensor and the other by blocks (cuBLASLt takes both or neither)";
+        bad = "one input scaled per tensor and the other by blocks (the plan scales both alike)";
     else if (p->a_scale == CP_GEMM_SCALE_2D && p->b_scale == CP_GEMM_SCALE_2D)
         bad = "both inputs scaled by 128 x 128 tiles (Hopper's block-scaled GEMMs take 1 x 128 with 1 x 128 or with "
               "128 x 128, not two tiled inputs)";

@@ -720,6 +720,18 @@ static bool fp8_same(const cp_operand *a, const cp_operand *b) {
     return a->buf == b->buf && a->offset == b->offset && a->bytes == b->bytes;
 }
 
+/* What step x writes no longer holds what was made from it: each of the n entries of held made from it is dropped */
+static void fp8_forget(fp8_held *held, int n, const cp_step *x) {
+    for (int o = 0; o < x->nops; o++) {
+        const cp_operand *w = &x->ops[o];
+        if (!(w->access & CP_WRITE)) continue;
+        for (int k = 0; k < n; k++)
+            if (held[k].valid && held[k].src.buf == w->buf && held[k].src.offset < w->offset + w->bytes &&
+                w->offset < held[k].src.offset + held[k].src.bytes)
+                held[k].valid = false;
+    }
+}
+
 /* train.precision = "fp8" (gen/plan_fp8.c): every GEMM of a layer, and only those, reads FP8 copies of the very
  * operands the bf16 plan gives it, made by a cast (transposed where that GEMM read them transposed; E5M2 for a
  * backward GEMM's gradient, and only there) with the scale of an amax of the same operand (by a pass of its own, or
@@ -822,18 +834,8 @@ static void test_fp8(void **state) {
                 }
             }
             /* what a step writes no longer holds its copies and scales */
-            for (int o = 0; o < x->nops; o++) {
-                const cp_operand *w = &x->ops[o];
-                if (!(w->access & CP_WRITE)) continue;
-                for (int k = 0; k < f.nbufs; k++)
-                    if (held[k].valid && held[k].src.buf == w->buf && held[k].src.offset < w->offset + w->bytes &&
-                        w->offset < held[k].src.offset + held[k].src.bytes)
-                        held[k].valid = false;
-                for (int k = 0; k < 256; k++)
-                    if (slot[k].valid && slot[k].src.buf == w->buf && slot[k].src.offset < w->offset + w->bytes &&
-                        w->offset < slot[k].src.offset + slot[k].src.bytes)
-                        slot[k].valid = false;
-            }
+            fp8_forget(held, f.nbufs, x);
+            fp8_forget(slot, 256, x);
             /* a kernel's own amaxes: of an output it wrote whole, into a slot that then holds it */
             for (int j = 0; j < x->namax; j++) {
                 const cp_step_amax *a = &x->amax[j];
@@ -913,7 +915,7 @@ static void test_fp8_block(void **state) {
                 cp_cat from = f.bufs[x->ops[0].buf].cat;
                 assert_true(tiles == (from == CP_CAT_PARAMS || from == CP_CAT_GATHERED));
                 int64_t rows = t ? x->heads : x->count, cols = t ? x->count : x->heads; /* the copy's */
-                int64_t nsc = tiles ? cp_fp8_scales_2d(rows, cols) : cp_fp8_scales_1d(rows, cols);
+                int64_t nsc = cp_fp8_scales(tiles ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D, rows, cols);
                 assert_int_equal(x->nops, 3);
                 assert_int_equal(f.bufs[x->ops[1].buf].cat, CP_CAT_FP8);
                 assert_true(x->ops[2].buf == x->ops[1].buf && x->ops[1].bytes == rows * cols &&
@@ -953,14 +955,7 @@ static void test_fp8_block(void **state) {
                 assert_memory_equal(&x->gemm, &y->gemm, sizeof x->gemm);
                 assert_true(y->layer < 0 || y->gemm.k % 128);
             }
-            for (int o = 0; o < x->nops; o++) {
-                const cp_operand *w = &x->ops[o];
-                if (!(w->access & CP_WRITE)) continue;
-                for (int k = 0; k < f.nbufs; k++)
-                    if (held[k].valid && held[k].src.buf == w->buf && held[k].src.offset < w->offset + w->bytes &&
-                        w->offset < held[k].src.offset + held[k].src.bytes)
-                        held[k].valid = false;
-            }
+            fp8_forget(held, f.nbufs, x);
         }
         assert_int_equal(bi, b.nsteps);
         print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts\n", shapes[c][0], fp8_gemms, casts);

@@ -11,9 +11,10 @@
 #   3. a second run resumed from that checkpoint to STEPS, started beside the first once the checkpoint is complete.
 # With COMPARE=fp8 the second run is instead the same run with train.precision = "fp8" from the same start, beside
 # the first from step 1 (no checkpoints); COMPARE=nondeterministic makes it bf16 with train.deterministic = false
-# (attention's dQ summed in whatever order), whose distance from the first is the noise floor of the comparison; 10% of the documents are held out (VAL_FRACTION) and each evaluation reads
-# EVAL_SEQUENCES (8) of them, so that the validation loss compared at 1% is not one sequence's; the check is
-# tools/precision_compare.py's, and its picture of both runs lands in $out/precision.svg.
+# (attention's dQ summed in whatever order), whose distance from the first is the noise floor of the comparison.
+# Either way 10% of the documents are held out (VAL_FRACTION) and each evaluation reads EVAL_SEQUENCES (8) of them,
+# so that the validation loss compared at 1% is not one sequence's; the check is tools/precision_compare.py's, and
+# its picture of both runs lands in $out/precision.svg.
 # Checks: both runs finish (DEADLINE, default 570 s, bounds the whole); every resumed step's loss within 1e-3 (relative) of the uninterrupted run's; the loss
 # falls (the mean of the last 20 steps at least 1 below the mean of the first 20). report.svg and metrics.jsonl of
 # both runs, the tokenizer's summary and the logs land in $OUT/real-text. Checkpoints (12.5 GB each) go to

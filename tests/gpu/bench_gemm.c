@@ -47,11 +47,6 @@ static void check(cudaError_t e, const char *what) {
     }
 }
 
-/* The f32 scales of a block-scaled FP8 input [rows][k] (cp_gemm_scale mode: gen/plan.h) */
-static int64_t block_scales(uint8_t mode, int64_t rows, int64_t k) {
-    return mode == CP_GEMM_SCALE_2D ? cp_fp8_scales_2d(rows, k) : cp_fp8_scales_1d(rows, k);
-}
-
 static bool same_shape(const cp_gemm *a, const cp_gemm *b) {
     return a->m == b->m && a->n == b->n && a->k == b->k && a->trans_a == b->trans_a && a->trans_b == b->trans_b &&
            a->has_c == b->has_c && a->accumulate == b->accumulate && a->out_f32 == b->out_f32;
@@ -119,7 +114,7 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         size_t b = (size_t)((g->trans_b ? g->n : g->k) * g->ldb) * 2, d = (size_t)(g->m * g->ldd) * 4;
         amax = a > amax ? a : amax, bmax = b > bmax ? b : bmax, dmax = d > dmax ? d : dmax;
         if (!u[j].block) continue;
-        size_t sa = (size_t)block_scales(f->a_scale, f->m, f->k), sb = (size_t)block_scales(f->b_scale, f->n, f->k);
+        size_t sa = (size_t)cp_fp8_scales(f->a_scale, f->m, f->k), sb = (size_t)cp_fp8_scales(f->b_scale, f->n, f->k);
         smax = sa > smax ? sa : smax, smax = sb > smax ? sb : smax;
     }
     char *A = gu_malloc(amax), *B = gu_malloc(bmax), *C = gu_malloc(dmax), *D = gu_malloc(dmax);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "gpu_util.h"
+#include "plan.h"
 
 #define REPS 60
 #define WARM 5
@@ -231,7 +232,8 @@ int main(void) {
             bench(m, "cast_t_e4m3", rows, cols, c, "fp8_cast_t", shape, 1.5 * (double)nb, true);
             /* block scaling (train.fp8_scaling = "block"): the same copies with a scale per 1 x 128 of the copy's
              * rows; bytes: the source, the copy and the scales */
-            const int64_t s1 = cp_fp8_scales_1d(rows, cols), s1t = cp_fp8_scales_1d(cols, rows);
+            const int64_t s1 = cp_fp8_scales(CP_GEMM_SCALE_1D, rows, cols),
+                          s1t = cp_fp8_scales(CP_GEMM_SCALE_1D, cols, rows);
             void *scales = gu_malloc(4 * (size_t)(s1 > s1t ? s1 : s1t));
             void *b[] = {&x, &rows, &cols, &ld, &dst, &scales};
             bench(m, "cast_1d_e4m3", rows, cols, b, "fp8_cast_1d", shape, 1.5 * (double)nb + 4.0 * (double)s1, true);
@@ -243,7 +245,8 @@ int main(void) {
         { /* a weight's copies in 128 x 128 tiles (the 3B MLP's 8192 x 3072), as rows and transposed */
             int64_t rows = 8192, cols = 3072, ld = cols;
             size_t nb = 2 * (size_t)(rows * cols);
-            const int64_t s2 = cp_fp8_scales_2d(rows, cols), s2t = cp_fp8_scales_2d(cols, rows);
+            const int64_t s2 = cp_fp8_scales(CP_GEMM_SCALE_2D, rows, cols),
+                          s2t = cp_fp8_scales(CP_GEMM_SCALE_2D, cols, rows);
             const double tiles = (double)((rows + 127) / 128 * ((cols + 127) / 128)); /* the scales written */
             void *x = filled(nb), *dst = gu_malloc(nb / 2), *scales = gu_malloc(4 * (size_t)(s2 > s2t ? s2 : s2t));
             void *b[] = {&x, &rows, &cols, &ld, &dst, &scales};

@@ -290,11 +290,8 @@ static void test_fp8(void **state) {
 
 static int64_t ld4(int64_t x) { return ((x + 127) / 128 + 3) / 4 * 4; }
 
-/* The f32 scales of an FP8 input [rows][k] whose scales are laid out as cp_gemm_scale `mode` (1 x 128 blocks:
- * [k / 128][rows], rows contiguous; 128 x 128 tiles: [ceil(rows / 128)][ld4(k)]): how many, and element (i, l)'s */
-static int64_t scales_count(int mode, int64_t rows, int64_t k) {
-    return mode == CP_GEMM_SCALE_2D ? cp_fp8_scales_2d(rows, k) : cp_fp8_scales_1d(rows, k);
-}
+/* Which of an FP8 input [rows][k]'s scales element (i, l) takes, laid out as cp_gemm_scale `mode` (1 x 128 blocks:
+ * [k / 128][rows], rows contiguous; 128 x 128 tiles: [ceil(rows / 128)][ld4(k)]); cp_fp8_scales counts them */
 static int64_t scale_of(int mode, int64_t rows, int64_t k, int64_t i, int64_t l) {
     return mode == CP_GEMM_SCALE_2D ? i / 128 * ld4(k) + l / 128 : l / 128 * rows + i;
 }
@@ -303,7 +300,7 @@ static int64_t scale_of(int mode, int64_t rows, int64_t k, int64_t i, int64_t l)
  * that a scale read for another block shows; exact in every product), the entries that pad a tiled layout's rows NaN
  * (the casts leave them unwritten: the GEMM must not read them) */
 static float *rand_block_scales(int mode, int64_t rows, int64_t k) {
-    const int64_t ns = scales_count(mode, rows, k);
+    const int64_t ns = cp_fp8_scales(mode, rows, k);
     float *s = malloc(4 * (size_t)ns);
     for (int64_t i = 0; i < ns; i++) s[i] = NAN;
     for (int64_t i = 0; i < rows; i += mode == CP_GEMM_SCALE_2D ? 128 : 1)
@@ -362,7 +359,8 @@ static void run_fp8_block_case(const char *what, int64_t m, int64_t n, int64_t k
     uint16_t *C = mode == FP8_RESIDUAL ? gu_rand_bf16(&rng, m * n, 1.0) : NULL;
     void *Dold = old_d(m * n, mode);
     void *dA = dev_of(A, (size_t)(m * k)), *dB = dev_of(B, (size_t)(n * k));
-    float *dsa = dev_of(sa, 4 * (size_t)scales_count(as, m, k)), *dsb = dev_of(sb, 4 * (size_t)scales_count(bs, n, k));
+    float *dsa = dev_of(sa, 4 * (size_t)cp_fp8_scales(as, m, k));
+    float *dsb = dev_of(sb, 4 * (size_t)cp_fp8_scales(bs, n, k));
     void *Dout = run_on_device(&p, what, dA, dB, dsa, dsb, C, Dold);
     double *Ad = block_values(A, sa, as, m, k, at == CP_GEMM_E5M2);
     double *Bd = block_values(B, sb, bs, n, k, bt == CP_GEMM_E5M2);
@@ -405,7 +403,7 @@ static recipe_input recipe_cast(gu_module *m, const char *role, const uint16_t *
     const bool e5m2 = strstr(role, "e5m2") != NULL, transpose = strncmp(role, "cast_t_", 7) == 0;
     const int mode = strstr(role, "_2d_") ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D;
     const int64_t crows = transpose ? cols : rows, ccols = transpose ? rows : cols;
-    const int64_t ns = scales_count(mode, crows, ccols);
+    const int64_t ns = cp_fp8_scales(mode, crows, ccols);
     recipe_input in;
     void *dsrc = dev_of(src, 2 * (size_t)(rows * cols));
     in.bytes = gu_malloc((size_t)(rows * cols));

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "gpu_util.h"
+#include "plan.h"
 #include "ref/ref.h"
 #include "util.h"
 
@@ -836,7 +837,7 @@ static void fp8_block_case(gu_module *m, const char *role, int64_t rows, int64_t
         }
     /* the copy is [rows][cols], or [cols][rows] transposed; its scales as gen/kernels.h counts them */
     const int64_t crows = transpose ? cols : rows, ccols = transpose ? rows : cols;
-    const int64_t ns = tiles ? cp_fp8_scales_2d(crows, ccols) : cp_fp8_scales_1d(crows, ccols);
+    const int64_t ns = cp_fp8_scales(tiles ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D, crows, ccols);
     uint8_t *out = malloc((size_t)n), *ref = malloc((size_t)n);
     float *sout = malloc(4 * (size_t)ns), *sref = malloc(4 * (size_t)ns);
     for (int64_t i = 0; i < ns; i++) sref[i] = NAN;
