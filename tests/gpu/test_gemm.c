@@ -267,16 +267,21 @@ static void run_fp8_case(const char *what, int64_t m, int64_t n, int64_t k, int 
     if (dC) gu_free_dev(dC);
 }
 
-/* FP8 inputs (Hopper and newer): the forward's E4M3 x E4M3 written and with the residual, a gradient's E5M2 x E4M3
- * written and added into bf16, a weight gradient's fp32 accumulation, with cuBLASLt's promotion to fp32 and with
- * fast accumulation. (What FP8 cannot take is refused before cuBLASLt: tests/test_gemm_check.c.) */
-static void test_fp8(void **state) {
-    (void)state;
+/* FP8 tensor cores need compute capability 9.0: the test says so and is skipped elsewhere */
+static void skip_without_fp8(void) {
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess || major < 9) {
         printf("  FP8 GEMMs: skipped (compute capability %d: FP8 tensor cores need 9.0)\n", major);
         skip();
     }
+}
+
+/* FP8 inputs (Hopper and newer): the forward's E4M3 x E4M3 written and with the residual, a gradient's E5M2 x E4M3
+ * written and added into bf16, a weight gradient's fp32 accumulation, with cuBLASLt's promotion to fp32 and with
+ * fast accumulation. (What FP8 cannot take is refused before cuBLASLt: tests/test_gemm_check.c.) */
+static void test_fp8(void **state) {
+    (void)state;
+    skip_without_fp8();
     run_fp8_case("fp8 q_proj", 2048, 256, 256, CP_GEMM_E4M3, CP_GEMM_E4M3, FP8_WRITE, true, TOL_BF16);
     run_fp8_case("fp8 o_proj+res", 1024, 256, 512, CP_GEMM_E4M3, CP_GEMM_E4M3, FP8_RESIDUAL, false, TOL_BF16);
     run_fp8_case("fp8 o_proj+res", 1024, 256, 512, CP_GEMM_E4M3, CP_GEMM_E4M3, FP8_RESIDUAL, true, TOL_BF16);
@@ -483,11 +488,7 @@ static void run_fp8_recipe(gu_module *m, int64_t T, int64_t I, int64_t O) {
  * block scales is refused before cuBLASLt (the other refusals: tests/test_gemm_check.c). */
 static void test_fp8_block(void **state) {
     (void)state;
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess || major < 9) {
-        printf("  FP8 GEMMs: skipped (compute capability %d: FP8 tensor cores need 9.0)\n", major);
-        skip();
-    }
+    skip_without_fp8();
     /* V: scales per 1 x 128 (vector) block, T: per 128 x 128 tile */
     const int E4 = CP_GEMM_E4M3, E5 = CP_GEMM_E5M2, V = CP_GEMM_SCALE_1D, T = CP_GEMM_SCALE_2D;
     run_fp8_block_case("fp8b q_proj", 2048, 400, 256, E4, E4, V, T, FP8_WRITE, TOL_BF16);
