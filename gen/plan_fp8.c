@@ -252,29 +252,29 @@ static int measure(lowering *L, cache *c, const cp_step *g, int x, int role, con
     return k;
 }
 
-/* Block scaling: where a copy of rows x cols keeps its scales, after its bytes in its buffer, and their bytes */
-static int64_t block_scales_at(int64_t rows, int64_t cols) { return (rows * cols + 255) / 256 * 256; }
-static int64_t block_scales_bytes(int64_t rows, int64_t cols, uint8_t scale) {
-    return 4 * cp_fp8_scales(scale, rows, cols);
+/* The block scales (cp_gemm_scale scale) of a copy [rows][cols] in copy buffer buf: behind the copy's bytes, on a
+ * 256-byte boundary */
+static cp_operand block_scales(int buf, int64_t rows, int64_t cols, uint8_t scale, int access) {
+    return (cp_operand){.buf = buf, .offset = (rows * cols + 255) / 256 * 256,
+                        .bytes = 4 * cp_fp8_scales(scale, rows, cols), .access = access};
 }
 
-/* The cast that writes copy k of src with its block scales (cp_gemm_scale scale), the copy [cols][rows] when
+/* The cast that writes copy k of src with its scales (the operand `scales`), the copy [cols][rows] when
  * transposed; source operand op. */
 static void cast_block(lowering *L, const cp_step *g, cp_operand op, const source *src, int k, bool transposed,
-                       uint8_t scale) {
-    int64_t rows = transposed ? src->cols : src->rows, cols = transposed ? src->rows : src->cols;
+                       uint8_t scale, cp_operand scales) {
     bool e5 = src->fmt == CP_GEMM_E5M2, tiles = scale == CP_GEMM_SCALE_2D;
     char role[24];
     snprintf(role, sizeof role, "cast%s_%s_%s", transposed ? "_t" : "", tiles ? "2d" : "1d", e5 ? "e5m2" : "e4m3");
     cp_step *s = cast_step(&L->q, g, L->module, role, CP_TASK_FP8_CAST_BLOCK);
     op.access = CP_READ;
     s->ops[s->nops++] = op;
-    operand(s, L->copy_buf[k], 0, rows * cols, CP_DEF); /* what the buffer held before is no longer read */
-    operand(s, L->copy_buf[k], block_scales_at(rows, cols), block_scales_bytes(rows, cols, scale), CP_DEF);
+    operand(s, L->copy_buf[k], 0, src->rows * src->cols, CP_DEF); /* what the buffer held before is not read */
+    s->ops[s->nops++] = scales;
     s->count = src->rows;
     s->heads = src->cols;
     s->ld = src->ld;
-    s->bytes = (double)rows * (double)cols * 3 + (double)block_scales_bytes(rows, cols, scale);
+    s->bytes = (double)src->rows * (double)src->cols * 3 + (double)scales.bytes;
 }
 
 /* The copy GEMM g reads as input x (0: A, 1: B): operand op of g read as [rows][cols] with row stride ld, in
@@ -296,9 +296,10 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, int64_t rows,
     c->copy[k] = (copy_state){.valid = true, .in_body = c->body, .transposed = transposed, .src = src, .slot = *slot};
     cp_buffer *b = &L->P->bufs[L->copy_buf[k]];
     if (scale) {
-        int64_t r = transposed ? cols : rows, cl = transposed ? rows : cols;
-        b->bytes = CP_MAX(b->bytes, block_scales_at(r, cl) + block_scales_bytes(r, cl, scale));
-        if (L->emit) cast_block(L, g, *op, &src, k, transposed, scale);
+        cp_operand scales = block_scales(L->copy_buf[k], transposed ? cols : rows, transposed ? rows : cols, scale,
+                                         CP_DEF);
+        b->bytes = CP_MAX(b->bytes, scales.offset + scales.bytes);
+        if (L->emit) cast_block(L, g, *op, &src, k, transposed, scale, scales);
         return k;
     }
     b->bytes = CP_MAX(b->bytes, rows * cols);
@@ -338,10 +339,8 @@ static void lower_step(lowering *L, cache *c, const cp_step *g) {
         f->ops[1] = (cp_operand){.buf = L->copy_buf[copy[1]], .offset = 0, .bytes = m->n * m->k, .access = CP_READ};
         /* A, B, (C), D, then the scales: room for two more */
         if (fg.a_scale) {
-            operand(f, L->copy_buf[copy[0]], block_scales_at(m->m, m->k), block_scales_bytes(m->m, m->k, fg.a_scale),
-                    CP_READ);
-            operand(f, L->copy_buf[copy[1]], block_scales_at(m->n, m->k), block_scales_bytes(m->n, m->k, fg.b_scale),
-                    CP_READ);
+            f->ops[f->nops++] = block_scales(L->copy_buf[copy[0]], m->m, m->k, fg.a_scale, CP_READ);
+            f->ops[f->nops++] = block_scales(L->copy_buf[copy[1]], m->n, m->k, fg.b_scale, CP_READ);
         } else {
             operand(f, L->state, SLOT(slot[0]), 16, CP_READ);
             operand(f, L->state, SLOT(slot[1]), 16, CP_READ);

@@ -159,13 +159,19 @@ __device__ __forceinline__ uint2 fp8x8q(const float *f, const float *q) {
     return w;
 }
 
+// Eight floats times one multiplier q
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ uint2 fp8x8s(const float *f, float q) {
+    const float qq[8] = {q, q, q, q, q, q, q, q};
+    return fp8x8q<KIND>(f, qq);
+}
+
 // Eight bf16 of one 16-byte load, times q, as eight FP8 bytes in order
 template <__nv_fp8_interpretation_t KIND>
 __device__ __forceinline__ uint2 fp8x8(uint4 v, float q) {
     float f[8];
     unpack8(v, f);
-    const float qq[8] = {q, q, q, q, q, q, q, q};
-    return fp8x8q<KIND>(f, qq);
+    return fp8x8s<KIND>(f, q);
 }
 
 template <__nv_fp8_interpretation_t KIND>
@@ -335,8 +341,8 @@ __device__ __forceinline__ void cast_1d(const bf16 *__restrict__ src, i64 rows, 
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
             if (i >= units) continue;
-            const float q = pow2_quant(m, fp8_max<KIND>()), qq[8] = {q, q, q, q, q, q, q, q};
-            reinterpret_cast<uint2 *>(dst)[i] = fp8x8q<KIND>(f, qq);
+            const float q = pow2_quant(m, fp8_max<KIND>());
+            reinterpret_cast<uint2 *>(dst)[i] = fp8x8s<KIND>(f, q);
             if (i % 16 == 0) scales[(i % vrow) / 16 * rows + i / vrow] = 1.0f / q;
         }
     }
@@ -413,12 +419,12 @@ __device__ __forceinline__ void cast_2d(const bf16 *__restrict__ src, i64 rows, 
             for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[u][j]));
         }
     }
-    const float q = pow2_quant(tile_max(m, 256), 448.0f), qq[8] = {q, q, q, q, q, q, q, q};
+    const float q = pow2_quant(tile_max(m, 256), fp8_max<__NV_E4M3>());
 #pragma unroll
     for (int u = 0; u < 8; u++)
         if (in[u])
             *reinterpret_cast<uint2 *>(dst + (r0 + threadIdx.x / 16 + 16 * u) * cols + c) =
-                fp8x8q<__NV_E4M3>(f[u], qq);
+                fp8x8s<__NV_E4M3>(f[u], q);
     if (threadIdx.x == 0) scales[blockIdx.y * ld4(cols) + blockIdx.x] = 1.0f / q;
 }
 
@@ -441,7 +447,7 @@ __device__ __forceinline__ void cast_t_2d(const bf16 *__restrict__ src, i64 rows
 #pragma unroll
         for (int j = 0; j < 16; j++) m = fmaxf(m, cm[j]);
     }
-    const float q0 = pow2_quant(tile_max(m, 128), 448.0f);
+    const float q0 = pow2_quant(tile_max(m, 128), fp8_max<__NV_E4M3>());
     float q[16];
 #pragma unroll
     for (int j = 0; j < 16; j++) q[j] = q0;

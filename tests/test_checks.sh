@@ -285,6 +285,12 @@ PAT="FAILED +fp8: exit status 1" script 1 "real text, fp8 against bf16: the fp8 
   COMPARE=fp8 FAKE_VAL=1 FAKE_FAIL=fp8
 PAT="fp8: FAILED: 15 training steps of 300" script 1 "real text, fp8 against bf16: the fp8 run cut short" 1 \
   "${rt[@]}" COMPARE=fp8 FAKE_VAL=1 FAKE_CUT=fp8
+# COMPARE=nondeterministic: the same judge on a second bf16 run, its name in every line
+PAT="^at the end: .*nondeterministic .*difference 0\.00% .*OK$" script 0 "real text, the noise floor: alike" 1 \
+  "${rt[@]}" COMPARE=nondeterministic FAKE_VAL=1
+PAT="nondeterministic: FAILED: 15 training steps of 300" script 1 "real text, the noise floor: cut short" 1 \
+  "${rt[@]}" COMPARE=nondeterministic FAKE_VAL=1 FAKE_CUT=nondeterministic
+PAT="fp8 and nondeterministic are known" script 2 "real text: an unknown COMPARE" 1 "${rt[@]}" COMPARE=fp16
 
 # gpu-eval-check.sh on a stand-in cpgen that evaluates: its losses a function of the step (and, with lr = 0, nearly
 # flat), an evaluation after the steps train.eval_every says with val_tokens of every group, step 1's loss where lr
