@@ -10,6 +10,10 @@
  *     and tokens per split and the data sources;
  *   - every header is version 2 and carries that id, so cpgen finds the documents (data.documents = "mask");
  *   - llm.c files converted token for token, with --eod's id in the headers, or none without it;
+ *   - a copy of a kept document (the same bytes under another name) is skipped;
+ *   - --piece-bytes cuts every document into pieces of at most that many bytes, at the last line end that fits
+ *     (else at a character boundary), each followed by the end-of-document id; with --shuffle the pieces go in the
+ *     order of the SHA-256 of "shuffle:", the path, "#" and the piece's number;
  *   - the same inputs give the same bytes again; bad options are refused with a message.
  * With the `tokenizers` package, --train-bpe too: tokenizer.json beside the shards, ids below its vocabulary, the
  * end-of-document id between documents, and the documents decoded back exactly; without it, that case is skipped
@@ -56,6 +60,7 @@ static const doc docs[] = {
     {"d/six.py", "x = [6] * 6\n", true},
     {"d/seven.txt", "seven is the last document in path order but one\n", true},
     {"d/eight.py", "# eight\n", true},
+    {"d/nine.txt", "the first document\n", false}, /* a copy of a/one.txt */
 };
 enum { NDOCS = sizeof docs / sizeof docs[0] };
 
@@ -280,6 +285,89 @@ static void test_byte_level(void **state) {
     }
 }
 
+/* A piece of a document, as --piece-bytes cuts it: its document, where it starts, its length, its --shuffle key. */
+typedef struct {
+    int doc;
+    size_t at, len;
+    unsigned char key[32];
+} piece;
+
+/* The pieces of the kept documents in path order, cut at most `max` bytes long as make_tokens.py cuts them. */
+static int cut_pieces(size_t max, piece *out) {
+    int order[NDOCS], m = 0, n = 0;
+    for (int i = 0; i < NDOCS; i++)
+        if (docs[i].kept) order[m++] = i;
+    for (int a = 0; a < m; a++)
+        for (int b = a + 1; b < m; b++)
+            if (before(order[b], order[a], false)) {
+                int t = order[a];
+                order[a] = order[b];
+                order[b] = t;
+            }
+    for (int o = 0; o < m; o++) {
+        int i = order[o];
+        const char *t = docs[i].text;
+        size_t len = doc_len(&docs[i]);
+        for (size_t at = 0, k = 0; at < len; k++) {
+            size_t end = at + max < len ? at + max : len;
+            if (end < len) {
+                size_t nl = end;
+                while (nl > at && t[nl - 1] != '\n') nl--;
+                if (nl > at) end = nl;
+                else
+                    while (((unsigned char)t[end] & 0xC0) == 0x80) end--; /* not inside a character */
+            }
+            char key[600];
+            snprintf(key, sizeof key, "shuffle:%s/docs/%s#%zu", root, docs[i].path, k);
+            cp_sha256_ctx c;
+            cp_sha256_init(&c);
+            cp_sha256_update(&c, key, strlen(key));
+            cp_sha256_final(&c, out[n].key);
+            out[n].doc = i, out[n].at = at, out[n].len = end - at;
+            n++, at = end;
+        }
+    }
+    return n;
+}
+
+static void test_pieces(void **state) {
+    (void)state;
+    char args[1200], *out, pat[600];
+    for (int shuffle = 0; shuffle < 2; shuffle++) {
+        snprintf(args, sizeof args, "--byte-level %s --piece-bytes 16 --include '*.py' --include '*.txt' --exclude "
+                 "'*skip*' --out '%s/pieces%d/text' '%s/docs'", shuffle ? "--shuffle" : "", root, shuffle, root);
+        int rc = make_tokens(args, &out);
+        if (rc) fail_msg("make_tokens.py %s: exit %d: %s", args, rc, out);
+        assert_non_null(strstr(out, "1 a copy of another"));
+        free(out);
+        piece p[64];
+        int n = cut_pieces(16, p);
+        for (int a = 0; shuffle && a < n; a++) /* --shuffle: by key */
+            for (int b = a + 1; b < n; b++)
+                if (memcmp(p[b].key, p[a].key, 32) < 0) {
+                    piece t = p[a];
+                    p[a] = p[b];
+                    p[b] = t;
+                }
+        int32_t want[4096];
+        int64_t m = 0;
+        for (int k = 0; k < n; k++) {
+            assert_true(p[k].len >= 1 && p[k].len <= 16);
+            for (size_t i = 0; i < p[k].len; i++) want[m++] = (unsigned char)docs[p[k].doc].text[p[k].at + i];
+            want[m++] = 256;
+        }
+        snprintf(pat, sizeof pat, "%s/pieces%d/text_[0-9]*.bin", root, shuffle);
+        int64_t got_n, counts[4], eod;
+        int nshards;
+        int32_t *got = read_all(pat, 320, &got_n, counts, &nshards, &eod);
+        assert_int_equal(got_n, m);
+        assert_memory_equal(got, want, sizeof(int32_t) * (size_t)m);
+        free(got);
+        printf("    --piece-bytes 16%s: %d pieces of the documents, each followed by 256\n",
+               shuffle ? " --shuffle" : "", n);
+    }
+}
+
 static void test_refused(void **state) {
     (void)state;
     char args[1200], *out;
@@ -294,6 +382,8 @@ static void test_refused(void **state) {
         {"--out '%s/x/t' '%s/docs'", "one of the arguments"},
         {"--byte-level --eod 3 --out '%s/x/t' '%s/docs'", "--eod names the separator of llm.c files"},
         {"--from-llmc --shuffle --out '%s/x/t' '%s/docs'", "--shuffle orders text documents"},
+        {"--byte-level --piece-bytes 3 --out '%s/x/t' '%s/docs'", "--piece-bytes 3: give at least 4"},
+        {"--from-llmc --piece-bytes 64 --out '%s/x/t' '%s/docs'", "--piece-bytes cuts text documents"},
     };
     for (size_t k = 0; k < CP_ARRAY_LEN(cases); k++) {
         snprintf(args, sizeof args, cases[k].args, root, root);
@@ -439,6 +529,7 @@ int main(int argc, char **argv) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_byte_level),
+        cmocka_unit_test(test_pieces),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_llmc),
         cmocka_unit_test(test_bpe),

@@ -3,8 +3,11 @@
 #   1. shards: the Python standard library's sources (/usr/lib/python3.*/**/*.py, no site- or dist-packages) and the
 #      text under /usr/share/doc, tokenised by a byte-level BPE tokenizer of VOCAB (32000) tokens trained on them here
 #      (tools/make_tokens.py --train-bpe, no network), 2% of the documents held out as validation shards, each side's
-#      documents shuffled (--shuffle: in path order a run reads one folder's kind of text after another's, and the
-#      validation loss on a fixed set swings by a quarter as it does);
+#      documents cut into pieces of PIECE_BYTES (32768, at line ends; 0: whole documents) and shuffled (--shuffle:
+#      in path order a run reads one folder's kind of text after another's, and the validation loss on a fixed set
+#      swings by a quarter as it does; whole shuffled documents of megabytes, a manual or a changelog, still fill
+#      dozens of consecutive steps: with them the validation loss jumped from 5.3 to 7.4 at step 120 and back, and
+#      two bf16 runs that differ only in the order of their sums ended 2% apart);
 #   2. `cpgen run llama1b --seq 32K --set model.vocab=<the tokenizer's, rounded up to 64>` on the shards for STEPS
 #      (300) steps with a checkpoint at SAVE_AT (STEPS / 2), with data.val = the validation shards when this cpgen
 #      knows that key (asked of `cpgen plan` first, so the script runs with and without validation support);
@@ -23,7 +26,7 @@
 # without a GPU. About 8 to 9 minutes on one H200 with the defaults (steps of about 1 s, the 300 and the 150
 # resumed).
 # usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] [COMPARE=fp8|nondeterministic]
-#        [VAL_FRACTION=0.02]
+#        [VAL_FRACTION=0.02] [PIECE_BYTES=32768]
 #        [EVAL_SEQUENCES=...] tools/gpu-real-text-run.sh [BUILD_DIR]
 set -u
 B=${1:-build}
@@ -83,6 +86,7 @@ how=(--train-bpe "$VOCAB")
 # shellcheck disable=SC2206
 inputs=(${INPUTS:-'/usr/lib/python3.*/**/*.py' /usr/share/doc})
 GREP='train: [0-9,]+ tokens' run tokens 300 python3 "$(dirname "$0")/make_tokens.py" "${how[@]}" --shuffle \
+  --piece-bytes "${PIECE_BYTES:-32768}" \
   --val-fraction "$VAL_FRACTION" --exclude '*/site-packages/*' --exclude '*/dist-packages/*' \
   --exclude '*/__pycache__/*' \
   --max-bytes 200000000 --out "$data/text" "${inputs[@]}"

@@ -18,11 +18,13 @@ end-of-document id, so cpgen finds where documents begin (data.documents = "mask
 
 Inputs are files, folders (searched recursively; --include and --exclude choose files by name or path) and glob
 patterns (`**` matches folders at any depth). Each file is one document; a file that is not UTF-8 text (or holds a
-NUL byte) is skipped, and so is a second path to a file already taken (a link). Documents are taken in the byte
-order of their paths, so the same inputs give the same shards on any machine; with --shuffle each side is written in
-the order of the SHA-256 of "shuffle:" and the path instead, as fixed, but with the folders' documents spread through
-the shards (a run reading them in order then sees a mix in every stretch, not one folder's kind of text after
-another's).
+NUL byte) is skipped, and so is a second path to a file already taken (a link) or a copy of one (the same bytes).
+Documents are taken in the byte order of their paths, so the same inputs give the same shards on any machine; with
+--shuffle each side is written in the order of the SHA-256 of "shuffle:" and the path instead, as fixed, but with the
+folders' documents spread through the shards (a run reading them in order then sees a mix in every stretch, not one
+folder's kind of text after another's). --piece-bytes N cuts each document, once it is on its side, into pieces of
+at most N bytes at line ends, each a document of its own (path#0, path#1, ... for --shuffle): a document of
+megabytes otherwise fills a stretch of consecutive sequences, dozens of steps of one kind of text.
 
 Writes <out>_000000.bin, <out>_000001.bin, ... (train with data.source = "tokens:<out>_[0-9]*.bin"), with
 --val-fraction F also <out>_val_000000.bin, ... from the held-out documents (data.val = "tokens:<out>_val_*.bin"),
@@ -91,7 +93,7 @@ def list_inputs(inputs, include, exclude):
 def read_documents(paths, max_file_bytes, max_bytes):
     """(path, text) of every input that is UTF-8 text without NUL bytes, up to max_bytes in all; and what was
     skipped, by reason."""
-    docs, skipped, total = [], {}, 0
+    docs, skipped, total, digests = [], {}, 0, set()
     for p in paths:
         try:
             size = os.path.getsize(p)
@@ -114,9 +116,14 @@ def read_documents(paths, max_file_bytes, max_bytes):
         if not text.strip():
             skipped["empty"] = skipped.get("empty", 0) + 1
             continue
+        digest = hashlib.sha256(raw).digest()
+        if digest in digests:  # a copy of a file already taken (licences and changelogs ship in several packages)
+            skipped["a copy of another"] = skipped.get("a copy of another", 0) + 1
+            continue
         if max_bytes and total + len(raw) > max_bytes:
             skipped["past --max-bytes"] = skipped.get("past --max-bytes", 0) + 1
             continue
+        digests.add(digest)
         total += len(raw)
         docs.append((p, text))
     return docs, skipped, total
@@ -132,6 +139,28 @@ def split_documents(docs, fraction):
     ranked = sorted(range(len(docs)), key=lambda i: hashlib.sha256(os.fsencode(docs[i][0])).digest())
     held = set(ranked[:k])
     return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
+
+
+def pieces(docs, piece_bytes):
+    """docs with each one cut into pieces of at most piece_bytes of UTF-8, each piece ending at the last line end
+    that fits (a line longer than that is cut at a character boundary), named path#0, path#1, ...: a run that reads
+    shuffled pieces meets a long document a piece at a time, spread through the run, not as a stretch of steps."""
+    out = []
+    for path, text in docs:
+        raw = text.encode("utf-8")
+        at, k = 0, 0
+        while at < len(raw):
+            end = min(len(raw), at + piece_bytes)
+            if end < len(raw):
+                nl = raw.rfind(b"\n", at, end)
+                if nl >= at:
+                    end = nl + 1
+                else:
+                    while raw[end] & 0xC0 == 0x80:  # not inside a character
+                        end -= 1
+            out.append((f"{path}#{k}", raw[at:end].decode("utf-8")))
+            at, k = end, k + 1
+    return out
 
 
 def shuffled(docs):
@@ -313,6 +342,9 @@ def main():
     ap.add_argument("--val-fraction", type=float, default=0.0, help="documents held out for <out>_val_*.bin")
     ap.add_argument("--shuffle", action="store_true", help="documents of each side in a fixed order unrelated to "
                     "their paths (default: path order)")
+    ap.add_argument("--piece-bytes", type=int, default=0, help="cut every document into pieces of at most this "
+                    "many bytes, at line ends, each followed by the end-of-document token (after the validation "
+                    "split, before --shuffle; default 0: whole documents)")
     ap.add_argument("--include", action="append", default=[], help="file name or path pattern to take in folders "
                     "and patterns (repeatable; default: every file)")
     ap.add_argument("--exclude", action="append", default=[], help="file name or path pattern to leave out")
@@ -322,6 +354,8 @@ def main():
     a = ap.parse_args()
     if not 0 <= a.val_fraction < 1:
         fail(f"--val-fraction {a.val_fraction}: give a fraction in [0, 1)")
+    if a.piece_bytes and a.piece_bytes < 4:
+        fail(f"--piece-bytes {a.piece_bytes}: give at least 4 (one UTF-8 character), or 0 for whole documents")
     if a.shard_tokens < 1:
         fail("--shard-tokens must be at least 1")
     if a.train_bpe is not None and not 257 <= a.train_bpe <= 1 << 24:
@@ -337,6 +371,8 @@ def main():
             fail("--shuffle orders text documents; llm.c files are converted in the order given")
         if a.val_fraction:
             fail("--val-fraction holds out text documents; llm.c files come tokenised: convert their val files alone")
+        if a.piece_bytes:
+            fail("--piece-bytes cuts text documents; llm.c files are converted as they are")
         files = sorted(a.inputs, key=os.fsencode)
         width = llmc_width(files)
         if a.eod is not None and not 0 <= a.eod < 1 << (8 * width):
@@ -356,6 +392,9 @@ def main():
         if not docs:
             fail(f"no text document among {len(paths)} files ({', '.join(f'{v} {k}' for k, v in skipped.items())})")
         train, val = split_documents(docs, a.val_fraction)
+        ndocs = {"train": len(train), "val": len(val)}
+        if a.piece_bytes:
+            train, val = pieces(train, a.piece_bytes), pieces(val, a.piece_bytes)
         if a.shuffle:
             train, val = shuffled(train), shuffled(val)
         if a.byte_level:
@@ -374,8 +413,10 @@ def main():
             if not part:
                 continue
             sp, counts = tokenize_split(part, tok, prefix, a.shard_tokens, width)
-            meta["shards"][split] = {"documents": len(part), "tokens": sum(counts),
+            meta["shards"][split] = {"documents": ndocs[split], "tokens": sum(counts),
                                      "files": [os.path.basename(p) for p in sp], "counts": counts}
+            if a.piece_bytes:
+                meta["shards"][split]["pieces"] = len(part)
         meta["data_source"] = f"tokens:{a.out}_[0-9]*.bin"
         if val:
             meta["val_source"] = f"tokens:{a.out}_val_*.bin"
@@ -385,7 +426,8 @@ def main():
     os.replace(f"{a.out}.json.tmp", f"{a.out}.json")
     for split, s in meta["shards"].items():
         print(f"{split}: {s['tokens']:,} tokens in {len(s['files'])} shard(s)"
-              + (f" from {s['documents']:,} documents" if "documents" in s else ""))
+              + (f" from {s['documents']:,} documents" if "documents" in s else "")
+              + (f" in {s['pieces']:,} pieces" if "pieces" in s else ""))
     if "vocab_size" in meta:
         print(f"tokenizer: {meta['tokenizer']}, vocabulary {meta['vocab_size']:,} (train with model.vocab = "
               f"{meta['model_vocab']}); end of document: id {meta['eod_id']}")
