@@ -29,6 +29,7 @@ typedef struct {
     cublasLtMatrixLayout_t la, lb, lc, ld; /* cuBLASLt's A (our B), B (our A), C, D */
     cublasLtMatmulAlgo_t algo;
     size_t ws_needed;
+    cublasLtMatmulHeuristicResult_t *cand; /* cp_gemm_candidates' list, best first */
     const float *a_scale, *b_scale; /* FP8: the scales the descriptor points at now (set again only when they move) */
 } gemm_entry;
 
@@ -119,6 +120,7 @@ static void entry_free(gemm_entry *e) {
     if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
     if (e->lc) cublasLtMatrixLayoutDestroy(e->lc);
     if (e->ld) cublasLtMatrixLayoutDestroy(e->ld);
+    free(e->cand);
     memset(e, 0, sizeof *e);
 }
 
@@ -187,6 +189,42 @@ static bool key_equal(const gemm_key *a, const gemm_key *b) {
            x->b_scale == y->b_scale && !memcmp(a->align, b->align, sizeof a->align);
 }
 
+/* Up to want algorithms of cuBLASLt's heuristic for entry e's descriptors, best first, into res: how many (at least
+ * 1), or -1 with a message. */
+static int heuristic(cp_gemm_lib *g, const gemm_entry *e, int want, cublasLtMatmulHeuristicResult_t *res, char *err,
+                     int errlen) {
+    const cp_gemm *p = &e->key.p;
+    const char *w = e->what;
+    cublasLtMatmulPreference_t pref;
+    LT(cublasLtMatmulPreferenceCreate(&pref), p, w);
+    uint64_t ws = g->ws_bytes;
+    uint32_t al[4] = {e->key.align[1], e->key.align[0], e->key.align[2], e->key.align[3]}; /* Lt's A is our B */
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                             sizeof ws);
+    for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++) {
+        const cublasLtMatmulPreferenceAttributes_t attr[] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        st = cublasLtMatmulPreferenceSetAttribute(pref, attr[i], &al[i], 4);
+    }
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(g->handle, e->desc, e->la, e->lb, e->lc, e->ld, pref, want, res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS) return lt_fail(st, "cublasLtMatmulAlgoGetHeuristic", p, w, err, errlen);
+    if (found < 1 || res[0].state != CUBLAS_STATUS_SUCCESS) {
+        char d[256];
+        describe(p, w, d, sizeof d);
+        snprintf(err, (size_t)errlen,
+                 "%s: cuBLASLt has no algorithm for it (pointer alignment A %u, B %u, C %u, D %u bytes; workspace "
+                 "%llu bytes): operands should start on 16-byte boundaries with leading dimensions a multiple of 8 "
+                 "elements",
+                 d, e->key.align[0], e->key.align[1], e->key.align[2], e->key.align[3], (unsigned long long)ws);
+        return -1;
+    }
+    return found;
+}
+
 static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
     const cp_gemm *p = &e->key.p;
     const char *w = e->what;
@@ -224,37 +262,8 @@ static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
     LT(cublasLtMatrixLayoutCreate(&e->lc, dt, (uint64_t)p->n, (uint64_t)p->m, p->ldd), p, w);
     LT(cublasLtMatrixLayoutCreate(&e->ld, dt, (uint64_t)p->n, (uint64_t)p->m, p->ldd), p, w);
 
-    cublasLtMatmulPreference_t pref;
-    LT(cublasLtMatmulPreferenceCreate(&pref), p, w);
-    uint64_t ws = g->ws_bytes;
-    uint32_t al[4] = {e->key.align[1], e->key.align[0], e->key.align[2], e->key.align[3]}; /* Lt's A is our B */
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                             sizeof ws);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4);
     cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(g->handle, e->desc, e->la, e->lb, e->lc, e->ld, pref, 1, &res,
-                                            &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS) return lt_fail(st, "cublasLtMatmulAlgoGetHeuristic", p, w, err, errlen);
-    if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
-        char d[256];
-        describe(p, w, d, sizeof d);
-        snprintf(err, (size_t)errlen,
-                 "%s: cuBLASLt has no algorithm for it (pointer alignment A %u, B %u, C %u, D %u bytes; workspace "
-                 "%llu bytes): operands should start on 16-byte boundaries with leading dimensions a multiple of 8 "
-                 "elements",
-                 d, e->key.align[0], e->key.align[1], e->key.align[2], e->key.align[3], (unsigned long long)ws);
-        return -1;
-    }
+    if (heuristic(g, e, 1, &res, err, errlen) < 1) return -1;
     e->algo = res.algo;
     e->ws_needed = res.workspaceSize;
     return 0;
@@ -285,6 +294,28 @@ int cp_gemm_prepare(cp_gemm_lib *g, const cp_gemm *p, const char *what, const vo
         return -1;
     }
     return g->n++;
+}
+
+int cp_gemm_candidates(cp_gemm_lib *g, int id, int max, char *err, int errlen) {
+    if (id < 0 || id >= g->n || max < 1) {
+        snprintf(err, (size_t)errlen, "GEMM entry %d (of %d) asked for %d algorithms: a caller's bug", id, g->n, max);
+        return -1;
+    }
+    gemm_entry *e = &g->e[id];
+    free(e->cand);
+    e->cand = cp_xcalloc((size_t)max, sizeof *e->cand);
+    return heuristic(g, e, max, e->cand, err, errlen);
+}
+
+int cp_gemm_pick(cp_gemm_lib *g, int id, int pick, char *err, int errlen) {
+    if (id < 0 || id >= g->n || !g->e[id].cand || pick < 0) {
+        snprintf(err, (size_t)errlen, "GEMM entry %d (of %d): algorithm %d of no list (cp_gemm_candidates first): a "
+                 "caller's bug", id, g->n, pick);
+        return -1;
+    }
+    g->e[id].algo = g->e[id].cand[pick].algo;
+    g->e[id].ws_needed = g->e[id].cand[pick].workspaceSize;
+    return 0;
 }
 
 int cp_gemm_launch(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D, cudaStream_t s,

@@ -48,6 +48,12 @@ int cp_gemm_launch(cp_gemm_lib *g, int id, const void *A, const void *B, const v
 int cp_gemm_launch_scaled(cp_gemm_lib *g, int id, const void *A, const void *B, const void *C, void *D,
                           const float *a_scale, const float *b_scale, cudaStream_t s, char *err, int errlen);
 
+/* The algorithms cuBLASLt's heuristic offers for prepared entry id, best first, at most max: how many (the first is
+ * the one prepare chose), or -1 with a message. cp_gemm_pick then makes entry id launch candidate `pick` (< that
+ * count). For measuring the heuristic's choice (bench_gemm --algos). */
+int cp_gemm_candidates(cp_gemm_lib *g, int id, int max, char *err, int errlen);
+int cp_gemm_pick(cp_gemm_lib *g, int id, int pick, char *err, int errlen);
+
 /* prepare + launch, for tests and one-off GEMMs. */
 int cp_gemm_run(cp_gemm_lib *g, const cp_gemm *p, const char *what, const void *A, const void *B, const void *C,
                 void *D, cudaStream_t s, char *err, int errlen);

@@ -14,7 +14,9 @@
  * after WARM. TF/s = 2 m n k / time. The totals weigh each GEMM by its count: the step's GEMM seconds in bf16 and
  * with FP8 where FP8 applies, before the casts and transposes FP8 adds. The last line, GEMMSUM SPEC SEQ bf16 fp8 fast
  * block, gives the four totals in seconds for scripts.
- * usage: bench_gemm [SPEC SEQ]...   (default: llama3b 32K llama8b 128K) */
+ * With --algos N every GEMM's time is the fastest of the first N algorithms cuBLASLt's heuristic offers for it (the
+ * heuristic's own first choice is what the runtime launches), and a line compares the totals with the first's.
+ * usage: bench_gemm [--algos N] [SPEC SEQ]...   (default: llama3b 32K llama8b 128K) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,14 +69,32 @@ static void launch_gemm(void *ctx) {
         gu_fail("%s", err);
 }
 
-/* Median milliseconds of REPS launches of g (scales NULL: bf16) on buffers big enough for it. */
-static double time_gemm(cp_gemm_lib *lib, const cp_gemm *g, const char *what, char *A, char *B, char *C, char *D,
-                        const float *sa, const float *sb) {
+static int algos; /* --algos N: also time the heuristic's first N algorithms of each GEMM, and keep the fastest */
+
+/* Median milliseconds of REPS launches of g (scales NULL: bf16) on buffers big enough for it: of the heuristic's
+ * algorithm, or with --algos of the fastest of its first N (the heuristic's time in *first, when given). */
+static double time_gemm_first(cp_gemm_lib *lib, const cp_gemm *g, const char *what, char *A, char *B, char *C,
+                              char *D, const float *sa, const float *sb, double *first) {
     char err[2048];
     int id = cp_gemm_prepare(lib, g, what, A, B, g->has_c ? C : NULL, D, err, sizeof err);
     if (id < 0) gu_fail("%s", err);
     gemm_launch l = {lib, id, A, B, C, D, sa, sb};
-    return gu_median_ms(REPS, WARM, launch_gemm, &l);
+    double t = gu_median_ms(REPS, WARM, launch_gemm, &l);
+    if (first) *first = t;
+    int n = algos > 1 ? cp_gemm_candidates(lib, id, algos, err, sizeof err) : 1;
+    if (n < 0) gu_fail("%s", err);
+    for (int c = 1, best = 0; c <= n; c++) { /* the last round puts the fastest back */
+        if (cp_gemm_pick(lib, id, c < n ? c : best, err, sizeof err)) gu_fail("%s", err);
+        if (c == n) break;
+        double tc = gu_median_ms(REPS, WARM, launch_gemm, &l);
+        if (tc < t) t = tc, best = c;
+    }
+    return t;
+}
+
+static double time_gemm(cp_gemm_lib *lib, const cp_gemm *g, const char *what, char *A, char *B, char *C, char *D,
+                        const float *sa, const float *sb) {
+    return time_gemm_first(lib, g, what, A, B, C, D, sa, sb, NULL);
 }
 
 static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *rng) {
@@ -85,10 +105,14 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
     cp_plan P;
     if (cp_spec_load(spec, sets, 2, &s, err, sizeof err) || cp_plan_build_folded(&s, &P, err, sizeof err))
         gu_fail("%s at %s: %s", spec, seq, err);
-    /* the same plan as train.fp8_scaling = "block" sees it, for cp_plan_fp8_eligible and cp_plan_fp8_gemm (which read
-     * train's fp8_block and the buffers' categories; nothing else differs, so a copy of P with the flag set does) */
-    cp_plan Pb = P;
+    /* the plan as each scaling sees it, for cp_plan_fp8_eligible and cp_plan_fp8_gemm (which read train's fp8_block
+     * and the buffers' categories; nothing else differs, so copies of P with the flags set each way do), each with
+     * its own default format: per tensor "hybrid" (E5M2 gradients), block E4M3 throughout */
+    cp_plan Pt = P, Pb = P;
+    Pt.spec.train.fp8_block = false;
+    Pt.spec.train.fp8_e4m3_grads = false;
     Pb.spec.train.fp8_block = true;
+    Pb.spec.train.fp8_e4m3_grads = true;
     gemm_use *u = calloc((size_t)P.nsteps, sizeof *u);
     int nu = 0;
     for (int i = 0; i < P.nsteps; i++) {
@@ -98,8 +122,8 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         while (j < nu && !(same_shape(&u[j].g, &st->gemm) && !strcmp(u[j].what, st->what))) j++;
         if (j == nu) {
             snprintf(u[nu].what, sizeof u[nu].what, "%s", st->what);
-            u[nu].fp8 = cp_plan_fp8_eligible(&P.spec.train, st);
-            if (u[nu].fp8) u[nu].f = cp_plan_fp8_gemm(&P, st);
+            u[nu].fp8 = cp_plan_fp8_eligible(&Pt.spec.train, st);
+            if (u[nu].fp8) u[nu].f = cp_plan_fp8_gemm(&Pt, st);
             u[nu].block = cp_plan_fp8_eligible(&Pb.spec.train, st);
             if (u[nu].block) u[nu].fb = cp_plan_fp8_gemm(&Pb, st);
             u[nu++].g = st->gemm;
@@ -146,17 +170,20 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
            "form", "bf16 ms", "TF/s", "fp8 ms", "TF/s", "fast ms", "TF/s", "block ms", "TF/s", "x");
     double t_bf16 = 0, t_fp8 = 0, t_fast = 0, fl_fp8 = 0, tb_fp8part = 0;
     double t_blk = 0, fl_blk = 0, tb_blkpart = 0; /* the same with block scales, over the GEMMs they apply to */
+    double t_bf16_first = 0, t_blk_first = 0;     /* bf16 and block with the heuristic's first algorithm */
     for (int j = 0; j < nu; j++) {
         const cp_gemm *g = &u[j].g;
         double fl = 2.0 * (double)g->m * (double)g->n * (double)g->k;
-        double tb = time_gemm(lib, g, u[j].what, A, B, C, D, NULL, NULL);
+        double tb1, tb = time_gemm_first(lib, g, u[j].what, A, B, C, D, NULL, NULL, &tb1);
         t_bf16 += tb * (double)u[j].count;
+        t_bf16_first += tb1 * (double)u[j].count;
         char form[8];
         snprintf(form, sizeof form, "%s%s", g->trans_a ? "T" : "N", g->trans_b ? "T" : "N");
         if (!u[j].fp8) { /* then not with block scales either */
             t_fp8 += tb * (double)u[j].count;
             t_fast += tb * (double)u[j].count;
             t_blk += tb * (double)u[j].count;
+            t_blk_first += tb1 * (double)u[j].count;
             printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8s %6s | %8s %6s | %8s %6s | %5s\n", u[j].what,
                    (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb, fl / tb / 1e9,
                    "bf16", "", "bf16", "", "bf16", "", "");
@@ -174,14 +201,16 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         /* with block scales where the plan would use them (k a multiple of 128), else it stays bf16 */
         char blk_ms[16] = "bf16", blk_tf[16] = "";
         if (u[j].block) {
-            double tk = time_gemm(lib, &u[j].fb, u[j].what, A, B, C, D, dSA, dSB);
+            double tk1, tk = time_gemm_first(lib, &u[j].fb, u[j].what, A, B, C, D, dSA, dSB, &tk1);
             t_blk += tk * (double)u[j].count;
+            t_blk_first += tk1 * (double)u[j].count;
             fl_blk += fl * (double)u[j].count;
             tb_blkpart += tb * (double)u[j].count;
             snprintf(blk_ms, sizeof blk_ms, "%.3f", tk);
             snprintf(blk_tf, sizeof blk_tf, "%.0f", fl / tk / 1e9);
         } else {
             t_blk += tb * (double)u[j].count;
+            t_blk_first += tb1 * (double)u[j].count;
         }
         printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8.3f %6.0f | %8.3f %6.0f | %8s %6s | %5.2f\n",
                u[j].what, (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb,
@@ -197,6 +226,10 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
            "step's GEMMs %.3f s: %.2fx faster than bf16\n",
            spec, seq, tb_blkpart / 1e3, fl_blk / tb_blkpart / 1e9, (t_blk - (t_bf16 - tb_blkpart)) / 1e3,
            fl_blk / (t_blk - (t_bf16 - tb_blkpart)) / 1e9, t_blk / 1e3, t_bf16 / t_blk);
+    if (algos > 1)
+        printf("%s at %s: the fastest of the heuristic's first %d algorithms against its first: bf16 %.3f s against "
+               "%.3f s, block %.3f s against %.3f s\n", spec, seq, algos, t_bf16 / 1e3, t_bf16_first / 1e3,
+               t_blk / 1e3, t_blk_first / 1e3);
     printf("GEMMSUM %s %s %.4f %.4f %.4f %.4f\n", spec, seq, t_bf16 / 1e3, t_fp8 / 1e3, t_fast / 1e3, t_blk / 1e3);
     gu_free_dev(A), gu_free_dev(B), gu_free_dev(C), gu_free_dev(D), gu_free_dev(dS), gu_free_dev(dSA), gu_free_dev(dSB);
     free(u);
@@ -214,8 +247,10 @@ int main(int argc, char **argv) {
     if (cp_gemm_lib_create(&lib, ws, CP_GEMM_WORKSPACE, err, sizeof err)) gu_fail("%s", err);
     gu_rng rng;
     gu_seed(&rng, 20261202);
-    if (argc > 1) {
-        for (int i = 1; i + 1 < argc; i += 2) bench(lib, argv[i], argv[i + 1], &rng);
+    int a = 1;
+    if (argc > 2 && !strcmp(argv[1], "--algos")) algos = atoi(argv[2]), a = 3;
+    if (argc > a) {
+        for (int i = a; i + 1 < argc; i += 2) bench(lib, argv[i], argv[i + 1], &rng);
     } else {
         bench(lib, "llama3b", "32K", &rng);
         bench(lib, "llama8b", "128K", &rng);
