@@ -159,6 +159,13 @@ static cp_step *grad_gemm(builder *B, const char *what, int64_t m, int64_t n, in
     return s;
 }
 
+/* dW[m][n] = dY^T X over k tokens: a backward GEMM whose output is a weight's gradient */
+static cp_step *weight_grad_gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t k) {
+    cp_step *s = grad_gemm(B, what, m, n, k, true, false);
+    s->gemm.w_grad = true;
+    return s;
+}
+
 /* A run of n identical tiles (the MLP's, the loss's: n grows with the sequence) is added tile by tile, but the
  * steps of tile 1, [body, nsteps), stand for tiles 1 .. n - 2 (cp_loop): called after them, this records the loop
  * and returns the tile to continue from, less one (the caller's i++), so that the last tile is added next. Tiles 0
@@ -875,7 +882,7 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
         wr(k, P, b->mlp_act);
         k->count = t;
         /* dWdown += dres^T act */
-        cp_step *g = grad_gemm(B, "d_wdown", hid, F, t, true, false);
+        cp_step *g = weight_grad_gemm(B, "d_wdown", hid, F, t);
         use_tile(g, P, b->dres, i, rbytes, CP_READ);
         rd(g, P, b->mlp_act);
         op_wgrad(g, P, w, CP_W_DOWN);
@@ -891,7 +898,7 @@ static void mlp_backward(builder *B, const bufset *b, const modset *M, const uni
         rw(k, P, b->mlp_up);
         k->count = t;
         for (int j = 0; j < 2; j++) {
-            g = grad_gemm(B, j ? "d_wup" : "d_wgate", F, hid, t, true, false);
+            g = weight_grad_gemm(B, j ? "d_wup" : "d_wgate", F, hid, t);
             rd(g, P, gub[j]);
             use_tile(g, P, b->xn2, i, rbytes, CP_READ);
             op_wgrad(g, P, w, gu[j]);
@@ -913,7 +920,7 @@ static void proj_backward(builder *B, const bufset *b, const unit_ref *w, cp_wei
     cp_plan *P = B->P;
     const cp_model *m = &P->spec.model;
     int64_t T = P->T, hid = m->hidden, D = m->head_dim;
-    cp_step *g = grad_gemm(B, what_dw, nh * D, hid, T, true, false);
+    cp_step *g = weight_grad_gemm(B, what_dw, nh * D, hid, T);
     use(g, P, dbuf, 0, T * nh * D * BF16, CP_READ);
     rd(g, P, b->xn);
     use(g, P, w->gbuf, (w->gbase + P->layout.off[wt] + row0 * D * hid) * F32, nh * D * hid * F32, CP_RW);
@@ -1073,7 +1080,7 @@ static void layer_backward(builder *B, const bufset *b, const modset *M, const u
     wr(k, P, b->norm_part);
     k->count = T;
     /* output projection */
-    cp_step *g = grad_gemm(B, "d_wo", hid, H * D, T, true, false);
+    cp_step *g = weight_grad_gemm(B, "d_wo", hid, H * D, T);
     rd(g, P, b->dh2);
     rd(g, P, attn_buf);
     op_wgrad(g, P, w, CP_W_O);
@@ -1455,7 +1462,7 @@ static void make_program(cp_plan *P, const bufset *b, const modset *M) {
         use_tile(s, P, b->token_loss, i, t * F32, i == 0 ? CP_DEF : CP_WRITE);
         s->count = t;
         B.phase = CP_PHASE_BWD;
-        g = grad_gemm(&B, "d_lm_head", V, hid, t, true, false);
+        g = weight_grad_gemm(&B, "d_lm_head", V, hid, t);
         rd(g, P, b->logits);
         use_tile(g, P, b->xf, i, rbytes, CP_READ);
         use(g, P, lm.gbuf, lm_off * F32, V * hid * F32, CP_RW);
@@ -1635,10 +1642,15 @@ static void cost_model(cp_plan *P) {
             t += mc->kernel_us * 1e-6;
             break;
         case CP_OP_GEMM: {
-            bool fp8 = s->gemm.a_type != CP_GEMM_BF16;
-            double bytes = (fp8 ? 1.0 : 2.0) * ((double)s->gemm.m * s->gemm.k + (double)s->gemm.k * s->gemm.n) +
-                           (s->gemm.out_f32 ? 8.0 : 2.0) * (double)s->gemm.m * s->gemm.n;
-            double rate = !fp8 ? mc->gemm_tflops : s->gemm.a_scale ? mc->fp8_block_gemm_tflops : mc->fp8_gemm_tflops;
+            const cp_gemm *g = &s->gemm;
+            bool fp8 = g->a_type != CP_GEMM_BF16;
+            double bytes = (fp8 ? 1.0 : 2.0) * ((double)g->m * g->k + (double)g->k * g->n) +
+                           (g->out_f32 ? 8.0 : 2.0) * (double)g->m * g->n;
+            /* with block scales a weight's gradient reads two inputs scaled by 128 tokens: cuBLASLt's slow pair */
+            double rate = !fp8          ? mc->gemm_tflops
+                          : !g->a_scale ? mc->fp8_gemm_tflops
+                          : g->w_grad   ? mc->fp8_block_wgrad_tflops
+                                        : mc->fp8_block_gemm_tflops;
             t = CP_MAX(s->flops / (rate * 1e12), bytes / (mc->hbm_gbps * 1e9)) + mc->gemm_us * 1e-6;
             s->bytes = bytes;
             break;

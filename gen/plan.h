@@ -134,6 +134,7 @@ typedef struct {
     bool accumulate;      /* D += AB */
     bool out_f32;         /* D in fp32 (weight gradients), else bf16 */
     bool a_grad;          /* A is a gradient, the backward's dY (or its transpose) */
+    bool w_grad;          /* D is a weight's gradient, dW = dY^T X summed over the tokens (A the transposed dY) */
     /* FP8 inputs (both or neither; not both E5M2): Hopper's FP8 tensor cores take only the x W^T form (A [m][k],
      * B [n][k]: trans_b and not trans_a), k and the leading dimensions multiples of 16 */
     uint8_t a_type, b_type; /* cp_gemm_type */

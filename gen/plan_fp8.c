@@ -36,8 +36,8 @@
 
 bool cp_plan_fp8_eligible(const cp_train *t, const cp_step *s) {
     const cp_gemm *g = &s->gemm;
-    return s->kind == CP_OP_GEMM && s->layer >= 0 && !(g->trans_a && g->trans_b) && g->m % 16 == 0 &&
-           g->n % 16 == 0 && g->k % (t->fp8_block ? 128 : 16) == 0;
+    return s->kind == CP_OP_GEMM && s->layer >= 0 && !(g->trans_a && g->trans_b) && !(g->w_grad && t->fp8_bf16_wgrad) &&
+           g->m % 16 == 0 && g->n % 16 == 0 && g->k % (t->fp8_block ? 128 : 16) == 0;
 }
 
 /* Whether input x (0: A, 1: B) of GEMM s reads a layer's weights */

@@ -357,10 +357,15 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             }
         fmt_seconds(P->t_fp8_casts, t[0], sizeof t[0]);
         bool blk = P->spec.train.fp8_block;
-        fprintf(out, "precision: fp8: %lld of the %lld GEMMs of a micro-batch on FP8 inputs (%s scales) at %.0f TF/s "
-                     "(the layers'; the LM head's stay bf16); their %s %s of the step\n",
-                (long long)n, (long long)all, blk ? "block" : "per-tensor",
-                blk ? mc->fp8_block_gemm_tflops : mc->fp8_gemm_tflops, blk ? "casts" : "amax and casts", t[0]);
+        char rate[64];
+        if (blk && !P->spec.train.fp8_bf16_wgrad)
+            snprintf(rate, sizeof rate, "%.0f TF/s, the weights' gradients at %.0f", mc->fp8_block_gemm_tflops,
+                     mc->fp8_block_wgrad_tflops);
+        else snprintf(rate, sizeof rate, "%.0f TF/s%s", blk ? mc->fp8_block_gemm_tflops : mc->fp8_gemm_tflops,
+                      P->spec.train.fp8_bf16_wgrad ? ", the weights' gradients in bf16" : "");
+        fprintf(out, "precision: fp8: %lld of the %lld GEMMs of a micro-batch on FP8 inputs (%s scales) at %s (the "
+                     "layers'; the LM head's stay bf16); their %s %s of the step\n",
+                (long long)n, (long long)all, blk ? "block" : "per-tensor", rate, blk ? "casts" : "amax and casts", t[0]);
     }
     cp_plan_eval_print(P, out);
     if (P->fits)

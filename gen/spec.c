@@ -59,7 +59,7 @@ static const node TRAIN_KEYS[] = {
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
     LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("eval_every"), LEAF("eval_sequences"),
     LEAF("out_dir"), LEAF("deterministic"), LEAF("precision"), LEAF("fp8_format"), LEAF("fp8_fast_accum"),
-    LEAF("fp8_scaling"),
+    LEAF("fp8_scaling"), LEAF("fp8_weight_grads"),
     END};
 static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"), LEAF("positions"), LEAF("eod"), LEAF("doc_len"),
                                   END};
@@ -67,7 +67,7 @@ static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF(
 static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
     LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"),
-    LEAF("fp8_block_gemm_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
+    LEAF("fp8_block_gemm_tflops"), LEAF("fp8_block_wgrad_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"), LEAF("host_gbps"),
     LEAF("a2a_gbps"),    LEAF("allgather_gbps"), LEAF("net_gbps"), LEAF("ranks_per_gpu"),
     LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),
@@ -92,6 +92,7 @@ static const char *const DOCUMENTS_NAMES[] = {"stream", "mask", NULL};
 static const char *const PRECISION_NAMES[] = {"bf16", "fp8", NULL};
 static const char *const FP8_FORMAT_NAMES[] = {"hybrid", "e4m3", NULL};
 static const char *const FP8_SCALING_NAMES[] = {"tensor", "block", NULL};
+static const char *const FP8_WEIGHT_GRADS_NAMES[] = {"fp8", "bf16", NULL};
 static const char *const POSITIONS_NAMES[] = {"sequence", "document", NULL};
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -1276,6 +1277,9 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     tr->fp8_e4m3_grads = format == 1;
     tr->fp8_fast_accum = true;
     TRY(get_bool(c, t, "train", "fp8_fast_accum", &tr->fp8_fast_accum));
+    int wgrad = 0;
+    TRY(get_enum(c, t, "train", "fp8_weight_grads", FP8_WEIGHT_GRADS_NAMES, &wgrad));
+    tr->fp8_bf16_wgrad = wgrad == 1;
     lua_pop(c->L, 1);
     return 0;
 }
@@ -1298,10 +1302,11 @@ void cp_machine_defaults(cp_machine *m) {
      * inputs at 1246 TF/s (1337 with fast accumulation), of the 8B step at 128K 1164 (1173); bf16 in the same call
      * 746 and 659. The casts to FP8 are kernels of their own, priced by their bytes. */
     m->fp8_gemm_tflops = 1200;
-    /* with block scales (bench_gemm on an H200, docs/PERF.md, 2026-12-02, block scaling): the 3B step's layer GEMMs
-     * at 32K at 1102 TF/s, 1160-1300 where a weight's tiles meet 1 x 128 scales, 816-914 for the weight gradients'
-     * two 1 x 128 inputs */
-    m->fp8_block_gemm_tflops = 1100;
+    /* with block scales, inside the 3B step at 32K on an H200 (its trace, docs/PERF.md, 2026-12-02, the noise
+     * floor): 1082-1202 TF/s where a weight's 128 x 128 tiles meet 1 x 128 scales (forward, dX; bench_gemm alone
+     * 1160-1300), 805-860 for the weights' gradients, whose two inputs are both 1 x 128 (bench_gemm 772-939) */
+    m->fp8_block_gemm_tflops = 1130;
+    m->fp8_block_wgrad_tflops = 840;
     /* the Hopper kernels on an H200: at head_dim 128 bench_attention's causal 32/8 heads at 32K and 128K with the
      * head-major launch order (docs/PERF.md, 2026-12-01, evening); at 64 inside the 1B step (CPGEN_PROFILE), the
      * forward then moved by the three-consumer kernel's measured gain (2026-12-01, three consumers) */
@@ -1399,6 +1404,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "gemm_tflops", &m->gemm_tflops));
     TRY(get_num(c, t, "machine", "fp8_gemm_tflops", &m->fp8_gemm_tflops));
     TRY(get_num(c, t, "machine", "fp8_block_gemm_tflops", &m->fp8_block_gemm_tflops));
+    TRY(get_num(c, t, "machine", "fp8_block_wgrad_tflops", &m->fp8_block_wgrad_tflops));
     TRY(get_num(c, t, "machine", "attn_fwd_tflops", &m->attn_fwd_tflops));
     TRY(get_num(c, t, "machine", "attn_bwd_tflops", &m->attn_bwd_tflops));
     TRY(get_num(c, t, "machine", "attn_fwd_tflops_d64", &m->attn_fwd_tflops_d64));
@@ -1727,6 +1733,7 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.gemm_tflops", mc->gemm_tflops},
                  {"machine.fp8_gemm_tflops", mc->fp8_gemm_tflops},
                  {"machine.fp8_block_gemm_tflops", mc->fp8_block_gemm_tflops},
+                 {"machine.fp8_block_wgrad_tflops", mc->fp8_block_wgrad_tflops},
                  {"machine.attn_fwd_tflops", mc->attn_fwd_tflops},
                  {"machine.attn_bwd_tflops", mc->attn_bwd_tflops},
                  {"machine.attn_fwd_tflops_d64", mc->attn_fwd_tflops_d64},

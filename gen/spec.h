@@ -79,6 +79,8 @@ typedef struct {
                           * gradients) and per 128 x 128 tile (weights); "tensor" (false): one per tensor */
     bool fp8_fast_accum; /* train.fp8_fast_accum: the forward's FP8 GEMMs (and their recompute) sum without fp32
                           * promotion (the gradients' always promote) */
+    bool fp8_bf16_wgrad; /* train.fp8_weight_grads = "bf16": the weights' gradients (dW = dY^T X) in bf16, the
+                          * forward and dX GEMMs in FP8; "fp8" (false, the default): all three */
 } cp_train;
 
 /* data.documents: whether attention and targets stay inside documents (MASK) or run over the packed sequence
@@ -125,7 +127,8 @@ typedef struct {
     double peak_tflops;         /* the bf16 ceiling MFU is counted against (one large GEMM alone) */
     double gemm_tflops;         /* bf16 dense GEMM as the steps run them (the cost model's rate) */
     double fp8_gemm_tflops;     /* the same GEMMs on FP8 inputs (train.precision = "fp8") */
-    double fp8_block_gemm_tflops; /* ... with block scales (train.fp8_scaling = "block") */
+    double fp8_block_gemm_tflops; /* ... with block scales (train.fp8_scaling = "block"), a weight's tiles on one side */
+    double fp8_block_wgrad_tflops; /* ... with block scales on both sides by 128 of k: the weights' gradients */
     double attn_fwd_tflops;     /* causal flash attention forward, head_dim 128 */
     double attn_bwd_tflops;     /* its backward (the dQ conversion included), head_dim 128 */
     double attn_fwd_tflops_d64; /* the same at head_dim 64 */

@@ -894,14 +894,18 @@ static void test_fp8(void **state) {
  * K and V projections at head_dim 32 x 2 KV heads). Checked on the flat program. */
 static void test_fp8_block(void **state) {
     (void)state;
-    const char *shapes[][2] = {{"tiny", "train.seq_len=2K"}, {"llama3b", "train.seq_len=32K"}};
-    for (int c = 0; c < 2; c++) {
+    /* the 3B twice: the second with train.fp8_weight_grads = "bf16" */
+    const char *shapes[][2] = {{"tiny", "train.seq_len=2K"}, {"llama3b", "train.seq_len=32K"},
+                               {"llama3b", "train.seq_len=32K"}};
+    int gemms_of[3] = {0}, casts_of[3] = {0}, wgrads = 0; /* the 3B's weight gradients on FP8 */
+    for (int c = 0; c < 3; c++) {
         cp_spec s;
         cp_plan b, f;
         load(shapes[c][0], &s, 2, shapes[c][1], "parallel.gpus=1");
         build(&s, &b);
         s.train.fp8 = s.train.fp8_block = true;
-        s.train.fp8_e4m3_grads = c == 1; /* tiny's gradients E5M2 ("hybrid"), the 3B's E4M3 (the default) */
+        s.train.fp8_e4m3_grads = c > 0; /* tiny's gradients E5M2 ("hybrid"), the 3B's E4M3 (the default) */
+        s.train.fp8_bf16_wgrad = c == 2;
         build(&s, &f);
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held);
         bool *tiled = calloc((size_t)f.nbufs, sizeof *tiled);
@@ -929,10 +933,14 @@ static void test_fp8_block(void **state) {
             }
             const cp_step *y = &b.steps[bi++];
             assert_string_equal(x->what, y->what);
+            /* the planner marks exactly the weights' gradients */
+            if (y->kind == CP_OP_GEMM)
+                assert_true(y->gemm.w_grad == (!strncmp(y->what, "d_w", 3) || !strcmp(y->what, "d_lm_head")));
             if (x->kind == CP_OP_GEMM && x->gemm.a_type != CP_GEMM_BF16) {
                 fp8_gemms++;
                 const cp_gemm *g = &y->gemm, *q = &x->gemm;
-                assert_true(y->layer >= 0 && g->k % 128 == 0);
+                assert_true(y->layer >= 0 && g->k % 128 == 0 && !(c == 2 && g->w_grad));
+                wgrads += c == 1 && g->w_grad;
                 assert_int_equal(q->a_type, g->a_grad && c == 0 ? CP_GEMM_E5M2 : CP_GEMM_E4M3);
                 assert_true(q->a_scale == CP_GEMM_SCALE_1D && !q->fast_accum && !q->trans_a && q->trans_b);
                 assert_int_equal(x->nops, y->nops + 2);
@@ -953,7 +961,7 @@ static void test_fp8_block(void **state) {
                 }
             } else if (x->kind == CP_OP_GEMM) {
                 assert_memory_equal(&x->gemm, &y->gemm, sizeof x->gemm);
-                assert_true(y->layer < 0 || y->gemm.k % 128);
+                assert_true(y->layer < 0 || y->gemm.k % 128 || (c == 2 && y->gemm.w_grad));
             }
             fp8_forget(held, f.nbufs, x);
         }
@@ -961,7 +969,10 @@ static void test_fp8_block(void **state) {
         print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts\n", shapes[c][0], fp8_gemms, casts);
         assert_true(fp8_gemms > 0 && casts > 0 && casts < 2 * fp8_gemms);
         assert_true(f.t_fp8_casts > 0);
-        if (c == 1) assert_true(f.t_step < b.t_step * 0.95);
+        if (c >= 1) assert_true(f.t_step < b.t_step * 0.95);
+        gemms_of[c] = fp8_gemms, casts_of[c] = casts;
+        /* bf16 weights' gradients: exactly those leave FP8, and with them casts of the copies only they read */
+        if (c == 2) assert_true(wgrads > 0 && gemms_of[2] == gemms_of[1] - wgrads && casts_of[2] < casts_of[1]);
         free(held);
         free(tiled);
         cp_plan_free(&b);
