@@ -291,6 +291,13 @@ PAT="^at the end: .*nondeterministic .*difference 0\.00% .*OK$" script 0 "real t
 PAT="nondeterministic: FAILED: 15 training steps of 300" script 1 "real text, the noise floor: cut short" 1 \
   "${rt[@]}" COMPARE=nondeterministic FAKE_VAL=1 FAKE_CUT=nondeterministic
 PAT="fp8 and nondeterministic are known" script 2 "real text: an unknown COMPARE" 1 "${rt[@]}" COMPARE=fp16
+# SECOND_SETS: settings of the second run, which the planner checks (the stand-in plans with the real cpgen first)
+PAT="^at the end: .*difference 0\.00% .*OK$" script 0 "real text, an fp8 recipe against bf16: alike" 1 "${rt[@]}" \
+  COMPARE=fp8 FAKE_VAL=1 SECOND_SETS=train.fp8_weight_grads=bf16
+PAT="FAILED +fp8: exit status 2" script 1 "real text, an fp8 recipe the planner refuses" 1 "${rt[@]}" COMPARE=fp8 \
+  FAKE_VAL=1 SECOND_SETS=train.fp8_weight_grads=half
+PAT="set COMPARE too" script 2 "real text: SECOND_SETS without a comparison" 1 "${rt[@]}" \
+  SECOND_SETS=train.fp8_weight_grads=bf16
 
 # gpu-eval-check.sh on a stand-in cpgen that evaluates: its losses a function of the step (and, with lr = 0, nearly
 # flat), an evaluation after the steps train.eval_every says with val_tokens of every group, step 1's loss where lr

@@ -14,7 +14,8 @@
 #   3. a second run resumed from that checkpoint to STEPS, started beside the first once the checkpoint is complete.
 # With COMPARE=fp8 the second run is instead the same run with train.precision = "fp8" from the same start, beside
 # the first from step 1 (no checkpoints); COMPARE=nondeterministic makes it bf16 with train.deterministic = false
-# (attention's dQ summed in whatever order), whose distance from the first is the noise floor of the comparison.
+# (attention's dQ summed in whatever order), whose distance from the first is the noise floor of the comparison;
+# SECOND_SETS="KEY=VALUE ..." adds spec settings to that second run (a recipe of fp8: train.fp8_weight_grads=bf16).
 # Either way 10% of the documents are held out (VAL_FRACTION) and each evaluation reads EVAL_SEQUENCES (8) of them,
 # so that the validation loss compared at 1% is not one sequence's; the check is tools/precision_compare.py's, and
 # its picture of both runs lands in $out/precision.svg.
@@ -26,7 +27,7 @@
 # without a GPU. About 8 to 9 minutes on one H200 with the defaults (steps of about 1 s, the 300 and the 150
 # resumed).
 # usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] [COMPARE=fp8|nondeterministic]
-#        [VAL_FRACTION=0.02] [PIECE_BYTES=32768]
+#        [VAL_FRACTION=0.02] [PIECE_BYTES=32768] [SECOND_SETS="KEY=VALUE ..."]
 #        [EVAL_SEQUENCES=...] tools/gpu-real-text-run.sh [BUILD_DIR]
 set -u
 B=${1:-build}
@@ -46,6 +47,11 @@ case "$COMPARE" in
   nondeterministic) second_sets=(--set train.deterministic=false) ;;
   *) echo "gpu-real-text-run: COMPARE=$COMPARE: fp8 and nondeterministic are known"; exit 2 ;;
 esac
+if [ -n "${SECOND_SETS:-}" ] && [ -z "$COMPARE" ]; then
+  echo "gpu-real-text-run: SECOND_SETS is for the second run of a comparison: set COMPARE too"
+  exit 2
+fi
+for kv in ${SECOND_SETS:-}; do second_sets+=(--set "$kv"); done
 VAL_FRACTION=${VAL_FRACTION:-$([ -n "$COMPARE" ] && echo 0.1 || echo 0.02)}
 t_start=$(date +%s)
 if [ -z "${CKPT_DIR:-}" ]; then
