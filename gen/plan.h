@@ -183,6 +183,13 @@ typedef struct {
     uint8_t fmt;      /* cp_gemm_type of the GEMM that reads it */
 } cp_step_amax;
 
+/* The FP8 copy an amax measures for, or a cast writes (gen/plan_fp8.c): the executor checks a cast's geometry by it */
+typedef struct {
+    uint8_t fmt;     /* cp_gemm_type: E4M3 or E5M2 */
+    uint8_t scale;   /* cp_gemm_scale: one per tensor (a scale slot), or blocks of 1 x 128 or 128 x 128 (behind it) */
+    bool transposed; /* the copy is the source transposed, [cols][rows] */
+} cp_fp8_copy;
+
 typedef struct {
     cp_opkind kind;
     cp_task task;         /* what it computes, where the executor must know (GEMMs, collectives: NONE) */
@@ -218,6 +225,7 @@ typedef struct {
      * amax[j].slot, for the FP8 type amax[j].fmt (cp_gemm_type); namax of them */
     uint8_t namax;
     cp_step_amax amax[2];
+    cp_fp8_copy fp8; /* FP8 amaxes and casts (CP_TASK_FP8_*): the copy, whose layout also names the kernel (role) */
 } cp_step;
 
 /* One UPipe stage for one rank. */

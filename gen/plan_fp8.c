@@ -97,8 +97,10 @@ static void operand(cp_step *s, int buf, int64_t off, int64_t bytes, int access)
     s->ops[s->nops++] = (cp_operand){.buf = buf, .offset = off, .bytes = bytes, .access = access};
 }
 
-/* A kernel step of the fp8 module beside GEMM g: its place in the program, no operands yet. */
-static cp_step *cast_step(program *q, const cp_step *g, int module, const char *role, cp_task task) {
+/* A kernel step of the fp8 module beside GEMM g that measures for or writes copy c: its place in the program and its
+ * kernel (the role its task and copy name: amax_e4m3, cast_t_e5m2, cast_1d_e4m3, cast_t_2d_e4m3, ...), no operands
+ * yet. */
+static cp_step *cast_step(program *q, const cp_step *g, int module, cp_task task, cp_fp8_copy c) {
     cp_step k;
     memset(&k, 0, sizeof k);
     k.kind = CP_OP_KERNEL;
@@ -111,7 +113,11 @@ static cp_step *cast_step(program *q, const cp_step *g, int module, const char *
     k.ring_step = g->ring_step;
     k.ring_part = g->ring_part;
     k.module = module;
-    snprintf(k.role, sizeof k.role, "%s", role);
+    k.fp8 = c;
+    const char *fmt = c.fmt == CP_GEMM_E5M2 ? "e5m2" : "e4m3", *t = c.transposed ? "_t" : "";
+    if (task == CP_TASK_FP8_AMAX) snprintf(k.role, sizeof k.role, "amax_%s", fmt);
+    else if (task == CP_TASK_FP8_CAST) snprintf(k.role, sizeof k.role, "cast%s_%s", t, fmt);
+    else snprintf(k.role, sizeof k.role, "cast%s_%s_%s", t, c.scale == CP_GEMM_SCALE_2D ? "2d" : "1d", fmt);
     snprintf(k.what, sizeof k.what, "%s", cp_task_name(task));
     return append(q, &k);
 }
@@ -237,8 +243,7 @@ static int measure(lowering *L, cache *c, const cp_step *g, int x, int role, con
         if (c->copy[j].valid && c->copy[j].slot == k) c->copy[j].valid = false;
     c->slot[k] = (slot_state){.valid = true, .in_body = c->body, .src = *src, .used = ++c->clock};
     if (L->emit && !fuse_amax(L, src, k)) {
-        bool e5 = src->fmt == CP_GEMM_E5M2;
-        cp_step *s = cast_step(&L->q, g, L->module, e5 ? "amax_e5m2" : "amax_e4m3", CP_TASK_FP8_AMAX);
+        cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_AMAX, (cp_fp8_copy){.fmt = src->fmt});
         op.access = CP_READ;
         s->ops[s->nops++] = op;
         operand(s, L->state, PARTS(x), CP_FP8_AMAX_PARTS * 4, CP_RW);
@@ -263,10 +268,8 @@ static cp_operand block_scales(int buf, int64_t rows, int64_t cols, uint8_t scal
  * transposed; source operand op. */
 static void cast_block(lowering *L, const cp_step *g, cp_operand op, const source *src, int k, bool transposed,
                        uint8_t scale, cp_operand scales) {
-    bool e5 = src->fmt == CP_GEMM_E5M2, tiles = scale == CP_GEMM_SCALE_2D;
-    char role[24];
-    snprintf(role, sizeof role, "cast%s_%s_%s", transposed ? "_t" : "", tiles ? "2d" : "1d", e5 ? "e5m2" : "e4m3");
-    cp_step *s = cast_step(&L->q, g, L->module, role, CP_TASK_FP8_CAST_BLOCK);
+    cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST_BLOCK,
+                           (cp_fp8_copy){.fmt = src->fmt, .scale = scale, .transposed = transposed});
     op.access = CP_READ;
     s->ops[s->nops++] = op;
     operand(s, L->copy_buf[k], 0, src->rows * src->cols, CP_DEF); /* what the buffer held before is not read */
@@ -304,9 +307,8 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, int64_t rows,
     }
     b->bytes = CP_MAX(b->bytes, rows * cols);
     if (L->emit) {
-        bool e5 = fmt == CP_GEMM_E5M2;
-        const char *role_name = transposed ? (e5 ? "cast_t_e5m2" : "cast_t_e4m3") : (e5 ? "cast_e5m2" : "cast_e4m3");
-        cp_step *s = cast_step(&L->q, g, L->module, role_name, CP_TASK_FP8_CAST);
+        cp_step *s =
+            cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST, (cp_fp8_copy){.fmt = fmt, .transposed = transposed});
         s->ops[s->nops] = *op;
         s->ops[s->nops++].access = CP_READ;
         operand(s, L->state, SLOT(*slot), 16, CP_READ);

@@ -709,15 +709,15 @@ static int k_fp8_cast(pctx *c) {
     return 0;
 }
 
-/* fp8_cast_block: operands src, the FP8 copy, its block scales: role(src, rows, cols, ld, dst, scales); the role
- * (cast_1d_e4m3, cast_t_2d_e4m3, ...) says the layout, whose blocks of 128 must fit the source (k's side a multiple
- * of 128) */
+/* fp8_cast_block: operands src, the FP8 copy, its block scales: role(src, rows, cols, ld, dst, scales); the step's
+ * copy (cp_step.fp8) says the layout, whose blocks of 128 must fit the source (k's side a multiple of 128) */
 static int k_fp8_cast_block(pctx *c) {
     if (need_ops(c, 3)) return -1;
     xlaunch *l = &c->x->L[0];
     const char *role = c->s->role;
     int64_t rows = c->s->count, cols = c->s->heads;
-    bool t = !strncmp(role, "cast_t_", 7), tiles = strstr(role, "_2d_") != NULL;
+    bool t = c->s->fp8.transposed, tiles = c->s->fp8.scale == CP_GEMM_SCALE_2D;
+    if (c->s->fp8.scale == CP_GEMM_SCALE_TENSOR) return pfail(c, "a block-scaled FP8 cast (%s) without blocks", role);
     int64_t crow = t ? cols : rows, ccol = t ? rows : cols; /* the copy's */
     if (!tiles && ccol % 128)
         return pfail(c, "a 1 x 128 block-scaled FP8 cast (%s) of a copy with %lld columns (not a multiple of 128)",

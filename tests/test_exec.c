@@ -488,7 +488,7 @@ static void test_documents(void **state) {
 
 /* train.precision = "fp8": the layers' GEMMs on FP8 copies, each after its casts (and with per-tensor scales its
  * amaxes), prepared in the layouts that move GEMM operands around (stages, tiles folded, recompute, rings, offload,
- * micro-batches). */
+ * micro-batches), and with the weights' gradients left in bf16. */
 static void test_fp8(void **state) {
     (void)state;
     const char *fp8 = "train.precision=fp8", *pt = "train.fp8_scaling=tensor";
@@ -506,6 +506,7 @@ static void test_fp8(void **state) {
     check("tiny", 4, fp8, blk, "parallel.gpus=2", "parallel.upipe_heads=2");
     check("tiny", 4, fp8, blk, "parallel.mlp_tile=512", "parallel.loss_tile=256");
     check("llama3b", 5, fp8, blk, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
+    check("llama3b", 6, fp8, blk, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K", "train.fp8_weight_grads=bf16");
     check("llama8b", 6, fp8, blk, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
 }
 

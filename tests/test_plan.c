@@ -720,6 +720,20 @@ static bool fp8_same(const cp_operand *a, const cp_operand *b) {
     return a->buf == b->buf && a->offset == b->offset && a->bytes == b->bytes;
 }
 
+/* FP8 step x's copy (cp_step.fp8), which the executor checks the cast by, after checking that the kernel its role
+ * names is of the same layout */
+static cp_fp8_copy fp8_copy(const cp_step *x) {
+    const cp_fp8_copy c = x->fp8;
+    const char *r = x->role;
+    bool block = x->task == CP_TASK_FP8_CAST_BLOCK;
+    if ((strstr(r, "e5m2") != NULL) != (c.fmt == CP_GEMM_E5M2) || (c.fmt != CP_GEMM_E4M3 && c.fmt != CP_GEMM_E5M2) ||
+        (strstr(r, "cast_t_") == r) != c.transposed || (strstr(r, "_2d_") != NULL) != (c.scale == CP_GEMM_SCALE_2D) ||
+        (strstr(r, "_1d_") != NULL) != (c.scale == CP_GEMM_SCALE_1D) || block != (c.scale != CP_GEMM_SCALE_TENSOR))
+        fail_msg("FP8 step %s (layer %d): role %s against its copy (format %d, scale %d, transposed %d)", x->what,
+                 x->layer, r, c.fmt, c.scale, c.transposed);
+    return c;
+}
+
 /* What step x writes no longer holds what was made from it: each of the n entries of held made from it is dropped */
 static void fp8_forget(fp8_held *held, int n, const cp_step *x) {
     for (int o = 0; o < x->nops; o++) {
@@ -764,7 +778,7 @@ static void test_fp8(void **state) {
                 amaxes++;
                 int64_t k = x->ops[3].offset / CP_FP8_SLOT_BYTES;
                 assert_true(k < 256 && x->ops[3].offset % CP_FP8_SLOT_BYTES == 0);
-                slot[k] = (fp8_held){.valid = true, .src = x->ops[0], .e5m2 = strstr(x->role, "e5m2") != NULL};
+                slot[k] = (fp8_held){.valid = true, .src = x->ops[0], .e5m2 = fp8_copy(x).fmt == CP_GEMM_E5M2};
                 for (int o = 0; o < f.nbufs; o++)
                     if (held[o].slot == k) held[o].valid = false;
                 continue;
@@ -775,7 +789,8 @@ static void test_fp8(void **state) {
                 if (from == CP_CAT_PARAMS || from == CP_CAT_GATHERED) { /* once per layer, pass and orientation */
                     for (int w = 0; w < weight_casts; w++) {
                         const cp_step *o = &f.steps[wcast[w]];
-                        if (fp8_same(&o->ops[0], &x->ops[0]) && !strcmp(o->role, x->role) && o->layer == x->layer &&
+                        if (fp8_same(&o->ops[0], &x->ops[0]) && o->fp8.transposed == x->fp8.transposed &&
+                            o->fp8.fmt == x->fp8.fmt && o->layer == x->layer &&
                             (o->phase == CP_PHASE_FWD) == (x->phase == CP_PHASE_FWD))
                             fail_msg("steps %d and %d (layer %d): the same weights cast twice in one pass", wcast[w],
                                      i, x->layer);
@@ -783,11 +798,12 @@ static void test_fp8(void **state) {
                     wcast[weight_casts++] = i;
                 }
                 int64_t k = x->ops[1].offset / CP_FP8_SLOT_BYTES;
-                bool e5 = strstr(x->role, "e5m2") != NULL;
+                const cp_fp8_copy cc = fp8_copy(x);
+                bool e5 = cc.fmt == CP_GEMM_E5M2;
                 assert_true(slot[k].valid && fp8_same(&slot[k].src, &x->ops[0]) && slot[k].e5m2 == e5);
                 assert_int_equal(f.bufs[x->ops[2].buf].cat, CP_CAT_FP8);
-                held[x->ops[2].buf] = (fp8_held){.valid = true, .transposed = strstr(x->role, "cast_t_") == x->role,
-                                                 .src = x->ops[0], .e5m2 = e5, .slot = k};
+                held[x->ops[2].buf] = (fp8_held){.valid = true, .transposed = cc.transposed, .src = x->ops[0],
+                                                 .e5m2 = e5, .slot = k};
                 continue;
             }
             if (x->kind == CP_OP_MEMSET && !strcmp(f.bufs[x->ops[0].buf].name, "fp8_state")) {
@@ -915,7 +931,8 @@ static void test_fp8_block(void **state) {
             assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST && x->namax == 0);
             if (x->task == CP_TASK_FP8_CAST_BLOCK) {
                 casts++;
-                bool t = !strncmp(x->role, "cast_t_", 7), tiles = strstr(x->role, "_2d_") != NULL;
+                const cp_fp8_copy cc = fp8_copy(x);
+                bool t = cc.transposed, tiles = cc.scale == CP_GEMM_SCALE_2D;
                 cp_cat from = f.bufs[x->ops[0].buf].cat;
                 assert_true(tiles == (from == CP_CAT_PARAMS || from == CP_CAT_GATHERED));
                 int64_t rows = t ? x->heads : x->count, cols = t ? x->count : x->heads; /* the copy's */
@@ -927,7 +944,7 @@ static void test_fp8_block(void **state) {
                             x->ops[2].bytes == 4 * nsc);
                 assert_true(x->ops[2].offset + x->ops[2].bytes <= f.bufs[x->ops[1].buf].bytes);
                 held[x->ops[1].buf] = (fp8_held){.valid = true, .transposed = t, .src = x->ops[0],
-                                                 .e5m2 = strstr(x->role, "e5m2") != NULL, .slot = x->ops[2].offset};
+                                                 .e5m2 = cc.fmt == CP_GEMM_E5M2, .slot = x->ops[2].offset};
                 tiled[x->ops[1].buf] = tiles;
                 continue;
             }
