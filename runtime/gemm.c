@@ -29,7 +29,8 @@ typedef struct {
     cublasLtMatrixLayout_t la, lb, lc, ld; /* cuBLASLt's A (our B), B (our A), C, D */
     cublasLtMatmulAlgo_t algo;
     size_t ws_needed;
-    cublasLtMatmulHeuristicResult_t *cand; /* cp_gemm_candidates' list, best first */
+    cublasLtMatmulHeuristicResult_t *cand; /* cp_gemm_candidates' list, best first, ncand of them */
+    int ncand;
     const float *a_scale, *b_scale; /* FP8: the scales the descriptor points at now (set again only when they move) */
 } gemm_entry;
 
@@ -304,13 +305,14 @@ int cp_gemm_candidates(cp_gemm_lib *g, int id, int max, char *err, int errlen) {
     gemm_entry *e = &g->e[id];
     free(e->cand);
     e->cand = cp_xcalloc((size_t)max, sizeof *e->cand);
-    return heuristic(g, e, max, e->cand, err, errlen);
+    e->ncand = heuristic(g, e, max, e->cand, err, errlen);
+    return e->ncand;
 }
 
 int cp_gemm_pick(cp_gemm_lib *g, int id, int pick, char *err, int errlen) {
-    if (id < 0 || id >= g->n || !g->e[id].cand || pick < 0) {
-        snprintf(err, (size_t)errlen, "GEMM entry %d (of %d): algorithm %d of no list (cp_gemm_candidates first): a "
-                 "caller's bug", id, g->n, pick);
+    if (id < 0 || id >= g->n || pick < 0 || pick >= g->e[id].ncand) {
+        snprintf(err, (size_t)errlen, "GEMM entry %d (of %d): algorithm %d of %d (cp_gemm_candidates first): a "
+                 "caller's bug", id, g->n, pick, id < 0 || id >= g->n ? 0 : g->e[id].ncand);
         return -1;
     }
     g->e[id].algo = g->e[id].cand[pick].algo;

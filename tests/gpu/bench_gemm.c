@@ -81,7 +81,8 @@ static double time_gemm_first(cp_gemm_lib *lib, const cp_gemm *g, const char *wh
     gemm_launch l = {lib, id, A, B, C, D, sa, sb};
     double t = gu_median_ms(REPS, WARM, launch_gemm, &l);
     if (first) *first = t;
-    int n = algos > 1 ? cp_gemm_candidates(lib, id, algos, err, sizeof err) : 1;
+    if (algos < 2) return t;
+    int n = cp_gemm_candidates(lib, id, algos, err, sizeof err);
     if (n < 0) gu_fail("%s", err);
     for (int c = 1, best = 0; c <= n; c++) { /* the last round puts the fastest back */
         if (cp_gemm_pick(lib, id, c < n ? c : best, err, sizeof err)) gu_fail("%s", err);
