@@ -176,11 +176,12 @@ static bool before(int b, int a, bool shuffle) {
     return memcmp(kb, ka, 32) < 0;
 }
 
-/* The expected stream of one side: the documents (kept, on that side) in their order, each followed by 256. */
-static int32_t *expected(const bool *val, bool side, bool shuffle, int64_t *n) {
-    int order[NDOCS], m = 0;
+/* The kept documents (those on one side, when val says the sides) in path order, or with shuffle in --shuffle's:
+ * their indices into order, and how many */
+static int kept_order(const bool *val, bool side, bool shuffle, int *order) {
+    int m = 0;
     for (int i = 0; i < NDOCS; i++)
-        if (docs[i].kept && val[i] == side) order[m++] = i;
+        if (docs[i].kept && (!val || val[i] == side)) order[m++] = i;
     for (int a = 0; a < m; a++)
         for (int b = a + 1; b < m; b++)
             if (before(order[b], order[a], shuffle)) {
@@ -188,6 +189,12 @@ static int32_t *expected(const bool *val, bool side, bool shuffle, int64_t *n) {
                 order[a] = order[b];
                 order[b] = t;
             }
+    return m;
+}
+
+/* The expected stream of one side: the documents (kept, on that side) in their order, each followed by 256. */
+static int32_t *expected(const bool *val, bool side, bool shuffle, int64_t *n) {
+    int order[NDOCS], m = kept_order(val, side, shuffle, order);
     int32_t *t = malloc(4096 * sizeof *t);
     int64_t at = 0;
     for (int a = 0; a < m; a++) {
@@ -294,16 +301,7 @@ typedef struct {
 
 /* The pieces of the kept documents in path order, cut at most `max` bytes long as make_tokens.py cuts them. */
 static int cut_pieces(size_t max, piece *out) {
-    int order[NDOCS], m = 0, n = 0;
-    for (int i = 0; i < NDOCS; i++)
-        if (docs[i].kept) order[m++] = i;
-    for (int a = 0; a < m; a++)
-        for (int b = a + 1; b < m; b++)
-            if (before(order[b], order[a], false)) {
-                int t = order[a];
-                order[a] = order[b];
-                order[b] = t;
-            }
+    int order[NDOCS], m = kept_order(NULL, false, false, order), n = 0;
     for (int o = 0; o < m; o++) {
         int i = order[o];
         const char *t = docs[i].text;
