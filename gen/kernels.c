@@ -380,10 +380,8 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         if (strcmp(role, "amax_e4m3") == 0 || strcmp(role, "amax_e5m2") == 0) {
             d->block = (unsigned)get_int(k, "BLOCK");
             d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), get_int(k, "AMAX_PARTS"));
-        } else if (strcmp(role, "cast_e4m3") == 0 || strcmp(role, "cast_e5m2") == 0) {
-            d->block = (unsigned)get_int(k, "BLOCK");
-            d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), 0);
-        } else if (strcmp(role, "cast_1d_e4m3") == 0 || strcmp(role, "cast_1d_e5m2") == 0) {
+        } else if (strcmp(role, "cast_e4m3") == 0 || strcmp(role, "cast_e5m2") == 0 ||
+                   strcmp(role, "cast_1d_e4m3") == 0 || strcmp(role, "cast_1d_e5m2") == 0) {
             d->block = (unsigned)get_int(k, "BLOCK");
             d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), 0);
         } else if (strcmp(role, "cast_t_e4m3") == 0 || strcmp(role, "cast_t_e5m2") == 0 ||

@@ -83,8 +83,8 @@ void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_hea
 void cp_k_cast(cp_kernel_spec *k);
 /* fp8 (train.precision = "fp8"): FP8 copies of a GEMM's bf16 input src [rows][cols] (row stride ld elements; rows and
  * cols multiples of 16, ld of 8) with a per-tensor scale from its current values, in a scale slot of
- * CP_FP8_SLOT_BYTES (16-byte aligned): amax_e4m3, amax_e5m2(src, rows, cols, ld, parts f32[CP_FP8_AMAX_PARTS] scratch, counter u32 (0 before,
- * left 0), slot out) write slot[0..2] = {amax / fmax, fmax / amax, amax} (1, 1, 0 for amax 0), fmax the type's
+ * CP_FP8_SLOT_BYTES (16-byte aligned): amax_e4m3, amax_e5m2(src, rows, cols, ld, parts f32[CP_FP8_AMAX_PARTS]
+ * scratch, counter u32 (0 before, left 0), slot out) write slot[0..2] = {amax / fmax, fmax / amax, amax} (1, 1, 0 for amax 0), fmax the type's
  * largest finite value, 448 (E4M3) or 57344 (E5M2); a producer's own amax (rmsnorm, swiglu) writes the same and
  * keeps its counts and its groups' running maxima in the rest (templates/fp8_amax.cuh: 0 before, left 0);
  * cast_e4m3, cast_e5m2(src, rows, cols, ld, slot, dst u8[rows][cols]) write fp8(x * slot[1]), saturated;

@@ -116,10 +116,11 @@ int main(void) {
         gu_module *m = build(&k);
         size_t nb = 2 * (size_t)(n * H);
         void *x = filled(nb), *r = filled(nb), *s = gu_malloc(nb), *w = filled(2 * (size_t)H), *o = gu_malloc(nb);
-        void *rs = gu_malloc(4 * (size_t)n), *dw = filled(4 * (size_t)H), *null = NULL, *slot = gu_malloc(CP_FP8_SLOT_BYTES);
+        void *rs = gu_malloc(4 * (size_t)n), *dw = filled(4 * (size_t)H), *null = NULL;
+        void *slot = gu_malloc(CP_FP8_SLOT_BYTES);
         float none = 0.0f, e4 = 448.0f;
-        static const char zeros[2 * CP_FP8_SLOT_BYTES];
-        gu_upload(slot, zeros, CP_FP8_SLOT_BYTES); /* a scale slot's running maximum and count start at 0 (and are left 0) */
+        static const char zeros[CP_FP8_SLOT_BYTES];
+        gu_upload(slot, zeros, CP_FP8_SLOT_BYTES); /* a scale slot's running maxima and counts start at 0 (left 0) */
         int parts = (int)gu_dims(m, "bwd", n, 0).grid[0];
         void *part = gu_malloc(scratch);
         void *a[] = {&x, &null, &null, &w, &o, &rs, &n, &null, &none};

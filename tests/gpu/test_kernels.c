@@ -722,6 +722,15 @@ static void test_cast(void **state) {
 
 /* ---- fp8 ---- */
 
+/* The fp8 module's kernels, built for this GPU */
+static gu_module *fp8_module(void) {
+    cp_kernel_spec k;
+    cp_k_fp8(&k);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    return m;
+}
+
 /* amax then cast of a strided bf16 [rows][cols] (row stride ld) to E4M3 or E5M2, as rows or transposed: the slot
  * against the CPU's amax and scales (exact: a maximum and one division), every byte against the CPU's encoding with
  * the kernel's own scale (exact). The counter must be left 0, so the second amax of a run reuses it. */
@@ -770,10 +779,7 @@ static void fp8_case(gu_module *m, int64_t rows, int64_t cols, int64_t ld, bool 
 
 static void test_fp8(void **state) {
     (void)state;
-    cp_kernel_spec k;
-    cp_k_fp8(&k);
-    gu_module *m = gu_build(&k);
-    cp_kspec_free(&k);
+    gu_module *m = fp8_module();
     /* one tile, partial tiles (80, 1008), a stride beyond the row, a projection's 4096 x 3072 and one with more
      * blocks than amax parts */
     const int64_t shapes[][3] = {{16, 16, 16}, {64, 128, 136}, {1008, 80, 96}, {4096, 3072, 3072}, {16384, 1024, 1024}};
@@ -878,10 +884,7 @@ static void fp8_block_case(gu_module *m, const char *role, int64_t rows, int64_t
  * narrower than one (1008 x 80); strided sources (ld > cols), and a projection input's 4096 x 3072. */
 static void test_fp8_block(void **state) {
     (void)state;
-    cp_kernel_spec k;
-    cp_k_fp8(&k);
-    gu_module *m = gu_build(&k);
-    cp_kspec_free(&k);
+    gu_module *m = fp8_module();
     static const struct {
         const char *role;
         int64_t rows, cols, ld;
