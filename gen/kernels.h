@@ -92,6 +92,8 @@ void cp_k_cast(cp_kernel_spec *k);
  * Block scaling (train.fp8_scaling = "block"; the layouts: templates/fp8.cu): cast_1d_e4m3, cast_1d_e5m2(src, rows,
  * cols, ld, dst u8[rows][cols], scales f32) with a scale per row and 128 columns (cols a multiple of 128);
  * cast_t_1d_e4m3, cast_t_1d_e5m2 the transposed copy, a scale per column and 128 rows (rows a multiple of 128);
+ * cast_rt_1d_e4m3, cast_rt_1d_e5m2(src, rows, cols, ld, dst, scales, dst_t, scales_t) both from one read (rows and
+ * cols multiples of 128);
  * cast_2d_e4m3, cast_t_2d_e4m3 a weight's copies, a scale per 128 x 128 tile. Each scale is the power of two an
  * element stands for. cp_k_dims takes n = rows and heads = cols. */
 #define CP_FP8_AMAX_PARTS 1024

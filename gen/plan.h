@@ -188,6 +188,7 @@ typedef struct {
     uint8_t fmt;     /* cp_gemm_type: E4M3 or E5M2 */
     uint8_t scale;   /* cp_gemm_scale: one per tensor (a scale slot), or blocks of 1 x 128 or 128 x 128 (behind it) */
     bool transposed; /* the copy is the source transposed, [cols][rows] */
+    bool both;       /* a 1 x 128 cast that writes the copy [rows][cols] and the transposed copy from one read */
 } cp_fp8_copy;
 
 typedef struct {

@@ -10,7 +10,9 @@
  * nothing written to it since, reads that copy (or scale) again. So q, k and v read one copy of the normed input, a
  * tensor read plain and transposed is measured once, and a weight is cast once per layer and pass rather than once
  * per MLP tile: each weight role (the GEMM that reads it) has a copy buffer and a scale slot of its own, which the
- * tiles between do not touch. A folded run of tiles (cp_loop) keeps what its body never overwrites.
+ * tiles between do not touch. A folded run of tiles (cp_loop) keeps what its body never overwrites. With block scales
+ * a tensor one GEMM reads as rows and a later one transposed (or the reverse), nothing written to it between, is cast
+ * both ways from one read: the second copy goes into the buffer kept for copies made ahead for that GEMM's input.
  * An amax is taken by the kernel that wrote the tensor where that kernel can (rmsnorm, SwiGLU: cp_plan_fp8_producer)
  * and wrote exactly the GEMM's input, in the same stretch of the program, with nothing between touching the slot;
  * elsewhere by a pass of its own.
@@ -32,7 +34,9 @@
 #define COUNTER(x) (SLOT(MAX_SLOTS) + (int64_t)(x) * 16)
 #define PARTS(x) (SLOT(MAX_SLOTS) + 32 + (int64_t)(x) * CP_FP8_AMAX_PARTS * 4)
 #define STATE_BYTES PARTS(2)
-#define MAX_COPIES (2 + MAX_ROLES) /* the two inputs' scratch copies, then the roles' */
+#define AHEAD 2                        /* the copies made ahead for a later GEMM's input 0 or 1 (cast_both) */
+#define ROLE0 4                        /* the first weight role's copy */
+#define MAX_COPIES (ROLE0 + MAX_ROLES) /* the two inputs' scratch copies, the two made ahead, then the roles' */
 
 bool cp_plan_fp8_eligible(const cp_train *t, const cp_step *s) {
     const cp_gemm *g = &s->gemm;
@@ -114,7 +118,7 @@ static cp_step *cast_step(program *q, const cp_step *g, int module, cp_task task
     k.ring_part = g->ring_part;
     k.module = module;
     k.fp8 = c;
-    const char *fmt = c.fmt == CP_GEMM_E5M2 ? "e5m2" : "e4m3", *t = c.transposed ? "_t" : "";
+    const char *fmt = c.fmt == CP_GEMM_E5M2 ? "e5m2" : "e4m3", *t = c.both ? "_rt" : c.transposed ? "_t" : "";
     if (task == CP_TASK_FP8_AMAX) snprintf(k.role, sizeof k.role, "amax_%s", fmt);
     else if (task == CP_TASK_FP8_CAST) snprintf(k.role, sizeof k.role, "cast%s_%s", t, fmt);
     else snprintf(k.role, sizeof k.role, "cast%s_%s_%s", t, c.scale == CP_GEMM_SCALE_2D ? "2d" : "1d", fmt);
@@ -128,6 +132,13 @@ typedef struct {
     int64_t offset, bytes, stride, rows, cols, ld;
     uint8_t fmt; /* cp_gemm_type */
 } source;
+
+/* The copy an input of a GEMM reads: of what, transposed or not, with which scales (cp_gemm_scale) */
+typedef struct {
+    source src;
+    bool transposed;
+    uint8_t scale;
+} copy_need;
 
 /* What a scale slot or a copy buffer holds now; in_body: made in the loop body being lowered */
 typedef struct {
@@ -157,6 +168,7 @@ typedef struct {
     cp_plan *P;
     program q;
     int region; /* where the stretch of q being lowered starts: a loop body's first step, or the step after one */
+    int end;    /* and where it ends in the planner's steps: its loop's end, or the next loop's first step */
     bool emit;  /* false: a trial run over a loop's body, which only updates the cache */
     int module, state;
     int copy_buf[MAX_COPIES]; /* the plan's buffer of each copy */
@@ -198,7 +210,7 @@ static int weight_role_of(lowering *L, const cp_step *g, int x) {
     w->input = x;
     char name[48];
     snprintf(name, sizeof name, "fp8_w.%s", g->what);
-    L->copy_buf[2 + L->nroles] = cp_plan_add_buf(L->P, name, CP_SPACE_GPU, CP_CAT_FP8, 16, false);
+    L->copy_buf[ROLE0 + L->nroles] = cp_plan_add_buf(L->P, name, CP_SPACE_GPU, CP_CAT_FP8, 16, false);
     return L->nroles++;
 }
 
@@ -280,42 +292,113 @@ static void cast_block(lowering *L, const cp_step *g, cp_operand op, const sourc
     s->bytes = (double)src->rows * (double)src->cols * 3 + (double)scales.bytes;
 }
 
-/* The copy GEMM g reads as input x (0: A, 1: B): operand op of g read as [rows][cols] with row stride ld, in
- * format fmt, transposed or not, with its scales as `scale` (cp_gemm_scale); one that holds it already, else a fresh
- * cast. Its per-tensor scale slot into *slot (-1 with block scales, which the copy's buffer holds). */
-static int copy_of(lowering *L, cache *c, const cp_step *g, int x, int64_t rows, int64_t cols, int64_t ld,
-                   bool transposed, uint8_t fmt, uint8_t scale, int *slot) {
+/* Input x of GEMM g as the copy it reads, as the GEMM on FP8 inputs takes it (x W^T) */
+static copy_need need_of(const cp_plan *P, const cp_step *g, int x) {
+    const cp_gemm *m = &g->gemm, f = cp_plan_fp8_gemm(P, g);
     const cp_operand *op = &g->ops[x];
-    source src = {.buf = op->buf, .offset = op->offset, .bytes = op->bytes, .stride = op->stride, .rows = rows,
-                  .cols = cols, .ld = ld, .fmt = fmt};
+    copy_need n = {.src = {.buf = op->buf, .offset = op->offset, .bytes = op->bytes, .stride = op->stride}};
+    if (x == 0) {
+        n.src.rows = m->trans_a ? m->k : m->m, n.src.cols = m->trans_a ? m->m : m->k, n.src.ld = m->lda;
+        n.src.fmt = f.a_type, n.transposed = m->trans_a, n.scale = f.a_scale;
+    } else {
+        n.src.rows = m->trans_b ? m->n : m->k, n.src.cols = m->trans_b ? m->k : m->n, n.src.ld = m->ldb;
+        n.src.fmt = f.b_type, n.transposed = !m->trans_b, n.scale = f.b_scale;
+    }
+    return n;
+}
+
+/* The input (0 or 1) of a later GEMM in this stretch of the program that reads n's source the other way round
+ * (transposed where n is not, or the reverse) with 1 x 128 blocks before anything writes the source; else -1. */
+static int read_other_way(const lowering *L, const cp_step *g, const copy_need *n) {
+    const cp_plan *P = L->P;
+    for (const cp_step *h = g + 1; h < P->steps + L->end; h++) {
+        if (cp_plan_fp8_eligible(&P->spec.train, h))
+            for (int y = 0; y < 2; y++) {
+                copy_need o = need_of(P, h, y);
+                if (o.scale == CP_GEMM_SCALE_1D && o.transposed != n->transposed && same_source(&o.src, &n->src))
+                    return y;
+            }
+        for (int j = 0; j < h->nops; j++)
+            if ((h->ops[j].access & CP_WRITE) &&
+                overlaps(&n->src, h->ops[j].buf, h->ops[j].offset, h->ops[j].offset + h->ops[j].bytes))
+                return -1;
+    }
+    return -1;
+}
+
+/* The cast of src into copy k (its orientation `transposed`) and, from the same read, copy k2 the other way round,
+ * both with 1 x 128 blocks */
+static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source *src, int k, bool transposed, int k2) {
+    cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST_BLOCK,
+                           (cp_fp8_copy){.fmt = src->fmt, .scale = CP_GEMM_SCALE_1D, .both = true});
+    int kr = transposed ? k2 : k, kt = transposed ? k : k2;
+    op.access = CP_READ;
+    s->ops[s->nops++] = op;
+    operand(s, L->copy_buf[kr], 0, src->rows * src->cols, CP_DEF);
+    s->ops[s->nops++] = block_scales(L->copy_buf[kr], src->rows, src->cols, CP_GEMM_SCALE_1D, CP_DEF);
+    operand(s, L->copy_buf[kt], 0, src->rows * src->cols, CP_DEF);
+    s->ops[s->nops++] = block_scales(L->copy_buf[kt], src->cols, src->rows, CP_GEMM_SCALE_1D, CP_DEF);
+    s->count = src->rows;
+    s->heads = src->cols;
+    s->ld = src->ld;
+    s->bytes = (double)src->rows * (double)src->cols * 4 + (double)(s->ops[2].bytes + s->ops[4].bytes);
+}
+
+/* The copy GEMM g reads as input x (0: A, 1: B), as n says: one that holds it already, else a fresh cast; with
+ * 1 x 128 blocks, one that also writes the copy the other way round when a later GEMM reads it so (into the copy
+ * made ahead for that GEMM's input). Its per-tensor scale slot into *slot (-1 with block scales, which the copy's
+ * buffer holds). */
+static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_need *n, int *slot) {
+    const cp_operand *op = &g->ops[x];
+    const source src = n->src;
+    const bool transposed = n->transposed;
+    const int64_t rows = src.rows, cols = src.cols;
+    bool other = false; /* a copy of it held the other way round */
     for (int k = 0; k < MAX_COPIES; k++)
-        if (c->copy[k].valid && c->copy[k].transposed == transposed && same_source(&c->copy[k].src, &src)) {
+        if (c->copy[k].valid && same_source(&c->copy[k].src, &src)) {
+            if (c->copy[k].transposed != transposed) {
+                other = true;
+                continue;
+            }
             *slot = c->copy[k].slot;
             if (*slot >= 0) c->slot[*slot].used = ++c->clock;
             return k;
         }
-    int role = weight_role_of(L, g, x), k = role < 0 ? x : 2 + role;
-    *slot = scale ? -1 : measure(L, c, g, x, role, &src, *op);
+    int role = weight_role_of(L, g, x), k = role < 0 ? x : ROLE0 + role;
+    *slot = n->scale ? -1 : measure(L, c, g, x, role, &src, *op);
     c->copy[k] = (copy_state){.valid = true, .in_body = c->body, .transposed = transposed, .src = src, .slot = *slot};
     cp_buffer *b = &L->P->bufs[L->copy_buf[k]];
-    if (scale) {
-        cp_operand scales = block_scales(L->copy_buf[k], transposed ? cols : rows, transposed ? rows : cols, scale,
+    if (n->scale) {
+        cp_operand scales = block_scales(L->copy_buf[k], transposed ? cols : rows, transposed ? rows : cols, n->scale,
                                          CP_DEF);
         b->bytes = CP_MAX(b->bytes, scales.offset + scales.bytes);
-        if (L->emit) cast_block(L, g, *op, &src, k, transposed, scale, scales);
+        int y = n->scale == CP_GEMM_SCALE_1D && !other && rows % 128 == 0 && cols % 128 == 0
+                    ? read_other_way(L, g, n) : -1;
+        if (y < 0) {
+            if (L->emit) cast_block(L, g, *op, &src, k, transposed, n->scale, scales);
+            return k;
+        }
+        int k2 = AHEAD + y;
+        c->copy[k2] = (copy_state){.valid = true, .in_body = c->body, .transposed = !transposed, .src = src,
+                                   .slot = -1};
+        cp_buffer *b2 = &L->P->bufs[L->copy_buf[k2]];
+        cp_operand s2 = block_scales(L->copy_buf[k2], transposed ? rows : cols, transposed ? cols : rows,
+                                     CP_GEMM_SCALE_1D, CP_DEF);
+        b2->bytes = CP_MAX(b2->bytes, s2.offset + s2.bytes);
+        if (L->emit) cast_both(L, g, *op, &src, k, transposed, k2);
         return k;
     }
     b->bytes = CP_MAX(b->bytes, rows * cols);
     if (L->emit) {
-        cp_step *s =
-            cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST, (cp_fp8_copy){.fmt = fmt, .transposed = transposed});
+        cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST,
+                               (cp_fp8_copy){.fmt = src.fmt, .transposed = transposed});
         s->ops[s->nops] = *op;
         s->ops[s->nops++].access = CP_READ;
         operand(s, L->state, SLOT(*slot), 16, CP_READ);
         operand(s, L->copy_buf[k], 0, rows * cols, CP_DEF); /* what the buffer held before is no longer read */
         s->count = rows;
         s->heads = cols;
-        s->ld = ld;
+        s->ld = src.ld;
         s->bytes = (double)rows * (double)cols * 3;
     }
     return k;
@@ -330,10 +413,10 @@ static void lower_step(lowering *L, cache *c, const cp_step *g) {
     }
     const cp_gemm *m = &g->gemm, fg = cp_plan_fp8_gemm(L->P, g);
     int slot[2], copy[2];
-    copy[0] = copy_of(L, c, g, 0, m->trans_a ? m->k : m->m, m->trans_a ? m->m : m->k, m->lda, m->trans_a, fg.a_type,
-                      fg.a_scale, &slot[0]);
-    copy[1] = copy_of(L, c, g, 1, m->trans_b ? m->n : m->k, m->trans_b ? m->k : m->n, m->ldb, !m->trans_b, fg.b_type,
-                      fg.b_scale, &slot[1]);
+    for (int x = 0; x < 2; x++) {
+        copy_need n = need_of(L->P, g, x);
+        copy[x] = copy_of(L, c, g, x, &n, &slot[x]);
+    }
     if (L->emit) {
         cp_step *f = append(&L->q, g);
         f->gemm = fg;
@@ -363,6 +446,7 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
     bool emit = L->emit;
     L->emit = false;
     L->region = L->q.n;
+    L->end = loop->first + loop->nsteps;
     for (bool dropped = true; dropped;) {
         cache t = start;
         for (int j = 0; j < loop->nsteps; j++) lower_step(L, &t, &L->P->steps[loop->first + j]);
@@ -404,6 +488,8 @@ void cp_plan_lower_fp8(cp_plan *P) {
     cp_k_fp8(&P->modules[L.module]);
     L.copy_buf[0] = cp_plan_add_buf(P, "fp8_a", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
     L.copy_buf[1] = cp_plan_add_buf(P, "fp8_b", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
+    L.copy_buf[AHEAD] = cp_plan_add_buf(P, "fp8_a_ahead", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
+    L.copy_buf[AHEAD + 1] = cp_plan_add_buf(P, "fp8_b_ahead", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
     if (!P->spec.train.fp8_block) { /* per-tensor scales: their slots, and the amaxes' counters and parts */
         L.state = cp_plan_add_buf(P, "fp8_state", CP_SPACE_GPU, CP_CAT_FP8, STATE_BYTES, false);
         /* the amax counters start at 0 in every micro-batch (each amax leaves its counter 0 again) */
@@ -430,6 +516,7 @@ void cp_plan_lower_fp8(cp_plan *P) {
             continue;
         }
         moved[i] = L.q.n;
+        L.end = lp < P->nloops ? P->loops[lp].first : P->nsteps;
         lower_step(&L, &c, &P->steps[i++]);
     }
     moved[P->nsteps] = L.q.n;

@@ -17,6 +17,8 @@
 //     scales[(c / 128) * rows + r]; cols a multiple of 128.
 //   cast_t_1d_e4m3, cast_t_1d_e5m2(the same, dst [cols][rows]): the transposed copy, a scale per source column and
 //     128 source rows (the copy's rows and 128 of its columns), scales[(r / 128) * cols + c]; rows a multiple of 128.
+//   cast_rt_1d_e4m3, cast_rt_1d_e5m2(src, rows, cols, ld, dst, scales, dst_t, scales_t): both copies from one read
+//     of the source (a tensor one GEMM reads as rows and another transposed); rows and cols multiples of 128.
 //   cast_2d_e4m3(src, rows, cols, ld, dst [rows][cols], scales): a scale per 128 x 128 tile (a weight's: the same
 //     for its copy and its transposed copy), scales[(r / 128) * ld4(cols) + c / 128], ld4(x) = the blocks of x
 //     (x / 128 rounded up) rounded up to a multiple of 4 (cuBLASLt's 16-byte row pitch).
@@ -59,6 +61,10 @@ extern "C" __global__ void fp8_cast_t_1d_e4m3(const bf16 *src, i64 rows, i64 col
                                               float *scales);
 extern "C" __global__ void fp8_cast_t_1d_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
                                               float *scales);
+extern "C" __global__ void fp8_cast_rt_1d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                               float *scales, unsigned char *dst_t, float *scales_t);
+extern "C" __global__ void fp8_cast_rt_1d_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                               float *scales, unsigned char *dst_t, float *scales_t);
 extern "C" __global__ void fp8_cast_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
                                             float *scales);
 extern "C" __global__ void fp8_cast_t_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
@@ -201,14 +207,15 @@ __device__ __forceinline__ void transpose4(unsigned a, unsigned b, unsigned c, u
     w[3] = __byte_perm(ab23, cd23, 0x7632);
 }
 
-// The transposed store of a 128 x 64 tile at (r0, c0) of the source through shared memory: thread (g, t) of 128
+// The transposed store of a 128 x COLS tile at (r0, c0) of the source through shared memory: thread (g, t) of COLS * 2
 // holds p[i][k], the FP8 bytes of source row r0 + 4t + i, columns c0 + 16g + 4k .. + 3 (valid: the thread's rows and
-// columns are inside the source), stores each column's four bytes as one word of the transposed tile (a warp, one g,
-// 32 consecutive words of each column), then writes 16-byte runs of the tile's columns as rows of dst [cols][rows].
-// Tiles at the edges are partial in steps of 16 rows and columns. Every thread of the block calls it.
+// columns are inside the source), stores each column's four bytes as one word of the transposed tile (a warp, one g, 32
+// consecutive words of each column), then writes 16-byte runs of the tile's columns as rows of dst [cols][rows]. Tiles
+// at the edges are partial in steps of 16 rows and columns. Every thread of the block calls it.
+template <int COLS = TILE_C>
 __device__ __forceinline__ void store_transposed(const unsigned (*p)[4], bool valid, i64 r0, i64 c0, i64 rows,
                                                  i64 cols, unsigned char *__restrict__ dst) {
-    __shared__ __align__(16) unsigned tile[TILE_C][TILE_PITCH]; // [source column][word: 4 source rows]
+    __shared__ __align__(16) unsigned tile[COLS][TILE_PITCH]; // [source column][word: 4 source rows]
     const int t = threadIdx.x % 32, c = 16 * (threadIdx.x / 32);
     if (valid) {
 #pragma unroll
@@ -220,8 +227,8 @@ __device__ __forceinline__ void store_transposed(const unsigned (*p)[4], bool va
         }
     }
     __syncthreads();
-    // the tile's TILE_C columns of TILE_R bytes: 8 runs of 16 bytes each
-    for (int v = threadIdx.x; v < TILE_C * (TILE_R / 16); v += blockDim.x) {
+    // the tile's COLS columns of TILE_R bytes: 8 runs of 16 bytes each
+    for (int v = threadIdx.x; v < COLS * (TILE_R / 16); v += blockDim.x) {
         const int cc = v / (TILE_R / 16), rr = (v % (TILE_R / 16)) * 16;
         if (c0 + cc >= cols || r0 + rr >= rows) continue;
         *reinterpret_cast<uint4 *>(dst + (c0 + cc) * rows + r0 + rr) =
@@ -388,6 +395,64 @@ __device__ __forceinline__ void cast_t_1d(const bf16 *__restrict__ src, i64 rows
     store_transposed(p, valid, r0, c0, rows, cols, dst);
 }
 
+// 1 x 128 blocks of the copy and of the transposed copy from one read: a 128 x 128 tile per block of 256 threads,
+// thread (g, t) of warp g holding rows 4t .. 4t + 3 and columns 16g .. 16g + 15 of it. The columns' maxima over the
+// tile's rows are the warp's (as in cast_t_1d); a row's maximum over its 128 columns is the 8 warps' through shared
+// memory. The row copy is stored from registers, 16 bytes a row and thread.
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void cast_rt_1d(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                           unsigned char *__restrict__ dst, float *__restrict__ scales,
+                                           unsigned char *__restrict__ dst_t, float *__restrict__ scales_t) {
+    __shared__ __align__(16) float row_max[8][TILE_R]; // [warp][tile row]
+    const i64 r0 = (i64)blockIdx.y * TILE_R, c0 = (i64)blockIdx.x * 128;
+    const int t = threadIdx.x % 32, g = threadIdx.x / 32;
+    uint4 v[4][2];
+    float q[16];
+    unsigned p[4][4];
+    load_tile_part(src, r0, c0, rows, cols, ld, v); // whole tiles: rows and cols are multiples of 128
+    // the rows' maxima over this thread's 16 columns, then over the tile's 128
+    float rm[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        rm[i] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float f[8];
+            unpack8(v[i][h], f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) rm[i] = fmaxf(rm[i], fabsf(f[j]));
+        }
+    }
+    *reinterpret_cast<float4 *>(&row_max[g][4 * t]) = make_float4(rm[0], rm[1], rm[2], rm[3]);
+    // the transposed copy: each column's maximum over the tile's rows, from the warp that holds them
+    part_col_max(v, q);
+    warp_col_max(q);
+    const float mine = pow2_quant(q[0], fp8_max<KIND>()); // column t / 2's
+    if (t % 2 == 0) scales_t[r0 / TILE_R * cols + c0 + 16 * g + t / 2] = 1.0f / mine;
+#pragma unroll
+    for (int j = 0; j < 16; j++) q[j] = __shfl_sync(0xffffffffu, mine, 2 * j);
+    convert_part<KIND>(v, q, p);
+    store_transposed<128>(p, true, r0, c0, rows, cols, dst_t); // its barriers also publish row_max
+    // the row copy
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        const float4 m = *reinterpret_cast<const float4 *>(&row_max[w][4 * t]);
+        rm[0] = fmaxf(rm[0], m.x), rm[1] = fmaxf(rm[1], m.y), rm[2] = fmaxf(rm[2], m.z), rm[3] = fmaxf(rm[3], m.w);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const i64 r = r0 + 4 * t + i;
+        const float qr = pow2_quant(rm[i], fp8_max<KIND>());
+        float f[8];
+        unpack8(v[i][0], f);
+        const uint2 lo = fp8x8s<KIND>(f, qr);
+        unpack8(v[i][1], f);
+        const uint2 hi = fp8x8s<KIND>(f, qr);
+        *reinterpret_cast<uint4 *>(dst + r * cols + c0 + 16 * g) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        if (g == 0) scales[c0 / 128 * rows + r] = 1.0f / qr;
+    }
+}
+
 // The largest of every thread's m in a block of `threads` (a multiple of 32, at most 256), for all of them
 __device__ __forceinline__ float tile_max(float m, int threads) {
     __shared__ float warp_max[8];
@@ -469,4 +534,11 @@ CAST_BLOCK_KERNEL(fp8_cast_1d_e5m2, BLOCK, cast_1d<__NV_E5M2>)
 CAST_BLOCK_KERNEL(fp8_cast_t_1d_e4m3, 128, cast_t_1d<__NV_E4M3>)
 CAST_BLOCK_KERNEL(fp8_cast_t_1d_e5m2, 128, cast_t_1d<__NV_E5M2>)
 CAST_BLOCK_KERNEL(fp8_cast_2d_e4m3, 256, cast_2d)
+#define CAST_BOTH_KERNEL(name, body)                                                                                \
+    __global__ void __launch_bounds__(256) name(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,      \
+                                                float *scales, unsigned char *dst_t, float *scales_t) {             \
+        body(src, rows, cols, ld, dst, scales, dst_t, scales_t);                                                     \
+    }
+CAST_BOTH_KERNEL(fp8_cast_rt_1d_e4m3, cast_rt_1d<__NV_E4M3>)
+CAST_BOTH_KERNEL(fp8_cast_rt_1d_e5m2, cast_rt_1d<__NV_E5M2>)
 CAST_BLOCK_KERNEL(fp8_cast_t_2d_e4m3, 128, cast_t_2d)

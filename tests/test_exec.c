@@ -488,26 +488,30 @@ static void test_documents(void **state) {
 
 /* train.precision = "fp8": the layers' GEMMs on FP8 copies, each after its casts (and with per-tensor scales its
  * amaxes), prepared in the layouts that move GEMM operands around (stages, tiles folded, recompute, rings, offload,
- * micro-batches), and with the weights' gradients left in bf16. */
+ * micro-batches), with the weights' gradients in bf16 (the default) and on FP8 (their activations and gradients
+ * read transposed, with block scales cast both ways at once). */
 static void test_fp8(void **state) {
     (void)state;
-    const char *fp8 = "train.precision=fp8", *pt = "train.fp8_scaling=tensor";
+    const char *fp8 = "train.precision=fp8", *pt = "train.fp8_scaling=tensor", *wg = "train.fp8_weight_grads=fp8";
     check("tiny", 2, fp8, pt);
+    check("tiny", 3, fp8, pt, wg);
     check("tiny", 4, fp8, pt, "parallel.gpus=2", "parallel.upipe_heads=2");
-    check("tiny", 4, fp8, pt, "parallel.mlp_tile=512", "parallel.loss_tile=256");
-    check("tiny", 4, fp8, pt, "parallel.checkpoint_every=2", "parallel.offload=none");
+    check("tiny", 5, fp8, pt, wg, "parallel.mlp_tile=512", "parallel.loss_tile=256");
+    check("tiny", 5, fp8, pt, wg, "parallel.checkpoint_every=2", "parallel.offload=none");
     check("tiny", 4, fp8, pt, "parallel.offload=all", "train.micro_batches=2");
-    check("tiny", 4, fp8, pt, "parallel.ring=2", "parallel.gpus=2");
-    check("llama3b", 5, fp8, pt, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
+    check("tiny", 5, fp8, pt, wg, "parallel.ring=2", "parallel.gpus=2");
+    check("llama3b", 6, fp8, pt, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
     check("llama8b", 6, fp8, pt, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
     /* block scales (the default): one block-scaled cast per copy, its scales beside it */
     const char *blk = "train.fp8_scaling=block";
     check("tiny", 2, fp8, blk);
+    check("tiny", 3, fp8, blk, wg);
     check("tiny", 4, fp8, blk, "parallel.gpus=2", "parallel.upipe_heads=2");
-    check("tiny", 4, fp8, blk, "parallel.mlp_tile=512", "parallel.loss_tile=256");
+    check("tiny", 5, fp8, blk, wg, "parallel.gpus=2", "parallel.upipe_heads=2");
+    check("tiny", 5, fp8, blk, wg, "parallel.mlp_tile=512", "parallel.loss_tile=256");
     check("llama3b", 5, fp8, blk, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
-    check("llama3b", 6, fp8, blk, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K", "train.fp8_weight_grads=bf16");
-    check("llama8b", 6, fp8, blk, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
+    check("llama3b", 6, fp8, blk, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
+    check("llama8b", 7, fp8, blk, wg, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
 }
 
 /* Rings over packed documents, every rank of: ring 2 and ring 4 of one GPU, ring 2 x Ulysses 2, 2 replicas x ring 2

@@ -727,7 +727,8 @@ static cp_fp8_copy fp8_copy(const cp_step *x) {
     const char *r = x->role;
     bool block = x->task == CP_TASK_FP8_CAST_BLOCK;
     if ((strstr(r, "e5m2") != NULL) != (c.fmt == CP_GEMM_E5M2) || (c.fmt != CP_GEMM_E4M3 && c.fmt != CP_GEMM_E5M2) ||
-        (strstr(r, "cast_t_") == r) != c.transposed || (strstr(r, "_2d_") != NULL) != (c.scale == CP_GEMM_SCALE_2D) ||
+        (strstr(r, "cast_t_") == r) != c.transposed || (strstr(r, "cast_rt_") == r) != c.both ||
+        (strstr(r, "_2d_") != NULL) != (c.scale == CP_GEMM_SCALE_2D) ||
         (strstr(r, "_1d_") != NULL) != (c.scale == CP_GEMM_SCALE_1D) || block != (c.scale != CP_GEMM_SCALE_TENSOR))
         fail_msg("FP8 step %s (layer %d): role %s against its copy (format %d, scale %d, transposed %d)", x->what,
                  x->layer, r, c.fmt, c.scale, c.transposed);
@@ -767,6 +768,7 @@ static void test_fp8(void **state) {
         build(&s, &b);
         s.train.fp8 = true;
         s.train.fp8_block = s.train.fp8_e4m3_grads = false; /* per-tensor scales, E5M2 gradients */
+        s.train.fp8_bf16_wgrad = false;                       /* every layer GEMM on FP8 */
         build(&s, &f);
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held); /* each copy buffer */
         fp8_held slot[256] = {0}; /* each scale slot, by its offset / CP_FP8_SLOT_BYTES */
@@ -889,8 +891,8 @@ static void test_fp8(void **state) {
     /* the recipe's keys: every layer GEMM's gradient in E4M3, no fast accumulation anywhere */
     cp_spec s;
     cp_plan f;
-    load("tiny", &s, 4, "train.precision=fp8", "train.fp8_scaling=tensor", "train.fp8_format=e4m3",
-         "train.fp8_fast_accum=false");
+    load("tiny", &s, 5, "train.precision=fp8", "train.fp8_scaling=tensor", "train.fp8_format=e4m3",
+         "train.fp8_fast_accum=false", "train.fp8_weight_grads=fp8");
     build(&s, &f);
     int layer_gemms = 0;
     for (int i = 0; i < f.nsteps; i++) {
@@ -925,27 +927,34 @@ static void test_fp8_block(void **state) {
         build(&s, &f);
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held);
         bool *tiled = calloc((size_t)f.nbufs, sizeof *tiled);
-        int bi = 0, fp8_gemms = 0, casts = 0;
+        int bi = 0, fp8_gemms = 0, casts = 0, both = 0;
         for (int i = 0; i < f.nsteps; i++) {
             const cp_step *x = &f.steps[i];
             assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST && x->namax == 0);
             if (x->task == CP_TASK_FP8_CAST_BLOCK) {
                 casts++;
                 const cp_fp8_copy cc = fp8_copy(x);
-                bool t = cc.transposed, tiles = cc.scale == CP_GEMM_SCALE_2D;
+                bool tiles = cc.scale == CP_GEMM_SCALE_2D;
                 cp_cat from = f.bufs[x->ops[0].buf].cat;
                 assert_true(tiles == (from == CP_CAT_PARAMS || from == CP_CAT_GATHERED));
-                int64_t rows = t ? x->heads : x->count, cols = t ? x->count : x->heads; /* the copy's */
-                int64_t nsc = cp_fp8_scales(tiles ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D, rows, cols);
-                assert_int_equal(x->nops, 3);
-                assert_int_equal(f.bufs[x->ops[1].buf].cat, CP_CAT_FP8);
-                assert_true(x->ops[2].buf == x->ops[1].buf && x->ops[1].bytes == rows * cols &&
-                            x->ops[2].offset >= rows * cols && x->ops[2].offset % 256 == 0 &&
-                            x->ops[2].bytes == 4 * nsc);
-                assert_true(x->ops[2].offset + x->ops[2].bytes <= f.bufs[x->ops[1].buf].bytes);
-                held[x->ops[1].buf] = (fp8_held){.valid = true, .transposed = t, .src = x->ops[0],
-                                                 .e5m2 = cc.fmt == CP_GEMM_E5M2, .slot = x->ops[2].offset};
-                tiled[x->ops[1].buf] = tiles;
+                /* a cast of both ways writes the copy, then the transposed copy, from one source */
+                assert_true(!cc.both || (!tiles && !cc.transposed && x->count % 128 == 0 && x->heads % 128 == 0));
+                assert_int_equal(x->nops, cc.both ? 5 : 3);
+                both += cc.both;
+                for (int o = 1; o < x->nops; o += 2) {
+                    bool t = cc.transposed || o == 3;
+                    int64_t rows = t ? x->heads : x->count, cols = t ? x->count : x->heads; /* the copy's */
+                    int64_t nsc = cp_fp8_scales(tiles ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D, rows, cols);
+                    const cp_operand *cp = &x->ops[o], *sc = &x->ops[o + 1];
+                    assert_int_equal(f.bufs[cp->buf].cat, CP_CAT_FP8);
+                    assert_true(sc->buf == cp->buf && cp->bytes == rows * cols && sc->offset >= rows * cols &&
+                                sc->offset % 256 == 0 && sc->bytes == 4 * nsc);
+                    assert_true(sc->offset + sc->bytes <= f.bufs[cp->buf].bytes);
+                    held[cp->buf] = (fp8_held){.valid = true, .transposed = t, .src = x->ops[0],
+                                               .e5m2 = cc.fmt == CP_GEMM_E5M2, .slot = sc->offset};
+                    tiled[cp->buf] = tiles;
+                }
+                assert_true(!cc.both || x->ops[1].buf != x->ops[3].buf);
                 continue;
             }
             const cp_step *y = &b.steps[bi++];
@@ -983,7 +992,11 @@ static void test_fp8_block(void **state) {
             fp8_forget(held, f.nbufs, x);
         }
         assert_int_equal(bi, b.nsteps);
-        print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts\n", shapes[c][0], fp8_gemms, casts);
+        print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts (%d of both ways)\n", shapes[c][0], fp8_gemms,
+                      casts, both);
+        /* the 3B's MLP backward reads xn2, d_resid and the gradients of gate and up both ways in every tile */
+        if (c == 1) assert_true(both >= 4 * 8 * 28);
+        if (c == 2) assert_int_equal(both, 0); /* only the weights' gradients read activations transposed */
         assert_true(fp8_gemms > 0 && casts > 0 && casts < 2 * fp8_gemms);
         assert_true(f.t_fp8_casts > 0);
         if (c >= 1) assert_true(f.t_step < b.t_step * 0.95);

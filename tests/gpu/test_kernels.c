@@ -790,7 +790,8 @@ static void test_fp8(void **state) {
 }
 
 /* The block-scaled casts (train.fp8_scaling = "block") of a strided bf16 [rows][cols] (row stride ld) by `role`
- * (cast_1d_e4m3, cast_t_2d_e4m3, ...): every byte and every scale the kernel writes against ref_fp8_cast_block, both
+ * (cast_1d_e4m3, cast_t_2d_e4m3, ...; cast_rt_1d_* writes the copy and the transposed copy, each checked as
+ * cast_1d's and cast_t_1d's): every byte and every scale the kernel writes against ref_fp8_cast_block, both
  * exact (the scales are powers of two, the bytes one rounding of an exact product). The source's magnitudes change
  * by powers of two from one 16 x 16 patch to the next (2^-10 .. 2^10), so that blocks get different scales and
  * elements of a block span the FP8 range down to its subnormals and zero; and the role's own blocks, in order, cycle
@@ -800,8 +801,9 @@ static void test_fp8(void **state) {
  * strided source holds infinities, so a kernel that reads it gets an infinite amax. dst and scales start as NaN
  * (0xFF); the scale entries that pad a tiled layout's rows to a multiple of 4 are not compared (not written). */
 static void fp8_block_case(gu_module *m, const char *role, int64_t rows, int64_t cols, int64_t ld) {
-    const bool e5m2 = strstr(role, "e5m2") != NULL, transpose = strncmp(role, "cast_t_", 7) == 0;
+    const bool e5m2 = strstr(role, "e5m2") != NULL, both = strncmp(role, "cast_rt_", 8) == 0;
     const bool tiles = strstr(role, "_2d_") != NULL;
+    bool transpose = strncmp(role, "cast_t_", 7) == 0;
     char shape[96], what[64];
     snprintf(shape, sizeof shape, "%lldx%lld ld%lld", (long long)rows, (long long)cols, (long long)ld);
     snprintf(what, sizeof what, "fp8_%s", role);
@@ -841,45 +843,56 @@ static void fp8_block_case(gu_module *m, const char *role, int64_t rows, int64_t
             if (kind == 3) *mid = fmax;
             if (kind == 4) *mid = (uint16_t)(fmax + 1); /* 450, 57344 + 2^8 */
         }
-    /* the copy is [rows][cols], or [cols][rows] transposed; its scales as gen/kernels.h counts them */
-    const int64_t crows = transpose ? cols : rows, ccols = transpose ? rows : cols;
-    const int64_t ns = cp_fp8_scales(tiles ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D, crows, ccols);
-    uint8_t *out = malloc((size_t)n), *ref = malloc((size_t)n);
-    float *sout = malloc(4 * (size_t)ns), *sref = malloc(4 * (size_t)ns);
-    for (int64_t i = 0; i < ns; i++) sref[i] = NAN;
-    ref_fp8_cast_block(src, rows, cols, ld, e5m2, transpose, tiles, ref, sref);
+    /* the copy is [rows][cols], or [cols][rows] transposed; its scales as gen/kernels.h counts them; a cast of both
+     * ways writes the first, then the second */
+    const int ncopies = both ? 2 : 1;
+    const int scale = tiles ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D;
+    const int64_t most = CP_MAX(cp_fp8_scales(scale, rows, cols), cp_fp8_scales(scale, cols, rows)); /* either way */
+    uint8_t *out = malloc((size_t)n), *ref = malloc((size_t)n), *dst[2] = {NULL, NULL};
+    float *sout = malloc(4 * (size_t)most), *sref = malloc(4 * (size_t)most), *dscales[2] = {NULL, NULL};
     uint16_t *dsrc = dev_copy(src, 2 * (size_t)cnt);
-    uint8_t *dst = gu_malloc((size_t)n);
-    float *dscales = gu_malloc(4 * (size_t)ns);
-    gu_poison(dst, (size_t)n);
-    gu_poison(dscales, 4 * (size_t)ns);
-    void *a[] = {&dsrc, &rows, &cols, &ld, &dst, &dscales};
-    gu_run(m, role, rows, cols, a);
-    gu_download(out, dst, (size_t)n);
-    gu_download(sout, dscales, 4 * (size_t)ns);
-    int64_t diff = 0;
-    for (int64_t i = 0; i < n; i++) diff += out[i] != ref[i];
-    char label[96];
-    snprintf(label, sizeof label, "%s (bytes differing)", what);
-    gu_check(label, shape, (double)diff, 0);
-    /* tiled: the copy's rows of scales hold ceil(ccols / 128) entries, padded to a multiple of 4 */
-    const int64_t per_row = tiles ? (ccols + 127) / 128 : ns, pitch = tiles ? (per_row + 3) / 4 * 4 : ns;
-    int64_t sdiff = 0, compared = 0;
-    for (int64_t i = 0; i < ns; i++) {
-        if (i % pitch >= per_row) continue;
-        sdiff += !(sout[i] == sref[i]); /* NaN: not written */
-        compared++;
+    for (int k = 0; k < ncopies; k++) {
+        dst[k] = gu_malloc((size_t)n);
+        dscales[k] = gu_malloc(4 * (size_t)most);
+        gu_poison(dst[k], (size_t)n);
+        gu_poison(dscales[k], 4 * (size_t)most);
     }
-    if (compared != (tiles ? (crows + 127) / 128 * per_row : ns))
-        gu_fail("%s %s: scale entries miscounted", what, shape);
-    snprintf(label, sizeof label, "%s (scales differing)", what);
-    gu_check(label, shape, (double)sdiff, 0);
+    void *a[] = {&dsrc, &rows, &cols, &ld, &dst[0], &dscales[0], &dst[1], &dscales[1]};
+    gu_run(m, role, rows, cols, a);
+    for (int k = 0; k < ncopies; k++) {
+        if (both) transpose = k == 1;
+        const int64_t crows = transpose ? cols : rows, ccols = transpose ? rows : cols;
+        const int64_t ns = cp_fp8_scales(scale, crows, ccols); /* this copy's */
+        for (int64_t i = 0; i < ns; i++) sref[i] = NAN;
+        ref_fp8_cast_block(src, rows, cols, ld, e5m2, transpose, tiles, ref, sref);
+        gu_download(out, dst[k], (size_t)n);
+        gu_download(sout, dscales[k], 4 * (size_t)ns);
+        int64_t diff = 0;
+        for (int64_t i = 0; i < n; i++) diff += out[i] != ref[i];
+        char label[96];
+        snprintf(label, sizeof label, "%s%s (bytes differing)", what, both ? (k ? " transposed" : " rows") : "");
+        gu_check(label, shape, (double)diff, 0);
+        /* tiled: the copy's rows of scales hold ceil(ccols / 128) entries, padded to a multiple of 4 */
+        const int64_t per_row = tiles ? (ccols + 127) / 128 : ns, pitch = tiles ? (per_row + 3) / 4 * 4 : ns;
+        int64_t sdiff = 0, compared = 0;
+        for (int64_t i = 0; i < ns; i++) {
+            if (i % pitch >= per_row) continue;
+            sdiff += !(sout[i] == sref[i]); /* NaN: not written */
+            compared++;
+        }
+        if (compared != (tiles ? (crows + 127) / 128 * per_row : ns))
+            gu_fail("%s %s: scale entries miscounted", what, shape);
+        snprintf(label, sizeof label, "%s%s (scales differing)", what, both ? (k ? " transposed" : " rows") : "");
+        gu_check(label, shape, (double)sdiff, 0);
+        gu_free_dev(dst[k]), gu_free_dev(dscales[k]);
+    }
     free(src), free(out), free(ref), free(sout), free(sref);
-    gu_free_dev(dsrc), gu_free_dev(dst), gu_free_dev(dscales);
+    gu_free_dev(dsrc);
 }
 
 /* Every block-scaled cast at shapes its contract allows: 1D along the copy's rows (cols a multiple of 128) and
- * transposed (rows a multiple of 128) with one block a row or column up to many, and the tiled casts with partial
+ * transposed (rows a multiple of 128) with one block a row or column up to many, both ways at once (whole 128 x 128
+ * tiles, one up to an MLP tile's 4096 x 8192; a strided source), and the tiled casts with partial
  * tiles at both edges (272 x 400, 400 x 272: rows of scales padded or not), a single partial tile (16 x 16), tiles
  * narrower than one (1008 x 80); strided sources (ld > cols), and a projection input's 4096 x 3072. */
 static void test_fp8_block(void **state) {
@@ -897,6 +910,8 @@ static void test_fp8_block(void **state) {
         {"cast_2d_e4m3", 272, 400, 400},    {"cast_2d_e4m3", 400, 272, 280},    {"cast_2d_e4m3", 1008, 80, 96},
         {"cast_2d_e4m3", 3072, 1024, 1024}, {"cast_t_2d_e4m3", 16, 16, 16},     {"cast_t_2d_e4m3", 272, 400, 400},
         {"cast_t_2d_e4m3", 400, 272, 280},  {"cast_t_2d_e4m3", 1008, 80, 96},   {"cast_t_2d_e4m3", 3072, 1024, 1024},
+        {"cast_rt_1d_e4m3", 128, 128, 128}, {"cast_rt_1d_e4m3", 384, 256, 264}, {"cast_rt_1d_e4m3", 4096, 8192, 8192},
+        {"cast_rt_1d_e5m2", 256, 640, 640}, {"cast_rt_1d_e5m2", 4096, 3072, 3072},
     };
     for (size_t i = 0; i < CP_ARRAY_LEN(cases); i++)
         fp8_block_case(m, cases[i].role, cases[i].rows, cases[i].cols, cases[i].ld);
