@@ -68,8 +68,9 @@ static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
     LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"),
     LEAF("fp8_block_gemm_tflops"), LEAF("fp8_block_wgrad_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
-    LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"), LEAF("host_gbps"),
-    LEAF("a2a_gbps"),    LEAF("allgather_gbps"), LEAF("net_gbps"), LEAF("ranks_per_gpu"),
+    LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"),
+    LEAF("fp8_cast_t_gbps"), LEAF("host_gbps"), LEAF("a2a_gbps"), LEAF("allgather_gbps"), LEAF("net_gbps"),
+    LEAF("ranks_per_gpu"),
     LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),
     LEAF("gemm_us"), LEAF("coll_us"), LEAF("net_us"), LEAF("host_adamw_gbps"), END};
 static const node TOP_KEYS[] = {
@@ -1277,7 +1278,10 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     tr->fp8_e4m3_grads = format == 1;
     tr->fp8_fast_accum = true;
     TRY(get_bool(c, t, "train", "fp8_fast_accum", &tr->fp8_fast_accum));
-    int wgrad = 0;
+    /* the weights' gradients in bf16 by default: with them in FP8 the 1B model on real text trailed bf16 by 1.4% in
+     * training loss beyond the noise floor and 3.1% at one evaluation; in bf16 by 0.7% at most, and ended level
+     * (docs/PERF.md, 2026-12-03) */
+    int wgrad = 1;
     TRY(get_enum(c, t, "train", "fp8_weight_grads", FP8_WEIGHT_GRADS_NAMES, &wgrad));
     tr->fp8_bf16_wgrad = wgrad == 1;
     lua_pop(c->L, 1);
@@ -1316,9 +1320,12 @@ void cp_machine_defaults(cp_machine *m) {
     m->attn_bwd_tflops_d64 = 405;
     m->hbm_gbps = 4300;
     /* the 3B step at 32K in fp8 traced on an H200 (docs/PERF.md, 2026-12-02, FP8 casts made once): its 3410 casts
-     * (plain and transposed) at 3220 GB/s and 2176 amaxes at 2650, beside the launch cost; small MLP-tile tensors
-     * (25 MB) reach less than the projections' inputs (200 MB) */
+     * (per tensor, plain and transposed) at 3220 GB/s and 2176 amaxes at 2650, beside the launch cost; small MLP-tile
+     * tensors (25 MB) reach less than the projections' inputs (200 MB); block-scaled plain casts 2800-3250 GB/s */
     m->fp8_cast_gbps = 3000;
+    /* the casts that write a transposed copy, through shared memory: the block-scaled 3B step at 32K traced on an
+     * H200 (docs/PERF.md, 2026-12-03): 1660-2130 GB/s writing both copies (cast_rt_1d), 2060-2630 one */
+    m->fp8_cast_t_gbps = 2000;
     m->host_gbps = 55;
     m->a2a_gbps = 328;
     m->allgather_gbps = 278;
@@ -1411,6 +1418,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "attn_bwd_tflops_d64", &m->attn_bwd_tflops_d64));
     TRY(get_num(c, t, "machine", "hbm_gbps", &m->hbm_gbps));
     TRY(get_num(c, t, "machine", "fp8_cast_gbps", &m->fp8_cast_gbps));
+    TRY(get_num(c, t, "machine", "fp8_cast_t_gbps", &m->fp8_cast_t_gbps));
     TRY(get_num(c, t, "machine", "host_gbps", &m->host_gbps));
     TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
     TRY(get_num(c, t, "machine", "allgather_gbps", &m->allgather_gbps));
@@ -1740,6 +1748,7 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.attn_bwd_tflops_d64", mc->attn_bwd_tflops_d64},
                  {"machine.hbm_gbps", mc->hbm_gbps},
                  {"machine.fp8_cast_gbps", mc->fp8_cast_gbps},
+                 {"machine.fp8_cast_t_gbps", mc->fp8_cast_t_gbps},
                  {"machine.host_gbps", mc->host_gbps},
                  {"machine.a2a_gbps", mc->a2a_gbps},
                  {"machine.allgather_gbps", mc->allgather_gbps},

@@ -79,8 +79,8 @@ typedef struct {
                           * gradients) and per 128 x 128 tile (weights); "tensor" (false): one per tensor */
     bool fp8_fast_accum; /* train.fp8_fast_accum: the forward's FP8 GEMMs (and their recompute) sum without fp32
                           * promotion (the gradients' always promote) */
-    bool fp8_bf16_wgrad; /* train.fp8_weight_grads = "bf16": the weights' gradients (dW = dY^T X) in bf16, the
-                          * forward and dX GEMMs in FP8; "fp8" (false, the default): all three */
+    bool fp8_bf16_wgrad; /* train.fp8_weight_grads = "bf16" (the default): the weights' gradients (dW = dY^T X) in
+                          * bf16, the forward and dX GEMMs in FP8; "fp8" (false): all three */
 } cp_train;
 
 /* data.documents: whether attention and targets stay inside documents (MASK) or run over the packed sequence
@@ -135,6 +135,7 @@ typedef struct {
     double attn_bwd_tflops_d64;
     double hbm_gbps;            /* device copy, read + write */
     double fp8_cast_gbps;       /* FP8 amax and casts (train.precision = "fp8"), their bytes read + written */
+    double fp8_cast_t_gbps;     /* the FP8 casts that write a transposed copy */
     double host_gbps;           /* pinned host <-> device, each way */
     double a2a_gbps;            /* all-to-all bus bandwidth */
     double allgather_gbps;      /* all-gather / reduce-scatter bus bandwidth */

@@ -622,23 +622,23 @@ static void test_precision_key(void **state) {
     load_ok("tiny", NULL, 0);
     assert_false(spec.train.fp8);
     assert_true(spec.train.fp8_e4m3_grads && spec.train.fp8_fast_accum && spec.train.fp8_block &&
-                !spec.train.fp8_bf16_wgrad);
+                spec.train.fp8_bf16_wgrad);
     const char *tensor[] = {"train.fp8_scaling=tensor"}; /* E5M2 gradients by default with one scale per tensor */
     load_ok("tiny", tensor, 1);
     assert_true(!spec.train.fp8_e4m3_grads && !spec.train.fp8_block);
     assert_true(spec.machine.fp8_gemm_tflops > spec.machine.gemm_tflops);
     const char *fp8[] = {"train.precision=fp8", "train.fp8_format=hybrid", "train.fp8_fast_accum=false",
-                         "train.fp8_scaling=block", "train.fp8_weight_grads=bf16"};
+                         "train.fp8_scaling=block", "train.fp8_weight_grads=fp8"};
     load_ok("tiny", fp8, 5);
     assert_true(spec.train.fp8 && !spec.train.fp8_e4m3_grads && !spec.train.fp8_fast_accum && spec.train.fp8_block &&
-                spec.train.fp8_bf16_wgrad);
+                !spec.train.fp8_bf16_wgrad);
     cp_str text = {0};
     cp_spec a = spec, b;
     cp_spec_write_lua(&a, &text);
     assert_contains(text.data, "precision = \"fp8\"");
     if (cp_spec_load_string("resolved.lua", text.data, NULL, 0, &b, err, sizeof err)) fail_msg("%s", err);
     assert_true(cp_spec_same(&a, &b) && b.train.fp8 && !b.train.fp8_e4m3_grads && !b.train.fp8_fast_accum &&
-                b.train.fp8_block && b.train.fp8_bf16_wgrad);
+                b.train.fp8_block && !b.train.fp8_bf16_wgrad);
     cp_str_free(&text);
     const char *bad[] = {"train.precision=fp16"};
     assert_int_equal(load_bad("tiny", bad, 1), -1);

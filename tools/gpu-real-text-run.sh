@@ -15,7 +15,7 @@
 # With COMPARE=fp8 the second run is instead the same run with train.precision = "fp8" from the same start, beside
 # the first from step 1 (no checkpoints); COMPARE=nondeterministic makes it bf16 with train.deterministic = false
 # (attention's dQ summed in whatever order), whose distance from the first is the noise floor of the comparison;
-# SECOND_SETS="KEY=VALUE ..." adds spec settings to that second run (a recipe of fp8: train.fp8_weight_grads=bf16).
+# SECOND_SETS="KEY=VALUE ..." adds spec settings to that second run (a recipe of fp8: train.fp8_weight_grads=fp8).
 # Either way 10% of the documents are held out (VAL_FRACTION) and each evaluation reads EVAL_SEQUENCES (8) of them,
 # so that the validation loss compared at 1% is not one sequence's; the check is tools/precision_compare.py's, and
 # its picture of both runs lands in $out/precision.svg.
