@@ -9,9 +9,9 @@
 #      without the line saying why); need_gpus, check, expect, and finish's exit status (0, 1, 77; nothing checked
 #      fails).
 #   3. Whole scripts (gpu-replicas-check.sh, gpu-ring-check.sh, gpu-parallel-check.sh, gpu-relayout-check.sh,
-#      gpu-real-text-run.sh) on a stand-in cpgen that writes made-up metrics: they pass like with like, fail a run
-#      cut short, over its bound or failing (the relayout check also a resume that takes another seq_len unasked or
-#      does not note the layout), and end 77 where a part lacks GPUs; gpu-eval-check.sh on one that evaluates: it
+#      gpu-real-text-run.sh, gpu-fp8-bench.sh) on a stand-in cpgen that writes made-up metrics: they pass like with
+#      like, fail a run cut short (or run on), over its bound (or its planned memory) or failing (the relayout check
+#      also a resume that takes another seq_len unasked or does not note the layout), and end 77 where a part lacks GPUs; gpu-eval-check.sh on one that evaluates: it
 #      passes when training with evaluations is training without and val_loss is step 1's at lr = 0, and fails a
 #      last-digit difference, a val_loss 1e-4 off, a run that did not evaluate or failed, and a failed GPU test (77
 #      when that test is skipped); gpu-ckpt-check.sh on a stand-in of its own passes, and fails a save over its
@@ -167,7 +167,8 @@ PAT="nothing was checked" helper 1 "finish: nothing checked" <<<'want c && run n
 # checkpoint folder), the loss a function of the step and of the sequences a step reads (micro-batches x replicas,
 # tiny's 8 micro-batches unless set), so that only like compared with like agrees. FAKE_CUT=NAME stops runs whose
 # out_dir holds NAME after 15 steps with exit 0 (a run cut short), FAKE_OFF=NAME moves their loss by 2e-3,
-# FAKE_FAIL=NAME makes them exit 1.
+# FAKE_MEM=NAME their measured memory 2% above the plan, FAKE_FAIL=NAME makes them exit 1. Its plan prints a
+# predicted step of 0.10 s.
 mkdir -p "$tmp/sim/tests/gpu"
 # realplan run SPEC ARGS...: the stand-ins' check of their command line with the real cpgen (REAL_CPGEN): its
 # spec and settings (--set, --gpus, --seq) go to `cpgen plan`, so that a run the real cpgen would refuse (a
@@ -186,6 +187,7 @@ export REAL_CPGEN="$PWD/build/cpgen"
 cat >"$tmp/sim/cpgen" <<'SH'
 #!/usr/bin/env bash
 set -u
+[ "${1:-}" != plan ] || { echo "stand-in cpgen: $*"; echo "predicted step: 0.10 s (stand-in)"; exit 0; }
 [ "${1:-}" = run ] || { echo "stand-in cpgen: $*"; exit 0; }
 "$(dirname "$0")/../realplan" "$@" || exit 2
 steps=10 mb=8 reps=1 dir=runs/x from=1 seq="" new_data="" save=0
@@ -214,6 +216,8 @@ fi
 case $dir in *"${FAKE_CUT:-@}"*) steps=15 ;; esac
 scale=1000 # per mille
 case $dir in *"${FAKE_OFF:-@}"*) scale=1002 ;; esac
+mem=1000
+case $dir in *"${FAKE_MEM:-@}"*) mem=1020 ;; esac
 mkdir -p "$dir/ckpt_10"
 [ "$save" -le 0 ] || { mkdir -p "$dir/ckpt_$save" && echo '{}' >"$dir/ckpt_$save/trainer_state.json"; }
 : >"$dir/metrics.jsonl"
@@ -221,7 +225,7 @@ echo '<svg/>' >"$dir/report.svg"
 for ((s = from; s <= steps; s++)); do
   u=$(((6300000 - 10000 * s + 1000 * mb * reps) * scale / 1000)) # the loss in millionths
   loss=$(printf '%d.%06d' $((u / 1000000)) $((u % 1000000)))
-  echo "{\"step\":$s,\"loss\":$loss,\"norm\":1.5,\"seconds\":0.1,\"mem_measured\":1000,\"mem_planned\":1000}" \
+  echo "{\"step\":$s,\"loss\":$loss,\"norm\":1.5,\"seconds\":0.1,\"mem_measured\":$mem,\"mem_planned\":1000}" \
     >>"$dir/metrics.jsonl"
   # FAKE_VAL: a validation loss every 10 steps (the step's loss plus 0.5)
   [ -z "${FAKE_VAL:-}" ] || [ $((s % 10)) != 0 ] ||
@@ -298,6 +302,19 @@ PAT="FAILED +fp8: exit status 2" script 1 "real text, an fp8 recipe the planner 
   FAKE_VAL=1 SECOND_SETS=train.fp8_weight_grads=half
 PAT="set COMPARE too" script 2 "real text: SECOND_SETS without a comparison" 1 "${rt[@]}" \
   SECOND_SETS=train.fp8_weight_grads=bf16
+# gpu-fp8-bench.sh: bf16 and each recipe, every run planned (with the real cpgen) and judged by its own metrics
+PAT="^fp8_tensor +0.10 s +0.100 s +1.000 +0.00%" script 0 "fp8 bench: every recipe, each within its plan" 1 \
+  tools/gpu-fp8-bench.sh STEPS=3 EXTRA=parallel.mlp_tile=8K
+PAT="FAILED +fp8_wgrad: exit status 1" script 1 "fp8 bench: a recipe's run fails" 1 tools/gpu-fp8-bench.sh \
+  STEPS=3 FAKE_FAIL=runs/fp8_wgrad
+PAT="FAILED: fp8: steps \[1, .*15\], not each of 1-3 once" script 1 "fp8 bench: a run goes on past its steps" 1 \
+  tools/gpu-fp8-bench.sh STEPS=3 RECIPES=fp8 FAKE_CUT=runs/fp8
+PAT="FAILED: fp8_tensor: GPU memory 2.00% from its plan" script 1 "fp8 bench: a run over its planned memory" 1 \
+  tools/gpu-fp8-bench.sh STEPS=3 FAKE_MEM=runs/fp8_tensor
+PAT="FAILED +half: exit status 2" script 1 "fp8 bench: a recipe the planner refuses" 1 tools/gpu-fp8-bench.sh \
+  STEPS=3 RECIPES="fp8 half:train.fp8_weight_grads=half"
+PAT="give 2 or more" script 2 "fp8 bench: one step, nothing to measure after the warm-up" 1 tools/gpu-fp8-bench.sh \
+  STEPS=1
 
 # gpu-eval-check.sh on a stand-in cpgen that evaluates: its losses a function of the step (and, with lr = 0, nearly
 # flat), an evaluation after the steps train.eval_every says with val_tokens of every group, step 1's loss where lr
