@@ -534,6 +534,7 @@ CAST_BLOCK_KERNEL(fp8_cast_1d_e5m2, BLOCK, cast_1d<__NV_E5M2>)
 CAST_BLOCK_KERNEL(fp8_cast_t_1d_e4m3, 128, cast_t_1d<__NV_E4M3>)
 CAST_BLOCK_KERNEL(fp8_cast_t_1d_e5m2, 128, cast_t_1d<__NV_E5M2>)
 CAST_BLOCK_KERNEL(fp8_cast_2d_e4m3, 256, cast_2d)
+CAST_BLOCK_KERNEL(fp8_cast_t_2d_e4m3, 128, cast_t_2d)
 #define CAST_BOTH_KERNEL(name, body)                                                                                \
     __global__ void __launch_bounds__(256) name(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,      \
                                                 float *scales, unsigned char *dst_t, float *scales_t) {             \
@@ -541,4 +542,3 @@ CAST_BLOCK_KERNEL(fp8_cast_2d_e4m3, 256, cast_2d)
     }
 CAST_BOTH_KERNEL(fp8_cast_rt_1d_e4m3, cast_rt_1d<__NV_E4M3>)
 CAST_BOTH_KERNEL(fp8_cast_rt_1d_e5m2, cast_rt_1d<__NV_E5M2>)
-CAST_BLOCK_KERNEL(fp8_cast_t_2d_e4m3, 128, cast_t_2d)

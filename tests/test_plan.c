@@ -908,7 +908,9 @@ static void test_fp8(void **state) {
 /* train.fp8_scaling = "block": every layer GEMM reads copies of its very operands made by a block-scaled cast (no
  * amax, no scale slots), each copy with its scales behind it in its buffer: a weight's in 128 x 128 tiles, any other
  * input's per 128 of k, E4M3 but for a gradient under "hybrid"; without fast accumulation; the casts are priced and
- * the step predicted faster than bf16 at the 3B shape. A GEMM whose k is not a multiple of 128 stays bf16 (tiny's
+ * the step predicted faster than bf16 at the 3B shape. With the weights' gradients on FP8 the 3B's MLP backward casts
+ * its tensors read both ways in one step each (cast_rt_1d: the copy and the transposed copy into two buffers);
+ * with them in bf16 no cast is of both ways. A GEMM whose k is not a multiple of 128 stays bf16 (tiny's
  * K and V projections at head_dim 32 x 2 KV heads). Checked on the flat program. */
 static void test_fp8_block(void **state) {
     (void)state;
