@@ -326,22 +326,32 @@ static int read_other_way(const lowering *L, const cp_step *g, const copy_need *
     return -1;
 }
 
-/* The cast of src into copy k (its orientation `transposed`) and, from the same read, copy k2 the other way round,
- * both with 1 x 128 blocks */
-static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source *src, int k, bool transposed, int k2) {
+/* The block scales (cp_gemm_scale scale) of copy k of src, [cols][rows] when transposed, its buffer grown to hold
+ * the copy and them */
+static cp_operand copy_scales(lowering *L, int k, const source *src, bool transposed, uint8_t scale) {
+    cp_operand sc = block_scales(L->copy_buf[k], transposed ? src->cols : src->rows,
+                                 transposed ? src->rows : src->cols, scale, CP_DEF);
+    cp_buffer *b = &L->P->bufs[L->copy_buf[k]];
+    b->bytes = CP_MAX(b->bytes, sc.offset + sc.bytes);
+    return sc;
+}
+
+/* The cast of src into copy kr [rows][cols] and, from the same read, copy kt [cols][rows], both with 1 x 128 blocks,
+ * their scales sr and st */
+static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source *src, int kr, cp_operand sr, int kt,
+                      cp_operand st) {
     cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST_BLOCK,
                            (cp_fp8_copy){.fmt = src->fmt, .scale = CP_GEMM_SCALE_1D, .both = true});
-    int kr = transposed ? k2 : k, kt = transposed ? k : k2;
     op.access = CP_READ;
     s->ops[s->nops++] = op;
     operand(s, L->copy_buf[kr], 0, src->rows * src->cols, CP_DEF);
-    s->ops[s->nops++] = block_scales(L->copy_buf[kr], src->rows, src->cols, CP_GEMM_SCALE_1D, CP_DEF);
+    s->ops[s->nops++] = sr;
     operand(s, L->copy_buf[kt], 0, src->rows * src->cols, CP_DEF);
-    s->ops[s->nops++] = block_scales(L->copy_buf[kt], src->cols, src->rows, CP_GEMM_SCALE_1D, CP_DEF);
+    s->ops[s->nops++] = st;
     s->count = src->rows;
     s->heads = src->cols;
     s->ld = src->ld;
-    s->bytes = (double)src->rows * (double)src->cols * 4 + (double)(s->ops[2].bytes + s->ops[4].bytes);
+    s->bytes = (double)src->rows * (double)src->cols * 4 + (double)(sr.bytes + st.bytes);
 }
 
 /* The copy GEMM g reads as input x (0: A, 1: B), as n says: one that holds it already, else a fresh cast; with
@@ -367,11 +377,8 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_ne
     int role = weight_role_of(L, g, x), k = role < 0 ? x : ROLE0 + role;
     *slot = n->scale ? -1 : measure(L, c, g, x, role, &src, *op);
     c->copy[k] = (copy_state){.valid = true, .in_body = c->body, .transposed = transposed, .src = src, .slot = *slot};
-    cp_buffer *b = &L->P->bufs[L->copy_buf[k]];
     if (n->scale) {
-        cp_operand scales = block_scales(L->copy_buf[k], transposed ? cols : rows, transposed ? rows : cols, n->scale,
-                                         CP_DEF);
-        b->bytes = CP_MAX(b->bytes, scales.offset + scales.bytes);
+        cp_operand scales = copy_scales(L, k, &src, transposed, n->scale);
         int y = n->scale == CP_GEMM_SCALE_1D && !other && rows % 128 == 0 && cols % 128 == 0
                     ? read_other_way(L, g, n) : -1;
         if (y < 0) {
@@ -381,13 +388,14 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_ne
         int k2 = AHEAD + y;
         c->copy[k2] = (copy_state){.valid = true, .in_body = c->body, .transposed = !transposed, .src = src,
                                    .slot = -1};
-        cp_buffer *b2 = &L->P->bufs[L->copy_buf[k2]];
-        cp_operand s2 = block_scales(L->copy_buf[k2], transposed ? rows : cols, transposed ? cols : rows,
-                                     CP_GEMM_SCALE_1D, CP_DEF);
-        b2->bytes = CP_MAX(b2->bytes, s2.offset + s2.bytes);
-        if (L->emit) cast_both(L, g, *op, &src, k, transposed, k2);
+        cp_operand s2 = copy_scales(L, k2, &src, !transposed, CP_GEMM_SCALE_1D);
+        if (L->emit) {
+            if (transposed) cast_both(L, g, *op, &src, k2, s2, k, scales);
+            else cast_both(L, g, *op, &src, k, scales, k2, s2);
+        }
         return k;
     }
+    cp_buffer *b = &L->P->bufs[L->copy_buf[k]];
     b->bytes = CP_MAX(b->bytes, rows * cols);
     if (L->emit) {
         cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST,
