@@ -205,6 +205,17 @@ void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn) {
     cp_kspec_set_int(k, "UNROLL", 2);
 }
 
+bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role) {
+    /* as COPY_OK in templates/rmsnorm.cu and templates/swiglu.cu */
+    if (!strcmp(k->family, "rmsnorm"))
+        return !strcmp(role, "fwd") && get_int(k, "VEC") == 8 && get_int(k, "HIDDEN") % 128 == 0 &&
+               get_int(k, "TPR") % 16 == 0;
+    if (!strcmp(k->family, "swiglu"))
+        return (!strcmp(role, "fwd") || !strcmp(role, "bwd")) && get_int(k, "VEC") == 8 &&
+               get_int(k, "FFN") % 128 == 0;
+    return false;
+}
+
 void cp_k_loss(cp_kernel_spec *k, int64_t vocab) {
     cp_kspec_init(k, "loss");
     int vec = bf16_vec(vocab);
@@ -299,7 +310,7 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
     const char *f = k->family;
     if (n < 0) n = 0;
     if (strcmp(f, "rmsnorm") == 0) {
-        if (strcmp(role, "fwd") == 0) {
+        if (strcmp(role, "fwd") == 0 || strcmp(role, "fwd_copy") == 0) {
             int64_t rpb = get_int(k, "RPB");
             d->block = (unsigned)(get_int(k, "TPR") * rpb);
             d->grid[0] = blocks_for(n, rpb, 0);
@@ -341,7 +352,8 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         return 0;
     }
     if (strcmp(f, "swiglu") == 0) {
-        if (strcmp(role, "fwd") && strcmp(role, "bwd")) return -1;
+        /* fwd, bwd and their twins that write FP8 copies: fwd_copy, bwd_copy, bwd_copy_gate, bwd_copy_up */
+        if (strncmp(role, "fwd", 3) && strncmp(role, "bwd", 3)) return -1;
         int64_t units = n * (get_int(k, "FFN") / get_int(k, "VEC"));
         d->block = (unsigned)get_int(k, "BLOCK");
         d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), 0);

@@ -177,11 +177,15 @@ typedef enum { CP_TASK_NONE, CP_TASKS(CP_TASK_ENUM) CP_TASK_COUNT } cp_task;
 /* The task's label ("norm1"), the step's `what`; "" for CP_TASK_NONE. */
 const char *cp_task_name(cp_task t);
 
-/* A kernel's own amax of one of its outputs (cp_step.amax) */
+/* A kernel's own FP8 work on one of its outputs (cp_step.fp8_out), done as it writes the output instead of by a pass
+ * of its own over it: the output's amax into a scale slot (one scale per tensor), or its FP8 copy with 1 x 128 block
+ * scales (block scales) */
 typedef struct {
-    int8_t out, slot; /* the output's operand, the scale slot's */
-    uint8_t fmt;      /* cp_gemm_type of the GEMM that reads it */
-} cp_step_amax;
+    int8_t out;    /* the output's operand */
+    int8_t slot;   /* the scale slot's operand (an amax), or the copy's (a copy) */
+    int8_t scales; /* a copy's scales' operand; -1 for an amax */
+    uint8_t fmt;   /* cp_gemm_type of the GEMM that reads it */
+} cp_step_fp8_out;
 
 /* The FP8 copy an amax measures for, or a cast writes (gen/plan_fp8.c): the executor checks a cast's geometry by it */
 typedef struct {
@@ -222,10 +226,10 @@ typedef struct {
                            * group's tokens, whatever the launch's SEQ); 0 elsewhere (the module's SEQ) */
     bool last_micro;      /* runs in the last micro-batch only: the all-reduce of gradients accumulated over them */
     /* train.precision = "fp8" (plan_fp8.c): a kernel that writes a tensor an FP8 GEMM reads (rmsnorm, SwiGLU) also
-     * takes its amax, instead of a pass of its own: output operand amax[j].out's into the scale slot at operand
-     * amax[j].slot, for the FP8 type amax[j].fmt (cp_gemm_type); namax of them */
-    uint8_t namax;
-    cp_step_amax amax[2];
+     * takes its amax or writes its FP8 copy, instead of a pass of its own; the operands these take follow the
+     * kernel's own (one for an amax's slot, two for a copy and its scales); nfp8_out of them */
+    uint8_t nfp8_out;
+    cp_step_fp8_out fp8_out[2];
     cp_fp8_copy fp8; /* FP8 amaxes and casts (CP_TASK_FP8_*): the copy, whose layout also names the kernel (role) */
 } cp_step;
 
@@ -316,7 +320,8 @@ typedef struct {
     double flops_attn_saved;                          /* attention forward the backward does not redo (kept layers) */
     double t_compute, t_attn, t_comm, t_comm_exposed, t_copy, t_step; /* seconds */
     double t_fp8_casts;                               /* train.precision = "fp8": the amax and casts that make
-                                                       * the GEMMs' FP8 copies (in t_compute) */
+                                                       * the GEMMs' FP8 copies, and what the copies written by
+                                                       * their inputs' kernels add to those (in t_compute) */
     double t_ring, t_ring_exposed;                    /* the ring's send/recvs (in t_comm), and what of them the
                                                        * attention on the block in hand does not hide (in
                                                        * t_comm_exposed) */

@@ -13,9 +13,10 @@
  * tiles between do not touch. A folded run of tiles (cp_loop) keeps what its body never overwrites. With block scales
  * a tensor one GEMM reads as rows and a later one transposed (or the reverse), nothing written to it between, is cast
  * both ways from one read: the second copy goes into the buffer kept for copies made ahead for that GEMM's input.
- * An amax is taken by the kernel that wrote the tensor where that kernel can (rmsnorm, SwiGLU: cp_plan_fp8_producer)
- * and wrote exactly the GEMM's input, in the same stretch of the program, with nothing between touching the slot;
- * elsewhere by a pass of its own.
+ * An amax, or a copy with 1 x 128 scales read as rows, is made by the kernel that wrote the tensor where that kernel
+ * can (rmsnorm, SwiGLU: cp_plan_fp8_producer) and wrote exactly the GEMM's input, in the same stretch of the program,
+ * with nothing between touching the slot or the copy's buffer (the input's scratch copy, else the one kept for copies
+ * made ahead for it); elsewhere by a pass of its own.
  * The program stays the planner's: this pass runs on the built steps before lifetimes and offsets, so the copies and
  * casts are in the plan's memory and time like any other buffer and step. */
 #include <stdlib.h>
@@ -70,8 +71,11 @@ cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s) {
     return f;
 }
 
-bool cp_plan_fp8_producer(cp_task task, int op) {
-    switch (task) {
+bool cp_plan_fp8_producer(const cp_plan *P, const cp_step *s, int op, bool copy) {
+    if (copy) /* the forward norms' out, SwiGLU's outputs, where the kernel's rows split into blocks of 128 */
+        return s->module >= 0 && s->module < P->nmodules && cp_k_fp8_copies(&P->modules[s->module], s->role) &&
+               cp_plan_fp8_producer(P, s, op, false);
+    switch (s->task) {
     case CP_TASK_NORM1:
     case CP_TASK_NORM2: return op == 2;          /* x, weight, out, rstd */
     case CP_TASK_NORM1_BWD:
@@ -169,7 +173,6 @@ typedef struct {
     program q;
     int region; /* where the stretch of q being lowered starts: a loop body's first step, or the step after one */
     int end;    /* and where it ends in the planner's steps: its loop's end, or the next loop's first step */
-    bool emit;  /* false: a trial run over a loop's body, which only updates the cache */
     int module, state;
     int copy_buf[MAX_COPIES]; /* the plan's buffer of each copy */
     weight_role role[MAX_ROLES];
@@ -214,29 +217,49 @@ static int weight_role_of(lowering *L, const cp_step *g, int x) {
     return L->nroles++;
 }
 
-/* Slot k to be filled with src's amax by the kernel that wrote src, where that kernel can: it wrote
- * exactly src, a whole contiguous matrix, in this stretch of the program, and no step since touches slot k. Whether
- * it was so attached (for src's format). */
-static bool fuse_amax(lowering *L, const source *src, int k) {
-    if (src->ld != src->cols || src->rows * src->cols * 2 != src->bytes) return false;
+/* The step of this stretch of the program that last wrote src, where it wrote exactly src, a whole contiguous matrix,
+ * and is a kernel that can do src's FP8 work as it writes it (an amax, or with `copy` a copy: cp_plan_fp8_producer)
+ * with room for it; its index and src's operand there (*out), else -1. */
+static int producer_of(const lowering *L, const source *src, bool copy, int *out) {
+    if (src->ld != src->cols || src->rows * src->cols * 2 != src->bytes) return -1;
     for (int i = L->q.n - 1; i >= L->region; i--) {
-        cp_step *p = &L->q.steps[i];
-        int out = -1;
+        const cp_step *p = &L->q.steps[i];
+        int o = -1;
         for (int j = 0; j < p->nops; j++) {
-            const cp_operand *o = &p->ops[j];
-            if (o->buf == L->state && o->offset < SLOT(k + 1) && SLOT(k) < o->offset + o->bytes) return false;
-            if ((o->access & CP_WRITE) && overlaps(src, o->buf, o->offset, o->offset + o->bytes))
-                out = o->offset == src->offset && o->bytes == src->bytes && o->stride == src->stride ? j : -2;
+            const cp_operand *w = &p->ops[j];
+            if ((w->access & CP_WRITE) && overlaps(src, w->buf, w->offset, w->offset + w->bytes))
+                o = w->offset == src->offset && w->bytes == src->bytes && w->stride == src->stride ? j : -2;
         }
-        if (out == -1) continue;
-        if (out < 0 || p->kind != CP_OP_KERNEL || !cp_plan_fp8_producer(p->task, out) || p->namax == 2 ||
-            p->nops == CP_MAX_OPERANDS)
-            return false;
-        p->amax[p->namax++] = (cp_step_amax){.out = (int8_t)out, .slot = (int8_t)p->nops, .fmt = src->fmt};
-        operand(p, L->state, SLOT(k), CP_FP8_SLOT_BYTES, CP_RW);
-        return true;
+        if (o == -1) continue;
+        if (o < 0 || p->kind != CP_OP_KERNEL || !cp_plan_fp8_producer(L->P, p, o, copy) || p->nfp8_out == 2 ||
+            p->nops + (copy ? 2 : 1) > CP_MAX_OPERANDS)
+            return -1;
+        *out = o;
+        return i;
     }
+    return -1;
+}
+
+/* Whether a step of the program from step i on touches bytes [lo, hi) of buffer buf */
+static bool touched_from(const lowering *L, int i, int buf, int64_t lo, int64_t hi) {
+    for (; i < L->q.n; i++)
+        for (int j = 0; j < L->q.steps[i].nops; j++) {
+            const cp_operand *o = &L->q.steps[i].ops[j];
+            if (o->buf == buf && o->offset < hi && lo < o->offset + o->bytes) return true;
+        }
     return false;
+}
+
+/* Slot k filled with src's amax by the kernel that wrote src (producer_of), where no step since touches the slot.
+ * Whether it was so attached (for src's format). */
+static bool fuse_amax(lowering *L, const source *src, int k) {
+    int out, i = producer_of(L, src, false, &out);
+    if (i < 0 || touched_from(L, i, L->state, SLOT(k), SLOT(k + 1))) return false;
+    cp_step *p = &L->q.steps[i];
+    p->fp8_out[p->nfp8_out++] =
+        (cp_step_fp8_out){.out = (int8_t)out, .slot = (int8_t)p->nops, .scales = -1, .fmt = src->fmt};
+    operand(p, L->state, SLOT(k), CP_FP8_SLOT_BYTES, CP_RW);
+    return true;
 }
 
 /* The scale slot holding src's amax: one that holds it already, else a fresh amax (into the role's slot, or the
@@ -254,7 +277,7 @@ static int measure(lowering *L, cache *c, const cp_step *g, int x, int role, con
     for (int j = 0; j < MAX_COPIES; j++)
         if (c->copy[j].valid && c->copy[j].slot == k) c->copy[j].valid = false;
     c->slot[k] = (slot_state){.valid = true, .in_body = c->body, .src = *src, .used = ++c->clock};
-    if (L->emit && !fuse_amax(L, src, k)) {
+    if (!fuse_amax(L, src, k)) {
         cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_AMAX, (cp_fp8_copy){.fmt = src->fmt});
         op.access = CP_READ;
         s->ops[s->nops++] = op;
@@ -336,6 +359,23 @@ static cp_operand copy_scales(lowering *L, int k, const source *src, bool transp
     return sc;
 }
 
+/* Input x's copy of src, as rows with 1 x 128 scales, written by the kernel that wrote src (producer_of) into the
+ * input's scratch copy, else into the one kept for copies made ahead for it: the first that no step since touches.
+ * The copy it went to, or -1. */
+static int fuse_copy(lowering *L, const source *src, int x) {
+    int out, i = producer_of(L, src, true, &out);
+    for (int k = x; i >= 0 && k <= AHEAD + x; k += AHEAD) {
+        if (touched_from(L, i, L->copy_buf[k], 0, INT64_MAX)) continue;
+        cp_step *p = &L->q.steps[i];
+        p->fp8_out[p->nfp8_out++] = (cp_step_fp8_out){.out = (int8_t)out, .slot = (int8_t)p->nops,
+                                                      .scales = (int8_t)(p->nops + 1), .fmt = src->fmt};
+        operand(p, L->copy_buf[k], 0, src->rows * src->cols, CP_DEF);
+        p->ops[p->nops++] = copy_scales(L, k, src, false, CP_GEMM_SCALE_1D);
+        return k;
+    }
+    return -1;
+}
+
 /* The cast of src into copy kr [rows][cols] and, from the same read, copy kt [cols][rows], both with 1 x 128 blocks,
  * their scales sr and st */
 static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source *src, int kr, cp_operand sr, int kt,
@@ -354,10 +394,10 @@ static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source
     s->bytes = (double)src->rows * (double)src->cols * 4 + (double)(sr.bytes + st.bytes);
 }
 
-/* The copy GEMM g reads as input x (0: A, 1: B), as n says: one that holds it already, else a fresh cast; with
- * 1 x 128 blocks, one that also writes the copy the other way round when a later GEMM reads it so (into the copy
- * made ahead for that GEMM's input). Its per-tensor scale slot into *slot (-1 with block scales, which the copy's
- * buffer holds). */
+/* The copy GEMM g reads as input x (0: A, 1: B), as n says: one that holds it already, else a fresh one: with
+ * 1 x 128 blocks, written by the kernel that wrote its source where it can (fuse_copy), or by a cast that also
+ * writes the copy the other way round when a later GEMM reads it so (into the copy made ahead for that GEMM's
+ * input). Its per-tensor scale slot into *slot (-1 with block scales, which the copy's buffer holds). */
 static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_need *n, int *slot) {
     const cp_operand *op = &g->ops[x];
     const source src = n->src;
@@ -375,47 +415,49 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_ne
             return k;
         }
     int role = weight_role_of(L, g, x), k = role < 0 ? x : ROLE0 + role;
-    *slot = n->scale ? -1 : measure(L, c, g, x, role, &src, *op);
-    c->copy[k] = (copy_state){.valid = true, .in_body = c->body, .transposed = transposed, .src = src, .slot = *slot};
+    copy_state made = {.valid = true, .in_body = c->body, .transposed = transposed, .src = src, .slot = -1};
     if (n->scale) {
-        cp_operand scales = copy_scales(L, k, &src, transposed, n->scale);
+        *slot = -1;
         int y = n->scale == CP_GEMM_SCALE_1D && !other && rows % 128 == 0 && cols % 128 == 0
                     ? read_other_way(L, g, n) : -1;
         if (y < 0) {
-            if (L->emit) cast_block(L, g, *op, &src, k, transposed, n->scale, scales);
+            int f = n->scale == CP_GEMM_SCALE_1D && !transposed && role < 0 ? fuse_copy(L, &src, x) : -1;
+            if (f >= 0) k = f;
+            else cast_block(L, g, *op, &src, k, transposed, n->scale, copy_scales(L, k, &src, transposed, n->scale));
+            c->copy[k] = made;
             return k;
         }
         int k2 = AHEAD + y;
-        c->copy[k2] = (copy_state){.valid = true, .in_body = c->body, .transposed = !transposed, .src = src,
-                                   .slot = -1};
+        c->copy[k] = made;
+        c->copy[k2] = made;
+        c->copy[k2].transposed = !transposed;
+        cp_operand s1 = copy_scales(L, k, &src, transposed, n->scale);
         cp_operand s2 = copy_scales(L, k2, &src, !transposed, CP_GEMM_SCALE_1D);
-        if (L->emit) {
-            if (transposed) cast_both(L, g, *op, &src, k2, s2, k, scales);
-            else cast_both(L, g, *op, &src, k, scales, k2, s2);
-        }
+        if (transposed) cast_both(L, g, *op, &src, k2, s2, k, s1);
+        else cast_both(L, g, *op, &src, k, s1, k2, s2);
         return k;
     }
+    *slot = measure(L, c, g, x, role, &src, *op);
+    made.slot = *slot;
+    c->copy[k] = made;
     cp_buffer *b = &L->P->bufs[L->copy_buf[k]];
     b->bytes = CP_MAX(b->bytes, rows * cols);
-    if (L->emit) {
-        cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST,
-                               (cp_fp8_copy){.fmt = src.fmt, .transposed = transposed});
-        s->ops[s->nops] = *op;
-        s->ops[s->nops++].access = CP_READ;
-        operand(s, L->state, SLOT(*slot), 16, CP_READ);
-        operand(s, L->copy_buf[k], 0, rows * cols, CP_DEF); /* what the buffer held before is no longer read */
-        s->count = rows;
-        s->heads = cols;
-        s->ld = src.ld;
-        s->bytes = (double)rows * (double)cols * 3;
-    }
+    cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST, (cp_fp8_copy){.fmt = src.fmt, .transposed = transposed});
+    s->ops[s->nops] = *op;
+    s->ops[s->nops++].access = CP_READ;
+    operand(s, L->state, SLOT(*slot), 16, CP_READ);
+    operand(s, L->copy_buf[k], 0, rows * cols, CP_DEF); /* what the buffer held before is no longer read */
+    s->count = rows;
+    s->heads = cols;
+    s->ld = src.ld;
+    s->bytes = (double)rows * (double)cols * 3;
     return k;
 }
 
 /* Step g of the program: an eligible GEMM on its inputs' copies (made here unless held), anything else as it is. */
 static void lower_step(lowering *L, cache *c, const cp_step *g) {
     if (!cp_plan_fp8_eligible(&L->P->spec.train, g)) {
-        if (L->emit) append(&L->q, g);
+        append(&L->q, g);
         forget_writes(c, g);
         return;
     }
@@ -425,39 +467,38 @@ static void lower_step(lowering *L, cache *c, const cp_step *g) {
         copy_need n = need_of(L->P, g, x);
         copy[x] = copy_of(L, c, g, x, &n, &slot[x]);
     }
-    if (L->emit) {
-        cp_step *f = append(&L->q, g);
-        f->gemm = fg;
-        f->ops[0] = (cp_operand){.buf = L->copy_buf[copy[0]], .offset = 0, .bytes = m->m * m->k, .access = CP_READ};
-        f->ops[1] = (cp_operand){.buf = L->copy_buf[copy[1]], .offset = 0, .bytes = m->n * m->k, .access = CP_READ};
-        /* A, B, (C), D, then the scales: room for two more */
-        if (fg.a_scale) {
-            f->ops[f->nops++] = block_scales(L->copy_buf[copy[0]], m->m, m->k, fg.a_scale, CP_READ);
-            f->ops[f->nops++] = block_scales(L->copy_buf[copy[1]], m->n, m->k, fg.b_scale, CP_READ);
-        } else {
-            operand(f, L->state, SLOT(slot[0]), 16, CP_READ);
-            operand(f, L->state, SLOT(slot[1]), 16, CP_READ);
-        }
+    cp_step *f = append(&L->q, g);
+    f->gemm = fg;
+    f->ops[0] = (cp_operand){.buf = L->copy_buf[copy[0]], .offset = 0, .bytes = m->m * m->k, .access = CP_READ};
+    f->ops[1] = (cp_operand){.buf = L->copy_buf[copy[1]], .offset = 0, .bytes = m->n * m->k, .access = CP_READ};
+    /* A, B, (C), D, then the scales: room for two more */
+    if (fg.a_scale) {
+        f->ops[f->nops++] = block_scales(L->copy_buf[copy[0]], m->m, m->k, fg.a_scale, CP_READ);
+        f->ops[f->nops++] = block_scales(L->copy_buf[copy[1]], m->n, m->k, fg.b_scale, CP_READ);
+    } else {
+        operand(f, L->state, SLOT(slot[0]), 16, CP_READ);
+        operand(f, L->state, SLOT(slot[1]), 16, CP_READ);
     }
     forget_writes(c, g);
 }
 
 /* A folded run's body stands for every tile between its first and last: what it reads from before it must hold
  * in every repeat. So it starts from what the cache held that a trial run over the body leaves untouched, found
- * again until nothing more drops; and leaves behind nothing it made from a tile's rows (whose repeats move on). */
+ * again until nothing more drops; and leaves behind nothing it made from a tile's rows (whose repeats move on). A
+ * trial lowers the body as the real run does (its steps then dropped), so that both choose alike where a copy or an
+ * amax goes. */
 static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
     cache start = *c;
     start.body = true;
     start.repeats = loop->count;
     for (int k = 0; k < MAX_SLOTS; k++) start.slot[k].in_body = false;
     for (int k = 0; k < MAX_COPIES; k++) start.copy[k].in_body = false;
-    bool emit = L->emit;
-    L->emit = false;
-    L->region = L->q.n;
+    const int region = L->region = L->q.n;
     L->end = loop->first + loop->nsteps;
     for (bool dropped = true; dropped;) {
         cache t = start;
         for (int j = 0; j < loop->nsteps; j++) lower_step(L, &t, &L->P->steps[loop->first + j]);
+        L->q.n = region;
         dropped = false;
         for (int k = 0; k < MAX_SLOTS; k++)
             if (start.slot[k].valid && !(t.slot[k].valid && !t.slot[k].in_body))
@@ -468,7 +509,6 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
                 start.copy[k].valid = false, dropped = true;
         }
     }
-    L->emit = emit;
     *c = start;
     for (int j = 0; j < loop->nsteps; j++) {
         moved[loop->first + j] = L->q.n;
@@ -492,7 +532,7 @@ void cp_plan_lower_fp8(cp_plan *P) {
         P->capmodules = P->capmodules ? P->capmodules * 2 : 16;
         P->modules = cp_xrealloc(P->modules, sizeof *P->modules * (size_t)P->capmodules);
     }
-    lowering L = {.P = P, .emit = true, .module = P->nmodules++, .state = -1};
+    lowering L = {.P = P, .module = P->nmodules++, .state = -1};
     cp_k_fp8(&P->modules[L.module]);
     L.copy_buf[0] = cp_plan_add_buf(P, "fp8_a", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
     L.copy_buf[1] = cp_plan_add_buf(P, "fp8_b", CP_SPACE_GPU, CP_CAT_FP8, 16, false);

@@ -18,9 +18,10 @@ bool cp_plan_fp8_eligible(const cp_train *t, const cp_step *s);
  * "block" a weight's scales per 128 x 128 tile and any other input's per 128 elements of k, else one per tensor and
  * fast accumulation where train.fp8_fast_accum asks but never for the gradient GEMMs. */
 cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s);
-/* Whether a kernel step of this task can take the amax of its operand op (cp_step.amax): rmsnorm's out and dx,
- * SwiGLU's out, dgate and dup. */
-bool cp_plan_fp8_producer(cp_task task, int op);
+/* Whether kernel step s of plan P can do the FP8 work on its output operand op as it writes it (cp_step.fp8_out):
+ * take its amax (rmsnorm's out and dx, SwiGLU's out, dgate and dup), or with `copy` write its copy with 1 x 128
+ * scales (the same but dx, where the kernel's geometry allows: cp_k_fp8_copies). */
+bool cp_plan_fp8_producer(const cp_plan *P, const cp_step *s, int op, bool copy);
 void cp_plan_lower_fp8(cp_plan *P);
 
 /* Each buffer's live intervals from the steps' operands. -1 with a message if a step reads a buffer that

@@ -348,13 +348,15 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             cp_fmt_count(tok / P->t_step, d, sizeof d), flops / P->t_step / 1e12,
             100.0 * flops / P->t_step / (mc->peak_tflops * 1e12), mc->peak_tflops);
     if (P->spec.train.fp8) {
-        int64_t n = 0, all = 0;
-        for (int i = 0; i < P->nsteps; i++)
+        int64_t n = 0, all = 0, fused = 0; /* fused: the amaxes and copies their producers make */
+        for (int i = 0; i < P->nsteps; i++) {
+            int64_t reps = cp_plan_step_repeats(P, i);
+            fused += P->steps[i].nfp8_out * reps;
             if (P->steps[i].kind == CP_OP_GEMM) {
-                int64_t reps = cp_plan_step_repeats(P, i);
                 all += reps;
                 n += P->steps[i].gemm.a_type != CP_GEMM_BF16 ? reps : 0;
             }
+        }
         fmt_seconds(P->t_fp8_casts, t[0], sizeof t[0]);
         bool blk = P->spec.train.fp8_block;
         char rate[64];
@@ -364,8 +366,10 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
         else snprintf(rate, sizeof rate, "%.0f TF/s%s", blk ? mc->fp8_block_gemm_tflops : mc->fp8_gemm_tflops,
                       P->spec.train.fp8_bf16_wgrad ? ", the weights' gradients in bf16" : "");
         fprintf(out, "precision: fp8: %lld of the %lld GEMMs of a micro-batch on FP8 inputs (%s scales) at %s (the "
-                     "layers'; the LM head's stay bf16); their %s %s of the step\n",
-                (long long)n, (long long)all, blk ? "block" : "per-tensor", rate, blk ? "casts" : "amax and casts", t[0]);
+                     "layers'; the LM head's stay bf16); their %s %s of the step, %lld of the %s made by the kernels "
+                     "that write their inputs\n",
+                (long long)n, (long long)all, blk ? "block" : "per-tensor", rate, blk ? "copies" : "amax and casts", t[0],
+                (long long)fused, blk ? "copies" : "amaxes");
     }
     cp_plan_eval_print(P, out);
     if (P->fits)

@@ -42,7 +42,7 @@ typedef struct {
     /* a document-masked attention launch: the global positions of its first query row and first key row (a ring's
      * half launches; 0 elsewhere) */
     int64_t q_pos, k_pos;
-    unsigned amax_taken; /* the step's own amaxes (cp_step.amax) its kernel's arguments carry: bit j for amax[j] */
+    unsigned fp8_taken; /* the step's own FP8 outputs (cp_step.fp8_out) its kernel's arguments carry: bit j for j */
 } pctx;
 
 static int pfail(pctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -63,11 +63,13 @@ static const cp_buffer *opbuf(const pctx *c, int j) { return &c->ex->P->bufs[c->
 /* where operand j's view starts in its buffer */
 static int64_t opoff(const pctx *c, int j) { return c->p[j] - (char *)c->ex->bufptr[c->s->ops[j].buf]; }
 
-/* n operands, and after them the scale slots of the step's own amaxes (cp_step.amax) */
+/* n operands, and after them those of the step's own FP8 outputs (cp_step.fp8_out: an amax's slot; a copy and its
+ * scales) */
 static int need_ops(pctx *c, int n) {
-    if (c->s->nops != n + c->s->namax)
-        return pfail(c, "%d operands, expected %d%s", c->s->nops, n + c->s->namax,
-                     c->s->namax ? " with its amaxes" : "");
+    int fp8 = 0;
+    for (int j = 0; j < c->s->nfp8_out; j++) fp8 += c->s->fp8_out[j].scales >= 0 ? 2 : 1;
+    if (c->s->nops != n + fp8)
+        return pfail(c, "%d operands, expected %d%s", c->s->nops, n + fp8, fp8 ? " with its FP8 outputs" : "");
     for (int j = 0; j < c->s->nops; j++)
         if (!c->ex->bufptr[c->s->ops[j].buf])
             return pfail(c, "operand %d (%s) has no memory", j, opbuf(c, j)->name);
@@ -144,26 +146,64 @@ static void a_f32(xlaunch *l, float v) {
     l->args[l->nargs] = &l->val[l->nargs];
     l->nargs++;
 }
-/* The scale slot and the FP8 type's largest value of the kernel's own amax of operand out (cp_step.amax), or NULL
- * and 0 where the step has none. */
+/* The FP8 copy of output operand out the step's kernel writes beside it (cp_step.fp8_out), or NULL */
+static const cp_step_fp8_out *fp8_copy_of(const pctx *c, int out) {
+    for (int j = 0; j < c->s->nfp8_out; j++)
+        if (c->s->fp8_out[j].out == out && c->s->fp8_out[j].scales >= 0) return &c->s->fp8_out[j];
+    return NULL;
+}
+
+/* The FP8 type's largest value of an FP8 output (cp_step.fp8_out), which also names a copy's format; 0 if neither */
+static float fp8_out_max(const cp_step_fp8_out *a) {
+    return a->fmt == CP_GEMM_E4M3 ? 448.0f : a->fmt == CP_GEMM_E5M2 ? 57344.0f : 0.0f;
+}
+
+/* The kernel's own amax of output operand out (cp_step.fp8_out): the arguments (amax_slot, fmax), or (NULL, 0) where
+ * the step has none. */
 static int a_amax(pctx *c, xlaunch *l, int out) {
-    for (int j = 0; j < c->s->namax; j++) {
-        const cp_step_amax *a = &c->s->amax[j];
+    for (int j = 0; j < c->s->nfp8_out; j++) {
+        const cp_step_fp8_out *a = &c->s->fp8_out[j];
         if (a->out != out) continue;
+        if (a->scales >= 0) return pfail(c, "an FP8 copy of operand %d given to a kernel entry that takes amaxes", out);
         if (a->slot < 0 || a->slot >= c->s->nops)
             return pfail(c, "amax %d of operand %d: no scale slot at operand %d", j, out, a->slot);
         if (need_bytes(c, a->slot, CP_FP8_SLOT_BYTES) || need_align(c, a->slot, 16)) return -1;
-        if (a->fmt != CP_GEMM_E4M3 && a->fmt != CP_GEMM_E5M2)
-            return pfail(c, "amax %d of operand %d for an FP8 type %d", j, out, a->fmt);
+        if (!fp8_out_max(a)) return pfail(c, "amax %d of operand %d for an FP8 type %d", j, out, a->fmt);
         a_ptr(l, opp(c, a->slot));
-        a_f32(l, a->fmt == CP_GEMM_E4M3 ? 448.0f : 57344.0f);
-        c->amax_taken |= 1u << j;
+        a_f32(l, fp8_out_max(a));
+        c->fp8_taken |= 1u << j;
         return 0;
     }
     a_ptr(l, NULL);
     a_f32(l, 0.0f);
     return 0;
 }
+
+/* The FP8 copy [rows][cols] of output operand out with its 1 x 128 scales that the kernel writes beside it (the
+ * *_copy entries): the arguments (fmax, copy, scales), or (0, NULL, NULL) where the step has none. */
+static int a_copy(pctx *c, xlaunch *l, int out, int64_t rows, int64_t cols) {
+    const cp_step_fp8_out *a = fp8_copy_of(c, out);
+    if (!a) {
+        a_f32(l, 0.0f);
+        a_ptr(l, NULL);
+        a_ptr(l, NULL);
+        return 0;
+    }
+    if (a->slot < 0 || a->scales >= c->s->nops)
+        return pfail(c, "the FP8 copy of operand %d: no operand %d", out, a->slot < 0 ? a->slot : a->scales);
+    if (!fp8_out_max(a)) return pfail(c, "the FP8 copy of operand %d in an FP8 type %d", out, a->fmt);
+    if (cols % 128) return pfail(c, "an FP8 copy of operand %d with %lld columns, not whole blocks of 128", out,
+                                 (long long)cols);
+    if (need_bytes(c, a->slot, rows * cols) || need_align(c, a->slot, 16) ||
+        need_bytes(c, a->scales, rows * (cols / 128) * 4) || need_align(c, a->scales, 16))
+        return -1;
+    a_f32(l, fp8_out_max(a));
+    a_ptr(l, opp(c, a->slot));
+    a_ptr(l, opp(c, a->scales));
+    c->fp8_taken |= 1u << (a - c->s->fp8_out);
+    return 0;
+}
+
 /* An argument read from the executor's scalars at each launch. */
 static void a_dyn(xlaunch *l, void *p) { l->args[l->nargs++] = p; }
 
@@ -230,7 +270,8 @@ static int k_norm_fwd(pctx *c) {
     for (int j = 0; j < 3; j++)
         if (need_align(c, j, 16)) return -1;
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, "fwd", n, 0, l)) return -1;
+    const bool copy = fp8_copy_of(c, 2); /* out's FP8 copy beside it: the entry fwd_copy */
+    if (launch_of(c, copy ? "fwd_copy" : "fwd", n, 0, l)) return -1;
     a_ptr(l, opp(c, 0));
     a_ptr(l, NULL);
     a_ptr(l, NULL);
@@ -238,7 +279,7 @@ static int k_norm_fwd(pctx *c) {
     a_ptr(l, opp(c, 2));
     a_ptr(l, opp(c, 3));
     a_i64(l, n);
-    return a_amax(c, l, 2);
+    return copy ? a_copy(c, l, 2, n, H) : a_amax(c, l, 2);
 }
 
 /* The norm backward, two launches: bwd(dout, x, weight, rstd, dresid|NULL, dx, dw_part f32[grid][H], n), then
@@ -566,21 +607,27 @@ static int k_unpack(pctx *c) {
 }
 
 /* swiglu: operands gate, up, out: fwd(gate, up, out, n); swiglu_bwd: operands dout (d act), gate, up (overwritten
- * with their gradients): bwd(dout, gate, up, n). Both: three [n][FFN] bf16 operands, then n. */
-static int swiglu(pctx *c, const char *role) {
+ * with their gradients): bwd(dout, gate, up, n). Both: three [n][FFN] bf16 operands, then n, then each output's amax
+ * slot; or where the step writes FP8 copies of its outputs, the entries fwd_copy, bwd_copy (both gradients'),
+ * bwd_copy_gate or bwd_copy_up with each output's copy. */
+static int swiglu(pctx *c, bool bwd) {
     if (need_ops(c, 3)) return -1;
     int64_t n = c->s->count, F = kint(c, "FFN");
     for (int j = 0; j < 3; j++)
         if (need_bytes(c, j, n * F * 2) || need_align(c, j, 16)) return -1;
+    const bool c1 = bwd && fp8_copy_of(c, 1), c2 = fp8_copy_of(c, 2); /* dgate's, and out's or dup's */
+    const char *role = !bwd ? (c2 ? "fwd_copy" : "fwd")
+                            : c1 && c2 ? "bwd_copy" : c1 ? "bwd_copy_gate" : c2 ? "bwd_copy_up" : "bwd";
     xlaunch *l = &c->x->L[0];
     if (launch_of(c, role, n, 0, l)) return -1;
     for (int j = 0; j < 3; j++) a_ptr(l, opp(c, j));
     a_i64(l, n);
-    if (strcmp(role, "bwd")) return a_amax(c, l, 2); /* out */
-    return a_amax(c, l, 1) || a_amax(c, l, 2) ? -1 : 0; /* dgate, dup */
+    if (!bwd) return c2 ? a_copy(c, l, 2, n, F) : a_amax(c, l, 2); /* out */
+    if (c1 || c2) return a_copy(c, l, 1, n, F) || a_copy(c, l, 2, n, F) ? -1 : 0; /* dgate, dup */
+    return a_amax(c, l, 1) || a_amax(c, l, 2) ? -1 : 0;
 }
-static int k_swiglu(pctx *c) { return swiglu(c, "fwd"); }
-static int k_swiglu_bwd(pctx *c) { return swiglu(c, "bwd"); }
+static int k_swiglu(pctx *c) { return swiglu(c, false); }
+static int k_swiglu_bwd(pctx *c) { return swiglu(c, true); }
 
 /* loss: operands logits (in place -> dlogits * scale), targets (the tile's), token_loss (the tile's):
  * fwdbwd(logits, targets, row_loss f32[n] out, scale, n); scale = 1 / target tokens of the whole step */
@@ -945,9 +992,9 @@ int exec_prep_step(cp_exec *ex, int i, char *err, int errlen) {
         x->kind = X_KERNEL;
         if (s->task > CP_TASK_NONE && s->task < CP_TASK_COUNT && KERNEL_PREP[s->task]) {
             if (KERNEL_PREP[s->task](&c)) return -1;
-            if (c.amax_taken != (1u << s->namax) - 1)
-                return pfail(&c, "%d amax%s of its outputs, which this kernel does not take", s->namax,
-                             s->namax == 1 ? "" : "es");
+            if (c.fp8_taken != (1u << s->nfp8_out) - 1)
+                return pfail(&c, "%d FP8 output%s (amax or copy), which this kernel does not take", s->nfp8_out,
+                             s->nfp8_out == 1 ? "" : "s");
             return 0;
         }
         return pfail(&c, "a kernel step this runtime does not know (task %d, module %s, role %s)", (int)s->task,

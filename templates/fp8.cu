@@ -30,6 +30,7 @@
 #include <cuda_fp8.h>
 
 #include "fp8_amax.cuh"
+#include "fp8_block.cuh"
 
 typedef long long i64;
 typedef __nv_bfloat16 bf16;
@@ -149,27 +150,6 @@ __global__ void __launch_bounds__(BLOCK) fp8_amax_e4m3(const bf16 *src, i64 rows
 __global__ void __launch_bounds__(BLOCK) fp8_amax_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, float *parts,
                                                        unsigned *counter, float *slot) {
     amax_of(src, rows, cols, ld, parts, counter, slot, 57344.0f);
-}
-
-template <__nv_fp8_interpretation_t KIND>
-__device__ __forceinline__ unsigned short fp8x2(float a, float b) {
-    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, KIND);
-}
-
-// Eight floats, each times its multiplier q[j], as eight FP8 bytes in order
-template <__nv_fp8_interpretation_t KIND>
-__device__ __forceinline__ uint2 fp8x8q(const float *f, const float *q) {
-    uint2 w;
-    w.x = fp8x2<KIND>(f[0] * q[0], f[1] * q[1]) | (unsigned)fp8x2<KIND>(f[2] * q[2], f[3] * q[3]) << 16;
-    w.y = fp8x2<KIND>(f[4] * q[4], f[5] * q[5]) | (unsigned)fp8x2<KIND>(f[6] * q[6], f[7] * q[7]) << 16;
-    return w;
-}
-
-// Eight floats times one multiplier q
-template <__nv_fp8_interpretation_t KIND>
-__device__ __forceinline__ uint2 fp8x8s(const float *f, float q) {
-    const float qq[8] = {q, q, q, q, q, q, q, q};
-    return fp8x8q<KIND>(f, qq);
 }
 
 // Eight bf16 of one 16-byte load, times q, as eight FP8 bytes in order
@@ -314,21 +294,8 @@ __global__ void __launch_bounds__(128) fp8_cast_t_e5m2(const bf16 *src, i64 rows
 
 // ---- block scaling ----
 
-// The cast's multiplier for a block whose largest |x| is a: the largest power of two q with a * q <= fmax, so that
-// q and the GEMM's 1 / q are exact; 1 for a block of zeros; at most 2^126, so that 1 / q stays a normal float; 0 for
-// an infinite amax (the GEMM's scale then infinite and its output NaN, as with a per-tensor scale).
-__device__ __forceinline__ float pow2_quant(float a, float fmax) {
-    if (!(a > 0.0f)) return 1.0f;
-    const float q = fminf(fmax / a, __int_as_float(0x7e800000)); // 2^126
-    return __uint_as_float(__float_as_uint(q) & 0xff800000u);
-}
-
-template <__nv_fp8_interpretation_t KIND> __device__ __forceinline__ float fp8_max();
-template <> __device__ __forceinline__ float fp8_max<__NV_E4M3>() { return 448.0f; }
-template <> __device__ __forceinline__ float fp8_max<__NV_E5M2>() { return 57344.0f; }
-
 // 1 x 128: 16 consecutive threads take a row's 128 columns (cols a multiple of 128, BLOCK of 16, so that a group
-// never straddles rows), their maximum by shuffles.
+// never straddles rows), as the producers that write a copy beside their output do (fp8_block_store).
 template <__nv_fp8_interpretation_t KIND>
 __device__ __forceinline__ void cast_1d(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
                                         unsigned char *__restrict__ dst, float *__restrict__ scales) {
@@ -339,18 +306,9 @@ __device__ __forceinline__ void cast_1d(const bf16 *__restrict__ src, i64 rows, 
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const i64 i = base + u * BLOCK + threadIdx.x;
-            float f[8], m = 0.0f;
-            if (i < units) {
-                unpack8(v[u], f);
-#pragma unroll
-                for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
-            }
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            if (i >= units) continue;
-            const float q = pow2_quant(m, fp8_max<KIND>());
-            reinterpret_cast<uint2 *>(dst)[i] = fp8x8s<KIND>(f, q);
-            if (i % 16 == 0) scales[(i % vrow) / 16 * rows + i / vrow] = 1.0f / q;
+            float f[8];
+            if (i < units) unpack8(v[u], f);
+            fp8_block_store(f, i < units, fp8_max<KIND>(), dst + 8 * i, scales + (i % vrow) / 16 * rows + i / vrow);
         }
     }
 }
@@ -387,7 +345,7 @@ __device__ __forceinline__ void cast_t_1d(const bf16 *__restrict__ src, i64 rows
         part_col_max(v, q);
         warp_col_max(q);
         const float mine = pow2_quant(q[0], fp8_max<KIND>()); // column t / 2's
-        if (t % 2 == 0) scales[r0 / TILE_R * cols + c0 + 16 * (threadIdx.x / 32) + t / 2] = 1.0f / mine;
+        if (t % 2 == 0) scales[r0 / TILE_R * cols + c0 + 16 * (threadIdx.x / 32) + t / 2] = pow2_inverse(mine);
 #pragma unroll
         for (int j = 0; j < 16; j++) q[j] = __shfl_sync(0xffffffffu, mine, 2 * j);
         convert_part<KIND>(v, q, p);
@@ -428,7 +386,7 @@ __device__ __forceinline__ void cast_rt_1d(const bf16 *__restrict__ src, i64 row
     part_col_max(v, q);
     warp_col_max(q);
     const float mine = pow2_quant(q[0], fp8_max<KIND>()); // column t / 2's
-    if (t % 2 == 0) scales_t[r0 / TILE_R * cols + c0 + 16 * g + t / 2] = 1.0f / mine;
+    if (t % 2 == 0) scales_t[r0 / TILE_R * cols + c0 + 16 * g + t / 2] = pow2_inverse(mine);
 #pragma unroll
     for (int j = 0; j < 16; j++) q[j] = __shfl_sync(0xffffffffu, mine, 2 * j);
     convert_part<KIND>(v, q, p);
@@ -449,7 +407,7 @@ __device__ __forceinline__ void cast_rt_1d(const bf16 *__restrict__ src, i64 row
         unpack8(v[i][1], f);
         const uint2 hi = fp8x8s<KIND>(f, qr);
         *reinterpret_cast<uint4 *>(dst + r * cols + c0 + 16 * g) = make_uint4(lo.x, lo.y, hi.x, hi.y);
-        if (g == 0) scales[c0 / 128 * rows + r] = 1.0f / qr;
+        if (g == 0) scales[c0 / 128 * rows + r] = pow2_inverse(qr);
     }
 }
 
@@ -490,7 +448,7 @@ __device__ __forceinline__ void cast_2d(const bf16 *__restrict__ src, i64 rows, 
         if (in[u])
             *reinterpret_cast<uint2 *>(dst + (r0 + threadIdx.x / 16 + 16 * u) * cols + c) =
                 fp8x8s<__NV_E4M3>(f[u], q);
-    if (threadIdx.x == 0) scales[blockIdx.y * ld4(cols) + blockIdx.x] = 1.0f / q;
+    if (threadIdx.x == 0) scales[blockIdx.y * ld4(cols) + blockIdx.x] = pow2_inverse(q);
 }
 
 // The transposed copy of the same 128 x 128 tiles: a block of 128 threads takes the tile as two 128 x 64 halves,
@@ -521,7 +479,7 @@ __device__ __forceinline__ void cast_t_2d(const bf16 *__restrict__ src, i64 rows
     store_transposed(p, valid_a, r0, c0, rows, cols, dst);
     if (valid_b) convert_part<__NV_E4M3>(vb, q, p);
     store_transposed(p, valid_b, r0, c1, rows, cols, dst);
-    if (threadIdx.x == 0) scales[blockIdx.x * ld4(rows) + blockIdx.y] = 1.0f / q0;
+    if (threadIdx.x == 0) scales[blockIdx.x * ld4(rows) + blockIdx.y] = pow2_inverse(q0);
 }
 
 #define CAST_BLOCK_KERNEL(name, threads, body)                                                                       \

@@ -8,11 +8,14 @@
 // [gridDim.x][HIDDEN] (no atomics). bwd_dw then adds the parts to dweight, in part order for every column, so
 // dweight gets the same bits run to run: a block per DW_COLS columns, DW_GROUPS threads per column each summing
 // every DW_GROUPS-th part in turn (in double), then the groups in order; dweight = fp32(dweight + sum).
-// Where an FP8 GEMM reads the output (out of fwd, dx of bwd), amax_slot is its scale slot and the kernel takes the
-// output's amax too (fp8_amax.cuh); NULL elsewhere.
+// Where an FP8 GEMM reads the output (out of fwd, dx of bwd) with one scale per tensor, amax_slot is its scale slot and
+// the kernel takes the output's amax too (fp8_amax.cuh); NULL elsewhere. With block scales fwd_copy, fwd's twin, writes
+// out's FP8 copy [n][HIDDEN] and its 1 x 128 scales beside out (fp8_block.cuh), in the format fmax names (COPY_OK;
+// elsewhere it traps): an entry of its own, so that fwd keeps its registers.
 #include <cuda_bf16.h>
 
 #include "fp8_amax.cuh"
+#include "fp8_block.cuh"
 
 typedef long long i64;
 typedef __nv_bfloat16 bf16;
@@ -47,12 +50,17 @@ static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && BLOCK_B % 32 == 0 && BLOCK_B <
 static_assert(NV * TPR >= NVEC && (NV - 1) * TPR < NVEC, "NV vectors per thread cover the row");
 static_assert(NV_B * TPR_B >= NVEC && (NV_B - 1) * TPR_B < NVEC, "NV_B vectors per thread cover the row");
 static_assert((DW_V == 4 || DW_V == 1) && HIDDEN % DW_V == 0 && DW_BLOCK <= 1024 && DW_BLOCK % 32 == 0, "bwd_dw split");
+// fwd_copy: the 16 vectors of a 1 x 128 block in the 16 lanes of an aligned half-warp (as gen/kernels.c's
+// cp_k_fp8_copies tells the planner)
+#define COPY_OK (VEC == 8 && HIDDEN % 128 == 0 && TPR % 16 == 0)
 
 template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
 typedef bvec<VEC> vec_t;
 
 extern "C" __global__ void rmsnorm_fwd_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *x, const bf16 *resid, bf16 *sum_out,
     const bf16 *weight, bf16 *out, float *rstd, i64 n, float *amax_slot, float amax_fmax);
+extern "C" __global__ void rmsnorm_fwd_copy_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *x, const bf16 *resid, bf16 *sum_out,
+    const bf16 *weight, bf16 *out, float *rstd, i64 n, float fmax, unsigned char *copy, float *copy_scales);
 extern "C" __global__ void rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *dout, const bf16 *x, const bf16 *weight,
     const float *rstd, const bf16 *dresid, bf16 *dx, float *dw_part, i64 n, float *amax_slot, float amax_fmax);
 extern "C" __global__ void rmsnorm_bwd_dw_h{{HIDDEN}}_e{{EPS_TAG}}(const float *dw_part, int parts, float *dweight);
@@ -81,10 +89,13 @@ template <int P> static __device__ __forceinline__ float row_sum(float v) {
     return v;
 }
 
-__global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_h{{HIDDEN}}_e{{EPS_TAG}}(
-    const bf16 *__restrict__ x, const bf16 *__restrict__ resid, bf16 *__restrict__ sum_out,
-    const bf16 *__restrict__ weight, bf16 *__restrict__ out, float *__restrict__ rstd, i64 n,
-    float *__restrict__ amax_slot, float amax_fmax) {
+// fwd's rows, and with COPY out's FP8 copy instead of its amax
+template <bool COPY>
+static __device__ __forceinline__ void fwd_rows(const bf16 *__restrict__ x, const bf16 *__restrict__ resid,
+                                                bf16 *__restrict__ sum_out, const bf16 *__restrict__ weight,
+                                                bf16 *__restrict__ out, float *__restrict__ rstd, i64 n,
+                                                float *__restrict__ amax_slot, float fmax,
+                                                unsigned char *__restrict__ copy, float *__restrict__ copy_scales) {
     const int lane = threadIdx.x % TPR;
     const i64 row = (i64)blockIdx.x * RPB + threadIdx.x / TPR;
     const bool valid = row < n;             // rows past n compute on row n-1 (for the shuffles) and store nothing
@@ -124,23 +135,47 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_h{{HIDDEN}}_e{{
     if (valid && lane == 0) rstd[row] = r;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        if (!valid || !in_row<TPR, NV>(k, lane)) continue;
+        const bool in = valid && in_row<TPR, NV>(k, lane);
+        if (!COPY && !in) continue; // with a copy every lane goes on to its block's shuffles
         const i64 off = base + (lane + k * TPR) * VEC;
-        vec_t o;
+        float f[VEC];
+        if (in) {
+            vec_t o;
 #pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            o.h[i] = __float2bfloat16_rn(__bfloat162float(wv[k].h[i]) * bf16_round(s[k][i] * r));
-            amax = fmaxf(amax, fabsf(__bfloat162float(o.h[i])));
-        }
-        *reinterpret_cast<vec_t *>(out + off) = o;
-        if (resid) {
-            vec_t so;
+            for (int i = 0; i < VEC; i++) {
+                o.h[i] = __float2bfloat16_rn(__bfloat162float(wv[k].h[i]) * bf16_round(s[k][i] * r));
+                f[i] = __bfloat162float(o.h[i]);
+                amax = fmaxf(amax, fabsf(f[i]));
+            }
+            *reinterpret_cast<vec_t *>(out + off) = o;
+            if (resid) {
+                vec_t so;
 #pragma unroll
-            for (int i = 0; i < VEC; i++) so.h[i] = __float2bfloat16_rn(s[k][i]); // exact: s is bf16-valued
-            *reinterpret_cast<vec_t *>(sum_out + off) = so;
+                for (int i = 0; i < VEC; i++) so.h[i] = __float2bfloat16_rn(s[k][i]); // exact: s is bf16-valued
+                *reinterpret_cast<vec_t *>(sum_out + off) = so;
+            }
         }
+        if (COPY) fp8_block_store(f, in, fmax, copy + off, copy_scales + (lane + k * TPR) / 16 * n + row);
     }
-    fp8_amax_commit(amax, amax_slot, amax_fmax);
+    if (!COPY) fp8_amax_commit(amax, amax_slot, fmax);
+}
+
+__global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_h{{HIDDEN}}_e{{EPS_TAG}}(
+    const bf16 *__restrict__ x, const bf16 *__restrict__ resid, bf16 *__restrict__ sum_out,
+    const bf16 *__restrict__ weight, bf16 *__restrict__ out, float *__restrict__ rstd, i64 n,
+    float *__restrict__ amax_slot, float amax_fmax) {
+    fwd_rows<false>(x, resid, sum_out, weight, out, rstd, n, amax_slot, amax_fmax, nullptr, nullptr);
+}
+
+__global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_copy_h{{HIDDEN}}_e{{EPS_TAG}}(
+    const bf16 *__restrict__ x, const bf16 *__restrict__ resid, bf16 *__restrict__ sum_out,
+    const bf16 *__restrict__ weight, bf16 *__restrict__ out, float *__restrict__ rstd, i64 n, float fmax,
+    unsigned char *__restrict__ copy, float *__restrict__ copy_scales) {
+#if COPY_OK
+    fwd_rows<true>(x, resid, sum_out, weight, out, rstd, n, nullptr, fmax, copy, copy_scales);
+#else
+    __trap(); // the planner writes copies only where COPY_OK holds
+#endif
 }
 
 // dx = rstd * (g - xhat * mean(g * xhat)) (+ dresid), g = dout * weight, xhat = x * rstd;

@@ -815,7 +815,7 @@ static void test_fp8(void **state) {
             const cp_step *y = &b.steps[bi++]; /* its place in the bf16 program */
             assert_string_equal(x->what, y->what);
             if (x->kind != CP_OP_GEMM) { /* as it was, but for the scale slots of its own amaxes */
-                assert_int_equal(x->nops, y->nops + x->namax);
+                assert_int_equal(x->nops, y->nops + x->nfp8_out);
                 for (int o = 0; o < y->nops; o++) assert_true(fp8_same(&x->ops[o], &y->ops[o]));
             }
             if (x->kind == CP_OP_GEMM) {
@@ -855,10 +855,11 @@ static void test_fp8(void **state) {
             fp8_forget(held, f.nbufs, x);
             fp8_forget(slot, 256, x);
             /* a kernel's own amaxes: of an output it wrote whole, into a slot that then holds it */
-            for (int j = 0; j < x->namax; j++) {
-                const cp_step_amax *a = &x->amax[j];
+            for (int j = 0; j < x->nfp8_out; j++) {
+                const cp_step_fp8_out *a = &x->fp8_out[j];
                 own++;
-                assert_true(cp_plan_fp8_producer(x->task, a->out) && (x->ops[a->out].access & CP_WRITE));
+                assert_true(cp_plan_fp8_producer(&f, x, a->out, false) && (x->ops[a->out].access & CP_WRITE));
+                assert_int_equal(a->scales, -1);
                 assert_true(a->slot >= y->nops && a->slot < x->nops);
                 const cp_operand *so = &x->ops[a->slot];
                 assert_true(!strcmp(f.bufs[so->buf].name, "fp8_state") && so->offset % CP_FP8_SLOT_BYTES == 0 &&
@@ -929,10 +930,10 @@ static void test_fp8_block(void **state) {
         build(&s, &f);
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held);
         bool *tiled = calloc((size_t)f.nbufs, sizeof *tiled);
-        int bi = 0, fp8_gemms = 0, casts = 0, both = 0;
+        int bi = 0, fp8_gemms = 0, casts = 0, both = 0, fused = 0;
         for (int i = 0; i < f.nsteps; i++) {
             const cp_step *x = &f.steps[i];
-            assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST && x->namax == 0);
+            assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST);
             if (x->task == CP_TASK_FP8_CAST_BLOCK) {
                 casts++;
                 const cp_fp8_copy cc = fp8_copy(x);
@@ -961,6 +962,10 @@ static void test_fp8_block(void **state) {
             }
             const cp_step *y = &b.steps[bi++];
             assert_string_equal(x->what, y->what);
+            if (x->kind != CP_OP_GEMM) { /* as it was, but for the copies its kernel writes beside its outputs */
+                assert_int_equal(x->nops, y->nops + 2 * x->nfp8_out);
+                for (int o = 0; o < y->nops; o++) assert_true(fp8_same(&x->ops[o], &y->ops[o]));
+            }
             /* the planner marks exactly the weights' gradients */
             if (y->kind == CP_OP_GEMM)
                 assert_true(y->gemm.w_grad == (!strncmp(y->what, "d_w", 3) || !strcmp(y->what, "d_lm_head")));
@@ -992,10 +997,32 @@ static void test_fp8_block(void **state) {
                 assert_true(y->layer < 0 || y->gemm.k % 128 || (c == 2 && y->gemm.w_grad));
             }
             fp8_forget(held, f.nbufs, x);
+            /* copies a kernel writes beside its outputs: of an output it wrote whole, as rows in 1 x 128 blocks */
+            for (int j = 0; j < x->nfp8_out; j++) {
+                const cp_step_fp8_out *a = &x->fp8_out[j];
+                const cp_operand *out = &x->ops[a->out], *cp = &x->ops[a->slot], *sc = &x->ops[a->scales];
+                assert_true(cp_plan_fp8_producer(&f, x, a->out, true) && (out->access & CP_WRITE));
+                assert_true(a->slot >= y->nops && a->scales == a->slot + 1 && a->scales < x->nops);
+                assert_true(a->fmt == (c == 0 && x->task == CP_TASK_SWIGLU_BWD ? CP_GEMM_E5M2 : CP_GEMM_E4M3));
+                int64_t rows = x->count, cols = out->bytes / 2 / rows;
+                assert_int_equal(f.bufs[cp->buf].cat, CP_CAT_FP8);
+                assert_true(out->bytes == 2 * rows * cols && cols % 128 == 0 && cp->offset == 0 &&
+                            cp->bytes == rows * cols && sc->buf == cp->buf && sc->offset >= rows * cols &&
+                            sc->offset % 256 == 0 && sc->bytes == 4 * rows * (cols / 128) &&
+                            sc->offset + sc->bytes <= f.bufs[cp->buf].bytes && (cp->access & CP_WRITE) &&
+                            (sc->access & CP_WRITE));
+                held[cp->buf] = (fp8_held){.valid = true, .src = *out, .e5m2 = a->fmt == CP_GEMM_E5M2,
+                                           .slot = sc->offset};
+                tiled[cp->buf] = false;
+                fused++;
+            }
         }
         assert_int_equal(bi, b.nsteps);
-        print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts (%d of both ways)\n", shapes[c][0], fp8_gemms,
-                      casts, both);
+        print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts (%d of both ways), %d copies by producers\n",
+                      shapes[c][0], fp8_gemms, casts, both, fused);
+        /* the 3B's default recipe: per layer the forward's normed input (q, k, v) and each MLP tile's SwiGLU output
+         * (down), and each backward tile's dgate and dup (the d_xn2 GEMMs) */
+        if (c == 2) assert_int_equal(fused, 28 * (1 + 8 + 8 * 2));
         /* the 3B's MLP backward reads xn2, d_resid and the gradients of gate and up both ways in every tile */
         if (c == 1) assert_true(both >= 4 * 8 * 28);
         if (c == 2) assert_int_equal(both, 0); /* only the weights' gradients read activations transposed */

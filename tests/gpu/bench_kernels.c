@@ -127,6 +127,11 @@ int main(void) {
         bench(m, "fwd", n, 0, a, "rmsnorm_fwd", "65536x4096", 2.0 * nb + 4.0 * n, true);
         void *a8[] = {&x, &null, &null, &w, &o, &rs, &n, &slot, &e4};
         bench(m, "fwd", n, 0, a8, "rmsnorm_fwd amax", "65536x4096", 2.0 * nb + 4.0 * n, true);
+        /* with the FP8 copy and its 1 x 128 scales beside out (block scales) */
+        void *copy = gu_malloc(nb / 2), *scales = gu_malloc(nb / 64);
+        void *ac[] = {&x, &null, &null, &w, &o, &rs, &n, &e4, &copy, &scales};
+        bench(m, "fwd_copy", n, 0, ac, "rmsnorm_fwd_copy", "65536x4096", 2.5 * nb + nb / 64 + 4.0 * n, true);
+        gu_free_dev(copy), gu_free_dev(scales);
         void *b[] = {&x, &r, &s, &w, &o, &rs, &n, &null, &none};
         bench(m, "fwd", n, 0, b, "rmsnorm_fwd resid", "65536x4096", 4.0 * nb + 4.0 * n, true);
         void *c[] = {&r, &x, &w, &rs, &null, &o, &part, &n, &null, &none};
@@ -178,11 +183,18 @@ int main(void) {
         bench(m, "fwd", n, 0, a, "swiglu_fwd", "16384x14336", 3.0 * nb, true);
         void *a8[] = {&g, &u, &o, &n, &slot, &e4};
         bench(m, "fwd", n, 0, a8, "swiglu_fwd amax", "16384x14336", 3.0 * nb, true);
+        /* with FP8 copies and their 1 x 128 scales beside the outputs (block scales) */
+        void *copy = gu_malloc(nb), *scales = gu_malloc(nb / 32), *copy2 = (char *)copy + nb / 2;
+        void *scales2 = (char *)scales + nb / 64;
+        void *ac[] = {&g, &u, &o, &n, &e4, &copy, &scales};
+        bench(m, "fwd_copy", n, 0, ac, "swiglu_fwd_copy", "16384x14336", 3.5 * nb + nb / 64, true);
         void *b[] = {&o, &g, &u, &n, &null, &none, &null, &none};
         bench(m, "bwd", n, 0, b, "swiglu_bwd", "16384x14336", 5.0 * nb, true);
         void *b8[] = {&o, &g, &u, &n, &slot, &e5, &slot2, &e5};
         bench(m, "bwd", n, 0, b8, "swiglu_bwd amaxes", "16384x14336", 5.0 * nb, true);
-        gu_free_dev(g), gu_free_dev(u), gu_free_dev(o), gu_free_dev(slot);
+        void *bc[] = {&o, &g, &u, &n, &e4, &copy, &scales, &e4, &copy2, &scales2};
+        bench(m, "bwd_copy", n, 0, bc, "swiglu_bwd_copy", "16384x14336", 6.0 * nb + nb / 32, true);
+        gu_free_dev(g), gu_free_dev(u), gu_free_dev(o), gu_free_dev(slot), gu_free_dev(copy), gu_free_dev(scales);
         gu_free(m);
     }
     { /* embedding: 65536 tokens of a 128256 x 4096 table */

@@ -207,6 +207,43 @@ static void amax_check(const char *name, const char *shape, const float *dslot, 
     gu_check(name, shape, bad, 0);
 }
 
+/* ---- a producer's own FP8 copy (fp8_block.cuh) ---- */
+
+/* A copy [rows][cols] and its 1 x 128 scales on the GPU, poisoned (NaN scales) */
+typedef struct {
+    uint8_t *copy;
+    float *scales;
+} copy_dev;
+
+static copy_dev copy_dev_new(int64_t rows, int64_t cols) {
+    copy_dev d = {gu_malloc((size_t)(rows * cols)), gu_malloc(4 * (size_t)(rows * (cols / 128)))};
+    gu_poison(d.copy, (size_t)(rows * cols));
+    gu_poison(d.scales, 4 * (size_t)(rows * (cols / 128)));
+    return d;
+}
+
+/* The copy a producer wrote beside the values it stored (wrote): every byte and scale exactly the cast's
+ * (ref_fp8_cast_block, 1 x 128 blocks as rows). Frees d. */
+static void copy_check(const char *name, const char *shape, copy_dev d, const uint16_t *wrote, int64_t rows,
+                       int64_t cols, bool e5m2) {
+    const size_t n = (size_t)(rows * cols), ns = (size_t)(rows * (cols / 128));
+    uint8_t *out = malloc(n), *ref = malloc(n);
+    float *sout = malloc(4 * ns), *sref = malloc(4 * ns);
+    ref_fp8_cast_block(wrote, rows, cols, cols, e5m2, false, false, ref, sref);
+    gu_download(out, d.copy, n);
+    gu_download(sout, d.scales, 4 * ns);
+    int64_t diff = 0, sdiff = 0;
+    for (size_t i = 0; i < n; i++) diff += out[i] != ref[i];
+    for (size_t i = 0; i < ns; i++) sdiff += !(sout[i] == sref[i]);
+    char label[96];
+    snprintf(label, sizeof label, "%s (bytes differing)", name);
+    gu_check(label, shape, (double)diff, 0);
+    snprintf(label, sizeof label, "%s (scales differing)", name);
+    gu_check(label, shape, (double)sdiff, 0);
+    free(out), free(ref), free(sout), free(sref);
+    gu_free_dev(d.copy), gu_free_dev(d.scales);
+}
+
 /* ---- rmsnorm ---- */
 
 static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool resid) {
@@ -224,12 +261,18 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
     gu_poison(dout, nb);
     gu_poison(drstd, 4 * (size_t)n);
     if (resid) gu_poison(dsum, nb);
-    /* the cases with resid also take out's amax for E4M3 and dx's for E5M2; the others pass no slot */
+    /* the cases with resid also take out's amax for E4M3 and dx's for E5M2; the others run fwd_copy where the kernel
+     * can, writing out's FP8 copy (E5M2 for odd n, else E4M3) */
+    const bool copies = !resid && cp_k_fp8_copies(&m->spec, "fwd"), copy_e5 = n % 2;
     float *dslot = resid ? amax_slot_new() : NULL, e4 = resid ? 448.0f : 0.0f, e5 = resid ? 57344.0f : 0.0f;
+    float fmax_copy = copy_e5 ? 57344.0f : 448.0f;
+    copy_dev cp = copies ? copy_dev_new(n, H) : (copy_dev){NULL, NULL};
     void *a[] = {&dx, &dres, &dsum, &dw, &dout, &drstd, &n, &dslot, &e4};
-    gu_run(m, "fwd", n, 0, a);
+    void *ac[] = {&dx, &dres, &dsum, &dw, &dout, &drstd, &n, &fmax_copy, &cp.copy, &cp.scales};
+    gu_run(m, copies ? "fwd_copy" : "fwd", n, 0, copies ? ac : a);
     gu_download(out, dout, nb);
     if (resid) amax_check("rmsnorm_fwd.amax", shape, dslot, out, n * H, false);
+    if (copies) copy_check(copy_e5 ? "rmsnorm_fwd.copy e5m2" : "rmsnorm_fwd.copy e4m3", shape, cp, out, n, H, copy_e5);
     gu_download(rstd, drstd, 4 * (size_t)n);
     gu_check("rmsnorm_fwd.out", shape, gu_rel_err_bf16(out, rout, n * H), TOL_BF16);
     gu_check("rmsnorm_fwd.rstd", shape, gu_rel_err_f32(rstd, rrstd, n), TOL_F32);
@@ -407,34 +450,48 @@ static void test_rope(void **state) {
 
 /* ---- swiglu ---- */
 
-static void swiglu_case(gu_module *m, int64_t F, int64_t n) {
+/* swiglu's fwd and bwd with their outputs' amaxes; or with copies = "bwd_copy", "bwd_copy_gate" or "bwd_copy_up"
+ * fwd_copy and that entry, writing the outputs' FP8 copies (out's and dup's E4M3, dgate's E5M2) */
+static void swiglu_case(gu_module *m, int64_t F, int64_t n, const char *copies) {
     char shape[96];
-    snprintf(shape, sizeof shape, "f%lld n%lld", (long long)F, (long long)n);
+    snprintf(shape, sizeof shape, "f%lld n%lld%s%s", (long long)F, (long long)n, copies ? " " : "", copies ? copies : "");
+    const bool gate_copy = copies && strcmp(copies, "bwd_copy_up"), up_copy = copies && strcmp(copies, "bwd_copy_gate");
     const int64_t cnt = n * F;
     const size_t nb = 2 * (size_t)cnt;
     uint16_t *g = gu_rand_bf16(&rng, cnt, 2.0), *u = gu_rand_bf16(&rng, cnt, 1.0), *ref = malloc(nb), *out = malloc(nb);
     ref_swiglu_fwd(g, u, ref, cnt);
     uint16_t *dg = dev_copy(g, nb), *du = dev_copy(u, nb), *dout = gu_malloc(nb);
     gu_poison(dout, nb);
-    /* out's amax for E4M3, dgate's and dup's for E5M2 */
-    float *dslot[3] = {amax_slot_new(), amax_slot_new(), amax_slot_new()}, e4 = 448.0f, e5 = 57344.0f;
+    /* out's amax for E4M3, dgate's and dup's for E5M2; or their copies */
+    float *dslot[3] = {NULL, NULL, NULL}, e4 = 448.0f, e5 = 57344.0f, none = 0.0f;
+    copy_dev cp[3] = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}};
+    for (int j = 0; j < 3; j++)
+        if (!copies) dslot[j] = amax_slot_new();
+        else if (j == 0 || (j == 1 && gate_copy) || (j == 2 && up_copy)) cp[j] = copy_dev_new(n, F);
     void *a[] = {&dg, &du, &dout, &n, &dslot[0], &e4};
-    gu_run(m, "fwd", n, 0, a);
+    void *ac[] = {&dg, &du, &dout, &n, &e4, &cp[0].copy, &cp[0].scales};
+    gu_run(m, copies ? "fwd_copy" : "fwd", n, 0, copies ? ac : a);
     gu_download(out, dout, nb);
     gu_check("swiglu_fwd", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
-    amax_check("swiglu_fwd.amax", shape, dslot[0], out, cnt, false);
+    if (copies) copy_check("swiglu_fwd.copy e4m3", shape, cp[0], out, n, F, false);
+    else amax_check("swiglu_fwd.amax", shape, dslot[0], out, cnt, false);
     uint16_t *dy = gu_rand_bf16(&rng, cnt, 1.0), *rg = host_copy(g, nb), *ru = host_copy(u, nb);
     ref_swiglu_bwd(dy, rg, ru, cnt);
     uint16_t *ddy = dev_copy(dy, nb);
     void *b[] = {&ddy, &dg, &du, &n, &dslot[1], &e5, &dslot[2], &e5};
-    gu_run(m, "bwd", n, 0, b);
+    void *bc[] = {&ddy, &dg, &du, &n, gate_copy ? &e5 : &none, &cp[1].copy, &cp[1].scales, up_copy ? &e4 : &none,
+                  &cp[2].copy, &cp[2].scales};
+    gu_run(m, copies ? copies : "bwd", n, 0, copies ? bc : b);
     gu_download(out, dg, nb);
     gu_check("swiglu_bwd.dgate", shape, gu_rel_err_bf16(out, rg, cnt), TOL_BF16);
-    amax_check("swiglu_bwd.dgate amax", shape, dslot[1], out, cnt, true);
+    if (gate_copy) copy_check("swiglu_bwd.dgate copy e5m2", shape, cp[1], out, n, F, true);
+    else if (!copies) amax_check("swiglu_bwd.dgate amax", shape, dslot[1], out, cnt, true);
     gu_download(out, du, nb);
     gu_check("swiglu_bwd.dup", shape, gu_rel_err_bf16(out, ru, cnt), TOL_BF16);
-    amax_check("swiglu_bwd.dup amax", shape, dslot[2], out, cnt, true);
-    for (int j = 0; j < 3; j++) gu_free_dev(dslot[j]);
+    if (up_copy) copy_check("swiglu_bwd.dup copy e4m3", shape, cp[2], out, n, F, false);
+    else if (!copies) amax_check("swiglu_bwd.dup amax", shape, dslot[2], out, cnt, true);
+    for (int j = 0; j < 3; j++)
+        if (dslot[j]) gu_free_dev(dslot[j]);
     free(g), free(u), free(ref), free(out), free(dy), free(rg), free(ru);
     gu_free_dev(dg), gu_free_dev(du), gu_free_dev(dout), gu_free_dev(ddy);
 }
@@ -448,7 +505,13 @@ static void test_swiglu(void **state) {
         gu_module *m = gu_build(&k);
         cp_kspec_free(&k);
         for (int i = 0; i < NROWS; i++)
-            if (ROWS[i] < 4097 || F[f] == 8192) swiglu_case(m, F[f], ROWS[i]);
+            if (ROWS[i] < 4097 || F[f] == 8192) {
+                /* every other case with copies, through the three entries in turn */
+                static const char *const entries[] = {"bwd_copy", "bwd_copy_gate", "bwd_copy_up"};
+                static int turn;
+                bool copies = i % 2 && cp_k_fp8_copies(&m->spec, "fwd");
+                swiglu_case(m, F[f], ROWS[i], copies ? entries[turn++ % 3] : NULL);
+            }
         gu_free(m);
     }
 }
