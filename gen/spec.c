@@ -69,7 +69,7 @@ static const node MACHINE_KEYS[] = {
     LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"),
     LEAF("fp8_block_gemm_tflops"), LEAF("fp8_block_wgrad_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"),
-    LEAF("fp8_cast_t_gbps"), LEAF("host_gbps"), LEAF("a2a_gbps"), LEAF("allgather_gbps"), LEAF("net_gbps"),
+    LEAF("fp8_cast_t_gbps"), LEAF("fp8_copy_gbps"), LEAF("host_gbps"), LEAF("a2a_gbps"), LEAF("allgather_gbps"), LEAF("net_gbps"),
     LEAF("ranks_per_gpu"),
     LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),
     LEAF("gemm_us"), LEAF("coll_us"), LEAF("net_us"), LEAF("host_adamw_gbps"), END};
@@ -1326,6 +1326,10 @@ void cp_machine_defaults(cp_machine *m) {
     /* the casts that write a transposed copy, through shared memory: the block-scaled 3B step at 32K traced on an
      * H200 (docs/PERF.md, 2026-12-03): 1660-2130 GB/s writing both copies (cast_rt_1d), 2060-2630 one */
     m->fp8_cast_t_gbps = 2000;
+    /* the copies with 1 x 128 scales that rmsnorm's and SwiGLU's twin entries write beside their outputs, their bytes
+     * over what the kernels take longer than their plain entries: the 3B step at 32K traced on an H200 (docs/PERF.md,
+     * 2026-12-03): 2.9 TB/s in rmsnorm, 1.7 in SwiGLU's forward, 1.3 in its backward (two copies) */
+    m->fp8_copy_gbps = 1500;
     m->host_gbps = 55;
     m->a2a_gbps = 328;
     m->allgather_gbps = 278;
@@ -1419,6 +1423,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "hbm_gbps", &m->hbm_gbps));
     TRY(get_num(c, t, "machine", "fp8_cast_gbps", &m->fp8_cast_gbps));
     TRY(get_num(c, t, "machine", "fp8_cast_t_gbps", &m->fp8_cast_t_gbps));
+    TRY(get_num(c, t, "machine", "fp8_copy_gbps", &m->fp8_copy_gbps));
     TRY(get_num(c, t, "machine", "host_gbps", &m->host_gbps));
     TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
     TRY(get_num(c, t, "machine", "allgather_gbps", &m->allgather_gbps));
@@ -1749,6 +1754,7 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.hbm_gbps", mc->hbm_gbps},
                  {"machine.fp8_cast_gbps", mc->fp8_cast_gbps},
                  {"machine.fp8_cast_t_gbps", mc->fp8_cast_t_gbps},
+                 {"machine.fp8_copy_gbps", mc->fp8_copy_gbps},
                  {"machine.host_gbps", mc->host_gbps},
                  {"machine.a2a_gbps", mc->a2a_gbps},
                  {"machine.allgather_gbps", mc->allgather_gbps},
