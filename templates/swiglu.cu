@@ -7,7 +7,7 @@
 // Where an FP8 GEMM reads an output (out; dgate, dup) with one scale per tensor, its amax slot is that GEMM input's
 // scale slot and the kernel takes the output's amax too (fp8_amax.cuh); NULL elsewhere. With block scales the twins
 // fwd_copy, bwd_copy (both gradients), bwd_copy_gate and bwd_copy_up write the outputs' FP8 copies [n][FFN] and their
-// 1 x 128 scales beside them (fp8_block.cuh; COPY_OK, elsewhere they trap) in the formats their fmax name: entries of
+// 1 x 128 scales beside them (fp8_block.cuh; COPY_OK, elsewhere they trap), each in the format its fmax names: entries of
 // their own, so that fwd and bwd keep their registers.
 #include <cuda_bf16.h>
 
