@@ -1644,9 +1644,10 @@ static void cost_model(cp_plan *P) {
             t += mc->kernel_us * 1e-6;
             for (int j = 0; j < s->nfp8_out; j++) /* FP8 copies the kernel writes beside its outputs */
                 if (s->fp8_out[j].scales >= 0) {
-                    double c = (double)(s->ops[s->fp8_out[j].slot].bytes + s->ops[s->fp8_out[j].scales].bytes);
-                    t += c / (mc->fp8_copy_gbps * 1e9);
-                    P->t_fp8_casts += c / (mc->fp8_copy_gbps * 1e9) * reps;
+                    double tc = (double)(s->ops[s->fp8_out[j].slot].bytes + s->ops[s->fp8_out[j].scales].bytes) /
+                                (mc->fp8_copy_gbps * 1e9);
+                    t += tc;
+                    P->t_fp8_casts += tc * reps;
                 }
             break;
         case CP_OP_GEMM: {

@@ -364,7 +364,8 @@ static cp_operand copy_scales(lowering *L, int k, const source *src, bool transp
  * The copy it went to, or -1. */
 static int fuse_copy(lowering *L, const source *src, int x) {
     int out, i = producer_of(L, src, true, &out);
-    for (int k = x; i >= 0 && k <= AHEAD + x; k += AHEAD) {
+    if (i < 0) return -1;
+    for (int k = x; k <= AHEAD + x; k += AHEAD) {
         if (touched_from(L, i, L->copy_buf[k], 0, INT64_MAX)) continue;
         cp_step *p = &L->q.steps[i];
         p->fp8_out[p->nfp8_out++] = (cp_step_fp8_out){.out = (int8_t)out, .slot = (int8_t)p->nops,
