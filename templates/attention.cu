@@ -902,5 +902,6 @@ attention_bwd_dq_d{{HEAD_DIM}}_q{{Q_HEADS}}_kv{{KV_HEADS}}_s{{SEQ}}_c{{CAUSAL}}_
     }
 }
 
+#include "sm90.cuh"
 #include "attention_sm90.cuh"
 #include "attention_bwd_sm90.cuh"
