@@ -271,6 +271,40 @@ void cp_k_fp8(cp_kernel_spec *k) {
     cp_kspec_set_int(k, "AMAX_PARTS", CP_FP8_AMAX_PARTS);
 }
 
+/* templates/gemm_fp8.cu's tile and ring: 128 x 128 outputs, k blocks of 128, STAGES of A's and B's 16 KiB tiles and
+ * their 512-byte scale rows, 16 bytes of mbarriers each, and the slack that aligns the ring to 1024 bytes */
+#define GEMM_FP8_STAGES 6
+#define GEMM_FP8_GROUP_M 8
+/* one CTA a cluster: pairs sharing B's tiles measured no faster on the 3B step's GEMMs (docs/PERF.md, 2026-12-03) */
+#define GEMM_FP8_CLUSTER 1
+static int64_t gemm_fp8_smem(bool b_tiles) {
+    return GEMM_FP8_STAGES * (2 * 128 * 128 + 512 + (b_tiles ? 0 : 512) + 16) + 1024;
+}
+
+bool cp_k_gemm_fp8(cp_kernel_spec *k, int64_t n, int64_t kdim, bool a_e5m2, bool b_e5m2, bool b_tiles,
+                   cp_gemm_fp8_out out, int cluster) {
+    if (n < 128 || n % 128 || kdim < 128 || kdim % 128 || (a_e5m2 && b_e5m2) || cluster < 0 || cluster > 2)
+        return false;
+    if (!cluster) cluster = GEMM_FP8_CLUSTER;
+    static const char *outs[] = {"w", "c", "f", "a"};
+    char shape[96];
+    snprintf(shape, sizeof shape, "n%lld_k%lld_%s%s_%s_%s_c%d", (long long)n, (long long)kdim, a_e5m2 ? "e5" : "e4",
+             b_e5m2 ? "e5" : "e4", b_tiles ? "bt" : "bv", outs[out], cluster);
+    cp_kspec_init(k, "gemm_fp8");
+    cp_kspec_set_str(k, "SHAPE", shape);
+    cp_kspec_set_int(k, "N", n);
+    cp_kspec_set_int(k, "K", kdim);
+    cp_kspec_set_str(k, "A_TYPE", a_e5m2 ? "e5m2" : "e4m3");
+    cp_kspec_set_str(k, "B_TYPE", b_e5m2 ? "e5m2" : "e4m3");
+    cp_kspec_set_int(k, "B_TILES", b_tiles);
+    cp_kspec_set_int(k, "EPILOGUE", out);
+    cp_kspec_set_int(k, "STAGES", GEMM_FP8_STAGES);
+    cp_kspec_set_int(k, "GROUP_M", GEMM_FP8_GROUP_M);
+    cp_kspec_set_int(k, "CLUSTER", cluster);
+    cp_kspec_set_int(k, "SMEM_BYTES", gemm_fp8_smem(b_tiles));
+    return true;
+}
+
 /* Kernels over (token, head) rows of head_dim bf16 values (attn_delta, attn_merge): a power-of-two group of TPR
  * threads per row, 2 vectors of each input per thread. */
 static void head_row_params(cp_kernel_spec *k, int64_t head_dim) {
@@ -385,6 +419,15 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         if (strcmp(role, "f32_to_bf16") && strcmp(role, "add_f32")) return -1;
         d->block = (unsigned)get_int(k, "BLOCK");
         d->grid[0] = blocks_for(n, d->block * get_int(k, "UNROLL") * 4, 0);
+        return 0;
+    }
+    if (strcmp(f, "gemm_fp8") == 0) { /* n = m, the rows of A and D: a persistent grid of at most one block an SM */
+        if (strcmp(role, "sm90") != 0) return -1;
+        /* clusters of CLUSTER blocks, each taking CLUSTER tile rows of a tile column at a time */
+        int64_t cl = get_int(k, "CLUSTER"), units = ((n + 127) / 128 + cl - 1) / cl * (get_int(k, "N") / 128);
+        d->block = 384;
+        d->grid[0] = (unsigned)((units < sms / cl ? units : sms / cl) * cl);
+        d->smem = (unsigned)get_int(k, "SMEM_BYTES");
         return 0;
     }
     if (strcmp(f, "fp8") == 0) { /* n rows, heads columns */

@@ -10,7 +10,7 @@
  * pos0 is i64, scalars (eps, lr, scale, ...) are float. Pointers must be 16-byte aligned (adamw, cast and sumsq
  * also accept any alignment, more slowly) and row strides a multiple of the row unit (16 bytes, or 4 for rows of
  * 4 bytes); the runtime checks these, the kernels do not. Outputs marked += accumulate into what is there.
- * Launch geometry of every entry: cp_k_dims below; entries use no dynamic shared memory. */
+ * Launch geometry of every entry: cp_k_dims below; entries use no dynamic shared memory but gemm_fp8's. */
 #ifndef CP_KERNELS_H
 #define CP_KERNELS_H
 
@@ -107,6 +107,16 @@ void cp_k_cast(cp_kernel_spec *k);
 #define CP_FP8_AMAX_PARTS 1024
 #define CP_FP8_SLOT_BYTES (128 + 32 * 128) /* the scales, then 32 groups of blocks a 128-byte line each */
 void cp_k_fp8(cp_kernel_spec *k);
+/* gemm_fp8 (Hopper, sm_90a): D[m][n] = sum over k of A[m][k] B[n][k] on FP8 inputs with block scales, A's per row and
+ * 128 of k, B's the same (b_tiles false) or per 128 x 128 tile (a weight's); n and k (kdim) multiples of 128, m the
+ * call's; A E5M2 (a gradient) or E4M3, B likewise, not both E5M2. out says what happens to D. Entry
+ * sm90(tm_a, tm_b, tm_sa, tm_sb, b_tiles, c, d, m i64, ldd i64) with tensor maps (runtime/gemm_fp8.h: the layouts,
+ * templates/gemm_fp8.cu); cp_k_dims takes n = m, and gives the dynamic shared memory. cluster: the CTAs of a cluster
+ * (1, or 2 sharing B's tiles), 0 the generator's choice. Returns false, with k untouched, for a shape or pair of
+ * types the kernel does not take. */
+typedef enum { CP_GEMM_FP8_WRITE = 0, CP_GEMM_FP8_RESIDUAL, CP_GEMM_FP8_ADD_F32, CP_GEMM_FP8_ADD_BF16 } cp_gemm_fp8_out;
+bool cp_k_gemm_fp8(cp_kernel_spec *k, int64_t n, int64_t kdim, bool a_e5m2, bool b_e5m2, bool b_tiles,
+                   cp_gemm_fp8_out out, int cluster);
 /* delta for the attention backward in token layout: fwd(dout[n][heads][D], out[n][heads][D], delta f32[n][heads], n,
  * heads): delta = sum over D of dout*out in fp32. */
 void cp_k_attn_delta(cp_kernel_spec *k, int64_t head_dim);

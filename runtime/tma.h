@@ -18,4 +18,11 @@ typedef struct {
 int cp_tmap_heads(cp_tmap *m, const void *base, int elem_bytes, int64_t seq, int64_t heads, int64_t head_dim,
                   int box_rows, char *err, int errlen);
 
+/* A 2-D tensor [rows][cols] at base of elem_bytes-byte elements (1: FP8 bytes, 4: f32) with rows pitch_bytes apart, in
+ * boxes of box_cols x box_rows; with swizzle128 the 128-byte swizzle (a box row must then be 128 bytes). Rows and
+ * columns past the tensor's end read as zeros. base and pitch_bytes must be 16-byte aligned. Returns 0, or -1 with
+ * a message in err. */
+int cp_tmap_2d(cp_tmap *m, const void *base, int elem_bytes, int64_t rows, int64_t cols, int64_t pitch_bytes,
+               int box_cols, int box_rows, int swizzle128, char *err, int errlen);
+
 #endif

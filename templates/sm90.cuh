@@ -1,6 +1,8 @@
 // sm90.cuh: the PTX of the Hopper (sm_90a) kernels that move tiles with the tensor memory accelerator and multiply
-// them with wgmma: mbarriers, bulk tensor copies, named barriers, shared-memory matrix descriptors with the 128-byte
-// swizzle and the wgmma fences. Included by attention.cu (for attention_sm90.cuh and attention_bwd_sm90.cuh). Addresses of shared memory are 32-bit (cvta to the shared window).
+// them with wgmma: mbarriers, bulk tensor copies (multicast to a cluster's CTAs too), named barriers, clusters,
+// shared-memory matrix descriptors with the 128-byte swizzle and the wgmma fences. Included by attention.cu (for
+// attention_sm90.cuh and attention_bwd_sm90.cuh) and by gemm_fp8.cu. Addresses of shared memory are 32-bit (cvta to
+// the shared window).
 #pragma once
 
 typedef unsigned int u32;
@@ -36,6 +38,41 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const tmap_t *map, int c0, 
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
                  "%4}], [%5];\n" ::"r"(dst),
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+// Box (c0, c1) of a 2-D tensor map, likewise.
+__device__ __forceinline__ void tma_load_2d(u32 dst, const tmap_t *map, int c0, int c1, u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+// The same box into shared memory at dst in each CTA of the cluster that cta_mask names (bit r: rank r), each counted
+// on the mbarrier at bar in that CTA (dst and bar: this CTA's addresses, the same offsets there).
+__device__ __forceinline__ void tma_load_2d_multicast(u32 dst, const tmap_t *map, int c0, int c1, u32 bar,
+                                                      unsigned short cta_mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+                 "[%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+                 : "memory");
+}
+// This CTA's rank in its cluster.
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// Every thread of the cluster's CTAs: what each did to shared memory before is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// One arrival on the mbarrier at bar (this CTA's address) in the cluster's CTA of rank `rank`, ordered after this
+// thread's earlier accesses as a local arrival is (release at the CTA's scope: a fence at the cluster's would wait
+// for every earlier access to be seen there, and costs more than a k block's products).
+__device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 rank) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                 "r"(rank)
                  : "memory");
 }
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }

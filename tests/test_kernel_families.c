@@ -71,6 +71,17 @@ static void make_specs(void) {
     cp_k_adamw(add());
     cp_k_cast(add());
     cp_k_fp8(add());
+    /* the FP8 GEMM: each output mode, both ways of scaling B, a gradient in E5M2 on either side */
+    assert_true(cp_k_gemm_fp8(add(), 3072, 3072, false, false, true, CP_GEMM_FP8_WRITE, 0));
+    assert_true(cp_k_gemm_fp8(add(), 3072, 8192, false, false, true, CP_GEMM_FP8_RESIDUAL, 0));
+    assert_true(cp_k_gemm_fp8(add(), 1024, 3072, true, false, true, CP_GEMM_FP8_ADD_BF16, 0));
+    assert_true(cp_k_gemm_fp8(add(), 3072, 32768, true, false, false, CP_GEMM_FP8_ADD_F32, 0));
+    assert_true(cp_k_gemm_fp8(add(), 8192, 4096, false, true, false, CP_GEMM_FP8_ADD_F32, 0));
+    assert_true(cp_k_gemm_fp8(add(), 3072, 3072, false, false, true, CP_GEMM_FP8_WRITE, 2)); /* a cluster of two */
+    cp_kernel_spec no;
+    assert_false(cp_k_gemm_fp8(&no, 3000, 3072, false, false, true, CP_GEMM_FP8_WRITE, 0));
+    assert_false(cp_k_gemm_fp8(&no, 3072, 3000, false, false, true, CP_GEMM_FP8_WRITE, 0));
+    assert_false(cp_k_gemm_fp8(&no, 3072, 3072, true, true, true, CP_GEMM_FP8_WRITE, 0));
     cp_k_attn_delta(add(), 128);
     cp_k_attn_delta(add(), 64);
     cp_k_attn_merge(add(), 128);
@@ -97,7 +108,7 @@ static const char *const *roles_of(const char *family) {
                              *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", "add_f32", NULL},
                              *const uly[] = {"pack", "unpack", "unpack_add", NULL},
                              *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL},
-                             *const merge[] = {"fwd", "init", NULL},
+                             *const merge[] = {"fwd", "init", NULL}, *const gemm[] = {"sm90", NULL},
                              *const fp8[] = {"amax_e4m3",   "amax_e5m2",   "cast_e4m3", "cast_e5m2",
                                              "cast_t_e4m3", "cast_t_e5m2", "cast_1d_e4m3", "cast_1d_e5m2",
                                              "cast_t_1d_e4m3", "cast_t_1d_e5m2", "cast_2d_e4m3", "cast_t_2d_e4m3",
@@ -111,6 +122,7 @@ static const char *const *roles_of(const char *family) {
     if (!strcmp(family, "embedding")) return emb;
     if (!strcmp(family, "attn_merge")) return merge;
     if (!strcmp(family, "fp8")) return fp8;
+    if (!strcmp(family, "gemm_fp8")) return gemm;
     return fb;
 }
 
@@ -187,10 +199,16 @@ static void test_dims_cover_the_work(void **state) {
                 bool wide = !strcmp(k->family, "fp8") && strstr(*r, "_2d_");
                 bool tiles = wide || (!strcmp(k->family, "fp8") && !strncmp(*r, "cast_t", 6));
                 assert_true(d.grid[0] >= 1 && (tiles || d.grid[1] == 1) && d.grid[2] == 1);
-                assert_int_equal(d.smem, 0);
-                int64_t threads = (int64_t)d.grid[0] * d.block, need = 0;
                 const char *f = k->family;
-                if (tiles) {
+                assert_int_equal(d.smem, !strcmp(f, "gemm_fp8") ? param(k, "SMEM_BYTES") : 0);
+                int64_t threads = (int64_t)d.grid[0] * d.block, need = 0;
+                if (!strcmp(f, "gemm_fp8")) {
+                    /* persistent: a block per SM at most, each walking tiles of 128 x 128 */
+                    int64_t cl = param(k, "CLUSTER"), units = ((n + 127) / 128 + cl - 1) / cl * (param(k, "N") / 128);
+                    assert_int_equal(d.grid[0], CP_MIN(units, 132 / cl) * cl);
+                    assert_true(d.smem <= 227 * 1024);
+                    need = 1;
+                } else if (tiles) {
                     /* n rows, heads columns: a block per tile */
                     assert_int_equal(d.grid[0], (heads + (wide ? 127 : 63)) / (wide ? 128 : 64));
                     assert_int_equal(d.grid[1], (n + 127) / 128);

@@ -8,21 +8,27 @@
  * output type, residual and accumulation), with cuBLASLt's promotion to fp32 and with fast accumulation, and as
  * train.fp8_scaling = "block" runs it (the same FP8 form with block scales, as cp_plan_fp8_gemm gives them: a weight
  * input's per 128 x 128 tile, any other's per 1 x 128 of k, always promoted; scales all 1, in buffers of their real
- * sizes; the GEMMs whose k is not a multiple of 128 stay bf16 there, as the plan leaves them). The GEMMs
- * that pass leaves in bf16 (the LM head and its gradients) show bf16 only. Inputs are random
- * bytes, finite in every type; each time is the median of REPS launches timed with CUDA events
- * after WARM. TF/s = 2 m n k / time. The totals weigh each GEMM by its count: the step's GEMM seconds in bf16 and
- * with FP8 where FP8 applies, before the casts and transposes FP8 adds. The last line, GEMMSUM SPEC SEQ bf16 fp8 fast
- * block, gives the four totals in seconds for scripts.
+ * sizes; the GEMMs whose k is not a multiple of 128 stay bf16 there, as the plan leaves them). The weights'
+ * gradients are timed on FP8 too, as train.fp8_weight_grads = "fp8" runs them. The GEMMs that pass leaves in bf16
+ * (the LM head and its gradients) show bf16 only. Inputs are random bytes, finite in every type; each time is the
+ * median of REPS launches timed with CUDA events after WARM. TF/s = 2 m n k / time. The totals weigh each GEMM by its
+ * count: the step's GEMM seconds in bf16 and with FP8 where FP8 applies, before the casts and transposes FP8 adds.
+ * Where the generator's FP8 GEMM kernel (templates/gemm_fp8.cu) takes a block-scaled GEMM, it is timed too (column
+ * "own"), and a line gives the block-scaled total with it in place of cuBLASLt's where it is faster. The last line,
+ * GEMMSUM SPEC SEQ bf16 fp8 fast block best, gives the totals in seconds for scripts (best: each block-scaled GEMM on
+ * the faster of cuBLASLt and the own kernel).
  * With --algos N every GEMM's time is the fastest of the first N algorithms cuBLASLt's heuristic offers for it (the
  * heuristic's own first choice is what the runtime launches), and a line compares the totals with the first's.
- * usage: bench_gemm [--algos N] [SPEC SEQ]...   (default: llama3b 32K llama8b 128K) */
+ * --only NAME times the GEMMs of that name alone (a profiler's run); --cluster N builds the own kernel with clusters
+ * of N CTAs (cp_k_gemm_fp8).
+ * usage: bench_gemm [--algos N] [--only NAME] [--cluster N] [SPEC SEQ]...   (default: llama3b 32K llama8b 128K) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gemm.h"
+#include "gemm_fp8.h"
 #include "gpu_util.h"
 #include "plan.h"
 #include "plan_internal.h"
@@ -54,6 +60,40 @@ static bool same_shape(const cp_gemm *a, const cp_gemm *b) {
            a->has_c == b->has_c && a->accumulate == b->accumulate && a->out_f32 == b->out_f32;
 }
 
+/* The generator's kernel for a block-scaled GEMM: its median milliseconds on these buffers, or -1 where it does
+ * not take the GEMM. */
+typedef struct {
+    cudaKernel_t k;
+    cp_kdims d;
+    cp_gemm_fp8_args a;
+} own_launch;
+
+static void launch_own(void *ctx) {
+    own_launch *l = ctx;
+    cudaError_t e = cp_gemm_fp8_launch(l->k, &l->d, &l->a, 0);
+    if (e != cudaSuccess) {
+        char m[1024];
+        cp_cuda_errmsg(e, "launching the FP8 GEMM kernel", m, sizeof m);
+        gu_fail("%s", m);
+    }
+}
+
+static double time_own(const cp_gemm *g, int cluster, char *A, char *B, char *C, char *D, const float *sa,
+                       const float *sb) {
+    cp_kernel_spec ks;
+    if (!cp_gemm_fp8_kspec(g, cluster, &ks)) return -1;
+    gu_module *m = gu_build(&ks);
+    cp_kspec_free(&ks);
+    own_launch l = {.k = gu_kernel(m, "sm90"), .d = gu_dims(m, "sm90", g->m, 0)};
+    char err[2048];
+    if (cp_gemm_fp8_args_make(&l.a, g, &m->spec, A, B, g->has_c ? C : NULL, D, sa, sb, err, sizeof err) ||
+        cp_kernel_set_max_smem(l.k, l.d.smem, err, sizeof err))
+        gu_fail("%s", err);
+    double t = gu_median_ms(REPS, WARM, launch_own, &l);
+    gu_free(m);
+    return t;
+}
+
 typedef struct {
     cp_gemm_lib *lib;
     int id;
@@ -70,6 +110,8 @@ static void launch_gemm(void *ctx) {
 }
 
 static int algos; /* --algos N: also time the heuristic's first N algorithms of each GEMM, and keep the fastest */
+static const char *only; /* --only NAME: the GEMMs of that name alone (for a profiler) */
+static int own_cluster;  /* --cluster N: the own kernel's CTAs per cluster (cp_k_gemm_fp8; 0 its default) */
 
 /* Median milliseconds of REPS launches of g (scales NULL: bf16) on buffers big enough for it: of the heuristic's
  * algorithm, or with --algos of the fastest of its first N (the heuristic's time in *first, when given). */
@@ -112,13 +154,15 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
     cp_plan Pt = P, Pb = P;
     Pt.spec.train.fp8_block = false;
     Pt.spec.train.fp8_e4m3_grads = false;
+    Pt.spec.train.fp8_bf16_wgrad = false;
     Pb.spec.train.fp8_block = true;
     Pb.spec.train.fp8_e4m3_grads = true;
+    Pb.spec.train.fp8_bf16_wgrad = false; /* both: the weights' gradients on FP8 too (fp8_weight_grads = "fp8") */
     gemm_use *u = calloc((size_t)P.nsteps, sizeof *u);
     int nu = 0;
     for (int i = 0; i < P.nsteps; i++) {
         const cp_step *st = &P.steps[i];
-        if (st->kind != CP_OP_GEMM) continue;
+        if (st->kind != CP_OP_GEMM || (only && strcmp(st->what, only))) continue;
         int j = 0;
         while (j < nu && !(same_shape(&u[j].g, &st->gemm) && !strcmp(u[j].what, st->what))) j++;
         if (j == nu) {
@@ -167,11 +211,13 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
     free(ones);
 
     printf("\n%s at %s tokens on one GPU: %d distinct GEMMs\n", spec, seq, nu);
-    printf("%-14s %5s %21s %4s | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %5s\n", "GEMM", "count", "m x n x k",
-           "form", "bf16 ms", "TF/s", "fp8 ms", "TF/s", "fast ms", "TF/s", "block ms", "TF/s", "x");
+    printf("%-14s %5s %21s %4s | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %5s\n", "GEMM", "count",
+           "m x n x k", "form", "bf16 ms", "TF/s", "fp8 ms", "TF/s", "fast ms", "TF/s", "block ms", "TF/s", "own ms",
+           "TF/s", "x");
     double t_bf16 = 0, t_fp8 = 0, t_fast = 0, fl_fp8 = 0, tb_fp8part = 0;
     double t_blk = 0, fl_blk = 0, tb_blkpart = 0; /* the same with block scales, over the GEMMs they apply to */
     double t_bf16_first = 0, t_blk_first = 0;     /* bf16 and block with the heuristic's first algorithm */
+    double t_best = 0, t_own = 0, t_own_blk = 0;  /* block with the faster of cuBLASLt and the own kernel; where it ran */
     for (int j = 0; j < nu; j++) {
         const cp_gemm *g = &u[j].g;
         double fl = 2.0 * (double)g->m * (double)g->n * (double)g->k;
@@ -185,9 +231,10 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
             t_fast += tb * (double)u[j].count;
             t_blk += tb * (double)u[j].count;
             t_blk_first += tb1 * (double)u[j].count;
-            printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8s %6s | %8s %6s | %8s %6s | %5s\n", u[j].what,
-                   (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb, fl / tb / 1e9,
-                   "bf16", "", "bf16", "", "bf16", "", "");
+            t_best += tb * (double)u[j].count;
+            printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %5s\n",
+                   u[j].what, (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb,
+                   fl / tb / 1e9, "bf16", "", "bf16", "", "bf16", "", "bf16", "", "");
             continue;
         }
         cp_gemm f = u[j].f; /* timed with cuBLASLt's promotion to fp32 and with fast accumulation */
@@ -200,22 +247,32 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         fl_fp8 += fl * (double)u[j].count;
         tb_fp8part += tb * (double)u[j].count;
         /* with block scales where the plan would use them (k a multiple of 128), else it stays bf16 */
-        char blk_ms[16] = "bf16", blk_tf[16] = "";
+        char blk_ms[16] = "bf16", blk_tf[16] = "", own_ms[16] = "-", own_tf[16] = "";
         if (u[j].block) {
             double tk1, tk = time_gemm_first(lib, &u[j].fb, u[j].what, A, B, C, D, dSA, dSB, &tk1);
+            double to = time_own(&u[j].fb, own_cluster, A, B, C, D, dSA, dSB);
             t_blk += tk * (double)u[j].count;
             t_blk_first += tk1 * (double)u[j].count;
+            t_best += (to > 0 && to < tk ? to : tk) * (double)u[j].count;
             fl_blk += fl * (double)u[j].count;
             tb_blkpart += tb * (double)u[j].count;
             snprintf(blk_ms, sizeof blk_ms, "%.3f", tk);
             snprintf(blk_tf, sizeof blk_tf, "%.0f", fl / tk / 1e9);
+            if (to > 0) {
+                t_own += to * (double)u[j].count;
+                t_own_blk += tk * (double)u[j].count;
+                snprintf(own_ms, sizeof own_ms, "%.3f", to);
+                snprintf(own_tf, sizeof own_tf, "%.0f", fl / to / 1e9);
+            }
         } else {
             t_blk += tb * (double)u[j].count;
             t_blk_first += tb1 * (double)u[j].count;
+            t_best += tb * (double)u[j].count;
         }
-        printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8.3f %6.0f | %8.3f %6.0f | %8s %6s | %5.2f\n",
+        printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8.3f %6.0f | %8.3f %6.0f | %8s %6s | %8s %6s | "
+               "%5.2f\n",
                u[j].what, (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb,
-               fl / tb / 1e9, tf, fl / tf / 1e9, tq, fl / tq / 1e9, blk_ms, blk_tf, tb / tq);
+               fl / tb / 1e9, tf, fl / tf / 1e9, tq, fl / tq / 1e9, blk_ms, blk_tf, own_ms, own_tf, tb / tq);
     }
     printf("%s at %s: the step's GEMMs %.3f s in bf16 (of them %.3f s where FP8 applies, %.0f TF/s); with FP8 there "
            "%.3f s (%.0f TF/s), with fast accumulation %.3f s (%.0f TF/s): the GEMMs %.2fx / %.2fx faster\n",
@@ -227,11 +284,15 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
            "step's GEMMs %.3f s: %.2fx faster than bf16\n",
            spec, seq, tb_blkpart / 1e3, fl_blk / tb_blkpart / 1e9, (t_blk - (t_bf16 - tb_blkpart)) / 1e3,
            fl_blk / (t_blk - (t_bf16 - tb_blkpart)) / 1e9, t_blk / 1e3, t_bf16 / t_blk);
+    printf("%s at %s: the own FP8 kernel %.3f s where it runs against cuBLASLt's block-scaled %.3f s; the step's "
+           "GEMMs with the faster of the two %.3f s (block scales, cuBLASLt alone: %.3f s)\n",
+           spec, seq, t_own / 1e3, t_own_blk / 1e3, t_best / 1e3, t_blk / 1e3);
     if (algos > 1)
         printf("%s at %s: the fastest of the heuristic's first %d algorithms against its first: bf16 %.3f s against "
                "%.3f s, block %.3f s against %.3f s\n", spec, seq, algos, t_bf16 / 1e3, t_bf16_first / 1e3,
                t_blk / 1e3, t_blk_first / 1e3);
-    printf("GEMMSUM %s %s %.4f %.4f %.4f %.4f\n", spec, seq, t_bf16 / 1e3, t_fp8 / 1e3, t_fast / 1e3, t_blk / 1e3);
+    printf("GEMMSUM %s %s %.4f %.4f %.4f %.4f %.4f\n", spec, seq, t_bf16 / 1e3, t_fp8 / 1e3, t_fast / 1e3, t_blk / 1e3,
+           t_best / 1e3);
     gu_free_dev(A), gu_free_dev(B), gu_free_dev(C), gu_free_dev(D), gu_free_dev(dS), gu_free_dev(dSA), gu_free_dev(dSB);
     free(u);
     cp_plan_free(&P);
@@ -249,7 +310,12 @@ int main(int argc, char **argv) {
     gu_rng rng;
     gu_seed(&rng, 20261202);
     int a = 1;
-    if (argc > 2 && !strcmp(argv[1], "--algos")) algos = atoi(argv[2]), a = 3;
+    for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
+        if (!strcmp(argv[a], "--algos")) algos = atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "--only")) only = argv[a + 1];
+        else if (!strcmp(argv[a], "--cluster")) own_cluster = atoi(argv[a + 1]);
+        else gu_fail("bench_gemm: unknown option %s (--algos N, --only NAME, --cluster N)", argv[a]);
+    }
     if (argc > a) {
         for (int i = a; i + 1 < argc; i += 2) bench(lib, argv[i], argv[i + 1], &rng);
     } else {

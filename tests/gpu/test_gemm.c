@@ -6,7 +6,8 @@
  * padding columns of a strided D must be left alone. Bounds: 1e-2 for bf16 outputs, 1e-3 for fp32 outputs. FP8 inputs
  * (test_fp8) against float64 on the values their bytes stand for, scales applied; 5e-3 for fp32 outputs with fast
  * accumulation. Block-scaled FP8 (test_fp8_block) the same way, each element times its own block's scale, and the
- * block-scaled recipe end to end from bf16 through the fp8 module's casts. */
+ * block-scaled recipe end to end from bf16 through the fp8 module's casts; the generator's own block-scaled FP8 GEMM
+ * kernel (test_fp8_kernel, templates/gemm_fp8.cu) on the same cases, with clusters of one and two CTAs. */
 #include <fnmatch.h>
 #include <math.h>
 #include <setjmp.h>
@@ -20,6 +21,7 @@
 #include <cmocka.h>
 
 #include "gemm.h"
+#include "gemm_fp8.h"
 #include "gpu_util.h"
 #include "ref/ref.h"
 
@@ -29,6 +31,11 @@
  * rounding alone gives about 0.038 and 0.059 on the test's data) */
 #define RECIPE_E4M3 6e-2
 #define RECIPE_E5M2 1e-1
+/* the generator's FP8 GEMM (templates/gemm_fp8.cu) promotes its sums to fp32 every 128 of k and rounds once: against
+ * float64, bf16's rounding of the output, or for fp32 outputs the tensor cores' own sums over each 128 of k (2.1e-4
+ * measured on an H200, where fp32 sums alone would give about 1e-6) */
+#define OWN_BF16 4e-3
+#define OWN_F32 1e-3
 
 static gu_rng rng;
 static cp_gemm_lib *lib;
@@ -347,14 +354,47 @@ static void *run_on_device(const cp_gemm *p, const char *what, const void *dA, c
     return D;
 }
 
+static int own_cluster; /* the FP8 GEMM kernel's cluster (cp_k_gemm_fp8) */
+
+/* The same on the generator's FP8 GEMM kernel (cp_gemm_fp8_kspec must take p): its module built and launched with
+ * its tensor maps. */
+static void *run_on_kernel(const cp_gemm *p, const char *what, const void *dA, const void *dB, const float *dsa,
+                           const float *dsb, const uint16_t *C, const void *Dold) {
+    cp_kernel_spec k;
+    if (!cp_gemm_fp8_kspec(p, own_cluster, &k)) gu_fail("%s: the FP8 GEMM kernel does not take it", what);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    const size_t dbytes = (size_t)(p->m * p->n) * (p->out_f32 ? 4 : 2);
+    void *dC = C ? dev_of(C, (size_t)(p->m * p->n) * 2) : NULL, *dD = dev_of(Dold, dbytes);
+    char err[2048];
+    cp_gemm_fp8_args a;
+    if (cp_gemm_fp8_args_make(&a, p, &m->spec, dA, dB, dC, dD, dsa, dsb, err, sizeof err)) gu_fail("%s: %s", what, err);
+    cudaKernel_t kern = gu_kernel(m, "sm90");
+    cp_kdims d = gu_dims(m, "sm90", p->m, 0);
+    if (cp_kernel_set_max_smem(kern, d.smem, err, sizeof err)) gu_fail("%s: %s", what, err);
+    cudaError_t e = cp_gemm_fp8_launch(kern, &d, &a, 0);
+    if (e != cudaSuccess) {
+        cp_cuda_errmsg(e, "launching the FP8 GEMM kernel", err, sizeof err);
+        gu_fail("%s: %s", what, err);
+    }
+    sync_or_fail(what);
+    void *D = malloc(dbytes);
+    gu_download(D, dD, dbytes);
+    gu_free_dev(dD);
+    if (dC) gu_free_dev(dC);
+    gu_free(m);
+    return D;
+}
+
 static const char *scale_name(int mode) { return mode == CP_GEMM_SCALE_2D ? "128x128" : "1x128"; }
 static const char *type_name(int t) { return t == CP_GEMM_E5M2 ? "e5m2" : "e4m3"; }
 
 /* A block-scaled FP8 GEMM in the x W^T form (as cp_plan_fp8_gemm gives it with block scaling): random FP8 bytes
  * A [m][k] (type at, scales as) and B [n][k] (bt, bs), random scales per block, D as `mode` says; against float64 on
- * every element times its block's scale. D starts as NaN where it is written. */
+ * every element times its block's scale. D starts as NaN where it is written. On cuBLASLt, or with `own` on the
+ * generator's kernel. */
 static void run_fp8_block_case(const char *what, int64_t m, int64_t n, int64_t k, int at, int bt, int as, int bs,
-                               fp8_out mode, double bound) {
+                               fp8_out mode, double bound, bool own) {
     cp_gemm p = {.m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldd = n, .trans_b = true,
                  .has_c = mode == FP8_RESIDUAL, .accumulate = mode == FP8_ACC_F32 || mode == FP8_ACC_BF16,
                  .out_f32 = mode == FP8_ACC_F32, .a_type = (uint8_t)at, .b_type = (uint8_t)bt,
@@ -366,7 +406,7 @@ static void run_fp8_block_case(const char *what, int64_t m, int64_t n, int64_t k
     void *dA = dev_of(A, (size_t)(m * k)), *dB = dev_of(B, (size_t)(n * k));
     float *dsa = dev_of(sa, 4 * (size_t)cp_fp8_scales(as, m, k));
     float *dsb = dev_of(sb, 4 * (size_t)cp_fp8_scales(bs, n, k));
-    void *Dout = run_on_device(&p, what, dA, dB, dsa, dsb, C, Dold);
+    void *Dout = (own ? run_on_kernel : run_on_device)(&p, what, dA, dB, dsa, dsb, C, Dold);
     double *Ad = block_values(A, sa, as, m, k, at == CP_GEMM_E5M2);
     double *Bd = block_values(B, sb, bs, n, k, bt == CP_GEMM_E5M2);
     char shape[96];
@@ -491,14 +531,14 @@ static void test_fp8_block(void **state) {
     skip_without_fp8();
     /* V: scales per 1 x 128 (vector) block, T: per 128 x 128 tile */
     const int E4 = CP_GEMM_E4M3, E5 = CP_GEMM_E5M2, V = CP_GEMM_SCALE_1D, T = CP_GEMM_SCALE_2D;
-    run_fp8_block_case("fp8b q_proj", 2048, 400, 256, E4, E4, V, T, FP8_WRITE, TOL_BF16);
-    run_fp8_block_case("fp8b o_proj+res", 1008, 256, 512, E4, E4, V, T, FP8_RESIDUAL, TOL_BF16);
-    run_fp8_block_case("fp8b d_x (e5m2 grad)", 512, 384, 1024, E5, E4, V, T, FP8_WRITE, TOL_BF16);
-    run_fp8_block_case("fp8b d_xn_k (bf16 +=)", 2048, 256, 128, E5, E4, V, T, FP8_ACC_BF16, TOL_BF16);
-    run_fp8_block_case("fp8b d_xn_up (e4m3 grad +=)", 1008, 400, 768, E4, E4, V, T, FP8_ACC_BF16, TOL_BF16);
-    run_fp8_block_case("fp8b d_w (f32 +=)", 256, 400, 4096, E5, E4, V, V, FP8_ACC_F32, TOL_F32);
-    run_fp8_block_case("fp8b d_w (e4m3 grad f32 +=)", 144, 256, 2048, E4, E4, V, V, FP8_ACC_F32, TOL_F32);
-    run_fp8_block_case("fp8b A tiled", 400, 256, 512, E4, E4, T, V, FP8_WRITE, TOL_BF16);
+    run_fp8_block_case("fp8b q_proj", 2048, 400, 256, E4, E4, V, T, FP8_WRITE, TOL_BF16, false);
+    run_fp8_block_case("fp8b o_proj+res", 1008, 256, 512, E4, E4, V, T, FP8_RESIDUAL, TOL_BF16, false);
+    run_fp8_block_case("fp8b d_x (e5m2 grad)", 512, 384, 1024, E5, E4, V, T, FP8_WRITE, TOL_BF16, false);
+    run_fp8_block_case("fp8b d_xn_k (bf16 +=)", 2048, 256, 128, E5, E4, V, T, FP8_ACC_BF16, TOL_BF16, false);
+    run_fp8_block_case("fp8b d_xn_up (e4m3 grad +=)", 1008, 400, 768, E4, E4, V, T, FP8_ACC_BF16, TOL_BF16, false);
+    run_fp8_block_case("fp8b d_w (f32 +=)", 256, 400, 4096, E5, E4, V, V, FP8_ACC_F32, TOL_F32, false);
+    run_fp8_block_case("fp8b d_w (e4m3 grad f32 +=)", 144, 256, 2048, E4, E4, V, V, FP8_ACC_F32, TOL_F32, false);
+    run_fp8_block_case("fp8b A tiled", 400, 256, 512, E4, E4, T, V, FP8_WRITE, TOL_BF16, false);
 
     cp_gemm fast = {.m = 256, .n = 256, .k = 256, .lda = 256, .ldb = 256, .ldd = 256, .trans_b = true,
                     .a_type = CP_GEMM_E4M3, .b_type = CP_GEMM_E4M3, .a_scale = V, .b_scale = T, .fast_accum = true};
@@ -514,6 +554,28 @@ static void test_fp8_block(void **state) {
     cp_kspec_free(&k);
     run_fp8_recipe(m, 1152, 384, 640);
     gu_free(m);
+}
+
+/* The generator's FP8 GEMM kernel (Hopper): each output mode, B's scales per tile (a weight) and per 1 x 128 (the
+ * weights' gradients), E5M2 gradients on either side, m past a whole tile (rows read as zeros and not stored), and
+ * more tiles than SMs (the persistent walk, the stage ring wrapping between tiles). Tighter bounds than cuBLASLt's:
+ * one rounding of sums promoted every 128 of k. */
+static void test_fp8_kernel(void **state) {
+    (void)state;
+    skip_without_fp8();
+    const int E4 = CP_GEMM_E4M3, E5 = CP_GEMM_E5M2, V = CP_GEMM_SCALE_1D, T = CP_GEMM_SCALE_2D;
+    for (own_cluster = 1; own_cluster <= 2; own_cluster++) {
+        run_fp8_block_case("own q_proj", 2048, 384, 256, E4, E4, V, T, FP8_WRITE, OWN_BF16, true);
+        run_fp8_block_case("own o_proj+res", 1008, 256, 512, E4, E4, V, T, FP8_RESIDUAL, OWN_BF16, true);
+        run_fp8_block_case("own d_x (e5m2 grad)", 512, 384, 1024, E5, E4, V, T, FP8_WRITE, OWN_BF16, true);
+        run_fp8_block_case("own d_xn_k (bf16 +=)", 2048, 256, 128, E5, E4, V, T, FP8_ACC_BF16, OWN_BF16, true);
+        run_fp8_block_case("own d_w (f32 +=)", 256, 384, 4096, E5, E4, V, V, FP8_ACC_F32, OWN_F32, true);
+        run_fp8_block_case("own d_w (e4m3, f32 +=)", 144, 256, 2048, E4, E4, V, V, FP8_ACC_F32, OWN_F32, true);
+        run_fp8_block_case("own d_w (e5m2 B)", 128, 256, 1024, E4, E5, V, V, FP8_ACC_F32, OWN_F32, true);
+        run_fp8_block_case("own 160 tiles", 2048, 1280, 256, E4, E4, V, T, FP8_WRITE, OWN_BF16, true);
+        run_fp8_block_case("own 160 tiles (f32 +=)", 1284, 2048, 384, E4, E4, V, V, FP8_ACC_F32, OWN_F32, true);
+    }
+    own_cluster = 0;
 }
 
 /* One shape prepared once: the same shape and alignment give the same entry; less alignment a new one. */
@@ -568,6 +630,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_fp8_block),
+        cmocka_unit_test(test_fp8_kernel),
     };
     if (argc > 1) {
         bool any = false;

@@ -1,0 +1,47 @@
+/* gemm_fp8.c: see gemm_fp8.h. */
+#include "gemm_fp8.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "module.h"
+#include "util.h"
+
+bool cp_gemm_fp8_kspec(const cp_gemm *p, int cluster, cp_kernel_spec *k) {
+    const bool fp8 = p->a_type != CP_GEMM_BF16 && p->b_type != CP_GEMM_BF16;
+    if (!fp8 || p->trans_a || !p->trans_b || p->fast_accum || p->a_scale != CP_GEMM_SCALE_1D ||
+        p->b_scale == CP_GEMM_SCALE_TENSOR || p->lda != p->k || p->ldb != p->k || p->ldd % 2 || p->m < 1 || p->m % 4 ||
+        p->ldd < p->n || (p->out_f32 && !p->accumulate) || (p->has_c && p->accumulate))
+        return false;
+    cp_gemm_fp8_out out = p->has_c        ? CP_GEMM_FP8_RESIDUAL
+                          : !p->accumulate ? CP_GEMM_FP8_WRITE
+                          : p->out_f32     ? CP_GEMM_FP8_ADD_F32
+                                           : CP_GEMM_FP8_ADD_BF16;
+    return cp_k_gemm_fp8(k, p->n, p->k, p->a_type == CP_GEMM_E5M2, p->b_type == CP_GEMM_E5M2,
+                         p->b_scale == CP_GEMM_SCALE_2D, out, cluster);
+}
+
+int cp_gemm_fp8_args_make(cp_gemm_fp8_args *a, const cp_gemm *p, const cp_kernel_spec *k, const void *A, const void *B,
+                          const void *C, void *D, const float *sa, const float *sb, char *err, int errlen) {
+    memset(a, 0, sizeof *a);
+    const char *cl = cp_kspec_get(k, "CLUSTER");
+    const int64_t kb = p->k / 128, b_rows = 128 / (cl ? atoi(cl) : 1); /* a cluster's CTAs load a share of B each */
+    const bool tiles = p->b_scale == CP_GEMM_SCALE_2D;
+    if (cp_tmap_2d(&a->a, A, 1, p->m, p->k, p->k, 128, 128, 1, err, errlen) ||
+        cp_tmap_2d(&a->b, B, 1, p->n, p->k, p->k, 128, (int)b_rows, 1, err, errlen) ||
+        cp_tmap_2d(&a->sa, sa, 4, kb, p->m, 4 * p->m, 128, 1, 0, err, errlen))
+        return -1;
+    if (tiles) a->sb = a->sa; /* the entry reads no map of B's scales then: A's stands in, never loaded */
+    else if (cp_tmap_2d(&a->sb, sb, 4, kb, p->n, 4 * p->n, 128, 1, 0, err, errlen)) return -1;
+    a->b_tiles = tiles ? sb : NULL;
+    a->c = C;
+    a->d = D;
+    a->m = p->m;
+    a->ldd = p->ldd;
+    return 0;
+}
+
+cudaError_t cp_gemm_fp8_launch(cudaKernel_t k, const cp_kdims *d, cp_gemm_fp8_args *a, cudaStream_t s) {
+    void *args[] = {&a->a, &a->b, &a->sa, &a->sb, &a->b_tiles, &a->c, &a->d, &a->m, &a->ldd};
+    return cp_launch(k, d, args, s);
+}

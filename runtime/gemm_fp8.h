@@ -1,0 +1,40 @@
+/* gemm_fp8.h: the plan's block-scaled FP8 GEMMs on the generator's own Hopper kernel (templates/gemm_fp8.cu) instead
+ * of cuBLASLt: which GEMMs it takes, the module for one, and its launch with tensor maps encoded once. */
+#ifndef CP_GEMM_FP8_H
+#define CP_GEMM_FP8_H
+
+#include <stdbool.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels.h"
+#include "plan.h"
+#include "tma.h"
+
+/* The module of templates/gemm_fp8.cu for GEMM p: true with k filled when the kernel takes p (the x W^T form on FP8
+ * inputs with block scales, A's per 1 x 128, B's per 1 x 128 or 128 x 128; A and B dense; m a multiple of 4, so that
+ * a row of A's scales is 16-byte aligned; n and k multiples of 128; no fast accumulation; D written (bf16, or with
+ * C) or added to (bf16 or fp32)), else false. cluster as cp_k_gemm_fp8 takes it. Needs no GPU. */
+bool cp_gemm_fp8_kspec(const cp_gemm *p, int cluster, cp_kernel_spec *k);
+
+/* One launch's arguments, in the entry's order: the tensor maps of A, B and their scales, B's tile scales, C, D, m
+ * and D's row stride. */
+typedef struct {
+    cp_tmap a, b, sa, sb;
+    const float *b_tiles;
+    const void *c;
+    void *d;
+    long long m, ldd;
+} cp_gemm_fp8_args;
+
+/* The arguments of GEMM p for module k (cp_gemm_fp8_kspec's) on these device pointers; the tensor maps hold the addresses, so
+ * they are made once per set of buffers. sa, sb as cp_gemm_launch_scaled takes them. Returns 0, or -1 with a
+ * message. */
+int cp_gemm_fp8_args_make(cp_gemm_fp8_args *a, const cp_gemm *p, const cp_kernel_spec *k, const void *A, const void *B,
+                          const void *C, void *D, const float *sa, const float *sb, char *err, int errlen);
+
+/* Launch entry `k` (the module's "sm90", its dynamic shared memory allowed: cp_kernel_set_max_smem) with geometry
+ * d (cp_k_dims for n = p->m) on stream s. */
+cudaError_t cp_gemm_fp8_launch(cudaKernel_t k, const cp_kdims *d, cp_gemm_fp8_args *a, cudaStream_t s);
+
+#endif
