@@ -24,6 +24,7 @@
 #include "gemm_fp8.h"
 #include "gpu_util.h"
 #include "ref/ref.h"
+#include "util.h"
 
 #define TOL_BF16 1e-2
 #define TOL_F32 1e-3
@@ -520,6 +521,39 @@ static void run_fp8_recipe(gu_module *m, int64_t T, int64_t I, int64_t O) {
     free(X), free(W), free(dY);
 }
 
+/* The block-scaled cases, each with its scales as cp_plan_fp8_gemm gives them (V: per 1 x 128 block, T: per 128 x 128
+ * tile) and what it does with D; `own`: the generator's kernel takes it too (test_fp8_kernel). */
+typedef struct {
+    const char *what;
+    int64_t m, n, k;
+    int at, bt, as, bs;
+    fp8_out mode;
+    bool own;
+} block_case;
+enum { E4 = CP_GEMM_E4M3, E5 = CP_GEMM_E5M2, V = CP_GEMM_SCALE_1D, T = CP_GEMM_SCALE_2D };
+static const block_case BLOCK_CASES[] = {
+    {"q_proj", 2048, 384, 256, E4, E4, V, T, FP8_WRITE, true},
+    {"o_proj+res", 1008, 256, 512, E4, E4, V, T, FP8_RESIDUAL, true},
+    {"d_x (e5m2 grad)", 512, 384, 1024, E5, E4, V, T, FP8_WRITE, true},
+    {"d_xn_k (bf16 +=)", 2048, 256, 128, E5, E4, V, T, FP8_ACC_BF16, true},
+    {"d_xn_up (e4m3 grad +=)", 1008, 400, 768, E4, E4, V, T, FP8_ACC_BF16, false},
+    {"d_w (f32 +=)", 256, 400, 4096, E5, E4, V, V, FP8_ACC_F32, false},
+    {"d_w (f32 +=)", 256, 384, 4096, E5, E4, V, V, FP8_ACC_F32, true},
+    {"d_w (e4m3 grad f32 +=)", 144, 256, 2048, E4, E4, V, V, FP8_ACC_F32, true},
+    {"d_w (e5m2 B, f32 +=)", 128, 256, 1024, E4, E5, V, V, FP8_ACC_F32, true},
+    {"160 tiles", 2048, 1280, 256, E4, E4, V, T, FP8_WRITE, true},
+    {"160 tiles (f32 +=)", 1284, 2048, 384, E4, E4, V, V, FP8_ACC_F32, true},
+    {"A tiled", 400, 256, 512, E4, E4, T, V, FP8_WRITE, false},
+};
+
+/* Case c on cuBLASLt, or with `own` on the generator's kernel, with that one's bound for its output. */
+static void run_block_case(const block_case *c, bool own) {
+    char what[64];
+    snprintf(what, sizeof what, "%s %s", own ? "own" : "fp8b", c->what);
+    double bound = c->mode == FP8_ACC_F32 ? (own ? OWN_F32 : TOL_F32) : (own ? OWN_BF16 : TOL_BF16);
+    run_fp8_block_case(what, c->m, c->n, c->k, c->at, c->bt, c->as, c->bs, c->mode, bound, own);
+}
+
 /* Block-scaled FP8 (Hopper): the plan's GEMMs with train.fp8_scaling = "block" on random bytes and scales (the
  * forward 1 x 128 by 128 x 128, written and with the residual; a gradient's in E5M2 and in E4M3 (fp8_format =
  * "e4m3"), written and added into bf16; the weight gradients' 1 x 128 by 1 x 128 added into fp32; A tiled, which
@@ -529,16 +563,7 @@ static void run_fp8_recipe(gu_module *m, int64_t T, int64_t I, int64_t O) {
 static void test_fp8_block(void **state) {
     (void)state;
     skip_without_fp8();
-    /* V: scales per 1 x 128 (vector) block, T: per 128 x 128 tile */
-    const int E4 = CP_GEMM_E4M3, E5 = CP_GEMM_E5M2, V = CP_GEMM_SCALE_1D, T = CP_GEMM_SCALE_2D;
-    run_fp8_block_case("fp8b q_proj", 2048, 400, 256, E4, E4, V, T, FP8_WRITE, TOL_BF16, false);
-    run_fp8_block_case("fp8b o_proj+res", 1008, 256, 512, E4, E4, V, T, FP8_RESIDUAL, TOL_BF16, false);
-    run_fp8_block_case("fp8b d_x (e5m2 grad)", 512, 384, 1024, E5, E4, V, T, FP8_WRITE, TOL_BF16, false);
-    run_fp8_block_case("fp8b d_xn_k (bf16 +=)", 2048, 256, 128, E5, E4, V, T, FP8_ACC_BF16, TOL_BF16, false);
-    run_fp8_block_case("fp8b d_xn_up (e4m3 grad +=)", 1008, 400, 768, E4, E4, V, T, FP8_ACC_BF16, TOL_BF16, false);
-    run_fp8_block_case("fp8b d_w (f32 +=)", 256, 400, 4096, E5, E4, V, V, FP8_ACC_F32, TOL_F32, false);
-    run_fp8_block_case("fp8b d_w (e4m3 grad f32 +=)", 144, 256, 2048, E4, E4, V, V, FP8_ACC_F32, TOL_F32, false);
-    run_fp8_block_case("fp8b A tiled", 400, 256, 512, E4, E4, T, V, FP8_WRITE, TOL_BF16, false);
+    for (size_t i = 0; i < CP_ARRAY_LEN(BLOCK_CASES); i++) run_block_case(&BLOCK_CASES[i], false);
 
     cp_gemm fast = {.m = 256, .n = 256, .k = 256, .lda = 256, .ldb = 256, .ldd = 256, .trans_b = true,
                     .a_type = CP_GEMM_E4M3, .b_type = CP_GEMM_E4M3, .a_scale = V, .b_scale = T, .fast_accum = true};
@@ -563,18 +588,9 @@ static void test_fp8_block(void **state) {
 static void test_fp8_kernel(void **state) {
     (void)state;
     skip_without_fp8();
-    const int E4 = CP_GEMM_E4M3, E5 = CP_GEMM_E5M2, V = CP_GEMM_SCALE_1D, T = CP_GEMM_SCALE_2D;
-    for (own_cluster = 1; own_cluster <= 2; own_cluster++) {
-        run_fp8_block_case("own q_proj", 2048, 384, 256, E4, E4, V, T, FP8_WRITE, OWN_BF16, true);
-        run_fp8_block_case("own o_proj+res", 1008, 256, 512, E4, E4, V, T, FP8_RESIDUAL, OWN_BF16, true);
-        run_fp8_block_case("own d_x (e5m2 grad)", 512, 384, 1024, E5, E4, V, T, FP8_WRITE, OWN_BF16, true);
-        run_fp8_block_case("own d_xn_k (bf16 +=)", 2048, 256, 128, E5, E4, V, T, FP8_ACC_BF16, OWN_BF16, true);
-        run_fp8_block_case("own d_w (f32 +=)", 256, 384, 4096, E5, E4, V, V, FP8_ACC_F32, OWN_F32, true);
-        run_fp8_block_case("own d_w (e4m3, f32 +=)", 144, 256, 2048, E4, E4, V, V, FP8_ACC_F32, OWN_F32, true);
-        run_fp8_block_case("own d_w (e5m2 B)", 128, 256, 1024, E4, E5, V, V, FP8_ACC_F32, OWN_F32, true);
-        run_fp8_block_case("own 160 tiles", 2048, 1280, 256, E4, E4, V, T, FP8_WRITE, OWN_BF16, true);
-        run_fp8_block_case("own 160 tiles (f32 +=)", 1284, 2048, 384, E4, E4, V, V, FP8_ACC_F32, OWN_F32, true);
-    }
+    for (own_cluster = 1; own_cluster <= 2; own_cluster++)
+        for (size_t i = 0; i < CP_ARRAY_LEN(BLOCK_CASES); i++)
+            if (BLOCK_CASES[i].own) run_block_case(&BLOCK_CASES[i], true);
     own_cluster = 0;
 }
 
