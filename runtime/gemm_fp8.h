@@ -1,5 +1,6 @@
-/* gemm_fp8.h: the plan's block-scaled FP8 GEMMs on the generator's own Hopper kernel (templates/gemm_fp8.cu) instead
- * of cuBLASLt: which GEMMs it takes, the module for one, and its launch with tensor maps encoded once. */
+/* gemm_fp8.h: block-scaled FP8 GEMMs of the plan's form (cp_gemm) on the generator's own Hopper kernel
+ * (templates/gemm_fp8.cu) instead of cuBLASLt: which GEMMs it takes, the module for one, and its launch with tensor
+ * maps encoded once. The tests and bench_gemm use it; no plan chooses it yet (slower than cuBLASLt: docs/PERF.md). */
 #ifndef CP_GEMM_FP8_H
 #define CP_GEMM_FP8_H
 
