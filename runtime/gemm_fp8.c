@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_check.h"
 #include "module.h"
 #include "util.h"
 
@@ -41,7 +42,9 @@ int cp_gemm_fp8_args_make(cp_gemm_fp8_args *a, const cp_gemm *p, const cp_kernel
     return 0;
 }
 
-cudaError_t cp_gemm_fp8_launch(cudaKernel_t k, const cp_kdims *d, cp_gemm_fp8_args *a, cudaStream_t s) {
+int cp_gemm_fp8_launch(cudaKernel_t k, const cp_kdims *d, cp_gemm_fp8_args *a, cudaStream_t s, char *err,
+                       int errlen) {
     void *args[] = {&a->a, &a->b, &a->sa, &a->sb, &a->b_tiles, &a->c, &a->d, &a->m, &a->ldd};
-    return cp_launch(k, d, args, s);
+    cudaError_t e = cp_launch(k, d, args, s);
+    return e == cudaSuccess ? 0 : cp_cuda_errmsg(e, "launching the FP8 GEMM kernel", err, errlen);
 }

@@ -35,7 +35,8 @@ int cp_gemm_fp8_args_make(cp_gemm_fp8_args *a, const cp_gemm *p, const cp_kernel
                           const void *C, void *D, const float *sa, const float *sb, char *err, int errlen);
 
 /* Launch entry `k` (the module's "sm90", its dynamic shared memory allowed: cp_kernel_set_max_smem) with geometry
- * d (cp_k_dims for n = p->m) on stream s. */
-cudaError_t cp_gemm_fp8_launch(cudaKernel_t k, const cp_kdims *d, cp_gemm_fp8_args *a, cudaStream_t s);
+ * d (cp_k_dims for n = p->m) on stream s. Returns 0, or -1 with a message, as cp_gemm_launch. */
+int cp_gemm_fp8_launch(cudaKernel_t k, const cp_kdims *d, cp_gemm_fp8_args *a, cudaStream_t s, char *err,
+                       int errlen);
 
 #endif

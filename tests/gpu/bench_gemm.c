@@ -70,12 +70,8 @@ typedef struct {
 
 static void launch_own(void *ctx) {
     own_launch *l = ctx;
-    cudaError_t e = cp_gemm_fp8_launch(l->k, &l->d, &l->a, 0);
-    if (e != cudaSuccess) {
-        char m[1024];
-        cp_cuda_errmsg(e, "launching the FP8 GEMM kernel", m, sizeof m);
-        gu_fail("%s", m);
-    }
+    char err[1024];
+    if (cp_gemm_fp8_launch(l->k, &l->d, &l->a, 0, err, sizeof err)) gu_fail("%s", err);
 }
 
 static double time_own(const cp_gemm *g, int cluster, char *A, char *B, char *C, char *D, const float *sa,

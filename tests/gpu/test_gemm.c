@@ -338,52 +338,37 @@ static void *dev_of(const void *host, size_t bytes) {
 }
 
 /* Block-scaled GEMM p on device inputs and scales, with the host's C (or NULL) and D's old value: what D holds
- * after it, on the host. */
+ * after it, on the host. On cuBLASLt (cluster 0), or on the generator's FP8 GEMM kernel with clusters of `cluster`
+ * CTAs (cp_gemm_fp8_kspec must take p): its module built and launched with its tensor maps. */
 static void *run_on_device(const cp_gemm *p, const char *what, const void *dA, const void *dB, const float *dsa,
-                           const float *dsb, const uint16_t *C, const void *Dold) {
+                           const float *dsb, const uint16_t *C, const void *Dold, int cluster) {
     const size_t dbytes = (size_t)(p->m * p->n) * (p->out_f32 ? 4 : 2);
     void *dC = C ? dev_of(C, (size_t)(p->m * p->n) * 2) : NULL, *dD = dev_of(Dold, dbytes);
     char err[2048];
-    int id = cp_gemm_prepare(lib, p, what, dA, dB, dC, dD, err, sizeof err);
-    if (id < 0) gu_fail("%s", err);
-    if (cp_gemm_launch_scaled(lib, id, dA, dB, dC, dD, dsa, dsb, 0, err, sizeof err)) gu_fail("%s", err);
-    sync_or_fail(what);
-    void *D = malloc(dbytes);
-    gu_download(D, dD, dbytes);
-    gu_free_dev(dD);
-    if (dC) gu_free_dev(dC);
-    return D;
-}
-
-static int own_cluster; /* the FP8 GEMM kernel's cluster (cp_k_gemm_fp8) */
-
-/* The same on the generator's FP8 GEMM kernel (cp_gemm_fp8_kspec must take p): its module built and launched with
- * its tensor maps. */
-static void *run_on_kernel(const cp_gemm *p, const char *what, const void *dA, const void *dB, const float *dsa,
-                           const float *dsb, const uint16_t *C, const void *Dold) {
-    cp_kernel_spec k;
-    if (!cp_gemm_fp8_kspec(p, own_cluster, &k)) gu_fail("%s: the FP8 GEMM kernel does not take it", what);
-    gu_module *m = gu_build(&k);
-    cp_kspec_free(&k);
-    const size_t dbytes = (size_t)(p->m * p->n) * (p->out_f32 ? 4 : 2);
-    void *dC = C ? dev_of(C, (size_t)(p->m * p->n) * 2) : NULL, *dD = dev_of(Dold, dbytes);
-    char err[2048];
-    cp_gemm_fp8_args a;
-    if (cp_gemm_fp8_args_make(&a, p, &m->spec, dA, dB, dC, dD, dsa, dsb, err, sizeof err)) gu_fail("%s: %s", what, err);
-    cudaKernel_t kern = gu_kernel(m, "sm90");
-    cp_kdims d = gu_dims(m, "sm90", p->m, 0);
-    if (cp_kernel_set_max_smem(kern, d.smem, err, sizeof err)) gu_fail("%s: %s", what, err);
-    cudaError_t e = cp_gemm_fp8_launch(kern, &d, &a, 0);
-    if (e != cudaSuccess) {
-        cp_cuda_errmsg(e, "launching the FP8 GEMM kernel", err, sizeof err);
-        gu_fail("%s: %s", what, err);
+    gu_module *m = NULL; /* the kernel's module, unloaded once the launch is done */
+    if (!cluster) {
+        int id = cp_gemm_prepare(lib, p, what, dA, dB, dC, dD, err, sizeof err);
+        if (id < 0) gu_fail("%s", err);
+        if (cp_gemm_launch_scaled(lib, id, dA, dB, dC, dD, dsa, dsb, 0, err, sizeof err)) gu_fail("%s", err);
+    } else {
+        cp_kernel_spec k;
+        if (!cp_gemm_fp8_kspec(p, cluster, &k)) gu_fail("%s: the FP8 GEMM kernel does not take it", what);
+        m = gu_build(&k);
+        cp_kspec_free(&k);
+        cp_gemm_fp8_args a;
+        cudaKernel_t kern = gu_kernel(m, "sm90");
+        cp_kdims d = gu_dims(m, "sm90", p->m, 0);
+        if (cp_gemm_fp8_args_make(&a, p, &m->spec, dA, dB, dC, dD, dsa, dsb, err, sizeof err) ||
+            cp_kernel_set_max_smem(kern, d.smem, err, sizeof err) ||
+            cp_gemm_fp8_launch(kern, &d, &a, 0, err, sizeof err))
+            gu_fail("%s: %s", what, err);
     }
     sync_or_fail(what);
+    if (m) gu_free(m);
     void *D = malloc(dbytes);
     gu_download(D, dD, dbytes);
     gu_free_dev(dD);
     if (dC) gu_free_dev(dC);
-    gu_free(m);
     return D;
 }
 
@@ -392,10 +377,10 @@ static const char *type_name(int t) { return t == CP_GEMM_E5M2 ? "e5m2" : "e4m3"
 
 /* A block-scaled FP8 GEMM in the x W^T form (as cp_plan_fp8_gemm gives it with block scaling): random FP8 bytes
  * A [m][k] (type at, scales as) and B [n][k] (bt, bs), random scales per block, D as `mode` says; against float64 on
- * every element times its block's scale. D starts as NaN where it is written. On cuBLASLt, or with `own` on the
- * generator's kernel. */
+ * every element times its block's scale. D starts as NaN where it is written. On cuBLASLt, or on the generator's
+ * kernel with clusters of `cluster` CTAs (run_on_device). */
 static void run_fp8_block_case(const char *what, int64_t m, int64_t n, int64_t k, int at, int bt, int as, int bs,
-                               fp8_out mode, double bound, bool own) {
+                               fp8_out mode, double bound, int cluster) {
     cp_gemm p = {.m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldd = n, .trans_b = true,
                  .has_c = mode == FP8_RESIDUAL, .accumulate = mode == FP8_ACC_F32 || mode == FP8_ACC_BF16,
                  .out_f32 = mode == FP8_ACC_F32, .a_type = (uint8_t)at, .b_type = (uint8_t)bt,
@@ -407,7 +392,7 @@ static void run_fp8_block_case(const char *what, int64_t m, int64_t n, int64_t k
     void *dA = dev_of(A, (size_t)(m * k)), *dB = dev_of(B, (size_t)(n * k));
     float *dsa = dev_of(sa, 4 * (size_t)cp_fp8_scales(as, m, k));
     float *dsb = dev_of(sb, 4 * (size_t)cp_fp8_scales(bs, n, k));
-    void *Dout = (own ? run_on_kernel : run_on_device)(&p, what, dA, dB, dsa, dsb, C, Dold);
+    void *Dout = run_on_device(&p, what, dA, dB, dsa, dsb, C, Dold, cluster);
     double *Ad = block_values(A, sa, as, m, k, at == CP_GEMM_E5M2);
     double *Bd = block_values(B, sb, bs, n, k, bt == CP_GEMM_E5M2);
     char shape[96];
@@ -483,7 +468,7 @@ static void recipe_free(recipe_input *in) {
 static void recipe_gemm(const char *what, const cp_gemm *p, fp8_out mode, const recipe_input *a,
                         const recipe_input *b, double bound, double src_bound) {
     void *Dold = old_d(p->m * p->n, mode);
-    void *Dout = run_on_device(p, what, a->bytes, b->bytes, a->scales, b->scales, NULL, Dold);
+    void *Dout = run_on_device(p, what, a->bytes, b->bytes, a->scales, b->scales, NULL, Dold, 0);
     char shape[96], label[64];
     snprintf(shape, sizeof shape, "%lldx%lldx%lld %s %s x %s %s", (long long)p->m, (long long)p->n,
              (long long)p->k, type_name(p->a_type), scale_name(p->a_scale), type_name(p->b_type),
@@ -546,12 +531,14 @@ static const block_case BLOCK_CASES[] = {
     {"A tiled", 400, 256, 512, E4, E4, T, V, FP8_WRITE, false},
 };
 
-/* Case c on cuBLASLt, or with `own` on the generator's kernel, with that one's bound for its output. */
-static void run_block_case(const block_case *c, bool own) {
+/* Case c on cuBLASLt (cluster 0), or on the generator's kernel with clusters of `cluster` CTAs, with that one's bound
+ * for its output. */
+static void run_block_case(const block_case *c, int cluster) {
     char what[64];
-    snprintf(what, sizeof what, "%s %s", own ? "own" : "fp8b", c->what);
-    double bound = c->mode == FP8_ACC_F32 ? (own ? OWN_F32 : TOL_F32) : (own ? OWN_BF16 : TOL_BF16);
-    run_fp8_block_case(what, c->m, c->n, c->k, c->at, c->bt, c->as, c->bs, c->mode, bound, own);
+    if (cluster) snprintf(what, sizeof what, "own c%d %s", cluster, c->what);
+    else snprintf(what, sizeof what, "fp8b %s", c->what);
+    double bound = c->mode == FP8_ACC_F32 ? (cluster ? OWN_F32 : TOL_F32) : (cluster ? OWN_BF16 : TOL_BF16);
+    run_fp8_block_case(what, c->m, c->n, c->k, c->at, c->bt, c->as, c->bs, c->mode, bound, cluster);
 }
 
 /* Block-scaled FP8 (Hopper): the plan's GEMMs with train.fp8_scaling = "block" on random bytes and scales (the
@@ -563,7 +550,7 @@ static void run_block_case(const block_case *c, bool own) {
 static void test_fp8_block(void **state) {
     (void)state;
     skip_without_fp8();
-    for (size_t i = 0; i < CP_ARRAY_LEN(BLOCK_CASES); i++) run_block_case(&BLOCK_CASES[i], false);
+    for (size_t i = 0; i < CP_ARRAY_LEN(BLOCK_CASES); i++) run_block_case(&BLOCK_CASES[i], 0);
 
     cp_gemm fast = {.m = 256, .n = 256, .k = 256, .lda = 256, .ldb = 256, .ldd = 256, .trans_b = true,
                     .a_type = CP_GEMM_E4M3, .b_type = CP_GEMM_E4M3, .a_scale = V, .b_scale = T, .fast_accum = true};
@@ -588,10 +575,9 @@ static void test_fp8_block(void **state) {
 static void test_fp8_kernel(void **state) {
     (void)state;
     skip_without_fp8();
-    for (own_cluster = 1; own_cluster <= 2; own_cluster++)
+    for (int cluster = 1; cluster <= 2; cluster++)
         for (size_t i = 0; i < CP_ARRAY_LEN(BLOCK_CASES); i++)
-            if (BLOCK_CASES[i].own) run_block_case(&BLOCK_CASES[i], true);
-    own_cluster = 0;
+            if (BLOCK_CASES[i].own) run_block_case(&BLOCK_CASES[i], cluster);
 }
 
 /* One shape prepared once: the same shape and alignment give the same entry; less alignment a new one. */
