@@ -23,6 +23,7 @@
 #include "ring.h"
 #include "sh.h"
 #include "source_tree.h"
+#include "spec_write.h"
 #include "spec.h"
 
 static void load(const char *name, cp_spec *s, int nsets, ...) {
@@ -325,6 +326,55 @@ static void test_kept_attention_3b_longest(void **state) {
     cp_plan_free(&p);
 }
 
+/* parallel.mlp_tile = "auto": the tile grown, once the kept attention outputs are placed, to the largest divisor of
+ * T that fits and that the cost model finds no slower. The 3B at 32K on one GPU: one tile of 32K tokens beside every
+ * layer's kept attention output, predicted no slower than 4K tiles in bf16 and faster in fp8, the MLP's buffers 8
+ * times theirs; its spec still says "auto". The 8B at 5M on 8 GPUs of 80 GB (test_8b_arithmetic): T / 4, since
+ * T / 2 fits but is predicted slower, and T does not fit. An explicit tile stays as given. */
+static void test_mlp_tile_auto(void **state) {
+    (void)state;
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        const char *prec = fp8 ? "train.precision=fp8" : "train.precision=bf16";
+        const char *a[] = {"parallel.gpus=1", "train.seq_len=32K", prec};
+        const char *f[] = {"parallel.gpus=1", "train.seq_len=32K", prec, "parallel.mlp_tile=4K"};
+        cp_plan p, q;
+        plan_of(&p, 3, a);
+        plan_of(&q, 4, f);
+        assert_true(p.fits && q.fits);
+        assert_int_equal(p.mlp_tile, 32768);
+        assert_int_equal(q.mlp_tile, 4096);
+        assert_int_equal(p.attn_gpu_layers, 28);
+        assert_int_equal(p.cat_bytes[CP_CAT_MLP], 8 * q.cat_bytes[CP_CAT_MLP]);
+        assert_true(fp8 ? p.t_step < q.t_step : p.t_step <= q.t_step);
+        assert_int_equal(p.spec.parallel.mlp_tile, 0);
+        cp_str lua = {0};
+        cp_spec_write_lua(&p.spec, &lua);
+        assert_non_null(strstr(lua.data, "mlp_tile = \"auto\""));
+        cp_str_free(&lua);
+        printf("  3B at 32K, %s: 4K tiles %.3f s, one tile %.3f s predicted\n", prec, q.t_step, p.t_step);
+        cp_plan_free(&p);
+        cp_plan_free(&q);
+    }
+    const char *big[] = {"parallel.gpus=8", "train.seq_len=5M", "machine.gpu_mem=80G", "parallel.offload=all",
+                         "machine.host_mem=2T", "parallel.attention_output=recompute"};
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    if (cp_spec_load("llama8b", big, 6, &s, err, sizeof err)) fail_msg("%s", err);
+    cp_plan p, half, whole;
+    build(&s, &p);
+    assert_true(p.fits);
+    assert_int_equal(p.mlp_tile, p.T / 4);
+    s.parallel.mlp_tile = p.T / 2;
+    build(&s, &half);
+    s.parallel.mlp_tile = p.T;
+    build(&s, &whole);
+    assert_true(half.fits && half.t_step > p.t_step);
+    assert_false(whole.fits);
+    cp_plan_free(&p);
+    cp_plan_free(&half);
+    cp_plan_free(&whole);
+}
+
 /* The memory arithmetic of each explicit mode, term by term, on the 3B shape cut to 4 layers, 2 GPUs, 64K tokens:
  * "gpu" adds L kept buffers to the GPU; "host" puts them in the pinned arena (exactly their sum: all are live at
  * the turn from forward to backward) with two GPU staging pairs; "recompute" keeps none. */
@@ -462,9 +512,10 @@ static void test_8b_arithmetic(void **state) {
     assert_int_equal(buf(&p, "attn_out")->bytes, T * H * D * 2);
     assert_int_equal(buf(&p, "lse")->bytes, (H / C) * S * 4);
     assert_int_equal(buf(&p, "delta")->bytes, T * H * 4);
-    /* tiles: 4K-token MLP tiles, loss tiles of at most 512 MiB of logits */
-    assert_int_equal(p.mlp_tile, 4096);
-    assert_int_equal(p.cat_bytes[CP_CAT_MLP], 3 * 4096 * F * 2);
+    /* tiles: MLP tiles grown from 4K tokens into the memory left (test_mlp_tile_auto), loss tiles of at most 512 MiB
+     * of logits */
+    assert_int_equal(p.mlp_tile, T / 4);
+    assert_int_equal(p.cat_bytes[CP_CAT_MLP], 3 * (T / 4) * F * 2);
     assert_true(p.loss_tile * V * 2 <= (512LL << 20));
     assert_int_equal(T % p.loss_tile, 0);
     /* the deterministic sums' scratch: each token's loss; a 4096-float row per norm backward block (2 rounds of 2
@@ -1022,9 +1073,10 @@ static void test_fp8_block(void **state) {
                       shapes[c][0], fp8_gemms, casts, both, fused);
         /* the 3B's default recipe: per layer the forward's normed input (q, k, v) and each MLP tile's SwiGLU output
          * (down), and each backward tile's dgate and dup (the d_xn2 GEMMs) */
-        if (c == 2) assert_int_equal(fused, 28 * (1 + 8 + 8 * 2));
+        const int64_t tiles = f.T / f.mlp_tile;
+        if (c == 2) assert_int_equal(fused, 28 * (1 + tiles + tiles * 2));
         /* the 3B's MLP backward reads xn2, d_resid and the gradients of gate and up both ways in every tile */
-        if (c == 1) assert_true(both >= 4 * 8 * 28);
+        if (c == 1) assert_true(both >= 4 * tiles * 28);
         if (c == 2) assert_int_equal(both, 0); /* only the weights' gradients read activations transposed */
         assert_true(fp8_gemms > 0 && casts > 0 && casts < 2 * fp8_gemms);
         assert_true(f.t_fp8_casts > 0);
@@ -1470,6 +1522,8 @@ static void test_ring_8b_arithmetic(void **state) {
     load_ring_8m(&s, NULL);
     load("llama8b", &s1, 3, "parallel.gpus=8", "train.seq_len=2M", "parallel.attention_output=recompute");
     load_ring_8m(&s2, "parallel.replicas=2");
+    /* the figures below are of 4K-token MLP tiles ("auto" grows them into the memory left: test_mlp_tile_auto) */
+    s.parallel.mlp_tile = s1.parallel.mlp_tile = s2.parallel.mlp_tile = 4096;
     cp_plan p, one, two;
     build(&s, &p);
     build(&s1, &one);
@@ -1964,6 +2018,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_grad_accum),  cmocka_unit_test(test_8b_arithmetic), cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_fp8_block),
         cmocka_unit_test(test_kept_attention_3b), cmocka_unit_test(test_kept_attention_3b_longest),
+        cmocka_unit_test(test_mlp_tile_auto),
         cmocka_unit_test(test_kept_attention_memory),
         cmocka_unit_test(test_dq_order),
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),
