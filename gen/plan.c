@@ -1660,7 +1660,12 @@ static void cost_model(cp_plan *P) {
                           : !g->a_scale ? mc->fp8_gemm_tflops
                           : g->w_grad   ? mc->fp8_block_wgrad_tflops
                                         : mc->fp8_block_gemm_tflops;
-            t = CP_MAX(s->flops / (rate * 1e12), bytes / (mc->hbm_gbps * 1e9)) + mc->gemm_us * 1e-6;
+            /* an accumulating epilogue reads and writes D after the main loop, not under it: measured on an H200,
+             * the 3B step's weights' gradients into fp32 took 26 ms more in 4K-token MLP tiles than in one of 32K,
+             * 44 us for each of the 588 more GEMMs, D's 201 MB read and written at HBM's rate */
+            double epilogue = g->accumulate ? (g->out_f32 ? 8.0 : 4.0) * (double)g->m * g->n : 0;
+            t = CP_MAX(s->flops / (rate * 1e12), bytes / (mc->hbm_gbps * 1e9)) + epilogue / (mc->hbm_gbps * 1e9) +
+                mc->gemm_us * 1e-6;
             s->bytes = bytes;
             break;
         }
@@ -2233,10 +2238,10 @@ static int keep_attention(cp_plan *P, char *err, int errlen) {
 
 /* mlp_tile = "auto": the MLP's token tile grown into the memory the kept attention outputs left, to the largest
  * divisor of T that still fits and that the cost model finds no slower. Each tile runs its GEMMs and FP8 casts on
- * tile-sized operands and adds its weights' gradients into fp32, so fewer tiles are faster: measured on an H200,
- * the 3B step at 32K in fp8 2.24 s with 8 tiles, 2.21 s with 2 and 2.13 s with one (against 2.17 s; docs/PERF.md,
- * 2026-12-02 and 2026-12-03). Memory grows with the tile, so the first that does not fit ends the search. The
- * plan's spec keeps "auto": the choice is the plan's, made again the same way wherever the spec is planned. */
+ * tile-sized operands and adds its weights' gradients into fp32, so fewer tiles are faster: measured on an H200 in
+ * one call, the 3B step at 32K with 8 tiles and with one took 2.463 and 2.441 s in bf16, 2.232 and 2.198 s in fp8
+ * (docs/PERF.md, 2026-12-03, MLP tiles grown). Memory grows with the tile, so the first that does not fit ends the
+ * search. The plan's spec keeps "auto": the choice is the plan's, made again the same way wherever it is planned. */
 static int grow_mlp_tile(cp_plan *P, char *err, int errlen) {
     if (P->spec.parallel.mlp_tile || !P->fits) return 0;
     cp_spec spec = P->spec;

@@ -1301,16 +1301,21 @@ void cp_machine_defaults(cp_machine *m) {
     m->host_reserve = 4 * GIB;    /* measured on an H200 host: 1.5-3.3 GiB resident beyond the arena and weights */
     m->host_runtime = 320 * MIB;  /* measured on H200 hosts: 180-340 MiB added beside the arena once steps run */
     m->peak_tflops = 790; /* an 8192^3 bf16 GEMM on random data on an H200 */
-    m->gemm_tflops = 700; /* inside the 3B step on an H200: 693 (32K) and 670 (128K); the 1B's at 32K: 761 */
+    /* inside the 3B step at 32K on an H200, an accumulating GEMM's epilogue priced apart (its D read and written at
+     * hbm_gbps): the bf16 GEMMs' sum in the trace 1084.5 ms with one MLP tile and 1122.6 with 4K tiles, predicted
+     * 1082.9 and 1118.3 (docs/PERF.md, 2026-12-03, MLP tiles grown); before, 693 (32K) and 670 (128K) with the
+     * epilogue inside the rate */
+    m->gemm_tflops = 730;
     /* bench_gemm on an H200 (docs/PERF.md, 2026-12-02, FP8 GEMMs): the layers' GEMMs of the 3B step at 32K on FP8
      * inputs at 1246 TF/s (1337 with fast accumulation), of the 8B step at 128K 1164 (1173); bf16 in the same call
      * 746 and 659. The casts to FP8 are kernels of their own, priced by their bytes. */
     m->fp8_gemm_tflops = 1200;
     /* with block scales, inside the 3B step at 32K on an H200 (its trace, docs/PERF.md, 2026-12-02, the noise
      * floor): 1082-1202 TF/s where a weight's 128 x 128 tiles meet 1 x 128 scales (forward, dX; bench_gemm alone
-     * 1160-1300), 805-860 for the weights' gradients, whose two inputs are both 1 x 128 (bench_gemm 772-939) */
+     * 1160-1300); the weights' gradients, whose two inputs are both 1 x 128, 224.2 ms in the all-FP8 step's trace
+     * with 4K-token MLP tiles (2026-12-03), 980 once their fp32 epilogue is priced apart (bench_gemm 772-967) */
     m->fp8_block_gemm_tflops = 1130;
-    m->fp8_block_wgrad_tflops = 840;
+    m->fp8_block_wgrad_tflops = 980;
     /* the Hopper kernels on an H200: at head_dim 128 bench_attention's causal 32/8 heads at 32K and 128K with the
      * head-major launch order (docs/PERF.md, 2026-12-01, evening); at 64 inside the 1B step (CPGEN_PROFILE), the
      * forward then moved by the three-consumer kernel's measured gain (2026-12-01, three consumers) */

@@ -252,7 +252,7 @@ static void test_defaults(void **state) {
     assert_int_equal(spec.machine.host_mem, 128LL << 30);
     assert_int_equal(spec.machine.reserve, 560LL << 20);
     assert_int_equal(spec.machine.host_runtime, 320LL << 20);
-    assert_true(spec.machine.gemm_tflops == 700 && spec.machine.peak_tflops == 790);
+    assert_true(spec.machine.gemm_tflops == 730 && spec.machine.peak_tflops == 790);
     assert_true(spec.machine.attn_fwd_tflops == 650 && spec.machine.attn_bwd_tflops == 535);
     assert_true(spec.machine.attn_fwd_tflops_d64 == 518 && spec.machine.attn_bwd_tflops_d64 == 405);
     assert_true(cp_machine_attn_tflops(&spec.machine, true, 64) == 405);
