@@ -55,7 +55,8 @@ void cp_tune_default_axes(const cp_spec *spec, cp_tune_axes *ax) {
         add_value(x, v);
     }
     int64_t T = spec->train.seq_len / CP_MAX(1, spec->parallel.gpus);
-    /* the planner's automatic tiles (plan.c): up to 4K tokens, the loss's logits up to 512 MiB */
+    /* the planner's first automatic tiles (plan.c): up to 4K tokens, the loss's logits up to 512 MiB; "auto" then
+     * grows the MLP's into the memory left, and a size that resolves to the same plan is measured once (same_plan) */
     int64_t mlp_auto = 1, loss_auto = 1, loss_cap = CP_MAX((int64_t)1, ((int64_t)512 << 20) / (spec->model.vocab * 2));
     for (int64_t d = 1; d <= CP_MIN(T, 4096); d++)
         if (T % d == 0) mlp_auto = d;
