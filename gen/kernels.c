@@ -271,25 +271,38 @@ void cp_k_fp8(cp_kernel_spec *k) {
     cp_kspec_set_int(k, "AMAX_PARTS", CP_FP8_AMAX_PARTS);
 }
 
-/* templates/gemm_fp8.cu's tile and ring: 128 x 128 outputs, k blocks of 128, STAGES of A's and B's 16 KiB tiles and
- * their 512-byte scale rows, 16 bytes of mbarriers each, and the slack that aligns the ring to 1024 bytes */
-#define GEMM_FP8_STAGES 6
+/* templates/gemm_fp8.cu's tile and ring: outputs of (64 x consumers) x 128, k blocks of 128, stages of A's and B's
+ * tiles and their scale rows, 16 bytes of mbarriers each, and the slack that aligns the ring to 1024 bytes; as many
+ * stages as fit 227 KiB, at most 6 (two consumers: 6 stages of 33 KiB; three: 5 of 41 KiB) */
+#define GEMM_FP8_MAX_STAGES 6
 #define GEMM_FP8_GROUP_M 8
 /* one CTA a cluster: pairs sharing B's tiles measured no faster on the 3B step's GEMMs (docs/PERF.md, 2026-12-03) */
 #define GEMM_FP8_CLUSTER 1
-static int64_t gemm_fp8_smem(bool b_tiles) {
-    return GEMM_FP8_STAGES * (2 * 128 * 128 + 512 + (b_tiles ? 0 : 512) + 16) + 1024;
+/* three consumers (tiles of 192 rows) where the call's rows are unknown: on the 3B step's GEMMs at 32K 0.643 s
+ * against two's 0.735 s (docs/PERF.md, 2026-12-03, three consumer warpgroups); cp_gemm_fp8_kspec chooses by m */
+#define GEMM_FP8_CONSUMERS 3
+static int64_t gemm_fp8_stage(bool b_tiles, int consumers) {
+    return 64 * consumers * 128 + 128 * 128 + 64 * consumers * 4 + (b_tiles ? 0 : 512) + 16;
+}
+static int gemm_fp8_stages(bool b_tiles, int consumers) {
+    int64_t n = (227 * 1024 - 1024) / gemm_fp8_stage(b_tiles, consumers);
+    return (int)CP_MIN(n, GEMM_FP8_MAX_STAGES);
 }
 
 bool cp_k_gemm_fp8(cp_kernel_spec *k, int64_t n, int64_t kdim, bool a_e5m2, bool b_e5m2, bool b_tiles,
-                   cp_gemm_fp8_out out, int cluster) {
-    if (n < 128 || n % 128 || kdim < 128 || kdim % 128 || (a_e5m2 && b_e5m2) || cluster < 0 || cluster > 2)
+                   cp_gemm_fp8_out out, cp_gemm_fp8_cfg cfg) {
+    const int cluster = cfg.cluster ? cfg.cluster : GEMM_FP8_CLUSTER;
+    const int consumers = cfg.consumers ? cfg.consumers : cluster == 2 ? 2 : GEMM_FP8_CONSUMERS;
+    /* three consumers in clusters of two spill at their 160 registers on some shapes (k = 1024, B's 1 x 128 scales),
+     * and measured no faster where they did not (docs/PERF.md, 2026-12-03, three consumer warpgroups) */
+    if (n < 128 || n % 128 || kdim < 128 || kdim % 128 || (a_e5m2 && b_e5m2) || cluster < 1 || cluster > 2 ||
+        consumers < 2 || consumers > 3 || (cluster == 2 && consumers == 3))
         return false;
-    if (!cluster) cluster = GEMM_FP8_CLUSTER;
+    const int stages = gemm_fp8_stages(b_tiles, consumers);
     static const char *outs[] = {"w", "c", "f", "a"};
     char shape[96];
-    snprintf(shape, sizeof shape, "n%lld_k%lld_%s%s_%s_%s_c%d", (long long)n, (long long)kdim, a_e5m2 ? "e5" : "e4",
-             b_e5m2 ? "e5" : "e4", b_tiles ? "bt" : "bv", outs[out], cluster);
+    snprintf(shape, sizeof shape, "n%lld_k%lld_%s%s_%s_%s_c%d_w%d", (long long)n, (long long)kdim,
+             a_e5m2 ? "e5" : "e4", b_e5m2 ? "e5" : "e4", b_tiles ? "bt" : "bv", outs[out], cluster, consumers);
     cp_kspec_init(k, "gemm_fp8");
     cp_kspec_set_str(k, "SHAPE", shape);
     cp_kspec_set_int(k, "N", n);
@@ -298,10 +311,11 @@ bool cp_k_gemm_fp8(cp_kernel_spec *k, int64_t n, int64_t kdim, bool a_e5m2, bool
     cp_kspec_set_str(k, "B_TYPE", b_e5m2 ? "e5m2" : "e4m3");
     cp_kspec_set_int(k, "B_TILES", b_tiles);
     cp_kspec_set_int(k, "EPILOGUE", out);
-    cp_kspec_set_int(k, "STAGES", GEMM_FP8_STAGES);
+    cp_kspec_set_int(k, "STAGES", stages);
     cp_kspec_set_int(k, "GROUP_M", GEMM_FP8_GROUP_M);
     cp_kspec_set_int(k, "CLUSTER", cluster);
-    cp_kspec_set_int(k, "SMEM_BYTES", gemm_fp8_smem(b_tiles));
+    cp_kspec_set_int(k, "CONSUMERS", consumers);
+    cp_kspec_set_int(k, "SMEM_BYTES", stages * gemm_fp8_stage(b_tiles, consumers) + 1024);
     return true;
 }
 
@@ -423,9 +437,10 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
     }
     if (strcmp(f, "gemm_fp8") == 0) { /* n = m, the rows of A and D: a persistent grid of at most one block an SM */
         if (strcmp(role, "sm90") != 0) return -1;
-        /* clusters of CLUSTER blocks, each taking CLUSTER tile rows of a tile column at a time */
-        int64_t cl = get_int(k, "CLUSTER"), units = ((n + 127) / 128 + cl - 1) / cl * (get_int(k, "N") / 128);
-        d->block = 384;
+        /* clusters of CLUSTER blocks, each taking CLUSTER tile rows (of 64 x CONSUMERS) of a tile column at a time */
+        int64_t cl = get_int(k, "CLUSTER"), bm = 64 * get_int(k, "CONSUMERS");
+        int64_t units = ((n + bm - 1) / bm + cl - 1) / cl * (get_int(k, "N") / 128);
+        d->block = (unsigned)(128 * (1 + get_int(k, "CONSUMERS")));
         d->grid[0] = (unsigned)((units < sms / cl ? units : sms / cl) * cl);
         d->smem = (unsigned)get_int(k, "SMEM_BYTES");
         return 0;

@@ -111,12 +111,16 @@ void cp_k_fp8(cp_kernel_spec *k);
  * 128 of k, B's the same (b_tiles false) or per 128 x 128 tile (a weight's); n and k (kdim) multiples of 128, m the
  * call's; A E5M2 (a gradient) or E4M3, B likewise, not both E5M2. out says what happens to D. Entry
  * sm90(tm_a, tm_b, tm_sa, tm_sb, b_tiles, c, d, m i64, ldd i64) with tensor maps (runtime/gemm_fp8.h: the layouts,
- * templates/gemm_fp8.cu); cp_k_dims takes n = m, and gives the dynamic shared memory. cluster: the CTAs of a cluster
- * (1, or 2 sharing B's tiles), 0 the generator's choice. Returns false, with k untouched, for a shape or pair of
- * types the kernel does not take. */
+ * templates/gemm_fp8.cu); cp_k_dims takes n = m, and gives the dynamic shared memory. cfg: the CTAs of a cluster
+ * (1, or 2 sharing B's tiles) and the consumer warpgroups (2: tiles of 128 rows, 3: of 192; not 3 in clusters of
+ * 2), 0 the generator's choice (1; 3, or 2 in clusters of 2). Returns false, with k untouched, for a shape, pair of
+ * types or cfg the kernel does not take. */
 typedef enum { CP_GEMM_FP8_WRITE = 0, CP_GEMM_FP8_RESIDUAL, CP_GEMM_FP8_ADD_F32, CP_GEMM_FP8_ADD_BF16 } cp_gemm_fp8_out;
+typedef struct {
+    int cluster, consumers;
+} cp_gemm_fp8_cfg;
 bool cp_k_gemm_fp8(cp_kernel_spec *k, int64_t n, int64_t kdim, bool a_e5m2, bool b_e5m2, bool b_tiles,
-                   cp_gemm_fp8_out out, int cluster);
+                   cp_gemm_fp8_out out, cp_gemm_fp8_cfg cfg);
 /* delta for the attention backward in token layout: fwd(dout[n][heads][D], out[n][heads][D], delta f32[n][heads], n,
  * heads): delta = sum over D of dout*out in fp32. */
 void cp_k_attn_delta(cp_kernel_spec *k, int64_t head_dim);

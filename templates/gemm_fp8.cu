@@ -8,23 +8,25 @@
 // written (bf16), 1 written as AB + C (C bf16 laid out as D), 2 added to (fp32), 3 added to (bf16); every sum in fp32,
 // rounded once. D's row stride is ldd elements.
 //
-// Structure (that of attention_sm90.cuh): a persistent grid walks output tiles of 128 x 128, grouped GROUP_M tile
-// rows at a time so that the tiles in flight share their A rows and B columns in L2. One producer thread streams each
-// k block of 128 (A's and B's 16 KiB tiles with the 128-byte swizzle, A's scales and B's 1 x 128 ones) through a ring
-// of STAGES shared-memory stages with the tensor memory accelerator, counted in bytes on the stage's mbarrier. With
-// CLUSTER = 2 the two CTAs of a cluster take two tiles of one tile column and each loads half of their common B tile
-// into both (a multicast copy), so that a stage moves 24 KiB through L2 instead of 32; a stage is then free for
-// reuse once the consumers of both CTAs have released it. Two consumer warpgroups of 64 rows each multiply a k block
-// into fresh fp32 registers with four wgmma m64n128k32 and then add them, times the block's scales, to the tile's
-// accumulators: the promotion to fp32 at every 128 of k that keeps block scales exact and the tensor cores' short
-// sums short. While one warpgroup promotes, the other's products run. The consumers release a stage once its products are complete and its scales read, and store the tile
-// from registers while the producer already streams the next one.
+// Structure (that of attention_sm90.cuh): a persistent grid walks output tiles of BM x 128 (BM = 64 x CONSUMERS:
+// 128 or 192 rows), grouped GROUP_M tile rows at a time so that the tiles in flight share their A rows and B columns in
+// L2. One producer thread streams each k block of 128 (A's and B's tiles with the 128-byte swizzle, A's scales and B's
+// 1 x 128 ones) through a ring of STAGES shared-memory stages with the tensor memory accelerator, counted in bytes on
+// the stage's mbarrier. With CLUSTER = 2 the two CTAs of a cluster take two tiles of one tile column and each loads
+// half of their common B tile into both (a multicast copy), so that a stage moves 8 KiB less through L2; a stage is
+// then free for reuse once the consumers of both CTAs have released it. CONSUMERS warpgroups of 64 rows each multiply
+// a k block into fresh fp32 registers with four wgmma m64n128k32 and then add them, times the block's scales, to the
+// tile's accumulators: the promotion to fp32 at every 128 of k that keeps block scales exact and the tensor cores'
+// short sums short. While one warpgroup promotes, the others' products run; tiles of 192 rows also read 17% fewer
+// bytes through L2 per product than tiles of 128. The consumers release a stage once its products are complete and
+// its scales read, and store the tile from registers while the producer already streams the next one.
 //
 // Entry: sm90(tm_a, tm_b, tm_sa, tm_sb, b_tiles, c, d, m, ldd): grid and dynamic shared memory from cp_k_dims (a
-// multiple of CLUSTER blocks, at most one an SM), 384 threads; tensor maps (runtime/gemm_fp8.c): A [m][K] and B [N][K]
-// as u8 in boxes of 128 columns by 128 rows (B: 128 / CLUSTER rows) with the 128-byte swizzle; sa [K / 128][m] and,
-// with B_TILES = 0, sb [K / 128][N] as f32 in boxes of 128 x 1 (with B_TILES = 1 tm_sb is not read and b_tiles points
-// to the tile scales); rows past m arrive as zeros and are not stored. m >= 1; ldd even; d (and c) 4-byte aligned.
+// multiple of CLUSTER blocks, at most one an SM), 128 x (1 + CONSUMERS) threads; tensor maps (runtime/gemm_fp8.c):
+// A [m][K] and B [N][K] as u8 in boxes of 128 columns by BM rows (B: 128 / CLUSTER rows) with the 128-byte swizzle;
+// sa [K / 128][m] and, with B_TILES = 0, sb [K / 128][N] as f32 in boxes of BM x 1 and 128 x 1 (with B_TILES = 1
+// tm_sb is not read and b_tiles points to the tile scales); rows past m arrive as zeros and are not stored. m >= 1;
+// ldd even; d (and c) 4-byte aligned.
 #include "sm90.cuh"
 
 typedef unsigned short bf16;
@@ -39,16 +41,22 @@ typedef unsigned short bf16;
 #define GROUP_M {{GROUP_M}}
 #define SMEM_BYTES {{SMEM_BYTES}}
 #define CLUSTER {{CLUSTER}} // CTAs of a cluster: 2 share their B tile, each loading half for both
+#define CONSUMERS {{CONSUMERS}} // consumer warpgroups of 64 tile rows each: 2 (tiles of 128 rows) or 3 (192)
 
-constexpr int BM = 128, BN = 128, BK = 128;
+constexpr int BM = 64 * CONSUMERS, BN = 128, BK = 128, THREADS = 128 * (1 + CONSUMERS);
 constexpr int KB = K_DIM / BK, NT = N_DIM / BN, LD4 = (KB + 3) / 4 * 4;
 static_assert(K_DIM % BK == 0 && N_DIM % BN == 0, "N and K must be multiples of 128");
 static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two CTAs");
-constexpr u32 TILE = BM * BK;                 // bytes of an A or B tile of one k block
-constexpr u32 SCALES = BM * 4;                // bytes of a k block's 128 row scales
-constexpr u32 OFF_B = STAGES * TILE, OFF_SA = 2 * STAGES * TILE, OFF_SB = OFF_SA + STAGES * SCALES;
-constexpr u32 OFF_BAR = OFF_SB + (B_TILES ? 0 : STAGES * SCALES);
-constexpr u32 STAGE_TX = 2 * TILE + SCALES + (B_TILES ? 0 : SCALES);
+static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
+// registers a thread: the producer warpgroup gives its own to the consumers, within the SM's 64K over 128 threads a
+// warpgroup (40 + 2 x 232 and 24 + 3 x 160 are 504 of 512)
+constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 40 : 24, CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160;
+constexpr u32 A_TILE = BM * BK, B_TILE = BN * BK; // bytes of A's and B's tiles of one k block
+constexpr u32 SA_BYTES = BM * 4, SB_BYTES = BN * 4; // bytes of a k block's row scales of A, of B
+constexpr u32 OFF_B = STAGES * A_TILE, OFF_SA = OFF_B + STAGES * B_TILE, OFF_SB = OFF_SA + STAGES * SA_BYTES;
+constexpr u32 OFF_BAR = OFF_SB + (B_TILES ? 0 : STAGES * SB_BYTES);
+constexpr u32 STAGE_TX = A_TILE + B_TILE + SA_BYTES + (B_TILES ? 0 : SB_BYTES);
+static_assert(A_TILE % 1024 == 0 && SA_BYTES % 128 == 0, "the swizzled tiles start at multiples of 1024 bytes");
 static_assert(OFF_BAR + 16 * STAGES + 1024 <= SMEM_BYTES, "the stages do not fit SMEM_BYTES (gen/kernels.c)");
 
 extern "C" __global__ void gemm_fp8_sm90_{{SHAPE}}(const __grid_constant__ tmap_t tm_a, const __grid_constant__ tmap_t tm_b,
@@ -120,8 +128,8 @@ struct ring_pos {
 // Once the stage at p is full, start the warpgroup's products of its k block into part (cw: the warpgroup's rows).
 __device__ __forceinline__ void issue_block(float (&part)[64], u32 sbase, ring_pos p, int cw) {
     mbar_wait(sbase + OFF_BAR + 8 * p.s, p.ph);
-    const unsigned long long da = sw128_desc(sbase + p.s * TILE + cw * 64 * BK, 16, 1024);
-    const unsigned long long db = sw128_desc(sbase + OFF_B + p.s * TILE, 16, 1024);
+    const unsigned long long da = sw128_desc(sbase + p.s * A_TILE + cw * 64 * BK, 16, 1024);
+    const unsigned long long db = sw128_desc(sbase + OFF_B + p.s * B_TILE, 16, 1024);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 32; kk++) wgmma_fp8_n128(part, desc_plus(da, 32 * kk), desc_plus(db, 32 * kk), kk);
@@ -131,10 +139,10 @@ __device__ __forceinline__ void issue_block(float (&part)[64], u32 sbase, ring_p
 // Add the finished products of the k block at stage p.s, times its scales, to acc; then the warp releases the stage
 // (its products complete, its scales read). sb_tile: B's tile scale of the block (B_TILES).
 __device__ __forceinline__ void promote_block(float (&acc)[64], float (&part)[64], u32 sbase, const unsigned char *gbase,
-                                              int s, int row, float sb_tile) {
+                                              int s, int row, float sb_tile, u32 peer_empty) {
     reg_fence(part);
     const int lane = threadIdx.x & 31, t = lane & 3;
-    const float *sa = reinterpret_cast<const float *>(gbase + OFF_SA + s * SCALES);
+    const float *sa = reinterpret_cast<const float *>(gbase + OFF_SA + s * SA_BYTES);
     const float sa0 = sa[row], sa1 = sa[row + 8];
     if (B_TILES) {
         const float q0 = sa0 * sb_tile, q1 = sa1 * sb_tile;
@@ -146,7 +154,7 @@ __device__ __forceinline__ void promote_block(float (&acc)[64], float (&part)[64
             acc[4 * j + 3] += part[4 * j + 3] * q1;
         }
     } else {
-        const float2 *sb = reinterpret_cast<const float2 *>(gbase + OFF_SB + s * SCALES);
+        const float2 *sb = reinterpret_cast<const float2 *>(gbase + OFF_SB + s * SB_BYTES);
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             const float2 q = sb[4 * j + t]; // columns 8 j + 2 t, + 1
@@ -160,17 +168,19 @@ __device__ __forceinline__ void promote_block(float (&acc)[64], float (&part)[64
     if (lane == 0) {
         mbar_arrive(sbase + OFF_BAR + 8 * (STAGES + s));
         // the other CTA's producer writes half of this stage's B here too
-        if (CLUSTER == 2) mbar_arrive_remote(sbase + OFF_BAR + 8 * (STAGES + s), cluster_rank() ^ 1);
+        if (CLUSTER == 2) mbar_arrive_cluster(peer_empty + 8 * s);
     }
 }
 
-// One consumer warpgroup (cw = 0, 1: rows 64 cw .. of each tile): the k blocks of every tile of the walk, then the
-// tile's store.
+// One consumer warpgroup (cw = 0 .. CONSUMERS - 1: rows 64 cw .. of each tile): the k blocks of every tile of the
+// walk, then the tile's store.
 __device__ __forceinline__ void gemm_consumer(u32 sbase, const unsigned char *gbase, int cw, const tile_walk &w,
                                               const float *__restrict__ b_tiles, const bf16 *__restrict__ c, void *d,
                                               long long m, long long ldd) {
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int row = 64 * cw + 16 * warp + g; // the thread's first row in the tile; its second is 8 below
+    // with clusters of two, the other CTA's empty barriers, which this one's consumers release too
+    const u32 peer_empty = CLUSTER == 2 ? cluster_map(sbase + OFF_BAR + 8 * STAGES, (u32)w.rank ^ 1u) : 0u;
     ring_pos at = {0, 0u};
     for (int unit = w.first(); unit < w.units; unit += w.stride()) {
         int mt, nt;
@@ -186,7 +196,7 @@ __device__ __forceinline__ void gemm_consumer(u32 sbase, const unsigned char *gb
             float part[64];
             issue_block(part, sbase, at, cw);
             wg_wait<0>();
-            promote_block(acc, part, sbase, gbase, at.s, row, sb_tile);
+            promote_block(acc, part, sbase, gbase, at.s, row, sb_tile, peer_empty);
             at.next();
         }
 #pragma unroll
@@ -222,7 +232,7 @@ __device__ __forceinline__ void gemm_consumer(u32 sbase, const unsigned char *gb
 #else
 #define CLUSTER_DIMS
 #endif
-extern "C" __global__ void __launch_bounds__(384, 1) CLUSTER_DIMS
+extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_DIMS
 gemm_fp8_sm90_{{SHAPE}}(const __grid_constant__ tmap_t tm_a, const __grid_constant__ tmap_t tm_b,
                         const __grid_constant__ tmap_t tm_sa, const __grid_constant__ tmap_t tm_sb, const float *b_tiles,
                         const bf16 *c, void *d, long long m, long long ldd) {
@@ -236,7 +246,7 @@ gemm_fp8_sm90_{{SHAPE}}(const __grid_constant__ tmap_t tm_a, const __grid_consta
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(bars + 8 * s, 1);
-            mbar_init(bars + 8 * (STAGES + s), 8 * CLUSTER); // one arrival per consumer warp of each CTA
+            mbar_init(bars + 8 * (STAGES + s), 4 * CONSUMERS * CLUSTER); // one arrival per consumer warp of each CTA
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -244,8 +254,8 @@ gemm_fp8_sm90_{{SHAPE}}(const __grid_constant__ tmap_t tm_a, const __grid_consta
     if (CLUSTER == 2) cluster_sync();
     else __syncthreads();
     if (threadIdx.x < 128) {
-        // producer warpgroup: one thread issues every copy; its registers go to the consumers (40 + 2 x 232 <= 512)
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        // producer warpgroup: one thread issues every copy; its registers go to the consumers
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
         if (threadIdx.x == 0) {
             ring_pos at = {0, 0u};
             bool wrapped = false;
@@ -257,23 +267,23 @@ gemm_fp8_sm90_{{SHAPE}}(const __grid_constant__ tmap_t tm_a, const __grid_consta
                     if (wrapped) mbar_wait(bars + 8 * (STAGES + at.s), at.ph ^ 1);
                     const u32 full = bars + 8 * at.s;
                     mbar_expect_tx(full, STAGE_TX);
-                    tma_load_2d(sbase + at.s * TILE, &tm_a, kb * BK, mt * BM, full);
+                    tma_load_2d(sbase + at.s * A_TILE, &tm_a, kb * BK, mt * BM, full);
                     if (CLUSTER == 2) {
                         const u32 half = w.rank * (BN / 2);
-                        tma_load_2d_multicast(sbase + OFF_B + at.s * TILE + half * BK, &tm_b, kb * BK, nt * BN + half,
-                                              full, 3);
+                        tma_load_2d_multicast(sbase + OFF_B + at.s * B_TILE + half * BK, &tm_b, kb * BK,
+                                              nt * BN + half, full, 3);
                     } else {
-                        tma_load_2d(sbase + OFF_B + at.s * TILE, &tm_b, kb * BK, nt * BN, full);
+                        tma_load_2d(sbase + OFF_B + at.s * B_TILE, &tm_b, kb * BK, nt * BN, full);
                     }
-                    tma_load_2d(sbase + OFF_SA + at.s * SCALES, &tm_sa, mt * BM, kb, full);
-                    if (!B_TILES) tma_load_2d(sbase + OFF_SB + at.s * SCALES, &tm_sb, nt * BN, kb, full);
+                    tma_load_2d(sbase + OFF_SA + at.s * SA_BYTES, &tm_sa, mt * BM, kb, full);
+                    if (!B_TILES) tma_load_2d(sbase + OFF_SB + at.s * SB_BYTES, &tm_sb, nt * BN, kb, full);
                     if (at.s == STAGES - 1) wrapped = true;
                     at.next();
                 }
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
         gemm_consumer(sbase, gbase, warpgroup_uniform() - 1, w, b_tiles, c, d, m, ldd);
     }
     // no CTA leaves while the other may still copy to it or arrive on its barriers

@@ -66,14 +66,18 @@ __device__ __forceinline__ u32 cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// One arrival on the mbarrier at bar (this CTA's address) in the cluster's CTA of rank `rank`, ordered after this
-// thread's earlier accesses as a local arrival is (release at the CTA's scope: a fence at the cluster's would wait
-// for every earlier access to be seen there, and costs more than a k block's products).
-__device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 rank) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
+// The address in the cluster's shared window of this CTA's shared address addr in the CTA of rank `rank`: offsets
+// from it address the same offsets there, so a barrier array is mapped once.
+__device__ __forceinline__ u32 cluster_map(u32 addr, u32 rank) {
+    u32 r;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+// One arrival on the mbarrier at cluster address bar (cluster_map's), ordered after this thread's earlier accesses as
+// a local arrival is (release at the CTA's scope: a fence at the cluster's would wait for every earlier access to be
+// seen there, and costs more than a k block's products).
+__device__ __forceinline__ void mbar_arrive_cluster(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "emit.h"
+#include "gemm_fp8.h"
 #include "jit.h"
 #include "kernels.h"
 #include "util.h"
@@ -72,16 +73,21 @@ static void make_specs(void) {
     cp_k_cast(add());
     cp_k_fp8(add());
     /* the FP8 GEMM: each output mode, both ways of scaling B, a gradient in E5M2 on either side */
-    assert_true(cp_k_gemm_fp8(add(), 3072, 3072, false, false, true, CP_GEMM_FP8_WRITE, 0));
-    assert_true(cp_k_gemm_fp8(add(), 3072, 8192, false, false, true, CP_GEMM_FP8_RESIDUAL, 0));
-    assert_true(cp_k_gemm_fp8(add(), 1024, 3072, true, false, true, CP_GEMM_FP8_ADD_BF16, 0));
-    assert_true(cp_k_gemm_fp8(add(), 3072, 32768, true, false, false, CP_GEMM_FP8_ADD_F32, 0));
-    assert_true(cp_k_gemm_fp8(add(), 8192, 4096, false, true, false, CP_GEMM_FP8_ADD_F32, 0));
-    assert_true(cp_k_gemm_fp8(add(), 3072, 3072, false, false, true, CP_GEMM_FP8_WRITE, 2)); /* a cluster of two */
+    assert_true(cp_k_gemm_fp8(add(), 3072, 3072, false, false, true, CP_GEMM_FP8_WRITE, (cp_gemm_fp8_cfg){0}));
+    assert_true(cp_k_gemm_fp8(add(), 3072, 8192, false, false, true, CP_GEMM_FP8_RESIDUAL, (cp_gemm_fp8_cfg){0}));
+    assert_true(cp_k_gemm_fp8(add(), 1024, 3072, true, false, true, CP_GEMM_FP8_ADD_BF16, (cp_gemm_fp8_cfg){0}));
+    assert_true(cp_k_gemm_fp8(add(), 3072, 32768, true, false, false, CP_GEMM_FP8_ADD_F32, (cp_gemm_fp8_cfg){0}));
+    assert_true(cp_k_gemm_fp8(add(), 8192, 4096, false, true, false, CP_GEMM_FP8_ADD_F32, (cp_gemm_fp8_cfg){0}));
+    /* a cluster of two; two consumer warpgroups (tiles of 128 rows), with and without B's 1 x 128 scales */
+    assert_true(cp_k_gemm_fp8(add(), 3072, 3072, false, false, true, CP_GEMM_FP8_WRITE, (cp_gemm_fp8_cfg){2, 0}));
+    assert_true(cp_k_gemm_fp8(add(), 3072, 3072, false, false, true, CP_GEMM_FP8_WRITE, (cp_gemm_fp8_cfg){0, 2}));
+    assert_true(cp_k_gemm_fp8(add(), 3072, 32768, true, false, false, CP_GEMM_FP8_ADD_F32, (cp_gemm_fp8_cfg){1, 2}));
     cp_kernel_spec no;
-    assert_false(cp_k_gemm_fp8(&no, 3000, 3072, false, false, true, CP_GEMM_FP8_WRITE, 0));
-    assert_false(cp_k_gemm_fp8(&no, 3072, 3000, false, false, true, CP_GEMM_FP8_WRITE, 0));
-    assert_false(cp_k_gemm_fp8(&no, 3072, 3072, true, true, true, CP_GEMM_FP8_WRITE, 0));
+    assert_false(cp_k_gemm_fp8(&no, 3072, 3072, false, false, true, CP_GEMM_FP8_WRITE, (cp_gemm_fp8_cfg){2, 3}));
+    assert_false(cp_k_gemm_fp8(&no, 3000, 3072, false, false, true, CP_GEMM_FP8_WRITE, (cp_gemm_fp8_cfg){0}));
+    assert_false(cp_k_gemm_fp8(&no, 3072, 3000, false, false, true, CP_GEMM_FP8_WRITE, (cp_gemm_fp8_cfg){0}));
+    assert_false(cp_k_gemm_fp8(&no, 3072, 3072, true, true, true, CP_GEMM_FP8_WRITE, (cp_gemm_fp8_cfg){0}));
+    assert_false(cp_k_gemm_fp8(&no, 3072, 3072, false, false, true, CP_GEMM_FP8_WRITE, (cp_gemm_fp8_cfg){0, 4}));
     cp_k_attn_delta(add(), 128);
     cp_k_attn_delta(add(), 64);
     cp_k_attn_merge(add(), 128);
@@ -203,10 +209,12 @@ static void test_dims_cover_the_work(void **state) {
                 assert_int_equal(d.smem, !strcmp(f, "gemm_fp8") ? param(k, "SMEM_BYTES") : 0);
                 int64_t threads = (int64_t)d.grid[0] * d.block, need = 0;
                 if (!strcmp(f, "gemm_fp8")) {
-                    /* persistent: a block per SM at most, each walking tiles of 128 x 128 */
-                    int64_t cl = param(k, "CLUSTER"), units = ((n + 127) / 128 + cl - 1) / cl * (param(k, "N") / 128);
+                    /* persistent: a block per SM at most, each walking tiles of (64 x CONSUMERS) x 128 */
+                    int64_t cl = param(k, "CLUSTER"), cw = param(k, "CONSUMERS"), bm = 64 * cw;
+                    int64_t units = ((n + bm - 1) / bm + cl - 1) / cl * (param(k, "N") / 128);
                     assert_int_equal(d.grid[0], CP_MIN(units, 132 / cl) * cl);
-                    assert_true(d.smem <= 227 * 1024);
+                    assert_int_equal(d.block, 128 * (1 + cw));
+                    assert_true(d.smem <= 227 * 1024 && param(k, "STAGES") >= 4);
                     need = 1;
                 } else if (tiles) {
                     /* n rows, heads columns: a block per tile */
@@ -272,6 +280,36 @@ static void test_dims_cover_the_work(void **state) {
     free_specs();
 }
 
+/* The FP8 GEMM kernel's consumer warpgroups for a call: three (tiles of 192 rows) where the rows fill the SMs in as
+ * many waves or fewer per row of time, two where 192-row tiles leave a wave nearly empty (a 1024-row weight's
+ * gradient); two in clusters of two; a GEMM the kernel does not take (fast accumulation, A read transposed) refused. */
+static void test_gemm_fp8_choice(void **state) {
+    (void)state;
+    assert_int_equal(cp_gemm_fp8_consumers(32768, 3072, 132), 3); /* q_proj: 32 waves of 192 rows, 47 of 128 */
+    assert_int_equal(cp_gemm_fp8_consumers(3072, 3072, 132), 3);  /* d_wq: 3 waves against 5 */
+    assert_int_equal(cp_gemm_fp8_consumers(1024, 3072, 132), 2);  /* d_wk: 2 waves either way */
+    cp_gemm g = {.m = 1024, .n = 3072, .k = 32768, .lda = 32768, .ldb = 32768, .ldd = 3072, .trans_b = true,
+                 .accumulate = true, .out_f32 = true, .a_type = CP_GEMM_E5M2, .b_type = CP_GEMM_E4M3,
+                 .a_scale = CP_GEMM_SCALE_1D, .b_scale = CP_GEMM_SCALE_1D};
+    cp_kernel_spec k;
+    assert_true(cp_gemm_fp8_kspec(&g, (cp_gemm_fp8_cfg){0}, &k));
+    assert_string_equal(cp_kspec_get(&k, "CONSUMERS"), "2");
+    cp_kspec_free(&k);
+    g.m = 32768;
+    assert_true(cp_gemm_fp8_kspec(&g, (cp_gemm_fp8_cfg){0}, &k));
+    assert_string_equal(cp_kspec_get(&k, "CONSUMERS"), "3");
+    cp_kspec_free(&k);
+    assert_true(cp_gemm_fp8_kspec(&g, (cp_gemm_fp8_cfg){2, 0}, &k));
+    assert_string_equal(cp_kspec_get(&k, "CONSUMERS"), "2");
+    assert_string_equal(cp_kspec_get(&k, "CLUSTER"), "2");
+    cp_kspec_free(&k);
+    cp_gemm fast = g, ta = g;
+    fast.fast_accum = true;
+    ta.trans_a = true;
+    assert_false(cp_gemm_fp8_kspec(&fast, (cp_gemm_fp8_cfg){0}, &k));
+    assert_false(cp_gemm_fp8_kspec(&ta, (cp_gemm_fp8_cfg){0}, &k));
+}
+
 /* Module names carry every value that changes the code: eps, the frequency table, Ulysses' layout. */
 static void test_module_names(void **state) {
     (void)state;
@@ -307,6 +345,7 @@ static void test_module_names(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_module_names),
+        cmocka_unit_test(test_gemm_fp8_choice),
         cmocka_unit_test(test_dims_cover_the_work),
         cmocka_unit_test(test_emit_compile_no_spills),
     };

@@ -19,9 +19,10 @@
  * the faster of cuBLASLt and the own kernel).
  * With --algos N every GEMM's time is the fastest of the first N algorithms cuBLASLt's heuristic offers for it (the
  * heuristic's own first choice is what the runtime launches), and a line compares the totals with the first's.
- * --only NAME times the GEMMs of that name alone (a profiler's run); --cluster N builds the own kernel with clusters
- * of N CTAs (cp_k_gemm_fp8).
- * usage: bench_gemm [--algos N] [--only NAME] [--cluster N] [SPEC SEQ]...   (default: llama3b 32K llama8b 128K) */
+ * --only NAME times the GEMMs of that name alone (a profiler's run); --cluster N and --consumers N build the own
+ * kernel with clusters of N CTAs and N consumer warpgroups (cp_k_gemm_fp8).
+ * usage: bench_gemm [--algos N] [--only NAME] [--cluster N] [--consumers N] [SPEC SEQ]...
+ *        (default: llama3b 32K llama8b 128K) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,10 +75,10 @@ static void launch_own(void *ctx) {
     if (cp_gemm_fp8_launch(l->k, &l->d, &l->a, 0, err, sizeof err)) gu_fail("%s", err);
 }
 
-static double time_own(const cp_gemm *g, int cluster, char *A, char *B, char *C, char *D, const float *sa,
+static double time_own(const cp_gemm *g, cp_gemm_fp8_cfg cfg, char *A, char *B, char *C, char *D, const float *sa,
                        const float *sb) {
     cp_kernel_spec ks;
-    if (!cp_gemm_fp8_kspec(g, cluster, &ks)) return -1;
+    if (!cp_gemm_fp8_kspec(g, cfg, &ks)) return -1;
     gu_module *m = gu_build(&ks);
     cp_kspec_free(&ks);
     own_launch l = {.k = gu_kernel(m, "sm90"), .d = gu_dims(m, "sm90", g->m, 0)};
@@ -107,7 +108,7 @@ static void launch_gemm(void *ctx) {
 
 static int algos; /* --algos N: also time the heuristic's first N algorithms of each GEMM, and keep the fastest */
 static const char *only; /* --only NAME: the GEMMs of that name alone (for a profiler) */
-static int own_cluster;  /* --cluster N: the own kernel's CTAs per cluster (cp_k_gemm_fp8; 0 its default) */
+static cp_gemm_fp8_cfg own_cfg; /* --cluster N, --consumers N: the own kernel's (cp_k_gemm_fp8; 0 its defaults) */
 
 /* Median milliseconds of REPS launches of g (scales NULL: bf16) on buffers big enough for it: of the heuristic's
  * algorithm, or with --algos of the fastest of its first N (the heuristic's time in *first, when given). */
@@ -246,7 +247,7 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         char blk_ms[16] = "bf16", blk_tf[16] = "", own_ms[16] = "-", own_tf[16] = "";
         if (u[j].block) {
             double tk1, tk = time_gemm_first(lib, &u[j].fb, u[j].what, A, B, C, D, dSA, dSB, &tk1);
-            double to = time_own(&u[j].fb, own_cluster, A, B, C, D, dSA, dSB);
+            double to = time_own(&u[j].fb, own_cfg, A, B, C, D, dSA, dSB);
             t_blk += tk * (double)u[j].count;
             t_blk_first += tk1 * (double)u[j].count;
             t_best += (to > 0 && to < tk ? to : tk) * (double)u[j].count;
@@ -309,8 +310,9 @@ int main(int argc, char **argv) {
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (!strcmp(argv[a], "--algos")) algos = atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--only")) only = argv[a + 1];
-        else if (!strcmp(argv[a], "--cluster")) own_cluster = atoi(argv[a + 1]);
-        else gu_fail("bench_gemm: unknown option %s (--algos N, --only NAME, --cluster N)", argv[a]);
+        else if (!strcmp(argv[a], "--cluster")) own_cfg.cluster = atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "--consumers")) own_cfg.consumers = atoi(argv[a + 1]);
+        else gu_fail("bench_gemm: unknown option %s (--algos N, --only NAME, --cluster N, --consumers N)", argv[a]);
     }
     if (argc > a) {
         for (int i = a; i + 1 < argc; i += 2) bench(lib, argv[i], argv[i + 1], &rng);

@@ -7,7 +7,8 @@
  * (test_fp8) against float64 on the values their bytes stand for, scales applied; 5e-3 for fp32 outputs with fast
  * accumulation. Block-scaled FP8 (test_fp8_block) the same way, each element times its own block's scale, and the
  * block-scaled recipe end to end from bf16 through the fp8 module's casts; the generator's own block-scaled FP8 GEMM
- * kernel (test_fp8_kernel, templates/gemm_fp8.cu) on the same cases, with clusters of one and two CTAs. */
+ * kernel (test_fp8_kernel, templates/gemm_fp8.cu) on the same cases, with clusters of one and two CTAs and two and
+ * three consumer warpgroups. */
 #include <fnmatch.h>
 #include <math.h>
 #include <setjmp.h>
@@ -338,21 +339,21 @@ static void *dev_of(const void *host, size_t bytes) {
 }
 
 /* Block-scaled GEMM p on device inputs and scales, with the host's C (or NULL) and D's old value: what D holds
- * after it, on the host. On cuBLASLt (cluster 0), or on the generator's FP8 GEMM kernel with clusters of `cluster`
- * CTAs (cp_gemm_fp8_kspec must take p): its module built and launched with its tensor maps. */
+ * after it, on the host. On cuBLASLt (own NULL), or on the generator's FP8 GEMM kernel built as *own says
+ * (cp_gemm_fp8_kspec must take p): its module built and launched with its tensor maps. */
 static void *run_on_device(const cp_gemm *p, const char *what, const void *dA, const void *dB, const float *dsa,
-                           const float *dsb, const uint16_t *C, const void *Dold, int cluster) {
+                           const float *dsb, const uint16_t *C, const void *Dold, const cp_gemm_fp8_cfg *own) {
     const size_t dbytes = (size_t)(p->m * p->n) * (p->out_f32 ? 4 : 2);
     void *dC = C ? dev_of(C, (size_t)(p->m * p->n) * 2) : NULL, *dD = dev_of(Dold, dbytes);
     char err[2048];
     gu_module *m = NULL; /* the kernel's module, unloaded once the launch is done */
-    if (!cluster) {
+    if (!own) {
         int id = cp_gemm_prepare(lib, p, what, dA, dB, dC, dD, err, sizeof err);
         if (id < 0) gu_fail("%s", err);
         if (cp_gemm_launch_scaled(lib, id, dA, dB, dC, dD, dsa, dsb, 0, err, sizeof err)) gu_fail("%s", err);
     } else {
         cp_kernel_spec k;
-        if (!cp_gemm_fp8_kspec(p, cluster, &k)) gu_fail("%s: the FP8 GEMM kernel does not take it", what);
+        if (!cp_gemm_fp8_kspec(p, *own, &k)) gu_fail("%s: the FP8 GEMM kernel does not take it", what);
         m = gu_build(&k);
         cp_kspec_free(&k);
         cp_gemm_fp8_args a;
@@ -377,10 +378,10 @@ static const char *type_name(int t) { return t == CP_GEMM_E5M2 ? "e5m2" : "e4m3"
 
 /* A block-scaled FP8 GEMM in the x W^T form (as cp_plan_fp8_gemm gives it with block scaling): random FP8 bytes
  * A [m][k] (type at, scales as) and B [n][k] (bt, bs), random scales per block, D as `mode` says; against float64 on
- * every element times its block's scale. D starts as NaN where it is written. On cuBLASLt, or on the generator's
- * kernel with clusters of `cluster` CTAs (run_on_device). */
+ * every element times its block's scale. D starts as NaN where it is written. On cuBLASLt (own NULL), or on the
+ * generator's kernel built as *own says (run_on_device). */
 static void run_fp8_block_case(const char *what, int64_t m, int64_t n, int64_t k, int at, int bt, int as, int bs,
-                               fp8_out mode, double bound, int cluster) {
+                               fp8_out mode, double bound, const cp_gemm_fp8_cfg *own) {
     cp_gemm p = {.m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldd = n, .trans_b = true,
                  .has_c = mode == FP8_RESIDUAL, .accumulate = mode == FP8_ACC_F32 || mode == FP8_ACC_BF16,
                  .out_f32 = mode == FP8_ACC_F32, .a_type = (uint8_t)at, .b_type = (uint8_t)bt,
@@ -392,7 +393,7 @@ static void run_fp8_block_case(const char *what, int64_t m, int64_t n, int64_t k
     void *dA = dev_of(A, (size_t)(m * k)), *dB = dev_of(B, (size_t)(n * k));
     float *dsa = dev_of(sa, 4 * (size_t)cp_fp8_scales(as, m, k));
     float *dsb = dev_of(sb, 4 * (size_t)cp_fp8_scales(bs, n, k));
-    void *Dout = run_on_device(&p, what, dA, dB, dsa, dsb, C, Dold, cluster);
+    void *Dout = run_on_device(&p, what, dA, dB, dsa, dsb, C, Dold, own);
     double *Ad = block_values(A, sa, as, m, k, at == CP_GEMM_E5M2);
     double *Bd = block_values(B, sb, bs, n, k, bt == CP_GEMM_E5M2);
     char shape[96];
@@ -528,17 +529,18 @@ static const block_case BLOCK_CASES[] = {
     {"d_w (e5m2 B, f32 +=)", 128, 256, 1024, E4, E5, V, V, FP8_ACC_F32, true},
     {"160 tiles", 2048, 1280, 256, E4, E4, V, T, FP8_WRITE, true},
     {"160 tiles (f32 +=)", 1284, 2048, 384, E4, E4, V, V, FP8_ACC_F32, true},
+    {"160 tiles of 192 rows", 3072, 1280, 256, E4, E4, V, T, FP8_WRITE, true},
     {"A tiled", 400, 256, 512, E4, E4, T, V, FP8_WRITE, false},
 };
 
-/* Case c on cuBLASLt (cluster 0), or on the generator's kernel with clusters of `cluster` CTAs, with that one's bound
- * for its output. */
-static void run_block_case(const block_case *c, int cluster) {
+/* Case c on cuBLASLt (own NULL), or on the generator's kernel built as *own says, with that one's bound for its
+ * output. */
+static void run_block_case(const block_case *c, const cp_gemm_fp8_cfg *own) {
     char what[64];
-    if (cluster) snprintf(what, sizeof what, "own c%d %s", cluster, c->what);
+    if (own) snprintf(what, sizeof what, "own c%d w%d %s", own->cluster, own->consumers, c->what);
     else snprintf(what, sizeof what, "fp8b %s", c->what);
-    double bound = c->mode == FP8_ACC_F32 ? (cluster ? OWN_F32 : TOL_F32) : (cluster ? OWN_BF16 : TOL_BF16);
-    run_fp8_block_case(what, c->m, c->n, c->k, c->at, c->bt, c->as, c->bs, c->mode, bound, cluster);
+    double bound = c->mode == FP8_ACC_F32 ? (own ? OWN_F32 : TOL_F32) : (own ? OWN_BF16 : TOL_BF16);
+    run_fp8_block_case(what, c->m, c->n, c->k, c->at, c->bt, c->as, c->bs, c->mode, bound, own);
 }
 
 /* Block-scaled FP8 (Hopper): the plan's GEMMs with train.fp8_scaling = "block" on random bytes and scales (the
@@ -550,7 +552,7 @@ static void run_block_case(const block_case *c, int cluster) {
 static void test_fp8_block(void **state) {
     (void)state;
     skip_without_fp8();
-    for (size_t i = 0; i < CP_ARRAY_LEN(BLOCK_CASES); i++) run_block_case(&BLOCK_CASES[i], 0);
+    for (size_t i = 0; i < CP_ARRAY_LEN(BLOCK_CASES); i++) run_block_case(&BLOCK_CASES[i], NULL);
 
     cp_gemm fast = {.m = 256, .n = 256, .k = 256, .lda = 256, .ldb = 256, .ldd = 256, .trans_b = true,
                     .a_type = CP_GEMM_E4M3, .b_type = CP_GEMM_E4M3, .a_scale = V, .b_scale = T, .fast_accum = true};
@@ -570,14 +572,16 @@ static void test_fp8_block(void **state) {
 
 /* The generator's FP8 GEMM kernel (Hopper): each output mode, B's scales per tile (a weight) and per 1 x 128 (the
  * weights' gradients), E5M2 gradients on either side, m past a whole tile (rows read as zeros and not stored), and
- * more tiles than SMs (the persistent walk, the stage ring wrapping between tiles). Tighter bounds than cuBLASLt's:
- * one rounding of sums promoted every 128 of k. */
+ * more tiles than SMs (the persistent walk, the stage ring wrapping between tiles), with tiles of 128 and of 192 rows
+ * in clusters of one, and of 128 in clusters of two. Tighter bounds than cuBLASLt's: one rounding of sums promoted every 128 of k. */
 static void test_fp8_kernel(void **state) {
     (void)state;
     skip_without_fp8();
     for (int cluster = 1; cluster <= 2; cluster++)
-        for (size_t i = 0; i < CP_ARRAY_LEN(BLOCK_CASES); i++)
-            if (BLOCK_CASES[i].own) run_block_case(&BLOCK_CASES[i], cluster);
+        for (int consumers = 2; consumers <= 3; consumers++)
+            for (size_t i = 0; i < CP_ARRAY_LEN(BLOCK_CASES); i++)
+                if (BLOCK_CASES[i].own && !(cluster == 2 && consumers == 3)) /* a pair the kernel refuses */
+                    run_block_case(&BLOCK_CASES[i], &(cp_gemm_fp8_cfg){cluster, consumers});
 }
 
 /* One shape prepared once: the same shape and alignment give the same entry; less alignment a new one. */
