@@ -1655,11 +1655,13 @@ static void cost_model(cp_plan *P) {
             bool fp8 = g->a_type != CP_GEMM_BF16;
             double bytes = (fp8 ? 1.0 : 2.0) * ((double)g->m * g->k + (double)g->k * g->n) +
                            (g->out_f32 ? 8.0 : 2.0) * (double)g->m * g->n;
-            /* with block scales a weight's gradient reads two inputs scaled by 128 tokens: cuBLASLt's slow pair */
+            /* with block scales a weight's gradient reads two inputs scaled by 128 tokens: cuBLASLt's slow pair; on the
+             * generator's kernel (a module on the step: train.fp8_gemm) their own two */
+            const bool cpgen = s->module >= 0;
             double rate = !fp8          ? mc->gemm_tflops
                           : !g->a_scale ? mc->fp8_gemm_tflops
-                          : g->w_grad   ? mc->fp8_block_wgrad_tflops
-                                        : mc->fp8_block_gemm_tflops;
+                          : g->w_grad   ? (cpgen ? mc->fp8_cpgen_wgrad_tflops : mc->fp8_block_wgrad_tflops)
+                                        : (cpgen ? mc->fp8_cpgen_gemm_tflops : mc->fp8_block_gemm_tflops);
             /* an accumulating epilogue reads and writes D after the main loop, not under it: measured on an H200,
              * the 3B step's weights' gradients into fp32 took 26 ms more in 4K-token MLP tiles than in one of 32K,
              * 44 us for each of the 588 more GEMMs, D's 201 MB read and written at HBM's rate */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "emit.h"
+#include "kernels.h"
 #include "ranks.h"
 #include "spec.h"
 
@@ -143,6 +144,16 @@ typedef struct {
                              * applies */
     uint8_t a_scale, b_scale; /* FP8: cp_gemm_scale of each input (block scales: k a multiple of 128, not both 2D) */
 } cp_gemm;
+
+/* The module of templates/gemm_fp8.cu for GEMM p: true with k filled when the kernel takes p (the x W^T form on FP8
+ * inputs with block scales, A's per 1 x 128, B's per 1 x 128 or 128 x 128; A and B dense; m a multiple of 4, so that
+ * a row of A's scales is 16-byte aligned; n and k multiples of 128; no fast accumulation; D written (bf16, or with
+ * C) or added to (bf16 or fp32)), else false. cfg as cp_k_gemm_fp8 takes it; consumers 0 outside clusters of 2:
+ * cp_gemm_fp8_consumers for p's rows on an H200's CP_GEMM_FP8_SMS (gen/plan_fp8.c). */
+bool cp_gemm_fp8_kspec(const cp_gemm *p, cp_gemm_fp8_cfg cfg, cp_kernel_spec *k);
+/* The consumer warpgroups (2 or 3) the kernel runs fastest with for m x n outputs on sms SMs. */
+#define CP_GEMM_FP8_SMS 132
+int cp_gemm_fp8_consumers(int64_t m, int64_t n, int sms);
 
 /* Element offsets of one layer's weights inside its flat unit (the layout FSDP shards and gathers). */
 typedef enum { CP_W_Q, CP_W_K, CP_W_V, CP_W_O, CP_W_GATE, CP_W_UP, CP_W_DOWN, CP_W_NORM1, CP_W_NORM2, CP_W_QNORM,

@@ -18,7 +18,9 @@
  * with nothing between touching the slot or the copy's buffer (the input's scratch copy, else the one kept for copies
  * made ahead for it); elsewhere by a pass of its own.
  * The program stays the planner's: this pass runs on the built steps before lifetimes and offsets, so the copies and
- * casts are in the plan's memory and time like any other buffer and step. */
+ * casts are in the plan's memory and time like any other buffer and step. Last, train.fp8_gemm puts block-scaled GEMMs
+ * on the generator's kernel (templates/gemm_fp8.cu) where it takes and, under "auto", outruns cuBLASLt: the step keeps
+ * its cp_gemm and gains that module and entry (choose_kernels). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -524,6 +526,38 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
     L->region = L->q.n;
 }
 
+bool cp_plan_fp8_kernel_wins(const cp_gemm *g) { return g->k >= 8192 && (!g->w_grad || g->m >= 3072); }
+
+/* train.fp8_gemm: each block-scaled FP8 GEMM the generator's kernel takes, and under "auto" where it wins, gets that
+ * kernel's module (one per shape) and its entry as the step's module and role; cuBLASLt runs the rest. */
+static void choose_kernels(cp_plan *P) {
+    const int mode = P->spec.train.fp8_gemm;
+    if (mode == CP_FP8_GEMM_CUBLASLT || !P->spec.train.fp8_block) return;
+    for (int i = 0; i < P->nsteps; i++) {
+        cp_step *s = &P->steps[i];
+        cp_kernel_spec k;
+        if (s->kind != CP_OP_GEMM || s->gemm.a_type == CP_GEMM_BF16 ||
+            (mode == CP_FP8_GEMM_AUTO && !cp_plan_fp8_kernel_wins(&s->gemm)) ||
+            !cp_gemm_fp8_kspec(&s->gemm, (cp_gemm_fp8_cfg){0}, &k))
+            continue;
+        int m = 0;
+        while (m < P->nmodules && !(strcmp(P->modules[m].family, k.family) == 0 &&
+                                    strcmp(cp_kspec_get(&P->modules[m], "SHAPE"), cp_kspec_get(&k, "SHAPE")) == 0))
+            m++;
+        if (m < P->nmodules) {
+            cp_kspec_free(&k);
+        } else {
+            if (P->nmodules == P->capmodules) {
+                P->capmodules = P->capmodules ? P->capmodules * 2 : 16;
+                P->modules = cp_xrealloc(P->modules, sizeof *P->modules * (size_t)P->capmodules);
+            }
+            P->modules[P->nmodules++] = k;
+        }
+        s->module = m;
+        snprintf(s->role, sizeof s->role, "sm90");
+    }
+}
+
 void cp_plan_lower_fp8(cp_plan *P) {
     if (!P->spec.train.fp8) return;
     bool any = false;
@@ -581,4 +615,35 @@ void cp_plan_lower_fp8(cp_plan *P) {
     P->steps = L.q.steps;
     P->nsteps = L.q.n;
     P->capsteps = L.q.cap;
+    choose_kernels(P);
+}
+
+/* The consumer warpgroups for m rows by n columns on `sms` SMs: tiles of 192 rows run 12% faster than of 128 on the
+ * 3B step's large GEMMs (bench_gemm on an H200: 0.643 s against 0.735 s where the kernel runs, docs/PERF.md,
+ * 2026-12-03), but fewer of them may fill the SMs worse: whole waves of tiles times a tile's time, the larger the
+ * shorter (a 1024-row weight's gradient: 144 tiles of 192 rows are 2 waves on 132 SMs, as 192 of 128 are). */
+int cp_gemm_fp8_consumers(int64_t m, int64_t n, int sms) {
+    double best = 0;
+    int pick = 2;
+    for (int c = 2; c <= 3; c++) {
+        const int64_t bm = 64 * c, tiles = (m + bm - 1) / bm * ((n + 127) / 128);
+        const double t = (double)((tiles + sms - 1) / sms) * (double)bm / (c == 3 ? 1.12 : 1.0);
+        if (c == 2 || t < best) best = t, pick = c;
+    }
+    return pick;
+}
+
+bool cp_gemm_fp8_kspec(const cp_gemm *p, cp_gemm_fp8_cfg cfg, cp_kernel_spec *k) {
+    const bool fp8 = p->a_type != CP_GEMM_BF16 && p->b_type != CP_GEMM_BF16;
+    if (!fp8 || p->trans_a || !p->trans_b || p->fast_accum || p->a_scale != CP_GEMM_SCALE_1D ||
+        p->b_scale == CP_GEMM_SCALE_TENSOR || p->lda != p->k || p->ldb != p->k || p->ldd % 2 || p->m < 1 || p->m % 4 ||
+        p->ldd < p->n || (p->out_f32 && !p->accumulate) || (p->has_c && p->accumulate))
+        return false;
+    cp_gemm_fp8_out out = p->has_c        ? CP_GEMM_FP8_RESIDUAL
+                          : !p->accumulate ? CP_GEMM_FP8_WRITE
+                          : p->out_f32     ? CP_GEMM_FP8_ADD_F32
+                                           : CP_GEMM_FP8_ADD_BF16;
+    if (!cfg.consumers && cfg.cluster != 2) cfg.consumers = cp_gemm_fp8_consumers(p->m, p->n, CP_GEMM_FP8_SMS);
+    return cp_k_gemm_fp8(k, p->n, p->k, p->a_type == CP_GEMM_E5M2, p->b_type == CP_GEMM_E5M2,
+                         p->b_scale == CP_GEMM_SCALE_2D, out, cfg);
 }

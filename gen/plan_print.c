@@ -348,13 +348,14 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             cp_fmt_count(tok / P->t_step, d, sizeof d), flops / P->t_step / 1e12,
             100.0 * flops / P->t_step / (mc->peak_tflops * 1e12), mc->peak_tflops);
     if (P->spec.train.fp8) {
-        int64_t n = 0, all = 0, fused = 0; /* fused: the amaxes and copies their producers make */
+        int64_t n = 0, all = 0, fused = 0, own = 0; /* fused: the amaxes and copies their producers make */
         for (int i = 0; i < P->nsteps; i++) {
             int64_t reps = cp_plan_step_repeats(P, i);
             fused += P->steps[i].nfp8_out * reps;
             if (P->steps[i].kind == CP_OP_GEMM) {
                 all += reps;
                 n += P->steps[i].gemm.a_type != CP_GEMM_BF16 ? reps : 0;
+                own += P->steps[i].module >= 0 ? reps : 0;
             }
         }
         fmt_seconds(P->t_fp8_casts, t[0], sizeof t[0]);
@@ -370,6 +371,10 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
                      "that write their inputs\n",
                 (long long)n, (long long)all, blk ? "block" : "per-tensor", rate, blk ? "copies" : "amax and casts", t[0],
                 (long long)fused, blk ? "copies" : "amaxes");
+        if (own)
+            fprintf(out, "           %lld of them on the generator's FP8 GEMM kernel (train.fp8_gemm), at %.0f TF/s, the "
+                         "weights' gradients at %.0f\n",
+                    (long long)own, mc->fp8_cpgen_gemm_tflops, mc->fp8_cpgen_wgrad_tflops);
     }
     cp_plan_eval_print(P, out);
     if (P->fits)

@@ -59,7 +59,7 @@ static const node TRAIN_KEYS[] = {
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
     LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("eval_every"), LEAF("eval_sequences"),
     LEAF("out_dir"), LEAF("deterministic"), LEAF("precision"), LEAF("fp8_format"), LEAF("fp8_fast_accum"),
-    LEAF("fp8_scaling"), LEAF("fp8_weight_grads"),
+    LEAF("fp8_scaling"), LEAF("fp8_weight_grads"), LEAF("fp8_gemm"),
     END};
 static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"), LEAF("positions"), LEAF("eod"), LEAF("doc_len"),
                                   END};
@@ -67,7 +67,8 @@ static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF(
 static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
     LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"),
-    LEAF("fp8_block_gemm_tflops"), LEAF("fp8_block_wgrad_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
+    LEAF("fp8_block_gemm_tflops"), LEAF("fp8_block_wgrad_tflops"), LEAF("fp8_cpgen_gemm_tflops"),
+    LEAF("fp8_cpgen_wgrad_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"),
     LEAF("fp8_cast_t_gbps"), LEAF("fp8_copy_gbps"), LEAF("host_gbps"), LEAF("a2a_gbps"), LEAF("allgather_gbps"), LEAF("net_gbps"),
     LEAF("ranks_per_gpu"),
@@ -94,6 +95,7 @@ static const char *const PRECISION_NAMES[] = {"bf16", "fp8", NULL};
 static const char *const FP8_FORMAT_NAMES[] = {"hybrid", "e4m3", NULL};
 static const char *const FP8_SCALING_NAMES[] = {"tensor", "block", NULL};
 static const char *const FP8_WEIGHT_GRADS_NAMES[] = {"fp8", "bf16", NULL};
+static const char *const FP8_GEMM_NAMES[] = {"auto", "cublaslt", "cpgen", NULL}; /* cp_fp8_gemm's order */
 static const char *const POSITIONS_NAMES[] = {"sequence", "document", NULL};
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -1284,6 +1286,10 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     int wgrad = 1;
     TRY(get_enum(c, t, "train", "fp8_weight_grads", FP8_WEIGHT_GRADS_NAMES, &wgrad));
     tr->fp8_bf16_wgrad = wgrad == 1;
+    /* cuBLASLt until the generator's kernel has run inside the training step on the GPU (it has run alone: test_gemm,
+     * bench_gemm) */
+    tr->fp8_gemm = CP_FP8_GEMM_CUBLASLT;
+    TRY(get_enum(c, t, "train", "fp8_gemm", FP8_GEMM_NAMES, &tr->fp8_gemm));
     lua_pop(c->L, 1);
     return 0;
 }
@@ -1316,6 +1322,11 @@ void cp_machine_defaults(cp_machine *m) {
      * with 4K-token MLP tiles (2026-12-03), 980 once their fp32 epilogue is priced apart (bench_gemm 772-967) */
     m->fp8_block_gemm_tflops = 1130;
     m->fp8_block_wgrad_tflops = 980;
+    /* the generator's kernel where train.fp8_gemm = "auto" takes it (k of 8192 or more; the weights' gradients of 3072
+     * rows or more): bench_gemm on an H200, the 3B step's GEMMs at 32K (docs/PERF.md, 2026-12-03, three consumer
+     * warpgroups): 1257-1310 TF/s and 907-1116, the same cuBLASLt GEMMs 1126-1220 and 753-951 */
+    m->fp8_cpgen_gemm_tflops = 1200;
+    m->fp8_cpgen_wgrad_tflops = 1000;
     /* the Hopper kernels on an H200: at head_dim 128 bench_attention's causal 32/8 heads at 32K and 128K with the
      * head-major launch order (docs/PERF.md, 2026-12-01, evening); at 64 inside the 1B step (CPGEN_PROFILE), the
      * forward then moved by the three-consumer kernel's measured gain (2026-12-01, three consumers) */
@@ -1421,6 +1432,8 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "fp8_gemm_tflops", &m->fp8_gemm_tflops));
     TRY(get_num(c, t, "machine", "fp8_block_gemm_tflops", &m->fp8_block_gemm_tflops));
     TRY(get_num(c, t, "machine", "fp8_block_wgrad_tflops", &m->fp8_block_wgrad_tflops));
+    TRY(get_num(c, t, "machine", "fp8_cpgen_gemm_tflops", &m->fp8_cpgen_gemm_tflops));
+    TRY(get_num(c, t, "machine", "fp8_cpgen_wgrad_tflops", &m->fp8_cpgen_wgrad_tflops));
     TRY(get_num(c, t, "machine", "attn_fwd_tflops", &m->attn_fwd_tflops));
     TRY(get_num(c, t, "machine", "attn_bwd_tflops", &m->attn_bwd_tflops));
     TRY(get_num(c, t, "machine", "attn_fwd_tflops_d64", &m->attn_fwd_tflops_d64));
@@ -1752,6 +1765,8 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.fp8_gemm_tflops", mc->fp8_gemm_tflops},
                  {"machine.fp8_block_gemm_tflops", mc->fp8_block_gemm_tflops},
                  {"machine.fp8_block_wgrad_tflops", mc->fp8_block_wgrad_tflops},
+                 {"machine.fp8_cpgen_gemm_tflops", mc->fp8_cpgen_gemm_tflops},
+                 {"machine.fp8_cpgen_wgrad_tflops", mc->fp8_cpgen_wgrad_tflops},
                  {"machine.attn_fwd_tflops", mc->attn_fwd_tflops},
                  {"machine.attn_bwd_tflops", mc->attn_bwd_tflops},
                  {"machine.attn_fwd_tflops_d64", mc->attn_fwd_tflops_d64},

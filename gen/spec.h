@@ -56,6 +56,11 @@ typedef struct {
     int64_t loss_tile;  /* tokens per LM-head/loss tile; 0 = auto */
 } cp_parallel;
 
+/* train.fp8_gemm: the block-scaled FP8 GEMMs on cuBLASLt (the default), on the generator's kernel
+ * (templates/gemm_fp8.cu, Hopper) wherever it takes them, or (AUTO) on the generator's kernel where it measured faster
+ * than cuBLASLt (cp_plan_fp8_kernel_wins, gen/plan_fp8.c) */
+typedef enum { CP_FP8_GEMM_AUTO = 0, CP_FP8_GEMM_CUBLASLT, CP_FP8_GEMM_CPGEN } cp_fp8_gemm;
+
 typedef struct {
     int64_t seq_len;    /* tokens per sequence (all ranks together) */
     int micro_batches;  /* sequences accumulated per optimizer step */
@@ -79,6 +84,7 @@ typedef struct {
                           * gradients) and per 128 x 128 tile (weights); "tensor" (false): one per tensor */
     bool fp8_fast_accum; /* train.fp8_fast_accum: the forward's FP8 GEMMs (and their recompute) sum without fp32
                           * promotion (the gradients' always promote) */
+    int fp8_gemm;        /* train.fp8_gemm (cp_fp8_gemm): which kernel runs the block-scaled FP8 GEMMs */
     bool fp8_bf16_wgrad; /* train.fp8_weight_grads = "bf16" (the default): the weights' gradients (dW = dY^T X) in
                           * bf16, the forward and dX GEMMs in FP8; "fp8" (false): all three */
 } cp_train;
@@ -129,6 +135,7 @@ typedef struct {
     double fp8_gemm_tflops;     /* the same GEMMs on FP8 inputs (train.precision = "fp8") */
     double fp8_block_gemm_tflops; /* ... with block scales (train.fp8_scaling = "block"), a weight's tiles on one side */
     double fp8_block_wgrad_tflops; /* ... with block scales on both sides by 128 of k: the weights' gradients */
+    double fp8_cpgen_gemm_tflops, fp8_cpgen_wgrad_tflops; /* the same two on the generator's kernel (train.fp8_gemm) */
     double attn_fwd_tflops;     /* causal flash attention forward, head_dim 128 */
     double attn_bwd_tflops;     /* its backward (the dQ conversion included), head_dim 128 */
     double attn_fwd_tflops_d64; /* the same at head_dim 64 */

@@ -102,6 +102,8 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_bool(o, "fp8_fast_accum", t->fp8_fast_accum);
     put_str(o, "fp8_scaling", t->fp8_block ? "block" : "tensor");
     put_str(o, "fp8_weight_grads", t->fp8_bf16_wgrad ? "bf16" : "fp8");
+    static const char *const gemm[] = {"auto", "cublaslt", "cpgen"};
+    put_str(o, "fp8_gemm", gemm[t->fp8_gemm]);
     cp_str_printf(o, "  },\n  data = {\n");
     put_str(o, "source", s->data.source);
     if (s->data.val[0]) put_str(o, "val", s->data.val);
@@ -130,6 +132,8 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_num(o, "fp8_gemm_tflops", mc->fp8_gemm_tflops);
     put_num(o, "fp8_block_gemm_tflops", mc->fp8_block_gemm_tflops);
     put_num(o, "fp8_block_wgrad_tflops", mc->fp8_block_wgrad_tflops);
+    put_num(o, "fp8_cpgen_gemm_tflops", mc->fp8_cpgen_gemm_tflops);
+    put_num(o, "fp8_cpgen_wgrad_tflops", mc->fp8_cpgen_wgrad_tflops);
     put_num(o, "fp8_cast_gbps", mc->fp8_cast_gbps);
     put_num(o, "fp8_cast_t_gbps", mc->fp8_cast_t_gbps);
     put_num(o, "fp8_copy_gbps", mc->fp8_copy_gbps);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "gemm_fp8.h"
 #include "kernels.h"
 #include "kernels_attn.h"
 #include "ring.h"
@@ -854,8 +855,43 @@ bool cp_exec_prepares(cp_task t) {
     return t == CP_TASK_ADAMW_HOST || t == CP_TASK_LOAD_TOKENS || (t > CP_TASK_NONE && t < CP_TASK_COUNT && KERNEL_PREP[t]);
 }
 
+/* A block-scaled FP8 GEMM on the generator's kernel (the step's module: train.fp8_gemm), a kernel launch like any
+ * other: sm90(tensor maps of A, B and their scales, B's tile scales, C, D, m, ldd), the maps encoded once for these
+ * addresses and owned by the launch. The kernel is Hopper's alone. */
+static int prep_gemm_kernel(pctx *c) {
+    const cp_gemm *g = &c->s->gemm;
+    xstep *x = c->x;
+    if (!c->ex->dry && !cp_k_attention_hopper(c->ex->o.arch))
+        return pfail(c, "the generator's FP8 GEMM kernel runs on Hopper (sm_90a) only, and this is %s: set "
+                        "train.fp8_gemm = \"cublaslt\"", c->ex->o.arch);
+    x->kind = X_KERNEL;
+    xlaunch *l = &x->L[0];
+    if (launch_of(c, "sm90", g->m, 0, l)) return -1;
+    cp_gemm_fp8_args a;
+    char e[1024];
+    if (c->ex->dry) { /* no driver to encode with, nothing launched */
+        memset(&a, 0, sizeof a);
+    } else if (cp_gemm_fp8_args_make(&a, g, kspec(c), x->ga, x->gb, x->gc, x->gd, x->gsa, x->gsb, e, sizeof e)) {
+        return pfail(c, "%s", e);
+    }
+    l->tmaps = aligned_alloc(_Alignof(cp_tmap), 4 * sizeof(cp_tmap));
+    if (!l->tmaps) return pfail(c, "out of host memory for tensor maps");
+    const cp_tmap *maps[4] = {&a.a, &a.b, &a.sa, &a.sb};
+    for (int j = 0; j < 4; j++) {
+        l->tmaps[j] = *maps[j];
+        l->args[l->nargs++] = &l->tmaps[j];
+    }
+    a_ptr(l, g->b_scale == CP_GEMM_SCALE_2D ? x->gsb : NULL);
+    a_ptr(l, x->gc);
+    a_ptr(l, x->gd);
+    a_i64(l, g->m);
+    a_i64(l, g->ldd);
+    return 0;
+}
+
 /* GEMM: operands A, B, (C), D with the plan's cp_gemm, then with FP8 inputs their scales (one f32 each, or their
- * blocks'); every operand must hold the rows its leading dimension implies. */
+ * blocks'); every operand must hold the rows its leading dimension implies. On cuBLASLt, or where the step has a
+ * module on the generator's kernel (prep_gemm_kernel). */
 static int prep_gemm(pctx *c) {
     const cp_gemm *g = &c->s->gemm;
     bool fp8 = g->a_type != CP_GEMM_BF16;
@@ -879,6 +915,7 @@ static int prep_gemm(pctx *c) {
     x->gd = opp(c, nd);
     x->gsa = fp8 ? (const float *)opp(c, n) : NULL;
     x->gsb = fp8 ? (const float *)opp(c, n + 1) : NULL;
+    if (c->s->module >= 0) return prep_gemm_kernel(c);
     if (c->ex->dry) return 0;
     x->gemm = cp_gemm_prepare(c->ex->gemm, g, c->s->what, x->ga, x->gb, x->gc, x->gd, c->err, c->errlen);
     return x->gemm < 0 ? -1 : 0;

@@ -957,6 +957,60 @@ static void test_fp8(void **state) {
     cp_plan_free(&f);
 }
 
+/* train.fp8_gemm on the 3B at 32K in fp8: under "auto" the generator's kernel takes exactly the block-scaled GEMMs
+ * where it measured faster than cuBLASLt (cp_plan_fp8_kernel_wins: down and the MLP's two dX GEMMs, k = 8192; with
+ * the weights' gradients on FP8 also those of 3072 rows or more), as a gemm_fp8 module and its sm90 entry on the
+ * GEMM step, one module a shape; "cublaslt" none; "cpgen" every one it takes. The step keeps its cp_gemm, the plan
+ * its buffers, and the cost model prices the kernel's GEMMs at its own rates. */
+static void test_fp8_gemm_kernel(void **state) {
+    (void)state;
+    const char *modes[] = {"train.fp8_gemm=auto", "train.fp8_gemm=cublaslt", "train.fp8_gemm=cpgen"};
+    for (int wg = 0; wg < 2; wg++) {
+        cp_plan p[3];
+        int own[3] = {0}, fp8[3] = {0}, wins[3] = {0};
+        for (int m = 0; m < 3; m++) {
+            const char *sets[] = {"parallel.gpus=1", "train.seq_len=32K", "train.precision=fp8", modes[m],
+                                  wg ? "train.fp8_weight_grads=fp8" : "train.fp8_weight_grads=bf16"};
+            plan_of(&p[m], 5, sets);
+            assert_true(p[m].fits);
+            for (int i = 0; i < p[m].nsteps; i++) {
+                const cp_step *s = &p[m].steps[i];
+                if (s->kind != CP_OP_GEMM) continue;
+                bool blk = s->gemm.a_type != CP_GEMM_BF16;
+                fp8[m] += blk;
+                wins[m] += blk && cp_plan_fp8_kernel_wins(&s->gemm);
+                if (s->module < 0) continue;
+                own[m]++;
+                assert_true(blk);
+                assert_string_equal(p[m].modules[s->module].family, "gemm_fp8");
+                assert_string_equal(s->role, "sm90");
+                assert_int_equal(strtoll(cp_kspec_get(&p[m].modules[s->module], "N"), NULL, 10), s->gemm.n);
+                assert_int_equal(strtoll(cp_kspec_get(&p[m].modules[s->module], "K"), NULL, 10), s->gemm.k);
+                if (m == 0) assert_true(cp_plan_fp8_kernel_wins(&s->gemm));
+                double rate = s->gemm.w_grad ? p[m].spec.machine.fp8_cpgen_wgrad_tflops
+                                             : p[m].spec.machine.fp8_cpgen_gemm_tflops;
+                assert_true(s->seconds >= s->flops / (rate * 1e12));
+            }
+            int gemm_mods = 0;
+            for (int k = 0; k < p[m].nmodules; k++) gemm_mods += !strcmp(p[m].modules[k].family, "gemm_fp8");
+            assert_true(own[m] == 0 ? gemm_mods == 0 : gemm_mods >= 1 && gemm_mods < own[m]);
+        }
+        /* down and the MLP's dX GEMMs of 28 layers (one MLP tile of 32K), and with FP8 weights' gradients those of
+         * d_wdown, d_wgate, d_wup, d_wo and d_wq */
+        assert_int_equal(own[0], 28 * (wg ? 8 : 3));
+        assert_int_equal(own[0], wins[0]);
+        assert_int_equal(own[1], 0);
+        assert_true(own[2] > own[0] && own[2] <= fp8[2]);
+        assert_true(fp8[0] == fp8[1] && fp8[1] == fp8[2]);
+        assert_int_equal(p[0].gpu_arena, p[1].gpu_arena);
+        assert_true(p[0].t_step < p[1].t_step);
+        printf("  3B at 32K, fp8 weights' gradients %s: %d of %d FP8 GEMMs on the kernel (auto; cpgen %d), %.3f s "
+               "predicted against cuBLASLt's %.3f s\n", wg ? "fp8" : "bf16", own[0], fp8[0], own[2], p[0].t_step,
+               p[1].t_step);
+        for (int m = 0; m < 3; m++) cp_plan_free(&p[m]);
+    }
+}
+
 /* train.fp8_scaling = "block": every layer GEMM reads copies of its very operands made by a block-scaled cast (no
  * amax, no scale slots), each copy with its scales behind it in its buffer: a weight's in 128 x 128 tiles, any other
  * input's per 128 of k, E4M3 but for a gradient under "hybrid"; without fast accumulation; the casts are priced and
@@ -2019,6 +2073,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_fp8_block),
         cmocka_unit_test(test_kept_attention_3b), cmocka_unit_test(test_kept_attention_3b_longest),
         cmocka_unit_test(test_mlp_tile_auto),
+        cmocka_unit_test(test_fp8_gemm_kernel),
         cmocka_unit_test(test_kept_attention_memory),
         cmocka_unit_test(test_dq_order),
         cmocka_unit_test(test_stage_tables),     cmocka_unit_test(test_stage_table_3b),

@@ -615,30 +615,31 @@ static void test_document_keys(void **state) {
 }
 
 /* train.precision: bf16 unless asked; fp8 read, written back and read again the same, with its recipe's keys
- * (train.fp8_format, train.fp8_fast_accum, train.fp8_scaling, train.fp8_weight_grads); a wrong value named with the
- * choices */
+ * (train.fp8_format, train.fp8_fast_accum, train.fp8_scaling, train.fp8_weight_grads, train.fp8_gemm); a wrong value
+ * named with the choices */
 static void test_precision_key(void **state) {
     (void)state;
     load_ok("tiny", NULL, 0);
     assert_false(spec.train.fp8);
     assert_true(spec.train.fp8_e4m3_grads && spec.train.fp8_fast_accum && spec.train.fp8_block &&
-                spec.train.fp8_bf16_wgrad);
+                spec.train.fp8_bf16_wgrad && spec.train.fp8_gemm == CP_FP8_GEMM_CUBLASLT);
     const char *tensor[] = {"train.fp8_scaling=tensor"}; /* E5M2 gradients by default with one scale per tensor */
     load_ok("tiny", tensor, 1);
     assert_true(!spec.train.fp8_e4m3_grads && !spec.train.fp8_block);
     assert_true(spec.machine.fp8_gemm_tflops > spec.machine.gemm_tflops);
     const char *fp8[] = {"train.precision=fp8", "train.fp8_format=hybrid", "train.fp8_fast_accum=false",
-                         "train.fp8_scaling=block", "train.fp8_weight_grads=fp8"};
-    load_ok("tiny", fp8, 5);
+                         "train.fp8_scaling=block", "train.fp8_weight_grads=fp8", "train.fp8_gemm=cpgen"};
+    load_ok("tiny", fp8, 6);
     assert_true(spec.train.fp8 && !spec.train.fp8_e4m3_grads && !spec.train.fp8_fast_accum && spec.train.fp8_block &&
-                !spec.train.fp8_bf16_wgrad);
+                !spec.train.fp8_bf16_wgrad && spec.train.fp8_gemm == CP_FP8_GEMM_CPGEN);
     cp_str text = {0};
     cp_spec a = spec, b;
     cp_spec_write_lua(&a, &text);
     assert_contains(text.data, "precision = \"fp8\"");
     if (cp_spec_load_string("resolved.lua", text.data, NULL, 0, &b, err, sizeof err)) fail_msg("%s", err);
+    assert_contains(text.data, "fp8_gemm = \"cpgen\"");
     assert_true(cp_spec_same(&a, &b) && b.train.fp8 && !b.train.fp8_e4m3_grads && !b.train.fp8_fast_accum &&
-                b.train.fp8_block && !b.train.fp8_bf16_wgrad);
+                b.train.fp8_block && !b.train.fp8_bf16_wgrad && b.train.fp8_gemm == CP_FP8_GEMM_CPGEN);
     cp_str_free(&text);
     const char *bad[] = {"train.precision=fp16"};
     assert_int_equal(load_bad("tiny", bad, 1), -1);
@@ -654,6 +655,9 @@ static void test_precision_key(void **state) {
     assert_int_equal(load_bad("tiny", wgrad, 1), -1);
     assert_contains(err, "train.fp8_weight_grads = \"fp16\": not a valid choice");
     assert_contains(err, "(one of \"fp8\" or \"bf16\")");
+    const char *gemm[] = {"train.fp8_gemm=cublas"};
+    assert_int_equal(load_bad("tiny", gemm, 1), -1);
+    assert_contains(err, "train.fp8_gemm = \"cublas\": not a valid choice; did you mean \"cublaslt\"?");
     const char *rate[] = {"machine.fp8_gemm_tflops=0"};
     assert_int_equal(load_bad("tiny", rate, 1), -1);
     assert_contains(err, "machine.fp8_gemm_tflops");
