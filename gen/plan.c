@@ -107,8 +107,7 @@ static bool kspec_equal(const cp_kernel_spec *a, const cp_kernel_spec *b) {
     return true;
 }
 
-/* Index of the module for k, adding it if new; takes ownership of k's values. */
-static int module_of(cp_plan *P, cp_kernel_spec *k) {
+int cp_plan_module_of(cp_plan *P, cp_kernel_spec *k) {
     for (int i = 0; i < P->nmodules; i++)
         if (kspec_equal(&P->modules[i], k)) {
             cp_kspec_free(k);
@@ -1114,61 +1113,61 @@ static void make_modules(cp_plan *P, modset *M) {
     cp_kernel_spec k;
     int64_t T = P->T, D = m->head_dim;
     cp_k_rmsnorm(&k, m->hidden, m->norm_eps);
-    M->norm_h = module_of(P, &k);
+    M->norm_h = cp_plan_module_of(P, &k);
     M->norm_d = -1;
     if (m->qk_norm) {
         cp_k_rmsnorm(&k, D, m->norm_eps);
-        M->norm_d = module_of(P, &k);
+        M->norm_d = cp_plan_module_of(P, &k);
     }
     cp_k_rope(&k, m);
     cp_k_rope_positions(&k, P->doc_positions);
-    M->rope = module_of(P, &k);
+    M->rope = cp_plan_module_of(P, &k);
     cp_k_swiglu(&k, m->ffn);
-    M->swiglu = module_of(P, &k);
+    M->swiglu = cp_plan_module_of(P, &k);
     cp_k_loss(&k, m->vocab);
-    M->loss = module_of(P, &k);
+    M->loss = cp_plan_module_of(P, &k);
     cp_k_embedding(&k, m->vocab, m->hidden);
-    M->embed = module_of(P, &k);
+    M->embed = cp_plan_module_of(P, &k);
     cp_k_adamw(&k);
-    M->adamw = module_of(P, &k);
+    M->adamw = cp_plan_module_of(P, &k);
     cp_k_attn_delta(&k, D);
-    M->delta = module_of(P, &k);
+    M->delta = cp_plan_module_of(P, &k);
     /* with a ring, the own block's launch adds its dK, dV to the travelling fp32 accumulator */
     bool ring = P->ring > 1;
     cp_k_attention(&k, D, P->u, P->kvr, P->group_tokens, true, ring || P->group_len > 1,
                    !P->spec.train.deterministic);
     cp_k_attention_docs(&k, P->docs);
-    M->attn = module_of(P, &k);
+    M->attn = cp_plan_module_of(P, &k);
     M->attn_half = M->merge = M->attn_diag = -1;
     if (ring) {
         cp_k_attention(&k, D, P->u, P->kvr, P->group_tokens / 2, false, true, !P->spec.train.deterministic);
         cp_k_attention_lse_stride(&k, P->group_tokens); /* columns of the stage's LSE rows: lse_halves */
         cp_k_attention_docs(&k, P->docs);
-        M->attn_half = module_of(P, &k);
+        M->attn_half = cp_plan_module_of(P, &k);
         if (P->docs) { /* step 0's diagonal halves (gen/ring.h) */
             cp_k_attention(&k, D, P->u, P->kvr, P->group_tokens / 2, true, true, !P->spec.train.deterministic);
             cp_k_attention_lse_stride(&k, P->group_tokens);
             cp_k_attention_docs(&k, true);
-            M->attn_diag = module_of(P, &k);
+            M->attn_diag = cp_plan_module_of(P, &k);
         }
         cp_k_attn_merge(&k, D);
-        M->merge = module_of(P, &k);
+        M->merge = cp_plan_module_of(P, &k);
     }
     M->cast = -1;
     if (ring || P->group_len > 1 || (P->C > 1 && shard_accumulates(P, 0))) {
         cp_k_cast(&k);
-        M->cast = module_of(P, &k);
+        M->cast = cp_plan_module_of(P, &k);
     }
     /* layout kernels: all-to-all packing, and with one rank the strided copies between a stage's columns and
      * the attention kernels' contiguous head layout */
     cp_k_ulysses(&k, P->C, 1, T, P->u, D * BF16);
-    M->lay_q = module_of(P, &k);
+    M->lay_q = cp_plan_module_of(P, &k);
     cp_k_ulysses(&k, P->C, 1, T, P->u, F32);
-    M->lay_delta = module_of(P, &k);
+    M->lay_delta = cp_plan_module_of(P, &k);
     M->lay_kv = -1;
     if (P->C > 1) {
         cp_k_ulysses(&k, P->C, P->repl, T, P->kvr, D * BF16);
-        M->lay_kv = module_of(P, &k);
+        M->lay_kv = cp_plan_module_of(P, &k);
     }
 }
 

@@ -540,20 +540,7 @@ static void choose_kernels(cp_plan *P) {
             (mode == CP_FP8_GEMM_AUTO && !cp_plan_fp8_kernel_wins(&s->gemm)) ||
             !cp_gemm_fp8_kspec(&s->gemm, (cp_gemm_fp8_cfg){0}, &k))
             continue;
-        int m = 0;
-        while (m < P->nmodules && !(strcmp(P->modules[m].family, k.family) == 0 &&
-                                    strcmp(cp_kspec_get(&P->modules[m], "SHAPE"), cp_kspec_get(&k, "SHAPE")) == 0))
-            m++;
-        if (m < P->nmodules) {
-            cp_kspec_free(&k);
-        } else {
-            if (P->nmodules == P->capmodules) {
-                P->capmodules = P->capmodules ? P->capmodules * 2 : 16;
-                P->modules = cp_xrealloc(P->modules, sizeof *P->modules * (size_t)P->capmodules);
-            }
-            P->modules[P->nmodules++] = k;
-        }
-        s->module = m;
+        s->module = cp_plan_module_of(P, &k);
         snprintf(s->role, sizeof s->role, "sm90");
     }
 }
@@ -563,12 +550,9 @@ void cp_plan_lower_fp8(cp_plan *P) {
     bool any = false;
     for (int i = 0; i < P->nsteps && !any; i++) any = cp_plan_fp8_eligible(&P->spec.train, &P->steps[i]);
     if (!any) return;
-    if (P->nmodules == P->capmodules) {
-        P->capmodules = P->capmodules ? P->capmodules * 2 : 16;
-        P->modules = cp_xrealloc(P->modules, sizeof *P->modules * (size_t)P->capmodules);
-    }
-    lowering L = {.P = P, .module = P->nmodules++, .state = -1};
-    cp_k_fp8(&P->modules[L.module]);
+    cp_kernel_spec casts;
+    cp_k_fp8(&casts);
+    lowering L = {.P = P, .module = cp_plan_module_of(P, &casts), .state = -1};
     L.copy_buf[0] = cp_plan_add_buf(P, "fp8_a", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
     L.copy_buf[1] = cp_plan_add_buf(P, "fp8_b", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
     L.copy_buf[AHEAD] = cp_plan_add_buf(P, "fp8_a_ahead", CP_SPACE_GPU, CP_CAT_FP8, 16, false);

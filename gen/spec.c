@@ -2499,6 +2499,10 @@ const char *cp_offload_name(cp_offload o) {
 
 const char *cp_opt_place_name(cp_opt_place o) { return (unsigned)o < CP_ARRAY_LEN(OPT_NAMES) - 1 ? OPT_NAMES[o] : "?"; }
 
+const char *cp_fp8_gemm_name(cp_fp8_gemm g) {
+    return (unsigned)g < CP_ARRAY_LEN(FP8_GEMM_NAMES) - 1 ? FP8_GEMM_NAMES[g] : "?";
+}
+
 const char *cp_attn_keep_name(cp_attn_keep a) {
     return (unsigned)a < CP_ARRAY_LEN(ATTN_KEEP_NAMES) - 1 ? ATTN_KEEP_NAMES[a] : "?";
 }

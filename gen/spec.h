@@ -200,6 +200,7 @@ const char *cp_offload_name(cp_offload o);
 double cp_machine_attn_tflops(const cp_machine *mc, bool backward, int64_t head_dim);
 const char *cp_opt_place_name(cp_opt_place o);
 const char *cp_attn_keep_name(cp_attn_keep a);
+const char *cp_fp8_gemm_name(cp_fp8_gemm g);
 
 /* data.val = "split:<fraction>": true with the fraction (strictly between 0 and 1) in *fraction; false for any other
  * value, or a split whose fraction does not parse or lies outside (0, 1) (*fraction is then NaN). */

@@ -102,8 +102,7 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_bool(o, "fp8_fast_accum", t->fp8_fast_accum);
     put_str(o, "fp8_scaling", t->fp8_block ? "block" : "tensor");
     put_str(o, "fp8_weight_grads", t->fp8_bf16_wgrad ? "bf16" : "fp8");
-    static const char *const gemm[] = {"auto", "cublaslt", "cpgen"};
-    put_str(o, "fp8_gemm", gemm[t->fp8_gemm]);
+    put_str(o, "fp8_gemm", cp_fp8_gemm_name((cp_fp8_gemm)t->fp8_gemm));
     cp_str_printf(o, "  },\n  data = {\n");
     put_str(o, "source", s->data.source);
     if (s->data.val[0]) put_str(o, "val", s->data.val);
