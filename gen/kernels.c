@@ -454,15 +454,15 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
                    strcmp(role, "cast_1d_e4m3") == 0 || strcmp(role, "cast_1d_e5m2") == 0) {
             d->block = (unsigned)get_int(k, "BLOCK");
             d->grid[0] = blocks_for(units, d->block * get_int(k, "UNROLL"), 0);
-        } else if (strcmp(role, "cast_t_e4m3") == 0 || strcmp(role, "cast_t_e5m2") == 0 ||
-                   strcmp(role, "cast_t_1d_e4m3") == 0 || strcmp(role, "cast_t_1d_e5m2") == 0) {
+        } else if (strcmp(role, "cast_t_e4m3") == 0 || strcmp(role, "cast_t_e5m2") == 0) {
             d->block = 128; /* the template's: one tile of 128 rows and 64 columns a block */
             d->grid[0] = units > 0 ? (unsigned)((heads + 63) / 64) : 0;
             d->grid[1] = (unsigned)((n + 127) / 128);
-        } else if (strcmp(role, "cast_rt_1d_e4m3") == 0 || strcmp(role, "cast_rt_1d_e5m2") == 0) {
-            d->block = 256; /* one 128 x 128 tile a block: rows and columns multiples of 128 */
-            d->grid[0] = units > 0 ? (unsigned)(heads / 128) : 0;
-            d->grid[1] = (unsigned)(n / 128);
+        } else if (strcmp(role, "cast_t_1d_e4m3") == 0 || strcmp(role, "cast_t_1d_e5m2") == 0 ||
+                   strcmp(role, "cast_rt_1d_e4m3") == 0 || strcmp(role, "cast_rt_1d_e5m2") == 0) {
+            d->block = 256; /* one tile of 128 rows (their count a multiple of 128) and 128 columns a block */
+            d->grid[0] = units > 0 ? (unsigned)((heads + 127) / 128) : 0;
+            d->grid[1] = (unsigned)((n + 127) / 128);
         } else if (strcmp(role, "cast_2d_e4m3") == 0 || strcmp(role, "cast_t_2d_e4m3") == 0) {
             d->block = strcmp(role, "cast_2d_e4m3") == 0 ? 256 : 128; /* one 128 x 128 tile a block */
             d->grid[0] = units > 0 ? (unsigned)((heads + 127) / 128) : 0;

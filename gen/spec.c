@@ -1339,9 +1339,10 @@ void cp_machine_defaults(cp_machine *m) {
      * (per tensor, plain and transposed) at 3220 GB/s and 2176 amaxes at 2650, beside the launch cost; small MLP-tile
      * tensors (25 MB) reach less than the projections' inputs (200 MB); block-scaled plain casts 2800-3250 GB/s */
     m->fp8_cast_gbps = 3000;
-    /* the casts that write a transposed copy, through shared memory: the block-scaled 3B step at 32K traced on an
-     * H200 (docs/PERF.md, 2026-12-03): 1660-2130 GB/s writing both copies (cast_rt_1d), 2060-2630 one */
-    m->fp8_cast_t_gbps = 2000;
+    /* the 1 x 128 casts that write a transposed copy (cast_t_1d, cast_rt_1d: through shared memory): the 3B step at
+     * 32K with FP8 weights' gradients traced on an H200 (docs/PERF.md, 2026-12-03, afternoon), their 59 ms a step
+     * beside the other casts as priced: 2,900 GB/s (bench_kernels alone: 3,860-4,000 one copy, 2,970-3,070 both) */
+    m->fp8_cast_t_gbps = 2900;
     /* the copies with 1 x 128 scales that rmsnorm's and SwiGLU's twin entries write beside their outputs, their bytes
      * over what the kernels take longer than their plain entries: the 3B step at 32K traced on an H200 (docs/PERF.md,
      * 2026-12-03): 2.9 TB/s in rmsnorm, 1.4-1.7 in SwiGLU's forward, 1.3 in its backward (two copies) */

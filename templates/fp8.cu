@@ -187,15 +187,14 @@ __device__ __forceinline__ void transpose4(unsigned a, unsigned b, unsigned c, u
     w[3] = __byte_perm(ab23, cd23, 0x7632);
 }
 
-// The transposed store of a 128 x COLS tile at (r0, c0) of the source through shared memory: thread (g, t) of COLS * 2
+// The transposed store of a 128 x 64 tile at (r0, c0) of the source through shared memory: thread (g, t) of 128
 // holds p[i][k], the FP8 bytes of source row r0 + 4t + i, columns c0 + 16g + 4k .. + 3 (valid: the thread's rows and
 // columns are inside the source), stores each column's four bytes as one word of the transposed tile (a warp, one g, 32
 // consecutive words of each column), then writes 16-byte runs of the tile's columns as rows of dst [cols][rows]. Tiles
 // at the edges are partial in steps of 16 rows and columns. Every thread of the block calls it.
-template <int COLS = TILE_C>
 __device__ __forceinline__ void store_transposed(const unsigned (*p)[4], bool valid, i64 r0, i64 c0, i64 rows,
                                                  i64 cols, unsigned char *__restrict__ dst) {
-    __shared__ __align__(16) unsigned tile[COLS][TILE_PITCH]; // [source column][word: 4 source rows]
+    __shared__ __align__(16) unsigned tile[TILE_C][TILE_PITCH]; // [source column][word: 4 source rows]
     const int t = threadIdx.x % 32, c = 16 * (threadIdx.x / 32);
     if (valid) {
 #pragma unroll
@@ -207,8 +206,8 @@ __device__ __forceinline__ void store_transposed(const unsigned (*p)[4], bool va
         }
     }
     __syncthreads();
-    // the tile's COLS columns of TILE_R bytes: 8 runs of 16 bytes each
-    for (int v = threadIdx.x; v < COLS * (TILE_R / 16); v += blockDim.x) {
+    // the tile's TILE_C columns of TILE_R bytes: 8 runs of 16 bytes each
+    for (int v = threadIdx.x; v < TILE_C * (TILE_R / 16); v += blockDim.x) {
         const int cc = v / (TILE_R / 16), rr = (v % (TILE_R / 16)) * 16;
         if (c0 + cc >= cols || r0 + rr >= rows) continue;
         *reinterpret_cast<uint4 *>(dst + (c0 + cc) * rows + r0 + rr) =
@@ -313,101 +312,94 @@ __device__ __forceinline__ void cast_1d(const bf16 *__restrict__ src, i64 rows, 
     }
 }
 
-// The maxima of the warp's 16 columns (m[j]: this lane's, over its 4 rows) over all 32 lanes, by halving exchanges:
-// at each step a lane keeps half the columns it holds and takes its partner's maxima of them (8 + 4 + 2 + 1 + 1
-// shuffles, not 16 x 5). Lanes 2c and 2c + 1 end with column c's in m[0].
-__device__ __forceinline__ void warp_col_max(float *m) {
-    const int t = threadIdx.x % 32;
+// 1 x 128 blocks of the transposed copy (128 x 1 of the source), and with ROWS of the row copy too from the same read:
+// a 128 x 128 tile of the source per block of 256 threads (grid: cols / 128 rounded up, rows / 128; rows a multiple of
+// 128, and with ROWS cols too). Thread l of warp w takes rows r0 + 8j .. + 7, j = 2w + l / 16, and columns c0 + 8(l %
+// 16) .. + 7: a warp's load is two runs of 256 bytes, a half-warp holds whole rows of the tile (the row copy's blocks:
+// maxima by four shuffles, stores of 128 bytes a row), and a thread 8 x 8 bytes of the transposed copy, which it
+// transposes in registers and writes to shared memory as 8-byte runs of the transposed tile's rows. Run j of row c
+// lies at run j ^ (c / 8 % 16) of it: each warp's store of a run per column and each 16-byte read of the tile's rows
+// then touch every bank once a wavefront. The tile goes out as 16-byte runs, 128 bytes a transposed row; the columns'
+// scales from 128 threads, one column each.
+template <__nv_fp8_interpretation_t KIND, bool ROWS>
+__device__ __forceinline__ void cast_tile_1d(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                             unsigned char *__restrict__ dst, float *__restrict__ scales,
+                                             unsigned char *__restrict__ dst_t, float *__restrict__ scales_t) {
+    __shared__ __align__(16) uint2 tile[128][16]; // [source column][run of 8 source rows, swizzled]
+    __shared__ __align__(16) float col_max[8][128]; // [warp][tile column]; then [0][column] its multiplier
+    const int l = threadIdx.x % 32, w = threadIdx.x / 32, j = 2 * w + l / 16, cl = 8 * (l % 16);
+    const i64 r0 = (i64)blockIdx.y * 128, c0 = (i64)blockIdx.x * 128, c = c0 + cl;
+    const bool in = c < cols; // a thread's 8 columns all (cols is a multiple of 8), or none
+    uint4 v[8];
 #pragma unroll
-    for (int half = 8, lane = 16; half > 0; half /= 2, lane /= 2) {
-        const bool upper = t & lane;
+    for (int i = 0; i < 8; i++)
+        v[i] = in ? *reinterpret_cast<const uint4 *>(src + (r0 + 8 * j + i) * ld + c) : make_uint4(0, 0, 0, 0);
+    // the columns' maxima over this thread's rows, then the warp's
+    float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int j = 0; j < half; j++) {
-            const float keep = upper ? m[j + half] : m[j], give = upper ? m[j] : m[j + half];
-            m[j] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, give, lane));
-        }
-    }
-    m[0] = fmaxf(m[0], __shfl_xor_sync(0xffffffffu, m[0], 1));
-}
-
-// 128 x 1 of the source (1 x 128 of its transposed copy): the 128 x 64 tile of cast_cols, each column's maximum over
-// the tile's rows (rows a multiple of 128) from the warp that holds them.
-template <__nv_fp8_interpretation_t KIND>
-__device__ __forceinline__ void cast_t_1d(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
-                                          unsigned char *__restrict__ dst, float *__restrict__ scales) {
-    const i64 r0 = (i64)blockIdx.y * TILE_R, c0 = (i64)blockIdx.x * TILE_C;
-    uint4 v[4][2];
-    float q[16];
-    unsigned p[4][4];
-    const bool valid = load_tile_part(src, r0, c0, rows, cols, ld, v); // the same for the whole warp
-    if (valid) {
-        const int t = threadIdx.x % 32;
-        part_col_max(v, q);
-        warp_col_max(q);
-        const float mine = pow2_quant(q[0], fp8_max<KIND>()); // column t / 2's
-        if (t % 2 == 0) scales[r0 / TILE_R * cols + c0 + 16 * (threadIdx.x / 32) + t / 2] = pow2_inverse(mine);
-#pragma unroll
-        for (int j = 0; j < 16; j++) q[j] = __shfl_sync(0xffffffffu, mine, 2 * j);
-        convert_part<KIND>(v, q, p);
-    }
-    store_transposed(p, valid, r0, c0, rows, cols, dst);
-}
-
-// 1 x 128 blocks of the copy and of the transposed copy from one read: a 128 x 128 tile per block of 256 threads,
-// thread (g, t) of warp g holding rows 4t .. 4t + 3 and columns 16g .. 16g + 15 of it. The columns' maxima over the
-// tile's rows are the warp's (as in cast_t_1d); a row's maximum over its 128 columns is the 8 warps' through shared
-// memory. The row copy is stored from registers, 16 bytes a row and thread.
-template <__nv_fp8_interpretation_t KIND>
-__device__ __forceinline__ void cast_rt_1d(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
-                                           unsigned char *__restrict__ dst, float *__restrict__ scales,
-                                           unsigned char *__restrict__ dst_t, float *__restrict__ scales_t) {
-    __shared__ __align__(16) float row_max[8][TILE_R]; // [warp][tile row]
-    const i64 r0 = (i64)blockIdx.y * TILE_R, c0 = (i64)blockIdx.x * 128;
-    const int t = threadIdx.x % 32, g = threadIdx.x / 32;
-    uint4 v[4][2];
-    float q[16];
-    unsigned p[4][4];
-    load_tile_part(src, r0, c0, rows, cols, ld, v); // whole tiles: rows and cols are multiples of 128
-    // the rows' maxima over this thread's 16 columns, then over the tile's 128
-    float rm[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        rm[i] = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float f[8];
-            unpack8(v[i][h], f);
-#pragma unroll
-            for (int j = 0; j < 8; j++) rm[i] = fmaxf(rm[i], fabsf(f[j]));
-        }
-    }
-    *reinterpret_cast<float4 *>(&row_max[g][4 * t]) = make_float4(rm[0], rm[1], rm[2], rm[3]);
-    // the transposed copy: each column's maximum over the tile's rows, from the warp that holds them
-    part_col_max(v, q);
-    warp_col_max(q);
-    const float mine = pow2_quant(q[0], fp8_max<KIND>()); // column t / 2's
-    if (t % 2 == 0) scales_t[r0 / TILE_R * cols + c0 + 16 * g + t / 2] = pow2_inverse(mine);
-#pragma unroll
-    for (int j = 0; j < 16; j++) q[j] = __shfl_sync(0xffffffffu, mine, 2 * j);
-    convert_part<KIND>(v, q, p);
-    store_transposed<128>(p, true, r0, c0, rows, cols, dst_t); // its barriers also publish row_max
-    // the row copy
-#pragma unroll
-    for (int w = 0; w < 8; w++) {
-        const float4 m = *reinterpret_cast<const float4 *>(&row_max[w][4 * t]);
-        rm[0] = fmaxf(rm[0], m.x), rm[1] = fmaxf(rm[1], m.y), rm[2] = fmaxf(rm[2], m.z), rm[3] = fmaxf(rm[3], m.w);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const i64 r = r0 + 4 * t + i;
-        const float qr = pow2_quant(rm[i], fp8_max<KIND>());
+    for (int i = 0; i < 8; i++) {
         float f[8];
-        unpack8(v[i][0], f);
-        const uint2 lo = fp8x8s<KIND>(f, qr);
-        unpack8(v[i][1], f);
-        const uint2 hi = fp8x8s<KIND>(f, qr);
-        *reinterpret_cast<uint4 *>(dst + r * cols + c0 + 16 * g) = make_uint4(lo.x, lo.y, hi.x, hi.y);
-        if (g == 0) scales[c0 / 128 * rows + r] = pow2_inverse(qr);
+        unpack8(v[i], f);
+        float rm = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) m[k] = fmaxf(m[k], fabsf(f[k])), rm = fmaxf(rm, fabsf(f[k]));
+        if (ROWS) { // row r0 + 8j + i's block: its half-warp's 128 columns
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, o));
+            const float qr = pow2_quant(rm, fp8_max<KIND>());
+            const i64 r = r0 + 8 * j + i;
+            *reinterpret_cast<uint2 *>(dst + r * cols + c) = fp8x8s<KIND>(f, qr);
+            if (l % 16 == 0) scales[c0 / 128 * rows + r] = pow2_inverse(qr);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) m[k] = fmaxf(m[k], __shfl_xor_sync(0xffffffffu, m[k], 16));
+    if (l < 16) {
+        *reinterpret_cast<float4 *>(&col_max[w][cl]) = make_float4(m[0], m[1], m[2], m[3]);
+        *reinterpret_cast<float4 *>(&col_max[w][cl + 4]) = make_float4(m[4], m[5], m[6], m[7]);
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) { // column c0 + threadIdx.x's multiplier over the tile's 128 rows, and its scale
+        float a = col_max[0][threadIdx.x];
+#pragma unroll
+        for (int u = 1; u < 8; u++) a = fmaxf(a, col_max[u][threadIdx.x]);
+        const float q = pow2_quant(a, fp8_max<KIND>());
+        if (c0 + threadIdx.x < cols) scales_t[r0 / 128 * cols + c0 + threadIdx.x] = pow2_inverse(q);
+        col_max[0][threadIdx.x] = q; // only this thread read column threadIdx.x's maxima
+    }
+    __syncthreads();
+    float q[8];
+    *reinterpret_cast<float4 *>(q) = *reinterpret_cast<const float4 *>(&col_max[0][cl]);
+    *reinterpret_cast<float4 *>(q + 4) = *reinterpret_cast<const float4 *>(&col_max[0][cl + 4]);
+    // the 8 x 8 bytes, rows as words (lo: columns 0-3, hi: 4-7), then columns as words (lo: rows 0-3, hi: 4-7)
+    unsigned b[8][2];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float f[8];
+        unpack8(v[i], f);
+        const uint2 x = fp8x8q<KIND>(f, q);
+        b[i][0] = x.x, b[i][1] = x.y;
+    }
+    const int run = j ^ (l % 16);
+#pragma unroll
+    for (int h = 0; h < 2; h++) { // columns 4h .. 4h + 3
+        unsigned lo[4], hi[4];
+        transpose4(b[0][h], b[1][h], b[2][h], b[3][h], lo);
+        transpose4(b[4][h], b[5][h], b[6][h], b[7][h], hi);
+#pragma unroll
+        for (int k = 0; k < 4; k++) tile[cl + 4 * h + k][run] = make_uint2(lo[k], hi[k]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 4; u++) { // 16-byte runs: 8 a transposed row, 4 rows a warp
+        const int x = u * 256 + threadIdx.x, cc = x / 8, s = (cc / 8) % 16, p = (x % 8) ^ (s / 2);
+        if (c0 + cc >= cols) continue;
+        uint2 a = tile[cc][2 * p], z = tile[cc][2 * p + 1];
+        if (s & 1) { // runs 2p and 2p + 1 of the row hold its logical runs 2(x % 8) + 1 and 2(x % 8)
+            const uint2 t = a;
+            a = z, z = t;
+        }
+        *reinterpret_cast<uint4 *>(dst_t + (c0 + cc) * rows + r0 + 16 * (x % 8)) = make_uint4(a.x, a.y, z.x, z.y);
     }
 }
 
@@ -489,14 +481,26 @@ __device__ __forceinline__ void cast_t_2d(const bf16 *__restrict__ src, i64 rows
     }
 CAST_BLOCK_KERNEL(fp8_cast_1d_e4m3, BLOCK, cast_1d<__NV_E4M3>)
 CAST_BLOCK_KERNEL(fp8_cast_1d_e5m2, BLOCK, cast_1d<__NV_E5M2>)
-CAST_BLOCK_KERNEL(fp8_cast_t_1d_e4m3, 128, cast_t_1d<__NV_E4M3>)
-CAST_BLOCK_KERNEL(fp8_cast_t_1d_e5m2, 128, cast_t_1d<__NV_E5M2>)
 CAST_BLOCK_KERNEL(fp8_cast_2d_e4m3, 256, cast_2d)
 CAST_BLOCK_KERNEL(fp8_cast_t_2d_e4m3, 128, cast_t_2d)
-#define CAST_BOTH_KERNEL(name, body)                                                                                \
+// The 1 x 128 casts of cast_tile_1d: the transposed copy alone, or both. Hopper takes three blocks of the first an SM
+// (80 registers, no spills: the loads of three tiles in flight), which spill on sm_80; both copies need 126.
+#if __CUDA_ARCH__ >= 900
+#define CAST_T_BLOCKS 3
+#else
+#define CAST_T_BLOCKS 2
+#endif
+#define CAST_T_KERNEL(name, kind)                                                                                    \
+    __global__ void __launch_bounds__(256, CAST_T_BLOCKS)                                                            \
+        name(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst, float *scales) {                       \
+        cast_tile_1d<kind, false>(src, rows, cols, ld, nullptr, nullptr, dst, scales);                               \
+    }
+#define CAST_BOTH_KERNEL(name, kind)                                                                                 \
     __global__ void __launch_bounds__(256) name(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,      \
                                                 float *scales, unsigned char *dst_t, float *scales_t) {             \
-        body(src, rows, cols, ld, dst, scales, dst_t, scales_t);                                                     \
+        cast_tile_1d<kind, true>(src, rows, cols, ld, dst, scales, dst_t, scales_t);                                 \
     }
-CAST_BOTH_KERNEL(fp8_cast_rt_1d_e4m3, cast_rt_1d<__NV_E4M3>)
-CAST_BOTH_KERNEL(fp8_cast_rt_1d_e5m2, cast_rt_1d<__NV_E5M2>)
+CAST_T_KERNEL(fp8_cast_t_1d_e4m3, __NV_E4M3)
+CAST_T_KERNEL(fp8_cast_t_1d_e5m2, __NV_E5M2)
+CAST_BOTH_KERNEL(fp8_cast_rt_1d_e4m3, __NV_E4M3)
+CAST_BOTH_KERNEL(fp8_cast_rt_1d_e5m2, __NV_E5M2)

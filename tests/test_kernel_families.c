@@ -117,8 +117,8 @@ static const char *const *roles_of(const char *family) {
                              *const merge[] = {"fwd", "init", NULL}, *const gemm[] = {"sm90", NULL},
                              *const fp8[] = {"amax_e4m3",   "amax_e5m2",   "cast_e4m3", "cast_e5m2",
                                              "cast_t_e4m3", "cast_t_e5m2", "cast_1d_e4m3", "cast_1d_e5m2",
-                                             "cast_t_1d_e4m3", "cast_t_1d_e5m2", "cast_2d_e4m3", "cast_t_2d_e4m3",
-                                             NULL};
+                                             "cast_t_1d_e4m3", "cast_t_1d_e5m2", "cast_rt_1d_e4m3", "cast_rt_1d_e5m2",
+                                             "cast_2d_e4m3", "cast_t_2d_e4m3", NULL};
     if (!strcmp(family, "loss")) return loss;
     if (!strcmp(family, "rmsnorm")) return norm;
     if (!strcmp(family, "adamw")) return adamw;
@@ -201,9 +201,11 @@ static void test_dims_cover_the_work(void **state) {
                 cp_kdims d;
                 assert_int_equal(cp_k_dims(k, *r, n, heads, 132, &d), 0);
                 assert_true(d.block >= 32 && d.block <= 1024 && d.block % 32 == 0);
-                /* 2D grids: 128 x 64 tiles (transposed casts), 128 x 128 (a weight's block-scaled casts) */
-                bool wide = !strcmp(k->family, "fp8") && strstr(*r, "_2d_");
-                bool tiles = wide || (!strcmp(k->family, "fp8") && !strncmp(*r, "cast_t", 6));
+                /* 2D grids: 128 x 64 tiles (the per-tensor transposed casts), 128 x 128 (the block-scaled casts
+                 * that transpose, and a weight's) */
+                bool fp8 = !strcmp(k->family, "fp8");
+                bool wide = fp8 && (strstr(*r, "_2d_") || !strncmp(*r, "cast_t_1d", 9) || !strncmp(*r, "cast_rt", 7));
+                bool tiles = wide || (fp8 && !strncmp(*r, "cast_t", 6));
                 assert_true(d.grid[0] >= 1 && (tiles || d.grid[1] == 1) && d.grid[2] == 1);
                 const char *f = k->family;
                 assert_int_equal(d.smem, !strcmp(f, "gemm_fp8") ? param(k, "SMEM_BYTES") : 0);

@@ -10,6 +10,7 @@
 
 #include "gpu_util.h"
 #include "plan.h"
+#include "util.h"
 
 #define REPS 60
 #define WARM 5
@@ -22,7 +23,7 @@ typedef struct {
     bool goal; /* the >= 70% goal applies */
 } result;
 
-static result res[64];
+static result res[128];
 static int nres;
 static double memcpy_gbps;
 
@@ -52,6 +53,10 @@ static double time_kernel(cudaKernel_t k, const cp_kdims *d, void **args) {
 }
 
 static void report(const char *name, const char *shape, double us, double bytes, bool goal) {
+    if (nres == (int)CP_ARRAY_LEN(res)) {
+        fprintf(stderr, "bench_kernels: more than %d results: make res larger\n", nres);
+        exit(1);
+    }
     result *r = &res[nres++];
     snprintf(r->name, sizeof r->name, "%s", name);
     snprintf(r->shape, sizeof r->shape, "%s", shape);
@@ -225,12 +230,13 @@ int main(void) {
         gu_free_dev(dt), gu_free_dev(dord), gu_free_dev(table), gu_free_dev(o), gu_free_dev(dtab);
         gu_free(m);
     }
-    { /* FP8 amax and casts (train.precision = "fp8") at the 3B step's shapes: an MLP tile's 4096 x 8192 and a
-       * projection input's 32768 x 3072; with block scales too, and a weight's tiled casts */
+    { /* FP8 amax and casts (train.precision = "fp8") at the 3B step's shapes: an MLP tile's 4096 x 8192, a
+       * projection input's 32768 x 3072 and the MLP's 32768 x 8192; with block scales too, and a weight's tiled
+       * casts */
         cp_k_fp8(&k);
         gu_module *m = build(&k);
-        const int64_t shapes[][2] = {{4096, 8192}, {32768, 3072}};
-        for (int i = 0; i < 2; i++) {
+        const int64_t shapes[][2] = {{4096, 8192}, {32768, 3072}, {32768, 8192}};
+        for (int i = 0; i < 3; i++) {
             int64_t rows = shapes[i][0], cols = shapes[i][1], ld = cols;
             size_t nb = 2 * (size_t)(rows * cols);
             void *x = filled(nb), *dst = gu_malloc(nb / 2), *parts = gu_malloc(CP_FP8_AMAX_PARTS * 4);
@@ -252,8 +258,13 @@ int main(void) {
             bench(m, "cast_1d_e4m3", rows, cols, b, "fp8_cast_1d", shape, 1.5 * (double)nb + 4.0 * (double)s1, true);
             bench(m, "cast_t_1d_e4m3", rows, cols, b, "fp8_cast_t_1d", shape, 1.5 * (double)nb + 4.0 * (double)s1t,
                   true);
+            /* both copies from one read: the source, two copies and their scales */
+            void *dst_t = gu_malloc(nb / 2), *scales_t = gu_malloc(4 * (size_t)s1t);
+            void *rt[] = {&x, &rows, &cols, &ld, &dst, &scales, &dst_t, &scales_t};
+            bench(m, "cast_rt_1d_e4m3", rows, cols, rt, "fp8_cast_rt_1d", shape,
+                  2.0 * (double)nb + 4.0 * (double)(s1 + s1t), true);
             gu_free_dev(x), gu_free_dev(dst), gu_free_dev(parts), gu_free_dev(cnt), gu_free_dev(slot);
-            gu_free_dev(scales);
+            gu_free_dev(scales), gu_free_dev(dst_t), gu_free_dev(scales_t);
         }
         { /* a weight's copies in 128 x 128 tiles (the 3B MLP's 8192 x 3072), as rows and transposed */
             int64_t rows = 8192, cols = 3072, ld = cols;
