@@ -396,6 +396,7 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
         if (s->tile >= 0) fprintf(out, " t%-4d", s->tile);
         else fprintf(out, "      ");
         fprintf(out, " %-14s %-16s", cp_opkind_name(s->kind), s->what);
+        if (s->module >= 0 && s->role[0]) fprintf(out, " (%s)", s->role); /* the kernel's entry */
         if (s->kind == CP_OP_GEMM)
             fprintf(out, " %lldx%lldx%lld", (long long)s->gemm.m, (long long)s->gemm.n, (long long)s->gemm.k);
         for (int j = 0; j < s->nops; j++) {

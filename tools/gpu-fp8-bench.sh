@@ -7,7 +7,7 @@
 # every run, bf16's too (e.g. parallel.mlp_tile=16K). Each run's step is the median of its steps 2 on (step 1 warms
 # up); its prediction is `cpgen plan`'s with the same settings; its ratio is bf16's step over its own. With TRACE=1
 # each run's third step is traced (cpgen run --trace) and its kernels summed by what they do (attention, the layers'
-# GEMMs, the weights' gradients, casts, ...), measured beside predicted.
+# GEMMs, the weights' gradients, casts, ...), measured beside predicted, and every GEMM's time by name, run beside run.
 # Checks: every run logs each of its steps once and ends; each step's GPU memory within 1% of its plan; each plan
 # prints its predicted step; with TRACE=1 each trace exists. The table comes last (table.txt). Exit 0 when every
 # check passed, 1 when one failed, 77 without a GPU (tools/check_common.sh). Logs under $OUT/fp8-bench (default out/).
@@ -52,7 +52,7 @@ done
 check table python3 - "$out" "$STEPS" "${TRACE:-}" "${names[@]}" <<'PY'
 import json, re, statistics, sys
 out, steps, trace, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
-bad, rows, medians = [], [], {}
+bad, rows, medians, gemms = [], [], {}, {}
 for n in names:
     pred = None
     try:
@@ -111,6 +111,16 @@ if trace:
         print(f"\n{n}, step 3 traced: {sum(p[1] for p in parts.values()):.1f} ms of slices on rank 0")
         for k, (c, ms, pr) in sorted(parts.items(), key=lambda x: -x[1][1])[:12]:
             print(f"  {k:28s} {c:6d} {ms:9.1f} ms  (predicted {pr:.1f})")
+        for e in ev:
+            if e.get("ph") == "X" and e.get("pid") == 0 and e["args"]["kind"] == "gemm":
+                g = gemms.setdefault(e["args"]["what"], {}).setdefault(n, [0, 0.0])
+                g[0] += 1
+                g[1] += e["dur"] / 1e3
+    if gemms:  # each GEMM by name, ms over the traced step, run beside run
+        print(f"\n{'GEMM (ms, traced step)':24s}" + "".join(f"{n:>16s}" for n in names))
+        for w in sorted(gemms, key=lambda w: -max(v[1] for v in gemms[w].values())):
+            print(f"{w:24s}" + "".join(f"{gemms[w][n][1]:10.1f} ({gemms[w][n][0]:3d})" if n in gemms[w]
+                                       else f"{'-':>16s}" for n in names))
 for b in bad:
     print(f"FAILED: {b}")
 sys.exit(1 if bad else 0)
