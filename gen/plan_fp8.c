@@ -526,7 +526,7 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
     L->region = L->q.n;
 }
 
-bool cp_plan_fp8_kernel_wins(const cp_gemm *g) { return g->k >= 8192 && (!g->w_grad || g->m >= 3072); }
+bool cp_plan_fp8_kernel_wins(const cp_gemm *g) { return g->w_grad && g->m >= 3072 && g->k >= 8192 && g->k <= 32768; }
 
 /* train.fp8_gemm: each block-scaled FP8 GEMM the generator's kernel takes, and under "auto" where it wins, gets that
  * kernel's module (one per shape) and its entry as the step's module and role; cuBLASLt runs the rest. */

@@ -20,10 +20,13 @@ bool cp_plan_fp8_eligible(const cp_train *t, const cp_step *s);
  * "block" a weight's scales per 128 x 128 tile and any other input's per 128 elements of k, else one per tensor and
  * fast accumulation where train.fp8_fast_accum asks but never for the gradient GEMMs. */
 cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s);
-/* Where the generator's FP8 GEMM kernel measured faster than cuBLASLt's block-scaled GEMMs (bench_gemm on an H200,
- * docs/PERF.md, 2026-12-03, three consumer warpgroups): k of 8192 or more (the MLP's down and dX GEMMs: 1257-1310
- * TF/s against 1126-1220), a weight's gradient only with 3072 rows or more (907-1116 against 753-951; with 1024 rows
- * 723 against 868-906). Where k is 3072 or 1024 cuBLASLt is faster (1101-1175 against 1203-1307 at 3072). */
+/* Where the generator's FP8 GEMM kernel measured faster than cuBLASLt's block-scaled GEMMs inside the training step
+ * (the 3B at 32K traced on an H200, docs/PERF.md, 2026-12-03, afternoon): the weights' gradients of 3072 rows or more
+ * with k (the tokens) from 8192 to 32768, 6-14% (d_wdown, d_wgate, d_wup 46.2-46.5 ms a step against 48.6-48.7; d_wq,
+ * d_wo 17.8-18.0 against 20.5-20.8); not those of 1024 rows (723 TF/s against 868-906 alone). Alone (bench_gemm) it
+ * also outran cuBLASLt on down and the MLP's dX GEMMs (k = 8192), but not inside the step (38.0-40.0 ms against
+ * 36.0-39.8), and on the 8B's weights' gradients at 128K (k = 131072) it is slower on some (d_wo 779 TF/s against
+ * 928): cuBLASLt runs those. */
 bool cp_plan_fp8_kernel_wins(const cp_gemm *g);
 /* Whether kernel step s of plan P can do the FP8 work on its output operand op as it writes it (cp_step.fp8_out):
  * take its amax (rmsnorm's out and dx, SwiGLU's out, dgate and dup), or with `copy` write its copy with 1 x 128

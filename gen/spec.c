@@ -1288,7 +1288,7 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     tr->fp8_bf16_wgrad = wgrad == 1;
     /* cuBLASLt until the generator's kernel has run inside the training step on the GPU (it has run alone: test_gemm,
      * bench_gemm) */
-    tr->fp8_gemm = CP_FP8_GEMM_CUBLASLT;
+    tr->fp8_gemm = CP_FP8_GEMM_AUTO;
     TRY(get_enum(c, t, "train", "fp8_gemm", FP8_GEMM_NAMES, &tr->fp8_gemm));
     lua_pop(c->L, 1);
     return 0;
@@ -1322,9 +1322,9 @@ void cp_machine_defaults(cp_machine *m) {
      * with 4K-token MLP tiles (2026-12-03), 980 once their fp32 epilogue is priced apart (bench_gemm 772-967) */
     m->fp8_block_gemm_tflops = 1130;
     m->fp8_block_wgrad_tflops = 980;
-    /* the generator's kernel where train.fp8_gemm = "auto" takes it (k of 8192 or more; the weights' gradients of 3072
-     * rows or more): bench_gemm on an H200, the 3B step's GEMMs at 32K (docs/PERF.md, 2026-12-03, three consumer
-     * warpgroups): 1257-1310 TF/s and 907-1116, the same cuBLASLt GEMMs 1126-1220 and 753-951 */
+    /* the generator's kernel (train.fp8_gemm): bench_gemm on an H200, the 3B step's GEMMs at 32K (docs/PERF.md,
+     * 2026-12-03, three consumer warpgroups): 1257-1310 TF/s where k is 8192, 907-1116 on the weights' gradients of
+     * 3072 rows or more; inside the step (2026-12-03, afternoon) those gradients at 967-996 with their epilogue */
     m->fp8_cpgen_gemm_tflops = 1200;
     m->fp8_cpgen_wgrad_tflops = 1000;
     /* the Hopper kernels on an H200: at head_dim 128 bench_attention's causal 32/8 heads at 32K and 128K with the

@@ -56,9 +56,9 @@ typedef struct {
     int64_t loss_tile;  /* tokens per LM-head/loss tile; 0 = auto */
 } cp_parallel;
 
-/* train.fp8_gemm: the block-scaled FP8 GEMMs on cuBLASLt (the default), on the generator's kernel
- * (templates/gemm_fp8.cu, Hopper) wherever it takes them, or (AUTO) on the generator's kernel where it measured faster
- * than cuBLASLt (cp_plan_fp8_kernel_wins, gen/plan_fp8.c) */
+/* train.fp8_gemm: the block-scaled FP8 GEMMs on the generator's kernel where it measured faster than cuBLASLt inside
+ * the step (AUTO, the default: cp_plan_fp8_kernel_wins, gen/plan_fp8.c), on cuBLASLt, or on the generator's kernel
+ * (templates/gemm_fp8.cu, Hopper) wherever it takes them */
 typedef enum { CP_FP8_GEMM_AUTO = 0, CP_FP8_GEMM_CUBLASLT, CP_FP8_GEMM_CPGEN } cp_fp8_gemm;
 
 typedef struct {

@@ -512,10 +512,10 @@ static void test_fp8(void **state) {
     check("llama3b", 5, fp8, blk, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
     check("llama3b", 6, fp8, blk, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
     check("llama8b", 7, fp8, blk, wg, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
-    /* the generator's FP8 GEMM kernel as a launch with its tensor maps, where "auto" puts it (k = 8192: down and the
-     * MLP's dX GEMMs; the weights' gradients of 32K tokens) and on every GEMM it takes ("cpgen"), in MLP tiles */
+    /* the generator's FP8 GEMM kernel as a launch with its tensor maps, where "auto" puts it (the weights' gradients
+     * of 16K and 32K tokens) and on every GEMM it takes ("cpgen"), in MLP tiles */
     const char *gk = "train.fp8_gemm=auto", *ga = "train.fp8_gemm=cpgen";
-    check("llama3b", 6, fp8, blk, gk, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
+    check("llama3b", 7, fp8, blk, gk, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=16K");
     check("llama3b", 7, fp8, blk, gk, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=32K");
     check("llama3b", 8, fp8, blk, ga, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=8K", "parallel.mlp_tile=2K");
     check("llama8b", 7, fp8, blk, ga, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");

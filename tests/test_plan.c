@@ -957,11 +957,11 @@ static void test_fp8(void **state) {
     cp_plan_free(&f);
 }
 
-/* train.fp8_gemm on the 3B at 32K in fp8: under "auto" the generator's kernel takes exactly the block-scaled GEMMs
- * where it measured faster than cuBLASLt (cp_plan_fp8_kernel_wins: down and the MLP's two dX GEMMs, k = 8192; with
- * the weights' gradients on FP8 also those of 3072 rows or more), as a gemm_fp8 module and its sm90 entry on the
- * GEMM step, one module a shape; "cublaslt" none; "cpgen" every one it takes. The step keeps its cp_gemm, the plan
- * its buffers, and the cost model prices the kernel's GEMMs at its own rates. */
+/* train.fp8_gemm on the 3B at 32K in fp8: under "auto" (the default) the generator's kernel takes exactly the
+ * block-scaled GEMMs where it measured faster than cuBLASLt inside the step (cp_plan_fp8_kernel_wins: with the
+ * weights' gradients on FP8 those of 3072 rows or more; none with them in bf16), as a gemm_fp8 module and its sm90
+ * entry on the GEMM step, one module a shape; "cublaslt" none; "cpgen" every one it takes. The step keeps its
+ * cp_gemm, the plan its buffers, and the cost model prices the kernel's GEMMs at its own rates. */
 static void test_fp8_gemm_kernel(void **state) {
     (void)state;
     const char *modes[] = {"train.fp8_gemm=auto", "train.fp8_gemm=cublaslt", "train.fp8_gemm=cpgen"};
@@ -995,15 +995,14 @@ static void test_fp8_gemm_kernel(void **state) {
             for (int k = 0; k < p[m].nmodules; k++) gemm_mods += !strcmp(p[m].modules[k].family, "gemm_fp8");
             assert_true(own[m] == 0 ? gemm_mods == 0 : gemm_mods >= 1 && gemm_mods < own[m]);
         }
-        /* down and the MLP's dX GEMMs of 28 layers (one MLP tile of 32K), and with FP8 weights' gradients those of
-         * d_wdown, d_wgate, d_wup, d_wo and d_wq */
-        assert_int_equal(own[0], 28 * (wg ? 8 : 3));
+        /* with FP8 weights' gradients d_wdown, d_wgate, d_wup, d_wo and d_wq of 28 layers (one MLP tile of 32K) */
+        assert_int_equal(own[0], wg ? 28 * 5 : 0);
         assert_int_equal(own[0], wins[0]);
         assert_int_equal(own[1], 0);
         assert_true(own[2] > own[0] && own[2] <= fp8[2]);
         assert_true(fp8[0] == fp8[1] && fp8[1] == fp8[2]);
         assert_int_equal(p[0].gpu_arena, p[1].gpu_arena);
-        assert_true(p[0].t_step < p[1].t_step);
+        assert_true(wg ? p[0].t_step < p[1].t_step : p[0].t_step == p[1].t_step);
         printf("  3B at 32K, fp8 weights' gradients %s: %d of %d FP8 GEMMs on the kernel (auto; cpgen %d), %.3f s "
                "predicted against cuBLASLt's %.3f s\n", wg ? "fp8" : "bf16", own[0], fp8[0], own[2], p[0].t_step,
                p[1].t_step);

@@ -622,7 +622,7 @@ static void test_precision_key(void **state) {
     load_ok("tiny", NULL, 0);
     assert_false(spec.train.fp8);
     assert_true(spec.train.fp8_e4m3_grads && spec.train.fp8_fast_accum && spec.train.fp8_block &&
-                spec.train.fp8_bf16_wgrad && spec.train.fp8_gemm == CP_FP8_GEMM_CUBLASLT);
+                spec.train.fp8_bf16_wgrad && spec.train.fp8_gemm == CP_FP8_GEMM_AUTO);
     const char *tensor[] = {"train.fp8_scaling=tensor"}; /* E5M2 gradients by default with one scale per tensor */
     load_ok("tiny", tensor, 1);
     assert_true(!spec.train.fp8_e4m3_grads && !spec.train.fp8_block);
