@@ -1286,8 +1286,7 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     int wgrad = 1;
     TRY(get_enum(c, t, "train", "fp8_weight_grads", FP8_WEIGHT_GRADS_NAMES, &wgrad));
     tr->fp8_bf16_wgrad = wgrad == 1;
-    /* cuBLASLt until the generator's kernel has run inside the training step on the GPU (it has run alone: test_gemm,
-     * bench_gemm) */
+    /* the generator's kernel where it ran faster inside the step (cp_plan_fp8_kernel_wins), cuBLASLt elsewhere */
     tr->fp8_gemm = CP_FP8_GEMM_AUTO;
     TRY(get_enum(c, t, "train", "fp8_gemm", FP8_GEMM_NAMES, &tr->fp8_gemm));
     lua_pop(c->L, 1);

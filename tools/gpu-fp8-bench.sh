@@ -108,14 +108,13 @@ if trace:
                 p[0] += 1
                 p[1] += e["dur"] / 1e3
                 p[2] += e["args"].get("predicted_us", 0) / 1e3
+                if e["args"]["kind"] == "gemm":
+                    g = gemms.setdefault(e["args"]["what"], {}).setdefault(n, [0, 0.0])
+                    g[0] += 1
+                    g[1] += e["dur"] / 1e3
         print(f"\n{n}, step 3 traced: {sum(p[1] for p in parts.values()):.1f} ms of slices on rank 0")
         for k, (c, ms, pr) in sorted(parts.items(), key=lambda x: -x[1][1])[:12]:
             print(f"  {k:28s} {c:6d} {ms:9.1f} ms  (predicted {pr:.1f})")
-        for e in ev:
-            if e.get("ph") == "X" and e.get("pid") == 0 and e["args"]["kind"] == "gemm":
-                g = gemms.setdefault(e["args"]["what"], {}).setdefault(n, [0, 0.0])
-                g[0] += 1
-                g[1] += e["dur"] / 1e3
     if gemms:  # each GEMM by name, ms over the traced step, run beside run
         print(f"\n{'GEMM (ms, traced step)':24s}" + "".join(f"{n:>16s}" for n in names))
         for w in sorted(gemms, key=lambda w: -max(v[1] for v in gemms[w].values())):
