@@ -113,9 +113,11 @@ __global__ void __launch_bounds__(BLOCK, 2) swiglu_fwd_copy_f{{FFN}}(const bf16 
 #endif
 }
 
-// The backward's loop, as fwd_loop: dgate's copy written (GC) or not, and dup's (UC); the largest |dgate| and |dup|
-// into *gate_amax and *up_amax.
-template <bool GC, bool UC>
+// The backward's loop, as fwd_loop with U vectors a thread per pass: dgate's copy written (GC) or not, and dup's (UC);
+// the largest |dgate| and |dup| into *gate_amax and *up_amax. The entries that write copies take one vector a pass:
+// 78 registers rather than 104, three blocks an SM rather than two (on an H200 5.7% faster alone, 3.6 ms of the 3B
+// step at 32K).
+template <bool GC, bool UC, int U>
 static __device__ __forceinline__ void bwd_loop(const bf16 *__restrict__ dout, bf16 *__restrict__ gate,
                                                 bf16 *__restrict__ up, i64 n, float gate_fmax,
                                                 unsigned char *__restrict__ gate_copy, float *__restrict__ gate_scales,
@@ -124,10 +126,10 @@ static __device__ __forceinline__ void bwd_loop(const bf16 *__restrict__ dout, b
     const i64 total = n * (FFN / VEC);
     const vec_t *d = reinterpret_cast<const vec_t *>(dout);
     vec_t *g = reinterpret_cast<vec_t *>(gate), *u = reinterpret_cast<vec_t *>(up);
-    for (i64 base = (i64)blockIdx.x * (BLOCK * UNROLL); base < total; base += (i64)gridDim.x * (BLOCK * UNROLL)) {
-        vec_t dv[UNROLL], gv[UNROLL], uv[UNROLL];
+    for (i64 base = (i64)blockIdx.x * (BLOCK * U); base < total; base += (i64)gridDim.x * (BLOCK * U)) {
+        vec_t dv[U], gv[U], uv[U];
 #pragma unroll
-        for (int k = 0; k < UNROLL; k++) {
+        for (int k = 0; k < U; k++) {
             const i64 idx = base + k * BLOCK + threadIdx.x;
             if (idx < total) {
                 dv[k] = d[idx];
@@ -136,7 +138,7 @@ static __device__ __forceinline__ void bwd_loop(const bf16 *__restrict__ dout, b
             }
         }
 #pragma unroll
-        for (int k = 0; k < UNROLL; k++) {
+        for (int k = 0; k < U; k++) {
             const i64 idx = base + k * BLOCK + threadIdx.x;
             const bool in = idx < total;
             if (!GC && !UC && !in) continue;
@@ -169,8 +171,8 @@ __global__ void __launch_bounds__(BLOCK) swiglu_bwd_f{{FFN}}(const bf16 *__restr
                                                         float *__restrict__ gate_amax_slot, float gate_amax_fmax,
                                                         float *__restrict__ up_amax_slot, float up_amax_fmax) {
     float gate_amax = 0.f, up_amax = 0.f;
-    bwd_loop<false, false>(dout, gate, up, n, gate_amax_fmax, nullptr, nullptr, up_amax_fmax, nullptr, nullptr,
-                           &gate_amax, &up_amax);
+    bwd_loop<false, false, UNROLL>(dout, gate, up, n, gate_amax_fmax, nullptr, nullptr, up_amax_fmax, nullptr,
+                                   nullptr, &gate_amax, &up_amax);
     fp8_amax_commit(gate_amax, gate_amax_slot, gate_amax_fmax);
     fp8_amax_commit(up_amax, up_amax_slot, up_amax_fmax);
 }
@@ -179,8 +181,8 @@ __global__ void __launch_bounds__(BLOCK) swiglu_bwd_f{{FFN}}(const bf16 *__restr
 #define BWD_COPY(name, GC, UC)                                                                                         \
     __global__ void __launch_bounds__(BLOCK) name(BWD_COPY_ARGS) {                                                     \
         float gate_amax = 0.f, up_amax = 0.f;                                                                          \
-        bwd_loop<GC, UC>(dout, gate, up, n, gate_fmax, gate_copy, gate_scales, up_fmax, up_copy, up_scales,            \
-                         &gate_amax, &up_amax);                                                                        \
+        bwd_loop<GC, UC, 1>(dout, gate, up, n, gate_fmax, gate_copy, gate_scales, up_fmax, up_copy, up_scales,         \
+                            &gate_amax, &up_amax);                                                                     \
     }
 #else
 #define BWD_COPY(name, GC, UC)                                                                                         \
