@@ -438,9 +438,9 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
     if (strcmp(f, "gemm_fp8") == 0) { /* n = m, the rows of A and D: a persistent grid of at most one block an SM */
         if (strcmp(role, "sm90") != 0) return -1;
         /* clusters of CLUSTER blocks, each taking CLUSTER tile rows (of 64 x CONSUMERS) of a tile column at a time */
-        int64_t cl = get_int(k, "CLUSTER"), bm = 64 * get_int(k, "CONSUMERS");
+        int64_t cl = get_int(k, "CLUSTER"), cw = get_int(k, "CONSUMERS"), bm = 64 * cw;
         int64_t units = ((n + bm - 1) / bm + cl - 1) / cl * (get_int(k, "N") / 128);
-        d->block = (unsigned)(128 * (1 + get_int(k, "CONSUMERS")));
+        d->block = (unsigned)(128 * (1 + cw));
         d->grid[0] = (unsigned)((units < sms / cl ? units : sms / cl) * cl);
         d->smem = (unsigned)get_int(k, "SMEM_BYTES");
         return 0;

@@ -5,9 +5,9 @@
 
 #include "plan.h"
 
-/* A new buffer of the plan (no lifetime yet, offset unassigned); its index. */
 /* Index of the plan's module for k, adding it if new; takes ownership of k's values. */
 int cp_plan_module_of(cp_plan *P, cp_kernel_spec *k);
+/* A new buffer of the plan (no lifetime yet, offset unassigned); its index. */
 int cp_plan_add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, int64_t bytes, bool persistent);
 
 /* train.precision = "fp8" (gen/plan_fp8.c): whether step s is a GEMM that runs on FP8 inputs (a layer's, its sizes
