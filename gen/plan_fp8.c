@@ -174,6 +174,7 @@ typedef struct {
     cp_plan *P;
     program q;
     int region; /* where the stretch of q being lowered starts: a loop body's first step, or the step after one */
+    bool in_body; /* that stretch is a loop's body, where an operand's stride moves it from tile to tile */
     int end;    /* and where it ends in the planner's steps: its loop's end, or the next loop's first step */
     int module, state;
     int copy_buf[MAX_COPIES]; /* the plan's buffer of each copy */
@@ -221,7 +222,8 @@ static int weight_role_of(lowering *L, const cp_step *g, int x) {
 
 /* The step of this stretch of the program that last wrote src, where it wrote exactly src, a whole contiguous matrix,
  * and is a kernel that can do src's FP8 work as it writes it (an amax, or with `copy` a copy: cp_plan_fp8_producer)
- * with room for it; its index and src's operand there (*out), else -1. */
+ * with room for it; its index and src's operand there (*out), else -1. Outside a loop's body a stride moves nothing:
+ * the one tile of an MLP of one tile reads its rows with the tile's stride from the norm that wrote them without. */
 static int producer_of(const lowering *L, const source *src, bool copy, int *out) {
     if (src->ld != src->cols || src->rows * src->cols * 2 != src->bytes) return -1;
     for (int i = L->q.n - 1; i >= L->region; i--) {
@@ -230,7 +232,8 @@ static int producer_of(const lowering *L, const source *src, bool copy, int *out
         for (int j = 0; j < p->nops; j++) {
             const cp_operand *w = &p->ops[j];
             if ((w->access & CP_WRITE) && overlaps(src, w->buf, w->offset, w->offset + w->bytes))
-                o = w->offset == src->offset && w->bytes == src->bytes && w->stride == src->stride ? j : -2;
+                o = w->offset == src->offset && w->bytes == src->bytes && (w->stride == src->stride || !L->in_body)
+                        ? j : -2;
         }
         if (o == -1) continue;
         if (o < 0 || p->kind != CP_OP_KERNEL || !cp_plan_fp8_producer(L->P, p, o, copy) || p->nfp8_out == 2 ||
@@ -497,6 +500,7 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
     for (int k = 0; k < MAX_SLOTS; k++) start.slot[k].in_body = false;
     for (int k = 0; k < MAX_COPIES; k++) start.copy[k].in_body = false;
     const int region = L->region = L->q.n;
+    L->in_body = true;
     L->end = loop->first + loop->nsteps;
     for (bool dropped = true; dropped;) {
         cache t = start;
@@ -524,6 +528,7 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
     c->body = false;
     c->repeats = 1;
     L->region = L->q.n;
+    L->in_body = false;
 }
 
 bool cp_plan_fp8_kernel_wins(const cp_gemm *g) { return g->w_grad && g->m >= 3072 && g->k >= 8192 && g->k <= 32768; }
