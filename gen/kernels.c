@@ -208,8 +208,9 @@ void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn) {
 bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role) {
     /* as COPY_OK in templates/rmsnorm.cu and templates/swiglu.cu */
     if (!strcmp(k->family, "rmsnorm"))
-        return !strcmp(role, "fwd") && get_int(k, "VEC") == 8 && get_int(k, "HIDDEN") % 128 == 0 &&
-               get_int(k, "TPR") % 16 == 0;
+        return get_int(k, "VEC") == 8 && get_int(k, "HIDDEN") % 128 == 0 &&
+               ((!strcmp(role, "fwd") && get_int(k, "TPR") % 16 == 0) ||
+                (!strcmp(role, "bwd") && get_int(k, "TPR_B") % 16 == 0));
     if (!strcmp(k->family, "swiglu"))
         return (!strcmp(role, "fwd") || !strcmp(role, "bwd")) && get_int(k, "VEC") == 8 &&
                get_int(k, "FFN") % 128 == 0;
@@ -362,7 +363,7 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             int64_t rpb = get_int(k, "RPB");
             d->block = (unsigned)(get_int(k, "TPR") * rpb);
             d->grid[0] = blocks_for(n, rpb, 0);
-        } else if (strcmp(role, "bwd") == 0) {
+        } else if (strcmp(role, "bwd") == 0 || strcmp(role, "bwd_copy") == 0) {
             /* persistent: about two rounds of the blocks that fit at once */
             int64_t rpb = get_int(k, "RPB_B");
             d->block = (unsigned)(get_int(k, "TPR_B") * rpb);

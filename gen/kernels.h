@@ -35,7 +35,8 @@ void cp_k_embedding(cp_kernel_spec *k, int64_t vocab, int64_t hidden);
  * With an amax_slot (an FP8 scale slot, CP_FP8_SLOT_BYTES: see fp8 below) fwd and bwd also fill it from out's or dx's
  * largest |x|, as fp8's amax would; amax_fmax is the FP8 type's largest value. fwd_copy(x, resid, sum_out, weight,
  * out, rstd, n, fmax, copy u8[n][HIDDEN], copy_scales f32), where cp_k_fp8_copies says so, is fwd that also writes
- * out's FP8 copy and its 1 x 128 scales as fp8's cast_1d would, in the type fmax names (448 E4M3, 57344 E5M2). */
+ * out's FP8 copy and its 1 x 128 scales as fp8's cast_1d would, in the type fmax names (448 E4M3, 57344 E5M2);
+ * bwd_copy(dout, x, weight, rstd, dresid, dx, dw_part, n, fmax, copy, copy_scales) is bwd that writes dx's. */
 void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps);
 /* rope in place on [n][heads][D] (rotate_half pairs (i, i + D/2)), token row r at position pos0 + r:
  * fwd(x, n, heads, pos0); bwd(dx, n, heads, pos0) (the transpose: rotation by the negative angle).
@@ -53,8 +54,8 @@ void cp_rope_inv_freq(const cp_model *m, double *inv_freq);
  * scales); bwd_copy, bwd_copy_gate, bwd_copy_up(dout, gate, up, n, gate_fmax, gate_copy, gate_scales, up_fmax,
  * up_copy, up_scales) write both gradients' copies, dgate's or dup's (the other's arguments unused). */
 void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn);
-/* Whether entry `role` of module k can write an FP8 copy of its output with 1 x 128 scales beside it (rmsnorm's fwd,
- * swiglu's fwd and bwd, when their rows split into whole blocks of 128 as the kernels need). */
+/* Whether entry `role` of module k can write an FP8 copy of its output with 1 x 128 scales beside it (rmsnorm's fwd
+ * and bwd, swiglu's fwd and bwd, when their rows split into whole blocks of 128 as the kernels need). */
 bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role);
 /* loss on a tile of logits [n][V] (bf16, in place -> dlogits*scale): fwdbwd(logits, targets i32[n], row_loss f32[n]
  * out, scale, n). row_loss gets each row's unscaled loss logsumexp - logit[target]; the gradient row is

@@ -283,7 +283,8 @@ static int k_norm_fwd(pctx *c) {
     return copy ? a_copy(c, l, 2, n, H) : a_amax(c, l, 2);
 }
 
-/* The norm backward, two launches: bwd(dout, x, weight, rstd, dresid|NULL, dx, dw_part f32[grid][H], n), then
+/* The norm backward, two launches: bwd(dout, x, weight, rstd, dresid|NULL, dx, dw_part f32[grid][H], n) (or
+ * bwd_copy, which writes dx's FP8 copy beside it), then
  * bwd_dw(dw_part, parts = bwd's grid, dweight f32 +=): the weight gradient summed in a fixed order. */
 static int norm_bwd(pctx *c, int dout, int x, int w, int rstd, int dresid, int dx, int dw, int part) {
     int64_t n = c->s->count, H = kint(c, "HIDDEN");
@@ -295,7 +296,8 @@ static int norm_bwd(pctx *c, int dout, int x, int w, int rstd, int dresid, int d
         need_align(c, dw, 16) || need_align(c, part, 16) || (dresid >= 0 && need_align(c, dresid, 16)))
         return -1;
     xlaunch *l = &c->x->L[0], *r = &c->x->L[1];
-    if (launch_of(c, "bwd", n, 0, l)) return -1;
+    const bool copy = fp8_copy_of(c, dx); /* dx's FP8 copy beside it: the entry bwd_copy */
+    if (launch_of(c, copy ? "bwd_copy" : "bwd", n, 0, l)) return -1;
     int64_t parts = l->d.grid[0];
     if (need_bytes(c, part, parts * H * 4)) return -1;
     a_ptr(l, opp(c, dout));
@@ -306,7 +308,7 @@ static int norm_bwd(pctx *c, int dout, int x, int w, int rstd, int dresid, int d
     a_ptr(l, opp(c, dx));
     a_ptr(l, opp(c, part));
     a_i64(l, n);
-    if (a_amax(c, l, dx) || launch_of(c, "bwd_dw", n, 0, r)) return -1;
+    if ((copy ? a_copy(c, l, dx, n, H) : a_amax(c, l, dx)) || launch_of(c, "bwd_dw", n, 0, r)) return -1;
     a_ptr(r, opp(c, part));
     a_i32(r, (int)parts);
     a_ptr(r, opp(c, dw));

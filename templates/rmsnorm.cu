@@ -11,7 +11,7 @@
 // Where an FP8 GEMM reads the output (out of fwd, dx of bwd) with one scale per tensor, amax_slot is its scale slot and
 // the kernel takes the output's amax too (fp8_amax.cuh); NULL elsewhere. With block scales fwd_copy, fwd's twin, writes
 // out's FP8 copy [n][HIDDEN] and its 1 x 128 scales beside out (fp8_block.cuh), in the format fmax names (COPY_OK;
-// elsewhere it traps): an entry of its own, so that fwd keeps its registers.
+// elsewhere it traps): an entry of its own, so that fwd keeps its registers. bwd_copy is bwd's twin for dx (COPY_OK_B).
 #include <cuda_bf16.h>
 
 #include "fp8_amax.cuh"
@@ -50,9 +50,10 @@ static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && BLOCK_B % 32 == 0 && BLOCK_B <
 static_assert(NV * TPR >= NVEC && (NV - 1) * TPR < NVEC, "NV vectors per thread cover the row");
 static_assert(NV_B * TPR_B >= NVEC && (NV_B - 1) * TPR_B < NVEC, "NV_B vectors per thread cover the row");
 static_assert((DW_V == 4 || DW_V == 1) && HIDDEN % DW_V == 0 && DW_BLOCK <= 1024 && DW_BLOCK % 32 == 0, "bwd_dw split");
-// fwd_copy: the 16 vectors of a 1 x 128 block in the 16 lanes of an aligned half-warp (as gen/kernels.c's
+// fwd_copy, bwd_copy: the 16 vectors of a 1 x 128 block in the 16 lanes of an aligned half-warp (as gen/kernels.c's
 // cp_k_fp8_copies tells the planner)
 #define COPY_OK (VEC == 8 && HIDDEN % 128 == 0 && TPR % 16 == 0)
+#define COPY_OK_B (VEC == 8 && HIDDEN % 128 == 0 && TPR_B % 16 == 0) // bwd_copy's, as COPY_OK
 
 template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
 typedef bvec<VEC> vec_t;
@@ -63,6 +64,9 @@ extern "C" __global__ void rmsnorm_fwd_copy_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 
     const bf16 *weight, bf16 *out, float *rstd, i64 n, float fmax, unsigned char *copy, float *copy_scales);
 extern "C" __global__ void rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *dout, const bf16 *x, const bf16 *weight,
     const float *rstd, const bf16 *dresid, bf16 *dx, float *dw_part, i64 n, float *amax_slot, float amax_fmax);
+extern "C" __global__ void rmsnorm_bwd_copy_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *dout, const bf16 *x,
+    const bf16 *weight, const float *rstd, const bf16 *dresid, bf16 *dx, float *dw_part, i64 n, float fmax,
+    unsigned char *copy, float *copy_scales);
 extern "C" __global__ void rmsnorm_bwd_dw_h{{HIDDEN}}_e{{EPS_TAG}}(const float *dw_part, int parts, float *dweight);
 
 static __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
@@ -180,11 +184,14 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_copy_h{{HIDDEN}
 
 // dx = rstd * (g - xhat * mean(g * xhat)) (+ dresid), g = dout * weight, xhat = x * rstd;
 // dw_part[blockIdx.x] = this block's sum over its rows of dout * bf16(xhat) (the product HF's weight multiplies).
-__global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(
-    // dout and dresid may be dx itself (qk-norm's backward runs in place): no __restrict__ on the three
-    const bf16 *dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight,
-    const float *__restrict__ rstd, const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n,
-    float *__restrict__ amax_slot, float amax_fmax) {
+// bwd's rows, and with COPY dx's FP8 copy instead of its amax; dout and dresid may be dx itself (qk-norm's backward
+// runs in place): no __restrict__ on the three
+template <bool COPY>
+static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__restrict__ x,
+                                                const bf16 *__restrict__ weight, const float *__restrict__ rstd,
+                                                const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n,
+                                                float *__restrict__ amax_slot, float fmax,
+                                                unsigned char *__restrict__ copy, float *__restrict__ copy_scales) {
     const int lane = threadIdx.x % TPR_B;
     const int sub = threadIdx.x / TPR_B;
     float dw[NV_B][VEC];
@@ -222,25 +229,33 @@ __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}
                     dot = fmaf(__bfloat162float(dv[k].h[i]) * __bfloat162float(wv[k].h[i]), __bfloat162float(xv[k].h[i]) * r, dot);
         dot = row_sum<TPR_B>(dot);
         const float mean = dot / (float)HIDDEN;
-        if (!valid) continue;
+        if (!COPY && !valid) continue; // with a copy every lane goes on to its block's shuffles
 #pragma unroll
         for (int k = 0; k < NV_B; k++) {
-            if (!in_row<TPR_B, NV_B>(k, lane)) continue;
-            vec_t o;
+            const bool in = valid && in_row<TPR_B, NV_B>(k, lane);
+            if (!COPY && !in) continue;
+            float f[VEC];
+            if (in) {
+                vec_t o;
 #pragma unroll
-            for (int i = 0; i < VEC; i++) {
-                const float d = __bfloat162float(dv[k].h[i]);
-                const float xh = __bfloat162float(xv[k].h[i]) * r;
-                float v = r * fmaf(-xh, mean, d * __bfloat162float(wv[k].h[i]));
-                if (dresid) v += __bfloat162float(rv[k].h[i]);
-                o.h[i] = __float2bfloat16_rn(v);
-                amax = fmaxf(amax, fabsf(__bfloat162float(o.h[i])));
-                dw[k][i] = fmaf(d, bf16_round(xh), dw[k][i]);
+                for (int i = 0; i < VEC; i++) {
+                    const float d = __bfloat162float(dv[k].h[i]);
+                    const float xh = __bfloat162float(xv[k].h[i]) * r;
+                    float v = r * fmaf(-xh, mean, d * __bfloat162float(wv[k].h[i]));
+                    if (dresid) v += __bfloat162float(rv[k].h[i]);
+                    o.h[i] = __float2bfloat16_rn(v);
+                    f[i] = __bfloat162float(o.h[i]);
+                    amax = fmaxf(amax, fabsf(f[i]));
+                    dw[k][i] = fmaf(d, bf16_round(xh), dw[k][i]);
+                }
+                *reinterpret_cast<vec_t *>(dx + base + (lane + k * TPR_B) * VEC) = o;
             }
-            *reinterpret_cast<vec_t *>(dx + base + (lane + k * TPR_B) * VEC) = o;
+            if (COPY)
+                fp8_block_store(f, in, fmax, copy + base + (lane + k * TPR_B) * VEC,
+                                copy_scales + (lane + k * TPR_B) / 16 * n + row);
         }
     }
-    fp8_amax_commit(amax, amax_slot, amax_fmax);
+    if (!COPY) fp8_amax_commit(amax, amax_slot, fmax);
     float *part = dw_part + (i64)blockIdx.x * HIDDEN;
 #if RPB_B > 1
     // several rows per block share columns: sum the RPB_B partials in shared memory first (HIDDEN <= 512 here), in
@@ -272,6 +287,23 @@ __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}
         for (int i = 0; i < VEC; i++) p[i] = dw[k][i];
 #endif
     }
+#endif
+}
+
+__global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(
+    const bf16 *dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight, const float *__restrict__ rstd,
+    const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n, float *__restrict__ amax_slot, float amax_fmax) {
+    bwd_rows<false>(dout, x, weight, rstd, dresid, dx, dw_part, n, amax_slot, amax_fmax, nullptr, nullptr);
+}
+
+__global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_copy_h{{HIDDEN}}_e{{EPS_TAG}}(
+    const bf16 *dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight, const float *__restrict__ rstd,
+    const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n, float fmax, unsigned char *__restrict__ copy,
+    float *__restrict__ copy_scales) {
+#if COPY_OK_B
+    bwd_rows<true>(dout, x, weight, rstd, dresid, dx, dw_part, n, nullptr, fmax, copy, copy_scales);
+#else
+    __trap(); // the planner writes copies only where COPY_OK_B holds
 #endif
 }
 

@@ -110,7 +110,7 @@ static void free_specs(void) {
 /* The roles each family's entries must have (cp_entry_name of each must be among the module's entries). */
 static const char *const *roles_of(const char *family) {
     static const char *const fb[] = {"fwd", "bwd", NULL}, *const f[] = {"fwd", NULL},
-                             *const loss[] = {"fwdbwd", "sum", NULL}, *const norm[] = {"fwd", "bwd", "bwd_dw", NULL},
+                             *const loss[] = {"fwdbwd", "sum", NULL}, *const norm[] = {"fwd", "fwd_copy", "bwd", "bwd_copy", "bwd_dw", NULL},
                              *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", "add_f32", NULL},
                              *const uly[] = {"pack", "unpack", "unpack_add", NULL},
                              *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL},
@@ -231,7 +231,7 @@ static void test_dims_cover_the_work(void **state) {
                     assert_int_equal(d.block, param(k, "DW_TPC") * param(k, "DW_GROUPS"));
                     need = (param(k, "HIDDEN") + param(k, "DW_V") - 1) / param(k, "DW_V") * param(k, "DW_GROUPS");
                 } else if (!strcmp(f, "rmsnorm")) {
-                    bool fwd = !strcmp(*r, "fwd");
+                    bool fwd = !strncmp(*r, "fwd", 3); /* fwd, fwd_copy; bwd, bwd_copy */
                     int64_t tpr = param(k, fwd ? "TPR" : "TPR_B"), rpb = param(k, fwd ? "RPB" : "RPB_B");
                     assert_int_equal(d.block, tpr * rpb);
                     need = fwd ? n * tpr : CP_MIN(n * tpr, threads); /* bwd loops over rows */

@@ -136,6 +136,9 @@ int main(void) {
         void *copy = gu_malloc(nb / 2), *scales = gu_malloc(nb / 64);
         void *ac[] = {&x, &null, &null, &w, &o, &rs, &n, &e4, &copy, &scales};
         bench(m, "fwd_copy", n, 0, ac, "rmsnorm_fwd_copy", "65536x4096", 2.5 * nb + nb / 64 + 4.0 * n, true);
+        /* the backward as norm1_bwd and norm2_bwd run it (dresid added), with and without dx's copy */
+        void *bc[] = {&r, &x, &w, &rs, &s, &o, &part, &n, &e4, &copy, &scales};
+        bench(m, "bwd_copy", n, 0, bc, "rmsnorm_bwd_copy", "65536x4096", 4.5 * nb + nb / 64 + 4.0 * n, true);
         gu_free_dev(copy), gu_free_dev(scales);
         void *b[] = {&x, &r, &s, &w, &o, &rs, &n, &null, &none};
         bench(m, "fwd", n, 0, b, "rmsnorm_fwd resid", "65536x4096", 4.0 * nb + 4.0 * n, true);
