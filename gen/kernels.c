@@ -206,7 +206,7 @@ void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn) {
 }
 
 bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role) {
-    /* as COPY_OK in templates/rmsnorm.cu and templates/swiglu.cu */
+    /* as COPY_OK in templates/rmsnorm.cu, swiglu.cu, rope.cu and ulysses.cu */
     if (!strcmp(k->family, "rmsnorm"))
         return get_int(k, "VEC") == 8 && get_int(k, "HIDDEN") % 128 == 0 &&
                ((!strcmp(role, "fwd") && get_int(k, "TPR") % 16 == 0) ||
@@ -214,6 +214,11 @@ bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role) {
     if (!strcmp(k->family, "swiglu"))
         return (!strcmp(role, "fwd") || !strcmp(role, "bwd")) && get_int(k, "VEC") == 8 &&
                get_int(k, "FFN") % 128 == 0;
+    if (!strcmp(k->family, "rope"))
+        return !strcmp(role, "bwd") && get_int(k, "D") == 128 && get_int(k, "VEC") == 8;
+    if (!strcmp(k->family, "ulysses"))
+        return !strcmp(role, "unpack") && get_int(k, "UNIT") == 16 && get_int(k, "R") == 1 &&
+               get_int(k, "NOUT") * get_int(k, "ROW_BYTES") / 16 % 16 == 0;
     return false;
 }
 
@@ -394,7 +399,7 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         return 0;
     }
     if (strcmp(f, "rope") == 0) {
-        if (strcmp(role, "fwd") && strcmp(role, "bwd")) return -1;
+        if (strcmp(role, "fwd") && strcmp(role, "bwd") && strcmp(role, "bwd_copy")) return -1;
         int64_t threads = n * (get_int(k, "D") / 2 / get_int(k, "VEC"));
         d->block = (unsigned)get_int(k, "BLOCK");
         d->grid[0] = heads > 0 ? blocks_for(threads, d->block, 0) : 0;
@@ -477,7 +482,8 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         int64_t C = get_int(k, "C"), R = get_int(k, "R"), T = get_int(k, "T"), nout = get_int(k, "NOUT");
         int64_t per_row = get_int(k, "ROW_BYTES") / get_int(k, "UNIT");
         int64_t units;
-        if (strcmp(role, "pack") == 0 || strcmp(role, "unpack") == 0) units = C * T * nout * per_row;
+        if (strcmp(role, "pack") == 0 || strcmp(role, "unpack") == 0 || strcmp(role, "unpack_copy") == 0)
+            units = C * T * nout * per_row;
         else if (strcmp(role, "unpack_add") == 0) units = C / R * T * nout * per_row;
         else return -1;
         d->block = (unsigned)get_int(k, "BLOCK");

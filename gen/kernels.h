@@ -39,7 +39,9 @@ void cp_k_embedding(cp_kernel_spec *k, int64_t vocab, int64_t hidden);
  * bwd_copy(dout, x, weight, rstd, dresid, dx, dw_part, n, fmax, copy, copy_scales) is bwd that writes dx's. */
 void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps);
 /* rope in place on [n][heads][D] (rotate_half pairs (i, i + D/2)), token row r at position pos0 + r:
- * fwd(x, n, heads, pos0); bwd(dx, n, heads, pos0) (the transpose: rotation by the negative angle).
+ * fwd(x, n, heads, pos0); bwd(dx, n, heads, pos0) (the transpose: rotation by the negative angle); where
+ * cp_k_fp8_copies says so, bwd_copy(dx, n, heads, pos0, fmax, copy u8[rows][heads * D], copy_scales f32, row0,
+ * scale_rows) is bwd that also writes dx's FP8 copy with 1 x 128 scales ([heads][scale_rows]), its rows from row0.
  * Frequencies: theta with the Llama-3 scaling when enabled, computed on the host in double (cp_rope_inv_freq). */
 void cp_k_rope(cp_kernel_spec *k, const cp_model *m);
 /* rope with each row's position from an array (packed documents, whose positions restart at each one):
@@ -55,7 +57,7 @@ void cp_rope_inv_freq(const cp_model *m, double *inv_freq);
  * up_copy, up_scales) write both gradients' copies, dgate's or dup's (the other's arguments unused). */
 void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn);
 /* Whether entry `role` of module k can write an FP8 copy of its output with 1 x 128 scales beside it (rmsnorm's fwd
- * and bwd, swiglu's fwd and bwd, when their rows split into whole blocks of 128 as the kernels need). */
+ * and bwd, swiglu's fwd and bwd, rope's bwd, ulysses' unpack, when their rows split into whole blocks of 128 as the kernels need). */
 bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role);
 /* loss on a tile of logits [n][V] (bf16, in place -> dlogits*scale): fwdbwd(logits, targets i32[n], row_loss f32[n]
  * out, scale, n). row_loss gets each row's unscaled loss logsumexp - logit[target]; the gradient row is

@@ -74,18 +74,23 @@ cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s) {
 }
 
 bool cp_plan_fp8_producer(const cp_plan *P, const cp_step *s, int op, bool copy) {
-    if (copy) /* the forward norms' out, SwiGLU's outputs, where the kernel's rows split into blocks of 128 */
-        return s->module >= 0 && s->module < P->nmodules && cp_k_fp8_copies(&P->modules[s->module], s->role) &&
-               cp_plan_fp8_producer(P, s, op, false);
+    bool out, amax = true; /* op is an output the kernel writes whole; it can take that output's amax */
     switch (s->task) {
     case CP_TASK_NORM1:
-    case CP_TASK_NORM2: return op == 2;          /* x, weight, out, rstd */
+    case CP_TASK_NORM2: out = op == 2; break;          /* x, weight, out, rstd */
     case CP_TASK_NORM1_BWD:
-    case CP_TASK_NORM2_BWD: return op == 5;      /* dout, x, weight, rstd, dresid, dx, dweight, parts */
-    case CP_TASK_SWIGLU: return op == 2;         /* gate, up, out */
-    case CP_TASK_SWIGLU_BWD: return op == 1 || op == 2; /* dout, gate <- dgate, up <- dup */
+    case CP_TASK_NORM2_BWD: out = op == 5; break;      /* dout, x, weight, rstd, dresid, dx, dweight, parts */
+    case CP_TASK_SWIGLU: out = op == 2; break;         /* gate, up, out */
+    case CP_TASK_SWIGLU_BWD: out = op == 1 || op == 2; break; /* dout, gate <- dgate, up <- dup */
+    case CP_TASK_UNPACK_O: out = op == 1, amax = false; break; /* the attention output's heads, its rows */
+    case CP_TASK_ROPE_DQ:
+    case CP_TASK_ROPE_DK: out = op == 0, amax = false; break; /* dq, dk in place */
     default: return false;
     }
+    if (!out) return false;
+    if (!copy) return amax;
+    /* the kernel's rows split into blocks of 128 */
+    return s->module >= 0 && s->module < P->nmodules && cp_k_fp8_copies(&P->modules[s->module], s->role);
 }
 
 typedef struct {
@@ -236,8 +241,10 @@ static int producer_of(const lowering *L, const source *src, bool copy, int *out
                         ? j : -2;
         }
         if (o == -1) continue;
-        if (o < 0 || p->kind != CP_OP_KERNEL || !cp_plan_fp8_producer(L->P, p, o, copy) || p->nfp8_out == 2 ||
-            p->nops + (copy ? 2 : 1) > CP_MAX_OPERANDS)
+        bool done = false; /* a kernel entry does one FP8 work on an output: a later reader must make its own */
+        for (int j = 0; j < p->nfp8_out; j++) done |= p->fp8_out[j].out == o;
+        if (o < 0 || p->kind != CP_OP_KERNEL || !cp_plan_fp8_producer(L->P, p, o, copy) || done ||
+            p->nfp8_out == 2 || p->nops + (copy ? 2 : 1) > CP_MAX_OPERANDS)
             return -1;
         *out = o;
         return i;

@@ -323,7 +323,8 @@ static int k_norm_bwd(pctx *c) { return need_ops(c, 7) ? -1 : norm_bwd(c, 0, 1, 
 static int k_qk_norm_bwd(pctx *c) { return need_ops(c, 6) ? -1 : norm_bwd(c, 0, 1, 2, 3, -1, 0, 4, 5); }
 
 /* rope_q, rope_k (fwd), rope_dq, rope_dk (bwd): in place on [n][heads][D], row r at position pos0 + r:
- * fwd/bwd(x, n, heads, pos0). This rank's T rows lie at the positions of its runs (cp_ring_rope_runs: one at rank x T
+ * fwd/bwd(x, n, heads, pos0); or where the step writes the FP8 copy of what it writes, bwd_copy(x, n, heads, pos0,
+ * fmax, copy, scales, row0, T) (the run's rows from row0 of the copy of all T). This rank's T rows lie at the positions of its runs (cp_ring_rope_runs: one at rank x T
  * without a ring, one or two under a ring's zigzag); a ring plan has a launch per run a rank may have, this one run
  * ring_part of the rank's, which launches nothing where the rank has fewer. */
 static int k_rope(pctx *c) {
@@ -343,17 +344,23 @@ static int k_rope(pctx *c) {
     int part = CP_MAX(c->s->ring_part, 0);
     if (part >= runs) return 0; /* one run here: the launch for a second has nothing to do */
     if (shift(c, 0, run[part].row0 * heads * D * 2) || need_align(c, 0, 16)) return -1;
+    const bool copy = fp8_copy_of(c, 0);
+    if (copy && strcmp(c->s->role, "bwd")) return pfail(c, "an FP8 copy of what rope's %s writes", c->s->role);
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, c->s->role, run[part].rows, heads, l)) return -1;
+    if (launch_of(c, copy ? "bwd_copy" : c->s->role, run[part].rows, heads, l)) return -1;
     a_ptr(l, opp(c, 0));
     a_i64(l, run[part].rows);
     a_i32(l, (int)heads);
     if (!per_row) {
         a_i64(l, run[part].pos0);
-        return 0;
+    } else {
+        if (need_bytes(c, 1, T * 4) || shift(c, 1, run[part].row0 * 4)) return -1;
+        a_ptr(l, opp(c, 1));
     }
-    if (need_bytes(c, 1, T * 4) || shift(c, 1, run[part].row0 * 4)) return -1;
-    a_ptr(l, opp(c, 1));
+    if (!copy) return 0;
+    if (a_copy(c, l, 0, T, heads * D)) return -1;
+    a_i64(l, run[part].row0);
+    a_i64(l, T);
     return 0;
 }
 
@@ -597,16 +604,22 @@ static int k_pack(pctx *c) {
 }
 
 /* unpack_o, unpack_dq, unpack_dk, unpack_dv: operands src (head layout: the all-to-all's C blocks), dst (the stage's
- * columns of the token rows): unpack or unpack_add (the step's role) (src, dst, dst_stride) */
+ * columns of the token rows): unpack or unpack_add (the step's role) (src, dst, dst_stride); or, where the step
+ * writes dst's FP8 copy, unpack_copy(src, dst, dst_stride, fmax, copy, scales) on whole rows */
 static int k_unpack(pctx *c) {
     int64_t stride;
     if (need_ops(c, 2) || layout_check(c, 1, &stride)) return -1;
+    const bool copy = fp8_copy_of(c, 1);
+    const int64_t T = kint(c, "T"), row = kint(c, "C") * kint(c, "NOUT") * kint(c, "ROW_BYTES");
+    if (copy && (strcmp(c->s->role, "unpack") || stride != row || c->s->ops[1].offset % row))
+        return pfail(c, "an FP8 copy of %s's rows where its %s does not write them whole", opbuf(c, 1)->name,
+                     c->s->role);
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, c->s->role, 0, 0, l)) return -1;
+    if (launch_of(c, copy ? "unpack_copy" : c->s->role, 0, 0, l)) return -1;
     a_ptr(l, opp(c, 0));
     a_ptr(l, opp(c, 1));
     a_i64(l, stride);
-    return 0;
+    return copy ? a_copy(c, l, 1, T, row / 2) : 0;
 }
 
 /* swiglu: operands gate, up, out: fwd(gate, up, out, n); swiglu_bwd: operands dout (d act), gate, up (overwritten

@@ -5,9 +5,14 @@
 //   pack:       dst[r][t][j] = src[t][(r / R) * NOUT + j]                 (src rows src_stride bytes apart)
 //   unpack:     dst[t][r * NOUT + j] = src[r][t][j]                       (R = 1)
 //   unpack_add: dst[t][k * NOUT + j] += sum over i < R of src[k * R + i][t][j]   (bf16, fp32 sum, one rounding)
+//   unpack_copy: unpack that also writes dst's FP8 copy [T][C * NOUT * ROW_BYTES / 2] (bf16 rows written whole,
+//               dst_stride a row) and its 1 x 128 scales (fp8_block.cuh), in the format fmax names: the attention
+//               output's copy for the output projection on FP8 (COPY_OK; elsewhere it traps)
 // Work is counted in UNIT-byte pieces (16 bytes when ROW_BYTES % 16 == 0, else 4); each thread moves UNROLL of
 // them per iteration, loads first. All divisions are by compile-time constants.
 #include <cuda_bf16.h>
+
+#include "fp8_block.cuh"
 
 typedef long long i64;
 typedef __nv_bfloat16 bf16;
@@ -26,6 +31,10 @@ typedef {{IDX}} idx_t;
 #define TOTAL_ADD ((idx_t)(C / R) * T * IN)   // units of unpack_add
 
 static_assert(C % R == 0 && ROW_BYTES % UNIT == 0 && (UNIT == 16 || UNIT == 4), "layout");
+// unpack_copy: a 1 x 128 block of a row is 16 units of 8 values that 16 consecutive indices (an aligned half-warp)
+// move, as gen/kernels.c's cp_k_fp8_copies tells the planner
+#define COPY_OK (UNIT == 16 && R == 1 && NOUT * (ROW_BYTES / UNIT) % 16 == 0) // IN % 16 == 0
+#define COLS (C * NOUT * ROW_BYTES / 2) // values of a token row
 
 template <int N> struct word;
 template <> struct word<16> { typedef uint4 T_; };
@@ -39,6 +48,8 @@ union bunit {
 extern "C" __global__ void ulysses_pack_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(const char *src, i64 src_stride, char *dst);
 extern "C" __global__ void ulysses_unpack_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(const char *src, char *dst, i64 dst_stride);
 extern "C" __global__ void ulysses_unpack_add_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(const char *src, char *dst, i64 dst_stride);
+extern "C" __global__ void ulysses_unpack_copy_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(const char *src, char *dst,
+    i64 dst_stride, float fmax, unsigned char *copy, float *copy_scales);
 
 __global__ void __launch_bounds__(BLOCK) ulysses_pack_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(
     const char *__restrict__ src, i64 src_stride, char *__restrict__ dst) {
@@ -80,6 +91,42 @@ __global__ void __launch_bounds__(BLOCK) ulysses_unpack_c{{C}}_r{{R}}_t{{T}}_n{{
             *reinterpret_cast<unit_t *>(dst + (i64)t * dst_stride + (i64)r * (NOUT * ROW_BYTES) + (i64)inner * UNIT) = v[u];
         }
     }
+}
+
+__global__ void __launch_bounds__(BLOCK) ulysses_unpack_copy_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(
+    const char *__restrict__ src, char *__restrict__ dst, i64 dst_stride, float fmax, unsigned char *__restrict__ copy,
+    float *__restrict__ copy_scales) {
+#if COPY_OK
+    const unit_t *in = reinterpret_cast<const unit_t *>(src);
+    for (idx_t base = (idx_t)blockIdx.x * (BLOCK * UNROLL); base < TOTAL; base += (idx_t)gridDim.x * (BLOCK * UNROLL)) {
+        bunit v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const idx_t i = base + u * BLOCK + threadIdx.x;
+            if (i < TOTAL) v[u].w = in[i];
+        }
+        // every lane goes on to its block's shuffles; a half-warp is in or out as a whole (TOTAL % 16 == 0)
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const idx_t i = base + u * BLOCK + threadIdx.x;
+            const bool ok = i < TOTAL;
+            const idx_t inner = i % IN, x = i / IN, t = x % T, r = x / T;
+            const i64 col = ((i64)r * IN + inner) * 8; // the unit's first value in the row
+            float f[8];
+            if (ok) {
+                *reinterpret_cast<unit_t *>(dst + (i64)t * dst_stride + col * 2) = v[u].w;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 p = __bfloat1622float2(v[u].h[e]);
+                    f[2 * e] = p.x, f[2 * e + 1] = p.y;
+                }
+            }
+            fp8_block_store(f, ok, fmax, copy + (i64)t * COLS + col, copy_scales + col / 128 * T + t);
+        }
+    }
+#else
+    __trap(); // the planner writes copies only where COPY_OK holds
+#endif
 }
 
 __global__ void __launch_bounds__(BLOCK) ulysses_unpack_add_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(

@@ -112,9 +112,10 @@ static const char *const *roles_of(const char *family) {
     static const char *const fb[] = {"fwd", "bwd", NULL}, *const f[] = {"fwd", NULL},
                              *const loss[] = {"fwdbwd", "sum", NULL}, *const norm[] = {"fwd", "fwd_copy", "bwd", "bwd_copy", "bwd_dw", NULL},
                              *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", "add_f32", NULL},
-                             *const uly[] = {"pack", "unpack", "unpack_add", NULL},
+                             *const uly[] = {"pack", "unpack", "unpack_copy", "unpack_add", NULL},
                              *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL},
                              *const merge[] = {"fwd", "init", NULL}, *const gemm[] = {"sm90", NULL},
+                             *const rope[] = {"fwd", "bwd", "bwd_copy", NULL},
                              *const fp8[] = {"amax_e4m3",   "amax_e5m2",   "cast_e4m3", "cast_e5m2",
                                              "cast_t_e4m3", "cast_t_e5m2", "cast_1d_e4m3", "cast_1d_e5m2",
                                              "cast_t_1d_e4m3", "cast_t_1d_e5m2", "cast_rt_1d_e4m3", "cast_rt_1d_e5m2",
@@ -129,6 +130,7 @@ static const char *const *roles_of(const char *family) {
     if (!strcmp(family, "attn_merge")) return merge;
     if (!strcmp(family, "fp8")) return fp8;
     if (!strcmp(family, "gemm_fp8")) return gemm;
+    if (!strcmp(family, "rope")) return rope;
     return fb;
 }
 

@@ -416,6 +416,36 @@ static void rope_positions(const cp_model *md, const double *inv) {
     gu_free(m);
 }
 
+/* bwd_copy on x (n rows of nh heads) as one run at rows 3 .. of a copy of n + 3 rows (a ring's second run): bwd's
+ * values (wrote) to the bit, and their FP8 copy and 1 x 128 scales in those rows exactly the cast's (E5M2 for odd
+ * n, else E4M3) */
+static void rope_copy_case(gu_module *m, const char *shape, const uint16_t *x, const uint16_t *wrote, int64_t n,
+                           int64_t nh, int64_t D, int64_t pos0) {
+    const int64_t row0 = 3, total = n + row0, cols = nh * D, cnt = n * cols;
+    uint16_t *dx = dev_copy(x, 2 * (size_t)cnt), *out = malloc(2 * (size_t)cnt);
+    copy_dev cp = copy_dev_new(total, cols);
+    float fmax = n % 2 ? 57344.0f : 448.0f;
+    int heads_arg = (int)nh;
+    void *a[] = {&dx, &n, &heads_arg, &pos0, &fmax, &cp.copy, &cp.scales, (void *)&row0, (void *)&total};
+    gu_run(m, "bwd_copy", n, nh, a);
+    gu_download(out, dx, 2 * (size_t)cnt);
+    gu_check("rope_bwd_copy.dx as bwd's", shape, memcmp(out, wrote, 2 * (size_t)cnt) ? 1.0 : 0.0, 0);
+    const int64_t nb = cols / 128;
+    uint8_t *got = malloc((size_t)(total * cols)), *ref = malloc((size_t)cnt);
+    float *sgot = malloc(4 * (size_t)(total * nb)), *sref = malloc(4 * (size_t)(n * nb));
+    ref_fp8_cast_block(out, n, cols, cols, n % 2, false, false, ref, sref);
+    gu_download(got, cp.copy, (size_t)(total * cols));
+    gu_download(sgot, cp.scales, 4 * (size_t)(total * nb));
+    int64_t diff = 0, sdiff = 0;
+    for (int64_t i = 0; i < cnt; i++) diff += got[row0 * cols + i] != ref[i];
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t r = 0; r < n; r++) sdiff += !(sgot[b * total + row0 + r] == sref[b * n + r]);
+    gu_check("rope_bwd_copy.copy (bytes differing)", shape, (double)diff, 0);
+    gu_check("rope_bwd_copy.copy (scales differing)", shape, (double)sdiff, 0);
+    free(out), free(got), free(ref), free(sgot), free(sref);
+    gu_free_dev(dx), gu_free_dev(cp.copy), gu_free_dev(cp.scales);
+}
+
 static void rope_model(const char *name, int64_t D, double theta, bool scaled, double factor) {
     cp_model md;
     memset(&md, 0, sizeof md);
@@ -425,6 +455,7 @@ static void rope_model(const char *name, int64_t D, double theta, bool scaled, d
     cp_kernel_spec k;
     cp_k_rope(&k, &md);
     gu_module *m = gu_build(&k);
+    const bool copies = cp_k_fp8_copies(&k, "bwd");
     cp_kspec_free(&k);
     double *inv = malloc(sizeof(double) * (size_t)(D / 2));
     ref_rope_scaling sc = {scaled, factor, 1, 4, 8192};
@@ -449,6 +480,7 @@ static void rope_model(const char *name, int64_t D, double theta, bool scaled, d
                     gu_run(m, dir ? "bwd" : "fwd", n, nh, a);
                     gu_download(out, dx, 2 * (size_t)cnt);
                     gu_check(dir ? "rope_bwd" : "rope_fwd", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
+                    if (dir && copies) rope_copy_case(m, shape, x, out, n, nh, D, pos0);
                     free(x), free(ref), free(out);
                     gu_free_dev(dx);
                 }
@@ -718,6 +750,7 @@ static void ulysses_case(int C, int R, int64_t T, int nout, int64_t rb, int64_t 
     cp_kernel_spec k;
     cp_k_ulysses(&k, C, R, T, nout, rb);
     gu_module *m = gu_build(&k);
+    const bool copies = cp_k_fp8_copies(&k, "unpack");
     cp_kspec_free(&k);
     char shape[96];
     snprintf(shape, sizeof shape, "c%d r%d t%lld n%d b%lld stride+%lld", C, R, (long long)T, nout, (long long)rb,
@@ -747,6 +780,20 @@ static void ulysses_case(int C, int R, int64_t T, int nout, int64_t rb, int64_t 
         gu_run(m, "unpack", 0, 0, b);
         gu_download(gdst, ddst, sb);
         gu_check("ulysses_unpack", shape, memcmp(gdst, dst, sb) ? 1.0 : 0.0, 0);
+        /* unpack_copy where the kernel can, onto whole rows (the attention output's): unpack's bytes, and their FP8
+         * copy (E5M2 for odd T, else E4M3) */
+        if (copies && extra_heads == 0) {
+            const int64_t cols = stride / 2;
+            float fmax = T % 2 ? 57344.0f : 448.0f;
+            copy_dev cp = copy_dev_new(T, cols);
+            gu_poison(ddst, sb);
+            void *bc[] = {&drecv, &ddst, (void *)&stride, &fmax, &cp.copy, &cp.scales};
+            gu_run(m, "unpack_copy", 0, 0, bc);
+            gu_download(gdst, ddst, sb);
+            gu_check("ulysses_unpack_copy", shape, memcmp(gdst, dst, sb) ? 1.0 : 0.0, 0);
+            copy_check(T % 2 ? "ulysses_unpack_copy.copy e5m2" : "ulysses_unpack_copy.copy e4m3", shape, cp,
+                       (const uint16_t *)gdst, T, cols, T % 2);
+        }
     }
     /* unpack_add: dst += the replicas' sum (bf16) */
     uint16_t *d0 = gu_rand_bf16(&rng, (int64_t)sb / 2, 1.0);
@@ -770,6 +817,8 @@ static void test_ulysses(void **state) {
     ulysses_case(1, 1, 4097, 8, 256, 24);  /* one rank: a stage's 8 heads out of 32 */
     ulysses_case(2, 1, 1, 3, 128, 2);      /* d64, odd head counts */
     ulysses_case(4, 4, 33, 2, 128, 0);     /* every rank a replica */
+    ulysses_case(1, 1, 4097, 24, 256, 0);  /* one rank, one stage: the 3B's attention output, with its FP8 copy */
+    ulysses_case(2, 1, 1000, 8, 128, 0);   /* d64: a 1 x 128 block spans two heads */
 }
 
 /* ---- cast ---- */
