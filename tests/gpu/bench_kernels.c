@@ -174,6 +174,14 @@ int main(void) {
         int kvh = 8;
         void *b[] = {&x, &n, &kvh, &pos0};
         bench(m, "bwd", n, kvh, b, "rope_bwd (8 kv heads)", "65536x8x128", 2.0 * nb / 4, true);
+        /* dq's backward with its FP8 copy and 1 x 128 scales beside it (block scales) */
+        void *copy = gu_malloc(nb / 2), *scales = gu_malloc(nb / 64);
+        float e4 = 448.0f;
+        int64_t row0 = 0;
+        void *c[] = {&x, &n, &heads, &pos0, &e4, &copy, &scales, &row0, &n};
+        bench(m, "bwd", n, heads, a, "rope_bwd", "65536x32x128", 2.0 * nb, true);
+        bench(m, "bwd_copy", n, heads, c, "rope_bwd_copy", "65536x32x128", 2.5 * nb + nb / 64, true);
+        gu_free_dev(copy), gu_free_dev(scales);
         gu_free_dev(x);
         gu_free(m);
     }
@@ -315,6 +323,12 @@ int main(void) {
         void *b[] = {&dst, &src, &stride};
         bench(m, "unpack", 0, 0, b, "ulysses_unpack", "65536x32x128 c8", 2.0 * nb, true);
         bench(m, "unpack_add", 0, 0, b, "ulysses_unpack_add", "65536x32x128 c8", 3.0 * nb, true);
+        /* with the FP8 copy of the rows and their 1 x 128 scales (the attention output's) */
+        void *copy = gu_malloc(nb / 2), *scales = gu_malloc(nb / 64);
+        float e4 = 448.0f;
+        void *bc[] = {&dst, &src, &stride, &e4, &copy, &scales};
+        bench(m, "unpack_copy", 0, 0, bc, "ulysses_unpack_copy", "65536x32x128 c8", 2.5 * nb + nb / 64, true);
+        gu_free_dev(copy), gu_free_dev(scales);
         gu_free(m);
         cp_k_ulysses(&k, 1, 1, T, 8, rb); /* one stage's 8 of 64 heads: columns of a wider buffer */
         m = build(&k);
