@@ -482,7 +482,8 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         int64_t C = get_int(k, "C"), R = get_int(k, "R"), T = get_int(k, "T"), nout = get_int(k, "NOUT");
         int64_t per_row = get_int(k, "ROW_BYTES") / get_int(k, "UNIT");
         int64_t units;
-        if (strcmp(role, "pack") == 0 || strcmp(role, "unpack") == 0 || strcmp(role, "unpack_copy") == 0)
+        if (strcmp(role, "pack") == 0 || strcmp(role, "unpack") == 0 || strcmp(role, "unpack_amax") == 0 ||
+            strcmp(role, "unpack_copy") == 0)
             units = C * T * nout * per_row;
         else if (strcmp(role, "unpack_add") == 0) units = C / R * T * nout * per_row;
         else return -1;

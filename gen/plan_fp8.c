@@ -82,7 +82,7 @@ bool cp_plan_fp8_producer(const cp_plan *P, const cp_step *s, int op, bool copy)
     case CP_TASK_NORM2_BWD: out = op == 5; break;      /* dout, x, weight, rstd, dresid, dx, dweight, parts */
     case CP_TASK_SWIGLU: out = op == 2; break;         /* gate, up, out */
     case CP_TASK_SWIGLU_BWD: out = op == 1 || op == 2; break; /* dout, gate <- dgate, up <- dup */
-    case CP_TASK_UNPACK_O: out = op == 1, amax = false; break; /* the attention output's heads, its rows */
+    case CP_TASK_UNPACK_O: out = op == 1; break;       /* the attention output's heads, its rows */
     case CP_TASK_ROPE_DQ:
     case CP_TASK_ROPE_DK: out = op == 0, amax = false; break; /* dq, dk in place */
     default: return false;

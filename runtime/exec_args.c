@@ -605,21 +605,23 @@ static int k_pack(pctx *c) {
 
 /* unpack_o, unpack_dq, unpack_dk, unpack_dv: operands src (head layout: the all-to-all's C blocks), dst (the stage's
  * columns of the token rows): unpack or unpack_add (the step's role) (src, dst, dst_stride); or, where the step
- * writes dst's FP8 copy, unpack_copy(src, dst, dst_stride, fmax, copy, scales) on whole rows */
+ * takes dst's amax, unpack_amax(src, dst, dst_stride, amax_slot, fmax); or where it writes dst's FP8 copy,
+ * unpack_copy(src, dst, dst_stride, fmax, copy, scales) on whole rows */
 static int k_unpack(pctx *c) {
     int64_t stride;
     if (need_ops(c, 2) || layout_check(c, 1, &stride)) return -1;
-    const bool copy = fp8_copy_of(c, 1);
+    const bool copy = fp8_copy_of(c, 1), amax = !copy && c->s->nfp8_out > 0;
     const int64_t T = kint(c, "T"), row = kint(c, "C") * kint(c, "NOUT") * kint(c, "ROW_BYTES");
-    if (copy && (strcmp(c->s->role, "unpack") || stride != row || c->s->ops[1].offset % row))
-        return pfail(c, "an FP8 copy of %s's rows where its %s does not write them whole", opbuf(c, 1)->name,
-                     c->s->role);
+    if ((copy || amax) && strcmp(c->s->role, "unpack"))
+        return pfail(c, "FP8 work on what the layout kernel's %s writes", c->s->role);
+    if (copy && (stride != row || c->s->ops[1].offset % row))
+        return pfail(c, "an FP8 copy of %s's rows where the unpack does not write them whole", opbuf(c, 1)->name);
     xlaunch *l = &c->x->L[0];
-    if (launch_of(c, copy ? "unpack_copy" : c->s->role, 0, 0, l)) return -1;
+    if (launch_of(c, copy ? "unpack_copy" : amax ? "unpack_amax" : c->s->role, 0, 0, l)) return -1;
     a_ptr(l, opp(c, 0));
     a_ptr(l, opp(c, 1));
     a_i64(l, stride);
-    return copy ? a_copy(c, l, 1, T, row / 2) : 0;
+    return copy ? a_copy(c, l, 1, T, row / 2) : amax ? a_amax(c, l, 1) : 0;
 }
 
 /* swiglu: operands gate, up, out: fwd(gate, up, out, n); swiglu_bwd: operands dout (d act), gate, up (overwritten

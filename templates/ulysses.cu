@@ -5,6 +5,8 @@
 //   pack:       dst[r][t][j] = src[t][(r / R) * NOUT + j]                 (src rows src_stride bytes apart)
 //   unpack:     dst[t][r * NOUT + j] = src[r][t][j]                       (R = 1)
 //   unpack_add: dst[t][k * NOUT + j] += sum over i < R of src[k * R + i][t][j]   (bf16, fp32 sum, one rounding)
+//   unpack_amax: unpack that also takes the bf16 values' amax into an FP8 scale slot (fp8_amax.cuh): the attention
+//               output's, for the output projection on FP8 with one scale per tensor
 //   unpack_copy: unpack that also writes dst's FP8 copy [T][C * NOUT * ROW_BYTES / 2] (bf16 rows written whole,
 //               dst_stride a row) and its 1 x 128 scales (fp8_block.cuh), in the format fmax names: the attention
 //               output's copy for the output projection on FP8 (COPY_OK; elsewhere it traps)
@@ -12,6 +14,7 @@
 // them per iteration, loads first. All divisions are by compile-time constants.
 #include <cuda_bf16.h>
 
+#include "fp8_amax.cuh"
 #include "fp8_block.cuh"
 
 typedef long long i64;
@@ -48,6 +51,8 @@ union bunit {
 extern "C" __global__ void ulysses_pack_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(const char *src, i64 src_stride, char *dst);
 extern "C" __global__ void ulysses_unpack_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(const char *src, char *dst, i64 dst_stride);
 extern "C" __global__ void ulysses_unpack_add_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(const char *src, char *dst, i64 dst_stride);
+extern "C" __global__ void ulysses_unpack_amax_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(const char *src, char *dst,
+    i64 dst_stride, float *amax_slot, float amax_fmax);
 extern "C" __global__ void ulysses_unpack_copy_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(const char *src, char *dst,
     i64 dst_stride, float fmax, unsigned char *copy, float *copy_scales);
 
@@ -91,6 +96,35 @@ __global__ void __launch_bounds__(BLOCK) ulysses_unpack_c{{C}}_r{{R}}_t{{T}}_n{{
             *reinterpret_cast<unit_t *>(dst + (i64)t * dst_stride + (i64)r * (NOUT * ROW_BYTES) + (i64)inner * UNIT) = v[u];
         }
     }
+}
+
+__global__ void __launch_bounds__(BLOCK) ulysses_unpack_amax_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(
+    const char *__restrict__ src, char *__restrict__ dst, i64 dst_stride, float *__restrict__ amax_slot,
+    float amax_fmax) {
+    if (R != 1) __trap();
+    const unit_t *in = reinterpret_cast<const unit_t *>(src);
+    float amax = 0.f;
+    for (idx_t base = (idx_t)blockIdx.x * (BLOCK * UNROLL); base < TOTAL; base += (idx_t)gridDim.x * (BLOCK * UNROLL)) {
+        bunit v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const idx_t i = base + u * BLOCK + threadIdx.x;
+            if (i < TOTAL) v[u].w = in[i];
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const idx_t i = base + u * BLOCK + threadIdx.x;
+            if (i >= TOTAL) continue;
+            const idx_t inner = i % IN, x = i / IN, t = x % T, r = x / T;
+            *reinterpret_cast<unit_t *>(dst + (i64)t * dst_stride + (i64)r * (NOUT * ROW_BYTES) + (i64)inner * UNIT) = v[u].w;
+#pragma unroll
+            for (int e = 0; e < UNIT / 4; e++) {
+                const float2 p = __bfloat1622float2(v[u].h[e]);
+                amax = fmaxf(amax, fmaxf(fabsf(p.x), fabsf(p.y)));
+            }
+        }
+    }
+    fp8_amax_commit(amax, amax_slot, amax_fmax);
 }
 
 __global__ void __launch_bounds__(BLOCK) ulysses_unpack_copy_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(

@@ -780,6 +780,18 @@ static void ulysses_case(int C, int R, int64_t T, int nout, int64_t rb, int64_t 
         gu_run(m, "unpack", 0, 0, b);
         gu_download(gdst, ddst, sb);
         gu_check("ulysses_unpack", shape, memcmp(gdst, dst, sb) ? 1.0 : 0.0, 0);
+        /* unpack_amax (bf16 rows): unpack's bytes, and their amax in a scale slot (E5M2's scales for odd T, else
+         * E4M3's) */
+        if (rb % 2 == 0) {
+            float *dslot = amax_slot_new(), fmax = T % 2 ? 57344.0f : 448.0f;
+            gu_poison(ddst, sb);
+            void *ba[] = {&drecv, &ddst, (void *)&stride, &dslot, &fmax};
+            gu_run(m, "unpack_amax", 0, 0, ba);
+            gu_download(gdst, ddst, sb);
+            gu_check("ulysses_unpack_amax", shape, memcmp(gdst, dst, sb) ? 1.0 : 0.0, 0);
+            amax_check("ulysses_unpack_amax.amax", shape, dslot, recv, (int64_t)pb / 2, T % 2);
+            gu_free_dev(dslot);
+        }
         /* unpack_copy where the kernel can, onto whole rows (the attention output's): unpack's bytes, and their FP8
          * copy (E5M2 for odd T, else E4M3) */
         if (copies && extra_heads == 0) {
