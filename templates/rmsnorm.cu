@@ -241,8 +241,9 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
                 for (int i = 0; i < VEC; i++) {
                     const float d = __bfloat162float(dv[k].h[i]);
                     const float xh = __bfloat162float(xv[k].h[i]) * r;
-                    float v = r * fmaf(-xh, mean, d * __bfloat162float(wv[k].h[i]));
-                    if (dresid) v += __bfloat162float(rv[k].h[i]);
+                    // the residual's add as an explicit fma: left to contraction, the entries rounded it apart
+                    const float u = fmaf(-xh, mean, d * __bfloat162float(wv[k].h[i]));
+                    const float v = dresid ? fmaf(r, u, __bfloat162float(rv[k].h[i])) : r * u;
                     o.h[i] = __float2bfloat16_rn(v);
                     f[i] = __bfloat162float(o.h[i]);
                     amax = fmaxf(amax, fabsf(f[i]));
