@@ -57,7 +57,8 @@ void cp_rope_inv_freq(const cp_model *m, double *inv_freq);
  * up_copy, up_scales) write both gradients' copies, dgate's or dup's (the other's arguments unused). */
 void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn);
 /* Whether entry `role` of module k can write an FP8 copy of its output with 1 x 128 scales beside it (rmsnorm's fwd
- * and bwd, swiglu's fwd and bwd, rope's bwd, ulysses' unpack, when their rows split into whole blocks of 128 as the kernels need). */
+ * and bwd, swiglu's fwd and bwd, rope's bwd, ulysses' unpack, when their rows split into whole blocks of 128 as the
+ * kernels need). */
 bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role);
 /* loss on a tile of logits [n][V] (bf16, in place -> dlogits*scale): fwdbwd(logits, targets i32[n], row_loss f32[n]
  * out, scale, n). row_loss gets each row's unscaled loss logsumexp - logit[target]; the gradient row is
@@ -78,7 +79,10 @@ void cp_k_adamw(cp_kernel_spec *k);
  * pack(src, src_row_stride_bytes i64, dst[C][T][NOUT][ROW_BYTES]);
  * unpack(src[C][T][NOUT][ROW_BYTES], dst, dst_row_stride_bytes i64) (R must be 1; with R > 1 it traps);
  * unpack_add(src, dst, dst_row_stride_bytes i64): dst += sum over replicas (bf16 rows of ROW_BYTES/2 elements,
- * summed in fp32, rounded once). ROW_BYTES must be a multiple of 4. */
+ * summed in fp32, rounded once). ROW_BYTES must be a multiple of 4. Where an FP8 GEMM reads unpack's bf16 output:
+ * unpack_amax(src, dst, stride, amax_slot, amax_fmax) also takes its amax (as rmsnorm's); unpack_copy(src, dst, stride,
+ * fmax, copy u8[T][C * NOUT * ROW_BYTES / 2], copy_scales f32), where cp_k_fp8_copies says so and the rows are written
+ * whole, also writes its FP8 copy with 1 x 128 scales. */
 void cp_k_ulysses(cp_kernel_spec *k, int gpus, int repl, int64_t tokens, int nout, int64_t row_bytes);
 /* attention on head layout: q[S][QH][D], k,v[S][KVH][D], o[S][QH][D], lse[QH][S] (natural log; its rows further
  * apart after cp_k_attention_lse_stride, gen/kernels_attn.h); query head j uses

@@ -324,9 +324,10 @@ static int k_qk_norm_bwd(pctx *c) { return need_ops(c, 6) ? -1 : norm_bwd(c, 0, 
 
 /* rope_q, rope_k (fwd), rope_dq, rope_dk (bwd): in place on [n][heads][D], row r at position pos0 + r:
  * fwd/bwd(x, n, heads, pos0); or where the step writes the FP8 copy of what it writes, bwd_copy(x, n, heads, pos0,
- * fmax, copy, scales, row0, T) (the run's rows from row0 of the copy of all T). This rank's T rows lie at the positions of its runs (cp_ring_rope_runs: one at rank x T
- * without a ring, one or two under a ring's zigzag); a ring plan has a launch per run a rank may have, this one run
- * ring_part of the rank's, which launches nothing where the rank has fewer. */
+ * fmax, copy, scales, row0, T) (the run's rows from row0 of the copy of all T). This rank's T rows lie at the
+ * positions of its runs (cp_ring_rope_runs: one at rank x T without a ring, one or two under a ring's zigzag); a ring
+ * plan has a launch per run a rank may have, this one run ring_part of the rank's, which launches nothing where the
+ * rank has fewer. */
 static int k_rope(pctx *c) {
     bool per_row = kint(c, "POS_ARRAY") == 1; /* packed documents: each row's position from operand 1 */
     if (need_ops(c, per_row ? 2 : 1)) return -1;
