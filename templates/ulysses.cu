@@ -77,33 +77,14 @@ __global__ void __launch_bounds__(BLOCK) ulysses_pack_c{{C}}_r{{R}}_t{{T}}_n{{NO
     }
 }
 
-__global__ void __launch_bounds__(BLOCK) ulysses_unpack_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(
-    const char *__restrict__ src, char *__restrict__ dst, i64 dst_stride) {
+// unpack's walk, shared by its twins: every unit from the head layout to its place in the token rows, then
+// each(unit, ok, t, k): ok whether it is inside TOTAL (each sees every lane, as a copy's shuffles need), t its token,
+// k its unit of the token's row
+template <typename Each>
+static __device__ __forceinline__ void unpack_walk(const char *__restrict__ src, char *__restrict__ dst, i64 dst_stride,
+                                                   Each each) {
     if (R != 1) __trap(); // replicated heads come back through unpack_add
     const unit_t *in = reinterpret_cast<const unit_t *>(src);
-    for (idx_t base = (idx_t)blockIdx.x * (BLOCK * UNROLL); base < TOTAL; base += (idx_t)gridDim.x * (BLOCK * UNROLL)) {
-        unit_t v[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const idx_t i = base + u * BLOCK + threadIdx.x;
-            if (i < TOTAL) v[u] = in[i];
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const idx_t i = base + u * BLOCK + threadIdx.x;
-            if (i >= TOTAL) continue;
-            const idx_t inner = i % IN, x = i / IN, t = x % T, r = x / T;
-            *reinterpret_cast<unit_t *>(dst + (i64)t * dst_stride + (i64)r * (NOUT * ROW_BYTES) + (i64)inner * UNIT) = v[u];
-        }
-    }
-}
-
-__global__ void __launch_bounds__(BLOCK) ulysses_unpack_amax_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(
-    const char *__restrict__ src, char *__restrict__ dst, i64 dst_stride, float *__restrict__ amax_slot,
-    float amax_fmax) {
-    if (R != 1) __trap();
-    const unit_t *in = reinterpret_cast<const unit_t *>(src);
-    float amax = 0.f;
     for (idx_t base = (idx_t)blockIdx.x * (BLOCK * UNROLL); base < TOTAL; base += (idx_t)gridDim.x * (BLOCK * UNROLL)) {
         bunit v[UNROLL];
 #pragma unroll
@@ -114,16 +95,32 @@ __global__ void __launch_bounds__(BLOCK) ulysses_unpack_amax_c{{C}}_r{{R}}_t{{T}
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const idx_t i = base + u * BLOCK + threadIdx.x;
-            if (i >= TOTAL) continue;
+            const bool ok = i < TOTAL;
             const idx_t inner = i % IN, x = i / IN, t = x % T, r = x / T;
-            *reinterpret_cast<unit_t *>(dst + (i64)t * dst_stride + (i64)r * (NOUT * ROW_BYTES) + (i64)inner * UNIT) = v[u].w;
-#pragma unroll
-            for (int e = 0; e < UNIT / 4; e++) {
-                const float2 p = __bfloat1622float2(v[u].h[e]);
-                amax = fmaxf(amax, fmaxf(fabsf(p.x), fabsf(p.y)));
-            }
+            const i64 k = (i64)r * IN + inner;
+            if (ok) *reinterpret_cast<unit_t *>(dst + (i64)t * dst_stride + k * UNIT) = v[u].w;
+            each(v[u], ok, (i64)t, k);
         }
     }
+}
+
+__global__ void __launch_bounds__(BLOCK) ulysses_unpack_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(
+    const char *__restrict__ src, char *__restrict__ dst, i64 dst_stride) {
+    unpack_walk(src, dst, dst_stride, [](const bunit &, bool, i64, i64) {});
+}
+
+__global__ void __launch_bounds__(BLOCK) ulysses_unpack_amax_c{{C}}_r{{R}}_t{{T}}_n{{NOUT}}_b{{ROW_BYTES}}(
+    const char *__restrict__ src, char *__restrict__ dst, i64 dst_stride, float *__restrict__ amax_slot,
+    float amax_fmax) {
+    float amax = 0.f;
+    unpack_walk(src, dst, dst_stride, [&](const bunit &v, bool ok, i64, i64) {
+        if (!ok) return;
+#pragma unroll
+        for (int e = 0; e < UNIT / 4; e++) {
+            const float2 p = __bfloat1622float2(v.h[e]);
+            amax = fmaxf(amax, fmaxf(fabsf(p.x), fabsf(p.y)));
+        }
+    });
     fp8_amax_commit(amax, amax_slot, amax_fmax);
 }
 
@@ -131,33 +128,19 @@ __global__ void __launch_bounds__(BLOCK) ulysses_unpack_copy_c{{C}}_r{{R}}_t{{T}
     const char *__restrict__ src, char *__restrict__ dst, i64 dst_stride, float fmax, unsigned char *__restrict__ copy,
     float *__restrict__ copy_scales) {
 #if COPY_OK
-    const unit_t *in = reinterpret_cast<const unit_t *>(src);
-    for (idx_t base = (idx_t)blockIdx.x * (BLOCK * UNROLL); base < TOTAL; base += (idx_t)gridDim.x * (BLOCK * UNROLL)) {
-        bunit v[UNROLL];
+    // a half-warp is in or out as a whole (TOTAL % 16 == 0)
+    unpack_walk(src, dst, dst_stride, [&](const bunit &v, bool ok, i64 t, i64 k) {
+        float f[8];
+        if (ok) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const idx_t i = base + u * BLOCK + threadIdx.x;
-            if (i < TOTAL) v[u].w = in[i];
-        }
-        // every lane goes on to its block's shuffles; a half-warp is in or out as a whole (TOTAL % 16 == 0)
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const idx_t i = base + u * BLOCK + threadIdx.x;
-            const bool ok = i < TOTAL;
-            const idx_t inner = i % IN, x = i / IN, t = x % T, r = x / T;
-            const i64 col = ((i64)r * IN + inner) * 8; // the unit's first value in the row
-            float f[8];
-            if (ok) {
-                *reinterpret_cast<unit_t *>(dst + (i64)t * dst_stride + col * 2) = v[u].w;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float2 p = __bfloat1622float2(v[u].h[e]);
-                    f[2 * e] = p.x, f[2 * e + 1] = p.y;
-                }
+            for (int e = 0; e < 4; e++) {
+                const float2 p = __bfloat1622float2(v.h[e]);
+                f[2 * e] = p.x, f[2 * e + 1] = p.y;
             }
-            fp8_block_store(f, ok, fmax, copy + (i64)t * COLS + col, copy_scales + col / 128 * T + t);
         }
-    }
+        const i64 col = k * 8; // the unit's first value in the row
+        fp8_block_store(f, ok, fmax, copy + t * COLS + col, copy_scales + col / 128 * T + t);
+    });
 #else
     __trap(); // the planner writes copies only where COPY_OK holds
 #endif
