@@ -243,7 +243,8 @@ static int producer_of(const lowering *L, const source *src, bool copy, int *out
         if (o == -1) continue;
         bool done = false; /* a kernel entry does one FP8 work on an output: a later reader must make its own */
         for (int j = 0; j < p->nfp8_out; j++) done |= p->fp8_out[j].out == o;
-        if (o < 0 || p->kind != CP_OP_KERNEL || !cp_plan_fp8_producer(L->P, p, o, copy) || done ||
+        /* a launch of a ring's run of rows (ring_part: rope's, one a run) names the whole output, may write a part */
+        if (o < 0 || p->kind != CP_OP_KERNEL || p->ring_part >= 0 || !cp_plan_fp8_producer(L->P, p, o, copy) || done ||
             p->nfp8_out == 2 || p->nops + (copy ? 2 : 1) > CP_MAX_OPERANDS)
             return -1;
         *out = o;

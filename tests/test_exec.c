@@ -512,6 +512,10 @@ static void test_fp8(void **state) {
     check("llama3b", 5, fp8, blk, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
     check("llama3b", 6, fp8, blk, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
     check("llama8b", 7, fp8, blk, wg, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
+    /* the copies written by their producers across layouts: the attention output's unpack after the all-to-all, rope's
+     * backward on two GPUs, and under a ring with one GPU a group (rope in two runs, its copies by casts) */
+    check("llama3b", 5, fp8, blk, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K");
+    check("llama3b", 6, fp8, blk, "parallel.gpus=1", "parallel.ring=2", "model.layers=2", "train.seq_len=8K");
     /* the generator's FP8 GEMM kernel as a launch with its tensor maps, where "auto" puts it (the weights' gradients
      * of 16K and 32K tokens) and on every GEMM it takes ("cpgen"), in MLP tiles */
     const char *gk = "train.fp8_gemm=auto", *ga = "train.fp8_gemm=cpgen";

@@ -1150,6 +1150,37 @@ static void test_fp8_block(void **state) {
     }
 }
 
+/* A producer writes the copy of an output it writes whole: never a launch of a ring's run of rows (rope's backward
+ * under a ring: with an odd number of GPUs in a group two launches, each naming the whole buffer, whose copy would
+ * hold the last run's rows alone); there a cast makes it. Without a ring rope writes dq's and dk's copies. */
+static void test_fp8_copies_of_whole_outputs(void **state) {
+    (void)state;
+    const char *gpus[] = {"parallel.gpus=1", "parallel.gpus=2"};
+    for (int g = 0; g < 2; g++)
+        for (int ring = 1; ring <= 2; ring++) {
+            cp_spec s;
+            cp_plan p;
+            char r[32];
+            snprintf(r, sizeof r, "parallel.ring=%d", ring);
+            load("llama3b", &s, 5, gpus[g], r, "model.layers=2", "train.seq_len=8K", "train.precision=fp8");
+            build(&s, &p);
+            int rope_runs = 0, rope_copies = 0;
+            for (int i = 0; i < p.nsteps; i++) {
+                const cp_step *x = &p.steps[i];
+                if (x->nfp8_out) assert_true(x->ring_part < 0);
+                if (x->task == CP_TASK_ROPE_DQ || x->task == CP_TASK_ROPE_DK) {
+                    rope_runs += x->ring_part >= 0;
+                    rope_copies += x->nfp8_out;
+                }
+            }
+            /* two layers, dq and dk: under a ring a launch a run (two runs with one GPU a group), else each with
+             * its copy */
+            assert_int_equal(rope_runs, ring == 1 ? 0 : g == 0 ? 8 : 4);
+            assert_int_equal(rope_copies, ring == 1 ? 4 : 0);
+            cp_plan_free(&p);
+        }
+}
+
 /* --max-seq asks each length only whether it fits, quickly (cp_plan_fits): the same answer as the whole search, at
  * the shipped specs' longest lengths (docs/ARCHITECTURE.md, README) and one granule beyond, and far beyond, where
  * plans stop at their floor. */
@@ -2076,6 +2107,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_checkpoint_every),
         cmocka_unit_test(test_grad_accum),  cmocka_unit_test(test_8b_arithmetic), cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_fp8_block),
+        cmocka_unit_test(test_fp8_copies_of_whole_outputs),
         cmocka_unit_test(test_kept_attention_3b), cmocka_unit_test(test_kept_attention_3b_longest),
         cmocka_unit_test(test_mlp_tile_auto),
         cmocka_unit_test(test_fp8_gemm_kernel),
