@@ -382,6 +382,36 @@ static void test_rmsnorm(void **state) {
 
 /* ---- rope ---- */
 
+/* bwd_copy on x (n rows of nh heads) as one run at rows 3 .. of a copy of n + 3 rows (a ring's second run): bwd's
+ * values (wrote) to the bit, and their FP8 copy and 1 x 128 scales in those rows exactly the cast's (E5M2 for odd
+ * n, else E4M3) */
+static void rope_copy_case(gu_module *m, const char *shape, const uint16_t *x, const uint16_t *wrote, int64_t n,
+                           int64_t nh, int64_t D, void *pos_arg) {
+    const int64_t row0 = 3, total = n + row0, cols = nh * D, cnt = n * cols;
+    uint16_t *dx = dev_copy(x, 2 * (size_t)cnt), *out = malloc(2 * (size_t)cnt);
+    copy_dev cp = copy_dev_new(total, cols);
+    float fmax = n % 2 ? 57344.0f : 448.0f;
+    int heads_arg = (int)nh;
+    void *a[] = {&dx, &n, &heads_arg, pos_arg, &fmax, &cp.copy, &cp.scales, (void *)&row0, (void *)&total};
+    gu_run(m, "bwd_copy", n, nh, a);
+    gu_download(out, dx, 2 * (size_t)cnt);
+    gu_check("rope_bwd_copy.dx as bwd's", shape, memcmp(out, wrote, 2 * (size_t)cnt) ? 1.0 : 0.0, 0);
+    const int64_t nb = cols / 128;
+    uint8_t *got = malloc((size_t)(total * cols)), *ref = malloc((size_t)cnt);
+    float *sgot = malloc(4 * (size_t)(total * nb)), *sref = malloc(4 * (size_t)(n * nb));
+    ref_fp8_cast_block(out, n, cols, cols, n % 2, false, false, ref, sref);
+    gu_download(got, cp.copy, (size_t)(total * cols));
+    gu_download(sgot, cp.scales, 4 * (size_t)(total * nb));
+    int64_t diff = 0, sdiff = 0;
+    for (int64_t i = 0; i < cnt; i++) diff += got[row0 * cols + i] != ref[i];
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t r = 0; r < n; r++) sdiff += !(sgot[b * total + row0 + r] == sref[b * n + r]);
+    gu_check("rope_bwd_copy.copy (bytes differing)", shape, (double)diff, 0);
+    gu_check("rope_bwd_copy.copy (scales differing)", shape, (double)sdiff, 0);
+    free(out), free(got), free(ref), free(sgot), free(sref);
+    gu_free_dev(dx), gu_free_dev(cp.copy), gu_free_dev(cp.scales);
+}
+
 /* rope with a position per row (cp_k_rope_positions): rows of documents of 1, 5, 300 and the rest tokens, the third
  * starting at 999,000 (a document position far from 0 still exact), fwd and bwd against the reference applied row by
  * row at each row's position. */
@@ -390,6 +420,7 @@ static void rope_positions(const cp_model *md, const double *inv) {
     cp_k_rope(&k, md);
     cp_k_rope_positions(&k, true);
     gu_module *m = gu_build(&k);
+    const bool copies = cp_k_fp8_copies(&k, "bwd");
     cp_kspec_free(&k);
     const int64_t D = md->head_dim, n = 1000, nh = 8, cnt = n * nh * D;
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
@@ -408,42 +439,13 @@ static void rope_positions(const cp_model *md, const double *inv) {
         char shape[64];
         snprintf(shape, sizeof shape, "d%lld n%lld h%lld positions per row", (long long)D, (long long)n, (long long)nh);
         gu_check(dir ? "rope_bwd" : "rope_fwd", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
+        if (dir && copies) rope_copy_case(m, shape, x, out, n, nh, D, &dpos);
         free(x), free(ref), free(out);
         gu_free_dev(dx);
     }
     gu_free_dev(dpos);
     free(pos);
     gu_free(m);
-}
-
-/* bwd_copy on x (n rows of nh heads) as one run at rows 3 .. of a copy of n + 3 rows (a ring's second run): bwd's
- * values (wrote) to the bit, and their FP8 copy and 1 x 128 scales in those rows exactly the cast's (E5M2 for odd
- * n, else E4M3) */
-static void rope_copy_case(gu_module *m, const char *shape, const uint16_t *x, const uint16_t *wrote, int64_t n,
-                           int64_t nh, int64_t D, int64_t pos0) {
-    const int64_t row0 = 3, total = n + row0, cols = nh * D, cnt = n * cols;
-    uint16_t *dx = dev_copy(x, 2 * (size_t)cnt), *out = malloc(2 * (size_t)cnt);
-    copy_dev cp = copy_dev_new(total, cols);
-    float fmax = n % 2 ? 57344.0f : 448.0f;
-    int heads_arg = (int)nh;
-    void *a[] = {&dx, &n, &heads_arg, &pos0, &fmax, &cp.copy, &cp.scales, (void *)&row0, (void *)&total};
-    gu_run(m, "bwd_copy", n, nh, a);
-    gu_download(out, dx, 2 * (size_t)cnt);
-    gu_check("rope_bwd_copy.dx as bwd's", shape, memcmp(out, wrote, 2 * (size_t)cnt) ? 1.0 : 0.0, 0);
-    const int64_t nb = cols / 128;
-    uint8_t *got = malloc((size_t)(total * cols)), *ref = malloc((size_t)cnt);
-    float *sgot = malloc(4 * (size_t)(total * nb)), *sref = malloc(4 * (size_t)(n * nb));
-    ref_fp8_cast_block(out, n, cols, cols, n % 2, false, false, ref, sref);
-    gu_download(got, cp.copy, (size_t)(total * cols));
-    gu_download(sgot, cp.scales, 4 * (size_t)(total * nb));
-    int64_t diff = 0, sdiff = 0;
-    for (int64_t i = 0; i < cnt; i++) diff += got[row0 * cols + i] != ref[i];
-    for (int64_t b = 0; b < nb; b++)
-        for (int64_t r = 0; r < n; r++) sdiff += !(sgot[b * total + row0 + r] == sref[b * n + r]);
-    gu_check("rope_bwd_copy.copy (bytes differing)", shape, (double)diff, 0);
-    gu_check("rope_bwd_copy.copy (scales differing)", shape, (double)sdiff, 0);
-    free(out), free(got), free(ref), free(sgot), free(sref);
-    gu_free_dev(dx), gu_free_dev(cp.copy), gu_free_dev(cp.scales);
 }
 
 static void rope_model(const char *name, int64_t D, double theta, bool scaled, double factor) {
@@ -480,7 +482,7 @@ static void rope_model(const char *name, int64_t D, double theta, bool scaled, d
                     gu_run(m, dir ? "bwd" : "fwd", n, nh, a);
                     gu_download(out, dx, 2 * (size_t)cnt);
                     gu_check(dir ? "rope_bwd" : "rope_fwd", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
-                    if (dir && copies) rope_copy_case(m, shape, x, out, n, nh, D, pos0);
+                    if (dir && copies) rope_copy_case(m, shape, x, out, n, nh, D, &pos0);
                     free(x), free(ref), free(out);
                     gu_free_dev(dx);
                 }
