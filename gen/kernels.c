@@ -295,6 +295,8 @@ static int gemm_fp8_stages(bool b_tiles, int consumers) {
     return (int)CP_MIN(n, GEMM_FP8_MAX_STAGES);
 }
 
+bool cp_k_sm90a(const char *arch) { return arch && strcmp(arch, "sm_90a") == 0; }
+
 bool cp_k_gemm_fp8(cp_kernel_spec *k, int64_t n, int64_t kdim, bool a_e5m2, bool b_e5m2, bool b_tiles,
                    cp_gemm_fp8_out out, cp_gemm_fp8_cfg cfg) {
     const int cluster = cfg.cluster ? cfg.cluster : GEMM_FP8_CLUSTER;

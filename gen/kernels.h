@@ -128,6 +128,9 @@ typedef struct {
 } cp_gemm_fp8_cfg;
 bool cp_k_gemm_fp8(cp_kernel_spec *k, int64_t n, int64_t kdim, bool a_e5m2, bool b_e5m2, bool b_tiles,
                    cp_gemm_fp8_out out, cp_gemm_fp8_cfg cfg);
+/* Whether arch is Hopper's with its architecture-specific features (sm_90a: wgmma, setmaxnreg, TMA multicast), which
+ * gemm_fp8 and attention's Hopper entries need. */
+bool cp_k_sm90a(const char *arch);
 /* delta for the attention backward in token layout: fwd(dout[n][heads][D], out[n][heads][D], delta f32[n][heads], n,
  * heads): delta = sum over D of dout*out in fp32. */
 void cp_k_attn_delta(cp_kernel_spec *k, int64_t head_dim);

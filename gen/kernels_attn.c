@@ -32,7 +32,7 @@ static int64_t fwd_sm90_smem(int64_t head_dim, int64_t stages) {
 /* The default depth of fwd_sm90's K/V ring, the constant the template had before the depth became a variant. */
 static int fwd_sm90_stages_default(int64_t head_dim) { return head_dim == 128 ? 2 : 4; }
 
-bool cp_k_attention_hopper(const char *arch) { return arch && strcmp(arch, "sm_90a") == 0; }
+bool cp_k_attention_hopper(const char *arch) { return cp_k_sm90a(arch); }
 
 void cp_k_attention(cp_kernel_spec *k, int64_t head_dim, int q_heads, int kv_heads, int64_t seq, bool causal,
                     bool dkv_accum, bool dq_atomic) {

@@ -879,7 +879,7 @@ bool cp_exec_prepares(cp_task t) {
 static int prep_gemm_kernel(pctx *c) {
     const cp_gemm *g = &c->s->gemm;
     xstep *x = c->x;
-    if (!c->ex->dry && !cp_k_attention_hopper(c->ex->o.arch))
+    if (!c->ex->dry && !cp_k_sm90a(c->ex->o.arch))
         return pfail(c, "the generator's FP8 GEMM kernel runs on Hopper (sm_90a) only, and this is %s: set "
                         "train.fp8_gemm = \"cublaslt\"", c->ex->o.arch);
     x->kind = X_KERNEL;

@@ -12,8 +12,11 @@ int cp_gemm_fp8_args_make(cp_gemm_fp8_args *a, const cp_gemm *p, const cp_kernel
                           const void *C, void *D, const float *sa, const float *sb, char *err, int errlen) {
     memset(a, 0, sizeof *a);
     const char *cl = cp_kspec_get(k, "CLUSTER"), *cw = cp_kspec_get(k, "CONSUMERS");
+    if (!cl || !cw || atoi(cl) < 1 || atoi(cw) < 1)
+        return cp_errf(err, errlen, "the FP8 GEMM kernel's spec (family %s) lacks CLUSTER or CONSUMERS, which "
+                       "cp_k_gemm_fp8 always sets: an internal error of cpgen, to report", k->family);
     /* a tile's rows: 64 a consumer warpgroup; a cluster's CTAs load a share of B each */
-    const int bm = 64 * (cw ? atoi(cw) : 2), b_rows = 128 / (cl ? atoi(cl) : 1);
+    const int bm = 64 * atoi(cw), b_rows = 128 / atoi(cl);
     const int64_t kb = p->k / 128;
     const bool tiles = p->b_scale == CP_GEMM_SCALE_2D;
     if (cp_tmap_2d(&a->a, A, 1, p->m, p->k, p->k, 128, bm, 1, err, errlen) ||
