@@ -110,7 +110,8 @@ static void free_specs(void) {
 /* The roles each family's entries must have (cp_entry_name of each must be among the module's entries). */
 static const char *const *roles_of(const char *family) {
     static const char *const fb[] = {"fwd", "bwd", NULL}, *const f[] = {"fwd", NULL},
-                             *const loss[] = {"fwdbwd", "sum", NULL}, *const norm[] = {"fwd", "fwd_copy", "bwd", "bwd_copy", "bwd_dw", NULL},
+                             *const loss[] = {"fwdbwd", "sum", NULL},
+                             *const norm[] = {"fwd", "fwd_copy", "bwd", "bwd_copy", "bwd_dw", NULL},
                              *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", "add_f32", NULL},
                              *const uly[] = {"pack", "unpack", "unpack_amax", "unpack_copy", "unpack_add", NULL},
                              *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL},
