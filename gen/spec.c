@@ -1342,10 +1342,11 @@ void cp_machine_defaults(cp_machine *m) {
      * 32K with FP8 weights' gradients traced on an H200 (docs/PERF.md, 2026-12-03, afternoon), their 59 ms a step
      * beside the other casts as priced: 2,900 GB/s (bench_kernels alone: 3,860-4,000 one copy, 2,970-3,070 both) */
     m->fp8_cast_t_gbps = 2900;
-    /* the copies with 1 x 128 scales that rmsnorm's and SwiGLU's twin entries write beside their outputs, their bytes
-     * over what the kernels take longer than their plain entries: the 3B step at 32K traced on an H200 (docs/PERF.md,
+    /* the copies with 1 x 128 scales that the producers' twin entries write beside their outputs, their bytes over
+     * what the kernels take longer than their plain entries: the 3B step at 32K traced on an H200 (docs/PERF.md,
      * 2026-12-03): 2.9 TB/s in rmsnorm, 1.4-1.7 in SwiGLU's forward, 1.3 in its backward (two copies; 1.8 since it
-     * takes one vector a thread per pass, 2026-12-03, afternoon) */
+     * takes one vector a thread per pass, 2026-12-03, afternoon); 1.9 in the norm's forward, rope's backward and the
+     * attention output's unpack, 1.4 in the norm's backward (2026-12-03, late afternoon) */
     m->fp8_copy_gbps = 1500;
     m->host_gbps = 55;
     m->a2a_gbps = 328;
