@@ -344,9 +344,7 @@ __device__ __forceinline__ void cast_tile_1d(const bf16 *__restrict__ src, i64 r
 #pragma unroll
         for (int k = 0; k < 8; k++) m[k] = fmaxf(m[k], fabsf(f[k])), rm = fmaxf(rm, fabsf(f[k]));
         if (ROWS) { // row r0 + 8j + i's block: its half-warp's 128 columns
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, o));
-            const float qr = pow2_quant(rm, fp8_max<KIND>());
+            const float qr = pow2_quant(fp8_group_max<16>(rm), fp8_max<KIND>());
             const i64 r = r0 + 8 * j + i;
             *reinterpret_cast<uint2 *>(dst + r * cols + c) = fp8x8s<KIND>(f, qr);
             if (l % 16 == 0) scales[c0 / 128 * rows + r] = pow2_inverse(qr);

@@ -53,6 +53,14 @@ template <__nv_fp8_interpretation_t KIND> __device__ __forceinline__ float fp8_m
 template <> __device__ __forceinline__ float fp8_max<__NV_E4M3>() { return 448.0f; }
 template <> __device__ __forceinline__ float fp8_max<__NV_E5M2>() { return 57344.0f; }
 
+// The largest of m over the LANES consecutive lanes of an aligned group (LANES a power of two; every lane of the warp
+// calls it)
+template <int LANES> __device__ __forceinline__ float fp8_group_max(float m) {
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
 // A producer's part of one 1 x 128 block of its output's row copy: the 16 lanes of an aligned half-warp each hold 8
 // consecutive values f (as stored: bf16-rounded) of the block's 128, lane % 16 == 0 the first. Every lane of the warp
 // calls it, a lane outside the output with in = false (it stores nothing; a half-warp is in or out as a whole). The
@@ -65,8 +73,7 @@ __device__ __forceinline__ void fp8_block_store(const float *f, bool in, float f
 #pragma unroll
         for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
     }
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = fp8_group_max<16>(m);
     if (!in) return;
     const float q = pow2_quant(m, fmax);
     *reinterpret_cast<uint2 *>(dst8) = fmax == 448.0f ? fp8x8s<__NV_E4M3>(f, q) : fp8x8s<__NV_E5M2>(f, q);

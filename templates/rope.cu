@@ -48,7 +48,8 @@ extern "C" __global__ void rope_bwd_copy_d{{D}}_f{{FREQ_TAG}}{{POS_TAG}}(bf16 *d
     float fmax, unsigned char *copy, float *copy_scales, i64 row0, i64 scale_rows);
 
 // A head's 1 x 128 block of the copy: its 8 threads' 16 values each (lo: columns c VEC .., hi: HALF + c VEC ..), the
-// block's maximum by shuffles among them (every lane of the warp calls it; one outside the rows with in = false).
+// block's maximum by shuffles among them (every lane of the warp calls it; one outside the rows with in = false); as
+// fp8_block.cuh's fp8_block_store, which takes 16 lanes of 8 consecutive values.
 template <__nv_fp8_interpretation_t KIND>
 static __device__ __forceinline__ void head_block_store(const float *lo, const float *hi, bool in, float fmax, int c,
                                                         unsigned char *dst, float *scale) {
@@ -57,8 +58,7 @@ static __device__ __forceinline__ void head_block_store(const float *lo, const f
 #pragma unroll
         for (int j = 0; j < 8; j++) m = fmaxf(m, fmaxf(fabsf(lo[j]), fabsf(hi[j])));
     }
-#pragma unroll
-    for (int o = CPH / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = fp8_group_max<CPH>(m);
     if (!in) return;
     const float q = pow2_quant(m, fmax);
     *reinterpret_cast<uint2 *>(dst + c * VEC) = fp8x8s<KIND>(lo, q);

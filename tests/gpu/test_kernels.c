@@ -222,19 +222,20 @@ static copy_dev copy_dev_new(int64_t rows, int64_t cols) {
     return d;
 }
 
-/* The copy a producer wrote beside the values it stored (wrote): every byte and scale exactly the cast's
- * (ref_fp8_cast_block, 1 x 128 blocks as rows). Frees d. */
-static void copy_check(const char *name, const char *shape, copy_dev d, const uint16_t *wrote, int64_t rows,
-                       int64_t cols, bool e5m2) {
-    const size_t n = (size_t)(rows * cols), ns = (size_t)(rows * (cols / 128));
-    uint8_t *out = malloc(n), *ref = malloc(n);
-    float *sout = malloc(4 * ns), *sref = malloc(4 * ns);
+/* The copy a producer wrote beside the values it stored (wrote, rows x cols): every byte and scale exactly the cast's
+ * (ref_fp8_cast_block, 1 x 128 blocks as rows), the rows at row0 .. of a copy of `total` rows. Frees d. */
+static void copy_check_at(const char *name, const char *shape, copy_dev d, const uint16_t *wrote, int64_t rows,
+                          int64_t cols, bool e5m2, int64_t row0, int64_t total) {
+    const int64_t nb = cols / 128, n = rows * cols;
+    uint8_t *out = malloc((size_t)(total * cols)), *ref = malloc((size_t)n);
+    float *sout = malloc(4 * (size_t)(total * nb)), *sref = malloc(4 * (size_t)(rows * nb));
     ref_fp8_cast_block(wrote, rows, cols, cols, e5m2, false, false, ref, sref);
-    gu_download(out, d.copy, n);
-    gu_download(sout, d.scales, 4 * ns);
+    gu_download(out, d.copy, (size_t)(total * cols));
+    gu_download(sout, d.scales, 4 * (size_t)(total * nb));
     int64_t diff = 0, sdiff = 0;
-    for (size_t i = 0; i < n; i++) diff += out[i] != ref[i];
-    for (size_t i = 0; i < ns; i++) sdiff += !(sout[i] == sref[i]);
+    for (int64_t i = 0; i < n; i++) diff += out[row0 * cols + i] != ref[i];
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t r = 0; r < rows; r++) sdiff += !(sout[b * total + row0 + r] == sref[b * rows + r]);
     char label[96];
     snprintf(label, sizeof label, "%s (bytes differing)", name);
     gu_check(label, shape, (double)diff, 0);
@@ -242,6 +243,12 @@ static void copy_check(const char *name, const char *shape, copy_dev d, const ui
     gu_check(label, shape, (double)sdiff, 0);
     free(out), free(ref), free(sout), free(sref);
     gu_free_dev(d.copy), gu_free_dev(d.scales);
+}
+
+/* The same of a copy of exactly the rows written */
+static void copy_check(const char *name, const char *shape, copy_dev d, const uint16_t *wrote, int64_t rows,
+                       int64_t cols, bool e5m2) {
+    copy_check_at(name, shape, d, wrote, rows, cols, e5m2, 0, rows);
 }
 
 /* ---- rmsnorm ---- */
@@ -396,20 +403,9 @@ static void rope_copy_case(gu_module *m, const char *shape, const uint16_t *x, c
     gu_run(m, "bwd_copy", n, nh, a);
     gu_download(out, dx, 2 * (size_t)cnt);
     gu_check("rope_bwd_copy.dx as bwd's", shape, memcmp(out, wrote, 2 * (size_t)cnt) ? 1.0 : 0.0, 0);
-    const int64_t nb = cols / 128;
-    uint8_t *got = malloc((size_t)(total * cols)), *ref = malloc((size_t)cnt);
-    float *sgot = malloc(4 * (size_t)(total * nb)), *sref = malloc(4 * (size_t)(n * nb));
-    ref_fp8_cast_block(out, n, cols, cols, n % 2, false, false, ref, sref);
-    gu_download(got, cp.copy, (size_t)(total * cols));
-    gu_download(sgot, cp.scales, 4 * (size_t)(total * nb));
-    int64_t diff = 0, sdiff = 0;
-    for (int64_t i = 0; i < cnt; i++) diff += got[row0 * cols + i] != ref[i];
-    for (int64_t b = 0; b < nb; b++)
-        for (int64_t r = 0; r < n; r++) sdiff += !(sgot[b * total + row0 + r] == sref[b * n + r]);
-    gu_check("rope_bwd_copy.copy (bytes differing)", shape, (double)diff, 0);
-    gu_check("rope_bwd_copy.copy (scales differing)", shape, (double)sdiff, 0);
-    free(out), free(got), free(ref), free(sgot), free(sref);
-    gu_free_dev(dx), gu_free_dev(cp.copy), gu_free_dev(cp.scales);
+    copy_check_at("rope_bwd_copy.copy", shape, cp, out, n, cols, n % 2, row0, total);
+    free(out);
+    gu_free_dev(dx);
 }
 
 /* rope with a position per row (cp_k_rope_positions): rows of documents of 1, 5, 300 and the rest tokens, the third
