@@ -25,11 +25,10 @@
 #include <cmocka.h>
 
 #include "data.h"
-#include "doc_inputs.h"
-#include "exec.h"
 #include "gpu_util.h"
 #include "plan.h"
 #include "spec.h"
+#include "step_grads.h"
 #include "train.h"
 #include "util.h"
 #include "weights.h"
@@ -212,32 +211,8 @@ static void test_hf_export(void **state) {
         if (cp_mkdir_p(dir) || cp_weights_save_hf(&p, flat, model, false, 0, err, sizeof err)) fail_msg("save: %s", err);
     }
     /* the gradients of step 1 (every micro-batch) at the initial weights, saved with the weights' names and layout */
-    cp_exec *ex;
-    cp_exec_opts eo = {.out = NULL};
-    if (cp_exec_create(&ex, &p, &eo, err, sizeof err)) fail_msg("executor: %s", err);
-    if (cp_exec_load_weights(ex, flat, err, sizeof err)) fail_msg("weights: %s", err);
-    cp_dataset d;
-    if (cp_dataset_open(&d, &p.spec, err, sizeof err)) fail_msg("data: %s", err);
-    int32_t *t0 = malloc(sizeof(int32_t) * (size_t)p.T * (size_t)p.spec.train.micro_batches);
-    int32_t *g0 = malloc(sizeof(int32_t) * (size_t)p.T * (size_t)p.spec.train.micro_batches);
-    /* packed documents: each micro-batch's positions and document bounds, staged as a training step stages them */
-    cp_doc_inputs di;
-    cp_doc_inputs_init(&di, &p);
-    const cp_data_slice one = {.replica = 0, .replicas = 1, .ring_pos = 0, .ring = 1, .rank = 0, .gpus = 1};
-    for (int b = 0; b < p.spec.train.micro_batches; b++) {
-        if (cp_dataset_next(&d, 0, 1, t0 + (size_t)b * p.T, g0 + (size_t)b * p.T, err, sizeof err)) fail_msg("%s", err);
-        if (cp_doc_inputs_add(&di, &p, &one, &d, err, sizeof err)) fail_msg("%s", err);
-    }
-    const long long eod = d.documents == CP_DOCS_MASK ? (long long)d.eod : -1;
-    cp_dataset_close(&d);
-    if (cp_doc_inputs_stage(&di, ex, err, sizeof err)) fail_msg("documents: %s", err);
-    cp_doc_inputs_free(&di);
     double loss;
-    if (cp_exec_gradients(ex, t0, g0, 0, &loss, err, sizeof err) || cp_exec_read_grads(ex, flat, true, err, sizeof err))
-        fail_msg("gradients: %s", err);
-    cp_exec_destroy(ex);
-    free(t0);
-    free(g0);
+    step_grads(&p, flat, 0, flat, &loss);
     printf("gradients of step 1: loss %.6f\n", loss);
     snprintf(model, sizeof model, "%s/grads", dir);
     if (cp_weights_save_hf(&p, flat, model, false, 0, err, sizeof err)) fail_msg("save: %s", err);
@@ -247,7 +222,9 @@ static void test_hf_export(void **state) {
     fprintf(lf, "{\"loss\": %.9g}\n", loss);
     fclose(lf);
     free(flat);
+    cp_dataset d;
     if (cp_dataset_open(&d, &p.spec, err, sizeof err)) fail_msg("data: %s", err);
+    const long long eod = d.documents == CP_DOCS_MASK ? (long long)d.eod : -1;
     int64_t T = p.T, mb = p.spec.train.micro_batches;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)T), *tgt = malloc(sizeof(int32_t) * (size_t)T);
     snprintf(path, sizeof path, "%s/tokens.bin", dir);
