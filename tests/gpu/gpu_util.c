@@ -11,6 +11,9 @@
 #include <cmocka.h>
 
 #include "../ref/bf16.h"
+#include "data.h"
+#include "spec.h"
+#include "util.h"
 
 gu_device gu_dev;
 bool gu_cmocka;
@@ -24,6 +27,15 @@ void gu_fail(const char *fmt, ...) {
     if (gu_cmocka) fail_msg("%s", msg);
     fprintf(stderr, "FAIL: %s\n", msg);
     exit(1);
+}
+
+void gu_plan(const char *spec, const char **sets, int nsets, cp_plan *p) {
+    cp_spec s;
+    char err[CP_ERR_MAX];
+    if (cp_spec_load(spec, sets, nsets, &s, err, sizeof err) || cp_data_resolve_documents(&s, err, sizeof err))
+        gu_fail("spec: %s", err);
+    if (cp_plan_build(&s, p, err, sizeof err)) gu_fail("plan: %s", err);
+    if (!p->fits) gu_fail("plan: %s does not fit", spec);
 }
 
 #define GU_CUDA(call)                                                            \

@@ -14,6 +14,7 @@
 #include "jit.h"
 #include "kernels.h"
 #include "module.h"
+#include "plan.h"
 
 typedef struct {
     int dev, sms;
@@ -61,6 +62,11 @@ cudaKernel_t gu_kernel(gu_module *m, const char *role);
 cp_kdims gu_dims(gu_module *m, const char *role, int64_t n, int64_t heads);
 /* Launch role with cp_k_dims(n, heads) geometry, wait for it and check for errors. */
 void gu_run(gu_module *m, const char *role, int64_t n, int64_t heads, void **args);
+
+/* The plan of spec (a shipped spec's name or a path) with the overrides sets ("key=value"), as the command line
+ * makes it: the documents resolved from the data source first. Fails (gu_fail) on an error or a plan that does not
+ * fit. */
+void gu_plan(const char *spec, const char **sets, int nsets, cp_plan *p);
 
 /* Device memory (failures fail). */
 void *gu_malloc(size_t bytes);

@@ -36,7 +36,8 @@ void step_grads(const cp_plan *p, const float *flat, int step, float *grads, dou
     cp_dataset_close(&d);
     if (cp_doc_inputs_stage(&di, ex, err, sizeof err)) gu_fail("documents: %s", err);
     cp_doc_inputs_free(&di);
-    if (cp_exec_gradients(ex, tok, tgt, 0, loss, err, sizeof err) || cp_exec_read_grads(ex, grads, true, err, sizeof err))
+    if (cp_exec_gradients(ex, tok, tgt, 0, loss, err, sizeof err) ||
+        cp_exec_read_grads(ex, grads, true, err, sizeof err))
         gu_fail("gradients: %s", err);
     cp_exec_destroy(ex);
     free(tok);

@@ -23,7 +23,7 @@
  * gradients within 0.99963 of bf16 ones (docs/PERF.md); CPGEN_FP8_GRADS_SETS="key=value ..." (overrides for every
  * plan, e.g. data.source=tokens:... and its model.vocab) runs this test there, where after its 60 steps every
  * tensor, q_proj's and k_proj's included, was within 0.08 of bf16's.
- * Needs compute capability 9.0 (skipped elsewhere). */
+ * Needs sm_90a (skipped elsewhere). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -36,10 +36,8 @@
 
 #include <cmocka.h>
 
-#include "data.h"
 #include "gpu_util.h"
 #include "plan.h"
-#include "spec.h"
 #include "step_grads.h"
 #include "train.h"
 #include "util.h"
@@ -79,12 +77,7 @@ static void make_plan(const char *more, cp_plan *p) {
             if (n == MAX_SETS) fail_msg("more than %d overrides", MAX_SETS);
             sets[n++] = t;
         }
-    cp_spec s;
-    char err[CP_ERR_MAX];
-    if (cp_spec_load("llama1b", sets, n, &s, err, sizeof err) || cp_data_resolve_documents(&s, err, sizeof err))
-        fail_msg("spec: %s", err);
-    if (cp_plan_build(&s, p, err, sizeof err)) fail_msg("plan: %s", err);
-    assert_true(p->fits);
+    gu_plan("llama1b", sets, n, p);
 }
 
 /* ||a - b|| / ||b|| over n elements, in double */
@@ -232,15 +225,14 @@ static void test_fp8_grads(void **state) {
     cp_plan_free(&p);
     free(w);
     free(ref);
-    char cmd[100];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+    cp_remove_tree(dir);
 }
 
 int main(void) {
     gu_init_or_skip("test_fp8_grads");
-    if (strcmp(gu_dev.arch, "sm_90a") != 0 && strcmp(gu_dev.arch, "sm_90") != 0)
-        gu_skip("test_fp8_grads", "FP8 training needs compute capability 9.0, this GPU is %s", gu_dev.arch);
+    if (!cp_k_sm90a(gu_dev.arch))
+        gu_skip("test_fp8_grads", "needs sm_90a (FP8 training, the generator's FP8 GEMM kernel); GPU 0 is %s",
+                gu_dev.arch);
     gu_cmocka = true;
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_fp8_grads)};
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

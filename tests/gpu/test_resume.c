@@ -37,14 +37,7 @@ static char out_root[1024];
 
 static const char *const variants[][2] = {{"parallel.optimizer=gpu", "gpu"}, {"parallel.optimizer=host", "host"}};
 
-static void load_plan(cp_plan *p, int nsets, const char **sets) {
-    cp_spec s;
-    char err[CP_ERR_MAX];
-    if (cp_spec_load("tiny", sets, nsets, &s, err, sizeof err) || cp_data_resolve_documents(&s, err, sizeof err))
-        fail_msg("spec: %s", err);
-    if (cp_plan_build(&s, p, err, sizeof err)) fail_msg("plan: %s", err);
-    assert_true(p->fits);
-}
+static void load_plan(cp_plan *p, int nsets, const char **sets) { gu_plan("tiny", sets, nsets, p); }
 
 static void train(cp_train_result *r, const char *resume, int nsets, const char **sets) {
     cp_plan p;

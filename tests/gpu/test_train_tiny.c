@@ -35,17 +35,7 @@
 
 static char out_root[1024];
 
-static void load_spec_plan(const char *spec, cp_plan *p, int nsets, const char **sets) {
-    cp_spec s;
-    char err[CP_ERR_MAX];
-    /* as the command line: the documents resolved from the source before the plan is made */
-    if (cp_spec_load(spec, sets, nsets, &s, err, sizeof err) || cp_data_resolve_documents(&s, err, sizeof err))
-        fail_msg("spec: %s", err);
-    if (cp_plan_build(&s, p, err, sizeof err)) fail_msg("plan: %s", err);
-    assert_true(p->fits);
-}
-
-static void load_plan(cp_plan *p, int nsets, const char **sets) { load_spec_plan("tiny", p, nsets, sets); }
+static void load_plan(cp_plan *p, int nsets, const char **sets) { gu_plan("tiny", sets, nsets, p); }
 
 /* Train tiny with overrides; the result's losses are kept. */
 static void train(cp_train_result *r, int nsets, const char **sets) {
@@ -196,7 +186,7 @@ static void test_hf_export(void **state) {
     }
     const char *spec = getenv("CPGEN_HF_SPEC");
     cp_plan p;
-    load_spec_plan(spec && *spec ? spec : "tiny", &p, ns, sets);
+    gu_plan(spec && *spec ? spec : "tiny", sets, ns, &p);
     char err[CP_ERR_MAX];
     float *flat = malloc(sizeof(float) * (size_t)cp_weights_elems(&p));
     assert_non_null(flat);
