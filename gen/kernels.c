@@ -275,6 +275,7 @@ void cp_k_fp8(cp_kernel_spec *k) {
     cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
     cp_kspec_set_int(k, "UNROLL", 4);
     cp_kspec_set_int(k, "AMAX_PARTS", CP_FP8_AMAX_PARTS);
+    cp_kspec_set_int(k, "ROW_CHUNK", CP_FP8_ROW_CHUNK);
 }
 
 /* templates/gemm_fp8.cu's tile and ring: outputs of (64 x consumers) x 128, k blocks of 128, stages of A's and B's
@@ -471,6 +472,14 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             d->block = 256; /* one tile of 128 rows (their count a multiple of 128) and 128 columns a block */
             d->grid[0] = units > 0 ? (unsigned)((heads + 127) / 128) : 0;
             d->grid[1] = (unsigned)((n + 127) / 128);
+        } else if (strcmp(role, "cast_row_e4m3") == 0 || strcmp(role, "cast_row_e5m2") == 0) {
+            d->block = (unsigned)get_int(k, "BLOCK"); /* a row a block */
+            d->grid[0] = units > 0 ? (unsigned)CP_MIN(n, 1 << 20) : 0;
+        } else if (strcmp(role, "cast_t_row_max") == 0 || strcmp(role, "cast_t_row_e4m3") == 0 ||
+                   strcmp(role, "cast_t_row_e5m2") == 0) {
+            d->block = 256; /* a strip of 32 source columns by a chunk of rows a block */
+            d->grid[0] = units > 0 ? (unsigned)((heads + 31) / 32) : 0;
+            d->grid[1] = (unsigned)((n + CP_FP8_ROW_CHUNK - 1) / CP_FP8_ROW_CHUNK);
         } else if (strcmp(role, "cast_2d_e4m3") == 0 || strcmp(role, "cast_t_2d_e4m3") == 0) {
             d->block = strcmp(role, "cast_2d_e4m3") == 0 ? 256 : 128; /* one 128 x 128 tile a block */
             d->grid[0] = units > 0 ? (unsigned)((heads + 127) / 128) : 0;

@@ -109,9 +109,20 @@ void cp_k_cast(cp_kernel_spec *k);
  * cast_t_1d_e4m3, cast_t_1d_e5m2 the transposed copy, a scale per column and 128 rows (rows a multiple of 128);
  * cast_rt_1d_e4m3, cast_rt_1d_e5m2(src, rows, cols, ld, dst, scales, dst_t, scales_t) both from one read (rows and
  * cols multiples of 128);
- * cast_2d_e4m3, cast_t_2d_e4m3 a weight's copies, a scale per 128 x 128 tile. Each scale is the power of two an
- * element stands for. cp_k_dims takes n = rows and heads = cols. */
+ * cast_2d_e4m3, cast_t_2d_e4m3 a weight's copies, a scale per 128 x 128 tile.
+ * Row scaling (train.fp8_scaling = "row"): cast_row_e4m3, cast_row_e5m2(src, rows, cols, ld, dst u8[rows][cols],
+ * scales f32[rows]) a scale per row over all of it; cast_t_row_e4m3, cast_t_row_e5m2 the transposed copy
+ * (dst u8[cols][rows], scales f32[cols]: a scale per source column; cols a multiple of 32), each after
+ * cast_t_row_max (the same arguments), which leaves the column maxima of each CP_FP8_ROW_CHUNK rows behind the
+ * scales: scales f32[cols + cp_fp8_row_parts(rows, cols)].
+ * Each scale is the power of two an element stands for. cp_k_dims takes n = rows and heads = cols. */
 #define CP_FP8_AMAX_PARTS 1024
+#define CP_FP8_ROW_CHUNK 1024
+/* The column maxima cast_t_row_max leaves behind a transposed row-scaled copy's scales: a row of them per
+ * CP_FP8_ROW_CHUNK source rows */
+static inline int64_t cp_fp8_row_parts(int64_t rows, int64_t cols) {
+    return (rows + CP_FP8_ROW_CHUNK - 1) / CP_FP8_ROW_CHUNK * cols;
+}
 #define CP_FP8_SLOT_BYTES (128 + 32 * 128) /* the scales, then 32 groups of blocks a 128-byte line each */
 void cp_k_fp8(cp_kernel_spec *k);
 /* gemm_fp8 (Hopper, sm_90a): D[m][n] = sum over k of A[m][k] B[n][k] on FP8 inputs with block scales, A's per row and

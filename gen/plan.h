@@ -115,13 +115,18 @@ typedef struct {
 typedef enum { CP_GEMM_BF16 = 0, CP_GEMM_E4M3, CP_GEMM_E5M2 } cp_gemm_type;
 /* How an FP8 input's scales cover it: one for the tensor; one per row and 128 elements of k (cuBLASLt's VEC128_32F:
  * f32 [k / 128][rows], rows contiguous); one per 128 x 128 tile (BLK128x128_32F: f32 [rows / 128][ld4], ld4 the k
- * blocks rounded up to a multiple of 4). */
-typedef enum { CP_GEMM_SCALE_TENSOR = 0, CP_GEMM_SCALE_1D, CP_GEMM_SCALE_2D } cp_gemm_scale;
+ * blocks rounded up to a multiple of 4); one per row over the whole of k (OUTER_VEC_32F: f32 [rows], applied to the
+ * product's row or column after the sums, so the GEMM runs at the per-tensor rate). */
+typedef enum { CP_GEMM_SCALE_TENSOR = 0, CP_GEMM_SCALE_1D, CP_GEMM_SCALE_2D, CP_GEMM_SCALE_ROW } cp_gemm_scale;
 /* The f32 scales of an FP8 input [rows][k] scaled as `scale` (cp_gemm_scale) */
 static inline int64_t cp_fp8_scales(int scale, int64_t rows, int64_t k) {
     int64_t kb = (k + 127) / 128;
-    return scale == CP_GEMM_SCALE_2D ? (rows + 127) / 128 * ((kb + 3) / 4 * 4) : scale == CP_GEMM_SCALE_1D ? rows * kb
-                                                                                                           : 1;
+    switch (scale) {
+    case CP_GEMM_SCALE_1D: return rows * kb;
+    case CP_GEMM_SCALE_2D: return (rows + 127) / 128 * ((kb + 3) / 4 * 4);
+    case CP_GEMM_SCALE_ROW: return rows;
+    default: return 1;
+    }
 }
 
 /* Row-major: D[m][n] = op(A)[m][k] op(B)[k][n] (+ C). A is stored [m][k], or [k][m] when trans_a; B is stored

@@ -71,7 +71,7 @@ static const char *lt_hint(cublasStatus_t s) {
 
 static const char *type_name(int t) { return t == CP_GEMM_E4M3 ? "e4m3" : t == CP_GEMM_E5M2 ? "e5m2" : "bf16"; }
 static const char *scale_name(int s) {
-    return s == CP_GEMM_SCALE_1D ? " 1x128" : s == CP_GEMM_SCALE_2D ? " 128x128" : "";
+    return s == CP_GEMM_SCALE_1D ? " 1x128" : s == CP_GEMM_SCALE_2D ? " 128x128" : s == CP_GEMM_SCALE_ROW ? " row" : "";
 }
 static bool is_fp8(const cp_gemm *p) { return p->a_type != CP_GEMM_BF16 || p->b_type != CP_GEMM_BF16; }
 
@@ -146,6 +146,7 @@ int cp_gemm_check(const cp_gemm *p, const char *what, const void *A, const void 
                   char *err, int errlen) {
     char d[256];
     const char *bad = NULL;
+    const bool blocks = p->a_scale == CP_GEMM_SCALE_1D || p->a_scale == CP_GEMM_SCALE_2D; /* scales inside the sums */
     if (p->m < 1 || p->n < 1 || p->k < 1) bad = "m, n and k must be at least 1";
     else if (p->lda < (p->trans_a ? p->m : p->k)) bad = "lda is shorter than a row of A as stored";
     else if (p->ldb < (p->trans_b ? p->k : p->n)) bad = "ldb is shorter than a row of B as stored";
@@ -162,18 +163,20 @@ int cp_gemm_check(const cp_gemm *p, const char *what, const void *A, const void 
               "that one; store a transposed FP8 copy of the other operand";
     else if (is_fp8(p) && (p->k % 16 || p->lda % 16 || p->ldb % 16))
         bad = "FP8 inputs with k, lda or ldb not a multiple of 16";
-    else if (p->a_scale > CP_GEMM_SCALE_2D || p->b_scale > CP_GEMM_SCALE_2D)
+    else if (p->a_scale > CP_GEMM_SCALE_ROW || p->b_scale > CP_GEMM_SCALE_ROW)
         bad = "a scale mode that is not a cp_gemm_scale";
     else if (!is_fp8(p) && (p->a_scale || p->b_scale))
         bad = "block scales for bf16 inputs";
     else if ((p->a_scale == CP_GEMM_SCALE_TENSOR) != (p->b_scale == CP_GEMM_SCALE_TENSOR))
         bad = "one input scaled per tensor and the other by blocks (the plan scales both alike)";
+    else if ((p->a_scale == CP_GEMM_SCALE_ROW) != (p->b_scale == CP_GEMM_SCALE_ROW))
+        bad = "one input scaled per row and the other by blocks (cuBLASLt takes row scales only on both inputs)";
     else if (p->a_scale == CP_GEMM_SCALE_2D && p->b_scale == CP_GEMM_SCALE_2D)
         bad = "both inputs scaled by 128 x 128 tiles (Hopper's block-scaled GEMMs take 1 x 128 with 1 x 128 or with "
               "128 x 128, not two tiled inputs)";
-    else if (p->a_scale && p->k % 128)
+    else if (blocks && p->k % 128)
         bad = "block scales with k not a multiple of 128";
-    else if (p->a_scale && p->fast_accum)
+    else if (blocks && p->fast_accum)
         bad = "block scales with fast accumulation (the scales are applied where cuBLASLt promotes the sums to fp32)";
     if (!bad) return 0;
     describe(p, what, d, sizeof d);
@@ -235,14 +238,14 @@ static int make_entry(cp_gemm_lib *g, gemm_entry *e, char *err, int errlen) {
     if (is_fp8(p)) {
         int8_t fast = p->fast_accum;
         LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), p, w);
-        const cublasLtMatmulMatrixScale_t mode[] = {CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
-                                                    CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
-                                                    CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F};
+        const cublasLtMatmulMatrixScale_t mode[] = {
+            CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+            CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F};
         int32_t ma = mode[p->b_scale], mb = mode[p->a_scale]; /* cuBLASLt's A is our B */
         LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma), p, w);
         LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb), p, w);
         if (p->a_scale) {
-            /* the heuristic refuses a block mode without scale pointers (INVALID_VALUE) but does not read them:
+            /* the heuristic refuses a vector mode without scale pointers (INVALID_VALUE) but does not read them:
              * an aligned placeholder stands in, and every launch sets the real ones */
             const void *any = (const void *)(uintptr_t)256;
             LT(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &any, sizeof any), p, w);

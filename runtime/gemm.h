@@ -1,5 +1,5 @@
 /* gemm.h: the plan's GEMMs (cp_gemm in gen/plan.h) on cuBLASLt. Row-major D[m][n] = op(A) op(B) (+ C), bf16 or
- * FP8 inputs (per-tensor or block scales), fp32 compute, bf16 or fp32 output, optionally accumulating into D
+ * FP8 inputs (per-tensor, per-row or block scales), fp32 compute, bf16 or fp32 output, optionally accumulating into D
  * (D += AB) or adding a separate bf16 residual C (D = AB + C, C laid out as D). The algorithm of each shape (and
  * pointer alignment) is chosen once with cuBLASLt's heuristic and kept, so a training step only looks up a prepared
  * entry and launches. */
@@ -22,8 +22,9 @@ void cp_gemm_lib_destroy(cp_gemm_lib *g);
 
 /* The plan's conventions and what the tensor cores take (FP8: the x W^T form, both inputs FP8, not two E5M2, k and
  * the leading dimensions multiples of 16; block scales on both inputs or neither, not both tiled, k a multiple of
- * 128, no fast accumulation), checked before cuBLASLt sees the GEMM, so that a wrong cp_gemm is named as
- * such. Needs no GPU. Returns 0, or -1 with a message naming the GEMM and what is wrong. */
+ * 128, no fast accumulation; row scales on both inputs or neither), checked before cuBLASLt sees the GEMM, so that
+ * a wrong cp_gemm is named as such. Needs no GPU. Returns 0, or -1 with a message naming the GEMM and what is
+ * wrong. */
 int cp_gemm_check(const cp_gemm *p, const char *what, const void *A, const void *B, const void *C, const void *D,
                   char *err, int errlen);
 

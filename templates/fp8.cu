@@ -24,6 +24,13 @@
 //     (x / 128 rounded up) rounded up to a multiple of 4 (cuBLASLt's 16-byte row pitch).
 //   cast_t_2d_e4m3(the same, dst [cols][rows]): the transposed copy of the same tiles, scales[(c / 128) * ld4(rows)
 //     + r / 128].
+// Row scaling (train.fp8_scaling = "row"): a copy's scale per row over the whole of k, the same power-of-two rule,
+// applied by cuBLASLt's OUTER_VEC_32F after the sums (so the GEMM runs at the per-tensor rate):
+//   cast_row_e4m3, cast_row_e5m2(src, rows, cols, ld, dst [rows][cols], scales f32[rows]): a scale per row.
+//   cast_t_row_e4m3, cast_t_row_e5m2(the same, dst [cols][rows], scales f32[cols + chunks x cols]): the transposed
+//     copy, a scale per source column over all its rows (cols a multiple of 32), after cast_t_row_max(the same
+//     arguments) has put each chunk of ROWT_CHUNK rows' column maxima behind the scales (chunks: rows / ROWT_CHUNK
+//     rounded up); rows a multiple of 16.
 // A contiguous source (ld = cols, every tensor of the shipped specs) is walked as one run of vectors, without the
 // 64-bit division per load that a strided one needs and that held these memory-bound kernels to half the HBM rate.
 #include <cuda_bf16.h>
@@ -66,6 +73,16 @@ extern "C" __global__ void fp8_cast_rt_1d_e4m3(const bf16 *src, i64 rows, i64 co
                                                float *scales, unsigned char *dst_t, float *scales_t);
 extern "C" __global__ void fp8_cast_rt_1d_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
                                                float *scales, unsigned char *dst_t, float *scales_t);
+extern "C" __global__ void fp8_cast_row_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                             float *scales);
+extern "C" __global__ void fp8_cast_row_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                             float *scales);
+extern "C" __global__ void fp8_cast_t_row_max(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                              float *scales);
+extern "C" __global__ void fp8_cast_t_row_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                               float *scales);
+extern "C" __global__ void fp8_cast_t_row_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                               float *scales);
 extern "C" __global__ void fp8_cast_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
                                             float *scales);
 extern "C" __global__ void fp8_cast_t_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
@@ -502,3 +519,168 @@ CAST_T_KERNEL(fp8_cast_t_1d_e4m3, __NV_E4M3)
 CAST_T_KERNEL(fp8_cast_t_1d_e5m2, __NV_E5M2)
 CAST_BOTH_KERNEL(fp8_cast_rt_1d_e4m3, __NV_E4M3)
 CAST_BOTH_KERNEL(fp8_cast_rt_1d_e5m2, __NV_E5M2)
+
+// ---- row scaling ----
+
+// A row per block of BLOCK threads (grid-stride over rows), held in registers: ROW_VECS vectors of 8 a thread (rows of
+// up to BLOCK x ROW_VECS x 8 columns, 16384 with 256 threads), its largest |x| over the block, then the cast from the
+// registers, so that the row is read once. A longer row is read again for the cast (from L2).
+#define ROW_VECS 8
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void cast_row(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                         unsigned char *__restrict__ dst, float *__restrict__ scales) {
+    __shared__ float warp_max[BLOCK / 32];
+    const i64 vrow = cols / 8;
+    const bool held = vrow <= (i64)BLOCK * ROW_VECS;
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const bf16 *row = src + r * ld;
+        uint4 v[ROW_VECS];
+        float m = 0.0f;
+        for (i64 v0 = 0; v0 < vrow; v0 += (i64)BLOCK * ROW_VECS) {
+#pragma unroll
+            for (int u = 0; u < ROW_VECS; u++) {
+                const i64 i = v0 + u * BLOCK + threadIdx.x;
+                if (i < vrow) v[u] = *reinterpret_cast<const uint4 *>(row + 8 * i);
+            }
+#pragma unroll
+            for (int u = 0; u < ROW_VECS; u++) {
+                if (v0 + u * BLOCK + threadIdx.x >= vrow) continue;
+                float f[8];
+                unpack8(v[u], f);
+#pragma unroll
+                for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+            }
+        }
+        m = fp8_group_max<32>(m);
+        if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < BLOCK / 32; w++) m = fmaxf(m, warp_max[w]);
+        __syncthreads(); // warp_max is written again for the next row
+        const float q = pow2_quant(m, fp8_max<KIND>());
+        for (i64 v0 = 0; v0 < vrow; v0 += (i64)BLOCK * ROW_VECS) {
+#pragma unroll
+            for (int u = 0; u < ROW_VECS; u++) {
+                const i64 i = v0 + u * BLOCK + threadIdx.x;
+                if (i >= vrow) continue;
+                if (!held) v[u] = *reinterpret_cast<const uint4 *>(row + 8 * i);
+                *reinterpret_cast<uint2 *>(dst + r * cols + 8 * i) = fp8x8<KIND>(v[u], q);
+            }
+        }
+        if (threadIdx.x == 0) scales[r] = pow2_inverse(q);
+    }
+}
+
+// The transposed copy, a scale per source column over all the rows, in two launches over the same grid: strips of 32
+// source columns by chunks of ROWT_CHUNK rows (grid: cols / 32 and rows / ROWT_CHUNK rounded up), 256 threads a block,
+// thread t reading 8 columns (16 bytes, 8 (t % 4) on) of the chunk's rows t / 4 + 64 i. The first
+// (cast_t_row_max) writes each chunk's column maxima to parts f32[chunks][cols], behind the scales; the second reduces
+// a strip's parts (from L2), writes the scales (the first chunk's blocks) and casts its chunk 64 rows at a time into a
+// shared tile [column][row] of bytes, written out as 16-byte runs of the copy's rows. The memory reads the source
+// twice and writes the copy once.
+#define ROWT_COLS 32
+#define ROWT_ROWS 64
+#define ROWT_CHUNK {{ROW_CHUNK}}
+#define ROWT_PITCH (ROWT_ROWS + 4) // bytes of a tile row: 17 words, so the 4 column groups' byte stores hit 4 banks
+__device__ __forceinline__ float *row_parts(float *scales, i64 cols) { return scales + cols; }
+
+__device__ __forceinline__ void cast_t_row_max(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                               unsigned char *__restrict__, float *__restrict__ scales) {
+    __shared__ float warp_max[8][ROWT_COLS];
+    const int g = threadIdx.x % 4, w = threadIdx.x / 32;
+    const i64 c0 = (i64)blockIdx.x * ROWT_COLS, c = c0 + 8 * g, r0 = (i64)blockIdx.y * ROWT_CHUNK;
+    const i64 r1 = min(r0 + ROWT_CHUNK, rows);
+    float m[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) m[j] = 0.0f;
+    for (i64 rb = r0 + threadIdx.x / 4; rb < r1; rb += 4 * ROWT_ROWS) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (rb + u * ROWT_ROWS < r1) v[u] = *reinterpret_cast<const uint4 *>(src + (rb + u * ROWT_ROWS) * ld + c);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            if (rb + u * ROWT_ROWS >= r1) continue;
+            float f[8];
+            unpack8(v[u], f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) m[j] = fmaxf(m[j], fabsf(f[j]));
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) m[j] = fmaxf(m[j], __shfl_xor_sync(0xffffffffu, m[j], o));
+    }
+    if (threadIdx.x % 32 < 4) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) warp_max[w][8 * g + j] = m[j];
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWT_COLS) {
+        float a = warp_max[0][threadIdx.x];
+#pragma unroll
+        for (int k = 1; k < 8; k++) a = fmaxf(a, warp_max[k][threadIdx.x]);
+        row_parts(scales, cols)[blockIdx.y * cols + c0 + threadIdx.x] = a;
+    }
+}
+
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void cast_t_row(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                           unsigned char *__restrict__ dst, float *__restrict__ scales) {
+    __shared__ float part_max[8][ROWT_COLS];
+    __shared__ float col_q[ROWT_COLS];
+    __shared__ __align__(16) unsigned char tile[ROWT_COLS][ROWT_PITCH];
+    const int g = threadIdx.x % 4, rt = threadIdx.x / 4;
+    const i64 c0 = (i64)blockIdx.x * ROWT_COLS, c = c0 + 8 * g, r0 = (i64)blockIdx.y * ROWT_CHUNK;
+    const i64 r1 = min(r0 + ROWT_CHUNK, rows), chunks = (rows + ROWT_CHUNK - 1) / ROWT_CHUNK;
+    { // the strip's column maxima over every chunk: 8 readers a column
+        const float *parts = row_parts(scales, cols);
+        float a = 0.0f;
+        for (i64 k = threadIdx.x / ROWT_COLS; k < chunks; k += 8)
+            a = fmaxf(a, __ldcg(parts + k * cols + c0 + threadIdx.x % ROWT_COLS));
+        part_max[threadIdx.x / ROWT_COLS][threadIdx.x % ROWT_COLS] = a;
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWT_COLS) {
+        float a = part_max[0][threadIdx.x];
+#pragma unroll
+        for (int k = 1; k < 8; k++) a = fmaxf(a, part_max[k][threadIdx.x]);
+        const float q = pow2_quant(a, fp8_max<KIND>());
+        col_q[threadIdx.x] = q;
+        if (blockIdx.y == 0) scales[c0 + threadIdx.x] = pow2_inverse(q);
+    }
+    __syncthreads();
+    float q[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) q[j] = col_q[8 * g + j];
+    for (i64 t0 = r0; t0 < r1; t0 += ROWT_ROWS) {
+        const i64 r = t0 + rt;
+        if (r < r1) {
+            float f[8];
+            unpack8(*reinterpret_cast<const uint4 *>(src + r * ld + c), f);
+            const uint2 b = fp8x8q<KIND>(f, q);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                tile[8 * g + j][rt] = (unsigned char)(b.x >> (8 * j));
+                tile[8 * g + 4 + j][rt] = (unsigned char)(b.y >> (8 * j));
+            }
+        }
+        __syncthreads();
+        // 32 columns of 64 bytes: 128 runs of 16 bytes
+        if (threadIdx.x < ROWT_COLS * (ROWT_ROWS / 16)) {
+            const int cc = threadIdx.x / (ROWT_ROWS / 16), rr = 16 * (threadIdx.x % (ROWT_ROWS / 16));
+            if (t0 + rr < r1) {
+                const unsigned *t = reinterpret_cast<const unsigned *>(&tile[cc][rr]);
+                *reinterpret_cast<uint4 *>(dst + (c0 + cc) * rows + t0 + rr) = make_uint4(t[0], t[1], t[2], t[3]);
+            }
+        }
+        __syncthreads(); // the tile is filled again
+    }
+}
+
+CAST_BLOCK_KERNEL(fp8_cast_row_e4m3, BLOCK, cast_row<__NV_E4M3>)
+CAST_BLOCK_KERNEL(fp8_cast_row_e5m2, BLOCK, cast_row<__NV_E5M2>)
+CAST_BLOCK_KERNEL(fp8_cast_t_row_max, 256, cast_t_row_max)
+CAST_BLOCK_KERNEL(fp8_cast_t_row_e4m3, 256, cast_t_row<__NV_E4M3>)
+CAST_BLOCK_KERNEL(fp8_cast_t_row_e5m2, 256, cast_t_row<__NV_E5M2>)

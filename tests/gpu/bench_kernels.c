@@ -269,6 +269,13 @@ int main(void) {
             bench(m, "cast_1d_e4m3", rows, cols, b, "fp8_cast_1d", shape, 1.5 * (double)nb + 4.0 * (double)s1, true);
             bench(m, "cast_t_1d_e4m3", rows, cols, b, "fp8_cast_t_1d", shape, 1.5 * (double)nb + 4.0 * (double)s1t,
                   true);
+            /* row scaling (train.fp8_scaling = "row"): a scale per row of the copy; the transposed copy in two
+             * launches, the columns' maxima (reading the source) and the cast (reading it again) */
+            bench(m, "cast_row_e4m3", rows, cols, b, "fp8_cast_row", shape, 1.5 * (double)nb + 4.0 * (double)rows,
+                  true);
+            bench(m, "cast_t_row_max", rows, cols, b, "fp8_cast_t_row_max", shape, (double)nb, true);
+            bench(m, "cast_t_row_e4m3", rows, cols, b, "fp8_cast_t_row", shape, 1.5 * (double)nb + 4.0 * (double)cols,
+                  true);
             /* both copies from one read: the source, two copies and their scales */
             void *dst_t = gu_malloc(nb / 2), *scales_t = gu_malloc(4 * (size_t)s1t);
             void *rt[] = {&x, &rows, &cols, &ld, &dst, &scales, &dst_t, &scales_t};

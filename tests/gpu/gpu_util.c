@@ -155,6 +155,11 @@ void gu_run(gu_module *m, const char *role, int64_t n, int64_t heads, void **arg
     GU_CUDA(cudaDeviceSynchronize());
 }
 
+void gu_run_fp8_cast(gu_module *m, const char *role, int64_t rows, int64_t cols, void **args) {
+    if (strncmp(role, "cast_t_row_", 11) == 0) gu_run(m, "cast_t_row_max", rows, cols, args);
+    gu_run(m, role, rows, cols, args);
+}
+
 void *gu_malloc(size_t bytes) {
     void *p = NULL;
     GU_CUDA(cudaMalloc(&p, bytes ? bytes : 1));

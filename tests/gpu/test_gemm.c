@@ -6,9 +6,10 @@
  * padding columns of a strided D must be left alone. Bounds: 1e-2 for bf16 outputs, 1e-3 for fp32 outputs. FP8 inputs
  * (test_fp8) against float64 on the values their bytes stand for, scales applied; 5e-3 for fp32 outputs with fast
  * accumulation. Block-scaled FP8 (test_fp8_block) the same way, each element times its own block's scale, and the
- * block-scaled recipe end to end from bf16 through the fp8 module's casts; the generator's own block-scaled FP8 GEMM
- * kernel (test_fp8_kernel, templates/gemm_fp8.cu) on the same cases, with clusters of one and two CTAs and two and
- * three consumer warpgroups. */
+ * block-scaled recipe end to end from bf16 through the fp8 module's casts. Row-scaled FP8 (test_fp8_row) the same
+ * way, each row of A and of B times its own scale, with fast accumulation too, and its recipe end to end through the
+ * fp8 module's row casts. The generator's own block-scaled FP8 GEMM kernel (test_fp8_kernel, templates/gemm_fp8.cu)
+ * on the same cases as test_fp8_block, with clusters of one and two CTAs and two and three consumer warpgroups. */
 #include <fnmatch.h>
 #include <math.h>
 #include <setjmp.h>
@@ -29,6 +30,8 @@
 
 #define TOL_BF16 1e-2
 #define TOL_F32 1e-3
+/* fp32 outputs with cuBLASLt's fast accumulation (FP8 sums not promoted to fp32 as often) */
+#define TOL_F32_FAST 5e-3
 /* the block-scaled recipe's results against float64 on its bf16 sources, through E4M3 only or an E5M2 input (FP8's
  * rounding alone gives about 0.038 and 0.059 on the test's data) */
 #define RECIPE_E4M3 6e-2
@@ -297,7 +300,7 @@ static void test_fp8(void **state) {
     run_fp8_case("fp8 d_x (e5m2 grad)", 512, 384, 1024, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_WRITE, false, TOL_BF16);
     run_fp8_case("fp8 d_xn_k (bf16 +=)", 2048, 256, 128, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_ACC_BF16, false, TOL_BF16);
     run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_ACC_F32, false, TOL_F32);
-    run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_ACC_F32, true, 5e-3);
+    run_fp8_case("fp8 d_w (f32 +=)", 256, 256, 4096, CP_GEMM_E5M2, CP_GEMM_E4M3, FP8_ACC_F32, true, TOL_F32_FAST);
 }
 
 /* ---- FP8 with block scales (train.fp8_scaling = "block") ---- */
@@ -305,17 +308,30 @@ static void test_fp8(void **state) {
 static int64_t ld4(int64_t x) { return ((x + 127) / 128 + 3) / 4 * 4; }
 
 /* Which of an FP8 input [rows][k]'s scales element (i, l) takes, laid out as cp_gemm_scale `mode` (1 x 128 blocks:
- * [k / 128][rows], rows contiguous; 128 x 128 tiles: [ceil(rows / 128)][ld4(k)]); cp_fp8_scales counts them */
+ * [k / 128][rows], rows contiguous; 128 x 128 tiles: [ceil(rows / 128)][ld4(k)]; rows: [rows]); cp_fp8_scales
+ * counts them */
 static int64_t scale_of(int mode, int64_t rows, int64_t k, int64_t i, int64_t l) {
-    return mode == CP_GEMM_SCALE_2D ? i / 128 * ld4(k) + l / 128 : l / 128 * rows + i;
+    switch (mode) {
+    case CP_GEMM_SCALE_2D: return i / 128 * ld4(k) + l / 128;
+    case CP_GEMM_SCALE_ROW: return i;
+    default: return l / 128 * rows + i;
+    }
 }
 
 /* Scales of an input [rows][k] as `mode` lays them out: each block's a power of two 2^-6 .. 2^6 drawn for it (so
  * that a scale read for another block shows; exact in every product), the entries that pad a tiled layout's rows NaN
- * (the casts leave them unwritten: the GEMM must not read them) */
+ * (the casts leave them unwritten: the GEMM must not read them). Row scales, which cuBLASLt applies to the finished
+ * sums: each row's a power of two 2^-2 .. 2^2, every fifth times a factor between 1 and 1.5 (a scale applied as its
+ * exponent alone, or to the wrong row, shows; a range this narrow keeps every row's part of the error's norm, so
+ * that one row scaled wrongly moves it past the bound). */
 static float *rand_block_scales(int mode, int64_t rows, int64_t k) {
     const int64_t ns = cp_fp8_scales(mode, rows, k);
     float *s = malloc(4 * (size_t)ns);
+    if (mode == CP_GEMM_SCALE_ROW) {
+        for (int64_t i = 0; i < rows; i++)
+            s[i] = ldexpf(i % 5 == 4 ? 1.25f + 0.25f * (float)gu_uniform(&rng) : 1.0f, (int)(gu_next(&rng) % 5) - 2);
+        return s;
+    }
     for (int64_t i = 0; i < ns; i++) s[i] = NAN;
     for (int64_t i = 0; i < rows; i += mode == CP_GEMM_SCALE_2D ? 128 : 1)
         for (int64_t l = 0; l < k; l += 128)
@@ -373,19 +389,22 @@ static void *run_on_device(const cp_gemm *p, const char *what, const void *dA, c
     return D;
 }
 
-static const char *scale_name(int mode) { return mode == CP_GEMM_SCALE_2D ? "128x128" : "1x128"; }
+static const char *scale_name(int mode) {
+    return mode == CP_GEMM_SCALE_2D ? "128x128" : mode == CP_GEMM_SCALE_ROW ? "row" : "1x128";
+}
 static const char *type_name(int t) { return t == CP_GEMM_E5M2 ? "e5m2" : "e4m3"; }
 
-/* A block-scaled FP8 GEMM in the x W^T form (as cp_plan_fp8_gemm gives it with block scaling): random FP8 bytes
- * A [m][k] (type at, scales as) and B [n][k] (bt, bs), random scales per block, D as `mode` says; against float64 on
- * every element times its block's scale. D starts as NaN where it is written. On cuBLASLt (own NULL), or on the
- * generator's kernel built as *own says (run_on_device). */
+/* A block- or row-scaled FP8 GEMM in the x W^T form (as cp_plan_fp8_gemm gives it with block or row scaling):
+ * random FP8 bytes A [m][k] (type at, scales as) and B [n][k] (bt, bs), random scales per block or row, D as `mode`
+ * says, with cuBLASLt's fast accumulation or not; against float64 on every element times its block's or row's scale.
+ * D starts as NaN where it is written. On cuBLASLt (own NULL), or on the generator's kernel built as *own says
+ * (run_on_device). */
 static void run_fp8_block_case(const char *what, int64_t m, int64_t n, int64_t k, int at, int bt, int as, int bs,
-                               fp8_out mode, double bound, const cp_gemm_fp8_cfg *own) {
+                               fp8_out mode, bool fast, double bound, const cp_gemm_fp8_cfg *own) {
     cp_gemm p = {.m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldd = n, .trans_b = true,
                  .has_c = mode == FP8_RESIDUAL, .accumulate = mode == FP8_ACC_F32 || mode == FP8_ACC_BF16,
                  .out_f32 = mode == FP8_ACC_F32, .a_type = (uint8_t)at, .b_type = (uint8_t)bt,
-                 .a_scale = (uint8_t)as, .b_scale = (uint8_t)bs};
+                 .a_scale = (uint8_t)as, .b_scale = (uint8_t)bs, .fast_accum = fast};
     uint8_t *A = rand_fp8(m * k, at), *B = rand_fp8(n * k, bt);
     float *sa = rand_block_scales(as, m, k), *sb = rand_block_scales(bs, n, k);
     uint16_t *C = mode == FP8_RESIDUAL ? gu_rand_bf16(&rng, m * n, 1.0) : NULL;
@@ -397,8 +416,8 @@ static void run_fp8_block_case(const char *what, int64_t m, int64_t n, int64_t k
     double *Ad = block_values(A, sa, as, m, k, at == CP_GEMM_E5M2);
     double *Bd = block_values(B, sb, bs, n, k, bt == CP_GEMM_E5M2);
     char shape[96];
-    snprintf(shape, sizeof shape, "%lldx%lldx%lld %s %s x %s %s", (long long)m, (long long)n, (long long)k,
-             type_name(at), scale_name(as), type_name(bt), scale_name(bs));
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld %s %s x %s %s%s", (long long)m, (long long)n, (long long)k,
+             type_name(at), scale_name(as), type_name(bt), scale_name(bs), fast ? " fast" : "");
     check_fp8_out(what, shape, Ad, Bd, m, n, k, mode, C, Dold, Dout, bound);
     free(A), free(B), free(sa), free(sb), free(C), free(Dold), free(Dout), free(Ad), free(Bd);
     gu_free_dev(dA), gu_free_dev(dB), gu_free_dev(dsa), gu_free_dev(dsb);
@@ -422,9 +441,9 @@ static uint16_t *rand_tiled_bf16(int64_t rows, int64_t cols) {
     return x;
 }
 
-/* One operand of a recipe GEMM: the fp8 module's block cast `role` of bf16 src [rows][cols] run on the GPU into a
- * fresh copy and scales (both NaN before), and in double what the reference cast makes of it (the copy's values,
- * [rows][cols] or [cols][rows] when transposed) and the bf16 source itself in the same layout. */
+/* One operand of a recipe GEMM: the fp8 module's block or row cast `role` of bf16 src [rows][cols] run on the GPU
+ * into a fresh copy and scales (both NaN before), and in double what the reference cast makes of it (the copy's
+ * values, [rows][cols] or [cols][rows] when transposed) and the bf16 source itself in the same layout. */
 typedef struct {
     uint8_t *bytes; /* device */
     float *scales;  /* device */
@@ -433,22 +452,26 @@ typedef struct {
 
 static recipe_input recipe_cast(gu_module *m, const char *role, const uint16_t *src, int64_t rows, int64_t cols) {
     const bool e5m2 = strstr(role, "e5m2") != NULL, transpose = strncmp(role, "cast_t_", 7) == 0;
-    const int mode = strstr(role, "_2d_") ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D;
+    const int mode = strstr(role, "_row_") ? CP_GEMM_SCALE_ROW
+                     : strstr(role, "_2d_") ? CP_GEMM_SCALE_2D
+                                            : CP_GEMM_SCALE_1D;
     const int64_t crows = transpose ? cols : rows, ccols = transpose ? rows : cols;
     const int64_t ns = cp_fp8_scales(mode, crows, ccols);
+    const int64_t room = ns + (mode == CP_GEMM_SCALE_ROW && transpose ? cp_fp8_row_parts(rows, cols) : 0);
     recipe_input in;
     void *dsrc = dev_of(src, 2 * (size_t)(rows * cols));
     in.bytes = gu_malloc((size_t)(rows * cols));
-    in.scales = gu_malloc(4 * (size_t)ns);
+    in.scales = gu_malloc(4 * (size_t)room);
     gu_poison(in.bytes, (size_t)(rows * cols));
-    gu_poison(in.scales, 4 * (size_t)ns);
+    gu_poison(in.scales, 4 * (size_t)room);
     int64_t ld = cols;
     void *a[] = {&dsrc, &rows, &cols, &ld, &in.bytes, &in.scales};
-    gu_run(m, role, rows, cols, a);
+    gu_run_fp8_cast(m, role, rows, cols, a);
     gu_free_dev(dsrc);
     uint8_t *bytes = malloc((size_t)(rows * cols));
     float *scales = malloc(4 * (size_t)ns);
-    ref_fp8_cast_block(src, rows, cols, cols, e5m2, transpose, mode == CP_GEMM_SCALE_2D, bytes, scales);
+    if (mode == CP_GEMM_SCALE_ROW) ref_fp8_cast_row(src, rows, cols, cols, e5m2, transpose, bytes, scales);
+    else ref_fp8_cast_block(src, rows, cols, cols, e5m2, transpose, mode == CP_GEMM_SCALE_2D, bytes, scales);
     in.ref = block_values(bytes, scales, mode, crows, ccols, e5m2);
     in.src = malloc(sizeof(double) * (size_t)(rows * cols));
     for (int64_t i = 0; i < crows; i++)
@@ -480,57 +503,90 @@ static void recipe_gemm(const char *what, const cp_gemm *p, fp8_out mode, const 
     free(Dold), free(Dout);
 }
 
-/* The block-scaled recipe end to end, as the plan runs the three GEMMs of a projection W [O][I] on T tokens: the
- * forward Y = X W^T (X cast 1 x 128 in E4M3, W in tiles), the gradient dX += dY W (dY 1 x 128 in E5M2, W's
- * transposed copy in the same tiles) and the weight's dW += dY^T X in fp32 (the transposed copies of dY and X, each
- * block 128 tokens of one column). The casts run on the GPU and their copies and scales go to the GEMMs as they
- * are. */
-static void run_fp8_recipe(gu_module *m, int64_t T, int64_t I, int64_t O) {
+/* The block-scaled recipe (row: the row-scaled one) end to end, as the plan runs the three GEMMs of a projection
+ * W [O][I] on T tokens: the forward Y = X W^T (X cast 1 x 128 in E4M3, W in tiles; row: a scale per token and per
+ * row of W), the gradient dX += dY W (dY 1 x 128 in E5M2, W's transposed copy in the same tiles; row: per token, and
+ * per column of W) and the weight's dW += dY^T X in fp32 (the transposed copies of dY and X, each block 128 tokens
+ * of one column; row: all the tokens of one column). The casts run on the GPU and their copies and scales go to the
+ * GEMMs as they are. */
+static void run_fp8_recipe(gu_module *m, int64_t T, int64_t I, int64_t O, bool row) {
+    /* the casts of X, W, W^T, dY, dY^T and X^T, and the scale modes of the forward's A and B and of the weight
+     * gradient's B (the others follow them) */
+    static const char *const roles[2][6] = {
+        {"cast_1d_e4m3", "cast_2d_e4m3", "cast_t_2d_e4m3", "cast_1d_e5m2", "cast_t_1d_e5m2", "cast_t_1d_e4m3"},
+        {"cast_row_e4m3", "cast_row_e4m3", "cast_t_row_e4m3", "cast_row_e5m2", "cast_t_row_e5m2", "cast_t_row_e4m3"},
+    };
+    const char *const *role = roles[row];
+    const int a_scale = row ? CP_GEMM_SCALE_ROW : CP_GEMM_SCALE_1D;
+    const int w_scale = row ? CP_GEMM_SCALE_ROW : CP_GEMM_SCALE_2D;
     uint16_t *X = rand_tiled_bf16(T, I), *W = rand_tiled_bf16(O, I), *dY = rand_tiled_bf16(T, O);
-    recipe_input x = recipe_cast(m, "cast_1d_e4m3", X, T, I), w = recipe_cast(m, "cast_2d_e4m3", W, O, I);
-    recipe_input wt = recipe_cast(m, "cast_t_2d_e4m3", W, O, I), dy = recipe_cast(m, "cast_1d_e5m2", dY, T, O);
-    recipe_input dyt = recipe_cast(m, "cast_t_1d_e5m2", dY, T, O), xt = recipe_cast(m, "cast_t_1d_e4m3", X, T, I);
+    recipe_input x = recipe_cast(m, role[0], X, T, I), w = recipe_cast(m, role[1], W, O, I);
+    recipe_input wt = recipe_cast(m, role[2], W, O, I), dy = recipe_cast(m, role[3], dY, T, O);
+    recipe_input dyt = recipe_cast(m, role[4], dY, T, O), xt = recipe_cast(m, role[5], X, T, I);
     const cp_gemm base = {.trans_b = true, .a_type = CP_GEMM_E4M3, .b_type = CP_GEMM_E4M3,
-                          .a_scale = CP_GEMM_SCALE_1D, .b_scale = CP_GEMM_SCALE_2D};
+                          .a_scale = (uint8_t)a_scale, .b_scale = (uint8_t)w_scale};
     cp_gemm fwd = base, dgrad = base, wgrad = base;
     fwd.m = T, fwd.n = O, fwd.k = fwd.lda = fwd.ldb = I, fwd.ldd = O;
     dgrad.m = T, dgrad.n = I, dgrad.k = dgrad.lda = dgrad.ldb = O, dgrad.ldd = I;
     dgrad.a_type = CP_GEMM_E5M2, dgrad.accumulate = true;
     wgrad.m = O, wgrad.n = I, wgrad.k = wgrad.lda = wgrad.ldb = T, wgrad.ldd = I;
-    wgrad.a_type = CP_GEMM_E5M2, wgrad.b_scale = CP_GEMM_SCALE_1D, wgrad.accumulate = wgrad.out_f32 = true;
+    wgrad.a_type = CP_GEMM_E5M2, wgrad.b_scale = (uint8_t)a_scale, wgrad.accumulate = wgrad.out_f32 = true;
     /* FP8's rounding against the bf16 sources: an element's relative error is at most 2^-4 (E4M3) or 2^-3 (E5M2),
      * less on average; the sums' relative errors are their RMS */
-    recipe_gemm("fp8b recipe fwd", &fwd, FP8_WRITE, &x, &w, TOL_BF16, RECIPE_E4M3);
-    recipe_gemm("fp8b recipe dgrad", &dgrad, FP8_ACC_BF16, &dy, &wt, TOL_BF16, RECIPE_E5M2);
-    recipe_gemm("fp8b recipe wgrad", &wgrad, FP8_ACC_F32, &dyt, &xt, TOL_F32, RECIPE_E5M2);
+    const char *tag = row ? "fp8r" : "fp8b";
+    char what[3][32];
+    snprintf(what[0], sizeof what[0], "%s recipe fwd", tag);
+    snprintf(what[1], sizeof what[1], "%s recipe dgrad", tag);
+    snprintf(what[2], sizeof what[2], "%s recipe wgrad", tag);
+    recipe_gemm(what[0], &fwd, FP8_WRITE, &x, &w, TOL_BF16, RECIPE_E4M3);
+    recipe_gemm(what[1], &dgrad, FP8_ACC_BF16, &dy, &wt, TOL_BF16, RECIPE_E5M2);
+    recipe_gemm(what[2], &wgrad, FP8_ACC_F32, &dyt, &xt, TOL_F32, RECIPE_E5M2);
     recipe_free(&x), recipe_free(&w), recipe_free(&wt), recipe_free(&dy), recipe_free(&dyt), recipe_free(&xt);
     free(X), free(W), free(dY);
 }
 
-/* The block-scaled cases, each with its scales as cp_plan_fp8_gemm gives them (V: per 1 x 128 block, T: per 128 x 128
- * tile) and what it does with D; `own`: the generator's kernel takes it too (test_fp8_kernel). */
+/* The block- and row-scaled cases, each with its scales as cp_plan_fp8_gemm gives them (V: per 1 x 128 block, T: per
+ * 128 x 128 tile, R: per row over all of k) and what it does with D; `own`: the generator's kernel takes it too
+ * (test_fp8_kernel); `fast`: cuBLASLt's fast accumulation (row scales only: they apply after the sums). */
 typedef struct {
     const char *what;
     int64_t m, n, k;
     int at, bt, as, bs;
     fp8_out mode;
-    bool own;
+    bool own, fast;
 } block_case;
-enum { E4 = CP_GEMM_E4M3, E5 = CP_GEMM_E5M2, V = CP_GEMM_SCALE_1D, T = CP_GEMM_SCALE_2D };
+enum { E4 = CP_GEMM_E4M3, E5 = CP_GEMM_E5M2, V = CP_GEMM_SCALE_1D, T = CP_GEMM_SCALE_2D, R = CP_GEMM_SCALE_ROW };
 static const block_case BLOCK_CASES[] = {
-    {"q_proj", 2048, 384, 256, E4, E4, V, T, FP8_WRITE, true},
-    {"o_proj+res", 1008, 256, 512, E4, E4, V, T, FP8_RESIDUAL, true},
-    {"d_x (e5m2 grad)", 512, 384, 1024, E5, E4, V, T, FP8_WRITE, true},
-    {"d_xn_k (bf16 +=)", 2048, 256, 128, E5, E4, V, T, FP8_ACC_BF16, true},
-    {"d_xn_up (e4m3 grad +=)", 1008, 400, 768, E4, E4, V, T, FP8_ACC_BF16, false},
-    {"d_w (f32 +=)", 256, 400, 4096, E5, E4, V, V, FP8_ACC_F32, false},
-    {"d_w (f32 +=)", 256, 384, 4096, E5, E4, V, V, FP8_ACC_F32, true},
-    {"d_w (e4m3 grad f32 +=)", 144, 256, 2048, E4, E4, V, V, FP8_ACC_F32, true},
-    {"d_w (e5m2 B, f32 +=)", 128, 256, 1024, E4, E5, V, V, FP8_ACC_F32, true},
-    {"160 tiles", 2048, 1280, 256, E4, E4, V, T, FP8_WRITE, true},
-    {"160 tiles (f32 +=)", 1284, 2048, 384, E4, E4, V, V, FP8_ACC_F32, true},
-    {"160 tiles of 192 rows", 3072, 1280, 256, E4, E4, V, T, FP8_WRITE, true},
-    {"A tiled", 400, 256, 512, E4, E4, T, V, FP8_WRITE, false},
+    {"q_proj", 2048, 384, 256, E4, E4, V, T, FP8_WRITE, true, false},
+    {"o_proj+res", 1008, 256, 512, E4, E4, V, T, FP8_RESIDUAL, true, false},
+    {"d_x (e5m2 grad)", 512, 384, 1024, E5, E4, V, T, FP8_WRITE, true, false},
+    {"d_xn_k (bf16 +=)", 2048, 256, 128, E5, E4, V, T, FP8_ACC_BF16, true, false},
+    {"d_xn_up (e4m3 grad +=)", 1008, 400, 768, E4, E4, V, T, FP8_ACC_BF16, false, false},
+    {"d_w (f32 +=)", 256, 400, 4096, E5, E4, V, V, FP8_ACC_F32, false, false},
+    {"d_w (f32 +=)", 256, 384, 4096, E5, E4, V, V, FP8_ACC_F32, true, false},
+    {"d_w (e4m3 grad f32 +=)", 144, 256, 2048, E4, E4, V, V, FP8_ACC_F32, true, false},
+    {"d_w (e5m2 B, f32 +=)", 128, 256, 1024, E4, E5, V, V, FP8_ACC_F32, true, false},
+    {"160 tiles", 2048, 1280, 256, E4, E4, V, T, FP8_WRITE, true, false},
+    {"160 tiles (f32 +=)", 1284, 2048, 384, E4, E4, V, V, FP8_ACC_F32, true, false},
+    {"160 tiles of 192 rows", 3072, 1280, 256, E4, E4, V, T, FP8_WRITE, true, false},
+    {"A tiled", 400, 256, 512, E4, E4, T, V, FP8_WRITE, false, false},
+};
+
+/* The row-scaled cases (train.fp8_scaling = "row"), on cuBLASLt only: k a multiple of 128 and one of 16 only (1040),
+ * with and without fast accumulation, and a larger m and n */
+static const block_case ROW_CASES[] = {
+    {"q_proj", 256, 384, 3072, E4, E4, R, R, FP8_WRITE, false, false},
+    {"q_proj", 256, 384, 3072, E4, E4, R, R, FP8_WRITE, false, true},
+    {"o_proj+res", 256, 384, 1040, E4, E4, R, R, FP8_RESIDUAL, false, false},
+    {"o_proj+res", 256, 384, 1040, E4, E4, R, R, FP8_RESIDUAL, false, true},
+    {"d_x (e5m2 grad)", 256, 384, 1040, E5, E4, R, R, FP8_WRITE, false, false},
+    {"d_x (e5m2 grad)", 256, 384, 3072, E5, E4, R, R, FP8_WRITE, false, true},
+    {"d_xn (bf16 +=)", 256, 384, 1040, E5, E4, R, R, FP8_ACC_BF16, false, false},
+    {"d_w (f32 +=)", 256, 384, 3072, E5, E4, R, R, FP8_ACC_F32, false, false},
+    {"d_w (f32 +=)", 256, 384, 3072, E5, E4, R, R, FP8_ACC_F32, false, true},
+    {"d_w (e4m3 grad f32 +=)", 384, 256, 1040, E4, E4, R, R, FP8_ACC_F32, false, false},
+    {"d_x (e5m2 grad)", 2048, 1024, 1040, E5, E4, R, R, FP8_WRITE, false, false},
+    {"o_proj+res", 2048, 1024, 1040, E4, E4, R, R, FP8_RESIDUAL, false, true},
 };
 
 /* Case c on cuBLASLt (own NULL), or on the generator's kernel built as *own says, with that one's bound for its
@@ -538,9 +594,10 @@ static const block_case BLOCK_CASES[] = {
 static void run_block_case(const block_case *c, const cp_gemm_fp8_cfg *own) {
     char what[64];
     if (own) snprintf(what, sizeof what, "own c%d w%d %s", own->cluster, own->consumers, c->what);
-    else snprintf(what, sizeof what, "fp8b %s", c->what);
-    double bound = c->mode == FP8_ACC_F32 ? (own ? OWN_F32 : TOL_F32) : (own ? OWN_BF16 : TOL_BF16);
-    run_fp8_block_case(what, c->m, c->n, c->k, c->at, c->bt, c->as, c->bs, c->mode, bound, own);
+    else snprintf(what, sizeof what, "%s %s", c->as == R ? "fp8r" : "fp8b", c->what);
+    double bound = c->mode == FP8_ACC_F32 ? (own ? OWN_F32 : c->fast ? TOL_F32_FAST : TOL_F32)
+                                          : (own ? OWN_BF16 : TOL_BF16);
+    run_fp8_block_case(what, c->m, c->n, c->k, c->at, c->bt, c->as, c->bs, c->mode, c->fast, bound, own);
 }
 
 /* Block-scaled FP8 (Hopper): the plan's GEMMs with train.fp8_scaling = "block" on random bytes and scales (the
@@ -566,7 +623,24 @@ static void test_fp8_block(void **state) {
     cp_k_fp8(&k);
     gu_module *m = gu_build(&k);
     cp_kspec_free(&k);
-    run_fp8_recipe(m, 1152, 384, 640);
+    run_fp8_recipe(m, 1152, 384, 640, false);
+    gu_free(m);
+}
+
+/* Row-scaled FP8 (train.fp8_scaling = "row", cuBLASLt's OUTER_VEC_32F: D[i][j] = sa[i] sb[j] sum_k A[i][k] B[j][k]):
+ * the plan's GEMMs on random bytes and random per-row scales (ROW_CASES: written, with the residual, added into bf16
+ * and into fp32; E4M3 and E5M2 A; fast accumulation, which row scales allow; k = 1040, a multiple of 16 and not of
+ * 128), then the row-scaled recipe end to end from bf16 through the fp8 module's row casts. */
+static void test_fp8_row(void **state) {
+    (void)state;
+    skip_without_fp8();
+    for (size_t i = 0; i < CP_ARRAY_LEN(ROW_CASES); i++) run_block_case(&ROW_CASES[i], NULL);
+
+    cp_kernel_spec k;
+    cp_k_fp8(&k);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    run_fp8_recipe(m, 1152, 384, 640, true);
     gu_free(m);
 }
 
@@ -636,6 +710,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_fp8_block),
+        cmocka_unit_test(test_fp8_row),
         cmocka_unit_test(test_fp8_kernel),
     };
     if (argc > 1) {

@@ -930,20 +930,23 @@ static void test_fp8(void **state) {
     gu_free(m);
 }
 
-/* The block-scaled casts (train.fp8_scaling = "block") of a strided bf16 [rows][cols] (row stride ld) by `role`
- * (cast_1d_e4m3, cast_t_2d_e4m3, ...; cast_rt_1d_* writes the copy and the transposed copy, each checked as
- * cast_1d's and cast_t_1d's): every byte and every scale the kernel writes against ref_fp8_cast_block, both
- * exact (the scales are powers of two, the bytes one rounding of an exact product). The source's magnitudes change
- * by powers of two from one 16 x 16 patch to the next (2^-10 .. 2^10), so that blocks get different scales and
- * elements of a block span the FP8 range down to its subnormals and zero; and the role's own blocks, in order, cycle
- * through special ones: all zeros (+0 and -0: scale 1), one outlier of -2^20 among values near 1 (a scale far from
- * its neighbours'), a largest |x| of exactly FMAX (scale 1) and of the next bf16 above it (scale 2: a q rounded up
- * would saturate it), values near 2^-122 (q capped at 2^126) and near 2^100 (q near 2^-93). The row padding of a
- * strided source holds infinities, so a kernel that reads it gets an infinite amax. dst and scales start as NaN
- * (0xFF); the scale entries that pad a tiled layout's rows to a multiple of 4 are not compared (not written). */
-static void fp8_block_case(gu_module *m, const char *role, int64_t rows, int64_t cols, int64_t ld) {
+/* The block-scaled casts (train.fp8_scaling = "block") and the row-scaled ones ("row") of a strided bf16
+ * [rows][cols] (row stride ld) by `role` (cast_1d_e4m3, cast_t_2d_e4m3, cast_row_e5m2, cast_t_row_e4m3, ...;
+ * cast_rt_1d_* writes the copy and the transposed copy, each checked as cast_1d's and cast_t_1d's): every byte and
+ * every scale the kernel writes against ref_fp8_cast_block or ref_fp8_cast_row, both exact (the scales are powers of
+ * two, the bytes one rounding of an exact product). A row cast's block is a whole row of the source, or a whole
+ * column when transposed. The source's magnitudes change by powers of two from one 16 x 16 patch to the next
+ * (2^-10 .. 2^10), so that blocks get different scales and elements of a block span the FP8 range down to its
+ * subnormals and zero; and the role's own blocks, in order, cycle through special ones: all zeros (+0 and -0: scale
+ * 1), one outlier of -2^20 among values near 1 (a scale far from its neighbours'), a largest |x| of exactly FMAX
+ * (scale 1) and of the next bf16 above it (scale 2: a q rounded up would saturate it), values near 2^-122 (q capped
+ * at 2^126), near 2^100 (q near 2^-93), and values near 1 with every 37th times 1000 (a few outliers that set the
+ * scale). The row padding of a strided source holds infinities, so a kernel that reads it gets an infinite amax. dst
+ * and scales start as NaN (0xFF); the scale entries that pad a tiled layout's rows to a multiple of 4 are not
+ * compared (not written). */
+static void fp8_scaled_cast_case(gu_module *m, const char *role, int64_t rows, int64_t cols, int64_t ld) {
     const bool e5m2 = strstr(role, "e5m2") != NULL, both = strncmp(role, "cast_rt_", 8) == 0;
-    const bool tiles = strstr(role, "_2d_") != NULL;
+    const bool tiles = strstr(role, "_2d_") != NULL, row = strstr(role, "_row_") != NULL;
     bool transpose = strncmp(role, "cast_t_", 7) == 0;
     char shape[96], what[64];
     snprintf(shape, sizeof shape, "%lldx%lld ld%lld", (long long)rows, (long long)cols, (long long)ld);
@@ -961,14 +964,15 @@ static void fp8_block_case(gu_module *m, const char *role, int64_t rows, int64_t
         }
     free(pexp);
     /* the role's blocks (br x bc of the source) in row-major order, every eighth kind the same */
-    const int64_t br = tiles || transpose ? 128 : 1, bc = tiles || !transpose ? 128 : 1;
+    const int64_t br = row ? (transpose ? rows : 1) : tiles || transpose ? 128 : 1;
+    const int64_t bc = row ? (transpose ? 1 : cols) : tiles || !transpose ? 128 : 1;
     const uint16_t fmax = e5m2 ? 0x4760 : 0x43e0; /* 57344, 448 */
     int64_t b = 0;
     for (int64_t r0 = 0; r0 < rows; r0 += br)
         for (int64_t c0 = 0; c0 < cols; c0 += bc, b++) {
             const int64_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
             const int kind = (int)(b % 8);
-            if (kind == 0 || kind == 7) continue; /* the patches' values */
+            if (kind == 0) continue; /* the patches' values */
             for (int64_t r = r0; r < r1; r++)
                 for (int64_t c = c0; c < c1; c++) {
                     uint16_t *x = &src[r * ld + c];
@@ -976,6 +980,7 @@ static void fp8_block_case(gu_module *m, const char *role, int64_t rows, int64_t
                     if (kind == 1) *x = (r + c) % 2 ? 0x8000 : 0; /* -0 and +0 */
                     else if (kind == 5) *x = f32_to_bf16(ldexpf(v, -122));
                     else if (kind == 6) *x = f32_to_bf16(ldexpf(v, 100));
+                    else if (kind == 7) *x = f32_to_bf16((r * cols + c) % 37 ? v : v * 1000);
                     else *x = f32_to_bf16(v);
                 }
             /* one element in the block's middle sets its amax */
@@ -987,8 +992,9 @@ static void fp8_block_case(gu_module *m, const char *role, int64_t rows, int64_t
     /* the copy is [rows][cols], or [cols][rows] transposed; its scales as gen/kernels.h counts them; a cast of both
      * ways writes the first, then the second */
     const int ncopies = both ? 2 : 1;
-    const int scale = tiles ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D;
-    const int64_t most = CP_MAX(cp_fp8_scales(scale, rows, cols), cp_fp8_scales(scale, cols, rows)); /* either way */
+    const int scale = row ? CP_GEMM_SCALE_ROW : tiles ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D;
+    const int64_t most = CP_MAX(cp_fp8_scales(scale, rows, cols), cp_fp8_scales(scale, cols, rows)) + /* either way */
+                         (row ? cp_fp8_row_parts(rows, cols) : 0); /* a transposed row cast's column maxima */
     uint8_t *out = malloc((size_t)n), *ref = malloc((size_t)n), *dst[2] = {NULL, NULL};
     float *sout = malloc(4 * (size_t)most), *sref = malloc(4 * (size_t)most), *dscales[2] = {NULL, NULL};
     uint16_t *dsrc = dev_copy(src, 2 * (size_t)cnt);
@@ -999,13 +1005,14 @@ static void fp8_block_case(gu_module *m, const char *role, int64_t rows, int64_t
         gu_poison(dscales[k], 4 * (size_t)most);
     }
     void *a[] = {&dsrc, &rows, &cols, &ld, &dst[0], &dscales[0], &dst[1], &dscales[1]};
-    gu_run(m, role, rows, cols, a);
+    gu_run_fp8_cast(m, role, rows, cols, a);
     for (int k = 0; k < ncopies; k++) {
         if (both) transpose = k == 1;
         const int64_t crows = transpose ? cols : rows, ccols = transpose ? rows : cols;
         const int64_t ns = cp_fp8_scales(scale, crows, ccols); /* this copy's */
         for (int64_t i = 0; i < ns; i++) sref[i] = NAN;
-        ref_fp8_cast_block(src, rows, cols, ld, e5m2, transpose, tiles, ref, sref);
+        if (row) ref_fp8_cast_row(src, rows, cols, ld, e5m2, transpose, ref, sref);
+        else ref_fp8_cast_block(src, rows, cols, ld, e5m2, transpose, tiles, ref, sref);
         gu_download(out, dst[k], (size_t)n);
         gu_download(sout, dscales[k], 4 * (size_t)ns);
         int64_t diff = 0;
@@ -1055,7 +1062,26 @@ static void test_fp8_block(void **state) {
         {"cast_rt_1d_e5m2", 256, 640, 640}, {"cast_rt_1d_e5m2", 4096, 3072, 3072},
     };
     for (size_t i = 0; i < CP_ARRAY_LEN(cases); i++)
-        fp8_block_case(m, cases[i].role, cases[i].rows, cases[i].cols, cases[i].ld);
+        fp8_scaled_cast_case(m, cases[i].role, cases[i].rows, cases[i].cols, cases[i].ld);
+    gu_free(m);
+}
+
+/* Every row-scaled cast (train.fp8_scaling = "row"; rows and cols multiples of 16, of 32 transposed), E4M3 and E5M2,
+ * as rows and transposed, at a single 16 x 32, odd multiples of 16 and 32 (48 x 96, 272 x 416), strided sources
+ * (ld > cols), one row as long as an MLP's (16 x 8192), rows longer than a block holds in registers (16 x 20480:
+ * read again for the cast), columns over several chunks of CP_FP8_ROW_CHUNK rows and part of one (2064 x 96), and a
+ * projection input's 4096 x 3072 and 512 x 8192. The special blocks of fp8_scaled_cast_case are whole rows here
+ * (whole columns transposed): a zero row, outliers, amax at FMAX and just above, the 2^126 cap. */
+static void test_fp8_row(void **state) {
+    (void)state;
+    gu_module *m = fp8_module();
+    static const char *const roles[] = {"cast_row_e4m3", "cast_row_e5m2", "cast_t_row_e4m3", "cast_t_row_e5m2"};
+    static const int64_t shapes[][3] = {{16, 32, 32},       {48, 96, 96},     {272, 416, 416}, {48, 96, 104},
+                                        {64, 256, 264},     {16, 8192, 8192}, {4096, 3072, 3072},
+                                        {512, 8192, 8192},  {16, 20480, 20480}, {2064, 96, 96}};
+    for (size_t r = 0; r < CP_ARRAY_LEN(roles); r++)
+        for (size_t i = 0; i < CP_ARRAY_LEN(shapes); i++)
+            fp8_scaled_cast_case(m, roles[r], shapes[i][0], shapes[i][1], shapes[i][2]);
     gu_free(m);
 }
 
@@ -1115,7 +1141,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_embedding), cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_loss),    cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_ulysses),   cmocka_unit_test(test_cast),    cmocka_unit_test(test_attn_delta),
-        cmocka_unit_test(test_fp8),       cmocka_unit_test(test_fp8_block),
+        cmocka_unit_test(test_fp8),       cmocka_unit_test(test_fp8_block), cmocka_unit_test(test_fp8_row),
     };
     if (argc > 1) {
         bool any = false;

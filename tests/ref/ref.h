@@ -90,6 +90,11 @@ void ref_fp8_cast(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, b
  * The tiles' padding entries (column blocks beyond ceil(cols / 128), of rows when transposed) are left as they were. */
 void ref_fp8_cast_block(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, bool transpose,
                         bool tiles, uint8_t *dst, float *scales);
+/* The fp8 module's row-scaled casts (train.fp8_scaling = "row"): ref_fp8_cast_block's rule with a whole row as the
+ * block, dst [rows][cols] and scales[r]; or, transposed, a whole source column, dst [cols][rows] (dst[c][r] =
+ * fp8(src[r][c] * q_c)) and scales[c]. */
+void ref_fp8_cast_row(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, bool transpose,
+                      uint8_t *dst, float *scales);
 
 /* delta[r][h] = sum over d of dout[r][h][d] * out[r][h][d]. */
 void ref_attn_delta(const uint16_t *dout, const uint16_t *out, float *delta, int64_t n, int64_t heads,

@@ -262,27 +262,43 @@ static float block_quant(float amax, double fmax) {
     return ldexpf(1.0f, e);
 }
 
+/* The source's block [r0, r1) x [c0, c1) cast with its own multiplier q into dst [rows][cols] (or [cols][rows] when
+ * transposed); returns the block's scale 1 / q */
+static float cast_scaled_block(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, bool transpose,
+                               int64_t r0, int64_t r1, int64_t c0, int64_t c1, uint8_t *dst) {
+    float amax = 0;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(bf16_to_f32(src[r * ld + c])));
+    const float q = block_quant(amax, e5m2 ? 57344.0 : 448.0);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++)
+            dst[transpose ? c * rows + r : r * cols + c] = ref_fp8_of(bf16_to_f32(src[r * ld + c]) * q, e5m2);
+    return 1.0f / q;
+}
+
 void ref_fp8_cast_block(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, bool transpose,
                         bool tiles, uint8_t *dst, float *scales) {
-    const double fmax = e5m2 ? 57344.0 : 448.0;
     /* a block's extent in source rows and columns */
     const int64_t br = tiles || transpose ? 128 : 1, bc = tiles || !transpose ? 128 : 1;
     const int64_t ld4_rows = ((rows + 127) / 128 + 3) / 4 * 4, ld4_cols = ((cols + 127) / 128 + 3) / 4 * 4;
     for (int64_t r0 = 0; r0 < rows; r0 += br)
         for (int64_t c0 = 0; c0 < cols; c0 += bc) {
             const int64_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
-            float amax = 0;
-            for (int64_t r = r0; r < r1; r++)
-                for (int64_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(bf16_to_f32(src[r * ld + c])));
-            const float q = block_quant(amax, fmax);
-            for (int64_t r = r0; r < r1; r++)
-                for (int64_t c = c0; c < c1; c++)
-                    dst[transpose ? c * rows + r : r * cols + c] = ref_fp8_of(bf16_to_f32(src[r * ld + c]) * q, e5m2);
             int64_t at;
             if (!tiles) at = transpose ? r0 / 128 * cols + c0 : c0 / 128 * rows + r0;
             else at = transpose ? c0 / 128 * ld4_rows + r0 / 128 : r0 / 128 * ld4_cols + c0 / 128;
-            scales[at] = 1.0f / q;
+            scales[at] = cast_scaled_block(src, rows, cols, ld, e5m2, transpose, r0, r1, c0, c1, dst);
         }
+}
+
+void ref_fp8_cast_row(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool e5m2, bool transpose,
+                      uint8_t *dst, float *scales) {
+    if (transpose)
+        for (int64_t c = 0; c < cols; c++)
+            scales[c] = cast_scaled_block(src, rows, cols, ld, e5m2, true, 0, rows, c, c + 1, dst);
+    else
+        for (int64_t r = 0; r < rows; r++)
+            scales[r] = cast_scaled_block(src, rows, cols, ld, e5m2, false, r, r + 1, 0, cols, dst);
 }
 
 void ref_attn_delta(const uint16_t *dout, const uint16_t *out, float *delta, int64_t n, int64_t heads,
