@@ -44,7 +44,7 @@
 bool cp_plan_fp8_eligible(const cp_train *t, const cp_step *s) {
     const cp_gemm *g = &s->gemm;
     return s->kind == CP_OP_GEMM && s->layer >= 0 && !(g->trans_a && g->trans_b) && !(g->w_grad && t->fp8_bf16_wgrad) &&
-           g->m % 16 == 0 && g->n % 16 == 0 && g->k % (t->fp8_block ? 128 : 16) == 0;
+           g->m % 16 == 0 && g->n % 16 == 0 && g->k % (t->fp8_scaling == CP_FP8_SCALING_BLOCK ? 128 : 16) == 0;
 }
 
 /* Whether input x (0: A, 1: B) of GEMM s reads a layer's weights */
@@ -62,11 +62,13 @@ cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s) {
     f.lda = f.ldb = s->gemm.k;
     f.a_type = grad && !t->fp8_e4m3_grads ? CP_GEMM_E5M2 : CP_GEMM_E4M3;
     f.b_type = CP_GEMM_E4M3;
-    if (t->fp8_block) { /* a weight's tiles read the same in its transposed copy; never two tiled inputs */
+    if (t->fp8_scaling == CP_FP8_SCALING_BLOCK) { /* a weight's tiles read the same in its transposed copy; never two
+                                                   * tiled inputs */
         f.a_scale = reads_weight(P, s, 0) && !reads_weight(P, s, 1) ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D;
         f.b_scale = reads_weight(P, s, 1) ? CP_GEMM_SCALE_2D : CP_GEMM_SCALE_1D;
         f.fast_accum = false;
     } else {
+        if (t->fp8_scaling == CP_FP8_SCALING_ROW) f.a_scale = f.b_scale = CP_GEMM_SCALE_ROW;
         /* the gradients' sums (dW's over every token) always with fp32 promotion */
         f.fast_accum = !grad && t->fp8_fast_accum;
     }
@@ -132,7 +134,9 @@ static cp_step *cast_step(program *q, const cp_step *g, int module, cp_task task
     const char *fmt = c.fmt == CP_GEMM_E5M2 ? "e5m2" : "e4m3", *t = c.both ? "_rt" : c.transposed ? "_t" : "";
     if (task == CP_TASK_FP8_AMAX) snprintf(k.role, sizeof k.role, "amax_%s", fmt);
     else if (task == CP_TASK_FP8_CAST) snprintf(k.role, sizeof k.role, "cast%s_%s", t, fmt);
-    else snprintf(k.role, sizeof k.role, "cast%s_%s_%s", t, c.scale == CP_GEMM_SCALE_2D ? "2d" : "1d", fmt);
+    else
+        snprintf(k.role, sizeof k.role, "cast%s_%s_%s", t,
+                 c.scale == CP_GEMM_SCALE_2D ? "2d" : c.scale == CP_GEMM_SCALE_ROW ? "row" : "1d", fmt);
     snprintf(k.what, sizeof k.what, "%s", cp_task_name(task));
     return append(q, &k);
 }
@@ -325,7 +329,9 @@ static void cast_block(lowering *L, const cp_step *g, cp_operand op, const sourc
     s->count = src->rows;
     s->heads = src->cols;
     s->ld = src->ld;
-    s->bytes = (double)src->rows * (double)src->cols * 3 + (double)scales.bytes;
+    /* a transposed copy with row scales reads its source twice: once for the columns' maxima, once to cast */
+    const double reads = scale == CP_GEMM_SCALE_ROW && transposed ? 2 : 1;
+    s->bytes = (double)src->rows * (double)src->cols * (2 * reads + 1) + (double)scales.bytes;
 }
 
 /* Input x of GEMM g as the copy it reads, as the GEMM on FP8 inputs takes it (x W^T) */
@@ -363,10 +369,11 @@ static int read_other_way(const lowering *L, const cp_step *g, const copy_need *
 }
 
 /* The block scales (cp_gemm_scale scale) of copy k of src, [cols][rows] when transposed, its buffer grown to hold
- * the copy and them */
+ * the copy and them; a transposed copy with row scales has its cast's column maxima behind them */
 static cp_operand copy_scales(lowering *L, int k, const source *src, bool transposed, uint8_t scale) {
     cp_operand sc = block_scales(L->copy_buf[k], transposed ? src->cols : src->rows,
                                  transposed ? src->rows : src->cols, scale, CP_DEF);
+    if (scale == CP_GEMM_SCALE_ROW && transposed) sc.bytes += 4 * cp_fp8_row_parts(src->rows, src->cols);
     cp_buffer *b = &L->P->bufs[L->copy_buf[k]];
     b->bytes = CP_MAX(b->bytes, sc.offset + sc.bytes);
     return sc;
@@ -545,7 +552,7 @@ bool cp_plan_fp8_kernel_wins(const cp_gemm *g) { return g->w_grad && g->m >= 307
  * kernel's module (one per shape) and its entry as the step's module and role; cuBLASLt runs the rest. */
 static void choose_kernels(cp_plan *P) {
     const int mode = P->spec.train.fp8_gemm;
-    if (mode == CP_FP8_GEMM_CUBLASLT || !P->spec.train.fp8_block) return;
+    if (mode == CP_FP8_GEMM_CUBLASLT || P->spec.train.fp8_scaling != CP_FP8_SCALING_BLOCK) return;
     for (int i = 0; i < P->nsteps; i++) {
         cp_step *s = &P->steps[i];
         cp_kernel_spec k;
@@ -570,7 +577,7 @@ void cp_plan_lower_fp8(cp_plan *P) {
     L.copy_buf[1] = cp_plan_add_buf(P, "fp8_b", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
     L.copy_buf[AHEAD] = cp_plan_add_buf(P, "fp8_a_ahead", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
     L.copy_buf[AHEAD + 1] = cp_plan_add_buf(P, "fp8_b_ahead", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
-    if (!P->spec.train.fp8_block) { /* per-tensor scales: their slots, and the amaxes' counters and parts */
+    if (P->spec.train.fp8_scaling == CP_FP8_SCALING_TENSOR) { /* their slots, the amaxes' counters and parts */
         L.state = cp_plan_add_buf(P, "fp8_state", CP_SPACE_GPU, CP_CAT_FP8, STATE_BYTES, false);
         /* the amax counters start at 0 in every micro-batch (each amax leaves its counter 0 again) */
         cp_step z;

@@ -359,7 +359,8 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             }
         }
         fmt_seconds(P->t_fp8_casts, t[0], sizeof t[0]);
-        bool blk = P->spec.train.fp8_block;
+        const int scaling = P->spec.train.fp8_scaling;
+        const bool blk = scaling == CP_FP8_SCALING_BLOCK, tensor = scaling == CP_FP8_SCALING_TENSOR;
         char rate[64];
         if (blk && !P->spec.train.fp8_bf16_wgrad)
             snprintf(rate, sizeof rate, "%.0f TF/s, the weights' gradients at %.0f", mc->fp8_block_gemm_tflops,
@@ -369,8 +370,8 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
         fprintf(out, "precision: fp8: %lld of the %lld GEMMs of a micro-batch on FP8 inputs (%s scales) at %s (the "
                      "layers'; the LM head's stay bf16); their %s %s of the step, %lld of the %s made by the kernels "
                      "that write their inputs\n",
-                (long long)n, (long long)all, blk ? "block" : "per-tensor", rate, blk ? "copies" : "amax and casts", t[0],
-                (long long)fused, blk ? "copies" : "amaxes");
+                (long long)n, (long long)all, blk ? "block" : tensor ? "per-tensor" : "row", rate,
+                tensor ? "amax and casts" : "copies", t[0], (long long)fused, tensor ? "amaxes" : "copies");
         if (own)
             fprintf(out, "           %lld of them on the generator's FP8 GEMM kernel (train.fp8_gemm), at %.0f TF/s, the "
                          "weights' gradients at %.0f\n",

@@ -93,7 +93,7 @@ static const char *const SYNTHETIC_KINDS[] = {"copy", "recall", "packed", NULL};
 static const char *const DOCUMENTS_NAMES[] = {"stream", "mask", NULL};
 static const char *const PRECISION_NAMES[] = {"bf16", "fp8", NULL};
 static const char *const FP8_FORMAT_NAMES[] = {"hybrid", "e4m3", NULL};
-static const char *const FP8_SCALING_NAMES[] = {"tensor", "block", NULL};
+static const char *const FP8_SCALING_NAMES[] = {"tensor", "block", "row", NULL};
 static const char *const FP8_WEIGHT_GRADS_NAMES[] = {"fp8", "bf16", NULL};
 static const char *const FP8_GEMM_NAMES[] = {"auto", "cublaslt", "cpgen", NULL}; /* cp_fp8_gemm's order */
 static const char *const POSITIONS_NAMES[] = {"sequence", "document", NULL};
@@ -1270,12 +1270,11 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     int prec = 0;
     TRY(get_enum(c, t, "train", "precision", PRECISION_NAMES, &prec));
     tr->fp8 = prec == 1;
-    int scaling = 1;
-    TRY(get_enum(c, t, "train", "fp8_scaling", FP8_SCALING_NAMES, &scaling));
-    tr->fp8_block = scaling == 1;
-    /* by default E4M3 throughout with block scales (a block's scale gives the range), E5M2 gradients with one scale
-     * per tensor, as Transformer Engine's two recipes do */
-    int format = tr->fp8_block ? 1 : 0;
+    tr->fp8_scaling = CP_FP8_SCALING_BLOCK;
+    TRY(get_enum(c, t, "train", "fp8_scaling", FP8_SCALING_NAMES, &tr->fp8_scaling));
+    /* by default E4M3 throughout with block or row scales (a block's or row's scale gives the range), E5M2 gradients
+     * with one scale per tensor, as Transformer Engine's recipes do */
+    int format = tr->fp8_scaling != CP_FP8_SCALING_TENSOR ? 1 : 0;
     TRY(get_enum(c, t, "train", "fp8_format", FP8_FORMAT_NAMES, &format));
     tr->fp8_e4m3_grads = format == 1;
     tr->fp8_fast_accum = true;
@@ -1311,10 +1310,12 @@ void cp_machine_defaults(cp_machine *m) {
      * 1082.9 and 1118.3 (docs/PERF.md, 2026-12-03, MLP tiles grown); before, 693 (32K) and 670 (128K) with the
      * epilogue inside the rate */
     m->gemm_tflops = 730;
-    /* bench_gemm on an H200 (docs/PERF.md, 2026-12-02, FP8 GEMMs): the layers' GEMMs of the 3B step at 32K on FP8
-     * inputs at 1246 TF/s (1337 with fast accumulation), of the 8B step at 128K 1164 (1173); bf16 in the same call
-     * 746 and 659. The casts to FP8 are kernels of their own, priced by their bytes. */
-    m->fp8_gemm_tflops = 1200;
+    /* with one scale per tensor or per row (cuBLASLt applies them after the sums): inside the 3B step at 32K on an
+     * H200 with row scales (docs/PERF.md, 2026-12-03, row scales), the layers' GEMMs (fast accumulation in the
+     * forward) 376 ms and the weights' gradients 142 ms, 1350 TF/s by this model's FLOPs and epilogues; bench_gemm
+     * alone, the same call: row 1228 TF/s (1348 with fast accumulation), per tensor 1270. The casts to FP8 are
+     * kernels of their own, priced by their bytes. */
+    m->fp8_gemm_tflops = 1350;
     /* with block scales, inside the 3B step at 32K on an H200 (its trace, docs/PERF.md, 2026-12-02, the noise
      * floor): 1082-1202 TF/s where a weight's 128 x 128 tiles meet 1 x 128 scales (forward, dX; bench_gemm alone
      * 1160-1300); the weights' gradients, whose two inputs are both 1 x 128, 224.2 ms in the all-FP8 step's trace
@@ -2503,6 +2504,10 @@ const char *cp_opt_place_name(cp_opt_place o) { return (unsigned)o < CP_ARRAY_LE
 
 const char *cp_fp8_gemm_name(cp_fp8_gemm g) {
     return (unsigned)g < CP_ARRAY_LEN(FP8_GEMM_NAMES) - 1 ? FP8_GEMM_NAMES[g] : "?";
+}
+
+const char *cp_fp8_scaling_name(cp_fp8_scaling s) {
+    return (unsigned)s < CP_ARRAY_LEN(FP8_SCALING_NAMES) - 1 ? FP8_SCALING_NAMES[s] : "?";
 }
 
 const char *cp_attn_keep_name(cp_attn_keep a) {

@@ -60,6 +60,8 @@ typedef struct {
  * the step (AUTO, the default: cp_plan_fp8_kernel_wins, gen/plan_fp8.c), on cuBLASLt, or on the generator's kernel
  * (templates/gemm_fp8.cu, Hopper) wherever it takes them */
 typedef enum { CP_FP8_GEMM_AUTO = 0, CP_FP8_GEMM_CUBLASLT, CP_FP8_GEMM_CPGEN } cp_fp8_gemm;
+/* train.fp8_scaling, in the order of its names */
+typedef enum { CP_FP8_SCALING_TENSOR = 0, CP_FP8_SCALING_BLOCK, CP_FP8_SCALING_ROW } cp_fp8_scaling;
 
 typedef struct {
     int64_t seq_len;    /* tokens per sequence (all ranks together) */
@@ -78,10 +80,11 @@ typedef struct {
     bool deterministic; /* the same bits every run (attention's dQ summed in key-block order), or faster sums */
     bool fp8;           /* train.precision = "fp8": the layers' projections and MLP GEMMs on FP8 inputs with scales
                          * from current values (gen/plan_fp8.c); "bf16" (false): every GEMM in bf16 */
-    bool fp8_e4m3_grads; /* train.fp8_format = "e4m3" (the default with block scales): the backward's gradients in
-                          * E4M3 too; "hybrid" (false, the default with one scale per tensor): E5M2 */
-    bool fp8_block;      /* train.fp8_scaling = "block" (the default): a scale per 128 elements of k (activations,
-                          * gradients) and per 128 x 128 tile (weights); "tensor" (false): one per tensor */
+    bool fp8_e4m3_grads; /* train.fp8_format = "e4m3" (the default with block or row scales): the backward's
+                          * gradients in E4M3 too; "hybrid" (false, the default with one scale per tensor): E5M2 */
+    int fp8_scaling;     /* train.fp8_scaling (cp_fp8_scaling): "block" (the default), a scale per 128 elements of k
+                          * (activations, gradients) and per 128 x 128 tile (weights); "row", one per row of each
+                          * input over all of k; "tensor", one per tensor */
     bool fp8_fast_accum; /* train.fp8_fast_accum: the forward's FP8 GEMMs (and their recompute) sum without fp32
                           * promotion (the gradients' always promote) */
     int fp8_gemm;        /* train.fp8_gemm (cp_fp8_gemm): which kernel runs the block-scaled FP8 GEMMs */
@@ -201,6 +204,7 @@ double cp_machine_attn_tflops(const cp_machine *mc, bool backward, int64_t head_
 const char *cp_opt_place_name(cp_opt_place o);
 const char *cp_attn_keep_name(cp_attn_keep a);
 const char *cp_fp8_gemm_name(cp_fp8_gemm g);
+const char *cp_fp8_scaling_name(cp_fp8_scaling s);
 
 /* data.val = "split:<fraction>": true with the fraction (strictly between 0 and 1) in *fraction; false for any other
  * value, or a split whose fraction does not parse or lies outside (0, 1) (*fraction is then NaN). */

@@ -100,7 +100,7 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_str(o, "precision", t->fp8 ? "fp8" : "bf16");
     put_str(o, "fp8_format", t->fp8_e4m3_grads ? "e4m3" : "hybrid");
     put_bool(o, "fp8_fast_accum", t->fp8_fast_accum);
-    put_str(o, "fp8_scaling", t->fp8_block ? "block" : "tensor");
+    put_str(o, "fp8_scaling", cp_fp8_scaling_name((cp_fp8_scaling)t->fp8_scaling));
     put_str(o, "fp8_weight_grads", t->fp8_bf16_wgrad ? "bf16" : "fp8");
     put_str(o, "fp8_gemm", cp_fp8_gemm_name((cp_fp8_gemm)t->fp8_gemm));
     cp_str_printf(o, "  },\n  data = {\n");

@@ -489,7 +489,7 @@ static void test_documents(void **state) {
 /* train.precision = "fp8": the layers' GEMMs on FP8 copies, each after its casts (and with per-tensor scales its
  * amaxes), prepared in the layouts that move GEMM operands around (stages, tiles folded, recompute, rings, offload,
  * micro-batches), with the weights' gradients in bf16 (the default) and on FP8 (their activations and gradients
- * read transposed, with block scales cast both ways at once). */
+ * read transposed, with block scales cast both ways at once), per tensor, by blocks and by rows. */
 static void test_fp8(void **state) {
     (void)state;
     const char *fp8 = "train.precision=fp8", *pt = "train.fp8_scaling=tensor", *wg = "train.fp8_weight_grads=fp8";
@@ -523,6 +523,14 @@ static void test_fp8(void **state) {
     check("llama3b", 7, fp8, blk, gk, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=32K");
     check("llama3b", 8, fp8, blk, ga, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=8K", "parallel.mlp_tile=2K");
     check("llama8b", 7, fp8, blk, ga, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
+    /* row scales: a cast per copy, the transposed ones in two launches with the columns' maxima behind the scales */
+    const char *row = "train.fp8_scaling=row";
+    check("tiny", 2, fp8, row);
+    check("tiny", 3, fp8, row, wg);
+    check("tiny", 5, fp8, row, wg, "parallel.gpus=2", "parallel.upipe_heads=2");
+    check("tiny", 5, fp8, row, wg, "parallel.mlp_tile=512", "parallel.loss_tile=256");
+    check("llama3b", 6, fp8, row, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
+    check("llama8b", 7, fp8, row, wg, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
 }
 
 /* Rings over packed documents, every rank of: ring 2 and ring 4 of one GPU, ring 2 x Ulysses 2, 2 replicas x ring 2

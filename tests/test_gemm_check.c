@@ -24,11 +24,13 @@ static void test_shipped_plans(void **state) {
     (void)state;
     const char *specs[] = {"tiny", "llama1b", "llama3b", "llama8b", "qwen32b"};
     const char *lengths[] = {NULL, "train.seq_len=128K"};
-    /* bf16, and FP8 with per-tensor and with block scales (the GEMMs cp_plan_fp8_gemm makes) */
+    /* bf16, and FP8 with block (the default), per-tensor and row scales (the GEMMs cp_plan_fp8_gemm makes) */
     const char *precisions[][2] = {{NULL, NULL},
                                    {"train.precision=fp8", NULL},
-                                   {"train.precision=fp8", "train.fp8_scaling=block"}};
-    int checked = 0, blocks = 0;
+                                   {"train.precision=fp8", "train.fp8_scaling=tensor"},
+                                   {"train.precision=fp8", "train.fp8_scaling=row"}};
+    const char *names[] = {"", " fp8", " fp8 tensor", " fp8 row"};
+    int checked = 0, blocks = 0, rows = 0;
     for (size_t i = 0; i < CP_ARRAY_LEN(specs); i++)
         for (size_t l = 0; l < CP_ARRAY_LEN(lengths); l++)
             for (size_t f = 0; f < CP_ARRAY_LEN(precisions); f++) {
@@ -38,8 +40,8 @@ static void test_shipped_plans(void **state) {
                 for (int j = 0; j < 2; j++)
                     if (precisions[f][j]) sets[nsets++] = precisions[f][j];
                 char what[160];
-                snprintf(what, sizeof what, "%s%s%s%s%s", specs[i], lengths[l] ? " " : "", lengths[l] ? lengths[l] : "",
-                         f ? " " : "", f == 2 ? "fp8 block" : f ? "fp8" : "");
+                snprintf(what, sizeof what, "%s%s%s%s", specs[i], lengths[l] ? " " : "", lengths[l] ? lengths[l] : "",
+                         names[f]);
                 cp_spec s;
                 cp_plan P;
                 if (cp_spec_load(specs[i], sets, nsets, &s, err, sizeof err) ||
@@ -51,13 +53,15 @@ static void test_shipped_plans(void **state) {
                     if (cp_gemm_check(&st->gemm, st->what, buf, buf, buf, buf, err, sizeof err))
                         fail_msg("%s, step %d: %s", what, k, err);
                     checked++;
-                    blocks += st->gemm.a_scale != CP_GEMM_SCALE_TENSOR;
+                    blocks += st->gemm.a_scale == CP_GEMM_SCALE_1D;
+                    rows += st->gemm.a_scale == CP_GEMM_SCALE_ROW;
                 }
                 cp_plan_free(&P);
             }
-    printf("  %d GEMM steps checked, %d of them block-scaled\n", checked, blocks);
+    printf("  %d GEMM steps checked, %d of them block-scaled, %d row-scaled\n", checked, blocks, rows);
     assert_true(checked > 100);
     assert_true(blocks > 100); /* the block-scaled plans do put GEMMs on block scales */
+    assert_true(rows > 100);   /* and the row-scaled ones on row scales */
 }
 
 static void test_refusals(void **state) {
@@ -80,6 +84,11 @@ static void test_refusals(void **state) {
         blk.a_scale = modes[i][0], blk.b_scale = modes[i][1];
         if (cp_gemm_check(&blk, "ok_blk", buf, buf, buf, buf, err, sizeof err)) fail_msg("%s", err);
     }
+    /* row scales on both inputs: applied after the sums, so any k and fast accumulation too */
+    cp_gemm row = fp8;
+    row.a_scale = row.b_scale = CP_GEMM_SCALE_ROW;
+    row.fast_accum = true;
+    if (cp_gemm_check(&row, "ok_row", buf, buf, buf, buf, err, sizeof err)) fail_msg("%s", err);
     const struct {
         const char *change, *says;
     } bad[] = {
@@ -101,6 +110,7 @@ static void test_refusals(void **state) {
         {"blk_tiles", "both inputs scaled by 128 x 128 tiles"},
         {"blk_k", "block scales with k not a multiple of 128"},
         {"blk_fast", "block scales with fast accumulation"},
+        {"blk_row", "one input scaled per row and the other by blocks"},
     };
     for (size_t i = 0; i < CP_ARRAY_LEN(bad); i++) {
         cp_gemm p = ok;
@@ -120,13 +130,14 @@ static void test_refusals(void **state) {
         if (!strcmp(w, "lda")) p.lda = 72;
         if (!strncmp(w, "blk_", 4))
             p.k = p.lda = p.ldb = 256, p.a_scale = CP_GEMM_SCALE_1D, p.b_scale = CP_GEMM_SCALE_2D;
-        if (!strcmp(w, "blk_mode")) p.b_scale = 3;
+        if (!strcmp(w, "blk_mode")) p.b_scale = CP_GEMM_SCALE_ROW + 1;
         if (!strcmp(w, "blk_bf16")) p.a_type = p.b_type = CP_GEMM_BF16;
         if (!strcmp(w, "blk_half")) p.b_scale = CP_GEMM_SCALE_TENSOR;
         if (!strcmp(w, "blk_half_b")) p.a_scale = CP_GEMM_SCALE_TENSOR;
         if (!strcmp(w, "blk_tiles")) p.a_scale = CP_GEMM_SCALE_2D;
         if (!strcmp(w, "blk_k")) p.k = p.lda = p.ldb = 208; /* a multiple of 16, not of 128 */
         if (!strcmp(w, "blk_fast")) p.fast_accum = true;
+        if (!strcmp(w, "blk_row")) p.b_scale = CP_GEMM_SCALE_ROW;
         char what[32];
         snprintf(what, sizeof what, "bad_%s", w);
         err[0] = 0;

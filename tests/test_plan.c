@@ -780,7 +780,8 @@ static cp_fp8_copy fp8_copy(const cp_step *x) {
     if ((strstr(r, "e5m2") != NULL) != (c.fmt == CP_GEMM_E5M2) || (c.fmt != CP_GEMM_E4M3 && c.fmt != CP_GEMM_E5M2) ||
         (strstr(r, "cast_t_") == r) != c.transposed || (strstr(r, "cast_rt_") == r) != c.both ||
         (strstr(r, "_2d_") != NULL) != (c.scale == CP_GEMM_SCALE_2D) ||
-        (strstr(r, "_1d_") != NULL) != (c.scale == CP_GEMM_SCALE_1D) || block != (c.scale != CP_GEMM_SCALE_TENSOR))
+        (strstr(r, "_1d_") != NULL) != (c.scale == CP_GEMM_SCALE_1D) ||
+        (strstr(r, "_row_") != NULL) != (c.scale == CP_GEMM_SCALE_ROW) || block != (c.scale != CP_GEMM_SCALE_TENSOR))
         fail_msg("FP8 step %s (layer %d): role %s against its copy (format %d, scale %d, transposed %d)", x->what,
                  x->layer, r, c.fmt, c.scale, c.transposed);
     return c;
@@ -818,7 +819,8 @@ static void test_fp8(void **state) {
         load(shapes[c][0], &s, 2, shapes[c][1], shapes[c][2] ? shapes[c][2] : "train.micro_batches=8");
         build(&s, &b);
         s.train.fp8 = true;
-        s.train.fp8_block = s.train.fp8_e4m3_grads = false; /* per-tensor scales, E5M2 gradients */
+        s.train.fp8_scaling = CP_FP8_SCALING_TENSOR; /* per-tensor scales, E5M2 gradients */
+        s.train.fp8_e4m3_grads = false;
         s.train.fp8_bf16_wgrad = false;                       /* every layer GEMM on FP8 */
         build(&s, &f);
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held); /* each copy buffer */
@@ -1028,7 +1030,7 @@ static void test_fp8_block(void **state) {
         cp_plan b, f;
         load(shapes[c][0], &s, 2, shapes[c][1], "parallel.gpus=1");
         build(&s, &b);
-        s.train.fp8 = s.train.fp8_block = true;
+        s.train.fp8 = true, s.train.fp8_scaling = CP_FP8_SCALING_BLOCK;
         s.train.fp8_e4m3_grads = c > 0; /* tiny's gradients E5M2 ("hybrid"), the 3B's E4M3 (the default) */
         s.train.fp8_bf16_wgrad = c == 2;
         build(&s, &f);
@@ -1145,6 +1147,87 @@ static void test_fp8_block(void **state) {
         if (c == 2) assert_true(wgrads > 0 && gemms_of[2] == gemms_of[1] - wgrads && casts_of[2] < casts_of[1]);
         free(held);
         free(tiled);
+        cp_plan_free(&b);
+        cp_plan_free(&f);
+    }
+}
+
+/* train.fp8_scaling = "row", on the flat program of the 3B at 32K with the weights' gradients on FP8 and in bf16, and
+ * of tiny: every layer GEMM but the bf16 weights' gradients on FP8 (any k a multiple of 16: tiny's K and V projections
+ * too), both inputs scaled per row (A's m scales, B's n, read behind copies of the operands the GEMM reads now, made
+ * the way round it reads them), fast accumulation in the forward alone; every copy a cast of its own (no kernel
+ * writes a row-scaled copy beside its output, none casts both ways), its scales behind it, and a transposed one's
+ * column maxima behind those; the step predicted faster than bf16's. */
+static void test_fp8_row(void **state) {
+    (void)state;
+    const char *shapes[][2] = {{"tiny", "train.seq_len=2K"}, {"llama3b", "train.seq_len=32K"},
+                               {"llama3b", "train.seq_len=32K"}};
+    for (int c = 0; c < 3; c++) {
+        cp_spec s;
+        cp_plan b, f;
+        load(shapes[c][0], &s, 3, shapes[c][1], "parallel.gpus=1", "train.fp8_scaling=row");
+        build(&s, &b);
+        assert_true(s.train.fp8_e4m3_grads && s.train.fp8_fast_accum); /* row's defaults */
+        s.train.fp8 = true;
+        s.train.fp8_bf16_wgrad = c == 2;
+        build(&s, &f);
+        fp8_held *held = calloc((size_t)f.nbufs, sizeof *held);
+        int bi = 0, fp8_gemms = 0, casts = 0, transposed = 0;
+        for (int i = 0; i < f.nsteps; i++) {
+            const cp_step *x = &f.steps[i];
+            assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST && x->nfp8_out == 0);
+            if (x->task == CP_TASK_FP8_CAST_BLOCK) {
+                const cp_fp8_copy cc = fp8_copy(x);
+                assert_true(cc.scale == CP_GEMM_SCALE_ROW && !cc.both && cc.fmt == CP_GEMM_E4M3 && x->nops == 3);
+                const int64_t rows = cc.transposed ? x->heads : x->count, cols = cc.transposed ? x->count : x->heads;
+                const int64_t parts = cc.transposed ? cp_fp8_row_parts(x->count, x->heads) : 0;
+                const cp_operand *cp = &x->ops[1], *sc = &x->ops[2];
+                assert_int_equal(f.bufs[cp->buf].cat, CP_CAT_FP8);
+                assert_true(cp->bytes == rows * cols && sc->buf == cp->buf && sc->offset >= rows * cols &&
+                            sc->offset % 256 == 0 && sc->bytes == 4 * (rows + parts) &&
+                            sc->offset + sc->bytes <= f.bufs[cp->buf].bytes);
+                assert_true(!cc.transposed || x->heads % 32 == 0);
+                held[cp->buf] = (fp8_held){.valid = true, .transposed = cc.transposed, .src = x->ops[0],
+                                           .slot = sc->offset};
+                casts++;
+                transposed += cc.transposed;
+                continue;
+            }
+            const cp_step *y = &b.steps[bi++];
+            assert_string_equal(x->what, y->what);
+            const bool fp8 = x->kind == CP_OP_GEMM && x->gemm.a_type != CP_GEMM_BF16;
+            if (x->kind == CP_OP_GEMM && y->layer >= 0) assert_true(fp8 == !(c == 2 && y->gemm.w_grad));
+            if (fp8) {
+                fp8_gemms++;
+                const cp_gemm *g = &y->gemm, *q = &x->gemm;
+                assert_true(q->a_type == CP_GEMM_E4M3 && q->b_type == CP_GEMM_E4M3);
+                assert_true(q->a_scale == CP_GEMM_SCALE_ROW && q->b_scale == CP_GEMM_SCALE_ROW);
+                assert_true(q->fast_accum == !g->a_grad && !q->trans_a && q->trans_b);
+                char e[256];
+                const void *at = (const void *)(uintptr_t)256;
+                if (cp_gemm_check(q, x->what, at, at, at, at, e, sizeof e)) fail_msg("%s", e);
+                assert_int_equal(x->nops, y->nops + 2);
+                for (int in = 0; in < 2; in++) {
+                    const fp8_held *h = &held[x->ops[in].buf];
+                    const cp_operand *sc = &x->ops[x->nops - 2 + in];
+                    if (!h->valid || !fp8_same(&h->src, &y->ops[in]))
+                        fail_msg("step %d (%s, layer %d, tile %d): input %d's copy is not of its operand now", i,
+                                 x->what, x->layer, x->tile, in);
+                    assert_true(h->transposed == (in ? !g->trans_b : g->trans_a));
+                    assert_true(sc->buf == x->ops[in].buf && sc->offset == h->slot && sc->access == CP_READ &&
+                                sc->bytes == 4 * (in ? q->n : q->m));
+                }
+            } else if (x->kind == CP_OP_GEMM) {
+                assert_memory_equal(&x->gemm, &y->gemm, sizeof x->gemm);
+            }
+            fp8_forget(held, f.nbufs, x);
+        }
+        assert_int_equal(bi, b.nsteps);
+        print_message("%s fp8 row%s: %d GEMMs on FP8 inputs, %d casts (%d transposed)\n", shapes[c][0],
+                      c == 2 ? ", weights' gradients bf16" : "", fp8_gemms, casts, transposed);
+        assert_true(fp8_gemms > 0 && casts > 0 && transposed > 0 && f.t_fp8_casts > 0);
+        if (c >= 1) assert_true(f.t_step < b.t_step * 0.95);
+        free(held);
         cp_plan_free(&b);
         cp_plan_free(&f);
     }
@@ -2107,6 +2190,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_checkpoint_every),
         cmocka_unit_test(test_grad_accum),  cmocka_unit_test(test_8b_arithmetic), cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_fp8_block),
+        cmocka_unit_test(test_fp8_row),
         cmocka_unit_test(test_fp8_copies_of_whole_outputs),
         cmocka_unit_test(test_kept_attention_3b), cmocka_unit_test(test_kept_attention_3b_longest),
         cmocka_unit_test(test_mlp_tile_auto),

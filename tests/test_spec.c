@@ -621,17 +621,22 @@ static void test_precision_key(void **state) {
     (void)state;
     load_ok("tiny", NULL, 0);
     assert_false(spec.train.fp8);
-    assert_true(spec.train.fp8_e4m3_grads && spec.train.fp8_fast_accum && spec.train.fp8_block &&
-                spec.train.fp8_bf16_wgrad && spec.train.fp8_gemm == CP_FP8_GEMM_AUTO);
+    assert_true(spec.train.fp8_e4m3_grads && spec.train.fp8_fast_accum &&
+                spec.train.fp8_scaling == CP_FP8_SCALING_BLOCK && spec.train.fp8_bf16_wgrad &&
+                spec.train.fp8_gemm == CP_FP8_GEMM_AUTO);
     const char *tensor[] = {"train.fp8_scaling=tensor"}; /* E5M2 gradients by default with one scale per tensor */
     load_ok("tiny", tensor, 1);
-    assert_true(!spec.train.fp8_e4m3_grads && !spec.train.fp8_block);
+    assert_true(!spec.train.fp8_e4m3_grads && spec.train.fp8_scaling == CP_FP8_SCALING_TENSOR);
     assert_true(spec.machine.fp8_gemm_tflops > spec.machine.gemm_tflops);
+    const char *row[] = {"train.fp8_scaling=row"}; /* E4M3 throughout by default, as with block scales */
+    load_ok("tiny", row, 1);
+    assert_true(spec.train.fp8_e4m3_grads && spec.train.fp8_scaling == CP_FP8_SCALING_ROW);
     const char *fp8[] = {"train.precision=fp8", "train.fp8_format=hybrid", "train.fp8_fast_accum=false",
                          "train.fp8_scaling=block", "train.fp8_weight_grads=fp8", "train.fp8_gemm=cpgen"};
     load_ok("tiny", fp8, 6);
-    assert_true(spec.train.fp8 && !spec.train.fp8_e4m3_grads && !spec.train.fp8_fast_accum && spec.train.fp8_block &&
-                !spec.train.fp8_bf16_wgrad && spec.train.fp8_gemm == CP_FP8_GEMM_CPGEN);
+    assert_true(spec.train.fp8 && !spec.train.fp8_e4m3_grads && !spec.train.fp8_fast_accum &&
+                spec.train.fp8_scaling == CP_FP8_SCALING_BLOCK && !spec.train.fp8_bf16_wgrad &&
+                spec.train.fp8_gemm == CP_FP8_GEMM_CPGEN);
     cp_str text = {0};
     cp_spec a = spec, b;
     cp_spec_write_lua(&a, &text);
@@ -639,7 +644,8 @@ static void test_precision_key(void **state) {
     if (cp_spec_load_string("resolved.lua", text.data, NULL, 0, &b, err, sizeof err)) fail_msg("%s", err);
     assert_contains(text.data, "fp8_gemm = \"cpgen\"");
     assert_true(cp_spec_same(&a, &b) && b.train.fp8 && !b.train.fp8_e4m3_grads && !b.train.fp8_fast_accum &&
-                b.train.fp8_block && !b.train.fp8_bf16_wgrad && b.train.fp8_gemm == CP_FP8_GEMM_CPGEN);
+                b.train.fp8_scaling == CP_FP8_SCALING_BLOCK && !b.train.fp8_bf16_wgrad &&
+                b.train.fp8_gemm == CP_FP8_GEMM_CPGEN);
     cp_str_free(&text);
     const char *bad[] = {"train.precision=fp16"};
     assert_int_equal(load_bad("tiny", bad, 1), -1);
@@ -648,9 +654,10 @@ static void test_precision_key(void **state) {
     const char *format[] = {"train.fp8_format=e5m2"};
     assert_int_equal(load_bad("tiny", format, 1), -1);
     assert_contains(err, "train.fp8_format = \"e5m2\": not a valid choice");
-    const char *scaling[] = {"train.fp8_scaling=row"};
+    const char *scaling[] = {"train.fp8_scaling=column"};
     assert_int_equal(load_bad("tiny", scaling, 1), -1);
-    assert_contains(err, "train.fp8_scaling = \"row\": not a valid choice");
+    assert_contains(err, "train.fp8_scaling = \"column\": not a valid choice");
+    assert_contains(err, "\"row\"");
     const char *wgrad[] = {"train.fp8_weight_grads=fp16"};
     assert_int_equal(load_bad("tiny", wgrad, 1), -1);
     assert_contains(err, "train.fp8_weight_grads = \"fp16\": not a valid choice");

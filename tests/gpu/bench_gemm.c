@@ -15,8 +15,11 @@
  * count: the step's GEMM seconds in bf16 and with FP8 where FP8 applies, before the casts and transposes FP8 adds.
  * Where the generator's FP8 GEMM kernel (templates/gemm_fp8.cu) takes a block-scaled GEMM, it is timed too (column
  * "own"), and a line gives the block-scaled total with it in place of cuBLASLt's where it is faster. The last line,
- * GEMMSUM SPEC SEQ bf16 fp8 fast block best, gives the totals in seconds for scripts (best: each block-scaled GEMM on
- * the faster of cuBLASLt and the own kernel).
+ * GEMMSUM SPEC SEQ bf16 fp8 fast block best row rowfast, gives the totals in seconds for scripts (best: each
+ * block-scaled GEMM on the faster of cuBLASLt and the own kernel).
+ * Column "row" times each FP8 GEMM with a scale per row of each input (train.fp8_scaling = "row": cuBLASLt's
+ * OUTER_VEC_32F, applied after the sums, promoted; the per-tensor form's types; scales all 1), and "row fast" the
+ * same with fast accumulation; their totals close the GEMMSUM line.
  * With --algos N every GEMM's time is the fastest of the first N algorithms cuBLASLt's heuristic offers for it (the
  * heuristic's own first choice is what the runtime launches), and a line compares the totals with the first's.
  * --only NAME times the GEMMs of that name alone (a profiler's run); --cluster N and --consumers N build the own
@@ -145,14 +148,14 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
     cp_plan P;
     if (cp_spec_load(spec, sets, 2, &s, err, sizeof err) || cp_plan_build_folded(&s, &P, err, sizeof err))
         gu_fail("%s at %s: %s", spec, seq, err);
-    /* the plan as each scaling sees it, for cp_plan_fp8_eligible and cp_plan_fp8_gemm (which read train's fp8_block
+    /* the plan as each scaling sees it, for cp_plan_fp8_eligible and cp_plan_fp8_gemm (which read train's fp8_scaling
      * and the buffers' categories; nothing else differs, so copies of P with the flags set each way do), each with
      * its own default format: per tensor "hybrid" (E5M2 gradients), block E4M3 throughout */
     cp_plan Pt = P, Pb = P;
-    Pt.spec.train.fp8_block = false;
+    Pt.spec.train.fp8_scaling = CP_FP8_SCALING_TENSOR;
     Pt.spec.train.fp8_e4m3_grads = false;
     Pt.spec.train.fp8_bf16_wgrad = false;
-    Pb.spec.train.fp8_block = true;
+    Pb.spec.train.fp8_scaling = CP_FP8_SCALING_BLOCK;
     Pb.spec.train.fp8_e4m3_grads = true;
     Pb.spec.train.fp8_bf16_wgrad = false; /* both: the weights' gradients on FP8 too (fp8_weight_grads = "fp8") */
     gemm_use *u = calloc((size_t)P.nsteps, sizeof *u);
@@ -183,6 +186,11 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         size_t sa = (size_t)cp_fp8_scales(f->a_scale, f->m, f->k), sb = (size_t)cp_fp8_scales(f->b_scale, f->n, f->k);
         smax = sa > smax ? sa : smax, smax = sb > smax ? sb : smax;
     }
+    for (int j = 0; j < nu; j++) /* row scales: one per row of A (m) and of B (n) */
+        if (u[j].fp8) {
+            size_t r = (size_t)(u[j].g.m > u[j].g.n ? u[j].g.m : u[j].g.n);
+            smax = r > smax ? r : smax;
+        }
     char *A = gu_malloc(amax), *B = gu_malloc(bmax), *C = gu_malloc(dmax), *D = gu_malloc(dmax);
     /* random bytes 0x20-0x3f with a random sign: finite as E4M3 (exponent 4-7), as E5M2 (8-15) and as bf16 pairs */
     uint8_t *h = malloc(1 << 26);
@@ -199,7 +207,7 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
     const float scales[8] = {1.0f / 64, 0, 0, 0, 1.0f / 64};
     float *dS = gu_malloc(sizeof scales);
     gu_upload(dS, scales, sizeof scales);
-    /* block scales of 1 for A and B (the bytes' values as they are), padding included */
+    /* block (and row) scales of 1 for A and B (the bytes' values as they are), padding included */
     const size_t sbytes = 4 * (smax ? smax : 1);
     float *ones = malloc(sbytes), *dSA = gu_malloc(sbytes), *dSB = gu_malloc(sbytes);
     for (size_t i = 0; i < sbytes / 4; i++) ones[i] = 1.0f;
@@ -208,13 +216,14 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
     free(ones);
 
     printf("\n%s at %s tokens on one GPU: %d distinct GEMMs\n", spec, seq, nu);
-    printf("%-14s %5s %21s %4s | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %5s\n", "GEMM", "count",
-           "m x n x k", "form", "bf16 ms", "TF/s", "fp8 ms", "TF/s", "fast ms", "TF/s", "block ms", "TF/s", "own ms",
-           "TF/s", "x");
+    printf("%-14s %5s %21s %4s | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %5s\n",
+           "GEMM", "count", "m x n x k", "form", "bf16 ms", "TF/s", "fp8 ms", "TF/s", "fast ms", "TF/s", "block ms",
+           "TF/s", "own ms", "TF/s", "row ms", "TF/s", "rfast ms", "TF/s", "x");
     double t_bf16 = 0, t_fp8 = 0, t_fast = 0, fl_fp8 = 0, tb_fp8part = 0;
     double t_blk = 0, fl_blk = 0, tb_blkpart = 0; /* the same with block scales, over the GEMMs they apply to */
     double t_bf16_first = 0, t_blk_first = 0;     /* bf16 and block with the heuristic's first algorithm */
     double t_best = 0, t_own = 0, t_own_blk = 0;  /* block with the faster of cuBLASLt and the own kernel; where it ran */
+    double t_row = 0, t_rowfast = 0;              /* row scales, promoted and with fast accumulation */
     for (int j = 0; j < nu; j++) {
         const cp_gemm *g = &u[j].g;
         double fl = 2.0 * (double)g->m * (double)g->n * (double)g->k;
@@ -229,9 +238,12 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
             t_blk += tb * (double)u[j].count;
             t_blk_first += tb1 * (double)u[j].count;
             t_best += tb * (double)u[j].count;
-            printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8s %6s | %8s %6s | %8s %6s | %8s %6s | %5s\n",
+            t_row += tb * (double)u[j].count;
+            t_rowfast += tb * (double)u[j].count;
+            printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8s %6s | %8s %6s | %8s %6s | %8s %6s | "
+                   "%8s %6s | %8s %6s | %5s\n",
                    u[j].what, (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb,
-                   fl / tb / 1e9, "bf16", "", "bf16", "", "bf16", "", "bf16", "", "");
+                   fl / tb / 1e9, "bf16", "", "bf16", "", "bf16", "", "bf16", "", "bf16", "", "bf16", "", "");
             continue;
         }
         cp_gemm f = u[j].f; /* timed with cuBLASLt's promotion to fp32 and with fast accumulation */
@@ -241,6 +253,14 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         double tq = time_gemm(lib, &f, u[j].what, A, B, C, D, dS, dS + 4);
         t_fp8 += tf * (double)u[j].count;
         t_fast += tq * (double)u[j].count;
+        cp_gemm r = u[j].f; /* one scale per row of each input */
+        r.a_scale = r.b_scale = CP_GEMM_SCALE_ROW;
+        r.fast_accum = false;
+        double tr = time_gemm(lib, &r, u[j].what, A, B, C, D, dSA, dSB);
+        r.fast_accum = true;
+        double trq = time_gemm(lib, &r, u[j].what, A, B, C, D, dSA, dSB);
+        t_row += tr * (double)u[j].count;
+        t_rowfast += trq * (double)u[j].count;
         fl_fp8 += fl * (double)u[j].count;
         tb_fp8part += tb * (double)u[j].count;
         /* with block scales where the plan would use them (k a multiple of 128), else it stays bf16 */
@@ -267,9 +287,10 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
             t_best += tb * (double)u[j].count;
         }
         printf("%-14s %5lld %6lldx%6lldx%6lld %4s | %8.3f %6.0f | %8.3f %6.0f | %8.3f %6.0f | %8s %6s | %8s %6s | "
-               "%5.2f\n",
+               "%8.3f %6.0f | %8.3f %6.0f | %5.2f\n",
                u[j].what, (long long)u[j].count, (long long)g->m, (long long)g->n, (long long)g->k, form, tb,
-               fl / tb / 1e9, tf, fl / tf / 1e9, tq, fl / tq / 1e9, blk_ms, blk_tf, own_ms, own_tf, tb / tq);
+               fl / tb / 1e9, tf, fl / tf / 1e9, tq, fl / tq / 1e9, blk_ms, blk_tf, own_ms, own_tf, tr, fl / tr / 1e9,
+               trq, fl / trq / 1e9, tb / tq);
     }
     printf("%s at %s: the step's GEMMs %.3f s in bf16 (of them %.3f s where FP8 applies, %.0f TF/s); with FP8 there "
            "%.3f s (%.0f TF/s), with fast accumulation %.3f s (%.0f TF/s): the GEMMs %.2fx / %.2fx faster\n",
@@ -288,8 +309,11 @@ static void bench(cp_gemm_lib *lib, const char *spec, const char *seq, gu_rng *r
         printf("%s at %s: the fastest of the heuristic's first %d algorithms against its first: bf16 %.3f s against "
                "%.3f s, block %.3f s against %.3f s\n", spec, seq, algos, t_bf16 / 1e3, t_bf16_first / 1e3,
                t_blk / 1e3, t_blk_first / 1e3);
-    printf("GEMMSUM %s %s %.4f %.4f %.4f %.4f %.4f\n", spec, seq, t_bf16 / 1e3, t_fp8 / 1e3, t_fast / 1e3, t_blk / 1e3,
-           t_best / 1e3);
+    printf("%s at %s: with row scales %.3f s where FP8 applies (%.0f TF/s), with fast accumulation %.3f s "
+           "(%.0f TF/s)\n", spec, seq, (t_row - (t_bf16 - tb_fp8part)) / 1e3, fl_fp8 / (t_row - (t_bf16 - tb_fp8part)) / 1e9,
+           (t_rowfast - (t_bf16 - tb_fp8part)) / 1e3, fl_fp8 / (t_rowfast - (t_bf16 - tb_fp8part)) / 1e9);
+    printf("GEMMSUM %s %s %.4f %.4f %.4f %.4f %.4f %.4f %.4f\n", spec, seq, t_bf16 / 1e3, t_fp8 / 1e3, t_fast / 1e3,
+           t_blk / 1e3, t_best / 1e3, t_row / 1e3, t_rowfast / 1e3);
     gu_free_dev(A), gu_free_dev(B), gu_free_dev(C), gu_free_dev(D), gu_free_dev(dS), gu_free_dev(dSA), gu_free_dev(dSB);
     free(u);
     cp_plan_free(&P);

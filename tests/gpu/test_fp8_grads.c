@@ -1,14 +1,14 @@
 /* test_fp8_grads.c: the FP8 recipes' loss and gradients against bf16's, tensor by tensor, on the shape the
  * real-text check trains (the 1B's layers at 32K tokens; CPGEN_FP8_GRADS_LAYERS of them, default 4), with every FP8
- * kernel of those plans taking part: the casts and the copies their producers write, cuBLASLt's block-scaled and
- * per-tensor GEMMs and the generator's own FP8 GEMM on the weights' gradients of 8192 rows.
+ * kernel of those plans taking part: the casts and the copies their producers write, cuBLASLt's block-scaled,
+ * row-scaled and per-tensor GEMMs and the generator's own FP8 GEMM on the weights' gradients of 8192 rows.
  *
  * The weights are first trained in bf16 for 60 steps of the synthetic task (saved and loaded back as a
  * checkpoint), then each recipe takes one step's gradients over the same 4 sequences of 32K tokens, and for every
  * Hugging Face tensor its distance ||g - g_ref|| / ||g_ref|| is measured. Every distance is printed, a row per kind
  * of weight, before any is judged:
- *   - each recipe's loss within 1e-3 of bf16's (relative; measured: 4.6e-5 block-scaled, 1.9e-5 per tensor): a
- *     forward GEMM fed a wrong or stale copy, or a scale of another block, moves it by far more;
+ *   - each recipe's loss within 1e-3 of bf16's (relative; measured: 4.6e-5 block-scaled, 4.3e-5 row-scaled, 1.9e-5
+ *     per tensor): a forward GEMM fed a wrong or stale copy, or a scale of another block, moves it by far more;
  *   - each recipe's gradients against bf16's: every tensor within 0.1 (measured: at most 0.048, the embedding's,
  *     which goes through every layer's backward, 0.013), except q_proj's and k_proj's, which need only be finite
  *     and within 2: at these weights, barely off the initialisation (the task's loss still above its chance),
@@ -54,6 +54,8 @@ static const recipe recipes[] = {
     {"fp8", "train.precision=fp8"},
     {"fp8, weights' gradients FP8", "train.precision=fp8 train.fp8_weight_grads=fp8"},
     {"fp8, one scale per tensor", "train.precision=fp8 train.fp8_scaling=tensor"},
+    {"fp8, row scales, weights' gradients FP8",
+     "train.precision=fp8 train.fp8_scaling=row train.fp8_weight_grads=fp8"},
 };
 #define NRECIPES ((int)(sizeof recipes / sizeof recipes[0]))
 #define LOSS_BOUND 1e-3   /* each recipe's loss against bf16's, relative */
@@ -199,7 +201,7 @@ static void test_fp8_grads(void **state) {
         }
         cp_plan_free(&q);
     }
-    const char *cols[NRECIPES + 1] = {"fp8", "fp8 wgrad", "fp8 tensor", "wgrad vs fp8"};
+    const char *cols[NRECIPES + 1] = {"fp8", "fp8 wgrad", "fp8 tensor", "fp8 row", "wgrad vs fp8"};
     print_kinds(t, nt, NRECIPES + 1, dist, cols);
     printf("bf16 loss %.6f (the next step's sequences: %.6f, their gradients %.3f from these)\n", loss_ref, loss_other,
            control);
