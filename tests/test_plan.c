@@ -787,6 +787,25 @@ static cp_fp8_copy fp8_copy(const cp_step *x) {
     return c;
 }
 
+/* FP8 GEMM step x (y before the fp8 pass): a GEMM cuBLASLt takes, its two scale operands behind its inputs, each
+ * input a copy held of the operand y reads now, the way round the GEMM reads it */
+static void fp8_gemm_inputs(const fp8_held *held, int i, const cp_step *x, const cp_step *y) {
+    const cp_gemm *g = &y->gemm;
+    char e[256];
+    const void *at = (const void *)(uintptr_t)256; /* any aligned address: the arena's come later */
+    if (cp_gemm_check(&x->gemm, x->what, at, at, at, at, e, sizeof e)) fail_msg("%s", e);
+    assert_int_equal(x->nops, y->nops + 2);
+    for (int in = 0; in < 2; in++) {
+        const fp8_held *h = &held[x->ops[in].buf];
+        const cp_operand *sc = &x->ops[x->nops - 2 + in];
+        if (!h->valid || !fp8_same(&h->src, &y->ops[in]))
+            fail_msg("step %d (%s, layer %d, tile %d): input %d's copy is not of its operand now", i, x->what,
+                     x->layer, x->tile, in);
+        assert_true(h->transposed == (in ? !g->trans_b : g->trans_a));
+        assert_true(sc->buf == x->ops[in].buf && sc->offset == h->slot && sc->access == CP_READ);
+    }
+}
+
 /* What step x writes no longer holds what was made from it: each of the n entries of held made from it is dropped */
 static void fp8_forget(fp8_held *held, int n, const cp_step *x) {
     for (int o = 0; o < x->nops; o++) {
@@ -1082,21 +1101,11 @@ static void test_fp8_block(void **state) {
                 wgrads += c == 1 && g->w_grad;
                 assert_int_equal(q->a_type, g->a_grad && c == 0 ? CP_GEMM_E5M2 : CP_GEMM_E4M3);
                 assert_true(q->a_scale == CP_GEMM_SCALE_1D && !q->fast_accum && !q->trans_a && q->trans_b);
-                assert_int_equal(x->nops, y->nops + 2);
-                char e[256];
-                const void *at = (const void *)(uintptr_t)256;
-                if (cp_gemm_check(q, x->what, at, at, at, at, e, sizeof e)) fail_msg("%s", e);
+                fp8_gemm_inputs(held, i, x, y);
                 for (int in = 0; in < 2; in++) {
-                    const fp8_held *h = &held[x->ops[in].buf];
-                    const cp_operand *sc = &x->ops[x->nops - 2 + in];
-                    if (!h->valid || !fp8_same(&h->src, &y->ops[in]))
-                        fail_msg("step %d (%s, layer %d, tile %d): input %d's copy is not of its operand now", i,
-                                 x->what, x->layer, x->tile, in);
-                    assert_true(h->transposed == (in ? !g->trans_b : g->trans_a));
-                    assert_true(h->e5m2 == (in == 0 && g->a_grad && c == 0));
+                    assert_true(held[x->ops[in].buf].e5m2 == (in == 0 && g->a_grad && c == 0));
                     assert_true((in ? q->b_scale : q->a_scale) == (tiled[x->ops[in].buf] ? CP_GEMM_SCALE_2D
                                                                                          : CP_GEMM_SCALE_1D));
-                    assert_true(sc->buf == x->ops[in].buf && sc->offset == h->slot && sc->access == CP_READ);
                 }
             } else if (x->kind == CP_OP_GEMM) {
                 assert_memory_equal(&x->gemm, &y->gemm, sizeof x->gemm);
@@ -1203,20 +1212,8 @@ static void test_fp8_row(void **state) {
                 assert_true(q->a_type == CP_GEMM_E4M3 && q->b_type == CP_GEMM_E4M3);
                 assert_true(q->a_scale == CP_GEMM_SCALE_ROW && q->b_scale == CP_GEMM_SCALE_ROW);
                 assert_true(q->fast_accum == !g->a_grad && !q->trans_a && q->trans_b);
-                char e[256];
-                const void *at = (const void *)(uintptr_t)256;
-                if (cp_gemm_check(q, x->what, at, at, at, at, e, sizeof e)) fail_msg("%s", e);
-                assert_int_equal(x->nops, y->nops + 2);
-                for (int in = 0; in < 2; in++) {
-                    const fp8_held *h = &held[x->ops[in].buf];
-                    const cp_operand *sc = &x->ops[x->nops - 2 + in];
-                    if (!h->valid || !fp8_same(&h->src, &y->ops[in]))
-                        fail_msg("step %d (%s, layer %d, tile %d): input %d's copy is not of its operand now", i,
-                                 x->what, x->layer, x->tile, in);
-                    assert_true(h->transposed == (in ? !g->trans_b : g->trans_a));
-                    assert_true(sc->buf == x->ops[in].buf && sc->offset == h->slot && sc->access == CP_READ &&
-                                sc->bytes == 4 * (in ? q->n : q->m));
-                }
+                fp8_gemm_inputs(held, i, x, y);
+                assert_true(x->ops[x->nops - 2].bytes == 4 * q->m && x->ops[x->nops - 1].bytes == 4 * q->n);
             } else if (x->kind == CP_OP_GEMM) {
                 assert_memory_equal(&x->gemm, &y->gemm, sizeof x->gemm);
             }
