@@ -529,7 +529,7 @@ CAST_BOTH_KERNEL(fp8_cast_rt_1d_e5m2, __NV_E5M2)
 template <__nv_fp8_interpretation_t KIND>
 __device__ __forceinline__ void cast_row(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
                                          unsigned char *__restrict__ dst, float *__restrict__ scales) {
-    __shared__ float warp_max[BLOCK / 32];
+    static_assert(BLOCK <= 256, "tile_max reduces at most 8 warps");
     const i64 vrow = cols / 8;
     const bool held = vrow <= (i64)BLOCK * ROW_VECS;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -551,13 +551,8 @@ __device__ __forceinline__ void cast_row(const bf16 *__restrict__ src, i64 rows,
                 for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
             }
         }
-        m = fp8_group_max<32>(m);
-        if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-        __syncthreads();
-#pragma unroll
-        for (int w = 0; w < BLOCK / 32; w++) m = fmaxf(m, warp_max[w]);
-        __syncthreads(); // warp_max is written again for the next row
-        const float q = pow2_quant(m, fp8_max<KIND>());
+        const float q = pow2_quant(tile_max(m, BLOCK), fp8_max<KIND>());
+        __syncthreads(); // tile_max's shared maxima are written again for the next row
         for (i64 v0 = 0; v0 < vrow; v0 += (i64)BLOCK * ROW_VECS) {
 #pragma unroll
             for (int u = 0; u < ROW_VECS; u++) {
@@ -583,6 +578,14 @@ __device__ __forceinline__ void cast_row(const bf16 *__restrict__ src, i64 rows,
 #define ROWT_CHUNK {{ROW_CHUNK}}
 #define ROWT_PITCH (ROWT_ROWS + 4) // bytes of a tile row: 17 words, so the 4 column groups' byte stores hit 4 banks
 __device__ __forceinline__ float *row_parts(float *scales, i64 cols) { return scales + cols; }
+
+// The largest of the 8 partial maxima of strip column threadIdx.x (< ROWT_COLS), after the block has written them
+__device__ __forceinline__ float strip_col_max(const float (*part)[ROWT_COLS]) {
+    float a = part[0][threadIdx.x];
+#pragma unroll
+    for (int k = 1; k < 8; k++) a = fmaxf(a, part[k][threadIdx.x]);
+    return a;
+}
 
 __device__ __forceinline__ void cast_t_row_max(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
                                                unsigned char *__restrict__, float *__restrict__ scales) {
@@ -617,12 +620,8 @@ __device__ __forceinline__ void cast_t_row_max(const bf16 *__restrict__ src, i64
         for (int j = 0; j < 8; j++) warp_max[w][8 * g + j] = m[j];
     }
     __syncthreads();
-    if (threadIdx.x < ROWT_COLS) {
-        float a = warp_max[0][threadIdx.x];
-#pragma unroll
-        for (int k = 1; k < 8; k++) a = fmaxf(a, warp_max[k][threadIdx.x]);
-        row_parts(scales, cols)[blockIdx.y * cols + c0 + threadIdx.x] = a;
-    }
+    if (threadIdx.x < ROWT_COLS)
+        row_parts(scales, cols)[blockIdx.y * cols + c0 + threadIdx.x] = strip_col_max(warp_max);
 }
 
 template <__nv_fp8_interpretation_t KIND>
@@ -643,10 +642,7 @@ __device__ __forceinline__ void cast_t_row(const bf16 *__restrict__ src, i64 row
     }
     __syncthreads();
     if (threadIdx.x < ROWT_COLS) {
-        float a = part_max[0][threadIdx.x];
-#pragma unroll
-        for (int k = 1; k < 8; k++) a = fmaxf(a, part_max[k][threadIdx.x]);
-        const float q = pow2_quant(a, fp8_max<KIND>());
+        const float q = pow2_quant(strip_col_max(part_max), fp8_max<KIND>());
         col_q[threadIdx.x] = q;
         if (blockIdx.y == 0) scales[c0 + threadIdx.x] = pow2_inverse(q);
     }

@@ -545,6 +545,16 @@ static void run_fp8_recipe(gu_module *m, int64_t T, int64_t I, int64_t O, bool r
     free(X), free(W), free(dY);
 }
 
+/* The recipe of run_fp8_recipe (row: with row scales) on the fp8 module's casts, built for it */
+static void run_fp8_recipe_casts(bool row) {
+    cp_kernel_spec k;
+    cp_k_fp8(&k);
+    gu_module *m = gu_build(&k);
+    cp_kspec_free(&k);
+    run_fp8_recipe(m, 1152, 384, 640, row);
+    gu_free(m);
+}
+
 /* The block- and row-scaled cases, each with its scales as cp_plan_fp8_gemm gives them (V: per 1 x 128 block, T: per
  * 128 x 128 tile, R: per row over all of k) and what it does with D; `own`: the generator's kernel takes it too
  * (test_fp8_kernel); `fast`: cuBLASLt's fast accumulation (row scales only: they apply after the sums). */
@@ -618,13 +628,7 @@ static void test_fp8_block(void **state) {
     printf("  refused as expected: %s\n", err);
     assert_non_null(strstr(err, "fast accumulation"));
     gu_free_dev(buf);
-
-    cp_kernel_spec k;
-    cp_k_fp8(&k);
-    gu_module *m = gu_build(&k);
-    cp_kspec_free(&k);
-    run_fp8_recipe(m, 1152, 384, 640, false);
-    gu_free(m);
+    run_fp8_recipe_casts(false);
 }
 
 /* Row-scaled FP8 (train.fp8_scaling = "row", cuBLASLt's OUTER_VEC_32F: D[i][j] = sa[i] sb[j] sum_k A[i][k] B[j][k]):
@@ -635,13 +639,7 @@ static void test_fp8_row(void **state) {
     (void)state;
     skip_without_fp8();
     for (size_t i = 0; i < CP_ARRAY_LEN(ROW_CASES); i++) run_block_case(&ROW_CASES[i], NULL);
-
-    cp_kernel_spec k;
-    cp_k_fp8(&k);
-    gu_module *m = gu_build(&k);
-    cp_kspec_free(&k);
-    run_fp8_recipe(m, 1152, 384, 640, true);
-    gu_free(m);
+    run_fp8_recipe_casts(true);
 }
 
 /* The generator's FP8 GEMM kernel (Hopper): each output mode, B's scales per tile (a weight) and per 1 x 128 (the
