@@ -272,10 +272,11 @@ void cp_k_cast(cp_kernel_spec *k) {
 
 void cp_k_fp8(cp_kernel_spec *k) {
     cp_kspec_init(k, "fp8");
-    cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
+    cp_kspec_set_int(k, "BLOCK", CP_FP8_BLOCK);
     cp_kspec_set_int(k, "UNROLL", 4);
     cp_kspec_set_int(k, "AMAX_PARTS", CP_FP8_AMAX_PARTS);
     cp_kspec_set_int(k, "ROW_CHUNK", CP_FP8_ROW_CHUNK);
+    cp_kspec_set_int(k, "ROW_VECS", CP_FP8_ROW_VECS);
 }
 
 /* templates/gemm_fp8.cu's tile and ring: outputs of (64 x consumers) x 128, k blocks of 128, stages of A's and B's
@@ -473,8 +474,15 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             d->grid[0] = units > 0 ? (unsigned)((heads + 127) / 128) : 0;
             d->grid[1] = (unsigned)((n + 127) / 128);
         } else if (strcmp(role, "cast_row_e4m3") == 0 || strcmp(role, "cast_row_e5m2") == 0) {
-            d->block = (unsigned)get_int(k, "BLOCK"); /* a row a block */
-            d->grid[0] = units > 0 ? (unsigned)CP_MIN(n, 1 << 20) : 0;
+            int64_t block = get_int(k, "BLOCK"), per_block = block / cp_fp8_row_group(heads);
+            d->block = (unsigned)block; /* block / group rows a block at a time */
+            d->grid[0] = units > 0 ? (unsigned)CP_MIN((n + per_block - 1) / per_block, 1 << 20) : 0;
+        } else if (strcmp(role, "cast_rt_row_e4m3") == 0 || strcmp(role, "cast_rt_row_e5m2") == 0) {
+            /* n / 256 rows a block, 16 to CP_FP8_RT_ROWS: enough blocks for two an SM on a weight's few rows, few
+             * enough on many rows that the atomic maxima stay one per column and block */
+            int64_t per = CP_MAX(16, CP_MIN(n / 256, CP_FP8_RT_ROWS));
+            d->block = (unsigned)get_int(k, "BLOCK");
+            d->grid[0] = units > 0 ? (unsigned)((n + per - 1) / per) : 0;
         } else if (strcmp(role, "cast_t_row_max") == 0 || strcmp(role, "cast_t_row_e4m3") == 0 ||
                    strcmp(role, "cast_t_row_e5m2") == 0) {
             d->block = 256; /* a strip of 32 source columns by a chunk of rows a block */

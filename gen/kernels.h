@@ -114,7 +114,9 @@ void cp_k_cast(cp_kernel_spec *k);
  * scales f32[rows]) a scale per row over all of it; cast_t_row_e4m3, cast_t_row_e5m2 the transposed copy
  * (dst u8[cols][rows], scales f32[cols]: a scale per source column; cols a multiple of 32), each after
  * cast_t_row_max (the same arguments), which leaves the column maxima of each CP_FP8_ROW_CHUNK rows behind the
- * scales: scales f32[cols + cp_fp8_row_parts(rows, cols)].
+ * scales: scales f32[cols + cp_fp8_row_parts(rows, cols)]; cast_rt_row_e4m3, cast_rt_row_e5m2(src, rows, cols, ld, dst,
+ * scales, dst_t, scales_t) both, the row copy and the transposed copy's column maxima (its parts zeroed before), then
+ * cast_t_row_* the transposed copy from them: cols at most cp_fp8_row_held's.
  * Each scale is the power of two an element stands for. cp_k_dims takes n = rows and heads = cols. */
 #define CP_FP8_AMAX_PARTS 1024
 #define CP_FP8_ROW_CHUNK 1024
@@ -123,6 +125,18 @@ void cp_k_cast(cp_kernel_spec *k);
 static inline int64_t cp_fp8_row_parts(int64_t rows, int64_t cols) {
     return (rows + CP_FP8_ROW_CHUNK - 1) / CP_FP8_ROW_CHUNK * cols;
 }
+#define CP_FP8_BLOCK 256 /* the module's threads a block (the row casts' groups assume it) */
+/* cast_row holds a row in a group of threads, ROW_VECS vectors of 8 columns a thread: the fewest of 32, 64, ...
+ * CP_FP8_BLOCK threads that hold it, CP_FP8_BLOCK / group rows a block at a time (templates/fp8.cu's row_group) */
+#define CP_FP8_ROW_VECS 8
+static inline int64_t cp_fp8_row_group(int64_t cols) {
+    int64_t g = 32;
+    while (g < CP_FP8_BLOCK && cols / 8 > g * CP_FP8_ROW_VECS) g *= 2;
+    return g;
+}
+/* Whether a row is held in registers whole (cast_rt_row needs it), and the most rows a block of cast_rt_row takes */
+static inline bool cp_fp8_row_held(int64_t cols) { return cols / 8 <= CP_FP8_BLOCK * CP_FP8_ROW_VECS; }
+#define CP_FP8_RT_ROWS 128
 #define CP_FP8_SLOT_BYTES (128 + 32 * 128) /* the scales, then 32 groups of blocks a 128-byte line each */
 void cp_k_fp8(cp_kernel_spec *k);
 /* gemm_fp8 (Hopper, sm_90a): D[m][n] = sum over k of A[m][k] B[n][k] on FP8 inputs with block scales, A's per row and

@@ -777,39 +777,48 @@ static int k_fp8_cast(pctx *c) {
 
 /* fp8_cast_block: operands src, the FP8 copy, its block (or row) scales: role(src, rows, cols, ld, dst, scales); the
  * step's copy (cp_step.fp8) says the layout, whose blocks of 128 must fit the source (k's side a multiple of 128). A
- * cast of both ways (cast_rt_1d_*) has the transposed copy and its scales behind: role(..., dst, scales, dst_t,
- * scales_t), rows and columns multiples of 128. A transposed copy with row scales is two launches with those
- * arguments, cast_t_row_max then the role, over strips of 32 columns. */
+ * cast of both ways (cast_rt_*) has the transposed copy and its scales behind: role(..., dst, scales, dst_t,
+ * scales_t); with 1 x 128 blocks rows and columns multiples of 128. A transposed copy with row scales is two launches
+ * over strips of 32 columns, cast_t_row_max then the role, with the same arguments; both copies with row scales are
+ * the role (the row copy and the transposed copy's column maxima, into its parts that a memset step zeroed) then
+ * cast_t_row_* on the transposed copy's two operands. */
 static int k_fp8_cast_block(pctx *c) {
     const cp_fp8_copy *f = &c->s->fp8;
     if (need_ops(c, f->both ? 5 : 3)) return -1;
     xlaunch *l = &c->x->L[0];
-    const char *role = c->s->role;
+    const char *role = c->s->role, *fmt = f->fmt == CP_GEMM_E5M2 ? "e5m2" : "e4m3";
     int64_t rows = c->s->count, cols = c->s->heads;
     bool t = f->transposed, tiles = f->scale == CP_GEMM_SCALE_2D, row = f->scale == CP_GEMM_SCALE_ROW;
     if (f->scale == CP_GEMM_SCALE_TENSOR) return pfail(c, "a block-scaled FP8 cast (%s) without blocks", role);
-    if (f->both && (tiles || row || t || rows % 128 || cols % 128))
-        return pfail(c, "an FP8 cast of both ways (%s) of %lld x %lld: 1 x 128 blocks, rows and columns multiples of "
-                     "128", role, (long long)rows, (long long)cols);
+    if (f->both && (tiles || t || (!row && (rows % 128 || cols % 128))))
+        return pfail(c, "an FP8 cast of both ways (%s) of %lld x %lld: 1 x 128 blocks with rows and columns multiples "
+                     "of 128, or row scales", role, (long long)rows, (long long)cols);
+    if (f->both && row && !cp_fp8_row_held(cols))
+        return pfail(c, "an FP8 cast of both ways with row scales (%s) of rows of %lld columns (at most %lld)", role,
+                     (long long)cols, (long long)(8 * CP_FP8_BLOCK * CP_FP8_ROW_VECS));
     int64_t crow = t ? cols : rows, ccol = t ? rows : cols; /* the copy's */
     if (!tiles && !row && ccol % 128)
         return pfail(c, "a 1 x 128 block-scaled FP8 cast (%s) of a copy with %lld columns (not a multiple of 128)",
                      role, (long long)ccol);
-    if (row && t && cols % 32)
+    if (row && (t || f->both) && cols % 32)
         return pfail(c, "a transposed row-scaled FP8 cast (%s) of %lld columns (not a multiple of 32)", role,
                      (long long)cols);
-    /* a transposed row-scaled copy: its columns' maxima by chunks of rows behind the scales, the first launch's */
-    int64_t scales = cp_fp8_scales(f->scale, crow, ccol) + (row && t ? cp_fp8_row_parts(rows, cols) : 0);
+    /* a transposed row-scaled copy: its columns' maxima by chunks of rows behind the scales */
+    int64_t parts = row ? cp_fp8_row_parts(rows, cols) : 0;
+    int64_t scales = cp_fp8_scales(f->scale, crow, ccol) + (t ? parts : 0);
+    int64_t scales_t = f->both ? cp_fp8_scales(f->scale, cols, rows) + parts : 0;
     if (need_bytes(c, 1, rows * cols) || need_align(c, 1, 16) || need_bytes(c, 2, scales * 4) ||
         need_align(c, 2, 16) || (f->both && (need_bytes(c, 3, rows * cols) || need_align(c, 3, 16) ||
-                                             need_bytes(c, 4, scales * 4) || need_align(c, 4, 16))) ||
+                                             need_bytes(c, 4, scales_t * 4) || need_align(c, 4, 16))) ||
         fp8_source(c, l, row && t ? "cast_t_row_max" : role))
         return -1;
     for (int j = 1; j < (f->both ? 5 : 3); j++) a_ptr(l, opp(c, j));
-    if (row && t) { /* then the cast, with the same arguments */
+    if (row && (t || f->both)) { /* then the transposed cast, on the transposed copy's operands */
+        char cast_t[32];
+        snprintf(cast_t, sizeof cast_t, "cast_t_row_%s", fmt);
         xlaunch *cast = &c->x->L[1];
-        if (fp8_source(c, cast, role)) return -1;
-        for (int j = 1; j < 3; j++) a_ptr(cast, opp(c, j));
+        if (fp8_source(c, cast, t ? role : cast_t)) return -1;
+        for (int j = f->both ? 3 : 1; j < (f->both ? 5 : 3); j++) a_ptr(cast, opp(c, j));
     }
     return 0;
 }

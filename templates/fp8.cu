@@ -31,6 +31,10 @@
 //     copy, a scale per source column over all its rows (cols a multiple of 32), after cast_t_row_max(the same
 //     arguments) has put each chunk of ROWT_CHUNK rows' column maxima behind the scales (chunks: rows / ROWT_CHUNK
 //     rounded up); rows a multiple of 16.
+//   cast_rt_row_e4m3, cast_rt_row_e5m2(src, rows, cols, ld, dst, scales, dst_t, scales_t): both copies of a tensor, in
+//     two launches: this one writes the row copy and adds the chunks' column maxima to the transposed copy's parts
+//     (zeroed before), then cast_t_row_*(src, rows, cols, ld, dst_t, scales_t) the transposed copy; cols at most
+//     BLOCK x ROW_VECS x 8 (16384) and a multiple of 32, rows of 16.
 // A contiguous source (ld = cols, every tensor of the shipped specs) is walked as one run of vectors, without the
 // 64-bit division per load that a strided one needs and that held these memory-bound kernels to half the HBM rate.
 #include <cuda_bf16.h>
@@ -77,6 +81,10 @@ extern "C" __global__ void fp8_cast_row_e4m3(const bf16 *src, i64 rows, i64 cols
                                              float *scales);
 extern "C" __global__ void fp8_cast_row_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
                                              float *scales);
+extern "C" __global__ void fp8_cast_rt_row_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                                float *scales, unsigned char *dst_t, float *scales_t);
+extern "C" __global__ void fp8_cast_rt_row_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
+                                                float *scales, unsigned char *dst_t, float *scales_t);
 extern "C" __global__ void fp8_cast_t_row_max(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
                                               float *scales);
 extern "C" __global__ void fp8_cast_t_row_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
@@ -418,15 +426,19 @@ __device__ __forceinline__ void cast_tile_1d(const bf16 *__restrict__ src, i64 r
     }
 }
 
-// The largest of every thread's m in a block of `threads` (a multiple of 32, at most 256), for all of them
-__device__ __forceinline__ float tile_max(float m, int threads) {
+// The largest of every thread's m in its group of `group` threads (32, 64, .. up to 256; the same for the whole block,
+// which every thread of it calls together), for all of them
+__device__ __forceinline__ float group_max(float m, int group) {
     __shared__ float warp_max[8];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (group == 32) return m;
     if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
     __syncthreads();
-    m = warp_max[0];
-    for (int w = 1; w < threads / 32; w++) m = fmaxf(m, warp_max[w]);
+    const int first = (int)threadIdx.x / group * (group / 32);
+    m = warp_max[first];
+    for (int w = 1; w < group / 32; w++) m = fmaxf(m, warp_max[first + w]);
+    __syncthreads(); // warp_max is written again by the next call
     return m;
 }
 
@@ -449,7 +461,7 @@ __device__ __forceinline__ void cast_2d(const bf16 *__restrict__ src, i64 rows, 
             for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[u][j]));
         }
     }
-    const float q = pow2_quant(tile_max(m, 256), fp8_max<__NV_E4M3>());
+    const float q = pow2_quant(group_max(m, 256), fp8_max<__NV_E4M3>());
 #pragma unroll
     for (int u = 0; u < 8; u++)
         if (in[u])
@@ -477,7 +489,7 @@ __device__ __forceinline__ void cast_t_2d(const bf16 *__restrict__ src, i64 rows
 #pragma unroll
         for (int j = 0; j < 16; j++) m = fmaxf(m, cm[j]);
     }
-    const float q0 = pow2_quant(tile_max(m, 128), fp8_max<__NV_E4M3>());
+    const float q0 = pow2_quant(group_max(m, 128), fp8_max<__NV_E4M3>());
     float q[16];
 #pragma unroll
     for (int j = 0; j < 16; j++) q[j] = q0;
@@ -522,48 +534,125 @@ CAST_BOTH_KERNEL(fp8_cast_rt_1d_e5m2, __NV_E5M2)
 
 // ---- row scaling ----
 
-// A row per block of BLOCK threads (grid-stride over rows), held in registers: ROW_VECS vectors of 8 a thread (rows of
-// up to BLOCK x ROW_VECS x 8 columns, 16384 with 256 threads), its largest |x| over the block, then the cast from the
-// registers, so that the row is read once. A longer row is read again for the cast (from L2).
-#define ROW_VECS 8
-template <__nv_fp8_interpretation_t KIND>
-__device__ __forceinline__ void cast_row(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
-                                         unsigned char *__restrict__ dst, float *__restrict__ scales) {
-    static_assert(BLOCK <= 256, "tile_max reduces at most 8 warps");
+// A row per group of threads, held in registers: ROW_VECS vectors of 8 a thread, the group the fewest threads of 32,
+// 64, ... BLOCK that hold the row (rows of up to BLOCK x ROW_VECS x 8 columns, 16384 with 256 threads), so that a block
+// takes BLOCK / group rows at a time (grid-stride): a row of 1024 or 3072 columns a block left most of its threads idle
+// and too few bytes in flight (0.9 and 2.2 TB/s in the 3B step, against 4 TB/s at 8192). Then the row's largest |x|
+// over its group and the cast from the registers, so that the row is read once. A longer row is read again for the
+// cast (from L2). gen/kernels.h's cp_fp8_row_group is the same choice, for the grid.
+#define ROW_VECS {{ROW_VECS}}
+__device__ __forceinline__ int row_group(i64 vrow) {
+    int g = 32;
+    while (g < BLOCK && vrow > (i64)g * ROW_VECS) g *= 2;
+    return g;
+}
+
+// The transposed copy's tiles (cast_t_row, below), and the column maxima of each ROWT_CHUNK rows behind its scales
+#define ROWT_COLS 32
+#define ROWT_ROWS 64
+#define ROWT_CHUNK {{ROW_CHUNK}}
+#define ROWT_PITCH (ROWT_ROWS + 4) // bytes of a tile row: 17 words, so the 4 column groups' byte stores hit 4 banks
+__device__ __forceinline__ float *row_parts(float *scales, i64 cols) { return scales + cols; }
+
+// With BOTH (cast_rt_row: the first of two launches when one GEMM reads the tensor as rows and another transposed) a
+// block takes rows / gridDim.x consecutive rows (rounded up) and also keeps, per thread, the largest |x| of each of
+// its columns over them (as bf16, which holds them exactly); the block's groups then meet in shared memory and each
+// column's maximum goes to a row of parts, its first row's chunk's, by an atomic max of the float's bits (they order
+// as the floats do for x >= 0; the parts are zeroed before). Any row of parts would do: cast_t_row takes the maximum
+// over all of them. It then casts the transposed copy, so the source is read twice for both copies instead of three
+// times. Rows held in registers only (cols / 8 <= BLOCK x ROW_VECS).
+__device__ __forceinline__ uint4 *rt_col_max() { // one array for every instance of cast_row_in
+    __shared__ uint4 col_max[BLOCK * ROW_VECS];
+    return col_max;
+}
+template <__nv_fp8_interpretation_t KIND, int GROUP, bool BOTH>
+__device__ __forceinline__ void cast_row_in(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                            unsigned char *__restrict__ dst, float *__restrict__ scales,
+                                            float *__restrict__ parts) {
+    constexpr int per_block = BLOCK / GROUP;
     const i64 vrow = cols / 8;
-    const bool held = vrow <= (i64)BLOCK * ROW_VECS;
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int lane = (int)threadIdx.x % GROUP;
+    const bool held = vrow <= (i64)GROUP * ROW_VECS;
+    const i64 span = (rows + gridDim.x - 1) / gridDim.x; // BOTH's rows a block
+    const i64 first = BOTH ? (i64)blockIdx.x * span : (i64)blockIdx.x * per_block;
+    const i64 end = BOTH ? min(first + span, rows) : rows, step = BOTH ? per_block : (i64)gridDim.x * per_block;
+    if (BOTH && first >= rows) return; // (the whole block) no rows left for it
+    __nv_bfloat162 cm[BOTH ? ROW_VECS : 1][4];
+    if (BOTH)
+#pragma unroll
+        for (int u = 0; u < ROW_VECS; u++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) cm[u][j] = __float2bfloat162_rn(0.0f);
+    for (i64 r0 = first; r0 < end; r0 += step) {
+        const i64 r = r0 + (int)threadIdx.x / GROUP;
+        const bool live = r < end; // every thread takes part in group_max
         const bf16 *row = src + r * ld;
         uint4 v[ROW_VECS];
         float m = 0.0f;
-        for (i64 v0 = 0; v0 < vrow; v0 += (i64)BLOCK * ROW_VECS) {
+        for (i64 v0 = 0; live && v0 < vrow; v0 += GROUP * ROW_VECS) {
 #pragma unroll
             for (int u = 0; u < ROW_VECS; u++) {
-                const i64 i = v0 + u * BLOCK + threadIdx.x;
+                const i64 i = v0 + u * GROUP + lane;
                 if (i < vrow) v[u] = *reinterpret_cast<const uint4 *>(row + 8 * i);
             }
 #pragma unroll
             for (int u = 0; u < ROW_VECS; u++) {
-                if (v0 + u * BLOCK + threadIdx.x >= vrow) continue;
+                if (v0 + u * GROUP + lane >= vrow) continue;
                 float f[8];
                 unpack8(v[u], f);
 #pragma unroll
                 for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+                if (BOTH) {
+                    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v[u]);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) cm[u][j] = __hmax2(cm[u][j], __habs2(h[j]));
+                }
             }
         }
-        const float q = pow2_quant(tile_max(m, BLOCK), fp8_max<KIND>());
-        __syncthreads(); // tile_max's shared maxima are written again for the next row
-        for (i64 v0 = 0; v0 < vrow; v0 += (i64)BLOCK * ROW_VECS) {
+        const float q = pow2_quant(group_max(m, GROUP), fp8_max<KIND>());
+        if (!live) continue;
+        for (i64 v0 = 0; v0 < vrow; v0 += GROUP * ROW_VECS) {
 #pragma unroll
             for (int u = 0; u < ROW_VECS; u++) {
-                const i64 i = v0 + u * BLOCK + threadIdx.x;
+                const i64 i = v0 + u * GROUP + lane;
                 if (i >= vrow) continue;
                 if (!held) v[u] = *reinterpret_cast<const uint4 *>(row + 8 * i);
                 *reinterpret_cast<uint2 *>(dst + r * cols + 8 * i) = fp8x8<KIND>(v[u], q);
             }
         }
-        if (threadIdx.x == 0) scales[r] = pow2_inverse(q);
+        if (lane == 0) scales[r] = pow2_inverse(q);
     }
+    if (BOTH) {
+        uint4 *col_max = rt_col_max(); // [group of the block][column / 8], 8 bf16 each
+        const int g = (int)threadIdx.x / GROUP;
+#pragma unroll
+        for (int u = 0; u < ROW_VECS; u++)
+            if (u * GROUP + lane < vrow) col_max[g * vrow + u * GROUP + lane] = *reinterpret_cast<const uint4 *>(cm[u]);
+        __syncthreads();
+        const bf16 *cmax = reinterpret_cast<const bf16 *>(col_max);
+        unsigned *chunk = reinterpret_cast<unsigned *>(parts) + first / ROWT_CHUNK * cols;
+        for (i64 c = threadIdx.x; c < cols; c += BLOCK) {
+            float x = 0.0f;
+#pragma unroll
+            for (int k = 0; k < per_block; k++) x = fmaxf(x, __bfloat162float(cmax[k * cols + c]));
+            atomicMax(chunk + c, __float_as_uint(x));
+        }
+    }
+}
+
+// The group's width a constant of each instance, so that its divisions are shifts
+#define ROW_GROUPS(KIND, BOTH, parts)                                                                                  \
+    switch (row_group(cols / 8)) {                                                                                     \
+    case 32: cast_row_in<KIND, 32, BOTH>(src, rows, cols, ld, dst, scales, parts); break;                              \
+    case 64: cast_row_in<KIND, 64, BOTH>(src, rows, cols, ld, dst, scales, parts); break;                              \
+    case 128: cast_row_in<KIND, 128, BOTH>(src, rows, cols, ld, dst, scales, parts); break;                            \
+    default: cast_row_in<KIND, 256, BOTH>(src, rows, cols, ld, dst, scales, parts); break;                             \
+    }
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void cast_row(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                         unsigned char *__restrict__ dst, float *__restrict__ scales) {
+    static_assert(BLOCK == 256, "the groups are 32 to 256 threads");
+    ROW_GROUPS(KIND, false, nullptr)
 }
 
 // The transposed copy, a scale per source column over all the rows, in two launches over the same grid: strips of 32
@@ -573,11 +662,6 @@ __device__ __forceinline__ void cast_row(const bf16 *__restrict__ src, i64 rows,
 // a strip's parts (from L2), writes the scales (the first chunk's blocks) and casts its chunk 64 rows at a time into a
 // shared tile [column][row] of bytes, written out as 16-byte runs of the copy's rows. The memory reads the source
 // twice and writes the copy once.
-#define ROWT_COLS 32
-#define ROWT_ROWS 64
-#define ROWT_CHUNK {{ROW_CHUNK}}
-#define ROWT_PITCH (ROWT_ROWS + 4) // bytes of a tile row: 17 words, so the 4 column groups' byte stores hit 4 banks
-__device__ __forceinline__ float *row_parts(float *scales, i64 cols) { return scales + cols; }
 
 // The largest of the 8 partial maxima of strip column threadIdx.x (< ROWT_COLS), after the block has written them
 __device__ __forceinline__ float strip_col_max(const float (*part)[ROWT_COLS]) {
@@ -650,11 +734,17 @@ __device__ __forceinline__ void cast_t_row(const bf16 *__restrict__ src, i64 row
     float q[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) q[j] = col_q[8 * g + j];
+    // each pass loads the next pass's vector before it converts and stores its own, so that a load is in flight
+    // across the pass's two barriers (one load a pass ran at 3.3-3.4 TB/s, the memory's rate being 4.3)
+    uint4 next = make_uint4(0, 0, 0, 0);
+    if (r0 + rt < r1) next = *reinterpret_cast<const uint4 *>(src + (r0 + rt) * ld + c);
     for (i64 t0 = r0; t0 < r1; t0 += ROWT_ROWS) {
         const i64 r = t0 + rt;
+        const uint4 v = next;
+        if (r + ROWT_ROWS < r1) next = *reinterpret_cast<const uint4 *>(src + (r + ROWT_ROWS) * ld + c);
         if (r < r1) {
             float f[8];
-            unpack8(*reinterpret_cast<const uint4 *>(src + r * ld + c), f);
+            unpack8(v, f);
             const uint2 b = fp8x8q<KIND>(f, q);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -677,6 +767,13 @@ __device__ __forceinline__ void cast_t_row(const bf16 *__restrict__ src, i64 row
 
 CAST_BLOCK_KERNEL(fp8_cast_row_e4m3, BLOCK, cast_row<__NV_E4M3>)
 CAST_BLOCK_KERNEL(fp8_cast_row_e5m2, BLOCK, cast_row<__NV_E5M2>)
+#define CAST_RT_ROW_KERNEL(name, kind)                                                                               \
+    __global__ void __launch_bounds__(BLOCK) name(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,    \
+                                                  float *scales, unsigned char *, float *scales_t) {                  \
+        ROW_GROUPS(kind, true, row_parts(scales_t, cols))                                                            \
+    }
+CAST_RT_ROW_KERNEL(fp8_cast_rt_row_e4m3, __NV_E4M3)
+CAST_RT_ROW_KERNEL(fp8_cast_rt_row_e5m2, __NV_E5M2)
 CAST_BLOCK_KERNEL(fp8_cast_t_row_max, 256, cast_t_row_max)
 CAST_BLOCK_KERNEL(fp8_cast_t_row_e4m3, 256, cast_t_row<__NV_E4M3>)
 CAST_BLOCK_KERNEL(fp8_cast_t_row_e5m2, 256, cast_t_row<__NV_E5M2>)

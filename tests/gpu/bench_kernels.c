@@ -242,12 +242,12 @@ int main(void) {
         gu_free(m);
     }
     { /* FP8 amax and casts (train.precision = "fp8") at the 3B step's shapes: an MLP tile's 4096 x 8192, a
-       * projection input's 32768 x 3072 and the MLP's 32768 x 8192; with block scales too, and a weight's tiled
-       * casts */
+       * projection input's 32768 x 3072, the MLP's 32768 x 8192 and k's or v's 32768 x 1024; with block and row
+       * scales too, and a weight's tiled casts */
         cp_k_fp8(&k);
         gu_module *m = build(&k);
-        const int64_t shapes[][2] = {{4096, 8192}, {32768, 3072}, {32768, 8192}};
-        for (int i = 0; i < 3; i++) {
+        const int64_t shapes[][2] = {{4096, 8192}, {32768, 3072}, {32768, 8192}, {32768, 1024}};
+        for (int i = 0; i < 4; i++) {
             int64_t rows = shapes[i][0], cols = shapes[i][1], ld = cols;
             size_t nb = 2 * (size_t)(rows * cols);
             void *x = filled(nb), *dst = gu_malloc(nb / 2), *parts = gu_malloc(CP_FP8_AMAX_PARTS * 4);
@@ -281,6 +281,9 @@ int main(void) {
             void *rt[] = {&x, &rows, &cols, &ld, &dst, &scales, &dst_t, &scales_t};
             bench(m, "cast_rt_1d_e4m3", rows, cols, rt, "fp8_cast_rt_1d", shape,
                   2.0 * (double)nb + 4.0 * (double)(s1 + s1t), true);
+            /* both with row scales: the row copy and the columns' maxima (one read), then cast_t_row (above) */
+            bench(m, "cast_rt_row_e4m3", rows, cols, rt, "fp8_cast_rt_row", shape,
+                  1.5 * (double)nb + 4.0 * (double)(rows + cols), true);
             gu_free_dev(x), gu_free_dev(dst), gu_free_dev(parts), gu_free_dev(cnt), gu_free_dev(slot);
             gu_free_dev(scales), gu_free_dev(dst_t), gu_free_dev(scales_t);
         }

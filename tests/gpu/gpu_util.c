@@ -157,7 +157,17 @@ void gu_run(gu_module *m, const char *role, int64_t n, int64_t heads, void **arg
 
 void gu_run_fp8_cast(gu_module *m, const char *role, int64_t rows, int64_t cols, void **args) {
     if (strncmp(role, "cast_t_row_", 11) == 0) gu_run(m, "cast_t_row_max", rows, cols, args);
+    if (strncmp(role, "cast_rt_row_", 12) == 0) { /* the transposed copy's parts zeroed (the plan's memset step) */
+        float *scales_t = *(float **)args[7];
+        GU_CUDA(cudaMemset(scales_t + cols, 0, 4 * (size_t)cp_fp8_row_parts(rows, cols)));
+    }
     gu_run(m, role, rows, cols, args);
+    if (strncmp(role, "cast_rt_row_", 12) == 0) { /* then the transposed copy from the columns' maxima */
+        char cast_t[32];
+        snprintf(cast_t, sizeof cast_t, "cast_t_row_%s", role + 12);
+        void *t[] = {args[0], args[1], args[2], args[3], args[6], args[7]};
+        gu_run(m, cast_t, rows, cols, t);
+    }
 }
 
 void *gu_malloc(size_t bytes) {

@@ -64,7 +64,9 @@ cp_kdims gu_dims(gu_module *m, const char *role, int64_t n, int64_t heads);
 void gu_run(gu_module *m, const char *role, int64_t n, int64_t heads, void **args);
 /* An fp8 module's cast `role` of a source [rows][cols] as the executor launches it: a transposed row-scaled cast
  * (cast_t_row_*) after cast_t_row_max with the same arguments, whose scales then need room for
- * cp_fp8_row_parts(rows, cols) more (gen/kernels.h); any other cast alone. */
+ * cp_fp8_row_parts(rows, cols) more (gen/kernels.h); both row-scaled copies (cast_rt_row_*: args src, rows, cols,
+ * ld, dst, scales, dst_t, scales_t, the last with that room) as the zeroed parts, the role, then cast_t_row_* on the
+ * transposed copy; any other cast alone. */
 void gu_run_fp8_cast(gu_module *m, const char *role, int64_t rows, int64_t cols, void **args);
 
 /* The plan of spec (a shipped spec's name or a path) with the overrides sets ("key=value"), as the command line

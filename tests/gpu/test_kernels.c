@@ -1067,7 +1067,8 @@ static void test_fp8_block(void **state) {
 }
 
 /* Every row-scaled cast (train.fp8_scaling = "row"; rows and cols multiples of 16, of 32 transposed), E4M3 and E5M2,
- * as rows and transposed, at a single 16 x 32, odd multiples of 16 and 32 (48 x 96, 272 x 416), strided sources
+ * as rows, transposed and both at once (cast_rt_row: each block's column maxima gathered by atomics, over one or
+ * many chunks of rows, blocks of 16 rows on a weight's 3072, of 128 on 32768), at a single 16 x 32, odd multiples of 16 and 32 (48 x 96, 272 x 416), strided sources
  * (ld > cols), one row as long as an MLP's (16 x 8192), rows longer than a block holds in registers (16 x 20480:
  * read again for the cast), columns over several chunks of CP_FP8_ROW_CHUNK rows and part of one (2064 x 96), and a
  * projection input's 4096 x 3072 and 512 x 8192. The special blocks of fp8_scaled_cast_case are whole rows here
@@ -1075,13 +1076,21 @@ static void test_fp8_block(void **state) {
 static void test_fp8_row(void **state) {
     (void)state;
     gu_module *m = fp8_module();
-    static const char *const roles[] = {"cast_row_e4m3", "cast_row_e5m2", "cast_t_row_e4m3", "cast_t_row_e5m2"};
+    static const char *const roles[] = {"cast_row_e4m3",    "cast_row_e5m2",    "cast_t_row_e4m3",
+                                        "cast_t_row_e5m2",  "cast_rt_row_e4m3", "cast_rt_row_e5m2"};
     static const int64_t shapes[][3] = {{16, 32, 32},       {48, 96, 96},     {272, 416, 416}, {48, 96, 104},
                                         {64, 256, 264},     {16, 8192, 8192}, {4096, 3072, 3072},
-                                        {512, 8192, 8192},  {16, 20480, 20480}, {2064, 96, 96}};
+                                        {512, 8192, 8192},  {16, 20480, 20480}, {2064, 96, 96},
+                                        {1040, 1024, 1032}, {48, 4096, 4096},   {32, 4128, 4128},
+                                        {3072, 3072, 3072}, {48, 16384, 16384}, {32768, 1024, 1024}};
     for (size_t r = 0; r < CP_ARRAY_LEN(roles); r++)
         for (size_t i = 0; i < CP_ARRAY_LEN(shapes); i++)
-            fp8_scaled_cast_case(m, roles[r], shapes[i][0], shapes[i][1], shapes[i][2]);
+            if (strncmp(roles[r], "cast_rt_", 8) || cp_fp8_row_held(shapes[i][1])) /* both: rows held whole */
+                fp8_scaled_cast_case(m, roles[r], shapes[i][0], shapes[i][1], shapes[i][2]);
+    /* cast_row takes rows a group of threads each, blocks of 8 rows of 1024 columns and 4 of 3072: a last block part
+     * full */
+    fp8_scaled_cast_case(m, "cast_row_e4m3", 1029, 1024, 1024);
+    fp8_scaled_cast_case(m, "cast_row_e5m2", 30, 3072, 3080);
     gu_free(m);
 }
 
