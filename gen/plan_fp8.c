@@ -37,9 +37,10 @@
 #define COUNTER(x) (SLOT(MAX_SLOTS) + (int64_t)(x) * 16)
 #define PARTS(x) (SLOT(MAX_SLOTS) + 32 + (int64_t)(x) * CP_FP8_AMAX_PARTS * 4)
 #define STATE_BYTES PARTS(2)
-#define AHEAD 2                        /* the copies made ahead for a later GEMM's input 0 or 1 (cast_both) */
-#define ROLE0 4                        /* the first weight role's copy */
-#define MAX_COPIES (ROLE0 + MAX_ROLES) /* the two inputs' scratch copies, the two made ahead, then the roles' */
+#define AHEAD 2 /* the copies made ahead for a later GEMM's input y (cast_both): AHEAD + 2 j + y, j < AHEAD_SETS */
+#define AHEAD_SETS 5
+#define ROLE0 (AHEAD + 2 * AHEAD_SETS) /* the first weight role's copy */
+#define MAX_COPIES (ROLE0 + MAX_ROLES) /* the two inputs' scratch copies, those made ahead, then the roles' */
 
 bool cp_plan_fp8_eligible(const cp_train *t, const cp_step *s) {
     const cp_gemm *g = &s->gemm;
@@ -139,6 +140,27 @@ static cp_step *cast_step(program *q, const cp_step *g, int module, cp_task task
                  c.scale == CP_GEMM_SCALE_2D ? "2d" : c.scale == CP_GEMM_SCALE_ROW ? "row" : "1d", fmt);
     snprintf(k.what, sizeof k.what, "%s", cp_task_name(task));
     return append(q, &k);
+}
+
+/* A memset of bytes [off, off + bytes) of buffer buf, which holds nothing live before, beside GEMM g (NULL: at the
+ * start of the program) */
+static cp_step *zero_step(program *q, const cp_step *g, int buf, int64_t off, int64_t bytes) {
+    cp_step z;
+    memset(&z, 0, sizeof z);
+    z.kind = CP_OP_MEMSET;
+    z.phase = g ? g->phase : CP_PHASE_FWD;
+    z.stream = CP_STREAM_COMPUTE;
+    z.layer = g ? g->layer : -1;
+    z.stage = g ? g->stage : -1;
+    z.tile = g ? g->tile : -1;
+    z.ring_step = g ? g->ring_step : -1;
+    z.ring_part = g ? g->ring_part : -1;
+    z.module = -1;
+    snprintf(z.what, sizeof z.what, "zero");
+    operand(&z, buf, off, bytes, CP_DEF);
+    z.count = bytes;
+    z.bytes = (double)bytes;
+    return append(q, &z);
 }
 
 /* A tensor measured or cast: the operand it is read from (with its stride in a loop's body), its shape, format */
@@ -349,20 +371,21 @@ static copy_need need_of(const cp_plan *P, const cp_step *g, int x) {
     return n;
 }
 
-/* The input (0 or 1) of a later GEMM in this stretch of the program that reads n's source the other way round
- * (transposed where n is not, or the reverse) with 1 x 128 blocks before anything writes the source; else -1. */
-static int read_other_way(const lowering *L, const cp_step *g, const copy_need *n) {
+/* The input (0 or 1) of the next GEMM in this stretch of the program after g that reads src transposed or not, as
+ * `transposed` says, with scales of kind `scale` (ANY_SCALE: any), before anything writes src; else -1. */
+#define ANY_SCALE 0xff
+static int later_read(const lowering *L, const cp_step *g, const source *src, bool transposed, uint8_t scale) {
     const cp_plan *P = L->P;
     for (const cp_step *h = g + 1; h < P->steps + L->end; h++) {
         if (cp_plan_fp8_eligible(&P->spec.train, h))
             for (int y = 0; y < 2; y++) {
                 copy_need o = need_of(P, h, y);
-                if (o.scale == CP_GEMM_SCALE_1D && o.transposed != n->transposed && same_source(&o.src, &n->src))
+                if ((scale == ANY_SCALE || o.scale == scale) && o.transposed == transposed && same_source(&o.src, src))
                     return y;
             }
         for (int j = 0; j < h->nops; j++)
             if ((h->ops[j].access & CP_WRITE) &&
-                overlaps(&n->src, h->ops[j].buf, h->ops[j].offset, h->ops[j].offset + h->ops[j].bytes))
+                overlaps(src, h->ops[j].buf, h->ops[j].offset, h->ops[j].offset + h->ops[j].bytes))
                 return -1;
     }
     return -1;
@@ -397,22 +420,34 @@ static int fuse_copy(lowering *L, const source *src, int x) {
     return -1;
 }
 
-/* The cast of src into copy kr [rows][cols] and, from the same read, copy kt [cols][rows], both with 1 x 128 blocks,
- * their scales sr and st */
-static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source *src, int kr, cp_operand sr, int kt,
-                      cp_operand st) {
+/* Whether src can be cast both ways by one step with scales of kind `scale`: 1 x 128 blocks on both sides (one
+ * read), or row scales on rows held whole (two reads instead of three: cast_rt_row) */
+static bool casts_both(const source *src, uint8_t scale) {
+    if (scale == CP_GEMM_SCALE_1D) return src->rows % 128 == 0 && src->cols % 128 == 0;
+    return scale == CP_GEMM_SCALE_ROW && src->rows % 16 == 0 && src->cols % 32 == 0 && cp_fp8_row_held(src->cols);
+}
+
+/* The cast of src into copy kr [rows][cols] and copy kt [cols][rows], their scales sr and st (casts_both). With row
+ * scales the transposed copy's column maxima gather in the parts behind st, which a memset step zeroes first. */
+static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source *src, uint8_t scale, int kr,
+                      cp_operand sr, int kt, cp_operand st) {
+    const bool row = scale == CP_GEMM_SCALE_ROW;
+    const int64_t n = src->rows * src->cols, parts = row ? 4 * cp_fp8_row_parts(src->rows, src->cols) : 0;
+    if (row) zero_step(&L->q, g, st.buf, st.offset + st.bytes - parts, parts);
     cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST_BLOCK,
-                           (cp_fp8_copy){.fmt = src->fmt, .scale = CP_GEMM_SCALE_1D, .both = true});
+                           (cp_fp8_copy){.fmt = src->fmt, .scale = scale, .both = true});
     op.access = CP_READ;
     s->ops[s->nops++] = op;
-    operand(s, L->copy_buf[kr], 0, src->rows * src->cols, CP_DEF);
+    operand(s, L->copy_buf[kr], 0, n, CP_DEF);
     s->ops[s->nops++] = sr;
-    operand(s, L->copy_buf[kt], 0, src->rows * src->cols, CP_DEF);
+    operand(s, L->copy_buf[kt], 0, n, row ? CP_WRITE : CP_DEF); /* with row scales the memset began its lifetime */
+    if (row) st.access = CP_RW;
     s->ops[s->nops++] = st;
     s->count = src->rows;
     s->heads = src->cols;
     s->ld = src->ld;
-    s->bytes = (double)src->rows * (double)src->cols * 4 + (double)(sr.bytes + st.bytes);
+    /* 1 x 128 blocks: one read, two copies; row scales: a second read for the transposed copy */
+    s->bytes = (double)n * (row ? 6 : 4) + (double)(sr.bytes + st.bytes);
 }
 
 /* The copy GEMM g reads as input x (0: A, 1: B), as n says: one that holds it already, else a fresh one: with
@@ -439,23 +474,27 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_ne
     copy_state made = {.valid = true, .in_body = c->body, .transposed = transposed, .src = src, .slot = -1};
     if (n->scale) {
         *slot = -1;
-        int y = n->scale == CP_GEMM_SCALE_1D && !other && rows % 128 == 0 && cols % 128 == 0
-                    ? read_other_way(L, g, n) : -1;
-        if (y < 0) {
+        /* a later GEMM's input y reads it the other way round: both copies at once, the second into a copy made
+         * ahead for that input that holds nothing a GEMM still reads */
+        int y = !other && casts_both(&src, n->scale) ? later_read(L, g, &src, !transposed, n->scale) : -1, k2 = -1;
+        for (int j = 0; y >= 0 && j < AHEAD_SETS && k2 < 0; j++) {
+            const copy_state *e = &c->copy[AHEAD + 2 * j + y];
+            if (!e->valid || later_read(L, g, &e->src, e->transposed, ANY_SCALE) < 0) k2 = AHEAD + 2 * j + y;
+        }
+        if (k2 < 0) {
             int f = n->scale == CP_GEMM_SCALE_1D && !transposed && role < 0 ? fuse_copy(L, &src, x) : -1;
             if (f >= 0) k = f;
             else cast_block(L, g, *op, &src, k, transposed, n->scale, copy_scales(L, k, &src, transposed, n->scale));
             c->copy[k] = made;
             return k;
         }
-        int k2 = AHEAD + y;
         c->copy[k] = made;
         c->copy[k2] = made;
         c->copy[k2].transposed = !transposed;
         cp_operand s1 = copy_scales(L, k, &src, transposed, n->scale);
-        cp_operand s2 = copy_scales(L, k2, &src, !transposed, CP_GEMM_SCALE_1D);
-        if (transposed) cast_both(L, g, *op, &src, k2, s2, k, s1);
-        else cast_both(L, g, *op, &src, k, s1, k2, s2);
+        cp_operand s2 = copy_scales(L, k2, &src, !transposed, n->scale);
+        if (transposed) cast_both(L, g, *op, &src, n->scale, k2, s2, k, s1);
+        else cast_both(L, g, *op, &src, n->scale, k, s1, k2, s2);
         return k;
     }
     *slot = measure(L, c, g, x, role, &src, *op);
@@ -575,22 +614,16 @@ void cp_plan_lower_fp8(cp_plan *P) {
     lowering L = {.P = P, .module = cp_plan_module_of(P, &casts), .state = -1};
     L.copy_buf[0] = cp_plan_add_buf(P, "fp8_a", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
     L.copy_buf[1] = cp_plan_add_buf(P, "fp8_b", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
-    L.copy_buf[AHEAD] = cp_plan_add_buf(P, "fp8_a_ahead", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
-    L.copy_buf[AHEAD + 1] = cp_plan_add_buf(P, "fp8_b_ahead", CP_SPACE_GPU, CP_CAT_FP8, 16, false);
+    for (int j = 0; j < AHEAD_SETS; j++)
+        for (int y = 0; y < 2; y++) {
+            char name[32];
+            snprintf(name, sizeof name, j ? "fp8_%s_ahead%d" : "fp8_%s_ahead", y ? "b" : "a", j + 1);
+            L.copy_buf[AHEAD + 2 * j + y] = cp_plan_add_buf(P, name, CP_SPACE_GPU, CP_CAT_FP8, 16, false);
+        }
     if (P->spec.train.fp8_scaling == CP_FP8_SCALING_TENSOR) { /* their slots, the amaxes' counters and parts */
         L.state = cp_plan_add_buf(P, "fp8_state", CP_SPACE_GPU, CP_CAT_FP8, STATE_BYTES, false);
         /* the amax counters start at 0 in every micro-batch (each amax leaves its counter 0 again) */
-        cp_step z;
-        memset(&z, 0, sizeof z);
-        z.kind = CP_OP_MEMSET;
-        z.phase = CP_PHASE_FWD;
-        z.stream = CP_STREAM_COMPUTE;
-        z.layer = z.stage = z.tile = z.ring_step = z.ring_part = z.module = -1;
-        snprintf(z.what, sizeof z.what, "zero");
-        z.count = STATE_BYTES;
-        z.bytes = (double)STATE_BYTES;
-        operand(&z, L.state, 0, STATE_BYTES, CP_WRITE);
-        append(&L.q, &z);
+        zero_step(&L.q, NULL, L.state, 0, STATE_BYTES)->ops[0].access = CP_WRITE;
     }
     cache c;
     memset(&c, 0, sizeof c);

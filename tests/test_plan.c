@@ -1181,25 +1181,40 @@ static void test_fp8_row(void **state) {
         s.train.fp8_bf16_wgrad = c == 2;
         build(&s, &f);
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held);
-        int bi = 0, fp8_gemms = 0, casts = 0, transposed = 0;
+        int bi = 0, fp8_gemms = 0, casts = 0, transposed = 0, both = 0;
         for (int i = 0; i < f.nsteps; i++) {
             const cp_step *x = &f.steps[i];
             assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST && x->nfp8_out == 0);
+            if (x->kind == CP_OP_MEMSET && f.bufs[x->ops[0].buf].cat == CP_CAT_FP8) {
+                /* zeroes exactly the column maxima behind the transposed copy's scales of the cast of both ways next */
+                const cp_step *n = &f.steps[i + 1];
+                assert_true(n->task == CP_TASK_FP8_CAST_BLOCK && fp8_copy(n).both && n->nops == 5);
+                const int64_t parts = 4 * cp_fp8_row_parts(n->count, n->heads);
+                assert_true(x->ops[0].buf == n->ops[4].buf && x->ops[0].bytes == parts &&
+                            x->ops[0].offset == n->ops[4].offset + 4 * n->heads && n->ops[4].access == CP_RW);
+                continue;
+            }
             if (x->task == CP_TASK_FP8_CAST_BLOCK) {
                 const cp_fp8_copy cc = fp8_copy(x);
-                assert_true(cc.scale == CP_GEMM_SCALE_ROW && !cc.both && cc.fmt == CP_GEMM_E4M3 && x->nops == 3);
-                const int64_t rows = cc.transposed ? x->heads : x->count, cols = cc.transposed ? x->count : x->heads;
-                const int64_t parts = cc.transposed ? cp_fp8_row_parts(x->count, x->heads) : 0;
-                const cp_operand *cp = &x->ops[1], *sc = &x->ops[2];
-                assert_int_equal(f.bufs[cp->buf].cat, CP_CAT_FP8);
-                assert_true(cp->bytes == rows * cols && sc->buf == cp->buf && sc->offset >= rows * cols &&
-                            sc->offset % 256 == 0 && sc->bytes == 4 * (rows + parts) &&
-                            sc->offset + sc->bytes <= f.bufs[cp->buf].bytes);
-                assert_true(!cc.transposed || x->heads % 32 == 0);
-                held[cp->buf] = (fp8_held){.valid = true, .transposed = cc.transposed, .src = x->ops[0],
-                                           .slot = sc->offset};
+                assert_true(cc.scale == CP_GEMM_SCALE_ROW && cc.fmt == CP_GEMM_E4M3 && x->nops == (cc.both ? 5 : 3));
+                /* a cast of both ways: the copy as rows, then transposed; rows held whole, after its memset */
+                assert_true(!cc.both || (!cc.transposed && cp_fp8_row_held(x->heads) && x->ops[1].buf != x->ops[3].buf &&
+                                         f.steps[i - 1].kind == CP_OP_MEMSET));
+                for (int k = 0; k < (cc.both ? 2 : 1); k++) {
+                    const bool t = cc.both ? k == 1 : cc.transposed;
+                    const int64_t rows = t ? x->heads : x->count, cols = t ? x->count : x->heads;
+                    const int64_t parts = t ? cp_fp8_row_parts(x->count, x->heads) : 0;
+                    const cp_operand *cp = &x->ops[1 + 2 * k], *sc = &x->ops[2 + 2 * k];
+                    assert_int_equal(f.bufs[cp->buf].cat, CP_CAT_FP8);
+                    assert_true(cp->bytes == rows * cols && sc->buf == cp->buf && sc->offset >= rows * cols &&
+                                sc->offset % 256 == 0 && sc->bytes == 4 * (rows + parts) &&
+                                sc->offset + sc->bytes <= f.bufs[cp->buf].bytes);
+                    assert_true(!t || x->heads % 32 == 0);
+                    held[cp->buf] = (fp8_held){.valid = true, .transposed = t, .src = x->ops[0], .slot = sc->offset};
+                    transposed += t;
+                }
                 casts++;
-                transposed += cc.transposed;
+                both += cc.both;
                 continue;
             }
             const cp_step *y = &b.steps[bi++];
@@ -1220,9 +1235,11 @@ static void test_fp8_row(void **state) {
             fp8_forget(held, f.nbufs, x);
         }
         assert_int_equal(bi, b.nsteps);
-        print_message("%s fp8 row%s: %d GEMMs on FP8 inputs, %d casts (%d transposed)\n", shapes[c][0],
-                      c == 2 ? ", weights' gradients bf16" : "", fp8_gemms, casts, transposed);
+        print_message("%s fp8 row%s: %d GEMMs on FP8 inputs, %d casts (%d copies transposed, %d casts of both "
+                      "ways)\n", shapes[c][0], c == 2 ? ", weights' gradients bf16" : "", fp8_gemms, casts, transposed,
+                      both);
         assert_true(fp8_gemms > 0 && casts > 0 && transposed > 0 && f.t_fp8_casts > 0);
+        if (c == 1) assert_true(both > 0); /* the weights' gradients on FP8 read tensors both ways */
         if (c >= 1) assert_true(f.t_step < b.t_step * 0.95);
         free(held);
         cp_plan_free(&b);
