@@ -1637,9 +1637,12 @@ static void cost_model(cp_plan *P) {
         case CP_OP_KERNEL:
             if (s->flops > 0) t = s->flops / attn_rate[strcmp(s->role, "bwd") == 0];
             else if (is_fp8_cast(s)) /* the 1 x 128 casts that transpose run slower (per tensor they did not) */
-                t = s->bytes / ((s->task == CP_TASK_FP8_CAST_BLOCK && s->fp8.scale == CP_GEMM_SCALE_1D &&
-                                         (s->fp8.transposed || s->fp8.both)
-                                     ? mc->fp8_cast_t_gbps : mc->fp8_cast_gbps) * 1e9);
+                t = s->bytes / ((s->task != CP_TASK_FP8_CAST_BLOCK                         ? mc->fp8_cast_gbps
+                                 : s->fp8.scale == CP_GEMM_SCALE_ROW                       ? mc->fp8_cast_row_gbps
+                                 : s->fp8.scale == CP_GEMM_SCALE_1D && (s->fp8.transposed || s->fp8.both)
+                                     ? mc->fp8_cast_t_gbps
+                                     : mc->fp8_cast_gbps) *
+                                1e9);
             else t = s->bytes / (mc->hbm_gbps * 1e9);
             t += mc->kernel_us * 1e-6;
             for (int j = 0; j < s->nfp8_out; j++) /* FP8 copies the kernel writes beside its outputs */

@@ -70,7 +70,7 @@ static const node MACHINE_KEYS[] = {
     LEAF("fp8_block_gemm_tflops"), LEAF("fp8_block_wgrad_tflops"), LEAF("fp8_cpgen_gemm_tflops"),
     LEAF("fp8_cpgen_wgrad_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"),
-    LEAF("fp8_cast_t_gbps"), LEAF("fp8_copy_gbps"), LEAF("host_gbps"), LEAF("a2a_gbps"), LEAF("allgather_gbps"), LEAF("net_gbps"),
+    LEAF("fp8_cast_t_gbps"), LEAF("fp8_cast_row_gbps"), LEAF("fp8_copy_gbps"), LEAF("host_gbps"), LEAF("a2a_gbps"), LEAF("allgather_gbps"), LEAF("net_gbps"),
     LEAF("ranks_per_gpu"),
     LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),
     LEAF("gemm_us"), LEAF("coll_us"), LEAF("net_us"), LEAF("host_adamw_gbps"), END};
@@ -1343,6 +1343,12 @@ void cp_machine_defaults(cp_machine *m) {
      * 32K with FP8 weights' gradients traced on an H200 (docs/PERF.md, 2026-12-03, afternoon), their 59 ms a step
      * beside the other casts as priced: 2,900 GB/s (bench_kernels alone: 3,860-4,000 one copy, 2,970-3,070 both) */
     m->fp8_cast_t_gbps = 2900;
+    /* the row-scaled casts (cast_row, cast_t_row and its column maxima, cast_rt_row), by the bytes they count (a
+     * transposed copy's source read twice, both copies' read twice): the 3B step at 32K with row scales and FP8
+     * weights' gradients traced on an H200 (docs/PERF.md, 2026-12-03, row casts of both ways): 94.5-96.2 ms a step,
+     * 3,400 GB/s beside the launch cost (bench_kernels alone: cast_row 3,500-4,260, cast_t_row 3,290-3,470,
+     * cast_rt_row 2,990-3,820) */
+    m->fp8_cast_row_gbps = 3400;
     /* the copies with 1 x 128 scales that the producers' twin entries write beside their outputs, their bytes over
      * what the kernels take longer than their plain entries: the 3B step at 32K traced on an H200 (docs/PERF.md,
      * 2026-12-03): 2.9 TB/s in rmsnorm, 1.4-1.7 in SwiGLU's forward, 1.3 in its backward (two copies; 1.8 since it
@@ -1444,6 +1450,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "hbm_gbps", &m->hbm_gbps));
     TRY(get_num(c, t, "machine", "fp8_cast_gbps", &m->fp8_cast_gbps));
     TRY(get_num(c, t, "machine", "fp8_cast_t_gbps", &m->fp8_cast_t_gbps));
+    TRY(get_num(c, t, "machine", "fp8_cast_row_gbps", &m->fp8_cast_row_gbps));
     TRY(get_num(c, t, "machine", "fp8_copy_gbps", &m->fp8_copy_gbps));
     TRY(get_num(c, t, "machine", "host_gbps", &m->host_gbps));
     TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
@@ -1777,6 +1784,7 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.hbm_gbps", mc->hbm_gbps},
                  {"machine.fp8_cast_gbps", mc->fp8_cast_gbps},
                  {"machine.fp8_cast_t_gbps", mc->fp8_cast_t_gbps},
+                 {"machine.fp8_cast_row_gbps", mc->fp8_cast_row_gbps},
                  {"machine.fp8_copy_gbps", mc->fp8_copy_gbps},
                  {"machine.host_gbps", mc->host_gbps},
                  {"machine.a2a_gbps", mc->a2a_gbps},

@@ -146,6 +146,7 @@ typedef struct {
     double hbm_gbps;            /* device copy, read + write */
     double fp8_cast_gbps;       /* FP8 amax and casts (train.precision = "fp8"), their bytes read + written */
     double fp8_cast_t_gbps;     /* the FP8 casts that write a transposed copy */
+    double fp8_cast_row_gbps;   /* the row-scaled FP8 casts */
     double fp8_copy_gbps;       /* the FP8 copies rmsnorm and SwiGLU write beside their outputs, beyond their own bytes */
     double host_gbps;           /* pinned host <-> device, each way */
     double a2a_gbps;            /* all-to-all bus bandwidth */
