@@ -15,7 +15,8 @@
 # With COMPARE=fp8 the second run is instead the same run with train.precision = "fp8" from the same start, beside
 # the first from step 1 (no checkpoints); COMPARE=nondeterministic makes it bf16 with train.deterministic = false
 # (attention's dQ summed in whatever order), whose distance from the first is the noise floor of the comparison;
-# SECOND_SETS="KEY=VALUE ..." adds spec settings to that second run (a recipe of fp8: train.fp8_weight_grads=fp8).
+# SECOND_SETS="KEY=VALUE ..." adds spec settings to that second run (a recipe of fp8: train.fp8_weight_grads=fp8);
+# SETS="KEY=VALUE ..." to every run (another start: SETS=init.seed=2).
 # Either way 10% of the documents are held out (VAL_FRACTION) and each evaluation reads EVAL_SEQUENCES (8) of them,
 # so that the validation loss compared at 1% is not one sequence's; the check is tools/precision_compare.py's, and
 # its picture of both runs lands in $out/precision.svg.
@@ -27,7 +28,7 @@
 # without a GPU. About 8 to 9 minutes on one H200 with the defaults (steps of about 1 s, the 300 and the 150
 # resumed).
 # usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] [COMPARE=fp8|nondeterministic]
-#        [VAL_FRACTION=0.02] [PIECE_BYTES=32768] [SECOND_SETS="KEY=VALUE ..."]
+#        [VAL_FRACTION=0.02] [PIECE_BYTES=32768] [SECOND_SETS="KEY=VALUE ..."] [SETS="KEY=VALUE ..."]
 #        [EVAL_SEQUENCES=...] tools/gpu-real-text-run.sh [BUILD_DIR]
 set -u
 B=${1:-build}
@@ -107,6 +108,7 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"))' "$data/text
   cp "$data/text.json" "$out/tokens.json"
   args=(llama1b --gpus 1 --seq "$SEQ" --set "model.vocab=$model_vocab" --set "data.source=$src"
     --set "train.steps=$STEPS" --set train.warmup=30 --set train.lr=3e-4 --set train.log_every=10)
+  for kv in ${SETS:-}; do args+=(--set "$kv"); done
   # validation loss where this cpgen has it: `cpgen plan` refuses a key it does not know
   if [ "$val" != - ] && "$B/cpgen" plan "${args[@]}" --set "data.val=$val" >"$out/probe_val.log" 2>&1; then
     args+=(--set "data.val=$val")
