@@ -735,7 +735,7 @@ __device__ __forceinline__ void cast_t_row(const bf16 *__restrict__ src, i64 row
 #pragma unroll
     for (int j = 0; j < 8; j++) q[j] = col_q[8 * g + j];
     // each pass loads the next pass's vector before it converts and stores its own, so that a load is in flight
-    // across the pass's two barriers (one load a pass ran at 3.3-3.4 TB/s, the memory's rate being 4.3)
+    // across the pass's two barriers (on an H200: 2% faster at 8192 columns, the same at 3072; 3.3-3.5 TB/s)
     uint4 next = make_uint4(0, 0, 0, 0);
     if (r0 + rt < r1) next = *reinterpret_cast<const uint4 *>(src + (r0 + rt) * ld + c);
     for (i64 t0 = r0; t0 < r1; t0 += ROWT_ROWS) {
