@@ -578,7 +578,7 @@ __device__ __forceinline__ void cast_row_in(const bf16 *__restrict__ src, i64 ro
     const i64 end = BOTH ? min(first + span, rows) : rows, step = BOTH ? per_block : (i64)gridDim.x * per_block;
     if (BOTH && first >= rows) return; // (the whole block) no rows left for it
     __nv_bfloat162 cm[BOTH ? ROW_VECS : 1][4];
-    if (BOTH)
+    if constexpr (BOTH)
 #pragma unroll
         for (int u = 0; u < ROW_VECS; u++)
 #pragma unroll
@@ -602,7 +602,7 @@ __device__ __forceinline__ void cast_row_in(const bf16 *__restrict__ src, i64 ro
                 unpack8(v[u], f);
 #pragma unroll
                 for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
-                if (BOTH) {
+                if constexpr (BOTH) {
                     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v[u]);
 #pragma unroll
                     for (int j = 0; j < 4; j++) cm[u][j] = __hmax2(cm[u][j], __habs2(h[j]));
@@ -622,7 +622,7 @@ __device__ __forceinline__ void cast_row_in(const bf16 *__restrict__ src, i64 ro
         }
         if (lane == 0) scales[r] = pow2_inverse(q);
     }
-    if (BOTH) {
+    if constexpr (BOTH) {
         uint4 *col_max = rt_col_max(); // [group of the block][column / 8], 8 bf16 each
         const int g = (int)threadIdx.x / GROUP;
 #pragma unroll
