@@ -1198,8 +1198,8 @@ static void test_fp8_row(void **state) {
                 const cp_fp8_copy cc = fp8_copy(x);
                 assert_true(cc.scale == CP_GEMM_SCALE_ROW && cc.fmt == CP_GEMM_E4M3 && x->nops == (cc.both ? 5 : 3));
                 /* a cast of both ways: the copy as rows, then transposed; rows held whole, after its memset */
-                assert_true(!cc.both || (!cc.transposed && cp_fp8_row_held(x->heads) && x->ops[1].buf != x->ops[3].buf &&
-                                         f.steps[i - 1].kind == CP_OP_MEMSET));
+                assert_true(!cc.both || (!cc.transposed && cp_fp8_row_held(x->heads) &&
+                                         x->ops[1].buf != x->ops[3].buf && f.steps[i - 1].kind == CP_OP_MEMSET));
                 for (int k = 0; k < (cc.both ? 2 : 1); k++) {
                     const bool t = cc.both ? k == 1 : cc.transposed;
                     const int64_t rows = t ? x->heads : x->count, cols = t ? x->count : x->heads;

@@ -1068,11 +1068,12 @@ static void test_fp8_block(void **state) {
 
 /* Every row-scaled cast (train.fp8_scaling = "row"; rows and cols multiples of 16, of 32 transposed), E4M3 and E5M2,
  * as rows, transposed and both at once (cast_rt_row: each block's column maxima gathered by atomics, over one or
- * many chunks of rows, blocks of 16 rows on a weight's 3072, of 128 on 32768), at a single 16 x 32, odd multiples of 16 and 32 (48 x 96, 272 x 416), strided sources
- * (ld > cols), one row as long as an MLP's (16 x 8192), rows longer than a block holds in registers (16 x 20480:
- * read again for the cast), columns over several chunks of CP_FP8_ROW_CHUNK rows and part of one (2064 x 96), and a
- * projection input's 4096 x 3072 and 512 x 8192. The special blocks of fp8_scaled_cast_case are whole rows here
- * (whole columns transposed): a zero row, outliers, amax at FMAX and just above, the 2^126 cap. */
+ * many chunks of rows, blocks of 16 rows on a weight's 3072, of 128 on 32768), at a single 16 x 32, odd multiples of
+ * 16 and 32 (48 x 96, 272 x 416), strided sources (ld > cols), one row as long as an MLP's (16 x 8192), rows longer
+ * than a block holds in registers (16 x 20480: read again for the cast), columns over several chunks of
+ * CP_FP8_ROW_CHUNK rows and part of one (2064 x 96), and a projection input's 4096 x 3072 and 512 x 8192. The
+ * special blocks of fp8_scaled_cast_case are whole rows here (whole columns transposed): a zero row, outliers, amax
+ * at FMAX and just above, the 2^126 cap. */
 static void test_fp8_row(void **state) {
     (void)state;
     gu_module *m = fp8_module();
