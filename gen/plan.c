@@ -151,6 +151,15 @@ static bool is_fp8_cast(const cp_step *s) {
     return s->task == CP_TASK_FP8_AMAX || s->task == CP_TASK_FP8_CAST || s->task == CP_TASK_FP8_CAST_BLOCK;
 }
 
+/* The rate of FP8 amax or cast step s, GB/s of the bytes it counts: the row-scaled casts at theirs, the 1 x 128 casts
+ * that transpose slower than the rest (per tensor they did not) */
+static double fp8_cast_gbps(const cp_machine *mc, const cp_step *s) {
+    if (s->task != CP_TASK_FP8_CAST_BLOCK) return mc->fp8_cast_gbps;
+    if (s->fp8.scale == CP_GEMM_SCALE_ROW) return mc->fp8_cast_row_gbps;
+    if (s->fp8.scale == CP_GEMM_SCALE_1D && (s->fp8.transposed || s->fp8.both)) return mc->fp8_cast_t_gbps;
+    return mc->fp8_cast_gbps;
+}
+
 /* A backward GEMM: its A is the gradient dY (dX = dY W, dW = dY^T X), which FP8 keeps in E5M2. */
 static cp_step *grad_gemm(builder *B, const char *what, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
     cp_step *s = gemm(B, what, m, n, k, ta, tb);
@@ -1636,13 +1645,7 @@ static void cost_model(cp_plan *P) {
         switch (s->kind) {
         case CP_OP_KERNEL:
             if (s->flops > 0) t = s->flops / attn_rate[strcmp(s->role, "bwd") == 0];
-            else if (is_fp8_cast(s)) /* the 1 x 128 casts that transpose run slower (per tensor they did not) */
-                t = s->bytes / ((s->task != CP_TASK_FP8_CAST_BLOCK                         ? mc->fp8_cast_gbps
-                                 : s->fp8.scale == CP_GEMM_SCALE_ROW                       ? mc->fp8_cast_row_gbps
-                                 : s->fp8.scale == CP_GEMM_SCALE_1D && (s->fp8.transposed || s->fp8.both)
-                                     ? mc->fp8_cast_t_gbps
-                                     : mc->fp8_cast_gbps) *
-                                1e9);
+            else if (is_fp8_cast(s)) t = s->bytes / (fp8_cast_gbps(mc, s) * 1e9);
             else t = s->bytes / (mc->hbm_gbps * 1e9);
             t += mc->kernel_us * 1e-6;
             for (int j = 0; j < s->nfp8_out; j++) /* FP8 copies the kernel writes beside its outputs */

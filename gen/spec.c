@@ -70,7 +70,8 @@ static const node MACHINE_KEYS[] = {
     LEAF("fp8_block_gemm_tflops"), LEAF("fp8_block_wgrad_tflops"), LEAF("fp8_cpgen_gemm_tflops"),
     LEAF("fp8_cpgen_wgrad_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"),
-    LEAF("fp8_cast_t_gbps"), LEAF("fp8_cast_row_gbps"), LEAF("fp8_copy_gbps"), LEAF("host_gbps"), LEAF("a2a_gbps"), LEAF("allgather_gbps"), LEAF("net_gbps"),
+    LEAF("fp8_cast_t_gbps"), LEAF("fp8_cast_row_gbps"), LEAF("fp8_copy_gbps"), LEAF("host_gbps"), LEAF("a2a_gbps"),
+    LEAF("allgather_gbps"), LEAF("net_gbps"),
     LEAF("ranks_per_gpu"),
     LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),
     LEAF("gemm_us"), LEAF("coll_us"), LEAF("net_us"), LEAF("host_adamw_gbps"), END};
