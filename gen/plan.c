@@ -1663,11 +1663,11 @@ static void cost_model(cp_plan *P) {
                            (g->out_f32 ? 8.0 : 2.0) * (double)g->m * g->n;
             /* with block scales a weight's gradient reads two inputs scaled by 128 tokens: cuBLASLt's slow pair; on the
              * generator's kernel (a module on the step: train.fp8_gemm) their own two. Row scales, applied after the
-             * sums, run at the per-tensor rate. */
+             * sums, run at the per-tensor rate, or faster where their sums go unpromoted (fast accumulation). */
             const bool cpgen = s->module >= 0;
             const bool after_sums = g->a_scale == CP_GEMM_SCALE_TENSOR || g->a_scale == CP_GEMM_SCALE_ROW;
             double rate = !fp8          ? mc->gemm_tflops
-                          : after_sums  ? mc->fp8_gemm_tflops
+                          : after_sums  ? (g->fast_accum ? mc->fp8_gemm_fast_tflops : mc->fp8_gemm_tflops)
                           : g->w_grad   ? (cpgen ? mc->fp8_cpgen_wgrad_tflops : mc->fp8_block_wgrad_tflops)
                                         : (cpgen ? mc->fp8_cpgen_gemm_tflops : mc->fp8_block_gemm_tflops);
             /* an accumulating epilogue reads and writes D after the main loop, not under it: measured on an H200,

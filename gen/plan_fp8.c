@@ -44,8 +44,9 @@
 
 bool cp_plan_fp8_eligible(const cp_train *t, const cp_step *s) {
     const cp_gemm *g = &s->gemm;
-    return s->kind == CP_OP_GEMM && s->layer >= 0 && !(g->trans_a && g->trans_b) && !(g->w_grad && t->fp8_bf16_wgrad) &&
-           g->m % 16 == 0 && g->n % 16 == 0 && g->k % (t->fp8_scaling == CP_FP8_SCALING_BLOCK ? 128 : 16) == 0;
+    const bool bf16_grad = g->w_grad ? t->fp8_bf16_wgrad : g->a_grad && t->fp8_bf16_dgrad;
+    return s->kind == CP_OP_GEMM && s->layer >= 0 && !(g->trans_a && g->trans_b) && !bf16_grad && g->m % 16 == 0 &&
+           g->n % 16 == 0 && g->k % (t->fp8_scaling == CP_FP8_SCALING_BLOCK ? 128 : 16) == 0;
 }
 
 /* Whether input x (0: A, 1: B) of GEMM s reads a layer's weights */
@@ -70,8 +71,9 @@ cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s) {
         f.fast_accum = false;
     } else {
         if (t->fp8_scaling == CP_FP8_SCALING_ROW) f.a_scale = f.b_scale = CP_GEMM_SCALE_ROW;
-        /* the gradients' sums (dW's over every token) always with fp32 promotion */
-        f.fast_accum = !grad && t->fp8_fast_accum;
+        /* the weights' gradients' sums (over every token) always with fp32 promotion, dX's where asked */
+        f.fast_accum = !grad ? t->fp8_fast_accum >= CP_FP8_FAST_FORWARD
+                             : !s->gemm.w_grad && t->fp8_fast_accum == CP_FP8_FAST_DX;
     }
     return f;
 }

@@ -11,14 +11,15 @@ int cp_plan_module_of(cp_plan *P, cp_kernel_spec *k);
 int cp_plan_add_buf(cp_plan *P, const char *name, cp_space space, cp_cat cat, int64_t bytes, bool persistent);
 
 /* train.precision = "fp8" (gen/plan_fp8.c): whether step s is a GEMM that runs on FP8 inputs (a layer's, its sizes
- * multiples of 16, and k of 128 with block scales; not a weight's gradient with train.fp8_weight_grads = "bf16"),
+ * multiples of 16, and k of 128 with block scales; not a weight's gradient with train.fp8_weight_grads = "bf16", nor
+ * an input's with train.fp8_input_grads = "bf16"),
  * and the pass that puts each such GEMM on FP8 copies of its inputs, with the casts before it, their buffers and a
  * module for them. Runs on the built program before its lifetimes (nothing without fp8). */
 bool cp_plan_fp8_eligible(const cp_train *t, const cp_step *s);
 /* The FP8 GEMM an eligible step of plan P runs: the x W^T form on its inputs' copies, E4M3 (E5M2 for a backward
  * GEMM's gradient, its first input: cp_gemm.a_grad, unless train.fp8_format = "e4m3"); with train.fp8_scaling =
  * "block" a weight's scales per 128 x 128 tile and any other input's per 128 elements of k, else one per tensor and
- * fast accumulation where train.fp8_fast_accum asks but never for the gradient GEMMs. */
+ * fast accumulation where train.fp8_fast_accum asks (the forward's by default, dX's where asked, dW's never). */
 cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s);
 /* Where the generator's FP8 GEMM kernel measured faster than cuBLASLt's block-scaled GEMMs inside the training step
  * (the 3B at 32K traced on an H200, docs/PERF.md, 2026-12-03, afternoon): the weights' gradients of 3072 rows or more

@@ -361,12 +361,20 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
         fmt_seconds(P->t_fp8_casts, t[0], sizeof t[0]);
         const int scaling = P->spec.train.fp8_scaling;
         const bool blk = scaling == CP_FP8_SCALING_BLOCK, tensor = scaling == CP_FP8_SCALING_TENSOR;
-        char rate[64];
-        if (blk && !P->spec.train.fp8_bf16_wgrad)
+        const cp_train *tr = &P->spec.train;
+        char rate[192];
+        if (blk && !tr->fp8_bf16_wgrad)
             snprintf(rate, sizeof rate, "%.0f TF/s, the weights' gradients at %.0f", mc->fp8_block_gemm_tflops,
                      mc->fp8_block_wgrad_tflops);
-        else snprintf(rate, sizeof rate, "%.0f TF/s%s", blk ? mc->fp8_block_gemm_tflops : mc->fp8_gemm_tflops,
-                      P->spec.train.fp8_bf16_wgrad ? ", the weights' gradients in bf16" : "");
+        else if (blk) snprintf(rate, sizeof rate, "%.0f TF/s", mc->fp8_block_gemm_tflops);
+        else if (tr->fp8_fast_accum == CP_FP8_FAST_NONE) snprintf(rate, sizeof rate, "%.0f TF/s", mc->fp8_gemm_tflops);
+        else
+            snprintf(rate, sizeof rate, "%.0f TF/s, %.0f summed without promotion (the forward's%s)",
+                     mc->fp8_gemm_tflops, mc->fp8_gemm_fast_tflops,
+                     tr->fp8_fast_accum == CP_FP8_FAST_DX && !tr->fp8_bf16_dgrad ? " and dX's" : "");
+        const size_t l = strlen(rate);
+        snprintf(rate + l, sizeof rate - l, "%s%s", tr->fp8_bf16_wgrad ? ", the weights' gradients in bf16" : "",
+                 tr->fp8_bf16_dgrad ? ", the inputs' gradients in bf16" : "");
         fprintf(out, "precision: fp8: %lld of the %lld GEMMs of a micro-batch on FP8 inputs (%s scales) at %s (the "
                      "layers'; the LM head's stay bf16); their %s %s of the step, %lld of the %s made by the kernels "
                      "that write their inputs\n",

@@ -59,7 +59,7 @@ static const node TRAIN_KEYS[] = {
     LEAF("weight_decay"), LEAF("clip"), LEAF("beta1"), LEAF("beta2"), LEAF("eps"), LEAF("log_every"),
     LEAF("save_every"), LEAF("keep_checkpoints"), LEAF("async_save"), LEAF("eval_every"), LEAF("eval_sequences"),
     LEAF("out_dir"), LEAF("deterministic"), LEAF("precision"), LEAF("fp8_format"), LEAF("fp8_fast_accum"),
-    LEAF("fp8_scaling"), LEAF("fp8_weight_grads"), LEAF("fp8_gemm"),
+    LEAF("fp8_scaling"), LEAF("fp8_weight_grads"), LEAF("fp8_input_grads"), LEAF("fp8_gemm"),
     END};
 static const node DATA_KEYS[] = {LEAF("source"), LEAF("val"), LEAF("documents"), LEAF("positions"), LEAF("eod"), LEAF("doc_len"),
                                   END};
@@ -67,6 +67,7 @@ static const node INIT_KEYS[] = {LEAF("from"), LEAF("path"), LEAF("seed"), LEAF(
 static const node MACHINE_KEYS[] = {
     LEAF("gpu_mem"),     LEAF("host_mem"),    LEAF("reserve"),  LEAF("comm_reserve"), LEAF("host_reserve"),
     LEAF("host_runtime"), LEAF("peak_tflops"), LEAF("gemm_tflops"), LEAF("fp8_gemm_tflops"),
+    LEAF("fp8_gemm_fast_tflops"),
     LEAF("fp8_block_gemm_tflops"), LEAF("fp8_block_wgrad_tflops"), LEAF("fp8_cpgen_gemm_tflops"),
     LEAF("fp8_cpgen_wgrad_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"),
@@ -95,7 +96,8 @@ static const char *const DOCUMENTS_NAMES[] = {"stream", "mask", NULL};
 static const char *const PRECISION_NAMES[] = {"bf16", "fp8", NULL};
 static const char *const FP8_FORMAT_NAMES[] = {"hybrid", "e4m3", NULL};
 static const char *const FP8_SCALING_NAMES[] = {"tensor", "block", "row", NULL};
-static const char *const FP8_WEIGHT_GRADS_NAMES[] = {"fp8", "bf16", NULL};
+static const char *const FP8_FAST_NAMES[] = {"none", "forward", "dx", NULL};
+static const char *const FP8_GRADS_NAMES[] = {"fp8", "bf16", NULL};
 static const char *const FP8_GEMM_NAMES[] = {"auto", "cublaslt", "cpgen", NULL}; /* cp_fp8_gemm's order */
 static const char *const POSITIONS_NAMES[] = {"sequence", "document", NULL};
 
@@ -1034,6 +1036,18 @@ static int get_enum(ctx *c, int t, const char *sec, const char *key, const char 
     return fail(c, path, " = \"%.60s\": not a valid choice; use one of %s", s, list);
 }
 
+/* get_enum, or a boolean read as the choice if_false or if_true */
+static int get_enum_or_bool(ctx *c, int t, const char *sec, const char *key, const char *const *names, int if_false,
+                            int if_true, int *out) {
+    if (push_field(c->L, t, key) == LUA_TBOOLEAN) {
+        *out = lua_toboolean(c->L, -1) ? if_true : if_false;
+        lua_pop(c->L, 1);
+        return 0;
+    }
+    lua_pop(c->L, 1);
+    return get_enum(c, t, sec, key, names, out);
+}
+
 static int missing(ctx *c, const char *sec, const char *key, const char *hint) {
     char path[128];
     join_path(path, sizeof path, sec, key);
@@ -1278,14 +1292,19 @@ static int read_train(ctx *c, int top, const char *name, cp_train *tr) {
     int format = tr->fp8_scaling != CP_FP8_SCALING_TENSOR ? 1 : 0;
     TRY(get_enum(c, t, "train", "fp8_format", FP8_FORMAT_NAMES, &format));
     tr->fp8_e4m3_grads = format == 1;
-    tr->fp8_fast_accum = true;
-    TRY(get_bool(c, t, "train", "fp8_fast_accum", &tr->fp8_fast_accum));
+    /* true and false, this key's values before "dx", still read as "forward" and "none" */
+    tr->fp8_fast_accum = CP_FP8_FAST_FORWARD;
+    TRY(get_enum_or_bool(c, t, "train", "fp8_fast_accum", FP8_FAST_NAMES, CP_FP8_FAST_NONE, CP_FP8_FAST_FORWARD,
+                         &tr->fp8_fast_accum));
     /* the weights' gradients in bf16 by default: with them in FP8 the 1B model on real text trailed bf16 by 1.4% in
      * training loss beyond the noise floor and 3.1% at one evaluation; in bf16 by 0.7% at most, and ended level
      * (docs/PERF.md, 2026-12-03) */
     int wgrad = 1;
-    TRY(get_enum(c, t, "train", "fp8_weight_grads", FP8_WEIGHT_GRADS_NAMES, &wgrad));
+    TRY(get_enum(c, t, "train", "fp8_weight_grads", FP8_GRADS_NAMES, &wgrad));
     tr->fp8_bf16_wgrad = wgrad == 1;
+    int dgrad = 0;
+    TRY(get_enum(c, t, "train", "fp8_input_grads", FP8_GRADS_NAMES, &dgrad));
+    tr->fp8_bf16_dgrad = dgrad == 1;
     /* the generator's kernel where it ran faster inside the step (cp_plan_fp8_kernel_wins), cuBLASLt elsewhere */
     tr->fp8_gemm = CP_FP8_GEMM_AUTO;
     TRY(get_enum(c, t, "train", "fp8_gemm", FP8_GEMM_NAMES, &tr->fp8_gemm));
@@ -1311,12 +1330,15 @@ void cp_machine_defaults(cp_machine *m) {
      * 1082.9 and 1118.3 (docs/PERF.md, 2026-12-03, MLP tiles grown); before, 693 (32K) and 670 (128K) with the
      * epilogue inside the rate */
     m->gemm_tflops = 730;
-    /* with one scale per tensor or per row (cuBLASLt applies them after the sums): inside the 3B step at 32K on an
-     * H200 with row scales (docs/PERF.md, 2026-12-03, row scales), the layers' GEMMs (fast accumulation in the
-     * forward) 376 ms and the weights' gradients 142 ms, 1350 TF/s by this model's FLOPs and epilogues; bench_gemm
-     * alone, the same call: row 1228 TF/s (1348 with fast accumulation), per tensor 1270. The casts to FP8 are
-     * kernels of their own, priced by their bytes. */
+    /* with one scale per tensor or per row (cuBLASLt applies them after the sums), inside the 3B step at 32K on an
+     * H200 with row scales and FP8 weights' gradients, by this model's FLOPs and epilogues (docs/PERF.md, 2026-12-04):
+     * the sums promoted to fp32, dX's 145.9 ms and dW's 143.7 (predicted 145.5 and 142.9); without promotion the
+     * forward's 231.5-233.1 ms (1400 TF/s alone) and, with train.fp8_fast_accum = "dx", dX's 127.2 (1560 alone):
+     * 1450 for both, 3% fast on the forward and 7% slow on dX. bench_gemm alone (2026-12-03, row scales): row 1228
+     * TF/s, 1348 with fast accumulation, per tensor 1270. The casts to FP8 are kernels of their own, priced by their
+     * bytes. */
     m->fp8_gemm_tflops = 1350;
+    m->fp8_gemm_fast_tflops = 1450;
     /* with block scales, inside the 3B step at 32K on an H200 (its trace, docs/PERF.md, 2026-12-02, the noise
      * floor): 1082-1202 TF/s where a weight's 128 x 128 tiles meet 1 x 128 scales (forward, dX; bench_gemm alone
      * 1160-1300); the weights' gradients, whose two inputs are both 1 x 128, 224.2 ms in the all-FP8 step's trace
@@ -1440,6 +1462,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "peak_tflops", &m->peak_tflops));
     TRY(get_num(c, t, "machine", "gemm_tflops", &m->gemm_tflops));
     TRY(get_num(c, t, "machine", "fp8_gemm_tflops", &m->fp8_gemm_tflops));
+    TRY(get_num(c, t, "machine", "fp8_gemm_fast_tflops", &m->fp8_gemm_fast_tflops));
     TRY(get_num(c, t, "machine", "fp8_block_gemm_tflops", &m->fp8_block_gemm_tflops));
     TRY(get_num(c, t, "machine", "fp8_block_wgrad_tflops", &m->fp8_block_wgrad_tflops));
     TRY(get_num(c, t, "machine", "fp8_cpgen_gemm_tflops", &m->fp8_cpgen_gemm_tflops));
@@ -1774,6 +1797,7 @@ static int validate(ctx *c, cp_spec *s) {
     } rates[] = {{"machine.peak_tflops", mc->peak_tflops},
                  {"machine.gemm_tflops", mc->gemm_tflops},
                  {"machine.fp8_gemm_tflops", mc->fp8_gemm_tflops},
+                 {"machine.fp8_gemm_fast_tflops", mc->fp8_gemm_fast_tflops},
                  {"machine.fp8_block_gemm_tflops", mc->fp8_block_gemm_tflops},
                  {"machine.fp8_block_wgrad_tflops", mc->fp8_block_wgrad_tflops},
                  {"machine.fp8_cpgen_gemm_tflops", mc->fp8_cpgen_gemm_tflops},
@@ -2517,6 +2541,10 @@ const char *cp_fp8_gemm_name(cp_fp8_gemm g) {
 
 const char *cp_fp8_scaling_name(cp_fp8_scaling s) {
     return (unsigned)s < CP_ARRAY_LEN(FP8_SCALING_NAMES) - 1 ? FP8_SCALING_NAMES[s] : "?";
+}
+
+const char *cp_fp8_fast_name(cp_fp8_fast f) {
+    return (unsigned)f < CP_ARRAY_LEN(FP8_FAST_NAMES) - 1 ? FP8_FAST_NAMES[f] : "?";
 }
 
 const char *cp_attn_keep_name(cp_attn_keep a) {

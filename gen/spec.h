@@ -62,6 +62,11 @@ typedef struct {
 typedef enum { CP_FP8_GEMM_AUTO = 0, CP_FP8_GEMM_CUBLASLT, CP_FP8_GEMM_CPGEN } cp_fp8_gemm;
 /* train.fp8_scaling, in the order of its names */
 typedef enum { CP_FP8_SCALING_TENSOR = 0, CP_FP8_SCALING_BLOCK, CP_FP8_SCALING_ROW } cp_fp8_scaling;
+/* train.fp8_fast_accum, in the order of its names: which FP8 GEMMs sum in the tensor cores' own precision, without
+ * cuBLASLt promoting partial sums to fp32 (never block-scaled ones): none, the forward's (and its recompute), or those
+ * and the activations' gradients (dX = dY W). Never the weights' gradients (dW = dY^T X, a sum over every token): with
+ * them too one step's gradients of the 1B moved 0.18-0.57 from those with promotion (docs/PERF.md, 2026-12-04). */
+typedef enum { CP_FP8_FAST_NONE = 0, CP_FP8_FAST_FORWARD, CP_FP8_FAST_DX } cp_fp8_fast;
 
 typedef struct {
     int64_t seq_len;    /* tokens per sequence (all ranks together) */
@@ -85,11 +90,14 @@ typedef struct {
     int fp8_scaling;     /* train.fp8_scaling (cp_fp8_scaling): "block" (the default), a scale per 128 elements of k
                           * (activations, gradients) and per 128 x 128 tile (weights); "row", one per row of each
                           * input over all of k; "tensor", one per tensor */
-    bool fp8_fast_accum; /* train.fp8_fast_accum: the forward's FP8 GEMMs (and their recompute) sum without fp32
-                          * promotion (the gradients' always promote) */
+    int fp8_fast_accum;  /* train.fp8_fast_accum (cp_fp8_fast): "forward" (the default), the forward's FP8 GEMMs (and
+                          * their recompute) sum without fp32 promotion; "dx" the activations' gradients too; "none" */
     int fp8_gemm;        /* train.fp8_gemm (cp_fp8_gemm): which kernel runs the block-scaled FP8 GEMMs */
     bool fp8_bf16_wgrad; /* train.fp8_weight_grads = "bf16" (the default): the weights' gradients (dW = dY^T X) in
                           * bf16, the forward and dX GEMMs in FP8; "fp8" (false): all three */
+    bool fp8_bf16_dgrad; /* train.fp8_input_grads = "bf16": the gradients of the GEMMs' inputs (dX = dY W) in bf16,
+                          * leaving FP8 to the forward (and the weights' gradients where asked); "fp8" (false, the
+                          * default) on FP8 */
 } cp_train;
 
 /* data.documents: whether attention and targets stay inside documents (MASK) or run over the packed sequence
@@ -135,7 +143,8 @@ typedef struct {
     int64_t host_runtime;       /* the part of host_reserve that stays resident beside the arena during steps */
     double peak_tflops;         /* the bf16 ceiling MFU is counted against (one large GEMM alone) */
     double gemm_tflops;         /* bf16 dense GEMM as the steps run them (the cost model's rate) */
-    double fp8_gemm_tflops;     /* the same GEMMs on FP8 inputs (train.precision = "fp8") */
+    double fp8_gemm_tflops;     /* the same GEMMs on FP8 inputs (train.precision = "fp8"), their sums promoted */
+    double fp8_gemm_fast_tflops; /* ... summed without promotion (train.fp8_fast_accum) */
     double fp8_block_gemm_tflops; /* ... with block scales (train.fp8_scaling = "block"), a weight's tiles on one side */
     double fp8_block_wgrad_tflops; /* ... with block scales on both sides by 128 of k: the weights' gradients */
     double fp8_cpgen_gemm_tflops, fp8_cpgen_wgrad_tflops; /* the same two on the generator's kernel (train.fp8_gemm) */
@@ -206,6 +215,7 @@ const char *cp_opt_place_name(cp_opt_place o);
 const char *cp_attn_keep_name(cp_attn_keep a);
 const char *cp_fp8_gemm_name(cp_fp8_gemm g);
 const char *cp_fp8_scaling_name(cp_fp8_scaling s);
+const char *cp_fp8_fast_name(cp_fp8_fast f);
 
 /* data.val = "split:<fraction>": true with the fraction (strictly between 0 and 1) in *fraction; false for any other
  * value, or a split whose fraction does not parse or lies outside (0, 1) (*fraction is then NaN). */

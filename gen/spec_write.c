@@ -99,9 +99,10 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_bool(o, "deterministic", t->deterministic);
     put_str(o, "precision", t->fp8 ? "fp8" : "bf16");
     put_str(o, "fp8_format", t->fp8_e4m3_grads ? "e4m3" : "hybrid");
-    put_bool(o, "fp8_fast_accum", t->fp8_fast_accum);
+    put_str(o, "fp8_fast_accum", cp_fp8_fast_name((cp_fp8_fast)t->fp8_fast_accum));
     put_str(o, "fp8_scaling", cp_fp8_scaling_name((cp_fp8_scaling)t->fp8_scaling));
     put_str(o, "fp8_weight_grads", t->fp8_bf16_wgrad ? "bf16" : "fp8");
+    put_str(o, "fp8_input_grads", t->fp8_bf16_dgrad ? "bf16" : "fp8");
     put_str(o, "fp8_gemm", cp_fp8_gemm_name((cp_fp8_gemm)t->fp8_gemm));
     cp_str_printf(o, "  },\n  data = {\n");
     put_str(o, "source", s->data.source);
@@ -129,6 +130,7 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_num(o, "peak_tflops", mc->peak_tflops);
     put_num(o, "gemm_tflops", mc->gemm_tflops);
     put_num(o, "fp8_gemm_tflops", mc->fp8_gemm_tflops);
+    put_num(o, "fp8_gemm_fast_tflops", mc->fp8_gemm_fast_tflops);
     put_num(o, "fp8_block_gemm_tflops", mc->fp8_block_gemm_tflops);
     put_num(o, "fp8_block_wgrad_tflops", mc->fp8_block_wgrad_tflops);
     put_num(o, "fp8_cpgen_gemm_tflops", mc->fp8_cpgen_gemm_tflops);

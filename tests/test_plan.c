@@ -976,6 +976,19 @@ static void test_fp8(void **state) {
     }
     assert_true(layer_gemms > 0);
     cp_plan_free(&f);
+    /* train.fp8_input_grads = "bf16": FP8 left to the forward (and its recompute) and the weights' gradients */
+    load("tiny", &s, 3, "train.precision=fp8", "train.fp8_weight_grads=fp8", "train.fp8_input_grads=bf16");
+    build(&s, &f);
+    int on_fp8[3] = {0}, in_bf16[3] = {0}; /* forward, dX, dW */
+    for (int i = 0; i < f.nsteps; i++) {
+        const cp_gemm *g = &f.steps[i].gemm;
+        if (f.steps[i].kind != CP_OP_GEMM || f.steps[i].layer < 0) continue;
+        const int kind = g->w_grad ? 2 : g->a_grad ? 1 : 0;
+        (g->a_type == CP_GEMM_BF16 ? in_bf16 : on_fp8)[kind]++;
+    }
+    assert_true(on_fp8[0] > 0 && in_bf16[0] == 0 && on_fp8[1] == 0 && in_bf16[1] > 0 && on_fp8[2] > 0 &&
+                in_bf16[2] == 0);
+    cp_plan_free(&f);
 }
 
 /* train.fp8_gemm on the 3B at 32K in fp8: under "auto" (the default) the generator's kernel takes exactly the
@@ -1164,7 +1177,8 @@ static void test_fp8_block(void **state) {
 /* train.fp8_scaling = "row", on the flat program of the 3B at 32K with the weights' gradients on FP8 and in bf16, and
  * of tiny: every layer GEMM but the bf16 weights' gradients on FP8 (any k a multiple of 16: tiny's K and V projections
  * too), both inputs scaled per row (A's m scales, B's n, read behind copies of the operands the GEMM reads now, made
- * the way round it reads them), fast accumulation in the forward alone; every copy a cast of its own (no kernel
+ * the way round it reads them), fast accumulation in the forward alone by default, in the activations' gradients too
+ * with train.fp8_fast_accum = "dx", never in the weights'; every copy a cast of its own (no kernel
  * writes a row-scaled copy beside its output, none casts both ways), its scales behind it, and a transposed one's
  * column maxima behind those; the step predicted faster than bf16's. */
 static void test_fp8_row(void **state) {
@@ -1176,7 +1190,9 @@ static void test_fp8_row(void **state) {
         cp_plan b, f;
         load(shapes[c][0], &s, 3, shapes[c][1], "parallel.gpus=1", "train.fp8_scaling=row");
         build(&s, &b);
-        assert_true(s.train.fp8_e4m3_grads && s.train.fp8_fast_accum); /* row's defaults */
+        assert_true(s.train.fp8_e4m3_grads && s.train.fp8_fast_accum == CP_FP8_FAST_FORWARD); /* row's defaults */
+        const int fast = (int[]){CP_FP8_FAST_FORWARD, CP_FP8_FAST_DX, CP_FP8_FAST_DX}[c];
+        s.train.fp8_fast_accum = fast;
         s.train.fp8 = true;
         s.train.fp8_bf16_wgrad = c == 2;
         build(&s, &f);
@@ -1226,7 +1242,8 @@ static void test_fp8_row(void **state) {
                 const cp_gemm *g = &y->gemm, *q = &x->gemm;
                 assert_true(q->a_type == CP_GEMM_E4M3 && q->b_type == CP_GEMM_E4M3);
                 assert_true(q->a_scale == CP_GEMM_SCALE_ROW && q->b_scale == CP_GEMM_SCALE_ROW);
-                assert_true(q->fast_accum == !g->a_grad && !q->trans_a && q->trans_b);
+                const bool fast_wanted = !g->a_grad || (!g->w_grad && fast == CP_FP8_FAST_DX);
+                assert_true(q->fast_accum == fast_wanted && !q->trans_a && q->trans_b);
                 fp8_gemm_inputs(held, i, x, y);
                 assert_true(x->ops[x->nops - 2].bytes == 4 * q->m && x->ops[x->nops - 1].bytes == 4 * q->n);
             } else if (x->kind == CP_OP_GEMM) {
@@ -1239,7 +1256,22 @@ static void test_fp8_row(void **state) {
                       "ways)\n", shapes[c][0], c == 2 ? ", weights' gradients bf16" : "", fp8_gemms, casts, transposed,
                       both);
         assert_true(fp8_gemms > 0 && casts > 0 && transposed > 0 && f.t_fp8_casts > 0);
-        if (c == 1) assert_true(both > 0); /* the weights' gradients on FP8 read tensors both ways */
+        if (c == 1) { /* the weights' gradients on FP8 read tensors both ways; fast dX said and priced: dX's 185 TF of
+                       * a step at machine.fp8_gemm_fast_tflops, not fp8_gemm_tflops, about 9 ms less */
+            assert_true(both > 0);
+            char *text = NULL;
+            size_t len = 0;
+            FILE *out = open_memstream(&text, &len);
+            cp_plan_print(&f, out, false);
+            fclose(out);
+            assert_non_null(strstr(text, "1450 summed without promotion (the forward's and dX's)"));
+            free(text);
+            cp_plan promoted;
+            s.train.fp8_fast_accum = CP_FP8_FAST_FORWARD;
+            build(&s, &promoted);
+            assert_true(promoted.t_step > f.t_step + 0.005 && promoted.t_step < f.t_step + 0.015);
+            cp_plan_free(&promoted);
+        }
         if (c >= 1) assert_true(f.t_step < b.t_step * 0.95);
         free(held);
         cp_plan_free(&b);

@@ -615,13 +615,14 @@ static void test_document_keys(void **state) {
 }
 
 /* train.precision: bf16 unless asked; fp8 read, written back and read again the same, with its recipe's keys
- * (train.fp8_format, train.fp8_fast_accum, train.fp8_scaling, train.fp8_weight_grads, train.fp8_gemm); a wrong value
+ * (train.fp8_format, train.fp8_fast_accum, train.fp8_scaling, train.fp8_weight_grads, train.fp8_input_grads,
+ * train.fp8_gemm); a wrong value
  * named with the choices */
 static void test_precision_key(void **state) {
     (void)state;
     load_ok("tiny", NULL, 0);
     assert_false(spec.train.fp8);
-    assert_true(spec.train.fp8_e4m3_grads && spec.train.fp8_fast_accum &&
+    assert_true(spec.train.fp8_e4m3_grads && spec.train.fp8_fast_accum == CP_FP8_FAST_FORWARD &&
                 spec.train.fp8_scaling == CP_FP8_SCALING_BLOCK && spec.train.fp8_bf16_wgrad &&
                 spec.train.fp8_gemm == CP_FP8_GEMM_AUTO);
     const char *tensor[] = {"train.fp8_scaling=tensor"}; /* E5M2 gradients by default with one scale per tensor */
@@ -631,10 +632,23 @@ static void test_precision_key(void **state) {
     const char *row[] = {"train.fp8_scaling=row"}; /* E4M3 throughout by default, as with block scales */
     load_ok("tiny", row, 1);
     assert_true(spec.train.fp8_e4m3_grads && spec.train.fp8_scaling == CP_FP8_SCALING_ROW);
+    /* fast accumulation by name, and by the booleans it took before "dx"; never the weights' gradients ("all") */
+    const char *fast_names[] = {"none", "forward", "dx", "false", "true"};
+    const int fast_values[] = {CP_FP8_FAST_NONE, CP_FP8_FAST_FORWARD, CP_FP8_FAST_DX, CP_FP8_FAST_NONE,
+                               CP_FP8_FAST_FORWARD};
+    for (int i = 0; i < 5; i++) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "train.fp8_fast_accum=%s", fast_names[i]);
+        const char *one[] = {kv};
+        load_ok("tiny", one, 1);
+        assert_int_equal(spec.train.fp8_fast_accum, fast_values[i]);
+    }
+    assert_false(spec.train.fp8_bf16_dgrad);
     const char *fp8[] = {"train.precision=fp8", "train.fp8_format=hybrid", "train.fp8_fast_accum=false",
-                         "train.fp8_scaling=block", "train.fp8_weight_grads=fp8", "train.fp8_gemm=cpgen"};
-    load_ok("tiny", fp8, 6);
-    assert_true(spec.train.fp8 && !spec.train.fp8_e4m3_grads && !spec.train.fp8_fast_accum &&
+                         "train.fp8_scaling=block", "train.fp8_weight_grads=fp8", "train.fp8_gemm=cpgen",
+                         "train.fp8_input_grads=bf16"};
+    load_ok("tiny", fp8, 7);
+    assert_true(spec.train.fp8 && !spec.train.fp8_e4m3_grads && !spec.train.fp8_fast_accum && spec.train.fp8_bf16_dgrad &&
                 spec.train.fp8_scaling == CP_FP8_SCALING_BLOCK && !spec.train.fp8_bf16_wgrad &&
                 spec.train.fp8_gemm == CP_FP8_GEMM_CPGEN);
     cp_str text = {0};
@@ -643,7 +657,9 @@ static void test_precision_key(void **state) {
     assert_contains(text.data, "precision = \"fp8\"");
     if (cp_spec_load_string("resolved.lua", text.data, NULL, 0, &b, err, sizeof err)) fail_msg("%s", err);
     assert_contains(text.data, "fp8_gemm = \"cpgen\"");
+    assert_contains(text.data, "fp8_fast_accum = \"none\"");
     assert_true(cp_spec_same(&a, &b) && b.train.fp8 && !b.train.fp8_e4m3_grads && !b.train.fp8_fast_accum &&
+                b.train.fp8_bf16_dgrad &&
                 b.train.fp8_scaling == CP_FP8_SCALING_BLOCK && !b.train.fp8_bf16_wgrad &&
                 b.train.fp8_gemm == CP_FP8_GEMM_CPGEN);
     cp_str_free(&text);
@@ -662,6 +678,15 @@ static void test_precision_key(void **state) {
     assert_int_equal(load_bad("tiny", wgrad, 1), -1);
     assert_contains(err, "train.fp8_weight_grads = \"fp16\": not a valid choice");
     assert_contains(err, "(one of \"fp8\" or \"bf16\")");
+    const char *all[] = {"train.fp8_fast_accum=all"};
+    assert_int_equal(load_bad("tiny", all, 1), -1);
+    assert_contains(err, "train.fp8_fast_accum = \"all\": not a valid choice");
+    const char *dgrad[] = {"train.fp8_input_grads=fp16"};
+    assert_int_equal(load_bad("tiny", dgrad, 1), -1);
+    assert_contains(err, "train.fp8_input_grads = \"fp16\": not a valid choice");
+    const char *fast[] = {"train.fp8_fast_accum=dw"};
+    assert_int_equal(load_bad("tiny", fast, 1), -1);
+    assert_contains(err, "train.fp8_fast_accum = \"dw\": not a valid choice; did you mean \"dx\"?");
     const char *gemm[] = {"train.fp8_gemm=cublas"};
     assert_int_equal(load_bad("tiny", gemm, 1), -1);
     assert_contains(err, "train.fp8_gemm = \"cublas\": not a valid choice; did you mean \"cublaslt\"?");
