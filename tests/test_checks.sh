@@ -278,6 +278,9 @@ PAT="resumed steps \[11\]..\[15\]" script 1 "relayout: a resumed run cut short" 
 # the real-text run on byte-level shards of this tree's tools (no `tokenizers` needed), checkpoints in the scratch
 rt=(tools/gpu-real-text-run.sh TOKENIZER=byte-level INPUTS=tools CKPT_DIR="$tmp/ckpt")
 PAT="loss: mean of the first 20 steps" script 0 "real text: the resumed run agrees, the loss falls" 1 "${rt[@]}"
+# PACKAGES=1: python3's site folders join the inputs (up to MAX_BYTES), and the table says how often a token is read
+PAT="data: 300 steps of 32K tokens read the training tokens [0-9]+\.[0-9]{2} times" script 0 \
+  "real text: with the Python packages' sources" 1 "${rt[@]}" PACKAGES=1 MAX_BYTES=2000000
 PAT="FAILED +resumed against uninterrupted" script 1 "real text: a resumed run over the bound" 1 "${rt[@]}" \
   FAKE_OFF=resumed
 PAT="FAILED +full: exit status 1" script 1 "real text: the uninterrupted run fails" 1 "${rt[@]}" FAKE_FAIL=full

@@ -17,6 +17,10 @@
 # (attention's dQ summed in whatever order), whose distance from the first is the noise floor of the comparison;
 # SECOND_SETS="KEY=VALUE ..." adds spec settings to that second run (a recipe of fp8: train.fp8_weight_grads=fp8);
 # SETS="KEY=VALUE ..." to every run (another start: SETS=init.seed=2).
+# PACKAGES=1 adds the installed Python packages' sources (python3's site folders, *.py) to the inputs, up to
+# MAX_BYTES (default 60 MB with them, else 200 MB) taken in path order: the 300 steps then read each training token at
+# most once, where the defaults' 3.7M tokens are read 2.7 times and past the first pass the loss measures how well a
+# run memorises (the table's "passes" says which).
 # Either way 10% of the documents are held out (VAL_FRACTION) and each evaluation reads EVAL_SEQUENCES (8) of them,
 # so that the validation loss compared at 1% is not one sequence's; the check is tools/precision_compare.py's, and
 # its picture of both runs lands in $out/precision.svg.
@@ -92,19 +96,29 @@ how=(--train-bpe "$VOCAB")
 [ "${TOKENIZER:-bpe}" != byte-level ] || how=(--byte-level)
 # shellcheck disable=SC2206
 inputs=(${INPUTS:-'/usr/lib/python3.*/**/*.py' /usr/share/doc})
+packages=(--exclude '*/site-packages/*' --exclude '*/dist-packages/*')
+max_bytes=${MAX_BYTES:-200000000}
+if [ "${PACKAGES:-}" = 1 ]; then
+  packages=()
+  max_bytes=${MAX_BYTES:-60000000}
+  for d in $(python3 -c 'import site; print(*site.getsitepackages())'); do [ ! -d "$d" ] || inputs+=("$d/**/*.py"); done
+fi
 GREP='train: [0-9,]+ tokens' run tokens 300 python3 "$(dirname "$0")/make_tokens.py" "${how[@]}" --shuffle \
   --piece-bytes "${PIECE_BYTES:-32768}" \
-  --val-fraction "$VAL_FRACTION" --exclude '*/site-packages/*' --exclude '*/dist-packages/*' \
-  --exclude '*/__pycache__/*' \
-  --max-bytes 200000000 --out "$data/text" "${inputs[@]}"
+  --val-fraction "$VAL_FRACTION" ${packages[@]+"${packages[@]}"} --exclude '*/__pycache__/*' \
+  --max-bytes "$max_bytes" --out "$data/text" "${inputs[@]}"
 if [ ! -s "$data/text.json" ]; then
   fail "no shards: $(tail -1 "$out/tokens.log")"
 else
-  read -r model_vocab src val < <(python3 -c '
+  read -r model_vocab src val passes < <(python3 -c '
 import json, sys
 m = json.load(open(sys.argv[1]))
-print(m["model_vocab"], m["data_source"], m.get("val_source", "-"))' "$data/text.json")
+seq = sys.argv[3].upper()
+seq = int(seq[:-1]) * {"K": 1 << 10, "M": 1 << 20}[seq[-1]] if seq[-1] in "KM" else int(seq)
+passes = int(sys.argv[2]) * seq / max(m["shards"]["train"]["tokens"], 1)
+print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2f}")' "$data/text.json" "$STEPS" "$SEQ")
   note "$(grep -m1 '^tokenizer:' "$out/tokens.log")"
+  note "data: $STEPS steps of $SEQ tokens read the training tokens $passes times"
   cp "$data/text.json" "$out/tokens.json"
   args=(llama1b --gpus 1 --seq "$SEQ" --set "model.vocab=$model_vocab" --set "data.source=$src"
     --set "train.steps=$STEPS" --set train.warmup=30 --set train.lr=3e-4 --set train.log_every=10)
@@ -190,6 +204,6 @@ grep -v '^$' "$out/verdict.txt"
 echo
 echo "real text on $(nvidia-smi -L | head -1), in $(($(date +%s) - t_start)) s"
 sed -n 's/^\(tokens\|full\|resumed\|fp8\|nondeterministic\) \+rc=/&/p' "$sum" | sed 's/^/  /'
-grep -E '^(loss:|resumed against|tokenizer:|validation:|on the way:|at the end:)' "$sum" | sed 's/^/  /'
+grep -E '^(loss:|resumed against|tokenizer:|data:|validation:|on the way:|at the end:)' "$sum" | sed 's/^/  /'
 echo "  files: $out/report_full.svg, $out/report_${second:-resumed}.svg, metrics_*.jsonl, tokens.json"
 exit "$verdict"
