@@ -45,6 +45,17 @@ static void build(const cp_spec *s, cp_plan *p) {
     assert_int_equal(rc, 0);
 }
 
+/* What `cpgen plan` prints of p (the caller frees it) */
+static char *printed(const cp_plan *p) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    cp_plan_print(p, f, false);
+    assert_int_equal(fclose(f), 0);
+    return text;
+}
+
 static const cp_buffer *buf(const cp_plan *p, const char *name) {
     for (int i = 0; i < p->nbufs; i++)
         if (!strcmp(p->bufs[i].name, name)) return &p->bufs[i];
@@ -1259,11 +1270,7 @@ static void test_fp8_row(void **state) {
         if (c == 1) { /* the weights' gradients on FP8 read tensors both ways; fast dX said and priced: dX's 185 TF of
                        * a step at machine.fp8_gemm_fast_tflops, not fp8_gemm_tflops, about 9 ms less */
             assert_true(both > 0);
-            char *text = NULL;
-            size_t len = 0;
-            FILE *out = open_memstream(&text, &len);
-            cp_plan_print(&f, out, false);
-            fclose(out);
+            char *text = printed(&f);
             assert_non_null(strstr(text, "1450 summed without promotion (the forward's and dX's)"));
             free(text);
             cp_plan promoted;
@@ -1454,11 +1461,7 @@ static void test_ranks_per_gpu(void **state) {
     assert_false(p.fits);
     assert_non_null(strstr(p.why, "x 8 ranks sharing each GPU"));
     assert_true(p.gpu_peak < s.machine.gpu_mem && p.gpu_peak * 8 > s.machine.gpu_mem);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    cp_plan_print(&p, f, false);
-    fclose(f);
+    char *text = printed(&p);
     assert_non_null(strstr(text, "8 ranks on 1 GPU, 8 to a GPU, each its own NCCL host"));
     assert_non_null(strstr(text, "reserve: NCCL over sockets"));
     free(text);
@@ -1943,11 +1946,7 @@ static void test_ring_stage_tables(void **state) {
     assert_true(dq > 0);
     assert_true(fabs(p.t_ring_exposed - 32 * 4 * (cp_ring_sendrecv_seconds(2 * L * D * 4, &p.spec.machine) - dq)) < 1e-9);
     /* the startup table shows the schedule */
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    cp_plan_print(&p, f, false);
-    fclose(f);
+    char *text = printed(&p);
     if (!strstr(text, "         1  1, 6     1: causal        0: q1k0 q0k0     3: q1k0 q1k1     2: q1k0 q1k1") ||
         !strstr(text, "ring attention (blocks, merge, dK/dV)          9.51 GiB") ||
         !strstr(text, "sent per GPU and stage: 3.00 GiB forward (3 blocks), 11.00 GiB backward (3 blocks, 4 "

@@ -667,32 +667,25 @@ static void test_precision_key(void **state) {
     assert_int_equal(load_bad("tiny", bad, 1), -1);
     assert_contains(err, "<embedded>/tiny.lua: train.precision = \"fp16\": not a valid choice");
     assert_contains(err, "\"bf16\"");
-    const char *format[] = {"train.fp8_format=e5m2"};
-    assert_int_equal(load_bad("tiny", format, 1), -1);
-    assert_contains(err, "train.fp8_format = \"e5m2\": not a valid choice");
-    const char *scaling[] = {"train.fp8_scaling=column"};
-    assert_int_equal(load_bad("tiny", scaling, 1), -1);
-    assert_contains(err, "train.fp8_scaling = \"column\": not a valid choice");
-    assert_contains(err, "\"row\"");
-    const char *wgrad[] = {"train.fp8_weight_grads=fp16"};
-    assert_int_equal(load_bad("tiny", wgrad, 1), -1);
-    assert_contains(err, "train.fp8_weight_grads = \"fp16\": not a valid choice");
-    assert_contains(err, "(one of \"fp8\" or \"bf16\")");
-    const char *all[] = {"train.fp8_fast_accum=all"};
-    assert_int_equal(load_bad("tiny", all, 1), -1);
-    assert_contains(err, "train.fp8_fast_accum = \"all\": not a valid choice");
-    const char *dgrad[] = {"train.fp8_input_grads=fp16"};
-    assert_int_equal(load_bad("tiny", dgrad, 1), -1);
-    assert_contains(err, "train.fp8_input_grads = \"fp16\": not a valid choice");
-    const char *fast[] = {"train.fp8_fast_accum=dw"};
-    assert_int_equal(load_bad("tiny", fast, 1), -1);
-    assert_contains(err, "train.fp8_fast_accum = \"dw\": not a valid choice; did you mean \"dx\"?");
-    const char *gemm[] = {"train.fp8_gemm=cublas"};
-    assert_int_equal(load_bad("tiny", gemm, 1), -1);
-    assert_contains(err, "train.fp8_gemm = \"cublas\": not a valid choice; did you mean \"cublaslt\"?");
-    const char *rate[] = {"machine.fp8_gemm_tflops=0"};
-    assert_int_equal(load_bad("tiny", rate, 1), -1);
-    assert_contains(err, "machine.fp8_gemm_tflops");
+    /* each wrong value named with its key, and the choices or the nearest one */
+    const char *wrong[][3] = {
+        {"train.fp8_format=e5m2", "train.fp8_format = \"e5m2\": not a valid choice", "\"hybrid\""},
+        {"train.fp8_scaling=column", "train.fp8_scaling = \"column\": not a valid choice", "\"row\""},
+        {"train.fp8_weight_grads=fp16", "train.fp8_weight_grads = \"fp16\": not a valid choice",
+         "(one of \"fp8\" or \"bf16\")"},
+        {"train.fp8_input_grads=fp16", "train.fp8_input_grads = \"fp16\": not a valid choice",
+         "(one of \"fp8\" or \"bf16\")"},
+        {"train.fp8_fast_accum=all", "train.fp8_fast_accum = \"all\": not a valid choice", "\"dx\""},
+        {"train.fp8_fast_accum=dw", "train.fp8_fast_accum = \"dw\": not a valid choice", "did you mean \"dx\"?"},
+        {"train.fp8_gemm=cublas", "train.fp8_gemm = \"cublas\": not a valid choice", "did you mean \"cublaslt\"?"},
+        {"machine.fp8_gemm_tflops=0", "machine.fp8_gemm_tflops", ""},
+        {"machine.fp8_gemm_fast_tflops=0", "machine.fp8_gemm_fast_tflops", ""},
+    };
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        assert_int_equal(load_bad("tiny", &wrong[i][0], 1), -1);
+        assert_contains(err, wrong[i][1]);
+        assert_contains(err, wrong[i][2]);
+    }
 }
 
 static void test_names(void **state) {
