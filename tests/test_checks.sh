@@ -288,6 +288,8 @@ PAT="loss falls: FAILED" script 1 "real text: too few steps to see the loss fall
 # COMPARE=fp8: bf16 and fp8 side by side, judged by tools/precision_compare.py
 PAT="^at the end: .*difference 0\.00% .*OK$" script 0 "real text, fp8 against bf16: alike" 1 "${rt[@]}" COMPARE=fp8 \
   FAKE_VAL=1
+PAT="^  training loss: fp8 \+0\.00% against bf16 over the run, \+0\.00% over the last 100 steps" script 0 \
+  "real text, fp8 against bf16: the training loss's gap in the table" 1 "${rt[@]}" COMPARE=fp8 FAKE_VAL=1
 PAT="FAILED +fp8: exit status 1" script 1 "real text, fp8 against bf16: the fp8 run fails" 1 "${rt[@]}" \
   COMPARE=fp8 FAKE_VAL=1 FAKE_FAIL=fp8
 PAT="fp8: FAILED: 15 training steps of 300" script 1 "real text, fp8 against bf16: the fp8 run cut short" 1 \

@@ -7,6 +7,8 @@ Reads each run's metrics.jsonl (a line per step; validation lines carry "val_los
     fp8 run at most WAY (3%) above the bf16 run's at the same steps (divergence is fp8 doing worse; where it does
     better, by as much as 3.4% over 20 steps of a real-text run, that is the noise of two runs, and it is printed);
   - at the end: the last validation loss of the fp8 run within END (1%) of the bf16 run's.
+Prints, unjudged, how far the second run's training loss lies from bf16's: its mean over the run and over the last
+LAST (100) steps, and the range of the windows' gaps.
 Draws both runs' training loss (a 10-step mean) and validation loss into OUT_SVG (matplotlib; without it the checks
 still run and the picture is said to be missing). Prints one line per check and a short table last.
 The second run may be another (NAME, "fp8" unless given): bf16 with nondeterministic sums, say, whose distance from
@@ -16,7 +18,7 @@ import json
 import math
 import sys
 
-WAY, END, WINDOW = 0.03, 0.01, 20
+WAY, END, WINDOW, LAST = 0.03, 0.01, 20, 100
 
 
 def load(path):
@@ -38,6 +40,11 @@ def load(path):
         if isinstance(row.get("val_loss"), (int, float)):
             val[step] = row["val_loss"]
     return train, val, None
+
+
+def gap(base, other, steps):
+    """other's mean over steps against base's, relative"""
+    return sum(other[s] for s in steps) / sum(base[s] for s in steps) - 1
 
 
 def rel(a, b):
@@ -71,6 +78,10 @@ def main(argv):
         ws = range(w0, w0 + WINDOW)
         pairs.append((f"training steps {w0}-{w0 + WINDOW - 1}", sum(tb[s] for s in ws) / WINDOW,
                       sum(tf[s] for s in ws) / WINDOW))
+    windows = [(p[2] - p[1]) / p[1] for p in pairs]
+    last = range(max(1, steps - LAST + 1), steps + 1)
+    print(f"training loss: {two} {gap(tb, tf, tb):+.2%} against bf16 over the run, {gap(tb, tf, last):+.2%} over "
+          f"the last {len(last)} steps, windows of {WINDOW} from {min(windows):+.2%} to {max(windows):+.2%}")
     common = sorted(set(vb) & set(vf))
     pairs += [(f"validation at step {s}", vb[s], vf[s]) for s in common]
     worse = max(pairs, key=lambda p: (p[2] - p[1]) / p[1])
