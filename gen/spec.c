@@ -1683,6 +1683,13 @@ static int validate(ctx *c, cp_spec *s) {
         return fail(c, "train.keep_checkpoints", " = %d: must be at least 0 (the newest checkpoints kept; 0 keeps all)",
                     tr->keep_checkpoints);
     if (!tr->out_dir[0]) return fail(c, "train.out_dir", " is empty: give a folder such as \"runs/%s\"", s->name);
+    /* the default "forward" stands for every recipe (block-scaled GEMMs just promote); "dx" asks for a change that
+     * block scales cannot make */
+    if (tr->fp8 && tr->fp8_scaling == CP_FP8_SCALING_BLOCK && tr->fp8_fast_accum == CP_FP8_FAST_DX)
+        return fail(c, "train.fp8_fast_accum",
+                    " = \"dx\": block-scaled GEMMs always promote their sums to fp32 (cuBLASLt applies the block "
+                    "scales where it promotes); use it with train.fp8_scaling = \"row\" or \"tensor\", or leave it "
+                    "\"forward\"");
 
     /* data */
     const char *src = s->data.source;

@@ -686,6 +686,14 @@ static void test_precision_key(void **state) {
         assert_contains(err, wrong[i][1]);
         assert_contains(err, wrong[i][2]);
     }
+    /* fast dX where the recipe has it (row or per-tensor scales), refused with block scales, which always promote */
+    const char *dx_row[] = {"train.precision=fp8", "train.fp8_scaling=row", "train.fp8_fast_accum=dx"};
+    load_ok("tiny", dx_row, 3);
+    assert_int_equal(spec.train.fp8_fast_accum, CP_FP8_FAST_DX);
+    const char *dx_block[] = {"train.precision=fp8", "train.fp8_fast_accum=dx"};
+    assert_int_equal(load_bad("tiny", dx_block, 2), -1);
+    assert_contains(err, "train.fp8_fast_accum = \"dx\": block-scaled GEMMs always promote");
+    assert_contains(err, "train.fp8_scaling = \"row\"");
 }
 
 static void test_names(void **state) {
