@@ -616,8 +616,7 @@ static void test_document_keys(void **state) {
 
 /* train.precision: bf16 unless asked; fp8 read, written back and read again the same, with its recipe's keys
  * (train.fp8_format, train.fp8_fast_accum, train.fp8_scaling, train.fp8_weight_grads, train.fp8_input_grads,
- * train.fp8_gemm); a wrong value
- * named with the choices */
+ * train.fp8_gemm); a wrong value named with the choices */
 static void test_precision_key(void **state) {
     (void)state;
     load_ok("tiny", NULL, 0);
@@ -648,8 +647,8 @@ static void test_precision_key(void **state) {
                          "train.fp8_scaling=block", "train.fp8_weight_grads=fp8", "train.fp8_gemm=cpgen",
                          "train.fp8_input_grads=bf16"};
     load_ok("tiny", fp8, 7);
-    assert_true(spec.train.fp8 && !spec.train.fp8_e4m3_grads && !spec.train.fp8_fast_accum && spec.train.fp8_bf16_dgrad &&
-                spec.train.fp8_scaling == CP_FP8_SCALING_BLOCK && !spec.train.fp8_bf16_wgrad &&
+    assert_true(spec.train.fp8 && !spec.train.fp8_e4m3_grads && !spec.train.fp8_fast_accum &&
+                spec.train.fp8_bf16_dgrad && spec.train.fp8_scaling == CP_FP8_SCALING_BLOCK && !spec.train.fp8_bf16_wgrad &&
                 spec.train.fp8_gemm == CP_FP8_GEMM_CPGEN);
     cp_str text = {0};
     cp_spec a = spec, b;

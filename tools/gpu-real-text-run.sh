@@ -204,6 +204,7 @@ grep -v '^$' "$out/verdict.txt"
 echo
 echo "real text on $(nvidia-smi -L | head -1), in $(($(date +%s) - t_start)) s"
 sed -n 's/^\(tokens\|full\|resumed\|fp8\|nondeterministic\) \+rc=/&/p' "$sum" | sed 's/^/  /'
-grep -E '^(loss:|resumed against|tokenizer:|data:|validation:|training loss:|on the way:|at the end:)' "$sum" | sed 's/^/  /'
+grep -E '^(loss:|resumed against|tokenizer:|data:|validation:|training loss:|on the way:|at the end:)' "$sum" |
+  sed 's/^/  /'
 echo "  files: $out/report_full.svg, $out/report_${second:-resumed}.svg, metrics_*.jsonl, tokens.json"
 exit "$verdict"
