@@ -349,13 +349,17 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             100.0 * flops / P->t_step / (mc->peak_tflops * 1e12), mc->peak_tflops);
     if (P->spec.train.fp8) {
         int64_t n = 0, all = 0, fused = 0, own = 0; /* fused: the amaxes and copies their producers make */
+        bool fast_fwd = false, fast_dx = false;      /* which GEMMs the plan sums without promotion */
         for (int i = 0; i < P->nsteps; i++) {
+            const cp_step *s = &P->steps[i];
             int64_t reps = cp_plan_step_repeats(P, i);
-            fused += P->steps[i].nfp8_out * reps;
-            if (P->steps[i].kind == CP_OP_GEMM) {
+            fused += s->nfp8_out * reps;
+            if (s->kind == CP_OP_GEMM) {
                 all += reps;
-                n += P->steps[i].gemm.a_type != CP_GEMM_BF16 ? reps : 0;
-                own += P->steps[i].module >= 0 ? reps : 0;
+                n += s->gemm.a_type != CP_GEMM_BF16 ? reps : 0;
+                own += s->module >= 0 ? reps : 0;
+                fast_fwd |= s->gemm.fast_accum && !s->gemm.a_grad;
+                fast_dx |= s->gemm.fast_accum && s->gemm.a_grad;
             }
         }
         fmt_seconds(P->t_fp8_casts, t[0], sizeof t[0]);
@@ -367,11 +371,11 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             snprintf(rate, sizeof rate, "%.0f TF/s, the weights' gradients at %.0f", mc->fp8_block_gemm_tflops,
                      mc->fp8_block_wgrad_tflops);
         else if (blk) snprintf(rate, sizeof rate, "%.0f TF/s", mc->fp8_block_gemm_tflops);
-        else if (tr->fp8_fast_accum == CP_FP8_FAST_NONE) snprintf(rate, sizeof rate, "%.0f TF/s", mc->fp8_gemm_tflops);
+        else if (!fast_fwd && !fast_dx) snprintf(rate, sizeof rate, "%.0f TF/s", mc->fp8_gemm_tflops);
         else
-            snprintf(rate, sizeof rate, "%.0f TF/s, %.0f summed without promotion (the forward's%s)",
-                     mc->fp8_gemm_tflops, mc->fp8_gemm_fast_tflops,
-                     tr->fp8_fast_accum == CP_FP8_FAST_DX && !tr->fp8_bf16_dgrad ? " and dX's" : "");
+            snprintf(rate, sizeof rate, "%.0f TF/s, %.0f summed without promotion (%s)", mc->fp8_gemm_tflops,
+                     mc->fp8_gemm_fast_tflops,
+                     fast_fwd && fast_dx ? "the forward's and dX's" : fast_fwd ? "the forward's" : "dX's");
         const size_t l = strlen(rate);
         snprintf(rate + l, sizeof rate - l, "%s%s", tr->fp8_bf16_wgrad ? ", the weights' gradients in bf16" : "",
                  tr->fp8_bf16_dgrad ? ", the inputs' gradients in bf16" : "");
