@@ -222,6 +222,13 @@ bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role) {
     return false;
 }
 
+bool cp_k_fp8_row_copies(const cp_kernel_spec *k, const char *role) {
+    /* as ROW_OK in templates/rmsnorm.cu and swiglu.cu (a SwiGLU row in registers: 4 vectors of 8 a thread of 512) */
+    const bool swiglu = !strcmp(k->family, "swiglu");
+    return (swiglu || !strcmp(k->family, "rmsnorm")) && (!strcmp(role, "fwd") || !strcmp(role, "bwd")) &&
+           get_int(k, "VEC") == 8 && (!swiglu || get_int(k, "FFN") <= 16384);
+}
+
 void cp_k_loss(cp_kernel_spec *k, int64_t vocab) {
     cp_kspec_init(k, "loss");
     int vec = bf16_vec(vocab);
@@ -372,7 +379,12 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             int64_t rpb = get_int(k, "RPB");
             d->block = (unsigned)(get_int(k, "TPR") * rpb);
             d->grid[0] = blocks_for(n, rpb, 0);
-        } else if (strcmp(role, "bwd") == 0 || strcmp(role, "bwd_copy") == 0) {
+        } else if (strcmp(role, "fwd_row") == 0) {
+            /* persistent, one round of the blocks that fit at once: each block's columns cost an atomic each */
+            int64_t rpb = get_int(k, "RPB");
+            d->block = (unsigned)(get_int(k, "TPR") * rpb);
+            d->grid[0] = blocks_for(n, rpb, (int64_t)sms * get_int(k, "MIN_BLOCKS"));
+        } else if (strcmp(role, "bwd") == 0 || strcmp(role, "bwd_copy") == 0 || strcmp(role, "bwd_row") == 0) {
             /* persistent: about two rounds of the blocks that fit at once */
             int64_t rpb = get_int(k, "RPB_B");
             d->block = (unsigned)(get_int(k, "TPR_B") * rpb);
@@ -410,6 +422,13 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         return 0;
     }
     if (strcmp(f, "swiglu") == 0) {
+        if (strcmp(role, "fwd_row") == 0 || strcmp(role, "bwd_row") == 0) {
+            /* a row a block at a time, persistent: the blocks that fit at once (templates/swiglu.cu's bounds: two of
+             * fwd_row an SM up to 8192 columns, one of bwd_row), each block's columns an atomic each at its end */
+            d->block = 512; /* ROW_THREADS */
+            d->grid[0] = blocks_for(n, 1, (int64_t)sms * (role[0] == 'f' && get_int(k, "FFN") <= 8192 ? 2 : 1));
+            return 0;
+        }
         /* fwd, bwd and their twins that write FP8 copies: fwd_copy, bwd_copy, bwd_copy_gate, bwd_copy_up */
         if (strncmp(role, "fwd", 3) && strncmp(role, "bwd", 3)) return -1;
         int64_t units = n * (get_int(k, "FFN") / get_int(k, "VEC"));

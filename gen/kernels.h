@@ -36,7 +36,13 @@ void cp_k_embedding(cp_kernel_spec *k, int64_t vocab, int64_t hidden);
  * largest |x|, as fp8's amax would; amax_fmax is the FP8 type's largest value. fwd_copy(x, resid, sum_out, weight,
  * out, rstd, n, fmax, copy u8[n][HIDDEN], copy_scales f32), where cp_k_fp8_copies says so, is fwd that also writes
  * out's FP8 copy and its 1 x 128 scales as fp8's cast_1d would, in the type fmax names (448 E4M3, 57344 E5M2);
- * bwd_copy(dout, x, weight, rstd, dresid, dx, dw_part, n, fmax, copy, copy_scales) is bwd that writes dx's. */
+ * bwd_copy(dout, x, weight, rstd, dresid, dx, dw_part, n, fmax, copy, copy_scales) is bwd that writes dx's.
+ * With row scales, where cp_k_fp8_row_copies says so: fwd_row(x, resid, sum_out, weight, out, rstd, n, fmax, copy
+ * u8[n][HIDDEN], copy_scales f32[n], col_max f32[col_max_rows][HIDDEN] | NULL, col_max_rows i32) writes out's copy
+ * with a scale per row as fp8's cast_row would and, given col_max (zeroed before), adds each column's largest |out|
+ * into it as fp8's cast_rt_row adds the transposed copy's column maxima (fwd_row's grid is persistent); bwd_row(dout,
+ * x, weight, rstd, dresid, dx, dw_part, n, fmax, copy, copy_scales, col_max, col_max_rows) is bwd that does the same
+ * for dx (on bwd's grid). */
 void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps);
 /* rope in place on [n][heads][D] (rotate_half pairs (i, i + D/2)), token row r at position pos0 + r:
  * fwd(x, n, heads, pos0); bwd(dx, n, heads, pos0) (the transpose: rotation by the negative angle); where
@@ -60,6 +66,10 @@ void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn);
  * and bwd, swiglu's fwd and bwd, rope's bwd, ulysses' unpack, when their rows split into whole blocks of 128 as the
  * kernels need). */
 bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role);
+/* Whether entry `role` of module k can write an FP8 copy of its output with one scale per row, and the transposed
+ * copy's column maxima (rmsnorm's and swiglu's fwd and bwd as fwd_row and bwd_row, where a row's vectors are 8
+ * values, and swiglu's rows are at most 16384). */
+bool cp_k_fp8_row_copies(const cp_kernel_spec *k, const char *role);
 /* loss on a tile of logits [n][V] (bf16, in place -> dlogits*scale): fwdbwd(logits, targets i32[n], row_loss f32[n]
  * out, scale, n). row_loss gets each row's unscaled loss logsumexp - logit[target]; the gradient row is
  * (softmax - onehot(target)) * scale. target < 0 (-1, or HF's -100) is ignored: zero gradient row, loss 0;

@@ -1650,8 +1650,9 @@ static void cost_model(cp_plan *P) {
             t += mc->kernel_us * 1e-6;
             for (int j = 0; j < s->nfp8_out; j++) /* FP8 copies the kernel writes beside its outputs */
                 if (s->fp8_out[j].scales >= 0) {
-                    double tc = (double)(s->ops[s->fp8_out[j].slot].bytes + s->ops[s->fp8_out[j].scales].bytes) /
-                                (mc->fp8_copy_gbps * 1e9);
+                    const cp_step_fp8_out *a = &s->fp8_out[j];
+                    double tc = (double)(s->ops[a->slot].bytes + s->ops[a->scales].bytes) /
+                                ((a->scale == CP_GEMM_SCALE_ROW ? mc->fp8_copy_row_gbps : mc->fp8_copy_gbps) * 1e9);
                     t += tc;
                     P->t_fp8_casts += tc * reps;
                 }

@@ -13,10 +13,13 @@
  * tiles between do not touch. A folded run of tiles (cp_loop) keeps what its body never overwrites. With block scales
  * a tensor one GEMM reads as rows and a later one transposed (or the reverse), nothing written to it between, is cast
  * both ways from one read: the second copy goes into the buffer kept for copies made ahead for that GEMM's input.
- * An amax, or a copy with 1 x 128 scales read as rows, is made by the kernel that wrote the tensor where that kernel
- * can (rmsnorm, SwiGLU: cp_plan_fp8_producer) and wrote exactly the GEMM's input, in the same stretch of the program,
- * with nothing between touching the slot or the copy's buffer (the input's scratch copy, else the one kept for copies
- * made ahead for it); elsewhere by a pass of its own.
+ * An amax, or a copy with 1 x 128 or row scales read as rows, is made by the kernel that wrote the tensor where that
+ * kernel can (rmsnorm, SwiGLU: cp_plan_fp8_producer) and wrote exactly the GEMM's input, in the same stretch of the
+ * program, with nothing between touching the slot or the copy's buffer (the input's scratch copy, else the one kept
+ * for copies made ahead for it; with row scales any buffer free then); elsewhere by a pass of its own. With row scales
+ * a tensor read both ways is cast both ways by its producer where it can (rmsnorm, SwiGLU): the row copy and the
+ * transposed copy's column maxima (zeroed by a memset put before it), then a cast of the transposed copy alone reads
+ * the tensor once more.
  * The program stays the planner's: this pass runs on the built steps before lifetimes and offsets, so the copies and
  * casts are in the plan's memory and time like any other buffer and step. Last, train.fp8_gemm puts block-scaled GEMMs
  * on the generator's kernel (templates/gemm_fp8.cu) where it takes and, under "auto", outruns cuBLASLt: the step keeps
@@ -78,7 +81,7 @@ cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s) {
     return f;
 }
 
-bool cp_plan_fp8_producer(const cp_plan *P, const cp_step *s, int op, bool copy) {
+bool cp_plan_fp8_producer(const cp_plan *P, const cp_step *s, int op, uint8_t copy) {
     bool out, amax = true; /* op is an output the kernel writes whole; it can take that output's amax */
     switch (s->task) {
     case CP_TASK_NORM1:
@@ -93,9 +96,12 @@ bool cp_plan_fp8_producer(const cp_plan *P, const cp_step *s, int op, bool copy)
     default: return false;
     }
     if (!out) return false;
-    if (!copy) return amax;
-    /* the kernel's rows split into blocks of 128 */
-    return s->module >= 0 && s->module < P->nmodules && cp_k_fp8_copies(&P->modules[s->module], s->role);
+    if (copy == CP_GEMM_SCALE_TENSOR) return amax;
+    if (s->module < 0 || s->module >= P->nmodules) return false;
+    const cp_kernel_spec *k = &P->modules[s->module];
+    /* the kernel's rows split into blocks of 128; or held whole, for one scale each */
+    return copy == CP_GEMM_SCALE_1D ? cp_k_fp8_copies(k, s->role)
+                                    : copy == CP_GEMM_SCALE_ROW && cp_k_fp8_row_copies(k, s->role);
 }
 
 typedef struct {
@@ -144,9 +150,9 @@ static cp_step *cast_step(program *q, const cp_step *g, int module, cp_task task
     return append(q, &k);
 }
 
-/* A memset of bytes [off, off + bytes) of buffer buf, which holds nothing live before, beside GEMM g (NULL: at the
+/* A memset of bytes [off, off + bytes) of buffer buf, which holds nothing live before, beside step g (NULL: at the
  * start of the program) */
-static cp_step *zero_step(program *q, const cp_step *g, int buf, int64_t off, int64_t bytes) {
+static cp_step zero_of(const cp_step *g, int buf, int64_t off, int64_t bytes) {
     cp_step z;
     memset(&z, 0, sizeof z);
     z.kind = CP_OP_MEMSET;
@@ -162,6 +168,10 @@ static cp_step *zero_step(program *q, const cp_step *g, int buf, int64_t off, in
     operand(&z, buf, off, bytes, CP_DEF);
     z.count = bytes;
     z.bytes = (double)bytes;
+    return z;
+}
+static cp_step *zero_step(program *q, const cp_step *g, int buf, int64_t off, int64_t bytes) {
+    cp_step z = zero_of(g, buf, off, bytes);
     return append(q, &z);
 }
 
@@ -213,7 +223,19 @@ typedef struct {
     int copy_buf[MAX_COPIES]; /* the plan's buffer of each copy */
     weight_role role[MAX_ROLES];
     int nroles;
+    int *moved; /* where each of the planner's steps lowered so far starts in q (-1: not yet) */
+    int nmoved;
 } lowering;
+
+/* Step z put before step i of q: the steps from i on, and where the planner's steps lowered from them start, move
+ * one on */
+static void insert_step(lowering *L, int i, const cp_step *z) {
+    append(&L->q, z);
+    memmove(&L->q.steps[i + 1], &L->q.steps[i], sizeof *L->q.steps * (size_t)(L->q.n - 1 - i));
+    L->q.steps[i] = *z;
+    for (int j = 0; j < L->nmoved; j++)
+        if (L->moved[j] > i) L->moved[j]++;
+}
 
 static bool same_source(const source *a, const source *b) {
     return a->buf == b->buf && a->offset == b->offset && a->bytes == b->bytes && a->stride == b->stride &&
@@ -254,10 +276,11 @@ static int weight_role_of(lowering *L, const cp_step *g, int x) {
 }
 
 /* The step of this stretch of the program that last wrote src, where it wrote exactly src, a whole contiguous matrix,
- * and is a kernel that can do src's FP8 work as it writes it (an amax, or with `copy` a copy: cp_plan_fp8_producer)
- * with room for it; its index and src's operand there (*out), else -1. Outside a loop's body a stride moves nothing:
- * the one tile of an MLP of one tile reads its rows with the tile's stride from the norm that wrote them without. */
-static int producer_of(const lowering *L, const source *src, bool copy, int *out) {
+ * and is a kernel that can do src's FP8 work as it writes it (an amax, or a copy with `copy`'s scales:
+ * cp_plan_fp8_producer) with room for `ops` more operands; its index and src's operand there (*out), else -1.
+ * Outside a loop's body a stride moves nothing: the one tile of an MLP of one tile reads its rows with the tile's
+ * stride from the norm that wrote them without. */
+static int producer_of(const lowering *L, const source *src, uint8_t copy, int ops, int *out) {
     if (src->ld != src->cols || src->rows * src->cols * 2 != src->bytes) return -1;
     for (int i = L->q.n - 1; i >= L->region; i--) {
         const cp_step *p = &L->q.steps[i];
@@ -273,7 +296,7 @@ static int producer_of(const lowering *L, const source *src, bool copy, int *out
         for (int j = 0; j < p->nfp8_out; j++) done |= p->fp8_out[j].out == o;
         /* a launch of a ring's run of rows (ring_part: rope's, one a run) names the whole output, may write a part */
         if (o < 0 || p->kind != CP_OP_KERNEL || p->ring_part >= 0 || !cp_plan_fp8_producer(L->P, p, o, copy) || done ||
-            p->nfp8_out == 2 || p->nops + (copy ? 2 : 1) > CP_MAX_OPERANDS)
+            p->nfp8_out == 2 || p->nops + ops > CP_MAX_OPERANDS)
             return -1;
         *out = o;
         return i;
@@ -294,11 +317,11 @@ static bool touched_from(const lowering *L, int i, int buf, int64_t lo, int64_t 
 /* Slot k filled with src's amax by the kernel that wrote src (producer_of), where no step since touches the slot.
  * Whether it was so attached (for src's format). */
 static bool fuse_amax(lowering *L, const source *src, int k) {
-    int out, i = producer_of(L, src, false, &out);
+    int out, i = producer_of(L, src, CP_GEMM_SCALE_TENSOR, 1, &out);
     if (i < 0 || touched_from(L, i, L->state, SLOT(k), SLOT(k + 1))) return false;
     cp_step *p = &L->q.steps[i];
     p->fp8_out[p->nfp8_out++] =
-        (cp_step_fp8_out){.out = (int8_t)out, .slot = (int8_t)p->nops, .scales = -1, .fmt = src->fmt};
+        (cp_step_fp8_out){.out = (int8_t)out, .slot = (int8_t)p->nops, .scales = -1, .col_max = -1, .fmt = src->fmt};
     operand(p, L->state, SLOT(k), CP_FP8_SLOT_BYTES, CP_RW);
     return true;
 }
@@ -393,6 +416,16 @@ static int later_read(const lowering *L, const cp_step *g, const source *src, bo
     return -1;
 }
 
+/* Whether copy e is still wanted from GEMM g on: g reads it (as either input) or a later GEMM of this stretch does */
+static bool wanted(const lowering *L, const cp_step *g, const copy_state *e) {
+    if (!e->valid) return false;
+    for (int y = 0; y < 2; y++) {
+        copy_need o = need_of(L->P, g, y);
+        if (o.transposed == e->transposed && same_source(&o.src, &e->src)) return true;
+    }
+    return later_read(L, g, &e->src, e->transposed, ANY_SCALE) >= 0;
+}
+
 /* The block scales (cp_gemm_scale scale) of copy k of src, [cols][rows] when transposed, its buffer grown to hold
  * the copy and them; a transposed copy with row scales has its cast's column maxima behind them */
 static cp_operand copy_scales(lowering *L, int k, const source *src, bool transposed, uint8_t scale) {
@@ -404,22 +437,44 @@ static cp_operand copy_scales(lowering *L, int k, const source *src, bool transp
     return sc;
 }
 
-/* Input x's copy of src, as rows with 1 x 128 scales, written by the kernel that wrote src (producer_of) into the
- * input's scratch copy, else into the one kept for copies made ahead for it: the first that no step since touches.
- * The copy it went to, or -1. */
-static int fuse_copy(lowering *L, const source *src, int x) {
-    int out, i = producer_of(L, src, true, &out);
-    if (i < 0) return -1;
-    for (int k = x; k <= AHEAD + x; k += AHEAD) {
-        if (touched_from(L, i, L->copy_buf[k], 0, INT64_MAX)) continue;
-        cp_step *p = &L->q.steps[i];
-        p->fp8_out[p->nfp8_out++] = (cp_step_fp8_out){.out = (int8_t)out, .slot = (int8_t)p->nops,
-                                                      .scales = (int8_t)(p->nops + 1), .fmt = src->fmt};
-        operand(p, L->copy_buf[k], 0, src->rows * src->cols, CP_DEF);
-        p->ops[p->nops++] = copy_scales(L, k, src, false, CP_GEMM_SCALE_1D);
+/* Copy k of src as rows with `scale`'s scales (1 x 128 or row), written by producer p beside its output operand out;
+ * with a col_max operand (access CP_RW, or .buf -1 for none) also the transposed copy's column maxima */
+static void producer_copy(lowering *L, cp_step *p, int out, const source *src, int k, uint8_t scale,
+                          cp_operand col_max) {
+    const bool maxima = col_max.buf >= 0;
+    p->fp8_out[p->nfp8_out++] =
+        (cp_step_fp8_out){.out = (int8_t)out, .slot = (int8_t)p->nops, .scales = (int8_t)(p->nops + 1),
+                          .col_max = (int8_t)(maxima ? p->nops + 2 : -1), .fmt = src->fmt, .scale = scale};
+    operand(p, L->copy_buf[k], 0, src->rows * src->cols, CP_DEF);
+    p->ops[p->nops++] = copy_scales(L, k, src, false, scale);
+    if (maxima) p->ops[p->nops++] = col_max;
+}
+
+/* A copy buffer for a copy a producer makes at step i for GEMM g: input x's scratch copy (x >= 0; the next cast for
+ * that input overwrites it, so not for a copy only later GEMMs read), else one kept for copies made ahead; one that no
+ * step since touches, that holds nothing still wanted, and not `other`. -1 if none. */
+static int free_copy(const lowering *L, const cache *c, const cp_step *g, int i, int x, int other) {
+    for (int k = x >= 0 ? x : AHEAD; k < ROLE0; k = k < AHEAD ? AHEAD : k + 1) {
+        if (k == other || wanted(L, g, &c->copy[k]) || touched_from(L, i, L->copy_buf[k], 0, INT64_MAX))
+            continue;
         return k;
     }
     return -1;
+}
+
+/* Input x's copy of src for GEMM g, as rows with `scale`'s scales, written by the kernel that wrote src (producer_of):
+ * with 1 x 128 blocks into the input's scratch copy, else into the one kept for copies made ahead for it, the first
+ * that no step since touches (the choice the default recipe was measured with); with row scales into any buffer
+ * free_copy finds (the recompute's normed input, read by q, k and v after the MLP's backward, keeps its copy). The
+ * copy it went to, or -1. */
+static int fuse_copy(lowering *L, const cache *c, const cp_step *g, const source *src, int x, uint8_t scale) {
+    int out, i = producer_of(L, src, scale, 2, &out), k = -1;
+    if (i < 0) return -1;
+    if (scale == CP_GEMM_SCALE_ROW) k = free_copy(L, c, g, i, x, -1);
+    for (int j = x; scale == CP_GEMM_SCALE_1D && j <= AHEAD + x && k < 0; j += AHEAD)
+        if (!touched_from(L, i, L->copy_buf[j], 0, INT64_MAX)) k = j;
+    if (k >= 0) producer_copy(L, &L->q.steps[i], out, src, k, scale, (cp_operand){.buf = -1});
+    return k;
 }
 
 /* Whether src can be cast both ways by one step with scales of kind `scale`: 1 x 128 blocks on both sides (one
@@ -452,10 +507,43 @@ static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source
     s->bytes = (double)n * (row ? 6 : 4) + (double)(sr.bytes + st.bytes);
 }
 
+/* Both row-scaled copies of src, for GEMM g's input x (transposed or not) and a later GEMM the other way round, by
+ * src's producer (producer_of) and one cast: the producer writes the copy as rows and gathers the transposed copy's
+ * column maxima in the parts behind its scales, zeroed by a memset put just before it; then a cast of the transposed
+ * copy alone (cp_fp8_copy.maxima) reads src once, where cast_both's two launches read it twice. The copies go to
+ * buffers no step since the producer touches (free_copy): *now g's, *later the other. Whether it was so made. */
+static bool fuse_both_row(lowering *L, const cache *c, const cp_step *g, int x, const source *src, bool transposed,
+                          int *now, int *later) {
+    int out, i = producer_of(L, src, CP_GEMM_SCALE_ROW, 3, &out), a = -1, b = -1;
+    if (i < 0 || (a = free_copy(L, c, g, i, x, -1)) < 0 || (b = free_copy(L, c, g, i, -1, a)) < 0) return false;
+    *now = a;
+    *later = b;
+    const int kr = transposed ? b : a, kt = transposed ? a : b;
+    const cp_operand st = copy_scales(L, kt, src, true, CP_GEMM_SCALE_ROW);
+    const int64_t n = src->rows * src->cols, parts = 4 * cp_fp8_row_parts(src->rows, src->cols);
+    const cp_operand col_max = {.buf = st.buf, .offset = st.offset + st.bytes - parts, .bytes = parts, .access = CP_RW};
+    const cp_step z = zero_of(&L->q.steps[i], col_max.buf, col_max.offset, parts);
+    insert_step(L, i, &z);
+    producer_copy(L, &L->q.steps[i + 1], out, src, kr, CP_GEMM_SCALE_ROW, col_max);
+    const cp_fp8_copy t = {.fmt = src->fmt, .scale = CP_GEMM_SCALE_ROW, .transposed = true, .maxima = true};
+    cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST_BLOCK, t);
+    s->ops[s->nops] = g->ops[x];
+    s->ops[s->nops++].access = CP_READ;
+    operand(s, L->copy_buf[kt], 0, n, CP_WRITE); /* the memset began its lifetime */
+    s->ops[s->nops] = st;
+    s->ops[s->nops++].access = CP_RW; /* the scales written, the maxima read */
+    s->count = src->rows;
+    s->heads = src->cols;
+    s->ld = src->ld;
+    s->bytes = (double)n * 3 + (double)st.bytes;
+    return true;
+}
+
 /* The copy GEMM g reads as input x (0: A, 1: B), as n says: one that holds it already, else a fresh one: with
- * 1 x 128 blocks, written by the kernel that wrote its source where it can (fuse_copy), or by a cast that also
- * writes the copy the other way round when a later GEMM reads it so (into the copy made ahead for that GEMM's
- * input). Its per-tensor scale slot into *slot (-1 with block scales, which the copy's buffer holds). */
+ * 1 x 128 blocks or row scales, written by the kernel that wrote its source where it can (fuse_copy), or by a cast
+ * that also writes the copy the other way round when a later GEMM reads it so (into the copy made ahead for that
+ * GEMM's input; with row scales both by the source's producer and a cast where it can: fuse_both_row). Its
+ * per-tensor scale slot into *slot (-1 with block and row scales, which the copy's buffer holds). */
 static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_need *n, int *slot) {
     const cp_operand *op = &g->ops[x];
     const source src = n->src;
@@ -479,24 +567,25 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_ne
         /* a later GEMM's input y reads it the other way round: both copies at once, the second into a copy made
          * ahead for that input that holds nothing a GEMM still reads */
         int y = !other && casts_both(&src, n->scale) ? later_read(L, g, &src, !transposed, n->scale) : -1, k2 = -1;
-        for (int j = 0; y >= 0 && j < AHEAD_SETS && k2 < 0; j++) {
-            const copy_state *e = &c->copy[AHEAD + 2 * j + y];
-            if (!e->valid || later_read(L, g, &e->src, e->transposed, ANY_SCALE) < 0) k2 = AHEAD + 2 * j + y;
-        }
+        for (int j = 0; y >= 0 && j < AHEAD_SETS && k2 < 0; j++)
+            if (!wanted(L, g, &c->copy[AHEAD + 2 * j + y])) k2 = AHEAD + 2 * j + y;
         if (k2 < 0) {
-            int f = n->scale == CP_GEMM_SCALE_1D && !transposed && role < 0 ? fuse_copy(L, &src, x) : -1;
+            int f = n->scale != CP_GEMM_SCALE_2D && !transposed && role < 0 ? fuse_copy(L, c, g, &src, x, n->scale)
+                                                                            : -1;
             if (f >= 0) k = f;
             else cast_block(L, g, *op, &src, k, transposed, n->scale, copy_scales(L, k, &src, transposed, n->scale));
             c->copy[k] = made;
             return k;
         }
+        if (n->scale != CP_GEMM_SCALE_ROW || role >= 0 || !fuse_both_row(L, c, g, x, &src, transposed, &k, &k2)) {
+            cp_operand s1 = copy_scales(L, k, &src, transposed, n->scale);
+            cp_operand s2 = copy_scales(L, k2, &src, !transposed, n->scale);
+            if (transposed) cast_both(L, g, *op, &src, n->scale, k2, s2, k, s1);
+            else cast_both(L, g, *op, &src, n->scale, k, s1, k2, s2);
+        }
         c->copy[k] = made;
         c->copy[k2] = made;
         c->copy[k2].transposed = !transposed;
-        cp_operand s1 = copy_scales(L, k, &src, transposed, n->scale);
-        cp_operand s2 = copy_scales(L, k2, &src, !transposed, n->scale);
-        if (transposed) cast_both(L, g, *op, &src, n->scale, k2, s2, k, s1);
-        else cast_both(L, g, *op, &src, n->scale, k, s1, k2, s2);
         return k;
     }
     *slot = measure(L, c, g, x, role, &src, *op);
@@ -549,7 +638,7 @@ static void lower_step(lowering *L, cache *c, const cp_step *g) {
  * again until nothing more drops; and leaves behind nothing it made from a tile's rows (whose repeats move on). A
  * trial lowers the body as the real run does (its steps then dropped), so that both choose alike where a copy or an
  * amax goes. */
-static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
+static void lower_body(lowering *L, cache *c, const cp_loop *loop) {
     cache start = *c;
     start.body = true;
     start.repeats = loop->count;
@@ -574,7 +663,7 @@ static void lower_body(lowering *L, cache *c, const cp_loop *loop, int *moved) {
     }
     *c = start;
     for (int j = 0; j < loop->nsteps; j++) {
-        moved[loop->first + j] = L->q.n;
+        L->moved[loop->first + j] = L->q.n;
         lower_step(L, c, &L->P->steps[loop->first + j]);
     }
     for (int k = 0; k < MAX_SLOTS; k++)
@@ -630,10 +719,12 @@ void cp_plan_lower_fp8(cp_plan *P) {
     cache c;
     memset(&c, 0, sizeof c);
     c.repeats = 1;
-    int *moved = cp_xmalloc(sizeof *moved * (size_t)(P->nsteps + 1)); /* new index of each old step, and the end */
+    int *moved = L.moved = cp_xmalloc(sizeof *moved * (size_t)(P->nsteps + 1)); /* each old step's new index, the end */
+    L.nmoved = P->nsteps + 1;
+    for (int i = 0; i <= P->nsteps; i++) moved[i] = -1;
     for (int i = 0, lp = 0; i < P->nsteps;) {
         if (lp < P->nloops && i == P->loops[lp].first) {
-            lower_body(&L, &c, &P->loops[lp], moved); /* a body's first step starts with its casts */
+            lower_body(&L, &c, &P->loops[lp]); /* a body's first step starts with its casts */
             i += P->loops[lp++].nsteps;
             continue;
         }

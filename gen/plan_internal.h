@@ -30,10 +30,11 @@ cp_gemm cp_plan_fp8_gemm(const cp_plan *P, const cp_step *s);
  * 928): cuBLASLt runs those. */
 bool cp_plan_fp8_kernel_wins(const cp_gemm *g);
 /* Whether kernel step s of plan P can do the FP8 work on its output operand op as it writes it (cp_step.fp8_out):
- * take its amax (rmsnorm's out and dx, SwiGLU's out, dgate and dup, the attention output's unpacked rows), or with
- * `copy` write its copy with 1 x 128 scales (the same and rope's backward dq and dk, where the kernel's geometry
- * allows: cp_k_fp8_copies). */
-bool cp_plan_fp8_producer(const cp_plan *P, const cp_step *s, int op, bool copy);
+ * with copy = CP_GEMM_SCALE_TENSOR take its amax (rmsnorm's out and dx, SwiGLU's out, dgate and dup, the attention
+ * output's unpacked rows); with CP_GEMM_SCALE_1D write its copy with 1 x 128 scales (the same and rope's backward dq
+ * and dk, where the kernel's geometry allows: cp_k_fp8_copies); with CP_GEMM_SCALE_ROW its copy with a scale per row
+ * and the transposed copy's column maxima (rmsnorm's: cp_k_fp8_row_copies). */
+bool cp_plan_fp8_producer(const cp_plan *P, const cp_step *s, int op, uint8_t copy);
 void cp_plan_lower_fp8(cp_plan *P);
 
 /* Each buffer's live intervals from the steps' operands. -1 with a message if a step reads a buffer that

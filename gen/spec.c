@@ -71,7 +71,8 @@ static const node MACHINE_KEYS[] = {
     LEAF("fp8_block_gemm_tflops"), LEAF("fp8_block_wgrad_tflops"), LEAF("fp8_cpgen_gemm_tflops"),
     LEAF("fp8_cpgen_wgrad_tflops"), LEAF("attn_fwd_tflops"), LEAF("attn_bwd_tflops"),
     LEAF("attn_fwd_tflops_d64"), LEAF("attn_bwd_tflops_d64"), LEAF("hbm_gbps"), LEAF("fp8_cast_gbps"),
-    LEAF("fp8_cast_t_gbps"), LEAF("fp8_cast_row_gbps"), LEAF("fp8_copy_gbps"), LEAF("host_gbps"), LEAF("a2a_gbps"),
+    LEAF("fp8_cast_t_gbps"), LEAF("fp8_cast_row_gbps"), LEAF("fp8_copy_gbps"), LEAF("fp8_copy_row_gbps"),
+    LEAF("host_gbps"), LEAF("a2a_gbps"),
     LEAF("allgather_gbps"), LEAF("net_gbps"),
     LEAF("ranks_per_gpu"),
     LEAF("comm_reserve_shared"), LEAF("comm_reserve_p2p"), LEAF("comm_reserve_split"), LEAF("kernel_us"),
@@ -1378,6 +1379,12 @@ void cp_machine_defaults(cp_machine *m) {
      * takes one vector a thread per pass, 2026-12-03, afternoon); 1.9 in the norm's forward, rope's backward and the
      * attention output's unpack, 1.4 in the norm's backward (2026-12-03, late afternoon) */
     m->fp8_copy_gbps = 1500;
+    /* the row-scaled copies rmsnorm and SwiGLU write beside their outputs (and the transposed copy's column maxima
+     * they gather), their bytes over what the kernels take longer than their plain entries: the 3B step at 32K with
+     * row scales traced on an H200 (docs/PERF.md, 2026-12-04, copies by their producers): 1,200 GB/s in rmsnorm's
+     * forward and backward, 1,490 in SwiGLU's forward, 1,320 in its backward (3,000 predicted from the norm's own
+     * rates missed: the row entries' persistent blocks hold fewer rows in flight than the plain ones) */
+    m->fp8_copy_row_gbps = 1250;
     m->host_gbps = 55;
     m->a2a_gbps = 328;
     m->allgather_gbps = 278;
@@ -1476,6 +1483,7 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_num(c, t, "machine", "fp8_cast_t_gbps", &m->fp8_cast_t_gbps));
     TRY(get_num(c, t, "machine", "fp8_cast_row_gbps", &m->fp8_cast_row_gbps));
     TRY(get_num(c, t, "machine", "fp8_copy_gbps", &m->fp8_copy_gbps));
+    TRY(get_num(c, t, "machine", "fp8_copy_row_gbps", &m->fp8_copy_row_gbps));
     TRY(get_num(c, t, "machine", "host_gbps", &m->host_gbps));
     TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
     TRY(get_num(c, t, "machine", "allgather_gbps", &m->allgather_gbps));
@@ -1818,6 +1826,7 @@ static int validate(ctx *c, cp_spec *s) {
                  {"machine.fp8_cast_t_gbps", mc->fp8_cast_t_gbps},
                  {"machine.fp8_cast_row_gbps", mc->fp8_cast_row_gbps},
                  {"machine.fp8_copy_gbps", mc->fp8_copy_gbps},
+                 {"machine.fp8_copy_row_gbps", mc->fp8_copy_row_gbps},
                  {"machine.host_gbps", mc->host_gbps},
                  {"machine.a2a_gbps", mc->a2a_gbps},
                  {"machine.allgather_gbps", mc->allgather_gbps},

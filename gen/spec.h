@@ -157,6 +157,7 @@ typedef struct {
     double fp8_cast_t_gbps;     /* the FP8 casts that write a transposed copy */
     double fp8_cast_row_gbps;   /* the row-scaled FP8 casts */
     double fp8_copy_gbps;       /* the FP8 copies rmsnorm and SwiGLU write beside their outputs, beyond their own bytes */
+    double fp8_copy_row_gbps;   /* the row-scaled ones rmsnorm writes, likewise */
     double host_gbps;           /* pinned host <-> device, each way */
     double a2a_gbps;            /* all-to-all bus bandwidth */
     double allgather_gbps;      /* all-gather / reduce-scatter bus bandwidth */

@@ -139,6 +139,7 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_num(o, "fp8_cast_t_gbps", mc->fp8_cast_t_gbps);
     put_num(o, "fp8_cast_row_gbps", mc->fp8_cast_row_gbps);
     put_num(o, "fp8_copy_gbps", mc->fp8_copy_gbps);
+    put_num(o, "fp8_copy_row_gbps", mc->fp8_copy_row_gbps);
     put_num(o, "attn_fwd_tflops", mc->attn_fwd_tflops);
     put_num(o, "attn_bwd_tflops", mc->attn_bwd_tflops);
     put_num(o, "attn_fwd_tflops_d64", mc->attn_fwd_tflops_d64);

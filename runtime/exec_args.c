@@ -65,10 +65,11 @@ static const cp_buffer *opbuf(const pctx *c, int j) { return &c->ex->P->bufs[c->
 static int64_t opoff(const pctx *c, int j) { return c->p[j] - (char *)c->ex->bufptr[c->s->ops[j].buf]; }
 
 /* n operands, and after them those of the step's own FP8 outputs (cp_step.fp8_out: an amax's slot; a copy and its
- * scales) */
+ * scales, and maybe the transposed copy's column maxima) */
 static int need_ops(pctx *c, int n) {
     int fp8 = 0;
-    for (int j = 0; j < c->s->nfp8_out; j++) fp8 += c->s->fp8_out[j].scales >= 0 ? 2 : 1;
+    for (int j = 0; j < c->s->nfp8_out; j++)
+        fp8 += c->s->fp8_out[j].scales < 0 ? 1 : c->s->fp8_out[j].col_max >= 0 ? 3 : 2;
     if (c->s->nops != n + fp8)
         return pfail(c, "%d operands, expected %d%s", c->s->nops, n + fp8, fp8 ? " with its FP8 outputs" : "");
     for (int j = 0; j < c->s->nops; j++)
@@ -180,29 +181,62 @@ static int a_amax(pctx *c, xlaunch *l, int out) {
     return 0;
 }
 
-/* The FP8 copy [rows][cols] of output operand out with its 1 x 128 scales that the kernel writes beside it (the
- * *_copy entries): the arguments (fmax, copy, scales), or (0, NULL, NULL) where the step has none. */
-static int a_copy(pctx *c, xlaunch *l, int out, int64_t rows, int64_t cols) {
+/* The FP8 copy [rows][cols] of output operand out that the kernel writes beside it: for an entry that writes 1 x 128
+ * scales (the *_copy entries) the arguments (fmax, copy, scales), or (0, NULL, NULL) where the step has none; for one
+ * with a scale per row (the *_row entries: row) (fmax, copy, scales f32[rows], col_max f32[col_max_rows][cols] |
+ * NULL, col_max_rows), or (0, NULL, NULL, NULL, 1). */
+static int a_copy(pctx *c, xlaunch *l, int out, int64_t rows, int64_t cols, bool row) {
     const cp_step_fp8_out *a = fp8_copy_of(c, out);
     if (!a) {
         a_f32(l, 0.0f);
         a_ptr(l, NULL);
         a_ptr(l, NULL);
+        if (row) {
+            a_ptr(l, NULL);
+            a_i32(l, 1);
+        }
         return 0;
     }
-    if (a->slot < 0 || a->scales >= c->s->nops)
-        return pfail(c, "the FP8 copy of operand %d: no operand %d", out, a->slot < 0 ? a->slot : a->scales);
+    if (row != (a->scale == CP_GEMM_SCALE_ROW))
+        return pfail(c, "an FP8 copy of operand %d with scales of kind %d for a kernel entry that writes %s", out,
+                     a->scale, row ? "a scale per row" : "1 x 128 blocks");
+    if (a->slot < 0 || a->scales >= c->s->nops || a->col_max >= c->s->nops || (a->col_max >= 0 && !row))
+        return pfail(c, "the FP8 copy of operand %d: operands %d, %d and %d", out, a->slot, a->scales, a->col_max);
     if (!fp8_out_max(a)) return pfail(c, "the FP8 copy of operand %d in an FP8 type %d", out, a->fmt);
-    if (cols % 128) return pfail(c, "an FP8 copy of operand %d with %lld columns, not whole blocks of 128", out,
-                                 (long long)cols);
+    if (!row && (a->scale != CP_GEMM_SCALE_1D || cols % 128))
+        return pfail(c, "an FP8 copy of operand %d with %lld columns and scales of kind %d, not whole blocks of 128 "
+                     "or rows", out, (long long)cols, a->scale);
     if (need_bytes(c, a->slot, rows * cols) || need_align(c, a->slot, 16) ||
-        need_bytes(c, a->scales, rows * (cols / 128) * 4) || need_align(c, a->scales, 16))
+        need_bytes(c, a->scales, (row ? rows : rows * (cols / 128)) * 4) || need_align(c, a->scales, 16))
         return -1;
     a_f32(l, fp8_out_max(a));
     a_ptr(l, opp(c, a->slot));
     a_ptr(l, opp(c, a->scales));
+    if (row) { /* the transposed copy's column maxima: whole rows of cols */
+        int64_t maxima = a->col_max >= 0 ? opbytes(c, a->col_max) / (cols * 4) : 0;
+        if (a->col_max >= 0 && (maxima < 1 || maxima > INT32_MAX || need_align(c, a->col_max, 4)))
+            return pfail(c, "the column maxima of operand %d's FP8 copy: %lld bytes, not rows of %lld columns", out,
+                         (long long)opbytes(c, a->col_max), (long long)cols);
+        a_ptr(l, maxima ? opp(c, a->col_max) : NULL);
+        a_i32(l, maxima ? (int)maxima : 1);
+    }
     c->fp8_taken |= 1u << (a - c->s->fp8_out);
     return 0;
+}
+
+/* Whether the step's kernel writes an FP8 copy with a scale per row (cp_step_fp8_out.scale) beside an output */
+static bool row_copies(const pctx *c) {
+    for (int j = 0; j < c->s->nfp8_out; j++)
+        if (c->s->fp8_out[j].scales >= 0 && c->s->fp8_out[j].scale == CP_GEMM_SCALE_ROW) return true;
+    return false;
+}
+
+/* The entry of a kernel that writes output operand out, `role` or its twin that also writes out's FP8 copy: role_copy
+ * with 1 x 128 scales, role_row with a scale per row */
+static const char *copy_role(const pctx *c, int out, const char *role, char *buf, size_t len) {
+    if (!fp8_copy_of(c, out)) return role;
+    snprintf(buf, len, "%s_%s", role, row_copies(c) ? "row" : "copy");
+    return buf;
 }
 
 /* An argument read from the executor's scalars at each launch. */
@@ -271,8 +305,9 @@ static int k_norm_fwd(pctx *c) {
     for (int j = 0; j < 3; j++)
         if (need_align(c, j, 16)) return -1;
     xlaunch *l = &c->x->L[0];
-    const bool copy = fp8_copy_of(c, 2); /* out's FP8 copy beside it: the entry fwd_copy */
-    if (launch_of(c, copy ? "fwd_copy" : "fwd", n, 0, l)) return -1;
+    const bool copy = fp8_copy_of(c, 2); /* out's FP8 copy beside it: the entry fwd_copy or fwd_row */
+    char role[16];
+    if (launch_of(c, copy_role(c, 2, "fwd", role, sizeof role), n, 0, l)) return -1;
     a_ptr(l, opp(c, 0));
     a_ptr(l, NULL);
     a_ptr(l, NULL);
@@ -280,11 +315,11 @@ static int k_norm_fwd(pctx *c) {
     a_ptr(l, opp(c, 2));
     a_ptr(l, opp(c, 3));
     a_i64(l, n);
-    return copy ? a_copy(c, l, 2, n, H) : a_amax(c, l, 2);
+    return copy ? a_copy(c, l, 2, n, H, row_copies(c)) : a_amax(c, l, 2);
 }
 
 /* The norm backward, two launches: bwd(dout, x, weight, rstd, dresid|NULL, dx, dw_part f32[grid][H], n) (or
- * bwd_copy, which writes dx's FP8 copy beside it), then
+ * bwd_copy or bwd_row, which write dx's FP8 copy beside it), then
  * bwd_dw(dw_part, parts = bwd's grid, dweight f32 +=): the weight gradient summed in a fixed order. */
 static int norm_bwd(pctx *c, int dout, int x, int w, int rstd, int dresid, int dx, int dw, int part) {
     int64_t n = c->s->count, H = kint(c, "HIDDEN");
@@ -296,8 +331,9 @@ static int norm_bwd(pctx *c, int dout, int x, int w, int rstd, int dresid, int d
         need_align(c, dw, 16) || need_align(c, part, 16) || (dresid >= 0 && need_align(c, dresid, 16)))
         return -1;
     xlaunch *l = &c->x->L[0], *r = &c->x->L[1];
-    const bool copy = fp8_copy_of(c, dx); /* dx's FP8 copy beside it: the entry bwd_copy */
-    if (launch_of(c, copy ? "bwd_copy" : "bwd", n, 0, l)) return -1;
+    const bool copy = fp8_copy_of(c, dx); /* dx's FP8 copy beside it: the entry bwd_copy or bwd_row */
+    char role[16];
+    if (launch_of(c, copy_role(c, dx, "bwd", role, sizeof role), n, 0, l)) return -1;
     int64_t parts = l->d.grid[0];
     if (need_bytes(c, part, parts * H * 4)) return -1;
     a_ptr(l, opp(c, dout));
@@ -308,7 +344,7 @@ static int norm_bwd(pctx *c, int dout, int x, int w, int rstd, int dresid, int d
     a_ptr(l, opp(c, dx));
     a_ptr(l, opp(c, part));
     a_i64(l, n);
-    if ((copy ? a_copy(c, l, dx, n, H) : a_amax(c, l, dx)) || launch_of(c, "bwd_dw", n, 0, r)) return -1;
+    if ((copy ? a_copy(c, l, dx, n, H, row_copies(c)) : a_amax(c, l, dx)) || launch_of(c, "bwd_dw", n, 0, r)) return -1;
     a_ptr(r, opp(c, part));
     a_i32(r, (int)parts);
     a_ptr(r, opp(c, dw));
@@ -359,7 +395,7 @@ static int k_rope(pctx *c) {
         a_ptr(l, opp(c, 1));
     }
     if (!copy) return 0;
-    if (a_copy(c, l, 0, T, heads * D)) return -1;
+    if (a_copy(c, l, 0, T, heads * D, false)) return -1;
     a_i64(l, run[part].row0);
     a_i64(l, T);
     return 0;
@@ -622,27 +658,30 @@ static int k_unpack(pctx *c) {
     a_ptr(l, opp(c, 0));
     a_ptr(l, opp(c, 1));
     a_i64(l, stride);
-    return copy ? a_copy(c, l, 1, T, row / 2) : amax ? a_amax(c, l, 1) : 0;
+    return copy ? a_copy(c, l, 1, T, row / 2, false) : amax ? a_amax(c, l, 1) : 0;
 }
 
 /* swiglu: operands gate, up, out: fwd(gate, up, out, n); swiglu_bwd: operands dout (d act), gate, up (overwritten
  * with their gradients): bwd(dout, gate, up, n). Both: three [n][FFN] bf16 operands, then n, then each output's amax
  * slot; or where the step writes FP8 copies of its outputs, the entries fwd_copy, bwd_copy (both gradients'),
- * bwd_copy_gate or bwd_copy_up with each output's copy. */
+ * bwd_copy_gate or bwd_copy_up with each output's copy; with a scale per row fwd_row or bwd_row (both outputs'
+ * arguments, NULL for one without a copy). */
 static int swiglu(pctx *c, bool bwd) {
     if (need_ops(c, 3)) return -1;
     int64_t n = c->s->count, F = kint(c, "FFN");
     for (int j = 0; j < 3; j++)
         if (need_bytes(c, j, n * F * 2) || need_align(c, j, 16)) return -1;
     const bool c1 = bwd && fp8_copy_of(c, 1), c2 = fp8_copy_of(c, 2); /* dgate's, and out's or dup's */
-    const char *role = !bwd ? (c2 ? "fwd_copy" : "fwd")
-                            : c1 && c2 ? "bwd_copy" : c1 ? "bwd_copy_gate" : c2 ? "bwd_copy_up" : "bwd";
+    const bool row = row_copies(c);
+    const char *role = row    ? (bwd ? "bwd_row" : "fwd_row")
+                       : !bwd ? (c2 ? "fwd_copy" : "fwd")
+                              : c1 && c2 ? "bwd_copy" : c1 ? "bwd_copy_gate" : c2 ? "bwd_copy_up" : "bwd";
     xlaunch *l = &c->x->L[0];
     if (launch_of(c, role, n, 0, l)) return -1;
     for (int j = 0; j < 3; j++) a_ptr(l, opp(c, j));
     a_i64(l, n);
-    if (!bwd) return c2 ? a_copy(c, l, 2, n, F) : a_amax(c, l, 2); /* out */
-    if (c1 || c2) return a_copy(c, l, 1, n, F) || a_copy(c, l, 2, n, F) ? -1 : 0; /* dgate, dup */
+    if (!bwd) return c2 ? a_copy(c, l, 2, n, F, row) : a_amax(c, l, 2); /* out */
+    if (c1 || c2) return a_copy(c, l, 1, n, F, row) || a_copy(c, l, 2, n, F, row) ? -1 : 0; /* dgate, dup */
     return a_amax(c, l, 1) || a_amax(c, l, 2) ? -1 : 0;
 }
 static int k_swiglu(pctx *c) { return swiglu(c, false); }
@@ -781,7 +820,8 @@ static int k_fp8_cast(pctx *c) {
  * scales_t); with 1 x 128 blocks rows and columns multiples of 128. A transposed copy with row scales is two launches
  * over strips of 32 columns, cast_t_row_max then the role, with the same arguments; both copies with row scales are
  * the role (the row copy and the transposed copy's column maxima, into its parts that a memset step zeroed) then
- * cast_t_row_* on the transposed copy's two operands. */
+ * cast_t_row_* on the transposed copy's two operands; a transposed copy whose maxima the source's producer left
+ * (cp_fp8_copy.maxima) is the role alone. */
 static int k_fp8_cast_block(pctx *c) {
     const cp_fp8_copy *f = &c->s->fp8;
     if (need_ops(c, f->both ? 5 : 3)) return -1;
@@ -790,6 +830,8 @@ static int k_fp8_cast_block(pctx *c) {
     int64_t rows = c->s->count, cols = c->s->heads;
     bool t = f->transposed, tiles = f->scale == CP_GEMM_SCALE_2D, row = f->scale == CP_GEMM_SCALE_ROW;
     if (f->scale == CP_GEMM_SCALE_TENSOR) return pfail(c, "a block-scaled FP8 cast (%s) without blocks", role);
+    if (f->maxima && (!row || !t || f->both))
+        return pfail(c, "an FP8 cast (%s) from column maxima made before, not of a transposed row-scaled copy", role);
     if (f->both && (tiles || t || (!row && (rows % 128 || cols % 128))))
         return pfail(c, "an FP8 cast of both ways (%s) of %lld x %lld: 1 x 128 blocks with rows and columns multiples "
                      "of 128, or row scales", role, (long long)rows, (long long)cols);
@@ -810,10 +852,10 @@ static int k_fp8_cast_block(pctx *c) {
     if (need_bytes(c, 1, rows * cols) || need_align(c, 1, 16) || need_bytes(c, 2, scales * 4) ||
         need_align(c, 2, 16) || (f->both && (need_bytes(c, 3, rows * cols) || need_align(c, 3, 16) ||
                                              need_bytes(c, 4, scales_t * 4) || need_align(c, 4, 16))) ||
-        fp8_source(c, l, row && t ? "cast_t_row_max" : role))
+        fp8_source(c, l, row && t && !f->maxima ? "cast_t_row_max" : role))
         return -1;
     for (int j = 1; j < (f->both ? 5 : 3); j++) a_ptr(l, opp(c, j));
-    if (row && (t || f->both)) { /* then the transposed cast, on the transposed copy's operands */
+    if (row && (t || f->both) && !f->maxima) { /* then the transposed cast, on the transposed copy's operands */
         char cast_t[32];
         snprintf(cast_t, sizeof cast_t, "cast_t_row_%s", fmt);
         xlaunch *cast = &c->x->L[1];

@@ -1,8 +1,9 @@
 // fp8_block.cuh: FP8 encoding shared by the casts (templates/fp8.cu) and by the kernels that write a GEMM's input and
-// its FP8 copy together (rmsnorm, SwiGLU; train.fp8_scaling = "block"), so that both ways of making a copy give the
-// same bytes and scales.
-// fp8_block_store writes one 1 x 128 block of a row copy: the copy [rows][cols] dense, its scales laid out as
-// cuBLASLt's VEC128_32F reads them, scales[(c / 128) * rows + r] = what an element stands for (1 / the multiplier).
+// its FP8 copy together (rmsnorm, SwiGLU), so that both ways of making a copy give the same bytes and scales.
+// fp8_block_store writes one 1 x 128 block of a row copy (train.fp8_scaling = "block"): the copy [rows][cols] dense,
+// its scales laid out as cuBLASLt's VEC128_32F reads them, scales[(c / 128) * rows + r] = what an element stands for
+// (1 / the multiplier). fp8_row_vector and fp8_col_max_add are the pieces of a copy with one scale per row
+// (train.fp8_scaling = "row", fp8.cu's cast_row and cast_rt_row).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -78,4 +79,16 @@ __device__ __forceinline__ void fp8_block_store(const float *f, bool in, float f
     const float q = pow2_quant(m, fmax);
     *reinterpret_cast<uint2 *>(dst8) = fmax == 448.0f ? fp8x8s<__NV_E4M3>(f, q) : fp8x8s<__NV_E5M2>(f, q);
     if ((threadIdx.x & 15) == 0) *scale = pow2_inverse(q);
+}
+
+// Eight values f (as stored) of a row whose multiplier is q (pow2_quant of the row's largest |x|) as eight bytes at
+// dst8, in the format fmax names (448 E4M3, else E5M2): cast_row's bytes
+__device__ __forceinline__ void fp8_row_vector(const float *f, float q, float fmax, unsigned char *dst8) {
+    *reinterpret_cast<uint2 *>(dst8) = fmax == 448.0f ? fp8x8s<__NV_E4M3>(f, q) : fp8x8s<__NV_E5M2>(f, q);
+}
+
+// A column's largest |x| m (>= 0) over some of its rows into *col_max, a transposed row-scaled copy's column maxima
+// (zeroed before): an atomic max of the float's bits, which order as the floats do for m >= 0
+__device__ __forceinline__ void fp8_col_max_add(float *col_max, float m) {
+    atomicMax(reinterpret_cast<unsigned *>(col_max), __float_as_uint(m));
 }

@@ -12,6 +12,12 @@
 // the kernel takes the output's amax too (fp8_amax.cuh); NULL elsewhere. With block scales fwd_copy, fwd's twin, writes
 // out's FP8 copy [n][HIDDEN] and its 1 x 128 scales beside out (fp8_block.cuh), in the format fmax names (COPY_OK;
 // elsewhere it traps): an entry of its own, so that fwd keeps its registers. bwd_copy is bwd's twin for dx (COPY_OK_B).
+// With row scales fwd_row and bwd_row write the copy with one scale per row (copy_scales f32[n]: the bytes and scales
+// of fp8.cu's cast_row) and, given col_max (the transposed copy's column maxima f32[col_max_rows][HIDDEN], zeroed
+// before), also do cast_rt_row's other half: each thread keeps its columns' largest |x| over its block's rows and adds
+// them at the end to row blockIdx.x % col_max_rows (any row would do: cast_t_row takes the largest of them all; spread,
+// fewer atomics wait on one address), one atomic max a column and thread, so fwd_row's blocks are persistent as bwd's
+// (ROW_OK).
 #include <cuda_bf16.h>
 
 #include "fp8_amax.cuh"
@@ -54,6 +60,7 @@ static_assert((DW_V == 4 || DW_V == 1) && HIDDEN % DW_V == 0 && DW_BLOCK <= 1024
 // cp_k_fp8_copies tells the planner)
 #define COPY_OK (VEC == 8 && HIDDEN % 128 == 0 && TPR % 16 == 0)
 #define COPY_OK_B (VEC == 8 && HIDDEN % 128 == 0 && TPR_B % 16 == 0) // bwd_copy's, as COPY_OK
+#define ROW_OK (VEC == 8) // fwd_row, bwd_row: a row's vectors are 8 values (as cp_k_fp8_copies tells the planner)
 
 template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
 typedef bvec<VEC> vec_t;
@@ -67,6 +74,12 @@ extern "C" __global__ void rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *dout
 extern "C" __global__ void rmsnorm_bwd_copy_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *dout, const bf16 *x,
     const bf16 *weight, const float *rstd, const bf16 *dresid, bf16 *dx, float *dw_part, i64 n, float fmax,
     unsigned char *copy, float *copy_scales);
+extern "C" __global__ void rmsnorm_fwd_row_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *x, const bf16 *resid, bf16 *sum_out,
+    const bf16 *weight, bf16 *out, float *rstd, i64 n, float fmax, unsigned char *copy, float *copy_scales,
+    float *col_max, int col_max_rows);
+extern "C" __global__ void rmsnorm_bwd_row_h{{HIDDEN}}_e{{EPS_TAG}}(const bf16 *dout, const bf16 *x,
+    const bf16 *weight, const float *rstd, const bf16 *dresid, bf16 *dx, float *dw_part, i64 n, float fmax,
+    unsigned char *copy, float *copy_scales, float *col_max, int col_max_rows);
 extern "C" __global__ void rmsnorm_bwd_dw_h{{HIDDEN}}_e{{EPS_TAG}}(const float *dw_part, int parts, float *dweight);
 
 static __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
@@ -76,39 +89,88 @@ template <int P, int N> static __device__ __forceinline__ bool in_row(int k, int
     return N * P == NVEC || lane + k * P < NVEC;
 }
 
-// Sum of v over the P threads of a row. With P > 32 (one row per block) it goes through shared memory and ends
-// with a barrier, so it may be called again right away.
-template <int P> static __device__ __forceinline__ float row_sum(float v) {
+// Sum (or with MAX the largest) of v over the P threads of a row. With P > 32 (one row per block) it goes through
+// shared memory and ends with a barrier, so it may be called again right away.
+template <int P, bool MAX = false> static __device__ __forceinline__ float row_sum(float v) {
 #pragma unroll
-    for (int o = (P < 32 ? P : 32) / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = (P < 32 ? P : 32) / 2; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, w) : v + w;
+    }
     if (P > 32) {
         __shared__ float part[P > 32 ? P / 32 : 1];
         if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
         __syncthreads();
-        v = 0.f;
+        v = MAX ? part[0] : 0.f;
 #pragma unroll
-        for (int w = 0; w < P / 32; w++) v += part[w];
+        for (int w = MAX ? 1 : 0; w < P / 32; w++) v = MAX ? fmaxf(v, part[w]) : v + part[w];
         __syncthreads();
     }
     return v;
 }
 
-// fwd's rows, and with COPY out's FP8 copy instead of its amax
-template <bool COPY>
-static __device__ __forceinline__ void fwd_rows(const bf16 *__restrict__ x, const bf16 *__restrict__ resid,
-                                                bf16 *__restrict__ sum_out, const bf16 *__restrict__ weight,
-                                                bf16 *__restrict__ out, float *__restrict__ rstd, i64 n,
-                                                float *__restrict__ amax_slot, float fmax,
-                                                unsigned char *__restrict__ copy, float *__restrict__ copy_scales) {
-    const int lane = threadIdx.x % TPR;
-    const i64 row = (i64)blockIdx.x * RPB + threadIdx.x / TPR;
-    const bool valid = row < n;             // rows past n compute on row n-1 (for the shuffles) and store nothing
+// The thread's column maxima over its rows, pairs of bf16 (which hold them exactly: the values are bf16)
+template <int N> struct col_maxima {
+    __nv_bfloat162 m[N][VEC / 2];
+    __device__ __forceinline__ col_maxima() {
+#pragma unroll
+        for (int k = 0; k < N; k++)
+#pragma unroll
+            for (int j = 0; j < VEC / 2; j++) m[k][j] = __float2bfloat162_rn(0.f);
+    }
+};
+
+// A row's values f (thread lane's vectors of its P, N of them; as stored, 0 outside the row) into its row-scaled FP8
+// copy (dst8: the row's first byte, *scale) where the row is valid, and into the thread's column maxima cm. Every
+// thread of the row calls it (the row's maximum is a reduction).
+template <int P, int N>
+static __device__ __forceinline__ void row_copy(const float (&f)[N][VEC], bool valid, int lane, float fmax,
+                                                unsigned char *dst8, float *scale, col_maxima<N> &cm) {
+    float m = 0.f;
+#pragma unroll
+    for (int k = 0; k < N; k++)
+#pragma unroll
+        for (int i = 0; i < VEC; i++) m = fmaxf(m, fabsf(f[k][i]));
+    m = row_sum<P, true>(m);
+    if (!valid) return;
+    const float q = pow2_quant(m, fmax);
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        if (!in_row<P, N>(k, lane)) continue;
+        fp8_row_vector(f[k], q, fmax, dst8 + (lane + k * P) * VEC);
+#pragma unroll
+        for (int i = 0; i < VEC; i += 2)
+            cm.m[k][i / 2] = __hmax2(cm.m[k][i / 2], __floats2bfloat162_rn(fabsf(f[k][i]), fabsf(f[k][i + 1])));
+    }
+    if (lane == 0) *scale = pow2_inverse(q);
+}
+
+// The thread's column maxima cm into the block's row of col_max (NULL: none asked for)
+template <int P, int N>
+static __device__ __forceinline__ void col_max_add(const col_maxima<N> &cm, int lane, float *col_max, int rows) {
+    if (!col_max) return;
+    col_max += (i64)(blockIdx.x % rows) * HIDDEN;
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        if (in_row<P, N>(k, lane))
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                fp8_col_max_add(col_max + (lane + k * P) * VEC + i,
+                                i % 2 ? __high2float(cm.m[k][i / 2]) : __low2float(cm.m[k][i / 2]));
+}
+
+// fwd's row for thread `lane` of its TPR: out (and sum_out, rstd) stored, and s left holding out's values as stored
+// (0 outside the row). A row past n computes on row n-1 (for the shuffles) and stores nothing.
+static __device__ __forceinline__ void fwd_one_row(const bf16 *__restrict__ x, const bf16 *__restrict__ resid,
+                                               bf16 *__restrict__ sum_out, const bf16 *__restrict__ weight,
+                                               bf16 *__restrict__ out, float *__restrict__ rstd, i64 n, i64 row,
+                                               int lane, float (&s)[NV][VEC]) {
+    const bool valid = row < n;
     const i64 base = (valid ? row : n - 1) * HIDDEN;
     vec_t xv[NV], wv[NV];
 #pragma unroll
     for (int k = 0; k < NV; k++)
         if (in_row<TPR, NV>(k, lane)) xv[k] = *reinterpret_cast<const vec_t *>(x + base + (lane + k * TPR) * VEC);
-    float s[NV][VEC];
     if (resid) {
         vec_t rv[NV];
 #pragma unroll
@@ -135,31 +197,53 @@ static __device__ __forceinline__ void fwd_rows(const bf16 *__restrict__ x, cons
         for (int i = 0; i < VEC; i++) ss = fmaf(s[k][i], s[k][i], ss);
     ss = row_sum<TPR>(ss);
     const float r = rsqrtf(ss / (float)HIDDEN + EPS);
-    float amax = 0.f;
     if (valid && lane == 0) rstd[row] = r;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         const bool in = valid && in_row<TPR, NV>(k, lane);
-        if (!COPY && !in) continue; // with a copy every lane goes on to its block's shuffles
         const i64 off = base + (lane + k * TPR) * VEC;
-        float f[VEC];
-        if (in) {
-            vec_t o;
+        if (!in) {
 #pragma unroll
-            for (int i = 0; i < VEC; i++) {
-                o.h[i] = __float2bfloat16_rn(__bfloat162float(wv[k].h[i]) * bf16_round(s[k][i] * r));
-                f[i] = __bfloat162float(o.h[i]);
-                amax = fmaxf(amax, fabsf(f[i]));
-            }
-            *reinterpret_cast<vec_t *>(out + off) = o;
-            if (resid) {
-                vec_t so;
-#pragma unroll
-                for (int i = 0; i < VEC; i++) so.h[i] = __float2bfloat16_rn(s[k][i]); // exact: s is bf16-valued
-                *reinterpret_cast<vec_t *>(sum_out + off) = so;
-            }
+            for (int i = 0; i < VEC; i++) s[k][i] = 0.f;
+            continue;
         }
-        if (COPY) fp8_block_store(f, in, fmax, copy + off, copy_scales + (lane + k * TPR) / 16 * n + row);
+        vec_t o;
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            o.h[i] = __float2bfloat16_rn(__bfloat162float(wv[k].h[i]) * bf16_round(s[k][i] * r));
+        *reinterpret_cast<vec_t *>(out + off) = o;
+        if (resid) {
+            vec_t so;
+#pragma unroll
+            for (int i = 0; i < VEC; i++) so.h[i] = __float2bfloat16_rn(s[k][i]); // exact: s is bf16-valued
+            *reinterpret_cast<vec_t *>(sum_out + off) = so;
+        }
+#pragma unroll
+        for (int i = 0; i < VEC; i++) s[k][i] = __bfloat162float(o.h[i]);
+    }
+}
+
+// fwd's rows, and with COPY out's FP8 copy with 1 x 128 scales instead of its amax
+template <bool COPY>
+static __device__ __forceinline__ void fwd_rows(const bf16 *__restrict__ x, const bf16 *__restrict__ resid,
+                                                bf16 *__restrict__ sum_out, const bf16 *__restrict__ weight,
+                                                bf16 *__restrict__ out, float *__restrict__ rstd, i64 n,
+                                                float *__restrict__ amax_slot, float fmax,
+                                                unsigned char *__restrict__ copy, float *__restrict__ copy_scales) {
+    const int lane = threadIdx.x % TPR;
+    const i64 row = (i64)blockIdx.x * RPB + threadIdx.x / TPR;
+    const bool valid = row < n;
+    float f[NV][VEC];
+    fwd_one_row(x, resid, sum_out, weight, out, rstd, n, row, lane, f);
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+#pragma unroll
+        for (int i = 0; i < VEC; i++) amax = fmaxf(amax, fabsf(f[k][i]));
+        if (COPY) // every lane goes on to its block's shuffles
+            fp8_block_store(f[k], valid && in_row<TPR, NV>(k, lane), fmax,
+                            copy + (valid ? row : n - 1) * HIDDEN + (lane + k * TPR) * VEC,
+                            copy_scales + (lane + k * TPR) / 16 * n + row);
     }
     if (!COPY) fp8_amax_commit(amax, amax_slot, fmax);
 }
@@ -182,16 +266,40 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_copy_h{{HIDDEN}
 #endif
 }
 
+__global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_row_h{{HIDDEN}}_e{{EPS_TAG}}(
+    const bf16 *__restrict__ x, const bf16 *__restrict__ resid, bf16 *__restrict__ sum_out,
+    const bf16 *__restrict__ weight, bf16 *__restrict__ out, float *__restrict__ rstd, i64 n, float fmax,
+    unsigned char *__restrict__ copy, float *__restrict__ copy_scales, float *__restrict__ col_max, int col_max_rows) {
+#if ROW_OK
+    const int lane = threadIdx.x % TPR;
+    col_maxima<NV> cm;
+    // every thread of the block runs the same number of iterations (the reductions' barriers need that)
+    for (i64 first = (i64)blockIdx.x * RPB; first < n; first += (i64)gridDim.x * RPB) {
+        const i64 row = first + threadIdx.x / TPR;
+        float f[NV][VEC];
+        fwd_one_row(x, resid, sum_out, weight, out, rstd, n, row, lane, f);
+        row_copy<TPR, NV>(f, row < n, lane, fmax, copy + row * HIDDEN, copy_scales + row, cm);
+    }
+    col_max_add<TPR, NV>(cm, lane, col_max, col_max_rows);
+#else
+    __trap(); // the planner writes copies only where ROW_OK holds
+#endif
+}
+
 // dx = rstd * (g - xhat * mean(g * xhat)) (+ dresid), g = dout * weight, xhat = x * rstd;
 // dw_part[blockIdx.x] = this block's sum over its rows of dout * bf16(xhat) (the product HF's weight multiplies).
-// bwd's rows, and with COPY dx's FP8 copy instead of its amax; dout and dresid may be dx itself (qk-norm's backward
-// runs in place): no __restrict__ on the three
-template <bool COPY>
+// bwd's rows, and instead of dx's amax (OUT) its FP8 copy with 1 x 128 scales (bwd_copy) or one scale per row and the
+// column maxima (bwd_row); dout and dresid may be dx itself (qk-norm's backward runs in place): no __restrict__ on
+// the three
+enum { OUT_AMAX, OUT_BLOCK, OUT_ROW };
+template <int OUT>
 static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__restrict__ x,
                                                 const bf16 *__restrict__ weight, const float *__restrict__ rstd,
                                                 const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n,
                                                 float *__restrict__ amax_slot, float fmax,
-                                                unsigned char *__restrict__ copy, float *__restrict__ copy_scales) {
+                                                unsigned char *__restrict__ copy, float *__restrict__ copy_scales,
+                                                float *__restrict__ col_max, int col_max_rows) {
+    constexpr bool COPY = OUT != OUT_AMAX; // every lane goes on to its block's shuffles
     const int lane = threadIdx.x % TPR_B;
     const int sub = threadIdx.x / TPR_B;
     float dw[NV_B][VEC];
@@ -200,6 +308,7 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
 #pragma unroll
         for (int i = 0; i < VEC; i++) dw[k][i] = 0.f;
     float amax = 0.f;
+    col_maxima<OUT == OUT_ROW ? NV_B : 1> cm;
     // every thread of the block runs the same number of iterations (the shuffles and barriers need that)
     for (i64 first = (i64)blockIdx.x * RPB_B; first < n; first += (i64)gridDim.x * RPB_B) {
         const i64 row = first + sub;
@@ -229,12 +338,15 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
                     dot = fmaf(__bfloat162float(dv[k].h[i]) * __bfloat162float(wv[k].h[i]), __bfloat162float(xv[k].h[i]) * r, dot);
         dot = row_sum<TPR_B>(dot);
         const float mean = dot / (float)HIDDEN;
-        if (!COPY && !valid) continue; // with a copy every lane goes on to its block's shuffles
+        if (!COPY && !valid) continue;
+        float fr[OUT == OUT_ROW ? NV_B : 1][VEC]; // bwd_row's: the row's values, for its maximum
 #pragma unroll
         for (int k = 0; k < NV_B; k++) {
             const bool in = valid && in_row<TPR_B, NV_B>(k, lane);
             if (!COPY && !in) continue;
-            float f[VEC];
+            float *f = fr[OUT == OUT_ROW ? k : 0];
+#pragma unroll
+            for (int i = 0; i < VEC; i++) f[i] = 0.f;
             if (in) {
                 vec_t o;
 #pragma unroll
@@ -251,12 +363,14 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
                 }
                 *reinterpret_cast<vec_t *>(dx + base + (lane + k * TPR_B) * VEC) = o;
             }
-            if (COPY)
+            if (OUT == OUT_BLOCK)
                 fp8_block_store(f, in, fmax, copy + base + (lane + k * TPR_B) * VEC,
                                 copy_scales + (lane + k * TPR_B) / 16 * n + row);
         }
+        if constexpr (OUT == OUT_ROW) row_copy<TPR_B, NV_B>(fr, valid, lane, fmax, copy + base, copy_scales + row, cm);
     }
-    if (!COPY) fp8_amax_commit(amax, amax_slot, fmax);
+    if (OUT == OUT_AMAX) fp8_amax_commit(amax, amax_slot, fmax);
+    if constexpr (OUT == OUT_ROW) col_max_add<TPR_B, NV_B>(cm, lane, col_max, col_max_rows);
     float *part = dw_part + (i64)blockIdx.x * HIDDEN;
 #if RPB_B > 1
     // several rows per block share columns: sum the RPB_B partials in shared memory first (HIDDEN <= 512 here), in
@@ -294,7 +408,8 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
 __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_h{{HIDDEN}}_e{{EPS_TAG}}(
     const bf16 *dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight, const float *__restrict__ rstd,
     const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n, float *__restrict__ amax_slot, float amax_fmax) {
-    bwd_rows<false>(dout, x, weight, rstd, dresid, dx, dw_part, n, amax_slot, amax_fmax, nullptr, nullptr);
+    bwd_rows<OUT_AMAX>(dout, x, weight, rstd, dresid, dx, dw_part, n, amax_slot, amax_fmax, nullptr, nullptr, nullptr,
+                       1);
 }
 
 __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_copy_h{{HIDDEN}}_e{{EPS_TAG}}(
@@ -302,9 +417,21 @@ __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_copy_h{{HID
     const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n, float fmax, unsigned char *__restrict__ copy,
     float *__restrict__ copy_scales) {
 #if COPY_OK_B
-    bwd_rows<true>(dout, x, weight, rstd, dresid, dx, dw_part, n, nullptr, fmax, copy, copy_scales);
+    bwd_rows<OUT_BLOCK>(dout, x, weight, rstd, dresid, dx, dw_part, n, nullptr, fmax, copy, copy_scales, nullptr, 1);
 #else
     __trap(); // the planner writes copies only where COPY_OK_B holds
+#endif
+}
+
+__global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_row_h{{HIDDEN}}_e{{EPS_TAG}}(
+    const bf16 *dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight, const float *__restrict__ rstd,
+    const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n, float fmax, unsigned char *__restrict__ copy,
+    float *__restrict__ copy_scales, float *__restrict__ col_max, int col_max_rows) {
+#if ROW_OK
+    bwd_rows<OUT_ROW>(dout, x, weight, rstd, dresid, dx, dw_part, n, nullptr, fmax, copy, copy_scales, col_max,
+                      col_max_rows);
+#else
+    __trap(); // the planner writes copies only where ROW_OK holds
 #endif
 }
 

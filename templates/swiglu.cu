@@ -8,7 +8,10 @@
 // scale slot and the kernel takes the output's amax too (fp8_amax.cuh); NULL elsewhere. With block scales the twins
 // fwd_copy, bwd_copy (both gradients), bwd_copy_gate and bwd_copy_up write the outputs' FP8 copies [n][FFN] and their
 // 1 x 128 scales beside them (fp8_block.cuh; COPY_OK, elsewhere they trap), each in the format its fmax names: entries of
-// their own, so that fwd and bwd keep their registers.
+// their own, so that fwd and bwd keep their registers. With row scales fwd_row and bwd_row write them with one scale
+// per row (the bytes and scales of fp8.cu's cast_row) and, given col_max, the transposed copies' column maxima as
+// cast_rt_row gathers them (rmsnorm.cu's fwd_row says how): a block of ROW_THREADS takes a row at a time, each thread
+// ROW_VECS vectors of it held in registers for the row's maximum, persistent blocks over the rows (ROW_OK).
 #include <cuda_bf16.h>
 
 #include "fp8_amax.cuh"
@@ -24,6 +27,12 @@ typedef __nv_bfloat16 bf16;
 
 static_assert(FFN % VEC == 0, "VEC must divide FFN");
 #define COPY_OK (VEC == 8 && FFN % 128 == 0) // whole 1 x 128 blocks of a row, 16 vectors each
+#define ROW_THREADS 512
+#define ROW_VECS ((FFN / VEC + ROW_THREADS - 1) / ROW_THREADS)
+// fwd_row, bwd_row: rows of at most 4 vectors a thread (FFN <= 16384; as gen/kernels.c's cp_k_fp8_row_copies), two
+// blocks of fwd_row an SM where they hold 2
+#define ROW_OK (VEC == 8 && ROW_VECS <= 4)
+#define ROW_FWD_BLOCKS (ROW_VECS <= 2 ? 2 : 1)
 
 template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
 typedef bvec<VEC> vec_t;
@@ -40,6 +49,10 @@ extern "C" __global__ void swiglu_fwd_copy_f{{FFN}}(const bf16 *gate, const bf16
 extern "C" __global__ void swiglu_bwd_copy_f{{FFN}}(BWD_COPY_ARGS);
 extern "C" __global__ void swiglu_bwd_copy_gate_f{{FFN}}(BWD_COPY_ARGS);
 extern "C" __global__ void swiglu_bwd_copy_up_f{{FFN}}(BWD_COPY_ARGS);
+#define ROW_ARGS(x) float x##_fmax, unsigned char *x##_copy, float *x##_scales, float *x##_col_max, int x##_col_max_rows
+extern "C" __global__ void swiglu_fwd_row_f{{FFN}}(const bf16 *gate, const bf16 *up, bf16 *out, i64 n, ROW_ARGS(out));
+extern "C" __global__ void swiglu_bwd_row_f{{FFN}}(const bf16 *dout, bf16 *gate, bf16 *up, i64 n, ROW_ARGS(gate),
+                                                  ROW_ARGS(up));
 
 static __device__ __forceinline__ float sigmoid(float g) { return __frcp_rn(1.f + __expf(-g)); }
 static __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
@@ -191,3 +204,227 @@ __global__ void __launch_bounds__(BLOCK) swiglu_bwd_f{{FFN}}(const bf16 *__restr
 BWD_COPY(swiglu_bwd_copy_f{{FFN}}, true, true)
 BWD_COPY(swiglu_bwd_copy_gate_f{{FFN}}, true, false)
 BWD_COPY(swiglu_bwd_copy_up_f{{FFN}}, false, true)
+
+#if ROW_OK
+// The row entries. Vector k of thread t is the row's vector t + k * ROW_THREADS (in_row: inside the row).
+static __device__ __forceinline__ bool in_row(int k) {
+    return ROW_VECS * ROW_THREADS * VEC == FFN || (int)threadIdx.x + k * ROW_THREADS < FFN / VEC;
+}
+
+// The largest of each of a and b over the block's threads, for all of them (every thread calls it; it ends with a
+// barrier, so it may be called again right away): one reduction for both outputs of bwd_row
+static __device__ __forceinline__ float2 block_max2(float a, float b) {
+    __shared__ float2 warp_max[ROW_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        b = fmaxf(b, __shfl_xor_sync(0xffffffffu, b, o));
+    }
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = make_float2(a, b);
+    __syncthreads();
+    float2 m = warp_max[0];
+#pragma unroll
+    for (int w = 1; w < ROW_THREADS / 32; w++) m = make_float2(fmaxf(m.x, warp_max[w].x), fmaxf(m.y, warp_max[w].y));
+    __syncthreads();
+    return m;
+}
+
+// One output of the row entries: its arguments (ROW_ARGS: the copy and scales, copy NULL for none; the column maxima,
+// NULL for none), read from the kernel's parameters where used rather than held in registers
+struct row_args {
+    float fmax;
+    unsigned char *copy;
+    float *scales, *col_max;
+    int col_max_rows;
+};
+
+// The thread's column maxima of one output over the block's rows, as bf16 (which holds them exactly): in registers,
+// or with SHARED in the thread's own 16-byte words of shared memory (bwd_row keeps dup's there, for registers)
+template <bool SHARED> struct col_maxima {
+    __nv_bfloat162 reg[SHARED ? 1 : ROW_VECS][VEC / 2];
+
+    __device__ __forceinline__ __nv_bfloat162 *at(int k) {
+        if constexpr (SHARED) {
+            __shared__ uint4 words[ROW_VECS * ROW_THREADS];
+            return reinterpret_cast<__nv_bfloat162 *>(&words[k * ROW_THREADS + threadIdx.x]);
+        } else {
+            return reg[k];
+        }
+    }
+    __device__ __forceinline__ const __nv_bfloat162 *at(int k) const { return const_cast<col_maxima *>(this)->at(k); }
+
+    __device__ __forceinline__ col_maxima() {
+#pragma unroll
+        for (int k = 0; k < ROW_VECS; k++) {
+            __nv_bfloat162 z[VEC / 2];
+#pragma unroll
+            for (int j = 0; j < VEC / 2; j++) z[j] = __float2bfloat162_rn(0.f);
+            *reinterpret_cast<uint4 *>(at(k)) = *reinterpret_cast<const uint4 *>(z);
+        }
+    }
+
+    // The thread's largest |v| (its vectors of a row, as stored), which also go into the column maxima
+    __device__ __forceinline__ float absorb(const vec_t (&v)[ROW_VECS]) {
+        float m = 0.f;
+#pragma unroll
+        for (int k = 0; k < ROW_VECS; k++) {
+            if (!in_row(k)) continue;
+#pragma unroll
+            for (int i = 0; i < VEC; i++) m = fmaxf(m, fabsf(__bfloat162float(v[k].h[i])));
+            const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(v[k].h);
+            __nv_bfloat162 c[VEC / 2];
+            *reinterpret_cast<uint4 *>(c) = *reinterpret_cast<const uint4 *>(at(k));
+#pragma unroll
+            for (int j = 0; j < VEC / 2; j++) c[j] = __hmax2(c[j], __habs2(h[j]));
+            *reinterpret_cast<uint4 *>(at(k)) = *reinterpret_cast<const uint4 *>(c);
+        }
+        return m;
+    }
+
+    // The block's column maxima into its row of a.col_max (rmsnorm.cu's col_max_add)
+    __device__ __forceinline__ void commit(const row_args &a) const {
+        if (!a.copy || !a.col_max) return;
+        float *c = a.col_max + (i64)(blockIdx.x % a.col_max_rows) * FFN;
+#pragma unroll
+        for (int k = 0; k < ROW_VECS; k++) {
+            if (!in_row(k)) continue;
+#pragma unroll
+            for (int j = 0; j < VEC / 2; j++) {
+                const float2 m = __bfloat1622float2(at(k)[j]);
+                const int col = ((int)threadIdx.x + k * ROW_THREADS) * VEC + 2 * j;
+                fp8_col_max_add(c + col, m.x);
+                fp8_col_max_add(c + col + 1, m.y);
+            }
+        }
+    }
+};
+
+// Row `row`'s copy of the thread's vectors v and its scale, the row's largest |x| being m (a.copy NULL: none)
+static __device__ __forceinline__ void row_store(const row_args &a, const vec_t (&v)[ROW_VECS], i64 row, float m) {
+    if (!a.copy) return;
+    const float q = pow2_quant(m, a.fmax);
+#pragma unroll
+    for (int k = 0; k < ROW_VECS; k++) {
+        if (!in_row(k)) continue;
+        float f[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; i++) f[i] = __bfloat162float(v[k].h[i]);
+        fp8_row_vector(f, q, a.fmax, a.copy + row * FFN + ((int)threadIdx.x + k * ROW_THREADS) * VEC);
+    }
+    if (threadIdx.x == 0) a.scales[row] = pow2_inverse(q);
+}
+
+// The thread's vectors of a row of N inputs: loaded for row < n (a block's rows are the same for all its threads)
+template <int N> struct row_in {
+    vec_t v[N][ROW_VECS];
+    __device__ __forceinline__ void load(const bf16 *const (&src)[N], i64 row, i64 n) {
+        if (row >= n) return;
+#pragma unroll
+        for (int k = 0; k < ROW_VECS; k++)
+            if (in_row(k))
+#pragma unroll
+                for (int t = 0; t < N; t++)
+                    v[t][k] =
+                        reinterpret_cast<const vec_t *>(src[t])[row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS];
+    }
+};
+
+// fwd_row's row: out's values over gate's, stored, then its copy
+static __device__ __forceinline__ void fwd_row_step(row_in<2> &r, i64 row, bf16 *__restrict__ out, const row_args &a,
+                                                    col_maxima<false> &o) {
+    vec_t(&gv)[ROW_VECS] = r.v[0];
+#pragma unroll
+    for (int k = 0; k < ROW_VECS; k++) {
+        if (!in_row(k)) continue;
+#pragma unroll
+        for (int i = 0; i < VEC; i++) {
+            const float x = __bfloat162float(gv[k].h[i]);
+            gv[k].h[i] = __float2bfloat16_rn(bf16_round(x * sigmoid(x)) * __bfloat162float(r.v[1][k].h[i]));
+        }
+        reinterpret_cast<vec_t *>(out)[row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS] = gv[k];
+    }
+    if (a.copy) row_store(a, gv, row, block_max2(o.absorb(gv), 0.f).x);
+}
+
+// bwd_row's row: dgate and dup over gate's and up's values, stored, then their copies from one reduction
+static __device__ __forceinline__ void bwd_row_step(row_in<3> &r, i64 row, bf16 *__restrict__ gate,
+                                                    bf16 *__restrict__ up, const row_args &ag, col_maxima<false> &og,
+                                                    const row_args &au, col_maxima<true> &ou) {
+    vec_t(&gv)[ROW_VECS] = r.v[1], (&uv)[ROW_VECS] = r.v[2];
+#pragma unroll
+    for (int k = 0; k < ROW_VECS; k++) {
+        if (!in_row(k)) continue;
+#pragma unroll
+        for (int i = 0; i < VEC; i++) {
+            const float x = __bfloat162float(gv[k].h[i]), y = __bfloat162float(uv[k].h[i]);
+            const float dy = __bfloat162float(r.v[0][k].h[i]);
+            const float s = sigmoid(x);
+            uv[k].h[i] = __float2bfloat16_rn(dy * bf16_round(x * s));
+            gv[k].h[i] = __float2bfloat16_rn(dy * y * s * fmaf(x, 1.f - s, 1.f));
+        }
+        const i64 idx = row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS;
+        reinterpret_cast<vec_t *>(gate)[idx] = gv[k];
+        reinterpret_cast<vec_t *>(up)[idx] = uv[k];
+    }
+    const float2 m = block_max2(ag.copy ? og.absorb(gv) : 0.f, au.copy ? ou.absorb(uv) : 0.f);
+    row_store(ag, gv, row, m.x);
+    row_store(au, uv, row, m.y);
+}
+
+#endif
+
+__global__ void __launch_bounds__(ROW_THREADS, ROW_FWD_BLOCKS) swiglu_fwd_row_f{{FFN}}(const bf16 *__restrict__ gate,
+                                                                   const bf16 *__restrict__ up, bf16 *__restrict__ out,
+                                                                   i64 n, ROW_ARGS(out)) {
+#if ROW_OK
+    const row_args a = {out_fmax, out_copy, out_scales, out_col_max, out_col_max_rows};
+    col_maxima<false> o;
+    const bf16 *const src[2] = {gate, up};
+    for (i64 row = blockIdx.x; row < n; row += gridDim.x) {
+        row_in<2> r;
+        r.load(src, row, n);
+        fwd_row_step(r, row, out, a, o);
+    }
+    o.commit(a);
+#else
+    __trap(); // the planner writes copies only where ROW_OK holds
+#endif
+}
+
+// One block an SM (dgate's column maxima in registers, dup's in shared memory). Where a thread holds at most 2 vectors
+// of a row (ROW_PIPELINE) the next row's loads are issued before this row is written out and reduced (its maxima's
+// barriers), so that they are in flight across them: two rows' loads in registers.
+#define ROW_PIPELINE (ROW_VECS <= 2)
+__global__ void __launch_bounds__(ROW_THREADS, 1) swiglu_bwd_row_f{{FFN}}(const bf16 *__restrict__ dout,
+                                                                      bf16 *__restrict__ gate, bf16 *__restrict__ up,
+                                                                      i64 n, ROW_ARGS(gate), ROW_ARGS(up)) {
+#if ROW_OK
+    const row_args ag = {gate_fmax, gate_copy, gate_scales, gate_col_max, gate_col_max_rows};
+    const row_args au = {up_fmax, up_copy, up_scales, up_col_max, up_col_max_rows};
+    col_maxima<false> og;
+    col_maxima<true> ou;
+    const bf16 *const src[3] = {dout, gate, up};
+    const i64 g = gridDim.x;
+    if (ROW_PIPELINE) {
+        row_in<3> x, y;
+        x.load(src, blockIdx.x, n);
+        for (i64 row = blockIdx.x; row < n; row += 2 * g) {
+            y.load(src, row + g, n);
+            bwd_row_step(x, row, gate, up, ag, og, au, ou);
+            if (row + g >= n) break;
+            x.load(src, row + 2 * g, n);
+            bwd_row_step(y, row + g, gate, up, ag, og, au, ou);
+        }
+    } else {
+        for (i64 row = blockIdx.x; row < n; row += g) {
+            row_in<3> r;
+            r.load(src, row, n);
+            bwd_row_step(r, row, gate, up, ag, og, au, ou);
+        }
+    }
+    og.commit(ag);
+    ou.commit(au);
+#else
+    __trap(); // the planner writes copies only where ROW_OK holds
+#endif
+}

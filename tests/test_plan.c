@@ -941,7 +941,8 @@ static void test_fp8(void **state) {
             for (int j = 0; j < x->nfp8_out; j++) {
                 const cp_step_fp8_out *a = &x->fp8_out[j];
                 own++;
-                assert_true(cp_plan_fp8_producer(&f, x, a->out, false) && (x->ops[a->out].access & CP_WRITE));
+                assert_true(cp_plan_fp8_producer(&f, x, a->out, CP_GEMM_SCALE_TENSOR) &&
+                            (x->ops[a->out].access & CP_WRITE));
                 assert_int_equal(a->scales, -1);
                 assert_true(a->slot >= y->nops && a->slot < x->nops);
                 const cp_operand *so = &x->ops[a->slot];
@@ -1140,7 +1141,7 @@ static void test_fp8_block(void **state) {
             for (int j = 0; j < x->nfp8_out; j++) {
                 const cp_step_fp8_out *a = &x->fp8_out[j];
                 const cp_operand *out = &x->ops[a->out], *cp = &x->ops[a->slot], *sc = &x->ops[a->scales];
-                assert_true(cp_plan_fp8_producer(&f, x, a->out, true) && (out->access & CP_WRITE));
+                assert_true(cp_plan_fp8_producer(&f, x, a->out, a->scale) && (out->access & CP_WRITE));
                 assert_true(a->slot >= y->nops && a->scales == a->slot + 1 && a->scales < x->nops);
                 const bool grad_out = x->task == CP_TASK_SWIGLU_BWD || x->task == CP_TASK_NORM1_BWD ||
                                       x->task == CP_TASK_NORM2_BWD;
@@ -1189,9 +1190,11 @@ static void test_fp8_block(void **state) {
  * of tiny: every layer GEMM but the bf16 weights' gradients on FP8 (any k a multiple of 16: tiny's K and V projections
  * too), both inputs scaled per row (A's m scales, B's n, read behind copies of the operands the GEMM reads now, made
  * the way round it reads them), fast accumulation in the forward alone by default, in the activations' gradients too
- * with train.fp8_fast_accum = "dx", never in the weights'; every copy a cast of its own (no kernel
- * writes a row-scaled copy beside its output, none casts both ways), its scales behind it, and a transposed one's
- * column maxima behind those; the step predicted faster than bf16's. */
+ * with train.fp8_fast_accum = "dx", never in the weights'; every copy made by a cast, its scales behind it and a
+ * transposed one's column maxima behind those, or as rows by the rmsnorm or SwiGLU step that wrote its source (then
+ * maybe the transposed copy's column maxima too, into exactly the bytes a memset just before it zeroed, which a cast
+ * of the transposed copy alone then reads with nothing written to the source between); the step predicted faster
+ * than bf16's. */
 static void test_fp8_row(void **state) {
     (void)state;
     const char *shapes[][2] = {{"tiny", "train.seq_len=2K"}, {"llama3b", "train.seq_len=32K"},
@@ -1207,18 +1210,45 @@ static void test_fp8_row(void **state) {
         s.train.fp8 = true;
         s.train.fp8_bf16_wgrad = c == 2;
         build(&s, &f);
-        fp8_held *held = calloc((size_t)f.nbufs, sizeof *held);
-        int bi = 0, fp8_gemms = 0, casts = 0, transposed = 0, both = 0;
+        /* held: each copy buffer's copy; gathered: the column maxima a producer left in a buffer (.slot: where) */
+        fp8_held *held = calloc((size_t)f.nbufs, sizeof *held), *gathered = calloc((size_t)f.nbufs, sizeof *gathered);
+        int bi = 0, fp8_gemms = 0, casts = 0, transposed = 0, both = 0, fused = 0, maxima = 0;
         for (int i = 0; i < f.nsteps; i++) {
             const cp_step *x = &f.steps[i];
-            assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST && x->nfp8_out == 0);
+            assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST);
             if (x->kind == CP_OP_MEMSET && f.bufs[x->ops[0].buf].cat == CP_CAT_FP8) {
-                /* zeroes exactly the column maxima behind the transposed copy's scales of the cast of both ways next */
+                /* zeroes exactly the column maxima behind the transposed copy's scales of the cast of both ways next,
+                 * or those the producer after the memsets gathers */
                 const cp_step *n = &f.steps[i + 1];
-                assert_true(n->task == CP_TASK_FP8_CAST_BLOCK && fp8_copy(n).both && n->nops == 5);
-                const int64_t parts = 4 * cp_fp8_row_parts(n->count, n->heads);
-                assert_true(x->ops[0].buf == n->ops[4].buf && x->ops[0].bytes == parts &&
-                            x->ops[0].offset == n->ops[4].offset + 4 * n->heads && n->ops[4].access == CP_RW);
+                const cp_operand *z = &x->ops[0];
+                while (n->kind == CP_OP_MEMSET && n->task != CP_TASK_FP8_CAST_BLOCK) n++;
+                if (n->task == CP_TASK_FP8_CAST_BLOCK) {
+                    assert_true(fp8_copy(n).both && n->nops == 5);
+                    const int64_t parts = 4 * cp_fp8_row_parts(n->count, n->heads);
+                    assert_true(z->buf == n->ops[4].buf && z->bytes == parts &&
+                                z->offset == n->ops[4].offset + 4 * n->heads && n->ops[4].access == CP_RW);
+                } else {
+                    bool zeroed = false;
+                    for (int j = 0; j < n->nfp8_out; j++)
+                        zeroed |= n->fp8_out[j].col_max >= 0 && fp8_same(&n->ops[n->fp8_out[j].col_max], z);
+                    assert_true(zeroed);
+                }
+                continue;
+            }
+            if (x->task == CP_TASK_FP8_CAST_BLOCK && x->fp8.maxima) {
+                /* the transposed copy from the column maxima its source's producer left, nothing written since */
+                const cp_fp8_copy cc = fp8_copy(x);
+                const cp_operand *cp = &x->ops[1], *sc = &x->ops[2];
+                const fp8_held *g = &gathered[sc->buf];
+                assert_true(cc.transposed && !cc.both && cc.scale == CP_GEMM_SCALE_ROW && x->nops == 3);
+                assert_true(g->valid && fp8_same(&g->src, &x->ops[0]) && cp->buf == sc->buf &&
+                            cp->bytes == x->count * x->heads && sc->offset + 4 * x->heads == g->slot &&
+                            sc->bytes == 4 * (x->heads + cp_fp8_row_parts(x->count, x->heads)) &&
+                            sc->access == CP_RW);
+                held[cp->buf] = (fp8_held){.valid = true, .transposed = true, .src = x->ops[0], .slot = sc->offset};
+                gathered[sc->buf].valid = false;
+                casts++;
+                transposed++;
                 continue;
             }
             if (x->task == CP_TASK_FP8_CAST_BLOCK) {
@@ -1259,14 +1289,51 @@ static void test_fp8_row(void **state) {
                 assert_true(x->ops[x->nops - 2].bytes == 4 * q->m && x->ops[x->nops - 1].bytes == 4 * q->n);
             } else if (x->kind == CP_OP_GEMM) {
                 assert_memory_equal(&x->gemm, &y->gemm, sizeof x->gemm);
+            } else { /* as it was, but for the copies its kernel writes beside its outputs */
+                int extra = 0;
+                for (int j = 0; j < x->nfp8_out; j++) extra += x->fp8_out[j].col_max >= 0 ? 3 : 2;
+                assert_int_equal(x->nops, y->nops + extra);
+                for (int o = 0; o < y->nops; o++) assert_true(fp8_same(&x->ops[o], &y->ops[o]));
             }
             fp8_forget(held, f.nbufs, x);
+            fp8_forget(gathered, f.nbufs, x);
+            /* row copies a norm or SwiGLU writes beside an output it wrote whole; the maxima where the memset was */
+            for (int j = 0; j < x->nfp8_out; j++) {
+                const cp_step_fp8_out *a = &x->fp8_out[j];
+                const cp_operand *out = &x->ops[a->out], *cp = &x->ops[a->slot], *sc = &x->ops[a->scales];
+                const int64_t rows = x->count, cols = out->bytes / 2 / rows;
+                assert_true(a->scale == CP_GEMM_SCALE_ROW && a->fmt == CP_GEMM_E4M3 &&
+                            cp_plan_fp8_producer(&f, x, a->out, CP_GEMM_SCALE_ROW) && (out->access & CP_WRITE));
+                assert_true(a->slot >= y->nops && a->scales == a->slot + 1 &&
+                            (a->col_max < 0 || a->col_max == a->scales + 1));
+                assert_true(out->bytes == 2 * rows * cols && cp->offset == 0 && cp->bytes == rows * cols &&
+                            sc->buf == cp->buf && sc->offset >= rows * cols && sc->offset % 256 == 0 &&
+                            sc->bytes == 4 * rows && (cp->access & CP_WRITE) && (sc->access & CP_WRITE));
+                held[cp->buf] = (fp8_held){.valid = true, .src = *out, .slot = sc->offset};
+                if (a->col_max >= 0) { /* zeroed by one of the memsets just before */
+                    const cp_operand *m = &x->ops[a->col_max];
+                    bool zeroed = false;
+                    for (int k = i - 1; k >= 0 && f.steps[k].kind == CP_OP_MEMSET; k--)
+                        zeroed |= fp8_same(&f.steps[k].ops[0], m);
+                    assert_true(zeroed && m->access == CP_RW && m->bytes == 4 * cp_fp8_row_parts(rows, cols) &&
+                                m->buf != cp->buf);
+                    gathered[m->buf] = (fp8_held){.valid = true, .src = *out, .slot = m->offset};
+                    maxima++;
+                }
+                fused++;
+            }
         }
         assert_int_equal(bi, b.nsteps);
         print_message("%s fp8 row%s: %d GEMMs on FP8 inputs, %d casts (%d copies transposed, %d casts of both "
-                      "ways)\n", shapes[c][0], c == 2 ? ", weights' gradients bf16" : "", fp8_gemms, casts, transposed,
-                      both);
+                      "ways), %d copies by producers (%d with the column maxima)\n", shapes[c][0],
+                      c == 2 ? ", weights' gradients bf16" : "", fp8_gemms, casts, transposed, both, fused, maxima);
         assert_true(fp8_gemms > 0 && casts > 0 && transposed > 0 && f.t_fp8_casts > 0);
+        /* the 3B's copies by producers, per layer: the normed inputs in the forward and the recompute (4), SwiGLU's
+         * output in the forward, dgate and dup, d_h2 and d_resid (but layer 0's d_resid, which no GEMM reads); with
+         * FP8 weights' gradients those but the forward's normed inputs and SwiGLU's output with the transposed
+         * copy's column maxima too */
+        if (c >= 1) assert_int_equal(fused, 28 * 9 - 1);
+        if (c >= 1) assert_int_equal(maxima, c == 1 ? 28 * 6 - 1 : 0);
         if (c == 1) { /* the weights' gradients on FP8 read tensors both ways; fast dX said and priced: dX's 185 TF of
                        * a step at machine.fp8_gemm_fast_tflops, not fp8_gemm_tflops, about 9 ms less */
             assert_true(both > 0);
@@ -1281,6 +1348,7 @@ static void test_fp8_row(void **state) {
         }
         if (c >= 1) assert_true(f.t_step < b.t_step * 0.95);
         free(held);
+        free(gathered);
         cp_plan_free(&b);
         cp_plan_free(&f);
     }

@@ -251,6 +251,66 @@ static void copy_check(const char *name, const char *shape, copy_dev d, const ui
     copy_check_at(name, shape, d, wrote, rows, cols, e5m2, 0, rows);
 }
 
+/* A producer's row-scaled copy on the GPU (train.fp8_scaling = "row"): the copy [rows][cols] and its scales f32[rows],
+ * poisoned, and where maxima > 0 the transposed copy's column maxima f32[maxima][cols], zeroed as the plan's memset
+ * leaves them */
+typedef struct {
+    uint8_t *copy;
+    float *scales, *col_max;
+    int maxima;
+} row_dev;
+
+static row_dev row_dev_new(int64_t rows, int64_t cols, int maxima) {
+    row_dev d = {gu_malloc((size_t)(rows * cols)), gu_malloc(4 * (size_t)rows), NULL, maxima};
+    gu_poison(d.copy, (size_t)(rows * cols));
+    gu_poison(d.scales, 4 * (size_t)rows);
+    if (maxima) {
+        float *zero = calloc((size_t)(maxima * cols), 4);
+        d.col_max = dev_copy(zero, 4 * (size_t)(maxima * cols));
+        free(zero);
+    }
+    return d;
+}
+
+/* The row-scaled copy a producer wrote beside the values it stored (wrote, rows x cols): every byte and scale exactly
+ * cast_row's (ref_fp8_cast_row), and the largest of the column maxima's rows each column's largest |x| exactly, as
+ * cast_t_row reads them. Frees d. */
+static void row_copy_check(const char *name, const char *shape, row_dev d, const uint16_t *wrote, int64_t rows,
+                           int64_t cols, bool e5m2) {
+    const int64_t n = rows * cols;
+    uint8_t *out = malloc((size_t)n), *ref = malloc((size_t)n);
+    float *sout = malloc(4 * (size_t)rows), *sref = malloc(4 * (size_t)rows);
+    ref_fp8_cast_row(wrote, rows, cols, cols, e5m2, false, ref, sref);
+    gu_download(out, d.copy, (size_t)n);
+    gu_download(sout, d.scales, 4 * (size_t)rows);
+    int64_t diff = 0, sdiff = 0, mdiff = 0;
+    for (int64_t i = 0; i < n; i++) diff += out[i] != ref[i];
+    for (int64_t r = 0; r < rows; r++) sdiff += !(sout[r] == sref[r]);
+    if (d.maxima) {
+        float *m = malloc(4 * (size_t)(d.maxima * cols));
+        gu_download(m, d.col_max, 4 * (size_t)(d.maxima * cols));
+        for (int64_t c = 0; c < cols; c++) {
+            float got = 0.0f, want = 0.0f;
+            for (int k = 0; k < d.maxima; k++) got = fmaxf(got, m[k * cols + c]);
+            for (int64_t r = 0; r < rows; r++) want = fmaxf(want, fabsf(bf16_to_f32(wrote[r * cols + c])));
+            mdiff += !(got == want);
+        }
+        free(m);
+        gu_free_dev(d.col_max);
+    }
+    char label[96];
+    snprintf(label, sizeof label, "%s (bytes differing)", name);
+    gu_check(label, shape, (double)diff, 0);
+    snprintf(label, sizeof label, "%s (scales differing)", name);
+    gu_check(label, shape, (double)sdiff, 0);
+    if (d.maxima) {
+        snprintf(label, sizeof label, "%s (column maxima differing)", name);
+        gu_check(label, shape, (double)mdiff, 0);
+    }
+    free(out), free(ref), free(sout), free(sref);
+    gu_free_dev(d.copy), gu_free_dev(d.scales);
+}
+
 /* ---- rmsnorm ---- */
 
 static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool resid) {
@@ -286,6 +346,28 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
     if (resid) {
         gu_download(sum, dsum, nb);
         gu_check("rmsnorm_fwd.sum", shape, gu_rel_err_bf16(sum, rsum, n * H), 1e-6);
+    }
+    /* fwd_row where the kernel can: fwd's outputs to the bit, and out's row-scaled copy beside them (E5M2 for odd n,
+     * else E4M3), with the column maxima over 3 rows of them but for n = 7 */
+    if (cp_k_fp8_row_copies(&m->spec, "fwd")) {
+        uint16_t *out2 = malloc(nb), *sum2 = malloc(nb);
+        float *rstd2 = malloc(4 * (size_t)n);
+        gu_poison(dout, nb);
+        gu_poison(drstd, 4 * (size_t)n);
+        if (resid) gu_poison(dsum, nb);
+        row_dev rd = row_dev_new(n, H, n == 7 ? 0 : 3);
+        void *ar[] = {&dx, &dres, &dsum, &dw, &dout, &drstd, &n, &fmax_copy, &rd.copy, &rd.scales, &rd.col_max,
+                      &rd.maxima};
+        gu_run(m, "fwd_row", n, 0, ar);
+        gu_download(out2, dout, nb);
+        gu_download(rstd2, drstd, 4 * (size_t)n);
+        if (resid) gu_download(sum2, dsum, nb);
+        gu_check("rmsnorm_fwd_row.out, rstd and sum as fwd's", shape,
+                 memcmp(out2, out, nb) || memcmp(rstd2, rstd, 4 * (size_t)n) || (resid && memcmp(sum2, sum, nb)) ? 1.0
+                                                                                                               : 0.0,
+                 0);
+        row_copy_check(copy_e5 ? "rmsnorm_fwd_row e5m2" : "rmsnorm_fwd_row e4m3", shape, rd, out2, n, H, copy_e5);
+        free(out2), free(sum2), free(rstd2);
     }
 
     /* bwd on the normalised input (the sum with resid), with the reference rstd; with resid, dresid is added and
@@ -358,6 +440,25 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
                  memcmp(gdx, dxrun[1], nb) || memcmp(pcopy, pbwd, pw) ? 1.0 : 0.0, 0);
         copy_check(copy_e5 ? "rmsnorm_bwd.copy e5m2" : "rmsnorm_bwd.copy e4m3", shape, bc, gdx, n, H, copy_e5);
         free(pbwd), free(pcopy);
+    }
+    /* bwd_row where the kernel can: the same with dx's row-scaled copy and its column maxima over 2 rows */
+    if (cp_k_fp8_row_copies(&m->spec, "bwd")) {
+        const size_t pw = (size_t)parts * (size_t)H * 4;
+        float *pbwd = malloc(pw), *prow = malloc(pw);
+        gu_download(pbwd, dpart, pw);
+        if (resid) gu_upload(ddx, gres, nb);
+        else gu_poison(ddx, nb);
+        gu_poison(dpart, pb);
+        row_dev rd = row_dev_new(n, H, 2);
+        void *brow[] = {&dgo, &dxin, &dw, &drs, &ddres, &ddx, &dpart, &n, &fmax_copy, &rd.copy, &rd.scales,
+                        &rd.col_max, &rd.maxima};
+        gu_run(m, "bwd_row", n, 0, brow);
+        gu_download(gdx, ddx, nb);
+        gu_download(prow, dpart, pw);
+        gu_check("rmsnorm_bwd_row.dx and dweight rows as bwd's", shape,
+                 memcmp(gdx, dxrun[1], nb) || memcmp(prow, pbwd, pw) ? 1.0 : 0.0, 0);
+        row_copy_check(copy_e5 ? "rmsnorm_bwd_row e5m2" : "rmsnorm_bwd_row e4m3", shape, rd, gdx, n, H, copy_e5);
+        free(pbwd), free(prow);
     }
     free(dwrun[0]), free(dwrun[1]), free(dxrun[0]), free(dxrun[1]);
     gu_free_dev(dpart);
@@ -545,6 +646,53 @@ static void swiglu_case(gu_module *m, int64_t F, int64_t n, const char *copies) 
     gu_free_dev(dg), gu_free_dev(du), gu_free_dev(dout), gu_free_dev(ddy);
 }
 
+/* fwd_row and bwd_row: the outputs of fwd and bwd to the bit, and their row-scaled copies with the column maxima (out's
+ * and dup's E4M3, dgate's E5M2; over 1 row of maxima for odd n, else 5); `which` of the gradients copied: 3 both, 1
+ * dgate's, 2 dup's */
+static void swiglu_row_case(gu_module *m, int64_t F, int64_t n, int which) {
+    char shape[96];
+    snprintf(shape, sizeof shape, "f%lld n%lld row copies %d", (long long)F, (long long)n, which);
+    const int64_t cnt = n * F;
+    const size_t nb = 2 * (size_t)cnt;
+    uint16_t *g = gu_rand_bf16(&rng, cnt, 2.0), *u = gu_rand_bf16(&rng, cnt, 1.0), *dy = gu_rand_bf16(&rng, cnt, 1.0);
+    uint16_t *want = malloc(nb), *got = malloc(nb), *want_u = malloc(nb);
+    uint16_t *dg = dev_copy(g, nb), *du = dev_copy(u, nb), *dout = gu_malloc(nb), *ddy = dev_copy(dy, nb);
+    float *none = NULL, e4 = 448.0f, e5 = 57344.0f, zero = 0.0f;
+    const int maxima = n % 2 ? 1 : 5;
+    void *a[] = {&dg, &du, &dout, &n, &none, &zero};
+    gu_run(m, "fwd", n, 0, a);
+    gu_download(want, dout, nb);
+    gu_poison(dout, nb);
+    row_dev ro = row_dev_new(n, F, maxima);
+    void *ar[] = {&dg, &du, &dout, &n, &e4, &ro.copy, &ro.scales, &ro.col_max, &ro.maxima};
+    gu_run(m, "fwd_row", n, 0, ar);
+    gu_download(got, dout, nb);
+    gu_check("swiglu_fwd_row.out as fwd's", shape, memcmp(got, want, nb) ? 1.0 : 0.0, 0);
+    row_copy_check("swiglu_fwd_row e4m3", shape, ro, got, n, F, false);
+    /* bwd in place on gate and up: bwd's outputs first, then bwd_row's from the same inputs */
+    void *b[] = {&ddy, &dg, &du, &n, &none, &zero, &none, &zero};
+    gu_run(m, "bwd", n, 0, b);
+    gu_download(want, dg, nb);
+    gu_download(want_u, du, nb);
+    gu_upload(dg, g, nb);
+    gu_upload(du, u, nb);
+    row_dev rg = (which & 1) ? row_dev_new(n, F, maxima) : (row_dev){NULL, NULL, NULL, 1};
+    row_dev ru = (which & 2) ? row_dev_new(n, F, maxima) : (row_dev){NULL, NULL, NULL, 1};
+    float *fg = (which & 1) ? &e5 : &zero, *fu = (which & 2) ? &e4 : &zero;
+    void *br[] = {&ddy, &dg, &du, &n, fg, &rg.copy, &rg.scales, &rg.col_max, &rg.maxima, fu, &ru.copy, &ru.scales,
+                  &ru.col_max, &ru.maxima};
+    gu_run(m, "bwd_row", n, 0, br);
+    gu_download(got, dg, nb);
+    bool same = !memcmp(got, want, nb);
+    if (which & 1) row_copy_check("swiglu_bwd_row dgate e5m2", shape, rg, got, n, F, true);
+    gu_download(got, du, nb);
+    same = same && !memcmp(got, want_u, nb);
+    if (which & 2) row_copy_check("swiglu_bwd_row dup e4m3", shape, ru, got, n, F, false);
+    gu_check("swiglu_bwd_row.dgate and dup as bwd's", shape, same ? 0.0 : 1.0, 0);
+    free(g), free(u), free(dy), free(want), free(got), free(want_u);
+    gu_free_dev(dg), gu_free_dev(du), gu_free_dev(dout), gu_free_dev(ddy);
+}
+
 static void test_swiglu(void **state) {
     (void)state;
     const int64_t F[] = {8192, 14336, 25600};
@@ -560,6 +708,7 @@ static void test_swiglu(void **state) {
                 static int turn;
                 bool copies = i % 2 && cp_k_fp8_copies(&m->spec, "fwd");
                 swiglu_case(m, F[f], ROWS[i], copies ? entries[turn++ % 3] : NULL);
+                if (cp_k_fp8_row_copies(&m->spec, "bwd")) swiglu_row_case(m, F[f], ROWS[i], 1 + turn++ % 3);
             }
         gu_free(m);
     }
