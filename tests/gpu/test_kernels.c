@@ -422,44 +422,32 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
     gu_check("rmsnorm_bwd.dweight x3", shape, gu_rel_err_f32(dwgpu, dwref, H), TOL_F32_SUM);
     gu_check("rmsnorm_bwd.repeat", shape,
              memcmp(dwrun[0], dwrun[1], 4 * (size_t)H) || memcmp(dxrun[0], dxrun[1], nb) ? 1.0 : 0.0, 0);
-    /* bwd_copy where the kernel can: bwd's dx and dweight rows to the bit, and dx's FP8 copy beside them (E5M2 for
-     * odd n, else E4M3) */
-    if (cp_k_fp8_copies(&m->spec, "bwd")) {
-        const size_t pw = (size_t)parts * (size_t)H * 4; /* the rows the grid writes */
-        float *pbwd = malloc(pw), *pcopy = malloc(pw);
-        gu_download(pbwd, dpart, pw); /* the last bwd call's */
+    /* bwd_copy and bwd_row where the kernel has them: bwd's dx and dweight rows to the bit, and dx's FP8 copy beside
+     * them (E5M2 for odd n, else E4M3), with 1 x 128 scales or a scale per row and the column maxima over 2 rows */
+    const size_t pw = (size_t)parts * (size_t)H * 4; /* the rows the grid writes */
+    float *pbwd = malloc(pw), *ptwin = malloc(pw);
+    gu_download(pbwd, dpart, pw); /* the last bwd call's */
+    for (int row = 0; row < 2; row++) {
+        if (!(row ? cp_k_fp8_row_copies(&m->spec, "bwd") : cp_k_fp8_copies(&m->spec, "bwd"))) continue;
         if (resid) gu_upload(ddx, gres, nb);
         else gu_poison(ddx, nb);
         gu_poison(dpart, pb);
-        copy_dev bc = copy_dev_new(n, H);
+        copy_dev bc = row ? (copy_dev){NULL, NULL} : copy_dev_new(n, H);
+        row_dev rd = row ? row_dev_new(n, H, 2) : (row_dev){NULL, NULL, NULL, 0};
         void *bcopy[] = {&dgo, &dxin, &dw, &drs, &ddres, &ddx, &dpart, &n, &fmax_copy, &bc.copy, &bc.scales};
-        gu_run(m, "bwd_copy", n, 0, bcopy);
-        gu_download(gdx, ddx, nb);
-        gu_download(pcopy, dpart, pw);
-        gu_check("rmsnorm_bwd_copy.dx and dweight rows as bwd's", shape,
-                 memcmp(gdx, dxrun[1], nb) || memcmp(pcopy, pbwd, pw) ? 1.0 : 0.0, 0);
-        copy_check(copy_e5 ? "rmsnorm_bwd.copy e5m2" : "rmsnorm_bwd.copy e4m3", shape, bc, gdx, n, H, copy_e5);
-        free(pbwd), free(pcopy);
-    }
-    /* bwd_row where the kernel can: the same with dx's row-scaled copy and its column maxima over 2 rows */
-    if (cp_k_fp8_row_copies(&m->spec, "bwd")) {
-        const size_t pw = (size_t)parts * (size_t)H * 4;
-        float *pbwd = malloc(pw), *prow = malloc(pw);
-        gu_download(pbwd, dpart, pw);
-        if (resid) gu_upload(ddx, gres, nb);
-        else gu_poison(ddx, nb);
-        gu_poison(dpart, pb);
-        row_dev rd = row_dev_new(n, H, 2);
         void *brow[] = {&dgo, &dxin, &dw, &drs, &ddres, &ddx, &dpart, &n, &fmax_copy, &rd.copy, &rd.scales,
                         &rd.col_max, &rd.maxima};
-        gu_run(m, "bwd_row", n, 0, brow);
+        gu_run(m, row ? "bwd_row" : "bwd_copy", n, 0, row ? brow : bcopy);
         gu_download(gdx, ddx, nb);
-        gu_download(prow, dpart, pw);
-        gu_check("rmsnorm_bwd_row.dx and dweight rows as bwd's", shape,
-                 memcmp(gdx, dxrun[1], nb) || memcmp(prow, pbwd, pw) ? 1.0 : 0.0, 0);
-        row_copy_check(copy_e5 ? "rmsnorm_bwd_row e5m2" : "rmsnorm_bwd_row e4m3", shape, rd, gdx, n, H, copy_e5);
-        free(pbwd), free(prow);
+        gu_download(ptwin, dpart, pw);
+        gu_check(row ? "rmsnorm_bwd_row.dx and dweight rows as bwd's" : "rmsnorm_bwd_copy.dx and dweight rows as bwd's",
+                 shape, memcmp(gdx, dxrun[1], nb) || memcmp(ptwin, pbwd, pw) ? 1.0 : 0.0, 0);
+        if (row)
+            row_copy_check(copy_e5 ? "rmsnorm_bwd_row e5m2" : "rmsnorm_bwd_row e4m3", shape, rd, gdx, n, H, copy_e5);
+        else
+            copy_check(copy_e5 ? "rmsnorm_bwd.copy e5m2" : "rmsnorm_bwd.copy e4m3", shape, bc, gdx, n, H, copy_e5);
     }
+    free(pbwd), free(ptwin);
     free(dwrun[0]), free(dwrun[1]), free(dxrun[0]), free(dxrun[1]);
     gu_free_dev(dpart);
     if (dslot) gu_free_dev(dslot);
