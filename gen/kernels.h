@@ -60,7 +60,11 @@ void cp_rope_inv_freq(const cp_model *m, double *inv_freq);
  * gate_amax_fmax, up_amax_slot|NULL, up_amax_fmax): gate,up <- dgate,dup in place. The amax slots as rmsnorm's.
  * With FP8 copies (u8[n][F] and 1 x 128 scales, as rmsnorm's fwd_copy): fwd_copy(gate, up, out, n, fmax, copy,
  * scales); bwd_copy, bwd_copy_gate, bwd_copy_up(dout, gate, up, n, gate_fmax, gate_copy, gate_scales, up_fmax,
- * up_copy, up_scales) write both gradients' copies, dgate's or dup's (the other's arguments unused). */
+ * up_copy, up_scales) write both gradients' copies, dgate's or dup's (the other's arguments unused). With row scales,
+ * where cp_k_fp8_row_copies says so: fwd_row(gate, up, out, n, fmax, copy u8[n][F], scales f32[n], col_max
+ * f32[col_max_rows][F] | NULL, col_max_rows i32) and bwd_row(dout, gate, up, n, then those five for dgate and for dup,
+ * copy NULL for none) write the copies with a scale per row and the column maxima as rmsnorm's fwd_row does, a row a
+ * block of 512 threads at a time over a persistent grid. */
 void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn);
 /* Whether entry `role` of module k can write an FP8 copy of its output with 1 x 128 scales beside it (rmsnorm's fwd
  * and bwd, swiglu's fwd and bwd, rope's bwd, ulysses' unpack, when their rows split into whole blocks of 128 as the
