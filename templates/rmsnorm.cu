@@ -60,7 +60,7 @@ static_assert((DW_V == 4 || DW_V == 1) && HIDDEN % DW_V == 0 && DW_BLOCK <= 1024
 // cp_k_fp8_copies tells the planner)
 #define COPY_OK (VEC == 8 && HIDDEN % 128 == 0 && TPR % 16 == 0)
 #define COPY_OK_B (VEC == 8 && HIDDEN % 128 == 0 && TPR_B % 16 == 0) // bwd_copy's, as COPY_OK
-#define ROW_OK (VEC == 8) // fwd_row, bwd_row: a row's vectors are 8 values (as cp_k_fp8_copies tells the planner)
+#define ROW_OK (VEC == 8) // fwd_row, bwd_row: a row's vectors are 8 values (as cp_k_fp8_row_copies tells the planner)
 
 template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
 typedef bvec<VEC> vec_t;
@@ -162,9 +162,9 @@ static __device__ __forceinline__ void col_max_add(const col_maxima<N> &cm, int 
 // fwd's row for thread `lane` of its TPR: out (and sum_out, rstd) stored, and s left holding out's values as stored
 // (0 outside the row). A row past n computes on row n-1 (for the shuffles) and stores nothing.
 static __device__ __forceinline__ void fwd_one_row(const bf16 *__restrict__ x, const bf16 *__restrict__ resid,
-                                               bf16 *__restrict__ sum_out, const bf16 *__restrict__ weight,
-                                               bf16 *__restrict__ out, float *__restrict__ rstd, i64 n, i64 row,
-                                               int lane, float (&s)[NV][VEC]) {
+                                                   bf16 *__restrict__ sum_out, const bf16 *__restrict__ weight,
+                                                   bf16 *__restrict__ out, float *__restrict__ rstd, i64 n, i64 row,
+                                                   int lane, float (&s)[NV][VEC]) {
     const bool valid = row < n;
     const i64 base = (valid ? row : n - 1) * HIDDEN;
     vec_t xv[NV], wv[NV];
