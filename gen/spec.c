@@ -1409,6 +1409,41 @@ void cp_machine_defaults(cp_machine *m) {
     m->host_adamw_gbps = 40;
 }
 
+#define MACHINE_NUM(field, ...) {#field, offsetof(cp_machine, field), __VA_ARGS__}
+const cp_machine_num cp_machine_nums[] = {
+    MACHINE_NUM(peak_tflops, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(gemm_tflops, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_gemm_tflops, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_gemm_fast_tflops, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_block_gemm_tflops, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_block_wgrad_tflops, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_cpgen_gemm_tflops, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_cpgen_wgrad_tflops, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_cast_gbps, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_cast_t_gbps, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_cast_row_gbps, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_copy_gbps, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(fp8_copy_row_gbps, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(attn_fwd_tflops, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(attn_bwd_tflops, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(attn_fwd_tflops_d64, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(attn_bwd_tflops_d64, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(hbm_gbps, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(host_gbps, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(a2a_gbps, false, CP_MACHINE_WRITE_ALWAYS),
+    MACHINE_NUM(allgather_gbps, false, CP_MACHINE_WRITE_ALWAYS),
+    /* only runs of several groups use it: a one-group spec writes what it wrote before */
+    MACHINE_NUM(net_gbps, false, CP_MACHINE_WRITE_GROUPS),
+    /* the host optimizer's rate and the fixed costs where they are not the defaults, likewise */
+    MACHINE_NUM(host_adamw_gbps, false, CP_MACHINE_WRITE_NOT_DEFAULT),
+    MACHINE_NUM(kernel_us, true, CP_MACHINE_WRITE_NOT_DEFAULT),
+    MACHINE_NUM(gemm_us, true, CP_MACHINE_WRITE_NOT_DEFAULT),
+    MACHINE_NUM(coll_us, true, CP_MACHINE_WRITE_NOT_DEFAULT),
+    MACHINE_NUM(net_us, true, CP_MACHINE_WRITE_NOT_DEFAULT),
+};
+const size_t cp_machine_nnums = CP_ARRAY_LEN(cp_machine_nums);
+#undef MACHINE_NUM
+
 static int read_rest(ctx *c, int top, cp_spec *s) {
     int t, e;
     TRY(section(c, top, "data", false, "", &t));
@@ -1466,33 +1501,8 @@ static int read_rest(ctx *c, int top, cp_spec *s) {
     TRY(get_int(c, t, "machine", "comm_reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->comm_reserve));
     TRY(get_int(c, t, "machine", "host_reserve", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_reserve));
     TRY(get_int(c, t, "machine", "host_runtime", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX, &m->host_runtime));
-    TRY(get_num(c, t, "machine", "peak_tflops", &m->peak_tflops));
-    TRY(get_num(c, t, "machine", "gemm_tflops", &m->gemm_tflops));
-    TRY(get_num(c, t, "machine", "fp8_gemm_tflops", &m->fp8_gemm_tflops));
-    TRY(get_num(c, t, "machine", "fp8_gemm_fast_tflops", &m->fp8_gemm_fast_tflops));
-    TRY(get_num(c, t, "machine", "fp8_block_gemm_tflops", &m->fp8_block_gemm_tflops));
-    TRY(get_num(c, t, "machine", "fp8_block_wgrad_tflops", &m->fp8_block_wgrad_tflops));
-    TRY(get_num(c, t, "machine", "fp8_cpgen_gemm_tflops", &m->fp8_cpgen_gemm_tflops));
-    TRY(get_num(c, t, "machine", "fp8_cpgen_wgrad_tflops", &m->fp8_cpgen_wgrad_tflops));
-    TRY(get_num(c, t, "machine", "attn_fwd_tflops", &m->attn_fwd_tflops));
-    TRY(get_num(c, t, "machine", "attn_bwd_tflops", &m->attn_bwd_tflops));
-    TRY(get_num(c, t, "machine", "attn_fwd_tflops_d64", &m->attn_fwd_tflops_d64));
-    TRY(get_num(c, t, "machine", "attn_bwd_tflops_d64", &m->attn_bwd_tflops_d64));
-    TRY(get_num(c, t, "machine", "hbm_gbps", &m->hbm_gbps));
-    TRY(get_num(c, t, "machine", "fp8_cast_gbps", &m->fp8_cast_gbps));
-    TRY(get_num(c, t, "machine", "fp8_cast_t_gbps", &m->fp8_cast_t_gbps));
-    TRY(get_num(c, t, "machine", "fp8_cast_row_gbps", &m->fp8_cast_row_gbps));
-    TRY(get_num(c, t, "machine", "fp8_copy_gbps", &m->fp8_copy_gbps));
-    TRY(get_num(c, t, "machine", "fp8_copy_row_gbps", &m->fp8_copy_row_gbps));
-    TRY(get_num(c, t, "machine", "host_gbps", &m->host_gbps));
-    TRY(get_num(c, t, "machine", "a2a_gbps", &m->a2a_gbps));
-    TRY(get_num(c, t, "machine", "allgather_gbps", &m->allgather_gbps));
-    TRY(get_num(c, t, "machine", "net_gbps", &m->net_gbps));
-    TRY(get_num(c, t, "machine", "host_adamw_gbps", &m->host_adamw_gbps));
-    TRY(get_num(c, t, "machine", "kernel_us", &m->kernel_us));
-    TRY(get_num(c, t, "machine", "gemm_us", &m->gemm_us));
-    TRY(get_num(c, t, "machine", "coll_us", &m->coll_us));
-    TRY(get_num(c, t, "machine", "net_us", &m->net_us));
+    for (size_t i = 0; i < cp_machine_nnums; i++)
+        TRY(get_num(c, t, "machine", cp_machine_nums[i].key, cp_machine_num_at(m, &cp_machine_nums[i])));
     TRY(get_cint(c, t, "machine", "ranks_per_gpu", &m->ranks_per_gpu));
     TRY(get_int(c, t, "machine", "comm_reserve_shared", INT_BYTES, INT64_MIN, MACHINE_BYTES_MAX,
                 &m->comm_reserve_shared));
@@ -1806,47 +1816,20 @@ static int validate(ctx *c, cp_spec *s) {
     if (mc->host_runtime < 0 || mc->host_runtime > mc->host_reserve)
         return fail(c, "machine.host_runtime", " = %lld: must be between 0 and machine.host_reserve (%lld), of which it "
                     "is a part", (long long)mc->host_runtime, (long long)mc->host_reserve);
-    struct {
-        const char *path;
-        double v;
-    } rates[] = {{"machine.peak_tflops", mc->peak_tflops},
-                 {"machine.gemm_tflops", mc->gemm_tflops},
-                 {"machine.fp8_gemm_tflops", mc->fp8_gemm_tflops},
-                 {"machine.fp8_gemm_fast_tflops", mc->fp8_gemm_fast_tflops},
-                 {"machine.fp8_block_gemm_tflops", mc->fp8_block_gemm_tflops},
-                 {"machine.fp8_block_wgrad_tflops", mc->fp8_block_wgrad_tflops},
-                 {"machine.fp8_cpgen_gemm_tflops", mc->fp8_cpgen_gemm_tflops},
-                 {"machine.fp8_cpgen_wgrad_tflops", mc->fp8_cpgen_wgrad_tflops},
-                 {"machine.attn_fwd_tflops", mc->attn_fwd_tflops},
-                 {"machine.attn_bwd_tflops", mc->attn_bwd_tflops},
-                 {"machine.attn_fwd_tflops_d64", mc->attn_fwd_tflops_d64},
-                 {"machine.attn_bwd_tflops_d64", mc->attn_bwd_tflops_d64},
-                 {"machine.hbm_gbps", mc->hbm_gbps},
-                 {"machine.fp8_cast_gbps", mc->fp8_cast_gbps},
-                 {"machine.fp8_cast_t_gbps", mc->fp8_cast_t_gbps},
-                 {"machine.fp8_cast_row_gbps", mc->fp8_cast_row_gbps},
-                 {"machine.fp8_copy_gbps", mc->fp8_copy_gbps},
-                 {"machine.fp8_copy_row_gbps", mc->fp8_copy_row_gbps},
-                 {"machine.host_gbps", mc->host_gbps},
-                 {"machine.a2a_gbps", mc->a2a_gbps},
-                 {"machine.allgather_gbps", mc->allgather_gbps},
-                 {"machine.net_gbps", mc->net_gbps},
-                 {"machine.host_adamw_gbps", mc->host_adamw_gbps}};
-    /* the cost model divides work by these: 1e-300 TF/s made a step of 1e299 s, and 1e308 GB/s is infinite once in
-     * bytes per second */
-    for (size_t i = 0; i < CP_ARRAY_LEN(rates); i++)
-        if (bad_pos(rates[i].v) || rates[i].v < 1e-3 || rates[i].v > 1e6)
-            return fail(c, rates[i].path, " = %g: must be a rate between 0.001 and 1e6 (%s per GPU; it divides work "
-                        "in the cost model)", rates[i].v, strstr(rates[i].path, "tflops") ? "TF/s" : "GB/s");
-    const struct {
-        const char *path;
-        double v;
-    } fixed[] = {{"machine.kernel_us", mc->kernel_us}, {"machine.gemm_us", mc->gemm_us},
-                 {"machine.coll_us", mc->coll_us}, {"machine.net_us", mc->net_us}};
-    for (size_t i = 0; i < CP_ARRAY_LEN(fixed); i++)
-        if (!(fixed[i].v >= 0 && fixed[i].v <= 1e6))
-            return fail(c, fixed[i].path, " = %g: must be between 0 and 1e6 microseconds (a fixed cost per step of the "
-                        "cost model)", fixed[i].v);
+    for (size_t i = 0; i < cp_machine_nnums; i++) {
+        const cp_machine_num *k = &cp_machine_nums[i];
+        const double v = cp_machine_num_of(mc, k);
+        char path[64];
+        snprintf(path, sizeof path, "machine.%s", k->key);
+        /* the cost model divides work by a rate: 1e-300 TF/s made a step of 1e299 s, and 1e308 GB/s is infinite once
+         * in bytes per second */
+        if (!k->fixed_cost && (bad_pos(v) || v < 1e-3 || v > 1e6))
+            return fail(c, path, " = %g: must be a rate between 0.001 and 1e6 (%s per GPU; it divides work in the cost "
+                        "model)", v, strstr(k->key, "tflops") ? "TF/s" : "GB/s");
+        if (k->fixed_cost && !(v >= 0 && v <= 1e6))
+            return fail(c, path, " = %g: must be between 0 and 1e6 microseconds (a fixed cost per step of the cost "
+                        "model)", v);
+    }
 
     /* Cross-field rules. */
     int64_t H = m->heads, KV = m->kv_heads, C = p->gpus, S = tr->seq_len;

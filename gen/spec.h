@@ -3,6 +3,7 @@
 #define CP_SPEC_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define CP_NAME_MAX 64
@@ -157,7 +158,7 @@ typedef struct {
     double fp8_cast_t_gbps;     /* the FP8 casts that write a transposed copy */
     double fp8_cast_row_gbps;   /* the row-scaled FP8 casts */
     double fp8_copy_gbps;       /* the FP8 copies rmsnorm and SwiGLU write beside their outputs, beyond their own bytes */
-    double fp8_copy_row_gbps;   /* the row-scaled ones rmsnorm writes, likewise */
+    double fp8_copy_row_gbps;   /* the row-scaled ones, likewise */
     double host_gbps;           /* pinned host <-> device, each way */
     double a2a_gbps;            /* all-to-all bus bandwidth */
     double allgather_gbps;      /* all-gather / reduce-scatter bus bandwidth */
@@ -171,6 +172,28 @@ typedef struct {
 /* The default machine (one H200, 128 GiB of host memory): the cost model's table of rates, fixed costs and memory
  * reserves, each with where it was measured (gen/spec.c). */
 void cp_machine_defaults(cp_machine *m);
+
+/* The machine's numeric keys, rates (TF/s, GB/s) and fixed costs (microseconds), as one list that reading, checking
+ * and writing a spec go through: the key under machine, its field, and when a written spec carries it */
+typedef enum {
+    CP_MACHINE_WRITE_ALWAYS,
+    CP_MACHINE_WRITE_GROUPS,      /* where the run has several groups (replicas x rings): the network's */
+    CP_MACHINE_WRITE_NOT_DEFAULT  /* where it differs from cp_machine_defaults' */
+} cp_machine_write;
+typedef struct {
+    const char *key;
+    size_t offset;     /* of its double in cp_machine */
+    bool fixed_cost;   /* microseconds a step, not a rate */
+    cp_machine_write write;
+} cp_machine_num;
+extern const cp_machine_num cp_machine_nums[];
+extern const size_t cp_machine_nnums;
+static inline double *cp_machine_num_at(cp_machine *m, const cp_machine_num *k) {
+    return (double *)((char *)m + k->offset);
+}
+static inline double cp_machine_num_of(const cp_machine *m, const cp_machine_num *k) {
+    return *(const double *)((const char *)m + k->offset);
+}
 
 typedef struct {
     char path[CP_PATH_MAX];     /* file it came from, or "<embedded>/tiny.lua" */

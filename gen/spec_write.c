@@ -127,37 +127,16 @@ void cp_spec_write_lua(const cp_spec *s, cp_str *o) {
     put_int(o, "comm_reserve", mc->comm_reserve);
     put_int(o, "host_reserve", mc->host_reserve);
     put_int(o, "host_runtime", mc->host_runtime);
-    put_num(o, "peak_tflops", mc->peak_tflops);
-    put_num(o, "gemm_tflops", mc->gemm_tflops);
-    put_num(o, "fp8_gemm_tflops", mc->fp8_gemm_tflops);
-    put_num(o, "fp8_gemm_fast_tflops", mc->fp8_gemm_fast_tflops);
-    put_num(o, "fp8_block_gemm_tflops", mc->fp8_block_gemm_tflops);
-    put_num(o, "fp8_block_wgrad_tflops", mc->fp8_block_wgrad_tflops);
-    put_num(o, "fp8_cpgen_gemm_tflops", mc->fp8_cpgen_gemm_tflops);
-    put_num(o, "fp8_cpgen_wgrad_tflops", mc->fp8_cpgen_wgrad_tflops);
-    put_num(o, "fp8_cast_gbps", mc->fp8_cast_gbps);
-    put_num(o, "fp8_cast_t_gbps", mc->fp8_cast_t_gbps);
-    put_num(o, "fp8_cast_row_gbps", mc->fp8_cast_row_gbps);
-    put_num(o, "fp8_copy_gbps", mc->fp8_copy_gbps);
-    put_num(o, "fp8_copy_row_gbps", mc->fp8_copy_row_gbps);
-    put_num(o, "attn_fwd_tflops", mc->attn_fwd_tflops);
-    put_num(o, "attn_bwd_tflops", mc->attn_bwd_tflops);
-    put_num(o, "attn_fwd_tflops_d64", mc->attn_fwd_tflops_d64);
-    put_num(o, "attn_bwd_tflops_d64", mc->attn_bwd_tflops_d64);
-    put_num(o, "hbm_gbps", mc->hbm_gbps);
-    put_num(o, "host_gbps", mc->host_gbps);
-    put_num(o, "a2a_gbps", mc->a2a_gbps);
-    put_num(o, "allgather_gbps", mc->allgather_gbps);
-    /* only runs of several groups use it: a one-group spec writes what it wrote before */
-    if (s->parallel.replicas * s->parallel.ring > 1) put_num(o, "net_gbps", mc->net_gbps);
-    /* the fixed costs where they are not the defaults: a spec that keeps them writes what it wrote before */
     cp_machine d;
     cp_machine_defaults(&d);
-    if (mc->host_adamw_gbps != d.host_adamw_gbps) put_num(o, "host_adamw_gbps", mc->host_adamw_gbps);
-    if (mc->kernel_us != d.kernel_us) put_num(o, "kernel_us", mc->kernel_us);
-    if (mc->gemm_us != d.gemm_us) put_num(o, "gemm_us", mc->gemm_us);
-    if (mc->coll_us != d.coll_us) put_num(o, "coll_us", mc->coll_us);
-    if (mc->net_us != d.net_us) put_num(o, "net_us", mc->net_us);
+    for (size_t i = 0; i < cp_machine_nnums; i++) {
+        const cp_machine_num *k = &cp_machine_nums[i];
+        const double v = cp_machine_num_of(mc, k);
+        if (k->write == CP_MACHINE_WRITE_ALWAYS ||
+            (k->write == CP_MACHINE_WRITE_GROUPS && s->parallel.replicas * s->parallel.ring > 1) ||
+            (k->write == CP_MACHINE_WRITE_NOT_DEFAULT && v != cp_machine_num_of(&d, k)))
+            put_num(o, k->key, v);
+    }
     if (mc->ranks_per_gpu > 1) {
         put_int(o, "ranks_per_gpu", mc->ranks_per_gpu);
         put_int(o, "comm_reserve_shared", mc->comm_reserve_shared);

@@ -321,6 +321,36 @@ static void test_set_overrides(void **state) {
     assert_int_equal(spec.parallel.upipe_heads, 2);
 }
 
+/* Every rate and fixed cost of the machine (cp_machine_nums, the one list the reading, the checks and the writing go
+ * through): --set reads it into its field; a written spec carries it where it should (the network's only for several
+ * groups) and reads back to the same value; a rate of 0 and a negative fixed cost are refused with the key's path. */
+static void test_machine_numbers(void **state) {
+    (void)state;
+    for (size_t i = 0; i < cp_machine_nnums; i++) {
+        const cp_machine_num *k = &cp_machine_nums[i];
+        char set[96], line[96], path[64];
+        snprintf(set, sizeof set, "machine.%s=7.5", k->key);
+        const char *sets[] = {set};
+        load_ok("tiny", sets, 1);
+        const double v = cp_machine_num_of(&spec.machine, k);
+        if (v != 7.5) fail_msg("%s read as %g", set, v);
+        cp_str text = {0};
+        cp_spec_write_lua(&spec, &text);
+        snprintf(line, sizeof line, "%s = 7.5", k->key);
+        const bool written = strstr(text.data, line) != NULL;
+        if (written != (k->write != CP_MACHINE_WRITE_GROUPS))
+            fail_msg("%s: written %d in:\n%s", k->key, written, text.data);
+        cp_spec b;
+        if (cp_spec_load_string("resolved.lua", text.data, NULL, 0, &b, err, sizeof err)) fail_msg("%s", err);
+        assert_true(!written || cp_machine_num_of(&b.machine, k) == 7.5);
+        cp_str_free(&text);
+        snprintf(set, sizeof set, "machine.%s=%s", k->key, k->fixed_cost ? "-1" : "0");
+        snprintf(path, sizeof path, "machine.%s", k->key);
+        assert_int_equal(load_bad("tiny", sets, 1), -1);
+        assert_contains(err, path);
+    }
+}
+
 static void test_inheritance(void **state) {
     (void)state;
     load_ok("examples/llama8b_2layers.lua", NULL, 0);
@@ -887,7 +917,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_llama8b),       cmocka_unit_test(test_qwen32b),
         cmocka_unit_test(test_tiny),          cmocka_unit_test(test_every_shipped_spec_loads),
         cmocka_unit_test(test_lengths),       cmocka_unit_test(test_defaults),
-        cmocka_unit_test(test_set_overrides), cmocka_unit_test(test_inheritance),
+        cmocka_unit_test(test_set_overrides), cmocka_unit_test(test_machine_numbers),
+        cmocka_unit_test(test_inheritance),
         cmocka_unit_test(test_upipe_auto),    cmocka_unit_test(test_check),
         cmocka_unit_test(test_replicas_ring), cmocka_unit_test(test_eval_keys),
         cmocka_unit_test(test_document_keys), cmocka_unit_test(test_precision_key),
