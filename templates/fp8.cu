@@ -630,12 +630,12 @@ __device__ __forceinline__ void cast_row_in(const bf16 *__restrict__ src, i64 ro
             if (u * GROUP + lane < vrow) col_max[g * vrow + u * GROUP + lane] = *reinterpret_cast<const uint4 *>(cm[u]);
         __syncthreads();
         const bf16 *cmax = reinterpret_cast<const bf16 *>(col_max);
-        unsigned *chunk = reinterpret_cast<unsigned *>(parts) + first / ROWT_CHUNK * cols;
+        float *chunk = parts + first / ROWT_CHUNK * cols;
         for (i64 c = threadIdx.x; c < cols; c += BLOCK) {
             float x = 0.0f;
 #pragma unroll
             for (int k = 0; k < per_block; k++) x = fmaxf(x, __bfloat162float(cmax[k * cols + c]));
-            atomicMax(chunk + c, __float_as_uint(x));
+            fp8_col_max_add(chunk + c, x);
         }
     }
 }

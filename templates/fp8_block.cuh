@@ -6,6 +6,7 @@
 // (train.fp8_scaling = "row", fp8.cu's cast_row and cast_rt_row).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 template <__nv_fp8_interpretation_t KIND>
@@ -91,4 +92,14 @@ __device__ __forceinline__ void fp8_row_vector(const float *f, float q, float fm
 // (zeroed before): an atomic max of the float's bits, which order as the floats do for m >= 0
 __device__ __forceinline__ void fp8_col_max_add(float *col_max, float m) {
     atomicMax(reinterpret_cast<unsigned *>(col_max), __float_as_uint(m));
+}
+
+// Eight consecutive columns' maxima, kept as four pairs of bf16 (which hold a bf16 tensor's exactly), into col_max
+__device__ __forceinline__ void fp8_col_max_add8(float *col_max, const __nv_bfloat162 *m) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 f = __bfloat1622float2(m[j]);
+        fp8_col_max_add(col_max + 2 * j, f.x);
+        fp8_col_max_add(col_max + 2 * j + 1, f.y);
+    }
 }

@@ -152,11 +152,7 @@ static __device__ __forceinline__ void col_max_add(const col_maxima<N> &cm, int 
     col_max += (i64)(blockIdx.x % rows) * HIDDEN;
 #pragma unroll
     for (int k = 0; k < N; k++)
-        if (in_row<P, N>(k, lane))
-#pragma unroll
-            for (int i = 0; i < VEC; i++)
-                fp8_col_max_add(col_max + (lane + k * P) * VEC + i,
-                                i % 2 ? __high2float(cm.m[k][i / 2]) : __low2float(cm.m[k][i / 2]));
+        if (in_row<P, N>(k, lane)) fp8_col_max_add8(col_max + (lane + k * P) * VEC, cm.m[k]);
 }
 
 // fwd's row for thread `lane` of its TPR: out (and sum_out, rstd) stored, and s left holding out's values as stored

@@ -286,16 +286,8 @@ template <bool SHARED> struct col_maxima {
         if (!a.copy || !a.col_max) return;
         float *c = a.col_max + (i64)(blockIdx.x % a.col_max_rows) * FFN;
 #pragma unroll
-        for (int k = 0; k < ROW_VECS; k++) {
-            if (!in_row(k)) continue;
-#pragma unroll
-            for (int j = 0; j < VEC / 2; j++) {
-                const float2 m = __bfloat1622float2(at(k)[j]);
-                const int col = ((int)threadIdx.x + k * ROW_THREADS) * VEC + 2 * j;
-                fp8_col_max_add(c + col, m.x);
-                fp8_col_max_add(c + col + 1, m.y);
-            }
-        }
+        for (int k = 0; k < ROW_VECS; k++)
+            if (in_row(k)) fp8_col_max_add8(c + ((int)threadIdx.x + k * ROW_THREADS) * VEC, at(k));
     }
 };
 
