@@ -14,6 +14,7 @@
  * iteration: all loads of an iteration are issued before any store, so this is the bytes in flight per thread. */
 #define EW_BLOCK 256
 #define EW_UNROLL 4
+#define SWIGLU_ROW_THREADS 512 /* a block of SwiGLU's row entries: one row at a time */
 /* embedding bwd_sorted: vectors per thread of a column chunk, rows loaded at once, waves of blocks in the grid */
 #define EMB_SCOLS 2
 #define EMB_SROWS 2
@@ -122,6 +123,18 @@ static void rows_split(int64_t nvec, int target, int *tpr, int *nv) {
     *nv = bestnv;
 }
 
+/* The row-scaled FP8 producers' pipes (templates/row_pipe.cuh): `stages` rows of `words` 16-byte vectors a thread of
+ * `threads` in dynamic shared memory */
+static int64_t row_pipe_bytes(int64_t stages, int64_t words, int64_t threads) { return stages * words * threads * 16; }
+
+/* Rows in flight for a pipe beside `static_bytes` of the kernel's own shared memory: three where they fit in a block's
+ * shared memory on Hopper (227 KB; the FP8 copies are Hopper's), two where only those fit, else 0 (no such entry) */
+static int64_t row_pipe_stages(int64_t words, int64_t threads, int64_t static_bytes) {
+    for (int64_t s = 3; s >= 2; s--)
+        if (row_pipe_bytes(s, words, threads) + static_bytes <= 227 * 1024) return s;
+    return 0;
+}
+
 void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps) {
     cp_kspec_init(k, "rmsnorm");
     int vec = bf16_vec(hidden), tpr, nv, tprb, nvb;
@@ -144,6 +157,11 @@ void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps) {
     cp_kspec_set_int(k, "NV_B", nvb);
     cp_kspec_set_int(k, "RPB_B", rpbb);
     cp_kspec_set_int(k, "MIN_BLOCKS_B", CP_MAX(1, 512 / (tprb * rpbb)));
+    /* fwd_row's pipe holds x's and resid's vectors, bwd_row's dout's, x's and dresid's (static: the reductions' and
+     * bwd's few-column sums) */
+    const int64_t rmsnorm_static = 16 * 1024;
+    cp_kspec_set_int(k, "ROW_STAGES", vec == 8 ? row_pipe_stages(2 * nv, tpr * rpb, rmsnorm_static) : 0);
+    cp_kspec_set_int(k, "ROW_STAGES_B", vec == 8 ? row_pipe_stages(3 * nvb, tprb * rpbb, rmsnorm_static) : 0);
     /* bwd_dw: a float4 of columns per thread when the row allows, 8 threads across and 32 down a block */
     cp_kspec_set_int(k, "DW_V", hidden % 4 == 0 ? 4 : 1);
     cp_kspec_set_int(k, "DW_TPC", 8);
@@ -203,6 +221,14 @@ void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn) {
     cp_kspec_set_int(k, "VEC", bf16_vec(ffn));
     cp_kspec_set_int(k, "BLOCK", EW_BLOCK);
     cp_kspec_set_int(k, "UNROLL", 2);
+    cp_kspec_set_int(k, "ROW_THREADS", SWIGLU_ROW_THREADS);
+    /* the row entries (templates/swiglu.cu): a row a block of SWIGLU_ROW_THREADS at a time, at most 4 vectors of 8 a
+     * thread; fwd_row's pipe holds gate's and up's vectors, bwd_row's dout's too, beside dup's column maxima */
+    const int64_t row_vecs = ceil_div(ffn / 8, SWIGLU_ROW_THREADS);
+    const bool row = bf16_vec(ffn) == 8 && row_vecs <= 4;
+    const int64_t maxima = row_vecs * SWIGLU_ROW_THREADS * 16 + 1024;
+    cp_kspec_set_int(k, "ROW_STAGES_F", row ? row_pipe_stages(2 * row_vecs, SWIGLU_ROW_THREADS, 1024) : 0);
+    cp_kspec_set_int(k, "ROW_STAGES_B", row ? row_pipe_stages(3 * row_vecs, SWIGLU_ROW_THREADS, maxima) : 0);
 }
 
 bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role) {
@@ -223,10 +249,11 @@ bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role) {
 }
 
 bool cp_k_fp8_row_copies(const cp_kernel_spec *k, const char *role) {
-    /* as ROW_OK in templates/rmsnorm.cu and swiglu.cu (a SwiGLU row in registers: 4 vectors of 8 a thread of 512) */
+    /* the entries fwd_row and bwd_row where they have pipes (ROW_OK in templates/rmsnorm.cu and swiglu.cu) */
     const bool swiglu = !strcmp(k->family, "swiglu");
-    return (swiglu || !strcmp(k->family, "rmsnorm")) && (!strcmp(role, "fwd") || !strcmp(role, "bwd")) &&
-           get_int(k, "VEC") == 8 && (!swiglu || get_int(k, "FFN") <= 16384);
+    if (!swiglu && strcmp(k->family, "rmsnorm")) return false;
+    if (!strcmp(role, "fwd")) return get_int(k, swiglu ? "ROW_STAGES_F" : "ROW_STAGES") > 0;
+    return !strcmp(role, "bwd") && get_int(k, "ROW_STAGES_B") > 0;
 }
 
 void cp_k_loss(cp_kernel_spec *k, int64_t vocab) {
@@ -384,11 +411,15 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             int64_t rpb = get_int(k, "RPB");
             d->block = (unsigned)(get_int(k, "TPR") * rpb);
             d->grid[0] = blocks_for(n, rpb, (int64_t)sms * get_int(k, "MIN_BLOCKS"));
+            d->smem = (unsigned)row_pipe_bytes(get_int(k, "ROW_STAGES"), 2 * get_int(k, "NV"), d->block);
         } else if (strcmp(role, "bwd") == 0 || strcmp(role, "bwd_copy") == 0 || strcmp(role, "bwd_row") == 0) {
-            /* persistent: about two rounds of the blocks that fit at once */
+            /* persistent: about two rounds of the blocks that fit at once (the same for all three, so that dweight's
+             * parts are summed alike) */
             int64_t rpb = get_int(k, "RPB_B");
             d->block = (unsigned)(get_int(k, "TPR_B") * rpb);
             d->grid[0] = blocks_for(n, rpb, (int64_t)sms * 2 * get_int(k, "MIN_BLOCKS_B"));
+            if (strcmp(role, "bwd_row") == 0)
+                d->smem = (unsigned)row_pipe_bytes(get_int(k, "ROW_STAGES_B"), 3 * get_int(k, "NV_B"), d->block);
         } else if (strcmp(role, "bwd_dw") == 0) {
             /* a block per DW_COLS columns; n is the bwd's rows (none: nothing to add) */
             int64_t cols = get_int(k, "DW_TPC") * get_int(k, "DW_V");
@@ -425,8 +456,12 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
         if (strcmp(role, "fwd_row") == 0 || strcmp(role, "bwd_row") == 0) {
             /* a row a block at a time, persistent: the blocks that fit at once (templates/swiglu.cu's bounds: two of
              * fwd_row an SM up to 8192 columns, one of bwd_row), each block's columns an atomic each at its end */
-            d->block = 512; /* ROW_THREADS */
-            d->grid[0] = blocks_for(n, 1, (int64_t)sms * (role[0] == 'f' && get_int(k, "FFN") <= 8192 ? 2 : 1));
+            const bool fwd = role[0] == 'f';
+            const int64_t row_vecs = ceil_div(get_int(k, "FFN") / 8, SWIGLU_ROW_THREADS);
+            d->block = SWIGLU_ROW_THREADS;
+            d->grid[0] = blocks_for(n, 1, (int64_t)sms * (fwd && row_vecs <= 2 ? 2 : 1));
+            const int64_t stages = get_int(k, fwd ? "ROW_STAGES_F" : "ROW_STAGES_B");
+            d->smem = (unsigned)row_pipe_bytes(stages, (fwd ? 2 : 3) * row_vecs, SWIGLU_ROW_THREADS);
             return 0;
         }
         /* fwd, bwd and their twins that write FP8 copies: fwd_copy, bwd_copy, bwd_copy_gate, bwd_copy_up */

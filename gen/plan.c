@@ -1649,7 +1649,7 @@ static void cost_model(cp_plan *P) {
             else t = s->bytes / (mc->hbm_gbps * 1e9);
             t += mc->kernel_us * 1e-6;
             for (int j = 0; j < s->nfp8_out; j++) /* FP8 copies the kernel writes beside its outputs */
-                if (s->fp8_out[j].scales >= 0) {
+                if (s->fp8_out[j].kind == CP_FP8_OUT_COPY) {
                     const cp_step_fp8_out *a = &s->fp8_out[j];
                     double tc = (double)(s->ops[a->slot].bytes + s->ops[a->scales].bytes) /
                                 ((a->scale == CP_GEMM_SCALE_ROW ? mc->fp8_copy_row_gbps : mc->fp8_copy_gbps) * 1e9);

@@ -196,14 +196,21 @@ const char *cp_task_name(cp_task t);
 /* A kernel's own FP8 work on one of its outputs (cp_step.fp8_out), done as it writes the output instead of by a pass
  * of its own over it: the output's amax into a scale slot (one scale per tensor), or its FP8 copy with 1 x 128 block
  * scales (block scales) or with a scale per row (row scales), then maybe also the column maxima of the transposed
- * copy a cast makes later (a row of them per CP_FP8_ROW_CHUNK rows behind that copy's scales, zeroed before) */
+ * copy a cast makes later (a row of them per CP_FP8_ROW_CHUNK rows behind that copy's scales, zeroed before), or
+ * those maxima alone (a row-scaled tensor only read transposed) */
+typedef enum {
+    CP_FP8_OUT_AMAX,   /* slot: the scale slot's operand */
+    CP_FP8_OUT_COPY,   /* slot, scales: the copy's operand and its scales'; col_max: with row scales, or -1 */
+    CP_FP8_OUT_MAXIMA, /* col_max alone (row scales) */
+} cp_fp8_out_kind;
 typedef struct {
-    int8_t out;    /* the output's operand */
-    int8_t slot;   /* the scale slot's operand (an amax), or the copy's (a copy) */
-    int8_t scales; /* a copy's scales' operand; -1 for an amax */
-    int8_t col_max; /* a row-scaled copy's: the transposed copy's column maxima's operand, or -1 */
-    uint8_t fmt;   /* cp_gemm_type of the GEMM that reads it */
-    uint8_t scale; /* a copy's cp_gemm_scale: CP_GEMM_SCALE_1D or CP_GEMM_SCALE_ROW */
+    uint8_t kind;   /* cp_fp8_out_kind */
+    int8_t out;     /* the output's operand */
+    int8_t slot;    /* the scale slot's operand (AMAX), or the copy's (COPY); else -1 */
+    int8_t scales;  /* a copy's scales' operand (COPY); else -1 */
+    int8_t col_max; /* the transposed copy's column maxima's operand (a row-scaled COPY's, MAXIMA), or -1 */
+    uint8_t fmt;    /* cp_gemm_type of the GEMM that reads it */
+    uint8_t scale;  /* a copy's or the maxima's cp_gemm_scale: CP_GEMM_SCALE_1D or CP_GEMM_SCALE_ROW */
 } cp_step_fp8_out;
 
 /* The FP8 copy an amax measures for, or a cast writes (gen/plan_fp8.c): the executor checks a cast's geometry by it */

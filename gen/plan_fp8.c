@@ -19,7 +19,8 @@
  * for copies made ahead for it; with row scales any buffer free then); elsewhere by a pass of its own. With row scales
  * a tensor read both ways is cast both ways by its producer where it can (rmsnorm, SwiGLU): the row copy and the
  * transposed copy's column maxima (zeroed by a memset put before it), then a cast of the transposed copy alone reads
- * the tensor once more.
+ * the tensor once more; a tensor read only transposed gets those maxima alone from its producer, so that its cast
+ * reads it once instead of twice.
  * The program stays the planner's: this pass runs on the built steps before lifetimes and offsets, so the copies and
  * casts are in the plan's memory and time like any other buffer and step. Last, train.fp8_gemm puts block-scaled GEMMs
  * on the generator's kernel (templates/gemm_fp8.cu) where it takes and, under "auto", outruns cuBLASLt: the step keeps
@@ -321,7 +322,8 @@ static bool fuse_amax(lowering *L, const source *src, int k) {
     if (i < 0 || touched_from(L, i, L->state, SLOT(k), SLOT(k + 1))) return false;
     cp_step *p = &L->q.steps[i];
     p->fp8_out[p->nfp8_out++] =
-        (cp_step_fp8_out){.out = (int8_t)out, .slot = (int8_t)p->nops, .scales = -1, .col_max = -1, .fmt = src->fmt};
+        (cp_step_fp8_out){.kind = CP_FP8_OUT_AMAX, .out = (int8_t)out, .slot = (int8_t)p->nops, .scales = -1,
+                          .col_max = -1, .fmt = src->fmt};
     operand(p, L->state, SLOT(k), CP_FP8_SLOT_BYTES, CP_RW);
     return true;
 }
@@ -438,16 +440,25 @@ static cp_operand copy_scales(lowering *L, int k, const source *src, bool transp
 }
 
 /* Copy k of src as rows with `scale`'s scales (1 x 128 or row), written by producer p beside its output operand out;
- * with a col_max operand (access CP_RW, or .buf -1 for none) also the transposed copy's column maxima */
+ * with a col_max operand (access CP_RW, or .buf -1 for none) also the transposed copy's column maxima; with k < 0 those
+ * maxima alone */
 static void producer_copy(lowering *L, cp_step *p, int out, const source *src, int k, uint8_t scale,
                           cp_operand col_max) {
     const bool maxima = col_max.buf >= 0;
-    p->fp8_out[p->nfp8_out++] =
-        (cp_step_fp8_out){.out = (int8_t)out, .slot = (int8_t)p->nops, .scales = (int8_t)(p->nops + 1),
-                          .col_max = (int8_t)(maxima ? p->nops + 2 : -1), .fmt = src->fmt, .scale = scale};
-    operand(p, L->copy_buf[k], 0, src->rows * src->cols, CP_DEF);
-    p->ops[p->nops++] = copy_scales(L, k, src, false, scale);
-    if (maxima) p->ops[p->nops++] = col_max;
+    cp_step_fp8_out a = {.kind = CP_FP8_OUT_MAXIMA, .out = (int8_t)out, .slot = -1, .scales = -1, .col_max = -1,
+                         .fmt = src->fmt, .scale = scale};
+    if (k >= 0) {
+        a.kind = CP_FP8_OUT_COPY;
+        a.slot = (int8_t)p->nops;
+        a.scales = (int8_t)(p->nops + 1);
+        operand(p, L->copy_buf[k], 0, src->rows * src->cols, CP_DEF);
+        p->ops[p->nops++] = copy_scales(L, k, src, false, scale);
+    }
+    if (maxima) {
+        a.col_max = (int8_t)p->nops;
+        p->ops[p->nops++] = col_max;
+    }
+    p->fp8_out[p->nfp8_out++] = a;
 }
 
 /* A copy buffer for a copy a producer makes at step i for GEMM g: input x's scratch copy (x >= 0; the next cast for
@@ -507,15 +518,17 @@ static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source
     s->bytes = (double)n * (row ? 6 : 4) + (double)(sr.bytes + st.bytes);
 }
 
-/* Both row-scaled copies of src, for GEMM g's input x (transposed or not) and a later GEMM the other way round, by
- * src's producer (producer_of) and one cast: the producer writes the copy as rows and gathers the transposed copy's
- * column maxima in the parts behind its scales, zeroed by a memset put just before it; then a cast of the transposed
- * copy alone (cp_fp8_copy.maxima) reads src once, where cast_both's two launches read it twice. The copies go to
- * buffers no step since the producer touches (free_copy): *now g's, *later the other. Whether it was so made. */
-static bool fuse_both_row(lowering *L, const cache *c, const cp_step *g, int x, const source *src, bool transposed,
-                          int *now, int *later) {
-    int out, i = producer_of(L, src, CP_GEMM_SCALE_ROW, 3, &out), a = -1, b = -1;
-    if (i < 0 || (a = free_copy(L, c, g, i, x, -1)) < 0 || (b = free_copy(L, c, g, i, -1, a)) < 0) return false;
+/* Both row-scaled copies of src (both), for GEMM g's input x (transposed or not) and a later GEMM the other way round,
+ * or (!both) the transposed copy alone for g, by src's producer (producer_of) and one cast: the producer writes the
+ * copy as rows (both) and gathers the transposed copy's column maxima in the parts behind its scales, zeroed by a
+ * memset put just before it; then a cast of the transposed copy alone (cp_fp8_copy.maxima) reads src once, where
+ * cast_both's two launches (or a transposed cast's) read it twice. The copies go to buffers no step since the
+ * producer touches (free_copy): *now g's, *later the other. Whether it was so made. */
+static bool fuse_row(lowering *L, const cache *c, const cp_step *g, int x, const source *src, bool transposed,
+                     bool both, int *now, int *later) {
+    int out, i = producer_of(L, src, CP_GEMM_SCALE_ROW, both ? 3 : 1, &out), a = -1, b = -1;
+    if (i < 0 || (a = free_copy(L, c, g, i, x, -1)) < 0 || (both && (b = free_copy(L, c, g, i, -1, a)) < 0))
+        return false;
     *now = a;
     *later = b;
     const int kr = transposed ? b : a, kt = transposed ? a : b;
@@ -540,10 +553,11 @@ static bool fuse_both_row(lowering *L, const cache *c, const cp_step *g, int x, 
 }
 
 /* The copy GEMM g reads as input x (0: A, 1: B), as n says: one that holds it already, else a fresh one: with
- * 1 x 128 blocks or row scales, written by the kernel that wrote its source where it can (fuse_copy), or by a cast
- * that also writes the copy the other way round when a later GEMM reads it so (into the copy made ahead for that
- * GEMM's input; with row scales both by the source's producer and a cast where it can: fuse_both_row). Its
- * per-tensor scale slot into *slot (-1 with block and row scales, which the copy's buffer holds). */
+ * 1 x 128 blocks or row scales, written by the kernel that wrote its source where it can (fuse_copy; a transposed
+ * row-scaled copy by a cast on the maxima its producer gathered: fuse_row), or by a cast that also writes the copy the
+ * other way round when a later GEMM reads it so (into the copy made ahead for that GEMM's input; with row scales both
+ * by the source's producer and a cast where it can: fuse_row). Its per-tensor scale slot into *slot (-1 with block
+ * and row scales, which the copy's buffer holds). */
 static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_need *n, int *slot) {
     const cp_operand *op = &g->ops[x];
     const source src = n->src;
@@ -573,11 +587,14 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_ne
             int f = n->scale != CP_GEMM_SCALE_2D && !transposed && role < 0 ? fuse_copy(L, c, g, &src, x, n->scale)
                                                                             : -1;
             if (f >= 0) k = f;
+            else if (n->scale == CP_GEMM_SCALE_ROW && transposed && role < 0 &&
+                     fuse_row(L, c, g, x, &src, true, false, &f, &k2))
+                k = f;
             else cast_block(L, g, *op, &src, k, transposed, n->scale, copy_scales(L, k, &src, transposed, n->scale));
             c->copy[k] = made;
             return k;
         }
-        if (n->scale != CP_GEMM_SCALE_ROW || role >= 0 || !fuse_both_row(L, c, g, x, &src, transposed, &k, &k2)) {
+        if (n->scale != CP_GEMM_SCALE_ROW || role >= 0 || !fuse_row(L, c, g, x, &src, transposed, true, &k, &k2)) {
             cp_operand s1 = copy_scales(L, k, &src, transposed, n->scale);
             cp_operand s2 = copy_scales(L, k2, &src, !transposed, n->scale);
             if (transposed) cast_both(L, g, *op, &src, n->scale, k2, s2, k, s1);

@@ -65,11 +65,13 @@ static const cp_buffer *opbuf(const pctx *c, int j) { return &c->ex->P->bufs[c->
 static int64_t opoff(const pctx *c, int j) { return c->p[j] - (char *)c->ex->bufptr[c->s->ops[j].buf]; }
 
 /* n operands, and after them those of the step's own FP8 outputs (cp_step.fp8_out: an amax's slot; a copy and its
- * scales, and maybe the transposed copy's column maxima) */
+ * scales, and maybe the transposed copy's column maxima; those maxima alone) */
 static int need_ops(pctx *c, int n) {
     int fp8 = 0;
-    for (int j = 0; j < c->s->nfp8_out; j++)
-        fp8 += c->s->fp8_out[j].scales < 0 ? 1 : c->s->fp8_out[j].col_max >= 0 ? 3 : 2;
+    for (int j = 0; j < c->s->nfp8_out; j++) {
+        const cp_step_fp8_out *a = &c->s->fp8_out[j];
+        fp8 += a->kind == CP_FP8_OUT_COPY ? 2 + (a->col_max >= 0) : 1;
+    }
     if (c->s->nops != n + fp8)
         return pfail(c, "%d operands, expected %d%s", c->s->nops, n + fp8, fp8 ? " with its FP8 outputs" : "");
     for (int j = 0; j < c->s->nops; j++)
@@ -151,7 +153,7 @@ static void a_f32(xlaunch *l, float v) {
 /* The FP8 copy of output operand out the step's kernel writes beside it (cp_step.fp8_out), or NULL */
 static const cp_step_fp8_out *fp8_copy_of(const pctx *c, int out) {
     for (int j = 0; j < c->s->nfp8_out; j++)
-        if (c->s->fp8_out[j].out == out && c->s->fp8_out[j].scales >= 0) return &c->s->fp8_out[j];
+        if (c->s->fp8_out[j].out == out && c->s->fp8_out[j].kind != CP_FP8_OUT_AMAX) return &c->s->fp8_out[j];
     return NULL;
 }
 
@@ -166,7 +168,8 @@ static int a_amax(pctx *c, xlaunch *l, int out) {
     for (int j = 0; j < c->s->nfp8_out; j++) {
         const cp_step_fp8_out *a = &c->s->fp8_out[j];
         if (a->out != out) continue;
-        if (a->scales >= 0) return pfail(c, "an FP8 copy of operand %d given to a kernel entry that takes amaxes", out);
+        if (a->kind != CP_FP8_OUT_AMAX)
+            return pfail(c, "an FP8 copy or maxima of operand %d given to a kernel entry that takes amaxes", out);
         if (a->slot < 0 || a->slot >= c->s->nops)
             return pfail(c, "amax %d of operand %d: no scale slot at operand %d", j, out, a->slot);
         if (need_bytes(c, a->slot, CP_FP8_SLOT_BYTES) || need_align(c, a->slot, 16)) return -1;
@@ -184,7 +187,8 @@ static int a_amax(pctx *c, xlaunch *l, int out) {
 /* The FP8 copy [rows][cols] of output operand out that the kernel writes beside it: for an entry that writes 1 x 128
  * scales (the *_copy entries) the arguments (fmax, copy, scales), or (0, NULL, NULL) where the step has none; for one
  * with a scale per row (the *_row entries: row) (fmax, copy, scales f32[rows], col_max f32[col_max_rows][cols] |
- * NULL, col_max_rows), or (0, NULL, NULL, NULL, 1). */
+ * NULL, col_max_rows), with copy and scales NULL where the step asks for the column maxima alone, or (0, NULL, NULL,
+ * NULL, 1). */
 static int a_copy(pctx *c, xlaunch *l, int out, int64_t rows, int64_t cols, bool row) {
     const cp_step_fp8_out *a = fp8_copy_of(c, out);
     if (!a) {
@@ -200,18 +204,21 @@ static int a_copy(pctx *c, xlaunch *l, int out, int64_t rows, int64_t cols, bool
     if (row != (a->scale == CP_GEMM_SCALE_ROW))
         return pfail(c, "an FP8 copy of operand %d with scales of kind %d for a kernel entry that writes %s", out,
                      a->scale, row ? "a scale per row" : "1 x 128 blocks");
-    if (a->slot < 0 || a->scales >= c->s->nops || a->col_max >= c->s->nops || (a->col_max >= 0 && !row))
-        return pfail(c, "the FP8 copy of operand %d: operands %d, %d and %d", out, a->slot, a->scales, a->col_max);
+    const bool copy = a->kind == CP_FP8_OUT_COPY;
+    if ((copy && (a->slot < 0 || a->scales < 0)) || a->slot >= c->s->nops || a->scales >= c->s->nops ||
+        a->col_max >= c->s->nops || (a->col_max >= 0 && !row) || (!copy && a->col_max < 0))
+        return pfail(c, "the FP8 %s of operand %d: operands %d, %d and %d", copy ? "copy" : "column maxima", out,
+                     a->slot, a->scales, a->col_max);
     if (!fp8_out_max(a)) return pfail(c, "the FP8 copy of operand %d in an FP8 type %d", out, a->fmt);
     if (!row && (a->scale != CP_GEMM_SCALE_1D || cols % 128))
         return pfail(c, "an FP8 copy of operand %d with %lld columns and scales of kind %d, not whole blocks of 128 "
                      "or rows", out, (long long)cols, a->scale);
-    if (need_bytes(c, a->slot, rows * cols) || need_align(c, a->slot, 16) ||
-        need_bytes(c, a->scales, (row ? rows : rows * (cols / 128)) * 4) || need_align(c, a->scales, 16))
+    if (copy && (need_bytes(c, a->slot, rows * cols) || need_align(c, a->slot, 16) ||
+                 need_bytes(c, a->scales, (row ? rows : rows * (cols / 128)) * 4) || need_align(c, a->scales, 16)))
         return -1;
     a_f32(l, fp8_out_max(a));
-    a_ptr(l, opp(c, a->slot));
-    a_ptr(l, opp(c, a->scales));
+    a_ptr(l, copy ? opp(c, a->slot) : NULL);
+    a_ptr(l, copy ? opp(c, a->scales) : NULL);
     if (row) { /* the transposed copy's column maxima: whole rows of cols */
         int64_t maxima = a->col_max >= 0 ? opbytes(c, a->col_max) / (cols * 4) : 0;
         if (a->col_max >= 0 && (maxima < 1 || maxima > INT32_MAX || need_align(c, a->col_max, 4)))
@@ -227,7 +234,7 @@ static int a_copy(pctx *c, xlaunch *l, int out, int64_t rows, int64_t cols, bool
 /* Whether the step's kernel writes an FP8 copy with a scale per row (cp_step_fp8_out.scale) beside an output */
 static bool row_copies(const pctx *c) {
     for (int j = 0; j < c->s->nfp8_out; j++)
-        if (c->s->fp8_out[j].scales >= 0 && c->s->fp8_out[j].scale == CP_GEMM_SCALE_ROW) return true;
+        if (c->s->fp8_out[j].kind != CP_FP8_OUT_AMAX && c->s->fp8_out[j].scale == CP_GEMM_SCALE_ROW) return true;
     return false;
 }
 
@@ -255,7 +262,8 @@ static int launch_of(pctx *c, const char *role, int64_t n, int64_t heads, xlaunc
     if (!l->d.grid[0] || !l->d.grid[1] || !l->d.grid[2] || !l->d.block)
         return pfail(c, "%s role %s gets an empty launch (%u x %u x %u blocks of %u)", k->family, role, l->d.grid[0],
                      l->d.grid[1], l->d.grid[2], l->d.block);
-    if (!ex->dry && l->d.smem > 48 * 1024 && cp_kernel_set_max_smem(l->k, l->d.smem, e, sizeof e)) return pfail(c, "%s", e);
+    /* any dynamic shared memory asked for: beside the entry's static memory even 48 KB can pass the default limit */
+    if (!ex->dry && l->d.smem && cp_kernel_set_max_smem(l->k, l->d.smem, e, sizeof e)) return pfail(c, "%s", e);
     c->x->nl++;
     return 0;
 }

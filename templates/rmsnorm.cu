@@ -17,11 +17,12 @@
 // before), also do cast_rt_row's other half: each thread keeps its columns' largest |x| over its block's rows and adds
 // them at the end to row blockIdx.x % col_max_rows (any row would do: cast_t_row takes the largest of them all; spread,
 // fewer atomics wait on one address), one atomic max a column and thread, so fwd_row's blocks are persistent as bwd's
-// (ROW_OK).
+// (ROW_OK); with copy NULL they gather those maxima alone. Their rows reach them through a row_pipe (row_pipe.cuh).
 #include <cuda_bf16.h>
 
 #include "fp8_amax.cuh"
 #include "fp8_block.cuh"
+#include "row_pipe.cuh"
 
 typedef long long i64;
 typedef __nv_bfloat16 bf16;
@@ -60,7 +61,13 @@ static_assert((DW_V == 4 || DW_V == 1) && HIDDEN % DW_V == 0 && DW_BLOCK <= 1024
 // cp_k_fp8_copies tells the planner)
 #define COPY_OK (VEC == 8 && HIDDEN % 128 == 0 && TPR % 16 == 0)
 #define COPY_OK_B (VEC == 8 && HIDDEN % 128 == 0 && TPR_B % 16 == 0) // bwd_copy's, as COPY_OK
-#define ROW_OK (VEC == 8) // fwd_row, bwd_row: a row's vectors are 8 values (as cp_k_fp8_row_copies tells the planner)
+// fwd_row, bwd_row: the rows in flight in each one's row_pipe, 0 where it has none (gen/kernels.c's cp_k_rmsnorm
+// decides: vectors of 8, the stages in shared memory); words of fwd_row's: x's vectors then resid's, of bwd_row's:
+// dout's, x's and dresid's
+#define ROW_STAGES {{ROW_STAGES}}
+#define ROW_STAGES_B {{ROW_STAGES_B}}
+#define ROW_OK (ROW_STAGES > 0)
+#define ROW_OK_B (ROW_STAGES_B > 0)
 
 template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
 typedef bvec<VEC> vec_t;
@@ -121,28 +128,30 @@ template <int N> struct col_maxima {
 };
 
 // A row's values f (thread lane's vectors of its P, N of them; as stored, 0 outside the row) into its row-scaled FP8
-// copy (dst8: the row's first byte, *scale) where the row is valid, and into the thread's column maxima cm. Every
+// copy (row `row` of copy and scales; NULL copy: none) where row < n, and into the thread's column maxima cm. Every
 // thread of the row calls it (the row's maximum is a reduction).
 template <int P, int N>
-static __device__ __forceinline__ void row_copy(const float (&f)[N][VEC], bool valid, int lane, float fmax,
-                                                unsigned char *dst8, float *scale, col_maxima<N> &cm) {
+static __device__ __forceinline__ void row_copy(const float (&f)[N][VEC], i64 row, i64 n, int lane, float fmax,
+                                                unsigned char *copy, float *scales, col_maxima<N> &cm) {
     float m = 0.f;
+    if (copy) {
 #pragma unroll
-    for (int k = 0; k < N; k++)
+        for (int k = 0; k < N; k++)
 #pragma unroll
-        for (int i = 0; i < VEC; i++) m = fmaxf(m, fabsf(f[k][i]));
-    m = row_sum<P, true>(m);
-    if (!valid) return;
+            for (int i = 0; i < VEC; i++) m = fmaxf(m, fabsf(f[k][i]));
+        m = row_sum<P, true>(m);
+    }
+    if (row >= n) return;
     const float q = pow2_quant(m, fmax);
 #pragma unroll
     for (int k = 0; k < N; k++) {
         if (!in_row<P, N>(k, lane)) continue;
-        fp8_row_vector(f[k], q, fmax, dst8 + (lane + k * P) * VEC);
+        if (copy) fp8_row_vector(f[k], q, fmax, copy + row * HIDDEN + (lane + k * P) * VEC);
 #pragma unroll
         for (int i = 0; i < VEC; i += 2)
             cm.m[k][i / 2] = __hmax2(cm.m[k][i / 2], __floats2bfloat162_rn(fabsf(f[k][i]), fabsf(f[k][i + 1])));
     }
-    if (lane == 0) *scale = pow2_inverse(q);
+    if (copy && lane == 0) scales[row] = pow2_inverse(q);
 }
 
 // The thread's column maxima cm into the block's row of col_max (NULL: none asked for)
@@ -155,37 +164,50 @@ static __device__ __forceinline__ void col_max_add(const col_maxima<N> &cm, int 
         if (in_row<P, N>(k, lane)) fp8_col_max_add8(col_max + (lane + k * P) * VEC, cm.m[k]);
 }
 
-// fwd's row for thread `lane` of its TPR: out (and sum_out, rstd) stored, and s left holding out's values as stored
-// (0 outside the row). A row past n computes on row n-1 (for the shuffles) and stores nothing.
-static __device__ __forceinline__ void fwd_one_row(const bf16 *__restrict__ x, const bf16 *__restrict__ resid,
-                                                   bf16 *__restrict__ sum_out, const bf16 *__restrict__ weight,
-                                                   bf16 *__restrict__ out, float *__restrict__ rstd, i64 n, i64 row,
-                                                   int lane, float (&s)[NV][VEC]) {
+// Thread lane's vectors of a row (its base offset) of src, of its P, N of them
+template <int P, int N>
+static __device__ __forceinline__ void load_row(const bf16 *__restrict__ src, i64 base, int lane, vec_t (&v)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        if (in_row<P, N>(k, lane)) v[k] = *reinterpret_cast<const vec_t *>(src + base + (lane + k * P) * VEC);
+}
+
+// The same vectors into words word0, ... of a row_pipe stage (zeros where !ok), and from there
+template <class Pipe, int P, int N>
+static __device__ __forceinline__ void pipe_row(int stage, int word0, const bf16 *src, i64 base, int lane, bool ok) {
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        if (in_row<P, N>(k, lane)) Pipe::load(stage, word0 + k, src + base + (lane + k * P) * VEC, ok);
+}
+template <class Pipe, int P, int N>
+static __device__ __forceinline__ void piped_row(int stage, int word0, int lane, vec_t (&v)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        if (in_row<P, N>(k, lane)) v[k] = Pipe::template get<vec_t>(stage, word0 + k);
+}
+
+// fwd's row for thread `lane` of its TPR from its vectors of x and, with resid, of resid (vec(k, 0) and vec(k, 1): in
+// registers or in a row_pipe's stage): out (and sum_out, rstd) stored, and s left holding out's values as stored (0
+// outside the row). A row past n computes on what it was given (for the shuffles) and stores nothing.
+template <class Vec>
+static __device__ __forceinline__ void fwd_one_row(Vec vec, bool resid, bf16 *__restrict__ sum_out,
+                                                   const bf16 *__restrict__ weight, bf16 *__restrict__ out,
+                                                   float *__restrict__ rstd, i64 n, i64 row, int lane,
+                                                   float (&s)[NV][VEC]) {
     const bool valid = row < n;
     const i64 base = (valid ? row : n - 1) * HIDDEN;
-    vec_t xv[NV], wv[NV];
+    vec_t wv[NV];
 #pragma unroll
-    for (int k = 0; k < NV; k++)
-        if (in_row<TPR, NV>(k, lane)) xv[k] = *reinterpret_cast<const vec_t *>(x + base + (lane + k * TPR) * VEC);
-    if (resid) {
-        vec_t rv[NV];
+    for (int k = 0; k < NV; k++) {
+        const bool in = in_row<TPR, NV>(k, lane);
+        const vec_t xv = in ? vec(k, 0) : vec_t{}, rv = in && resid ? vec(k, 1) : vec_t{};
 #pragma unroll
-        for (int k = 0; k < NV; k++)
-            if (in_row<TPR, NV>(k, lane)) rv[k] = *reinterpret_cast<const vec_t *>(resid + base + (lane + k * TPR) * VEC);
-#pragma unroll
-        for (int k = 0; k < NV; k++)
-#pragma unroll
-            for (int i = 0; i < VEC; i++)
-                s[k][i] = in_row<TPR, NV>(k, lane) ? bf16_round(__bfloat162float(xv[k].h[i]) + __bfloat162float(rv[k].h[i])) : 0.f;
-    } else {
-#pragma unroll
-        for (int k = 0; k < NV; k++)
-#pragma unroll
-            for (int i = 0; i < VEC; i++) s[k][i] = in_row<TPR, NV>(k, lane) ? __bfloat162float(xv[k].h[i]) : 0.f;
+        for (int i = 0; i < VEC; i++) {
+            const float xf = __bfloat162float(xv.h[i]);
+            s[k][i] = resid ? bf16_round(xf + __bfloat162float(rv.h[i])) : xf;
+        }
     }
-#pragma unroll
-    for (int k = 0; k < NV; k++)
-        if (in_row<TPR, NV>(k, lane)) wv[k] = *reinterpret_cast<const vec_t *>(weight + (lane + k * TPR) * VEC);
+    load_row<TPR, NV>(weight, 0, lane, wv);
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; k++)
@@ -229,8 +251,12 @@ static __device__ __forceinline__ void fwd_rows(const bf16 *__restrict__ x, cons
     const int lane = threadIdx.x % TPR;
     const i64 row = (i64)blockIdx.x * RPB + threadIdx.x / TPR;
     const bool valid = row < n;
+    const i64 base = (valid ? row : n - 1) * HIDDEN;
+    vec_t xv[NV], rv[NV];
+    load_row<TPR, NV>(x, base, lane, xv);
+    if (resid) load_row<TPR, NV>(resid, base, lane, rv);
     float f[NV][VEC];
-    fwd_one_row(x, resid, sum_out, weight, out, rstd, n, row, lane, f);
+    fwd_one_row([&](int k, int t) { return t ? rv[k] : xv[k]; }, resid, sum_out, weight, out, rstd, n, row, lane, f);
     float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
@@ -267,15 +293,22 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_row_h{{HIDDEN}}
     const bf16 *__restrict__ weight, bf16 *__restrict__ out, float *__restrict__ rstd, i64 n, float fmax,
     unsigned char *__restrict__ copy, float *__restrict__ copy_scales, float *__restrict__ col_max, int col_max_rows) {
 #if ROW_OK
-    const int lane = threadIdx.x % TPR;
+    typedef row_pipe<ROW_STAGES, 2 * NV, BLOCK> pipe; // words: x's vectors, then resid's
+    const int lane = threadIdx.x % TPR, sub = threadIdx.x / TPR;
     col_maxima<NV> cm;
-    // every thread of the block runs the same number of iterations (the reductions' barriers need that)
-    for (i64 first = (i64)blockIdx.x * RPB; first < n; first += (i64)gridDim.x * RPB) {
-        const i64 row = first + threadIdx.x / TPR;
-        float f[NV][VEC];
-        fwd_one_row(x, resid, sum_out, weight, out, rstd, n, row, lane, f);
-        row_copy<TPR, NV>(f, row < n, lane, fmax, copy + row * HIDDEN, copy_scales + row, cm);
-    }
+    pipe::run((i64)blockIdx.x * RPB, (i64)gridDim.x * RPB, n,
+        [&](int stage, i64 first) {
+            const i64 row = first + sub, base = (row < n ? row : 0) * HIDDEN;
+            pipe_row<pipe, TPR, NV>(stage, 0, x, base, lane, row < n);
+            if (resid) pipe_row<pipe, TPR, NV>(stage, NV, resid, base, lane, row < n);
+        },
+        [&](int stage, i64 first) {
+            const i64 row = first + sub;
+            float f[NV][VEC];
+            fwd_one_row([&](int k, int t) { return pipe::template get<vec_t>(stage, t * NV + k); }, resid, sum_out,
+                        weight, out, rstd, n, row, lane, f);
+            row_copy<TPR, NV>(f, row, n, lane, fmax, copy, copy_scales, cm);
+        });
     col_max_add<TPR, NV>(cm, lane, col_max, col_max_rows);
 #else
     __trap(); // the planner writes copies only where ROW_OK holds
@@ -305,25 +338,12 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
         for (int i = 0; i < VEC; i++) dw[k][i] = 0.f;
     float amax = 0.f;
     col_maxima<OUT == OUT_ROW ? NV_B : 1> cm;
-    // every thread of the block runs the same number of iterations (the shuffles and barriers need that)
-    for (i64 first = (i64)blockIdx.x * RPB_B; first < n; first += (i64)gridDim.x * RPB_B) {
-        const i64 row = first + sub;
+    // a row from its vectors of dout, x and dresid (dv, xv, rv)
+    auto one = [&](i64 row, const vec_t (&dv)[NV_B], const vec_t (&xv)[NV_B], const vec_t (&rv)[NV_B]) {
         const bool valid = row < n;
         const i64 base = (valid ? row : n - 1) * HIDDEN;
-        vec_t dv[NV_B], xv[NV_B], wv[NV_B];
-#pragma unroll
-        for (int k = 0; k < NV_B; k++)
-            if (in_row<TPR_B, NV_B>(k, lane)) {
-                dv[k] = *reinterpret_cast<const vec_t *>(dout + base + (lane + k * TPR_B) * VEC);
-                xv[k] = *reinterpret_cast<const vec_t *>(x + base + (lane + k * TPR_B) * VEC);
-                wv[k] = *reinterpret_cast<const vec_t *>(weight + (lane + k * TPR_B) * VEC);
-            }
-        vec_t rv[NV_B];
-        if (dresid) {
-#pragma unroll
-            for (int k = 0; k < NV_B; k++)
-                if (in_row<TPR_B, NV_B>(k, lane)) rv[k] = *reinterpret_cast<const vec_t *>(dresid + base + (lane + k * TPR_B) * VEC);
-        }
+        vec_t wv[NV_B];
+        load_row<TPR_B, NV_B>(weight, 0, lane, wv);
         const float r = rstd[valid ? row : n - 1];
         float dot = 0.f;
 #pragma unroll
@@ -334,7 +354,7 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
                     dot = fmaf(__bfloat162float(dv[k].h[i]) * __bfloat162float(wv[k].h[i]), __bfloat162float(xv[k].h[i]) * r, dot);
         dot = row_sum<TPR_B>(dot);
         const float mean = dot / (float)HIDDEN;
-        if (!COPY && !valid) continue;
+        if (!COPY && !valid) return;
         float fr[OUT == OUT_ROW ? NV_B : 1][VEC]; // bwd_row's: the row's values, for its maximum
 #pragma unroll
         for (int k = 0; k < NV_B; k++) {
@@ -363,7 +383,37 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
                 fp8_block_store(f, in, fmax, copy + base + (lane + k * TPR_B) * VEC,
                                 copy_scales + (lane + k * TPR_B) / 16 * n + row);
         }
-        if constexpr (OUT == OUT_ROW) row_copy<TPR_B, NV_B>(fr, valid, lane, fmax, copy + base, copy_scales + row, cm);
+        if constexpr (OUT == OUT_ROW) row_copy<TPR_B, NV_B>(fr, row, n, lane, fmax, copy, copy_scales, cm);
+    };
+    // every thread of the block runs the same number of iterations (the shuffles and barriers need that)
+    const i64 first = (i64)blockIdx.x * RPB_B, step = (i64)gridDim.x * RPB_B;
+    if constexpr (OUT == OUT_ROW) {
+#if ROW_OK_B
+        typedef row_pipe<ROW_STAGES_B, 3 * NV_B, BLOCK_B> pipe;
+        pipe::run(first, step, n,
+            [&](int stage, i64 f) {
+                const i64 row = f + sub, base = (row < n ? row : 0) * HIDDEN;
+                pipe_row<pipe, TPR_B, NV_B>(stage, 0, dout, base, lane, row < n);
+                pipe_row<pipe, TPR_B, NV_B>(stage, NV_B, x, base, lane, row < n);
+                if (dresid) pipe_row<pipe, TPR_B, NV_B>(stage, 2 * NV_B, dresid, base, lane, row < n);
+            },
+            [&](int stage, i64 f) {
+                vec_t dv[NV_B], xv[NV_B], rv[NV_B];
+                piped_row<pipe, TPR_B, NV_B>(stage, 0, lane, dv);
+                piped_row<pipe, TPR_B, NV_B>(stage, NV_B, lane, xv);
+                if (dresid) piped_row<pipe, TPR_B, NV_B>(stage, 2 * NV_B, lane, rv);
+                one(f + sub, dv, xv, rv);
+            });
+#endif
+    } else {
+        for (i64 f = first; f < n; f += step) {
+            const i64 row = f + sub, base = (row < n ? row : n - 1) * HIDDEN;
+            vec_t dv[NV_B], xv[NV_B], rv[NV_B];
+            load_row<TPR_B, NV_B>(dout, base, lane, dv);
+            load_row<TPR_B, NV_B>(x, base, lane, xv);
+            if (dresid) load_row<TPR_B, NV_B>(dresid, base, lane, rv);
+            one(row, dv, xv, rv);
+        }
     }
     if (OUT == OUT_AMAX) fp8_amax_commit(amax, amax_slot, fmax);
     if constexpr (OUT == OUT_ROW) col_max_add<TPR_B, NV_B>(cm, lane, col_max, col_max_rows);
@@ -423,11 +473,11 @@ __global__ void __launch_bounds__(BLOCK_B, MIN_BLOCKS_B) rmsnorm_bwd_row_h{{HIDD
     const bf16 *dout, const bf16 *__restrict__ x, const bf16 *__restrict__ weight, const float *__restrict__ rstd,
     const bf16 *dresid, bf16 *dx, float *__restrict__ dw_part, i64 n, float fmax, unsigned char *__restrict__ copy,
     float *__restrict__ copy_scales, float *__restrict__ col_max, int col_max_rows) {
-#if ROW_OK
+#if ROW_OK_B
     bwd_rows<OUT_ROW>(dout, x, weight, rstd, dresid, dx, dw_part, n, nullptr, fmax, copy, copy_scales, col_max,
                       col_max_rows);
 #else
-    __trap(); // the planner writes copies only where ROW_OK holds
+    __trap(); // the planner writes copies only where ROW_OK_B holds
 #endif
 }
 

@@ -10,12 +10,14 @@
 // 1 x 128 scales beside them (fp8_block.cuh; COPY_OK, elsewhere they trap), each in the format its fmax names: entries of
 // their own, so that fwd and bwd keep their registers. With row scales fwd_row and bwd_row write them with one scale
 // per row (the bytes and scales of fp8.cu's cast_row) and, given col_max, the transposed copies' column maxima as
-// cast_rt_row gathers them (rmsnorm.cu's fwd_row says how): a block of ROW_THREADS takes a row at a time, each thread
-// ROW_VECS vectors of it held in registers for the row's maximum, persistent blocks over the rows (ROW_OK).
+// cast_rt_row gathers them (rmsnorm.cu's fwd_row says how), or those maxima alone (copy NULL): a block of ROW_THREADS
+// takes a row at a time through a row_pipe (row_pipe.cuh), each thread ROW_VECS vectors of it held in registers for
+// the row's maximum, persistent blocks over the rows (ROW_OK).
 #include <cuda_bf16.h>
 
 #include "fp8_amax.cuh"
 #include "fp8_block.cuh"
+#include "row_pipe.cuh"
 
 typedef long long i64;
 typedef __nv_bfloat16 bf16;
@@ -27,11 +29,14 @@ typedef __nv_bfloat16 bf16;
 
 static_assert(FFN % VEC == 0, "VEC must divide FFN");
 #define COPY_OK (VEC == 8 && FFN % 128 == 0) // whole 1 x 128 blocks of a row, 16 vectors each
-#define ROW_THREADS 512
+#define ROW_THREADS {{ROW_THREADS}}
 #define ROW_VECS ((FFN / VEC + ROW_THREADS - 1) / ROW_THREADS)
-// fwd_row, bwd_row: rows of at most 4 vectors a thread (FFN <= 16384; as gen/kernels.c's cp_k_fp8_row_copies), two
-// blocks of fwd_row an SM where they hold 2
-#define ROW_OK (VEC == 8 && ROW_VECS <= 4)
+// fwd_row, bwd_row: the rows in flight in each one's row_pipe, 0 where it has none (gen/kernels.c's cp_k_swiglu
+// decides: vectors of 8, at most 4 of them a thread, the stages in shared memory); two blocks of fwd_row an SM where a
+// thread holds at most 2 vectors
+#define ROW_STAGES_F {{ROW_STAGES_F}}
+#define ROW_STAGES_B {{ROW_STAGES_B}}
+#define ROW_OK (ROW_STAGES_F > 0)
 #define ROW_FWD_BLOCKS (ROW_VECS <= 2 ? 2 : 1)
 
 template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
@@ -283,7 +288,7 @@ template <bool SHARED> struct col_maxima {
 
     // The block's column maxima into its row of a.col_max (rmsnorm.cu's col_max_add)
     __device__ __forceinline__ void commit(const row_args &a) const {
-        if (!a.copy || !a.col_max) return;
+        if (!a.col_max) return;
         float *c = a.col_max + (i64)(blockIdx.x % a.col_max_rows) * FFN;
 #pragma unroll
         for (int k = 0; k < ROW_VECS; k++)
@@ -306,18 +311,28 @@ static __device__ __forceinline__ void row_store(const row_args &a, const vec_t 
     if (threadIdx.x == 0) a.scales[row] = pow2_inverse(q);
 }
 
-// The thread's vectors of a row of N inputs: loaded for row < n (a block's rows are the same for all its threads)
+// The thread's vectors of a row of N inputs, through a row_pipe (words: input t's vector k at t * ROW_VECS + k): issued
+// for a row below n (nothing past it), then read
 template <int N> struct row_in {
     vec_t v[N][ROW_VECS];
-    __device__ __forceinline__ void load(const bf16 *const (&src)[N], i64 row, i64 n) {
+    template <class Pipe>
+    static __device__ __forceinline__ void issue(int stage, const bf16 *const (&src)[N], i64 row, i64 n) {
         if (row >= n) return;
 #pragma unroll
         for (int k = 0; k < ROW_VECS; k++)
             if (in_row(k))
 #pragma unroll
-                for (int t = 0; t < N; t++)
-                    v[t][k] =
-                        reinterpret_cast<const vec_t *>(src[t])[row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS];
+                for (int t = 0; t < N; t++) {
+                    const i64 v = row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS;
+                    Pipe::load(stage, t * ROW_VECS + k, src[t] + v * VEC, true);
+                }
+    }
+    template <class Pipe> __device__ __forceinline__ void read(int stage) {
+#pragma unroll
+        for (int k = 0; k < ROW_VECS; k++)
+            if (in_row(k))
+#pragma unroll
+                for (int t = 0; t < N; t++) v[t][k] = Pipe::template get<vec_t>(stage, t * ROW_VECS + k);
     }
 };
 
@@ -336,6 +351,7 @@ static __device__ __forceinline__ void fwd_row_step(row_in<2> &r, i64 row, bf16 
         reinterpret_cast<vec_t *>(out)[row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS] = gv[k];
     }
     if (a.copy) row_store(a, gv, row, block_max2(o.absorb(gv), 0.f).x);
+    else if (a.col_max) o.absorb(gv); // the maxima alone
 }
 
 // bwd_row's row: dgate and dup over gate's and up's values, stored, then their copies from one reduction
@@ -358,7 +374,9 @@ static __device__ __forceinline__ void bwd_row_step(row_in<3> &r, i64 row, bf16 
         reinterpret_cast<vec_t *>(gate)[idx] = gv[k];
         reinterpret_cast<vec_t *>(up)[idx] = uv[k];
     }
-    const float2 m = block_max2(ag.copy ? og.absorb(gv) : 0.f, au.copy ? ou.absorb(uv) : 0.f);
+    const float mg = ag.copy || ag.col_max ? og.absorb(gv) : 0.f, mu = au.copy || au.col_max ? ou.absorb(uv) : 0.f;
+    if (!ag.copy && !au.copy) return; // the maxima alone
+    const float2 m = block_max2(mg, mu);
     row_store(ag, gv, row, m.x);
     row_store(au, uv, row, m.y);
 }
@@ -372,48 +390,36 @@ __global__ void __launch_bounds__(ROW_THREADS, ROW_FWD_BLOCKS) swiglu_fwd_row_f{
     const row_args a = {out_fmax, out_copy, out_scales, out_col_max, out_col_max_rows};
     col_maxima<false> o;
     const bf16 *const src[2] = {gate, up};
-    for (i64 row = blockIdx.x; row < n; row += gridDim.x) {
-        row_in<2> r;
-        r.load(src, row, n);
-        fwd_row_step(r, row, out, a, o);
-    }
+    typedef row_pipe<ROW_STAGES_F, 2 * ROW_VECS, ROW_THREADS> pipe;
+    pipe::run(blockIdx.x, gridDim.x, n, [&](int stage, i64 row) { row_in<2>::issue<pipe>(stage, src, row, n); },
+              [&](int stage, i64 row) {
+                  row_in<2> r;
+                  r.read<pipe>(stage);
+                  fwd_row_step(r, row, out, a, o);
+              });
     o.commit(a);
 #else
     __trap(); // the planner writes copies only where ROW_OK holds
 #endif
 }
 
-// One block an SM (dgate's column maxima in registers, dup's in shared memory). Where a thread holds at most 2 vectors
-// of a row (ROW_PIPELINE) the next row's loads are issued before this row is written out and reduced (its maxima's
-// barriers), so that they are in flight across them: two rows' loads in registers.
-#define ROW_PIPELINE (ROW_VECS <= 2)
+// One block an SM (dgate's column maxima in registers, dup's in shared memory)
 __global__ void __launch_bounds__(ROW_THREADS, 1) swiglu_bwd_row_f{{FFN}}(const bf16 *__restrict__ dout,
                                                                       bf16 *__restrict__ gate, bf16 *__restrict__ up,
                                                                       i64 n, ROW_ARGS(gate), ROW_ARGS(up)) {
-#if ROW_OK
+#if ROW_STAGES_B > 0
     const row_args ag = {gate_fmax, gate_copy, gate_scales, gate_col_max, gate_col_max_rows};
     const row_args au = {up_fmax, up_copy, up_scales, up_col_max, up_col_max_rows};
     col_maxima<false> og;
     col_maxima<true> ou;
     const bf16 *const src[3] = {dout, gate, up};
-    const i64 g = gridDim.x;
-    if (ROW_PIPELINE) {
-        row_in<3> x, y;
-        x.load(src, blockIdx.x, n);
-        for (i64 row = blockIdx.x; row < n; row += 2 * g) {
-            y.load(src, row + g, n);
-            bwd_row_step(x, row, gate, up, ag, og, au, ou);
-            if (row + g >= n) break;
-            x.load(src, row + 2 * g, n);
-            bwd_row_step(y, row + g, gate, up, ag, og, au, ou);
-        }
-    } else {
-        for (i64 row = blockIdx.x; row < n; row += g) {
-            row_in<3> r;
-            r.load(src, row, n);
-            bwd_row_step(r, row, gate, up, ag, og, au, ou);
-        }
-    }
+    typedef row_pipe<ROW_STAGES_B, 3 * ROW_VECS, ROW_THREADS> pipe;
+    pipe::run(blockIdx.x, gridDim.x, n, [&](int stage, i64 row) { row_in<3>::issue<pipe>(stage, src, row, n); },
+              [&](int stage, i64 row) {
+                  row_in<3> r;
+                  r.read<pipe>(stage);
+                  bwd_row_step(r, row, gate, up, ag, og, au, ou);
+              });
     og.commit(ag);
     ou.commit(au);
 #else

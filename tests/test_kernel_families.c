@@ -111,7 +111,9 @@ static void free_specs(void) {
 static const char *const *roles_of(const char *family) {
     static const char *const fb[] = {"fwd", "bwd", NULL}, *const f[] = {"fwd", NULL},
                              *const loss[] = {"fwdbwd", "sum", NULL},
-                             *const norm[] = {"fwd", "fwd_copy", "bwd", "bwd_copy", "bwd_dw", NULL},
+                             *const norm[] = {"fwd", "fwd_copy", "fwd_row", "bwd", "bwd_copy", "bwd_row", "bwd_dw",
+                                              NULL},
+                             *const swiglu[] = {"fwd", "fwd_copy", "fwd_row", "bwd", "bwd_copy", "bwd_row", NULL},
                              *const adamw[] = {"update", "sumsq", NULL}, *const cast[] = {"f32_to_bf16", "add_f32", NULL},
                              *const uly[] = {"pack", "unpack", "unpack_amax", "unpack_copy", "unpack_add", NULL},
                              *const emb[] = {"fwd", "bwd", "bwd_sorted", NULL},
@@ -123,6 +125,7 @@ static const char *const *roles_of(const char *family) {
                                              "cast_2d_e4m3", "cast_t_2d_e4m3", NULL};
     if (!strcmp(family, "loss")) return loss;
     if (!strcmp(family, "rmsnorm")) return norm;
+    if (!strcmp(family, "swiglu")) return swiglu;
     if (!strcmp(family, "adamw")) return adamw;
     if (!strcmp(family, "cast")) return cast;
     if (!strcmp(family, "ulysses")) return uly;
@@ -168,6 +171,16 @@ static void test_emit_compile_no_spills(void **state) {
             for (int e = 0; e < out[i].nentries; e++) {
                 const cp_entry_info *x = &out[i].entries[e];
                 assert_true(x->registers > 0);
+                /* its static shared memory beside the dynamic its launch asks for fits a Hopper block */
+                for (const char *const *r = roles_of(specs[i].family); a == 0 && *r; r++) {
+                    char name[CP_KNAME_MAX];
+                    cp_entry_name(specs[i].family, mods[i].name, *r, name);
+                    cp_kdims d;
+                    if (strcmp(name, x->name) || cp_k_dims(&specs[i], *r, 1 << 20, 8, 132, &d)) continue;
+                    if (x->shared_bytes + d.smem > 227 * 1024)
+                        fail_msg("%s: %d bytes of static shared memory and %u dynamic", x->name, x->shared_bytes,
+                                 d.smem);
+                }
                 if (x->spill_stores || x->spill_loads || x->stack_bytes) {
                     print_message("%s: %s spills %d/%d bytes, stack %d bytes\n", archs[a], x->name, x->spill_stores,
                                   x->spill_loads, x->stack_bytes);
@@ -211,7 +224,19 @@ static void test_dims_cover_the_work(void **state) {
                 bool tiles = wide || (fp8 && !strncmp(*r, "cast_t", 6));
                 assert_true(d.grid[0] >= 1 && (tiles || d.grid[1] == 1) && d.grid[2] == 1);
                 const char *f = k->family;
-                assert_int_equal(d.smem, !strcmp(f, "gemm_fp8") ? param(k, "SMEM_BYTES") : 0);
+                /* the row entries' pipes (templates/row_pipe.cuh): stages of 16-byte words a thread, where the
+                 * planner may ask for those entries (none elsewhere: the entry traps) */
+                bool row = (!strcmp(f, "rmsnorm") || !strcmp(f, "swiglu")) && strstr(*r, "_row");
+                int64_t smem = !strcmp(f, "gemm_fp8") ? param(k, "SMEM_BYTES") : 0;
+                if (row) {
+                    bool fwd = (*r)[0] == 'f', norm = !strcmp(f, "rmsnorm");
+                    int64_t stages = param(k, fwd ? (norm ? "ROW_STAGES" : "ROW_STAGES_F") : "ROW_STAGES_B");
+                    int64_t words = norm ? param(k, fwd ? "NV" : "NV_B") : (param(k, "FFN") / 8 + 511) / 512;
+                    smem = stages * (fwd ? 2 : 3) * words * d.block * 16;
+                    assert_true(smem <= 227 * 1024);
+                    assert_int_equal(stages > 0, cp_k_fp8_row_copies(k, fwd ? "fwd" : "bwd"));
+                }
+                assert_int_equal(d.smem, smem);
                 int64_t threads = (int64_t)d.grid[0] * d.block, need = 0;
                 if (!strcmp(f, "gemm_fp8")) {
                     /* persistent: a block per SM at most, each walking tiles of (64 x CONSUMERS) x 128 */
@@ -234,10 +259,10 @@ static void test_dims_cover_the_work(void **state) {
                     assert_int_equal(d.block, param(k, "DW_TPC") * param(k, "DW_GROUPS"));
                     need = (param(k, "HIDDEN") + param(k, "DW_V") - 1) / param(k, "DW_V") * param(k, "DW_GROUPS");
                 } else if (!strcmp(f, "rmsnorm")) {
-                    bool fwd = !strncmp(*r, "fwd", 3); /* fwd, fwd_copy; bwd, bwd_copy */
+                    bool fwd = !strncmp(*r, "fwd", 3); /* fwd, fwd_copy, fwd_row; bwd, bwd_copy, bwd_row */
                     int64_t tpr = param(k, fwd ? "TPR" : "TPR_B"), rpb = param(k, fwd ? "RPB" : "RPB_B");
                     assert_int_equal(d.block, tpr * rpb);
-                    need = fwd ? n * tpr : CP_MIN(n * tpr, threads); /* bwd loops over rows */
+                    need = fwd && !row ? n * tpr : CP_MIN(n * tpr, threads); /* bwd and the row entries loop */
                     if (!fwd) {
                         assert_true(d.grid[0] <= 132 * 2 * param(k, "MIN_BLOCKS_B"));
                         /* the planner's scratch holds a row per block on any GPU */

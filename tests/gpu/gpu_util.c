@@ -151,7 +151,10 @@ cp_kdims gu_dims(gu_module *m, const char *role, int64_t n, int64_t heads) {
 
 void gu_run(gu_module *m, const char *role, int64_t n, int64_t heads, void **args) {
     cp_kdims d = gu_dims(m, role, n, heads);
-    GU_CUDA(cp_launch(gu_kernel(m, role), &d, args, 0));
+    cudaKernel_t k = gu_kernel(m, role);
+    char err[1024];
+    if (d.smem && cp_kernel_set_max_smem(k, d.smem, err, sizeof err)) gu_fail("%s %s: %s", m->src.name, role, err);
+    GU_CUDA(cp_launch(k, &d, args, 0));
     GU_CUDA(cudaDeviceSynchronize());
 }
 
