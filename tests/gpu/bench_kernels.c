@@ -71,7 +71,10 @@ static void report(const char *name, const char *shape, double us, double bytes,
 static void bench(gu_module *m, const char *role, int64_t n, int64_t heads, void **args, const char *name,
                   const char *shape, double bytes, bool goal) {
     cp_kdims d = gu_dims(m, role, n, heads);
-    report(name, shape, time_kernel(gu_kernel(m, role), &d, args), bytes, goal);
+    cudaKernel_t k = gu_kernel(m, role);
+    char err[1024];
+    if (d.smem && cp_kernel_set_max_smem(k, d.smem, err, sizeof err)) gu_fail("%s: %s", name, err);
+    report(name, shape, time_kernel(k, &d, args), bytes, goal);
 }
 
 static void *filled(size_t bytes) {
@@ -107,13 +110,9 @@ static void bench_memcpy(void) {
     gu_free_dev(b);
 }
 
-int main(void) {
-    gu_init_or_skip("bench_kernels");
-    gu_cmocka = false;
+/* Every family's kernels at large sizes */
+static void bench_families(void) {
     cp_kernel_spec k;
-    printf("\n%-22s %-26s %13s %13s\n", "kernel", "shape", "median", "bandwidth");
-    bench_memcpy();
-
     { /* rmsnorm 65536 x 4096 */
         int64_t n = 65536, H = 4096;
         cp_k_rmsnorm(&k, H, 1e-5);
@@ -390,6 +389,108 @@ int main(void) {
         gu_free_dev(go), gu_free_dev(o), gu_free_dev(dl);
         gu_free(m);
     }
+}
+
+/* Whether entry role's launch for n rows asks for no more shared memory than a Hopper block has */
+static bool fits(const cp_kernel_spec *k, const char *role, int64_t n) {
+    cp_kdims d;
+    return cp_k_dims(k, role, n, 0, gu_dev.sms, &d) == 0 && d.smem <= 227 * 1024;
+}
+
+/* The row-scaled producers (train.fp8_scaling = "row") at the 3B step's shapes, 32768 rows: rmsnorm's and SwiGLU's
+ * _row entries beside their plain entries as the step runs them (the norm's forward without resid, its backward
+ * with dresid), with the row copy and the transposed copy's column maxima, and SwiGLU's forward with the maxima
+ * alone; for each depth of their pipes that fits (templates/row_pipe.cuh; the generator's own first). Bytes: the
+ * inputs, the outputs, the copies and their scales. */
+static void bench_row_producers(void) {
+    int64_t n = 32768;
+    const int64_t H = 3072, F = 8192;
+    float e4 = 448.0f, e5 = 57344.0f, none = 0.0f;
+    void *null = NULL;
+    for (int v = 0; v < 4; v++) {
+        cp_kernel_spec k;
+        cp_k_rmsnorm(&k, H, 1e-5);
+        const int64_t own = strtoll(cp_kspec_get(&k, "ROW_STAGES"), NULL, 10), stages = v ? v + 1 : own;
+        cp_kspec_set_int(&k, "ROW_STAGES", stages);
+        cp_kspec_set_int(&k, "ROW_STAGES_B", stages);
+        if ((v && stages == own) || !fits(&k, "fwd_row", n) || !fits(&k, "bwd_row", n)) {
+            cp_kspec_free(&k);
+            continue;
+        }
+        size_t scratch = (size_t)cp_k_scratch_bytes(&k, "bwd", n);
+        gu_module *m = build(&k);
+        const size_t nb = 2 * (size_t)(n * H);
+        int col_rows = (int)(cp_fp8_row_parts(n, H) / H);
+        void *x = filled(nb), *r = filled(nb), *o = gu_malloc(nb), *w = filled(2 * (size_t)H);
+        void *rs = filled(4 * (size_t)n);
+        void *part = gu_malloc(scratch), *copy = gu_malloc(nb / 2), *scales = gu_malloc(4 * (size_t)n);
+        void *cm = gu_malloc(4 * (size_t)(col_rows * H));
+        check(cudaMemset(cm, 0, 4 * (size_t)(col_rows * H)), "zeroing the column maxima");
+        char shape[48];
+        snprintf(shape, sizeof shape, "32768x3072, %lld stages", (long long)stages);
+        if (v == 0) {
+            void *a[] = {&x, &null, &null, &w, &o, &rs, &n, &null, &none};
+            bench(m, "fwd", n, 0, a, "rmsnorm_fwd", "32768x3072", 2.0 * nb + 4.0 * n, true);
+            void *b[] = {&r, &x, &w, &rs, &r, &o, &part, &n, &null, &none};
+            bench(m, "bwd", n, 0, b, "rmsnorm_bwd dresid", "32768x3072", 4.0 * nb + 4.0 * n, true);
+        }
+        void *ar[] = {&x, &null, &null, &w, &o, &rs, &n, &e4, &copy, &scales, &cm, &col_rows};
+        bench(m, "fwd_row", n, 0, ar, "rmsnorm_fwd_row", shape, 2.5 * nb + 8.0 * n, true);
+        void *br[] = {&r, &x, &w, &rs, &r, &o, &part, &n, &e5, &copy, &scales, &cm, &col_rows};
+        bench(m, "bwd_row", n, 0, br, "rmsnorm_bwd_row dresid", shape, 4.5 * nb + 8.0 * n, true);
+        gu_free_dev(x), gu_free_dev(r), gu_free_dev(o), gu_free_dev(w), gu_free_dev(rs), gu_free_dev(part);
+        gu_free_dev(copy), gu_free_dev(scales), gu_free_dev(cm);
+        gu_free(m);
+    }
+    for (int v = 0; v < 4; v++) {
+        cp_kernel_spec k;
+        cp_k_swiglu(&k, F);
+        const int64_t own_f = strtoll(cp_kspec_get(&k, "ROW_STAGES_F"), NULL, 10);
+        const int64_t own_b = strtoll(cp_kspec_get(&k, "ROW_STAGES_B"), NULL, 10), stages = v ? v + 1 : own_b;
+        /* fwd_row's two blocks an SM hold three stages at most */
+        cp_kspec_set_int(&k, "ROW_STAGES_F", v == 0 ? own_f : CP_MIN(stages, 3));
+        cp_kspec_set_int(&k, "ROW_STAGES_B", stages);
+        if ((v && stages == own_b) || !fits(&k, "fwd_row", n) || !fits(&k, "bwd_row", n)) {
+            cp_kspec_free(&k);
+            continue;
+        }
+        gu_module *m = build(&k);
+        const size_t nb = 2 * (size_t)(n * F);
+        int col_rows = (int)(cp_fp8_row_parts(n, F) / F), one = 1;
+        void *g = filled(nb), *u = filled(nb), *o = filled(nb), *c1 = gu_malloc(nb / 2), *c2 = gu_malloc(nb / 2);
+        void *s1 = gu_malloc(4 * (size_t)n), *s2 = gu_malloc(4 * (size_t)n);
+        void *m1 = gu_malloc(4 * (size_t)(col_rows * F)), *m2 = gu_malloc(4 * (size_t)(col_rows * F));
+        check(cudaMemset(m1, 0, 4 * (size_t)(col_rows * F)), "zeroing the column maxima");
+        check(cudaMemset(m2, 0, 4 * (size_t)(col_rows * F)), "zeroing the column maxima");
+        char shape[48];
+        snprintf(shape, sizeof shape, "32768x8192, %lld stages", (long long)(v == 0 ? own_f : CP_MIN(stages, 3)));
+        if (v == 0) {
+            void *a[] = {&g, &u, &o, &n, &null, &none};
+            bench(m, "fwd", n, 0, a, "swiglu_fwd", "32768x8192", 3.0 * nb, true);
+            void *b[] = {&o, &g, &u, &n, &null, &none, &null, &none};
+            bench(m, "bwd", n, 0, b, "swiglu_bwd", "32768x8192", 5.0 * nb, true);
+        }
+        void *ar[] = {&g, &u, &o, &n, &e4, &c1, &s1, &m1, &col_rows};
+        bench(m, "fwd_row", n, 0, ar, "swiglu_fwd_row", shape, 3.5 * nb + 4.0 * n, true);
+        void *am[] = {&g, &u, &o, &n, &e4, &null, &null, &m1, &col_rows};
+        bench(m, "fwd_row", n, 0, am, "swiglu_fwd_row maxima", shape, 3.0 * nb, true);
+        snprintf(shape, sizeof shape, "32768x8192, %lld stages", (long long)stages);
+        void *br[] = {&o, &g, &u, &n, &e5, &c1, &s1, &m1, &col_rows, &e4, &c2, &s2, &m2, &one};
+        bench(m, "bwd_row", n, 0, br, "swiglu_bwd_row", shape, 6.0 * nb + 8.0 * n, true);
+        gu_free_dev(g), gu_free_dev(u), gu_free_dev(o), gu_free_dev(c1), gu_free_dev(c2), gu_free_dev(s1);
+        gu_free_dev(s2), gu_free_dev(m1), gu_free_dev(m2);
+        gu_free(m);
+    }
+}
+
+/* bench_kernels [row]: every family's kernels, or (row) the row-scaled producers alone */
+int main(int argc, char **argv) {
+    gu_init_or_skip("bench_kernels");
+    gu_cmocka = false;
+    printf("\n%-22s %-26s %13s %13s\n", "kernel", "shape", "median", "bandwidth");
+    bench_memcpy();
+    if (argc < 2 || strcmp(argv[1], "row")) bench_families();
+    bench_row_producers();
 
     printf("\n%-22s %-26s %10s %9s %8s %10s  %s\n", "kernel", "shape", "median us", "GB/s", "%4300", "%memcpy",
            "goal >= 70% of 4300");
