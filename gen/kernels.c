@@ -127,10 +127,11 @@ static void rows_split(int64_t nvec, int target, int *tpr, int *nv) {
  * `threads` in dynamic shared memory */
 static int64_t row_pipe_bytes(int64_t stages, int64_t words, int64_t threads) { return stages * words * threads * 16; }
 
-/* Rows in flight for a pipe beside `static_bytes` of the kernel's own shared memory: three where they fit in a block's
- * shared memory on Hopper (227 KB; the FP8 copies are Hopper's), two where only those fit, else 0 (no such entry) */
-static int64_t row_pipe_stages(int64_t words, int64_t threads, int64_t static_bytes) {
-    for (int64_t s = 3; s >= 2; s--)
+/* Rows in flight for a pipe beside `static_bytes` of the kernel's own shared memory: up to `most` (2 or 3) where they
+ * fit in a block's shared memory on Hopper (227 KB; the FP8 copies are Hopper's), two where only those fit, else 0
+ * (no such entry) */
+static int64_t row_pipe_stages(int64_t most, int64_t words, int64_t threads, int64_t static_bytes) {
+    for (int64_t s = most; s >= 2; s--)
         if (row_pipe_bytes(s, words, threads) + static_bytes <= 227 * 1024) return s;
     return 0;
 }
@@ -158,10 +159,12 @@ void cp_k_rmsnorm(cp_kernel_spec *k, int64_t hidden, double eps) {
     cp_kspec_set_int(k, "RPB_B", rpbb);
     cp_kspec_set_int(k, "MIN_BLOCKS_B", CP_MAX(1, 512 / (tprb * rpbb)));
     /* fwd_row's pipe holds x's and resid's vectors, bwd_row's dout's, x's and dresid's (static: the reductions' and
-     * bwd's few-column sums) */
+     * bwd's few-column sums). fwd_row holds little across a row's reductions: 768 threads an SM, each block two rows
+     * in flight (the 3B's norm: 155.7 us with two, 160.7 with three at 480 threads, bench_kernels row) */
     const int64_t rmsnorm_static = 16 * 1024;
-    cp_kspec_set_int(k, "ROW_STAGES", vec == 8 ? row_pipe_stages(2 * nv, tpr * rpb, rmsnorm_static) : 0);
-    cp_kspec_set_int(k, "ROW_STAGES_B", vec == 8 ? row_pipe_stages(3 * nvb, tprb * rpbb, rmsnorm_static) : 0);
+    cp_kspec_set_int(k, "MIN_BLOCKS_R", CP_MAX(1, 768 / (tpr * rpb)));
+    cp_kspec_set_int(k, "ROW_STAGES", vec == 8 ? row_pipe_stages(2, 2 * nv, tpr * rpb, rmsnorm_static) : 0);
+    cp_kspec_set_int(k, "ROW_STAGES_B", vec == 8 ? row_pipe_stages(3, 3 * nvb, tprb * rpbb, rmsnorm_static) : 0);
     /* bwd_dw: a float4 of columns per thread when the row allows, 8 threads across and 32 down a block */
     cp_kspec_set_int(k, "DW_V", hidden % 4 == 0 ? 4 : 1);
     cp_kspec_set_int(k, "DW_TPC", 8);
@@ -227,8 +230,8 @@ void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn) {
     const int64_t row_vecs = ceil_div(ffn / 8, SWIGLU_ROW_THREADS);
     const bool row = bf16_vec(ffn) == 8 && row_vecs <= 4;
     const int64_t maxima = row_vecs * SWIGLU_ROW_THREADS * 16 + 1024;
-    cp_kspec_set_int(k, "ROW_STAGES_F", row ? row_pipe_stages(2 * row_vecs, SWIGLU_ROW_THREADS, 1024) : 0);
-    cp_kspec_set_int(k, "ROW_STAGES_B", row ? row_pipe_stages(3 * row_vecs, SWIGLU_ROW_THREADS, maxima) : 0);
+    cp_kspec_set_int(k, "ROW_STAGES_F", row ? row_pipe_stages(3, 2 * row_vecs, SWIGLU_ROW_THREADS, 1024) : 0);
+    cp_kspec_set_int(k, "ROW_STAGES_B", row ? row_pipe_stages(3, 3 * row_vecs, SWIGLU_ROW_THREADS, maxima) : 0);
 }
 
 bool cp_k_fp8_copies(const cp_kernel_spec *k, const char *role) {
@@ -410,7 +413,7 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             /* persistent, one round of the blocks that fit at once: each block's columns cost an atomic each */
             int64_t rpb = get_int(k, "RPB");
             d->block = (unsigned)(get_int(k, "TPR") * rpb);
-            d->grid[0] = blocks_for(n, rpb, (int64_t)sms * get_int(k, "MIN_BLOCKS"));
+            d->grid[0] = blocks_for(n, rpb, (int64_t)sms * get_int(k, "MIN_BLOCKS_R"));
             d->smem = (unsigned)row_pipe_bytes(get_int(k, "ROW_STAGES"), 2 * get_int(k, "NV"), d->block);
         } else if (strcmp(role, "bwd") == 0 || strcmp(role, "bwd_copy") == 0 || strcmp(role, "bwd_row") == 0) {
             /* persistent: about two rounds of the blocks that fit at once (the same for all three, so that dweight's

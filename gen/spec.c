@@ -1381,10 +1381,10 @@ void cp_machine_defaults(cp_machine *m) {
     m->fp8_copy_gbps = 1500;
     /* the row-scaled copies rmsnorm and SwiGLU write beside their outputs (and the transposed copy's column maxima
      * they gather), their bytes over what the kernels take longer than their plain entries: the 3B step at 32K with
-     * row scales traced on an H200 (docs/PERF.md, 2026-12-04, copies by their producers): 1,200 GB/s in rmsnorm's
-     * forward and backward, 1,490 in SwiGLU's forward, 1,320 in its backward (3,000 predicted from the norm's own
-     * rates missed: the row entries' persistent blocks hold fewer rows in flight than the plain ones) */
-    m->fp8_copy_row_gbps = 1250;
+     * row scales traced on an H200 (docs/PERF.md, 2026-12-04, rows through a pipe): 1,700 GB/s in rmsnorm's forward
+     * (1,220 with the maxima), 1,500 in its backward, 2,000 in SwiGLU's forward, 2,270 in its backward, 1,820 in all;
+     * the maxima alone cost nothing measurable (SwiGLU's forward took 10 us less than its plain entry) */
+    m->fp8_copy_row_gbps = 1850;
     m->host_gbps = 55;
     m->a2a_gbps = 328;
     m->allgather_gbps = 278;

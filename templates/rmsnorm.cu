@@ -42,6 +42,7 @@ typedef __nv_bfloat16 bf16;
 #define BLOCK_B (TPR_B * RPB_B)
 #define MIN_BLOCKS {{MIN_BLOCKS}}
 #define MIN_BLOCKS_B {{MIN_BLOCKS_B}}
+#define MIN_BLOCKS_R {{MIN_BLOCKS_R}} // fwd_row's: more blocks than fwd's, its rows' loads in shared memory
 // bwd_dw: DW_V columns per thread (a float4 when HIDDEN allows), DW_COLS columns per block, DW_GROUPS threads per column
 #define DW_V {{DW_V}}
 #define DW_TPC {{DW_TPC}}
@@ -127,18 +128,18 @@ template <int N> struct col_maxima {
     }
 };
 
-// A row's values f (thread lane's vectors of its P, N of them; as stored, 0 outside the row) into its row-scaled FP8
+// A row's values o (thread lane's vectors of its P, N of them; as stored, 0 outside the row) into its row-scaled FP8
 // copy (row `row` of copy and scales; NULL copy: none) where row < n, and into the thread's column maxima cm. Every
 // thread of the row calls it (the row's maximum is a reduction).
 template <int P, int N>
-static __device__ __forceinline__ void row_copy(const float (&f)[N][VEC], i64 row, i64 n, int lane, float fmax,
+static __device__ __forceinline__ void row_copy(const vec_t (&o)[N], i64 row, i64 n, int lane, float fmax,
                                                 unsigned char *copy, float *scales, col_maxima<N> &cm) {
     float m = 0.f;
     if (copy) {
 #pragma unroll
         for (int k = 0; k < N; k++)
 #pragma unroll
-            for (int i = 0; i < VEC; i++) m = fmaxf(m, fabsf(f[k][i]));
+            for (int i = 0; i < VEC; i++) m = fmaxf(m, fabsf(__bfloat162float(o[k].h[i])));
         m = row_sum<P, true>(m);
     }
     if (row >= n) return;
@@ -146,10 +147,15 @@ static __device__ __forceinline__ void row_copy(const float (&f)[N][VEC], i64 ro
 #pragma unroll
     for (int k = 0; k < N; k++) {
         if (!in_row<P, N>(k, lane)) continue;
-        if (copy) fp8_row_vector(f[k], q, fmax, copy + row * HIDDEN + (lane + k * P) * VEC);
+        if (copy) {
+            float f[VEC];
 #pragma unroll
-        for (int i = 0; i < VEC; i += 2)
-            cm.m[k][i / 2] = __hmax2(cm.m[k][i / 2], __floats2bfloat162_rn(fabsf(f[k][i]), fabsf(f[k][i + 1])));
+            for (int i = 0; i < VEC; i++) f[i] = __bfloat162float(o[k].h[i]);
+            fp8_row_vector(f, q, fmax, copy + row * HIDDEN + (lane + k * P) * VEC);
+        }
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(o[k].h);
+#pragma unroll
+        for (int j = 0; j < VEC / 2; j++) cm.m[k][j] = __hmax2(cm.m[k][j], __habs2(h[j]));
     }
     if (copy && lane == 0) scales[row] = pow2_inverse(q);
 }
@@ -186,28 +192,37 @@ static __device__ __forceinline__ void piped_row(int stage, int word0, int lane,
         if (in_row<P, N>(k, lane)) v[k] = Pipe::template get<vec_t>(stage, word0 + k);
 }
 
-// fwd's row for thread `lane` of its TPR from its vectors of x and, with resid, of resid (vec(k, 0) and vec(k, 1): in
-// registers or in a row_pipe's stage): out (and sum_out, rstd) stored, and s left holding out's values as stored (0
-// outside the row). A row past n computes on what it was given (for the shuffles) and stores nothing.
-template <class Vec>
-static __device__ __forceinline__ void fwd_one_row(Vec vec, bool resid, bf16 *__restrict__ sum_out,
-                                                   const bf16 *__restrict__ weight, bf16 *__restrict__ out,
-                                                   float *__restrict__ rstd, i64 n, i64 row, int lane,
-                                                   float (&s)[NV][VEC]) {
+// fwd's row for thread `lane` of its TPR: out (and sum_out, rstd) stored, and s left holding out's values as stored
+// (0 outside the row). A row past n computes on row n-1 (for the shuffles) and stores nothing.
+static __device__ __forceinline__ void fwd_one_row(const bf16 *__restrict__ x, const bf16 *__restrict__ resid,
+                                                   bf16 *__restrict__ sum_out, const bf16 *__restrict__ weight,
+                                                   bf16 *__restrict__ out, float *__restrict__ rstd, i64 n, i64 row,
+                                                   int lane, float (&s)[NV][VEC]) {
     const bool valid = row < n;
     const i64 base = (valid ? row : n - 1) * HIDDEN;
-    vec_t wv[NV];
+    vec_t xv[NV], wv[NV];
 #pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const bool in = in_row<TPR, NV>(k, lane);
-        const vec_t xv = in ? vec(k, 0) : vec_t{}, rv = in && resid ? vec(k, 1) : vec_t{};
+    for (int k = 0; k < NV; k++)
+        if (in_row<TPR, NV>(k, lane)) xv[k] = *reinterpret_cast<const vec_t *>(x + base + (lane + k * TPR) * VEC);
+    if (resid) {
+        vec_t rv[NV];
 #pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            const float xf = __bfloat162float(xv.h[i]);
-            s[k][i] = resid ? bf16_round(xf + __bfloat162float(rv.h[i])) : xf;
-        }
+        for (int k = 0; k < NV; k++)
+            if (in_row<TPR, NV>(k, lane)) rv[k] = *reinterpret_cast<const vec_t *>(resid + base + (lane + k * TPR) * VEC);
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                s[k][i] = in_row<TPR, NV>(k, lane) ? bf16_round(__bfloat162float(xv[k].h[i]) + __bfloat162float(rv[k].h[i])) : 0.f;
+    } else {
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+#pragma unroll
+            for (int i = 0; i < VEC; i++) s[k][i] = in_row<TPR, NV>(k, lane) ? __bfloat162float(xv[k].h[i]) : 0.f;
     }
-    load_row<TPR, NV>(weight, 0, lane, wv);
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if (in_row<TPR, NV>(k, lane)) wv[k] = *reinterpret_cast<const vec_t *>(weight + (lane + k * TPR) * VEC);
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; k++)
@@ -251,12 +266,8 @@ static __device__ __forceinline__ void fwd_rows(const bf16 *__restrict__ x, cons
     const int lane = threadIdx.x % TPR;
     const i64 row = (i64)blockIdx.x * RPB + threadIdx.x / TPR;
     const bool valid = row < n;
-    const i64 base = (valid ? row : n - 1) * HIDDEN;
-    vec_t xv[NV], rv[NV];
-    load_row<TPR, NV>(x, base, lane, xv);
-    if (resid) load_row<TPR, NV>(resid, base, lane, rv);
     float f[NV][VEC];
-    fwd_one_row([&](int k, int t) { return t ? rv[k] : xv[k]; }, resid, sum_out, weight, out, rstd, n, row, lane, f);
+    fwd_one_row(x, resid, sum_out, weight, out, rstd, n, row, lane, f);
     float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
@@ -288,7 +299,7 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_copy_h{{HIDDEN}
 #endif
 }
 
-__global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_row_h{{HIDDEN}}_e{{EPS_TAG}}(
+__global__ void __launch_bounds__(BLOCK, MIN_BLOCKS_R) rmsnorm_fwd_row_h{{HIDDEN}}_e{{EPS_TAG}}(
     const bf16 *__restrict__ x, const bf16 *__restrict__ resid, bf16 *__restrict__ sum_out,
     const bf16 *__restrict__ weight, bf16 *__restrict__ out, float *__restrict__ rstd, i64 n, float fmax,
     unsigned char *__restrict__ copy, float *__restrict__ copy_scales, float *__restrict__ col_max, int col_max_rows) {
@@ -303,11 +314,41 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) rmsnorm_fwd_row_h{{HIDDEN}}
             if (resid) pipe_row<pipe, TPR, NV>(stage, NV, resid, base, lane, row < n);
         },
         [&](int stage, i64 first) {
+            // fwd_one_row's values, but read from the stage twice, for the sum of squares and again for the output,
+            // so that nothing of the row is held across its reduction: the entry is bound by the latency of its
+            // warps, more of which fit an SM with fewer registers
             const i64 row = first + sub;
-            float f[NV][VEC];
-            fwd_one_row([&](int k, int t) { return pipe::template get<vec_t>(stage, t * NV + k); }, resid, sum_out,
-                        weight, out, rstd, n, row, lane, f);
-            row_copy<TPR, NV>(f, row, n, lane, fmax, copy, copy_scales, cm);
+            const bool valid = row < n;
+            auto in = [&](int k, int i) { // the norm's input: x, or bf16(x + resid)
+                const float xf = __bfloat162float(pipe::template get<vec_t>(stage, k).h[i]);
+                return resid ? bf16_round(xf + __bfloat162float(pipe::template get<vec_t>(stage, NV + k).h[i])) : xf;
+            };
+            float ss = 0.f;
+#pragma unroll
+            for (int k = 0; k < NV; k++)
+                if (in_row<TPR, NV>(k, lane))
+#pragma unroll
+                    for (int i = 0; i < VEC; i++) ss = fmaf(in(k, i), in(k, i), ss);
+            const float r = rsqrtf(row_sum<TPR>(ss) / (float)HIDDEN + EPS);
+            if (valid && lane == 0) rstd[row] = r;
+            vec_t o[NV];
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                o[k] = vec_t{};
+                if (!valid || !in_row<TPR, NV>(k, lane)) continue;
+                const i64 off = row * HIDDEN + (lane + k * TPR) * VEC;
+                const vec_t wv = *reinterpret_cast<const vec_t *>(weight + (lane + k * TPR) * VEC);
+                vec_t so;
+#pragma unroll
+                for (int i = 0; i < VEC; i++) {
+                    const float v = in(k, i);
+                    o[k].h[i] = __float2bfloat16_rn(__bfloat162float(wv.h[i]) * bf16_round(v * r));
+                    so.h[i] = __float2bfloat16_rn(v); // exact: v is bf16-valued
+                }
+                *reinterpret_cast<vec_t *>(out + off) = o[k];
+                if (resid) *reinterpret_cast<vec_t *>(sum_out + off) = so;
+            }
+            row_copy<TPR, NV>(o, row, n, lane, fmax, copy, copy_scales, cm);
         });
     col_max_add<TPR, NV>(cm, lane, col_max, col_max_rows);
 #else
@@ -338,12 +379,11 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
         for (int i = 0; i < VEC; i++) dw[k][i] = 0.f;
     float amax = 0.f;
     col_maxima<OUT == OUT_ROW ? NV_B : 1> cm;
-    // a row from its vectors of dout, x and dresid (dv, xv, rv)
-    auto one = [&](i64 row, const vec_t (&dv)[NV_B], const vec_t (&xv)[NV_B], const vec_t (&rv)[NV_B]) {
+    // a row from its vectors of dout, x, weight and dresid (dv, xv, wv, rv)
+    auto one = [&](i64 row, const vec_t (&dv)[NV_B], const vec_t (&xv)[NV_B], const vec_t (&wv)[NV_B],
+                   const vec_t (&rv)[NV_B]) {
         const bool valid = row < n;
         const i64 base = (valid ? row : n - 1) * HIDDEN;
-        vec_t wv[NV_B];
-        load_row<TPR_B, NV_B>(weight, 0, lane, wv);
         const float r = rstd[valid ? row : n - 1];
         float dot = 0.f;
 #pragma unroll
@@ -355,16 +395,17 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
         dot = row_sum<TPR_B>(dot);
         const float mean = dot / (float)HIDDEN;
         if (!COPY && !valid) return;
-        float fr[OUT == OUT_ROW ? NV_B : 1][VEC]; // bwd_row's: the row's values, for its maximum
+        vec_t ov[OUT == OUT_ROW ? NV_B : 1]; // bwd_row's: the row's values, for its maximum
 #pragma unroll
         for (int k = 0; k < NV_B; k++) {
             const bool in = valid && in_row<TPR_B, NV_B>(k, lane);
             if (!COPY && !in) continue;
-            float *f = fr[OUT == OUT_ROW ? k : 0];
+            float f[VEC];
 #pragma unroll
             for (int i = 0; i < VEC; i++) f[i] = 0.f;
+            vec_t &o = ov[OUT == OUT_ROW ? k : 0];
+            o = vec_t{};
             if (in) {
-                vec_t o;
 #pragma unroll
                 for (int i = 0; i < VEC; i++) {
                     const float d = __bfloat162float(dv[k].h[i]);
@@ -383,7 +424,7 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
                 fp8_block_store(f, in, fmax, copy + base + (lane + k * TPR_B) * VEC,
                                 copy_scales + (lane + k * TPR_B) / 16 * n + row);
         }
-        if constexpr (OUT == OUT_ROW) row_copy<TPR_B, NV_B>(fr, row, n, lane, fmax, copy, copy_scales, cm);
+        if constexpr (OUT == OUT_ROW) row_copy<TPR_B, NV_B>(ov, row, n, lane, fmax, copy, copy_scales, cm);
     };
     // every thread of the block runs the same number of iterations (the shuffles and barriers need that)
     const i64 first = (i64)blockIdx.x * RPB_B, step = (i64)gridDim.x * RPB_B;
@@ -398,21 +439,27 @@ static __device__ __forceinline__ void bwd_rows(const bf16 *dout, const bf16 *__
                 if (dresid) pipe_row<pipe, TPR_B, NV_B>(stage, 2 * NV_B, dresid, base, lane, row < n);
             },
             [&](int stage, i64 f) {
-                vec_t dv[NV_B], xv[NV_B], rv[NV_B];
+                vec_t dv[NV_B], xv[NV_B], wv[NV_B], rv[NV_B];
                 piped_row<pipe, TPR_B, NV_B>(stage, 0, lane, dv);
                 piped_row<pipe, TPR_B, NV_B>(stage, NV_B, lane, xv);
+                load_row<TPR_B, NV_B>(weight, 0, lane, wv);
                 if (dresid) piped_row<pipe, TPR_B, NV_B>(stage, 2 * NV_B, lane, rv);
-                one(f + sub, dv, xv, rv);
+                one(f + sub, dv, xv, wv, rv);
             });
 #endif
     } else {
         for (i64 f = first; f < n; f += step) {
             const i64 row = f + sub, base = (row < n ? row : n - 1) * HIDDEN;
-            vec_t dv[NV_B], xv[NV_B], rv[NV_B];
-            load_row<TPR_B, NV_B>(dout, base, lane, dv);
-            load_row<TPR_B, NV_B>(x, base, lane, xv);
+            vec_t dv[NV_B], xv[NV_B], wv[NV_B], rv[NV_B];
+#pragma unroll
+            for (int k = 0; k < NV_B; k++)
+                if (in_row<TPR_B, NV_B>(k, lane)) {
+                    dv[k] = *reinterpret_cast<const vec_t *>(dout + base + (lane + k * TPR_B) * VEC);
+                    xv[k] = *reinterpret_cast<const vec_t *>(x + base + (lane + k * TPR_B) * VEC);
+                    wv[k] = *reinterpret_cast<const vec_t *>(weight + (lane + k * TPR_B) * VEC);
+                }
             if (dresid) load_row<TPR_B, NV_B>(dresid, base, lane, rv);
-            one(row, dv, xv, rv);
+            one(row, dv, xv, wv, rv);
         }
     }
     if (OUT == OUT_AMAX) fp8_amax_commit(amax, amax_slot, fmax);
