@@ -227,8 +227,10 @@ void cp_k_swiglu(cp_kernel_spec *k, int64_t ffn) {
     cp_kspec_set_int(k, "ROW_THREADS", SWIGLU_ROW_THREADS);
     /* the row entries (templates/swiglu.cu): a row a block of SWIGLU_ROW_THREADS at a time, at most 4 vectors of 8 a
      * thread; fwd_row's pipe holds gate's and up's vectors, bwd_row's dout's too, beside dup's column maxima */
-    const int64_t row_vecs = ceil_div(ffn / 8, SWIGLU_ROW_THREADS);
+    const int64_t row_vecs = ceil_div(ffn / bf16_vec(ffn), SWIGLU_ROW_THREADS);
     const bool row = bf16_vec(ffn) == 8 && row_vecs <= 4;
+    cp_kspec_set_int(k, "ROW_VECS", row_vecs);
+    cp_kspec_set_int(k, "ROW_FWD_BLOCKS", row_vecs <= 2 ? 2 : 1); /* fwd_row's blocks an SM: its registers allow two */
     const int64_t maxima = row_vecs * SWIGLU_ROW_THREADS * 16 + 1024;
     cp_kspec_set_int(k, "ROW_STAGES_F", row ? row_pipe_stages(3, 2 * row_vecs, SWIGLU_ROW_THREADS, 1024) : 0);
     cp_kspec_set_int(k, "ROW_STAGES_B", row ? row_pipe_stages(3, 3 * row_vecs, SWIGLU_ROW_THREADS, maxima) : 0);
@@ -457,14 +459,13 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
     }
     if (strcmp(f, "swiglu") == 0) {
         if (strcmp(role, "fwd_row") == 0 || strcmp(role, "bwd_row") == 0) {
-            /* a row a block at a time, persistent: the blocks that fit at once (templates/swiglu.cu's bounds: two of
-             * fwd_row an SM up to 8192 columns, one of bwd_row), each block's columns an atomic each at its end */
+            /* a row a block at a time, persistent: the blocks that fit at once (ROW_FWD_BLOCKS of fwd_row an SM, one
+             * of bwd_row), each block's columns an atomic each at its end */
             const bool fwd = role[0] == 'f';
-            const int64_t row_vecs = ceil_div(get_int(k, "FFN") / 8, SWIGLU_ROW_THREADS);
             d->block = SWIGLU_ROW_THREADS;
-            d->grid[0] = blocks_for(n, 1, (int64_t)sms * (fwd && row_vecs <= 2 ? 2 : 1));
+            d->grid[0] = blocks_for(n, 1, (int64_t)sms * (fwd ? get_int(k, "ROW_FWD_BLOCKS") : 1));
             const int64_t stages = get_int(k, fwd ? "ROW_STAGES_F" : "ROW_STAGES_B");
-            d->smem = (unsigned)row_pipe_bytes(stages, (fwd ? 2 : 3) * row_vecs, SWIGLU_ROW_THREADS);
+            d->smem = (unsigned)row_pipe_bytes(stages, (fwd ? 2 : 3) * get_int(k, "ROW_VECS"), SWIGLU_ROW_THREADS);
             return 0;
         }
         /* fwd, bwd and their twins that write FP8 copies: fwd_copy, bwd_copy, bwd_copy_gate, bwd_copy_up */

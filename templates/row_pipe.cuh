@@ -4,11 +4,9 @@
 // 2.2-3.1 TB/s where the same kernels without the copy ran near 4. Here each thread copies its own 16-byte vectors of
 // the next STAGES - 1 rows with cp.async and later reads back only those: cp.async.wait_group makes a thread's own
 // copies visible to it, so the pipe needs no barrier of its own. Dynamic shared memory [stage][word][thread]
-// (consecutive threads take consecutive 16 bytes), ROW_PIPE_BYTES(STAGES, WORDS, THREADS) of it, which the launch
-// gives (gen/kernels.c's row_pipe_bytes).
+// (consecutive threads take consecutive 16 bytes), STAGES * WORDS * THREADS * 16 bytes of it, which the launch gives
+// (gen/kernels.c's row_pipe_bytes).
 #pragma once
-
-#define ROW_PIPE_BYTES(stages, words, threads) ((stages) * (words) * (threads) * 16)
 
 template <int STAGES, int WORDS, int THREADS> struct row_pipe {
     static_assert(STAGES >= 2, "a row ahead at least");

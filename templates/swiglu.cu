@@ -30,14 +30,14 @@ typedef __nv_bfloat16 bf16;
 static_assert(FFN % VEC == 0, "VEC must divide FFN");
 #define COPY_OK (VEC == 8 && FFN % 128 == 0) // whole 1 x 128 blocks of a row, 16 vectors each
 #define ROW_THREADS {{ROW_THREADS}}
-#define ROW_VECS ((FFN / VEC + ROW_THREADS - 1) / ROW_THREADS)
+#define ROW_VECS {{ROW_VECS}} // vectors of a row a thread: FFN / VEC over ROW_THREADS, rounded up
 // fwd_row, bwd_row: the rows in flight in each one's row_pipe, 0 where it has none (gen/kernels.c's cp_k_swiglu
 // decides: vectors of 8, at most 4 of them a thread, the stages in shared memory); two blocks of fwd_row an SM where a
 // thread holds at most 2 vectors
 #define ROW_STAGES_F {{ROW_STAGES_F}}
 #define ROW_STAGES_B {{ROW_STAGES_B}}
 #define ROW_OK (ROW_STAGES_F > 0)
-#define ROW_FWD_BLOCKS (ROW_VECS <= 2 ? 2 : 1)
+#define ROW_FWD_BLOCKS {{ROW_FWD_BLOCKS}}
 
 template <int N> struct __align__(2 * N) bvec { bf16 h[N]; };
 typedef bvec<VEC> vec_t;
@@ -323,8 +323,8 @@ template <int N> struct row_in {
             if (in_row(k))
 #pragma unroll
                 for (int t = 0; t < N; t++) {
-                    const i64 v = row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS;
-                    Pipe::load(stage, t * ROW_VECS + k, src[t] + v * VEC, true);
+                    const i64 vec = row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS;
+                    Pipe::load(stage, t * ROW_VECS + k, src[t] + vec * VEC, true);
                 }
     }
     template <class Pipe> __device__ __forceinline__ void read(int stage) {

@@ -260,10 +260,9 @@ typedef struct {
     int maxima;
 } row_dev;
 
-static row_dev row_dev_new(int64_t rows, int64_t cols, int maxima) {
-    row_dev d = {gu_malloc((size_t)(rows * cols)), gu_malloc(4 * (size_t)rows), NULL, maxima};
-    gu_poison(d.copy, (size_t)(rows * cols));
-    gu_poison(d.scales, 4 * (size_t)rows);
+/* The column maxima alone (a producer given no copy) */
+static row_dev row_dev_maxima(int64_t cols, int maxima) {
+    row_dev d = {NULL, NULL, NULL, maxima};
     if (maxima) {
         float *zero = calloc((size_t)(maxima * cols), 4);
         d.col_max = dev_copy(zero, 4 * (size_t)(maxima * cols));
@@ -272,11 +271,13 @@ static row_dev row_dev_new(int64_t rows, int64_t cols, int maxima) {
     return d;
 }
 
-/* The same where the producer gathers the column maxima alone (its copy and scales NULL) */
-static row_dev row_dev_maxima(int64_t rows, int64_t cols, int maxima) {
-    row_dev d = row_dev_new(rows, cols, maxima);
-    gu_free_dev(d.copy), gu_free_dev(d.scales);
-    d.copy = NULL, d.scales = NULL;
+/* The copy, its scales and the column maxima */
+static row_dev row_dev_new(int64_t rows, int64_t cols, int maxima) {
+    row_dev d = row_dev_maxima(cols, maxima);
+    d.copy = gu_malloc((size_t)(rows * cols));
+    d.scales = gu_malloc(4 * (size_t)rows);
+    gu_poison(d.copy, (size_t)(rows * cols));
+    gu_poison(d.scales, 4 * (size_t)rows);
     return d;
 }
 
@@ -367,7 +368,7 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
         gu_poison(dout, nb);
         gu_poison(drstd, 4 * (size_t)n);
         if (resid) gu_poison(dsum, nb);
-        row_dev rd = n == 4097 ? row_dev_maxima(n, H, 3) : row_dev_new(n, H, n == 7 ? 0 : 3);
+        row_dev rd = n == 4097 ? row_dev_maxima(H, 3) : row_dev_new(n, H, n == 7 ? 0 : 3);
         void *ar[] = {&dx, &dres, &dsum, &dw, &dout, &drstd, &n, &fmax_copy, &rd.copy, &rd.scales, &rd.col_max,
                       &rd.maxima};
         gu_run(m, "fwd_row", n, 0, ar);
@@ -448,7 +449,7 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
         else gu_poison(ddx, nb);
         gu_poison(dpart, pb);
         copy_dev bc = row ? (copy_dev){NULL, NULL} : copy_dev_new(n, H);
-        row_dev rd = !row ? (row_dev){NULL, NULL, NULL, 0} : n == 1000 ? row_dev_maxima(n, H, 2) : row_dev_new(n, H, 2);
+        row_dev rd = !row ? (row_dev){NULL, NULL, NULL, 0} : n == 1000 ? row_dev_maxima(H, 2) : row_dev_new(n, H, 2);
         void *bcopy[] = {&dgo, &dxin, &dw, &drs, &ddres, &ddx, &dpart, &n, &fmax_copy, &bc.copy, &bc.scales};
         void *brow[] = {&dgo, &dxin, &dw, &drs, &ddres, &ddx, &dpart, &n, &fmax_copy, &rd.copy, &rd.scales,
                         &rd.col_max, &rd.maxima};
@@ -668,7 +669,7 @@ static void swiglu_row_case(gu_module *m, int64_t F, int64_t n, int which) {
     gu_run(m, "fwd", n, 0, a);
     gu_download(want, dout, nb);
     gu_poison(dout, nb);
-    row_dev ro = which == 3 ? row_dev_maxima(n, F, maxima) : row_dev_new(n, F, maxima);
+    row_dev ro = which == 3 ? row_dev_maxima(F, maxima) : row_dev_new(n, F, maxima);
     void *ar[] = {&dg, &du, &dout, &n, &e4, &ro.copy, &ro.scales, &ro.col_max, &ro.maxima};
     gu_run(m, "fwd_row", n, 0, ar);
     gu_download(got, dout, nb);
@@ -682,7 +683,7 @@ static void swiglu_row_case(gu_module *m, int64_t F, int64_t n, int which) {
     gu_upload(dg, g, nb);
     gu_upload(du, u, nb);
     row_dev rg = (which & 1) ? row_dev_new(n, F, maxima) : (row_dev){NULL, NULL, NULL, 1};
-    row_dev ru = (which & 2) ? row_dev_new(n, F, maxima) : row_dev_maxima(n, F, maxima);
+    row_dev ru = (which & 2) ? row_dev_new(n, F, maxima) : row_dev_maxima(F, maxima);
     float *fg = (which & 1) ? &e5 : &zero, *fu = (which & 2) ? &e4 : &zero;
     void *br[] = {&ddy, &dg, &du, &n, fg, &rg.copy, &rg.scales, &rg.col_max, &rg.maxima, fu, &ru.copy, &ru.scales,
                   &ru.col_max, &ru.maxima};
