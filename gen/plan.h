@@ -211,6 +211,8 @@ typedef struct {
     int8_t col_max; /* the transposed copy's column maxima's operand (a row-scaled COPY's, MAXIMA), or -1 */
     uint8_t fmt;    /* cp_gemm_type of the GEMM that reads it */
     uint8_t scale;  /* a copy's or the maxima's cp_gemm_scale: CP_GEMM_SCALE_1D or CP_GEMM_SCALE_ROW */
+    bool copy_only; /* a COPY of an output no later step reads (the forward's normed input and SwiGLU output, which
+                     * the backward recomputes): the kernel writes the copy alone and the output not at all */
 } cp_step_fp8_out;
 
 /* The FP8 copy an amax measures for, or a cast writes (gen/plan_fp8.c): the executor checks a cast's geometry by it */

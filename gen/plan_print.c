@@ -414,7 +414,10 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             fprintf(out, " %lldx%lldx%lld", (long long)s->gemm.m, (long long)s->gemm.n, (long long)s->gemm.k);
         for (int j = 0; j < s->nops; j++) {
             const cp_operand *o = &s->ops[j];
-            fprintf(out, " %s%s", o->access == CP_READ ? "" : o->access == CP_RW ? "~" : ">", P->bufs[o->buf].name);
+            bool unwritten = false; /* an output the kernel leaves unwritten, writing its FP8 copy alone */
+            for (int k = 0; k < s->nfp8_out; k++) unwritten |= s->fp8_out[k].copy_only && s->fp8_out[k].out == j;
+            fprintf(out, " %s%s%s", o->access == CP_READ ? "" : o->access == CP_RW ? "~" : ">", P->bufs[o->buf].name,
+                    unwritten ? "[copy only]" : "");
         }
         fprintf(out, "  %.0f us\n", s->seconds * 1e6);
     }

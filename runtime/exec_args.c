@@ -44,6 +44,7 @@ typedef struct {
      * half launches; 0 elsewhere) */
     int64_t q_pos, k_pos;
     unsigned fp8_taken; /* the step's own FP8 outputs (cp_step.fp8_out) its kernel's arguments carry: bit j for j */
+    unsigned fp8_alone; /* those of them whose output the kernel was given no pointer for (copy_only): bit j for j */
 } pctx;
 
 static int pfail(pctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -154,6 +155,15 @@ static void a_f32(xlaunch *l, float v) {
 static const cp_step_fp8_out *fp8_copy_of(const pctx *c, int out) {
     for (int j = 0; j < c->s->nfp8_out; j++)
         if (c->s->fp8_out[j].out == out && c->s->fp8_out[j].kind != CP_FP8_OUT_AMAX) return &c->s->fp8_out[j];
+    return NULL;
+}
+
+/* Output operand out's pointer, or NULL where the step's kernel writes its FP8 copy alone (cp_step_fp8_out.copy_only:
+ * no later step reads it); only for the entries that take a NULL output (rmsnorm's and SwiGLU's forward with a copy) */
+static char *out_or_copy_alone(pctx *c, int out) {
+    const cp_step_fp8_out *a = fp8_copy_of(c, out);
+    if (!a || !a->copy_only || a->kind != CP_FP8_OUT_COPY) return opp(c, out);
+    c->fp8_alone |= 1u << (a - c->s->fp8_out);
     return NULL;
 }
 
@@ -320,7 +330,7 @@ static int k_norm_fwd(pctx *c) {
     a_ptr(l, NULL);
     a_ptr(l, NULL);
     a_ptr(l, opp(c, 1));
-    a_ptr(l, opp(c, 2));
+    a_ptr(l, out_or_copy_alone(c, 2));
     a_ptr(l, opp(c, 3));
     a_i64(l, n);
     return copy ? a_copy(c, l, 2, n, H, row_copies(c)) : a_amax(c, l, 2);
@@ -686,7 +696,7 @@ static int swiglu(pctx *c, bool bwd) {
                               : c1 && c2 ? "bwd_copy" : c1 ? "bwd_copy_gate" : c2 ? "bwd_copy_up" : "bwd";
     xlaunch *l = &c->x->L[0];
     if (launch_of(c, role, n, 0, l)) return -1;
-    for (int j = 0; j < 3; j++) a_ptr(l, opp(c, j));
+    for (int j = 0; j < 3; j++) a_ptr(l, bwd ? opp(c, j) : out_or_copy_alone(c, j));
     a_i64(l, n);
     if (!bwd) return c2 ? a_copy(c, l, 2, n, F, row) : a_amax(c, l, 2); /* out */
     if (c1 || c2) return a_copy(c, l, 1, n, F, row) || a_copy(c, l, 2, n, F, row) ? -1 : 0; /* dgate, dup */
@@ -1119,6 +1129,11 @@ int exec_prep_step(cp_exec *ex, int i, char *err, int errlen) {
             if (c.fp8_taken != (1u << s->nfp8_out) - 1)
                 return pfail(&c, "%d FP8 output%s (amax or copy), which this kernel does not take", s->nfp8_out,
                              s->nfp8_out == 1 ? "" : "s");
+            for (int j = 0; j < s->nfp8_out; j++)
+                if (s->fp8_out[j].copy_only != ((c.fp8_alone >> j) & 1))
+                    return pfail(&c, "FP8 copy %d: its output %s, which this kernel %s", j,
+                                 s->fp8_out[j].copy_only ? "left unwritten" : "written",
+                                 s->fp8_out[j].copy_only ? "always writes" : "was not given");
             return 0;
         }
         return pfail(&c, "a kernel step this runtime does not know (task %d, module %s, role %s)", (int)s->task,

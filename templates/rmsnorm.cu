@@ -193,7 +193,9 @@ static __device__ __forceinline__ void piped_row(int stage, int word0, int lane,
 }
 
 // fwd's row for thread `lane` of its TPR: out (and sum_out, rstd) stored, and s left holding out's values as stored
-// (0 outside the row). A row past n computes on row n-1 (for the shuffles) and stores nothing.
+// (0 outside the row). A row past n computes on row n-1 (for the shuffles) and stores nothing. With COPY out may be
+// NULL: only its copy is wanted (cp_step_fp8_out.copy_only).
+template <bool COPY>
 static __device__ __forceinline__ void fwd_one_row(const bf16 *__restrict__ x, const bf16 *__restrict__ resid,
                                                    bf16 *__restrict__ sum_out, const bf16 *__restrict__ weight,
                                                    bf16 *__restrict__ out, float *__restrict__ rstd, i64 n, i64 row,
@@ -244,7 +246,7 @@ static __device__ __forceinline__ void fwd_one_row(const bf16 *__restrict__ x, c
 #pragma unroll
         for (int i = 0; i < VEC; i++)
             o.h[i] = __float2bfloat16_rn(__bfloat162float(wv[k].h[i]) * bf16_round(s[k][i] * r));
-        *reinterpret_cast<vec_t *>(out + off) = o;
+        if (!COPY || out) *reinterpret_cast<vec_t *>(out + off) = o;
         if (resid) {
             vec_t so;
 #pragma unroll
@@ -267,7 +269,7 @@ static __device__ __forceinline__ void fwd_rows(const bf16 *__restrict__ x, cons
     const i64 row = (i64)blockIdx.x * RPB + threadIdx.x / TPR;
     const bool valid = row < n;
     float f[NV][VEC];
-    fwd_one_row(x, resid, sum_out, weight, out, rstd, n, row, lane, f);
+    fwd_one_row<COPY>(x, resid, sum_out, weight, out, rstd, n, row, lane, f);
     float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
@@ -345,7 +347,7 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS_R) rmsnorm_fwd_row_h{{HIDDEN
                     o[k].h[i] = __float2bfloat16_rn(__bfloat162float(wv.h[i]) * bf16_round(v * r));
                     so.h[i] = __float2bfloat16_rn(v); // exact: v is bf16-valued
                 }
-                *reinterpret_cast<vec_t *>(out + off) = o[k];
+                if (out) *reinterpret_cast<vec_t *>(out + off) = o[k]; // NULL: the copy alone
                 if (resid) *reinterpret_cast<vec_t *>(sum_out + off) = so;
             }
             row_copy<TPR, NV>(o, row, n, lane, fmax, copy, copy_scales, cm);

@@ -71,7 +71,7 @@ static __device__ __forceinline__ void copy_vector(const float *f, bool in, i64 
 }
 
 // The forward over the kernel's vectors, out's copy written (COPY: fwd_copy) or not (fwd). Returns the thread's largest
-// |out|.
+// |out|. With COPY out may be NULL: only its copy is wanted (cp_step_fp8_out.copy_only).
 template <bool COPY>
 static __device__ __forceinline__ float fwd_loop(const bf16 *__restrict__ gate, const bf16 *__restrict__ up,
                                                  bf16 *__restrict__ out, i64 n, float fmax,
@@ -105,7 +105,7 @@ static __device__ __forceinline__ float fwd_loop(const bf16 *__restrict__ gate, 
                     f[i] = __bfloat162float(r.h[i]);
                     amax = fmaxf(amax, fabsf(f[i]));
                 }
-                o[idx] = r;
+                if (!COPY || o) o[idx] = r;
             }
             if (COPY) copy_vector(f, in, idx, n, fmax, copy, copy_scales);
         }
@@ -336,7 +336,7 @@ template <int N> struct row_in {
     }
 };
 
-// fwd_row's row: out's values over gate's, stored, then its copy
+// fwd_row's row: out's values over gate's, stored (unless out is NULL: the copy alone), then its copy
 static __device__ __forceinline__ void fwd_row_step(row_in<2> &r, i64 row, bf16 *__restrict__ out, const row_args &a,
                                                     col_maxima<false> &o) {
     vec_t(&gv)[ROW_VECS] = r.v[0];
@@ -348,7 +348,7 @@ static __device__ __forceinline__ void fwd_row_step(row_in<2> &r, i64 row, bf16 
             const float x = __bfloat162float(gv[k].h[i]);
             gv[k].h[i] = __float2bfloat16_rn(bf16_round(x * sigmoid(x)) * __bfloat162float(r.v[1][k].h[i]));
         }
-        reinterpret_cast<vec_t *>(out)[row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS] = gv[k];
+        if (out) reinterpret_cast<vec_t *>(out)[row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS] = gv[k];
     }
     if (a.copy) row_store(a, gv, row, block_max2(o.absorb(gv), 0.f).x);
     else if (a.col_max) o.absorb(gv); // the maxima alone

@@ -1056,6 +1056,21 @@ static void test_fp8_gemm_kernel(void **state) {
     }
 }
 
+/* Whether a step of flat program P after step i reads bytes of operand o before one writes them all anew */
+static bool read_before_rewritten(const cp_plan *P, int i, const cp_operand *o) {
+    for (int k = i + 1; k < P->nsteps; k++) {
+        bool anew = false;
+        for (int j = 0; j < P->steps[k].nops; j++) {
+            const cp_operand *w = &P->steps[k].ops[j];
+            if (w->buf != o->buf || w->offset >= o->offset + o->bytes || o->offset >= w->offset + w->bytes) continue;
+            if (w->access & CP_READ) return true;
+            anew |= w->offset <= o->offset && w->offset + w->bytes >= o->offset + o->bytes;
+        }
+        if (anew) return false;
+    }
+    return true;
+}
+
 /* train.fp8_scaling = "block": every layer GEMM reads copies of its very operands made by a block-scaled cast (no
  * amax, no scale slots), each copy with its scales behind it in its buffer: a weight's in 128 x 128 tiles, any other
  * input's per 128 of k, E4M3 but for a gradient under "hybrid"; without fast accumulation; the casts are priced and
@@ -1080,7 +1095,7 @@ static void test_fp8_block(void **state) {
         build(&s, &f);
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held);
         bool *tiled = calloc((size_t)f.nbufs, sizeof *tiled);
-        int bi = 0, fp8_gemms = 0, casts = 0, both = 0, fused = 0;
+        int bi = 0, fp8_gemms = 0, casts = 0, both = 0, fused = 0, unread = 0;
         for (int i = 0; i < f.nsteps; i++) {
             const cp_step *x = &f.steps[i];
             assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST);
@@ -1158,11 +1173,15 @@ static void test_fp8_block(void **state) {
                                            .slot = sc->offset};
                 tiled[cp->buf] = false;
                 fused++;
+                /* copied alone: the forward's, an output no later step reads before one writes it whole */
+                assert_true(a->copy_only == (x->phase == CP_PHASE_FWD && x->task != CP_TASK_UNPACK_O));
+                assert_true(read_before_rewritten(&f, i, out) == !a->copy_only);
+                unread += a->copy_only;
             }
         }
         assert_int_equal(bi, b.nsteps);
-        print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts (%d of both ways), %d copies by producers\n",
-                      shapes[c][0], fp8_gemms, casts, both, fused);
+        print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts (%d of both ways), %d copies by producers (%d "
+                      "of them alone)\n", shapes[c][0], fp8_gemms, casts, both, fused, unread);
         /* the 3B's default recipe: per layer the forward's normed input (q, k, v), its attention output unpacked
          * (o), the MLP's normed input in the forward and the recompute when the MLP is one tile (gate, up), each MLP
          * tile's SwiGLU output (down), each backward tile's dgate and dup (the d_xn2 GEMMs), the backward norms' d_h2
@@ -1170,6 +1189,8 @@ static void test_fp8_block(void **state) {
          * rope's backward (d_xn_q, d_xn_k) */
         const int64_t tiles = f.T / f.mlp_tile;
         if (c == 2) assert_int_equal(fused, 28 * (2 + (tiles == 1 ? 2 : 0) + tiles + tiles * 2 + 2 + 2) - 1);
+        /* of them alone: the forward's normed inputs and SwiGLU outputs, which the backward recomputes */
+        if (c >= 1) assert_int_equal(unread, 28 * (1 + (tiles == 1) + tiles));
         /* the 3B's MLP backward reads xn2, d_resid and the gradients of gate and up both ways in every tile */
         if (c == 1) assert_true(both >= 4 * tiles * 28);
         if (c == 2) assert_int_equal(both, 0); /* only the weights' gradients read activations transposed */
@@ -1212,7 +1233,7 @@ static void test_fp8_row(void **state) {
         build(&s, &f);
         /* held: each copy buffer's copy; gathered: the column maxima a producer left in a buffer (.slot: where) */
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held), *gathered = calloc((size_t)f.nbufs, sizeof *gathered);
-        int bi = 0, fp8_gemms = 0, casts = 0, transposed = 0, both = 0, fused = 0, maxima = 0, alone = 0;
+        int bi = 0, fp8_gemms = 0, casts = 0, transposed = 0, both = 0, fused = 0, maxima = 0, alone = 0, unread = 0;
         for (int i = 0; i < f.nsteps; i++) {
             const cp_step *x = &f.steps[i];
             assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST);
@@ -1317,7 +1338,16 @@ static void test_fp8_row(void **state) {
                                 (cp->access & CP_WRITE) && (sc->access & CP_WRITE));
                     held[cp->buf] = (fp8_held){.valid = true, .src = *out, .slot = sc->offset};
                     fused++;
+                    if (a->copy_only) { /* the forward's, an output no later step reads before one writes it whole */
+                        assert_true(x->phase == CP_PHASE_FWD && (x->task == CP_TASK_NORM1 ||
+                                    x->task == CP_TASK_NORM2 || x->task == CP_TASK_SWIGLU));
+                        assert_false(read_before_rewritten(&f, i, out));
+                        unread++;
+                    } else {
+                        assert_true(read_before_rewritten(&f, i, out));
+                    }
                 } else {
+                    assert_false(a->copy_only);
                     assert_true(a->kind == CP_FP8_OUT_MAXIMA && a->slot < 0 && a->scales < 0 && a->col_max == y->nops);
                     alone++;
                 }
@@ -1335,9 +1365,10 @@ static void test_fp8_row(void **state) {
         }
         assert_int_equal(bi, b.nsteps);
         print_message("%s fp8 row%s: %d GEMMs on FP8 inputs, %d casts (%d copies transposed, %d casts of both "
-                      "ways), %d copies by producers, %d column maxima by producers (%d of them alone)\n",
+                      "ways), %d copies by producers (%d of them alone), %d column maxima by producers (%d of them "
+                      "alone)\n",
                       shapes[c][0], c == 2 ? ", weights' gradients bf16" : "", fp8_gemms, casts, transposed, both,
-                      fused, maxima, alone);
+                      fused, unread, maxima, alone);
         assert_true(fp8_gemms > 0 && casts > 0 && transposed > 0 && f.t_fp8_casts > 0);
         /* the 3B's copies by producers, per layer: the normed inputs in the forward and the recompute (4), SwiGLU's
          * output in the forward, dgate and dup, d_h2 and d_resid (but layer 0's d_resid, which no GEMM reads); with
@@ -1347,6 +1378,8 @@ static void test_fp8_row(void **state) {
         if (c >= 1) assert_int_equal(fused, 28 * 9 - 1);
         if (c >= 1) assert_int_equal(maxima, c == 1 ? 28 * 7 - 1 : 0);
         if (c >= 1) assert_int_equal(alone, c == 1 ? 28 : 0);
+        /* the forward's normed inputs and SwiGLU output, which the backward recomputes, copied alone */
+        assert_int_equal(unread, 3 * (int)s.model.layers);
         if (c == 1) { /* the weights' gradients on FP8 read tensors both ways; fast dX said and priced: dX's 185 TF of
                        * a step at machine.fp8_gemm_fast_tflops, not fp8_gemm_tflops, about 9 ms less */
             assert_true(both > 0);

@@ -353,6 +353,13 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
     gu_download(out, dout, nb);
     if (resid) amax_check("rmsnorm_fwd.amax", shape, dslot, out, n * H, false);
     if (copies) copy_check(copy_e5 ? "rmsnorm_fwd.copy e5m2" : "rmsnorm_fwd.copy e4m3", shape, cp, out, n, H, copy_e5);
+    if (copies) { /* no out (cp_step_fp8_out.copy_only): the same copy alone */
+        copy_dev alone = copy_dev_new(n, H);
+        void *no_out = NULL;
+        void *an[] = {&dx, &dres, &dsum, &dw, &no_out, &drstd, &n, &fmax_copy, &alone.copy, &alone.scales};
+        gu_run(m, "fwd_copy", n, 0, an);
+        copy_check("rmsnorm_fwd.copy alone", shape, alone, out, n, H, copy_e5);
+    }
     gu_download(rstd, drstd, 4 * (size_t)n);
     gu_check("rmsnorm_fwd.out", shape, gu_rel_err_bf16(out, rout, n * H), TOL_BF16);
     gu_check("rmsnorm_fwd.rstd", shape, gu_rel_err_f32(rstd, rrstd, n), TOL_F32);
@@ -382,6 +389,14 @@ static void rmsnorm_case(gu_module *m, int64_t H, double eps, int64_t n, bool re
         const char *what = !rd.copy ? "rmsnorm_fwd_row maxima alone"
                            : copy_e5 ? "rmsnorm_fwd_row e5m2" : "rmsnorm_fwd_row e4m3";
         row_copy_check(what, shape, rd, out2, n, H, copy_e5);
+        if (n != 4097) { /* no out (cp_step_fp8_out.copy_only): the same copy and maxima alone */
+            row_dev alone = row_dev_new(n, H, n == 7 ? 0 : 3);
+            void *no_out = NULL;
+            void *an[] = {&dx, &dres, &dsum, &dw, &no_out, &drstd, &n, &fmax_copy, &alone.copy, &alone.scales,
+                          &alone.col_max, &alone.maxima};
+            gu_run(m, "fwd_row", n, 0, an);
+            row_copy_check("rmsnorm_fwd_row copy alone", shape, alone, out2, n, H, copy_e5);
+        }
         free(out2), free(sum2), free(rstd2);
     }
 
@@ -631,6 +646,13 @@ static void swiglu_case(gu_module *m, int64_t F, int64_t n, const char *copies) 
     gu_check("swiglu_fwd", shape, gu_rel_err_bf16(out, ref, cnt), TOL_BF16);
     if (copies) copy_check("swiglu_fwd.copy e4m3", shape, cp[0], out, n, F, false);
     else amax_check("swiglu_fwd.amax", shape, dslot[0], out, cnt, false);
+    if (copies) { /* no out (cp_step_fp8_out.copy_only): the same copy alone */
+        copy_dev alone = copy_dev_new(n, F);
+        void *no_out = NULL;
+        void *an[] = {&dg, &du, &no_out, &n, &e4, &alone.copy, &alone.scales};
+        gu_run(m, "fwd_copy", n, 0, an);
+        copy_check("swiglu_fwd.copy alone", shape, alone, out, n, F, false);
+    }
     uint16_t *dy = gu_rand_bf16(&rng, cnt, 1.0), *rg = host_copy(g, nb), *ru = host_copy(u, nb);
     ref_swiglu_bwd(dy, rg, ru, cnt);
     uint16_t *ddy = dev_copy(dy, nb);
@@ -675,6 +697,13 @@ static void swiglu_row_case(gu_module *m, int64_t F, int64_t n, int which) {
     gu_download(got, dout, nb);
     gu_check("swiglu_fwd_row.out as fwd's", shape, memcmp(got, want, nb) ? 1.0 : 0.0, 0);
     row_copy_check(which == 3 ? "swiglu_fwd_row maxima alone" : "swiglu_fwd_row e4m3", shape, ro, got, n, F, false);
+    if (which != 3) { /* no out (cp_step_fp8_out.copy_only): the same copy and maxima alone */
+        row_dev alone = row_dev_new(n, F, maxima);
+        void *no_out = NULL;
+        void *an[] = {&dg, &du, &no_out, &n, &e4, &alone.copy, &alone.scales, &alone.col_max, &alone.maxima};
+        gu_run(m, "fwd_row", n, 0, an);
+        row_copy_check("swiglu_fwd_row copy alone", shape, alone, got, n, F, false);
+    }
     /* bwd in place on gate and up: bwd's outputs first, then bwd_row's from the same inputs */
     void *b[] = {&ddy, &dg, &du, &n, &none, &zero, &none, &zero};
     gu_run(m, "bwd", n, 0, b);
