@@ -542,9 +542,12 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             d->block = (unsigned)get_int(k, "BLOCK");
             d->grid[0] = units > 0 ? (unsigned)((n + per - 1) / per) : 0;
         } else if (strcmp(role, "cast_t_row_max") == 0 || strcmp(role, "cast_t_row_e4m3") == 0 ||
-                   strcmp(role, "cast_t_row_e5m2") == 0) {
-            d->block = 256; /* a strip of 32 source columns by a chunk of rows a block */
-            d->grid[0] = units > 0 ? (unsigned)((heads + 31) / 32) : 0;
+                   strcmp(role, "cast_t_row_e5m2") == 0 || strcmp(role, "cast_t_row8_e4m3") == 0 ||
+                   strcmp(role, "cast_t_row8_e5m2") == 0) {
+            /* a strip of source columns (32; from a row copy CP_FP8_ROW8_COLS) by a chunk of rows a block */
+            const int64_t strip = strncmp(role, "cast_t_row8_", 12) == 0 ? CP_FP8_ROW8_COLS : 32;
+            d->block = 256;
+            d->grid[0] = units > 0 ? (unsigned)((heads + strip - 1) / strip) : 0;
             d->grid[1] = (unsigned)((n + CP_FP8_ROW_CHUNK - 1) / CP_FP8_ROW_CHUNK);
         } else if (strcmp(role, "cast_2d_e4m3") == 0 || strcmp(role, "cast_t_2d_e4m3") == 0) {
             d->block = strcmp(role, "cast_2d_e4m3") == 0 ? 256 : 128; /* one 128 x 128 tile a block */

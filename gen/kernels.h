@@ -130,8 +130,11 @@ void cp_k_cast(cp_kernel_spec *k);
  * cast_t_row_max (the same arguments), which leaves the column maxima of each CP_FP8_ROW_CHUNK rows behind the
  * scales: scales f32[cols + cp_fp8_row_parts(rows, cols)]; cast_rt_row_e4m3, cast_rt_row_e5m2(src, rows, cols, ld, dst,
  * scales, dst_t, scales_t) both, the row copy and the transposed copy's column maxima (its parts zeroed before), then
- * cast_t_row_* the transposed copy from them: cols at most cp_fp8_row_held's.
+ * cast_t_row_* the transposed copy from them: cols at most cp_fp8_row_held's; cast_t_row8_e4m3, cast_t_row8_e5m2(row
+ * copy u8[rows][cols], rows, cols, cols, dst, scales, row copy's scales f32[rows]) the transposed copy from a row copy
+ * and the column maxima its source's producer left (cols a multiple of CP_FP8_ROW8_COLS).
  * Each scale is the power of two an element stands for. cp_k_dims takes n = rows and heads = cols. */
+#define CP_FP8_ROW8_COLS 64 /* cast_t_row8's strip of columns */
 #define CP_FP8_AMAX_PARTS 1024
 #define CP_FP8_ROW_CHUNK 1024
 /* The column maxima cast_t_row_max leaves behind a transposed row-scaled copy's scales: a row of them per

@@ -222,6 +222,7 @@ typedef struct {
     bool transposed; /* the copy is the source transposed, [cols][rows] */
     bool both;       /* a 1 x 128 cast that writes the copy [rows][cols] and the transposed copy from one read */
     bool maxima;     /* a transposed row-scaled copy whose column maxima the source's producer left (cp_step_fp8_out) */
+    bool from_rows;  /* and cast from the row copy that producer wrote and its scales, not from the source */
 } cp_fp8_copy;
 
 typedef struct {

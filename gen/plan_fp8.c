@@ -146,8 +146,9 @@ static cp_step *cast_step(program *q, const cp_step *g, int module, cp_task task
     if (task == CP_TASK_FP8_AMAX) snprintf(k.role, sizeof k.role, "amax_%s", fmt);
     else if (task == CP_TASK_FP8_CAST) snprintf(k.role, sizeof k.role, "cast%s_%s", t, fmt);
     else
-        snprintf(k.role, sizeof k.role, "cast%s_%s_%s", t,
-                 c.scale == CP_GEMM_SCALE_2D ? "2d" : c.scale == CP_GEMM_SCALE_ROW ? "row" : "1d", fmt);
+        snprintf(k.role, sizeof k.role, "cast%s_%s%s_%s", t,
+                 c.scale == CP_GEMM_SCALE_2D ? "2d" : c.scale == CP_GEMM_SCALE_ROW ? "row" : "1d",
+                 c.from_rows ? "8" : "", fmt);
     snprintf(k.what, sizeof k.what, "%s", cp_task_name(task));
     return append(q, &k);
 }
@@ -523,8 +524,9 @@ static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source
  * or (!both) the transposed copy alone for g, by src's producer (producer_of) and one cast: the producer writes the
  * copy as rows (both) and gathers the transposed copy's column maxima in the parts behind its scales, zeroed by a
  * memset put just before it; then a cast of the transposed copy alone (cp_fp8_copy.maxima) reads src once, where
- * cast_both's two launches (or a transposed cast's) read it twice. The copies go to buffers no step since the
- * producer touches (free_copy): *now g's, *later the other. Whether it was so made. */
+ * cast_both's two launches (or a transposed cast's) read it twice; with both it reads the row copy and its scales
+ * instead (cp_fp8_copy.from_rows: half the bytes, and src itself may then go unread: drop_unread_outputs). The copies
+ * go to buffers no step since the producer touches (free_copy): *now g's, *later the other. Whether it was so made. */
 static bool fuse_row(lowering *L, const cache *c, const cp_step *g, int x, const source *src, bool transposed,
                      bool both, int *now, int *later) {
     int out, i = producer_of(L, src, CP_GEMM_SCALE_ROW, both ? 3 : 1, &out), a = -1, b = -1;
@@ -539,17 +541,23 @@ static bool fuse_row(lowering *L, const cache *c, const cp_step *g, int x, const
     const cp_step z = zero_of(&L->q.steps[i], col_max.buf, col_max.offset, parts);
     insert_step(L, i, &z);
     producer_copy(L, &L->q.steps[i + 1], out, src, kr, CP_GEMM_SCALE_ROW, col_max);
-    const cp_fp8_copy t = {.fmt = src->fmt, .scale = CP_GEMM_SCALE_ROW, .transposed = true, .maxima = true};
+    const bool from_rows = both && src->cols % CP_FP8_ROW8_COLS == 0;
+    const cp_fp8_copy t = {
+        .fmt = src->fmt, .scale = CP_GEMM_SCALE_ROW, .transposed = true, .maxima = true, .from_rows = from_rows};
     cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST_BLOCK, t);
-    s->ops[s->nops] = g->ops[x];
-    s->ops[s->nops++].access = CP_READ;
+    if (from_rows) operand(s, L->copy_buf[kr], 0, n, CP_READ); /* the row copy, its scales last */
+    else s->ops[s->nops] = g->ops[x], s->ops[s->nops++].access = CP_READ;
     operand(s, L->copy_buf[kt], 0, n, CP_WRITE); /* the memset began its lifetime */
     s->ops[s->nops] = st;
     s->ops[s->nops++].access = CP_RW; /* the scales written, the maxima read */
+    if (from_rows) {
+        s->ops[s->nops] = copy_scales(L, kr, src, false, CP_GEMM_SCALE_ROW);
+        s->ops[s->nops++].access = CP_READ;
+    }
     s->count = src->rows;
     s->heads = src->cols;
-    s->ld = src->ld;
-    s->bytes = (double)n * 3 + (double)st.bytes;
+    s->ld = from_rows ? src->cols : src->ld;
+    s->bytes = (double)n * (from_rows ? 2 : 3) + (double)st.bytes + (from_rows ? 4.0 * (double)src->rows : 0.0);
     return true;
 }
 
@@ -715,15 +723,16 @@ static void choose_kernels(cp_plan *P) {
 
 /* Whether a step after step i reads bytes of its operand o before a step writes them all anew, taking the steps in
  * the order they run: the rest of a folded loop's body, its next tile's steps up to step i (where a strided operand
- * has moved on: a read of its buffer counts, a write does not), then on from the body's end; at the program's end
- * (the next micro-batch or step) yes, for want of knowing. */
+ * has moved on: a read of its buffer counts, a write does not), on from the body's end, then the next micro-batch's
+ * or step's from the program's start up to step i; yes if none writes them. */
 static bool read_later(const cp_plan *P, int i, const cp_operand *o) {
     int first = -1, end = P->nsteps;
     for (int l = 0; l < P->nloops; l++)
         if (i >= P->loops[l].first && i < P->loops[l].first + P->loops[l].nsteps)
             first = P->loops[l].first, end = first + P->loops[l].nsteps;
-    const int runs[3][2] = {{i + 1, end}, {first, first < 0 ? first : i + 1}, {end, first < 0 ? end : P->nsteps}};
-    for (int r = 0; r < 3; r++)
+    const int runs[4][2] = {
+        {i + 1, end}, {first, first < 0 ? first : i + 1}, {end, first < 0 ? end : P->nsteps}, {0, i + 1}};
+    for (int r = 0; r < 4; r++)
         for (int j = runs[r][0]; j < runs[r][1]; j++) {
             bool anew = false;
             for (int k = 0; k < P->steps[j].nops; k++) {
@@ -742,19 +751,25 @@ static bool read_later(const cp_plan *P, int i, const cp_operand *o) {
 }
 
 /* A producer whose output no later step reads, only its FP8 copy (the forward's normed inputs and SwiGLU output:
- * the GEMMs read the copies and the backward recomputes the outputs), writes the copy alone (cp_step_fp8_out
- * .copy_only): 0.94 GB of HBM writes a layer of the 3B step at 32K. The rmsnorm and SwiGLU forward entries that
- * write copies take a NULL output. */
+ * the GEMMs read the copies and the backward recomputes the outputs; with the transposed copies cast from row copies
+ * the recompute's normed inputs, dgate and dup too), writes the copy alone (cp_step_fp8_out.copy_only): 0.94 GB of
+ * HBM writes a layer of the 3B step at 32K, 2.4 GB with FP8 weights' gradients and row scales. The rmsnorm and
+ * SwiGLU forward entries that write copies take a NULL output; SwiGLU's bwd_row, which works in place, is told
+ * which of dgate and dup to store. */
 static void drop_unread_outputs(cp_plan *P) {
     for (int i = 0; i < P->nsteps; i++) {
         cp_step *s = &P->steps[i];
         const bool fwd = s->task == CP_TASK_NORM1 || s->task == CP_TASK_NORM2 || s->task == CP_TASK_SWIGLU;
-        if (s->kind != CP_OP_KERNEL || !fwd) continue;
+        if (s->kind != CP_OP_KERNEL || !(fwd || s->task == CP_TASK_SWIGLU_BWD)) continue;
         for (int j = 0; j < s->nfp8_out; j++) {
             cp_step_fp8_out *a = &s->fp8_out[j];
-            if (a->kind != CP_FP8_OUT_COPY || read_later(P, i, &s->ops[a->out])) continue;
+            if (a->kind != CP_FP8_OUT_COPY || (!fwd && a->scale != CP_GEMM_SCALE_ROW) ||
+                read_later(P, i, &s->ops[a->out]))
+                continue;
             a->copy_only = true;
-            s->bytes -= (double)s->ops[a->out].bytes;
+            /* the block copies' entries are bound by their bytes; the row entries by their latency, which leaving
+             * the output unwritten shortened 3-6% (docs/PERF.md, 2026-12-04, last): priced as before */
+            if (a->scale != CP_GEMM_SCALE_ROW) s->bytes -= (double)s->ops[a->out].bytes;
         }
     }
 }

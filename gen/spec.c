@@ -1371,7 +1371,8 @@ void cp_machine_defaults(cp_machine *m) {
      * transposed copy's source read twice, both copies' read twice): the 3B step at 32K with row scales and FP8
      * weights' gradients traced on an H200 (docs/PERF.md, 2026-12-03, row casts of both ways): 94.5-96.2 ms a step,
      * 3,400 GB/s beside the launch cost (bench_kernels alone: cast_row 3,500-4,260, cast_t_row 3,290-3,470,
-     * cast_rt_row 2,990-3,820) */
+     * cast_rt_row 2,990-3,820); the transposed copies cast from row copies (cast_t_row8, a byte read an element) in
+     * the same step 3,030-3,240 (docs/PERF.md, 2026-12-04, last; bench_kernels alone 2,790-3,240) */
     m->fp8_cast_row_gbps = 3400;
     /* the copies with 1 x 128 scales that the producers' twin entries write beside their outputs, their bytes over
      * what the kernels take longer than their plain entries: the 3B step at 32K traced on an H200 (docs/PERF.md,

@@ -159,7 +159,8 @@ static const cp_step_fp8_out *fp8_copy_of(const pctx *c, int out) {
 }
 
 /* Output operand out's pointer, or NULL where the step's kernel writes its FP8 copy alone (cp_step_fp8_out.copy_only:
- * no later step reads it); only for the entries that take a NULL output (rmsnorm's and SwiGLU's forward with a copy) */
+ * no later step reads it); only for the entries that take a NULL output (rmsnorm's and SwiGLU's forward with a copy)
+ * or say so otherwise (SwiGLU's bwd_row, which writes in place: which outputs it stores) */
 static char *out_or_copy_alone(pctx *c, int out) {
     const cp_step_fp8_out *a = fp8_copy_of(c, out);
     if (!a || !a->copy_only || a->kind != CP_FP8_OUT_COPY) return opp(c, out);
@@ -699,7 +700,11 @@ static int swiglu(pctx *c, bool bwd) {
     for (int j = 0; j < 3; j++) a_ptr(l, bwd ? opp(c, j) : out_or_copy_alone(c, j));
     a_i64(l, n);
     if (!bwd) return c2 ? a_copy(c, l, 2, n, F, row) : a_amax(c, l, 2); /* out */
-    if (c1 || c2) return a_copy(c, l, 1, n, F, row) || a_copy(c, l, 2, n, F, row) ? -1 : 0; /* dgate, dup */
+    if (c1 || c2) { /* dgate, dup; with row copies which of them to store (not those only their copies are read of) */
+        if (a_copy(c, l, 1, n, F, row) || a_copy(c, l, 2, n, F, row)) return -1;
+        if (row) a_i32(l, (out_or_copy_alone(c, 1) ? 1 : 0) | (out_or_copy_alone(c, 2) ? 2 : 0));
+        return 0;
+    }
     return a_amax(c, l, 1) || a_amax(c, l, 2) ? -1 : 0;
 }
 static int k_swiglu(pctx *c) { return swiglu(c, false); }
@@ -832,6 +837,31 @@ static int k_fp8_cast(pctx *c) {
     return 0;
 }
 
+/* fp8_cast_block's transposed row-scaled copy cast from the row copy (cp_fp8_copy.from_rows), below */
+static int fp8_cast_from_rows(pctx *c) {
+    const cp_fp8_copy *f = &c->s->fp8;
+    const int64_t rows = c->s->count, cols = c->s->heads;
+    if (need_ops(c, 4)) return -1;
+    if (f->scale != CP_GEMM_SCALE_ROW || !f->transposed || !f->maxima || f->both)
+        return pfail(c, "an FP8 cast (%s) from a row copy, not of a transposed row-scaled copy from column maxima made "
+                     "before", c->s->role);
+    if (rows < 1 || cols < 1 || rows % 16 || cols % CP_FP8_ROW8_COLS || c->s->ld != cols)
+        return pfail(c, "an FP8 cast (%s) of a row copy of %lld x %lld (row stride %lld): rows a multiple of 16, "
+                     "columns of %d, the stride the columns", c->s->role, (long long)rows, (long long)cols,
+                     (long long)c->s->ld, CP_FP8_ROW8_COLS);
+    xlaunch *l = &c->x->L[0];
+    if (need_bytes(c, 0, rows * cols) || need_align(c, 0, 16) || need_bytes(c, 1, rows * cols) ||
+        need_align(c, 1, 16) || need_bytes(c, 2, (cols + cp_fp8_row_parts(rows, cols)) * 4) || need_align(c, 2, 16) ||
+        need_bytes(c, 3, rows * 4) || need_align(c, 3, 4) || launch_of(c, c->s->role, rows, cols, l))
+        return -1;
+    a_ptr(l, opp(c, 0));
+    a_i64(l, rows);
+    a_i64(l, cols);
+    a_i64(l, cols);
+    for (int j = 1; j < 4; j++) a_ptr(l, opp(c, j));
+    return 0;
+}
+
 /* fp8_cast_block: operands src, the FP8 copy, its block (or row) scales: role(src, rows, cols, ld, dst, scales); the
  * step's copy (cp_step.fp8) says the layout, whose blocks of 128 must fit the source (k's side a multiple of 128). A
  * cast of both ways (cast_rt_*) has the transposed copy and its scales behind: role(..., dst, scales, dst_t,
@@ -839,9 +869,12 @@ static int k_fp8_cast(pctx *c) {
  * over strips of 32 columns, cast_t_row_max then the role, with the same arguments; both copies with row scales are
  * the role (the row copy and the transposed copy's column maxima, into its parts that a memset step zeroed) then
  * cast_t_row_* on the transposed copy's two operands; a transposed copy whose maxima the source's producer left
- * (cp_fp8_copy.maxima) is the role alone. */
+ * (cp_fp8_copy.maxima) is the role alone; one cast from the row copy that producer wrote (cp_fp8_copy.from_rows) has
+ * operands row copy u8 [rows][cols], the copy, its scales, the row copy's scales f32[rows]: role(row copy, rows,
+ * cols, cols, dst, scales, row scales), the role cast_t_row8_*. */
 static int k_fp8_cast_block(pctx *c) {
     const cp_fp8_copy *f = &c->s->fp8;
+    if (f->from_rows) return fp8_cast_from_rows(c);
     if (need_ops(c, f->both ? 5 : 3)) return -1;
     xlaunch *l = &c->x->L[0];
     const char *role = c->s->role, *fmt = f->fmt == CP_GEMM_E5M2 ? "e5m2" : "e4m3";

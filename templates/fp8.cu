@@ -31,6 +31,14 @@
 //     copy, a scale per source column over all its rows (cols a multiple of 32), after cast_t_row_max(the same
 //     arguments) has put each chunk of ROWT_CHUNK rows' column maxima behind the scales (chunks: rows / ROWT_CHUNK
 //     rounded up); rows a multiple of 16.
+//   cast_t_row8_e4m3, cast_t_row8_e5m2(src8 [rows][cols], rows, cols, ld, dst [cols][rows], scales, src_scales
+//     f32[rows]): the transposed copy cast from the tensor's row copy (src8 and its scales, what an element stands
+//     for), the column maxima behind the scales gathered by the kernel that wrote the tensor: each element's value
+//     (the row copy's byte times its row's scale, exact) times its column's multiplier. A power of two moves an
+//     element's exponent alone, so each byte is cast_t_row's from the tensor where the element is a normal number in
+//     both copies; one below the type's normal range in either (after its scale under 2^-6 in E4M3, 2^-14 in E5M2:
+//     in E4M3 below 1/14,000 to 1/28,000 of its row's or column's largest |x|) may round otherwise. It reads half of
+//     cast_t_row's bytes.
 //   cast_rt_row_e4m3, cast_rt_row_e5m2(src, rows, cols, ld, dst, scales, dst_t, scales_t): both copies of a tensor, in
 //     two launches: this one writes the row copy and adds the chunks' column maxima to the transposed copy's parts
 //     (zeroed before), then cast_t_row_*(src, rows, cols, ld, dst_t, scales_t) the transposed copy; cols at most
@@ -91,6 +99,10 @@ extern "C" __global__ void fp8_cast_t_row_e4m3(const bf16 *src, i64 rows, i64 co
                                                float *scales);
 extern "C" __global__ void fp8_cast_t_row_e5m2(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
                                                float *scales);
+extern "C" __global__ void fp8_cast_t_row8_e4m3(const unsigned char *src, i64 rows, i64 cols, i64 ld,
+                                                unsigned char *dst, float *scales, const float *src_scales);
+extern "C" __global__ void fp8_cast_t_row8_e5m2(const unsigned char *src, i64 rows, i64 cols, i64 ld,
+                                                unsigned char *dst, float *scales, const float *src_scales);
 extern "C" __global__ void fp8_cast_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
                                             float *scales);
 extern "C" __global__ void fp8_cast_t_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
@@ -708,29 +720,63 @@ __device__ __forceinline__ void cast_t_row_max(const bf16 *__restrict__ src, i64
         row_parts(scales, cols)[blockIdx.y * cols + c0 + threadIdx.x] = strip_col_max(warp_max);
 }
 
-template <__nv_fp8_interpretation_t KIND>
-__device__ __forceinline__ void cast_t_row(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
-                                           unsigned char *__restrict__ dst, float *__restrict__ scales) {
-    __shared__ float part_max[8][ROWT_COLS];
-    __shared__ float col_q[ROWT_COLS];
-    __shared__ __align__(16) unsigned char tile[ROWT_COLS][ROWT_PITCH];
-    const int g = threadIdx.x % 4, rt = threadIdx.x / 4;
-    const i64 c0 = (i64)blockIdx.x * ROWT_COLS, c = c0 + 8 * g, r0 = (i64)blockIdx.y * ROWT_CHUNK;
-    const i64 r1 = min(r0 + ROWT_CHUNK, rows), chunks = (rows + ROWT_CHUNK - 1) / ROWT_CHUNK;
-    { // the strip's column maxima over every chunk: 8 readers a column
+// The multipliers of a strip's COLS columns into col_q, from the column maxima behind the scales (every chunk's row of
+// them), and the strip's scales written by the blocks of the first chunk; the block's 256 threads all call it
+template <__nv_fp8_interpretation_t KIND, int COLS>
+__device__ __forceinline__ void strip_multipliers(float *__restrict__ scales, i64 rows, i64 cols, i64 c0,
+                                                  float *col_q) {
+    constexpr int READERS = 256 / COLS; // a column's
+    __shared__ float part_max[READERS][COLS];
+    const i64 chunks = (rows + ROWT_CHUNK - 1) / ROWT_CHUNK;
+    {
         const float *parts = row_parts(scales, cols);
         float a = 0.0f;
-        for (i64 k = threadIdx.x / ROWT_COLS; k < chunks; k += 8)
-            a = fmaxf(a, __ldcg(parts + k * cols + c0 + threadIdx.x % ROWT_COLS));
-        part_max[threadIdx.x / ROWT_COLS][threadIdx.x % ROWT_COLS] = a;
+        for (i64 k = threadIdx.x / COLS; k < chunks; k += READERS)
+            a = fmaxf(a, __ldcg(parts + k * cols + c0 + threadIdx.x % COLS));
+        part_max[threadIdx.x / COLS][threadIdx.x % COLS] = a;
     }
     __syncthreads();
-    if (threadIdx.x < ROWT_COLS) {
-        const float q = pow2_quant(strip_col_max(part_max), fp8_max<KIND>());
+    if (threadIdx.x < COLS) {
+        float a = part_max[0][threadIdx.x];
+#pragma unroll
+        for (int k = 1; k < READERS; k++) a = fmaxf(a, part_max[k][threadIdx.x]);
+        const float q = pow2_quant(a, fp8_max<KIND>());
         col_q[threadIdx.x] = q;
         if (blockIdx.y == 0) scales[c0 + threadIdx.x] = pow2_inverse(q);
     }
     __syncthreads();
+}
+
+// A tile of the copy [COLS][rows t0 ..] out of shared memory as 16-byte runs of the copy's rows, between the barriers
+// that let it be filled again; a tile row of a column c >= 32 holds its bytes with the 8-byte halves of each 16
+// swapped when SWAP (cast_t_row8's stores, apart in the banks)
+template <int COLS, int TILE, int PITCH, bool SWAP>
+__device__ __forceinline__ void store_strip_tile(const unsigned char (*tile)[PITCH], i64 t0, i64 r1, i64 c0,
+                                                 i64 rows, unsigned char *__restrict__ dst) {
+    constexpr int RUNS = COLS * (TILE / 16);
+    __syncthreads();
+#pragma unroll
+    for (int u0 = 0; u0 < RUNS; u0 += 256) {
+        const int u = u0 + threadIdx.x, cc = u / (TILE / 16), rr = 16 * (u % (TILE / 16));
+        if ((RUNS % 256 == 0 || u < RUNS) && t0 + rr < r1) {
+            const unsigned *t = reinterpret_cast<const unsigned *>(&tile[cc][rr]);
+            const bool swap = SWAP && cc >= 32;
+            *reinterpret_cast<uint4 *>(dst + (c0 + cc) * rows + t0 + rr) =
+                swap ? make_uint4(t[2], t[3], t[0], t[1]) : make_uint4(t[0], t[1], t[2], t[3]);
+        }
+    }
+    __syncthreads();
+}
+
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void cast_t_row(const bf16 *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                           unsigned char *__restrict__ dst, float *__restrict__ scales) {
+    __shared__ float col_q[ROWT_COLS];
+    __shared__ __align__(16) unsigned char tile[ROWT_COLS][ROWT_PITCH];
+    const int g = threadIdx.x % 4, rt = threadIdx.x / 4;
+    const i64 c0 = (i64)blockIdx.x * ROWT_COLS, c = c0 + 8 * g, r0 = (i64)blockIdx.y * ROWT_CHUNK;
+    const i64 r1 = min(r0 + ROWT_CHUNK, rows);
+    strip_multipliers<KIND, ROWT_COLS>(scales, rows, cols, c0, col_q);
     float q[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) q[j] = col_q[8 * g + j];
@@ -752,19 +798,76 @@ __device__ __forceinline__ void cast_t_row(const bf16 *__restrict__ src, i64 row
                 tile[8 * g + 4 + j][rt] = (unsigned char)(b.y >> (8 * j));
             }
         }
-        __syncthreads();
-        // 32 columns of 64 bytes: 128 runs of 16 bytes
-        if (threadIdx.x < ROWT_COLS * (ROWT_ROWS / 16)) {
-            const int cc = threadIdx.x / (ROWT_ROWS / 16), rr = 16 * (threadIdx.x % (ROWT_ROWS / 16));
-            if (t0 + rr < r1) {
-                const unsigned *t = reinterpret_cast<const unsigned *>(&tile[cc][rr]);
-                *reinterpret_cast<uint4 *>(dst + (c0 + cc) * rows + t0 + rr) = make_uint4(t[0], t[1], t[2], t[3]);
-            }
-        }
-        __syncthreads(); // the tile is filled again
+        store_strip_tile<ROWT_COLS, ROWT_ROWS, ROWT_PITCH, false>(tile, t0, r1, c0, rows, dst); // 64-byte columns
     }
 }
 
+// cast_t_row8: strips of 64 columns by the same chunks of rows, thread t reading 16 columns (16 bytes, 16 (t % 4) on:
+// a strip's row of the copy, 64 bytes, by 4 neighbours) of the row copy's rows t / 4 + 64 h (h < 2) and their scales;
+// each element's value (byte times its row's scale: a power of two, exact) cast with its column's multiplier into a
+// tile of 128 rows. A tile row is 33 words, and the rows of columns 32 on hold their bytes 8 apart (SWAP), so that a
+// warp's byte stores (4 column groups, 8 rows) and 16-byte reads hit 32 banks.
+#define ROWT8_COLS 64
+#define ROWT8_ROWS 128
+#define ROWT8_PITCH (ROWT8_ROWS + 4)
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void cast_t_row8(const unsigned char *__restrict__ src, i64 rows, i64 cols, i64 ld,
+                                            unsigned char *__restrict__ dst, float *__restrict__ scales,
+                                            const float *__restrict__ src_scales) {
+    __shared__ float col_q[ROWT8_COLS];
+    __shared__ __align__(16) unsigned char tile[ROWT8_COLS][ROWT8_PITCH];
+    const int g = threadIdx.x % 4, rt = threadIdx.x / 4, swap = g >= 2 ? 8 : 0;
+    const i64 c0 = (i64)blockIdx.x * ROWT8_COLS, c = c0 + 16 * g, r0 = (i64)blockIdx.y * ROWT_CHUNK;
+    const i64 r1 = min(r0 + ROWT_CHUNK, rows);
+    strip_multipliers<KIND, ROWT8_COLS>(scales, rows, cols, c0, col_q);
+    float q[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) q[j] = col_q[16 * g + j];
+    // as cast_t_row: the next pass's vectors and scales in flight across the pass's barriers
+    uint4 next[2];
+    float snext[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const i64 r = r0 + rt + 64 * h;
+        next[h] = make_uint4(0, 0, 0, 0), snext[h] = 0.0f;
+        if (r < r1) next[h] = *reinterpret_cast<const uint4 *>(src + r * ld + c), snext[h] = src_scales[r];
+    }
+    for (i64 t0 = r0; t0 < r1; t0 += ROWT8_ROWS) {
+        uint4 v[2];
+        float sr[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const i64 r = t0 + rt + 64 * h;
+            v[h] = next[h], sr[h] = snext[h];
+            if (r + ROWT8_ROWS < r1) {
+                next[h] = *reinterpret_cast<const uint4 *>(src + (r + ROWT8_ROWS) * ld + c);
+                snext[h] = src_scales[r + ROWT8_ROWS];
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (t0 + rt + 64 * h >= r1) continue;
+            const __nv_fp8x2_storage_t *e = reinterpret_cast<const __nv_fp8x2_storage_t *>(&v[h]);
+            float f[16];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float2 p = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(e[j], KIND)));
+                f[2 * j] = p.x * sr[h], f[2 * j + 1] = p.y * sr[h];
+            }
+            const int row = (rt + 64 * h) ^ swap;
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const uint2 b = fp8x8q<KIND>(f + 8 * k, q + 8 * k);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    tile[16 * g + 8 * k + j][row] = (unsigned char)(b.x >> (8 * j));
+                    tile[16 * g + 8 * k + 4 + j][row] = (unsigned char)(b.y >> (8 * j));
+                }
+            }
+        }
+        store_strip_tile<ROWT8_COLS, ROWT8_ROWS, ROWT8_PITCH, true>(tile, t0, r1, c0, rows, dst); // 128-byte columns
+    }
+}
 CAST_BLOCK_KERNEL(fp8_cast_row_e4m3, BLOCK, cast_row<__NV_E4M3>)
 CAST_BLOCK_KERNEL(fp8_cast_row_e5m2, BLOCK, cast_row<__NV_E5M2>)
 #define CAST_RT_ROW_KERNEL(name, kind)                                                                               \
@@ -777,3 +880,18 @@ CAST_RT_ROW_KERNEL(fp8_cast_rt_row_e5m2, __NV_E5M2)
 CAST_BLOCK_KERNEL(fp8_cast_t_row_max, 256, cast_t_row_max)
 CAST_BLOCK_KERNEL(fp8_cast_t_row_e4m3, 256, cast_t_row<__NV_E4M3>)
 CAST_BLOCK_KERNEL(fp8_cast_t_row_e5m2, 256, cast_t_row<__NV_E5M2>)
+// four blocks an SM on Hopper (64 registers, none spilled: 32 KB of loads in flight; 79 left to itself), three on
+// sm_80, where 64 spill
+#if __CUDA_ARCH__ >= 900
+#define CAST_T_ROW8_BLOCKS 4
+#else
+#define CAST_T_ROW8_BLOCKS 3
+#endif
+#define CAST_T_ROW8_KERNEL(name, kind)                                                                               \
+    __global__ void __launch_bounds__(256, CAST_T_ROW8_BLOCKS)                                                       \
+        name(const unsigned char *src, i64 rows, i64 cols, i64 ld, unsigned char *dst, float *scales,                \
+             const float *src_scales) {                                                                              \
+        cast_t_row8<kind>(src, rows, cols, ld, dst, scales, src_scales);                                             \
+    }
+CAST_T_ROW8_KERNEL(fp8_cast_t_row8_e4m3, __NV_E4M3)
+CAST_T_ROW8_KERNEL(fp8_cast_t_row8_e5m2, __NV_E5M2)

@@ -12,7 +12,9 @@
 // per row (the bytes and scales of fp8.cu's cast_row) and, given col_max, the transposed copies' column maxima as
 // cast_rt_row gathers them (rmsnorm.cu's fwd_row says how), or those maxima alone (copy NULL): a block of ROW_THREADS
 // takes a row at a time through a row_pipe (row_pipe.cuh), each thread ROW_VECS vectors of it held in registers for
-// the row's maximum, persistent blocks over the rows (ROW_OK).
+// the row's maximum, persistent blocks over the rows (ROW_OK). An output only its copy is wanted of
+// (cp_step_fp8_out.copy_only) is not written: fwd_copy's and fwd_row's out NULL; bwd_row stores dgate and dup as its
+// last argument says (1 dgate, 2 dup).
 #include <cuda_bf16.h>
 
 #include "fp8_amax.cuh"
@@ -57,7 +59,7 @@ extern "C" __global__ void swiglu_bwd_copy_up_f{{FFN}}(BWD_COPY_ARGS);
 #define ROW_ARGS(x) float x##_fmax, unsigned char *x##_copy, float *x##_scales, float *x##_col_max, int x##_col_max_rows
 extern "C" __global__ void swiglu_fwd_row_f{{FFN}}(const bf16 *gate, const bf16 *up, bf16 *out, i64 n, ROW_ARGS(out));
 extern "C" __global__ void swiglu_bwd_row_f{{FFN}}(const bf16 *dout, bf16 *gate, bf16 *up, i64 n, ROW_ARGS(gate),
-                                                  ROW_ARGS(up));
+                                                  ROW_ARGS(up), int store);
 
 static __device__ __forceinline__ float sigmoid(float g) { return __frcp_rn(1.f + __expf(-g)); }
 static __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
@@ -354,10 +356,11 @@ static __device__ __forceinline__ void fwd_row_step(row_in<2> &r, i64 row, bf16 
     else if (a.col_max) o.absorb(gv); // the maxima alone
 }
 
-// bwd_row's row: dgate and dup over gate's and up's values, stored, then their copies from one reduction
+// bwd_row's row: dgate and dup over gate's and up's values, stored (as `store` says: 1 dgate, 2 dup; not one no later
+// step reads, only its copy: cp_step_fp8_out.copy_only), then their copies from one reduction
 static __device__ __forceinline__ void bwd_row_step(row_in<3> &r, i64 row, bf16 *__restrict__ gate,
-                                                    bf16 *__restrict__ up, const row_args &ag, col_maxima<false> &og,
-                                                    const row_args &au, col_maxima<true> &ou) {
+                                                    bf16 *__restrict__ up, int store, const row_args &ag,
+                                                    col_maxima<false> &og, const row_args &au, col_maxima<true> &ou) {
     vec_t(&gv)[ROW_VECS] = r.v[1], (&uv)[ROW_VECS] = r.v[2];
 #pragma unroll
     for (int k = 0; k < ROW_VECS; k++) {
@@ -371,8 +374,8 @@ static __device__ __forceinline__ void bwd_row_step(row_in<3> &r, i64 row, bf16 
             gv[k].h[i] = __float2bfloat16_rn(dy * y * s * fmaf(x, 1.f - s, 1.f));
         }
         const i64 idx = row * (FFN / VEC) + threadIdx.x + k * ROW_THREADS;
-        reinterpret_cast<vec_t *>(gate)[idx] = gv[k];
-        reinterpret_cast<vec_t *>(up)[idx] = uv[k];
+        if (store & 1) reinterpret_cast<vec_t *>(gate)[idx] = gv[k];
+        if (store & 2) reinterpret_cast<vec_t *>(up)[idx] = uv[k];
     }
     const float mg = ag.copy || ag.col_max ? og.absorb(gv) : 0.f, mu = au.copy || au.col_max ? ou.absorb(uv) : 0.f;
     if (!ag.copy && !au.copy) return; // the maxima alone
@@ -406,7 +409,7 @@ __global__ void __launch_bounds__(ROW_THREADS, ROW_FWD_BLOCKS) swiglu_fwd_row_f{
 // One block an SM (dgate's column maxima in registers, dup's in shared memory)
 __global__ void __launch_bounds__(ROW_THREADS, 1) swiglu_bwd_row_f{{FFN}}(const bf16 *__restrict__ dout,
                                                                       bf16 *__restrict__ gate, bf16 *__restrict__ up,
-                                                                      i64 n, ROW_ARGS(gate), ROW_ARGS(up)) {
+                                                                      i64 n, ROW_ARGS(gate), ROW_ARGS(up), int store) {
 #if ROW_STAGES_B > 0
     const row_args ag = {gate_fmax, gate_copy, gate_scales, gate_col_max, gate_col_max_rows};
     const row_args au = {up_fmax, up_copy, up_scales, up_col_max, up_col_max_rows};
@@ -418,7 +421,7 @@ __global__ void __launch_bounds__(ROW_THREADS, 1) swiglu_bwd_row_f{{FFN}}(const 
               [&](int stage, i64 row) {
                   row_in<3> r;
                   r.read<pipe>(stage);
-                  bwd_row_step(r, row, gate, up, ag, og, au, ou);
+                  bwd_row_step(r, row, gate, up, store, ag, og, au, ou);
               });
     og.commit(ag);
     ou.commit(au);

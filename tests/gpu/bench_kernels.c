@@ -275,6 +275,14 @@ static void bench_families(void) {
             bench(m, "cast_t_row_max", rows, cols, b, "fp8_cast_t_row_max", shape, (double)nb, true);
             bench(m, "cast_t_row_e4m3", rows, cols, b, "fp8_cast_t_row", shape, 1.5 * (double)nb + 4.0 * (double)cols,
                   true);
+            /* the same from the row copy cast_row left (its bytes and scales): half the reads */
+            void *rowcopy = gu_malloc(nb / 2), *row_scales = gu_malloc(4 * (size_t)rows);
+            check(cudaMemcpy(rowcopy, dst, nb / 2, cudaMemcpyDeviceToDevice), "copying the row copy");
+            check(cudaMemcpy(row_scales, scales, 4 * (size_t)rows, cudaMemcpyDeviceToDevice), "copying its scales");
+            void *r8[] = {&rowcopy, &rows, &cols, &cols, &dst, &scales, &row_scales};
+            bench(m, "cast_t_row8_e4m3", rows, cols, r8, "fp8_cast_t_row8", shape,
+                  (double)nb + 4.0 * (double)(rows + cols), true);
+            gu_free_dev(rowcopy), gu_free_dev(row_scales);
             /* both copies from one read: the source, two copies and their scales */
             void *dst_t = gu_malloc(nb / 2), *scales_t = gu_malloc(4 * (size_t)s1t);
             void *rt[] = {&x, &rows, &cols, &ld, &dst, &scales, &dst_t, &scales_t};
@@ -475,7 +483,8 @@ static void bench_row_producers(void) {
         void *am[] = {&g, &u, &o, &n, &e4, &null, &null, &m1, &col_rows};
         bench(m, "fwd_row", n, 0, am, "swiglu_fwd_row maxima", shape, 3.0 * nb, true);
         snprintf(shape, sizeof shape, "32768x8192, %lld stages", (long long)stages);
-        void *br[] = {&o, &g, &u, &n, &e5, &c1, &s1, &m1, &col_rows, &e4, &c2, &s2, &m2, &one};
+        int store = 3; /* dgate and dup */
+        void *br[] = {&o, &g, &u, &n, &e5, &c1, &s1, &m1, &col_rows, &e4, &c2, &s2, &m2, &one, &store};
         bench(m, "bwd_row", n, 0, br, "swiglu_bwd_row", shape, 6.0 * nb + 8.0 * n, true);
         gu_free_dev(g), gu_free_dev(u), gu_free_dev(o), gu_free_dev(c1), gu_free_dev(c2), gu_free_dev(s1);
         gu_free_dev(s2), gu_free_dev(m1), gu_free_dev(m2);

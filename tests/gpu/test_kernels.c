@@ -714,8 +714,23 @@ static void swiglu_row_case(gu_module *m, int64_t F, int64_t n, int which) {
     row_dev rg = (which & 1) ? row_dev_new(n, F, maxima) : (row_dev){NULL, NULL, NULL, 1};
     row_dev ru = (which & 2) ? row_dev_new(n, F, maxima) : row_dev_maxima(F, maxima);
     float *fg = (which & 1) ? &e5 : &zero, *fu = (which & 2) ? &e4 : &zero;
+    int store = 3; /* dgate and dup */
     void *br[] = {&ddy, &dg, &du, &n, fg, &rg.copy, &rg.scales, &rg.col_max, &rg.maxima, fu, &ru.copy, &ru.scales,
-                  &ru.col_max, &ru.maxima};
+                  &ru.col_max, &ru.maxima, &store};
+    if (which == 3) { /* first storing neither (cp_step_fp8_out.copy_only): gate and up as they were, the same copies */
+        row_dev ag = row_dev_new(n, F, maxima), au = row_dev_new(n, F, maxima);
+        int none_stored = 0;
+        void *bn[] = {&ddy, &dg, &du, &n, fg, &ag.copy, &ag.scales, &ag.col_max, &ag.maxima, fu, &au.copy, &au.scales,
+                      &au.col_max, &au.maxima, &none_stored};
+        gu_run(m, "bwd_row", n, 0, bn);
+        gu_download(got, dg, nb);
+        bool kept = !memcmp(got, g, nb);
+        gu_download(got, du, nb);
+        kept = kept && !memcmp(got, u, nb);
+        gu_check("swiglu_bwd_row storing neither: gate and up as they were", shape, kept ? 0.0 : 1.0, 0);
+        row_copy_check("swiglu_bwd_row dgate copy alone", shape, ag, want, n, F, true);
+        row_copy_check("swiglu_bwd_row dup copy alone", shape, au, want_u, n, F, false);
+    }
     gu_run(m, "bwd_row", n, 0, br);
     gu_download(got, dg, nb);
     bool same = !memcmp(got, want, nb);
@@ -1251,6 +1266,69 @@ static void test_fp8_block(void **state) {
     gu_free(m);
 }
 
+/* cast_t_row8 (the transposed copy from the row copy) of a bf16 [rows][cols] whose rows' scales spread over 2^-40 ..
+ * 2^40 (so that rows and columns take different scales; a zero row and a zero column among them), after cast_row and
+ * cast_t_row_max as the plan's producer leaves them: every byte the row copy's value (byte times row scale) cast with
+ * its column's multiplier on the CPU, the scales cast_t_row's; and against cast_t_row's bytes from the source, a
+ * difference only where an element is below the normal range in one of the copies (the counts printed). */
+static void fp8_row8_case(gu_module *m, bool e5m2, int64_t rows, int64_t cols) {
+    char shape[64], what[48];
+    snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
+    snprintf(what, sizeof what, "cast_t_row8_%s", e5m2 ? "e5m2" : "e4m3");
+    const int64_t n = rows * cols, parts = cp_fp8_row_parts(rows, cols);
+    uint16_t *src = malloc(2 * (size_t)n);
+    for (int64_t r = 0; r < rows; r++) {
+        const int e = (int)(r * 7919 % 81) - 40;
+        for (int64_t c = 0; c < cols; c++)
+            src[r * cols + c] = r == rows / 2 || c == cols / 3 ? 0 : f32_to_bf16(ldexpf((float)gu_normal(&rng), e));
+    }
+    uint8_t *rcopy = malloc((size_t)n), *tref = malloc((size_t)n), *want = malloc((size_t)n), *got = malloc((size_t)n);
+    float *rscales = malloc(4 * (size_t)rows), *tscales = malloc(4 * (size_t)cols), *sgot = malloc(4 * (size_t)cols);
+    ref_fp8_cast_row(src, rows, cols, cols, e5m2, false, rcopy, rscales);
+    ref_fp8_cast_row(src, rows, cols, cols, e5m2, true, tref, tscales);
+    for (int64_t c = 0; c < cols; c++)
+        for (int64_t r = 0; r < rows; r++) {
+            const float v = (float)ref_fp8_value(rcopy[r * cols + c], e5m2) * rscales[r]; /* exact */
+            want[c * rows + r] = ref_fp8_of(v * (1.0f / tscales[c]), e5m2);
+        }
+    uint16_t *dsrc = dev_copy(src, 2 * (size_t)n);
+    uint8_t *drow = gu_malloc((size_t)n), *dt = gu_malloc((size_t)n);
+    float *drs = gu_malloc(4 * (size_t)rows), *dts = gu_malloc(4 * (size_t)(cols + parts));
+    gu_poison(drow, (size_t)n), gu_poison(dt, (size_t)n), gu_poison(drs, 4 * (size_t)rows);
+    gu_poison(dts, 4 * (size_t)(cols + parts));
+    int64_t ld = cols;
+    void *ar[] = {&dsrc, &rows, &cols, &ld, &drow, &drs};
+    gu_run(m, e5m2 ? "cast_row_e5m2" : "cast_row_e4m3", rows, cols, ar);
+    void *am[] = {&dsrc, &rows, &cols, &ld, &dt, &dts};
+    gu_run(m, "cast_t_row_max", rows, cols, am);
+    void *a8[] = {&drow, &rows, &cols, &ld, &dt, &dts, &drs};
+    gu_run(m, what, rows, cols, a8);
+    gu_download(got, dt, (size_t)n);
+    gu_download(sgot, dts, 4 * (size_t)cols);
+    int64_t diff = 0, sdiff = 0, moved = 0, normal_moved = 0;
+    for (int64_t i = 0; i < n; i++) diff += got[i] != want[i];
+    for (int64_t c = 0; c < cols; c++) sdiff += !(sgot[c] == tscales[c]);
+    const float normal = e5m2 ? 0x1p-14f : 0x1p-6f; /* the type's least normal value */
+    for (int64_t c = 0; c < cols; c++)
+        for (int64_t r = 0; r < rows; r++) {
+            if (got[c * rows + r] == tref[c * rows + r]) continue;
+            const float x = fabsf(bf16_to_f32(src[r * cols + c]));
+            moved++;
+            normal_moved += x / rscales[r] >= normal && x / tscales[c] >= normal; /* scaled, before rounding */
+        }
+    char label[96];
+    snprintf(label, sizeof label, "%s (bytes differing)", what);
+    gu_check(label, shape, (double)diff, 0);
+    snprintf(label, sizeof label, "%s (scales differing)", what);
+    gu_check(label, shape, (double)sdiff, 0);
+    printf("  %s %s: %lld of %lld bytes unlike cast_t_row's from the source, %lld of them of elements in the "
+           "normal range in both copies\n", what, shape, (long long)moved, (long long)n, (long long)normal_moved);
+    snprintf(label, sizeof label, "%s (normal elements unlike cast_t_row's)", what);
+    gu_check(label, shape, (double)normal_moved, 0);
+    free(src), free(rcopy), free(tref), free(want), free(got), free(rscales), free(tscales), free(sgot);
+    gu_free_dev(dsrc), gu_free_dev(drow), gu_free_dev(dt), gu_free_dev(drs), gu_free_dev(dts);
+}
+
 /* Every row-scaled cast (train.fp8_scaling = "row"; rows and cols multiples of 16, of 32 transposed), E4M3 and E5M2,
  * as rows, transposed and both at once (cast_rt_row: each block's column maxima gathered by atomics, over one or
  * many chunks of rows, blocks of 16 rows on a weight's 3072, of 128 on 32768), at a single 16 x 32, odd multiples of
@@ -1258,7 +1336,7 @@ static void test_fp8_block(void **state) {
  * than a block holds in registers (16 x 20480: read again for the cast), columns over several chunks of
  * CP_FP8_ROW_CHUNK rows and part of one (2064 x 96), and a projection input's 4096 x 3072 and 512 x 8192. The
  * special blocks of fp8_scaled_cast_case are whole rows here (whole columns transposed): a zero row, outliers, amax
- * at FMAX and just above, the 2^126 cap. */
+ * at FMAX and just above, the 2^126 cap. Then the transposed copy cast from the row copy (fp8_row8_case). */
 static void test_fp8_row(void **state) {
     (void)state;
     gu_module *m = fp8_module();
@@ -1277,6 +1355,10 @@ static void test_fp8_row(void **state) {
      * full */
     fp8_scaled_cast_case(m, "cast_row_e4m3", 1029, 1024, 1024);
     fp8_scaled_cast_case(m, "cast_row_e5m2", 30, 3072, 3080);
+    /* the transposed copy from the row copy: one strip and chunk, a part chunk, several chunks of an MLP's width */
+    static const int64_t row8[][2] = {{16, 64}, {2064, 192}, {4096, 8192}, {32768, 1024}};
+    for (int e = 0; e < 2; e++)
+        for (size_t i = 0; i < CP_ARRAY_LEN(row8); i++) fp8_row8_case(m, e == 1, row8[i][0], row8[i][1]);
     gu_free(m);
 }
 
