@@ -12,7 +12,7 @@
 // per row (the bytes and scales of fp8.cu's cast_row) and, given col_max, the transposed copies' column maxima as
 // cast_rt_row gathers them (rmsnorm.cu's fwd_row says how), or those maxima alone (copy NULL): a block of ROW_THREADS
 // takes a row at a time through a row_pipe (row_pipe.cuh), each thread ROW_VECS vectors of it held in registers for
-// the row's maximum, persistent blocks over the rows (ROW_OK). An output only its copy is wanted of
+// the row's maximum, persistent blocks over the rows (ROW_OK). An output read only through its copy
 // (cp_step_fp8_out.copy_only) is not written: fwd_copy's and fwd_row's out NULL; bwd_row stores dgate and dup as its
 // last argument says (1 dgate, 2 dup).
 #include <cuda_bf16.h>
