@@ -203,14 +203,10 @@ static __device__ __forceinline__ void fwd_one_row(const bf16 *__restrict__ x, c
     const bool valid = row < n;
     const i64 base = (valid ? row : n - 1) * HIDDEN;
     vec_t xv[NV], wv[NV];
-#pragma unroll
-    for (int k = 0; k < NV; k++)
-        if (in_row<TPR, NV>(k, lane)) xv[k] = *reinterpret_cast<const vec_t *>(x + base + (lane + k * TPR) * VEC);
+    load_row<TPR, NV>(x, base, lane, xv);
     if (resid) {
         vec_t rv[NV];
-#pragma unroll
-        for (int k = 0; k < NV; k++)
-            if (in_row<TPR, NV>(k, lane)) rv[k] = *reinterpret_cast<const vec_t *>(resid + base + (lane + k * TPR) * VEC);
+        load_row<TPR, NV>(resid, base, lane, rv);
 #pragma unroll
         for (int k = 0; k < NV; k++)
 #pragma unroll
@@ -222,9 +218,7 @@ static __device__ __forceinline__ void fwd_one_row(const bf16 *__restrict__ x, c
 #pragma unroll
             for (int i = 0; i < VEC; i++) s[k][i] = in_row<TPR, NV>(k, lane) ? __bfloat162float(xv[k].h[i]) : 0.f;
     }
-#pragma unroll
-    for (int k = 0; k < NV; k++)
-        if (in_row<TPR, NV>(k, lane)) wv[k] = *reinterpret_cast<const vec_t *>(weight + (lane + k * TPR) * VEC);
+    load_row<TPR, NV>(weight, 0, lane, wv);
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; k++)
