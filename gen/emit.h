@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #define CP_MAX_PARAMS 24
-#define CP_MAX_ENTRIES 24
+#define CP_MAX_ENTRIES 32
 #define CP_KNAME_MAX 128
 #define CP_KTAG_MAX 16
 

@@ -535,7 +535,8 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             int64_t block = get_int(k, "BLOCK"), per_block = block / cp_fp8_row_group(heads);
             d->block = (unsigned)block; /* block / group rows a block at a time */
             d->grid[0] = units > 0 ? (unsigned)CP_MIN((n + per_block - 1) / per_block, 1 << 20) : 0;
-        } else if (strcmp(role, "cast_rt_row_e4m3") == 0 || strcmp(role, "cast_rt_row_e5m2") == 0) {
+        } else if (strcmp(role, "cast_rt_row_e4m3") == 0 || strcmp(role, "cast_rt_row_e5m2") == 0 ||
+                   strcmp(role, "cast_rt_row_layers_e4m3") == 0) { /* _layers: a layer a z, which its caller sets */
             /* n / 256 rows a block, 16 to CP_FP8_RT_ROWS: enough blocks for two an SM on a weight's few rows, few
              * enough on many rows that the atomic maxima stay one per column and block */
             int64_t per = CP_MAX(16, CP_MIN(n / 256, CP_FP8_RT_ROWS));
@@ -543,7 +544,7 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             d->grid[0] = units > 0 ? (unsigned)((n + per - 1) / per) : 0;
         } else if (strcmp(role, "cast_t_row_max") == 0 || strcmp(role, "cast_t_row_e4m3") == 0 ||
                    strcmp(role, "cast_t_row_e5m2") == 0 || strcmp(role, "cast_t_row8_e4m3") == 0 ||
-                   strcmp(role, "cast_t_row8_e5m2") == 0) {
+                   strcmp(role, "cast_t_row8_e5m2") == 0 || strcmp(role, "cast_t_row8_layers_e4m3") == 0) {
             /* a strip of source columns (32; from a row copy CP_FP8_ROW8_COLS) by a chunk of rows a block */
             const int64_t strip = strncmp(role, "cast_t_row8_", 12) == 0 ? CP_FP8_ROW8_COLS : 32;
             d->block = 256;

@@ -132,7 +132,11 @@ void cp_k_cast(cp_kernel_spec *k);
  * scales, dst_t, scales_t) both, the row copy and the transposed copy's column maxima (its parts zeroed before), then
  * cast_t_row_* the transposed copy from them: cols at most cp_fp8_row_held's; cast_t_row8_e4m3, cast_t_row8_e5m2(row
  * copy u8[rows][cols], rows, cols, cols, dst, scales, row copy's scales f32[rows]) the transposed copy from a row copy
- * and the column maxima its source's producer left (cols a multiple of CP_FP8_ROW8_COLS).
+ * and the column maxima its source's producer left (cols a multiple of CP_FP8_ROW8_COLS); cast_rt_row_layers_e4m3
+ * (src, rows, cols, ld, dst, scales, dst_t, scales_t, src_stride, scales_pitch, scales_t_pitch) then
+ * cast_t_row8_layers_e4m3(dst, rows, cols, cols, dst_t, scales_t, scales, scales_t_pitch, scales_pitch) both copies
+ * of a weight of every layer at once, a layer a grid z (which the caller sets): the weights src_stride elements
+ * apart, the copies rows x cols bytes, their scales the pitches (floats: gen/plan.h's cp_fp8_layers_pitch).
  * Each scale is the power of two an element stands for. cp_k_dims takes n = rows and heads = cols. */
 #define CP_FP8_ROW8_COLS 64 /* cast_t_row8's strip of columns */
 #define CP_FP8_AMAX_PARTS 1024

@@ -1795,10 +1795,11 @@ static void floor_arenas(const cp_plan *P, const bufset *b, int64_t *gpu, int64_
 /* One plan of the search with these choices. `quick` (a search that asks only whether some plan fits): where the
  * floor of its arenas already does not fit the machine, the plan stops there, without steps, its arenas the floor
  * and fits false, as judge() then finds again; one that may fit is built whole. */
-static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt_every, attn_split attn, bool quick,
-                      char *err, int errlen) {
+static int build_once(const cp_spec *spec, cp_plan *P, int host_layers, int ckpt_every, attn_split attn,
+                      bool fp8_once, bool quick, char *err, int errlen) {
     memset(P, 0, sizeof *P);
     P->spec = *spec;
+    P->fp8_weights_once = fp8_once && spec->train.fp8 && spec->train.fp8_scaling == CP_FP8_SCALING_ROW;
     const cp_model *m = &spec->model;
     const cp_parallel *par = &spec->parallel;
     P->C = par->gpus;
@@ -2038,7 +2039,7 @@ static int bisect_fit(plan_at at, const void *ctx, int lo, int hi, bool smallest
 /* Every layer checkpointed, x of them offloaded (the first ones). */
 static int plan_offloaded(const void *ctx, int x, cp_plan *out, char *err, int errlen) {
     const search *q = ctx;
-    if (build_once(q->spec, out, x, 1, attn_split_of(q->spec), q->quick, err, errlen)) return -1;
+    if (build_once(q->spec, out, x, 1, attn_split_of(q->spec), false, q->quick, err, errlen)) return -1;
     judge(out);
     return 0;
 }
@@ -2049,7 +2050,7 @@ static int build_k(const search *q, cp_plan *P, int k, char *err, int errlen) {
     const cp_spec *spec = q->spec;
     int L = (int)spec->model.layers;
     int host = spec->parallel.offload == CP_OFFLOAD_ALL ? L : 0;
-    if (build_once(spec, P, host, k, attn_split_of(spec), q->quick, err, errlen)) return -1;
+    if (build_once(spec, P, host, k, attn_split_of(spec), false, q->quick, err, errlen)) return -1;
     judge(P);
     if (spec->parallel.offload != CP_OFFLOAD_AUTO || P->fits || k > 1) return 0;
     /* auto: offload the fewest checkpoints that make it fit (each moved layer saves one GPU checkpoint;
@@ -2192,7 +2193,7 @@ static int plan_kept(const void *ctx, int x, cp_plan *out, char *err, int errlen
     const kept_search *c = ctx;
     int L = (int)c->spec->model.layers;
     attn_split a = c->host_cap < 0 ? (attn_split){x, 0} : (attn_split){CP_MIN(c->host_cap, L - x), x};
-    if (build_once(c->spec, out, c->ckpt_host, c->ckpt_every, a, false, err, errlen)) return -1;
+    if (build_once(c->spec, out, c->ckpt_host, c->ckpt_every, a, false, false, err, errlen)) return -1;
     judge(out);
     return 0;
 }
@@ -2261,7 +2262,7 @@ static int grow_mlp_tile(cp_plan *P, char *err, int errlen) {
         if (P->T % n) continue;
         spec.parallel.mlp_tile = P->T / n;
         cp_plan t;
-        if (build_once(&spec, &t, P->ckpt_host_layers, P->ckpt_every, kept, false, err, errlen)) return -1;
+        if (build_once(&spec, &t, P->ckpt_host_layers, P->ckpt_every, kept, false, false, err, errlen)) return -1;
         judge(&t);
         if (!t.fits || t.t_step > P->t_step) {
             cp_plan_free(&t);
@@ -2274,11 +2275,32 @@ static int grow_mlp_tile(cp_plan *P, char *err, int errlen) {
     return 0;
 }
 
+/* FP8 with row scales: every layer's weights cast once a micro-batch and their copies kept (cp_plan.fp8_weights_once,
+ * gen/plan_fp8.c), where that plan fits and the cost model finds it no slower. */
+static int keep_fp8_weights(cp_plan *P, char *err, int errlen) {
+    const cp_train *t = &P->spec.train;
+    if (!P->fits || !t->fp8 || t->fp8_scaling != CP_FP8_SCALING_ROW) return 0;
+    const attn_split kept = {P->attn_host_layers, P->attn_gpu_layers};
+    cp_spec spec = P->spec;
+    spec.parallel.mlp_tile = P->mlp_tile; /* the tile grow_mlp_tile chose, which the spec may leave to the plan */
+    cp_plan w;
+    if (build_once(&spec, &w, P->ckpt_host_layers, P->ckpt_every, kept, true, false, err, errlen)) return -1;
+    judge(&w);
+    if (w.fits && w.fp8_weights_once && w.t_step <= P->t_step) {
+        w.spec.parallel.mlp_tile = P->spec.parallel.mlp_tile;
+        cp_plan_free(P);
+        *P = w;
+    } else {
+        cp_plan_free(&w);
+    }
+    return 0;
+}
+
 /* What the memory left over buys, once a plan fits: kept attention outputs first (each spares a layer's attention
- * forward), then a larger MLP tile in what they leave. */
+ * forward), then a larger MLP tile in what they leave, then FP8 weights' copies kept for the micro-batch. */
 static int fill_memory(cp_plan *P, char *err, int errlen) {
-    if (keep_attention(P, err, errlen)) return -1;
-    return grow_mlp_tile(P, err, errlen);
+    if (keep_attention(P, err, errlen) || grow_mlp_tile(P, err, errlen)) return -1;
+    return keep_fp8_weights(P, err, errlen);
 }
 
 /* The plan: the optimizer's place and what follows from it; with `fill`, the memory left filled (fill_memory). */

@@ -19,9 +19,12 @@
  * for copies made ahead for it; with row scales any buffer free then); elsewhere by a pass of its own. With row scales
  * a tensor read both ways is cast both ways by its producer where it can (rmsnorm, SwiGLU): the row copy and the
  * transposed copy's column maxima (zeroed by a memset put before it), then a cast of the transposed copy alone reads
- * the tensor once more; a tensor read only transposed gets those maxima alone from its producer, so that its cast
- * reads it once instead of twice. A producer's output that no later step reads, only its copy (the forward's normed
- * inputs and SwiGLU output, which the backward recomputes), is left unwritten: the kernel writes the copy alone.
+ * the row copy (the tensor again where its columns do not come in strips of 64), and where no kernel can, a cast of
+ * both ways does the same in its two launches; a tensor read only transposed gets those maxima alone from its
+ * producer, so that its cast reads it once instead of twice. A producer's output that no later step reads, only its
+ * copy (the forward's normed inputs and SwiGLU output, which the backward recomputes), is left unwritten: the kernel
+ * writes the copy alone. Where the plan keeps them (cp_plan.fp8_weights_once), each weight of every layer is cast
+ * both ways once, at the program's start, and every GEMM reads its layer's slice (cast_weights_once).
  * The program stays the planner's: this pass runs on the built steps before lifetimes and offsets, so the copies and
  * casts are in the plan's memory and time like any other buffer and step. Last, train.fp8_gemm puts block-scaled GEMMs
  * on the generator's kernel (templates/gemm_fp8.cu) where it takes and, under "auto", outruns cuBLASLt: the step keeps
@@ -143,29 +146,41 @@ static cp_step *cast_step(program *q, const cp_step *g, int module, cp_task task
     k.module = module;
     k.fp8 = c;
     const char *fmt = c.fmt == CP_GEMM_E5M2 ? "e5m2" : "e4m3", *t = c.both ? "_rt" : c.transposed ? "_t" : "";
+    const char *all = c.layers > 1 ? "_layers" : ""; /* every layer's weight at once */
     if (task == CP_TASK_FP8_AMAX) snprintf(k.role, sizeof k.role, "amax_%s", fmt);
     else if (task == CP_TASK_FP8_CAST) snprintf(k.role, sizeof k.role, "cast%s_%s", t, fmt);
     else
-        snprintf(k.role, sizeof k.role, "cast%s_%s%s_%s", t,
+        snprintf(k.role, sizeof k.role, "cast%s_%s%s%s_%s", t,
                  c.scale == CP_GEMM_SCALE_2D ? "2d" : c.scale == CP_GEMM_SCALE_ROW ? "row" : "1d",
-                 c.from_rows ? "8" : "", fmt);
+                 c.from_rows && !c.both ? "8" : "", all, fmt);
     snprintf(k.what, sizeof k.what, "%s", cp_task_name(task));
     return append(q, &k);
+}
+
+/* A step that stands at the program's start, in no layer (the place cast_step and zero_of copy from it) */
+static cp_step at_start(void) {
+    cp_step z;
+    memset(&z, 0, sizeof z);
+    z.phase = CP_PHASE_FWD;
+    z.layer = z.stage = z.tile = z.ring_step = z.ring_part = -1;
+    return z;
 }
 
 /* A memset of bytes [off, off + bytes) of buffer buf, which holds nothing live before, beside step g (NULL: at the
  * start of the program) */
 static cp_step zero_of(const cp_step *g, int buf, int64_t off, int64_t bytes) {
+    const cp_step start = at_start();
+    if (!g) g = &start;
     cp_step z;
     memset(&z, 0, sizeof z);
     z.kind = CP_OP_MEMSET;
-    z.phase = g ? g->phase : CP_PHASE_FWD;
+    z.phase = g->phase;
     z.stream = CP_STREAM_COMPUTE;
-    z.layer = g ? g->layer : -1;
-    z.stage = g ? g->stage : -1;
-    z.tile = g ? g->tile : -1;
-    z.ring_step = g ? g->ring_step : -1;
-    z.ring_part = g ? g->ring_part : -1;
+    z.layer = g->layer;
+    z.stage = g->stage;
+    z.tile = g->tile;
+    z.ring_step = g->ring_step;
+    z.ring_part = g->ring_part;
     z.module = -1;
     snprintf(z.what, sizeof z.what, "zero");
     operand(&z, buf, off, bytes, CP_DEF);
@@ -216,6 +231,14 @@ typedef struct {
     int input;
 } weight_role;
 
+/* A weight cast for every layer at once (cp_plan.fp8_weights_once): where it lies in a layer's parameters, its shape,
+ * and the buffers of every layer's copies as rows [0] and transposed [1] (cp_fp8_layers_scales_off's layout) */
+#define MAX_LAYERED 16
+typedef struct {
+    int64_t rel, rows, cols;
+    int buf[2];
+} layered_weight;
+
 typedef struct {
     cp_plan *P;
     program q;
@@ -228,6 +251,10 @@ typedef struct {
     int nroles;
     int *moved; /* where each of the planner's steps lowered so far starts in q (-1: not yet) */
     int nmoved;
+    layered_weight lw[MAX_LAYERED];
+    int nlw;
+    int params;                   /* the buffer of those weights */
+    int64_t layer0, layer_stride; /* bytes: layer 0's parameters in it, and from a layer's to the next */
 } lowering;
 
 /* Step z put before step i of q: the steps from i on, and where the planner's steps lowered from them start, move
@@ -491,21 +518,25 @@ static int fuse_copy(lowering *L, const cache *c, const cp_step *g, const source
 }
 
 /* Whether src can be cast both ways by one step with scales of kind `scale`: 1 x 128 blocks on both sides (one
- * read), or row scales on rows held whole (two reads instead of three: cast_rt_row) */
+ * read), or row scales on rows held whole (cast_rt_row: the source read once more for the transposed copy, or the row
+ * copy just written, instead of twice) */
 static bool casts_both(const source *src, uint8_t scale) {
     if (scale == CP_GEMM_SCALE_1D) return src->rows % 128 == 0 && src->cols % 128 == 0;
     return scale == CP_GEMM_SCALE_ROW && src->rows % 16 == 0 && src->cols % 32 == 0 && cp_fp8_row_held(src->cols);
 }
 
 /* The cast of src into copy kr [rows][cols] and copy kt [cols][rows], their scales sr and st (casts_both). With row
- * scales the transposed copy's column maxima gather in the parts behind st, which a memset step zeroes first. */
+ * scales the transposed copy's column maxima gather in the parts behind st, which a memset step zeroes first; its
+ * second launch then casts the transposed copy from the row copy the first wrote where the columns come in strips of
+ * CP_FP8_ROW8_COLS (cp_fp8_copy.from_rows: one byte read an element instead of two), else from src again. */
 static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source *src, uint8_t scale, int kr,
                       cp_operand sr, int kt, cp_operand st) {
     const bool row = scale == CP_GEMM_SCALE_ROW;
     const int64_t n = src->rows * src->cols, parts = row ? 4 * cp_fp8_row_parts(src->rows, src->cols) : 0;
     if (row) zero_step(&L->q, g, st.buf, st.offset + st.bytes - parts, parts);
+    const bool from_rows = row && src->cols % CP_FP8_ROW8_COLS == 0;
     cp_step *s = cast_step(&L->q, g, L->module, CP_TASK_FP8_CAST_BLOCK,
-                           (cp_fp8_copy){.fmt = src->fmt, .scale = scale, .both = true});
+                           (cp_fp8_copy){.fmt = src->fmt, .scale = scale, .both = true, .from_rows = from_rows});
     op.access = CP_READ;
     s->ops[s->nops++] = op;
     operand(s, L->copy_buf[kr], 0, n, CP_DEF);
@@ -516,8 +547,10 @@ static void cast_both(lowering *L, const cp_step *g, cp_operand op, const source
     s->count = src->rows;
     s->heads = src->cols;
     s->ld = src->ld;
-    /* 1 x 128 blocks: one read, two copies; row scales: a second read for the transposed copy */
-    s->bytes = (double)n * (row ? 6 : 4) + (double)(sr.bytes + st.bytes);
+    /* 1 x 128 blocks: one read, two copies; row scales: a second read for the transposed copy, of the source's two
+     * bytes an element or the row copy's one and its scales */
+    s->bytes = (double)n * (!row ? 4 : from_rows ? 5 : 6) + (double)(sr.bytes + st.bytes) +
+               (from_rows ? 4.0 * (double)src->rows : 0.0);
 }
 
 /* Both row-scaled copies of src (both), for GEMM g's input x (transposed or not) and a later GEMM the other way round,
@@ -631,6 +664,105 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_ne
     return k;
 }
 
+/* Whether input x of GEMM g (as n says) is a weight the plan casts for every layer at once (cp_plan.fp8_weights_once):
+ * row-scaled E4M3 in its layer's parameters (not gathered), cast both ways as cast_rt_row and cast_t_row8 take it;
+ * its offset in a layer's parameters into *rel. */
+static bool weight_once(const lowering *L, const cp_step *g, int x, const copy_need *n, int64_t *rel) {
+    const cp_plan *P = L->P;
+    const cp_operand *op = &g->ops[x];
+    const int64_t rows = n->src.rows, cols = n->src.cols, layers = P->spec.model.layers;
+    if (!P->fp8_weights_once || g->layer < 0 || P->bufs[op->buf].cat != CP_CAT_PARAMS ||
+        n->scale != CP_GEMM_SCALE_ROW || n->src.fmt != CP_GEMM_E4M3 || n->src.ld != cols ||
+        op->bytes != rows * cols * 2 || !casts_both(&n->src, CP_GEMM_SCALE_ROW) || cols % CP_FP8_ROW8_COLS)
+        return false;
+    *rel = op->offset - (L->layer0 + g->layer * L->layer_stride);
+    return *rel >= 0 && *rel + op->bytes <= L->layer_stride && *rel % 16 == 0 &&
+           L->layer0 + (layers - 1) * L->layer_stride + *rel + op->bytes <= P->bufs[op->buf].bytes;
+}
+
+/* The entry of L->lw that input x of GEMM g reads, else -1 */
+static int layered_of(const lowering *L, const cp_step *g, int x, const copy_need *n) {
+    int64_t rel;
+    if (!weight_once(L, g, x, n, &rel)) return -1;
+    for (int w = 0; w < L->nlw; w++)
+        if (L->lw[w].rel == rel && L->lw[w].rows == n->src.rows && L->lw[w].cols == n->src.cols) return w;
+    return -1;
+}
+
+/* cp_plan.fp8_weights_once: each weight a GEMM reads, of every layer, cast both ways once at the program's start
+ * into buffers of its own (cast_rt_row_layers, then the transposed copies from the row copies), which every
+ * layer's GEMMs read in the forward, the recompute and the backward alike. A micro-batch so makes 7 casts instead of
+ * 14 a layer, each over every layer's weight at once where one layer's k_proj was too small to fill the GPU, and
+ * reads each weight once where the per-layer casts read it in the forward and again in the backward: the 3B step at
+ * 32K keeps 5.7 GB of copies for 7 ms of its casts (docs/PERF.md). The flag is cleared where no weight qualifies
+ * (weight_once). */
+static void cast_weights_once(lowering *L) {
+    cp_plan *P = L->P;
+    const int64_t layers = P->spec.model.layers;
+    const cp_step start = at_start();
+    L->layer0 = P->unit_shard_off[1] * 2;
+    L->layer_stride = P->unit_padded[1] * 2;
+    for (int i = 0; i < P->nsteps; i++) {
+        const cp_step *g = &P->steps[i];
+        if (!cp_plan_fp8_eligible(&P->spec.train, g)) continue;
+        for (int x = 0; x < 2; x++) {
+            copy_need n = need_of(P, g, x);
+            int64_t rel;
+            if (!reads_weight(P, g, x) || !weight_once(L, g, x, &n, &rel) || layered_of(L, g, x, &n) >= 0 ||
+                L->nlw == MAX_LAYERED)
+                continue;
+            L->params = g->ops[x].buf;
+            layered_weight *w = &L->lw[L->nlw++];
+            *w = (layered_weight){.rel = rel, .rows = n.src.rows, .cols = n.src.cols};
+            const int64_t so = cp_fp8_layers_scales_off(layers, w->rows, w->cols);
+            for (int t = 0; t < 2; t++) {
+                char name[48];
+                snprintf(name, sizeof name, "fp8_w.%s%s", g->what, t ? ".t" : "");
+                w->buf[t] = cp_plan_add_buf(P, name, CP_SPACE_GPU, CP_CAT_FP8,
+                                            so + layers * cp_fp8_layers_pitch(w->rows, w->cols, t) * 4, false);
+            }
+        }
+    }
+    P->fp8_weights_once = L->nlw > 0;
+    P->fp8_weights_bytes = 0;
+    for (int k = 0; k < L->nlw; k++) {
+        const layered_weight *w = &L->lw[k];
+        const int64_t n = w->rows * w->cols, so = cp_fp8_layers_scales_off(layers, w->rows, w->cols);
+        const int64_t pr = cp_fp8_layers_pitch(w->rows, w->cols, false);
+        const int64_t pt = cp_fp8_layers_pitch(w->rows, w->cols, true);
+        zero_step(&L->q, NULL, w->buf[1], so, layers * pt * 4); /* the transposed copies' maxima gather by atomics */
+        cp_step *s = cast_step(&L->q, &start, L->module, CP_TASK_FP8_CAST_BLOCK,
+                               (cp_fp8_copy){.fmt = CP_GEMM_E4M3, .scale = CP_GEMM_SCALE_ROW, .both = true,
+                                             .from_rows = true, .layers = (uint16_t)layers,
+                                             .src_stride = L->layer_stride / 2});
+        operand(s, L->params, L->layer0 + w->rel, (layers - 1) * L->layer_stride + 2 * n, CP_READ);
+        operand(s, w->buf[0], 0, layers * n, CP_DEF);
+        operand(s, w->buf[0], so, layers * pr * 4, CP_DEF);
+        operand(s, w->buf[1], 0, layers * n, CP_WRITE); /* the memset began its lifetime */
+        operand(s, w->buf[1], so, layers * pt * 4, CP_RW);
+        s->count = w->rows;
+        s->heads = w->cols;
+        s->ld = w->cols;
+        /* each layer: the weight read, its row copy written and read again, the transposed copy written, the scales */
+        s->bytes = (double)layers * (5.0 * (double)n + 4.0 * (double)(2 * pr + pt));
+        P->fp8_weights_bytes += P->bufs[w->buf[0]].bytes + P->bufs[w->buf[1]].bytes;
+    }
+}
+
+/* Where a GEMM reads an input's copy: a copy buffer from its start, the scales behind (copy_of's), or a layer's slice
+ * of a weight cast for every layer (layered_ref) */
+typedef struct {
+    int buf;
+    int64_t off, scales; /* the copy's offset, its scales' (-1: behind the copy, as block_scales puts them) */
+} copy_ref;
+/* Layer `layer`'s copy of L->lw[w], transposed or not */
+static copy_ref layered_ref(const lowering *L, int w, int layer, bool transposed) {
+    const layered_weight *e = &L->lw[w];
+    const int64_t pitch = cp_fp8_layers_pitch(e->rows, e->cols, transposed);
+    const int64_t so = cp_fp8_layers_scales_off(L->P->spec.model.layers, e->rows, e->cols);
+    return (copy_ref){.buf = e->buf[transposed], .off = layer * e->rows * e->cols, .scales = so + layer * pitch * 4};
+}
+
 /* Step g of the program: an eligible GEMM on its inputs' copies (made here unless held), anything else as it is. */
 static void lower_step(lowering *L, cache *c, const cp_step *g) {
     if (!cp_plan_fp8_eligible(&L->P->spec.train, g)) {
@@ -639,19 +771,27 @@ static void lower_step(lowering *L, cache *c, const cp_step *g) {
         return;
     }
     const cp_gemm *m = &g->gemm, fg = cp_plan_fp8_gemm(L->P, g);
-    int slot[2], copy[2];
+    int slot[2] = {-1, -1};
+    copy_ref ref[2];
     for (int x = 0; x < 2; x++) {
         copy_need n = need_of(L->P, g, x);
-        copy[x] = copy_of(L, c, g, x, &n, &slot[x]);
+        const int w = layered_of(L, g, x, &n);
+        if (w >= 0) ref[x] = layered_ref(L, w, g->layer, n.transposed);
+        else ref[x] = (copy_ref){.buf = L->copy_buf[copy_of(L, c, g, x, &n, &slot[x])], .scales = -1};
     }
     cp_step *f = append(&L->q, g);
     f->gemm = fg;
-    f->ops[0] = (cp_operand){.buf = L->copy_buf[copy[0]], .offset = 0, .bytes = m->m * m->k, .access = CP_READ};
-    f->ops[1] = (cp_operand){.buf = L->copy_buf[copy[1]], .offset = 0, .bytes = m->n * m->k, .access = CP_READ};
+    f->ops[0] = (cp_operand){.buf = ref[0].buf, .offset = ref[0].off, .bytes = m->m * m->k, .access = CP_READ};
+    f->ops[1] = (cp_operand){.buf = ref[1].buf, .offset = ref[1].off, .bytes = m->n * m->k, .access = CP_READ};
     /* A, B, (C), D, then the scales: room for two more */
     if (fg.a_scale) {
-        f->ops[f->nops++] = block_scales(L->copy_buf[copy[0]], m->m, m->k, fg.a_scale, CP_READ);
-        f->ops[f->nops++] = block_scales(L->copy_buf[copy[1]], m->n, m->k, fg.b_scale, CP_READ);
+        const int64_t rows[2] = {m->m, m->n};
+        const uint8_t scale[2] = {fg.a_scale, fg.b_scale};
+        for (int x = 0; x < 2; x++) {
+            cp_operand sc = block_scales(ref[x].buf, rows[x], m->k, scale[x], CP_READ);
+            if (ref[x].scales >= 0) sc.offset = ref[x].scales;
+            f->ops[f->nops++] = sc;
+        }
     } else {
         operand(f, L->state, SLOT(slot[0]), 16, CP_READ);
         operand(f, L->state, SLOT(slot[1]), 16, CP_READ);
@@ -795,6 +935,7 @@ void cp_plan_lower_fp8(cp_plan *P) {
         /* the amax counters start at 0 in every micro-batch (each amax leaves its counter 0 again) */
         zero_step(&L.q, NULL, L.state, 0, STATE_BYTES)->ops[0].access = CP_WRITE;
     }
+    cast_weights_once(&L);
     cache c;
     memset(&c, 0, sizeof c);
     c.repeats = 1;

@@ -388,6 +388,9 @@ void cp_plan_print(const cp_plan *P, FILE *out, bool verbose) {
             fprintf(out, "           %lld of them on the generator's FP8 GEMM kernel (train.fp8_gemm), at %.0f TF/s, the "
                          "weights' gradients at %.0f\n",
                     (long long)own, mc->fp8_cpgen_gemm_tflops, mc->fp8_cpgen_wgrad_tflops);
+        if (P->fp8_weights_once)
+            fprintf(out, "           every layer's weights cast both ways once a micro-batch, their copies kept (%s)\n",
+                    cp_fmt_bytes(P->fp8_weights_bytes, a, sizeof a));
     }
     cp_plan_eval_print(P, out);
     if (P->fits)

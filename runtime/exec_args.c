@@ -862,6 +862,57 @@ static int fp8_cast_from_rows(pctx *c) {
     return 0;
 }
 
+/* fp8_cast_block of one weight of every layer at once (cp_fp8_copy.layers): operands the first layer's weight on
+ * (the next layers' src_stride elements apart), every layer's row copies, their scales, the transposed copies, their
+ * scales and maxima (zeroed before), as gen/plan.h lays them out: cast_rt_row_layers_e4m3(src, rows, cols, cols,
+ * copies, scales, copies_t, scales_t, src_stride, pitch, pitch_t) then cast_t_row8_layers_e4m3(copies, rows, cols,
+ * cols, copies_t, scales_t, scales, pitch_t, pitch), a layer a grid z. */
+static int fp8_cast_layers(pctx *c) {
+    const cp_fp8_copy *f = &c->s->fp8;
+    const int64_t rows = c->s->count, cols = c->s->heads, layers = f->layers, n = rows * cols;
+    if (need_ops(c, 5)) return -1;
+    if (f->scale != CP_GEMM_SCALE_ROW || !f->both || !f->from_rows || f->transposed || f->maxima ||
+        f->fmt != CP_GEMM_E4M3 || strcmp(c->s->role, "cast_rt_row_layers_e4m3"))
+        return pfail(c, "a cast of %lld layers' weights at once (%s) not both ways, row-scaled E4M3 from the row copy",
+                     (long long)layers, c->s->role);
+    if (rows < 16 || rows % 16 || cols < CP_FP8_ROW8_COLS || cols % CP_FP8_ROW8_COLS || !cp_fp8_row_held(cols) ||
+        c->s->ld != cols || f->src_stride < n || f->src_stride % 8 || layers > 65535)
+        return pfail(c, "a cast of %lld layers' %lld x %lld weights %lld elements apart (row stride %lld): rows a "
+                     "multiple of 16, columns of %d up to %lld, the stride the columns, the weights apart by at least "
+                     "their size and a multiple of 8, at most 65535 layers", (long long)layers, (long long)rows,
+                     (long long)cols, (long long)f->src_stride, (long long)c->s->ld, CP_FP8_ROW8_COLS,
+                     (long long)(8 * CP_FP8_BLOCK * CP_FP8_ROW_VECS));
+    const int64_t pitch = cp_fp8_layers_pitch(rows, cols, false), pitch_t = cp_fp8_layers_pitch(rows, cols, true);
+    if (need_bytes(c, 0, ((layers - 1) * f->src_stride + n) * 2) || need_align(c, 0, 16) ||
+        need_bytes(c, 1, layers * n) || need_align(c, 1, 16) || need_bytes(c, 2, layers * pitch * 4) ||
+        need_align(c, 2, 16) || need_bytes(c, 3, layers * n) || need_align(c, 3, 16) ||
+        need_bytes(c, 4, layers * pitch_t * 4) || need_align(c, 4, 16))
+        return -1;
+    xlaunch *l = &c->x->L[0], *t = &c->x->L[1];
+    if (launch_of(c, c->s->role, rows, cols, l)) return -1;
+    l->d.grid[2] = (unsigned)layers;
+    a_ptr(l, opp(c, 0));
+    a_i64(l, rows);
+    a_i64(l, cols);
+    a_i64(l, cols);
+    for (int j = 1; j < 5; j++) a_ptr(l, opp(c, j));
+    a_i64(l, f->src_stride);
+    a_i64(l, pitch);
+    a_i64(l, pitch_t);
+    if (launch_of(c, "cast_t_row8_layers_e4m3", rows, cols, t)) return -1;
+    t->d.grid[2] = (unsigned)layers;
+    a_ptr(t, opp(c, 1));
+    a_i64(t, rows);
+    a_i64(t, cols);
+    a_i64(t, cols);
+    a_ptr(t, opp(c, 3));
+    a_ptr(t, opp(c, 4));
+    a_ptr(t, opp(c, 2));
+    a_i64(t, pitch_t);
+    a_i64(t, pitch);
+    return 0;
+}
+
 /* fp8_cast_block: operands src, the FP8 copy, its block (or row) scales: role(src, rows, cols, ld, dst, scales); the
  * step's copy (cp_step.fp8) says the layout, whose blocks of 128 must fit the source (k's side a multiple of 128). A
  * cast of both ways (cast_rt_*) has the transposed copy and its scales behind: role(..., dst, scales, dst_t,
@@ -871,10 +922,12 @@ static int fp8_cast_from_rows(pctx *c) {
  * cast_t_row_* on the transposed copy's two operands; a transposed copy whose maxima the source's producer left
  * (cp_fp8_copy.maxima) is the role alone; one cast from the row copy that producer wrote (cp_fp8_copy.from_rows) has
  * operands row copy u8 [rows][cols], the copy, its scales, the row copy's scales f32[rows]: role(row copy, rows,
- * cols, cols, dst, scales, row scales), the role cast_t_row8_*. */
+ * cols, cols, dst, scales, row scales), the role cast_t_row8_*; a cast of both ways with from_rows launches that
+ * entry second, on the row copy it wrote first. */
 static int k_fp8_cast_block(pctx *c) {
     const cp_fp8_copy *f = &c->s->fp8;
-    if (f->from_rows) return fp8_cast_from_rows(c);
+    if (f->layers > 1) return fp8_cast_layers(c);
+    if (f->from_rows && !f->both) return fp8_cast_from_rows(c);
     if (need_ops(c, f->both ? 5 : 3)) return -1;
     xlaunch *l = &c->x->L[0];
     const char *role = c->s->role, *fmt = f->fmt == CP_GEMM_E5M2 ? "e5m2" : "e4m3";
@@ -889,6 +942,9 @@ static int k_fp8_cast_block(pctx *c) {
     if (f->both && row && !cp_fp8_row_held(cols))
         return pfail(c, "an FP8 cast of both ways with row scales (%s) of rows of %lld columns (at most %lld)", role,
                      (long long)cols, (long long)(8 * CP_FP8_BLOCK * CP_FP8_ROW_VECS));
+    if (f->from_rows && (!row || cols % CP_FP8_ROW8_COLS))
+        return pfail(c, "an FP8 cast of both ways (%s) of %lld columns with its transposed copy from the row copy: row "
+                     "scales and columns a multiple of %d", role, (long long)cols, CP_FP8_ROW8_COLS);
     int64_t crow = t ? cols : rows, ccol = t ? rows : cols; /* the copy's */
     if (!tiles && !row && ccol % 128)
         return pfail(c, "a 1 x 128 block-scaled FP8 cast (%s) of a copy with %lld columns (not a multiple of 128)",
@@ -908,10 +964,19 @@ static int k_fp8_cast_block(pctx *c) {
     for (int j = 1; j < (f->both ? 5 : 3); j++) a_ptr(l, opp(c, j));
     if (row && (t || f->both) && !f->maxima) { /* then the transposed cast, on the transposed copy's operands */
         char cast_t[32];
-        snprintf(cast_t, sizeof cast_t, "cast_t_row_%s", fmt);
+        snprintf(cast_t, sizeof cast_t, "cast_t_row%s_%s", f->from_rows ? "8" : "", fmt);
         xlaunch *cast = &c->x->L[1];
-        if (fp8_source(c, cast, t ? role : cast_t)) return -1;
+        if (!f->from_rows) {
+            if (fp8_source(c, cast, t ? role : cast_t)) return -1;
+        } else { /* from the row copy just written: cast_t_row8(row copy, rows, cols, cols, dst_t, scales_t, scales) */
+            if (launch_of(c, cast_t, rows, cols, cast)) return -1;
+            a_ptr(cast, opp(c, 1));
+            a_i64(cast, rows);
+            a_i64(cast, cols);
+            a_i64(cast, cols);
+        }
         for (int j = f->both ? 3 : 1; j < (f->both ? 5 : 3); j++) a_ptr(cast, opp(c, j));
+        if (f->from_rows) a_ptr(cast, opp(c, 2));
     }
     return 0;
 }

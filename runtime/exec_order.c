@@ -40,11 +40,16 @@ int exec_check_weight_ranges(const cp_exec *ex, char *err, int errlen) {
     for (int i = 0; i < P->micro_steps; i++) {
         const cp_step *s = &P->steps[i];
         if (!gemm_input(s) || s->phase != CP_PHASE_FWD) continue;
-        for (int j = 0; j < s->nops; j++)
-            if (is_weights(P->bufs[s->ops[j].buf].cat)) {
+        for (int j = 0; j < s->nops; j++) {
+            if (!is_weights(P->bufs[s->ops[j].buf].cat)) continue;
+            /* a cast of one weight of every layer at once (cp_fp8_copy.layers) reads each layer's */
+            const int layers = s->fp8.layers > 1 ? s->fp8.layers : 1;
+            const int64_t len = layers > 1 ? s->count * s->heads : s->ops[j].bytes / 2;
+            for (int z = 0; z < layers; z++) {
                 if (n == cap) fw = cp_xrealloc(fw, sizeof *fw * (size_t)(cap *= 2));
-                fw[n++] = (erange){s->ops[j].offset / 2, s->ops[j].bytes / 2};
+                fw[n++] = (erange){s->ops[j].offset / 2 + z * s->fp8.src_stride, len};
             }
+        }
     }
     qsort(fw, (size_t)n, sizeof *fw, cmp_erange);
     int rc = 0;

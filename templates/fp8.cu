@@ -43,6 +43,11 @@
 //     two launches: this one writes the row copy and adds the chunks' column maxima to the transposed copy's parts
 //     (zeroed before), then cast_t_row_*(src, rows, cols, ld, dst_t, scales_t) the transposed copy; cols at most
 //     BLOCK x ROW_VECS x 8 (16384) and a multiple of 32, rows of 16.
+//   cast_rt_row_layers_e4m3(src, rows, cols, ld, dst, scales, dst_t, scales_t, src_stride, scales_pitch,
+//     scales_t_pitch), then cast_t_row8_layers_e4m3(dst, rows, cols, cols, dst_t, scales_t, scales, scales_t_pitch,
+//     scales_pitch): both copies of one weight of every layer at once (gridDim.z layers, the weights src_stride
+//     elements apart), from_rows; each layer's copies rows x cols bytes apart, its scales (and the transposed copy's
+//     maxima behind them, all zeroed before) the pitches apart: a micro-batch's weights cast once (cp_fp8_copy.layers).
 // A contiguous source (ld = cols, every tensor of the shipped specs) is walked as one run of vectors, without the
 // 64-bit division per load that a strided one needs and that held these memory-bound kernels to half the HBM rate.
 #include <cuda_bf16.h>
@@ -103,6 +108,11 @@ extern "C" __global__ void fp8_cast_t_row8_e4m3(const unsigned char *src, i64 ro
                                                 unsigned char *dst, float *scales, const float *src_scales);
 extern "C" __global__ void fp8_cast_t_row8_e5m2(const unsigned char *src, i64 rows, i64 cols, i64 ld,
                                                 unsigned char *dst, float *scales, const float *src_scales);
+extern "C" __global__ void fp8_cast_rt_row_layers_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld,
+    unsigned char *dst, float *scales, unsigned char *dst_t, float *scales_t, i64 src_stride, i64 scales_pitch,
+    i64 scales_t_pitch);
+extern "C" __global__ void fp8_cast_t_row8_layers_e4m3(const unsigned char *src, i64 rows, i64 cols, i64 ld,
+    unsigned char *dst, float *scales, const float *src_scales, i64 scales_pitch, i64 src_scales_pitch);
 extern "C" __global__ void fp8_cast_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
                                             float *scales);
 extern "C" __global__ void fp8_cast_t_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
@@ -877,6 +887,16 @@ CAST_BLOCK_KERNEL(fp8_cast_row_e5m2, BLOCK, cast_row<__NV_E5M2>)
     }
 CAST_RT_ROW_KERNEL(fp8_cast_rt_row_e4m3, __NV_E4M3)
 CAST_RT_ROW_KERNEL(fp8_cast_rt_row_e5m2, __NV_E5M2)
+// cast_rt_row over the same weight of every layer at once, layer blockIdx.z: its source src_stride elements on from
+// the last's, its copy rows x cols bytes on, its scales scales_pitch floats on, the transposed copy's scales and
+// maxima scales_t_pitch on (that copy's bytes are cast_t_row8_layers')
+__global__ void __launch_bounds__(BLOCK) fp8_cast_rt_row_layers_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld,
+    unsigned char *dst, float *scales, unsigned char *, float *scales_t, i64 src_stride, i64 scales_pitch,
+    i64 scales_t_pitch) {
+    const i64 z = blockIdx.z;
+    src += z * src_stride, dst += z * rows * cols, scales += z * scales_pitch, scales_t += z * scales_t_pitch;
+    ROW_GROUPS(__NV_E4M3, true, row_parts(scales_t, cols))
+}
 CAST_BLOCK_KERNEL(fp8_cast_t_row_max, 256, cast_t_row_max)
 CAST_BLOCK_KERNEL(fp8_cast_t_row_e4m3, 256, cast_t_row<__NV_E4M3>)
 CAST_BLOCK_KERNEL(fp8_cast_t_row_e5m2, 256, cast_t_row<__NV_E5M2>)
@@ -895,3 +915,12 @@ CAST_BLOCK_KERNEL(fp8_cast_t_row_e5m2, 256, cast_t_row<__NV_E5M2>)
     }
 CAST_T_ROW8_KERNEL(fp8_cast_t_row8_e4m3, __NV_E4M3)
 CAST_T_ROW8_KERNEL(fp8_cast_t_row8_e5m2, __NV_E5M2)
+// cast_t_row8 over every layer's row copy that cast_rt_row_layers wrote, layer blockIdx.z (its copies rows x cols
+// bytes apart, the transposed copy's scales scales_pitch floats apart, the row copy's src_scales_pitch)
+__global__ void __launch_bounds__(256, CAST_T_ROW8_BLOCKS) fp8_cast_t_row8_layers_e4m3(const unsigned char *src,
+    i64 rows, i64 cols, i64 ld, unsigned char *dst, float *scales, const float *src_scales, i64 scales_pitch,
+    i64 src_scales_pitch) {
+    const i64 z = blockIdx.z;
+    src += z * rows * cols, dst += z * rows * cols, scales += z * scales_pitch, src_scales += z * src_scales_pitch;
+    cast_t_row8<__NV_E4M3>(src, rows, cols, ld, dst, scales, src_scales);
+}

@@ -776,7 +776,15 @@ typedef struct {
     cp_operand src;
     bool e5m2;
     int64_t slot;
+    /* a copy buffer of one weight of every layer (layers > 1): src and slot layer 0's, layer z's copy z n bytes on,
+     * made from src stride bytes on each layer, its scales pitch floats on */
+    int64_t layers, stride, n, pitch;
 } fp8_held;
+
+/* The bytes of held entry h's sources: every layer's for a copy of every layer's weight */
+static int64_t fp8_extent(const fp8_held *h) {
+    return (h->layers > 1 ? (h->layers - 1) * h->stride : 0) + h->src.bytes;
+}
 
 static bool fp8_same(const cp_operand *a, const cp_operand *b) {
     return a->buf == b->buf && a->offset == b->offset && a->bytes == b->bytes;
@@ -793,7 +801,7 @@ static cp_fp8_copy fp8_copy(const cp_step *x) {
         (strstr(r, "_2d_") != NULL) != (c.scale == CP_GEMM_SCALE_2D) ||
         (strstr(r, "_1d_") != NULL) != (c.scale == CP_GEMM_SCALE_1D) ||
         (strstr(r, "_row_") != NULL || strstr(r, "_row8_") != NULL) != (c.scale == CP_GEMM_SCALE_ROW) ||
-        (strstr(r, "_row8_") != NULL) != c.from_rows || block != (c.scale != CP_GEMM_SCALE_TENSOR))
+        (strstr(r, "_row8_") != NULL) != (c.from_rows && !c.both) || block != (c.scale != CP_GEMM_SCALE_TENSOR))
         fail_msg("FP8 step %s (layer %d): role %s against its copy (format %d, scale %d, transposed %d)", x->what,
                  x->layer, r, c.fmt, c.scale, c.transposed);
     return c;
@@ -810,11 +818,20 @@ static void fp8_gemm_inputs(const fp8_held *held, int i, const cp_step *x, const
     for (int in = 0; in < 2; in++) {
         const fp8_held *h = &held[x->ops[in].buf];
         const cp_operand *sc = &x->ops[x->nops - 2 + in];
-        if (!h->valid || !fp8_same(&h->src, &y->ops[in]))
+        cp_operand src = h->src; /* of the copy the GEMM reads: layer z's of a copy of every layer's weight */
+        int64_t z = 0;
+        if (h->layers > 1) {
+            z = x->ops[in].offset / h->n;
+            assert_true(x->ops[in].offset == z * h->n && x->ops[in].bytes == h->n && z < h->layers);
+            src.offset += z * h->stride;
+        } else {
+            assert_int_equal(x->ops[in].offset, 0);
+        }
+        if (!h->valid || !fp8_same(&src, &y->ops[in]))
             fail_msg("step %d (%s, layer %d, tile %d): input %d's copy is not of its operand now", i, x->what,
                      x->layer, x->tile, in);
         assert_true(h->transposed == (in ? !g->trans_b : g->trans_a));
-        assert_true(sc->buf == x->ops[in].buf && sc->offset == h->slot && sc->access == CP_READ);
+        assert_true(sc->buf == x->ops[in].buf && sc->offset == h->slot + z * h->pitch * 4 && sc->access == CP_READ);
     }
 }
 
@@ -825,7 +842,7 @@ static void fp8_forget(fp8_held *held, int n, const cp_step *x) {
         if (!(w->access & CP_WRITE)) continue;
         for (int k = 0; k < n; k++)
             if (held[k].valid && held[k].src.buf == w->buf && held[k].src.offset < w->offset + w->bytes &&
-                w->offset < held[k].src.offset + held[k].src.bytes)
+                w->offset < held[k].src.offset + fp8_extent(&held[k]))
                 held[k].valid = false;
     }
 }
@@ -1237,7 +1254,7 @@ static void test_fp8_row(void **state) {
         /* held: each copy buffer's copy; gathered: the column maxima a producer left in a buffer (.slot: where) */
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held), *gathered = calloc((size_t)f.nbufs, sizeof *gathered);
         int bi = 0, fp8_gemms = 0, casts = 0, transposed = 0, both = 0, fused = 0, maxima = 0, alone = 0, unread = 0,
-            from_rows = 0;
+            from_rows = 0, both_rows8 = 0, layered = 0;
         for (int i = 0; i < f.nsteps; i++) {
             const cp_step *x = &f.steps[i];
             assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST);
@@ -1247,7 +1264,9 @@ static void test_fp8_row(void **state) {
                 const cp_step *n = &f.steps[i + 1];
                 const cp_operand *z = &x->ops[0];
                 while (n->kind == CP_OP_MEMSET && n->task != CP_TASK_FP8_CAST_BLOCK) n++;
-                if (n->task == CP_TASK_FP8_CAST_BLOCK) {
+                if (n->task == CP_TASK_FP8_CAST_BLOCK && n->fp8.layers > 1) { /* every layer's scales and maxima */
+                    assert_true(fp8_copy(n).both && n->nops == 5 && fp8_same(z, &n->ops[4]));
+                } else if (n->task == CP_TASK_FP8_CAST_BLOCK) {
                     assert_true(fp8_copy(n).both && n->nops == 5);
                     const int64_t parts = 4 * cp_fp8_row_parts(n->count, n->heads);
                     assert_true(z->buf == n->ops[4].buf && z->bytes == parts &&
@@ -1287,12 +1306,44 @@ static void test_fp8_row(void **state) {
                 transposed++;
                 continue;
             }
+            if (x->task == CP_TASK_FP8_CAST_BLOCK && x->fp8.layers > 1) {
+                /* a weight of every layer (cp_plan.fp8_weights_once), both ways at the program's start: from the
+                 * parameters the layers' weights apart, the copies and their scales laid out as the plan's header
+                 * says; each layer's GEMMs then read their slice (fp8_gemm_inputs) */
+                const cp_fp8_copy cc = fp8_copy(x);
+                const int64_t rows = x->count, cols = x->heads, n = rows * cols, nl = cc.layers;
+                const int64_t so = cp_fp8_layers_scales_off(nl, rows, cols);
+                const int64_t pitch[2] = {cp_fp8_layers_pitch(rows, cols, false),
+                                          cp_fp8_layers_pitch(rows, cols, true)};
+                assert_true(cc.both && cc.from_rows && !cc.transposed && cc.scale == CP_GEMM_SCALE_ROW &&
+                            cc.fmt == CP_GEMM_E4M3 && nl == s.model.layers && x->nops == 5 && x->ld == cols &&
+                            x->layer < 0 && f.fp8_weights_once && cols % CP_FP8_ROW8_COLS == 0);
+                assert_true(f.bufs[x->ops[0].buf].cat == CP_CAT_PARAMS && cc.src_stride == f.unit_padded[1] &&
+                            x->ops[0].bytes == (nl - 1) * cc.src_stride * 2 + 2 * n && x->ops[0].access == CP_READ);
+                for (int k = 0; k < 2; k++) {
+                    const cp_operand *cp = &x->ops[1 + 2 * k], *sc = &x->ops[2 + 2 * k];
+                    assert_true(f.bufs[cp->buf].cat == CP_CAT_FP8 && cp->offset == 0 && cp->bytes == nl * n &&
+                                sc->buf == cp->buf && sc->offset == so && sc->bytes == nl * pitch[k] * 4 &&
+                                sc->offset + sc->bytes <= f.bufs[cp->buf].bytes && (cp->access & CP_WRITE));
+                    held[cp->buf] = (fp8_held){.valid = true, .transposed = k == 1, .slot = so, .layers = nl,
+                                               .stride = cc.src_stride * 2, .n = n, .pitch = pitch[k],
+                                               .src = {.buf = x->ops[0].buf, .offset = x->ops[0].offset,
+                                                       .bytes = 2 * n}};
+                }
+                casts++;
+                transposed++;
+                layered++;
+                continue;
+            }
             if (x->task == CP_TASK_FP8_CAST_BLOCK) {
                 const cp_fp8_copy cc = fp8_copy(x);
                 assert_true(cc.scale == CP_GEMM_SCALE_ROW && cc.fmt == CP_GEMM_E4M3 && x->nops == (cc.both ? 5 : 3));
-                /* a cast of both ways: the copy as rows, then transposed; rows held whole, after its memset */
+                /* a cast of both ways: the copy as rows, then transposed (from the row copy where the columns come
+                 * in strips of 64); rows held whole, after its memset */
                 assert_true(!cc.both || (!cc.transposed && cp_fp8_row_held(x->heads) &&
                                          x->ops[1].buf != x->ops[3].buf && f.steps[i - 1].kind == CP_OP_MEMSET));
+                assert_true(cc.from_rows == (cc.both && x->heads % CP_FP8_ROW8_COLS == 0));
+                both_rows8 += cc.from_rows;
                 for (int k = 0; k < (cc.both ? 2 : 1); k++) {
                     const bool t = cc.both ? k == 1 : cc.transposed;
                     const int64_t rows = t ? x->heads : x->count, cols = t ? x->count : x->heads;
@@ -1379,11 +1430,11 @@ static void test_fp8_row(void **state) {
             }
         }
         assert_int_equal(bi, b.nsteps);
-        print_message("%s fp8 row%s: %d GEMMs on FP8 inputs, %d casts (%d copies transposed, %d casts of both "
-                      "ways, %d from row copies), %d copies by producers (%d of them alone), %d column maxima by "
-                      "producers (%d of them alone)\n",
-                      shapes[c][0], c == 2 ? ", weights' gradients bf16" : "", fp8_gemms, casts, transposed, both,
-                      from_rows, fused, unread, maxima, alone);
+        print_message("%s fp8 row%s: %d GEMMs on FP8 inputs, %d casts (%d copies transposed, %d of every layer's "
+                      "weight, %d others of both ways, %d of them and %d others from row copies), %d copies by "
+                      "producers (%d of them alone), %d column maxima by producers (%d of them alone)\n",
+                      shapes[c][0], c == 2 ? ", weights' gradients bf16" : "", fp8_gemms, casts, transposed, layered,
+                      both, both_rows8, from_rows, fused, unread, maxima, alone);
         assert_true(fp8_gemms > 0 && casts > 0 && transposed > 0 && f.t_fp8_casts > 0);
         /* the 3B's copies by producers, per layer: the normed inputs in the forward and the recompute (4), SwiGLU's
          * output in the forward, dgate and dup, d_h2 and d_resid (but layer 0's d_resid, which no GEMM reads); with
@@ -1396,6 +1447,12 @@ static void test_fp8_row(void **state) {
         /* the transposed copies whose producers wrote the row copy too are cast from it (per layer the recomputed
          * normed inputs, dgate and dup, d_h2 and d_resid, but layer 0's d_resid) */
         if (c >= 1) assert_int_equal(from_rows, c == 1 ? 28 * 6 - 1 : 0);
+        /* the seven weights of every layer cast once (the plan keeps their copies: 5.6 GB fit beside the rest),
+         * and every other cast of both ways from the row copy (the 3B's columns all multiples of 64): with FP8
+         * weights' gradients per layer the recompute's attention output, dq, dk and dv, and the last layer's
+         * d_resid, which no producer writes */
+        if (c >= 1) assert_true(f.fp8_weights_once && layered == 7 && f.fp8_weights_bytes > 5600000000LL);
+        if (c >= 1) assert_true(both_rows8 == both && both == (c == 1 ? 28 * 4 + 1 : 0));
         /* copied alone: the forward's normed inputs and SwiGLU output, which the backward recomputes, and with FP8
          * weights' gradients the recompute's normed inputs, dgate and dup, which only their casts from row copies
          * read */

@@ -150,7 +150,12 @@ cp_kdims gu_dims(gu_module *m, const char *role, int64_t n, int64_t heads) {
 }
 
 void gu_run(gu_module *m, const char *role, int64_t n, int64_t heads, void **args) {
+    gu_run_z(m, role, n, heads, 1, args);
+}
+
+void gu_run_z(gu_module *m, const char *role, int64_t n, int64_t heads, unsigned z, void **args) {
     cp_kdims d = gu_dims(m, role, n, heads);
+    d.grid[2] = z;
     cudaKernel_t k = gu_kernel(m, role);
     char err[1024];
     if (d.smem && cp_kernel_set_max_smem(k, d.smem, err, sizeof err)) gu_fail("%s %s: %s", m->src.name, role, err);

@@ -62,6 +62,8 @@ cudaKernel_t gu_kernel(gu_module *m, const char *role);
 cp_kdims gu_dims(gu_module *m, const char *role, int64_t n, int64_t heads);
 /* Launch role with cp_k_dims(n, heads) geometry, wait for it and check for errors. */
 void gu_run(gu_module *m, const char *role, int64_t n, int64_t heads, void **args);
+/* The same with a grid of z in its third dimension (the FP8 casts of every layer's weight at once) */
+void gu_run_z(gu_module *m, const char *role, int64_t n, int64_t heads, unsigned z, void **args);
 /* An fp8 module's cast `role` of a source [rows][cols] as the executor launches it: a transposed row-scaled cast
  * (cast_t_row_*) after cast_t_row_max with the same arguments, whose scales then need room for
  * cp_fp8_row_parts(rows, cols) more (gen/kernels.h); both row-scaled copies (cast_rt_row_*: args src, rows, cols,

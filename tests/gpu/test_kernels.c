@@ -1270,7 +1270,8 @@ static void test_fp8_block(void **state) {
  * 2^40 (so that rows and columns take different scales; a zero row and a zero column among them), after cast_row and
  * cast_t_row_max as the plan's producer leaves them: every byte the row copy's value (byte times row scale) cast with
  * its column's multiplier on the CPU, the scales cast_t_row's; and against cast_t_row's bytes from the source, a
- * difference only where an element is below the normal range in one of the copies (the counts printed). */
+ * difference only where an element is below the normal range in one of the copies (the counts printed). Then the
+ * same after cast_rt_row, as a cast of both ways launches it: both copies and both scales the CPU's. */
 static void fp8_row8_case(gu_module *m, bool e5m2, int64_t rows, int64_t cols) {
     char shape[64], what[48];
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
@@ -1308,6 +1309,30 @@ static void fp8_row8_case(gu_module *m, bool e5m2, int64_t rows, int64_t cols) {
     int64_t diff = 0, sdiff = 0, moved = 0, normal_moved = 0;
     for (int64_t i = 0; i < n; i++) diff += got[i] != want[i];
     for (int64_t c = 0; c < cols; c++) sdiff += !(sgot[c] == tscales[c]);
+    /* the same two launches as a cast of both ways makes them (the plan's cast_rt_row with from_rows): cast_rt_row's
+     * row copy and column maxima (its parts zeroed as the plan's memset does), then this entry on them */
+    uint8_t *got_rt = malloc((size_t)n), *rgot = malloc((size_t)n);
+    float *rsgot = malloc(4 * (size_t)rows);
+    gu_poison(drow, (size_t)n), gu_poison(dt, (size_t)n), gu_poison(drs, 4 * (size_t)rows);
+    gu_poison(dts, 4 * (size_t)cols);
+    float *zeros = calloc((size_t)parts, 4);
+    gu_upload(dts + cols, zeros, 4 * (size_t)parts);
+    free(zeros);
+    void *art[] = {&dsrc, &rows, &cols, &ld, &drow, &drs, &dt, &dts};
+    gu_run(m, e5m2 ? "cast_rt_row_e5m2" : "cast_rt_row_e4m3", rows, cols, art);
+    gu_run(m, what, rows, cols, a8);
+    gu_download(got_rt, dt, (size_t)n);
+    gu_download(rgot, drow, (size_t)n);
+    gu_download(rsgot, drs, 4 * (size_t)rows);
+    int64_t diff_rt = 0;
+    for (int64_t i = 0; i < n; i++) diff_rt += (got_rt[i] != want[i]) + (rgot[i] != rcopy[i]);
+    for (int64_t r = 0; r < rows; r++) diff_rt += !(rsgot[r] == rscales[r]);
+    gu_download(sgot, dts, 4 * (size_t)cols);
+    for (int64_t c = 0; c < cols; c++) diff_rt += !(sgot[c] == tscales[c]);
+    char label_rt[96];
+    snprintf(label_rt, sizeof label_rt, "%s after cast_rt_row (bytes and scales differing)", what);
+    gu_check(label_rt, shape, (double)diff_rt, 0);
+    free(got_rt), free(rgot), free(rsgot);
     const float normal = e5m2 ? 0x1p-14f : 0x1p-6f; /* the type's least normal value */
     for (int64_t c = 0; c < cols; c++)
         for (int64_t r = 0; r < rows; r++) {
@@ -1329,6 +1354,64 @@ static void fp8_row8_case(gu_module *m, bool e5m2, int64_t rows, int64_t cols) {
     gu_free_dev(dsrc), gu_free_dev(drow), gu_free_dev(dt), gu_free_dev(drs), gu_free_dev(dts);
 }
 
+/* The casts of one weight of every layer at once (cp_plan.fp8_weights_once): `layers` weights [rows][cols] stride
+ * elements apart (the gaps between them huge, so a read outside a weight would show in its maxima), each layer's
+ * rows scaled over 2^-20 .. 2^20 differently; cast_rt_row_layers then cast_t_row8_layers as the plan launches them
+ * (the transposed scales and maxima zeroed first), every layer's row copy and scales cast_row's on the CPU, its
+ * transposed copy the row copy's values cast with the column's multiplier (fp8_row8_case's definition), its scales
+ * cast_t_row's. */
+static void fp8_layers_case(gu_module *m, int64_t layers, int64_t rows, int64_t cols, int64_t stride) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)layers, (long long)rows, (long long)cols);
+    const int64_t n = rows * cols;
+    int64_t pr = cp_fp8_layers_pitch(rows, cols, false), pt = cp_fp8_layers_pitch(rows, cols, true);
+    uint16_t *src = malloc(2 * (size_t)(layers * stride));
+    for (int64_t i = 0; i < layers * stride; i++) src[i] = f32_to_bf16(1e30f);
+    for (int64_t z = 0; z < layers; z++)
+        for (int64_t r = 0; r < rows; r++) {
+            const int e = (int)((r + 13 * z) * 7919 % 41) - 20;
+            for (int64_t c = 0; c < cols; c++)
+                src[z * stride + r * cols + c] = f32_to_bf16(ldexpf((float)gu_normal(&rng), e));
+        }
+    uint16_t *dsrc = dev_copy(src, 2 * (size_t)(layers * stride));
+    uint8_t *drow = gu_malloc((size_t)(layers * n)), *dt = gu_malloc((size_t)(layers * n));
+    float *drs = gu_malloc(4 * (size_t)(layers * pr)), *dts = gu_malloc(4 * (size_t)(layers * pt));
+    gu_poison(drow, (size_t)(layers * n)), gu_poison(dt, (size_t)(layers * n));
+    gu_poison(drs, 4 * (size_t)(layers * pr));
+    float *zeros = calloc((size_t)(layers * pt), 4);
+    gu_upload(dts, zeros, 4 * (size_t)(layers * pt));
+    int64_t ld = cols;
+    void *a[] = {&dsrc, &rows, &cols, &ld, &drow, &drs, &dt, &dts, &stride, &pr, &pt};
+    gu_run_z(m, "cast_rt_row_layers_e4m3", rows, cols, (unsigned)layers, a);
+    void *a8[] = {&drow, &rows, &cols, &ld, &dt, &dts, &drs, &pt, &pr};
+    gu_run_z(m, "cast_t_row8_layers_e4m3", rows, cols, (unsigned)layers, a8);
+    uint8_t *rcopy = malloc((size_t)n), *tref = malloc((size_t)n), *got = malloc((size_t)(layers * n));
+    uint8_t *tgot = malloc((size_t)(layers * n));
+    float *rscales = malloc(4 * (size_t)rows), *tscales = malloc(4 * (size_t)cols);
+    float *rsgot = malloc(4 * (size_t)(layers * pr)), *tsgot = malloc(4 * (size_t)(layers * pt));
+    gu_download(got, drow, (size_t)(layers * n));
+    gu_download(tgot, dt, (size_t)(layers * n));
+    gu_download(rsgot, drs, 4 * (size_t)(layers * pr));
+    gu_download(tsgot, dts, 4 * (size_t)(layers * pt));
+    int64_t diff = 0;
+    for (int64_t z = 0; z < layers; z++) {
+        ref_fp8_cast_row(src + z * stride, rows, cols, cols, false, false, rcopy, rscales);
+        ref_fp8_cast_row(src + z * stride, rows, cols, cols, false, true, tref, tscales);
+        for (int64_t i = 0; i < n; i++) diff += got[z * n + i] != rcopy[i];
+        for (int64_t r = 0; r < rows; r++) diff += !(rsgot[z * pr + r] == rscales[r]);
+        for (int64_t c = 0; c < cols; c++) diff += !(tsgot[z * pt + c] == tscales[c]);
+        for (int64_t c = 0; c < cols; c++)
+            for (int64_t r = 0; r < rows; r++) {
+                const float v = (float)ref_fp8_value(rcopy[r * cols + c], false) * rscales[r]; /* exact */
+                diff += tgot[z * n + c * rows + r] != ref_fp8_of(v * (1.0f / tscales[c]), false);
+            }
+    }
+    gu_check("cast_rt_row_layers_e4m3, cast_t_row8_layers_e4m3 (bytes and scales differing)", shape, (double)diff, 0);
+    free(src), free(zeros), free(rcopy), free(tref), free(got), free(tgot), free(rscales), free(tscales);
+    free(rsgot), free(tsgot);
+    gu_free_dev(dsrc), gu_free_dev(drow), gu_free_dev(dt), gu_free_dev(drs), gu_free_dev(dts);
+}
+
 /* Every row-scaled cast (train.fp8_scaling = "row"; rows and cols multiples of 16, of 32 transposed), E4M3 and E5M2,
  * as rows, transposed and both at once (cast_rt_row: each block's column maxima gathered by atomics, over one or
  * many chunks of rows, blocks of 16 rows on a weight's 3072, of 128 on 32768), at a single 16 x 32, odd multiples of
@@ -1336,7 +1419,8 @@ static void fp8_row8_case(gu_module *m, bool e5m2, int64_t rows, int64_t cols) {
  * than a block holds in registers (16 x 20480: read again for the cast), columns over several chunks of
  * CP_FP8_ROW_CHUNK rows and part of one (2064 x 96), and a projection input's 4096 x 3072 and 512 x 8192. The
  * special blocks of fp8_scaled_cast_case are whole rows here (whole columns transposed): a zero row, outliers, amax
- * at FMAX and just above, the 2^126 cap. Then the transposed copy cast from the row copy (fp8_row8_case). */
+ * at FMAX and just above, the 2^126 cap. Then the transposed copy cast from the row copy (fp8_row8_case), and the
+ * casts of a weight of every layer at once (fp8_layers_case). */
 static void test_fp8_row(void **state) {
     (void)state;
     gu_module *m = fp8_module();
@@ -1359,6 +1443,12 @@ static void test_fp8_row(void **state) {
     static const int64_t row8[][2] = {{16, 64}, {2064, 192}, {4096, 8192}, {32768, 1024}};
     for (int e = 0; e < 2; e++)
         for (size_t i = 0; i < CP_ARRAY_LEN(row8); i++) fp8_row8_case(m, e == 1, row8[i][0], row8[i][1]);
+    /* every layer's weight at once: a few small ones, a 3B's k_proj and down_proj (rows over several chunks, the
+     * widest row held), the weights apart by more than their size and by exactly it */
+    static const int64_t layered[][4] = {{4, 48, 192, 48 * 192 + 64}, {3, 1024, 3072, 1024 * 3072 + 4096},
+                                         {2, 3072, 8192, 3072 * 8192}};
+    for (size_t i = 0; i < CP_ARRAY_LEN(layered); i++)
+        fp8_layers_case(m, layered[i][0], layered[i][1], layered[i][2], layered[i][3]);
     gu_free(m);
 }
 
