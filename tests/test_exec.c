@@ -531,6 +531,9 @@ static void test_fp8(void **state) {
     check("tiny", 5, fp8, row, wg, "parallel.mlp_tile=512", "parallel.loss_tile=256");
     check("llama3b", 6, fp8, row, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K");
     check("llama8b", 7, fp8, row, wg, "parallel.gpus=2", "model.layers=2", "train.seq_len=8K", "parallel.offload=all");
+    /* every layer's weights cast at once (the plans keep their copies), over micro-batches too */
+    check("llama3b", 7, fp8, row, wg, "parallel.gpus=1", "model.layers=2", "train.seq_len=4K", "train.micro_batches=2");
+    check("tiny", 4, fp8, row, "train.micro_batches=2", "parallel.offload=all");
 }
 
 /* Rings over packed documents, every rank of: ring 2 and ring 4 of one GPU, ring 2 x Ulysses 2, 2 replicas x ring 2
