@@ -837,6 +837,17 @@ static int k_fp8_cast(pctx *c) {
     return 0;
 }
 
+/* cast_t_row8's arguments: (row copy, rows, cols, cols, dst, scales, row copy's scales), from those operands */
+static void row8_args(pctx *c, xlaunch *l, int rows8, int dst, int scales, int row_scales) {
+    a_ptr(l, opp(c, rows8));
+    a_i64(l, c->s->count);
+    a_i64(l, c->s->heads);
+    a_i64(l, c->s->heads);
+    a_ptr(l, opp(c, dst));
+    a_ptr(l, opp(c, scales));
+    a_ptr(l, opp(c, row_scales));
+}
+
 /* fp8_cast_block's transposed row-scaled copy cast from the row copy (cp_fp8_copy.from_rows), below */
 static int fp8_cast_from_rows(pctx *c) {
     const cp_fp8_copy *f = &c->s->fp8;
@@ -854,11 +865,7 @@ static int fp8_cast_from_rows(pctx *c) {
         need_align(c, 1, 16) || need_bytes(c, 2, (cols + cp_fp8_row_parts(rows, cols)) * 4) || need_align(c, 2, 16) ||
         need_bytes(c, 3, rows * 4) || need_align(c, 3, 4) || launch_of(c, c->s->role, rows, cols, l))
         return -1;
-    a_ptr(l, opp(c, 0));
-    a_i64(l, rows);
-    a_i64(l, cols);
-    a_i64(l, cols);
-    for (int j = 1; j < 4; j++) a_ptr(l, opp(c, j));
+    row8_args(c, l, 0, 1, 2, 3);
     return 0;
 }
 
@@ -901,13 +908,7 @@ static int fp8_cast_layers(pctx *c) {
     a_i64(l, pitch_t);
     if (launch_of(c, "cast_t_row8_layers_e4m3", rows, cols, t)) return -1;
     t->d.grid[2] = (unsigned)layers;
-    a_ptr(t, opp(c, 1));
-    a_i64(t, rows);
-    a_i64(t, cols);
-    a_i64(t, cols);
-    a_ptr(t, opp(c, 3));
-    a_ptr(t, opp(c, 4));
-    a_ptr(t, opp(c, 2));
+    row8_args(c, t, 1, 3, 4, 2);
     a_i64(t, pitch_t);
     a_i64(t, pitch);
     return 0;
@@ -966,17 +967,13 @@ static int k_fp8_cast_block(pctx *c) {
         char cast_t[32];
         snprintf(cast_t, sizeof cast_t, "cast_t_row%s_%s", f->from_rows ? "8" : "", fmt);
         xlaunch *cast = &c->x->L[1];
-        if (!f->from_rows) {
-            if (fp8_source(c, cast, t ? role : cast_t)) return -1;
-        } else { /* from the row copy just written: cast_t_row8(row copy, rows, cols, cols, dst_t, scales_t, scales) */
+        if (f->from_rows) { /* from the row copy just written */
             if (launch_of(c, cast_t, rows, cols, cast)) return -1;
-            a_ptr(cast, opp(c, 1));
-            a_i64(cast, rows);
-            a_i64(cast, cols);
-            a_i64(cast, cols);
+            row8_args(c, cast, 1, 3, 4, 2);
+        } else {
+            if (fp8_source(c, cast, t ? role : cast_t)) return -1;
+            for (int j = f->both ? 3 : 1; j < (f->both ? 5 : 3); j++) a_ptr(cast, opp(c, j));
         }
-        for (int j = f->both ? 3 : 1; j < (f->both ? 5 : 3); j++) a_ptr(cast, opp(c, j));
-        if (f->from_rows) a_ptr(cast, opp(c, 2));
     }
     return 0;
 }
