@@ -550,8 +550,9 @@ int cp_k_dims(const cp_kernel_spec *k, const char *role, int64_t n, int64_t head
             d->block = 256;
             d->grid[0] = units > 0 ? (unsigned)((heads + strip - 1) / strip) : 0;
             d->grid[1] = (unsigned)((n + CP_FP8_ROW_CHUNK - 1) / CP_FP8_ROW_CHUNK);
-        } else if (strcmp(role, "cast_2d_e4m3") == 0 || strcmp(role, "cast_t_2d_e4m3") == 0) {
-            d->block = strcmp(role, "cast_2d_e4m3") == 0 ? 256 : 128; /* one 128 x 128 tile a block */
+        } else if (strcmp(role, "cast_2d_e4m3") == 0 || strcmp(role, "cast_t_2d_e4m3") == 0 ||
+                   strcmp(role, "cast_2d_layers_e4m3") == 0 || strcmp(role, "cast_t_2d_layers_e4m3") == 0) {
+            d->block = strncmp(role, "cast_2d_", 8) == 0 ? 256 : 128; /* one 128 x 128 tile a block (and layer) */
             d->grid[0] = units > 0 ? (unsigned)((heads + 127) / 128) : 0;
             d->grid[1] = (unsigned)((n + 127) / 128);
         } else {

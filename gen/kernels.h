@@ -136,7 +136,9 @@ void cp_k_cast(cp_kernel_spec *k);
  * (src, rows, cols, ld, dst, scales, dst_t, scales_t, src_stride, scales_pitch, scales_t_pitch) then
  * cast_t_row8_layers_e4m3(dst, rows, cols, cols, dst_t, scales_t, scales, scales_t_pitch, scales_pitch) both copies
  * of a weight of every layer at once, a layer a grid z (which the caller sets): the weights src_stride elements
- * apart, the copies rows x cols bytes, their scales the pitches (floats: gen/plan.h's cp_fp8_layers_pitch).
+ * apart, the copies rows x cols bytes, their scales the pitches (floats: gen/plan.h's cp_fp8_layers_pitch);
+ * cast_2d_layers_e4m3, cast_t_2d_layers_e4m3(src, rows, cols, ld, dst, scales, src_stride, scales_pitch) the same with
+ * 128 x 128 tiles, a launch each.
  * Each scale is the power of two an element stands for. cp_k_dims takes n = rows and heads = cols. */
 #define CP_FP8_ROW8_COLS 64 /* cast_t_row8's strip of columns */
 #define CP_FP8_AMAX_PARTS 1024

@@ -118,16 +118,6 @@ typedef enum { CP_GEMM_BF16 = 0, CP_GEMM_E4M3, CP_GEMM_E5M2 } cp_gemm_type;
  * blocks rounded up to a multiple of 4); one per row over the whole of k (OUTER_VEC_32F: f32 [rows], applied to the
  * product's row or column after the sums, so the GEMM runs at the per-tensor rate). */
 typedef enum { CP_GEMM_SCALE_TENSOR = 0, CP_GEMM_SCALE_1D, CP_GEMM_SCALE_2D, CP_GEMM_SCALE_ROW } cp_gemm_scale;
-/* A cast of one weight [rows][cols] of every layer at once (cp_fp8_copy.layers): each copy buffer holds the layers'
- * copies from its start, then from the next 256 bytes each layer's scales (a transposed copy's with its column
- * maxima behind), cp_fp8_layers_pitch floats apart */
-static inline int64_t cp_fp8_layers_scales_off(int64_t layers, int64_t rows, int64_t cols) {
-    return (layers * rows * cols + 255) / 256 * 256;
-}
-static inline int64_t cp_fp8_layers_pitch(int64_t rows, int64_t cols, bool transposed) {
-    const int64_t n = transposed ? cols + cp_fp8_row_parts(rows, cols) : rows;
-    return (n + 3) / 4 * 4; /* 16 bytes, as cuBLASLt reads a scale vector */
-}
 /* The f32 scales of an FP8 input [rows][k] scaled as `scale` (cp_gemm_scale) */
 static inline int64_t cp_fp8_scales(int scale, int64_t rows, int64_t k) {
     int64_t kb = (k + 127) / 128;
@@ -137,6 +127,17 @@ static inline int64_t cp_fp8_scales(int scale, int64_t rows, int64_t k) {
     case CP_GEMM_SCALE_ROW: return rows;
     default: return 1;
     }
+}
+/* A cast of one weight [rows][cols] of every layer at once (cp_fp8_copy.layers): each copy buffer holds the layers'
+ * copies from its start, then from the next 256 bytes each layer's scales (with row scales a transposed copy's with
+ * its column maxima behind), cp_fp8_layers_pitch floats apart */
+static inline int64_t cp_fp8_layers_scales_off(int64_t layers, int64_t rows, int64_t cols) {
+    return (layers * rows * cols + 255) / 256 * 256;
+}
+static inline int64_t cp_fp8_layers_pitch(int scale, int64_t rows, int64_t cols, bool transposed) {
+    int64_t n = transposed ? cp_fp8_scales(scale, cols, rows) : cp_fp8_scales(scale, rows, cols);
+    if (scale == CP_GEMM_SCALE_ROW && transposed) n += cp_fp8_row_parts(rows, cols); /* the maxima behind */
+    return (n + 3) / 4 * 4; /* 16 bytes, as cuBLASLt reads a scale vector */
 }
 
 /* Row-major: D[m][n] = op(A)[m][k] op(B)[k][n] (+ C). A is stored [m][k], or [k][m] when trans_a; B is stored
@@ -234,9 +235,9 @@ typedef struct {
     bool maxima;     /* a transposed row-scaled copy whose column maxima the source's producer left (cp_step_fp8_out) */
     bool from_rows;  /* and cast from the row copy that producer wrote and its scales, not from the source; with
                       * both (row scales), the transposed copy cast from the row copy the same step wrote */
-    uint16_t layers; /* > 1: both (row scales, from_rows) of one weight of this many layers at once, the sources
-                      * src_stride elements apart; each layer's copy a slice of the copy buffers
-                      * (cp_fp8_layers_scales_off) */
+    uint16_t layers; /* > 1: both copies (row scales: from_rows; or 128 x 128 tiles) of one weight of this many
+                      * layers at once, the sources src_stride elements apart; each layer's copy a slice of the copy
+                      * buffers (cp_fp8_layers_scales_off) */
     int64_t src_stride;
 } cp_fp8_copy;
 
@@ -316,9 +317,9 @@ typedef struct {
     int attn_gpu_layers;   /* layers keeping them on the GPU (the next ones); the rest recompute attention */
     int ckpt_every;        /* k: the inputs of layers 0, k, 2k... are kept, the k - 1 between recomputed in the
                             * backward (k > 1: every checkpoint on the GPU) */
-    bool fp8_weights_once; /* FP8 with row scales, weights not gathered: each weight of every layer cast both ways
-                            * once a micro-batch, at the program's start, and its copies kept (gen/plan_fp8.c); the
-                            * memory's choice (fill_memory) */
+    bool fp8_weights_once; /* FP8 with row or block scales, weights not gathered: each weight of every layer cast
+                            * both ways once a micro-batch, at the program's start, and its copies kept
+                            * (gen/plan_fp8.c); the memory's choice (fill_memory) */
     int64_t fp8_weights_bytes; /* those copies and their scales */
     bool opt_on_host;
     bool docs;             /* packed documents masked (data.documents = "mask"): each micro-batch's inputs carry the

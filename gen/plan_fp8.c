@@ -236,6 +236,7 @@ typedef struct {
 #define MAX_LAYERED 16
 typedef struct {
     int64_t rel, rows, cols;
+    uint8_t scale; /* CP_GEMM_SCALE_ROW or CP_GEMM_SCALE_2D */
     int buf[2];
 } layered_weight;
 
@@ -665,15 +666,16 @@ static int copy_of(lowering *L, cache *c, const cp_step *g, int x, const copy_ne
 }
 
 /* Whether input x of GEMM g (as n says) is a weight the plan casts for every layer at once (cp_plan.fp8_weights_once):
- * row-scaled E4M3 in its layer's parameters (not gathered), cast both ways as cast_rt_row and cast_t_row8 take it;
- * its offset in a layer's parameters into *rel. */
+ * E4M3 in its layer's parameters (not gathered), in 128 x 128 tiles or row-scaled as cast_rt_row and cast_t_row8 take
+ * it; its offset in a layer's parameters into *rel. */
 static bool weight_once(const lowering *L, const cp_step *g, int x, const copy_need *n, int64_t *rel) {
     const cp_plan *P = L->P;
     const cp_operand *op = &g->ops[x];
     const int64_t rows = n->src.rows, cols = n->src.cols, layers = P->spec.model.layers;
+    const bool row = n->scale == CP_GEMM_SCALE_ROW;
     if (!P->fp8_weights_once || g->layer < 0 || P->bufs[op->buf].cat != CP_CAT_PARAMS ||
-        n->scale != CP_GEMM_SCALE_ROW || n->src.fmt != CP_GEMM_E4M3 || n->src.ld != cols ||
-        op->bytes != rows * cols * 2 || !casts_both(&n->src, CP_GEMM_SCALE_ROW) || cols % CP_FP8_ROW8_COLS)
+        (!row && n->scale != CP_GEMM_SCALE_2D) || n->src.fmt != CP_GEMM_E4M3 || n->src.ld != cols ||
+        op->bytes != rows * cols * 2 || (row && (!casts_both(&n->src, CP_GEMM_SCALE_ROW) || cols % CP_FP8_ROW8_COLS)))
         return false;
     *rel = op->offset - (L->layer0 + g->layer * L->layer_stride);
     return *rel >= 0 && *rel + op->bytes <= L->layer_stride && *rel % 16 == 0 &&
@@ -685,12 +687,15 @@ static int layered_of(const lowering *L, const cp_step *g, int x, const copy_nee
     int64_t rel;
     if (!weight_once(L, g, x, n, &rel)) return -1;
     for (int w = 0; w < L->nlw; w++)
-        if (L->lw[w].rel == rel && L->lw[w].rows == n->src.rows && L->lw[w].cols == n->src.cols) return w;
+        if (L->lw[w].rel == rel && L->lw[w].rows == n->src.rows && L->lw[w].cols == n->src.cols &&
+            L->lw[w].scale == n->scale)
+            return w;
     return -1;
 }
 
 /* cp_plan.fp8_weights_once: each weight a GEMM reads, of every layer, cast both ways once at the program's start
- * into buffers of its own (cast_rt_row_layers, then the transposed copies from the row copies), which every
+ * into buffers of its own (row scales: cast_rt_row_layers, then the transposed copies from the row copies; tiles:
+ * cast_2d_layers and cast_t_2d_layers), which every
  * layer's GEMMs read in the forward, the recompute and the backward alike. A micro-batch so makes 7 casts instead of
  * 14 a layer, each over every layer's weight at once where one layer's k_proj was too small to fill the GPU, and
  * reads each weight once where the per-layer casts read it in the forward and again in the backward: the 3B step at
@@ -713,13 +718,13 @@ static void cast_weights_once(lowering *L) {
                 continue;
             L->params = g->ops[x].buf;
             layered_weight *w = &L->lw[L->nlw++];
-            *w = (layered_weight){.rel = rel, .rows = n.src.rows, .cols = n.src.cols};
+            *w = (layered_weight){.rel = rel, .rows = n.src.rows, .cols = n.src.cols, .scale = n.scale};
             const int64_t so = cp_fp8_layers_scales_off(layers, w->rows, w->cols);
             for (int t = 0; t < 2; t++) {
                 char name[48];
                 snprintf(name, sizeof name, "fp8_w.%s%s", g->what, t ? ".t" : "");
-                w->buf[t] = cp_plan_add_buf(P, name, CP_SPACE_GPU, CP_CAT_FP8,
-                                            so + layers * cp_fp8_layers_pitch(w->rows, w->cols, t) * 4, false);
+                const int64_t pitch = cp_fp8_layers_pitch(w->scale, w->rows, w->cols, t);
+                w->buf[t] = cp_plan_add_buf(P, name, CP_SPACE_GPU, CP_CAT_FP8, so + layers * pitch * 4, false);
             }
         }
     }
@@ -728,23 +733,25 @@ static void cast_weights_once(lowering *L) {
     for (int k = 0; k < L->nlw; k++) {
         const layered_weight *w = &L->lw[k];
         const int64_t n = w->rows * w->cols, so = cp_fp8_layers_scales_off(layers, w->rows, w->cols);
-        const int64_t pr = cp_fp8_layers_pitch(w->rows, w->cols, false);
-        const int64_t pt = cp_fp8_layers_pitch(w->rows, w->cols, true);
-        zero_step(&L->q, NULL, w->buf[1], so, layers * pt * 4); /* the transposed copies' maxima gather by atomics */
+        const bool row = w->scale == CP_GEMM_SCALE_ROW;
+        const int64_t pr = cp_fp8_layers_pitch(w->scale, w->rows, w->cols, false);
+        const int64_t pt = cp_fp8_layers_pitch(w->scale, w->rows, w->cols, true);
+        /* row scales: the transposed copies' maxima gather by atomics into zeroed parts */
+        if (row) zero_step(&L->q, NULL, w->buf[1], so, layers * pt * 4);
         cp_step *s = cast_step(&L->q, &start, L->module, CP_TASK_FP8_CAST_BLOCK,
-                               (cp_fp8_copy){.fmt = CP_GEMM_E4M3, .scale = CP_GEMM_SCALE_ROW, .both = true,
-                                             .from_rows = true, .layers = (uint16_t)layers,
-                                             .src_stride = L->layer_stride / 2});
+                               (cp_fp8_copy){.fmt = CP_GEMM_E4M3, .scale = w->scale, .both = true, .from_rows = row,
+                                             .layers = (uint16_t)layers, .src_stride = L->layer_stride / 2});
         operand(s, L->params, L->layer0 + w->rel, (layers - 1) * L->layer_stride + 2 * n, CP_READ);
         operand(s, w->buf[0], 0, layers * n, CP_DEF);
         operand(s, w->buf[0], so, layers * pr * 4, CP_DEF);
-        operand(s, w->buf[1], 0, layers * n, CP_WRITE); /* the memset began its lifetime */
-        operand(s, w->buf[1], so, layers * pt * 4, CP_RW);
+        operand(s, w->buf[1], 0, layers * n, row ? CP_WRITE : CP_DEF); /* with row scales the memset began it */
+        operand(s, w->buf[1], so, layers * pt * 4, row ? CP_RW : CP_DEF);
         s->count = w->rows;
         s->heads = w->cols;
         s->ld = w->cols;
-        /* each layer: the weight read, its row copy written and read again, the transposed copy written, the scales */
-        s->bytes = (double)layers * (5.0 * (double)n + 4.0 * (double)(2 * pr + pt));
+        /* each layer: the weight read, its row copy written (and read again with row scales), the transposed copy
+         * written (with tiles from the weight read again), the scales */
+        s->bytes = (double)layers * ((row ? 5.0 : 6.0) * (double)n + 4.0 * (double)((row ? 2 : 1) * pr + pt));
         P->fp8_weights_bytes += P->bufs[w->buf[0]].bytes + P->bufs[w->buf[1]].bytes;
     }
 }
@@ -758,7 +765,7 @@ typedef struct {
 /* Layer `layer`'s copy of L->lw[w], transposed or not */
 static copy_ref layered_ref(const lowering *L, int w, int layer, bool transposed) {
     const layered_weight *e = &L->lw[w];
-    const int64_t pitch = cp_fp8_layers_pitch(e->rows, e->cols, transposed);
+    const int64_t pitch = cp_fp8_layers_pitch(e->scale, e->rows, e->cols, transposed);
     const int64_t so = cp_fp8_layers_scales_off(L->P->spec.model.layers, e->rows, e->cols);
     return (copy_ref){.buf = e->buf[transposed], .off = layer * e->rows * e->cols, .scales = so + layer * pitch * 4};
 }

@@ -871,46 +871,63 @@ static int fp8_cast_from_rows(pctx *c) {
 
 /* fp8_cast_block of one weight of every layer at once (cp_fp8_copy.layers): operands the first layer's weight on
  * (the next layers' src_stride elements apart), every layer's row copies, their scales, the transposed copies, their
- * scales and maxima (zeroed before), as gen/plan.h lays them out: cast_rt_row_layers_e4m3(src, rows, cols, cols,
- * copies, scales, copies_t, scales_t, src_stride, pitch, pitch_t) then cast_t_row8_layers_e4m3(copies, rows, cols,
- * cols, copies_t, scales_t, scales, pitch_t, pitch), a layer a grid z. */
+ * scales (and with row scales the maxima, zeroed before), as gen/plan.h lays them out, a layer a grid z. Row scales:
+ * cast_rt_row_layers_e4m3(src, rows, cols, cols, copies, scales, copies_t, scales_t, src_stride, pitch, pitch_t) then
+ * cast_t_row8_layers_e4m3(copies, rows, cols, cols, copies_t, scales_t, scales, pitch_t, pitch); 128 x 128 tiles:
+ * cast_2d_layers_e4m3(src, rows, cols, cols, copies, scales, src_stride, pitch) and cast_t_2d_layers_e4m3(src, rows,
+ * cols, cols, copies_t, scales_t, src_stride, pitch_t). */
 static int fp8_cast_layers(pctx *c) {
     const cp_fp8_copy *f = &c->s->fp8;
     const int64_t rows = c->s->count, cols = c->s->heads, layers = f->layers, n = rows * cols;
+    const bool row = f->scale == CP_GEMM_SCALE_ROW;
     if (need_ops(c, 5)) return -1;
-    if (f->scale != CP_GEMM_SCALE_ROW || !f->both || !f->from_rows || f->transposed || f->maxima ||
-        f->fmt != CP_GEMM_E4M3 || strcmp(c->s->role, "cast_rt_row_layers_e4m3"))
-        return pfail(c, "a cast of %lld layers' weights at once (%s) not both ways, row-scaled E4M3 from the row copy",
-                     (long long)layers, c->s->role);
-    if (rows < 16 || rows % 16 || cols < CP_FP8_ROW8_COLS || cols % CP_FP8_ROW8_COLS || !cp_fp8_row_held(cols) ||
-        c->s->ld != cols || f->src_stride < n || f->src_stride % 8 || layers > 65535)
+    if ((!row && f->scale != CP_GEMM_SCALE_2D) || !f->both || f->from_rows != row || f->transposed || f->maxima ||
+        f->fmt != CP_GEMM_E4M3 || strcmp(c->s->role, row ? "cast_rt_row_layers_e4m3" : "cast_rt_2d_layers_e4m3"))
+        return pfail(c, "a cast of %lld layers' weights at once (%s) not both ways in E4M3, row-scaled from the row "
+                     "copy or in 128 x 128 tiles", (long long)layers, c->s->role);
+    if (rows < 16 || rows % 16 || cols < 16 || cols % (row ? CP_FP8_ROW8_COLS : 16) ||
+        (row && !cp_fp8_row_held(cols)) || c->s->ld != cols || f->src_stride < n || f->src_stride % 8 ||
+        layers > 65535)
         return pfail(c, "a cast of %lld layers' %lld x %lld weights %lld elements apart (row stride %lld): rows a "
-                     "multiple of 16, columns of %d up to %lld, the stride the columns, the weights apart by at least "
-                     "their size and a multiple of 8, at most 65535 layers", (long long)layers, (long long)rows,
-                     (long long)cols, (long long)f->src_stride, (long long)c->s->ld, CP_FP8_ROW8_COLS,
-                     (long long)(8 * CP_FP8_BLOCK * CP_FP8_ROW_VECS));
-    const int64_t pitch = cp_fp8_layers_pitch(rows, cols, false), pitch_t = cp_fp8_layers_pitch(rows, cols, true);
+                     "multiple of 16, columns of %d (row scales: up to %lld), the stride the columns, the weights "
+                     "apart by at least their size and a multiple of 8, at most 65535 layers", (long long)layers,
+                     (long long)rows, (long long)cols, (long long)f->src_stride, (long long)c->s->ld,
+                     row ? CP_FP8_ROW8_COLS : 16, (long long)(8 * CP_FP8_BLOCK * CP_FP8_ROW_VECS));
+    const int64_t pitch = cp_fp8_layers_pitch(f->scale, rows, cols, false);
+    const int64_t pitch_t = cp_fp8_layers_pitch(f->scale, rows, cols, true);
     if (need_bytes(c, 0, ((layers - 1) * f->src_stride + n) * 2) || need_align(c, 0, 16) ||
         need_bytes(c, 1, layers * n) || need_align(c, 1, 16) || need_bytes(c, 2, layers * pitch * 4) ||
         need_align(c, 2, 16) || need_bytes(c, 3, layers * n) || need_align(c, 3, 16) ||
         need_bytes(c, 4, layers * pitch_t * 4) || need_align(c, 4, 16))
         return -1;
-    xlaunch *l = &c->x->L[0], *t = &c->x->L[1];
-    if (launch_of(c, c->s->role, rows, cols, l)) return -1;
-    l->d.grid[2] = (unsigned)layers;
-    a_ptr(l, opp(c, 0));
-    a_i64(l, rows);
-    a_i64(l, cols);
-    a_i64(l, cols);
-    for (int j = 1; j < 5; j++) a_ptr(l, opp(c, j));
-    a_i64(l, f->src_stride);
-    a_i64(l, pitch);
-    a_i64(l, pitch_t);
-    if (launch_of(c, "cast_t_row8_layers_e4m3", rows, cols, t)) return -1;
-    t->d.grid[2] = (unsigned)layers;
-    row8_args(c, t, 1, 3, 4, 2);
-    a_i64(t, pitch_t);
-    a_i64(t, pitch);
+    for (int k = 0; k < 2; k++) {
+        static const char *const roles[2][2] = {{"cast_2d_layers_e4m3", "cast_t_2d_layers_e4m3"},
+                                                {"cast_rt_row_layers_e4m3", "cast_t_row8_layers_e4m3"}};
+        xlaunch *l = &c->x->L[k];
+        if (launch_of(c, roles[row][k], rows, cols, l)) return -1;
+        l->d.grid[2] = (unsigned)layers;
+        if (row && k == 1) { /* the transposed copies from the row copies */
+            row8_args(c, l, 1, 3, 4, 2);
+            a_i64(l, pitch_t);
+            a_i64(l, pitch);
+            continue;
+        }
+        a_ptr(l, opp(c, 0));
+        a_i64(l, rows);
+        a_i64(l, cols);
+        a_i64(l, cols);
+        if (row) { /* the row copies and the transposed copies' column maxima */
+            for (int j = 1; j < 5; j++) a_ptr(l, opp(c, j));
+            a_i64(l, f->src_stride);
+            a_i64(l, pitch);
+            a_i64(l, pitch_t);
+        } else { /* the tiles' copies as rows (k 0) or transposed (k 1) */
+            a_ptr(l, opp(c, 1 + 2 * k));
+            a_ptr(l, opp(c, 2 + 2 * k));
+            a_i64(l, f->src_stride);
+            a_i64(l, k ? pitch_t : pitch);
+        }
+    }
     return 0;
 }
 

@@ -48,6 +48,8 @@
 //     scales_pitch): both copies of one weight of every layer at once (gridDim.z layers, the weights src_stride
 //     elements apart), from_rows; each layer's copies rows x cols bytes apart, its scales (and the transposed copy's
 //     maxima behind them, all zeroed before) the pitches apart: a micro-batch's weights cast once (cp_fp8_copy.layers).
+//   cast_2d_layers_e4m3, cast_t_2d_layers_e4m3(src, rows, cols, ld, dst, scales, src_stride, scales_pitch): the same
+//     with 128 x 128 tiles, each copy by its own launch.
 // A contiguous source (ld = cols, every tensor of the shipped specs) is walked as one run of vectors, without the
 // 64-bit division per load that a strided one needs and that held these memory-bound kernels to half the HBM rate.
 #include <cuda_bf16.h>
@@ -113,6 +115,10 @@ extern "C" __global__ void fp8_cast_rt_row_layers_e4m3(const bf16 *src, i64 rows
     i64 scales_t_pitch);
 extern "C" __global__ void fp8_cast_t_row8_layers_e4m3(const unsigned char *src, i64 rows, i64 cols, i64 ld,
     unsigned char *dst, float *scales, const float *src_scales, i64 scales_pitch, i64 src_scales_pitch);
+extern "C" __global__ void fp8_cast_2d_layers_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld,
+    unsigned char *dst, float *scales, i64 src_stride, i64 scales_pitch);
+extern "C" __global__ void fp8_cast_t_2d_layers_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld,
+    unsigned char *dst, float *scales, i64 src_stride, i64 scales_pitch);
 extern "C" __global__ void fp8_cast_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
                                             float *scales);
 extern "C" __global__ void fp8_cast_t_2d_e4m3(const bf16 *src, i64 rows, i64 cols, i64 ld, unsigned char *dst,
@@ -532,6 +538,18 @@ CAST_BLOCK_KERNEL(fp8_cast_1d_e4m3, BLOCK, cast_1d<__NV_E4M3>)
 CAST_BLOCK_KERNEL(fp8_cast_1d_e5m2, BLOCK, cast_1d<__NV_E5M2>)
 CAST_BLOCK_KERNEL(fp8_cast_2d_e4m3, 256, cast_2d)
 CAST_BLOCK_KERNEL(fp8_cast_t_2d_e4m3, 128, cast_t_2d)
+// cast_2d and cast_t_2d over the same weight of every layer at once, layer blockIdx.z: its source src_stride elements
+// on from the last's, its copy rows x cols bytes on, its scales scales_pitch floats on. One block an SM is all the
+// bounds ask: without it ptxas held cast_2d's twin to 80 registers and spilled (91-95 and none with it)
+#define CAST_2D_LAYERS_KERNEL(name, threads, body)                                                                   \
+    __global__ void __launch_bounds__(threads, 1) name(const bf16 *src, i64 rows, i64 cols, i64 ld,                 \
+                                                       unsigned char *dst, float *scales, i64 src_stride,            \
+                                                       i64 scales_pitch) {                                           \
+        const i64 z = blockIdx.z;                                                                                    \
+        body(src + z * src_stride, rows, cols, ld, dst + z * rows * cols, scales + z * scales_pitch);                \
+    }
+CAST_2D_LAYERS_KERNEL(fp8_cast_2d_layers_e4m3, 256, cast_2d)
+CAST_2D_LAYERS_KERNEL(fp8_cast_t_2d_layers_e4m3, 128, cast_t_2d)
 // The 1 x 128 casts of cast_tile_1d: the transposed copy alone, or both. Hopper takes three blocks of the first an SM
 // (80 registers, no spills: the loads of three tiles in flight), which spill on sm_80; both copies need 126.
 #if __CUDA_ARCH__ >= 900

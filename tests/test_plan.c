@@ -835,6 +835,32 @@ static void fp8_gemm_inputs(const fp8_held *held, int i, const cp_step *x, const
     }
 }
 
+/* A cast of one weight of every layer (cp_plan.fp8_weights_once), both ways at the program's start with `scale`'s
+ * scales (row: the transposed copies from the row copies): from the parameters the layers' weights apart, the copies
+ * and their scales laid out as gen/plan.h says, held for each layer's GEMMs to read their slice (fp8_gemm_inputs) */
+static void fp8_layered_cast(const cp_plan *f, const cp_step *x, int scale, fp8_held *held) {
+    const cp_fp8_copy cc = fp8_copy(x);
+    const int64_t rows = x->count, cols = x->heads, n = rows * cols, nl = cc.layers;
+    const int64_t so = cp_fp8_layers_scales_off(nl, rows, cols);
+    const int64_t pitch[2] = {cp_fp8_layers_pitch(scale, rows, cols, false),
+                              cp_fp8_layers_pitch(scale, rows, cols, true)};
+    const bool row = scale == CP_GEMM_SCALE_ROW;
+    assert_true(cc.both && cc.from_rows == row && !cc.transposed && cc.scale == scale && cc.fmt == CP_GEMM_E4M3 &&
+                nl == f->spec.model.layers && x->nops == 5 && x->ld == cols && x->layer < 0 && f->fp8_weights_once &&
+                (!row || cols % CP_FP8_ROW8_COLS == 0));
+    assert_true(f->bufs[x->ops[0].buf].cat == CP_CAT_PARAMS && cc.src_stride == f->unit_padded[1] &&
+                x->ops[0].bytes == (nl - 1) * cc.src_stride * 2 + 2 * n && x->ops[0].access == CP_READ);
+    for (int k = 0; k < 2; k++) {
+        const cp_operand *cp = &x->ops[1 + 2 * k], *sc = &x->ops[2 + 2 * k];
+        assert_true(f->bufs[cp->buf].cat == CP_CAT_FP8 && cp->offset == 0 && cp->bytes == nl * n &&
+                    sc->buf == cp->buf && sc->offset == so && sc->bytes == nl * pitch[k] * 4 &&
+                    sc->offset + sc->bytes <= f->bufs[cp->buf].bytes && (cp->access & CP_WRITE));
+        held[cp->buf] = (fp8_held){.valid = true, .transposed = k == 1, .slot = so, .layers = nl,
+                                   .stride = cc.src_stride * 2, .n = n, .pitch = pitch[k],
+                                   .src = {.buf = x->ops[0].buf, .offset = x->ops[0].offset, .bytes = 2 * n}};
+    }
+}
+
 /* What step x writes no longer holds what was made from it: each of the n entries of held made from it is dropped */
 static void fp8_forget(fp8_held *held, int n, const cp_step *x) {
     for (int o = 0; o < x->nops; o++) {
@@ -1115,10 +1141,17 @@ static void test_fp8_block(void **state) {
         build(&s, &f);
         fp8_held *held = calloc((size_t)f.nbufs, sizeof *held);
         bool *tiled = calloc((size_t)f.nbufs, sizeof *tiled);
-        int bi = 0, fp8_gemms = 0, casts = 0, both = 0, fused = 0, unread = 0;
+        int bi = 0, fp8_gemms = 0, casts = 0, both = 0, fused = 0, unread = 0, layered = 0;
         for (int i = 0; i < f.nsteps; i++) {
             const cp_step *x = &f.steps[i];
             assert_true(x->task != CP_TASK_FP8_AMAX && x->task != CP_TASK_FP8_CAST);
+            if (x->task == CP_TASK_FP8_CAST_BLOCK && x->fp8.layers > 1) { /* every layer's weight, both ways */
+                fp8_layered_cast(&f, x, CP_GEMM_SCALE_2D, held);
+                tiled[x->ops[1].buf] = tiled[x->ops[3].buf] = true;
+                casts++;
+                layered++;
+                continue;
+            }
             if (x->task == CP_TASK_FP8_CAST_BLOCK) {
                 casts++;
                 const cp_fp8_copy cc = fp8_copy(x);
@@ -1200,8 +1233,11 @@ static void test_fp8_block(void **state) {
             }
         }
         assert_int_equal(bi, b.nsteps);
-        print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts (%d of both ways), %d copies by producers (%d "
-                      "of them alone)\n", shapes[c][0], fp8_gemms, casts, both, fused, unread);
+        print_message("%s fp8 block: %d GEMMs on FP8 inputs, %d casts (%d of every layer's weight, %d others of both "
+                      "ways), %d copies by producers (%d of them alone)\n", shapes[c][0], fp8_gemms, casts, layered,
+                      both, fused, unread);
+        /* the weights of every layer cast once (the plans keep their copies) */
+        assert_true(f.fp8_weights_once && layered == 7);
         /* the 3B's default recipe: per layer the forward's normed input (q, k, v), its attention output unpacked
          * (o), the MLP's normed input in the forward and the recompute when the MLP is one tile (gate, up), each MLP
          * tile's SwiGLU output (down), each backward tile's dgate and dup (the d_xn2 GEMMs), the backward norms' d_h2
@@ -1307,29 +1343,7 @@ static void test_fp8_row(void **state) {
                 continue;
             }
             if (x->task == CP_TASK_FP8_CAST_BLOCK && x->fp8.layers > 1) {
-                /* a weight of every layer (cp_plan.fp8_weights_once), both ways at the program's start: from the
-                 * parameters the layers' weights apart, the copies and their scales laid out as the plan's header
-                 * says; each layer's GEMMs then read their slice (fp8_gemm_inputs) */
-                const cp_fp8_copy cc = fp8_copy(x);
-                const int64_t rows = x->count, cols = x->heads, n = rows * cols, nl = cc.layers;
-                const int64_t so = cp_fp8_layers_scales_off(nl, rows, cols);
-                const int64_t pitch[2] = {cp_fp8_layers_pitch(rows, cols, false),
-                                          cp_fp8_layers_pitch(rows, cols, true)};
-                assert_true(cc.both && cc.from_rows && !cc.transposed && cc.scale == CP_GEMM_SCALE_ROW &&
-                            cc.fmt == CP_GEMM_E4M3 && nl == s.model.layers && x->nops == 5 && x->ld == cols &&
-                            x->layer < 0 && f.fp8_weights_once && cols % CP_FP8_ROW8_COLS == 0);
-                assert_true(f.bufs[x->ops[0].buf].cat == CP_CAT_PARAMS && cc.src_stride == f.unit_padded[1] &&
-                            x->ops[0].bytes == (nl - 1) * cc.src_stride * 2 + 2 * n && x->ops[0].access == CP_READ);
-                for (int k = 0; k < 2; k++) {
-                    const cp_operand *cp = &x->ops[1 + 2 * k], *sc = &x->ops[2 + 2 * k];
-                    assert_true(f.bufs[cp->buf].cat == CP_CAT_FP8 && cp->offset == 0 && cp->bytes == nl * n &&
-                                sc->buf == cp->buf && sc->offset == so && sc->bytes == nl * pitch[k] * 4 &&
-                                sc->offset + sc->bytes <= f.bufs[cp->buf].bytes && (cp->access & CP_WRITE));
-                    held[cp->buf] = (fp8_held){.valid = true, .transposed = k == 1, .slot = so, .layers = nl,
-                                               .stride = cc.src_stride * 2, .n = n, .pitch = pitch[k],
-                                               .src = {.buf = x->ops[0].buf, .offset = x->ops[0].offset,
-                                                       .bytes = 2 * n}};
-                }
+                fp8_layered_cast(&f, x, CP_GEMM_SCALE_ROW, held);
                 casts++;
                 transposed++;
                 layered++;

@@ -1238,11 +1238,57 @@ static void fp8_scaled_cast_case(gu_module *m, const char *role, int64_t rows, i
     gu_free_dev(dsrc);
 }
 
+/* The 128 x 128 tiles of one weight of every layer at once (cp_plan.fp8_weights_once with block scales): `layers`
+ * weights [rows][cols] stride elements apart (the gaps huge, so a read outside a weight shows in a tile's scale),
+ * cast_2d_layers and cast_t_2d_layers as the plan launches them, every layer's copies and scales cast_2d's and
+ * cast_t_2d's on the CPU. */
+static void fp8_layers_2d_case(gu_module *m, int64_t layers, int64_t rows, int64_t cols, int64_t stride) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)layers, (long long)rows, (long long)cols);
+    const int64_t n = rows * cols;
+    int64_t pitch[2] = {cp_fp8_layers_pitch(CP_GEMM_SCALE_2D, rows, cols, false),
+                        cp_fp8_layers_pitch(CP_GEMM_SCALE_2D, rows, cols, true)};
+    uint16_t *src = malloc(2 * (size_t)(layers * stride));
+    for (int64_t i = 0; i < layers * stride; i++) src[i] = f32_to_bf16(1e30f);
+    for (int64_t z = 0; z < layers; z++)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++)
+                src[z * stride + r * cols + c] = f32_to_bf16(ldexpf((float)gu_normal(&rng), (int)(z * 3 + r % 5) - 8));
+    uint16_t *dsrc = dev_copy(src, 2 * (size_t)(layers * stride));
+    uint8_t *got = malloc((size_t)(layers * n)), *ref = malloc((size_t)n);
+    int64_t diff = 0;
+    for (int t = 0; t < 2; t++) {
+        uint8_t *dcopy = gu_malloc((size_t)(layers * n));
+        float *dscales = gu_malloc(4 * (size_t)(layers * pitch[t])), *sgot = malloc(4 * (size_t)(layers * pitch[t]));
+        float *sref = malloc(4 * (size_t)pitch[t]);
+        gu_poison(dcopy, (size_t)(layers * n)), gu_poison(dscales, 4 * (size_t)(layers * pitch[t]));
+        int64_t ld = cols;
+        void *a[] = {&dsrc, &rows, &cols, &ld, &dcopy, &dscales, &stride, &pitch[t]};
+        gu_run_z(m, t ? "cast_t_2d_layers_e4m3" : "cast_2d_layers_e4m3", rows, cols, (unsigned)layers, a);
+        gu_download(got, dcopy, (size_t)(layers * n));
+        gu_download(sgot, dscales, 4 * (size_t)(layers * pitch[t]));
+        /* the copy's rows of scales hold ceil(ccols / 128) entries, padded to a multiple of 4 */
+        const int64_t ccols = t ? rows : cols, per_row = (ccols + 127) / 128, ld4 = (per_row + 3) / 4 * 4;
+        const int64_t ns = cp_fp8_scales(CP_GEMM_SCALE_2D, t ? cols : rows, ccols);
+        for (int64_t z = 0; z < layers; z++) {
+            ref_fp8_cast_block(src + z * stride, rows, cols, cols, false, t == 1, true, ref, sref);
+            for (int64_t i = 0; i < n; i++) diff += got[z * n + i] != ref[i];
+            for (int64_t i = 0; i < ns; i++) diff += i % ld4 < per_row && !(sgot[z * pitch[t] + i] == sref[i]);
+        }
+        free(sgot), free(sref);
+        gu_free_dev(dcopy), gu_free_dev(dscales);
+    }
+    gu_check("cast_2d_layers_e4m3, cast_t_2d_layers_e4m3 (bytes and scales differing)", shape, (double)diff, 0);
+    free(src), free(got), free(ref);
+    gu_free_dev(dsrc);
+}
+
 /* Every block-scaled cast at shapes its contract allows: 1D along the copy's rows (cols a multiple of 128) and
  * transposed (rows a multiple of 128) with one block a row or column up to many, both ways at once (whole 128 x 128
  * tiles, one up to an MLP tile's 4096 x 8192; a strided source), and the tiled casts with partial
  * tiles at both edges (272 x 400, 400 x 272: rows of scales padded or not), a single partial tile (16 x 16), tiles
- * narrower than one (1008 x 80); strided sources (ld > cols), and a projection input's 4096 x 3072. */
+ * narrower than one (1008 x 80); strided sources (ld > cols), and a projection input's 4096 x 3072; then the tiles of
+ * every layer's weight at once (fp8_layers_2d_case). */
 static void test_fp8_block(void **state) {
     (void)state;
     gu_module *m = fp8_module();
@@ -1263,6 +1309,11 @@ static void test_fp8_block(void **state) {
     };
     for (size_t i = 0; i < CP_ARRAY_LEN(cases); i++)
         fp8_scaled_cast_case(m, cases[i].role, cases[i].rows, cases[i].cols, cases[i].ld);
+    /* every layer's weight at once: partial tiles at both edges, a 3B's k_proj and down_proj */
+    static const int64_t layered[][4] = {{4, 272, 400, 272 * 400 + 64}, {3, 1024, 3072, 1024 * 3072 + 4096},
+                                         {2, 3072, 8192, 3072 * 8192}};
+    for (size_t i = 0; i < CP_ARRAY_LEN(layered); i++)
+        fp8_layers_2d_case(m, layered[i][0], layered[i][1], layered[i][2], layered[i][3]);
     gu_free(m);
 }
 
@@ -1364,7 +1415,8 @@ static void fp8_layers_case(gu_module *m, int64_t layers, int64_t rows, int64_t 
     char shape[64];
     snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)layers, (long long)rows, (long long)cols);
     const int64_t n = rows * cols;
-    int64_t pr = cp_fp8_layers_pitch(rows, cols, false), pt = cp_fp8_layers_pitch(rows, cols, true);
+    int64_t pr = cp_fp8_layers_pitch(CP_GEMM_SCALE_ROW, rows, cols, false);
+    int64_t pt = cp_fp8_layers_pitch(CP_GEMM_SCALE_ROW, rows, cols, true);
     uint16_t *src = malloc(2 * (size_t)(layers * stride));
     for (int64_t i = 0; i < layers * stride; i++) src[i] = f32_to_bf16(1e30f);
     for (int64_t z = 0; z < layers; z++)
