@@ -695,12 +695,11 @@ static int layered_of(const lowering *L, const cp_step *g, int x, const copy_nee
 
 /* cp_plan.fp8_weights_once: each weight a GEMM reads, of every layer, cast both ways once at the program's start
  * into buffers of its own (row scales: cast_rt_row_layers, then the transposed copies from the row copies; tiles:
- * cast_2d_layers and cast_t_2d_layers), which every
- * layer's GEMMs read in the forward, the recompute and the backward alike. A micro-batch so makes 7 casts instead of
- * 14 a layer, each over every layer's weight at once where one layer's k_proj was too small to fill the GPU, and
- * reads each weight once where the per-layer casts read it in the forward and again in the backward: the 3B step at
- * 32K keeps 5.7 GB of copies for 7 ms of its casts (docs/PERF.md). The flag is cleared where no weight qualifies
- * (weight_once). */
+ * cast_2d_layers and cast_t_2d_layers), which every layer's GEMMs read in the forward, the recompute and the backward
+ * alike. A micro-batch so makes 7 casts instead of 14 a layer, each over every layer's weight at once where one
+ * layer's k_proj was too small to fill the GPU, and reads each weight once or twice where the per-layer casts read it
+ * in the forward and again in the backward: the 3B step at 32K keeps 5.7 GB of copies for 7-8 ms of its casts
+ * (docs/PERF.md). The flag is cleared where no weight qualifies (weight_once). */
 static void cast_weights_once(lowering *L) {
     cp_plan *P = L->P;
     const int64_t layers = P->spec.model.layers;
