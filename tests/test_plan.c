@@ -873,6 +873,35 @@ static void fp8_forget(fp8_held *held, int n, const cp_step *x) {
     }
 }
 
+/* Where the plan casts every layer's weights once (cp_plan.fp8_weights_once, fill_memory): where memory is left and
+ * the cost model gains 0.1% of the step (the 3B at 32K, both scalings), not where the weights are gathered (two GPUs:
+ * each layer's arrive just before its GEMMs) nor where the gain is a sliver of the step (the 8B at 128K, whose default
+ * plan would be left with half a GiB); the plan fits either way. */
+static void test_fp8_weights_once(void **state) {
+    (void)state;
+    const struct {
+        const char *spec, *seq, *gpus, *scaling;
+        bool once;
+    } cases[] = {{"llama3b", "train.seq_len=32K", "parallel.gpus=1", "train.fp8_scaling=block", true},
+                 {"llama3b", "train.seq_len=32K", "parallel.gpus=1", "train.fp8_scaling=row", true},
+                 {"llama3b", "train.seq_len=32K", "parallel.gpus=2", "train.fp8_scaling=row", false},
+                 {"llama8b", "train.seq_len=128K", "parallel.gpus=1", "train.fp8_scaling=block", false},
+                 {"llama3b", "train.seq_len=32K", "parallel.gpus=1", "train.fp8_scaling=tensor", false}};
+    for (size_t i = 0; i < CP_ARRAY_LEN(cases); i++) {
+        cp_spec s;
+        cp_plan p;
+        load(cases[i].spec, &s, 4, cases[i].seq, cases[i].gpus, "train.precision=fp8", cases[i].scaling);
+        build(&s, &p);
+        int layered = 0;
+        for (int j = 0; j < p.nsteps; j++) layered += p.steps[j].fp8.layers > 1;
+        print_message("  %s %s %s %s: %s (%d casts of every layer's weight)\n", cases[i].spec, cases[i].seq,
+                      cases[i].gpus, cases[i].scaling, p.fp8_weights_once ? "weights cast once" : "per layer", layered);
+        assert_true(p.fits && p.fp8_weights_once == cases[i].once && layered == (cases[i].once ? 7 : 0));
+        assert_true(cases[i].once ? p.fp8_weights_bytes > 5600000000LL : p.fp8_weights_bytes == 0);
+        cp_plan_free(&p);
+    }
+}
+
 /* train.precision = "fp8" (gen/plan_fp8.c): every GEMM of a layer, and only those, reads FP8 copies of the very
  * operands the bf16 plan gives it, made by a cast (transposed where that GEMM read them transposed; E5M2 for a
  * backward GEMM's gradient, and only there) with the scale of an amax of the same operand (by a pass of its own, or
@@ -2442,6 +2471,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_grad_accum),  cmocka_unit_test(test_8b_arithmetic), cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_fp8_block),
         cmocka_unit_test(test_fp8_row),
+        cmocka_unit_test(test_fp8_weights_once),
         cmocka_unit_test(test_fp8_copies_of_whole_outputs),
         cmocka_unit_test(test_kept_attention_3b), cmocka_unit_test(test_kept_attention_3b_longest),
         cmocka_unit_test(test_mlp_tile_auto),
