@@ -568,6 +568,9 @@ void cp_plan_print_json(const cp_plan *P, FILE *out) {
             P->t_step, P->t_compute, P->t_attn, P->t_comm, P->t_comm_exposed, P->t_copy, P->t_fp8_casts,
             tokens_per_step(P) / P->C / P->t_step);
     fprintf(out, "  \"precision\": \"%s\",\n", sp->train.fp8 ? "fp8" : "bf16");
+    /* every layer's FP8 weights cast once a micro-batch and kept (cp_plan.fp8_weights_once), and those copies' bytes */
+    fprintf(out, "  \"fp8_weights_once\": {\"kept\": %s, \"bytes\": %lld},\n", P->fp8_weights_once ? "true" : "false",
+            (long long)P->fp8_weights_bytes);
     cp_plan_eval_print_json(P, out);
     fprintf(out, "  \"steps\": %lld,\n  \"modules\": [", (long long)cp_plan_flat_steps(P));
     for (int i = 0; i < P->nmodules; i++) {

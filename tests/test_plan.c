@@ -2403,6 +2403,20 @@ static void test_json_parses(void **state) {
              p.nstages, path);
     assert_int_equal(system(cmd), 0);
     cp_plan_free(&p);
+    /* FP8 with row scales on one GPU: the weights' copies kept, and how many bytes */
+    load("llama3b", &s, 4, "parallel.gpus=1", "train.seq_len=32K", "train.precision=fp8", "train.fp8_scaling=row");
+    build(&s, &p);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    cp_plan_print_json(&p, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); w=d[\"fp8_weights_once\"]; "
+             "assert d[\"precision\"]==\"fp8\" and w[\"kept\"] is True and w[\"bytes\"]==%lld' %s",
+             (long long)p.fp8_weights_bytes, path);
+    assert_true(p.fp8_weights_once && p.fp8_weights_bytes > 0);
+    assert_int_equal(system(cmd), 0);
+    cp_plan_free(&p);
     /* a ring's schedule and terms: position 1 (chunks 1 and 6) takes block 0 through query halves 1 and 0 against key
      * half 0; the ring's buffers in the memory table */
     load_ring_8m(&s, NULL);
