@@ -682,15 +682,19 @@ static bool weight_once(const lowering *L, const cp_step *g, int x, const copy_n
            L->layer0 + (layers - 1) * L->layer_stride + *rel + op->bytes <= P->bufs[op->buf].bytes;
 }
 
-/* The entry of L->lw that input x of GEMM g reads, else -1 */
-static int layered_of(const lowering *L, const cp_step *g, int x, const copy_need *n) {
-    int64_t rel;
-    if (!weight_once(L, g, x, n, &rel)) return -1;
+/* The entry of L->lw for the weight at rel in a layer's parameters, as n reads it, else -1 */
+static int find_layered(const lowering *L, int64_t rel, const copy_need *n) {
     for (int w = 0; w < L->nlw; w++)
         if (L->lw[w].rel == rel && L->lw[w].rows == n->src.rows && L->lw[w].cols == n->src.cols &&
             L->lw[w].scale == n->scale)
             return w;
     return -1;
+}
+
+/* The entry of L->lw that input x of GEMM g reads, else -1 */
+static int layered_of(const lowering *L, const cp_step *g, int x, const copy_need *n) {
+    int64_t rel;
+    return weight_once(L, g, x, n, &rel) ? find_layered(L, rel, n) : -1;
 }
 
 /* cp_plan.fp8_weights_once: each weight a GEMM reads, of every layer, cast both ways once at the program's start
@@ -712,9 +716,7 @@ static void cast_weights_once(lowering *L) {
         for (int x = 0; x < 2; x++) {
             copy_need n = need_of(P, g, x);
             int64_t rel;
-            if (!reads_weight(P, g, x) || !weight_once(L, g, x, &n, &rel) || layered_of(L, g, x, &n) >= 0 ||
-                L->nlw == MAX_LAYERED)
-                continue;
+            if (!weight_once(L, g, x, &n, &rel) || find_layered(L, rel, &n) >= 0 || L->nlw == MAX_LAYERED) continue;
             L->params = g->ops[x].buf;
             layered_weight *w = &L->lw[L->nlw++];
             *w = (layered_weight){.rel = rel, .rows = n.src.rows, .cols = n.src.cols, .scale = n.scale};

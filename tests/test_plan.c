@@ -2384,6 +2384,17 @@ static void test_ring_documents_plan(void **state) {
     }
 }
 
+/* Plan p's --json into path, and the Python expression `check` (the JSON as d) must hold of it */
+static void json_holds(const cp_plan *p, const char *path, const char *check) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    cp_plan_print_json(p, f);
+    fclose(f);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); %s' %s", check, path);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_json_parses(void **state) {
     (void)state;
     cp_spec s;
@@ -2393,48 +2404,35 @@ static void test_json_parses(void **state) {
     char path[] = "/tmp/cpgen_plan_XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    cp_plan_print_json(&p, f);
-    fclose(f);
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
-             "assert d[\"parallel\"][\"gpus\"]==2 and d[\"memory\"][\"gpu_arena\"]>0 and len(d[\"stages\"])==%d' %s",
-             p.nstages, path);
-    assert_int_equal(system(cmd), 0);
+    close(fd);
+    char check[1024];
+    snprintf(check, sizeof check,
+             "assert d[\"parallel\"][\"gpus\"]==2 and d[\"memory\"][\"gpu_arena\"]>0 and len(d[\"stages\"])==%d",
+             p.nstages);
+    json_holds(&p, path, check);
     cp_plan_free(&p);
     /* FP8 with row scales on one GPU: the weights' copies kept, and how many bytes */
     load("llama3b", &s, 4, "parallel.gpus=1", "train.seq_len=32K", "train.precision=fp8", "train.fp8_scaling=row");
     build(&s, &p);
-    f = fopen(path, "w");
-    assert_non_null(f);
-    cp_plan_print_json(&p, f);
-    fclose(f);
-    snprintf(cmd, sizeof cmd,
-             "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); w=d[\"fp8_weights_once\"]; "
-             "assert d[\"precision\"]==\"fp8\" and w[\"kept\"] is True and w[\"bytes\"]==%lld' %s",
-             (long long)p.fp8_weights_bytes, path);
+    snprintf(check, sizeof check,
+             "w=d[\"fp8_weights_once\"]; assert d[\"precision\"]==\"fp8\" and w[\"kept\"] is True and "
+             "w[\"bytes\"]==%lld",
+             (long long)p.fp8_weights_bytes);
     assert_true(p.fp8_weights_once && p.fp8_weights_bytes > 0);
-    assert_int_equal(system(cmd), 0);
+    json_holds(&p, path, check);
     cp_plan_free(&p);
     /* a ring's schedule and terms: position 1 (chunks 1 and 6) takes block 0 through query halves 1 and 0 against key
      * half 0; the ring's buffers in the memory table */
     load_ring_8m(&s, NULL);
     build(&s, &p);
-    f = fopen(path, "w");
-    assert_non_null(f);
-    cp_plan_print_json(&p, f);
-    fclose(f);
-    snprintf(cmd, sizeof cmd,
-             "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d[\"ring\"]; "
-             "assert r[\"positions\"]==4 and r[\"group_tokens\"]==2097152 and r[\"chunk_tokens\"]==1048576; "
-             "assert r[\"schedule\"][1][0]=={\"source\":1,\"causal\":True}; "
-             "assert r[\"schedule\"][1][1]=={\"source\":0,\"halves\":[[1,0],[0,0]]}; "
-             "assert r[\"schedule\"][0][1]=={\"source\":3,\"halves\":[[1,0],[1,1]]}; "
-             "assert r[\"per_stage\"][\"bwd_sent\"]==11*2**30 and d[\"memory\"][\"gpu\"][\"ring\"]==10208968704; "
-             "assert d[\"groups\"][\"world\"]==32' %s",
-             path);
-    assert_int_equal(system(cmd), 0);
+    json_holds(&p, path,
+               "r=d[\"ring\"]; "
+               "assert r[\"positions\"]==4 and r[\"group_tokens\"]==2097152 and r[\"chunk_tokens\"]==1048576; "
+               "assert r[\"schedule\"][1][0]=={\"source\":1,\"causal\":True}; "
+               "assert r[\"schedule\"][1][1]=={\"source\":0,\"halves\":[[1,0],[0,0]]}; "
+               "assert r[\"schedule\"][0][1]=={\"source\":3,\"halves\":[[1,0],[1,1]]}; "
+               "assert r[\"per_stage\"][\"bwd_sent\"]==11*2**30 and d[\"memory\"][\"gpu\"][\"ring\"]==10208968704; "
+               "assert d[\"groups\"][\"world\"]==32");
     unlink(path);
     cp_plan_free(&p);
 }

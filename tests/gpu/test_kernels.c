@@ -1317,6 +1317,17 @@ static void test_fp8_block(void **state) {
     gu_free(m);
 }
 
+/* cast_t_row8's definition on the CPU: the transposed copy [cols][rows] of a row copy (bytes rcopy, scales rscales),
+ * each element's value (byte times its row's scale, exact) cast with its column's multiplier (1 / tscales[c]) */
+static void ref_t_from_rows(const uint8_t *rcopy, const float *rscales, const float *tscales, int64_t rows,
+                            int64_t cols, bool e5m2, uint8_t *out) {
+    for (int64_t c = 0; c < cols; c++)
+        for (int64_t r = 0; r < rows; r++) {
+            const float v = (float)ref_fp8_value(rcopy[r * cols + c], e5m2) * rscales[r];
+            out[c * rows + r] = ref_fp8_of(v * (1.0f / tscales[c]), e5m2);
+        }
+}
+
 /* cast_t_row8 (the transposed copy from the row copy) of a bf16 [rows][cols] whose rows' scales spread over 2^-40 ..
  * 2^40 (so that rows and columns take different scales; a zero row and a zero column among them), after cast_row and
  * cast_t_row_max as the plan's producer leaves them: every byte the row copy's value (byte times row scale) cast with
@@ -1338,11 +1349,7 @@ static void fp8_row8_case(gu_module *m, bool e5m2, int64_t rows, int64_t cols) {
     float *rscales = malloc(4 * (size_t)rows), *tscales = malloc(4 * (size_t)cols), *sgot = malloc(4 * (size_t)cols);
     ref_fp8_cast_row(src, rows, cols, cols, e5m2, false, rcopy, rscales);
     ref_fp8_cast_row(src, rows, cols, cols, e5m2, true, tref, tscales);
-    for (int64_t c = 0; c < cols; c++)
-        for (int64_t r = 0; r < rows; r++) {
-            const float v = (float)ref_fp8_value(rcopy[r * cols + c], e5m2) * rscales[r]; /* exact */
-            want[c * rows + r] = ref_fp8_of(v * (1.0f / tscales[c]), e5m2);
-        }
+    ref_t_from_rows(rcopy, rscales, tscales, rows, cols, e5m2, want);
     uint16_t *dsrc = dev_copy(src, 2 * (size_t)n);
     uint8_t *drow = gu_malloc((size_t)n), *dt = gu_malloc((size_t)n);
     float *drs = gu_malloc(4 * (size_t)rows), *dts = gu_malloc(4 * (size_t)(cols + parts));
@@ -1452,11 +1459,8 @@ static void fp8_layers_case(gu_module *m, int64_t layers, int64_t rows, int64_t 
         for (int64_t i = 0; i < n; i++) diff += got[z * n + i] != rcopy[i];
         for (int64_t r = 0; r < rows; r++) diff += !(rsgot[z * pr + r] == rscales[r]);
         for (int64_t c = 0; c < cols; c++) diff += !(tsgot[z * pt + c] == tscales[c]);
-        for (int64_t c = 0; c < cols; c++)
-            for (int64_t r = 0; r < rows; r++) {
-                const float v = (float)ref_fp8_value(rcopy[r * cols + c], false) * rscales[r]; /* exact */
-                diff += tgot[z * n + c * rows + r] != ref_fp8_of(v * (1.0f / tscales[c]), false);
-            }
+        ref_t_from_rows(rcopy, rscales, tscales, rows, cols, false, tref);
+        for (int64_t i = 0; i < n; i++) diff += tgot[z * n + i] != tref[i];
     }
     gu_check("cast_rt_row_layers_e4m3, cast_t_row8_layers_e4m3 (bytes and scales differing)", shape, (double)diff, 0);
     free(src), free(zeros), free(rcopy), free(tref), free(got), free(tgot), free(rscales), free(tscales);
