@@ -130,7 +130,7 @@ static inline int64_t cp_fp8_scales(int scale, int64_t rows, int64_t k) {
 }
 /* A cast of one weight [rows][cols] of every layer at once (cp_fp8_copy.layers): each copy buffer holds the layers'
  * copies from its start, then from the next 256 bytes each layer's scales (with row scales a transposed copy's with
- * its column maxima behind), cp_fp8_layers_pitch floats apart */
+ * its column maxima behind), cp_fp8_layers_pitch floats apart; layers = 1 is any single copy's layout */
 static inline int64_t cp_fp8_layers_scales_off(int64_t layers, int64_t rows, int64_t cols) {
     return (layers * rows * cols + 255) / 256 * 256;
 }

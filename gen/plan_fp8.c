@@ -238,6 +238,7 @@ typedef struct {
     int64_t rel, rows, cols;
     uint8_t scale; /* CP_GEMM_SCALE_ROW or CP_GEMM_SCALE_2D */
     int buf[2];
+    int64_t scales_off, pitch[2]; /* bytes: where the scales start in each buffer; floats: a layer's scales apart */
 } layered_weight;
 
 typedef struct {
@@ -391,7 +392,7 @@ static int measure(lowering *L, cache *c, const cp_step *g, int x, int role, con
 /* The block scales (cp_gemm_scale scale) of a copy [rows][cols] in copy buffer buf: behind the copy's bytes, on a
  * 256-byte boundary */
 static cp_operand block_scales(int buf, int64_t rows, int64_t cols, uint8_t scale, int access) {
-    return (cp_operand){.buf = buf, .offset = (rows * cols + 255) / 256 * 256,
+    return (cp_operand){.buf = buf, .offset = cp_fp8_layers_scales_off(1, rows, cols),
                         .bytes = 4 * cp_fp8_scales(scale, rows, cols), .access = access};
 }
 
@@ -719,13 +720,14 @@ static void cast_weights_once(lowering *L) {
             if (!weight_once(L, g, x, &n, &rel) || find_layered(L, rel, &n) >= 0 || L->nlw == MAX_LAYERED) continue;
             L->params = g->ops[x].buf;
             layered_weight *w = &L->lw[L->nlw++];
-            *w = (layered_weight){.rel = rel, .rows = n.src.rows, .cols = n.src.cols, .scale = n.scale};
-            const int64_t so = cp_fp8_layers_scales_off(layers, w->rows, w->cols);
+            *w = (layered_weight){.rel = rel, .rows = n.src.rows, .cols = n.src.cols, .scale = n.scale,
+                                  .scales_off = cp_fp8_layers_scales_off(layers, n.src.rows, n.src.cols)};
             for (int t = 0; t < 2; t++) {
                 char name[48];
                 snprintf(name, sizeof name, "fp8_w.%s%s", g->what, t ? ".t" : "");
-                const int64_t pitch = cp_fp8_layers_pitch(w->scale, w->rows, w->cols, t);
-                w->buf[t] = cp_plan_add_buf(P, name, CP_SPACE_GPU, CP_CAT_FP8, so + layers * pitch * 4, false);
+                w->pitch[t] = cp_fp8_layers_pitch(w->scale, w->rows, w->cols, t);
+                w->buf[t] = cp_plan_add_buf(P, name, CP_SPACE_GPU, CP_CAT_FP8, w->scales_off + layers * w->pitch[t] * 4,
+                                            false);
             }
         }
     }
@@ -733,10 +735,8 @@ static void cast_weights_once(lowering *L) {
     P->fp8_weights_bytes = 0;
     for (int k = 0; k < L->nlw; k++) {
         const layered_weight *w = &L->lw[k];
-        const int64_t n = w->rows * w->cols, so = cp_fp8_layers_scales_off(layers, w->rows, w->cols);
+        const int64_t n = w->rows * w->cols, so = w->scales_off, pr = w->pitch[0], pt = w->pitch[1];
         const bool row = w->scale == CP_GEMM_SCALE_ROW;
-        const int64_t pr = cp_fp8_layers_pitch(w->scale, w->rows, w->cols, false);
-        const int64_t pt = cp_fp8_layers_pitch(w->scale, w->rows, w->cols, true);
         /* row scales: the transposed copies' maxima gather by atomics into zeroed parts */
         if (row) zero_step(&L->q, NULL, w->buf[1], so, layers * pt * 4);
         cp_step *s = cast_step(&L->q, &start, L->module, CP_TASK_FP8_CAST_BLOCK,
@@ -766,9 +766,8 @@ typedef struct {
 /* Layer `layer`'s copy of L->lw[w], transposed or not */
 static copy_ref layered_ref(const lowering *L, int w, int layer, bool transposed) {
     const layered_weight *e = &L->lw[w];
-    const int64_t pitch = cp_fp8_layers_pitch(e->scale, e->rows, e->cols, transposed);
-    const int64_t so = cp_fp8_layers_scales_off(L->P->spec.model.layers, e->rows, e->cols);
-    return (copy_ref){.buf = e->buf[transposed], .off = layer * e->rows * e->cols, .scales = so + layer * pitch * 4};
+    return (copy_ref){.buf = e->buf[transposed], .off = layer * e->rows * e->cols,
+                      .scales = e->scales_off + layer * e->pitch[transposed] * 4};
 }
 
 /* Step g of the program: an eligible GEMM on its inputs' copies (made here unless held), anything else as it is. */
