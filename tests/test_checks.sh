@@ -10,7 +10,8 @@
 #      fails).
 #   3. Whole scripts (gpu-replicas-check.sh, gpu-ring-check.sh, gpu-parallel-check.sh, gpu-relayout-check.sh,
 #      gpu-real-text-run.sh, gpu-fp8-bench.sh) on a stand-in cpgen that writes made-up metrics: they pass like with
-#      like, fail a run cut short (or run on), over its bound (or its planned memory) or failing (the relayout check
+#      like, fail a run cut short (or run on), over its bound (or its planned memory) or failing (the real-text run's
+#      ORACLE=1 also a stand-in evaluator that disagrees with the bf16 run or scores other targets; the relayout check
 #      also a resume that takes another seq_len unasked or does not note the layout), and end 77 where a part lacks GPUs; gpu-eval-check.sh on one that evaluates: it
 #      passes when training with evaluations is training without and val_loss is step 1's at lr = 0, and fails a
 #      last-digit difference, a val_loss 1e-4 off, a run that did not evaluate or failed, and a failed GPU test (77
@@ -24,7 +25,8 @@
 #      that fails and a row a run left out; tools/gpu-attention-profile.sh on stand-ins of ncu and bench_attention
 #      asks ncu for one launch of each direction's kernel, takes only the metrics ncu lists, and its table
 #      (tools/ncu_summary.py on made-up raw pages) has each figure, n/a for a metric missing, the top stalls without
-#      'selected'; it fails a launch ncu did not profile and a bench that fails, and skips without ncu.
+#      'selected'; it fails a launch ncu did not profile and a bench that fails, and skips without ncu;
+#      tools/hf_val_loss.py cuts sequences and documents as cpgen does and refuses bad shards.
 #   4. tools/run-tests.sh counts passed, failed and skipped tests and exits 0, 1 or 77.
 # Prints one line per case; exit 0 when every case gives the status it should, else 1. KEEP=1 leaves the scratch
 # folder (/tmp/cpgen-test-checks-*) to look at.
@@ -229,8 +231,8 @@ for ((s = from; s <= steps; s++)); do
     >>"$dir/metrics.jsonl"
   # FAKE_VAL: a validation loss every 10 steps (the step's loss plus 0.5)
   [ -z "${FAKE_VAL:-}" ] || [ $((s % 10)) != 0 ] ||
-    echo "{\"step\":$s,\"val_loss\":$(printf '%d.%06d' $(((u + 500000) / 1000000)) $(((u + 500000) % 1000000)))}" \
-      >>"$dir/metrics.jsonl"
+    echo "{\"step\":$s,\"val_tokens\":1000,\"val_loss\":$(printf '%d.%06d' $(((u + 500000) / 1000000)) \
+      $(((u + 500000) % 1000000)))}" >>"$dir/metrics.jsonl"
   echo "step $s/$steps | loss $loss"
 done
 echo "done: $steps steps"
@@ -307,6 +309,33 @@ PAT="FAILED +fp8: exit status 2" script 1 "real text, an fp8 recipe the planner 
   FAKE_VAL=1 SECOND_SETS=train.fp8_weight_grads=half
 PAT="set COMPARE too" script 2 "real text: SECOND_SETS without a comparison" 1 "${rt[@]}" \
   SECOND_SETS=train.fp8_weight_grads=bf16
+# ORACLE=1: both runs save their last step and one forward evaluates both sets of weights; a stand-in for
+# tools/hf_val_loss.py gives each checkpoint its run's last validation loss over its run's targets, FAKE_ORACLE_OFF=NAME
+# 1% more for the checkpoints of NAME, FAKE_ORACLE_TARGETS=NAME one target fewer; without a checkpoint it fails
+cat >"$tmp/oracle" <<'PY'
+import json, os, sys
+ck = sys.argv[1]
+if not os.path.isdir(ck):
+    sys.exit(f"stand-in oracle: no checkpoint {ck}")
+rows = [json.loads(l) for l in open(os.path.join(os.path.dirname(ck), "metrics.jsonl"))]
+last = [r for r in rows if "val_loss" in r][-1]
+f = 1.01 if os.environ.get("FAKE_ORACLE_OFF", "@") in ck else 1.0
+n = last["val_tokens"] - (os.environ.get("FAKE_ORACLE_TARGETS", "@") in ck)
+for d in sys.argv[5:]:
+    print(json.dumps({"dtype": d, "loss": last["val_loss"] * f, "targets": n}))
+PY
+ort=("${rt[@]}" COMPARE=fp8 FAKE_VAL=1 ORACLE=1 HF_VAL_LOSS="$tmp/oracle")
+PAT="^  one forward, fp32: bf16's weights [0-9.]+, fp8's [0-9.]+, fp8 \+0\.00% against bf16$" script 0 \
+  "real text, one forward for both runs' weights: alike" 1 "${ort[@]}"
+PAT="bf16's own validation loss .* 1\.00% apart \(bound 0\.3%\) FAILED" script 1 \
+  "real text, one forward: it does not compute what cpgen computes" 1 "${ort[@]}" FAKE_ORACLE_OFF=ckpt/full/
+PAT="one forward, fp32: .*fp8 \+1\.00% against bf16" script 0 \
+  "real text, one forward: the fp8 run's weights 1% worse are reported" 1 "${ort[@]}" FAKE_ORACLE_OFF=ckpt/fp8/
+PAT="fp8: transformers' bf16 forward scored 999 targets, the run's evaluation 1000" script 1 \
+  "real text, one forward: not the sequences cpgen evaluated" 1 "${ort[@]}" FAKE_ORACLE_TARGETS=ckpt/fp8/
+PAT="FAILED +oracle_fp8: exit status 1" script 1 "real text, one forward: a run failed and saved nothing" 1 \
+  "${ort[@]}" FAKE_FAIL=ckpt/fp8
+PAT="set COMPARE too" script 2 "real text: ORACLE without a comparison" 1 "${rt[@]}" ORACLE=1
 # gpu-fp8-bench.sh: bf16 and each recipe, every run planned (with the real cpgen) and judged by its own metrics
 PAT="^fp8_tensor +0.10 s +0.100 s +1.000 +0.00%" script 0 "fp8 bench: every recipe, each within its plan" 1 \
   tools/gpu-fp8-bench.sh STEPS=3 EXTRA=parallel.mlp_tile=8K
@@ -698,6 +727,56 @@ pc 0 "fp8 5% better for 20 steps" "^on the way: .* OK; at most 5\.00% below" 0.9
 pc 1 "fp8 5% worse for 20 steps" "^on the way: fp8 at most 5\.00% above .*FAILED" 1.05 1.0
 pc 1 "fp8 2% worse at the end" "^at the end: .*difference 2\.00% .*FAILED$" 1.0 1.02
 pc 1 "fp8 a step short" "^fp8: FAILED: 299 training steps of 300" 1.0 1.0 299
+
+# tools/hf_val_loss.py's sequences and documents, cut as docs/DATA.md says cpgen cuts them (no torch needed): a
+# sequence every S tokens while S + 1 remain, never across shards; a document at 0 and after each end-of-document token
+# before the last position; a version-1 shard has none; shards that disagree on the id, too few sequences, a wrong
+# header or a short file exit 1 before anything loads
+python3 - "$tmp/hv" tools/hf_val_loss.py >"$tmp/log" 2>&1 <<'PY'
+import array, importlib.util, os, struct, subprocess, sys
+d, tool = sys.argv[1], sys.argv[2]
+os.makedirs(d, exist_ok=True)
+spec = importlib.util.spec_from_file_location("hf_val_loss", tool)
+h = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(h)
+def shard(name, toks, eod, version=2, magic=b"CPGTOK01", extra=b""):
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(magic + struct.pack("<IIQQ", version, 2, len(toks), eod + 1 if version == 2 else 0))
+        f.write(array.array("H", toks).tobytes() + extra)
+bad = []
+def want(what, got, expected):
+    if got != expected:
+        bad.append(f"{what}: {got}, expected {expected}")
+shard("a_0.bin", [5, 6, 0, 7, 8, 9, 0, 0, 3, 4, 5, 0, 6], 0)
+shard("a_1.bin", [1, 2, 3, 4, 5, 6, 7, 8, 9], 0)
+seqs, eod = h.sequences(os.path.join(d, "a_*.bin"), 4, 5)
+want("sequences", [list(s) for s in seqs], [[5, 6, 0, 7, 8], [8, 9, 0, 0, 3], [3, 4, 5, 0, 6], [1, 2, 3, 4, 5],
+                                            [5, 6, 7, 8, 9]])
+want("eod", eod, 0)
+want("documents", [h.documents(s, eod) for s in seqs[:3]], [[(0, 3), (3, 4)], [(0, 3), (3, 4)], [(0, 4)]])
+want("documents without an id", h.documents(seqs[0], -1), [(0, 4)])
+shard("v1_0.bin", [5, 6, 0, 7, 8], 0, version=1)
+want("a version-1 shard's id", h.sequences(os.path.join(d, "v1_*.bin"), 4, 1)[1], -1)
+def refused(what, pattern, n, text):
+    r = subprocess.run([sys.executable, tool, "ckpt", os.path.join(d, pattern), "4", str(n)], capture_output=True,
+                       text=True)
+    if r.returncode != 1 or text not in r.stderr:
+        bad.append(f"{what}: exit {r.returncode}, {r.stderr.strip()!r}")
+refused("too few sequences", "a_*.bin", 6, "holds 5 sequences of 4 + 1 tokens, 6 asked for")
+shard("m_0.bin", [5, 6, 0, 7, 8], 0)
+shard("m_1.bin", [5, 6, 1, 7, 8], 1)
+refused("ids that disagree", "m_*.bin", 1, "disagree on the end-of-document id: [0, 1]")
+shard("x_0.bin", [5, 6, 0, 7, 8], 0, magic=b"NOTTOKEN")
+refused("a wrong header", "x_*.bin", 1, "not a cpgen token shard")
+shard("s_0.bin", [5, 6, 0, 7, 8], 0, extra=b"\0")
+refused("a file longer than its header says", "s_*.bin", 1, "the header says 5 tokens")
+refused("no shard", "none_*.bin", 1, "no shard matches")
+r = subprocess.run([sys.executable, tool, "ckpt", "g", "4", "1", "fp16"], capture_output=True, text=True)
+want("an unknown precision: exit", r.returncode, 2)
+print("\n".join(bad) or "every cut as cpgen's")
+sys.exit(1 if bad else 0)
+PY
+expect_rc 0 "hf_val_loss: sequences and documents as cpgen cuts them, bad shards refused" $? "$tmp/log"
 
 # 4. run-tests.sh's count
 mkdir -p "$tmp/t"

@@ -16,7 +16,10 @@
 # the first from step 1 (no checkpoints); COMPARE=nondeterministic makes it bf16 with train.deterministic = false
 # (attention's dQ summed in whatever order), whose distance from the first is the noise floor of the comparison;
 # SECOND_SETS="KEY=VALUE ..." adds spec settings to that second run (a recipe of fp8: train.fp8_weight_grads=fp8);
-# SETS="KEY=VALUE ..." to every run (another start: SETS=init.seed=2).
+# SETS="KEY=VALUE ..." to every run (another start: SETS=init.seed=2). ORACLE=1 (with COMPARE) saves both runs' last
+# step and evaluates both sets of weights with one forward, transformers' in bf16 and fp32, on the sequences cpgen
+# evaluated (tools/hf_val_loss.py, or HF_VAL_LOSS, judged by tools/oracle_compare.py): whether a gap between the
+# runs' validation losses is in their weights or in the forward that measured them.
 # PACKAGES=1 adds the installed Python packages' sources (python3's site folders, *.py) to the inputs, up to
 # MAX_BYTES (default 60 MB with them, else 200 MB) taken in path order: on the GPU machine 14.2M training tokens, which
 # the 300 steps read 0.69 times, where the defaults' 3.7M are read 2.7 times and past the first pass the loss
@@ -33,7 +36,7 @@
 # resumed).
 # usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] [COMPARE=fp8|nondeterministic]
 #        [VAL_FRACTION=0.02] [PIECE_BYTES=32768] [SECOND_SETS="KEY=VALUE ..."] [SETS="KEY=VALUE ..."]
-#        [EVAL_SEQUENCES=...] tools/gpu-real-text-run.sh [BUILD_DIR]
+#        [EVAL_SEQUENCES=...] [PACKAGES=1] [ORACLE=1] tools/gpu-real-text-run.sh [BUILD_DIR]
 set -u
 B=${1:-build}
 out=${OUT:-out}/real-text
@@ -52,10 +55,12 @@ case "$COMPARE" in
   nondeterministic) second_sets=(--set train.deterministic=false) ;;
   *) echo "gpu-real-text-run: COMPARE=$COMPARE: fp8 and nondeterministic are known"; exit 2 ;;
 esac
-if [ -n "${SECOND_SETS:-}" ] && [ -z "$COMPARE" ]; then
-  echo "gpu-real-text-run: SECOND_SETS is for the second run of a comparison: set COMPARE too"
-  exit 2
-fi
+for v in SECOND_SETS ORACLE; do
+  if [ -n "${!v:-}" ] && [ -z "$COMPARE" ]; then
+    echo "gpu-real-text-run: $v is for a comparison's runs: set COMPARE too"
+    exit 2
+  fi
+done
 for kv in ${SECOND_SETS:-}; do second_sets+=(--set "$kv"); done
 VAL_FRACTION=${VAL_FRACTION:-$([ -n "$COMPARE" ] && echo 0.1 || echo 0.02)}
 t_start=$(date +%s)
@@ -65,7 +70,7 @@ if [ -z "${CKPT_DIR:-}" ]; then
 fi
 mkdir -p "$CKPT_DIR"
 # the checkpoints go whatever happens: 12.5 GB each, in memory or on a 64 GiB disk
-trap 'rm -rf "$CKPT_DIR/full" "$CKPT_DIR/resumed"; [ "$CKPT_DIR" = "$out/runs" ] || rmdir "$CKPT_DIR" 2>/dev/null' EXIT
+trap 'rm -rf "$CKPT_DIR"/{full,resumed,fp8,nondeterministic}; [ "$CKPT_DIR" = "$out/runs" ] || rmdir "$CKPT_DIR" 2>/dev/null' EXIT
 note "checkpoints in $CKPT_DIR; $STEPS steps at $SEQ, a checkpoint at step $SAVE_AT"
 deadline=$((t_start + ${DEADLINE:-570}))
 left() { echo $((deadline - $(date +%s))); }
@@ -110,13 +115,14 @@ GREP='train: [0-9,]+ tokens' run tokens 300 python3 "$(dirname "$0")/make_tokens
 if [ ! -s "$data/text.json" ]; then
   fail "no shards: $(tail -1 "$out/tokens.log")"
 else
-  read -r model_vocab src val passes < <(python3 -c '
+  read -r model_vocab src val passes SEQ_TOKENS < <(python3 -c '
 import json, sys
 m = json.load(open(sys.argv[1]))
 seq = sys.argv[3].upper()
 seq = int(seq[:-1]) * {"K": 1 << 10, "M": 1 << 20}[seq[-1]] if seq[-1] in "KM" else int(seq)
 passes = int(sys.argv[2]) * seq / max(m["shards"]["train"]["tokens"], 1)
-print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2f}")' "$data/text.json" "$STEPS" "$SEQ")
+print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2f}", seq)' \
+    "$data/text.json" "$STEPS" "$SEQ")
   note "$(grep -m1 '^tokenizer:' "$out/tokens.log")"
   note "data: $STEPS steps of $SEQ tokens read the training tokens $passes times"
   cp "$data/text.json" "$out/tokens.json"
@@ -134,13 +140,24 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
 
   if [ -n "$COMPARE" ]; then
     # 2. both precisions from the same start, side by side on the GPU (a 1B plan's arena is a fifth of an H200)
+    # (with ORACLE=1 each run saves its last step, for the evaluation below)
     second=$COMPARE
-    bg full "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.out_dir=$CKPT_DIR/full"
-    bg "$second" "$B/cpgen" run "${args[@]}" --set train.save_every=0 "${second_sets[@]}" \
+    save=0
+    [ "${ORACLE:-}" != 1 ] || save=$STEPS
+    bg full "$B/cpgen" run "${args[@]}" --set "train.save_every=$save" --set "train.out_dir=$CKPT_DIR/full"
+    bg "$second" "$B/cpgen" run "${args[@]}" --set "train.save_every=$save" "${second_sets[@]}" \
       --set "train.out_dir=$CKPT_DIR/$second"
     wait
     judge full '^done: .*'
     judge "$second" '^done: .*'
+    if [ "${ORACLE:-}" = 1 ]; then
+      # both runs' last weights through one forward, transformers', on the sequences cpgen evaluated
+      for r in full "$second"; do
+        GREP='"loss": [0-9.]+' run "oracle_$r" 300 python3 "${HF_VAL_LOSS:-$(dirname "$0")/hf_val_loss.py}" \
+          "$CKPT_DIR/$r/ckpt_$STEPS" "${val#tokens:}" "$SEQ_TOKENS" "${EVAL_SEQUENCES:-8}" bf16 fp32
+        rm -rf "$CKPT_DIR/$r/ckpt_$STEPS"
+      done
+    fi
   else
     # 2. the uninterrupted run, saving at SAVE_AT (and at the end, not needed: deleted once written); 3. once that
     # checkpoint is complete, the resumed run beside it on the same GPU (each plan's arena is a sixth of an H200):
@@ -173,6 +190,8 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
     check "$second against bf16" python3 "$(dirname "$0")/precision_compare.py" "$out/metrics_full.jsonl" \
       "$out/metrics_$second.jsonl" "$STEPS" "$out/precision.svg" "llama1b at $SEQ on real text: bf16 and $second" \
       "$second"
+    [ "${ORACLE:-}" != 1 ] || check "one forward for both" python3 "$(dirname "$0")/oracle_compare.py" \
+      "$out/metrics_full.jsonl" "$out/oracle_full.log" "$out/metrics_$second.jsonl" "$out/oracle_$second.log" "$second"
   else
     compare_loss "resumed against uninterrupted" "$out/steps_full.jsonl" "$out/steps_resumed.jsonl" "$STEPS" \
       $((SAVE_AT + 1))
@@ -203,8 +222,9 @@ verdict=$?
 grep -v '^$' "$out/verdict.txt"
 echo
 echo "real text on $(nvidia-smi -L | head -1), in $(($(date +%s) - t_start)) s"
-sed -n 's/^\(tokens\|full\|resumed\|fp8\|nondeterministic\) \+rc=/&/p' "$sum" | sed 's/^/  /'
-grep -E '^(loss:|resumed against|tokenizer:|data:|validation:|training loss:|on the way:|at the end:)' "$sum" |
+sed -n 's/^\(tokens\|full\|resumed\|fp8\|nondeterministic\|oracle_[a-z0-9]*\) \+rc=/&/p' "$sum" | sed 's/^/  /'
+grep -E '^(loss:|resumed against|tokenizer:|data:|validation:|training loss:|on the way:|at the end:|one forward)' \
+  "$sum" |
   sed 's/^/  /'
 echo "  files: $out/report_full.svg, $out/report_${second:-resumed}.svg, metrics_*.jsonl, tokens.json"
 exit "$verdict"
