@@ -70,7 +70,11 @@ if [ -z "${CKPT_DIR:-}" ]; then
 fi
 mkdir -p "$CKPT_DIR"
 # the checkpoints go whatever happens: 12.5 GB each, in memory or on a 64 GiB disk
-trap 'rm -rf "$CKPT_DIR"/{full,resumed,fp8,nondeterministic}; [ "$CKPT_DIR" = "$out/runs" ] || rmdir "$CKPT_DIR" 2>/dev/null' EXIT
+drop_checkpoints() {
+  rm -rf "$CKPT_DIR"/{full,resumed,fp8,nondeterministic}
+  [ "$CKPT_DIR" = "$out/runs" ] || rmdir "$CKPT_DIR" 2>/dev/null
+}
+trap drop_checkpoints EXIT
 note "checkpoints in $CKPT_DIR; $STEPS steps at $SEQ, a checkpoint at step $SAVE_AT"
 deadline=$((t_start + ${DEADLINE:-570}))
 left() { echo $((deadline - $(date +%s))); }
