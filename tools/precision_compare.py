@@ -6,7 +6,7 @@ Reads each run's metrics.jsonl (a line per step; validation lines carry "val_los
   - no divergence on the way: the mean training loss of every window of 20 steps, and every validation loss, of the
     fp8 run at most WAY (3%) above the bf16 run's at the same steps (divergence is fp8 doing worse; where it does
     better, by as much as 3.4% over 20 steps of a real-text run, that is the noise of two runs, and it is printed);
-  - at the end: the last validation loss of the fp8 run within END (1%) of the bf16 run's.
+  - at the end: the last validation loss of the fp8 run within END (1%) of the bf16 run's, above or below.
 Prints, unjudged, how far the second run's training loss lies from bf16's: its mean over the run and over the last
 LAST (100) steps, and the range of the windows' gaps.
 Draws both runs' training loss (a 10-step mean) and validation loss into OUT_SVG (matplotlib; without it the checks
@@ -97,8 +97,9 @@ def main(argv):
     else:
         s = common[-1]
         end_ok = rel(vf[s], vb[s]) <= END
+        side = " below bf16" if vf[s] < vb[s] else " above bf16" if vf[s] > vb[s] else ""
         print(f"at the end: validation loss at step {s}: bf16 {vb[s]:.4f}, {two} {vf[s]:.4f}, "
-              f"difference {rel(vf[s], vb[s]):.2%} (bound {END:.0%}) {'OK' if end_ok else 'FAILED'}")
+              f"difference {rel(vf[s], vb[s]):.2%}{side} (bound {END:.0%}, either side) {'OK' if end_ok else 'FAILED'}")
     print(f"picture: {draw(runs, steps, out_svg, title, two)}")
     print(f"{'step':>6} {'bf16 train':>11} {two[:4] + ' train':>10} {'bf16 val':>9} {two[:4] + ' val':>8}")
     for s in common:
