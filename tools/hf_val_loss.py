@@ -71,7 +71,7 @@ def sequences(pattern, seq, n):
         fail(f"the shards of {pattern} disagree on the end-of-document id: {eods}")
     out = []
     for p, (width, count, _) in zip(paths, heads):
-        k = min((count - 1) // seq, n - len(out)) if count else 0
+        k = min((count - 1) // seq, n - len(out))  # an empty shard gives -1: none
         if k > 0:
             toks = shard_tokens(p, width)
             out += [toks[i * seq : i * seq + seq + 1] for i in range(k)]

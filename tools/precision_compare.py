@@ -96,10 +96,11 @@ def main(argv):
         end_ok = False
     else:
         s = common[-1]
-        end_ok = rel(vf[s], vb[s]) <= END
+        d = rel(vf[s], vb[s])
+        end_ok = d <= END
         side = " below bf16" if vf[s] < vb[s] else " above bf16" if vf[s] > vb[s] else ""
         print(f"at the end: validation loss at step {s}: bf16 {vb[s]:.4f}, {two} {vf[s]:.4f}, "
-              f"difference {rel(vf[s], vb[s]):.2%}{side} (bound {END:.0%}, either side) {'OK' if end_ok else 'FAILED'}")
+              f"difference {d:.2%}{side} (bound {END:.0%}, either side) {'OK' if end_ok else 'FAILED'}")
     print(f"picture: {draw(runs, steps, out_svg, title, two)}")
     print(f"{'step':>6} {'bf16 train':>11} {two[:4] + ' train':>10} {'bf16 val':>9} {two[:4] + ' val':>8}")
     for s in common:
