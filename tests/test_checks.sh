@@ -169,8 +169,8 @@ PAT="nothing was checked" helper 1 "finish: nothing checked" <<<'want c && run n
 # checkpoint folder), the loss a function of the step and of the sequences a step reads (micro-batches x replicas,
 # tiny's 8 micro-batches unless set), so that only like compared with like agrees. FAKE_CUT=NAME stops runs whose
 # out_dir holds NAME after 15 steps with exit 0 (a run cut short), FAKE_OFF=NAME moves their loss by 2e-3,
-# FAKE_MEM=NAME their measured memory 2% above the plan, FAKE_FAIL=NAME makes them exit 1. Its plan prints a
-# predicted step of 0.10 s.
+# FAKE_MEM=NAME their measured memory 2% above the plan, FAKE_FAIL=NAME makes them exit 1; train.lr moves the loss by
+# 1.5% for every 10% away from 3e-4. Its plan prints a predicted step of 0.10 s.
 mkdir -p "$tmp/sim/tests/gpu"
 # realplan run SPEC ARGS...: the stand-ins' check of their command line with the real cpgen (REAL_CPGEN): its
 # spec and settings (--set, --gpus, --seq) go to `cpgen plan`, so that a run the real cpgen would refuse (a
@@ -192,7 +192,7 @@ set -u
 [ "${1:-}" != plan ] || { echo "stand-in cpgen: $*"; echo "predicted step: 0.10 s (stand-in)"; exit 0; }
 [ "${1:-}" = run ] || { echo "stand-in cpgen: $*"; exit 0; }
 "$(dirname "$0")/../realplan" "$@" || exit 2
-steps=10 mb=8 reps=1 dir=runs/x from=1 seq="" new_data="" save=0
+steps=10 mb=8 reps=1 dir=runs/x from=1 seq="" new_data="" save=0 lr=3e-4
 while [ $# -gt 0 ]; do
   case $1 in
     train.steps=*) steps=${1#*=} ;;
@@ -201,6 +201,7 @@ while [ $# -gt 0 ]; do
     train.out_dir=*) dir=${1#*=} ;;
     train.seq_len=*) seq=${1#*=} ;;
     train.save_every=*) save=${1#*=} ;;
+    train.lr=*) lr=${1#*=} ;;
     --resume) from=$((${2##*_} + 1)); shift ;;
     --resume-new-data) new_data=1 ;;
   esac
@@ -218,6 +219,7 @@ fi
 case $dir in *"${FAKE_CUT:-@}"*) steps=15 ;; esac
 scale=1000 # per mille
 case $dir in *"${FAKE_OFF:-@}"*) scale=1002 ;; esac
+scale=$((scale + $(awk -v r="$lr" 'BEGIN { printf "%d", (r / 3e-4 - 1) * 150 }')))
 mem=1000
 case $dir in *"${FAKE_MEM:-@}"*) mem=1020 ;; esac
 mkdir -p "$dir/ckpt_10"
@@ -336,6 +338,22 @@ PAT="fp8: transformers' bf16 forward scored 999 targets, the run's evaluation 10
 PAT="FAILED +oracle_fp8: exit status 1" script 1 "real text, one forward: a run failed and saved nothing" 1 \
   "${ort[@]}" FAKE_FAIL=ckpt/fp8
 PAT="set COMPARE too" script 2 "real text: ORACLE without a comparison" 1 "${rt[@]}" ORACLE=1
+# LR_BAND=PCT: bf16 at the rate PCT% either side joins the first run as bf16's band, which judges the second run
+PAT="^  at the end: .*band [0-9.]+ \(lr_low\) to [0-9.]+ \(lr_high\), fp8 [0-9.]+, inside it .*OK$" script 0 \
+  "real text, fp8 against bf16's band: a second run at its highest rate" 1 "${rt[@]}" COMPARE=fp8 FAKE_VAL=1 \
+  LR_BAND=10 SECOND_SETS=train.lr=3.3e-4
+PAT="^  against bf16 alone \(unjudged\): fp8 1\.30% above" script 0 \
+  "real text, fp8 against bf16's band: the distance from bf16 alone printed" 1 "${rt[@]}" COMPARE=fp8 FAKE_VAL=1 \
+  LR_BAND=10 SECOND_SETS=train.lr=3.3e-4
+PAT="^  at the end: .*fp8 [0-9.]+, [0-9.]+% above its highest .*FAILED$" script 1 \
+  "real text, fp8 against bf16's band: above the band" 1 "${rt[@]}" COMPARE=fp8 FAKE_VAL=1 LR_BAND=1 \
+  SECOND_SETS=train.lr=3.3e-4
+PAT="FAILED +lr_high: exit status 1" script 1 "real text, fp8 against bf16's band: a band's run fails" 1 \
+  "${rt[@]}" COMPARE=fp8 FAKE_VAL=1 LR_BAND=10 FAKE_FAIL=lr_high
+PAT="set COMPARE too" script 2 "real text: LR_BAND without a comparison" 1 "${rt[@]}" LR_BAND=10
+PAT="a percentage between 0 and 100" script 2 "real text: LR_BAND not a percentage" 1 "${rt[@]}" COMPARE=fp8 \
+  LR_BAND=ten
+PAT="set the learning rate with LR=" script 2 "real text: the rate in SETS" 1 "${rt[@]}" SETS=train.lr=1e-4
 # gpu-fp8-bench.sh: bf16 and each recipe, every run planned (with the real cpgen) and judged by its own metrics
 PAT="^fp8_tensor +0.10 s +0.100 s +1.000 +0.00%" script 0 "fp8 bench: every recipe, each within its plan" 1 \
   tools/gpu-fp8-bench.sh STEPS=3 EXTRA=parallel.mlp_tile=8K
@@ -707,19 +725,21 @@ PAT="skipped +no ncu \(NCU=" profile 77 "no ncu" NCU="$tmp/none"
 
 # tools/precision_compare.py on made-up metrics: fp8 a little off bf16 passes; fp8 worse by more than 3% on the way,
 # or 1% at the end (either side), or a step short, fails; fp8 better by more than 3% is not divergence
-pc() { # WANT WHAT PATTERN TRAIN_FACTOR VAL_END_FACTOR [STEPS_OF_FP8]
-  python3 - "$tmp/pc" "$4" "$5" "${6:-300}" <<'PY'
+pc() { # WANT WHAT PATTERN TRAIN_FACTOR VAL_END_FACTOR [STEPS_OF_FP8 [BAND_VAL_END_FACTOR]]
+  python3 - "$tmp/pc" "$4" "$5" "${6:-300}" "${7:-1}" <<'PY'
 import json, math, sys
-d, f, fe, n = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-for name, tf, ve, steps in (("bf16", 1.0, 1.0, 300), ("fp8", f, fe, n)):
+d, f, fe, n, be = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+for name, tf, ve, steps in (("bf16", 1.0, 1.0, 300), ("fp8", f, fe, n), ("band", 1.0, be, 300)):
     with open(f"{d}_{name}.jsonl", "w") as o:
         for s in range(1, steps + 1):
             loss = 8 - 3 * math.log(s) / math.log(300)
-            o.write(json.dumps({"step": s, "loss": loss * (tf if 101 <= s <= 120 else 1.002)}) + "\n")
+            o.write(json.dumps({"step": s, "loss": loss * ((be if name == "band" else tf) if 101 <= s <= 120
+                                                          else 1.002)}) + "\n")
             if s % 30 == 0:
                 o.write(json.dumps({"step": s, "val_loss": (loss + 0.5) * (ve if s == 300 else 1.0)}) + "\n")
 PY
-  python3 tools/precision_compare.py "$tmp/pc_bf16.jsonl" "$tmp/pc_fp8.jsonl" 300 "$tmp/pc.svg" >"$tmp/log" 2>&1
+  python3 tools/precision_compare.py "$tmp/pc_bf16.jsonl" "$tmp/pc_fp8.jsonl" 300 "$tmp/pc.svg" \
+    ${7:+"fp8 and bf16's band"} ${7:+fp8} ${7:+--band} ${7:+"lr_low=$tmp/pc_band.jsonl"} >"$tmp/log" 2>&1
   expect_rc "$1" "precision_compare: $2" $? "$tmp/log" "$3"
 }
 pc 0 "fp8 0.2% off" "^at the end: .*difference 0\.20% above bf16 .*OK$" 1.0 1.002
@@ -728,6 +748,14 @@ pc 1 "fp8 5% worse for 20 steps" "^on the way: fp8 at most 5\.00% above .*FAILED
 pc 1 "fp8 2% worse at the end" "^at the end: .*difference 2\.00% above bf16 .*FAILED$" 1.0 1.02
 pc 1 "fp8 2% better at the end (either side)" "^at the end: .*difference 2\.00% below bf16 .*FAILED$" 1.0 0.98
 pc 1 "fp8 a step short" "^fp8: FAILED: 299 training steps of 300" 1.0 1.0 299
+# --band: fp8 judged against the band of bf16 and its neighbours, from 1% below its lowest to 1% above its highest, and
+# on the way against its highest (the band's run takes BAND_VAL_END_FACTOR at the end and over steps 101-120)
+pc 0 "fp8 2% below bf16, inside the band" \
+  "^at the end: .*band [0-9.]+ \(lr_low\) to [0-9.]+ \(bf16\), fp8 [0-9.]+, inside it .*OK$" 1.0 0.98 300 0.975
+pc 1 "fp8 3% below bf16 and 1.5% below the band" "^at the end: .*fp8 [0-9.]+, 1\.52% below its lowest .*FAILED$" \
+  1.0 0.97 300 0.985
+pc 0 "fp8 5% worse for 20 steps, a band's run 4% worse there" \
+  "^on the way: fp8 at most 0\.96% above bf16's band \(bound 3%\), at training steps 101-120: .*OK" 1.05 1.0 300 1.04
 
 # tools/hf_val_loss.py's sequences and documents, cut as docs/DATA.md says cpgen cuts them (no torch needed): a
 # sequence every S tokens while S + 1 remain, never across shards; a document at 0 and after each end-of-document token

@@ -20,6 +20,10 @@
 # step and evaluates both sets of weights with one forward, transformers' in bf16 and fp32, on the sequences cpgen
 # evaluated (tools/hf_val_loss.py, or HF_VAL_LOSS, judged by tools/oracle_compare.py): whether a gap between the
 # runs' validation losses is in their weights or in the forward that measured them.
+# LR_BAND=PCT (with COMPARE) runs two more bf16 runs from the same start, at the learning rate PCT% below and above LR
+# (3e-4), beside the other two: a run's end moves by more than the comparison's 1% with a change of 10% in the rate
+# (docs/PERF.md, 2026-12-04, at night), and the second run is then judged against the band of the three bf16 runs
+# (precision_compare.py --band); about 12 minutes on one H200 with the defaults (DEADLINE then 900 s).
 # PACKAGES=1 adds the installed Python packages' sources (python3's site folders, *.py) to the inputs, up to
 # MAX_BYTES (default 60 MB with them, else 200 MB) taken in path order: on the GPU machine 14.2M training tokens, which
 # the 300 steps read 0.69 times, where the defaults' 3.7M are read 2.7 times and past the first pass the loss
@@ -36,7 +40,7 @@
 # resumed).
 # usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] [COMPARE=fp8|nondeterministic]
 #        [VAL_FRACTION=0.02] [PIECE_BYTES=32768] [SECOND_SETS="KEY=VALUE ..."] [SETS="KEY=VALUE ..."]
-#        [EVAL_SEQUENCES=...] [PACKAGES=1] [ORACLE=1] tools/gpu-real-text-run.sh [BUILD_DIR]
+#        [EVAL_SEQUENCES=...] [PACKAGES=1] [ORACLE=1] [LR=3e-4] [LR_BAND=PCT] tools/gpu-real-text-run.sh [BUILD_DIR]
 set -u
 B=${1:-build}
 out=${OUT:-out}/real-text
@@ -55,7 +59,18 @@ case "$COMPARE" in
   nondeterministic) second_sets=(--set train.deterministic=false) ;;
   *) echo "gpu-real-text-run: COMPARE=$COMPARE: fp8 and nondeterministic are known"; exit 2 ;;
 esac
-for v in SECOND_SETS ORACLE; do
+LR=${LR:-3e-4}
+band_lr=() band_runs=()
+case " ${SETS:-} " in
+  *" train.lr="*) echo "gpu-real-text-run: SETS: set the learning rate with LR=, which LR_BAND reads"; exit 2 ;;
+esac
+if [ -n "${LR_BAND:-}" ]; then
+  # shellcheck disable=SC2207
+  band_lr=($(python3 -c 'import sys; r, p = float(sys.argv[1]), float(sys.argv[2]); assert 0 < p < 100 and r > 0
+print(f"{r * (1 - p / 100):.6g} {r * (1 + p / 100):.6g}")' "$LR" "$LR_BAND" 2>/dev/null)) ||
+    { echo "gpu-real-text-run: LR=$LR LR_BAND=$LR_BAND: a rate above 0 and a percentage between 0 and 100"; exit 2; }
+fi
+for v in SECOND_SETS ORACLE LR_BAND; do
   if [ -n "${!v:-}" ] && [ -z "$COMPARE" ]; then
     echo "gpu-real-text-run: $v is for a comparison's runs: set COMPARE too"
     exit 2
@@ -71,12 +86,12 @@ fi
 mkdir -p "$CKPT_DIR"
 # the checkpoints go whatever happens: 12.5 GB each, in memory or on a 64 GiB disk
 drop_checkpoints() {
-  rm -rf "$CKPT_DIR"/{full,resumed,fp8,nondeterministic}
+  rm -rf "$CKPT_DIR"/{full,resumed,fp8,nondeterministic,lr_low,lr_high}
   [ "$CKPT_DIR" = "$out/runs" ] || rmdir "$CKPT_DIR" 2>/dev/null
 }
 trap drop_checkpoints EXIT
 note "checkpoints in $CKPT_DIR; $STEPS steps at $SEQ, a checkpoint at step $SAVE_AT"
-deadline=$((t_start + ${DEADLINE:-570}))
+deadline=$((t_start + ${DEADLINE:-$([ ${#band_lr[@]} = 0 ] && echo 570 || echo 900)}))
 left() { echo $((deadline - $(date +%s))); }
 
 # bg NAME COMMAND...: COMMAND in the background until the deadline, its log in $out/NAME.log and its exit status
@@ -131,7 +146,7 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
   note "data: $STEPS steps of $SEQ tokens read the training tokens $passes times"
   cp "$data/text.json" "$out/tokens.json"
   args=(llama1b --gpus 1 --seq "$SEQ" --set "model.vocab=$model_vocab" --set "data.source=$src"
-    --set "train.steps=$STEPS" --set train.warmup=30 --set train.lr=3e-4 --set train.log_every=10)
+    --set "train.steps=$STEPS" --set train.warmup=30 --set "train.lr=$LR" --set train.log_every=10)
   for kv in ${SETS:-}; do args+=(--set "$kv"); done
   # validation loss where this cpgen has it: `cpgen plan` refuses a key it does not know
   if [ "$val" != - ] && "$B/cpgen" plan "${args[@]}" --set "data.val=$val" >"$out/probe_val.log" 2>&1; then
@@ -151,9 +166,14 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
     bg full "$B/cpgen" run "${args[@]}" --set "train.save_every=$save" --set "train.out_dir=$CKPT_DIR/full"
     bg "$second" "$B/cpgen" run "${args[@]}" --set "train.save_every=$save" "${second_sets[@]}" \
       --set "train.out_dir=$CKPT_DIR/$second"
+    # LR_BAND: bf16 at the neighbouring rates, beside them
+    [ ${#band_lr[@]} = 0 ] || band_runs=(lr_low lr_high)
+    for i in ${band_runs[@]+"${!band_runs[@]}"}; do
+      bg "${band_runs[$i]}" "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.lr=${band_lr[$i]}" \
+        --set "train.out_dir=$CKPT_DIR/${band_runs[$i]}"
+    done
     wait
-    judge full '^done: .*'
-    judge "$second" '^done: .*'
+    for r in full "$second" ${band_runs[@]+"${band_runs[@]}"}; do judge "$r" '^done: .*'; done
     if [ "${ORACLE:-}" = 1 ]; then
       # both runs' last weights through one forward, transformers', on the sequences cpgen evaluated
       for r in full "$second"; do
@@ -184,16 +204,19 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
     judge resumed '^resumed from [^ ]+'
     rm -rf "$CKPT_DIR"/full/ckpt_* "$CKPT_DIR"/resumed/ckpt_*
   fi
-  for r in full $second; do
+  for r in full $second ${band_runs[@]+"${band_runs[@]}"}; do
     cp "$CKPT_DIR/$r/metrics.jsonl" "$out/metrics_$r.jsonl" 2>/dev/null
     # the training steps' lines (an evaluation may have lines of its own)
     grep '"loss"' "$out/metrics_$r.jsonl" >"$out/steps_$r.jsonl" 2>/dev/null
     cp "$CKPT_DIR/$r/report.svg" "$out/report_$r.svg" 2>/dev/null || fail "$r: no report.svg"
   done
   if [ -n "$COMPARE" ]; then
+    band_args=()
+    for r in ${band_runs[@]+"${band_runs[@]}"}; do band_args+=("$r=$out/metrics_$r.jsonl"); done
+    [ ${#band_args[@]} = 0 ] || band_args=(--band "${band_args[@]}")
     check "$second against bf16" python3 "$(dirname "$0")/precision_compare.py" "$out/metrics_full.jsonl" \
       "$out/metrics_$second.jsonl" "$STEPS" "$out/precision.svg" "llama1b at $SEQ on real text: bf16 and $second" \
-      "$second"
+      "$second" ${band_args[@]+"${band_args[@]}"}
     [ "${ORACLE:-}" != 1 ] || check "one forward for both" python3 "$(dirname "$0")/oracle_compare.py" \
       "$out/metrics_full.jsonl" "$out/oracle_full.log" "$out/metrics_$second.jsonl" "$out/oracle_$second.log" "$second"
   else
@@ -226,9 +249,9 @@ verdict=$?
 grep -v '^$' "$out/verdict.txt"
 echo
 echo "real text on $(nvidia-smi -L | head -1), in $(($(date +%s) - t_start)) s"
-sed -n 's/^\(tokens\|full\|resumed\|fp8\|nondeterministic\|oracle_[a-z0-9]*\) \+rc=/&/p' "$sum" | sed 's/^/  /'
-grep -E '^(loss:|resumed against|tokenizer:|data:|validation:|training loss:|on the way:|at the end:|one forward)' \
-  "$sum" |
+sed -n 's/^\(tokens\|full\|resumed\|fp8\|nondeterministic\|lr_low\|lr_high\|oracle_[a-z0-9]*\) \+rc=/&/p' "$sum" |
   sed 's/^/  /'
+grep -E '^(loss:|resumed against|tokenizer:|data:|validation:|training loss:|on the way:|bf16.s band|at the end:|'\
+'against bf16 alone|one forward)' "$sum" | sed 's/^/  /'
 echo "  files: $out/report_full.svg, $out/report_${second:-resumed}.svg, metrics_*.jsonl, tokens.json"
 exit "$verdict"

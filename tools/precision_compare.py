@@ -9,11 +9,17 @@ Reads each run's metrics.jsonl (a line per step; validation lines carry "val_los
   - at the end: the last validation loss of the fp8 run within END (1%) of the bf16 run's, above or below.
 Prints, unjudged, how far the second run's training loss lies from bf16's: its mean over the run and over the last
 LAST (100) steps, and the range of the windows' gaps.
-Draws both runs' training loss (a 10-step mean) and validation loss into OUT_SVG (matplotlib; without it the checks
-still run and the picture is said to be missing). Prints one line per check and a short table last.
-The second run may be another (NAME, "fp8" unless given): bf16 with nondeterministic sums, say, whose distance from
-the first is the noise floor of the comparison.
-usage: precision_compare.py BF16_METRICS FP8_METRICS STEPS OUT_SVG [TITLE [NAME]]"""
+With --band LABEL=METRICS ..., more bf16 runs from the same start that differ by what the comparison should not
+turn on (the learning rate 10% either way: gpu-real-text-run.sh's LR_BAND) join the first as bf16's band, and the
+second run is judged against the band: on the way at most WAY above the band's highest at each window and
+evaluation; at the end within END of the band, from END below its lowest to END above its highest. A run's end
+moves by more than 1% with such a change (docs/PERF.md, 2026-12-04, at night), so one bf16 run is a point of a
+spread; the distance from the first run alone is printed, unjudged, and so is the band's own spread.
+Draws the runs' training loss (a 10-step mean) and validation loss into OUT_SVG, the band's in grey (matplotlib;
+without it the checks still run and the picture is said to be missing). Prints one line per check and a short table
+last. The second run may be another (NAME, "fp8" unless given): bf16 with nondeterministic sums, say, whose distance
+from the first is the noise floor of the comparison.
+usage: precision_compare.py BF16_METRICS FP8_METRICS STEPS OUT_SVG [TITLE [NAME]] [--band LABEL=METRICS ...]"""
 import json
 import math
 import sys
@@ -51,16 +57,29 @@ def rel(a, b):
     return abs(a - b) / abs(b) if b else math.inf
 
 
+def side(v, ref):
+    return " below" if v < ref else " above" if v > ref else ""
+
+
 def main(argv):
-    if len(argv) not in (5, 6, 7):
+    args, band = argv[1:], []
+    if "--band" in args:
+        i = args.index("--band")
+        args, band = args[:i], args[i + 1:]
+    if len(args) not in (4, 5, 6) or not all("=" in b for b in band) or (band == [] and "--band" in argv):
         print(__doc__)
         return 2
-    steps, out_svg = int(argv[3]), argv[4]
-    title = argv[5] if len(argv) >= 6 else "bf16 and fp8 from the same start"
-    two = argv[6] if len(argv) == 7 else "fp8"
+    steps, out_svg = int(args[2]), args[3]
+    title = args[4] if len(args) >= 5 else "bf16 and fp8 from the same start"
+    two = args[5] if len(args) == 6 else "fp8"
+    sources = [("bf16", args[0]), (two, args[1])] + [tuple(b.split("=", 1)) for b in band]
+    if len({name for name, _ in sources}) != len(sources):
+        print(f"precision compare: the runs need names of their own: {', '.join(n for n, _ in sources)}")
+        return 2
+    refs = ["bf16"] + [label for label, _ in sources[2:]]  # bf16's band: the first run and its neighbours
     runs = {}
     ok = True
-    for name, path in (("bf16", argv[1]), (two, argv[2])):
+    for name, path in sources:
         train, val, err = load(path)
         if err:
             print(f"precision compare: FAILED: {err}")
@@ -72,46 +91,64 @@ def main(argv):
         runs[name] = (train, val)
     if not ok:
         return 1
-    (tb, vb), (tf, vf) = runs["bf16"], runs[two]
-    pairs = []  # (what, bf16, the second run) at the same steps
+    tb, tf = runs["bf16"][0], runs[two][0]
+    ref_name = "bf16" if len(refs) == 1 else "bf16's band"
+    pairs, windows = [], []  # pairs: (what, the reference's highest, the second run, its lowest) at the same steps
     for w0 in range(1, steps - WINDOW + 2, WINDOW):
-        ws = range(w0, w0 + WINDOW)
-        pairs.append((f"training steps {w0}-{w0 + WINDOW - 1}", sum(tb[s] for s in ws) / WINDOW,
-                      sum(tf[s] for s in ws) / WINDOW))
-    windows = [(p[2] - p[1]) / p[1] for p in pairs]
+        mean = {n: sum(runs[n][0][s] for s in range(w0, w0 + WINDOW)) / WINDOW for n in runs}
+        windows.append(mean[two] / mean["bf16"] - 1)
+        pairs.append((f"training steps {w0}-{w0 + WINDOW - 1}", max(mean[r] for r in refs), mean[two],
+                      min(mean[r] for r in refs)))
     last = range(max(1, steps - LAST + 1), steps + 1)
     print(f"training loss: {two} {gap(tb, tf, tb):+.2%} against bf16 over the run, {gap(tb, tf, last):+.2%} over "
           f"the last {len(last)} steps, windows of {WINDOW} from {min(windows):+.2%} to {max(windows):+.2%}")
-    common = sorted(set(vb) & set(vf))
-    pairs += [(f"validation at step {s}", vb[s], vf[s]) for s in common]
+    common = sorted(set.intersection(*(set(runs[r][1]) for r in runs)))
+    pairs += [(f"validation at step {s}", max(runs[r][1][s] for r in refs), runs[two][1][s],
+               min(runs[r][1][s] for r in refs)) for s in common]
     worse = max(pairs, key=lambda p: (p[2] - p[1]) / p[1])
-    better = min(pairs, key=lambda p: (p[2] - p[1]) / p[1])
+    better = min(pairs, key=lambda p: (p[2] - p[3]) / p[3])
     up = (worse[2] - worse[1]) / worse[1]
     way_ok = up <= WAY
-    print(f"on the way: {two} at most {up:.2%} above bf16 (bound {WAY:.0%}), at {worse[0]}: {worse[1]:.4f} / "
-          f"{worse[2]:.4f} {'OK' if way_ok else 'FAILED'}; at most {(better[1] - better[2]) / better[1]:.2%} below, "
+    print(f"on the way: {two} at most {up:.2%} above {ref_name} (bound {WAY:.0%}), at {worse[0]}: {worse[1]:.4f} / "
+          f"{worse[2]:.4f} {'OK' if way_ok else 'FAILED'}; at most {(better[3] - better[2]) / better[3]:.2%} below, "
           f"at {better[0]}")
     if not common:
-        print("at the end: FAILED: no validation loss in both runs")
+        print("at the end: FAILED: no validation loss in every run")
         end_ok = False
     else:
         s = common[-1]
-        d = rel(vf[s], vb[s])
+        v, vb = runs[two][1][s], runs["bf16"][1][s]
+        if len(refs) == 1:
+            d = rel(v, vb)
+            print(f"at the end: validation loss at step {s}: bf16 {vb:.4f}, {two} {v:.4f}, "
+                  f"difference {d:.2%}{side(v, vb)} bf16 (bound {END:.0%}, either side) "
+                  f"{'OK' if d <= END else 'FAILED'}")
+        else:
+            ends = sorted((runs[r][1][s], r) for r in refs)
+            (lo, lo_name), (hi, hi_name) = ends[0], ends[-1]
+            d = rel(v, lo) if v < lo else rel(v, hi) if v > hi else 0.0
+            where = (f"{d:.2%} below its lowest" if v < lo else f"{d:.2%} above its highest" if v > hi
+                     else "inside it")
+            print(f"bf16's band at step {s}: " + ", ".join(f"{r} {e:.4f}" for e, r in ends) +
+                  f"; its spread {rel(hi, lo):.2%}")
+            print(f"at the end: validation loss at step {s}: bf16's band {lo:.4f} ({lo_name}) to {hi:.4f} "
+                  f"({hi_name}), {two} {v:.4f}, {where} (bound {END:.0%} outside it, either side) "
+                  f"{'OK' if d <= END else 'FAILED'}")
+            print(f"against bf16 alone (unjudged): {two} {rel(v, vb):.2%}{side(v, vb)} bf16's {vb:.4f}")
         end_ok = d <= END
-        side = " below bf16" if vf[s] < vb[s] else " above bf16" if vf[s] > vb[s] else ""
-        print(f"at the end: validation loss at step {s}: bf16 {vb[s]:.4f}, {two} {vf[s]:.4f}, "
-              f"difference {d:.2%}{side} (bound {END:.0%}, either side) {'OK' if end_ok else 'FAILED'}")
-    print(f"picture: {draw(runs, steps, out_svg, title, two)}")
-    print(f"{'step':>6} {'bf16 train':>11} {two[:4] + ' train':>10} {'bf16 val':>9} {two[:4] + ' val':>8}")
+    print(f"picture: {draw(runs, refs, steps, out_svg, title, two)}")
+    print(f"{'step':>6} {'bf16 train':>11} {two[:4] + ' train':>10} {'bf16 val':>9} {two[:4] + ' val':>8}" +
+          "".join(f" {r[:8] + ' val':>12}" for r in refs[1:]))
     for s in common:
         lo = max(1, s - 9)
         mb = sum(tb[k] for k in range(lo, s + 1)) / (s + 1 - lo)
         mf = sum(tf[k] for k in range(lo, s + 1)) / (s + 1 - lo)
-        print(f"{s:6d} {mb:11.4f} {mf:10.4f} {vb[s]:9.4f} {vf[s]:8.4f}")
+        print(f"{s:6d} {mb:11.4f} {mf:10.4f} {runs['bf16'][1][s]:9.4f} {runs[two][1][s]:8.4f}" +
+              "".join(f" {runs[r][1][s]:12.4f}" for r in refs[1:]))
     return 0 if way_ok and end_ok else 1
 
 
-def draw(runs, steps, path, title, two):
+def draw(runs, refs, steps, path, title, two):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -119,13 +156,14 @@ def draw(runs, steps, path, title, two):
     except ImportError:
         return "not drawn (no matplotlib)"
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, color in (("bf16", "#1f77b4"), (two, "#d62728")):
+    styles = [("bf16", "#1f77b4", 1.2), (two, "#d62728", 1.2)] + [(r, "#888888", 0.8) for r in refs[1:]]
+    for name, color, lw in styles:
         train, val = runs[name]
         xs = sorted(train)
         mean = [sum(train[k] for k in xs[max(0, i - 9):i + 1]) / (i + 1 - max(0, i - 9)) for i in range(len(xs))]
-        ax.plot(xs, mean, color=color, lw=1.2, label=f"{name} training (10-step mean)")
+        ax.plot(xs, mean, color=color, lw=lw, label=f"{name} training (10-step mean)")
         vs = sorted(val)
-        ax.plot(vs, [val[k] for k in vs], color=color, lw=1.2, ls="--", marker="o", ms=3, label=f"{name} validation")
+        ax.plot(vs, [val[k] for k in vs], color=color, lw=lw, ls="--", marker="o", ms=3, label=f"{name} validation")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_xlim(0, steps)
