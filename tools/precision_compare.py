@@ -118,31 +118,28 @@ def main(argv):
     else:
         s = common[-1]
         v, vb = runs[two][1][s], runs["bf16"][1][s]
+        ends = sorted((runs[r][1][s], r) for r in refs)  # one bf16 run, or its band
+        (lo, lo_name), (hi, hi_name) = ends[0], ends[-1]
+        d = rel(v, lo) if v < lo else rel(v, hi) if v > hi else 0.0
+        verdict = "OK" if d <= END else "FAILED"
         if len(refs) == 1:
-            d = rel(v, vb)
             print(f"at the end: validation loss at step {s}: bf16 {vb:.4f}, {two} {v:.4f}, "
-                  f"difference {d:.2%}{side(v, vb)} bf16 (bound {END:.0%}, either side) "
-                  f"{'OK' if d <= END else 'FAILED'}")
+                  f"difference {d:.2%}{side(v, vb)} bf16 (bound {END:.0%}, either side) {verdict}")
         else:
-            ends = sorted((runs[r][1][s], r) for r in refs)
-            (lo, lo_name), (hi, hi_name) = ends[0], ends[-1]
-            d = rel(v, lo) if v < lo else rel(v, hi) if v > hi else 0.0
             where = (f"{d:.2%} below its lowest" if v < lo else f"{d:.2%} above its highest" if v > hi
                      else "inside it")
             print(f"bf16's band at step {s}: " + ", ".join(f"{r} {e:.4f}" for e, r in ends) +
                   f"; its spread {rel(hi, lo):.2%}")
             print(f"at the end: validation loss at step {s}: bf16's band {lo:.4f} ({lo_name}) to {hi:.4f} "
-                  f"({hi_name}), {two} {v:.4f}, {where} (bound {END:.0%} outside it, either side) "
-                  f"{'OK' if d <= END else 'FAILED'}")
+                  f"({hi_name}), {two} {v:.4f}, {where} (bound {END:.0%} outside it, either side) {verdict}")
             print(f"against bf16 alone (unjudged): {two} {rel(v, vb):.2%}{side(v, vb)} bf16's {vb:.4f}")
         end_ok = d <= END
     print(f"picture: {draw(runs, refs, steps, out_svg, title, two)}")
     print(f"{'step':>6} {'bf16 train':>11} {two[:4] + ' train':>10} {'bf16 val':>9} {two[:4] + ' val':>8}" +
           "".join(f" {r[:8] + ' val':>12}" for r in refs[1:]))
     for s in common:
-        lo = max(1, s - 9)
-        mb = sum(tb[k] for k in range(lo, s + 1)) / (s + 1 - lo)
-        mf = sum(tf[k] for k in range(lo, s + 1)) / (s + 1 - lo)
+        w = range(max(1, s - 9), s + 1)  # the 10 steps to s
+        mb, mf = sum(tb[k] for k in w) / len(w), sum(tf[k] for k in w) / len(w)
         print(f"{s:6d} {mb:11.4f} {mf:10.4f} {runs['bf16'][1][s]:9.4f} {runs[two][1][s]:8.4f}" +
               "".join(f" {runs[r][1][s]:12.4f}" for r in refs[1:]))
     return 0 if way_ok and end_ok else 1
