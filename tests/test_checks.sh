@@ -351,6 +351,22 @@ PAT="^  at the end: .*fp8 [0-9.]+, [0-9.]+% above its highest .*FAILED$" script 
 PAT="FAILED +lr_high: exit status 1" script 1 "real text, fp8 against bf16's band: a band's run fails" 1 \
   "${rt[@]}" COMPARE=fp8 FAKE_VAL=1 LR_BAND=10 FAKE_FAIL=lr_high
 PAT="set COMPARE too" script 2 "real text: LR_BAND without a comparison" 1 "${rt[@]}" LR_BAND=10
+# BAND_ONLY=1 trains the band alone and leaves its metrics and band.key; BAND_FROM takes them when the key is this
+# call's (the build, shards and settings), and runs nothing when it is not
+bd=("${rt[@]}" COMPARE=fp8 FAKE_VAL=1 LR_BAND=10)
+PAT="^band only: metrics_lr_low.jsonl, metrics_lr_high.jsonl and band.key" script 0 "real text: the band alone" 1 \
+  "${bd[@]}" BAND_ONLY=1
+rm -rf "$tmp/band" && cp -r "$tmp/simout/real-text" "$tmp/band"
+PAT="^  at the end: .*band [0-9.]+ \(lr_low\) to [0-9.]+ \(lr_high\), fp8 [0-9.]+, inside it .*OK$" script 0 \
+  "real text: the band from an earlier call" 1 "${bd[@]}" BAND_FROM="$tmp/band" SECOND_SETS=train.lr=3.3e-4
+PAT="FAILED: band: .* ran with another build, data or settings .*nothing run" script 1 \
+  "real text: a band from another start" 1 "${bd[@]}" BAND_FROM="$tmp/band" SETS=init.seed=2
+PAT="FAILED: band: .* ran with another build, data or settings" script 1 \
+  "real text: a band of another width" 1 "${rt[@]}" COMPARE=fp8 FAKE_VAL=1 LR_BAND=5 BAND_FROM="$tmp/band"
+PAT="set LR_BAND too" script 2 "real text: BAND_FROM without LR_BAND" 1 "${rt[@]}" COMPARE=fp8 BAND_FROM="$tmp/band"
+PAT="a folder a BAND_ONLY=1 call left" script 2 "real text: BAND_FROM a folder without band.key" 1 "${bd[@]}" \
+  BAND_FROM="$tmp"
+PAT="not with BAND_ONLY" script 2 "real text: ORACLE with BAND_ONLY" 1 "${bd[@]}" BAND_ONLY=1 ORACLE=1
 PAT="a percentage between 0 and 100" script 2 "real text: LR_BAND not a percentage" 1 "${rt[@]}" COMPARE=fp8 \
   LR_BAND=ten
 PAT="set the learning rate with LR=" script 2 "real text: the rate in SETS" 1 "${rt[@]}" SETS=train.lr=1e-4

@@ -23,7 +23,11 @@
 # LR_BAND=PCT (with COMPARE) runs two more bf16 runs from the same start, at the learning rate PCT% below and above LR
 # (3e-4), beside the other two: a run's end moves by more than the comparison's 1% with a change of 10% in the rate
 # (docs/PERF.md, 2026-12-04, at night), and the second run is then judged against the band of the three bf16 runs
-# (precision_compare.py --band); about 12 minutes on one H200 with the defaults (DEADLINE then 900 s).
+# (precision_compare.py --band); about 12 minutes on one H200 with the defaults (DEADLINE then 900 s). Where one call
+# is shorter, the band runs in a call of its own: BAND_ONLY=1 trains only its two runs (about 6.5 minutes) and leaves
+# their metrics and band.key (the build, shards and settings they ran with) in $OUT/real-text; BAND_FROM=DIR then
+# takes them from that folder instead of training them, refused unless its band.key is this call's (bf16 runs of one
+# build, data and settings repeat to the digit, docs/PERF.md).
 # PACKAGES=1 adds the installed Python packages' sources (python3's site folders, *.py) to the inputs, up to
 # MAX_BYTES (default 60 MB with them, else 200 MB) taken in path order: on the GPU machine 14.2M training tokens, which
 # the 300 steps read 0.69 times, where the defaults' 3.7M are read 2.7 times and past the first pass the loss
@@ -40,7 +44,8 @@
 # resumed).
 # usage: [STEPS=300] [SAVE_AT=150] [VOCAB=32000] [CKPT_DIR=...] [DEADLINE=570] [COMPARE=fp8|nondeterministic]
 #        [VAL_FRACTION=0.02] [PIECE_BYTES=32768] [SECOND_SETS="KEY=VALUE ..."] [SETS="KEY=VALUE ..."]
-#        [EVAL_SEQUENCES=...] [PACKAGES=1] [ORACLE=1] [LR=3e-4] [LR_BAND=PCT] tools/gpu-real-text-run.sh [BUILD_DIR]
+#        [EVAL_SEQUENCES=...] [PACKAGES=1] [ORACLE=1] [LR=3e-4] [LR_BAND=PCT [BAND_ONLY=1 | BAND_FROM=DIR]]
+#        tools/gpu-real-text-run.sh [BUILD_DIR]
 set -u
 B=${1:-build}
 out=${OUT:-out}/real-text
@@ -60,7 +65,7 @@ case "$COMPARE" in
   *) echo "gpu-real-text-run: COMPARE=$COMPARE: fp8 and nondeterministic are known"; exit 2 ;;
 esac
 LR=${LR:-3e-4}
-band_lr=() band_runs=()
+band_lr=() band_runs=() band_ok=1
 case " ${SETS:-} " in
   *" train.lr="*) echo "gpu-real-text-run: SETS: set the learning rate with LR=, which LR_BAND reads"; exit 2 ;;
 esac
@@ -76,6 +81,20 @@ for v in SECOND_SETS ORACLE LR_BAND; do
     exit 2
   fi
 done
+for v in BAND_ONLY BAND_FROM; do
+  if [ -n "${!v:-}" ] && [ -z "${LR_BAND:-}" ]; then
+    echo "gpu-real-text-run: $v is for a band's runs: set LR_BAND too"
+    exit 2
+  fi
+done
+if [ -n "${BAND_FROM:-}" ] && { [ -n "${BAND_ONLY:-}" ] || [ ! -s "$BAND_FROM/band.key" ]; }; then
+  echo "gpu-real-text-run: BAND_FROM=$BAND_FROM: a folder a BAND_ONLY=1 call left (with band.key), and no BAND_ONLY"
+  exit 2
+fi
+if [ -n "${BAND_ONLY:-}" ] && [ -n "${ORACLE:-}" ]; then
+  echo "gpu-real-text-run: ORACLE is for the pair's runs: not with BAND_ONLY"
+  exit 2
+fi
 for kv in ${SECOND_SETS:-}; do second_sets+=(--set "$kv"); done
 VAL_FRACTION=${VAL_FRACTION:-$([ -n "$COMPARE" ] && echo 0.1 || echo 0.02)}
 t_start=$(date +%s)
@@ -91,7 +110,8 @@ drop_checkpoints() {
 }
 trap drop_checkpoints EXIT
 note "checkpoints in $CKPT_DIR; $STEPS steps at $SEQ, a checkpoint at step $SAVE_AT"
-deadline=$((t_start + ${DEADLINE:-$([ ${#band_lr[@]} = 0 ] && echo 570 || echo 900)}))
+four=$([ ${#band_lr[@]} != 0 ] && [ -z "${BAND_ONLY:-}${BAND_FROM:-}" ] && echo 1) # four runs side by side
+deadline=$((t_start + ${DEADLINE:-$([ -z "$four" ] && echo 570 || echo 900)}))
 left() { echo $((deadline - $(date +%s))); }
 
 # bg NAME COMMAND...: COMMAND in the background until the deadline, its log in $out/NAME.log and its exit status
@@ -163,18 +183,42 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
     second=$COMPARE
     save=0
     [ "${ORACLE:-}" != 1 ] || save=$STEPS
-    bg full "$B/cpgen" run "${args[@]}" --set "train.save_every=$save" --set "train.out_dir=$CKPT_DIR/full"
-    bg "$second" "$B/cpgen" run "${args[@]}" --set "train.save_every=$save" "${second_sets[@]}" \
-      --set "train.out_dir=$CKPT_DIR/$second"
-    # LR_BAND: bf16 at the neighbouring rates, beside them
     [ ${#band_lr[@]} = 0 ] || band_runs=(lr_low lr_high)
-    for i in ${band_runs[@]+"${!band_runs[@]}"}; do
-      bg "${band_runs[$i]}" "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.lr=${band_lr[$i]}" \
-        --set "train.out_dir=$CKPT_DIR/${band_runs[$i]}"
-    done
+    # what a band's runs share with the pair: this build, these shards, these settings (the data's folder aside)
+    key=$({ sha256sum <"$B/cpgen"; cat "$data"/text_*.bin | sha256sum; echo "LR_BAND=${LR_BAND:-}"
+      printf '%s\n' "${args[@]}" | sed "s|$data/|DATA/|g"; } | sha256sum | cut -c1-16)
+    ran=()
+    if [ -n "${BAND_FROM:-}" ]; then
+      # LR_BAND: bf16 at the neighbouring rates, from an earlier call of this build, data and settings
+      if [ "$(cat "$BAND_FROM/band.key")" = "$key" ]; then
+        for r in "${band_runs[@]}"; do
+          cp "$BAND_FROM/metrics_$r.jsonl" "$out/" || { fail "$r: no metrics in $BAND_FROM"; band_ok=; }
+        done
+        note "band: lr_low and lr_high from $BAND_FROM (band.key $key)"
+      else
+        fail "band: $BAND_FROM ran with another build, data or settings (band.key $(cat "$BAND_FROM/band.key"), here" \
+          "$key): nothing run; run BAND_ONLY=1 again with this one"
+        band_ok=
+      fi
+    fi
+    if [ -z "${BAND_ONLY:-}" ] && [ -n "$band_ok" ]; then
+      ran=(full "$second")
+      bg full "$B/cpgen" run "${args[@]}" --set "train.save_every=$save" --set "train.out_dir=$CKPT_DIR/full"
+      bg "$second" "$B/cpgen" run "${args[@]}" --set "train.save_every=$save" "${second_sets[@]}" \
+        --set "train.out_dir=$CKPT_DIR/$second"
+    fi
+    if [ -z "${BAND_FROM:-}" ]; then
+      # LR_BAND: bf16 at the neighbouring rates, beside the pair (or alone, BAND_ONLY)
+      for i in ${band_runs[@]+"${!band_runs[@]}"}; do
+        ran+=("${band_runs[$i]}")
+        bg "${band_runs[$i]}" "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.lr=${band_lr[$i]}" \
+          --set "train.out_dir=$CKPT_DIR/${band_runs[$i]}"
+      done
+      [ ${#band_runs[@]} = 0 ] || echo "$key" >"$out/band.key"
+    fi
     wait
-    for r in full "$second" ${band_runs[@]+"${band_runs[@]}"}; do judge "$r" '^done: .*'; done
-    if [ "${ORACLE:-}" = 1 ]; then
+    for r in ${ran[@]+"${ran[@]}"}; do judge "$r" '^done: .*'; done
+    if [ "${ORACLE:-}" = 1 ] && [ -n "$band_ok" ]; then
       # both runs' last weights through one forward, transformers', on the sequences cpgen evaluated
       for r in full "$second"; do
         GREP='"loss": [0-9.]+' run "oracle_$r" 300 python3 "${HF_VAL_LOSS:-$(dirname "$0")/hf_val_loss.py}" \
@@ -188,6 +232,7 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
     # the GPU's time is what it would be one after the other, but the second run's start and the first run's last
     # save overlap the other's steps, which keeps the whole within one call of ten minutes
     second=resumed
+    ran=(full resumed)
     bg full "$B/cpgen" run "${args[@]}" --set "train.save_every=$SAVE_AT" --set "train.out_dir=$CKPT_DIR/full"
     ck=$CKPT_DIR/full/ckpt_$SAVE_AT # renamed into place only when complete
     until [ -e "$ck/trainer_state.json" ] || [ -e "$out/full.rc" ] || [ "$(left)" -le 5 ]; do sleep 2; done
@@ -204,13 +249,17 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
     judge resumed '^resumed from [^ ]+'
     rm -rf "$CKPT_DIR"/full/ckpt_* "$CKPT_DIR"/resumed/ckpt_*
   fi
-  for r in full $second ${band_runs[@]+"${band_runs[@]}"}; do
+  for r in ${ran[@]+"${ran[@]}"}; do
     cp "$CKPT_DIR/$r/metrics.jsonl" "$out/metrics_$r.jsonl" 2>/dev/null
     # the training steps' lines (an evaluation may have lines of its own)
     grep '"loss"' "$out/metrics_$r.jsonl" >"$out/steps_$r.jsonl" 2>/dev/null
     cp "$CKPT_DIR/$r/report.svg" "$out/report_$r.svg" 2>/dev/null || fail "$r: no report.svg"
   done
-  if [ -n "$COMPARE" ]; then
+  if [ -n "${BAND_ONLY:-}" ]; then
+    note "band only: metrics_lr_low.jsonl, metrics_lr_high.jsonl and band.key in $out, for BAND_FROM=$out"
+  elif [ -z "$band_ok" ]; then
+    : # nothing ran: the band's failure above says why
+  elif [ -n "$COMPARE" ]; then
     band_args=()
     for r in ${band_runs[@]+"${band_runs[@]}"}; do band_args+=("$r=$out/metrics_$r.jsonl"); done
     [ ${#band_args[@]} = 0 ] || band_args=(--band "${band_args[@]}")
@@ -253,5 +302,9 @@ sed -n 's/^\(tokens\|full\|resumed\|fp8\|nondeterministic\|lr_low\|lr_high\|orac
   sed 's/^/  /'
 grep -E '^(loss:|resumed against|tokenizer:|data:|validation:|training loss:|on the way:|bf16.s band|at the end:|'\
 'against bf16 alone|one forward)' "$sum" | sed 's/^/  /'
-echo "  files: $out/report_full.svg, $out/report_${second:-resumed}.svg, metrics_*.jsonl, tokens.json"
+if [ -n "${BAND_ONLY:-}" ]; then
+  echo "  files: $out/metrics_lr_low.jsonl, metrics_lr_high.jsonl, band.key, tokens.json"
+else
+  echo "  files: $out/report_full.svg, $out/report_${second:-resumed}.svg, metrics_*.jsonl, tokens.json"
+fi
 exit "$verdict"

@@ -109,9 +109,11 @@ def main(argv):
     better = min(pairs, key=lambda p: (p[2] - p[3]) / p[3])
     up = (worse[2] - worse[1]) / worse[1]
     way_ok = up <= WAY
-    print(f"on the way: {two} at most {up:.2%} above {ref_name} (bound {WAY:.0%}), at {worse[0]}: {worse[1]:.4f} / "
-          f"{worse[2]:.4f} {'OK' if way_ok else 'FAILED'}; at most {(better[3] - better[2]) / better[3]:.2%} below, "
-          f"at {better[0]}")
+    down = (better[3] - better[2]) / better[3]
+    print(f"on the way: {two} " + (f"at most {up:.2%} above" if up >= 0 else f"never above (closest {-up:.2%} below)") +
+          f" {ref_name} (bound {WAY:.0%}), at {worse[0]}: {worse[1]:.4f} / {worse[2]:.4f} {'OK' if way_ok else 'FAILED'}"
+          "; " + (f"at most {down:.2%} below" if down >= 0 else f"never below (closest {-down:.2%} above)") +
+          f", at {better[0]}")
     if not common:
         print("at the end: FAILED: no validation loss in every run")
         end_ok = False
