@@ -183,10 +183,13 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
     second=$COMPARE
     save=0
     [ "${ORACLE:-}" != 1 ] || save=$STEPS
-    [ ${#band_lr[@]} = 0 ] || band_runs=(lr_low lr_high)
-    # what a band's runs share with the pair: this build, these shards, these settings (the data's folder aside)
-    key=$({ sha256sum <"$B/cpgen"; cat "$data"/text_*.bin | sha256sum; echo "LR_BAND=${LR_BAND:-}"
-      printf '%s\n' "${args[@]}" | sed "s|$data/|DATA/|g"; } | sha256sum | cut -c1-16)
+    key=
+    if [ ${#band_lr[@]} != 0 ]; then
+      band_runs=(lr_low lr_high)
+      # what a band's runs share with the pair: this build, these shards, these settings (the data's folder aside)
+      key=$({ sha256sum <"$B/cpgen"; cat "$data"/text_*.bin | sha256sum; echo "LR_BAND=$LR_BAND"
+        printf '%s\n' "${args[@]}" | sed "s|$data/|DATA/|g"; } | sha256sum | cut -c1-16)
+    fi
     ran=()
     if [ -n "${BAND_FROM:-}" ]; then
       # LR_BAND: bf16 at the neighbouring rates, from an earlier call of this build, data and settings
@@ -214,7 +217,7 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
         bg "${band_runs[$i]}" "$B/cpgen" run "${args[@]}" --set train.save_every=0 --set "train.lr=${band_lr[$i]}" \
           --set "train.out_dir=$CKPT_DIR/${band_runs[$i]}"
       done
-      [ ${#band_runs[@]} = 0 ] || echo "$key" >"$out/band.key"
+      [ -z "$key" ] || echo "$key" >"$out/band.key"
     fi
     wait
     for r in ${ran[@]+"${ran[@]}"}; do judge "$r" '^done: .*'; done
