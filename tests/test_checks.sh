@@ -745,12 +745,11 @@ pc() { # WANT WHAT PATTERN TRAIN_FACTOR VAL_END_FACTOR [STEPS_OF_FP8 [BAND_VAL_E
   python3 - "$tmp/pc" "$4" "$5" "${6:-300}" "${7:-1}" <<'PY'
 import json, math, sys
 d, f, fe, n, be = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-for name, tf, ve, steps in (("bf16", 1.0, 1.0, 300), ("fp8", f, fe, n), ("band", 1.0, be, 300)):
+for name, tf, ve, steps in (("bf16", 1.0, 1.0, 300), ("fp8", f, fe, n), ("band", be, be, 300)):
     with open(f"{d}_{name}.jsonl", "w") as o:
         for s in range(1, steps + 1):
             loss = 8 - 3 * math.log(s) / math.log(300)
-            o.write(json.dumps({"step": s, "loss": loss * ((be if name == "band" else tf) if 101 <= s <= 120
-                                                          else 1.002)}) + "\n")
+            o.write(json.dumps({"step": s, "loss": loss * (tf if 101 <= s <= 120 else 1.002)}) + "\n")
             if s % 30 == 0:
                 o.write(json.dumps({"step": s, "val_loss": (loss + 0.5) * (ve if s == 300 else 1.0)}) + "\n")
 PY
