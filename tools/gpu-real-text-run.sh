@@ -74,6 +74,7 @@ if [ -n "${LR_BAND:-}" ]; then
   band_lr=($(python3 -c 'import sys; r, p = float(sys.argv[1]), float(sys.argv[2]); assert 0 < p < 100 and r > 0
 print(f"{r * (1 - p / 100):.6g} {r * (1 + p / 100):.6g}")' "$LR" "$LR_BAND" 2>/dev/null)) ||
     { echo "gpu-real-text-run: LR=$LR LR_BAND=$LR_BAND: a rate above 0 and a percentage between 0 and 100"; exit 2; }
+  band_runs=(lr_low lr_high)
 fi
 for v in SECOND_SETS ORACLE LR_BAND; do
   if [ -n "${!v:-}" ] && [ -z "$COMPARE" ]; then
@@ -110,8 +111,10 @@ drop_checkpoints() {
 }
 trap drop_checkpoints EXIT
 note "checkpoints in $CKPT_DIR; $STEPS steps at $SEQ, a checkpoint at step $SAVE_AT"
-four=$([ ${#band_lr[@]} != 0 ] && [ -z "${BAND_ONLY:-}${BAND_FROM:-}" ] && echo 1) # four runs side by side
-deadline=$((t_start + ${DEADLINE:-$([ -z "$four" ] && echo 570 || echo 900)}))
+deadline=570
+# four runs side by side: the band trained beside the pair
+[ ${#band_runs[@]} = 0 ] || [ -n "${BAND_ONLY:-}${BAND_FROM:-}" ] || deadline=900
+deadline=$((t_start + ${DEADLINE:-$deadline}))
 left() { echo $((deadline - $(date +%s))); }
 
 # bg NAME COMMAND...: COMMAND in the background until the deadline, its log in $out/NAME.log and its exit status
@@ -184,22 +187,20 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
     save=0
     [ "${ORACLE:-}" != 1 ] || save=$STEPS
     key=
-    if [ ${#band_lr[@]} != 0 ]; then
-      band_runs=(lr_low lr_high)
-      # what a band's runs share with the pair: this build, these shards, these settings (the data's folder aside)
-      key=$({ sha256sum <"$B/cpgen"; cat "$data"/text_*.bin | sha256sum; echo "LR_BAND=$LR_BAND"
-        printf '%s\n' "${args[@]}" | sed "s|$data/|DATA/|g"; } | sha256sum | cut -c1-16)
-    fi
+    # what a band's runs share with the pair: this build, these shards, these settings (the data's folder aside)
+    [ ${#band_runs[@]} = 0 ] || key=$({ sha256sum <"$B/cpgen"; cat "$data"/text_*.bin | sha256sum
+      echo "LR_BAND=$LR_BAND"; printf '%s\n' "${args[@]}" | sed "s|$data/|DATA/|g"; } | sha256sum | cut -c1-16)
     ran=()
     if [ -n "${BAND_FROM:-}" ]; then
       # LR_BAND: bf16 at the neighbouring rates, from an earlier call of this build, data and settings
-      if [ "$(cat "$BAND_FROM/band.key")" = "$key" ]; then
+      their_key=$(cat "$BAND_FROM/band.key")
+      if [ "$their_key" = "$key" ]; then
         for r in "${band_runs[@]}"; do
           cp "$BAND_FROM/metrics_$r.jsonl" "$out/" || { fail "$r: no metrics in $BAND_FROM"; band_ok=; }
         done
         note "band: lr_low and lr_high from $BAND_FROM (band.key $key)"
       else
-        fail "band: $BAND_FROM ran with another build, data or settings (band.key $(cat "$BAND_FROM/band.key"), here" \
+        fail "band: $BAND_FROM ran with another build, data or settings (band.key $their_key, here" \
           "$key): nothing run; run BAND_ONLY=1 again with this one"
         band_ok=
       fi
