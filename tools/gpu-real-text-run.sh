@@ -23,11 +23,12 @@
 # LR_BAND=PCT (with COMPARE) runs two more bf16 runs from the same start, at the learning rate PCT% below and above LR
 # (3e-4), beside the other two: a run's end moves by more than the comparison's 1% with a change of 10% in the rate
 # (docs/PERF.md, 2026-12-04, at night), and the second run is then judged against the band of the three bf16 runs
-# (precision_compare.py --band); about 13 minutes on one H200 with the defaults (DEADLINE then 900 s). Where one call
-# is shorter, the band runs in a call of its own: BAND_ONLY=1 trains only its two runs (about 6.5 minutes) and leaves
-# their metrics and band.key (the build, shards and settings they ran with) in $OUT/real-text; BAND_FROM=DIR then
-# takes them from that folder instead of training them, refused unless its band.key is this call's (bf16 runs of one
-# build, data and settings repeat to the digit, docs/PERF.md).
+# (precision_compare.py --band), the rule an FP8 recipe is judged by; about 13 minutes on one H200 with the defaults
+# (DEADLINE then 900 s). Where one call is shorter, the band runs in a call of its own: BAND_ONLY=1 trains only its
+# two runs (407-411 s on an H200) and leaves their metrics and band.key (the build, shards and settings they ran with)
+# in $OUT/real-text; BAND_FROM=DIR then takes them from that folder instead of training them (the pair alone,
+# 352-356 s), refused unless its band.key is this call's (bf16 runs of one build, data and settings repeat to the
+# digit, docs/PERF.md).
 # PACKAGES=1 adds the installed Python packages' sources (python3's site folders, *.py) to the inputs, up to
 # MAX_BYTES (default 60 MB with them, else 200 MB) taken in path order: on the GPU machine 14.2M training tokens, which
 # the 300 steps read 0.69 times, where the defaults' 3.7M are read 2.7 times and past the first pass the loss
