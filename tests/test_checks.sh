@@ -294,6 +294,8 @@ PAT="^at the end: .*difference 0\.00% .*OK$" script 0 "real text, fp8 against bf
   FAKE_VAL=1
 PAT="^  training loss: fp8 \+0\.00% against bf16 over the run, \+0\.00% over the last 100 steps" script 0 \
   "real text, fp8 against bf16: the training loss's gap in the table" 1 "${rt[@]}" COMPARE=fp8 FAKE_VAL=1
+PAT="^  judged: against one bf16 run; an FP8 recipe is judged against bf16's band" script 0 \
+  "real text, fp8 against bf16: one bf16 run's verdict says the band is the rule" 1 "${rt[@]}" COMPARE=fp8 FAKE_VAL=1
 PAT="FAILED +fp8: exit status 1" script 1 "real text, fp8 against bf16: the fp8 run fails" 1 "${rt[@]}" \
   COMPARE=fp8 FAKE_VAL=1 FAKE_FAIL=fp8
 PAT="fp8: FAILED: 15 training steps of 300" script 1 "real text, fp8 against bf16: the fp8 run cut short" 1 \

@@ -271,6 +271,8 @@ print(m["model_vocab"], m["data_source"], m.get("val_source", "-"), f"{passes:.2
     check "$second against bf16" python3 "$(dirname "$0")/precision_compare.py" "$out/metrics_full.jsonl" \
       "$out/metrics_$second.jsonl" "$STEPS" "$out/precision.svg" "llama1b at $SEQ on real text: bf16 and $second" \
       "$second" ${band_args[@]+"${band_args[@]}"}
+    [ "$COMPARE" != fp8 ] || [ ${#band_args[@]} != 0 ] ||
+      note "judged: against one bf16 run; an FP8 recipe is judged against bf16's band (LR_BAND=10, docs/PERF.md)"
     [ "${ORACLE:-}" != 1 ] || check "one forward for both" python3 "$(dirname "$0")/oracle_compare.py" \
       "$out/metrics_full.jsonl" "$out/oracle_full.log" "$out/metrics_$second.jsonl" "$out/oracle_$second.log" "$second"
   else
@@ -306,7 +308,7 @@ echo "real text on $(nvidia-smi -L | head -1), in $(($(date +%s) - t_start)) s"
 sed -n 's/^\(tokens\|full\|resumed\|fp8\|nondeterministic\|lr_low\|lr_high\|oracle_[a-z0-9]*\) \+rc=/&/p' "$sum" |
   sed 's/^/  /'
 grep -E '^(loss:|resumed against|tokenizer:|data:|validation:|training loss:|on the way:|bf16.s band|at the end:|'\
-'against bf16 alone|one forward)' "$sum" | sed 's/^/  /'
+'against bf16 alone|one forward|judged:)' "$sum" | sed 's/^/  /'
 if [ -n "${BAND_ONLY:-}" ]; then
   echo "  files: $out/metrics_lr_low.jsonl, metrics_lr_high.jsonl, band.key, tokens.json"
 else
