@@ -123,7 +123,8 @@ def main(argv):
         ends = sorted((runs[r][1][s], r) for r in refs)  # one bf16 run, or its band
         (lo, lo_name), (hi, hi_name) = ends[0], ends[-1]
         d = rel(v, lo) if v < lo else rel(v, hi) if v > hi else 0.0
-        verdict = "OK" if d <= END else "FAILED"
+        end_ok = d <= END
+        verdict = "OK" if end_ok else "FAILED"
         if len(refs) == 1:
             print(f"at the end: validation loss at step {s}: bf16 {vb:.4f}, {two} {v:.4f}, "
                   f"difference {d:.2%}{side(v, vb)} bf16 (bound {END:.0%}, either side) {verdict}")
@@ -135,7 +136,6 @@ def main(argv):
             print(f"at the end: validation loss at step {s}: bf16's band {lo:.4f} ({lo_name}) to {hi:.4f} "
                   f"({hi_name}), {two} {v:.4f}, {where} (bound {END:.0%} outside it, either side) {verdict}")
             print(f"against bf16 alone (unjudged): {two} {rel(v, vb):.2%}{side(v, vb)} bf16's {vb:.4f}")
-        end_ok = d <= END
     print(f"picture: {draw(runs, refs, steps, out_svg, title, two)}")
     print(f"{'step':>6} {'bf16 train':>11} {two[:4] + ' train':>10} {'bf16 val':>9} {two[:4] + ' val':>8}" +
           "".join(f" {r[:8] + ' val':>12}" for r in refs[1:]))
